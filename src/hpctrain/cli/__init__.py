@@ -1,0 +1,57 @@
+"""`hpctrain` command line: a thin layer over the library.
+
+Each sub-command lives in its own module with `add_parser(subparsers)`; heavy imports (torch,
+DALI) happen inside the command that needs them, so login nodes can plan and submit jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module name under hpctrain.cli for each command group, in --help order
+COMMANDS = ["train", "submit", "data", "config_cmd"]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def add_config_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--config", "-c", default=default,
+                   help="config YAML (a path, or the name of a shipped one)" +
+                        (f"; default {default}" if default else ""))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set optim.lr=1e-3 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hpctrain import __version__
+
+    parser = argparse.ArgumentParser(prog="hpctrain", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"hpctrain.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hpctrain.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("hpctrain: interrupted", file=sys.stderr)
+        return 130
+    except (CLIError, ConfigError) as e:
+        print(f"hpctrain: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # known failure types from the library, without a traceback
+        if type(e).__name__ in {"DataError", "CheckpointError", "ResumeError", "LaunchError", "ImageError"}:
+            print(f"hpctrain: error: {e}", file=sys.stderr)
+            return 2
+        raise

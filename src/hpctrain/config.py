@@ -1,0 +1,385 @@
+"""Typed, validated run configuration: YAML → frozen dataclasses.
+
+Configs are data: every key is declared here with a type, a one-line doc and its bounds, so a
+typo or a wrong value fails before anything runs (or is submitted), with the fix in the message.
+This module imports nothing heavy: login nodes load configs without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the person who wrote the config."""
+
+
+def opt(default: Any, doc: str, *, choices: tuple | None = None, lo: float | None = None,
+        hi: float | None = None, lo_open: bool = False) -> Any:
+    """A config field: default, one-line doc, allowed choices and numeric bounds."""
+    meta = {"doc": doc, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- sections
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = opt("vit_base", "ViT size; depth/width/heads below override it",
+                    choices=("vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge"))
+    patch_size: int = opt(16, "patch side in pixels", lo=1)
+    img_size: int = opt(224, "input side in pixels (training crop)", lo=1)
+    depth: int | None = opt(None, "transformer blocks (None: from arch)", lo=1)
+    width: int | None = opt(None, "embedding dimension (None: from arch)", lo=1)
+    heads: int | None = opt(None, "attention heads (None: from arch)", lo=1)
+    mlp_ratio: float = opt(4.0, "MLP hidden size / width", lo=0, lo_open=True)
+    pool: str = opt("token", "classifier input: class token or global average pool",
+                    choices=("token", "avg"))
+    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos",
+                         choices=("learn", "sincos"))
+    drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
+    num_classes: int = opt(1000, "classifier outputs", lo=1)
+    grad_ckpt: bool = opt(False, "activation checkpointing of every block (saves memory)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    root: str = opt("", "dataset folder: root/train/<class>/*, root/val/<class>/* (or shards)")
+    prepare: str = opt("none", "make the dataset at data.root when it is missing (digits: the demo set)",
+                       choices=("none", "digits"))
+    loader: str = opt("auto", "auto = DALI when importable, else torch (PIL)",
+                      choices=("auto", "dali", "torch", "synthetic"))
+    format: str = opt("folder", "folder = ImageNet layout; wds = WebDataset shards from `data pack`",
+                      choices=("folder", "wds"))
+    batch_size: int = opt(1024, "global batch per optimizer step (all ranks, all micro-steps)", lo=1)
+    eval_batch_size: int = opt(0, "per-rank eval batch (0: same as the per-rank train batch)", lo=0)
+    workers: int = opt(4, "loader worker processes (or DALI threads) per rank", lo=0)
+    crop_pct: float = opt(0.875, "val: resize shorter side to img_size / crop_pct, centre crop",
+                          lo=0, hi=1, lo_open=True)
+    scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
+    hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
+    randaugment: str = opt("", "RandAugment as 'N,M' (e.g. '2,10'); empty = off")
+    mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
+    std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
+    exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
+    stage_to: str = opt("", "copy shards to this node-local path first (e.g. $TMPDIR)")
+    synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = opt(5e-4, "peak learning rate (before batch scaling)", lo=0, lo_open=True)
+    lr_ref_batch: int = opt(0, "scale lr by batch/lr_ref_batch (0: no scaling)", lo=0)
+    weight_decay: float = opt(0.05, "AdamW decoupled weight decay (not on norms/biases/tokens)", lo=0)
+    betas: tuple[float, ...] = opt((0.9, 0.999), "AdamW betas")
+    eps: float = opt(1e-8, "AdamW epsilon", lo=0, lo_open=True)
+    warmup_epochs: float = opt(0.0, "linear warm-up length in epochs", lo=0)
+    warmup_steps: int = opt(0, "linear warm-up length in steps (overrides warmup_epochs)", lo=0)
+    min_lr: float = opt(1e-6, "cosine floor", lo=0)
+    schedule: str = opt("cosine", "learning-rate schedule after warm-up", choices=("cosine", "constant"))
+    clip_grad: float = opt(0.0, "clip the global gradient norm to this (0: off)", lo=0)
+    fused: str = opt("auto", "fused AdamW: auto = on CUDA", choices=("auto", "on", "off"))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = opt(300, "training epochs", lo=1)
+    max_steps: int = opt(0, "stop after this many optimizer steps (0: epochs decide)", lo=0)
+    accum_steps: int = opt(1, "micro-batches per optimizer step (gradient accumulation)", lo=1)
+    amp: str = opt("bf16", "mixed precision: bf16 autocast, fp16 + GradScaler, or none",
+                   choices=("none", "bf16", "fp16"))
+    compile: bool = opt(False, "torch.compile the model")
+    compile_mode: str = opt("default", "torch.compile mode",
+                            choices=("default", "reduce-overhead", "max-autotune",
+                                     "max-autotune-no-cudagraphs"))
+    label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
+    mixup: float = opt(0.0, "mixup alpha (0: off)", lo=0)
+    cutmix: float = opt(0.0, "cutmix alpha (0: off)", lo=0)
+    mix_prob: float = opt(1.0, "probability of mixing a batch", lo=0, hi=1)
+    switch_prob: float = opt(0.5, "probability of cutmix when both are on", lo=0, hi=1)
+    ema: float = opt(0.0, "EMA decay of the weights (0: off)", lo=0, hi=1)
+    seed: int = opt(0, "seed of everything random", lo=0)
+    log_every: int = opt(10, "optimizer steps between metric lines", lo=1)
+    eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
+    ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
+    keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
+    on_ckpt_error: str = opt("stop", "a checkpoint that cannot be written: stop or warn and go on",
+                             choices=("stop", "continue"))
+    halt_at: int = opt(0, "checkpoint and stop at this step as if preempted (0: off)", lo=0)
+    parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit",
+                        choices=("ddp", "fsdp"))
+    device: str = opt("auto", "auto = cuda when available", choices=("auto", "cuda", "cpu"))
+    threads: int = opt(0, "torch intra-op threads per rank (0: leave as is)", lo=0)
+    pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this",
+                            lo=1)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = opt("run", "run name: the run directory is <dir>/<name>")
+    dir: str = opt("runs", "parent of run directories")
+    resume: str = opt("auto", "auto = newest checkpoint that loads; none; or a checkpoint path")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"doc": "the network"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "datasets and loaders"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"doc": "optimizer and schedule"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": "the training loop"})
+    run: RunConfig = field(default_factory=RunConfig, metadata={"doc": "where results go"})
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) / self.run.name
+
+    def per_rank_batch(self, world_size: int) -> int:
+        """Micro-batch per rank; the global batch must split evenly."""
+        check_batch(self, world_size)
+        return self.data.batch_size // (world_size * self.train.accum_steps)
+
+    @property
+    def peak_lr(self) -> float:
+        if self.optim.lr_ref_batch:
+            return self.optim.lr * self.data.batch_size / self.optim.lr_ref_batch
+        return self.optim.lr
+
+
+def check_batch(cfg: Config, world_size: int) -> None:
+    div = world_size * cfg.train.accum_steps
+    if cfg.data.batch_size % div:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} is not divisible by world size {world_size} × "
+            f"train.accum_steps {cfg.train.accum_steps} = {div}; pick a multiple of {div} "
+            f"(e.g. {max(div, cfg.data.batch_size // div * div)}) or change the number of ranks")
+
+
+# --------------------------------------------------------------------------- generic machinery
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
+    return {type(None): "null", bool: "true/false", int: "an integer", float: "a number",
+            str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it in the field's canonical form."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if origin in (tuple, list):
+        if isinstance(value, str) and origin is tuple:
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}")
+        inner = typing.get_args(tp)[0]
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of names to values, got {value!r}")
+        kt, vt = typing.get_args(tp)
+        return {_coerce(k, kt, key): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, choices))}{hint}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        lo, hi = meta.get("lo"), meta.get("hi")
+        if lo is not None and (value <= lo if meta.get("lo_open") else value < lo):
+            bound = f"> {lo:g}" if meta.get("lo_open") else f">= {lo:g}"
+            raise ConfigError(f"{key}={value!r} is out of range: must be {bound}")
+        if hi is not None and value > hi:
+            raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi:g}")
+
+
+def unknown_key_error(key: str, valid: typing.Iterable[str], where: str) -> ConfigError:
+    valid = sorted(valid)
+    near = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1, cutoff=0.5)
+    hint = f"did you mean {where}{near[0]!r}? " if near else ""
+    return ConfigError(f"unknown config key {where}{key!r}: {hint}valid keys: {', '.join(valid)}")
+
+
+def build(cls: type, data: Any, prefix: str = "") -> Any:
+    """Make dataclass `cls` from a nested mapping, validating every key and value."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        name = prefix.rstrip(".") or "the config file"
+        raise ConfigError(f"{name}: expected a mapping of keys to values, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise unknown_key_error(str(key), fields, prefix)
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        tp, key = hints[name], f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = build(tp, data[name], f"{key}.")
+        else:
+            value = _coerce(data[name], tp, key)
+            _check_bounds(value, f.metadata, key)
+            kwargs[name] = value
+    obj = cls(**kwargs)
+    check = getattr(obj, "validate", None)
+    if check:
+        check()
+    return obj
+
+
+def to_dict(obj: Any) -> dict:
+    """Plain nested dict (lists for tuples): YAML-, JSON- and checkpoint-safe."""
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(obj)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`section.key=value` → (["section", "key"], value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. optim.lr=1e-3")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. optim.lr=1e-3")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("[", "{")):
+        value = raw
+    if isinstance(value, (str, int, float, bool, list)) or value is None:
+        return key.split("."), value
+    return key.split("."), raw  # dates, sets and other YAML types: take the text as written
+
+
+def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
+    """Apply `--set` items to a nested mapping (copied); unknown keys are caught by `build`."""
+    import copy
+    data = copy.deepcopy(data) if data else {}
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; list shipped ones with `ls configs/`")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of sections (model:, data:, …) at the top level")
+    return data
+
+
+def find_config(name: str | Path) -> Path:
+    """A path as given, else a shipped config by file name (configs/<name>[.yaml])."""
+    p = Path(name)
+    if p.exists():
+        return p
+    for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml", CONFIG_DIR / p.name):
+        if cand.is_file():
+            return cand
+    return p
+
+
+def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (),
+         data: dict | None = None) -> Config:
+    """Load a config file (or a mapping), apply overrides, validate."""
+    raw = data if data is not None else (read_yaml(find_config(path)) if path else {})
+    return build(Config, apply_overrides(raw, overrides))
+
+
+def save(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, doc) for every field: `hpctrain config --keys`."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, f"{prefix}{f.name}.")
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((f"{prefix}{f.name}", repr(default), f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,60 @@
+"""Pick and build the train/val loaders a config asks for (`data.loader`)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from hpctrain.config import Config, ConfigError
+from hpctrain.data.folder import list_split, read_exclusions
+
+
+def resolve_loader(name: str) -> str:
+    """`auto` → dali when DALI imports, else torch."""
+    if name != "auto":
+        return name
+    return "dali" if importlib.util.find_spec("nvidia.dali") else "torch"
+
+
+def build_loaders(cfg: Config, rank: int, world: int, device):
+    """(train, val) loaders for this rank; val is None when there is no val split."""
+    d = cfg.data
+    batch = cfg.per_rank_batch(world)
+    eval_batch = d.eval_batch_size or batch
+    kind = resolve_loader(d.loader)
+    if kind == "synthetic":
+        from hpctrain.data.synthetic import SyntheticLoader
+
+        common = dict(world=world, rank=rank, img_size=cfg.model.img_size,
+                      num_classes=cfg.model.num_classes, seed=cfg.train.seed, device=device)
+        return (SyntheticLoader(train=True, batch_size=batch, size=d.synthetic_size, **common),
+                SyntheticLoader(train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10),
+                                **common))
+    if not d.root:
+        raise ConfigError("data.root is empty: point it at an ImageNet-layout folder "
+                          "(or use data.loader=synthetic)")
+    if kind == "dali":
+        from hpctrain.data.dali import build_dali_loaders
+
+        return build_dali_loaders(cfg, rank, world, device, batch, eval_batch)
+    if d.format != "folder":
+        raise ConfigError(f"data.format={d.format!r} needs data.loader=dali (the torch loader reads folders)")
+    from hpctrain.data.torch_loader import TorchLoader
+
+    exclude = read_exclusions(d.exclude_file)
+    train_list = list_split(d.root, "train", exclude)
+    if len(train_list.classes) != cfg.model.num_classes:
+        raise ConfigError(f"{train_list.root} has {len(train_list.classes)} classes but "
+                          f"model.num_classes={cfg.model.num_classes}; set "
+                          f"--set model.num_classes={len(train_list.classes)}")
+    common = dict(rank=rank, world=world, seed=cfg.train.seed, workers=d.workers, device=device,
+                  img_size=cfg.model.img_size, crop_pct=d.crop_pct, scale_min=d.scale_min,
+                  hflip=d.hflip, mean=d.mean, std=d.std)
+    train = TorchLoader(train_list, train=True, batch_size=batch, **common)
+    val = None
+    try:
+        val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
+    except FileNotFoundError:
+        val_list = None
+    if val_list is not None:
+        val = TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
+    return train, val

@@ -1,0 +1,75 @@
+"""ImageNet-layout folders: `root/{train,val}/<class>/<image>`, classes in sorted order.
+
+Torch-free: `prepare-imagenet`, `data pack` and the DALI file lists share this listing, so every
+loader sees the same classes, the same sample order and the same exclusions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE_EXTS = (".jpeg", ".jpg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+class DataError(RuntimeError):
+    """Missing, empty or corrupt data, phrased with the path and the fix."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    root: Path  # the split folder
+    classes: tuple[str, ...]
+    samples: tuple[tuple[str, int], ...]  # (path relative to root, label)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def read_exclusions(path: str | os.PathLike | None) -> set[str]:
+    """Relative paths (to the dataset root or the split) listed one per line; '#' comments."""
+    if not path:
+        return set()
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data.exclude_file {str(p)!r} does not exist; write it with "
+                        "`hpctrain data prepare-imagenet ROOT --exclude-bad` or clear the option")
+    out = set()
+    for line in p.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.add(line)
+    return out
+
+
+def list_split(root: str | os.PathLike, split: str, exclude: set[str] | frozenset = frozenset(),
+               classes: tuple[str, ...] | None = None) -> Listing:
+    """List `root/split` as (relative path, label) in sorted order, without excluded files."""
+    base = Path(root) / split
+    if not base.is_dir():
+        raise DataError(f"{base} is not a folder: data.root must hold {split}/<class>/<images> "
+                        "(make a small one with `hpctrain data digits OUT`)")
+    found = tuple(sorted(d.name for d in base.iterdir() if d.is_dir()))
+    if not found:
+        raise DataError(f"{base} has no class folders: expected {split}/<class>/<images>")
+    if classes is None:
+        classes = found
+    elif set(found) - set(classes):
+        extra = sorted(set(found) - set(classes))[:5]
+        raise DataError(f"{base} has classes that train/ lacks: {extra}; the splits must share classes")
+    index = {c: i for i, c in enumerate(classes)}
+    samples = []
+    for c in found:
+        for dirpath, dirnames, filenames in os.walk(base / c):
+            dirnames.sort()
+            for f in sorted(filenames):
+                if not f.lower().endswith(IMAGE_EXTS):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, f), base)
+                if rel in exclude or f"{split}/{rel}" in exclude:
+                    continue
+                samples.append((rel, index[c]))
+    if not samples:
+        raise DataError(f"{base} holds no images ({', '.join(IMAGE_EXTS)})")
+    return Listing(base, classes, tuple(samples))

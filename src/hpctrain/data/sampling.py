@@ -1,0 +1,37 @@
+"""Which samples each rank reads, per epoch — the same rule for every loader.
+
+Training: one permutation of the dataset per (seed, epoch); optimizer step t of the epoch takes
+the global batch perm[t·G:(t+1)·G], and rank r takes its contiguous slice of it. So 1 rank and
+N ranks see the same global batches, and a resume at batch k of an epoch is exact.
+Evaluation: rank r takes samples r, r+W, r+2W, …; no padding, so every sample counts once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
+
+
+def train_batches(n: int, batch: int, rank: int, world: int, seed: int, epoch: int,
+                  start: int = 0) -> list[np.ndarray]:
+    """Per-rank index batches of one epoch from batch number `start` (full batches only)."""
+    perm = epoch_permutation(n, seed, epoch)
+    g = batch * world
+    steps = n // g
+    return [perm[t * g + rank * batch: t * g + (rank + 1) * batch] for t in range(start, steps)]
+
+
+def train_len(n: int, batch: int, world: int) -> int:
+    return n // (batch * world)
+
+
+def eval_indices(n: int, rank: int, world: int) -> np.ndarray:
+    return np.arange(rank, n, world)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> list[int]:
+    """Seed of one sample's augmentation: independent of workers, ranks and resumes."""
+    return [seed, epoch, int(index), 0xA06]

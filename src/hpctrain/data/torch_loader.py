@@ -1,0 +1,169 @@
+"""PIL + torch DataLoader over an ImageNet-layout folder.
+
+Workers decode and crop to uint8; normalisation to float happens on the training device, where
+it is cheap (DESIGN.md: float normalisation in the workers is the PIL path's largest cost).
+Each sample's random crop/flip is seeded by (seed, epoch, index), so batches do not depend on
+the number of workers, ranks or resumes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from hpctrain.data import sampling
+from hpctrain.data.folder import DataError, Listing
+
+
+def random_resized_crop_box(w: int, h: int, rng: np.random.Generator, scale: tuple[float, float],
+                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop box (10 tries, then a centre crop of the clamped ratio)."""
+    area = w * h
+    log_r = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        ar = math.exp(rng.uniform(*log_r))
+        cw, ch = int(round(math.sqrt(target * ar))), int(round(math.sqrt(target / ar)))
+        if 0 < cw <= w and 0 < ch <= h:
+            x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+            return x, y, x + cw, y + ch
+    in_ratio = w / h
+    if in_ratio < ratio[0]:
+        cw, ch = w, int(round(w / ratio[0]))
+    elif in_ratio > ratio[1]:
+        ch, cw = h, int(round(h * ratio[1]))
+    else:
+        cw, ch = w, h
+    x, y = (w - cw) // 2, (h - ch) // 2
+    return x, y, x + cw, y + ch
+
+
+def val_resize_size(img_size: int, crop_pct: float) -> int:
+    return int(math.floor(img_size / crop_pct))
+
+
+def open_rgb(path: Path) -> Image.Image:
+    try:
+        img = Image.open(path)
+        img.load()
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise DataError(f"cannot decode image {path}: {e}. Exclude bad files with "
+                        "`hpctrain data prepare-imagenet ROOT --exclude-bad` and data.exclude_file") from None
+    return img.convert("RGB")
+
+
+def train_transform(img: Image.Image, size: int, rng: np.random.Generator, scale_min: float,
+                    hflip: float) -> np.ndarray:
+    box = random_resized_crop_box(img.width, img.height, rng, (scale_min, 1.0))
+    out = img.resize((size, size), Image.BILINEAR, box=box)
+    if rng.random() < hflip:
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(out, dtype=np.uint8)
+
+
+def val_transform(img: Image.Image, size: int, crop_pct: float) -> np.ndarray:
+    short = val_resize_size(size, crop_pct)
+    w, h = img.size
+    if w <= h:
+        nw, nh = short, max(1, int(round(h * short / w)))
+    else:
+        nw, nh = max(1, int(round(w * short / h))), short
+    img = img.resize((nw, nh), Image.BILINEAR)
+    x, y = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
+    return np.asarray(img.crop((x, y, x + size, y + size)), dtype=np.uint8)
+
+
+class FolderDataset(torch.utils.data.Dataset):
+    """Items are (index, epoch) pairs → (uint8 HWC array, label)."""
+
+    def __init__(self, listing: Listing, train: bool, img_size: int, seed: int, crop_pct: float,
+                 scale_min: float, hflip: float):
+        self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
+        self.crop_pct, self.scale_min, self.hflip = crop_pct, scale_min, hflip
+
+    def __len__(self) -> int:
+        return len(self.listing)
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, epoch = item
+        rel, label = self.listing.samples[index]
+        img = open_rgb(self.listing.root / rel)
+        if self.train:
+            rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index))
+            arr = train_transform(img, self.size, rng, self.scale_min, self.hflip)
+        else:
+            arr = val_transform(img, self.size, self.crop_pct)
+        return torch.from_numpy(arr.copy()), label
+
+
+class _BatchSampler:
+    """Yields lists of (index, epoch) for the current epoch, from a start batch."""
+
+    def __init__(self, loader: TorchLoader):
+        self.loader = loader
+
+    def __iter__(self):
+        ld = self.loader
+        if ld.train:
+            batches = sampling.train_batches(len(ld.dataset), ld.batch_size, ld.rank, ld.world,
+                                             ld.seed, ld.epoch, ld.start)
+        else:
+            idx = sampling.eval_indices(len(ld.dataset), ld.rank, ld.world)
+            batches = [idx[i:i + ld.batch_size] for i in range(0, len(idx), ld.batch_size)]
+        for b in batches:
+            yield [(int(i), ld.epoch) for i in b]
+
+    def __len__(self) -> int:
+        return len(self.loader) - self.loader.start
+
+
+class Normalizer:
+    """uint8 NHWC batch → normalised float NCHW on the device (channels_last memory)."""
+
+    def __init__(self, mean, std, device: torch.device):
+        self.device = device
+        self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255.0
+        self.std = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255.0
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
+        return (x - self.mean) / self.std
+
+
+class TorchLoader:
+    """The loader contract (DESIGN.md) over a PIL DataLoader."""
+
+    def __init__(self, listing: Listing, *, train: bool, batch_size: int, rank: int, world: int,
+                 seed: int, workers: int, device: torch.device, img_size: int, crop_pct: float,
+                 scale_min: float, hflip: float, mean, std):
+        self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
+        self.epoch, self.start = 0, 0
+        self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip)
+        self.normalize = Normalizer(mean, std, device)
+        self.device = device
+        gen = torch.Generator().manual_seed(seed)  # iterators must not draw from the global RNG
+        self._dl = torch.utils.data.DataLoader(
+            self.dataset, batch_sampler=_BatchSampler(self), num_workers=workers,
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0, generator=gen,
+            prefetch_factor=4 if workers > 0 else None)
+        if train and len(self) == 0:
+            raise DataError(f"{listing.root}: {len(listing)} images make no full global batch of "
+                            f"{batch_size * world}; lower data.batch_size")
+
+    def __len__(self) -> int:
+        if self.train:
+            return sampling.train_len(len(self.dataset), self.batch_size, self.world)
+        n = len(sampling.eval_indices(len(self.dataset), self.rank, self.world))
+        return math.ceil(n / self.batch_size)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Next iteration reads epoch `epoch` from batch `start` (resume position)."""
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self):
+        for images, labels in self._dl:
+            yield self.normalize(images), labels.to(self.device, non_blocking=True)

@@ -1,0 +1,1 @@
+"""Models. Import `hpctrain.models.vit` directly: it needs torch."""

@@ -1,0 +1,179 @@
+"""Vision Transformer whose state_dict matches timm's `vit_*_patch16_224` key for key.
+
+Attention goes through `F.scaled_dot_product_attention` so PyTorch picks the flash / cuDNN /
+memory-efficient kernel on GPUs. Keeping timm's parameter names means pretrained weights move
+in both directions without a renaming table.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# depth, width, heads
+ARCHS = {
+    "vit_tiny": (12, 192, 3),
+    "vit_small": (12, 384, 6),
+    "vit_base": (12, 768, 12),
+    "vit_large": (24, 1024, 16),
+    "vit_huge": (32, 1280, 16),
+}
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a residual branch per sample."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, img_size: int, patch_size: int, width: int):
+        super().__init__()
+        if img_size % patch_size:
+            raise ValueError(f"model.img_size={img_size} is not a multiple of model.patch_size={patch_size}")
+        self.grid = img_size // patch_size
+        self.proj = nn.Conv2d(3, width, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # B, N, D
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"model width {width} is not divisible by heads {heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        x = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.proj(x.transpose(1, 2).reshape(b, n, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, mlp_ratio: float, drop_path: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width, eps=1e-6)
+        self.attn = Attention(width, heads)
+        self.norm2 = nn.LayerNorm(width, eps=1e-6)
+        self.mlp = Mlp(width, int(width * mlp_ratio))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+def sincos_2d(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding (MoCo v3 / big_vision), shape 1×grid²×width."""
+    if width % 4:
+        raise ValueError(f"sin-cos position embedding needs width divisible by 4, got {width}")
+    y, x = torch.meshgrid(torch.arange(grid, dtype=torch.float32),
+                          torch.arange(grid, dtype=torch.float32), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float32) / (width // 4))
+    y = y.flatten()[:, None] * omega[None]
+    x = x.flatten()[:, None] * omega[None]
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
+
+
+class ViT(nn.Module):
+    def __init__(self, img_size: int = 224, patch_size: int = 16, depth: int = 12, width: int = 768,
+                 heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
+                 pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False):
+        super().__init__()
+        self.pool = pool
+        self.grad_ckpt = grad_ckpt
+        self.patch_embed = PatchEmbed(img_size, patch_size, width)
+        n = self.patch_embed.grid ** 2
+        self.num_prefix = 1 if pool == "token" else 0
+        if self.num_prefix:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
+        if pos_embed == "sincos":
+            pe = sincos_2d(self.patch_embed.grid, width)
+            if self.num_prefix:
+                pe = torch.cat([torch.zeros(1, 1, width), pe], dim=1)
+            self.pos_embed = nn.Parameter(pe, requires_grad=False)
+        else:
+            self.pos_embed = nn.Parameter(torch.randn(1, n + self.num_prefix, width) * 0.02)
+        rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r) for r in rates])
+        # timm: final norm before the token pool; fc_norm after the average pool.
+        if pool == "token":
+            self.norm = nn.LayerNorm(width, eps=1e-6)
+        else:
+            self.fc_norm = nn.LayerNorm(width, eps=1e-6)
+        self.head = nn.Linear(width, num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        if self.num_prefix:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        w = self.patch_embed.proj.weight
+        nn.init.trunc_normal_(w.view(w.shape[0], -1), std=math.sqrt(1.0 / w[0].numel()))
+        nn.init.zeros_(self.head.weight)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        if self.num_prefix:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + self.pos_embed
+        for blk in self.blocks:
+            if self.grad_ckpt and self.training and torch.is_grad_enabled():
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        if self.pool == "token":
+            return self.norm(x)[:, 0]
+        return self.fc_norm(x.mean(dim=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(x))
+
+
+def arch_dims(mc) -> tuple[int, int, int]:
+    """(depth, width, heads) of a ModelConfig: arch defaults, overridden field by field."""
+    depth, width, heads = ARCHS[mc.arch]
+    return mc.depth or depth, mc.width or width, mc.heads or heads
+
+
+def build_vit(mc) -> ViT:
+    """ViT from a `ModelConfig`."""
+    depth, width, heads = arch_dims(mc)
+    return ViT(img_size=mc.img_size, patch_size=mc.patch_size, depth=depth, width=width, heads=heads,
+               mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
+               pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt)

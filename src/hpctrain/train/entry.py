@@ -1,0 +1,178 @@
+"""What every rank runs: set up the process group, the run directory, loaders and model; train.
+
+The same entry serves `hpctrain train` (one process, torchrun or srun) and submitit jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpctrain import __version__
+from hpctrain.config import Config, build, check_batch, save, to_dict
+from hpctrain.train import dist as distmod
+
+log = logging.getLogger("hpctrain")
+SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET", "CREDENTIAL", "PASSWD")
+
+
+def setup_logging(run_dir: Path | None, rank: int) -> None:
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S")
+    h = logging.StreamHandler(sys.stderr)
+    h.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    h.setFormatter(fmt)
+    log.addHandler(h)
+    if run_dir:
+        logs = run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True, mode=0o755)
+        fh = logging.FileHandler(logs / f"rank-{rank}.log")
+        fh.setFormatter(fmt)
+        log.addHandler(fh)
+
+
+def _git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                           timeout=5)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
+    """Versions, job and host facts for env.json; no secret-looking variables."""
+    import torch
+
+    rec: dict[str, Any] = {
+        "hpctrain": __version__, "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "host": socket.gethostname(), "device": str(device),
+        "world_size": info.world_size, "launcher": info.source, "git_commit": _git_commit(),
+        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if device.type == "cuda":
+        rec["gpu"] = torch.cuda.get_device_name(device)
+        rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    try:
+        from nvidia import dali
+
+        rec["dali"] = dali.__version__
+    except ImportError:
+        rec["dali"] = None
+    keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT",
+            "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
+    rec["env"] = {k: os.environ[k] for k in keep
+                  if k in os.environ and not any(w in k.upper() for w in SECRET_WORDS)}
+    return rec
+
+
+class StopFlag:
+    """Set by SIGUSR2 (Slurm's warning before a time limit or preemption); read at step boundaries."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def __call__(self) -> bool:
+        return self.set
+
+    def install(self, signum: int = signal.SIGUSR2) -> None:
+        def handler(sig, frame):
+            self.set = True
+            log.warning("received signal %d: will checkpoint at the next step boundary", sig)
+
+        signal.signal(signum, handler)
+
+
+def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
+    """Train per `cfg` on this rank; returns a summary (the same on every rank)."""
+    import torch
+
+    from hpctrain.data.build import build_loaders
+    from hpctrain.models.vit import build_vit
+    from hpctrain.train import checkpoint as ckpt
+    from hpctrain.train.loop import Trainer
+
+    if isinstance(cfg, dict):
+        cfg = build(Config, cfg)
+    info = distmod.detect()
+    check_batch(cfg, info.world_size)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    want = cfg.train.device
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    distmod.init(info, "nccl" if use_cuda else "gloo", cfg.train.pg_timeout_s)
+    control = None
+    if use_cuda and info.world_size > 1:
+        import datetime
+
+        import torch.distributed as td
+
+        control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.train.pg_timeout_s))
+
+    os.umask(0o022)
+    run_dir = cfg.run_dir.resolve()
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    setup_logging(run_dir, info.rank)
+    if stop is None:
+        stop = StopFlag()
+        stop.install()
+    resume = ckpt.find_resume(run_dir, cfg.run.resume)
+    if info.is_main:
+        save(cfg, run_dir / "config.yaml")
+        (run_dir / "env.json").write_text(json.dumps(environment_record(info, device), indent=1))
+    log.info("run directory %s; world size %d on %s (%s)", run_dir, info.world_size, device, info.source)
+
+    train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
+    model = build_vit(cfg.model)
+    trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
+    out = trainer.run(resume, cfg.train.halt_at)
+    summary = {
+        "status": out.status, "run_dir": str(run_dir), "step": out.step, "total_steps": out.total_steps,
+        "epoch": out.epoch, "top1": out.eval.get("top1"), "top5": out.eval.get("top5"),
+        "val_count": out.eval.get("count"), "ema_top1": out.eval_ema.get("top1"),
+        "train_loss": out.train_loss, "images_per_s": out.images_per_s, "data_wait": out.data_wait,
+        "wall_s": out.wall_s, "resumed_from": out.resumed_from, "checkpoint": out.checkpoint,
+        "world_size": info.world_size, "rank": info.rank, "config": to_dict(cfg),
+    }
+    if info.is_main:
+        log.info("\n%s", summary_table(summary))
+    distmod.shutdown()
+    return summary
+
+
+def fmt_pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} %"
+
+
+def summary_table(s: dict[str, Any]) -> str:
+    from hpctrain.train.metrics import table
+
+    rows = [("status", s["status"]), ("run directory", s["run_dir"]),
+            ("steps", f"{s['step']}/{s['total_steps']} (epoch {s['epoch']})"),
+            ("val top-1", fmt_pct(s["top1"])), ("val top-5", fmt_pct(s["top5"])),
+            ("val images", str(s["val_count"] or "-")), ("final train loss", f"{s['train_loss']:.4f}"),
+            ("throughput", f"{s['images_per_s']:.0f} images/s"), ("data wait", f"{100 * s['data_wait']:.1f} %"),
+            ("wall time", f"{s['wall_s']:.1f} s"), ("world size", str(s["world_size"]))]
+    if s.get("ema_top1") is not None:
+        rows.insert(5, ("EMA val top-1", fmt_pct(s["ema_top1"])))
+    if s.get("resumed_from") is not None:
+        rows.append(("resumed from step", str(s["resumed_from"])))
+    return table(rows, "hpctrain summary")

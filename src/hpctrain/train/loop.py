@@ -1,0 +1,342 @@
+"""The training loop: DDP, AMP, accumulation, clipping, EMA, schedule, eval, checkpoints, stops.
+
+Nothing in a step reads a value back to the host except every `log_every` steps, and the only
+per-step collective outside DDP is the stop flag, on a CPU (gloo) control group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as td
+
+from hpctrain.config import Config, to_dict
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.dist import DistInfo
+from hpctrain.train.ema import EMA
+from hpctrain.train.metrics import MetricsWriter, Progress
+from hpctrain.train.mixup import Mixer, soft_cross_entropy
+from hpctrain.train.optim import build_optimizer, lr_at, warmup_steps
+
+log = logging.getLogger("hpctrain")
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint that does not fit this run's config; nothing has been overwritten."""
+
+
+@dataclass
+class Outcome:
+    status: str = "running"  # finished | preempted | halted
+    step: int = 0
+    total_steps: int = 0
+    epoch: int = 0
+    eval: dict = field(default_factory=dict)
+    eval_ema: dict = field(default_factory=dict)
+    images_per_s: float = 0.0
+    data_wait: float = 0.0
+    train_loss: float = float("nan")
+    wall_s: float = 0.0
+    resumed_from: int | None = None
+    checkpoint: str | None = None
+
+
+def autocast_ctx(amp: str, device: torch.device):
+    if amp == "none":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def rng_state(device: torch.device) -> dict:
+    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """Global RNG seed of one step on one rank (drop-path masks): resume-exact by construction."""
+    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, dist: DistInfo, device: torch.device, run_dir: Path | None,
+                 train_loader, val_loader, model: torch.nn.Module, control_group=None,
+                 stop_flag=None):
+        self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.model = model.to(device)
+        self.control_group = control_group
+        self.stop_flag = stop_flag or (lambda: False)
+        t = cfg.train
+        self.accum = t.accum_steps
+        self.steps_per_epoch = len(train_loader) // self.accum
+        if self.steps_per_epoch == 0:
+            raise ValueError("the train loader has fewer batches than train.accum_steps: lower "
+                             "data.batch_size or train.accum_steps")
+        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.warmup = warmup_steps(cfg, self.steps_per_epoch)
+        self.optimizer = build_optimizer(cfg, self.model, device)
+        self.scaler = torch.amp.GradScaler(device.type) if t.amp == "fp16" else None
+        self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
+        self.mixer = Mixer(cfg.model.num_classes, t.label_smoothing, t.mixup, t.cutmix, t.mix_prob,
+                           t.switch_prob, t.seed)
+        self.fwd_model = self.model
+        if t.compile:
+            self.fwd_model = torch.compile(self.model, mode=None if t.compile_mode == "default"
+                                           else t.compile_mode)
+        self.ddp = None
+        if dist.world_size > 1 and t.parallel == "ddp":
+            ids = [device.index] if device.type == "cuda" else None
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                self.fwd_model, device_ids=ids, gradient_as_bucket_view=True, broadcast_buffers=False)
+            self.fwd_model = self.ddp
+        self.step = 0
+        self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state(self) -> dict:
+        rngs = [rng_state(self.device)]
+        if td.is_initialized():
+            rngs = [None] * self.dist.world_size
+            td.all_gather_object(rngs, rng_state(self.device), group=self.control_group)
+        return {
+            "format": 1,
+            "step": self.step,
+            "epoch": self.step // self.steps_per_epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "ema": self.ema.state_dict() if self.ema else None,
+            "schedule": {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps},
+            "loader": {"epoch": self.step // self.steps_per_epoch,
+                       "batch": (self.step % self.steps_per_epoch) * self.accum},
+            "rng": rngs,
+            "world_size": self.dist.world_size,
+            "global_batch": self.cfg.data.batch_size,
+            "config": to_dict(self.cfg),
+        }
+
+    def check_compatible(self, st: dict, path: Path) -> None:
+        """Refuse a checkpoint of another model or batch before anything is overwritten."""
+        old = st.get("config", {})
+        problems = []
+        if old.get("model") and old["model"] != to_dict(self.cfg.model):
+            diff = [k for k, v in to_dict(self.cfg.model).items() if old["model"].get(k) != v]
+            problems.append(f"model differs in {', '.join('model.' + k for k in diff)}")
+        if st.get("global_batch") not in (None, self.cfg.data.batch_size):
+            problems.append(f"global batch was {st['global_batch']}, now {self.cfg.data.batch_size} "
+                            f"(world size {st.get('world_size')} → {self.dist.world_size} is fine "
+                            "when the global batch stays the same)")
+        if problems:
+            raise ResumeError(f"cannot resume from {path}: {'; '.join(problems)}. Resume with the "
+                              "original settings (see the run's config.yaml), or start a new run "
+                              "(another run.name, or --resume none)")
+
+    def load_state(self, st: dict, path: Path) -> None:
+        self.check_compatible(st, path)
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        if self.scaler and st.get("scaler"):
+            self.scaler.load_state_dict(st["scaler"])
+        if self.ema and st.get("ema"):
+            self.ema.load_state_dict(st["ema"])
+        self.step = int(st["step"])
+        rngs = st.get("rng") or []
+        if len(rngs) == self.dist.world_size:
+            mine = rngs[self.dist.rank]
+            torch.set_rng_state(mine["torch"])
+            random.setstate(mine["python"])
+            if "cuda" in mine and self.device.type == "cuda":
+                torch.cuda.set_rng_state(mine["cuda"], self.device)
+
+    def save(self) -> str | None:
+        """Rank 0 writes; every rank learns whether it worked (a unanimous decision)."""
+        state = self.state()
+        path, err = None, None
+        if self.dist.is_main and self.run_dir:
+            try:
+                path = str(ckpt.save(self.run_dir, self.step, state, self.cfg.train.keep_ckpts))
+            except ckpt.CheckpointError as e:
+                err = e
+        failed = self._any(err is not None)
+        if failed:
+            if self.cfg.train.on_ckpt_error == "stop":
+                raise err or ckpt.CheckpointError("rank 0 could not write the checkpoint (see its log)")
+            log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
+                        self.step, err or "see rank 0's log")
+            return None
+        if path:
+            self.metrics.write("checkpoint", step=self.step, path=path)
+        return path
+
+    def _any(self, flag: bool) -> bool:
+        if not td.is_initialized():
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        td.all_reduce(t, group=self.control_group)
+        return bool(t.item())
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module) -> dict:
+        """Exact top-1/top-5 over the whole val set: padded samples (label < 0) never count."""
+        if self.val_loader is None:
+            return {}
+        was_training = model.training
+        model.eval()
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # correct1, correct5, n, loss
+        self.val_loader.set_epoch(0)
+        for images, labels in self.val_loader:
+            keep = labels >= 0
+            with autocast_ctx(self.cfg.train.amp, self.device):
+                logits = model(images)
+            logits, labels = logits[keep].float(), labels[keep]
+            top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            hit = top5 == labels[:, None]
+            sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
+                                 torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+                                 ]).double()
+        if td.is_initialized():
+            td.all_reduce(sums)
+        model.train(was_training)
+        c1, c5, n, loss = sums.tolist()
+        return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
+                "loss": loss / max(n, 1)}
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batches) -> torch.Tensor:
+        """One optimizer step over `accum` micro-batches; returns the mean loss (on device)."""
+        t = self.cfg.train
+        lr = lr_at(self.step, self.cfg.peak_lr, self.warmup, self.total_steps, self.cfg.optim.min_lr,
+                   self.cfg.optim.schedule)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        total = torch.zeros((), device=self.device)
+        for i, (images, labels) in enumerate(batches):
+            images, targets = self.mixer(images, labels, self.step, i, self.dist.rank)
+            sync = self.ddp is None or i == self.accum - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast_ctx(t.amp, self.device):
+                    logits = self.fwd_model(images)
+                loss = soft_cross_entropy(logits, targets) / self.accum
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        if self.cfg.optim.clip_grad > 0:
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema:
+            self.ema.update(self.model)
+        return total
+
+    def run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
+        t = self.cfg.train
+        out = Outcome(total_steps=self.total_steps)
+        if resume:
+            self.load_state(resume[1], resume[0])
+            out.resumed_from = self.step
+            log.info("resumed from %s at step %d", resume[0], self.step)
+        g = self.cfg.data.batch_size
+        progress = Progress(self.total_steps, self.dist.is_main)
+        self.model.train()
+        start_wall = time.perf_counter()
+        win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+        tot_wait, tot_steps = 0.0, 0
+        loss_acc = torch.zeros((), device=self.device)
+        last_eval_step = -1
+        while self.step < self.total_steps:
+            epoch, pos = divmod(self.step, self.steps_per_epoch)
+            self.train_loader.set_epoch(epoch, pos * self.accum)
+            it = iter(self.train_loader)
+            for _ in range(pos, self.steps_per_epoch):
+                if self.step >= self.total_steps:
+                    break
+                t0 = time.perf_counter()
+                batches = [next(it) for _ in range(self.accum)]
+                wait = time.perf_counter() - t0
+                win_wait += wait
+                tot_wait += wait
+                torch.manual_seed(step_seed(t.seed, self.step, self.dist.rank))
+                loss_acc += self.train_step(batches)
+                self.step += 1
+                win_steps += 1
+                tot_steps += 1
+                if self.step % t.log_every == 0 or self.step == self.total_steps:
+                    loss = self._mean_loss(loss_acc / win_steps)
+                    el = time.perf_counter() - win_t
+                    ips = g * win_steps / max(el, 1e-9)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
+                               images_per_s=ips, data_wait=win_wait / max(el, 1e-9))
+                    self.metrics.write("train", **rec)
+                    progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
+                                               f"data {100 * rec['data_wait']:.0f}%")
+                    out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
+                    loss_acc.zero_()
+                    win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+                if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
+                    out.checkpoint = self.save() or out.checkpoint
+                stop = self._any(self.stop_flag() or (halt_at > 0 and self.step >= halt_at))
+                if stop and self.step < self.total_steps:
+                    progress.newline()
+                    out.checkpoint = self.save() or out.checkpoint
+                    out.status = "preempted" if self.stop_flag() or not halt_at else "halted"
+                    out.step, out.epoch = self.step, self.step // self.steps_per_epoch
+                    out.wall_s = time.perf_counter() - start_wall
+                    self.metrics.write("stop", step=self.step, reason=out.status)
+                    return out
+            del it
+            if self.step % self.steps_per_epoch == 0:
+                ep = self.step // self.steps_per_epoch
+                if t.eval_every and ep % t.eval_every == 0 and self.step < self.total_steps:
+                    self._eval_and_log(out, progress)
+                    last_eval_step = self.step
+        progress.newline()
+        if last_eval_step != self.step:
+            self._eval_and_log(out, progress)
+        out.checkpoint = self.save() or out.checkpoint
+        out.status, out.step = "finished", self.step
+        out.epoch = self.step // self.steps_per_epoch
+        out.wall_s = time.perf_counter() - start_wall
+        if tot_steps:
+            out.data_wait = tot_wait / max(out.wall_s, 1e-9)
+        self.metrics.write("end", step=self.step, status=out.status, wall_s=out.wall_s,
+                           top1=out.eval.get("top1"), top5=out.eval.get("top5"))
+        self.metrics.close()
+        return out
+
+    def _mean_loss(self, loss: torch.Tensor) -> float:
+        if td.is_initialized():
+            loss = loss.clone()
+            td.all_reduce(loss)
+            loss /= self.dist.world_size
+        return float(loss.item())
+
+    def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
+        progress.newline()
+        out.eval = self.evaluate(self.model)
+        rec = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **out.eval}
+        if self.ema:
+            out.eval_ema = self.evaluate(self.ema.module)
+            rec.update({f"ema_{k}": v for k, v in out.eval_ema.items()})
+        self.metrics.write("eval", **rec)
+        if self.dist.is_main and out.eval:
+            log.info("eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, out.eval["top1"],
+                     out.eval["top5"], out.eval["count"])
