@@ -1,0 +1,26 @@
+"""Test-wide set-up: import this checkout's sources (also in subprocesses and Slurm jobs)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+sys.path.insert(0, str(SRC))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+# Bitwise comparisons on CPU need a fixed thread count (DESIGN.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def digits_root(tmp_path_factory) -> Path:
+    """The digits dataset, written once per test session."""
+    from hpctrain.data.digits import write_digits
+
+    root = tmp_path_factory.mktemp("digits")
+    write_digits(root)
+    return root
