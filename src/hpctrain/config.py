@@ -124,6 +124,12 @@ class TrainConfig:
     threads: int = opt(0, "torch intra-op threads per rank (0: leave as is)", lo=0)
     pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this",
                             lo=1)
+    tf32: bool = opt(True, "TF32 matmuls/convolutions for the fp32 parts on Ampere+ GPUs (~1e-3 rel.)")
+    sdpa_backend: str = opt("auto", "attention kernel: auto = PyTorch picks (flash/cuDNN on GPUs)",
+                            choices=("auto", "flash", "cudnn", "efficient", "math"))
+    ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
+    ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
+    fsdp_reshard: bool = opt(True, "FSDP: free gathered weights after forward (less memory, more comms)")
 
 
 @dataclass(frozen=True)

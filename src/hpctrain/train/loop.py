@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as td
 
-from hpctrain.config import Config, to_dict
+from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import fastpath
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress
@@ -73,6 +74,7 @@ class Trainer:
         self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
         self.train_loader, self.val_loader = train_loader, val_loader
         self.model = model.to(device)
+        fastpath.apply(cfg.train, device)
         self.control_group = control_group
         self.stop_flag = stop_flag or (lambda: False)
         t = cfg.train
@@ -83,6 +85,14 @@ class Trainer:
                              "data.batch_size or train.accum_steps")
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
+        self.fsdp = t.parallel == "fsdp" and dist.world_size > 1
+        if self.fsdp:
+            if t.ema > 0:
+                raise ConfigError("train.ema is not supported with train.parallel=fsdp; set train.ema=0 "
+                                  "or use train.parallel=ddp")
+            from hpctrain.train import fsdp
+
+            fsdp.shard(self.model, device, t.fsdp_reshard)
         self.optimizer = build_optimizer(cfg, self.model, device)
         self.scaler = torch.amp.GradScaler(device.type) if t.amp == "fp16" else None
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
@@ -96,7 +106,8 @@ class Trainer:
         if dist.world_size > 1 and t.parallel == "ddp":
             ids = [device.index] if device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(
-                self.fwd_model, device_ids=ids, gradient_as_bucket_view=True, broadcast_buffers=False)
+                self.fwd_model, device_ids=ids, gradient_as_bucket_view=t.ddp_bucket_view,
+                bucket_cap_mb=t.ddp_bucket_mb, broadcast_buffers=False)
             self.fwd_model = self.ddp
         self.step = 0
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
@@ -112,8 +123,9 @@ class Trainer:
             "format": 1,
             "step": self.step,
             "epoch": self.step // self.steps_per_epoch,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": self._fsdp().model_state(self.model) if self.fsdp else self.model.state_dict(),
+            "optimizer": (self._fsdp().optimizer_state(self.model, self.optimizer) if self.fsdp
+                          else self.optimizer.state_dict()),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "ema": self.ema.state_dict() if self.ema else None,
             "schedule": {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps},
@@ -143,8 +155,11 @@ class Trainer:
 
     def load_state(self, st: dict, path: Path) -> None:
         self.check_compatible(st, path)
-        self.model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.fsdp:
+            self._fsdp().load(self.model, self.optimizer, st["model"], st["optimizer"])
+        else:
+            self.model.load_state_dict(st["model"])
+            self.optimizer.load_state_dict(st["optimizer"])
         if self.scaler and st.get("scaler"):
             self.scaler.load_state_dict(st["scaler"])
         if self.ema and st.get("ema"):
@@ -157,6 +172,12 @@ class Trainer:
             random.setstate(mine["python"])
             if "cuda" in mine and self.device.type == "cuda":
                 torch.cuda.set_rng_state(mine["cuda"], self.device)
+
+    @staticmethod
+    def _fsdp():
+        from hpctrain.train import fsdp
+
+        return fsdp
 
     def save(self) -> str | None:
         """Rank 0 writes; every rank learns whether it worked (a unanimous decision)."""
@@ -226,6 +247,8 @@ class Trainer:
         for i, (images, labels) in enumerate(batches):
             images, targets = self.mixer(images, labels, self.step, i, self.dist.rank)
             sync = self.ddp is None or i == self.accum - 1
+            if self.fsdp and self.accum > 1:
+                self.model.set_requires_gradient_sync(i == self.accum - 1)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast_ctx(t.amp, self.device):
                     logits = self.fwd_model(images)

@@ -1,0 +1,42 @@
+"""`hpctrain bench`: images/s, step time, FLOPs per image, MFU, data wait and peak memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hpctrain.cli import CLIError, add_config_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="measure the training step: images/s, MFU, data wait, memory",
+                       description=__doc__)
+    add_config_args(p)
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps (default 20)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps first: compilation, autotuning (default 3)")
+    p.add_argument("--loader", action="store_true",
+                   help="read the configured data loader instead of synthetic batches on the device")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="device bf16 peak for MFU (default: from the table of known GPUs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with every field")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpctrain.bench import measure, report
+    from hpctrain.cli.common import load_config
+
+    if args.steps < 1 or args.warmup < 0:
+        raise CLIError("--steps must be >= 1 and --warmup >= 0")
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        raise CLIError("--peak-tflops must be a positive number of TFLOP/s, e.g. --peak-tflops 989")
+    cfg = load_config(args.config, args.overrides)
+    result = measure(cfg, steps=args.steps, warmup=args.warmup, use_loader=args.loader,
+                     peak_tflops=args.peak_tflops, config_name=args.config or "default")
+
+    from hpctrain.train.dist import detect
+
+    if detect().is_main:
+        print(json.dumps(result) if args.json else report(result), flush=True)
+    return 0

@@ -1,0 +1,64 @@
+"""FSDP2 (`fully_shard`) for models whose weights + optimizer state do not fit one device.
+
+Every transformer block is its own shard unit (gathered just before it runs, freed after), the
+root holds the rest (patch embedding, tokens, head). Checkpoints stay in the DDP format: a full,
+unsharded model state_dict and an optimizer state_dict keyed by parameter index, gathered
+collectively and written by rank 0, so a run may resume under either kind of parallelism and
+with another world size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as td
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+LOAD = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool = True) -> None:
+    """Shard `model` in place over all ranks: one unit per block, then the root."""
+    mesh = init_device_mesh(device.type, (td.get_world_size(),))
+    for block in getattr(model, "blocks", []):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the optimizer's index order (the order torch numbers them in)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def model_state(model: torch.nn.Module) -> dict:
+    """Full state_dict on CPU (a collective: every rank calls it; empty except on rank 0)."""
+    return get_model_state_dict(model, options=FULL)
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Full optimizer state in torch's index-keyed format (collective; empty except on rank 0)."""
+    osd = get_optimizer_state_dict(model, optimizer, options=FULL)
+    if not osd:
+        return {}
+    index = {n: i for i, n in enumerate(_param_names(model, optimizer))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
+    return {"state": {index[n]: v for n, v in osd["state"].items()}, "param_groups": groups}
+
+
+def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load full state dicts into the sharded model and optimizer (rank 0's copy is broadcast)."""
+    set_model_state_dict(model, model_sd, options=LOAD)
+    names = _param_names(model, optimizer)
+    osd = {"state": {names[int(i)]: v for i, v in optim_sd["state"].items()},
+           "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                            for g in optim_sd["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, osd, options=LOAD)
