@@ -26,7 +26,14 @@ LOAD = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
 def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool = True) -> None:
-    """Shard `model` in place over all ranks: one unit per block, then the root."""
+    """Shard `model` in place over all ranks: one unit per block, then the root.
+
+    Rank 0's weights are broadcast first (as DDP does when it wraps), so every shard comes from
+    one initialisation even when the ranks built their models from different random states.
+    """
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            td.broadcast(t.data, src=0)
     mesh = init_device_mesh(device.type, (td.get_world_size(),))
     for block in getattr(model, "blocks", []):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
