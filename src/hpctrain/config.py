@@ -7,8 +7,10 @@ This module imports nothing heavy: login nodes load configs without torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -226,7 +228,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
