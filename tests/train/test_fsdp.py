@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,32 +12,16 @@ from hpctrain.config import load
 from hpctrain.models.vit import build_vit
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.optim import build_optimizer
+from tests.helpers import DIGITS, digits_args, run_ranks
 
-ROOT = Path(__file__).resolve().parents[2]
-DIGITS = ROOT / "configs" / "digits_vit.yaml"
 # Mid-epoch halt (in warm-up), 2 micro-batches per step (gradient sync off for the first) and
 # drop-path (per-step RNG): the state a resume must restore, under sharding.
-SETS = ["train.max_steps=6", "train.accum_steps=2", "model.drop_path=0.1",
-        "train.threads=1", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+SETS = ["train.max_steps=6", "train.accum_steps=2", "model.drop_path=0.1"]
 
 
 def run_two(root: Path, run_dir: Path, name: str, *sets: str) -> str:
-    """`hpctrain train` as 2 torchrun-style ranks; returns rank 0's output."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "hpctrain", "train", "--config", str(DIGITS)]
-    for item in (f"data.root={root}", f"run.dir={run_dir}", f"run.name={name}", *SETS, *sets):
-        argv += ["--set", item]
-    procs = [subprocess.Popen(argv, env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                             OMP_NUM_THREADS="1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
-    return outs[0]
+    """`hpctrain train` as 2 torchrun-style gloo ranks; returns rank 0's output."""
+    return run_ranks(2, digits_args(root, run_dir, name, *SETS, *sets), timeout=240)[0].stdout
 
 
 def losses(run_dir: Path) -> list[float]:
