@@ -14,8 +14,8 @@ from dataclasses import dataclass
 # order (first hit wins, so specific names come before their family). H200: the rate measured
 # there for this project (DESIGN.md); the others are datasheet dense (no sparsity) figures.
 PEAK_BF16_TFLOPS: list[tuple[str, float, str]] = [
-    ("H200", 790.0, "measured bf16 matmul rate (DESIGN.md)"),
     ("GH200", 989.0, "datasheet dense bf16"),
+    ("H200", 790.0, "measured bf16 matmul rate (DESIGN.md)"),
     ("H100 PCIe", 756.0, "datasheet dense bf16"),
     ("H100 NVL", 835.0, "datasheet dense bf16"),
     ("H100", 989.0, "datasheet dense bf16 (SXM)"),

@@ -1,0 +1,59 @@
+"""FLOP counter and MFU arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain import flops
+from hpctrain.config import load
+
+
+def test_vit_b16_224_forward_is_17_57_gmac():
+    cfg = load(data={"model": {"arch": "vit_base", "img_size": 224, "patch_size": 16}})
+    f = flops.model_flops(cfg.model)
+    assert f.fwd_macs / 1e9 == pytest.approx(17.57, rel=0.01)
+    # the issue's figure: ≈ 105 GFLOP per trained image (2 FLOPs per MAC, forward + backward = 3×)
+    assert f.train_flops / 1e9 == pytest.approx(105.4, rel=0.01)
+    assert f.train_flops == 6 * f.fwd_macs
+
+
+def test_other_shapes_follow_the_formula():
+    # ViT-S/16 (timm/fvcore: 4.6 GMAC) and ViT-L/16 (61.6 GMAC) at 224²
+    s = flops.model_flops(load(data={"model": {"arch": "vit_small"}}).model)
+    large = flops.model_flops(load(data={"model": {"arch": "vit_large"}}).model)
+    assert s.fwd_macs / 1e9 == pytest.approx(4.6, rel=0.02)
+    assert large.fwd_macs / 1e9 == pytest.approx(61.6, rel=0.01)
+    # global average pooling drops the class token: a little less attention and MLP work
+    gap = flops.model_flops(load(data={"model": {"arch": "vit_base", "pool": "avg"}}).model)
+    base = flops.model_flops(load(data={"model": {"arch": "vit_base"}}).model)
+    assert gap.fwd_macs < base.fwd_macs
+    # hand count of a one-block model: 4 patches + class token, width 8, MLP 16, 2 classes, 4×4 img
+    macs = flops.vit_macs(img_size=4, patch_size=2, depth=1, width=8, mlp_ratio=2.0, num_classes=2)
+    n = 5
+    assert macs == 4 * 8 * 12 + (n * 8 * 24 + 2 * n * n * 8 + n * 8 * 8 + 2 * n * 8 * 16) + 8 * 2
+
+
+def test_mfu_arithmetic():
+    # 4,100 images/s of ViT-B/16 on one H200 (790 TFLOP/s) is the issue's 55 % target
+    train = flops.model_flops(load(data={"model": {"arch": "vit_base"}}).model).train_flops
+    peak, source = flops.peak_tflops("NVIDIA H200")
+    assert peak == 790.0 and "measured" in source
+    assert flops.mfu(4100, train, peak) == pytest.approx(0.547, abs=0.005)
+    # per device: 8 GPUs at 8× the images is the same utilisation
+    assert flops.mfu(8 * 4100, train, peak, devices=8) == pytest.approx(flops.mfu(4100, train, peak))
+    assert flops.mfu(1.0, 1e12, 2.0) == 0.5
+    assert flops.mfu(100, train, None) is None
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA H200", 790.0), ("NVIDIA GH200 480GB", 989.0),
+    ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
+])
+def test_peak_table_matches_device_names(name, peak):
+    assert flops.peak_tflops(name)[0] == peak
+
+
+def test_unknown_device_says_what_to_do():
+    peak, source = flops.peak_tflops("Tesla K80")
+    assert peak is None and "--peak-tflops" in source

@@ -1,0 +1,73 @@
+"""Fast-path switches change the numbers only within their stated tolerance (CPU)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from hpctrain.config import load
+from hpctrain.data.synthetic import SyntheticLoader
+from hpctrain.models.vit import build_vit
+from hpctrain.train.dist import DistInfo
+from hpctrain.train.fastpath import sdpa_backend_used
+from hpctrain.train.loop import Trainer, step_seed
+from tests.helpers import DIGITS
+
+BASE = ["data.loader=synthetic", "optim.warmup_steps=0", "optim.lr=1e-3", "train.threads=0"]
+
+
+def losses(*sets: str, steps: int = 4) -> list[float]:
+    """Losses of `steps` optimizer steps of the digits model on fixed batches, from one init."""
+    cfg = load(DIGITS, [*BASE, *sets])
+    torch.manual_seed(0)
+    model = build_vit(cfg.model)
+    loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
+                             num_classes=10, seed=0, device=torch.device("cpu"))
+    tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, model)
+    out = []
+    for _ in range(steps):
+        torch.manual_seed(step_seed(0, tr.step, 0))
+        out.append(float(tr.train_step([next(iter(loader))])))
+        tr.step += 1
+    return out
+
+
+def test_bf16_autocast_matches_fp32_within_tolerance():
+    fp32, bf16 = losses("train.amp=none"), losses("train.amp=bf16")
+    assert fp32[-1] < fp32[0]  # it learns
+    # bf16 keeps 8 bits of mantissa (rel. error 2^-9 per op); the loss over a few steps of a
+    # 4-block model stays within 1 % of fp32.
+    assert bf16 == pytest.approx(fp32, rel=1e-2)
+    assert bf16 != fp32  # autocast really ran in bf16
+
+
+def test_compiled_matches_eager():
+    import torch._inductor.config as inductor
+
+    # one block, kernels compiled in this process: a cold CPU compile is the slow part (DESIGN.md)
+    eager = losses("train.amp=none", "model.depth=1", steps=3)
+    with inductor.patch(compile_threads=1):
+        compiled = losses("train.amp=none", "model.depth=1", "train.compile=true", steps=3)
+    # Inductor fuses and reorders fp32 reductions: rounding-level differences only.
+    assert compiled == pytest.approx(eager, rel=1e-4)
+
+
+def test_sdpa_backend_is_reported():
+    model = build_vit(load(DIGITS).model)
+    images = torch.randn(2, 3, 32, 32)
+    assert sdpa_backend_used(model, images, contextlib.nullcontext()) == "flash (cpu)"
+    assert model.training  # left as it was
+    mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    assert sdpa_backend_used(mlp, images, contextlib.nullcontext()) == "none"
+
+
+def test_switches_are_config_fields():
+    cfg = load(DIGITS, ["train.tf32=false", "train.sdpa_backend=cudnn", "train.ddp_bucket_mb=100",
+                        "train.ddp_bucket_view=false", "train.fsdp_reshard=false"])
+    t = cfg.train
+    assert (t.tf32, t.sdpa_backend, t.ddp_bucket_mb, t.ddp_bucket_view, t.fsdp_reshard) == (
+        False, "cudnn", 100, False, False)
+    with pytest.raises(ValueError, match="sdpa_backend"):
+        load(DIGITS, ["train.sdpa_backend=flashy"])
