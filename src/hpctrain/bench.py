@@ -149,7 +149,7 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
     from hpctrain.models.vit import arch_dims, build_vit
     from hpctrain.train import dist as distmod
     from hpctrain.train.fastpath import sdpa_backend_used
-    from hpctrain.train.loop import Trainer, autocast_ctx, step_seed
+    from hpctrain.train.loop import Trainer, autocast_ctx, seed_step, step_seed
 
     if not use_loader:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, loader="synthetic"))
@@ -179,7 +179,7 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
         backend = sdpa_backend_used(trainer.model, probe, autocast_ctx(cfg.train.amp, device))
 
         def step(batches):
-            torch.manual_seed(step_seed(cfg.train.seed, trainer.step, info.rank))
+            seed_step(step_seed(cfg.train.seed, trainer.step, info.rank), device)
             loss = trainer.train_step(batches)
             trainer.step += 1
             return loss
