@@ -55,7 +55,7 @@ def command(c: dict, a: argparse.Namespace) -> list[str]:
                 *(["--tiny"] if a.cpu_smoke else []), *peak]
     sets = [f"data.batch_size={c['batch']}", f"train.compile={str(c['mode'] == 'compiled').lower()}",
             *(TINY if a.cpu_smoke else [])]
-    cmd = [sys.executable, "-m", "hpctrain", "bench", "--config", str(ROOT / "configs" / "bench_vit_b16.yaml"),
+    cmd = [sys.executable, "-m", "hpctrain.cli.bench", "--config", str(ROOT / "configs" / "bench_vit_b16.yaml"),
            "--steps", str(a.steps), "--warmup", str(a.warmup), "--json", *peak]
     for s in sets:
         cmd += ["--set", s]

@@ -40,3 +40,24 @@ def main(args: argparse.Namespace) -> int:
     if detect().is_main:
         print(json.dumps(result) if args.json else report(result), flush=True)
     return 0
+
+
+def standalone(argv: list[str] | None = None) -> int:
+    """`python -m hpctrain.cli.bench …`: this command alone, without importing the other commands
+    (bench/gpu.sh runs it on GPU machines that have torch but not the launch dependencies)."""
+    import sys
+
+    from hpctrain.config import ConfigError
+
+    parser = argparse.ArgumentParser(prog="hpctrain")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return main(args)
+    except (CLIError, ConfigError) as e:
+        print(f"hpctrain: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(standalone())
