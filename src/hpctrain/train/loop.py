@@ -288,6 +288,9 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
                                images_per_s=ips, data_wait=win_wait / max(el, 1e-9))
+                    skipped = len(getattr(self.train_loader, "skipped", ()))
+                    if skipped:
+                        rec["skipped_samples"] = skipped
                     self.metrics.write("train", **rec)
                     progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
                                                f"data {100 * rec['data_wait']:.0f}%")
