@@ -11,8 +11,19 @@ import re
 import socket
 import time
 
-UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2, "MIB": 1024**2,
-         "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}
+UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "KB": 1024,
+    "KIB": 1024,
+    "M": 1024**2,
+    "MB": 1024**2,
+    "MIB": 1024**2,
+    "G": 1024**3,
+    "GB": 1024**3,
+    "GIB": 1024**3,
+}
 
 
 def parse_size(text: str) -> int:
@@ -55,8 +66,15 @@ def measure(sizes: list[int], iters: int, warmup: int, device) -> list[dict]:
         td.all_reduce(dt, op=td.ReduceOp.MAX)
         sec = float(dt.item())
         algbw = t.numel() * 4 / sec / 1e9
-        rows.append({"bytes": t.numel() * 4, "ranks": world, "time_us": sec * 1e6, "algbw_GBps": algbw,
-                     "busbw_GBps": algbw * 2 * (world - 1) / world})
+        rows.append(
+            {
+                "bytes": t.numel() * 4,
+                "ranks": world,
+                "time_us": sec * 1e6,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * 2 * (world - 1) / world,
+            }
+        )
     return rows
 
 
@@ -64,8 +82,10 @@ def format_rows(rows: list[dict]) -> str:
     head = f"all-reduce over {rows[0]['ranks']} ranks (float32 sum)" if rows else "all-reduce: no sizes"
     lines = [head, f"  {'size':>8}  {'time (us)':>12}  {'algbw (GB/s)':>12}  {'busbw (GB/s)':>12}"]
     for r in rows:
-        lines.append(f"  {human(r['bytes']):>8}  {r['time_us']:>12.1f}  {r['algbw_GBps']:>12.3f}  "
-                     f"{r['busbw_GBps']:>12.3f}")
+        lines.append(
+            f"  {human(r['bytes']):>8}  {r['time_us']:>12.1f}  {r['algbw_GBps']:>12.3f}  "
+            f"{r['busbw_GBps']:>12.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -106,8 +126,14 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def run_local(procs: int, sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None,
-              timeout_s: float = 600) -> list[dict]:
+def run_local(
+    procs: int,
+    sizes: list[int],
+    iters: int = 10,
+    warmup: int = 2,
+    backend: str | None = None,
+    timeout_s: float = 600,
+) -> list[dict]:
     """Spawn `procs` ranks on this machine (loopback rendezvous) and return rank 0's rows."""
     import multiprocessing as mp
 
@@ -115,8 +141,10 @@ def run_local(procs: int, sizes: list[int], iters: int = 10, warmup: int = 2, ba
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = _free_port()
-    ps = [ctx.Process(target=_worker, args=(r, procs, port, backend, sizes, iters, warmup, queue))
-          for r in range(procs)]
+    ps = [
+        ctx.Process(target=_worker, args=(r, procs, port, backend, sizes, iters, warmup, queue))
+        for r in range(procs)
+    ]
     for p in ps:
         p.start()
     deadline = time.monotonic() + timeout_s
@@ -131,7 +159,9 @@ def run_local(procs: int, sizes: list[int], iters: int = 10, warmup: int = 2, ba
     return queue.get()
 
 
-def run_in_job(sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None) -> list[dict] | None:
+def run_in_job(
+    sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None
+) -> list[dict] | None:
     """Inside torchrun/srun: join the job's process group; rank 0 gets the rows, others None."""
     from hpctrain.train import dist
 

@@ -6,12 +6,16 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("doctor", help="check this node/container: versions, GPUs, InfiniBand, NCCL env",
-                       description=__doc__)
+    p = sub.add_parser(
+        "doctor", help="check this node/container: versions, GPUs, InfiniBand, NCCL env", description=__doc__
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--sysfs-root", default="/sys", help="sysfs to read ports/interfaces from (default /sys)")
-    p.add_argument("--allreduce", action="store_true",
-                   help="measure all-reduce bus bandwidth over the job's ranks (torchrun/srun) or --procs local ones")
+    p.add_argument(
+        "--allreduce",
+        action="store_true",
+        help="measure all-reduce bus bandwidth over the job's ranks (torchrun/srun) or --procs local ones",
+    )
     p.add_argument("--procs", type=int, default=2, help="local ranks to spawn outside a job (default 2)")
     p.add_argument("--sizes", default="64K,1M,16M,256M", help="message sizes (default 64K,1M,16M,256M)")
     p.add_argument("--iters", type=int, default=10, help="timed all-reduces per size (default 10)")

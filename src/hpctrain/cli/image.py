@@ -8,18 +8,30 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("image", help="Apptainer images: build, convert a Dockerfile, lint a recipe, inspect a SIF",
-                       description=__doc__)
+    p = sub.add_parser(
+        "image",
+        help="Apptainer images: build, convert a Dockerfile, lint a recipe, inspect a SIF",
+        description=__doc__,
+    )
     isub = p.add_subparsers(dest="image_command", metavar="ACTION", required=True)
 
     b = isub.add_parser("build", help="run `apptainer build` with temp/cache dirs on scratch")
     b.add_argument("recipe", help="definition file, e.g. recipes/ngc-pytorch-23.12.def")
     b.add_argument("-o", "--output", required=True, help="image to write (IMAGE.sif)")
     b.add_argument("--scratch", help="where APPTAINER_TMPDIR/CACHEDIR go (default $SCRATCH, $TMPDIR or /tmp)")
-    b.add_argument("--min-free-gib", type=float, default=30.0,
-                   help="free space needed on scratch and next to the output (default 30)")
-    b.add_argument("--fakeroot", dest="fakeroot", action="store_true", default=None,
-                   help="force --fakeroot (default: when not root)")
+    b.add_argument(
+        "--min-free-gib",
+        type=float,
+        default=30.0,
+        help="free space needed on scratch and next to the output (default 30)",
+    )
+    b.add_argument(
+        "--fakeroot",
+        dest="fakeroot",
+        action="store_true",
+        default=None,
+        help="force --fakeroot (default: when not root)",
+    )
     b.add_argument("--no-fakeroot", dest="fakeroot", action="store_false")
     b.add_argument("--force", action="store_true", help="overwrite an existing image")
     b.add_argument("--dry-run", action="store_true", help="print the exact command and stop")
@@ -49,7 +61,6 @@ def build(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan.command_line())
         return 0
-    print(f"+ {plan.command_line()}", file=sys.stderr)
     return run_build(plan, Path(args.output), args.min_free_gib)
 
 

@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,17 +39,27 @@ def default_scratch(env: dict[str, str] | None = None) -> Path:
     return Path("/tmp")
 
 
-def plan_build(recipe: str | Path, output: str | Path, scratch: str | Path | None = None,
-               fakeroot: bool | None = None, force: bool = False, extra: list[str] | None = None) -> BuildPlan:
+def plan_build(
+    recipe: str | Path,
+    output: str | Path,
+    scratch: str | Path | None = None,
+    fakeroot: bool | None = None,
+    force: bool = False,
+    extra: list[str] | None = None,
+) -> BuildPlan:
     """Build the command; checks the recipe exists and the output does not (unless `force`)."""
     recipe, output = Path(recipe), Path(output)
     if not recipe.is_file():
-        raise ImageError(f"recipe {recipe} not found; the shipped ones are in recipes/ "
-                         "(e.g. recipes/ngc-pytorch-23.12.def)")
+        raise ImageError(
+            f"recipe {recipe} not found; the shipped ones are in recipes/ "
+            "(e.g. recipes/ngc-pytorch-23.12.def)"
+        )
     if output.exists() and not force:
         raise ImageError(f"{output} already exists; pass --force to overwrite it")
     if output.suffix != ".sif":
-        raise ImageError(f"output {output} should end in .sif (for a sandbox directory call apptainer directly)")
+        raise ImageError(
+            f"output {output} should end in .sif (for a sandbox directory call apptainer directly)"
+        )
     scratch = Path(scratch) if scratch else default_scratch()
     if fakeroot is None:
         fakeroot = os.geteuid() != 0
@@ -58,8 +69,10 @@ def plan_build(recipe: str | Path, output: str | Path, scratch: str | Path | Non
     if force:
         argv.append("--force")
     argv += list(extra or []) + [str(output), str(recipe)]
-    env = {"APPTAINER_TMPDIR": str(scratch / "apptainer" / "tmp"),
-           "APPTAINER_CACHEDIR": str(scratch / "apptainer" / "cache")}
+    env = {
+        "APPTAINER_TMPDIR": str(scratch / "apptainer" / "tmp"),
+        "APPTAINER_CACHEDIR": str(scratch / "apptainer" / "cache"),
+    }
     return BuildPlan(argv, env, scratch)
 
 
@@ -75,18 +88,23 @@ def check_space(plan: BuildPlan, output: Path, min_free_gib: float) -> None:
     for what, path in (("scratch (APPTAINER_TMPDIR)", plan.scratch), ("the output directory", output.parent)):
         free = free_bytes(path)
         if free < min_free_gib * GIB:
-            raise ImageError(f"only {free / GIB:.1f} GiB free on {what} {path}; the build needs about "
-                             f"{min_free_gib:g} GiB: pick another place with --scratch, or lower --min-free-gib")
+            raise ImageError(
+                f"only {free / GIB:.1f} GiB free on {what} {path}; the build needs about "
+                f"{min_free_gib:g} GiB: pick another place with --scratch, or lower --min-free-gib"
+            )
 
 
 def run_build(plan: BuildPlan, output: Path, min_free_gib: float) -> int:
     """Check apptainer and space, then run the build; returns apptainer's exit status."""
     if shutil.which(plan.argv[0]) is None:
-        raise ImageError("apptainer is not on the PATH: on a cluster run `module load apptainer` "
-                         "(or `module spider apptainer` to find it); elsewhere install it "
-                         "(https://apptainer.org/docs/admin/main/installation.html), or use "
-                         "`--dry-run` to print the command")
+        raise ImageError(
+            "apptainer is not on the PATH: on a cluster run `module load apptainer` "
+            "(or `module spider apptainer` to find it); elsewhere install it "
+            "(https://apptainer.org/docs/admin/main/installation.html), or use "
+            "`--dry-run` to print the command"
+        )
     check_space(plan, output, min_free_gib)
+    print(f"+ {plan.command_line()}", file=sys.stderr, flush=True)
     for v in plan.env.values():
         Path(v).mkdir(parents=True, exist_ok=True)
     return subprocess.call(plan.argv, env={**os.environ, **plan.env})

@@ -59,9 +59,15 @@ def _instructions(text: str) -> list[_Instr]:
             continue
         buf += s
         keyword, _, args = buf.partition(" ")
-        if "<<" in buf and re.search(r"<<-?\s*['\"]?\w+['\"]?\s*$", buf) and keyword.upper() in ("RUN", "COPY"):
-            raise ImageError(f"line {start}: heredoc `{keyword} <<…` is not supported by the converter; "
-                             "put the script in a file and RUN it, or write the %post section by hand")
+        if (
+            "<<" in buf
+            and re.search(r"<<-?\s*['\"]?\w+['\"]?\s*$", buf)
+            and keyword.upper() in ("RUN", "COPY")
+        ):
+            raise ImageError(
+                f"line {start}: heredoc `{keyword} <<…` is not supported by the converter; "
+                "put the script in a file and RUN it, or write the %post section by hand"
+            )
         out.append(_Instr(start, keyword.upper(), args.strip()))
         buf = ""
     if buf:
@@ -85,12 +91,16 @@ def _label_pairs(args: str, line: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def _prepare(instrs: list[_Instr], notes: list[str]) -> tuple[list[str], dict[str, list[tuple[str, str]]],
-                                                                list[str]]:
+def _prepare(
+    instrs: list[_Instr], notes: list[str]
+) -> tuple[list[str], dict[str, list[tuple[str, str]]], list[str]]:
     """Fixed lines for spython, labels per stage, stage names in order."""
     froms = [i for i, ins in enumerate(instrs) if ins.keyword == "FROM"]
-    if not froms or instrs[froms[0]].keyword != "FROM" or froms[0] != next(
-            (i for i, ins in enumerate(instrs) if ins.keyword not in ("ARG",)), froms[0]):
+    if (
+        not froms
+        or instrs[froms[0]].keyword != "FROM"
+        or froms[0] != next((i for i, ins in enumerate(instrs) if ins.keyword not in ("ARG",)), froms[0])
+    ):
         raise ImageError("the Dockerfile must start with FROM (ARG lines may come before it)")
     multi = len(froms) > 1
     names: list[str] = []
@@ -107,8 +117,10 @@ def _prepare(instrs: list[_Instr], notes: list[str]) -> tuple[list[str], dict[st
                 while name in names:
                     name += "_"
                 what = "final stage" if si == len(froms) - 1 else f"stage {si}"
-                notes.append(f"line {instrs[i].line}: named the unnamed {what} {name!r} "
-                             "(spython would merge it into the previous stage)")
+                notes.append(
+                    f"line {instrs[i].line}: named the unnamed {what} {name!r} "
+                    "(spython would merge it into the previous stage)"
+                )
             rename[str(si)] = name
         else:
             raise ImageError(f"line {instrs[i].line}: cannot parse `FROM {instrs[i].args}`")
@@ -129,14 +141,18 @@ def _prepare(instrs: list[_Instr], notes: list[str]) -> tuple[list[str], dict[st
             notes.append(f"line {ins.line}: dropped {k} {ins.args}: {DROPPED[k]}")
             continue
         if k == "USER":
-            later = [j for j in instrs[idx + 1:] if j.keyword in ("FROM", "RUN")]
+            later = [j for j in instrs[idx + 1 :] if j.keyword in ("FROM", "RUN")]
             if later and later[0].keyword == "RUN":
                 raise ImageError(
-                    f"line {ins.line}: cannot convert `USER {ins.args}` followed by RUN (line {later[0].line}): "
+                    f"line {ins.line}: cannot convert `USER {ins.args}` followed by RUN "
+                    f"(line {later[0].line}): "
                     "Apptainer's %post runs as root, so those steps would run as a different user; move them "
-                    f"before USER, or run them with `su {ins.args.split(':')[0]} -c '…'`")
-            notes.append(f"line {ins.line}: dropped USER {ins.args}: an Apptainer container runs as the "
-                         "user who starts it")
+                    f"before USER, or run them with `su {ins.args.split(':')[0]} -c '…'`"
+                )
+            notes.append(
+                f"line {ins.line}: dropped USER {ins.args}: an Apptainer container runs as the "
+                "user who starts it"
+            )
             continue
         if k in ("LABEL", "MAINTAINER"):
             pairs = [("maintainer", ins.args)] if k == "MAINTAINER" else _label_pairs(ins.args, ins.line)
@@ -148,7 +164,9 @@ def _prepare(instrs: list[_Instr], notes: list[str]) -> tuple[list[str], dict[st
             words = ins.args.split()
             flags = [w for w in words if w.startswith("--") and not w.startswith("--from")]
             if flags:
-                notes.append(f"line {ins.line}: dropped {k} {' '.join(flags)} (files are owned by root in %files)")
+                notes.append(
+                    f"line {ins.line}: dropped {k} {' '.join(flags)} (files are owned by root in %files)"
+                )
             words = [w for w in words if w not in flags]
             for i, w in enumerate(words):
                 if w.startswith("--from="):
@@ -156,8 +174,10 @@ def _prepare(instrs: list[_Instr], notes: list[str]) -> tuple[list[str], dict[st
                     if src in rename:
                         words[i] = f"--from={rename[src]}"
                     elif src not in names:
-                        raise ImageError(f"line {ins.line}: `{k} --from={src}` copies from an image, not a "
-                                         "stage of this file; add `FROM {src} AS <name>` as a stage")
+                        raise ImageError(
+                            f"line {ins.line}: `{k} --from={src}` copies from an image, not a "
+                            "stage of this file; add `FROM {src} AS <name>` as a stage"
+                        )
             ins.args = " ".join(words)
         lines.append(f"{k} {ins.args}")
     return lines, labels, names
@@ -207,11 +227,11 @@ def convert_text(text: str) -> Conversion:
             cmd = r.cmd if isinstance(r.cmd, list) else shlex.split(r.cmd or "")
             body = [f"cd {shlex.quote(r.workdir)}"] if r.workdir else []
             if cmd and entry:
-                body += [f"[ \"$#\" -gt 0 ] || set -- {shlex.join(cmd)}", f"exec {shlex.join(entry)} \"$@\""]
+                body += [f'[ "$#" -gt 0 ] || set -- {shlex.join(cmd)}', f'exec {shlex.join(entry)} "$@"']
             elif entry:
-                body += [f"exec {shlex.join(entry)} \"$@\""]
+                body += [f'exec {shlex.join(entry)} "$@"']
             elif cmd:
-                body += [f"[ \"$#\" -gt 0 ] || set -- {shlex.join(cmd)}", "exec \"$@\""]
+                body += [f'[ "$#" -gt 0 ] || set -- {shlex.join(cmd)}', 'exec "$@"']
             out += _section("runscript", body)
     if "%test" not in out:
         notes.append("no %test section: add one that checks the image (`hpctrain image lint` asks for it)")

@@ -15,9 +15,26 @@ from pathlib import Path
 
 from hpctrain.images import ImageError
 
-SECTIONS = {"setup", "files", "environment", "post", "runscript", "startscript", "test", "labels", "help",
-            "arguments", "appinstall", "apprun", "appenv", "appfiles", "applabels", "apptest", "apphelp",
-            "appstart"}
+SECTIONS = {
+    "setup",
+    "files",
+    "environment",
+    "post",
+    "runscript",
+    "startscript",
+    "test",
+    "labels",
+    "help",
+    "arguments",
+    "appinstall",
+    "apprun",
+    "appenv",
+    "appfiles",
+    "applabels",
+    "apptest",
+    "apphelp",
+    "appstart",
+}
 NEEDS_FROM = {"docker", "docker-daemon", "docker-archive", "library", "oras", "shub", "localimage"}
 NEEDS_MIRROR = {"debootstrap", "yum", "zypper", "dnf", "busybox"}
 AGENTS = NEEDS_FROM | NEEDS_MIRROR | {"scratch", "arch"}
@@ -32,8 +49,13 @@ SECRETS = [
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "a Slack token"),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
     (re.compile(r"://[^/\s:@'\"]+:[^/\s@'\"$]+@"), "a password in a URL"),
-    (re.compile(r"(?i)\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY)[A-Z0-9_]*\s*[=:]\s*"
-                r"['\"]?(?![$'\"{<])[^\s'\"]{6,}"), "a secret assigned in the file"),
+    (
+        re.compile(
+            r"(?i)\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY)[A-Z0-9_]*\s*[=:]\s*"
+            r"['\"]?(?![$'\"{<])[^\s'\"]{6,}"
+        ),
+        "a secret assigned in the file",
+    ),
 ]
 
 
@@ -44,7 +66,11 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"line {self.line}: [{self.rule}] {self.message}" if self.line else f"[{self.rule}] {self.message}"
+        return (
+            f"line {self.line}: [{self.rule}] {self.message}"
+            if self.line
+            else f"[{self.rule}] {self.message}"
+        )
 
 
 def lint_text(text: str) -> list[Problem]:
@@ -57,9 +83,15 @@ def lint_text(text: str) -> list[Problem]:
         line = raw.strip()
         for pattern, what in SECRETS:
             if pattern.search(raw):
-                problems.append(Problem(n, "secret", f"{what} is written into the recipe (it would be baked into "
-                                        "the image and its embedded definition); pass it at build time "
-                                        "instead (e.g. `--build-arg`/environment, or a bind-mounted file)"))
+                problems.append(
+                    Problem(
+                        n,
+                        "secret",
+                        f"{what} is written into the recipe (it would be baked into "
+                        "the image and its embedded definition); pass it at build time "
+                        "instead (e.g. `--build-arg`/environment, or a bind-mounted file)",
+                    )
+                )
                 break
         if re.match(r"(?i)^bootstrap\s*:", raw) and current is not None:
             stages.append(({}, {}))
@@ -89,29 +121,53 @@ def lint_text(text: str) -> list[Problem]:
 def _check_stage(header: dict, sections: dict, final: bool) -> list[Problem]:
     problems: list[Problem] = []
     if "bootstrap" not in header:
-        problems.append(Problem(1, "bootstrap", "no `Bootstrap:` header; start the file with e.g. "
-                                "`Bootstrap: docker` and `From: <image>`"))
+        problems.append(
+            Problem(
+                1,
+                "bootstrap",
+                "no `Bootstrap:` header; start the file with e.g. `Bootstrap: docker` and `From: <image>`",
+            )
+        )
     else:
         n, agent = header["bootstrap"]
         agent = agent.lower()
         if agent not in AGENTS:
-            problems.append(Problem(n, "bootstrap", f"unknown bootstrap agent {agent!r}; use one of "
-                                    + ", ".join(sorted(AGENTS))))
+            problems.append(
+                Problem(
+                    n,
+                    "bootstrap",
+                    f"unknown bootstrap agent {agent!r}; use one of " + ", ".join(sorted(AGENTS)),
+                )
+            )
         elif agent in NEEDS_FROM and not header.get("from", (0, ""))[1]:
-            problems.append(Problem(n, "source", f"`Bootstrap: {agent}` needs a `From:` line naming the image"))
+            problems.append(
+                Problem(n, "source", f"`Bootstrap: {agent}` needs a `From:` line naming the image")
+            )
         elif agent in NEEDS_MIRROR and not header.get("mirrorurl", (0, ""))[1]:
             problems.append(Problem(n, "source", f"`Bootstrap: {agent}` needs a `MirrorURL:` line"))
     if "post" in sections:
         n, body = sections["post"]
         first = next(((ln, s) for ln, s in body if s.strip() and not s.strip().startswith("#")), None)
         if first is not None and not SET_E.match(first[1]):
-            problems.append(Problem(first[0], "post-errexit", "%post does not stop on its first error: make "
-                                    "`set -eu` its first command (a failed step would otherwise be "
-                                    "ignored and the image built anyway)"))
+            problems.append(
+                Problem(
+                    first[0],
+                    "post-errexit",
+                    "%post does not stop on its first error: make "
+                    "`set -eu` its first command (a failed step would otherwise be "
+                    "ignored and the image built anyway)",
+                )
+            )
     if final and "test" not in sections:
-        problems.append(Problem(0, "test", "no %test section: add one that imports torch/DALI and checks "
-                                "CUDA, NCCL and the verbs provider, so `apptainer test --nv` catches a "
-                                "broken image"))
+        problems.append(
+            Problem(
+                0,
+                "test",
+                "no %test section: add one that imports torch/DALI and checks "
+                "CUDA, NCCL and the verbs provider, so `apptainer test --nv` catches a "
+                "broken image",
+            )
+        )
     return problems
 
 

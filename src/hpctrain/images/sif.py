@@ -21,11 +21,31 @@ MAGIC = b"SIF_MAGIC\0"
 HEADER = struct.Struct("<32s10s3s3s16s8q")
 DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
 GROUP_MASK = 0xF0000000
-DATA_TYPES = {0x4001: "Def.FILE", 0x4002: "Env.Vars", 0x4003: "JSON.Labels", 0x4004: "FS",
-              0x4005: "Signature", 0x4006: "JSON.Generic", 0x4007: "Generic", 0x4008: "Cryptographic Message",
-              0x4009: "SBOM"}
-ARCHES = {"01": "386", "02": "amd64", "03": "arm", "04": "arm64", "05": "ppc64", "06": "ppc64le",
-          "07": "mips", "08": "mipsle", "09": "mips64", "10": "mips64le", "11": "s390x", "12": "riscv64"}
+DATA_TYPES = {
+    0x4001: "Def.FILE",
+    0x4002: "Env.Vars",
+    0x4003: "JSON.Labels",
+    0x4004: "FS",
+    0x4005: "Signature",
+    0x4006: "JSON.Generic",
+    0x4007: "Generic",
+    0x4008: "Cryptographic Message",
+    0x4009: "SBOM",
+}
+ARCHES = {
+    "01": "386",
+    "02": "amd64",
+    "03": "arm",
+    "04": "arm64",
+    "05": "ppc64",
+    "06": "ppc64le",
+    "07": "mips",
+    "08": "mipsle",
+    "09": "mips64",
+    "10": "mips64le",
+    "11": "s390x",
+    "12": "riscv64",
+}
 FS_TYPES = {1: "Squashfs", 2: "Ext3", 3: "ImmuObj", 4: "Raw"}
 PART_TYPES = {1: "System", 2: "PrimSys", 3: "Data", 4: "Overlay"}
 
@@ -56,6 +76,7 @@ class SifInfo:
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
+
         return asdict(self)
 
 
@@ -79,37 +100,61 @@ def read_sif(path: str | Path) -> SifInfo:
         head = f.read(HEADER.size)
         if len(head) < HEADER.size:
             if MAGIC in head:
-                raise ImageError(f"{path} is a truncated SIF file: {size} bytes, the header alone needs "
-                                 f"{HEADER.size}; copy the image again")
+                raise ImageError(
+                    f"{path} is a truncated SIF file: {size} bytes, the header alone needs "
+                    f"{HEADER.size}; copy the image again"
+                )
             raise ImageError(f"{path} is not a SIF file ({size} bytes, no SIF header)")
-        launch, magic, version, arch, uid, created, modified, _free, total, d_off, d_size, data_off, \
-            data_size = HEADER.unpack(head)
+        (
+            launch,
+            magic,
+            version,
+            arch,
+            uid,
+            created,
+            modified,
+            _free,
+            total,
+            d_off,
+            d_size,
+            data_off,
+            data_size,
+        ) = HEADER.unpack(head)
         if magic != MAGIC:
-            raise ImageError(f"{path} is not a SIF file (no SIF_MAGIC at byte 32); "
-                             "is it a Docker archive or a sandbox directory?")
+            raise ImageError(
+                f"{path} is not a SIF file (no SIF_MAGIC at byte 32); "
+                "is it a Docker archive or a sandbox directory?"
+            )
         need = max(d_off + d_size, data_off + data_size)
         if size < need:
-            raise ImageError(f"{path} is a truncated SIF file: the header says it holds {need} bytes but "
-                             f"the file has {size}; the copy or build was cut short — copy or build it again")
+            raise ImageError(
+                f"{path} is a truncated SIF file: the header says it holds {need} bytes but "
+                f"the file has {size}; the copy or build was cut short — copy or build it again"
+            )
         if total * DESCRIPTOR.size > d_size:
             raise ImageError(f"{path}: corrupt SIF header ({total} descriptors do not fit in {d_size} bytes)")
         f.seek(d_off)
         raw = f.read(total * DESCRIPTOR.size)
         descs: list[Descriptor] = []
         for i in range(total):
-            (dtype, used, did, group, link, off, dsize, _padded, _c, _m, _uid, _gid, name,
-             extra) = DESCRIPTOR.unpack_from(raw, i * DESCRIPTOR.size)
+            (dtype, used, did, group, link, off, dsize, _padded, _c, _m, _uid, _gid, name, extra) = (
+                DESCRIPTOR.unpack_from(raw, i * DESCRIPTOR.size)
+            )
             if not used:
                 continue
             kind = DATA_TYPES.get(dtype, hex(dtype))
             info = ""
             if dtype == 0x4004:
                 fs, part = struct.unpack_from("<ii", extra)
-                info = f"{FS_TYPES.get(fs, fs)}/{PART_TYPES.get(part, part)}/" \
-                       f"{ARCHES.get(_cstr(extra[8:11]), _cstr(extra[8:11]))}"
+                info = (
+                    f"{FS_TYPES.get(fs, fs)}/{PART_TYPES.get(part, part)}/"
+                    f"{ARCHES.get(_cstr(extra[8:11]), _cstr(extra[8:11]))}"
+                )
             if off + dsize > size:
-                raise ImageError(f"{path} is a truncated SIF file: object {did} ({kind}) ends at byte "
-                                 f"{off + dsize} but the file has {size}; copy or build it again")
+                raise ImageError(
+                    f"{path} is a truncated SIF file: object {did} ({kind}) ends at byte "
+                    f"{off + dsize} but the file has {size}; copy or build it again"
+                )
             descs.append(Descriptor(did, kind, group & ~GROUP_MASK, link, off, dsize, _cstr(name), info))
 
         definition, labels = None, {}
@@ -129,14 +174,27 @@ def read_sif(path: str | Path) -> SifInfo:
                 elif isinstance(obj, dict):
                     labels.update({str(k): str(v) for k, v in obj.items()})
     _ = launch
-    return SifInfo(str(path), _cstr(version), ARCHES.get(_cstr(arch), _cstr(arch)), str(uuid.UUID(bytes=uid)),
-                   _time(created), _time(modified), descs, definition, labels)
+    return SifInfo(
+        str(path),
+        _cstr(version),
+        ARCHES.get(_cstr(arch), _cstr(arch)),
+        str(uuid.UUID(bytes=uid)),
+        _time(created),
+        _time(modified),
+        descs,
+        definition,
+        labels,
+    )
 
 
 def format_info(info: SifInfo) -> str:
     """A readable summary like `siftool header` + `list`, then labels and the definition."""
-    lines = [f"{info.path}", f"  SIF version {info.version}, {info.arch}, id {info.uuid}",
-             f"  created {info.created}, modified {info.modified}", "  objects:"]
+    lines = [
+        f"{info.path}",
+        f"  SIF version {info.version}, {info.arch}, id {info.uuid}",
+        f"  created {info.created}, modified {info.modified}",
+        "  objects:",
+    ]
     for d in info.descriptors:
         group = d.group or "-"
         lines.append(f"    {d.id:>3}  {d.type:<13} group {group:<3} {d.size:>12,} bytes  {d.extra or d.name}")
