@@ -297,27 +297,16 @@ def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[st
             )
         )
     spec = env.get("NCCL_SOCKET_IFNAME")
-    if spec:
-        wanted = [s for s in spec.split(",") if s]
-        if not all(s.startswith("^") for s in wanted):
-
-            def match(s: str) -> bool:
-                return s[1:] in ifaces if s.startswith("=") else any(i.startswith(s) for i in ifaces)
-
-            hits = [s for s in wanted if not s.startswith("^") and match(s)]
-            if hits:
-                checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "ok", spec))
-            else:
-                checks.append(
-                    Check(
-                        "nccl",
-                        "NCCL_SOCKET_IFNAME",
-                        "fail",
-                        spec,
-                        f"no interface matches it (this node has: {', '.join(ifaces) or 'none'}); "
-                        "NCCL will fail to bootstrap — fix or unset it",
-                    )
-                )
+    if spec and not spec.startswith("^"):  # `^a,b` excludes; `=a,b` exact names; else name prefixes
+        exact = spec.startswith("=")
+        wanted = [s for s in spec.lstrip("=").split(",") if s]
+        hits = [s for s in wanted if (s in ifaces if exact else any(i.startswith(s) for i in ifaces))]
+        if hits:
+            checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "ok", spec))
+        else:
+            checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "fail", spec,
+                                f"no interface matches it (this node has: {', '.join(ifaces) or 'none'}); "
+                                "NCCL will fail to bootstrap: fix or unset it"))
     hca = env.get("NCCL_IB_HCA")
     if hca:
         devices = {p.device for p in ports}
