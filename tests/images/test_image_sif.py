@@ -108,3 +108,45 @@ def test_not_a_sif(tmp_path):
     f.write_bytes(b"\0" * 4096)
     with pytest.raises(ImageError, match="is not a SIF file"):
         read_sif(f)
+
+
+def test_labels_and_definition_from_the_root_filesystem(tmp_path):
+    """An image whose metadata lives only in /.singularity.d of its squashfs (as Apptainer writes it)."""
+    meta = tmp_path / "root/.singularity.d"
+    meta.mkdir(parents=True)
+    (meta / "Singularity").write_text(DEF)
+    (meta / "labels.json").write_text(json.dumps(LABELS))
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True, cwd=tmp_path)
+    run("mksquashfs", "root", "root.sqfs", "-noappend", "-quiet")
+    run("siftool", "new", "image.sif")
+    run(
+        "siftool",
+        "add",
+        "image.sif",
+        "root.sqfs",
+        "--datatype",
+        "4",
+        "--parttype",
+        "2",
+        "--partfs",
+        "1",
+        "--partarch",
+        "2",
+        "--groupid",
+        "1",
+    )
+    info = read_sif(tmp_path / "image.sif")
+    assert [d.type for d in info.descriptors] == ["FS"]
+    assert info.definition == DEF and info.labels == LABELS
+
+
+def test_nested_label_object(tmp_path):
+    (tmp_path / "labels.json").write_text(json.dumps({"system-partition": LABELS}))
+    subprocess.run(["siftool", "new", "i.sif"], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        ["siftool", "add", "i.sif", "labels.json", "--datatype", "3"],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert read_sif(tmp_path / "i.sif").labels == LABELS

@@ -9,7 +9,9 @@ data offset, data size) — followed by `total` 585-byte descriptors at `descrip
 from __future__ import annotations
 
 import json
+import shutil
 import struct
+import subprocess
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -172,8 +174,29 @@ def read_sif(path: str | Path) -> SifInfo:
                     labels.update(obj.get("labels") or {})
                     definition = definition or obj.get("deffile")
                 elif isinstance(obj, dict):
-                    labels.update({str(k): str(v) for k, v in obj.items()})
+                    # older Singularity nests labels by partition: {"system-partition": {…}}
+                    obj = (
+                        obj.get("system-partition", obj)
+                        if isinstance(obj.get("system-partition"), dict)
+                        else obj
+                    )
+                    labels.update({str(k): str(v) for k, v in obj.items() if not isinstance(v, dict)})
     _ = launch
+    rootfs = next((d for d in descs if d.extra.startswith("Squashfs/PrimSys")), None)
+    if rootfs is not None and (definition is None or not labels):
+        # Apptainer keeps both inside the root filesystem too; read them without mounting it.
+        if definition is None:
+            definition = _squashfs_file(path, rootfs.offset, ".singularity.d/Singularity")
+        if not labels:
+            try:
+                labels = {
+                    str(k): str(v)
+                    for k, v in json.loads(
+                        _squashfs_file(path, rootfs.offset, ".singularity.d/labels.json") or "{}"
+                    ).items()
+                }
+            except (ValueError, AttributeError):
+                labels = {}
     return SifInfo(
         str(path),
         _cstr(version),
@@ -185,6 +208,16 @@ def read_sif(path: str | Path) -> SifInfo:
         definition,
         labels,
     )
+
+
+def _squashfs_file(path: Path, offset: int, name: str) -> str | None:
+    """One file out of the squashfs partition at `offset` (needs squashfs-tools' unsquashfs)."""
+    if shutil.which("unsquashfs") is None:
+        return None
+    r = subprocess.run(
+        ["unsquashfs", "-o", str(offset), "-cat", str(path), name], capture_output=True, text=True, timeout=60
+    )
+    return r.stdout if r.returncode == 0 and r.stdout else None
 
 
 def format_info(info: SifInfo) -> str:
