@@ -98,7 +98,9 @@ def test_this_machine_no_gpu_no_ib_and_versions():
     assert rep["gpus"] == [] and rep["ports"] == [] and rep["suggested_env"] == {} and rep["ok"] is True
     v = rep["versions"]
     assert v["python"] == platform.python_version() and v["torch"] == torch.__version__
-    assert v["cuda"] is None and v["nccl"] is None and v["cudnn"] is None
+    assert (
+        v["cuda"] is None and v["nccl"] is None and v["cudnn"] is None and v["torch_cuda_available"] is False
+    )
     assert v["dali"] == metadata.version("nvidia-dali-cuda120") and v["dali_package"] == "nvidia-dali-cuda120"
     text = doctor.format_report(doctor.run())
     assert "INFO  gpus" in text and "none visible" in text
@@ -220,6 +222,10 @@ def test_version_fit_rules(tmp_path):
     assert st["driver"].status == "ok" and st["dali"].status == "warn" and "CUDA 12" in st["dali"].hint
     st = {c.name: c for c in doctor.version_checks({**base, "cuda": None}, ["A100"])}
     assert st["torch"].status == "fail" and "CPU build" in st["torch"].hint
+    st = {c.name: c for c in doctor.version_checks({**base, "torch_cuda_available": False}, ["A100"])}
+    assert st["torch"].status == "fail" and "cannot use them" in st["torch"].hint
+    st = {c.name: c for c in doctor.version_checks({**base, "torch_cuda_available": True}, ["A100"])}
+    assert st["torch"].status == "ok" and st["nccl"].value == "2.19.3" and st["cudnn"].value == "8.9.7"
     two = {**base, "dali_package": "nvidia-dali-cuda110, nvidia-dali-cuda120", "dali": "1.30, 1.32"}
     assert {c.name: c for c in doctor.version_checks(two, [])}["dali"].status == "warn"
     write(

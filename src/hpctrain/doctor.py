@@ -99,6 +99,7 @@ def versions() -> dict[str, str | None]:
         "cuda": None,
         "cudnn": None,
         "nccl": None,
+        "torch_cuda_available": None,
         "dali": None,
         "dali_package": None,
         "driver": driver_version(),
@@ -123,6 +124,10 @@ def versions() -> dict[str, str | None]:
             v["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         except Exception:  # CPU builds have no NCCL
             v["nccl"] = None
+        try:
+            v["torch_cuda_available"] = bool(torch.cuda.is_available())
+        except Exception:
+            v["torch_cuda_available"] = False
     dali = _dist_versions("nvidia-dali")
     if dali:
         v["dali_package"] = ", ".join(sorted(dali))
@@ -131,15 +136,13 @@ def versions() -> dict[str, str | None]:
 
 
 def gpus() -> list[str]:
-    """Names of the GPUs this process can use."""
+    """Names of the GPUs torch can use, else those `nvidia-smi -L` lists (present but maybe unusable)."""
     if "torch" in sys.modules or _importable("torch"):
         try:
             import torch
 
             if torch.cuda.is_available():
                 return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if torch.version.cuda is not None:
-                return []
         except Exception:
             pass
     if shutil.which("nvidia-smi"):
@@ -304,9 +307,16 @@ def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[st
         if hits:
             checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "ok", spec))
         else:
-            checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "fail", spec,
-                                f"no interface matches it (this node has: {', '.join(ifaces) or 'none'}); "
-                                "NCCL will fail to bootstrap: fix or unset it"))
+            checks.append(
+                Check(
+                    "nccl",
+                    "NCCL_SOCKET_IFNAME",
+                    "fail",
+                    spec,
+                    f"no interface matches it (this node has: {', '.join(ifaces) or 'none'}); "
+                    "NCCL will fail to bootstrap: fix or unset it",
+                )
+            )
     hca = env.get("NCCL_IB_HCA")
     if hca:
         devices = {p.device for p in ports}
@@ -455,6 +465,14 @@ def version_checks(v: Mapping[str, str | None], gpu_names: list[str]) -> list[Ch
             status, hint = (
                 "fail",
                 "GPUs are visible but torch is a CPU build: install a CUDA build or use the image",
+            )
+        elif gpu_names and v.get("torch_cuda_available") is False:
+            status, hint = (
+                "fail",
+                (
+                    f"GPUs are present but torch (CUDA {v['cuda']}) cannot use them: driver too old, "
+                    "CUDA_VISIBLE_DEVICES, or a container started without --nv"
+                ),
             )
         checks.append(Check("versions", "torch", status, f"{torch_v} ({build})", hint))
         if v["cuda"]:
