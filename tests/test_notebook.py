@@ -68,7 +68,7 @@ def test_without_image_and_quoting(tmp_path):
     assert tunnel_command(job, "gpu017", "me@login") == "ssh -N -J me@login -L 30000:127.0.0.1:30000 gpu017"
 
 
-def test_bad_values_and_no_sbatch(monkeypatch, tmp_path):
+def test_bad_values_and_no_sbatch(monkeypatch, tmp_path, capsys):
     with pytest.raises(NotebookError, match="--time '4h': use Slurm's format"):
         batch_script(NotebookJob(time="4h"))
     with pytest.raises(NotebookError, match="--port 80"):
@@ -76,3 +76,5 @@ def test_bad_values_and_no_sbatch(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(NotebookError, match="sbatch is not on the PATH: run this on a Slurm login node"):
         submit(NotebookJob())
+    assert main(["notebook"]) == 2
+    assert capsys.readouterr().err.startswith("hpctrain: error: sbatch is not on the PATH")

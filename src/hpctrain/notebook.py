@@ -16,11 +16,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from hpctrain.images import ImageError
 
-
-class NotebookError(ImageError):
-    """Printed by the CLI as a one-line error (an ImageError subclass for that reason)."""
+class NotebookError(Exception):
+    """A notebook job that cannot be planned or submitted; the CLI prints it as one line."""
 
 
 @dataclass(frozen=True)
