@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # module name under hpctrain.cli for each command group, in --help order
-COMMANDS = ["train", "submit", "data", "config_cmd"]
+COMMANDS = ["train", "submit", "data", "config_cmd", "image", "doctor", "notebook"]
 
 
 class CLIError(Exception):
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # known failure types from the library, without a traceback
         if type(e).__name__ in {"DataError", "CheckpointError", "ResumeError", "LaunchError", "ImageError",
-                                  "RunDirBusy", "RankFailure"}:
+                                  "RunDirBusy", "RankFailure", "NotebookError"}:
             print(f"hpctrain: error: {e}", file=sys.stderr)
             return 2
         raise
