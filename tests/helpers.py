@@ -1,0 +1,50 @@
+"""Shared test helpers: launch N local ranks (gloo) the way torchrun would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "configs" / "digits_vit.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | None = None
+              ) -> list[subprocess.CompletedProcess]:
+    """Run `python <argv>` as `world` ranks with torchrun-style variables; all must succeed."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
+        if world == 1:
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                e.pop(k)
+        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
+    for r in results:
+        assert r.returncode == 0, f"rank failed ({r.returncode}):\n{r.stdout[-4000:]}"
+    return results
+
+
+def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
+    """`-m hpctrain train` on the digits config with a tiny, fast schedule."""
+    base = [f"data.root={root}", f"run.dir={run_dir}", f"run.name={name}", "train.threads=1",
+            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+    args = ["-m", "hpctrain", "train", "--config", str(DIGITS)]
+    for s in (*base, *sets):
+        args += ["--set", s]
+    return args
