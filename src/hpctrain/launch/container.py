@@ -16,11 +16,11 @@ PY_VAR = "HPCTRAIN_PYTHON"
 
 
 def bind_list(container: ContainerSection, paths: list[str]) -> list[str]:
-    """Profile binds, then the job's own paths (data root, run parent), without duplicates."""
-    out: list[str] = []
-    for b in [*container.binds, *(str(Path(p)) for p in paths if p)]:
-        if b not in out:
-            out.append(b)
+    """Profile binds, then the job's own paths (data root, run parent) not already inside one."""
+    out: list[str] = list(dict.fromkeys(container.binds))
+    for p in paths:
+        if p and not any(p == b or p.startswith(b.split(":")[0].rstrip("/") + "/") for b in out):
+            out.append(str(Path(p)))
     return out
 
 

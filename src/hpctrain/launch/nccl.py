@@ -1,5 +1,6 @@
 """Fabric → NCCL environment. Values are the usual ones for each fabric; the profile's `env`
-mapping wins over every derived value, so each one can be overridden per site."""
+mapping wins over every derived value (per site), and a variable already set in the job's
+environment wins over both (per job: `NCCL_DEBUG=INFO sbatch …`)."""
 
 from __future__ import annotations
 
@@ -32,5 +33,8 @@ def fabric_env(profile: ClusterProfile) -> dict[str, str]:
     return env
 
 
-def export_lines(env: dict[str, str]) -> list[str]:
+def export_lines(env: dict[str, str], env_wins: bool = False) -> list[str]:
+    """`export K=v` lines; with env_wins a value already in the job's environment is kept."""
+    if env_wins:
+        return [f"export {k}=${{{k}-{shlex.quote(v)}}}" for k, v in env.items()]
     return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

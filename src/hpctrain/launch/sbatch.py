@@ -75,7 +75,8 @@ def sbatch_lines(p: JobPlan) -> list[str]:
     return [sbatch_value(k, v) for k, v in opts]
 
 
-def render(p: JobPlan, command: str, host_python: str, standalone: bool) -> str:
+def render(p: JobPlan, command: str, host_python: str, standalone: bool,
+           extra_env: dict[str, str] | None = None) -> str:
     """The whole script; `command` is what follows `srun --kill-on-bad-exit=1 --unbuffered`."""
     q = shlex.quote
     prof = p.profile
@@ -89,11 +90,15 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool) -> str:
     mods = module_lines(prof.modules, prof.module_use)
     if mods:
         lines += ["# Site modules (HPCTRAIN_MODULES= empty skips them).", *mods, ""]
-    lines += [f"# Fabric: {prof.fabric.kind}. Profile `env:` entries override these.",
-              *export_lines(fabric_env(prof)),
-              f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}", ""]
+    lines += [f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
+              "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
+              *export_lines(fabric_env(prof), env_wins=True),
+              f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
+              *export_lines(extra_env or {}), ""]
     lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>.",
               *python_lines(prof.container, p.binds, host_python), ""]
+    lines += ["# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
+              'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi', ""]
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]

@@ -163,7 +163,8 @@ def slurm_script(plan, run_dir: Path) -> str:
 
     from hpctrain.launch.sbatch import render
 
-    return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False)
+    return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False,
+                  {"SUBMITIT_EXECUTOR": "slurm"})
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
@@ -222,8 +223,8 @@ def submit_slurm(cfg: Config, plan) -> Submission:
             return slurm_script(plan, run_dir)
 
     ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
-    ex.update_parameters(nodes=plan.nodes, tasks_per_node=plan.tasks_per_node,
-                         timeout_min=time_minutes(plan.time), name=plan.job_name)
+    ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
+                         time=time_minutes(plan.time), job_name=plan.job_name)
     try:
         job = ex.submit(train_task, to_dict(cfg))
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
