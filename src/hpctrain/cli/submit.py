@@ -64,8 +64,9 @@ def main(args: argparse.Namespace) -> int:
         print(slurm_script(plan, absolute_paths(cfg).run_dir), end="")
         return 0
     from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.submit import submit_slurm
+    from hpctrain.launch.submit import check_image, submit_slurm
 
+    check_image(profile)  # before anything is written or submitted
     ensure_dataset(cfg)
     sub = submit_slurm(cfg, plan)
     print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
