@@ -8,6 +8,7 @@ docs in /work/shared/DESIGN.md, "Verified facts").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -98,9 +99,9 @@ class SlurmCluster:
         return self
 
     def _start(self, name: str, cmd: list[str], ready, log: Path) -> subprocess.Popen:
-        out = open(self.root / "log" / f"{name.replace(' ', '-')}.stdout", "wb")
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                             start_new_session=True)
+        with open(self.root / "log" / f"{name.replace(' ', '-')}.stdout", "wb") as out:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                 start_new_session=True)
         self.procs.append(p)
         _wait(name, ready, 30, p, log)
         if p.poll() is not None:
@@ -113,7 +114,8 @@ class SlurmCluster:
         key.chmod(0o400)
         cmd = ["/usr/sbin/munged", "-F", "--force", f"--socket={sock}", f"--key-file={key}",
                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
-               f"--log-file={self.root / 'log' / 'munged.log'}", f"--seed-file={self.root / 'munge' / 'seed'}"]
+               f"--log-file={self.root / 'log' / 'munged.log'}",
+               f"--seed-file={self.root / 'munge' / 'seed'}"]
         self._start("munged", cmd, sock.exists, self.root / "log" / "munged.log")
 
     def _start_mariadb(self, port: int) -> None:
@@ -124,7 +126,8 @@ class SlurmCluster:
         sock = self.root / "db" / "mysqld.sock"
         cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
                f"--socket={sock}", f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables",
-               f"--pid-file={self.root / 'db' / 'mysqld.pid'}", f"--log-error={self.root / 'log' / 'mariadb.log'}",
+               f"--pid-file={self.root / 'db' / 'mysqld.pid'}",
+               f"--log-error={self.root / 'log' / 'mariadb.log'}",
                "--innodb-buffer-pool-size=16M", "--skip-log-bin"]
         self._start("mariadbd", cmd, lambda: _port_open(port), self.root / "log" / "mariadb.log")
 
@@ -202,8 +205,9 @@ StorageLoc=slurm_{self.cluster_name}
 
     def run(self, *cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         """A Slurm client command against this cluster."""
-        return subprocess.run(list(cmd), capture_output=True, text=True, env={**self.env, **kw.pop("env", {})},
-                              check=check, timeout=kw.pop("timeout", 60), **kw)
+        env = {**self.env, **kw.pop("env", {})}
+        return subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=check,
+                              timeout=kw.pop("timeout", 60), **kw)
 
     def state(self, job_id: str) -> str:
         """The job's state from sacct (first line: the allocation), '' when unknown yet."""
@@ -224,21 +228,23 @@ StorageLoc=slurm_{self.cluster_name}
     # -------------------------------------------------------------- stop
 
     def stop(self) -> None:
-        """End the processes this cluster started (their own sessions), newest first."""
+        """Cancel this cluster's jobs, then end the daemons it started (their own sessions)."""
+        if self.procs and self.env:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                self.run("scancel", "--full", "--user=root", check=False, timeout=20)
+                end = time.monotonic() + 20
+                while time.monotonic() < end and self.run("squeue", "-h", check=False).stdout.strip():
+                    time.sleep(0.5)
         for p in reversed(self.procs):
             if p.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         for p in reversed(self.procs):
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 p.wait(5)
         self.procs.clear()
 

@@ -33,7 +33,8 @@ def test_fabric_env_per_kind_and_overrides():
     sock = fabric_env(load_profile("local"))
     assert sock["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in sock
     # every value can be overridden: fabric keys, then the profile's env mapping wins
-    p = load_profile("example-ib", ["fabric.ib_timeout=18", "env.NCCL_IB_HCA=mlx5_4", "fabric.nccl_debug=INFO"])
+    p = load_profile("example-ib", ["fabric.ib_timeout=18", "env.NCCL_IB_HCA=mlx5_4",
+                                    "fabric.nccl_debug=INFO"])
     env = fabric_env(p)
     assert (env["NCCL_IB_TIMEOUT"], env["NCCL_IB_HCA"], env["NCCL_DEBUG"]) == ("18", "mlx5_4", "INFO")
 

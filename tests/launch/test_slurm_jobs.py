@@ -141,7 +141,8 @@ def test_preempted_job_requeues_and_resumes_exactly(slurm_cluster, digits_root, 
     assert len(stops) == 1 and stops[0]["reason"] == "preempted"
     k = stops[0]["step"]
     assert 5 <= k < 66
-    assert f"resumed from {run}/checkpoints/step-{k:08d}.pt at step {k}" in (run / "logs" / "rank-0.log").read_text()
+    log0 = (run / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {run}/checkpoints/step-{k:08d}.pt at step {k}" in log0
     st = hp(slurm_cluster, "status", pre)
     assert "COMPLETED" in st.stdout and "requeues       1" in st.stdout, st.stdout
     a = torch.load(tmp_path / "ref" / "checkpoints" / "step-00000066.pt", weights_only=True)["model"]

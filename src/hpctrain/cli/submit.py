@@ -86,7 +86,7 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     """Write the stand-alone script. Paths stay as written: the file is for another machine."""
     from pathlib import Path
 
-    from hpctrain.launch.submit import standalone_script, standalone_plan
+    from hpctrain.launch.submit import standalone_plan, standalone_script
 
     parts = ["hpctrain submit", f"--config {args.config}"]
     if args.cluster:
@@ -101,7 +101,8 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     parts.append(f"--emit-sbatch {args.emit_sbatch}")
     plan = standalone_plan(cfg, profile, req, " ".join(parts), args.config, args.overrides)
     Path(args.emit_sbatch).write_text(standalone_script(plan))
-    print(f"wrote {args.emit_sbatch}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks (cluster {profile.name})")
+    print(f"wrote {args.emit_sbatch}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
+          f"(cluster {profile.name})")
     return 0
 
 

@@ -8,9 +8,9 @@ renderer; nothing in a profile runs as code.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from hpctrain.config import CONFIG_DIR, ConfigError, apply_overrides, build, opt, read_yaml
 

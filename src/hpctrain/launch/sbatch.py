@@ -83,7 +83,8 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "",
              "set -eo pipefail", ""]
     if standalone:
-        lines += ["# What to train: a config file and ';'-separated key=value overrides (the environment wins).",
+        lines += ["# What to train: a config file and ';'-separated key=value overrides (the environment",
+                  "# wins).",
                   f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
                   f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(';'.join(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
@@ -98,7 +99,8 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>.",
               *python_lines(prof.container, p.binds, host_python), ""]
     lines += ["# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
-              'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi', ""]
+              'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then',
+              "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", ""]
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]

@@ -105,7 +105,7 @@ class RunStatus:
         if self.nodes:
             rows.append(("nodes", self.nodes))
         if m.get("step") is not None:
-            rows.append(("last step", f"{m['step']}/{m.get('total_steps', '?')} (epoch {m.get('epoch', 0):.2f})"))
+            rows.append(("last step", f"{m['step']} (epoch {m.get('epoch', 0):.2f})"))
         if m.get("loss") is not None:
             rows.append(("train loss", f"{m['loss']:.4f}"))
         if m.get("top1") is not None:
