@@ -7,8 +7,10 @@ This module imports nothing heavy: login nodes load configs without torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -74,6 +76,8 @@ class DataConfig:
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
     std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
     exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
+    on_bad_sample: str = opt("stop", "an image that vanished or went bad mid-run: stop naming it, or skip "
+                             "and count it (torch loader)", choices=("stop", "skip"))
     stage_to: str = opt("", "copy shards to this node-local path first (e.g. $TMPDIR)")
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
 
@@ -220,7 +224,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:

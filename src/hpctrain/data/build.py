@@ -48,7 +48,7 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
                           f"--set model.num_classes={len(train_list.classes)}")
     common = dict(rank=rank, world=world, seed=cfg.train.seed, workers=d.workers, device=device,
                   img_size=cfg.model.img_size, crop_pct=d.crop_pct, scale_min=d.scale_min,
-                  hflip=d.hflip, mean=d.mean, std=d.std)
+                  hflip=d.hflip, mean=d.mean, std=d.std, skip_bad=d.on_bad_sample == "skip")
     train = TorchLoader(train_list, train=True, batch_size=batch, **common)
     val = None
     try:

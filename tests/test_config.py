@@ -1,0 +1,82 @@
+"""Config loading: overrides, validation with clear messages, resolved copy round-trips."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain import config
+from hpctrain.config import ConfigError, load
+from tests.helpers import DIGITS
+
+
+def test_shipped_configs_load_with_their_recipes():
+    b16 = load("configs/vit_b16_imagenet.yaml")
+    assert (b16.model.arch, b16.data.batch_size, b16.train.epochs) == ("vit_base", 1024, 300)
+    assert b16.peak_lr == pytest.approx(5e-4 * 1024 / 512)
+    assert (b16.optim.weight_decay, b16.optim.warmup_epochs, b16.train.label_smoothing) == (0.05, 5, 0.1)
+    assert (b16.train.mixup, b16.train.cutmix, b16.model.drop_path) == (0.8, 1.0, 0.1)
+    s16 = load("configs/vit_s16_imagenet_90ep.yaml")
+    assert (s16.model.arch, s16.model.pool, s16.model.pos_embed) == ("vit_small", "avg", "sincos")
+    assert (s16.train.epochs, s16.optim.warmup_steps, s16.optim.clip_grad) == (90, 10000, 1.0)
+    assert (s16.data.randaugment, s16.train.mixup, s16.peak_lr) == ("2,10", 0.2, 1e-3)
+    assert load(DIGITS).model.num_classes == 10
+
+
+def test_overrides_apply_and_parse_types():
+    cfg = load(DIGITS, ["optim.lr=3e-4", "train.amp=bf16", "data.mean=[0.1,0.2,0.3]", "train.compile=true"])
+    assert cfg.optim.lr == 3e-4 and cfg.train.amp == "bf16" and cfg.train.compile is True
+    assert cfg.data.mean == (0.1, 0.2, 0.3)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lrr=1"], "unknown config key optim.'lrr': did you mean optim.'lr'"),
+    (["optimm.lr=1"], "did you mean 'optim'"),
+    (["train.epochs=ten"], "train.epochs: expected an integer, got 'ten'"),
+    (["optim.lr=-0.1"], "optim.lr=-0.1 is out of range: must be > 0"),
+    (["train.amp=bf61"], "train.amp='bf61' is not one of none, bf16, fp16 (did you mean 'bf16'?)"),
+    (["train.compile=3"], "train.compile: expected true or false"),
+    (["lr"], "expected section.key=value"),
+])
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load(DIGITS, overrides)
+    assert message in str(e.value)
+
+
+def test_batch_must_split_over_world_and_accumulation():
+    cfg = load(DIGITS, ["data.batch_size=64", "train.accum_steps=3"])
+    with pytest.raises(ConfigError, match="not divisible by world size 2 × train.accum_steps 3 = 6"):
+        cfg.per_rank_batch(2)
+    assert load(DIGITS, ["train.accum_steps=2"]).per_rank_batch(2) == 16
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load(DIGITS, ["optim.lr=1e-3"])
+    config.save(cfg, tmp_path / "config.yaml")
+    assert load(tmp_path / "config.yaml") == cfg
+
+
+def test_every_field_has_a_doc():
+    rows = config.describe()
+    assert len(rows) > 50
+    assert all(doc for _, _, doc in rows), [k for k, _, d in rows if not d]
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["optim.lrr=1"], "did you mean optim.'lr'"),
+    (["optim.lr=-1"], "must be > 0"),
+    (["data.batch_size=63"], "not divisible by world size"),
+])
+def test_cli_bad_config_is_one_line_and_runs_nothing(tmp_path, digits_root, sets, message):
+    args = [sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS), "--set",
+            f"data.root={digits_root}", "--set", f"run.dir={tmp_path}/runs"]
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()

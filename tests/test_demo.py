@@ -1,0 +1,32 @@
+"""The README's demo: `hpctrain submit --config configs/digits_vit.yaml` on 2 CPU cores, no cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tests.helpers import DIGITS
+
+
+def test_demo_trains_digits_to_95_percent(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}  # no cluster: local run
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "wrote the digits dataset" in r.stdout
+    top1 = float(re.search(r"final val top-1: ([\d.]+) % \(359 images\)", r.stdout).group(1))
+    assert top1 >= 95.0, r.stdout
+    run = tmp_path / "runs" / "digits_vit"
+    assert f"run directory: {run}" in r.stdout
+    assert {"config.yaml", "env.json", "metrics.jsonl", "checkpoints", "logs"} <= {p.name for p in run.iterdir()}
+    assert (run / "logs" / "rank-1.log").exists()
+    env_rec = json.loads((run / "env.json").read_text())
+    assert env_rec["world_size"] == 2 and env_rec["torch"]
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if x["kind"] == "train"]
+    assert {"step", "epoch", "loss", "lr", "images_per_s", "data_wait"} <= set(train[0])
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert lines[-1]["kind"] == "end" and abs(lines[-1]["top1"] - top1) < 0.01

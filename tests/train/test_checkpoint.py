@@ -1,0 +1,82 @@
+"""Checkpoints are atomic, load safely, and `--resume auto` finds the newest good one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from hpctrain.train import checkpoint as ckpt
+
+WRITER = """
+import sys, torch
+from hpctrain.train import checkpoint as ckpt
+run = sys.argv[1]
+ckpt.save(run, 1, {"model": {"w": torch.ones(3)}, "step": 1}, keep=3)
+print("first saved", flush=True)
+# ~400 MB: long enough to be killed while it is being written
+ckpt.save(run, 2, {"model": {"w": torch.zeros(100_000_000)}, "step": 2}, keep=3)
+print("second saved", flush=True)
+"""
+
+
+def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "first saved"
+    d = ckpt.ckpt_dir(tmp_path)
+    deadline = time.time() + 60
+    while not list(d.glob(".step-00000002.pt.tmp-*")):
+        assert time.time() < deadline and p.poll() is None, "the second write never started"
+        time.sleep(0.001)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (d / "step-00000002.pt").exists()  # no half file under a real name
+    assert (d / "latest").read_text().strip() == "step-00000001.pt"
+    path, state = ckpt.find_resume(tmp_path, "auto")
+    assert path.name == "step-00000001.pt" and state["step"] == 1
+    assert torch.equal(state["model"]["w"], torch.ones(3))
+    # the next save clears the leftover temp file
+    ckpt.save(tmp_path, 3, {"model": {}, "step": 3}, keep=3)
+    assert not list(d.glob(".*.tmp-*"))
+
+
+def test_auto_resume_skips_a_corrupt_newest(tmp_path, caplog):
+    for step in (1, 2):
+        ckpt.save(tmp_path, step, {"model": {"w": torch.full((1000,), float(step))}, "step": step}, keep=3)
+    newest = ckpt.ckpt_dir(tmp_path) / "step-00000002.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    with caplog.at_level("WARNING", logger="hpctrain"):
+        path, state = ckpt.find_resume(tmp_path, "auto")
+    assert state["step"] == 1 and path.name == "step-00000001.pt"
+    assert "step-00000002.pt" in caplog.text and "falling back" in caplog.text
+
+
+def test_keep_last_k(tmp_path):
+    for step in range(1, 6):
+        ckpt.save(tmp_path, step, {"model": {}, "step": step}, keep=2)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000005.pt", "step-00000004.pt"]
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_pickled_objects_are_refused(tmp_path):
+    bad = tmp_path / "evil.pt"
+    torch.save({"model": {}, "step": 1, "extra": Payload()}, bad)
+    with pytest.raises(ckpt.CheckpointError, match="cannot be loaded safely"):
+        ckpt.load(bad)
+    assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
+
+
+def test_none_and_missing(tmp_path):
+    assert ckpt.find_resume(tmp_path, "none") is None
+    assert ckpt.find_resume(tmp_path, "auto") is None
+    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
+        ckpt.find_resume(tmp_path, str(tmp_path / "nope.pt"))
