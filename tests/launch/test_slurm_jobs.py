@@ -75,6 +75,7 @@ def check_run_dir(run_dir: Path, world: int) -> None:
     assert {h for _, h in hosts.values()} == {"n1", "n2"}
 
 
+@pytest.mark.slow
 def test_submit_two_nodes_trains_digits_to_95(slurm_cluster, digits_root, tmp_path):
     """The must-show run: `hpctrain submit --nodes 2 --gpus-per-node 2` picks Slurm by itself."""
     job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "2",
@@ -90,6 +91,9 @@ def test_submit_two_nodes_trains_digits_to_95(slurm_cluster, digits_root, tmp_pa
     assert "requeues       0" in st.stdout
     logs = hp(slurm_cluster, "logs", str(run), "--rank", "3")
     assert "rank 3 on host n2" in logs.stdout
+    follow = hp(slurm_cluster, "logs", job, "-f")  # the job has ended: prints rank 0's log, returns
+    assert follow.returncode == 0 and "rank 0 on host n1" in follow.stdout and "eval step" in follow.stdout
+    print(f"2 nodes x 2 tasks, {ACC_EPOCHS} epochs: val top-1 {end['top1']:.2f} %")
 
 
 @pytest.fixture(scope="module")
