@@ -100,7 +100,10 @@ class RunStatus:
 
     def text(self) -> str:
         m = self.metrics
-        rows = [("state", self.state), ("job", f"{self.job_id or '-'} ({self.executor})"),
+        state = self.state
+        if m.get("stopped_at") is not None:  # the last word of the run was a stop, not an end
+            state += f" (stopped at step {m['stopped_at']}: {m.get('stop_reason')}, not resumed yet)"
+        rows = [("state", state), ("job", f"{self.job_id or '-'} ({self.executor})"),
                 ("run directory", str(self.run_dir or "-")), ("requeues", str(self.requeues))]
         if self.nodes:
             rows.append(("nodes", self.nodes))
@@ -127,8 +130,12 @@ def metrics_summary(run_dir: Path) -> dict:
             out["checkpoint"] = rec.get("path")
         elif kind == "stop":
             out["stops"] = out.get("stops", 0) + 1
+            out["stopped_at"], out["stop_reason"] = rec.get("step"), rec.get("reason")
         elif kind == "end":
             out["end"] = rec.get("status")
+            out["stopped_at"] = None
+        if kind in ("train", "eval") and out.get("stopped_at") is not None and rec.get("step", 0) > out["stopped_at"]:
+            out["stopped_at"] = None  # resumed past the stop
     return out
 
 
