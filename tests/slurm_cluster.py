@@ -33,6 +33,9 @@ def missing() -> str | None:
                    if not (shutil.which(exe) or Path("/usr/sbin", exe).exists())})
     if gone:
         return f"missing Debian packages: {' '.join(gone)} (apt-get install them, see .ci/run)"
+    r = subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`unshare --uts --mount` is not allowed here ({r.stderr.strip()}): slurmd nodes need it"
     return None
 
 
