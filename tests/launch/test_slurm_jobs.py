@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
-ACC_EPOCHS = 12
+ACC_EPOCHS = 14
 
 
 def hp(cluster, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 120):
