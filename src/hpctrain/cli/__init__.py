@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # module name under hpctrain.cli for each command group, in --help order
-COMMANDS = ["train", "submit", "data", "config_cmd", "image", "doctor", "notebook"]
+COMMANDS = ["train", "submit", "status", "data", "config_cmd", "image", "doctor", "notebook"]
 
 
 class CLIError(Exception):

@@ -75,6 +75,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         rec["dali"] = None
     keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT",
             "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
+    keep += ("LOADEDMODULES", *sorted(k for k in os.environ if k.startswith("HPCTRAIN_")))
     rec["env"] = {k: os.environ[k] for k in keep
                   if k in os.environ and not any(w in k.upper() for w in SECRET_WORDS)}
     return rec
@@ -148,7 +149,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
         (run_dir / "env.json").write_text(json.dumps(environment_record(info, device), indent=1))
-    log.info("run directory %s; world size %d on %s (%s)", run_dir, info.world_size, device, info.source)
+    log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
+             device, info.source, info.rank, socket.gethostname())
 
     train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
