@@ -78,3 +78,15 @@ def test_bad_values_and_no_sbatch(monkeypatch, tmp_path, capsys):
         submit(NotebookJob())
     assert main(["notebook"]) == 2
     assert capsys.readouterr().err.startswith("hpctrain: error: sbatch is not on the PATH")
+
+
+def test_cluster_profile_supplies_site_defaults(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["notebook", "--cluster", "example-ib", "--dry-run", "--port", "23456"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --partition=gpu" in out
+    assert "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}" in out and "module purge" in out
+    assert "exec apptainer exec --nv /shared/images/hpctrain-pytorch-23.12.sif jupyter lab" in out
+    # flags still win over the profile
+    assert main(["notebook", "--cluster", "example-ib", "--partition", "debug", "--dry-run"]) == 0
+    assert "#SBATCH --partition=debug" in capsys.readouterr().out

@@ -10,6 +10,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "notebook", help="submit a Jupyter job and print the SSH tunnel command", description=__doc__
     )
+    p.add_argument("--cluster", default=None,
+                   help="cluster profile for partition, account, modules and image (default $HPCTRAIN_CLUSTER)")
     p.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1; 0: none)")
     p.add_argument("--cpus", type=int, default=8, help="CPUs for the notebook (default 8)")
@@ -37,18 +39,30 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import os
+
+    from hpctrain.launch.modules import module_lines
+    from hpctrain.launch.profile import load_profile
     from hpctrain.notebook import NotebookJob, batch_script, submit, tunnel_command, wait_for_node
 
+    name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
+    prof = load_profile(name) if name else None
+    image = args.image
+    setup = list(args.setup)
+    if prof:  # the site's defaults; the flags win
+        if not image and prof.container.runtime == "apptainer":
+            image = prof.container.image
+        setup = module_lines(prof.modules, prof.module_use) + setup
     kw = dict(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         cpus=args.cpus,
         mem=args.mem,
         time=args.time,
-        partition=args.partition,
-        account=args.account,
-        image=args.image,
-        setup=tuple(args.setup),
+        partition=args.partition or (prof.slurm.partition if prof else ""),
+        account=args.account or (prof.slurm.account if prof else ""),
+        image=image,
+        setup=tuple(setup),
     )
     if args.port is not None:
         kw["port"] = args.port
