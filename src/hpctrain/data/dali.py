@@ -107,9 +107,7 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str):
         from nvidia.dali.auto_aug import rand_augment
 
         n, m = aug.randaugment
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # raised inside DALI's own code
-            images = rand_augment.rand_augment(images, n=n, m=m, shape=[aug.img_size, aug.img_size])
+        images = rand_augment.rand_augment(images, n=n, m=m, shape=[aug.img_size, aug.img_size])
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
                                       mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
@@ -143,10 +141,10 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
     def pipe():
         return graph(src, reader, aug, "mixed" if gpu else "cpu")
 
-    p = pipe(batch_size=batch_size, num_threads=max(1, threads), seed=seed,
-             device_id=device.index if gpu else None, prefetch_queue_depth=2)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
         warnings.simplefilter("ignore", DeprecationWarning)
+        p = pipe(batch_size=batch_size, num_threads=max(1, threads), seed=seed,
+                 device_id=device.index if gpu else None, prefetch_queue_depth=2)
         p.build()
     return p
 
