@@ -141,6 +141,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     log.info("run directory %s; world size %d on %s (%s)", run_dir, info.world_size, device, info.source)
 
     train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
+    torch.manual_seed(cfg.train.seed)  # the same initial weights in every run with this seed
     model = build_vit(cfg.model)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
     out = trainer.run(resume, cfg.train.halt_at)
