@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from hpctrain.data import sampling
 from hpctrain.data.folder import DataError, Listing, list_split, read_exclusions
 
 log = logging.getLogger("hpctrain")
+PREFETCH = 2  # batches decoded ahead
 IMAGE_EXTS_WDS = "jpg;jpeg;png;bmp;webp;tif;tiff"
 FIX_HINT = ("exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and "
             "data.exclude_file=FILE")
@@ -144,7 +146,7 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
     with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
         warnings.simplefilter("ignore", DeprecationWarning)
         p = pipe(batch_size=batch_size, num_threads=max(1, threads), seed=seed,
-                 device_id=device.index if gpu else None, prefetch_queue_depth=2)
+                 device_id=device.index if gpu else None, prefetch_queue_depth=PREFETCH)
         p.build()
     return p
 
@@ -192,6 +194,22 @@ def first_undecodable(paths: list[Path]) -> Path | None:
 
 # ----------------------------------------------------------------------------- the loader
 
+class _Epoch:
+    """One epoch's pipeline; runs are scheduled only up to the epoch's end (no wasted decode)."""
+
+    def __init__(self, epoch: int, pipe, files, real: int):
+        self.epoch, self.pipe, self.files, self.real = epoch, pipe, files, real
+        self.scheduled = 0
+
+    def schedule(self, n: int) -> None:
+        if self.scheduled == 0:
+            self.pipe.schedule_run()  # the first call fills the prefetch queue
+            self.scheduled = PREFETCH
+        elif self.scheduled < n:
+            self.pipe.schedule_run()
+            self.scheduled += 1
+
+
 class DaliLoader:
     """The loader contract (DESIGN.md) over DALI pipelines; one pipeline per epoch."""
 
@@ -205,6 +223,8 @@ class DaliLoader:
         self.listing, self.shards = listing, shards
         self.size = len(listing) if listing is not None else shards.size
         self.epoch, self.start = 0, 0
+        self._next: _Epoch | None = None  # the next epoch's pipeline, built ahead
+        self._next_thread: threading.Thread | None = None
         if train and len(self) == 0:
             where = listing.root if listing is not None else shards.tars[0]
             raise DataError(f"{where}: {self.size} images make no full global batch of "
@@ -256,33 +276,64 @@ class DaliLoader:
         lo, hi = shard_range(sh.size, self.rank, self.world)
         return reader, None, hi - lo
 
-    def __iter__(self):
-        epoch, start = self.epoch, (self.start if self.train else 0)
+    def _open(self, epoch: int) -> _Epoch:
+        """Build epoch `epoch`'s pipeline and start decoding its first batches."""
         reader, files, real = self._reader(epoch)
         src = "folder" if self.listing is not None else "wds"
         pipe = build_pipeline(self.train, src, reader, self.aug, batch_size=self.batch_size,
                               threads=self.threads, device=self.device,
                               seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)))
+        meta = pipe.reader_meta("Reader")
+        if self.train and src == "folder" and meta["epoch_size"] != real:
+            raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
+        ep = _Epoch(epoch, pipe, files, real)
+        ep.schedule(len(self))
+        return ep
+
+    def _prebuild(self, epoch: int) -> None:
+        """Open the next epoch in a thread while this one's last batches are trained on."""
+        def work():
+            try:
+                self._next = self._open(epoch)
+            except Exception:  # noqa: BLE001 - built again (and raised) in the foreground
+                self._next = None
+
+        self._next_thread = threading.Thread(target=work, daemon=True)
+        self._next_thread.start()
+
+    def _take(self, epoch: int, start: int) -> _Epoch:
+        if self._next_thread is not None:
+            self._next_thread.join()
+            self._next_thread = None
+        nxt, self._next = self._next, None
+        if nxt is not None and nxt.epoch == epoch:
+            return nxt
+        del nxt
+        return self._open(epoch)
+
+    def __iter__(self):
+        epoch, start = self.epoch, (self.start if self.train else 0)
+        ep = self._take(epoch, start)
+        n = len(self)
         try:
-            meta = pipe.reader_meta("Reader")
-            if self.train and src == "folder" and meta["epoch_size"] != real:
-                raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
-            n = len(self)
             for b in range(n):
                 try:
-                    images, labels = pipe.run()
+                    images, labels = ep.pipe.outputs()
                 except RuntimeError as e:
-                    raise self._decode_error(e, files, b) from None
+                    raise self._decode_error(e, ep.files, b) from None
+                ep.schedule(n)
+                if self.train and b == n - 1:
+                    self._prebuild(epoch + 1)
                 if b < start:
                     continue
                 x = _to_torch(images, self.device)
                 y = torch.from_numpy(labels.as_array().reshape(-1).astype(np.int64))
-                pad = (b + 1) * self.batch_size - real
+                pad = (b + 1) * self.batch_size - ep.real
                 if pad > 0:
                     y[self.batch_size - pad:] = -1  # padding from pad_last_batch: not counted
                 yield x, y.to(self.device, non_blocking=True)
         finally:
-            del pipe
+            del ep
 
     def _decode_error(self, err: Exception, files, batch: int) -> DataError:
         msg = next((ln.strip() for ln in str(err).splitlines()
@@ -325,10 +376,9 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     train_list = list_split(d.root, "train", exclude)
     _check_classes(len(train_list.classes), cfg, train_list.root)
     train = DaliLoader(train=True, batch_size=batch, listing=train_list, **common)
-    try:
-        val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
-    except FileNotFoundError:
+    if not (Path(d.root) / "val").is_dir():
         return train, None
+    val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
     return train, DaliLoader(train=False, batch_size=eval_batch, listing=val_list, **common)
 
 
