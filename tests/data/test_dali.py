@@ -182,3 +182,19 @@ def test_bad_randaugment_spec_is_a_config_error(ident_root):
 
     with pytest.raises(ConfigError, match="N,M"):
         loaders(ident_root, **{"data.randaugment": "two"})
+
+
+@pytest.mark.parametrize("kind", ["auto", "dali", "torch", "synthetic"])
+def test_every_loader_choice_keeps_the_contract(ident_root, kind):
+    train, val = loaders(ident_root, **{"data.loader": kind, "data.synthetic_size": 36})
+    if kind == "auto":
+        assert type(train).__name__ == "DaliLoader"  # DALI is importable here
+    assert len(train) == 6
+    train.set_epoch(1, 4)
+    batches = list(train)
+    assert len(batches) == 2  # resume position: batches 4 and 5 of 6
+    x, y = batches[0]
+    assert x.shape == (6, 3, 24, 24) and x.dtype == torch.float32 and y.dtype == torch.int64
+    val.set_epoch(0)
+    vb = list(val)
+    assert len(vb) == len(val) and all(b[0].shape[1:] == (3, 24, 24) for b in vb)

@@ -138,6 +138,7 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
 
     gpu = device.type == "cuda"
     graph = _train_graph if train else _val_graph
+    device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
 
     @pipeline_def(enable_conditionals=bool(train and aug.randaugment))
     def pipe():
@@ -146,7 +147,7 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
     with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
         warnings.simplefilter("ignore", DeprecationWarning)
         p = pipe(batch_size=batch_size, num_threads=max(1, threads), seed=seed,
-                 device_id=device.index if gpu else None, prefetch_queue_depth=PREFETCH)
+                 device_id=device_id, prefetch_queue_depth=PREFETCH)
         p.build()
     return p
 
@@ -372,6 +373,9 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
         except FileNotFoundError:
             return train, None
         return train, DaliLoader(train=False, batch_size=eval_batch, shards=val_sh, **common)
+    if d.stage_to:
+        raise ConfigError("data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
+                          "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to")
     exclude = read_exclusions(d.exclude_file)
     train_list = list_split(d.root, "train", exclude)
     _check_classes(len(train_list.classes), cfg, train_list.root)
