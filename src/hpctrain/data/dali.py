@@ -287,6 +287,9 @@ class DaliLoader:
         meta = pipe.reader_meta("Reader")
         if self.train and src == "folder" and meta["epoch_size"] != real:
             raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
+        if src == "wds" and meta["epoch_size"] != self.size:
+            raise DataError(f"the shard indices list {meta['epoch_size']} samples but meta.json says "
+                            f"{self.size}: re-run `hpctrain data pack`")
         ep = _Epoch(epoch, pipe, files, real)
         ep.schedule(len(self))
         return ep
