@@ -51,10 +51,7 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
                   hflip=d.hflip, mean=d.mean, std=d.std, skip_bad=d.on_bad_sample == "skip")
     train = TorchLoader(train_list, train=True, batch_size=batch, **common)
     val = None
-    try:
+    if (train_list.root.parent / "val").is_dir():  # list_split raises DataError when it is missing
         val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
-    except FileNotFoundError:
-        val_list = None
-    if val_list is not None:
         val = TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
     return train, val
