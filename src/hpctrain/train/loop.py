@@ -264,6 +264,8 @@ class Trainer:
         tot_wait, tot_steps = 0.0, 0
         loss_acc = torch.zeros((), device=self.device)
         last_eval_step = -1
+        if self.ddp is not None and self.step < self.total_steps:
+            self._settle_ddp_buckets()
         while self.step < self.total_steps:
             epoch, pos = divmod(self.step, self.steps_per_epoch)
             self.train_loader.set_epoch(epoch, pos * self.accum)
@@ -327,6 +329,23 @@ class Trainer:
                            top1=out.eval.get("top1"), top5=out.eval.get("top5"))
         self.metrics.close()
         return out
+
+    def _settle_ddp_buckets(self) -> None:
+        """One throwaway backward before the first real step, at every start or resume.
+
+        DDP re-orders its gradient buckets after the first backward it sees. Without this, a
+        resumed run would reduce its first step in the initial layout, the uninterrupted run in
+        the settled one, and with more than 2 ranks the order of the sums (their last bits) would
+        differ. The gradients are discarded; nothing else (RNG, optimizer, step) changes.
+        """
+        rng = torch.get_rng_state()
+        b = self.cfg.per_rank_batch(self.dist.world_size)
+        x = torch.zeros(b, 3, self.cfg.model.img_size, self.cfg.model.img_size, device=self.device)
+        with autocast_ctx(self.cfg.train.amp, self.device):
+            out = self.fwd_model(x)
+        (out.float().sum() * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
 
     def _mean_loss(self, loss: torch.Tensor) -> float:
         if td.is_initialized():
