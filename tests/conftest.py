@@ -24,3 +24,18 @@ def digits_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("digits")
     write_digits(root)
     return root
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The session's Slurm test cluster: started once, stopped at the end; skipped without root/packages."""
+    from tests.slurm_cluster import SlurmCluster, missing
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -76,6 +76,8 @@ class DataConfig:
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
     std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
     exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
+    on_bad_sample: str = opt("stop", "an image that vanished or went bad mid-run: stop naming it, or skip "
+                             "and count it (torch loader)", choices=("stop", "skip"))
     stage_to: str = opt("", "copy shards to this node-local path first (e.g. $TMPDIR)")
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
 

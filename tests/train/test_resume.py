@@ -31,7 +31,7 @@ def assert_same(a: dict, b: dict) -> None:
             assert torch.equal(sa[k][name], sb[k][name]), f"optimizer state {k}.{name} differs"
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_halt_and_resume_equals_uninterrupted(world, digits_root, tmp_path):
     run_ranks(world, digits_args(digits_root, tmp_path, "straight", *SETS, "run.resume=none"))
     run_ranks(world, digits_args(digits_root, tmp_path, "split", *SETS, "train.halt_at=13"))

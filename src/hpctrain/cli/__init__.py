@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # module name under hpctrain.cli for each command group, in --help order
-COMMANDS = ["train", "submit", "data", "config_cmd", "bench"]
+COMMANDS = ["train", "submit", "status", "data", "config_cmd", "image", "doctor", "notebook", "bench"]
 
 
 class CLIError(Exception):
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hpctrain: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # known failure types from the library, without a traceback
-        if type(e).__name__ in {"DataError", "CheckpointError", "ResumeError", "LaunchError", "ImageError"}:
+        if type(e).__name__ in {"DataError", "CheckpointError", "ResumeError", "LaunchError", "ImageError",
+                                  "RunDirBusy", "RankFailure", "NotebookError"}:
             print(f"hpctrain: error: {e}", file=sys.stderr)
             return 2
         raise

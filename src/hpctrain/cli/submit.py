@@ -1,8 +1,15 @@
-"""`hpctrain submit`: start the training job (Slurm when a controller answers, else locally)."""
+"""`hpctrain submit`: start the training job on Slurm (through submitit), or locally.
+
+Executor: --cluster / $HPCTRAIN_CLUSTER picks a profile and Slurm; otherwise Slurm when a
+controller answers `scontrol ping` (profile `local`), else submitit's local executor. Planning,
+--dry-run and --emit-sbatch import neither torch nor DALI.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG
@@ -10,21 +17,102 @@ from hpctrain.cli.common import DEFAULT_CONFIG
 
 def add_parser(sub) -> None:
     p = sub.add_parser("submit", help="submit the training job (Slurm, or locally with 2 processes)",
-                       description=__doc__)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, default=DEFAULT_CONFIG)
+    p.add_argument("--cluster", help="cluster profile: a path or a name in configs/clusters "
+                                     "(default $HPCTRAIN_CLUSTER)")
+    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override a profile value, e.g. container.runtime=none")
+    p.add_argument("--nodes", type=int, help="nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
+    p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")
+    for opt in ("partition", "account", "qos", "constraint"):
+        p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
+    p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+    p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
+    p.add_argument("--emit-sbatch", metavar="PATH",
+                   help="write the stand-alone batch script (runs `python3 -m hpctrain train`) to PATH")
+    p.add_argument("--wait", action="store_true", help="Slurm: wait for the job to end, print its status")
     p.add_argument("--local-tasks", type=int, default=2, help="processes for a local run (default 2)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.cli import CLIError
     from hpctrain.cli.common import load_config
+    from hpctrain.launch.profile import load_profile
+    from hpctrain.launch.submit import Request, plan_job, slurm_available
+
+    cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
+    cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
+    slurm = bool(cluster) or args.dry_run or bool(args.emit_sbatch) or slurm_available()
+    if not slurm:
+        return run_local(args, cfg)
+    profile = load_profile(cluster or "local", args.cluster_overrides)
+    req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+                  partition=args.partition, account=args.account, qos=args.qos,
+                  constraint=args.constraint, exclusive=args.exclusive)
+    if args.emit_sbatch:
+        return emit(args, cfg, profile, req)
+    plan = plan_job(cfg, profile, req)
+    if args.dry_run:
+        from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
+
+        try:
+            check_image(profile)
+        except Exception as e:  # a dry run may plan for another machine: say so, print anyway
+            print(f"hpctrain: note: {e}", file=sys.stderr)
+        print(slurm_script(plan, absolute_paths(cfg).run_dir), end="")
+        return 0
+    from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.submit import check_image, submit_slurm
+
+    check_image(profile)  # before anything is written or submitted
+    ensure_dataset(cfg)
+    sub = submit_slurm(cfg, plan)
+    print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
+          f"(cluster {profile.name})")
+    print(f"run directory: {sub.run_dir}")
+    print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
+    if not args.wait:
+        return 0
+    from hpctrain.launch.status import run_status, wait_job
+
+    state = wait_job(sub.job_id)
+    print(run_status(str(sub.run_dir)).text())
+    return 0 if state == "COMPLETED" else 1
+
+
+def emit(args: argparse.Namespace, cfg, profile, req) -> int:
+    """Write the stand-alone script. Paths stay as written: the file is for another machine."""
+    from pathlib import Path
+
+    from hpctrain.launch.submit import standalone_plan, standalone_script
+
+    parts = ["hpctrain submit", f"--config {args.config}"]
+    if args.cluster:
+        parts.append(f"--cluster {args.cluster}")
+    parts += [f"--cluster-set {o}" for o in args.cluster_overrides]
+    parts += [f"--set {o}" for o in args.overrides]
+    for key in ("nodes", "gpus_per_node", "time", "partition", "account", "qos", "constraint"):
+        if getattr(args, key) is not None:
+            parts.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
+    if args.exclusive:
+        parts.append("--exclusive")
+    parts.append(f"--emit-sbatch {args.emit_sbatch}")
+    plan = standalone_plan(cfg, profile, req, " ".join(parts), args.config, args.overrides)
+    Path(args.emit_sbatch).write_text(standalone_script(plan))
+    print(f"wrote {args.emit_sbatch}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
+          f"(cluster {profile.name})")
+    return 0
+
+
+def run_local(args: argparse.Namespace, cfg) -> int:
+    from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
     from hpctrain.data.prepare import ensure_dataset
     from hpctrain.launch.submit import submit_local, wait_local
     from hpctrain.train.entry import summary_table
 
-    cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     if args.local_tasks < 1:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
     check_batch(cfg, args.local_tasks)

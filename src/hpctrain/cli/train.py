@@ -24,4 +24,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
     summary = run(cfg)
+    from hpctrain.launch.requeue import after_stop
+
+    if after_stop(summary, summary["rank"]):  # rank 0 requeued the Slurm job: it resumes there
+        return 0
     return 0 if summary["status"] in ("finished", "halted", "preempted") else 1

@@ -48,13 +48,10 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
                           f"--set model.num_classes={len(train_list.classes)}")
     common = dict(rank=rank, world=world, seed=cfg.train.seed, workers=d.workers, device=device,
                   img_size=cfg.model.img_size, crop_pct=d.crop_pct, scale_min=d.scale_min,
-                  hflip=d.hflip, mean=d.mean, std=d.std)
+                  hflip=d.hflip, mean=d.mean, std=d.std, skip_bad=d.on_bad_sample == "skip")
     train = TorchLoader(train_list, train=True, batch_size=batch, **common)
     val = None
-    try:
+    if (train_list.root.parent / "val").is_dir():  # list_split raises DataError when it is missing
         val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
-    except FileNotFoundError:
-        val_list = None
-    if val_list is not None:
         val = TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
     return train, val

@@ -14,7 +14,7 @@ def ensure_dataset(cfg: Config) -> None:
         return
     root = Path(cfg.data.root)
     done = root / ".complete"
-    if done.exists():
+    if done.exists() or ((root / "train").is_dir() and (root / "val").is_dir()):
         return
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:

@@ -8,6 +8,7 @@ the number of workers, ranks or resumes.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from PIL import Image, UnidentifiedImageError
 
 from hpctrain.data import sampling
 from hpctrain.data.folder import DataError, Listing
+
+log = logging.getLogger("hpctrain")
 
 
 def random_resized_crop_box(w: int, h: int, rng: np.random.Generator, scale: tuple[float, float],
@@ -81,23 +84,32 @@ class FolderDataset(torch.utils.data.Dataset):
     """Items are (index, epoch) pairs → (uint8 HWC array, label)."""
 
     def __init__(self, listing: Listing, train: bool, img_size: int, seed: int, crop_pct: float,
-                 scale_min: float, hflip: float):
+                 scale_min: float, hflip: float, skip_bad: bool = False):
         self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
-        self.crop_pct, self.scale_min, self.hflip = crop_pct, scale_min, hflip
+        self.crop_pct, self.scale_min, self.hflip, self.skip_bad = crop_pct, scale_min, hflip, skip_bad
 
     def __len__(self) -> int:
         return len(self.listing)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int, str]:
+        """(image, label, path of a bad file skipped for it or '')."""
         index, epoch = item
-        rel, label = self.listing.samples[index]
-        img = open_rgb(self.listing.root / rel)
+        bad = ""
+        for attempt in range(len(self.listing)):
+            rel, label = self.listing.samples[(index + attempt) % len(self.listing)]
+            try:
+                img = open_rgb(self.listing.root / rel)
+                break
+            except DataError:
+                if not self.skip_bad:
+                    raise
+                bad = bad or str(self.listing.root / rel)  # stand in the next sample, deterministically
         if self.train:
             rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index))
             arr = train_transform(img, self.size, rng, self.scale_min, self.hflip)
         else:
             arr = val_transform(img, self.size, self.crop_pct)
-        return torch.from_numpy(arr.copy()), label
+        return torch.from_numpy(arr.copy()), label, bad
 
 
 class _BatchSampler:
@@ -139,10 +151,11 @@ class TorchLoader:
 
     def __init__(self, listing: Listing, *, train: bool, batch_size: int, rank: int, world: int,
                  seed: int, workers: int, device: torch.device, img_size: int, crop_pct: float,
-                 scale_min: float, hflip: float, mean, std):
+                 scale_min: float, hflip: float, mean, std, skip_bad: bool = False):
         self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
         self.epoch, self.start = 0, 0
-        self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip)
+        self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip, skip_bad)
+        self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
         self.normalize = Normalizer(mean, std, device)
         self.device = device
         gen = torch.Generator().manual_seed(seed)  # iterators must not draw from the global RNG
@@ -165,5 +178,9 @@ class TorchLoader:
         self.epoch, self.start = epoch, start
 
     def __iter__(self):
-        for images, labels in self._dl:
+        for images, labels, bad in self._dl:
+            for path in filter(None, bad):
+                self.skipped.append(path)
+                log.warning("skipped unreadable image %s (%d skipped so far; data.on_bad_sample=skip)",
+                            path, len(self.skipped))
             yield self.normalize(images), labels.to(self.device, non_blocking=True)

@@ -37,6 +37,14 @@ def slurm_available() -> bool:
     return r.returncode == 0 and " is UP" in r.stdout
 
 
+def write_job_record(run_dir: Path, record: dict) -> None:
+    """`<run>/job.json`: which job owns the run (read by `hpctrain status` / `logs`)."""
+    import json
+
+    record = {**record, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (run_dir / "job.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def absolute_paths(cfg: Config) -> Config:
     """Jobs may start elsewhere: pin run.dir and data.root to absolute paths at submission."""
     data = cfg.data
@@ -58,6 +66,8 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
     job = ex.submit(train_task, to_dict(cfg))
+    write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
+                                   "submitit": str(folder)})
     return Submission(str(job.job_id), cfg.run_dir, "local",
                       f"tail -f {folder}/{job.job_id}_0_log.out", job)
 
@@ -67,3 +77,160 @@ def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
     while not sub.job.done():
         time.sleep(poll_s)
     return sub.job.results()
+
+
+# --------------------------------------------------------------------------- Slurm
+
+PYTHON_HOOK = '"${HPCTRAIN_PYTHON[@]}"'  # defined by the script's container block
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the command line asked for; None: take the profile's default."""
+
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool | None = None
+
+
+def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, header: list[str] = ()):
+    """Check the request against the profile and the config; the JobPlan for the batch script.
+
+    Imports no torch: runs on login nodes. Raises LaunchError (or ConfigError) with the fix.
+    """
+    from hpctrain.config import ConfigError, check_batch
+    from hpctrain.launch.container import bind_list
+    from hpctrain.launch.profile import time_minutes
+    from hpctrain.launch.sbatch import JobPlan
+
+    s = profile.slurm
+    nodes = 1 if req.nodes is None else req.nodes
+    if nodes < 1:
+        raise LaunchError(f"--nodes={nodes}: a job needs at least one node; use --nodes 1 or more")
+    gpn = s.gpus_per_node if req.gpus_per_node is None else req.gpus_per_node
+    if gpn < 1:
+        raise LaunchError(f"--gpus-per-node={gpn}: every node runs one task per GPU, so at least 1 is "
+                          "needed; use --gpus-per-node 1 or more (CPU-only clusters: "
+                          "slurm.request_gpus: false)")
+    if gpn > s.max_gpus_per_node:
+        total = nodes * gpn
+        raise LaunchError(
+            f"--gpus-per-node={gpn}: nodes of cluster {profile.name!r} have at most {s.max_gpus_per_node} "
+            f"GPUs (slurm.max_gpus_per_node); use --gpus-per-node {s.max_gpus_per_node} with "
+            f"--nodes {-(-total // max(1, s.max_gpus_per_node))} for {total} GPUs")
+    time = req.time or s.time
+    try:
+        time_minutes(time)
+    except ConfigError as e:
+        raise LaunchError(f"--time: {e}") from None
+    check_batch(cfg, nodes * gpn)
+    if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
+        binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
+                                              if p and Path(p).is_absolute()])
+    else:
+        cfg = absolute_paths(cfg)
+        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
+    run_dir = cfg.run_dir
+    pick = lambda a, b: b if a is None else a
+    return JobPlan(
+        profile=profile, job_name=cfg.run.name, nodes=nodes, tasks_per_node=gpn,
+        gpus_per_node=gpn if s.request_gpus else 0,
+        cpus_per_task=s.cpus_per_node // gpn if s.cpus_per_node else 0, mem=s.mem_per_node, time=time,
+        partition=pick(req.partition, s.partition), account=pick(req.account, s.account),
+        qos=pick(req.qos, s.qos), constraint=pick(req.constraint, s.constraint),
+        exclusive=pick(req.exclusive, s.exclusive),
+        output="" if standalone else str(run_dir / "submitit" / "%j_0_log.out"),
+        chdir="" if standalone else str(run_dir), binds=binds, header=list(header))
+
+
+def submitit_command(folder: Path) -> str:
+    """srun arguments of a submitit job: per-task logs in the submitit folder, then its runner."""
+    import shlex
+
+    out, err = folder / "%j_%t_log.out", folder / "%j_%t_log.err"
+    return (f"--output {shlex.quote(str(out))} --error {shlex.quote(str(err))} "
+            f"{PYTHON_HOOK} -u -m submitit.core._submit {shlex.quote(str(folder))}")
+
+
+def slurm_script(plan, run_dir: Path) -> str:
+    """The batch script `hpctrain submit` hands to sbatch (what --dry-run prints)."""
+    import shlex
+    import sys
+
+    from hpctrain.launch.sbatch import render
+
+    return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False,
+                  {"SUBMITIT_EXECUTOR": "slurm"})
+
+
+def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
+    """The plan of `slurm/vit.sbatch`: same checks, paths as written, usage notes in the header."""
+    header = [
+        f"hpctrain: ViT training, {req.nodes or 1} node(s) x "
+        f"{req.gpus_per_node or profile.slurm.gpus_per_node} GPUs (cluster profile {profile.name}).",
+        f"Generated by `{command}`.",
+        "Change the config or profile and regenerate instead of editing: a test keeps this file equal",
+        "to the generator's output.",
+        "",
+        "Run as is:  sbatch slurm/vit.sbatch",
+        "Overrides need no edit: sbatch options on the command line win over the #SBATCH lines, and",
+        "the settings below read the environment, e.g. on a CPU-only cluster without the image:",
+        "  CONTAINER=none HPCTRAIN_MODULES= HPCTRAIN_CONFIG=configs/digits_vit.yaml \\",
+        "  HPCTRAIN_SET='data.root=/data/digits;train.epochs=5' \\",
+        "  sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --mem=0 --partition=debug slurm/vit.sbatch",
+        "",
+    ]
+    plan = plan_job(cfg, profile, req, standalone=True, header=header)
+    return dataclasses.replace(plan, config=config, overrides=list(overrides))
+
+
+def standalone_script(plan) -> str:
+    """`slurm/vit.sbatch`: the same script, running `python3 -m hpctrain train` under srun."""
+    from hpctrain.launch.sbatch import render
+
+    return render(plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True)
+
+
+def check_image(profile) -> None:
+    """A job whose image is missing would fail on every node: refuse it before submission."""
+    c = profile.container
+    if c.runtime == "apptainer" and not Path(c.image).is_file():
+        raise LaunchError(
+            f"container.image {c.image!r} does not exist: build or copy the image there, point "
+            "--cluster-set container.image=PATH at it, or run on the host's Python with "
+            "--cluster-set container.runtime=none")
+
+
+def submit_slurm(cfg: Config, plan) -> Submission:
+    """Submit through submitit's Slurm executor with our batch script; record the job in the run."""
+    import submitit
+
+    from hpctrain.launch.profile import time_minutes
+    from hpctrain.launch.task import train_task
+
+    check_image(plan.profile)
+    cfg = absolute_paths(cfg)
+    run_dir = cfg.run_dir
+    folder = run_dir / "submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    class Executor(submitit.SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return slurm_script(plan, run_dir)
+
+    ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
+    ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
+                         time=time_minutes(plan.time), job_name=plan.job_name)
+    try:
+        job = ex.submit(train_task, to_dict(cfg))
+    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
+        raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
+    write_job_record(run_dir, {"job_id": str(job.job_id), "executor": "slurm", "cluster": plan.profile.name,
+                               "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
+                               "submitit": str(folder)})
+    return Submission(str(job.job_id), run_dir, "slurm", f"hpctrain logs {run_dir} -f", job)

@@ -22,7 +22,21 @@ def export_job_env() -> None:
 
 
 def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Train; after a USR2 stop that requeued the job, exit without a result (the job runs again).
+
+    submitit installed its own USR2 handler (checkpoint-and-requeue of the pickled call) before
+    calling us; ours replaces it first thing, so the trainer alone decides, at a step boundary.
+    SystemExit is not an Exception, so submitit writes no result file for a requeued task.
+    """
+    from hpctrain.train.entry import StopFlag
+
+    stop = StopFlag()
+    stop.install()
     export_job_env()
+    from hpctrain.launch.requeue import after_stop
     from hpctrain.train.entry import run
 
-    return run(cfg)
+    summary = run(cfg, stop)
+    if after_stop(summary, summary["rank"]):
+        raise SystemExit(0)
+    return summary

@@ -7,6 +7,7 @@ name; `--resume auto` walks back from the newest file until one loads. Files loa
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -53,9 +54,25 @@ def _atomic_write(path: Path, write) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as e:
+        full = not isinstance(e, OSError) and _disk_full(path.parent)  # torch.save: RuntimeError
         tmp.unlink(missing_ok=True)
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from e
         raise
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _disk_full(d: Path) -> bool:
+    try:
+        return os.statvfs(d).f_bavail == 0
+    except OSError:
+        return False
 
 
 def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -68,10 +85,10 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Pa
     try:
         _atomic_write(path, lambda f: torch.save(state, f))
         _atomic_write(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         prev = next((p.name for p in list_checkpoints(run_dir) if p != path), None)
         kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint {path}: {e.strerror or e}; {kept}. "
+        raise CheckpointError(f"could not write checkpoint {path}: {_why(e)}; {kept}. "
                               "Free space on that file system (or lower train.keep_ckpts) and "
                               "resume with --resume auto") from e
     for old in list_checkpoints(run_dir)[keep:]:

@@ -82,6 +82,42 @@ def init(info: DistInfo, backend: str, timeout_s: int) -> None:
                           timeout=datetime.timedelta(seconds=timeout_s))
 
 
+class RankFailure(RuntimeError):
+    """A collective failed: a rank died or stopped responding. The message names it when known."""
+
+
+def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> RankFailure:
+    """After a failed collective, find the ranks that no longer answer.
+
+    A timed-out gloo/NCCL group is unusable, but the rendezvous store still works: every live
+    rank checks in there, and rank 0 names those that do not within `wait_s`.
+    """
+    import time
+
+    import torch.distributed as td
+
+    detail = ""
+    try:
+        store = td.distributed_c10d._get_default_store()
+        store.set(f"hpctrain/alive/{rank}", "1")
+        if rank == 0:
+            deadline = time.monotonic() + wait_s
+            missing = list(range(world))
+            while missing and time.monotonic() < deadline:
+                missing = [r for r in missing if not store.check([f"hpctrain/alive/{r}"])]
+                time.sleep(0.2)
+            if missing:
+                ranks = ", ".join(map(str, missing))
+                detail = f"rank(s) {ranks} stopped responding (no reply within the process-group timeout)"
+    except Exception:  # noqa: BLE001 - the store lives on rank 0: if it is gone, rank 0 is the one
+        if rank != 0:
+            detail = "rank 0 stopped responding (its rendezvous store is unreachable)"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    msg = detail or "a collective failed (a rank died or its node is gone)"
+    return RankFailure(f"{msg}: {first[:300]}. The job stops here; resume from the last checkpoint "
+                       "with --resume auto (see each rank's log in <run>/logs/)")
+
+
 def shutdown() -> None:
     import torch.distributed as td
 
@@ -89,18 +125,17 @@ def shutdown() -> None:
         td.destroy_process_group()
 
 
-def all_reduce_sum(values: list[float], device) -> list[float]:
-    """Sum a few numbers over all ranks (identity for one process)."""
+def agree(flag: bool, group=None) -> bool:
+    """True on every rank when any rank says so (stop, save, fail): decisions are unanimous.
+
+    `group` must be a gloo group (the default one on CPU, the control group on GPU): the flag is a
+    CPU tensor, so the GPU stream is never synchronised for it.
+    """
     import torch
     import torch.distributed as td
 
     if not td.is_initialized():
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    td.all_reduce(t)
-    return t.tolist()
-
-
-def any_rank(flag: bool, device) -> bool:
-    """True on every rank when any rank says so: stop/save/requeue decisions are unanimous."""
-    return all_reduce_sum([1.0 if flag else 0.0], device)[0] > 0
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    td.all_reduce(t, group=group)
+    return bool(t.item())

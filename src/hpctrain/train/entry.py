@@ -20,6 +20,8 @@ from typing import Any
 from hpctrain import __version__
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
+from hpctrain.train.dist import agree
+from hpctrain.train.rundir import RunDirBusy, RunLock
 
 log = logging.getLogger("hpctrain")
 SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET", "CREDENTIAL", "PASSWD")
@@ -73,6 +75,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         rec["dali"] = None
     keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT",
             "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
+    keep += ("LOADEDMODULES", *sorted(k for k in os.environ if k.startswith("HPCTRAIN_")))
     rec["env"] = {k: os.environ[k] for k in keep
                   if k in os.environ and not any(w in k.upper() for w in SECRET_WORDS)}
     return rec
@@ -102,7 +105,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import Trainer, check_compatible
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)
@@ -126,19 +129,28 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
 
         control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.train.pg_timeout_s))
 
-    os.umask(0o022)
+    os.umask(0o022)  # run directories and logs: no group/world write
     run_dir = cfg.run_dir.resolve()
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    lock = RunLock(run_dir)
+    holder = lock.acquire() if info.is_main else None
+    if agree(holder is not None, control):
+        distmod.shutdown()
+        raise RunDirBusy(f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
+                         "wait for that job to end, or give this run another run.name")
     setup_logging(run_dir, info.rank)
     if stop is None:
         stop = StopFlag()
         stop.install()
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
+    if resume:
+        check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
         (run_dir / "env.json").write_text(json.dumps(environment_record(info, device), indent=1))
-    log.info("run directory %s; world size %d on %s (%s)", run_dir, info.world_size, device, info.source)
+    log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
+             device, info.source, info.rank, socket.gethostname())
 
     train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
@@ -155,6 +167,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     }
     if info.is_main:
         log.info("\n%s", summary_table(summary))
+    lock.release()
     distmod.shutdown()
     return summary
 

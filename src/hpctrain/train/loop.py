@@ -19,7 +19,7 @@ import torch.distributed as td
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import fastpath
-from hpctrain.train.dist import DistInfo
+from hpctrain.train.dist import DistInfo, agree, diagnose
 from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
@@ -46,6 +46,22 @@ class Outcome:
     wall_s: float = 0.0
     resumed_from: int | None = None
     checkpoint: str | None = None
+
+
+def check_compatible(cfg: Config, st: dict, path: Path) -> None:
+    """Refuse a checkpoint of another model or global batch, before anything is overwritten."""
+    old = st.get("config", {})
+    problems = []
+    if old.get("model") and old["model"] != to_dict(cfg.model):
+        diff = [k for k, v in to_dict(cfg.model).items() if old["model"].get(k) != v]
+        problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
+    if st.get("global_batch") not in (None, cfg.data.batch_size):
+        problems.append(f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
+                        f"size, {st.get('world_size')} before, is fine when the global batch stays the same)")
+    if problems:
+        raise ResumeError(f"cannot resume from {path}: {'; '.join(problems)}. Resume with the original "
+                          "settings (see the run's config.yaml), or start a new run (another run.name, or "
+                          "--resume none)")
 
 
 def autocast_ctx(amp: str, device: torch.device):
@@ -115,7 +131,7 @@ class Trainer:
             ids = [device.index] if device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 self.fwd_model, device_ids=ids, gradient_as_bucket_view=t.ddp_bucket_view,
-                bucket_cap_mb=t.ddp_bucket_mb, broadcast_buffers=False)
+                bucket_cap_mb=t.ddp_bucket_mb)
             self.fwd_model = self.ddp
         self.step = 0
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
@@ -145,24 +161,7 @@ class Trainer:
             "config": to_dict(self.cfg),
         }
 
-    def check_compatible(self, st: dict, path: Path) -> None:
-        """Refuse a checkpoint of another model or batch before anything is overwritten."""
-        old = st.get("config", {})
-        problems = []
-        if old.get("model") and old["model"] != to_dict(self.cfg.model):
-            diff = [k for k, v in to_dict(self.cfg.model).items() if old["model"].get(k) != v]
-            problems.append(f"model differs in {', '.join('model.' + k for k in diff)}")
-        if st.get("global_batch") not in (None, self.cfg.data.batch_size):
-            problems.append(f"global batch was {st['global_batch']}, now {self.cfg.data.batch_size} "
-                            f"(world size {st.get('world_size')} → {self.dist.world_size} is fine "
-                            "when the global batch stays the same)")
-        if problems:
-            raise ResumeError(f"cannot resume from {path}: {'; '.join(problems)}. Resume with the "
-                              "original settings (see the run's config.yaml), or start a new run "
-                              "(another run.name, or --resume none)")
-
     def load_state(self, st: dict, path: Path) -> None:
-        self.check_compatible(st, path)
         if self.fsdp:
             self._fsdp().load(self.model, self.optimizer, st["model"], st["optimizer"])
         else:
@@ -196,7 +195,7 @@ class Trainer:
                 path = str(ckpt.save(self.run_dir, self.step, state, self.cfg.train.keep_ckpts))
             except ckpt.CheckpointError as e:
                 err = e
-        failed = self._any(err is not None)
+        failed = agree(err is not None, self.control_group)
         if failed:
             if self.cfg.train.on_ckpt_error == "stop":
                 raise err or ckpt.CheckpointError("rank 0 could not write the checkpoint (see its log)")
@@ -206,13 +205,6 @@ class Trainer:
         if path:
             self.metrics.write("checkpoint", step=self.step, path=path)
         return path
-
-    def _any(self, flag: bool) -> bool:
-        if not td.is_initialized():
-            return flag
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        td.all_reduce(t, group=self.control_group)
-        return bool(t.item())
 
     # ------------------------------------------------------------------ evaluation
 
@@ -278,6 +270,17 @@ class Trainer:
         return total
 
     def run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
+        """Train to the end (or to a stop); a failed collective is reported with the stuck ranks."""
+        try:
+            return self._run(resume, halt_at)
+        except (RuntimeError, td.DistError) as e:
+            if self.dist.world_size == 1 or not td.is_initialized() or isinstance(e, ckpt.CheckpointError):
+                raise
+            if not isinstance(e, td.DistError) and "gloo" not in str(e).lower() and "nccl" not in str(e).lower():
+                raise
+            raise diagnose(e, self.dist.rank, self.dist.world_size, min(30.0, self.cfg.train.pg_timeout_s)) from e
+
+    def _run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         t = self.cfg.train
         out = Outcome(total_steps=self.total_steps)
         if resume:
@@ -292,6 +295,8 @@ class Trainer:
         tot_wait, tot_steps = 0.0, 0
         loss_acc = torch.zeros((), device=self.device)
         last_eval_step = -1
+        if self.ddp is not None and self.step < self.total_steps:
+            self._settle_ddp_buckets()
         while self.step < self.total_steps:
             epoch, pos = divmod(self.step, self.steps_per_epoch)
             self.train_loader.set_epoch(epoch, pos * self.accum)
@@ -316,6 +321,9 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
                                images_per_s=ips, data_wait=win_wait / max(el, 1e-9))
+                    skipped = len(getattr(self.train_loader, "skipped", ()))
+                    if skipped:
+                        rec["skipped_samples"] = skipped
                     self.metrics.write("train", **rec)
                     progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
                                                f"data {100 * rec['data_wait']:.0f}%")
@@ -324,7 +332,7 @@ class Trainer:
                     win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
                 if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
                     out.checkpoint = self.save() or out.checkpoint
-                stop = self._any(self.stop_flag() or (halt_at > 0 and self.step >= halt_at))
+                stop = agree(self.stop_flag() or (halt_at > 0 and self.step >= halt_at), self.control_group)
                 if stop and self.step < self.total_steps:
                     progress.newline()
                     out.checkpoint = self.save() or out.checkpoint
@@ -352,6 +360,23 @@ class Trainer:
                            top1=out.eval.get("top1"), top5=out.eval.get("top5"))
         self.metrics.close()
         return out
+
+    def _settle_ddp_buckets(self) -> None:
+        """One throwaway backward before the first real step, at every start or resume.
+
+        DDP re-orders its gradient buckets after the first backward it sees. Without this, a
+        resumed run would reduce its first step in the initial layout, the uninterrupted run in
+        the settled one, and with more than 2 ranks the order of the sums (their last bits) would
+        differ. The gradients are discarded; nothing else (RNG, optimizer, step) changes.
+        """
+        rng = torch.get_rng_state()
+        b = self.cfg.per_rank_batch(self.dist.world_size)
+        x = torch.zeros(b, 3, self.cfg.model.img_size, self.cfg.model.img_size, device=self.device)
+        with autocast_ctx(self.cfg.train.amp, self.device):
+            out = self.fwd_model(x)
+        (out.float().sum() * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
 
     def _mean_loss(self, loss: torch.Tensor) -> float:
         if td.is_initialized():

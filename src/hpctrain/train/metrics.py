@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("hpctrain")
 
 
 class MetricsWriter:
@@ -15,15 +19,22 @@ class MetricsWriter:
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path else None
         self._f = open(self.path, "a", buffering=1) if self.path else None  # noqa: SIM115
+        self.failed = False
 
     def write(self, kind: str, **fields: Any) -> None:
         if self._f:
             rec = {"kind": kind, "time": round(time.time(), 3), **fields}
-            self._f.write(json.dumps(rec) + "\n")
+            try:
+                self._f.write(json.dumps(rec) + "\n")
+            except OSError as e:  # a full disk loses metric lines, not the run (checkpoints decide)
+                if not self.failed:
+                    log.warning("cannot append to %s: %s; metrics are lost until there is space", self.path, e)
+                self.failed = True
 
     def close(self) -> None:
         if self._f:
-            self._f.close()
+            with contextlib.suppress(OSError):
+                self._f.close()
             self._f = None
 
 

@@ -1,0 +1,55 @@
+"""`hpctrain doctor`: versions, GPUs, InfiniBand, NCCL environment and container sanity."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "doctor", help="check this node/container: versions, GPUs, InfiniBand, NCCL env", description=__doc__
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--sysfs-root", default="/sys", help="sysfs to read ports/interfaces from (default /sys)")
+    p.add_argument(
+        "--allreduce",
+        action="store_true",
+        help="measure all-reduce bus bandwidth over the job's ranks (torchrun/srun) or --procs local ones",
+    )
+    p.add_argument("--procs", type=int, default=2, help="local ranks to spawn outside a job (default 2)")
+    p.add_argument("--sizes", default="64K,1M,16M,256M", help="message sizes (default 64K,1M,16M,256M)")
+    p.add_argument("--iters", type=int, default=10, help="timed all-reduces per size (default 10)")
+    p.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl with GPUs, else gloo")
+    p.set_defaults(func=doctor)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from hpctrain import doctor as doc
+    from hpctrain.cli import CLIError
+    from hpctrain.train.dist import detect
+
+    report = doc.run(args.sysfs_root)
+    is_main = True
+    if args.allreduce:
+        from hpctrain import allreduce
+
+        try:
+            sizes = [allreduce.parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        if args.iters < 1 or args.procs < 1:
+            raise CLIError("--iters and --procs must be at least 1")
+        info = detect()
+        if info.world_size > 1:
+            report.allreduce = allreduce.run_in_job(sizes, args.iters, backend=args.backend)
+            is_main = info.is_main
+        elif args.procs > 1:
+            report.allreduce = allreduce.run_local(args.procs, sizes, args.iters, backend=args.backend)
+        else:
+            raise CLIError("--allreduce needs several ranks: run under torchrun/srun, or pass --procs 2")
+    if not is_main:
+        return 0
+    print(json.dumps(report.to_dict(), indent=2) if args.json else doc.format_report(report))
+    return 0 if report.ok else 1

@@ -1,0 +1,102 @@
+"""`hpctrain image …`: build, convert, lint and inspect Apptainer images and recipes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "image",
+        help="Apptainer images: build, convert a Dockerfile, lint a recipe, inspect a SIF",
+        description=__doc__,
+    )
+    isub = p.add_subparsers(dest="image_command", metavar="ACTION", required=True)
+
+    b = isub.add_parser("build", help="run `apptainer build` with temp/cache dirs on scratch")
+    b.add_argument("recipe", help="definition file, e.g. recipes/ngc-pytorch-23.12.def")
+    b.add_argument("-o", "--output", required=True, help="image to write (IMAGE.sif)")
+    b.add_argument("--scratch", help="where APPTAINER_TMPDIR/CACHEDIR go (default $SCRATCH, $TMPDIR or /tmp)")
+    b.add_argument(
+        "--min-free-gib",
+        type=float,
+        default=30.0,
+        help="free space needed on scratch and next to the output (default 30)",
+    )
+    b.add_argument(
+        "--fakeroot",
+        dest="fakeroot",
+        action="store_true",
+        default=None,
+        help="force --fakeroot (default: when not root)",
+    )
+    b.add_argument("--no-fakeroot", dest="fakeroot", action="store_false")
+    b.add_argument("--force", action="store_true", help="overwrite an existing image")
+    b.add_argument("--dry-run", action="store_true", help="print the exact command and stop")
+    b.set_defaults(func=build)
+
+    c = isub.add_parser("convert", help="Dockerfile → Apptainer definition (spython + fixes)")
+    c.add_argument("dockerfile")
+    c.add_argument("-o", "--output", help="definition to write (default: stdout)")
+    c.set_defaults(func=convert)
+
+    li = isub.add_parser("lint", help="check definition files: header, sections, set -e, secrets, %%test")
+    li.add_argument("recipes", nargs="+")
+    li.set_defaults(func=lint)
+
+    i = isub.add_parser("inspect", help="SIF header, objects, labels and embedded definition (no apptainer)")
+    i.add_argument("image")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.set_defaults(func=inspect)
+
+
+def build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpctrain.images.build import plan_build, run_build
+
+    plan = plan_build(args.recipe, args.output, args.scratch, args.fakeroot, args.force)
+    if args.dry_run:
+        print(plan.command_line())
+        return 0
+    return run_build(plan, Path(args.output), args.min_free_gib)
+
+
+def convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpctrain.images.convert import convert_file
+
+    conv = convert_file(args.dockerfile)
+    for note in conv.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(conv.definition)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(conv.definition)
+    return 0
+
+
+def lint(args: argparse.Namespace) -> int:
+    from hpctrain.images.lint import lint_file
+
+    bad = 0
+    for path in args.recipes:
+        problems = lint_file(path)
+        bad += bool(problems)
+        for p in problems:
+            print(f"{path}:{p}")
+        if not problems:
+            print(f"{path}: ok")
+    return 1 if bad else 0
+
+
+def inspect(args: argparse.Namespace) -> int:
+    from hpctrain.images.sif import format_info, read_sif
+
+    info = read_sif(args.image)
+    print(json.dumps(info.to_dict(), indent=2) if args.json else format_info(info))
+    return 0

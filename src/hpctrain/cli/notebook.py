@@ -1,0 +1,84 @@
+"""`hpctrain notebook`: Jupyter inside the image on a compute node, and the SSH tunnel to it."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "notebook", help="submit a Jupyter job and print the SSH tunnel command", description=__doc__
+    )
+    p.add_argument("--cluster", default=None,
+                   help="cluster profile for partition, account, modules and image (default $HPCTRAIN_CLUSTER)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1; 0: none)")
+    p.add_argument("--cpus", type=int, default=8, help="CPUs for the notebook (default 8)")
+    p.add_argument("--mem", default="", help="memory, e.g. 64G (default: the partition's)")
+    p.add_argument("--time", default="04:00:00", help="time limit (default 04:00:00)")
+    p.add_argument("--partition", default="", help="Slurm partition")
+    p.add_argument("--account", default="", help="Slurm account")
+    p.add_argument("--image", default="", help="SIF image to run Jupyter in (default: the host's python3)")
+    p.add_argument(
+        "--port", type=int, default=None, help="Jupyter port on the node (default 20000 + uid %% 10000)"
+    )
+    p.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="shell line to run first, e.g. 'module load apptainer' (repeatable)",
+    )
+    p.add_argument("--login-host", default=None, help="login host for the tunnel (default: this host's name)")
+    p.add_argument(
+        "--wait", type=float, default=120, help="seconds to wait for the job to start (default 120)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the batch script and tunnel command only")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    import os
+
+    from hpctrain.launch.modules import module_lines
+    from hpctrain.launch.profile import load_profile
+    from hpctrain.notebook import NotebookJob, batch_script, submit, tunnel_command, wait_for_node
+
+    name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
+    prof = load_profile(name) if name else None
+    image = args.image
+    setup = list(args.setup)
+    if prof:  # the site's defaults; the flags win
+        if not image and prof.container.runtime == "apptainer":
+            image = prof.container.image
+        setup = module_lines(prof.modules, prof.module_use) + setup
+    kw = dict(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        cpus=args.cpus,
+        mem=args.mem,
+        time=args.time,
+        partition=args.partition or (prof.slurm.partition if prof else ""),
+        account=args.account or (prof.slurm.account if prof else ""),
+        image=image,
+        setup=tuple(setup),
+    )
+    if args.port is not None:
+        kw["port"] = args.port
+    job = NotebookJob(**kw)
+    login = args.login_host or socket.getfqdn()
+    if args.dry_run:
+        print(batch_script(job), end="")
+        print(f"# on your laptop, once the job runs on <node>:\n{tunnel_command(job, login=login)}")
+        return 0
+    job_id = submit(job)
+    print(f"submitted notebook job {job_id}; log: {job.workdir}/notebook-{job_id}.log")
+    node = wait_for_node(job_id, args.wait)
+    if node is None:
+        print(f"not started after {args.wait:g} s; when it runs (squeue -j {job_id}), tunnel with:")
+        print(tunnel_command(job, login=login))
+        return 0
+    print(f"running on {node}; on your laptop run:\n  {tunnel_command(job, node, login)}")
+    print(f"then open http://localhost:{job.port}/ with the token printed in the log")
+    return 0

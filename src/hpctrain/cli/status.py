@@ -1,0 +1,41 @@
+"""`hpctrain status RUN_OR_JOB` and `hpctrain logs RUN_OR_JOB [-f] [--rank R]`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="state, requeues, last step and metrics of a run or Slurm job",
+                       description=__doc__)
+    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
+    p.set_defaults(func=status)
+    p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank",
+                       description=__doc__)
+    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
+    p.set_defaults(func=logs)
+
+
+def status(args: argparse.Namespace) -> int:
+    from hpctrain.launch.status import run_status
+
+    st = run_status(args.target)
+    print(st.text())
+    return 1 if st.state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    from hpctrain.cli import CLIError
+    from hpctrain.launch.status import follow, log_path, resolve
+
+    path = log_path(args.target, args.rank)
+    if args.follow:
+        follow(path, resolve(args.target)[1])
+        return 0
+    if not path.exists():
+        raise CLIError(f"no log at {path} yet: the job may not have started (hpctrain status "
+                       f"{args.target}), or rank {args.rank} does not exist")
+    print(path.read_text(errors="replace"), end="")
+    return 0

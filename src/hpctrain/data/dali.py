@@ -1,0 +1,395 @@
+"""NVIDIA DALI loaders: GPU (nvJPEG, `mixed`) decoding on GPU nodes, the same pipeline on CPUs elsewhere.
+
+Sampling is the rule of `data/sampling.py`, shared with the PIL loader: every epoch has one
+permutation per (seed, epoch); rank r reads its slice of each global batch. Each rank's file list
+for the epoch goes to `fn.readers.file`, so the torch and DALI loaders put the same images in the
+same optimizer steps, for any world size, and exclusions and class order come from `list_split`.
+WebDataset shards (`data pack`) are read by `fn.readers.webdataset`, sharded by the global rank.
+
+One pipeline per epoch, seeded by (seed, epoch, rank): epochs do not depend on each other, so a
+resume at batch k of an epoch rebuilds that epoch's pipeline and discards its first k batches
+(decode cost at most one epoch of this rank's share, paid once per resume) and then continues
+bit for bit as the uninterrupted run would.
+
+Evaluation shards the sorted val list by the global rank with `pad_last_batch`; the padded
+samples get label -1 and are not counted, so top-1 is exact for any world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpctrain.config import Config, ConfigError
+from hpctrain.data import sampling
+from hpctrain.data.folder import DataError, Listing, list_split, read_exclusions
+
+log = logging.getLogger("hpctrain")
+PREFETCH = 2  # batches decoded ahead
+IMAGE_EXTS_WDS = "jpg;jpeg;png;bmp;webp;tif;tiff"
+FIX_HINT = ("exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and "
+            "data.exclude_file=FILE")
+
+
+def parse_randaugment(spec: str) -> tuple[int, int] | None:
+    """'N,M' → (N, M); empty → None."""
+    if not spec.strip():
+        return None
+    try:
+        n, m = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise ConfigError(f"data.randaugment={spec!r} is not 'N,M' (e.g. '2,9'); leave it empty "
+                          "to turn RandAugment off") from None
+    if n < 0 or not 0 <= m <= 30:
+        raise ConfigError(f"data.randaugment={spec!r}: N must be >= 0 and M in 0..30")
+    return n, m
+
+
+def pipeline_seed(*parts: int) -> int:
+    """A DALI seed (31-bit) from several integers."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def shard_range(n: int, shard: int, shards: int) -> tuple[int, int]:
+    """DALI's contiguous shard of n samples (`start = n * shard // shards`)."""
+    return n * shard // shards, n * (shard + 1) // shards
+
+
+@dataclass(frozen=True)
+class Augment:
+    img_size: int
+    crop_pct: float
+    scale_min: float
+    hflip: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    randaugment: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class WdsShards:
+    """A split of `data pack` output: tar shards, their DALI index files and the sample count."""
+
+    tars: tuple[str, ...]
+    indices: tuple[str, ...]
+    size: int
+    classes: tuple[str, ...]
+
+
+# ----------------------------------------------------------------------------- pipelines
+
+def _read(src, reader: dict):
+    from nvidia.dali import fn, types
+
+    if src == "folder":
+        return fn.readers.file(name="Reader", **reader)
+    jpegs, labels = fn.readers.webdataset(name="Reader", ext=[IMAGE_EXTS_WDS, "lbl"],
+                                          dtypes=[types.UINT8, types.INT64],
+                                          missing_component_behavior="error", **reader)
+    return jpegs, labels
+
+
+def _train_graph(src: str, reader: dict, aug: Augment, decoder: str):
+    from nvidia.dali import fn, types
+
+    jpegs, labels = _read(src, reader)
+    images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
+                                           random_area=[aug.scale_min, 1.0],
+                                           random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=types.INTERP_LINEAR,
+                       antialias=True)
+    if aug.randaugment:
+        from nvidia.dali.auto_aug import rand_augment
+
+        n, m = aug.randaugment
+        images = rand_augment.rand_augment(images, n=n, m=m, shape=[aug.img_size, aug.img_size])
+    mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
+    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
+                                      mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
+    return images, labels
+
+
+def _val_graph(src: str, reader: dict, aug: Augment, decoder: str):
+    from nvidia.dali import fn, types
+
+    from hpctrain.data.torch_loader import val_resize_size
+
+    jpegs, labels = _read(src, reader)
+    images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+    images = fn.resize(images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct),
+                       interp_type=types.INTERP_LINEAR, antialias=True)
+    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                      crop=[aug.img_size, aug.img_size], crop_pos_x=0.5, crop_pos_y=0.5,
+                                      mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
+    return images, labels
+
+
+def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_size: int, threads: int,
+                   device: torch.device, seed: int):
+    """A built DALI pipeline: outputs (float CHW images, labels)."""
+    from nvidia.dali import pipeline_def
+
+    gpu = device.type == "cuda"
+    graph = _train_graph if train else _val_graph
+    device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
+
+    @pipeline_def(enable_conditionals=bool(train and aug.randaugment))
+    def pipe():
+        return graph(src, reader, aug, "mixed" if gpu else "cpu")
+
+    with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
+        warnings.simplefilter("ignore", DeprecationWarning)
+        p = pipe(batch_size=batch_size, num_threads=max(1, threads), seed=seed,
+                 device_id=device_id, prefetch_queue_depth=PREFETCH)
+        p.build()
+    return p
+
+
+def _to_torch(out, device: torch.device) -> torch.Tensor:
+    """A DALI TensorList (dense batch) → torch tensor on `device`."""
+    if device.type == "cuda":
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        t = out.as_tensor()
+        buf = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=device)
+        feed_ndarray(t, buf, cuda_stream=torch.cuda.current_stream(device))
+        return buf
+    return torch.from_numpy(out.as_array())
+
+
+# ----------------------------------------------------------------------------- bad files
+
+def first_undecodable(paths: list[Path]) -> Path | None:
+    """The first file DALI cannot decode, tried one by one on the CPU (used only after a failure)."""
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
+                  prefetch_queue_depth=1)
+    def one():
+        return fn.decoders.image(fn.external_source(name="raw", dtype=None, ndim=1), device="cpu")
+
+    seen = set()
+    for path in paths:
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+            if data.size == 0:
+                return path
+            p = one()
+            p.build()
+            p.feed_input("raw", [data])
+            p.run()
+        except Exception:  # noqa: BLE001 - any decoder failure marks the file
+            return path
+    return None
+
+
+# ----------------------------------------------------------------------------- the loader
+
+class _Epoch:
+    """One epoch's pipeline; runs are scheduled only up to the epoch's end (no wasted decode)."""
+
+    def __init__(self, epoch: int, pipe, files, real: int):
+        self.epoch, self.pipe, self.files, self.real = epoch, pipe, files, real
+        self.scheduled = 0
+
+    def schedule(self, n: int) -> None:
+        if self.scheduled == 0:
+            self.pipe.schedule_run()  # the first call fills the prefetch queue
+            self.scheduled = PREFETCH
+        elif self.scheduled < n:
+            self.pipe.schedule_run()
+            self.scheduled += 1
+
+
+class DaliLoader:
+    """The loader contract (DESIGN.md) over DALI pipelines; one pipeline per epoch."""
+
+    def __init__(self, *, train: bool, aug: Augment, batch_size: int, rank: int, world: int, seed: int,
+                 threads: int, device: torch.device, listing: Listing | None = None,
+                 shards: WdsShards | None = None):
+        if (listing is None) == (shards is None):
+            raise ValueError("give a folder listing or WebDataset shards")
+        self.train, self.aug, self.batch_size, self.rank, self.world = train, aug, batch_size, rank, world
+        self.seed, self.threads, self.device = seed, threads, device
+        self.listing, self.shards = listing, shards
+        self.size = len(listing) if listing is not None else shards.size
+        self.epoch, self.start = 0, 0
+        self._next: _Epoch | None = None  # the next epoch's pipeline, built ahead
+        self._next_thread: threading.Thread | None = None
+        if train and len(self) == 0:
+            where = listing.root if listing is not None else shards.tars[0]
+            raise DataError(f"{where}: {self.size} images make no full global batch of "
+                            f"{batch_size * world}; lower data.batch_size")
+
+    # -- contract
+    def __len__(self) -> int:
+        if self.train:
+            return sampling.train_len(self.size, self.batch_size, self.world)
+        lo, hi = shard_range(self.size, self.rank, self.world)
+        return math.ceil((hi - lo) / self.batch_size)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Next iteration reads epoch `epoch` from batch `start` (resume position)."""
+        self.epoch, self.start = epoch, start
+
+    # -- what this rank reads
+    def epoch_files(self, epoch: int) -> list[tuple[str, int]]:
+        """(relative path, label) in the order this rank reads them (folder format)."""
+        s = self.listing.samples
+        if self.train:
+            idx = np.concatenate(sampling.train_batches(self.size, self.batch_size, self.rank, self.world,
+                                                        self.seed, epoch))
+        else:
+            idx = range(*shard_range(self.size, self.rank, self.world))
+        return [s[int(i)] for i in idx]
+
+    def _reader(self, epoch: int) -> tuple[dict, list[tuple[str, int]] | None, int]:
+        """fn.readers.* arguments, the file order (folder) and the number of real samples."""
+        common = dict(pad_last_batch=True, random_shuffle=False, stick_to_shard=True)
+        if self.listing is not None:
+            if self.train:  # this rank's own list: shard 0 of 1, already shuffled
+                files = self.epoch_files(epoch)
+                common.update(shard_id=0, num_shards=1)
+            else:  # the sorted val list, sharded by the global rank
+                files = list(self.listing.samples)
+                common.update(shard_id=self.rank, num_shards=self.world)
+            reader = dict(file_root=str(self.listing.root), files=[f for f, _ in files],
+                          labels=[lab for _, lab in files], **common)
+            real = len(files) if self.train else len(self.epoch_files(epoch))
+            return reader, (files if self.train else self.epoch_files(epoch)), real
+        sh = self.shards
+        reader = dict(paths=list(sh.tars), index_paths=list(sh.indices), **common)
+        if self.train:  # shards move by one rank per epoch; the shuffle buffer mixes within
+            reader.update(shard_id=(self.rank + epoch) % self.world, num_shards=self.world,
+                          random_shuffle=True, initial_fill=min(4096, max(1, sh.size // self.world)))
+            return reader, None, len(self) * self.batch_size
+        reader.update(shard_id=self.rank, num_shards=self.world)
+        lo, hi = shard_range(sh.size, self.rank, self.world)
+        return reader, None, hi - lo
+
+    def _open(self, epoch: int) -> _Epoch:
+        """Build epoch `epoch`'s pipeline and start decoding its first batches."""
+        reader, files, real = self._reader(epoch)
+        src = "folder" if self.listing is not None else "wds"
+        pipe = build_pipeline(self.train, src, reader, self.aug, batch_size=self.batch_size,
+                              threads=self.threads, device=self.device,
+                              seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)))
+        meta = pipe.reader_meta("Reader")
+        if self.train and src == "folder" and meta["epoch_size"] != real:
+            raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
+        if src == "wds" and meta["epoch_size"] != self.size:
+            raise DataError(f"the shard indices list {meta['epoch_size']} samples but meta.json says "
+                            f"{self.size}: re-run `hpctrain data pack`")
+        ep = _Epoch(epoch, pipe, files, real)
+        ep.schedule(len(self))
+        return ep
+
+    def _prebuild(self, epoch: int) -> None:
+        """Open the next epoch in a thread while this one's last batches are trained on."""
+        def work():
+            try:
+                self._next = self._open(epoch)
+            except Exception:  # noqa: BLE001 - built again (and raised) in the foreground
+                self._next = None
+
+        self._next_thread = threading.Thread(target=work, daemon=True)
+        self._next_thread.start()
+
+    def _take(self, epoch: int, start: int) -> _Epoch:
+        if self._next_thread is not None:
+            self._next_thread.join()
+            self._next_thread = None
+        nxt, self._next = self._next, None
+        if nxt is not None and nxt.epoch == epoch:
+            return nxt
+        del nxt
+        return self._open(epoch)
+
+    def __iter__(self):
+        epoch, start = self.epoch, (self.start if self.train else 0)
+        ep = self._take(epoch, start)
+        n = len(self)
+        try:
+            for b in range(n):
+                try:
+                    images, labels = ep.pipe.outputs()
+                except RuntimeError as e:
+                    raise self._decode_error(e, ep.files, b) from None
+                ep.schedule(n)
+                if self.train and b == n - 1:
+                    self._prebuild(epoch + 1)
+                if b < start:
+                    continue
+                x = _to_torch(images, self.device)
+                y = torch.from_numpy(labels.as_array().reshape(-1).astype(np.int64))
+                pad = (b + 1) * self.batch_size - ep.real
+                if pad > 0:
+                    y[self.batch_size - pad:] = -1  # padding from pad_last_batch: not counted
+                yield x, y.to(self.device, non_blocking=True)
+        finally:
+            del ep
+
+    def _decode_error(self, err: Exception, files, batch: int) -> DataError:
+        msg = next((ln.strip() for ln in str(err).splitlines()
+                    if "decode" in ln.lower() or "failure" in ln.lower() or "error" in ln.lower()),
+                   str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+        if files is not None:
+            lo = batch * self.batch_size
+            root = self.listing.root
+            cand = [root / f for f, _ in files[lo: lo + 3 * self.batch_size]]  # this batch + prefetch
+            bad = first_undecodable(cand)
+            if bad is not None:
+                return DataError(f"cannot decode image {bad} (DALI: {msg}); {FIX_HINT}")
+        where = self.listing.root if self.listing is not None else ", ".join(self.shards.tars[:3])
+        return DataError(f"DALI failed to read {where}: {msg}; {FIX_HINT}")
+
+
+# ----------------------------------------------------------------------------- building
+
+def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device, batch: int,
+                       eval_batch: int):
+    """(train, val) DALI loaders for this rank; val is None when there is no val split."""
+    d = cfg.data
+    aug = Augment(cfg.model.img_size, d.crop_pct, d.scale_min, d.hflip, tuple(d.mean), tuple(d.std),
+                  parse_randaugment(d.randaugment))
+    common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
+                  device=device)
+    if d.format == "wds":
+        from hpctrain.data.wds import find_shards, stage
+
+        root = stage(d.root, d.stage_to) if d.stage_to else Path(d.root)
+        train_sh = find_shards(root, "train")
+        _check_classes(len(train_sh.classes), cfg, root)
+        train = DaliLoader(train=True, batch_size=batch, shards=train_sh, **common)
+        try:
+            val_sh = find_shards(root, "val")
+        except FileNotFoundError:
+            return train, None
+        return train, DaliLoader(train=False, batch_size=eval_batch, shards=val_sh, **common)
+    if d.stage_to:
+        raise ConfigError("data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
+                          "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to")
+    exclude = read_exclusions(d.exclude_file)
+    train_list = list_split(d.root, "train", exclude)
+    _check_classes(len(train_list.classes), cfg, train_list.root)
+    train = DaliLoader(train=True, batch_size=batch, listing=train_list, **common)
+    if not (Path(d.root) / "val").is_dir():
+        return train, None
+    val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
+    return train, DaliLoader(train=False, batch_size=eval_batch, listing=val_list, **common)
+
+
+def _check_classes(n: int, cfg: Config, where) -> None:
+    if n != cfg.model.num_classes:
+        raise ConfigError(f"{where} has {n} classes but model.num_classes={cfg.model.num_classes}; "
+                          f"set --set model.num_classes={n}")

@@ -1,0 +1,575 @@
+"""What this node (or this container) has, and what is wrong with it for distributed training.
+
+Runs on a login node without torch or DALI (their imports are guarded), on a compute node, or
+inside the image. Every finding is a `Check` with a status (ok/info/warn/fail) and a hint that
+says what to do; `fail` makes `hpctrain doctor` exit 1.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Minimum driver for a CUDA major version (CUDA minor-version compatibility).
+MIN_DRIVER = {12: (525, 60), 11: (450, 80)}
+STATUS_ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
+
+
+@dataclass(frozen=True)
+class Check:
+    section: str
+    name: str
+    status: str  # ok | info | warn | fail
+    value: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class IBPort:
+    device: str
+    port: int
+    state: str  # ACTIVE, DOWN, INIT, …
+    rate: str  # as sysfs writes it: "200 Gb/sec (4X HDR)"
+    gbps: float
+    link_layer: str  # InfiniBand | Ethernet (RoCE)
+    roce_v2_gid: int | None = None  # lowest RoCE v2 GID index with an IPv4-mapped address
+
+
+@dataclass
+class Report:
+    versions: dict[str, str | None]
+    gpus: list[str]
+    ports: list[IBPort]
+    suggested_env: dict[str, str]
+    in_container: bool
+    checks: list[Check] = field(default_factory=list)
+    allreduce: list[dict] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "fail" for c in self.checks)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+# ---------------------------------------------------------------- versions and GPUs
+
+
+def _dist_versions(prefix: str) -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for d in metadata.distributions():
+        name = (d.metadata["Name"] or "").lower()
+        if name.startswith(prefix):
+            out[name] = d.version
+    return out
+
+
+def driver_version(proc_root: str = "/proc") -> str | None:
+    try:
+        text = Path(proc_root, "driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)", text) or re.search(
+        r"\s(\d{3}\.\d+(?:\.\d+)?)\s", text
+    )
+    return m.group(1) if m else None
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of everything that must fit together; None where absent. Imports torch if present."""
+    from hpctrain import __version__
+
+    v: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "hpctrain": __version__,
+        "torch": None,
+        "cuda": None,
+        "cudnn": None,
+        "nccl": None,
+        "torch_cuda_available": None,
+        "dali": None,
+        "dali_package": None,
+        "driver": driver_version(),
+    }
+    try:
+        import torch
+    except ImportError:
+        pass
+    except Exception as e:  # a broken install (missing CUDA libraries, …) is itself a finding
+        v["torch"] = f"broken: {type(e).__name__}: {e}"
+    else:
+        v["torch"] = torch.__version__
+        v["cuda"] = torch.version.cuda
+        cudnn = torch.backends.cudnn.version() if torch.version.cuda else None
+        v["cudnn"] = (
+            f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}"
+            if cudnn and cudnn >= 10000
+            else (f"{cudnn // 1000}.{cudnn // 100 % 10}.{cudnn % 100}" if cudnn else None)
+        )
+        try:
+            nccl = torch.cuda.nccl.version()
+            v["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        except Exception:  # CPU builds have no NCCL
+            v["nccl"] = None
+        try:
+            v["torch_cuda_available"] = bool(torch.cuda.is_available())
+        except Exception:
+            v["torch_cuda_available"] = False
+    dali = _dist_versions("nvidia-dali")
+    if dali:
+        v["dali_package"] = ", ".join(sorted(dali))
+        v["dali"] = ", ".join(dali[k] for k in sorted(dali))
+    return v
+
+
+def gpus() -> list[str]:
+    """Names of the GPUs torch can use, else those `nvidia-smi -L` lists (present but maybe unusable)."""
+    if "torch" in sys.modules or _importable("torch"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        except Exception:
+            pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+            return [
+                ln.split(":", 1)[1].split("(")[0].strip() for ln in out.splitlines() if ln.startswith("GPU")
+            ]
+        except (OSError, subprocess.SubprocessError):
+            return []
+    return []
+
+
+def _importable(name: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(name) is not None
+
+
+# ---------------------------------------------------------------- InfiniBand / RoCE
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def ib_ports(sysfs_root: str | Path = "/sys") -> list[IBPort]:
+    """Ports under <sysfs>/class/infiniband/<dev>/ports/<n>/ (state, rate, link_layer, gids)."""
+    ports = []
+    for dev in sorted(Path(sysfs_root, "class/infiniband").glob("*")):
+        for pdir in sorted(dev.glob("ports/*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+            if not pdir.name.isdigit():
+                continue
+            state = _read(pdir / "state").split(":")[-1].strip() or "UNKNOWN"
+            rate = _read(pdir / "rate")
+            m = re.match(r"([\d.]+)\s*Gb/sec", rate)
+            link = _read(pdir / "link_layer") or "InfiniBand"
+            gid = None
+            if link == "Ethernet":
+                for g in sorted(pdir.glob("gids/*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+                    kind = _read(pdir / "gid_attrs" / "types" / g.name)
+                    value = _read(g)
+                    if kind.lower().startswith("roce v2") and value.startswith(
+                        "0000:0000:0000:0000:0000:ffff:"
+                    ):
+                        gid = int(g.name)
+                        break
+            ports.append(
+                IBPort(dev.name, int(pdir.name), state, rate, float(m.group(1)) if m else 0.0, link, gid)
+            )
+    return ports
+
+
+def suggest_nccl(ports: list[IBPort]) -> tuple[dict[str, str], list[Check]]:
+    """NCCL_IB_HCA (exact `=dev:port` list of the fastest active ports) and the RoCE GID index."""
+    checks: list[Check] = []
+    if not ports:
+        return {}, [
+            Check(
+                "infiniband",
+                "ports",
+                "info",
+                "none (no /sys/class/infiniband)",
+                "NCCL will use TCP sockets; fine on a login node or a single-node job",
+            )
+        ]
+    for p in ports:
+        status = "ok" if p.state == "ACTIVE" else "warn"
+        checks.append(
+            Check(
+                "infiniband",
+                f"{p.device}:{p.port}",
+                status,
+                f"{p.state}, {p.rate or '?'}, {p.link_layer}",
+                "" if status == "ok" else "port not ACTIVE: cable, subnet manager or switch",
+            )
+        )
+    active = [p for p in ports if p.state == "ACTIVE"]
+    if not active:
+        checks.append(
+            Check(
+                "infiniband",
+                "fabric",
+                "warn",
+                "no ACTIVE port",
+                "NCCL will fall back to TCP sockets between nodes (much slower)",
+            )
+        )
+        return {}, checks
+    ib = [p for p in active if p.link_layer == "InfiniBand"]
+    chosen = ib or [p for p in active if p.link_layer == "Ethernet"]
+    best = max(p.gbps for p in chosen)
+    chosen = [p for p in chosen if p.gbps == best]
+    env = {"NCCL_IB_HCA": "=" + ",".join(f"{p.device}:{p.port}" for p in chosen)}
+    if ib:
+        checks.append(
+            Check(
+                "infiniband",
+                "fabric",
+                "ok",
+                f"InfiniBand, {len(chosen)}× {best:g} Gb/s",
+                "InfiniBand needs no GID index (leave NCCL_IB_GID_INDEX unset)",
+            )
+        )
+    else:
+        gids = {p.roce_v2_gid for p in chosen}
+        if None in gids:
+            checks.append(
+                Check(
+                    "infiniband",
+                    "fabric",
+                    "warn",
+                    f"RoCE, {len(chosen)}× {best:g} Gb/s",
+                    "no RoCE v2 GID with an IPv4 address: configure the interface's IP, or "
+                    "NCCL may pick a RoCE v1/link-local GID and hang",
+                )
+            )
+        else:
+            gid = min(gids)
+            env["NCCL_IB_GID_INDEX"] = str(gid)
+            checks.append(
+                Check(
+                    "infiniband",
+                    "fabric",
+                    "ok",
+                    f"RoCE v2, {len(chosen)}× {best:g} Gb/s, GID {gid}",
+                    f"RoCE needs NCCL_IB_GID_INDEX={gid} (NCCL before 2.21 does not find it "
+                    "itself); the switches need lossless (PFC/ECN) settings",
+                )
+            )
+    return env, checks
+
+
+# ---------------------------------------------------------------- environment checks
+
+
+def interfaces(sysfs_root: str | Path = "/sys") -> list[str]:
+    return sorted(p.name for p in Path(sysfs_root, "class/net").glob("*"))
+
+
+def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[str]) -> list[Check]:
+    checks = []
+    debug = env.get("NCCL_DEBUG", "")
+    if debug.upper() in ("INFO", "TRACE"):
+        checks.append(
+            Check(
+                "nccl",
+                "NCCL_DEBUG",
+                "warn",
+                debug,
+                "left on, it writes thousands of lines per rank at scale: unset it or use WARN",
+            )
+        )
+    spec = env.get("NCCL_SOCKET_IFNAME")
+    if spec and not spec.startswith("^"):  # `^a,b` excludes; `=a,b` exact names; else name prefixes
+        exact = spec.startswith("=")
+        wanted = [s for s in spec.lstrip("=").split(",") if s]
+        hits = [s for s in wanted if (s in ifaces if exact else any(i.startswith(s) for i in ifaces))]
+        if hits:
+            checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "ok", spec))
+        else:
+            checks.append(
+                Check(
+                    "nccl",
+                    "NCCL_SOCKET_IFNAME",
+                    "fail",
+                    spec,
+                    f"no interface matches it (this node has: {', '.join(ifaces) or 'none'}); "
+                    "NCCL will fail to bootstrap: fix or unset it",
+                )
+            )
+    hca = env.get("NCCL_IB_HCA")
+    if hca:
+        devices = {p.device for p in ports}
+        names = [s.lstrip("^=").split(":")[0] for s in hca.lstrip("^=").split(",") if s]
+        missing = [n for n in names if not hca.startswith("^") and not any(d.startswith(n) for d in devices)]
+        if missing:
+            checks.append(
+                Check(
+                    "nccl",
+                    "NCCL_IB_HCA",
+                    "fail",
+                    hca,
+                    f"{', '.join(missing)} not on this node (have: {', '.join(sorted(devices)) or 'none'})",
+                )
+            )
+    if env.get("NCCL_IB_DISABLE") == "1" and any(p.state == "ACTIVE" for p in ports):
+        checks.append(
+            Check(
+                "nccl",
+                "NCCL_IB_DISABLE",
+                "warn",
+                "1",
+                "InfiniBand/RoCE is ACTIVE here but disabled for NCCL: traffic goes over TCP",
+            )
+        )
+    for var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"):
+        if env.get(var) == "1":
+            checks.append(Check("nccl", var, "warn", "1", "slows GPU-to-GPU traffic inside a node; unset it"))
+    if not checks:
+        checks.append(Check("nccl", "environment", "ok", "no NCCL_* problems found"))
+    return checks
+
+
+def in_container(env: Mapping[str, str]) -> bool:
+    return (
+        bool(env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER"))
+        or Path("/.singularity.d").is_dir()
+    )
+
+
+def container_checks(
+    env: Mapping[str, str], ports: list[IBPort], inside: bool, root: str = "/"
+) -> list[Check]:
+    """~/.local leaks, /dev/infiniband and the verbs provider (checked outside too when IB is up)."""
+    checks = []
+    home = env.get("HOME", "")
+    user_site = Path(
+        home, ".local/lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages"
+    )
+    leaked = sorted(p.name for p in user_site.glob("*")) if home and user_site.is_dir() else []
+    if inside:
+        if leaked and env.get("PYTHONNOUSERSITE", "") in ("", "0"):
+            checks.append(
+                Check(
+                    "container",
+                    "~/.local",
+                    "warn",
+                    f"{len(leaked)} entries in {user_site} shadow the image: {', '.join(leaked[:5])}",
+                    "export PYTHONNOUSERSITE=1 (the hpctrain recipes set it) or run with --no-home",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    "container", "~/.local", "ok", "PYTHONNOUSERSITE=1" if leaked else "no user site-packages"
+                )
+            )
+    active = any(p.state == "ACTIVE" for p in ports)
+    dev = sorted(Path(root, "dev/infiniband").glob("uverbs*"))
+    if inside or active:
+        if dev:
+            checks.append(Check("container", "/dev/infiniband", "ok", ", ".join(d.name for d in dev)))
+        else:
+            checks.append(
+                Check(
+                    "container",
+                    "/dev/infiniband",
+                    "warn" if active else "info",
+                    "not visible",
+                    "RDMA devices are not reachable here: NCCL will use TCP; apptainer binds "
+                    "/dev by default — check `--contain`/`--no-mount dev`"
+                    if inside
+                    else "RDMA devices are not reachable here: NCCL will use TCP",
+                )
+            )
+        providers = (
+            glob.glob(str(Path(root, "usr/lib/*/libibverbs/lib*-rdmav*.so")))
+            + glob.glob(str(Path(root, "usr/lib64/libibverbs/lib*-rdmav*.so")))
+            + glob.glob(str(Path(root, "etc/libibverbs.d/*.driver")))
+        )
+        names = sorted({re.sub(r"^lib|-rdmav\d+\.so$|\.driver$", "", Path(p).name) for p in providers})
+        if names:
+            mlx = [n for n in names if n.startswith("mlx")]
+            checks.append(
+                Check(
+                    "container",
+                    "verbs provider",
+                    "ok" if mlx or not active else "warn",
+                    ", ".join(names),
+                    "" if mlx or not active else "no mlx4/mlx5 provider",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    "container",
+                    "verbs provider",
+                    "fail" if active else "info",
+                    "none",
+                    "install rdma-core's ibverbs-providers in the image (NGC images have it); "
+                    "without it NCCL silently falls back to TCP sockets",
+                )
+            )
+    return checks
+
+
+def version_checks(v: Mapping[str, str | None], gpu_names: list[str]) -> list[Check]:
+    checks = []
+    py = tuple(int(x) for x in (v["python"] or "0.0").split(".")[:2])
+    checks.append(
+        Check(
+            "versions",
+            "python",
+            "ok" if py >= (3, 10) else "fail",
+            v["python"] or "?",
+            "" if py >= (3, 10) else "hpctrain needs Python ≥ 3.10",
+        )
+    )
+    torch_v = v["torch"]
+    if torch_v is None:
+        checks.append(
+            Check(
+                "versions",
+                "torch",
+                "info",
+                "not installed",
+                "fine on a login node; training needs `pip install hpctrain[train]` or the image",
+            )
+        )
+    elif torch_v.startswith("broken"):
+        checks.append(Check("versions", "torch", "fail", torch_v, "reinstall torch or use the image"))
+    else:
+        build = f"CUDA {v['cuda']}" if v["cuda"] else "CPU build"
+        status, hint = "ok", ""
+        if gpu_names and not v["cuda"]:
+            status, hint = (
+                "fail",
+                "GPUs are visible but torch is a CPU build: install a CUDA build or use the image",
+            )
+        elif gpu_names and v.get("torch_cuda_available") is False:
+            status, hint = (
+                "fail",
+                (
+                    f"GPUs are present but torch (CUDA {v['cuda']}) cannot use them: driver too old, "
+                    "CUDA_VISIBLE_DEVICES, or a container started without --nv"
+                ),
+            )
+        checks.append(Check("versions", "torch", status, f"{torch_v} ({build})", hint))
+        if v["cuda"]:
+            checks.append(Check("versions", "cudnn", "ok" if v["cudnn"] else "warn", v["cudnn"] or "none"))
+            checks.append(
+                Check(
+                    "versions",
+                    "nccl",
+                    "ok" if v["nccl"] else "warn",
+                    v["nccl"] or "none",
+                    "" if v["nccl"] else "torch has no NCCL: multi-GPU training will use gloo",
+                )
+            )
+    drv = v["driver"]
+    if drv and v["cuda"]:
+        major = int(v["cuda"].split(".")[0])
+        need = MIN_DRIVER.get(major)
+        have = tuple(int(x) for x in drv.split(".")[:2])
+        ok = need is None or have >= need
+        checks.append(
+            Check(
+                "versions",
+                "driver",
+                "ok" if ok else "fail",
+                drv,
+                ""
+                if ok
+                else f"CUDA {v['cuda']} needs driver ≥ {need[0]}.{need[1]}: use an image with an "
+                "older CUDA or ask for a driver update",
+            )
+        )
+    elif drv:
+        checks.append(Check("versions", "driver", "ok", drv))
+    if v["dali"] is None:
+        checks.append(
+            Check("versions", "dali", "info", "not installed", "the torch (PIL) loader works without it")
+        )
+    else:
+        pkgs = (v["dali_package"] or "").split(", ")
+        status, hint = "ok", ""
+        if len(pkgs) > 1:
+            status, hint = (
+                "warn",
+                "several DALI packages installed: keep one (in NGC images, the one NGC ships)",
+            )
+        else:
+            m = re.search(r"cuda(\d+)", pkgs[0])
+            if m and v["cuda"] and int(m.group(1)[:-1]) != int(v["cuda"].split(".")[0]):
+                status, hint = (
+                    "warn",
+                    f"{pkgs[0]} is built for CUDA {m.group(1)[:-1]} but torch for CUDA {v['cuda']}",
+                )
+        checks.append(Check("versions", "dali", status, f"{v['dali']} ({v['dali_package']})", hint))
+    if gpu_names:
+        checks.append(Check("gpu", "gpus", "ok", f"{len(gpu_names)}: " + ", ".join(sorted(set(gpu_names)))))
+    else:
+        hint = (
+            "CUDA_VISIBLE_DEVICES is empty"
+            if os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+            else "fine on a login node; on a GPU node check the allocation (--gpus) and `--nv` for containers"
+        )
+        checks.append(Check("gpu", "gpus", "info", "none visible", hint))
+    return checks
+
+
+def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, root: str = "/") -> Report:
+    env = os.environ if env is None else env
+    v = versions()
+    gpu_names = gpus()
+    ports = ib_ports(sysfs_root)
+    suggested, ib_checks = suggest_nccl(ports)
+    inside = in_container(env)
+    checks = version_checks(v, gpu_names) + ib_checks
+    checks += nccl_env_checks(env, ports, interfaces(sysfs_root))
+    checks += container_checks(env, ports, inside, root)
+    return Report(v, gpu_names, ports, suggested, inside, checks)
+
+
+def format_report(r: Report) -> str:
+    width = max(len(c.name) for c in r.checks)
+    where = "inside a container" if r.in_container else "on the host"
+    lines = [f"hpctrain doctor — {platform.node()} ({where})", ""]
+    section = None
+    for c in r.checks:
+        if c.section != section:
+            section = c.section
+            lines.append(f"[{section}]")
+        lines.append(f"  {c.status.upper():<5} {c.name:<{width}}  {c.value}")
+        if c.hint:
+            lines.append(f"        {'':<{width}}  → {c.hint}")
+    if r.suggested_env:
+        lines += ["", "suggested environment:"] + [f"  export {k}={v}" for k, v in r.suggested_env.items()]
+    if r.allreduce:
+        from hpctrain.allreduce import format_rows
+
+        lines += ["", format_rows(r.allreduce)]
+    n_fail = sum(c.status == "fail" for c in r.checks)
+    n_warn = sum(c.status == "warn" for c in r.checks)
+    lines += ["", f"{n_fail} problem(s), {n_warn} warning(s)"]
+    return "\n".join(lines)

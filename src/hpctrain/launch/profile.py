@@ -1,0 +1,131 @@
+"""Cluster profiles (`configs/clusters/<site>.yaml`): what a site's scheduler, nodes, modules,
+fabric and container look like, as validated frozen dataclasses (same machinery as run configs).
+
+A profile is data: every value that reaches the batch script is checked here and quoted by the
+renderer; nothing in a profile runs as code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.config import CONFIG_DIR, ConfigError, apply_overrides, build, opt, read_yaml
+
+CLUSTER_DIR = CONFIG_DIR / "clusters"
+MODULE_RE = re.compile(r"^[A-Za-z0-9_.+/@-]+$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def time_minutes(value: str) -> int:
+    """Slurm time ('90', 'MM:SS', 'HH:MM:SS', 'D-HH[:MM[:SS]]') → whole minutes (rounded up)."""
+    m = TIME_RE.match(str(value).strip())
+    if not m:
+        raise ConfigError(f"time {value!r} is not a Slurm time limit: use minutes (90), HH:MM:SS "
+                          "(24:00:00) or D-HH:MM:SS (2-00:00:00)")
+    d, a, b, c = m.groups()
+    if d is not None:  # D-HH[:MM[:SS]]
+        secs = int(d) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        secs = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # MM:SS
+        secs = int(a) * 60 + int(b)
+    else:
+        secs = int(a) * 60
+    return max(1, -(-secs // 60))
+
+
+@dataclass(frozen=True)
+class SlurmSection:
+    partition: str = opt("", "partition (--partition); empty: the cluster's default")
+    account: str = opt("", "account to charge (--account); empty: your default")
+    qos: str = opt("", "quality of service (--qos); empty: the default")
+    time: str = opt("24:00:00", "wall-clock limit: minutes, HH:MM:SS or D-HH:MM:SS")
+    constraint: str = opt("", "node features (--constraint), e.g. 'h100&ib'")
+    exclusive: bool = opt(False, "whole nodes only (--exclusive)")
+    gpus_per_node: int = opt(8, "GPUs (= tasks) per node unless --gpus-per-node says otherwise", lo=0)
+    max_gpus_per_node: int = opt(8, "GPUs a node of this cluster has: more cannot be requested", lo=0)
+    request_gpus: bool = opt(True, "ask Slurm for the GPUs (--gpus-per-node); false on CPU-only clusters")
+    cpus_per_node: int = opt(0, "cores per node shared by its tasks (0: let Slurm decide)", lo=0)
+    mem_per_node: str = opt("0", "memory per node for --mem (e.g. 480G; 0: all of it)")
+    signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)",
+                             lo=1)
+    max_requeues: int = opt(3, "requeues after preemption/time limit before the job gives up", lo=0)
+
+    def validate(self) -> None:
+        time_minutes(self.time)
+        if not re.match(r"^\d+[KMGT]?$", self.mem_per_node):
+            raise ConfigError(f"slurm.mem_per_node={self.mem_per_node!r}: use a number with an optional "
+                              "K/M/G/T suffix, e.g. 480G (0: all of the node's memory)")
+        for key in ("partition", "account", "qos", "constraint"):
+            v = getattr(self, key)
+            if "\n" in v:
+                raise ConfigError(f"slurm.{key}: must be one line")
+
+
+@dataclass(frozen=True)
+class FabricSection:
+    kind: str = opt("socket", "interconnect for NCCL: InfiniBand, RoCE, or plain TCP sockets",
+                    choices=("ib", "roce", "socket"))
+    hcas: list[str] = opt([], "HCAs for NCCL_IB_HCA (e.g. mlx5_0); empty: NCCL picks")
+    ifname: str = opt("", "network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (e.g. ib0)")
+    gid_index: int = opt(3, "NCCL_IB_GID_INDEX for RoCE (3: RoCE v2 on most NICs)", lo=0)
+    ib_timeout: int = opt(22, "NCCL_IB_TIMEOUT (4.096 µs × 2^value per retry)", lo=1, hi=31)
+    retry_cnt: int = opt(7, "NCCL_IB_RETRY_CNT", lo=0, hi=7)
+    nccl_debug: str = opt("WARN", "NCCL_DEBUG", choices=("", "VERSION", "WARN", "INFO", "TRACE"))
+    async_error_handling: int = opt(1, "TORCH_NCCL_ASYNC_ERROR_HANDLING (1: a failed collective "
+                                       "ends the process instead of hanging)", choices=(0, 1, 2, 3))
+
+
+@dataclass(frozen=True)
+class ContainerSection:
+    runtime: str = opt("none", "run each task inside an Apptainer image, or on the host's Python",
+                       choices=("apptainer", "none"))
+    image: str = opt("", "path of the .sif image (runtime apptainer)")
+    binds: list[str] = opt([], "extra bind mounts (src[:dst[:opts]]); data root and run dir are added")
+    python: str = opt("python3", "Python inside the image (or on the host when runtime is none)")
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    name: str = opt("local", "profile name (shown in the job's banner)")
+    slurm: SlurmSection = field(default_factory=SlurmSection, metadata={"doc": "scheduler defaults"})
+    modules: list[str] = opt([], "modules to load (after `module purge`) before srun")
+    module_use: list[str] = opt([], "extra module paths (`module use`) before loading")
+    env: dict[str, str] = opt({}, "extra environment for every task; overrides fabric-derived NCCL_*")
+    fabric: FabricSection = field(default_factory=FabricSection, metadata={"doc": "interconnect"})
+    container: ContainerSection = field(default_factory=ContainerSection, metadata={"doc": "image"})
+
+    def validate(self) -> None:
+        for m in self.modules:
+            if not MODULE_RE.match(m):
+                raise ConfigError(f"modules: {m!r} is not a module name (letters, digits, . _ + / @ -)")
+        for k in self.env:
+            if not ENV_NAME_RE.match(k):
+                raise ConfigError(f"env: {k!r} is not a valid environment variable name")
+        if self.container.runtime == "apptainer" and not self.container.image:
+            raise ConfigError("container.runtime is apptainer but container.image is empty: set the "
+                              ".sif path (container.image) or use container.runtime: none")
+
+
+def find_profile(name: str | Path) -> Path:
+    """A path as given, else a shipped profile (configs/clusters/<name>[.yaml])."""
+    p = Path(name)
+    if p.is_file():
+        return p
+    for cand in (CLUSTER_DIR / p.name, CLUSTER_DIR / f"{p.name}.yaml"):
+        if cand.is_file():
+            return cand
+    shipped = ", ".join(sorted(q.stem for q in CLUSTER_DIR.glob("*.yaml")))
+    raise ConfigError(f"cluster profile {str(name)!r} not found: give a path or one of: {shipped}")
+
+
+def load_profile(name: str | Path | None, overrides: Iterable[str] = ()) -> ClusterProfile:
+    """Load a profile (None: the built-in local defaults) and apply `key=value` overrides."""
+    data = read_yaml(find_profile(name)) if name else {}
+    if name and "name" not in data:
+        data["name"] = Path(name).stem
+    return build(ClusterProfile, apply_overrides(data, overrides))

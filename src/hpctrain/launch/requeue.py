@@ -1,0 +1,47 @@
+"""After a preemption/time-limit stop: rank 0 requeues the Slurm job, capped by max_requeues.
+
+Every rank computes the same decision from the same environment (SLURM_RESTART_COUNT counts
+the job's requeues, HPCTRAIN_MAX_REQUEUES comes from the profile via the batch script), so the
+ranks agree without talking; only rank 0 calls `scontrol requeue`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Mapping
+
+log = logging.getLogger("hpctrain")
+DEFAULT_MAX_REQUEUES = 3
+
+
+def decide(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(requeue?, why) for a run that stopped on USR2."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return False, "not running under Slurm"
+    done = int(env.get("SLURM_RESTART_COUNT") or 0)
+    cap = int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES)
+    if done >= cap:
+        return False, f"job {job} was requeued {done} times already (slurm.max_requeues={cap})"
+    return True, f"requeueing job {job} ({done + 1}/{cap})"
+
+
+def after_stop(summary: Mapping, rank: int) -> bool:
+    """True when the job was requeued: the caller exits now, without recording a final result."""
+    if summary.get("status") != "preempted":
+        return False
+    ok, why = decide()
+    if not ok:
+        log.warning("stopped at step %s and not requeued: %s", summary.get("step"), why)
+        return False
+    if rank == 0:
+        log.warning("stopped at step %s: %s", summary.get("step"), why)
+        r = subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], capture_output=True,
+                           text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"scontrol requeue failed: {(r.stderr or r.stdout).strip()}; the "
+                               "checkpoint is saved: resubmit the job to resume")
+    return True

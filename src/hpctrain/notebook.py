@@ -1,0 +1,124 @@
+"""A Jupyter job on a compute node, reached through an SSH tunnel.
+
+Self-contained on purpose: it writes its own small batch script and does not read cluster
+profiles (the lead may rewire `NotebookJob` onto the shared profile/submit code later).
+Jupyter listens on 127.0.0.1 of the node with a token, so other users of the node cannot reach
+it; the tunnel jumps through the login node to the compute node (`ssh -J`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+
+class NotebookError(Exception):
+    """A notebook job that cannot be planned or submitted; the CLI prints it as one line."""
+
+
+@dataclass(frozen=True)
+class NotebookJob:
+    nodes: int = 1  # nodes allocated; Jupyter runs on the first, srun reaches the others
+    gpus_per_node: int = 1  # GPUs per node (0: none requested)
+    cpus: int = 8  # CPUs for the notebook task
+    mem: str = ""  # e.g. "64G"; empty: the partition default
+    time: str = "04:00:00"  # wall-clock limit
+    partition: str = ""  # Slurm partition; empty: the default
+    account: str = ""  # Slurm account; empty: the default
+    image: str = ""  # SIF to run Jupyter in (apptainer exec --nv); empty: the host's python3
+    port: int = field(default_factory=lambda: 20000 + os.getuid() % 10000)  # Jupyter port on the node
+    workdir: str = field(default_factory=os.getcwd)  # notebook root directory and log location
+    setup: tuple[str, ...] = ()  # shell lines before Jupyter starts, e.g. "module load apptainer"
+    job_name: str = "hpctrain-notebook"
+
+
+def check(job: NotebookJob) -> None:
+    if job.nodes < 1 or job.gpus_per_node < 0 or job.cpus < 1:
+        raise NotebookError("--nodes and --cpus must be ≥ 1 and --gpus-per-node ≥ 0")
+    if not 1024 < job.port < 65536:
+        raise NotebookError(f"--port {job.port}: pick a port between 1025 and 65535")
+    if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d\d){0,2}", job.time):
+        raise NotebookError(f"--time {job.time!r}: use Slurm's format, e.g. 04:00:00 or 1-00:00:00")
+
+
+def batch_script(job: NotebookJob) -> str:
+    check(job)
+    q = shlex.quote
+    sb = [
+        f"--job-name={job.job_name}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={job.cpus}",
+        f"--time={job.time}",
+        f"--output={os.path.join(job.workdir, 'notebook-%j.log')}",
+    ]
+    if job.gpus_per_node:
+        sb.append(f"--gpus-per-node={job.gpus_per_node}")
+    sb += [
+        f"--{k}={v}"
+        for k, v in (("mem", job.mem), ("partition", job.partition), ("account", job.account))
+        if v
+    ]
+    jupyter = [
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={job.port}",
+        f"--ServerApp.root_dir={job.workdir}",
+    ]
+    if job.image:
+        cmd = f"apptainer exec --nv {q(job.image)} {shlex.join(jupyter)}"
+    else:
+        cmd = f"python3 -m {shlex.join(jupyter)}"
+    lines = [
+        "#!/bin/bash -l",
+        *(f"#SBATCH {q(s)}" for s in sb),
+        "set -euo pipefail",
+        *job.setup,
+        f"cd {q(job.workdir)}",
+        'echo "hpctrain-notebook: node $(hostname -s) port ' + str(job.port) + '"',
+        "export PYTHONNOUSERSITE=1",
+        f"exec {cmd}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def tunnel_command(job: NotebookJob, node: str = "<node>", login: str = "<login-host>") -> str:
+    """What to run on the laptop; then open http://localhost:<port>/ with the token from the log."""
+    return f"ssh -N -J {login} -L {job.port}:127.0.0.1:{job.port} {node}"
+
+
+def submit(job: NotebookJob) -> str:
+    """sbatch the script (stdin); returns the job id."""
+    if shutil.which("sbatch") is None:
+        raise NotebookError(
+            "sbatch is not on the PATH: run this on a Slurm login node "
+            "(or use --dry-run to print the batch script)"
+        )
+    r = subprocess.run(["sbatch", "--parsable"], input=batch_script(job), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise NotebookError(f"sbatch failed: {r.stderr.strip() or r.stdout.strip()}")
+    return r.stdout.strip().split(";")[0]
+
+
+def wait_for_node(job_id: str, timeout_s: float, poll_s: float = 2.0) -> str | None:
+    """The first node of the job once it runs, or None when it has not started within the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %N"], capture_output=True, text=True)
+        state, _, nodes = r.stdout.strip().partition(" ")
+        if state == "RUNNING" and nodes:
+            from hpctrain.train.dist import expand_hostlist
+
+            return expand_hostlist(nodes)[0]
+        if r.returncode == 0 and not r.stdout.strip():
+            raise NotebookError(f"job {job_id} left the queue before it started: see notebook-{job_id}.log")
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)

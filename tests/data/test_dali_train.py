@@ -1,0 +1,50 @@
+"""Training through the DALI loaders: digits accuracy (folder and packed shards) and exact resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpctrain.config import load
+from hpctrain.train.entry import run
+
+pytest.importorskip("nvidia.dali")
+
+
+def digits_cfg(root, tmp_path, name: str, *sets: str):
+    base = [f"data.root={root}", "data.prepare=none", "data.loader=dali", "data.workers=1",
+            f"run.dir={tmp_path}", f"run.name={name}", "run.resume=auto"]
+    return load("digits_vit", base + list(sets))
+
+
+def weights(summary) -> dict:
+    return torch.load(summary["checkpoint"], map_location="cpu", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("loader", ["dali", "torch"])
+def test_resume_is_exact(digits_root, tmp_path, loader):
+    """14 steps straight vs 7 steps, halt, resume (mid-epoch: 11 steps per epoch) → equal weights."""
+    sets = [f"data.loader={loader}", "data.batch_size=128", "train.max_steps=14", "train.eval_every=0",
+            "train.ckpt_every=0"]
+    full = run(digits_cfg(digits_root, tmp_path, "full", *sets))
+    half = run(digits_cfg(digits_root, tmp_path, "split", *sets, "train.halt_at=7"))
+    assert half["status"] == "halted" and half["step"] == 7
+    rest = run(digits_cfg(digits_root, tmp_path, "split", *sets))
+    assert rest["resumed_from"] == 7 and rest["step"] == full["step"] == 14
+    a, b = weights(full), weights(rest)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_digits_trains_to_95_with_dali_from_folder_and_from_packed_shards(digits_root, tmp_path):
+    from hpctrain.data.wds import pack
+
+    sets = ["train.epochs=15", "train.eval_every=0", "train.ckpt_every=0"]
+    folder = run(digits_cfg(digits_root, tmp_path, "folder", *sets))
+    assert folder["val_count"] == 359
+    assert folder["top1"] >= 95.0, folder["top1"]
+    shards = tmp_path / "shards"
+    pack(digits_root, shards, shard_size=250, log=lambda *_: None)
+    wds = run(digits_cfg(shards, tmp_path, "wds", *sets, "data.format=wds"))
+    assert wds["val_count"] == 359
+    assert wds["top1"] >= 95.0 and abs(wds["top1"] - folder["top1"]) <= 2.0, (wds["top1"], folder["top1"])

@@ -1,0 +1,46 @@
+"""Start ranks of `hpctrain train` as local processes and watch them, for fault injection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import digits_args, free_port
+
+
+def start_ranks(world: int, digits_root: Path, run_dir: Path, name: str, *sets: str,
+                env: dict | None = None) -> list[subprocess.Popen]:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+        if world > 1:
+            e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, *digits_args(digits_root, run_dir, name, *sets)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def last_step(run: Path) -> int:
+    m = run / "metrics.jsonl"
+    if not m.exists():
+        return 0
+    steps = [json.loads(x).get("step", 0) for x in m.read_text().splitlines() if x.strip()]
+    return max(steps, default=0)
+
+
+def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        s = last_step(run)
+        if s >= step:
+            return s
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError("a rank exited early:\n" + "\n".join(p.communicate()[0][-3000:] for p in procs))
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within {timeout} s")

@@ -1,0 +1,118 @@
+"""`image build`: the exact apptainer command, and clear errors before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.images import ImageError
+from hpctrain.images.build import plan_build
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ngc-pytorch-23.12.def"
+
+
+def hpctrain(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_dry_run_prints_exact_command(tmp_path):
+    out = tmp_path / "ngc.sif"
+    r = hpctrain(
+        "image", "build", str(RECIPE), "-o", str(out), "--scratch", "/scratch/me", "--fakeroot", "--dry-run"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (
+        f"APPTAINER_TMPDIR=/scratch/me/apptainer/tmp APPTAINER_CACHEDIR=/scratch/me/apptainer/cache "
+        f"apptainer build --fakeroot {out} {RECIPE}\n"
+    )
+    assert not out.exists()
+
+
+def test_scratch_defaults_and_fakeroot_when_not_root(tmp_path):
+    r = hpctrain(
+        "image",
+        "build",
+        str(RECIPE),
+        "-o",
+        str(tmp_path / "a.sif"),
+        "--dry-run",
+        env={"SCRATCH": "/lustre/u1"},
+    )
+    assert r.stdout.startswith("APPTAINER_TMPDIR=/lustre/u1/apptainer/tmp APPTAINER_CACHEDIR=/lustre/u1/")
+    assert ("--fakeroot" in r.stdout) == (os.geteuid() != 0)
+
+
+def test_without_apptainer_says_what_to_do(tmp_path):
+    r = hpctrain(
+        "image", "build", str(RECIPE), "-o", str(tmp_path / "a.sif"), env={"PATH": str(tmp_path)}
+    )  # an empty PATH: no apptainer
+    assert r.returncode == 2
+    assert r.stderr.startswith(
+        "hpctrain: error: apptainer is not on the PATH: on a cluster run `module load apptainer`"
+    )
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_free_space_checked_first(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apptainer").write_text("#!/bin/sh\necho RAN >&2\n")
+    (fake / "apptainer").chmod(0o755)
+    r = hpctrain(
+        "image",
+        "build",
+        str(RECIPE),
+        "-o",
+        str(tmp_path / "a.sif"),
+        "--scratch",
+        str(tmp_path),
+        "--min-free-gib",
+        "1000000",
+        env={"PATH": f"{fake}:{os.environ['PATH']}"},
+    )
+    assert r.returncode == 2 and "RAN" not in r.stderr
+    assert f"GiB free on scratch (APPTAINER_TMPDIR) {tmp_path}; the build needs about 1e+06 GiB" in r.stderr
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(ImageError, match="recipe nope.def not found"):
+        plan_build("nope.def", tmp_path / "a.sif")
+    (tmp_path / "a.sif").write_bytes(b"")
+    with pytest.raises(ImageError, match="already exists; pass --force"):
+        plan_build(RECIPE, tmp_path / "a.sif")
+    assert "--force" in plan_build(RECIPE, tmp_path / "a.sif", force=True).argv
+
+
+def test_build_runs_apptainer_with_scratch_env(tmp_path):
+    """A stand-in `apptainer` on the PATH records what it was given."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apptainer").write_text('#!/bin/sh\necho "$APPTAINER_TMPDIR $APPTAINER_CACHEDIR $*" > "$LOG"\n')
+    (fake / "apptainer").chmod(0o755)
+    log, out = tmp_path / "log", tmp_path / "a.sif"
+    r = hpctrain(
+        "image",
+        "build",
+        str(RECIPE),
+        "-o",
+        str(out),
+        "--scratch",
+        str(tmp_path / "s"),
+        "--min-free-gib",
+        "0",
+        "--no-fakeroot",
+        env={"PATH": f"{fake}:{os.environ['PATH']}", "LOG": str(log)},
+    )
+    assert r.returncode == 0, r.stderr
+    s = tmp_path / "s" / "apptainer"
+    assert log.read_text() == f"{s}/tmp {s}/cache build {out} {RECIPE}\n"
+    assert (s / "tmp").is_dir() and (s / "cache").is_dir()

@@ -1,0 +1,97 @@
+"""Cluster profiles, NCCL/module/container lines and planning checks (no cluster, no torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.config import ConfigError, load
+from hpctrain.launch.modules import module_lines
+from hpctrain.launch.nccl import fabric_env
+from hpctrain.launch.profile import CLUSTER_DIR, load_profile, time_minutes
+from hpctrain.launch.submit import LaunchError, Request, plan_job
+
+
+def test_shipped_profiles_load():
+    names = sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
+    assert names == ["example-ib", "example-roce", "local"]
+    ib = load_profile("example-ib")
+    assert ib.fabric.kind == "ib" and ib.fabric.hcas[0] == "mlx5_0" and ib.fabric.ifname == "ib0"
+    assert ib.container.runtime == "apptainer" and ib.container.image.endswith(".sif")
+    assert load_profile("local").container.runtime == "none"
+
+
+def test_fabric_env_per_kind_and_overrides():
+    ib = fabric_env(load_profile("example-ib"))
+    assert ib["NCCL_IB_HCA"].startswith("mlx5_0,mlx5_1") and ib["NCCL_SOCKET_IFNAME"] == "ib0"
+    assert ib["NCCL_IB_TIMEOUT"] == "22" and ib["NCCL_IB_RETRY_CNT"] == "7"
+    assert ib["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "NCCL_IB_GID_INDEX" not in ib
+    roce = fabric_env(load_profile("example-roce"))
+    assert roce["NCCL_IB_GID_INDEX"] == "3" and roce["NCCL_SOCKET_IFNAME"] == "eth0"
+    sock = fabric_env(load_profile("local"))
+    assert sock["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in sock
+    # every value can be overridden: fabric keys, then the profile's env mapping wins
+    p = load_profile("example-ib", ["fabric.ib_timeout=18", "env.NCCL_IB_HCA=mlx5_4",
+                                    "fabric.nccl_debug=INFO"])
+    env = fabric_env(p)
+    assert (env["NCCL_IB_TIMEOUT"], env["NCCL_IB_HCA"], env["NCCL_DEBUG"]) == ("18", "mlx5_4", "INFO")
+
+
+@pytest.mark.parametrize("bad, word", [
+    (["fabric.kind=infini"], "not one of ib, roce, socket"),
+    (["slurm.partiton=gpu"], "did you mean slurm.'partition'"),
+    (["modules=[cuda; rm -rf /]"], "not a module name"),
+    (["env.A B=1"], "not a valid environment variable name"),
+    (["container.image="], "container.image is empty"),
+    (["slurm.time=soon"], "HH:MM:SS"),
+])
+def test_bad_profiles_name_the_problem(bad, word):
+    with pytest.raises(ConfigError, match=word):
+        load_profile("example-ib", bad)
+
+
+def test_time_limits():
+    assert [time_minutes(t) for t in ("90", "10:30", "24:00:00", "2-00:00:00", "1-2")] == \
+        [90, 11, 1440, 2880, 1560]
+
+
+def test_module_lines_source_lmod_when_missing():
+    text = "\n".join(module_lines(["cuda/12.4", "nccl"], ["/opt/mods dir"]))
+    assert ". /usr/share/lmod/lmod/init/bash" in text and "type module" in text
+    assert "module purge" in text and "module load $HPCTRAIN_MODULES" in text
+    assert "module use '/opt/mods dir'" in text
+    assert module_lines([]) == []
+
+
+def test_plan_refuses_impossible_requests():
+    cfg = load("vit_b16_imagenet.yaml")
+    ib = load_profile("example-ib")
+    with pytest.raises(LaunchError, match="--nodes 1 or more"):
+        plan_job(cfg, ib, Request(nodes=0))
+    with pytest.raises(LaunchError, match="at most 8 GPUs.*use --gpus-per-node 8 with --nodes 4 for 32"):
+        plan_job(cfg, ib, Request(nodes=2, gpus_per_node=16))
+    with pytest.raises(LaunchError, match="--time"):
+        plan_job(cfg, ib, Request(nodes=2, time="tomorrow"))
+    plan = plan_job(cfg, ib, Request(nodes=16, gpus_per_node=8))
+    assert (plan.world_size, plan.gpus_per_node, plan.cpus_per_task) == (128, 8, 12)
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+@pytest.mark.parametrize("args, fix", [
+    (["--nodes", "0"], "use --nodes 1 or more"),
+    (["--nodes", "2", "--gpus-per-node", "9"], "use --gpus-per-node 8 with --nodes 3"),
+    (["--nodes", "2", "--cluster-set", "container.image=/nonexistent/x.sif"],
+     "container.image '/nonexistent/x.sif' does not exist: build or copy the image there"),
+])
+def test_cli_impossible_requests_fail_before_submission(args, fix, tmp_path):
+    """Nothing reaches sbatch: the error is one line with the fix, exit status 2."""
+    r = cli("submit", "--cluster", "example-ib", "--set", f"run.dir={tmp_path}", *args)
+    assert r.returncode == 2, r.stderr
+    assert fix in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not any(tmp_path.iterdir())  # no run directory, no submitit folder

@@ -1,0 +1,89 @@
+"""The batch script: the committed slurm/vit.sbatch is the generator's output; dry runs need no
+torch; values from configs and profiles are quoted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EMIT = ["submit", "--config", "configs/vit_b16_imagenet.yaml", "--cluster", "example-ib", "--nodes", "16",
+        "--gpus-per-node", "8", "--emit-sbatch", "slurm/vit.sbatch"]
+
+# Run the CLI where `import torch` (or DALI) raises, as on a login node without them.
+BLOCKED = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'nvidia', 'torchvision'):
+            raise ImportError(f'{name} is blocked in this test (login node)')
+sys.meta_path.insert(0, Block())
+sys.argv = ['hpctrain', *sys.argv[1:]]
+runpy.run_module('hpctrain', run_name='__main__')
+"""
+
+
+def blocked_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED, *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=60)
+
+
+def test_committed_sbatch_is_the_generators_output(tmp_path):
+    (tmp_path / "slurm").mkdir()
+    r = blocked_cli(*EMIT, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    fresh = (tmp_path / "slurm" / "vit.sbatch").read_text()
+    committed = (ROOT / "slurm" / "vit.sbatch").read_text()
+    assert fresh == committed, ("slurm/vit.sbatch differs from the generator: regenerate it with "
+                                f"`hpctrain {' '.join(EMIT)}`")
+    assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
+    assert "srun --kill-on-bad-exit=1 --unbuffered \"${HPCTRAIN_PYTHON[@]}\" -m hpctrain train" in fresh
+
+
+def test_dry_run_16_nodes_without_torch():
+    r = blocked_cli("submit", "--nodes", "16", "--gpus-per-node", "8", "--cluster",
+                    "configs/clusters/example-ib.yaml", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    s = r.stdout
+    for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --signal=USR2@300", "module purge", "module load $HPCTRAIN_MODULES",
+                 "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
+                 "export NCCL_IB_HCA=${NCCL_IB_HCA-mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7}",
+                 "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME-ib0}",
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
+                 "apptainer exec --nv --env PYTHONNOUSERSITE=1 --bind /datasets",
+                 "srun --kill-on-bad-exit=1", "-u -m submitit.core._submit"):
+        assert line in s, line
+    assert "image '/shared/images/hpctrain-pytorch-23.12.sif' does not exist" in r.stderr  # a note only
+    assert subprocess.run(["bash", "-n"], input=s, text=True).returncode == 0
+
+
+HOSTILE = "it's a \"run\" $(touch PWNED) `touch PWNED2`; touch PWNED3 & x"
+
+
+def test_hostile_values_are_quoted_in_the_script(tmp_path):
+    """Render with hostile values, then run the script's setup (everything but srun) in bash:
+    no command runs and each value arrives intact in the environment."""
+    prof = tmp_path / "evil.yaml"
+    import yaml
+
+    prof.write_text(yaml.safe_dump({"slurm": {"request_gpus": False, "gpus_per_node": 1},
+                                    "env": {"HPCTRAIN_EVIL": HOSTILE},
+                                    "container": {"binds": [f"/data/{HOSTILE}"]}}))
+    run_dir = tmp_path / HOSTILE
+    r = blocked_cli("submit", "--config", "digits_vit.yaml", "--cluster", str(prof), "--dry-run",
+                    "--set", f"run.dir={run_dir}", "--set", f"run.name={HOSTILE}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    script = r.stdout
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    setup = script.split("\nsrun ")[0]  # the script up to the task launch
+    probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": __file__})
+    assert out.returncode == 0, out.stderr
+    values = (tmp_path / "values.bin").read_text().split("\0")
+    assert values[0] == HOSTILE
+    assert f"/data/{HOSTILE}" in values and __file__ in values
+    assert not list(tmp_path.glob("PWNED*"))
+    assert f"#SBATCH --job-name={HOSTILE}" not in script  # quoted for sbatch's own parser

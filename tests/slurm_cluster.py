@@ -1,0 +1,258 @@
+"""A real Slurm 22.05 test cluster on this machine: munged, MariaDB + slurmdbd, slurmctld, 2× slurmd.
+
+Everything lives under one temp directory and listens on loopback ports picked at random; each
+slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2) and a hosts file
+bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` began (settings:
+docs in /work/shared/DESIGN.md, "Verified facts").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODES = ("n1", "n2")
+CPUS_PER_NODE = 4
+PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
+            "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
+
+
+def missing() -> str | None:
+    """Why this machine cannot run the cluster (None: it can)."""
+    if os.geteuid() != 0:
+        return "the Slurm test cluster needs root (slurmd, unshare --uts --mount)"
+    gone = sorted({pkg for exe, pkg in PACKAGES.items()
+                   if not (shutil.which(exe) or Path("/usr/sbin", exe).exists())})
+    if gone:
+        return f"missing Debian packages: {' '.join(gone)} (apt-get install them, see .ci/run)"
+    r = subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`unshare --uts --mount` is not allowed here ({r.stderr.strip()}): slurmd nodes need it"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None,
+          log: Path | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+    raise RuntimeError(f"test cluster: {what} did not come up\n{tail}")
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    partition: str = "debug"
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    # -------------------------------------------------------------- start
+
+    def start(self) -> SlurmCluster:
+        r = self.root
+        for d in ("etc", "log", "state", "spool", "run", "munge", "db", "tmp"):
+            (r / d).mkdir(parents=True, exist_ok=True)
+        self.cluster_name = f"hpct{random.randrange(10**6)}"
+        ports = {k: free_port() for k in ("ctld", "dbd", "db", *NODES)}
+        munge_sock = r / "munge" / "munge.socket"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        try:
+            self._start_munge(munge_sock)
+            self._start_mariadb(ports["db"])
+            self._write_conf(ports, munge_sock)
+            self._start("slurmdbd", ["/usr/sbin/slurmdbd", "-D"],
+                        lambda: _port_open(ports["dbd"]), r / "log" / "slurmdbd.log")
+            self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
+                        lambda: self._scontrol_ok("ping"), r / "log" / "slurmctld.log")
+            hosts = r / "etc" / "hosts"
+            hosts.write_text("127.0.0.1 localhost " + " ".join(NODES) + f" {socket.gethostname()}\n"
+                             "::1 localhost ip6-localhost\n")
+            for n in NODES:
+                inner = (f"hostname {n} && mount --bind {hosts} /etc/hosts && "
+                         f"exec /usr/sbin/slurmd -D -N {n} -f {self.conf}")
+                self._start(f"slurmd {n}", ["unshare", "--uts", "--mount", "sh", "-c", inner],
+                            lambda: True, r / "log" / f"slurmd-{n}.log")
+            _wait("the two slurmd nodes", self._nodes_idle, 40, log=r / "log" / "slurmctld.log")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, name: str, cmd: list[str], ready, log: Path) -> subprocess.Popen:
+        with open(self.root / "log" / f"{name.replace(' ', '-')}.stdout", "wb") as out:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                 start_new_session=True)
+        self.procs.append(p)
+        _wait(name, ready, 30, p, log)
+        if p.poll() is not None:
+            raise RuntimeError(f"test cluster: {name} exited with {p.returncode}; see {log}")
+        return p
+
+    def _start_munge(self, sock: Path) -> None:
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        cmd = ["/usr/sbin/munged", "-F", "--force", f"--socket={sock}", f"--key-file={key}",
+               f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+               f"--log-file={self.root / 'log' / 'munged.log'}",
+               f"--seed-file={self.root / 'munge' / 'seed'}"]
+        self._start("munged", cmd, sock.exists, self.root / "log" / "munged.log")
+
+    def _start_mariadb(self, port: int) -> None:
+        data = self.root / "db" / "data"
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                       check=True, capture_output=True, env=self.env)
+        sock = self.root / "db" / "mysqld.sock"
+        cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
+               f"--socket={sock}", f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables",
+               f"--pid-file={self.root / 'db' / 'mysqld.pid'}",
+               f"--log-error={self.root / 'log' / 'mariadb.log'}",
+               "--innodb-buffer-pool-size=16M", "--skip-log-bin"]
+        self._start("mariadbd", cmd, lambda: _port_open(port), self.root / "log" / "mariadb.log")
+
+    def _write_conf(self, ports: dict[str, int], munge_sock: Path) -> None:
+        r = self.root
+        auth = f"socket={munge_sock},cred_expire=10"
+        nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
+                          f"RealMemory=4000 State=UNKNOWN" for n in NODES)
+        self.conf.write_text(f"""\
+ClusterName={self.cluster_name}
+SlurmctldHost={socket.gethostname()}(127.0.0.1)
+SlurmctldPort={ports['ctld']}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo={auth}
+CredType=cred/munge
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool/%n
+SlurmctldPidFile={r}/run/slurmctld.pid
+SlurmdPidFile={r}/run/slurmd-%n.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+FirstJobId={random.randrange(1000, 900000)}
+SchedulerParameters=sched_interval=1,bf_interval=1
+JobRequeue=1
+KillWait=5
+InactiveLimit=0
+MinJobAge=300
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={ports['dbd']}
+AccountingStoragePass={munge_sock}
+{nodes}
+PartitionName={self.partition} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+""")
+        dbd = r / "etc" / "slurmdbd.conf"
+        dbd.write_text(f"""\
+AuthType=auth/munge
+AuthInfo=socket={munge_sock}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={ports['dbd']}
+SlurmUser=root
+PidFile={r}/run/slurmdbd.pid
+LogFile={r}/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={ports['db']}
+StorageUser=root
+StorageLoc=slurm_{self.cluster_name}
+""")
+        dbd.chmod(0o600)
+
+    def _scontrol_ok(self, *args: str) -> bool:
+        r = subprocess.run(["scontrol", *args], capture_output=True, text=True, env=self.env, timeout=20)
+        return r.returncode == 0
+
+    def _nodes_idle(self) -> bool:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
+                           env=self.env, timeout=20)
+        states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+        return all(states.get(n) == "idle" for n in NODES)
+
+    # -------------------------------------------------------------- use
+
+    def run(self, *cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """A Slurm client command against this cluster."""
+        env = {**self.env, **kw.pop("env", {})}
+        return subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=check,
+                              timeout=kw.pop("timeout", 60), **kw)
+
+    def state(self, job_id: str) -> str:
+        """The job's state from sacct (first line: the allocation), '' when unknown yet."""
+        r = self.run("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State", check=False)
+        return (r.stdout.split() or [""])[0]
+
+    def wait_done(self, job_id: str, timeout: float) -> str:
+        end = time.monotonic() + timeout
+        done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
+        st = ""
+        while time.monotonic() < end:
+            st = self.state(job_id)
+            if st.split()[0:1] and st.split()[0] in done:
+                return st
+            time.sleep(1)
+        raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s")
+
+    # -------------------------------------------------------------- stop
+
+    def stop(self) -> None:
+        """Cancel this cluster's jobs, then end the daemons it started (their own sessions)."""
+        if self.procs and self.env:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                self.run("scancel", "--full", "--user=root", check=False, timeout=20)
+                end = time.monotonic() + 20
+                while time.monotonic() < end and self.run("squeue", "-h", check=False).stdout.strip():
+                    time.sleep(0.5)
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+        self.procs.clear()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
