@@ -297,6 +297,8 @@ class Trainer:
         last_eval_step = -1
         if self.ddp is not None and self.step < self.total_steps:
             self._settle_ddp_buckets()
+        if self.device.type == "cuda" and self.step < self.total_steps:
+            self._log_attention_kernel()
         while self.step < self.total_steps:
             epoch, pos = divmod(self.step, self.steps_per_epoch)
             self.train_loader.set_epoch(epoch, pos * self.accum)
@@ -360,6 +362,17 @@ class Trainer:
                            top1=out.eval.get("top1"), top5=out.eval.get("top5"))
         self.metrics.close()
         return out
+
+    def _log_attention_kernel(self) -> None:
+        """Say which SDPA kernel attention runs on: flash or cuDNN expected, math is the slow path."""
+        size = self.cfg.model.img_size
+        x = torch.zeros(2, 3, size, size, device=self.device)  # no RNG drawn: eval-mode forward
+        kind = fastpath.sdpa_backend_used(self.model, x, autocast_ctx(self.cfg.train.amp, self.device))
+        if "math" in kind:
+            log.warning("attention runs on the math SDPA kernel (slow): check train.sdpa_backend, "
+                        "train.amp and the head dimension")
+        else:
+            log.info("attention kernel: %s", kind)
 
     def _settle_ddp_buckets(self) -> None:
         """One throwaway backward before the first real step, at every start or resume.
