@@ -3,7 +3,9 @@
 Everything lives under one temp directory and listens on loopback ports picked at random; each
 slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2) and a hosts file
 bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` began (settings:
-docs in /work/shared/DESIGN.md, "Verified facts").
+docs in /work/shared/DESIGN.md, "Verified facts"). For fault tests, `kill_node(n)` SIGKILLs every
+process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
+slurmd again; SlurmdTimeout=10 and ReturnToService=2 make Slurm notice both within seconds.
 """
 
 from __future__ import annotations
