@@ -3,7 +3,9 @@
 Everything lives under one temp directory and listens on loopback ports picked at random; each
 slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2) and a hosts file
 bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` began (settings:
-docs in /work/shared/DESIGN.md, "Verified facts").
+docs in /work/shared/DESIGN.md, "Verified facts"). For fault tests, `kill_node(n)` SIGKILLs every
+process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
+slurmd again; SlurmdTimeout=10 and ReturnToService=2 make Slurm notice both within seconds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from pathlib import Path
 
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
+# A node whose slurmd stops answering is DOWN after this many seconds (its jobs: NODE_FAIL and,
+# with --requeue, requeued); the controller pings every third of it. Default 300 s.
+SLURMD_TIMEOUT = 10
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -64,6 +69,7 @@ class SlurmCluster:
     partition: str = "debug"
     procs: list[subprocess.Popen] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    slurmd: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def conf(self) -> Path:
@@ -91,15 +97,21 @@ class SlurmCluster:
             hosts.write_text("127.0.0.1 localhost " + " ".join(NODES) + f" {socket.gethostname()}\n"
                              "::1 localhost ip6-localhost\n")
             for n in NODES:
-                inner = (f"hostname {n} && mount --bind {hosts} /etc/hosts && "
-                         f"exec /usr/sbin/slurmd -D -N {n} -f {self.conf}")
-                self._start(f"slurmd {n}", ["unshare", "--uts", "--mount", "sh", "-c", inner],
-                            lambda: True, r / "log" / f"slurmd-{n}.log")
+                self._start_slurmd(n)
             _wait("the two slurmd nodes", self._nodes_idle, 40, log=r / "log" / "slurmctld.log")
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_slurmd(self, node: str) -> subprocess.Popen:
+        hosts = self.root / "etc" / "hosts"
+        inner = (f"hostname {node} && mount --bind {hosts} /etc/hosts && "
+                 f"exec /usr/sbin/slurmd -D -N {node} -f {self.conf}")
+        p = self._start(f"slurmd {node}", ["unshare", "--uts", "--mount", "sh", "-c", inner],
+                        lambda: True, self.root / "log" / f"slurmd-{node}.log")
+        self.slurmd[node] = p
+        return p
 
     def _start(self, name: str, cmd: list[str], ready, log: Path) -> subprocess.Popen:
         with open(self.root / "log" / f"{name.replace(' ', '-')}.stdout", "wb") as out:
@@ -162,6 +174,7 @@ SlurmdParameters=config_overrides
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
+SlurmdTimeout={SLURMD_TIMEOUT}
 FirstJobId={random.randrange(1000, 900000)}
 SchedulerParameters=sched_interval=1,bf_interval=1
 JobRequeue=1
@@ -228,6 +241,50 @@ StorageLoc=slurm_{self.cluster_name}
             time.sleep(1)
         raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s")
 
+    # -------------------------------------------------------------- faults
+
+    def node_pids(self, node: str) -> list[int]:
+        """Every process in the node's UTS namespace: its slurmd, slurmstepds, batch shells, tasks."""
+        p = self.slurmd[node]
+        try:
+            ns = os.readlink(f"/proc/{p.pid}/ns/uts")
+        except OSError:
+            return []
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.readlink(d / "ns" / "uts") == ns:
+                        pids.append(int(d.name))
+        return pids
+
+    def kill_node(self, node: str) -> int:
+        """The node dies: SIGKILL its slurmd and every process on it at once (no goodbye to the
+        controller, no epilog). Returns how many processes were killed."""
+        victims = self.node_pids(node)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.slurmd[node].wait(10)
+        end = time.monotonic() + 10  # reparented survivors (stepds, tasks) are reaped by init
+        while time.monotonic() < end and any(map(_alive, victims)):
+            time.sleep(0.1)
+        return len(victims)
+
+    def node_state(self, node: str) -> str:
+        r = self.run("sinfo", "-h", "-n", node, "-o", "%t", check=False)
+        return r.stdout.strip()
+
+    def revive_node(self, node: str, timeout: float = 60) -> None:
+        """Boot the node again: a fresh slurmd as start() runs it; wait until Slurm uses it
+        again (ReturnToService=2: it returns as soon as its slurmd registers)."""
+        old = self.slurmd.pop(node, None)
+        if old in self.procs:
+            self.procs.remove(old)
+        self._start_slurmd(node)
+        _wait(f"node {node} back in service", lambda: self.node_state(node).rstrip("*") in
+              ("idle", "mix", "alloc"), timeout, log=self.root / "log" / "slurmctld.log")
+
     # -------------------------------------------------------------- stop
 
     def stop(self) -> None:
@@ -256,3 +313,12 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for its parent or init to reap counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dali_images import photo_crops, write_jpeg
+
+from tests.data.dali_images import photo_crops, write_jpeg
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dali_images import write_jpeg
 
 from hpctrain.config import load
 from hpctrain.data.build import build_loaders
 from hpctrain.data.folder import DataError
+from tests.data.dali_images import write_jpeg
 
 pytest.importorskip("nvidia.dali")
 CPU = torch.device("cpu")

@@ -18,7 +18,10 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from hpctrain.cli.common import load_config
     from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.requeue import check_budget
     from hpctrain.train.entry import run
+
+    check_budget()  # a job Slurm requeued too often (node failures) stops here
 
     overrides = list(args.overrides) + ([f"run.resume={args.resume}"] if args.resume else [])
     cfg = load_config(args.config, overrides)

@@ -67,7 +67,8 @@ def sbatch_lines(p: JobPlan) -> list[str]:
             opts.append((key, getattr(p, key)))
     if p.exclusive:
         opts.append(("exclusive", ""))
-    opts += [("signal", f"USR2@{p.profile.slurm.signal_lead_s}"), ("requeue", ""), ("open-mode", "append")]
+    requeue = "requeue" if p.profile.slurm.max_requeues > 0 else "no-requeue"  # node failures too
+    opts += [("signal", f"USR2@{p.profile.slurm.signal_lead_s}"), (requeue, ""), ("open-mode", "append")]
     if p.output:
         opts.append(("output", p.output))
     if p.chdir:

@@ -32,8 +32,10 @@ def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
 
     stop = StopFlag()
     stop.install()
+    from hpctrain.launch.requeue import after_stop, check_budget
+
+    check_budget()
     export_job_env()
-    from hpctrain.launch.requeue import after_stop
     from hpctrain.train.entry import run
 
     summary = run(cfg, stop)

@@ -1,0 +1,112 @@
+"""A node dies mid-run (issue 7, fault 2): its slurmd, slurmstepd and task are SIGKILLed at once.
+
+The first attempt ends without hanging: the survivor's collective fails at once (or after
+train.pg_timeout_s when the dead peer's sockets stay silent), srun waits for the lost node until
+the controller declares it DOWN (SlurmdTimeout), and Slurm ends the allocation as NODE_FAIL and
+requeues it (the batch script has --requeue: slurm.max_requeues > 0). The job waits while the
+node is down, starts when it is back, resumes from the last checkpoint and finishes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.launch.test_slurm_jobs import digits_sets, hp, metrics, submit, wait_for_step
+from tests.slurm_cluster import SLURMD_TIMEOUT
+
+pytestmark = pytest.mark.slurm
+CKPT_EVERY = 5
+PG_TIMEOUT = 15
+# Survivors give up within PG_TIMEOUT (+ the same again to name the missing rank); Slurm declares the
+# node DOWN within ~2.6 x SlurmdTimeout (ping every third of it; 26 s measured with 10 s); 30 s slack.
+FIRST_ATTEMPT_BOUND = max(2 * PG_TIMEOUT, 3 * SLURMD_TIMEOUT) + 30
+
+
+def wait_first_attempt_over(cluster, job: str, timeout: float) -> str:
+    """Wait until Slurm has ended the running attempt; its state (NODE_FAIL, or PENDING once requeued)."""
+    end = time.monotonic() + timeout
+    st = ""
+    while time.monotonic() < end:
+        st = cluster.state(job)
+        if st and st != "RUNNING":
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} still {st or 'unknown'} {timeout:.0f} s after its node died: it hangs")
+
+
+def wait_final(cluster, job: str, timeout: float) -> str:
+    """Like cluster.wait_done, but NODE_FAIL is not final here: the record stays until the requeued
+    job starts again."""
+    end = time.monotonic() + timeout
+    st = ""
+    while time.monotonic() < end:
+        st = cluster.state(job)
+        if st in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
+            return st
+        time.sleep(1)
+    raise AssertionError(f"job {job} still {st or 'unknown'} after {timeout:.0f} s")
+
+
+def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm_cluster, digits_root, tmp_path):
+    run = tmp_path / "nodedeath"
+    job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
+                 *digits_sets(digits_root, tmp_path, "nodedeath", "train.epochs=2", "train.log_every=1",
+                              "train.eval_every=0", f"train.ckpt_every={CKPT_EVERY}",
+                              f"train.pg_timeout_s={PG_TIMEOUT}"))
+    try:
+        wait_for_step(run, CKPT_EVERY + 2, 180)
+        assert slurm_cluster.kill_node("n2") >= 3  # slurmd, slurmstepd, the task (rank 1)
+        t0 = time.monotonic()
+        first = wait_first_attempt_over(slurm_cluster, job, FIRST_ATTEMPT_BOUND)
+        ended_after = time.monotonic() - t0
+        assert first in ("NODE_FAIL", "REQUEUED", "PENDING"), first  # not FAILED: requeued by Slurm
+        # What the first attempt did, read before the node is back (the job cannot start without it).
+        last = metrics(run, "train")[-1]["step"]
+        k = max(r["step"] for r in metrics(run, "checkpoint"))
+        assert slurm_cluster.node_state("n2").startswith("down")
+        time.sleep(2)
+        assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING"
+        assert not metrics(run, "end")
+    finally:
+        if slurm_cluster.slurmd["n2"].poll() is not None:  # never leave the session's cluster short a node
+            slurm_cluster.revive_node("n2")
+    assert wait_final(slurm_cluster, job, 180) == "COMPLETED"
+
+    lost = last - k
+    assert 0 < k <= last and lost <= CKPT_EVERY, (k, last)
+    log0 = (run / "logs" / "rank-0.log").read_text()
+    assert f"resumed from {run}/checkpoints/step-{k:08d}.pt at step {k}" in log0, log0[-2000:]
+    assert metrics(run, "end")[-1]["status"] == "finished"
+    out = (run / "submitit" / f"{job}_0_log.out").read_text()
+    assert "DUE TO NODE FAILURE" in out and "(restart 1)" in out, out[-3000:]
+    rows = slurm_cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State").stdout.split()
+    assert rows == ["NODE_FAIL", "COMPLETED"], rows
+    st = hp(slurm_cluster, "status", job)
+    assert st.returncode == 0 and "COMPLETED" in st.stdout and "requeues       1" in st.stdout, st.stdout
+    err = (run / "submitit" / f"{job}_0_log.err").read_text()
+    named = "rank(s) 1 stopped responding" in err
+    print(f"node death: first attempt ended {ended_after:.1f} s after the kill (bound {FIRST_ATTEMPT_BOUND} s); "
+          f"killed at step {last}, resumed at checkpoint {k}: {lost} step(s) lost; "
+          f"rank 0 named rank 1: {named}")
+
+
+def test_requeue_flag_follows_the_profile():
+    """Slurm requeues a job after a node failure only with --requeue: max_requeues 0 turns it off."""
+    import dataclasses
+
+    from hpctrain.config import Config
+    from hpctrain.launch.profile import load_profile
+    from hpctrain.launch.requeue import check_budget
+    from hpctrain.launch.sbatch import sbatch_lines
+    from hpctrain.launch.submit import LaunchError, Request, plan_job
+
+    prof = load_profile("local")
+    plan = plan_job(Config(), prof, Request(nodes=2, gpus_per_node=1))
+    assert "#SBATCH --requeue" in sbatch_lines(plan)
+    off = dataclasses.replace(prof, slurm=dataclasses.replace(prof.slurm, max_requeues=0))
+    assert "#SBATCH --no-requeue" in sbatch_lines(dataclasses.replace(plan, profile=off))
+    check_budget({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3", "HPCTRAIN_MAX_REQUEUES": "3"})
+    with pytest.raises(LaunchError, match="requeued 4 times .slurm.max_requeues=3."):
+        check_budget({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "4", "HPCTRAIN_MAX_REQUEUES": "3"})
