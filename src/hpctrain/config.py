@@ -19,10 +19,12 @@ from typing import Any
 
 import yaml
 
+from hpctrain.errors import UserError
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config problem, phrased for the person who wrote the config."""
 
 

@@ -16,8 +16,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from hpctrain.errors import UserError
 
-class NotebookError(Exception):
+
+class NotebookError(UserError):
     """A notebook job that cannot be planned or submitted; the CLI prints it as one line."""
 
 

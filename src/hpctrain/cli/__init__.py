@@ -10,11 +10,13 @@ import argparse
 import importlib
 import sys
 
+from hpctrain.errors import UserError
+
 # module name under hpctrain.cli for each command group, in --help order
 COMMANDS = ["train", "submit", "status", "data", "config_cmd", "image", "doctor", "notebook", "bench"]
 
 
-class CLIError(Exception):
+class CLIError(UserError):
     """A user-facing error: printed as one line, exit status 2."""
 
 
@@ -38,8 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hpctrain.config import ConfigError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -47,12 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)
         return 130
-    except (CLIError, ConfigError) as e:
+    except UserError as e:  # the library's errors for the user: one line, no traceback
         print(f"hpctrain: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # known failure types from the library, without a traceback
-        if type(e).__name__ in {"DataError", "CheckpointError", "ResumeError", "LaunchError", "ImageError",
-                                  "RunDirBusy", "RankFailure", "NotebookError"}:
-            print(f"hpctrain: error: {e}", file=sys.stderr)
-            return 2
-        raise

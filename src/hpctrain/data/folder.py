@@ -10,10 +10,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.errors import UserError
+
 IMAGE_EXTS = (".jpeg", ".jpg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """Missing, empty or corrupt data, phrased with the path and the fix."""
 
 

@@ -3,6 +3,8 @@
 Nothing here imports torch or needs apptainer itself, so it all runs on a login node.
 """
 
+from hpctrain.errors import UserError
 
-class ImageError(Exception):
+
+class ImageError(UserError):
     """A user-facing image/recipe problem: printed by the CLI as one line."""

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config import Config, to_dict
+from hpctrain.errors import UserError
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     """A job that cannot be planned or submitted, with the fix in the message."""
 
 

@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 
+from hpctrain.errors import UserError
+
 log = logging.getLogger("hpctrain")
 PATTERN = re.compile(r"^step-(\d+)\.pt$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be written or read, with the path and what to do."""
 
 

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpctrain.errors import UserError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -82,7 +84,7 @@ def init(info: DistInfo, backend: str, timeout_s: int) -> None:
                           timeout=datetime.timedelta(seconds=timeout_s))
 
 
-class RankFailure(RuntimeError):
+class RankFailure(UserError, RuntimeError):
     """A collective failed: a rank died or stopped responding. The message names it when known."""
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as td
 
 from hpctrain.config import Config, ConfigError, to_dict
+from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import fastpath
 from hpctrain.train.dist import DistInfo, agree, diagnose
@@ -28,7 +29,7 @@ from hpctrain.train.optim import build_optimizer, lr_at, warmup_steps
 log = logging.getLogger("hpctrain")
 
 
-class ResumeError(RuntimeError):
+class ResumeError(UserError, RuntimeError):
     """A checkpoint that does not fit this run's config; nothing has been overwritten."""
 
 

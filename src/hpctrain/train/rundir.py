@@ -14,8 +14,10 @@ import socket
 import time
 from pathlib import Path
 
+from hpctrain.errors import UserError
 
-class RunDirBusy(RuntimeError):
+
+class RunDirBusy(UserError, RuntimeError):
     """Another live job holds the run directory."""
 
 
