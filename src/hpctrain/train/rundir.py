@@ -1,8 +1,9 @@
 """The run directory is owned by one job at a time: an advisory lock held for the job's life.
 
-The lock is an flock on `<run>/.lock`; the kernel drops it when the holder dies (even by SIGKILL),
-so a requeued or restarted job takes it over, while a second live job pointed at the same run
-directory is refused before it writes anything.
+The lock is a POSIX record lock (`lockf`) on `<run>/.lock`: the kernel drops it when the holder
+dies (even by SIGKILL), so a requeued or restarted job takes it over, while a second live job
+pointed at the same run directory is refused before it writes anything. Unlike flock, it is not
+inherited by forked loader workers (which would keep it past the run), and it works over NFS.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class RunLock:
         """Take the lock; returns None, or a description of the current holder."""
         f = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the job
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             f.seek(0)
             holder = f.read().strip() or "another process"
             f.close()
