@@ -16,6 +16,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, every test on the Slurm cluster runs in one worker: one cluster per session."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def digits_root(tmp_path_factory) -> Path:
     """The digits dataset, written once per test session."""

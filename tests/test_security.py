@@ -45,7 +45,7 @@ def test_any_yaml_mapping_gives_a_config_or_a_config_error(flat):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_any_yaml_text_gives_a_config_or_a_config_error(text):
-    path = "/tmp/hpctrain-hypothesis.yaml"
+    path = f"/tmp/hpctrain-hypothesis-{os.getpid()}.yaml"
     with open(path, "w") as f:
         f.write(text)
     try:
