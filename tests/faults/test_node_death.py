@@ -52,7 +52,7 @@ def wait_final(cluster, job: str, timeout: float) -> str:
 def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm_cluster, digits_root, tmp_path):
     run = tmp_path / "nodedeath"
     job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
-                 *digits_sets(digits_root, tmp_path, "nodedeath", "train.epochs=2", "train.log_every=1",
+                 *digits_sets(digits_root, tmp_path, "nodedeath", "train.epochs=8", "train.log_every=1",
                               "train.eval_every=0", f"train.ckpt_every={CKPT_EVERY}",
                               f"train.pg_timeout_s={PG_TIMEOUT}"))
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -45,7 +46,9 @@ def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
     assert not list(d.glob(".*.tmp-*"))
 
 
-def test_auto_resume_skips_a_corrupt_newest(tmp_path, caplog):
+def test_auto_resume_skips_a_corrupt_newest(tmp_path, caplog, monkeypatch):
+    # a training run earlier in this process may have set up the "hpctrain" logger without propagation
+    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
     for step in (1, 2):
         ckpt.save(tmp_path, step, {"model": {"w": torch.full((1000,), float(step))}, "step": step}, keep=3)
     newest = ckpt.ckpt_dir(tmp_path) / "step-00000002.pt"
