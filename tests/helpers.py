@@ -12,6 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits_vit.yaml"
 
 
+def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run this checkout's CLI in a subprocess (text output captured)."""
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

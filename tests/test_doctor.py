@@ -4,7 +4,6 @@ NCCL environment mistakes, container leaks, and a 2-process gloo all-reduce."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 
 from hpctrain import doctor
 from hpctrain.allreduce import format_rows, parse_size
+from tests.helpers import hpctrain
 
 
 def run_cli(capsys, *args) -> tuple[int, str]:
@@ -25,13 +25,6 @@ def run_cli(capsys, *args) -> tuple[int, str]:
     return rc, capsys.readouterr().out
 
 
-def hpctrain(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def write(path: Path, text: str) -> None:

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hpctrain.images import ImageError
 from hpctrain.images.build import plan_build
+from tests.helpers import hpctrain
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ngc-pytorch-23.12.def"
 
 
-def hpctrain(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_dry_run_prints_exact_command(tmp_path):

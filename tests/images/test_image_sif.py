@@ -21,6 +21,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def add_rootfs(run) -> None:
+    """Add root.sqfs as the image's system partition (squashfs, amd64), as apptainer build does."""
+    run("siftool", "add", "image.sif", "root.sqfs", "--datatype", "4", "--parttype", "2", "--partfs", "1",
+        "--partarch", "2", "--groupid", "1")
+
+
 @pytest.fixture(scope="module")
 def sif(tmp_path_factory):
     d = tmp_path_factory.mktemp("sif")
@@ -33,22 +39,7 @@ def sif(tmp_path_factory):
     run("siftool", "new", "image.sif")
     run("siftool", "add", "image.sif", "image.def", "--datatype", "1")
     run("siftool", "add", "image.sif", "labels.json", "--datatype", "3", "--groupid", "1")
-    run(
-        "siftool",
-        "add",
-        "image.sif",
-        "root.sqfs",
-        "--datatype",
-        "4",
-        "--parttype",
-        "2",
-        "--partfs",
-        "1",
-        "--partarch",
-        "2",
-        "--groupid",
-        "1",
-    )
+    add_rootfs(run)
     return d / "image.sif"
 
 
@@ -119,22 +110,7 @@ def test_labels_and_definition_from_the_root_filesystem(tmp_path):
     run = lambda *a: subprocess.run(a, check=True, capture_output=True, cwd=tmp_path)
     run("mksquashfs", "root", "root.sqfs", "-noappend", "-quiet")
     run("siftool", "new", "image.sif")
-    run(
-        "siftool",
-        "add",
-        "image.sif",
-        "root.sqfs",
-        "--datatype",
-        "4",
-        "--parttype",
-        "2",
-        "--partfs",
-        "1",
-        "--partarch",
-        "2",
-        "--groupid",
-        "1",
-    )
+    add_rootfs(run)
     info = read_sif(tmp_path / "image.sif")
     assert [d.type for d in info.descriptors] == ["FS"]
     assert info.definition == DEF and info.labels == LABELS
