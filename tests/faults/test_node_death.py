@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from hpctrain.train import checkpoint as ckpt
 from tests.launch.test_slurm_jobs import digits_sets, hp, metrics, submit, wait_for_step
 from tests.slurm_cluster import SLURMD_TIMEOUT
 
@@ -64,7 +65,8 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
         assert first in ("NODE_FAIL", "REQUEUED", "PENDING"), first  # not FAILED: requeued by Slurm
         # What the first attempt did, read before the node is back (the job cannot start without it).
         last = metrics(run, "train")[-1]["step"]
-        k = max(r["step"] for r in metrics(run, "checkpoint"))
+        k = ckpt.load(ckpt.list_checkpoints(run)[0])["step"]  # newest on disk: the resume point
+        assert k == max(r["step"] for r in metrics(run, "checkpoint"))
         assert slurm_cluster.node_state("n2").startswith("down")
         time.sleep(2)
         assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING"

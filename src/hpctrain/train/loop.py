@@ -194,6 +194,7 @@ class Trainer:
         if self.dist.is_main and self.run_dir:
             try:
                 path = str(ckpt.save(self.run_dir, self.step, state, self.cfg.train.keep_ckpts))
+                self.metrics.write("checkpoint", step=self.step, path=path)  # on disk now, whatever follows
             except ckpt.CheckpointError as e:
                 err = e
         failed = agree(err is not None, self.control_group)
@@ -203,8 +204,6 @@ class Trainer:
             log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
                         self.step, err or "see rank 0's log")
             return None
-        if path:
-            self.metrics.write("checkpoint", step=self.step, path=path)
         return path
 
     # ------------------------------------------------------------------ evaluation
