@@ -27,14 +27,19 @@ log = logging.getLogger("hpctrain")
 DEFAULT_MAX_REQUEUES = 3
 
 
+def requeues(env: Mapping[str, str]) -> tuple[int, int]:
+    """(requeues so far, the cap) of this Slurm job."""
+    return (int(env.get("SLURM_RESTART_COUNT") or 0),
+            int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES))
+
+
 def decide(env: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """(requeue?, why) for a run that stopped on USR2."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID")
     if not job:
         return False, "not running under Slurm"
-    done = int(env.get("SLURM_RESTART_COUNT") or 0)
-    cap = int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES)
+    done, cap = requeues(env)
     if done >= cap:
         return False, f"job {job} was requeued {done} times already (slurm.max_requeues={cap})"
     return True, f"requeueing job {job} ({done + 1}/{cap})"
@@ -53,7 +58,9 @@ def after_stop(summary: Mapping, rank: int) -> bool:
         r = subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], capture_output=True,
                            text=True, timeout=120)
         if r.returncode != 0:
-            raise RuntimeError(f"scontrol requeue failed: {(r.stderr or r.stdout).strip()}; the "
+            from hpctrain.launch.submit import LaunchError
+
+            raise LaunchError(f"scontrol requeue failed: {(r.stderr or r.stdout).strip()}; the "
                                "checkpoint is saved: resubmit the job to resume")
     return True
 
@@ -66,8 +73,7 @@ def check_budget(env: Mapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     if not env.get("SLURM_JOB_ID"):
         return
-    done = int(env.get("SLURM_RESTART_COUNT") or 0)
-    cap = int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES)
+    done, cap = requeues(env)
     if done > cap:
         raise LaunchError(
             f"job {env['SLURM_JOB_ID']} was requeued {done} times (slurm.max_requeues={cap}); giving up "
