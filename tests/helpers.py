@@ -18,6 +18,14 @@ def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedP
                           env={**os.environ, **(env or {})}, **kw)
 
 
+def run_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """A run's metrics.jsonl records (of one kind); a line cut mid-write is skipped, so polling a
+    live run is safe (hpctrain.train.metrics.read_metrics)."""
+    from hpctrain.train.metrics import read_metrics
+
+    return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if kind is None or r["kind"] == kind]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.helpers import free_port
+
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
 # A node whose slurmd stops answering is DOWN after this many seconds (its jobs: NODE_FAIL and,
@@ -42,12 +44,6 @@ def missing() -> str | None:
     if r.returncode != 0:
         return f"`unshare --uts --mount` is not allowed here ({r.stderr.strip()}): slurmd nodes need it"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None,

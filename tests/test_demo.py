@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, run_metrics
 
 
 def test_demo_trains_digits_to_95_percent(tmp_path):
@@ -25,7 +25,7 @@ def test_demo_trains_digits_to_95_percent(tmp_path):
     assert (run / "logs" / "rank-1.log").exists()
     env_rec = json.loads((run / "env.json").read_text())
     assert env_rec["world_size"] == 2 and env_rec["torch"]
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = run_metrics(run)
     train = [x for x in lines if x["kind"] == "train"]
     assert {"step", "epoch", "loss", "lr", "images_per_s", "data_wait"} <= set(train[0])
     assert train[-1]["loss"] < train[0]["loss"]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.helpers import digits_args, free_port
+from tests.helpers import digits_args, free_port, run_metrics
 
 
 def start_ranks(world: int, digits_root: Path, run_dir: Path, name: str, *sets: str,
@@ -27,11 +26,7 @@ def start_ranks(world: int, digits_root: Path, run_dir: Path, name: str, *sets: 
 
 
 def last_step(run: Path) -> int:
-    m = run / "metrics.jsonl"
-    if not m.exists():
-        return 0
-    steps = [json.loads(x).get("step", 0) for x in m.read_text().splitlines() if x.strip()]
-    return max(steps, default=0)
+    return max((r.get("step", 0) for r in run_metrics(run)), default=0)
 
 
 def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 
 from tests.faults.local import start_ranks, wait_for_step
+from tests.helpers import run_metrics
 
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
@@ -29,6 +29,6 @@ def test_files_vanish_mid_run(policy, digits_root, tmp_path):
     else:
         assert procs[0].returncode == 0, out[-2000:]
         assert "skipped unreadable image" in out and str(root / "train" / "7") in out
-        lines = [json.loads(x) for x in (tmp_path / "vanish" / "metrics.jsonl").read_text().splitlines()]
+        lines = run_metrics(tmp_path / "vanish")
         counts = [x.get("skipped_samples", 0) for x in lines if x["kind"] == "train"]
         assert counts[-1] > 0 and counts[-1] <= len(gone) * 3

@@ -3,7 +3,6 @@ weights equal an uninterrupted run's. The signal reaches one rank only, so the s
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -13,7 +12,7 @@ import torch
 
 from hpctrain.train import checkpoint as ckpt
 from tests.faults.local import last_step, start_ranks, wait_for_step
-from tests.helpers import digits_args, run_ranks
+from tests.helpers import digits_args, run_metrics, run_ranks
 
 STEPS, PREEMPTIONS = 70, 20
 SETS = [f"train.max_steps={STEPS}", "train.mixup=0.8", "model.drop_path=0.1", "train.ema=0.99"]
@@ -38,7 +37,7 @@ def test_twenty_preemptions_equal_uninterrupted(digits_root, tmp_path):
     out = procs[0].communicate(timeout=300)[0]
     procs[1].communicate(timeout=60)
     assert re.search(r"status +finished", out)
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = run_metrics(run)
     assert sum(x["kind"] == "stop" for x in lines) == PREEMPTIONS
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *SETS))
     a = ckpt.load(ckpt.list_checkpoints(run)[0])

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_metrics
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 ACC_EPOCHS = 14
@@ -49,10 +51,7 @@ def rank_hosts(run_dir: Path) -> dict[int, tuple[int, str]]:
     return out
 
 
-def metrics(run_dir: Path, kind: str) -> list[dict]:
-    p = run_dir / "metrics.jsonl"
-    lines = p.read_text().splitlines() if p.exists() else []
-    return [r for r in map(json.loads, filter(None, lines)) if r["kind"] == kind]
+metrics = run_metrics
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float) -> int:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import torch
 
-from tests.helpers import DIGITS, run_ranks
+from tests.helpers import DIGITS, run_metrics, run_ranks
 
 WORKER = ["-m", "tests.train.rank_worker"]
 # No mixup (it mixes within a rank's batch) and no drop-path (per-rank masks): then 1 and 2 ranks
@@ -17,7 +15,7 @@ LOSS_TOL = 2e-3  # absolute, on losses around 2.3 → 1.5 over 12 AdamW steps
 
 
 def train_losses(path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "train"]
+    return [r["loss"] for r in run_metrics(path.parent, "train")]
 
 
 def run(world, digits_root, out):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
-from tests.helpers import digits_args, run_ranks
+from tests.helpers import digits_args, run_metrics, run_ranks
 
 
 def last_eval(run_dir) -> dict:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in lines if r["kind"] == "eval"][-1]
+    return run_metrics(run_dir, "eval")[-1]
 
 
 def test_eval_same_for_world_1_and_2(digits_root, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from hpctrain.config import load
 from hpctrain.models.vit import build_vit
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.optim import build_optimizer
-from tests.helpers import DIGITS, digits_args, run_ranks
+from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 
 # Mid-epoch halt (in warm-up), 2 micro-batches per step (gradient sync off for the first) and
 # drop-path (per-step RNG): the state a resume must restore, under sharding.
@@ -25,8 +24,7 @@ def run_two(root: Path, run_dir: Path, name: str, *sets: str) -> str:
 
 
 def losses(run_dir: Path) -> list[float]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [x["loss"] for x in lines if x["kind"] == "train"]
+    return [x["loss"] for x in run_metrics(run_dir, "train")]
 
 
 def final(run_dir: Path) -> dict:
