@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
 
 from hpctrain.config import Config
+from hpctrain.data.once import make_once
 
 
 def ensure_dataset(cfg: Config) -> None:
@@ -13,15 +13,14 @@ def ensure_dataset(cfg: Config) -> None:
     if cfg.data.prepare != "digits" or cfg.data.loader == "synthetic":
         return
     root = Path(cfg.data.root)
-    done = root / ".complete"
-    if done.exists() or ((root / "train").is_dir() and (root / "val").is_dir()):
+    if (root / "train").is_dir() and (root / "val").is_dir():
         return
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            from hpctrain.data.digits import write_digits
 
-            counts = write_digits(root)
-            done.write_text(f"{counts}\n")
-            print(f"wrote the digits dataset to {root}: {counts['train']} train, {counts['val']} val images")
+    def make() -> str:
+        from hpctrain.data.digits import write_digits
+
+        counts = write_digits(root)
+        print(f"wrote the digits dataset to {root}: {counts['train']} train, {counts['val']} val images")
+        return f"{counts}\n"
+
+    make_once(root / ".complete", root / ".lock", make)

@@ -9,7 +9,6 @@ from the offsets while packing. `meta.json` records classes and sample counts. T
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.folder import DataError, list_split, read_exclusions
+from hpctrain.data.once import make_once
 
 META = "meta.json"
 
@@ -104,8 +104,8 @@ def find_shards(root: str | os.PathLike, split: str):
 def stage(root: str | os.PathLike, dest: str, log=print) -> Path:
     """Copy the shards under `dest` (node-local) once per node; returns the staged root.
 
-    The first process on the node takes a lock and copies; the others block on the same lock
-    and then find the `.complete` marker. Each file is copied to a temporary name and renamed.
+    One process per node copies (`make_once`: a lock and a `.complete` marker), the others wait.
+    Each file is copied to a temporary name and renamed.
     """
     root = Path(root).resolve()
     base = Path(os.path.expandvars(os.path.expanduser(dest)))
@@ -113,15 +113,9 @@ def stage(root: str | os.PathLike, dest: str, log=print) -> Path:
         raise DataError(f"data.stage_to={dest!r}: an environment variable in it is not set on this node")
     tag = hashlib.sha1(str(root).encode()).hexdigest()[:10]
     target = base / f"hpctrain-{root.name}-{tag}"
-    done = target / ".complete"
-    if done.exists():
-        return target
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / f".hpctrain-{tag}.lock", "w") as lock:
-        t0 = time.perf_counter()
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here while one process copies
-        if done.exists():
-            return target
+    t0 = time.perf_counter()
+
+    def copy() -> str:
         if not (root / META).is_file():
             raise DataError(f"data.stage_to copies `data pack` shards, but {root / META} is missing")
         target.mkdir(parents=True, exist_ok=True)
@@ -132,7 +126,9 @@ def stage(root: str | os.PathLike, dest: str, log=print) -> Path:
             shutil.copyfile(root / name, tmp)
             tmp.replace(target / name)
             total += (target / name).stat().st_size
-        done.write_text(f"{len(names)} files, {total} bytes from {root}\n")
         log(f"staged {len(names)} files ({total / 2**20:.1f} MiB) from {root} to {target} in "
             f"{time.perf_counter() - t0:.1f} s")
+        return f"{len(names)} files, {total} bytes from {root}\n"
+
+    make_once(target / ".complete", base / f".hpctrain-{tag}.lock", copy)
     return target
