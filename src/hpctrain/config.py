@@ -10,9 +10,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import json
 import math
+import re
+import shlex
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +148,22 @@ class RunConfig:
     dir: str = opt("runs", "parent of run directories")
     resume: str = opt("auto", "auto = newest checkpoint that loads; none; or a checkpoint path")
 
+    def validate(self) -> None:
+        """The name is one directory under run.dir and the Slurm job name (`#SBATCH --job-name`):
+        empty leaves the option without a value (Slurm reads the next line as the name), and `/`,
+        `\\` or a leading dot make nested, hidden or escaping (`..`) run directories."""
+        name = self.name
+        if not name.strip():
+            raise ConfigError("run.name is empty: it names the run directory (run.dir/run.name) and the "
+                              "Slurm job; set one, e.g. run.name=vit_b16")
+        if "/" in name or "\\" in name:
+            raise ConfigError(f"run.name={name!r}: must be one path component, without '/' or '\\' (the "
+                              "run directory is run.dir/run.name); put parent folders in run.dir")
+        if name.startswith("."):
+            fix = name.lstrip(".") or "run"
+            raise ConfigError(f"run.name={name!r}: must not start with '.' ('..' leaves run.dir, '.' is "
+                              f"run.dir itself, others hide the run directory); e.g. run.name={fix!r}")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -262,6 +282,38 @@ def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
             raise ConfigError(f"{key}={value!r} is out of range: must be <= {hi:g}")
 
 
+def control_char(text: str) -> str | None:
+    """The first control character (Unicode category Cc) in `text`, escaped as Python writes it
+    (`\\n`, `\\x1b`), or None."""
+    for ch in text:
+        if unicodedata.category(ch) == "Cc":
+            return repr(ch)[1:-1]
+    return None
+
+
+def check_text(text: str, key: str) -> None:
+    """Refuse control characters: values reach batch-script lines, `#SBATCH` options, comments and
+    file names, where a newline ends the line (the rest runs as a command on the compute node)
+    and the others garble or hide what is written."""
+    ch = control_char(text)
+    if ch:
+        raise ConfigError(f"{key}: contains a control character ({ch}); remove it: values reach the "
+                          "batch script and file names, where it would break the line")
+
+
+def _check_strings(value: Any, key: str) -> None:
+    """`check_text` on every string in a coerced value: list items, mapping keys and values."""
+    if isinstance(value, str):
+        check_text(value, key)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_strings(v, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, f"{key} (key {k!r})")
+            _check_strings(v, f"{key}.{k}")
+
+
 def unknown_key_error(key: str, valid: typing.Iterable[str], where: str) -> ConfigError:
     valid = sorted(valid)
     near = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1, cutoff=0.5)
@@ -290,6 +342,7 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
             kwargs[name] = build(tp, data[name], f"{key}.")
         else:
             value = _coerce(data[name], tp, key)
+            _check_strings(value, key)
             _check_bounds(value, f.metadata, key)
             kwargs[name] = value
     obj = cls(**kwargs)
@@ -347,6 +400,45 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
             node = nxt
         node[path[-1]] = value
     return data
+
+
+SET_ENV = "HPCTRAIN_SET"
+
+
+def encode_overrides(items: typing.Sequence[str]) -> str:
+    """`HPCTRAIN_SET` text for overrides: a JSON list of "key=value" strings, so any value (with
+    `;`, `=`, quotes, spaces, non-ASCII) round-trips; no overrides: empty."""
+    return json.dumps(list(items), ensure_ascii=False) if items else ""
+
+
+def _legacy_joined(line: str) -> bool:
+    """`a.b=1;c.d=2`: the old `;`-joined form, which would now set a.b to `1;c.d=2` silently."""
+    sections = "|".join(f.name for f in dataclasses.fields(Config))
+    return re.search(rf";\s*(?:{sections})(?:\.[^=;\s]+)+\s*=", line) is not None
+
+
+def decode_overrides(text: str) -> list[str]:
+    """Overrides from `HPCTRAIN_SET`: a JSON list (what the generator writes), or one override per
+    line (typed by hand). The old `;`-joined form is refused, not misread."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{SET_ENV}: not a JSON list ({e.msg} at character {e.pos}); write it as "
+                              f"{SET_ENV}='[\"optim.lr=1e-3\", \"train.epochs=5\"]'") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{SET_ENV}: expected a JSON list of \"key=value\" strings, got {stripped!r}; "
+                              f"e.g. {SET_ENV}='[\"optim.lr=1e-3\", \"train.epochs=5\"]'")
+        return items
+    items = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    for line in items:
+        if _legacy_joined(line):
+            fix = json.dumps([p.strip() for p in line.split(";") if p.strip()])  # ASCII: one line
+            raise ConfigError(f"{SET_ENV}: {line!r} looks like ';'-separated overrides, which are no "
+                              f"longer split (a value may contain ';'); use a JSON list: "
+                              f"{SET_ENV}={shlex.quote(fix)} (or one override per line)")
+    return items
 
 
 def read_yaml(path: str | Path) -> dict:

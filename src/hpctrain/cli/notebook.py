@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import socket
 
 
@@ -73,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"# on your laptop, once the job runs on <node>:\n{tunnel_command(job, login=login)}")
         return 0
     job_id = submit(job)
-    print(f"submitted notebook job {job_id}; log: {job.workdir}/notebook-{job_id}.log")
+    log = shlex.quote(os.path.join(job.workdir, f"notebook-{job_id}.log"))  # pasteable as one word
+    print(f"submitted notebook job {job_id}; log: {log}")
     node = wait_for_node(job_id, args.wait)
     if node is None:
         print(f"not started after {args.wait:g} s; when it runs (squeue -j {job_id}), tunnel with:")

@@ -1,8 +1,8 @@
 """Cluster profiles (`configs/clusters/<site>.yaml`): what a site's scheduler, nodes, modules,
 fabric and container look like, as validated frozen dataclasses (same machinery as run configs).
 
-A profile is data: every value that reaches the batch script is checked here and quoted by the
-renderer; nothing in a profile runs as code.
+A profile is data: every value that reaches the batch script is checked here (control characters
+by config.build, for every string) and quoted by the renderer; nothing in a profile runs as code.
 """
 
 from __future__ import annotations
@@ -60,10 +60,6 @@ class SlurmSection:
         if not re.match(r"^\d+[KMGT]?$", self.mem_per_node):
             raise ConfigError(f"slurm.mem_per_node={self.mem_per_node!r}: use a number with an optional "
                               "K/M/G/T suffix, e.g. 480G (0: all of the node's memory)")
-        for key in ("partition", "account", "qos", "constraint"):
-            v = getattr(self, key)
-            if "\n" in v:
-                raise ConfigError(f"slurm.{key}: must be one line")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from hpctrain.config import control_char, encode_overrides
 from hpctrain.launch.container import PY_VAR, python_lines
 from hpctrain.launch.modules import module_lines
 from hpctrain.launch.nccl import export_lines, fabric_env
@@ -47,10 +48,12 @@ class JobPlan:
 
 
 def sbatch_value(key: str, value: object) -> str:
-    """`#SBATCH --key=value`; Slurm reads these lines itself (no shell), so only refuse newlines."""
+    """`#SBATCH --key=value`; Slurm reads these lines itself (no shell), so only refuse control
+    characters (a newline ends the line). Config, profile and CLI values are checked before this
+    (config.check_text): reaching it is a bug, not a user error."""
     s = str(value)
-    if "\n" in s or "\r" in s:
-        raise ValueError(f"--{key}: value {s!r} spans lines")
+    if control_char(s):
+        raise ValueError(f"--{key}: value {s!r} contains a control character")
     return f"#SBATCH --{key}={shlex.quote(s)}" if s != "" else f"#SBATCH --{key}"
 
 
@@ -87,7 +90,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
         lines += ["# What to train: a config file and ';'-separated key=value overrides (the environment",
                   "# wins).",
                   f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
-                  f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(';'.join(p.overrides))}}}",
+                  f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
     mods = module_lines(prof.modules, prof.module_use)
     if mods:

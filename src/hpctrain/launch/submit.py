@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import shutil
 import subprocess
 import time
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.config import Config, to_dict
+from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import UserError
 
 
@@ -70,7 +71,7 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
                                    "submitit": str(folder)})
     return Submission(str(job.job_id), cfg.run_dir, "local",
-                      f"tail -f {folder}/{job.job_id}_0_log.out", job)
+                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
 
 def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
@@ -98,6 +99,22 @@ class Request:
     constraint: str | None = None
     exclusive: bool | None = None
 
+    def check(self) -> None:
+        """The text flags become `#SBATCH` lines: refuse control characters (a newline would end
+        the line and run the rest as a command)."""
+        for key in ("time", "partition", "account", "qos", "constraint"):
+            value = getattr(self, key)
+            if value is not None:
+                check_text(value, f"--{key}")
+
+
+def check_resolved_paths(cfg: Config) -> None:
+    """Paths made absolute at submission take in the working directory (or HOME), which the config
+    check never saw; they reach `#SBATCH --output/--chdir` and the srun line."""
+    check_text(cfg.run.dir, f"run.dir (made absolute: {cfg.run.dir!r})")
+    if cfg.data.root:
+        check_text(cfg.data.root, f"data.root (made absolute: {cfg.data.root!r})")
+
 
 def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, header: list[str] = ()):
     """Check the request against the profile and the config; the JobPlan for the batch script.
@@ -109,6 +126,7 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     from hpctrain.launch.profile import time_minutes
     from hpctrain.launch.sbatch import JobPlan
 
+    req.check()
     s = profile.slurm
     nodes = 1 if req.nodes is None else req.nodes
     if nodes < 1:
@@ -135,6 +153,7 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
                                               if p and Path(p).is_absolute()])
     else:
         cfg = absolute_paths(cfg)
+        check_resolved_paths(cfg)
         binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
     run_dir = cfg.run_dir
     pick = lambda a, b: b if a is None else a
@@ -182,7 +201,7 @@ def standalone_plan(cfg: Config, profile, req: Request, command: str, config: st
         "Overrides need no edit: sbatch options on the command line win over the #SBATCH lines, and",
         "the settings below read the environment, e.g. on a CPU-only cluster without the image:",
         "  CONTAINER=none HPCTRAIN_MODULES= HPCTRAIN_CONFIG=configs/digits_vit.yaml \\",
-        "  HPCTRAIN_SET='data.root=/data/digits;train.epochs=5' \\",
+        "  HPCTRAIN_SET='[\"data.root=/data/digits\", \"train.epochs=5\"]' \\",
         "  sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --mem=0 --partition=debug slurm/vit.sbatch",
         "",
     ]
@@ -234,4 +253,5 @@ def submit_slurm(cfg: Config, plan) -> Submission:
     write_job_record(run_dir, {"job_id": str(job.job_id), "executor": "slurm", "cluster": plan.profile.name,
                                "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
                                "submitit": str(folder)})
-    return Submission(str(job.job_id), run_dir, "slurm", f"hpctrain logs {run_dir} -f", job)
+    return Submission(str(job.job_id), run_dir, "slurm", shlex.join(["hpctrain", "logs", str(run_dir), "-f"]),
+                      job)
