@@ -28,6 +28,10 @@ CPUS_PER_NODE = 4
 # A node whose slurmd stops answering is DOWN after this many seconds (its jobs: NODE_FAIL and,
 # with --requeue, requeued); the controller pings every third of it. Default 300 s.
 SLURMD_TIMEOUT = 10
+# Partition-priority preemption as sites configure it: a job in URGENT takes the nodes of jobs in
+# PREEMPTIBLE, which get SIGCONT+SIGTERM, GRACE_TIME seconds, SIGKILL, and are requeued by Slurm.
+# Jobs in the default partition are never preempted.
+PREEMPTIBLE, URGENT, GRACE_TIME = "low", "high", 30
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -145,6 +149,8 @@ class SlurmCluster:
     def _write_conf(self, ports: dict[str, int], munge_sock: Path) -> None:
         r = self.root
         auth = f"socket={munge_sock},cred_expire=10"
+        nodes_list = ",".join(NODES)
+        preempt = f"PreemptMode=REQUEUE GraceTime={GRACE_TIME}"
         nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
                           f"RealMemory=4000 State=UNKNOWN" for n in NODES)
         self.conf.write_text(f"""\
@@ -183,7 +189,11 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort={ports['dbd']}
 AccountingStoragePass={munge_sock}
 {nodes}
-PartitionName={self.partition} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName={self.partition} Nodes={nodes_list} Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF
+PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=1 {preempt}
+PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """)
         dbd = r / "etc" / "slurmdbd.conf"
         dbd.write_text(f"""\

@@ -28,12 +28,13 @@ def status(args: argparse.Namespace) -> int:
 
 def logs(args: argparse.Namespace) -> int:
     from hpctrain.cli import CLIError
-    from hpctrain.launch.status import follow, log_path, resolve
+    from hpctrain.launch.status import follow, log_path, wait_for_run
 
-    path = log_path(args.target, args.rank)
     if args.follow:
-        follow(path, resolve(args.target)[1])
+        run_dir, job_id = wait_for_run(args.target)
+        follow(log_path(str(run_dir) if run_dir else args.target, args.rank), job_id)
         return 0
+    path = log_path(args.target, args.rank)
     if not path.exists():
         raise CLIError(f"no log at {path} yet: the job may not have started (hpctrain status "
                        f"{args.target}), or rank {args.rank} does not exist")

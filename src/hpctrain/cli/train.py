@@ -16,19 +16,16 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from hpctrain.train import stop as stopmod
+
+    stop = stopmod.install()  # first: a USR2/TERM from here on stops cleanly at a step boundary
     from hpctrain.cli.common import load_config
     from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.requeue import check_budget
     from hpctrain.train.entry import run
-
-    check_budget()  # a job Slurm requeued too often (node failures) stops here
 
     overrides = list(args.overrides) + ([f"run.resume={args.resume}"] if args.resume else [])
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
-    summary = run(cfg)
-    from hpctrain.launch.requeue import after_stop
-
-    if after_stop(summary, summary["rank"]):  # rank 0 requeued the Slurm job: it resumes there
-        return 0
+    summary = run(cfg, stop)
+    # stopped: the batch shell reads rank 0's decision (requeue or end) from $HPCTRAIN_STOP_FILE
     return 0 if summary["status"] in ("finished", "halted", "preempted") else 1

@@ -53,7 +53,10 @@ class SlurmSection:
     mem_per_node: str = opt("0", "memory per node for --mem (e.g. 480G; 0: all of it)")
     signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)",
                              lo=1)
-    max_requeues: int = opt(3, "requeues after preemption/time limit before the job gives up", lo=0)
+    max_requeues: int = opt(3, "requeues after a time limit (USR2) or a failure before the job gives up",
+                            lo=0)
+    max_preemptions: int = opt(-1, "requeues after a preemption (SIGTERM) before the job gives up; "
+                                   "-1: unlimited", lo=-1)
 
     def validate(self) -> None:
         time_minutes(self.time)

@@ -79,6 +79,72 @@ def sbatch_lines(p: JobPlan) -> list[str]:
     return [sbatch_value(k, v) for k, v in opts]
 
 
+def stop_lines() -> list[str]:
+    """Signals and the stop file: what the tasks and this shell agree on before srun starts."""
+    return [
+        "# Stops. The tasks checkpoint at the next step on USR2 (--signal, before the time limit) and",
+        "# on SIGTERM (preemption); rank 0 then writes `requeue` or `end` (and why) to $HPCTRAIN_STOP_FILE",
+        "# and this shell, outside any container, runs `scontrol requeue`: the task's Python never needs",
+        "# a Slurm client. USR2 or TERM sent to this shell (scancel --batch/--full, B:USR2) is passed",
+        "# to the tasks as USR2 (srun itself would turn a TERM into SIGKILL for them).",
+        'export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"',
+        'export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"',
+        'mkdir -p "$HPCTRAIN_CONTROL_DIR" || { echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job '
+        'from a writable directory" >&2; exit 1; }',
+        'rm -f "$HPCTRAIN_STOP_FILE"',
+        'hpctrain_signal="" hpctrain_srun=""',
+        "hpctrain_pass() {",
+        '  hpctrain_signal=$1',
+        '  echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2',
+        '  if [ -n "$hpctrain_srun" ]; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi',
+        "}",
+        "trap 'hpctrain_pass USR2' USR2",
+        "trap 'hpctrain_pass TERM' TERM",
+        "hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)",
+        '  scontrol show job -o "${SLURM_JOB_ID:-none}" 2>/dev/null | tr " " "\\n" | sed -n "s/^$1=//p" | head -n 1',
+        "}",
+        "hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)",
+        '  local t; t=$(hpctrain_job_field PreemptTime); [ -n "$t" ] && [ "$t" != None ]',
+        "}",
+    ]
+
+
+# After srun: wait through trapped signals, then carry out rank 0's decision.
+REQUEUE_LINES = [
+    "hpctrain_srun=$!",
+    "set +e",
+    'while wait "$hpctrain_srun"; hpctrain_rc=$?; kill -0 "$hpctrain_srun" 2>/dev/null; do :; done',
+    'wait "$hpctrain_srun" 2>/dev/null; hpctrain_w=$?; [ "$hpctrain_w" = 127 ] || hpctrain_rc=$hpctrain_w',
+    "set -e",
+    'hpctrain_decision="" hpctrain_why=""',
+    'if [ -f "$HPCTRAIN_STOP_FILE" ]; then',
+    '  { read -r hpctrain_decision; read -r hpctrain_why; } < "$HPCTRAIN_STOP_FILE" || true',
+    'elif [ "$hpctrain_rc" != 0 ] && { [ -n "$hpctrain_signal" ] || hpctrain_preempted; }; then',
+    "  hpctrain_decision=requeue",
+    '  hpctrain_why="the tasks ended (exit $hpctrain_rc) after a stop signal before their own checkpoint: '
+    'resuming from the last one"',
+    "fi",
+    'case "$hpctrain_decision" in',
+    "  requeue)",
+    "    trap '' USR2 TERM  # scontrol requeue ends this shell with SIGTERM",
+    '    hpctrain_state=$(hpctrain_job_field JobState)',
+    '    if [ "$hpctrain_state" != RUNNING ]; then',
+    '      echo "hpctrain: job ${SLURM_JOB_ID} is ${hpctrain_state:-gone} already: Slurm requeues or ends it itself"',
+    "      exit 0",
+    "    fi",
+    '    echo "hpctrain: $hpctrain_why"',
+    '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+    '    echo "hpctrain: scontrol requeue $SLURM_JOB_ID failed; the checkpoint is saved: resubmit the same job '
+    'to resume" >&2',
+    "    exit 1 ;;",
+    "  end)",
+    '    echo "hpctrain: stopped and not requeued: $hpctrain_why" >&2',
+    "    exit 3 ;;",
+    "esac",
+    'exit "$hpctrain_rc"',
+]
+
+
 def render(p: JobPlan, command: str, host_python: str, standalone: bool,
            extra_env: dict[str, str] | None = None) -> str:
     """The whole script; `command` is what follows `srun --kill-on-bad-exit=1 --unbuffered`."""
@@ -99,6 +165,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
               "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
               *export_lines(fabric_env(prof), env_wins=True),
               f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
+              f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
               *export_lines(extra_env or {}), ""]
     lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>.",
               *python_lines(prof.container, p.binds, host_python), ""]
@@ -108,8 +175,9 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]
-    lines += ["# One task per GPU. A task that dies ends the whole step (no hang); USR2 reaches every",
-              "# task, which checkpoints at the next step and lets rank 0 requeue the job.",
-              f"srun --kill-on-bad-exit=1 --unbuffered {command}",
-              ""]
+    lines += [*stop_lines(), "",
+              "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
+              "# background so that this shell can take signals while it waits.",
+              f"srun --kill-on-bad-exit=1 --unbuffered {command} &",
+              *REQUEUE_LINES, ""]
     return "\n".join(lines)

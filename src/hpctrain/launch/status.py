@@ -68,8 +68,33 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def resolve(target: str) -> tuple[Path | None, str | None, str]:
-    """(run dir, job id, executor) for a run directory or a Slurm job id."""
+def squeue_workdir(job_id: str) -> str | None:
+    """The working directory of a job still in the queue (sacct may not list it yet)."""
+    if not shutil.which("squeue"):
+        return None
+    try:
+        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%Z"], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def run_dir_of(workdir: Path, job_id: str) -> Path | None:
+    """The run a job trains: its working directory when `hpctrain submit` made it (job.json), else
+    the record rank 0 leaves under `<workdir>/.hpctrain/` for jobs started with plain sbatch."""
+    if (workdir / "job.json").is_file():
+        return workdir
+    rec = read_json(workdir / ".hpctrain" / f"job-{job_id}.json")
+    return Path(rec["run_dir"]) if rec.get("run_dir") and Path(rec["run_dir"]).is_dir() else None
+
+
+def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | None, str]:
+    """(run dir, job id, executor) for a run directory or a Slurm job id.
+
+    In the first seconds after sbatch the job may be in neither sacct nor squeue yet: ask again
+    for up to `settle_s` before calling the id unknown.
+    """
     p = Path(target)
     if p.is_dir():
         job = read_json(p / "job.json")
@@ -77,11 +102,16 @@ def resolve(target: str) -> tuple[Path | None, str | None, str]:
         job_id = job.get("job_id") or env.get("SLURM_JOB_ID")
         return p.resolve(), job_id, job.get("executor") or ("slurm" if job_id else "none")
     if target.isdigit():
-        rows = sacct_rows(target)
-        work = Path(rows[-1]["WorkDir"]) if rows and rows[-1].get("WorkDir") else None
-        run = work if work and (work / "job.json").is_file() else None
-        if not rows and run is None:
-            raise LaunchError(f"job {target} is unknown to Slurm accounting (sacct): check the id, or give "
+        end = time.monotonic() + settle_s
+        while True:
+            rows = sacct_rows(target)
+            work = rows[-1].get("WorkDir") if rows else squeue_workdir(target)
+            if rows or work or time.monotonic() > end:
+                break
+            time.sleep(1.0)
+        run = run_dir_of(Path(work), target) if work else None
+        if not rows and not work:
+            raise LaunchError(f"job {target} is unknown to Slurm (sacct, squeue): check the id, or give "
                               "the run directory instead (runs/<name>)")
         return run, target, "slurm"
     raise LaunchError(f"{target!r} is neither a run directory nor a job id: give runs/<name> or the number "
@@ -101,10 +131,17 @@ class RunStatus:
     def text(self) -> str:
         m = self.metrics
         state = self.state
-        if m.get("stopped_at") is not None:  # the last word of the run was a stop, not an end
+        if m.get("stopped_at") is not None and not m.get("not_requeued"):  # last word: a stop, not an end
             state += f" (stopped at step {m['stopped_at']}: {m.get('stop_reason')}, not resumed yet)"
+        if m.get("not_requeued"):
+            state += f" (stopped at step {m['not_requeued'][0]} and not requeued: {m['not_requeued'][1]})"
+        requeues = str(self.requeues)
+        if self.requeues:
+            pre, tl = m.get("preemptions", 0), m.get("time_limits", 0)
+            requeues += (f" ({pre} after preemption, {tl} after a time limit, "
+                         f"{max(0, self.requeues - pre - tl)} other: node failure or outside requeue)")
         rows = [("state", state), ("job", f"{self.job_id or '-'} ({self.executor})"),
-                ("run directory", str(self.run_dir or "-")), ("requeues", str(self.requeues))]
+                ("run directory", str(self.run_dir or "-")), ("requeues", requeues)]
         if self.nodes:
             rows.append(("nodes", self.nodes))
         if m.get("step") is not None:
@@ -130,7 +167,14 @@ def metrics_summary(run_dir: Path) -> dict:
             out["checkpoint"] = rec.get("path")
         elif kind == "stop":
             out["stops"] = out.get("stops", 0) + 1
-            out["stopped_at"], out["stop_reason"] = rec.get("step"), rec.get("reason")
+            out["stopped_at"], out["stop_reason"] = rec.get("step"), rec.get("stop_kind") or rec.get("reason")
+        elif kind == "requeue":
+            if rec.get("requeue"):
+                key = "preemptions" if rec.get("reason") == "preemption" else "time_limits"
+                out[key] = out.get(key, 0) + 1
+                out["not_requeued"] = None
+            else:
+                out["not_requeued"] = (rec.get("step"), rec.get("why"))
         elif kind == "end":
             out["end"] = rec.get("status")
             out["stopped_at"] = None
@@ -149,6 +193,21 @@ def run_status(target: str) -> RunStatus:
         state = {"finished": "COMPLETED"}.get(metrics.get("end"), "UNKNOWN" if job_id else "NO JOB")
         requeues, nodes = metrics.get("stops", 0), ""
     return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics)
+
+
+def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None]:
+    """(run dir, job id) for `logs -f`: a job started with plain sbatch names its run only once
+    rank 0 is up, so wait for that (saying so once) unless the job ends first."""
+    run_dir, job_id, _ = resolve(target)
+    said = False
+    while run_dir is None and job_id and job_state(job_id) not in TERMINAL:
+        if not said:
+            print(f"hpctrain: waiting for job {job_id} to start and name its run directory …", file=sys.stderr,
+                  flush=True)
+            said = True
+        time.sleep(poll_s)
+        run_dir, job_id, _ = resolve(target)
+    return run_dir, job_id
 
 
 def log_path(target: str, rank: int) -> Path:

@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config import Config, check_text, to_dict
-from hpctrain.errors import UserError
+from hpctrain.errors import LaunchError
 
-
-class LaunchError(UserError, RuntimeError):
-    """A job that cannot be planned or submitted, with the fix in the message."""
+__all__ = ["LaunchError", "Request", "Submission", "plan_job", "submit_local", "submit_slurm"]
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ def submitit_command(folder: Path) -> str:
 
     out, err = folder / "%j_%t_log.out", folder / "%j_%t_log.err"
     return (f"--output {shlex.quote(str(out))} --error {shlex.quote(str(err))} "
-            f"{PYTHON_HOOK} -u -m submitit.core._submit {shlex.quote(str(folder))}")
+            f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
 
 
 def slurm_script(plan, run_dir: Path) -> str:
@@ -185,7 +183,7 @@ def slurm_script(plan, run_dir: Path) -> str:
     from hpctrain.launch.sbatch import render
 
     return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False,
-                  {"SUBMITIT_EXECUTOR": "slurm"})
+                  {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm"})
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
@@ -213,7 +211,8 @@ def standalone_script(plan) -> str:
     """`slurm/vit.sbatch`: the same script, running `python3 -m hpctrain train` under srun."""
     from hpctrain.launch.sbatch import render
 
-    return render(plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True)
+    return render(plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True,
+                  {"HPCTRAIN_LAUNCHER": "sbatch-script"})
 
 
 def check_image(profile) -> None:

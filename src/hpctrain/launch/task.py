@@ -1,44 +1,64 @@
-"""The function submitit runs in every task: ranks from submitit's job environment, then train."""
+"""What every task of a submitit job runs: `python -m hpctrain.launch.task <submitit folder>`.
+
+submitit's own runner (`submitit.core._submit`) installs handlers that would fight ours: USR2 →
+checkpoint-and-requeue of the pickled call through `scontrol` (absent inside the container) and
+SIGTERM → ignored (so a preempted task would train on until SIGKILL). This entry installs
+hpctrain's stop handlers first, before any heavy import, tells submitit to leave the signals
+alone, then lets submitit load and run the pickled `train_task`.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+from hpctrain.train import stop as stopmod
 
 
 def export_job_env() -> None:
-    """Set RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from submitit (local or Slurm) unless already set."""
+    """Under submitit's local executor: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from its job
+    environment (overwriting whatever the submitting shell had). Under Slurm, Slurm's own
+    variables decide (train.dist.detect)."""
     import submitit
 
     from hpctrain.train.dist import port_from_job_id
 
+    if os.environ.get("SLURM_STEP_ID"):
+        return
     env = submitit.JobEnvironment()
     os.environ.update({
         "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks), "LOCAL_RANK": str(env.local_rank),
         "LOCAL_WORLD_SIZE": str(env.num_tasks // max(1, env.num_nodes)),
+        "MASTER_ADDR": env.hostnames[0] if env.hostnames else "127.0.0.1",
+        "MASTER_PORT": str(port_from_job_id(env.job_id)), "HPCTRAIN_LAUNCHER": "submitit-local",
     })
-    os.environ.setdefault("MASTER_ADDR", env.hostnames[0] if env.hostnames else "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port_from_job_id(env.job_id)))
 
 
 def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Train; after a USR2 stop that requeued the job, exit without a result (the job runs again).
-
-    submitit installed its own USR2 handler (checkpoint-and-requeue of the pickled call) before
-    calling us; ours replaces it first thing, so the trainer alone decides, at a step boundary.
-    SystemExit is not an Exception, so submitit writes no result file for a requeued task.
-    """
-    from hpctrain.train.entry import StopFlag
-
-    stop = StopFlag()
-    stop.install()
-    from hpctrain.launch.requeue import after_stop, check_budget
-
-    check_budget()
+    """Train; after a stop that the batch shell will requeue, exit without a result (the job
+    runs again). SystemExit is not an Exception, so submitit writes no result file for it."""
+    stop = stopmod.install()  # already installed by main() under Slurm; here for the local executor
     export_job_env()
     from hpctrain.train.entry import run
 
     summary = run(cfg, stop)
-    if after_stop(summary, summary["rank"]):
+    if summary.get("requeue"):
         raise SystemExit(0)
     return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    stopmod.install()
+    from submitit.core import job_environment, submission
+
+    # submitit's hook for a cluster's signals ("@plugin-dev: should be adapted"): keep ours.
+    job_environment.JobEnvironment._handle_signals = lambda self, paths, delayed: None
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m hpctrain.launch.task <submitit folder>")
+    submission.process_job(args[0])
+
+
+if __name__ == "__main__":
+    main()

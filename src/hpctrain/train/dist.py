@@ -22,7 +22,7 @@ class DistInfo:
     local_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
-    source: str = "single"  # torchrun | slurm | single
+    source: str = "single"  # torchrun | srun | sbatch-script | submitit-slurm | submitit-local | env | single
 
     @property
     def is_main(self) -> bool:
@@ -49,26 +49,40 @@ def expand_hostlist(hostlist: str) -> list[str]:
 
 
 def port_from_job_id(job_id: str | int) -> int:
-    """A port every task of the job computes alike: 15000-34999 from the job id's digits."""
+    """The rendezvous port every task of a job computes alike, without talking: 15000-29999.
+
+    From SLURM_JOB_ID, which is unique per array element (SLURM_ARRAY_JOB_ID is shared by all
+    of them), so two jobs whose rank 0 share a node get different ports unless their ids differ
+    by a multiple of 15000. The range stays below Linux's ephemeral ports (32768-60999), which
+    outgoing connections may hold.
+    """
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return 15000 + int(digits[-4:]) % 20000
+    return 15000 + int(digits) % 15000
 
 
 def detect(env: Mapping[str, str] | None = None) -> DistInfo:
-    """Read rank/world/local rank and the rendezvous address from the environment."""
+    """Read rank/world/local rank and the rendezvous address from the environment.
+
+    Inside a Slurm step everything comes from Slurm (SLURM_PROCID, the step's first host, the job
+    id): sbatch exports the submitting shell's environment into the job, so RANK or MASTER_ADDR
+    left there from an earlier torchrun must not decide anything. torchrun (TORCHELASTIC_RUN_ID)
+    is trusted wherever it runs, also under srun. `source` names the launcher for env.json.
+    """
     env = os.environ if env is None else env
-    if "RANK" in env and "WORLD_SIZE" in env:
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
         return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
-                        "torchrun")
+                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
     # SLURM_STEP_ID: inside an srun step. The batch script itself is not a rank.
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
         hosts = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
-        addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
-        job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID", "0")
-        port = int(env.get("MASTER_PORT") or port_from_job_id(job))
-        return DistInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
-                        int(env.get("SLURM_LOCALID", 0)), addr, port, "slurm")
+        source = env.get("HPCTRAIN_LAUNCHER") or "srun"
+        return DistInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                        hosts[0] if hosts else "127.0.0.1", port_from_job_id(env.get("SLURM_JOB_ID", "0")),
+                        source)
+    if "RANK" in env and "WORLD_SIZE" in env:  # set by hand, or by submitit's local executor
+        return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
+                        env.get("HPCTRAIN_LAUNCHER") or "env")
     return DistInfo()
 
 
@@ -125,6 +139,18 @@ def shutdown() -> None:
 
     if td.is_initialized():
         td.destroy_process_group()
+
+
+def agree_bits(bits: int, group=None) -> int:
+    """The bitwise OR of a small non-negative int over all ranks (a MAX per bit; one all-reduce)."""
+    import torch
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        return bits
+    t = torch.tensor([(bits >> i) & 1 for i in range(8)], dtype=torch.int32)
+    td.all_reduce(t, op=td.ReduceOp.MAX, group=group)
+    return sum(1 << i for i, v in enumerate(t.tolist()) if v)
 
 
 def agree(flag: bool, group=None) -> bool:

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import platform
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
 from hpctrain.train.dist import agree
 from hpctrain.train.rundir import RunDirBusy, RunLock
+from hpctrain.train.stop import StopFlag
 
 log = logging.getLogger("hpctrain")
 SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET", "CREDENTIAL", "PASSWD")
@@ -81,25 +81,16 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
     return rec
 
 
-class StopFlag:
-    """Set by SIGUSR2 (Slurm's warning before a time limit or preemption); read at step boundaries."""
-
-    def __init__(self) -> None:
-        self.set = False
-
-    def __call__(self) -> bool:
-        return self.set
-
-    def install(self, signum: int = signal.SIGUSR2) -> None:
-        def handler(sig, frame):
-            self.set = True
-            log.warning("received signal %d: will checkpoint at the next step boundary", sig)
-
-        signal.signal(signum, handler)
-
-
 def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
-    """Train per `cfg` on this rank; returns a summary (the same on every rank)."""
+    """Train per `cfg` on this rank; returns a summary (the same on every rank).
+
+    The stop handlers (USR2, TERM) are installed first, before the rendezvous and the model
+    build, so a signal during start-up is honoured at the first step boundary instead of
+    killing the task. After a stop, `summary["requeue"]` says whether the batch shell requeues.
+    """
+    from hpctrain.train import stop as stopmod
+
+    stop = stop or stopmod.install()
     import torch
 
     from hpctrain.data.build import build_loaders
@@ -140,15 +131,26 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         raise RunDirBusy(f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
                          "wait for that job to end, or give this run another run.name")
     setup_logging(run_dir, info.rank)
-    if stop is None:
-        stop = StopFlag()
-        stop.install()
+    stop.log_new()
+    from hpctrain.launch import requeue
+
+    over = None
+    if info.is_main:
+        try:
+            requeue.check_budget(requeue.budget(run_dir))
+        except requeue.LaunchError as e:
+            over = e
+    if agree(over is not None, control):
+        lock.release()
+        distmod.shutdown()
+        raise over or requeue.LaunchError("this job is past its requeue budget (see rank 0's log)")
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
     if resume:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
         (run_dir / "env.json").write_text(json.dumps(environment_record(info, device), indent=1))
+        record_job(run_dir)
     log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
              device, info.source, info.rank, socket.gethostname())
 
@@ -164,12 +166,43 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         "train_loss": out.train_loss, "images_per_s": out.images_per_s, "data_wait": out.data_wait,
         "wall_s": out.wall_s, "resumed_from": out.resumed_from, "checkpoint": out.checkpoint,
         "world_size": info.world_size, "rank": info.rank, "config": to_dict(cfg),
+        "stop_kind": out.stop_kind, "requeue": False,
     }
+    if out.status == "preempted":
+        summary["requeue"] = requeue.after_stop(summary, trainer.metrics if info.is_main else None)
+    trainer.metrics.close()
     if info.is_main:
         log.info("\n%s", summary_table(summary))
     lock.release()
     distmod.shutdown()
     return summary
+
+
+def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
+    """Under Slurm, say which run this job trains, where `hpctrain status <job id>` looks: the
+    run's `job.json` (jobs from plain `sbatch` have none yet) and `$HPCTRAIN_CONTROL_DIR`
+    (the batch script's working directory, which sacct reports as WorkDir)."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return
+    rec_path = run_dir / "job.json"
+    try:
+        rec = json.loads(rec_path.read_text())
+    except (OSError, ValueError):
+        rec = {}
+    if str(rec.get("job_id")) != job:
+        rec = {"job_id": job, "executor": "slurm", "launcher": distmod.detect(env).source,
+               "nodes": env.get("SLURM_NNODES"), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        rec_path.write_text(json.dumps(rec, indent=1) + "\n")
+    ctl = env.get("HPCTRAIN_CONTROL_DIR")
+    if ctl:
+        try:
+            Path(ctl).mkdir(parents=True, exist_ok=True)
+            (Path(ctl) / f"job-{job}.json").write_text(json.dumps({"job_id": job, "run_dir": str(run_dir)}) + "\n")
+        except OSError as e:
+            log.warning("cannot write the job record under %s (%s): `hpctrain status %s` will need the run "
+                        "directory", ctl, e, job)
 
 
 def fmt_pct(v: float | None) -> str:

@@ -20,7 +20,8 @@ from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import fastpath
-from hpctrain.train.dist import DistInfo, agree, diagnose
+from hpctrain.train import stop as stopmod
+from hpctrain.train.dist import DistInfo, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
@@ -36,6 +37,7 @@ class ResumeError(UserError, RuntimeError):
 @dataclass
 class Outcome:
     status: str = "running"  # finished | preempted | halted
+    stop_kind: str | None = None  # preemption | time_limit | halt (train.stop.kind_of)
     step: int = 0
     total_steps: int = 0
     epoch: int = 0
@@ -299,6 +301,9 @@ class Trainer:
             self._settle_ddp_buckets()
         if self.device.type == "cuda" and self.step < self.total_steps:
             self._log_attention_kernel()
+        bits = self._stop_bits(halt_at) if self.step < self.total_steps else 0
+        if bits:  # a signal during start-up: nothing trained since the checkpoint we resumed from
+            return self._stop(out, bits, start_wall, save=False)
         while self.step < self.total_steps:
             epoch, pos = divmod(self.step, self.steps_per_epoch)
             self.train_loader.set_epoch(epoch, pos * self.accum)
@@ -334,15 +339,10 @@ class Trainer:
                     win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
                 if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
                     out.checkpoint = self.save() or out.checkpoint
-                stop = agree(self.stop_flag() or (halt_at > 0 and self.step >= halt_at), self.control_group)
-                if stop and self.step < self.total_steps:
+                bits = self._stop_bits(halt_at)
+                if bits and self.step < self.total_steps:
                     progress.newline()
-                    out.checkpoint = self.save() or out.checkpoint
-                    out.status = "preempted" if self.stop_flag() or not halt_at else "halted"
-                    out.step, out.epoch = self.step, self.step // self.steps_per_epoch
-                    out.wall_s = time.perf_counter() - start_wall
-                    self.metrics.write("stop", step=self.step, reason=out.status)
-                    return out
+                    return self._stop(out, bits, start_wall, save=True)
             del it
             if self.step % self.steps_per_epoch == 0:
                 ep = self.step // self.steps_per_epoch
@@ -361,6 +361,29 @@ class Trainer:
         self.metrics.write("end", step=self.step, status=out.status, wall_s=out.wall_s,
                            top1=out.eval.get("top1"), top5=out.eval.get("top5"))
         self.metrics.close()
+        return out
+
+    def _stop_bits(self, halt_at: int) -> int:
+        """Every rank's stop request OR-ed together (one small all-reduce on the control group):
+        the stop is unanimous, and rank 0 learns its kind even when only another rank was signalled."""
+        bits = self.stop_flag.bits() if hasattr(self.stop_flag, "bits") else int(bool(self.stop_flag()))
+        if hasattr(self.stop_flag, "log_new"):
+            self.stop_flag.log_new()
+        if halt_at > 0 and self.step >= halt_at:
+            bits |= stopmod.BITS["halt"]
+        return agree_bits(bits, self.control_group)
+
+    def _stop(self, out: Outcome, bits: int, start_wall: float, save: bool) -> Outcome:
+        """Checkpoint at this step (every rank takes part) and end the run as stopped."""
+        if save:
+            out.checkpoint = self.save() or out.checkpoint
+        out.stop_kind = stopmod.kind_of(bits)
+        out.status = "halted" if out.stop_kind == "halt" else "preempted"
+        out.step, out.epoch = self.step, self.step // self.steps_per_epoch
+        out.wall_s = time.perf_counter() - start_wall
+        self.metrics.write("stop", step=self.step, reason=out.status, stop_kind=out.stop_kind)
+        log.warning("stopped at step %d (%s)%s", self.step, out.stop_kind,
+                    f"; checkpoint {out.checkpoint}" if save and out.checkpoint else "")
         return out
 
     def _log_attention_kernel(self) -> None:
