@@ -20,6 +20,7 @@ from hpctrain import __version__
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
 from hpctrain.train.dist import agree
+from hpctrain.train.metrics import progress_log
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 
@@ -28,12 +29,15 @@ SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET", "CREDENTIAL", "PASSWD")
 
 
 def setup_logging(run_dir: Path | None, rank: int) -> None:
+    """Console: rank 0's INFO, other ranks' warnings; `<run>/logs/rank-<r>.log`: everything, progress
+    lines included (the console has those from Progress already)."""
     log.handlers.clear()
     log.setLevel(logging.INFO)
     log.propagate = False
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S")
     h = logging.StreamHandler(sys.stderr)
     h.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    h.addFilter(lambda r: r.name != progress_log.name)
     h.setFormatter(fmt)
     log.addHandler(h)
     if run_dir:

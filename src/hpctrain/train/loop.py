@@ -23,7 +23,7 @@ from hpctrain.train import fastpath
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
-from hpctrain.train.metrics import MetricsWriter, Progress
+from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_at, warmup_steps
 
@@ -137,6 +137,8 @@ class Trainer:
                 bucket_cap_mb=t.ddp_bucket_mb)
             self.fwd_model = self.ddp
         self.step = 0
+        self.eval_pending = False  # this step ended an epoch whose eval has not run yet
+        self.last_saved_step = -1
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
 
     # ------------------------------------------------------------------ checkpoint state
@@ -150,6 +152,7 @@ class Trainer:
             "format": 1,
             "step": self.step,
             "epoch": self.step // self.steps_per_epoch,
+            "eval_pending": self.eval_pending,
             "model": self._fsdp().model_state(self.model) if self.fsdp else self.model.state_dict(),
             "optimizer": (self._fsdp().optimizer_state(self.model, self.optimizer) if self.fsdp
                           else self.optimizer.state_dict()),
@@ -175,6 +178,7 @@ class Trainer:
         if self.ema and st.get("ema"):
             self.ema.load_state_dict(st["ema"])
         self.step = int(st["step"])
+        self.eval_pending = bool(st.get("eval_pending", False))  # absent in older checkpoints
         rngs = st.get("rng") or []
         if len(rngs) == self.dist.world_size:
             mine = rngs[self.dist.rank]
@@ -206,7 +210,13 @@ class Trainer:
             log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
                         self.step, err or "see rank 0's log")
             return None
+        self.last_saved_step = self.step
         return path
+
+    def _checkpoint(self, out: Outcome) -> None:
+        """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file."""
+        if self.last_saved_step != self.step:
+            out.checkpoint = self.save() or out.checkpoint
 
     # ------------------------------------------------------------------ evaluation
 
@@ -289,6 +299,7 @@ class Trainer:
             self.load_state(resume[1], resume[0])
             out.resumed_from = self.step
             log.info("resumed from %s at step %d", resume[0], self.step)
+        self._supersede_records()
         g = self.cfg.data.batch_size
         progress = Progress(self.total_steps, self.dist.is_main)
         self.model.train()
@@ -304,6 +315,9 @@ class Trainer:
         bits = self._stop_bits(halt_at) if self.step < self.total_steps else 0
         if bits:  # a signal during start-up: nothing trained since the checkpoint we resumed from
             return self._stop(out, bits, start_wall, save=False)
+        if self.eval_pending:  # the last attempt stopped where an epoch's eval was due
+            self._eval_and_log(out, progress)
+            last_eval_step = self.step
         while self.step < self.total_steps:
             epoch, pos = divmod(self.step, self.steps_per_epoch)
             self.train_loader.set_epoch(epoch, pos * self.accum)
@@ -319,6 +333,7 @@ class Trainer:
                 seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
                 loss_acc += self.train_step(batches)
                 self.step += 1
+                self.eval_pending = self._eval_due()
                 win_steps += 1
                 tot_steps += 1
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
@@ -338,21 +353,19 @@ class Trainer:
                     loss_acc.zero_()
                     win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
                 if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
-                    out.checkpoint = self.save() or out.checkpoint
+                    self._checkpoint(out)
                 bits = self._stop_bits(halt_at)
                 if bits and self.step < self.total_steps:
                     progress.newline()
                     return self._stop(out, bits, start_wall, save=True)
             del it
-            if self.step % self.steps_per_epoch == 0:
-                ep = self.step // self.steps_per_epoch
-                if t.eval_every and ep % t.eval_every == 0 and self.step < self.total_steps:
-                    self._eval_and_log(out, progress)
-                    last_eval_step = self.step
+            if self.eval_pending:
+                self._eval_and_log(out, progress)
+                last_eval_step = self.step
         progress.newline()
         if last_eval_step != self.step:
             self._eval_and_log(out, progress)
-        out.checkpoint = self.save() or out.checkpoint
+        self._checkpoint(out)
         out.status, out.step = "finished", self.step
         out.epoch = self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
@@ -376,7 +389,7 @@ class Trainer:
     def _stop(self, out: Outcome, bits: int, start_wall: float, save: bool) -> Outcome:
         """Checkpoint at this step (every rank takes part) and end the run as stopped."""
         if save:
-            out.checkpoint = self.save() or out.checkpoint
+            self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
         out.stop_kind = stopmod.kind_of(bits)
         out.status = "halted" if out.stop_kind == "halt" else "preempted"
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
@@ -385,6 +398,28 @@ class Trainer:
         log.warning("stopped at step %d (%s)%s", self.step, out.stop_kind,
                     f"; checkpoint {out.checkpoint}" if save and out.checkpoint else "")
         return out
+
+    def _eval_due(self) -> bool:
+        """This step ends an epoch that `train.eval_every` evaluates (the last step has its own)."""
+        ep, pos = divmod(self.step, self.steps_per_epoch)
+        every = self.cfg.train.eval_every
+        return pos == 0 and every > 0 and ep % every == 0 and self.step < self.total_steps
+
+    def _supersede_records(self) -> None:
+        """Rank 0: move what an earlier attempt logged past this start out of metrics.jsonl, since
+        this run logs it again (the pending eval at this step included); one timeline per file."""
+        start, pending = self.step, self.eval_pending
+
+        def replayed(rec: dict) -> bool:
+            step = rec.get("step")
+            if not isinstance(step, (int, float)):
+                return False
+            return step > start or (pending and step == start and rec.get("kind") == "eval")
+
+        moved = self.metrics.supersede(replayed)
+        if moved:
+            log.info("moved %d metric lines an earlier attempt wrote past step %d to %s", moved, start,
+                     superseded_path(self.metrics.path).name)
 
     def _log_attention_kernel(self) -> None:
         """Say which SDPA kernel attention runs on: flash or cuDNN expected, math is the slow path."""
@@ -429,6 +464,7 @@ class Trainer:
             out.eval_ema = self.evaluate(self.ema.module)
             rec.update({f"ema_{k}": v for k, v in out.eval_ema.items()})
         self.metrics.write("eval", **rec)
+        self.eval_pending = False
         if self.dist.is_main and out.eval:
             log.info("eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, out.eval["top1"],
                      out.eval["top5"], out.eval["count"])

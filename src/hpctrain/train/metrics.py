@@ -5,21 +5,40 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("hpctrain")
+# Progress lines for the rank log files only: entry.setup_logging keeps them off the console,
+# where Progress already prints them (rank 0).
+progress_log = logging.getLogger("hpctrain.progress")
 
 
 class MetricsWriter:
-    """Appends JSON lines (rank 0 only); a requeued job appends to the same file."""
+    """Appends JSON lines (rank 0 only); a requeued job appends to the same file, once the
+    records it will write again are moved out (`supersede`)."""
 
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path else None
-        self._f = open(self.path, "a", buffering=1) if self.path else None  # noqa: SIM115
+        self._f = self._open()
         self.failed = False
+
+    def _open(self):
+        return open(self.path, "a", buffering=1) if self.path else None  # noqa: SIM115
+
+    def supersede(self, replayed: Callable[[dict], bool]) -> int:
+        """Move the records a resumed run will write again out of the file (see `supersede`)."""
+        if not self.path:
+            return 0
+        self.close()
+        try:
+            return supersede(self.path, replayed)
+        finally:
+            self._f = self._open()
 
     def write(self, kind: str, **fields: Any) -> None:
         if self._f:
@@ -38,6 +57,44 @@ class MetricsWriter:
             self._f = None
 
 
+def superseded_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.superseded{path.suffix}")
+
+
+def _write_synced(path: Path, lines: list[str], mode: str) -> None:
+    with open(path, mode) as f:
+        f.writelines(line + "\n" for line in lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def supersede(path: Path, replayed: Callable[[dict], bool]) -> int:
+    """Move records for which `replayed(rec)` holds, and lines cut by a crash, to
+    <stem>.superseded.jsonl; returns how many lines moved.
+
+    A run resuming from step k replays what an earlier attempt logged past k: without this,
+    metrics.jsonl would hold two timelines. Appending to the superseded file (synced) comes before
+    replacing metrics.jsonl (temp file, fsync, rename), so a crash in between duplicates lines,
+    never loses them. Dropping cut lines also keeps the next record off a line with no newline.
+    """
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        (moved if not isinstance(rec, dict) or replayed(rec) else keep).append(line)
+    if not moved:
+        return 0
+    _write_synced(superseded_path(path), moved, "a")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_synced(tmp, keep, "w")
+    os.replace(tmp, path)
+    return len(moved)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     p = Path(path)
     if not p.is_file():
@@ -52,16 +109,21 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 class Progress:
-    """One updating line on a terminal; plain lines in logs."""
+    """One updating line on a terminal (when `enabled`: rank 0); plain lines in logs.
+
+    Every rank also writes each line to its log file (`progress_log`): a rank that is slow or
+    stuck shows in its own log, not only in rank 0's console.
+    """
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled = total, enabled
         self.tty = enabled and sys.stdout.isatty()
 
     def update(self, step: int, text: str) -> None:
+        line = f"step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%) {text}"
+        progress_log.info(line)
         if not self.enabled:
             return
-        line = f"step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%) {text}"
         if self.tty:
             sys.stdout.write("\r" + line[:160].ljust(100))
             sys.stdout.flush()
