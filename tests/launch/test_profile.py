@@ -18,14 +18,15 @@ def test_shipped_profiles_load():
     names = sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
     assert names == ["example-ib", "example-roce", "local"]
     ib = load_profile("example-ib")
-    assert ib.fabric.kind == "ib" and ib.fabric.hcas[0] == "mlx5_0" and ib.fabric.ifname == "ib0"
+    assert ib.fabric.kind == "ib" and ib.fabric.hcas[0] == "mlx5_0" and ib.fabric.ifname == ""
     assert ib.container.runtime == "apptainer" and ib.container.image.endswith(".sif")
     assert load_profile("local").container.runtime == "none"
 
 
 def test_fabric_env_per_kind_and_overrides():
     ib = fabric_env(load_profile("example-ib"))
-    assert ib["NCCL_IB_HCA"].startswith("mlx5_0,mlx5_1") and ib["NCCL_SOCKET_IFNAME"] == "ib0"
+    assert ib["NCCL_IB_HCA"].startswith("mlx5_0,mlx5_1") and "NCCL_SOCKET_IFNAME" not in ib
+    assert "GLOO_SOCKET_IFNAME" not in ib  # IPoIB names differ per site: unset unless the profile says
     assert ib["NCCL_IB_TIMEOUT"] == "22" and ib["NCCL_IB_RETRY_CNT"] == "7"
     assert ib["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "NCCL_IB_GID_INDEX" not in ib
     roce = fabric_env(load_profile("example-roce"))

@@ -1,41 +1,77 @@
-"""The requeue decision every rank takes alike after a USR2 stop (counted and capped)."""
+"""The requeue decision rank 0 takes after a stop, with separate caps for preemptions and the rest."""
 
 from __future__ import annotations
 
-from hpctrain.launch.requeue import after_stop, decide
+import json
+
+import pytest
+
+from hpctrain.errors import LaunchError
+from hpctrain.launch.requeue import Budget, after_stop, budget, check_budget, decide
 
 
-def test_decide_counts_and_caps_requeues():
-    assert decide({})[0] is False  # not under Slurm: nothing to requeue
-    ok, why = decide({"SLURM_JOB_ID": "42", "HPCTRAIN_MAX_REQUEUES": "2"})
-    assert ok and "1/2" in why
-    ok, why = decide({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1", "HPCTRAIN_MAX_REQUEUES": "2"})
-    assert ok and "2/2" in why
-    ok, why = decide({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "2", "HPCTRAIN_MAX_REQUEUES": "2"})
+def test_time_limit_requeues_are_capped_by_max_requeues():
+    b = Budget("42", restarts=0, preemptions=0, max_requeues=2, max_preemptions=-1)
+    assert decide("time_limit", b) == (True, "requeueing job 42 after its time limit (1/2)")
+    ok, why = decide("time_limit", Budget("42", 2, 0, 2, -1))
     assert not ok and "max_requeues=2" in why
-    assert not decide({"SLURM_JOB_ID": "42", "HPCTRAIN_MAX_REQUEUES": "0"})[0]
+    assert not decide("time_limit", Budget("42", 0, 0, 0, -1))[0]
+    assert not decide("halt", b)[0]  # train.halt_at is a planned stop
 
 
-def test_only_a_preempted_run_is_requeued(monkeypatch):
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert after_stop({"status": "finished"}, 0) is False
-    assert after_stop({"status": "halted"}, 0) is False
-    assert after_stop({"status": "preempted", "step": 3}, 1) is False  # no Slurm job: keep the result
+def test_preemptions_do_not_use_up_the_time_limit_budget():
+    """A preemptible partition may preempt a long run many times: unlimited by default."""
+    b = Budget("7", restarts=12, preemptions=12, max_requeues=1, max_preemptions=-1)
+    assert b.others == 0
+    assert decide("preemption", b) == (True, "requeueing job 7 after preemption 13")
+    assert decide("time_limit", b)[0]  # its one time-limit requeue is still there
+    capped = Budget("7", restarts=3, preemptions=2, max_requeues=5, max_preemptions=2)
+    ok, why = decide("preemption", capped)
+    assert not ok and "max_preemptions=2" in why
+    check_budget(capped)
+    with pytest.raises(LaunchError, match="preempted 3 times"):
+        check_budget(Budget("7", 3, 3, 5, 2))
+    with pytest.raises(LaunchError, match="restarted 2 times for time limits or failures"):
+        check_budget(Budget("7", restarts=4, preemptions=2, max_requeues=1, max_preemptions=-1))
+
+
+def test_budget_counts_this_jobs_preemption_requeues_from_the_run(tmp_path):
+    recs = [{"kind": "requeue", "job": "5", "reason": "preemption", "requeue": True, "step": 3},
+            {"kind": "requeue", "job": "5", "reason": "time_limit", "requeue": True, "step": 6},
+            {"kind": "requeue", "job": "4", "reason": "preemption", "requeue": True, "step": 1},  # another job
+            {"kind": "requeue", "job": "5", "reason": "preemption", "requeue": False, "step": 9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    b = budget(tmp_path, {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "3", "HPCTRAIN_MAX_REQUEUES": "4"})
+    assert (b.restarts, b.preemptions, b.others, b.max_requeues, b.max_preemptions) == (3, 1, 2, 4, -1)
+    assert budget(tmp_path, {}) is None
+
+
+def test_stop_decision_goes_to_the_stop_file_for_the_batch_shell(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    stop_file = tmp_path / ".hpctrain" / "stop-5"
+    env = {"SLURM_JOB_ID": "5", "HPCTRAIN_STOP_FILE": str(stop_file), "HPCTRAIN_MAX_REQUEUES": "1"}
+    summary = {"status": "preempted", "stop_kind": "time_limit", "step": 8, "rank": 0, "run_dir": str(run)}
+    assert after_stop(summary, env=env) is True
+    assert stop_file.read_text().splitlines() == ["requeue", "requeueing job 5 after its time limit (1/1)"]
+    env["SLURM_RESTART_COUNT"] = "1"
+    assert after_stop(summary, env=env) is False
+    assert stop_file.read_text().splitlines()[0] == "end"
+    assert after_stop({**summary, "status": "finished"}, env=env) is False
+    assert after_stop(summary, env={"SLURM_JOB_ID": "5"}) is False  # not under our batch script
 
 
 def test_status_reads_a_stopped_run(tmp_path):
     """A run whose last record is a stop says so; once resumed past it, it no longer does."""
-    import json
-
     from hpctrain.launch.status import run_status
 
     recs = [{"kind": "train", "step": 4, "epoch": 0.2, "loss": 2.0},
             {"kind": "checkpoint", "step": 4, "path": "ck/step-4.pt"},
-            {"kind": "stop", "step": 4, "reason": "preempted"}]
+            {"kind": "stop", "step": 4, "reason": "preempted", "stop_kind": "preemption"}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "job.json").write_text(json.dumps({"job_id": "7", "executor": "local"}))
     text = run_status(str(tmp_path)).text()
-    assert "stopped at step 4: preempted" in text and "requeues       1" in text
+    assert "stopped at step 4: preemption" in text and "requeues       1" in text
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"kind": "train", "step": 5, "epoch": 0.25, "loss": 1.9}) + "\n")
         f.write(json.dumps({"kind": "end", "step": 5, "status": "finished"}) + "\n")

@@ -50,11 +50,13 @@ def test_dry_run_16_nodes_without_torch():
                  "#SBATCH --signal=USR2@300", "module purge", "module load $HPCTRAIN_MODULES",
                  "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
                  "export NCCL_IB_HCA=${NCCL_IB_HCA-mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7}",
-                 "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME-ib0}",
                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
                  "apptainer exec --nv --env PYTHONNOUSERSITE=1 --bind /datasets",
-                 "srun --kill-on-bad-exit=1", "-u -m submitit.core._submit"):
+                 "srun --kill-on-bad-exit=1", "-u -m hpctrain.launch.task",
+                 "export HPCTRAIN_MAX_PREEMPTIONS=-1", "trap 'hpctrain_pass TERM' TERM",
+                 'scontrol requeue "$SLURM_JOB_ID"'):
         assert line in s, line
+    assert "SOCKET_IFNAME" not in s
     assert "image '/shared/images/hpctrain-pytorch-23.12.sif' does not exist" in r.stderr  # a note only
     assert subprocess.run(["bash", "-n"], input=s, text=True).returncode == 0
 

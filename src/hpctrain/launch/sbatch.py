@@ -153,8 +153,8 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "",
              "set -eo pipefail", ""]
     if standalone:
-        lines += ["# What to train: a config file and ';'-separated key=value overrides (the environment",
-                  "# wins).",
+        lines += ["# What to train: a config file and key=value overrides, a JSON list or one per line (the",
+                  "# environment wins).",
                   f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
                   f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]

@@ -197,10 +197,13 @@ def standalone_plan(cfg: Config, profile, req: Request, command: str, config: st
         "",
         "Run as is:  sbatch slurm/vit.sbatch",
         "Overrides need no edit: sbatch options on the command line win over the #SBATCH lines, and",
-        "the settings below read the environment, e.g. on a CPU-only cluster without the image:",
+        "the settings below read the environment. E.g. from the repository root on a CPU-only cluster",
+        "without the image (a test runs exactly these lines on its Slurm test cluster):",
         "  CONTAINER=none HPCTRAIN_MODULES= HPCTRAIN_CONFIG=configs/digits_vit.yaml \\",
-        "  HPCTRAIN_SET='[\"data.root=/data/digits\", \"train.epochs=5\"]' \\",
-        "  sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --mem=0 --partition=debug slurm/vit.sbatch",
+        "  HPCTRAIN_SET='[\"data.prepare=digits\", \"data.root=data/digits\", \"run.name=cpu-example\", "
+        "\"train.epochs=1\"]' \\",
+        "  sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --mem=0 --partition=debug \\",
+        "  slurm/vit.sbatch",
         "",
     ]
     plan = plan_job(cfg, profile, req, standalone=True, header=header)

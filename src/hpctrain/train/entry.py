@@ -66,6 +66,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         "hpctrain": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "cuda": torch.version.cuda, "host": socket.gethostname(), "device": str(device),
         "world_size": info.world_size, "launcher": info.source, "git_commit": _git_commit(),
+        "rendezvous": f"{info.master_addr}:{info.master_port}" if info.world_size > 1 else None,
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if device.type == "cuda":
