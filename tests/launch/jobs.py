@@ -1,0 +1,88 @@
+"""Helpers for jobs on the session's Slurm test cluster (tests/slurm_cluster.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import run_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+metrics = run_metrics
+
+
+def hp(cluster, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 120):
+    """`hpctrain …` against the test cluster ($SLURM_CONF set, no $HPCTRAIN_CLUSTER)."""
+    e = {k: v for k, v in cluster.env.items() if k != "HPCTRAIN_CLUSTER"}
+    e.update(OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
+                          cwd=cwd, env=e, timeout=timeout)
+
+
+def digits_sets(root: Path, run_dir: Path, name: str, *extra: str) -> list[str]:
+    out = []
+    for s in (f"data.root={root}", f"run.dir={run_dir}", f"run.name={name}", "train.threads=1", *extra):
+        out += ["--set", s]
+    return out
+
+
+def submit(cluster, *args: str, env: dict | None = None) -> str:
+    r = hp(cluster, "submit", "--config", "configs/digits_vit.yaml", *args, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return re.search(r"submitted Slurm job (\d+)", r.stdout).group(1)
+
+
+def sacct_states(cluster, job: str) -> list[str]:
+    """Every run of the job, oldest first (REQUEUED … COMPLETED)."""
+    r = cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State", check=False)
+    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+
+
+def rank_hosts(run_dir: Path) -> dict[int, tuple[int, str]]:
+    """rank → (world size, host) from each rank's log."""
+    out = {}
+    for log in sorted((run_dir / "logs").glob("rank-*.log")):
+        m = re.search(r"world size (\d+) .* rank (\d+) on host (\S+)", log.read_text())
+        if m:
+            out[int(m.group(2))] = (int(m.group(1)), m.group(3))
+    return out
+
+
+
+def wait_for_step(run_dir: Path, step: int, timeout: float) -> int:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        steps = [r["step"] for r in metrics(run_dir, "train")]
+        if steps and steps[-1] >= step:
+            return steps[-1]
+        time.sleep(0.5)
+    raise TimeoutError(f"{run_dir} did not reach step {step} in {timeout} s")
+
+
+def check_run_dir(run_dir: Path, world: int) -> None:
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "env.json").is_file()
+    assert metrics(run_dir, "end") and metrics(run_dir, "eval")
+    assert (run_dir / "checkpoints" / "latest").is_file()
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [f"rank-{r}.log" for r in range(world)]
+    hosts = rank_hosts(run_dir)
+    assert sorted(hosts) == list(range(world)) and {w for w, _ in hosts.values()} == {world}
+    assert {h for _, h in hosts.values()} == {"n1", "n2"}
+
+
+def task_pid(job: str, rank: int) -> int | None:
+    """The Python process of one task of our job (found by its Slurm environment)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = dict(x.split("=", 1) for x in (d / "environ").read_text().split("\0") if "=" in x)
+            argv0 = (d / "cmdline").read_text().split("\0")[0]
+        except OSError:
+            continue
+        if (env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env
+                and Path(argv0).name.startswith("python")):
+            return int(d.name)
+    return None

@@ -1,0 +1,232 @@
+"""Stops and requeues on the Slurm test cluster, as real sites send them, with the tasks inside a
+container that has no Slurm client (tests/launch/fake_apptainer.sh masks every Slurm command).
+
+Every signal path ends in a run whose final weights equal an uninterrupted run's (`torch.equal`),
+resumed at the step where it stopped — or, when srun itself kills the tasks (it turns a SIGTERM
+it receives into SIGKILL), at the last periodic checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.dist import port_from_job_id
+from tests.helpers import digits_args, run_ranks
+from tests.launch.jobs import ROOT, digits_sets, hp, metrics, sacct_states, submit, wait_for_step
+from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
+
+pytestmark = pytest.mark.slurm
+FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
+STEPS = 66  # 3 epochs of digits at batch 64 on 2 ranks
+SETS = ("train.epochs=3", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=10")
+
+
+@pytest.fixture(scope="module")
+def reference(digits_root, tmp_path_factory) -> dict:
+    """The uninterrupted run's final weights (2 local gloo ranks, same config, threads pinned)."""
+    d = tmp_path_factory.mktemp("ref")
+    run_ranks(2, digits_args(digits_root, d, "ref", "train.threads=1", *SETS, "train.ckpt_every=0"))
+    return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory) -> tuple[Path, dict]:
+    """A profile whose tasks run through the fake `apptainer exec`, and the env that finds it."""
+    d = tmp_path_factory.mktemp("container")
+    (d / "bin").mkdir()
+    (d / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
+    (d / "image.sif").write_bytes(b"not an image: the fake apptainer runs the host python")
+    prof = d / "container.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": "no-slurm-in-container",
+        "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "30",
+                  "max_requeues": 3},
+        "container": {"runtime": "apptainer", "image": str(d / "image.sif")}}))
+    import os
+
+    env = {"PATH": f"{d / 'bin'}:{os.environ['PATH']}", "FAKE_APPTAINER_PYTHON": sys.executable}
+    return prof, env
+
+
+def submit_job(cluster, container, digits_root, tmp_path, name: str, *args: str) -> str:
+    prof, env = container
+    return submit(cluster, "--cluster", str(prof), "--nodes", "2", *args,
+                  *digits_sets(digits_root, tmp_path, name, *SETS), env=env)
+
+
+def assert_same_weights(run: Path, reference: dict) -> None:
+    final = ckpt.load(ckpt.list_checkpoints(run)[0])
+    assert final["step"] == STEPS
+    assert all(torch.equal(final["model"][k], v) for k, v in reference.items())
+
+
+def resumed_at(run: Path) -> list[int]:
+    log0 = (run / "logs" / "rank-0.log").read_text()
+    return [int(s) for s in re.findall(r"INFO resumed from \S+ at step (\d+)$", log0, re.M)]
+
+
+# how each path is sent: (scancel/scontrol arguments, kind recorded by the tasks or None when the
+# tasks are killed before they can stop, requeued by the batch shell?)
+PATHS = {
+    "scancel USR2": (["scancel", "--signal=USR2"], "time_limit"),
+    "scancel USR2 --batch": (["scancel", "--signal=USR2", "--batch"], "time_limit"),
+    "scancel USR2 --full": (["scancel", "--signal=USR2", "--full"], "time_limit"),
+    "scancel TERM": (["scancel", "--signal=TERM"], "preemption"),
+    "scancel TERM --full": (["scancel", "--signal=TERM", "--full"], None),
+    "scontrol requeue": (["scontrol", "requeue"], "preemption"),
+}
+
+
+def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
+        slurm_cluster, container, digits_root, tmp_path, reference):
+    """Six jobs at once, each stopped one way mid-run; none can run a Slurm command in its tasks."""
+    jobs = {label: submit_job(slurm_cluster, container, digits_root, tmp_path, f"j{i}")
+            for i, label in enumerate(PATHS)}
+    runs = {label: tmp_path / f"j{i}" for i, label in enumerate(PATHS)}
+    sent = set()
+    deadline = time.monotonic() + 400
+    while len(sent) < len(PATHS):  # signal each job once it has trained 12 steps (one checkpoint)
+        assert time.monotonic() < deadline, f"jobs never reached step 12: {set(PATHS) - sent}"
+        for label, (cmd, _) in PATHS.items():
+            steps = [r["step"] for r in metrics(runs[label], "train")]
+            if label not in sent and steps and steps[-1] >= 12:
+                slurm_cluster.run(*cmd, jobs[label])
+                sent.add(label)
+        time.sleep(0.3)
+    for label, (_, kind) in PATHS.items():
+        job, run = jobs[label], runs[label]
+        assert slurm_cluster.wait_done(job, 400) == "COMPLETED", (label, sacct_states(slurm_cluster, job))
+        assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"], label
+        stops = metrics(run, "stop")
+        if kind is None:  # srun got the TERM and SIGKILLed its tasks: back to the last checkpoint
+            assert stops == [] and resumed_at(run) and resumed_at(run)[0] % 10 == 0, (label, resumed_at(run))
+        else:
+            assert [s["stop_kind"] for s in stops] == [kind], (label, stops)
+            assert resumed_at(run) == [stops[0]["step"]], label  # nothing lost
+            (req,) = metrics(run, "requeue")
+            assert req["requeue"] and req["reason"] == kind and req["job"] == job
+        assert_same_weights(run, reference)
+        out = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_0_log.out"))
+        assert "scontrol requeue" not in out.lower() or "failed" not in out.lower(), out
+        env = json.loads((run / "env.json").read_text())
+        assert env["launcher"] == "submitit-slurm" and env["env"]["SLURM_RESTART_COUNT"] == "1"
+    st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
+    assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
+    st = hp(slurm_cluster, "status", jobs["scancel USR2 --batch"]).stdout
+    assert "requeues       1 (0 after preemption, 1 after a time limit" in st, st
+
+
+def test_partition_preemption_with_grace_time_resumes_exactly(
+        slurm_cluster, container, digits_root, tmp_path, reference):
+    """A job in the urgent partition takes both nodes: ours gets SIGTERM, checkpoints within the
+    GraceTime, and — since a job that ends inside its grace time is COMPLETED, not requeued, by
+    Slurm — the batch shell requeues it; it resumes at that step once the urgent job is done."""
+    job = submit_job(slurm_cluster, container, digits_root, tmp_path, "pre", "--partition", PREEMPTIBLE)
+    run = tmp_path / "pre"
+    wait_for_step(run, 12, 300)
+    t0 = time.monotonic()
+    urgent = slurm_cluster.run("sbatch", "--parsable", f"--partition={URGENT}", "-N2", "--exclusive",
+                               f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
+    assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
+    assert slurm_cluster.wait_done(job, 400) == "COMPLETED"
+    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    (stop,) = metrics(run, "stop")
+    assert stop["stop_kind"] == "preemption" and resumed_at(run) == [stop["step"]]
+    assert time.monotonic() - t0 < 400
+    assert_same_weights(run, reference)
+    assert "received SIGTERM" in (run / "logs" / "rank-0.log").read_text()
+    assert GRACE_TIME > 5  # the checkpoint fitted in the grace time: no SIGKILL, nothing lost
+
+
+def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(
+        slurm_cluster, container, digits_root, tmp_path):
+    prof, env = container
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof),
+         "--cluster-set", "slurm.max_requeues=0", "--nodes", "2", "--wait",
+         *digits_sets(digits_root, tmp_path, "cap", *SETS)],
+        cwd=ROOT, env={**slurm_cluster.env, "OMP_NUM_THREADS": "1", **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "cap"
+    wait_for_step(run, 5, 300)
+    job = json.loads((run / "job.json").read_text())["job_id"]
+    slurm_cluster.run("scancel", "--signal=USR2", job)
+    out = waiter.communicate(timeout=300)[0]
+    assert waiter.returncode == 1, out
+    assert "FAILED" in out and "not requeued" in out and "max_requeues=0" in out, out
+    st = hp(slurm_cluster, "status", job)
+    assert st.returncode == 1 and "max_requeues=0" in st.stdout
+    shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*log*"))  # batch shell's output too
+    assert "hpctrain: stopped and not requeued" in shell, shell
+
+
+def test_array_elements_sharing_a_node_rendezvous_apart(slurm_cluster, digits_root, tmp_path):
+    """Two array elements whose rank 0 share n1, started by plain sbatch with the login shell's
+    stale MASTER_ADDR/MASTER_PORT exported: each derives its own port from its SLURM_JOB_ID."""
+    wrap = ("export HPCTRAIN_SET=$(printf '[\"data.root=%s\", \"run.dir=%s\", \"run.name=arr%s\", "
+            "\"train.max_steps=6\", \"train.threads=1\", \"train.eval_every=0\"]' \"$DIGITS\" \"$RUNS\" "
+            "\"$SLURM_ARRAY_TASK_ID\"); exec bash \"$SBATCH_SCRIPT\"")
+    env = {"CONTAINER": "none", "HPCTRAIN_MODULES": "", "HPCTRAIN_CONFIG": str(ROOT / "configs/digits_vit.yaml"),
+           "DIGITS": str(digits_root), "RUNS": str(tmp_path), "SBATCH_SCRIPT": str(ROOT / "slurm" / "vit.sbatch"),
+           "MASTER_ADDR": "login-node.invalid", "MASTER_PORT": "1", "OMP_NUM_THREADS": "1"}
+    r = slurm_cluster.run("sbatch", "--parsable", "--array=0-1", "--nodes=1", "--ntasks-per-node=2",
+                          "--cpus-per-task=1", "--nodelist=n1", f"--partition={slurm_cluster.partition}",
+                          f"--output={tmp_path}/arr-%A_%a.out", "--wrap", wrap, env=env, cwd=tmp_path)
+    array = r.stdout.strip()
+    for i in (0, 1):
+        out = tmp_path / f"arr-{array}_{i}.out"
+        assert slurm_cluster.wait_done(f"{array}_{i}", 300) == "COMPLETED", out.read_text()
+    recs = [json.loads((tmp_path / f"arr{i}" / "env.json").read_text()) for i in (0, 1)]
+    jobs = [rec["env"]["SLURM_JOB_ID"] for rec in recs]
+    assert len(set(jobs)) == 2
+    for rec, job in zip(recs, jobs):
+        assert rec["rendezvous"] == f"n1:{port_from_job_id(job)}" and rec["launcher"] == "sbatch-script"
+    assert recs[0]["rendezvous"] != recs[1]["rendezvous"]
+
+
+def header_example() -> str:
+    """The usage example in slurm/vit.sbatch's header, as a shell command line."""
+    lines = (ROOT / "slurm" / "vit.sbatch").read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if "a test runs exactly these lines" in x) + 1
+    body = []
+    for x in lines[start:]:
+        if not x.startswith("#   "):
+            break
+        body.append(x[4:])
+    return "\n".join(body)
+
+
+def test_sbatch_header_example_runs_as_written_on_a_cpu_only_cluster(slurm_cluster, tmp_path):
+    """Copy the repository's configs/ and slurm/ to a fresh directory and run the header's lines
+    there, word for word; `hpctrain status <job>` finds the run from the job id alone, also right
+    after submission (accounting may not know the job yet)."""
+    import shutil
+
+    shutil.copytree(ROOT / "configs", tmp_path / "configs", symlinks=False)
+    (tmp_path / "slurm").mkdir()
+    shutil.copy(ROOT / "slurm" / "vit.sbatch", tmp_path / "slurm" / "vit.sbatch")
+    cmd = header_example()
+    assert "sbatch" in cmd and "slurm/vit.sbatch" in cmd
+    r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env={**slurm_cluster.env, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.split()[-1]
+    early = hp(slurm_cluster, "status", job, cwd=tmp_path)
+    assert early.returncode == 0 and job in early.stdout, early.stdout + early.stderr
+    assert slurm_cluster.wait_done(job, 300) == "COMPLETED", next(tmp_path.glob("slurm-*.out")).read_text()
+    run = tmp_path / "runs" / "cpu-example"
+    assert metrics(run, "end")[-1]["status"] == "finished"
+    st = hp(slurm_cluster, "status", job, cwd=tmp_path)
+    assert st.returncode == 0 and "COMPLETED" in st.stdout and str(run) in st.stdout, st.stdout
+    logs = hp(slurm_cluster, "logs", job, cwd=tmp_path)
+    assert "rank 0 on host n1" in logs.stdout
