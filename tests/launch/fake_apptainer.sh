@@ -1,28 +1,63 @@
 #!/bin/bash
-# A stand-in for `apptainer exec` that reproduces the one property the requeue path relies on:
-# inside the container no Slurm client can run. Like Apptainer it sets its own PATH and keeps the
-# rest of the environment (plus --env K=V); unlike the host, every Slurm command is masked (a
-# private mount namespace binds /dev/null over each) and SLURM_CONF is unset, as in the NGC and
-# pytorch images, which ship no Slurm client, munge socket or slurm.conf.
-# Usage (as the batch script calls it): apptainer exec [--nv] [--env K=V] [--bind X] IMAGE python3 ARGS...
+# A stand-in for `apptainer exec` that reproduces what the launch path relies on, no more:
+# - inside the "container" no Slurm client can run: every Slurm command is masked (a private mount
+#   namespace binds /dev/null over each) and SLURM_CONF is unset, as in the NGC and pytorch images,
+#   which ship no Slurm client, munge socket or slurm.conf;
+# - Apptainer's environment rules: its own PATH; the host environment passes unless --cleanenv;
+#   APPTAINERENV_X=v becomes X=v inside, even with --cleanenv; --env K=V sets K;
+# - --bind SRC[:DST[:ro]] makes SRC visible at DST (a bind mount in that namespace);
+# - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
+#   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
+# Usage (as the batch script calls it): apptainer exec [--nv] [--cleanenv] [--env K=V] [--bind X] IMAGE CMD...
 set -euo pipefail
+if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
+  shift
+  for c in scontrol sbatch squeue sacct srun scancel sinfo salloc; do
+    p=$(command -v "$c" || true)
+    if [ -n "$p" ]; then mount --bind /dev/null "$p"; fi
+  done
+  while IFS= read -r b; do
+    [ -n "$b" ] || continue
+    IFS=: read -r src dst opts <<< "$b"
+    dst=${dst:-$src}
+    mkdir -p "$dst"  # Apptainer creates missing mount points (underlay)
+    mount --bind "$src" "$dst"
+    if [ "${opts:-}" = ro ]; then mount -o remount,bind,ro "$dst"; fi
+  done <<< "$FAKE_BINDS"
+  envs=()
+  while IFS= read -r -d '' kv; do
+    case "$kv" in
+      APPTAINERENV_*) envs+=("${kv#APPTAINERENV_}") ;;
+      FAKE_*|SLURM_CONF=*|PATH=*|PYTHONPATH=*) ;;
+      *) if [ "$FAKE_CLEANENV" = 0 ]; then envs+=("$kv"); fi ;;
+    esac
+  done < <(env -0)
+  pypath=""
+  for kv in ${FAKE_HOST_PYTHONPATH:+"PYTHONPATH=$FAKE_HOST_PYTHONPATH"} "${envs[@]}"; do
+    case "$kv" in PYTHONPATH=*) pypath=${kv#PYTHONPATH=} ;; esac
+  done
+  [ "$FAKE_CLEANENV" = 0 ] || case " ${envs[*]} " in *" PYTHONPATH="*) ;; *) pypath="" ;; esac
+  site=${FAKE_APPTAINER_SITE:-}
+  pypath=${pypath:+$pypath${site:+:}}$site
+  cmd=("$@")
+  [ "${cmd[0]}" = python3 ] && cmd[0]=$FAKE_APPTAINER_PYTHON
+  exec env -i "${envs[@]}" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
+fi
 [ "${1:-}" = exec ] || { echo "fake apptainer: only 'exec' is supported" >&2; exit 2; }
 shift
+export FAKE_CLEANENV=0 FAKE_BINDS="" FAKE_HOST_PYTHONPATH="${PYTHONPATH:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --nv) shift ;;
-    --env) export "$2"; shift 2 ;;
-    --bind|-B) shift 2 ;;
+    --cleanenv|-e) FAKE_CLEANENV=1; shift ;;
+    --env) export "APPTAINERENV_$2"; shift 2 ;;
+    --bind|-B) FAKE_BINDS+="$2"$'\n'; shift 2 ;;
     -*) echo "fake apptainer: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-image=$1; shift
-[ -f "$image" ] || { echo "fake apptainer: image $image not found" >&2; exit 255; }
-[ "$1" = python3 ] && shift && set -- "${FAKE_APPTAINER_PYTHON:?the image python}" "$@"
-masks=""
-for c in scontrol sbatch squeue sacct srun scancel sinfo salloc; do
-  p=$(command -v "$c" || true)
-  [ -n "$p" ] && masks="$masks mount --bind /dev/null $p;"
-done
-exec unshare --mount sh -c "$masks"' exec env -u SLURM_CONF PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"' fake-apptainer "$@"
+[ -f "$1" ] || { echo "fake apptainer: image $1 not found" >&2; exit 255; }
+shift
+: "${FAKE_APPTAINER_PYTHON:?the image python}"
+exec unshare --mount "$0" --inside "$@"

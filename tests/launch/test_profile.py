@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hpctrain.config import ConfigError, load
-from hpctrain.launch.modules import module_lines
+from hpctrain.launch.modules import job_module_lines, module_lines
 from hpctrain.launch.nccl import fabric_env
 from hpctrain.launch.profile import CLUSTER_DIR, load_profile, time_minutes
 from hpctrain.launch.submit import LaunchError, Request, plan_job
@@ -58,12 +58,36 @@ def test_time_limits():
         [90, 11, 1440, 2880, 1560]
 
 
-def test_module_lines_source_lmod_when_missing():
+def test_module_lines_find_the_module_system_as_sites_have_it(tmp_path):
+    """`module` missing in a plain batch shell: Lmod's init from $LMOD_PKG, then $MODULESHOME, then
+    Debian's path; no `module purge` unless the profile asks (it can remove apptainer or slurm)."""
     text = "\n".join(module_lines(["cuda/12.4", "nccl"], ["/opt/mods dir"]))
-    assert ". /usr/share/lmod/lmod/init/bash" in text and "type module" in text
-    assert "module purge" in text and "module load $HPCTRAIN_MODULES" in text
-    assert "module use '/opt/mods dir'" in text
-    assert module_lines([]) == []
+    assert "module purge" not in text and "module load $HPCTRAIN_MODULES" in text
+    assert "module use '/opt/mods dir'" in text and module_lines([]) == []
+    assert "module purge" in "\n".join(module_lines(["x"], purge=True))
+    fake = tmp_path / "lmod" / "init"
+    fake.mkdir(parents=True)
+    (fake / "bash").write_text('module() { echo "site module $*"; }\n')
+    script = "\n".join(["HPCTRAIN_MODULES=", *module_lines(["a/1", "b"])]) + "\n"
+    env = {"PATH": "/usr/bin:/bin", "LMOD_PKG": str(tmp_path / "lmod"), "HPCTRAIN_MODULES": "a/1 b"}
+    r = subprocess.run(["bash", "-c", script.replace("HPCTRAIN_MODULES=\n", "")], env=env, capture_output=True,
+                       text=True)
+    assert r.stdout.strip() == "site module load a/1 b", r.stdout + r.stderr
+    env = {"PATH": "/usr/bin:/bin", "MODULESHOME": str(tmp_path / "lmod")}
+    r = subprocess.run(["bash", "-c", script.replace("HPCTRAIN_MODULES=\n", "")], env=env, capture_output=True,
+                       text=True)
+    assert r.stdout.strip() == "site module load a/1 b", r.stdout + r.stderr
+
+
+def test_job_modules_follow_the_runtime():
+    """Container jobs load `container_modules` (e.g. apptainer), host-Python jobs `modules`."""
+    lines = job_module_lines(["cuda/12.4"], ["apptainer"], [], False)
+    for runtime, loaded in (("none", "cuda/12.4"), ("apptainer", "apptainer")):
+        script = "\n".join([f"CONTAINER={runtime}", "module() { echo \"module $*\"; }", *lines])
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+        assert r.stdout.strip() == f"module load {loaded}", r.stdout + r.stderr
+    ib = load_profile("example-ib")
+    assert ib.container_modules == ["apptainer"] and not ib.module_purge
 
 
 def test_plan_refuses_impossible_requests():

@@ -47,16 +47,19 @@ def test_dry_run_16_nodes_without_torch():
     assert r.returncode == 0, r.stderr
     s = r.stdout
     for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR2@300", "module purge", "module load $HPCTRAIN_MODULES",
+                 "#SBATCH --signal=USR2@300", "module load $hpctrain_modules",
                  "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
+                 "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
+                 "apptainer exec --nv --cleanenv --bind /datasets", "export APPTAINERENV_PYTHONNOUSERSITE=1",
+                 'HPCTRAIN_PYTHON+=(--bind "$HPCTRAIN_SOURCE:/opt/hpctrain-src/hpctrain:ro")',
+                 "export HPCTRAIN_SOURCE_HASH=", "export HPCTRAIN_SUBMITIT_VERSION=",
                  "export NCCL_IB_HCA=${NCCL_IB_HCA-mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7}",
                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
-                 "apptainer exec --nv --env PYTHONNOUSERSITE=1 --bind /datasets",
                  "srun --kill-on-bad-exit=1", "-u -m hpctrain.launch.task",
                  "export HPCTRAIN_MAX_PREEMPTIONS=-1", "trap 'hpctrain_pass TERM' TERM",
                  'scontrol requeue "$SLURM_JOB_ID"'):
         assert line in s, line
-    assert "SOCKET_IFNAME" not in s
+    assert "SOCKET_IFNAME" not in s and "module purge" not in s
     assert "image '/shared/images/hpctrain-pytorch-23.12.sif' does not exist" in r.stderr  # a note only
     assert subprocess.run(["bash", "-n"], input=s, text=True).returncode == 0
 

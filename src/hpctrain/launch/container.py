@@ -24,21 +24,52 @@ def bind_list(container: ContainerSection, paths: list[str]) -> list[str]:
     return out
 
 
-def python_lines(container: ContainerSection, binds: list[str], host_python: str) -> list[str]:
-    """Define the bash array $HPCTRAIN_PYTHON: the command that starts Python in every task."""
+# Host variables a task needs inside the image (Apptainer's --cleanenv drops the rest: a module's
+# PYTHONPATH, PYTHONHOME, CUDA_HOME, LD_LIBRARY_PATH must not reach the image's Python).
+PASS_ENV = ("SLURM_*", "SLURMD_NODENAME", "NCCL_*", "TORCH_*", "HPCTRAIN_*", "SUBMITIT_*", "MASTER_ADDR",
+            "MASTER_PORT", "GLOO_*", "UCX_*", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+            "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "TMPDIR", "USER", "LANG", "LC_*", "TZ")
+
+
+def cleanenv_wrapper(extra: list[str] = ()) -> str:
+    """A bash program run per task, on its node, just before `apptainer exec --cleanenv`: copy the
+    allowed variables into APPTAINERENV_* (which Apptainer passes even with --cleanenv). It must run
+    per task: slurmstepd sets SLURM_PROCID and friends only there."""
+    pats = "|".join((*PASS_ENV, *extra))
+    return ('for v in $(compgen -e); do case $v in ' + pats + ') export "APPTAINERENV_$v=${!v}";; esac; done; '
+            'exec "$@"')
+
+
+def python_lines(container: ContainerSection, binds: list[str], host_python: str, source: str = "") -> list[str]:
+    """Define the bash array $HPCTRAIN_PYTHON: the command that starts Python in every task.
+
+    In the image: a clean environment plus the allow-list, the job's binds, and `source` (the
+    submitting hpctrain package, a shell word) bound at `container.source_mount` first on
+    PYTHONPATH, so the tasks run the code that submitted the job (hpctrain.source)."""
     q = shlex.quote
-    apptainer = ["apptainer", "exec", "--nv", "--env", "PYTHONNOUSERSITE=1"]
+    apptainer = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", "apptainer", "exec", "--nv", "--cleanenv"]
     for b in binds:
         apptainer += ["--bind", q(b)]
-    apptainer += ['"$HPCTRAIN_IMAGE"', q(container.python)]
+    mount = container.source_mount.rstrip("/")
     return [
         f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
         f"HPCTRAIN_IMAGE=${{HPCTRAIN_IMAGE-{q(container.image)}}}",
+        f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
         'if [ "$CONTAINER" = none ]; then',
         f"  {PY_VAR}=({host_python})",
         "else",
         '  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '
         '(set HPCTRAIN_IMAGE, or CONTAINER=none)" >&2; exit 1; fi',
+        f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env))}",
         f"  {PY_VAR}=({' '.join(apptainer)})",
+        "  export APPTAINERENV_PYTHONNOUSERSITE=1",
+        '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitting hpctrain, ahead of the image\'s copy',
+        '    if [ ! -d "$HPCTRAIN_SOURCE" ]; then echo "hpctrain: HPCTRAIN_SOURCE=$HPCTRAIN_SOURCE is not a '
+        'directory on this node (put the checkout on a shared file system, or HPCTRAIN_SOURCE= to run the '
+        'image\'s copy)" >&2; exit 1; fi',
+        f'    {PY_VAR}+=(--bind "$HPCTRAIN_SOURCE:{mount}/hpctrain:ro")',
+        f"    export APPTAINERENV_PYTHONPATH={q(mount)}",
+        "  fi",
+        f'  {PY_VAR}+=("$HPCTRAIN_IMAGE" {q(container.python)})',
         "fi",
     ]

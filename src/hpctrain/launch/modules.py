@@ -1,25 +1,52 @@
-"""Environment-module lines for the batch script: `module` works even in a non-login batch shell."""
+"""Environment-module lines for the batch script: `module` works even in a non-login batch shell.
+
+Sites differ (DESIGN.md, "Modules"): `module purge` can remove what the job needs (`apptainer`
+itself; `slurm` on Bright/BCM clusters), so purging is the profile's choice, off by default; and
+`cuda`/`nccl` modules do nothing for a job inside an image (Apptainer replaces LD_LIBRARY_PATH)
+while their CUDA_HOME/PYTHONPATH would leak in, so a profile names separate `container_modules`.
+"""
 
 from __future__ import annotations
 
 import shlex
 
-LMOD_INIT = "/usr/share/lmod/lmod/init/bash"
+LMOD_INIT = "/usr/share/lmod/lmod/init/bash"  # Debian's; sites: $LMOD_PKG/init/bash, $MODULESHOME/init/bash
+INIT_CANDIDATES = '"${LMOD_PKG:+$LMOD_PKG/init/bash}" "${MODULESHOME:+$MODULESHOME/init/bash}" ' + LMOD_INIT
 
 
-def module_lines(modules: list[str], module_use: list[str] = (), var: str = "HPCTRAIN_MODULES") -> list[str]:
-    """Lines that purge and load `$var` (default: the profile's modules); none when nothing to load.
+def load_lines(names: str, module_use: list[str] = (), purge: bool = False, indent: str = "  ") -> list[str]:
+    """Source the module system's init when `module` is missing (a plain `bash script` lacks the
+    login shell's function), then [purge and] load `names` (a shell word list, split on purpose)."""
+    lines = [f"{indent}if ! type module >/dev/null 2>&1; then",
+             f"{indent}  for f in {INIT_CANDIDATES}; do",
+             f'{indent}    if [ -n "$f" ] && [ -r "$f" ]; then . "$f"; break; fi',
+             f"{indent}  done",
+             f"{indent}fi"]
+    lines += [f"{indent}module use {shlex.quote(p)}" for p in module_use]
+    if purge:
+        lines.append(f"{indent}module purge")
+    lines.append(f"{indent}module load {names}  # word-split on purpose: one name per word")
+    return lines
 
-    `module` is a shell function defined by a login shell; a batch script run by plain bash lacks
-    it, so source Lmod's init first (DESIGN.md). A module that fails to load stops the job.
-    """
+
+def module_lines(modules: list[str], module_use: list[str] = (), var: str = "HPCTRAIN_MODULES",
+                 purge: bool = False) -> list[str]:
+    """Lines that load `$var` (default: `modules`); none when nothing to load. A module that fails
+    to load stops the job."""
     if not modules:
         return []
-    lines = [
-        f"{var}=${{{var}-{shlex.quote(' '.join(modules))}}}",
-        f'if [ -n "${var}" ]; then',
-        f"  if ! type module >/dev/null 2>&1 && [ -r {LMOD_INIT} ]; then . {LMOD_INIT}; fi",
-    ]
-    lines += [f"  module use {shlex.quote(p)}" for p in module_use]
-    lines += ["  module purge", f"  module load ${var}  # word-split on purpose: one name per word", "fi"]
-    return lines
+    return [f"{var}=${{{var}-{shlex.quote(' '.join(modules))}}}", f'if [ -n "${var}" ]; then',
+            *load_lines(f"${var}", module_use, purge), "fi"]
+
+
+def job_module_lines(modules: list[str], container_modules: list[str], module_use: list[str] = (),
+                     purge: bool = False) -> list[str]:
+    """The batch script's modules: HPCTRAIN_MODULES for tasks on the host's Python,
+    HPCTRAIN_CONTAINER_MODULES for tasks in the image (chosen by $CONTAINER at run time)."""
+    if not modules and not container_modules:
+        return []
+    return [f"HPCTRAIN_MODULES=${{HPCTRAIN_MODULES-{shlex.quote(' '.join(modules))}}}",
+            f"HPCTRAIN_CONTAINER_MODULES=${{HPCTRAIN_CONTAINER_MODULES-{shlex.quote(' '.join(container_modules))}}}",
+            'if [ "$CONTAINER" = none ]; then hpctrain_modules=$HPCTRAIN_MODULES; '
+            "else hpctrain_modules=$HPCTRAIN_CONTAINER_MODULES; fi",
+            'if [ -n "$hpctrain_modules" ]; then', *load_lines("$hpctrain_modules", module_use, purge), "fi"]

@@ -86,25 +86,42 @@ class ContainerSection:
     image: str = opt("", "path of the .sif image (runtime apptainer)")
     binds: list[str] = opt([], "extra bind mounts (src[:dst[:opts]]); data root and run dir are added")
     python: str = opt("python3", "Python inside the image (or on the host when runtime is none)")
+    bind_source: bool = opt(True, "run the submitting hpctrain: bind its package into the image, first on "
+                                  "PYTHONPATH (the image supplies torch, DALI, NCCL)")
+    source_mount: str = opt("/opt/hpctrain-src", "where the bound package appears in the image "
+                                                 "(<source_mount>/hpctrain)")
+    pass_env: list[str] = opt([], "more host variables for the task (names or NAME_* prefixes); the image "
+                                  "starts from a clean environment (--cleanenv)")
 
 
 @dataclass(frozen=True)
 class ClusterProfile:
     name: str = opt("local", "profile name (shown in the job's banner)")
     slurm: SlurmSection = field(default_factory=SlurmSection, metadata={"doc": "scheduler defaults"})
-    modules: list[str] = opt([], "modules to load (after `module purge`) before srun")
+    modules: list[str] = opt([], "modules to load before srun when the tasks run on the host's Python "
+                                 "(container.runtime none)")
+    container_modules: list[str] = opt([], "modules to load before srun when the tasks run in the image "
+                                           "(e.g. apptainer); cuda/nccl modules do nothing inside it")
+    module_purge: bool = opt(False, "`module purge` first (it can remove site defaults the job needs: "
+                                    "apptainer, or slurm on Bright clusters)")
     module_use: list[str] = opt([], "extra module paths (`module use`) before loading")
     env: dict[str, str] = opt({}, "extra environment for every task; overrides fabric-derived NCCL_*")
     fabric: FabricSection = field(default_factory=FabricSection, metadata={"doc": "interconnect"})
     container: ContainerSection = field(default_factory=ContainerSection, metadata={"doc": "image"})
 
     def validate(self) -> None:
-        for m in self.modules:
+        for m in (*self.modules, *self.container_modules):
             if not MODULE_RE.match(m):
                 raise ConfigError(f"modules: {m!r} is not a module name (letters, digits, . _ + / @ -)")
         for k in self.env:
             if not ENV_NAME_RE.match(k):
                 raise ConfigError(f"env: {k!r} is not a valid environment variable name")
+        for name in self.container.pass_env:
+            if not ENV_NAME_RE.match(name.removesuffix("*")):
+                raise ConfigError(f"container.pass_env: {name!r} is not a variable name or NAME_* prefix")
+        if not self.container.source_mount.startswith("/") or " " in self.container.source_mount:
+            raise ConfigError(f"container.source_mount={self.container.source_mount!r}: use an absolute path "
+                              "without spaces inside the image, e.g. /opt/hpctrain-src")
         if self.container.runtime == "apptainer" and not self.container.image:
             raise ConfigError("container.runtime is apptainer but container.image is empty: set the "
                               ".sif path (container.image) or use container.runtime: none")

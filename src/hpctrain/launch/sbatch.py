@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from hpctrain.config import control_char, encode_overrides
 from hpctrain.launch.container import PY_VAR, python_lines
-from hpctrain.launch.modules import module_lines
+from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.nccl import export_lines, fabric_env
 from hpctrain.launch.profile import ClusterProfile
 
@@ -146,8 +146,9 @@ REQUEUE_LINES = [
 
 
 def render(p: JobPlan, command: str, host_python: str, standalone: bool,
-           extra_env: dict[str, str] | None = None) -> str:
-    """The whole script; `command` is what follows `srun --kill-on-bad-exit=1 --unbuffered`."""
+           extra_env: dict[str, str] | None = None, source: str = "''") -> str:
+    """The whole script; `command` is what follows `srun --kill-on-bad-exit=1 --unbuffered`;
+    `source` (a shell word) is the hpctrain package the tasks bind into the image."""
     q = shlex.quote
     prof = p.profile
     lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "",
@@ -158,17 +159,19 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
                   f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
                   f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
-    mods = module_lines(prof.modules, prof.module_use)
+    lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>, HPCTRAIN_SOURCE=",
+              "# the hpctrain package bound into the image (empty: the image's own copy).",
+              *python_lines(prof.container, p.binds, host_python, source), ""]
+    mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:
-        lines += ["# Site modules (HPCTRAIN_MODULES= empty skips them).", *mods, ""]
+        lines += ["# Site modules: HPCTRAIN_MODULES for the host's Python, HPCTRAIN_CONTAINER_MODULES in the",
+                  "# image (empty skips them).", *mods, ""]
     lines += [f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
               "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
               *export_lines(fabric_env(prof), env_wins=True),
               f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
               f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
               *export_lines(extra_env or {}), ""]
-    lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>.",
-              *python_lines(prof.container, p.binds, host_python), ""]
     lines += ["# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
               'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then',
               "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", ""]

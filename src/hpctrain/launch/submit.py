@@ -180,10 +180,15 @@ def slurm_script(plan, run_dir: Path) -> str:
     import shlex
     import sys
 
-    from hpctrain.launch.sbatch import render
+    import submitit
 
-    return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False,
-                  {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm"})
+    from hpctrain.launch.sbatch import render
+    from hpctrain.source import package_dir, source_hash
+
+    env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
+           "HPCTRAIN_SOURCE_HASH": source_hash(), "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
+    source = shlex.quote(str(package_dir())) if plan.profile.container.bind_source else "''"
+    return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False, env, source)
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
@@ -214,8 +219,10 @@ def standalone_script(plan) -> str:
     """`slurm/vit.sbatch`: the same script, running `python3 -m hpctrain train` under srun."""
     from hpctrain.launch.sbatch import render
 
+    # the checkout it is submitted from (the header says: from the repository root), if any
+    source = '$([ -d src/hpctrain ] && echo "$PWD/src/hpctrain")' if plan.profile.container.bind_source else "''"
     return render(plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True,
-                  {"HPCTRAIN_LAUNCHER": "sbatch-script"})
+                  {"HPCTRAIN_LAUNCHER": "sbatch-script"}, source)
 
 
 def check_image(profile) -> None:

@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> None:
 
     # submitit's hook for a cluster's signals ("@plugin-dev: should be adapted"): keep ours.
     job_environment.JobEnvironment._handle_signals = lambda self, paths, delayed: None
+    want = os.environ.get("HPCTRAIN_SUBMITIT_VERSION")
+    import submitit
+
+    if want and want != submitit.__version__:  # the pickled job is read by this process's submitit
+        raise SystemExit(f"hpctrain: the job was submitted with submitit {want} but this task has "
+                         f"{submitit.__version__}: install submitit=={want} in the image (the recipes pin it)")
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m hpctrain.launch.task <submitit folder>")

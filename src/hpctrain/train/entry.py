@@ -67,6 +67,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         "cuda": torch.version.cuda, "host": socket.gethostname(), "device": str(device),
         "world_size": info.world_size, "launcher": info.source, "git_commit": _git_commit(),
         "rendezvous": f"{info.master_addr}:{info.master_port}" if info.world_size > 1 else None,
+        "pythonpath": os.environ.get("PYTHONPATH"), "cuda_home": os.environ.get("CUDA_HOME"),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if device.type == "cuda":
@@ -137,6 +138,15 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
                          "wait for that job to end, or give this run another run.name")
     setup_logging(run_dir, info.rank)
     stop.log_new()
+    from hpctrain import source
+
+    try:
+        code = source.check(os.environ)  # every rank: the code that submitted the job, or no training
+    except source.LaunchError as e:
+        log.error("%s", e)
+        lock.release()
+        distmod.shutdown()
+        raise
     from hpctrain.launch import requeue
 
     over = None
@@ -154,7 +164,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
-        (run_dir / "env.json").write_text(json.dumps(environment_record(info, device), indent=1))
+        (run_dir / "env.json").write_text(json.dumps({**environment_record(info, device), "source": code},
+                                                     indent=1))
         record_job(run_dir)
     log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
              device, info.source, info.rank, socket.gethostname())
