@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import signal
+import stat
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.notebook import NotebookError, NotebookJob, batch_script, submit, tunnel_command
+from hpctrain.notebook import PORT_RANGE, NotebookError, NotebookJob, batch_script, submit, tunnel_command
+from tests.helpers import free_port
 
 
 def test_dry_run_prints_script_and_tunnel(capsys, tmp_path, monkeypatch):
@@ -46,12 +57,20 @@ def test_dry_run_prints_script_and_tunnel(capsys, tmp_path, monkeypatch):
         "set -euo pipefail",
         "module load apptainer",
         f"cd {tmp_path}",
-        'echo "hpctrain-notebook: node $(hostname -s) port 23456"',
+        f"token_file={tmp_path}/.hpctrain/notebook-${{SLURM_JOB_ID:?}}.token",
+        f'(umask 077 && mkdir -p {tmp_path}/.hpctrain && rm -f "$token_file" && '
+        "head -c 32 /dev/urandom | od -An -v -tx1 | tr -d ' \\n' > \"$token_file\")",
+        'JUPYTER_TOKEN=$(cat "$token_file")',
+        "export JUPYTER_TOKEN",
+        'echo "hpctrain-notebook: node $(hostname -s) port 23456 token in $token_file"',
         "export PYTHONNOUSERSITE=1",
         "exec apptainer exec --nv /scratch/me/ngc.sif jupyter lab --no-browser --ip=127.0.0.1 --port=23456 "
-        f"--ServerApp.root_dir={tmp_path}",
+        f"--ServerApp.port_retries=0 --ServerApp.root_dir={tmp_path}",
     ]
     assert tail.splitlines()[1] == "ssh -N -J login.example.org -L 23456:127.0.0.1:23456 <node>"
+    # where the token will be, and that it is not printed
+    assert tail.splitlines()[2] == (f"# the token (the job writes it, mode 0600; never in the log): "
+                                    f"cat '{tmp_path}/.hpctrain/notebook-<job id>.token'")
     (tmp_path / "nb.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "nb.sh")]).returncode == 0
 
@@ -62,7 +81,7 @@ def test_without_image_and_quoting(tmp_path):
     assert "--gpus-per-node" not in s and "#SBATCH --mem=64G" in s
     assert f"cd '{tmp_path}/my notebooks'" in s
     assert s.rstrip().endswith(
-        f"exec python3 -m jupyter lab --no-browser --ip=127.0.0.1 --port=30000 "
+        f"exec python3 -m jupyter lab --no-browser --ip=127.0.0.1 --port=30000 --ServerApp.port_retries=0 "
         f"'--ServerApp.root_dir={tmp_path}/my notebooks'"
     )
     assert tunnel_command(job, "gpu017", "me@login") == "ssh -N -J me@login -L 30000:127.0.0.1:30000 gpu017"
@@ -90,3 +109,108 @@ def test_cluster_profile_supplies_site_defaults(capsys, tmp_path, monkeypatch):
     # flags still win over the profile
     assert main(["notebook", "--cluster", "example-ib", "--partition", "debug", "--dry-run"]) == 0
     assert "#SBATCH --partition=debug" in capsys.readouterr().out
+
+
+# --- the token and the port: nothing another user of the node can read or guess ------------------
+
+JOB_ID = "4242"
+
+
+def run_batch_script(script: str, workdir: Path, path_dir: Path, env: dict[str, str] | None = None,
+                     timeout: float = 30) -> subprocess.Popen:
+    """Run the batch script as Slurm would: bash, SLURM_JOB_ID set, stdout and stderr into the job's
+    log under the usual umask 022 (Slurm creates the log with the submitter's umask)."""
+    (workdir / "nb.sh").write_text(script)
+    log = open(workdir / f"notebook-{JOB_ID}.log", "w")  # noqa: SIM115 - closed when the job ends
+    e = {**os.environ, "SLURM_JOB_ID": JOB_ID, "PATH": f"{path_dir}:{os.environ['PATH']}", **(env or {})}
+    return subprocess.Popen(["bash", str(workdir / "nb.sh")], cwd=workdir, env=e, stdout=log, stderr=log,
+                            start_new_session=True, preexec_fn=lambda: os.umask(0o022))
+
+
+def stub_python3(bin_dir: Path) -> None:
+    """A `python3` that stands in for Jupyter: it says whether JUPYTER_TOKEN is the token file's
+    content, without printing either."""
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text('#!/bin/sh\nif [ -n "$JUPYTER_TOKEN" ] && [ "$JUPYTER_TOKEN" = "$(cat .hpctrain/notebook-'
+                    '$SLURM_JOB_ID.token)" ]; then echo "jupyter got the token"; fi\necho "jupyter args: $*"\n')
+    stub.chmod(0o755)
+
+
+def test_token_goes_to_a_0600_file_and_to_jupyter_never_to_the_log(tmp_path):
+    workdir = tmp_path / "nb"
+    (workdir / ".hpctrain").mkdir(parents=True)
+    stale = workdir / ".hpctrain" / f"notebook-{JOB_ID}.token"
+    stale.write_text("old")  # a leftover, world-readable: a plain `>` would keep its mode
+    stale.chmod(0o644)
+    stub_python3(tmp_path / "bin")
+    job = NotebookJob(workdir=str(workdir), gpus_per_node=0, port=31234)
+    p = run_batch_script(batch_script(job), workdir, tmp_path / "bin")
+    assert p.wait(timeout=30) == 0
+    token = stale.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", token)  # 32 bytes from /dev/urandom, no newline
+    assert stat.S_IMODE(stale.stat().st_mode) == 0o600
+    log = (workdir / f"notebook-{JOB_ID}.log").read_text()
+    assert "jupyter got the token" in log and "--port=31234" in log
+    assert token not in log
+    assert f"token in {stale}" in log  # where it is, not what it is
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None, reason="jupyterlab is not installed")
+def test_real_jupyter_takes_the_token_from_the_job_and_does_not_print_it(tmp_path):
+    """Jupyter Server given JUPYTER_TOKEN treats it as not generated: its start-up URL shows
+    `token=...`; requests without the token are refused (403), with it accepted."""
+    workdir, home = tmp_path / "nb", tmp_path / "home"
+    workdir.mkdir()
+    (home / "cfg").mkdir(parents=True)
+    # tests run as root, which Jupyter refuses unless told; a site's users are not root
+    (home / "cfg" / "jupyter_server_config.json").write_text('{"ServerApp": {"allow_root": true}}')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)  # the interpreter that has jupyterlab
+    port = free_port()
+    env = {"HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / "cfg"), "JUPYTER_DATA_DIR": str(home / "data"),
+           "JUPYTER_RUNTIME_DIR": str(home / "rt"), "JUPYTER_PLATFORM_DIRS": "1"}
+    p = run_batch_script(batch_script(NotebookJob(workdir=str(workdir), gpus_per_node=0, port=port)), workdir,
+                         bin_dir, env)
+    try:
+        token_path = workdir / ".hpctrain" / f"notebook-{JOB_ID}.token"
+        status = api_status(port, None, p)
+        token = token_path.read_text()
+        assert status == 403 and api_status(port, token, p) == 200
+        assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+        log = (workdir / f"notebook-{JOB_ID}.log").read_text()
+        assert f"http://127.0.0.1:{port}/lab?token=..." in log, log[-3000:]
+        assert token not in log
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+def api_status(port: int, token: str | None, proc: subprocess.Popen, timeout: float = 90) -> int:
+    """HTTP status of Jupyter's /api/status, once the server listens."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/status",
+                                 headers={"Authorization": f"token {token}"} if token else {})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            assert proc.poll() is None, "the notebook job ended before Jupyter listened"
+            assert time.monotonic() < deadline, "Jupyter did not listen"
+            time.sleep(0.3)
+
+
+def test_port_is_random_per_job_and_port_flag_wins(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ports = []
+    for _ in range(10):
+        assert main(["notebook", "--dry-run"]) == 0
+        ports.append(int(re.search(r"--port=(\d+)", capsys.readouterr().out).group(1)))
+    assert len(set(ports)) > 1 and all(PORT_RANGE[0] <= p < PORT_RANGE[1] for p in ports)
+    assert main(["notebook", "--dry-run", "--port", "23456"]) == 0
+    out = capsys.readouterr().out
+    assert "--port=23456 " in out and "-L 23456:127.0.0.1:23456" in out

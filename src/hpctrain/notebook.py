@@ -2,14 +2,20 @@
 
 Self-contained on purpose: it writes its own small batch script and does not read cluster
 profiles (the lead may rewire `NotebookJob` onto the shared profile/submit code later).
-Jupyter listens on 127.0.0.1 of the node with a token, so other users of the node cannot reach
-it; the tunnel jumps through the login node to the compute node (`ssh -J`).
+Jupyter listens on 127.0.0.1 of the node, which every user of a shared node can reach, so the
+token is what keeps them out. The batch script draws it from /dev/urandom into a 0600 file
+(`token_file`, umask 077 while it is written) and hands it to Jupyter in JUPYTER_TOKEN, which
+Jupyter Server takes as "not generated" and so never prints: the job's log, created by Slurm
+with the submitter's umask (often world-readable), holds no token. The port is drawn at random
+per job rather than derived from the uid, which anyone can compute. The tunnel jumps through the
+login node to the compute node (`ssh -J`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -18,9 +24,18 @@ from dataclasses import dataclass, field
 
 from hpctrain.errors import UserError
 
+# Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
+# Linux's ephemeral ports (32768-60999), where outgoing connections would take them.
+PORT_RANGE = (30000, 32768)
+
 
 class NotebookError(UserError):
     """A notebook job that cannot be planned or submitted; the CLI prints it as one line."""
+
+
+def random_port() -> int:
+    """A port no other user can predict (the old 20000 + uid % 10000 was public knowledge)."""
+    return PORT_RANGE[0] + secrets.randbelow(PORT_RANGE[1] - PORT_RANGE[0])
 
 
 @dataclass(frozen=True)
@@ -33,7 +48,7 @@ class NotebookJob:
     partition: str = ""  # Slurm partition; empty: the default
     account: str = ""  # Slurm account; empty: the default
     image: str = ""  # SIF to run Jupyter in (apptainer exec --nv); empty: the host's python3
-    port: int = field(default_factory=lambda: 20000 + os.getuid() % 10000)  # Jupyter port on the node
+    port: int = field(default_factory=random_port)  # Jupyter port on the node: random per job
     workdir: str = field(default_factory=os.getcwd)  # notebook root directory and log location
     setup: tuple[str, ...] = ()  # shell lines before Jupyter starts, e.g. "module load apptainer"
     job_name: str = "hpctrain-notebook"
@@ -46,6 +61,27 @@ def check(job: NotebookJob) -> None:
         raise NotebookError(f"--port {job.port}: pick a port between 1025 and 65535")
     if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d\d){0,2}", job.time):
         raise NotebookError(f"--time {job.time!r}: use Slurm's format, e.g. 04:00:00 or 1-00:00:00")
+
+
+def token_file(job: NotebookJob, job_id: str = "<job id>") -> str:
+    """Where the job writes its Jupyter token (0600): `cat` it on the login node (shared file system)."""
+    return os.path.join(job.workdir, ".hpctrain", f"notebook-{job_id}.token")
+
+
+def token_lines(job: NotebookJob) -> list[str]:
+    """Shell lines that write a fresh token to a 0600 file and export it to Jupyter unprinted.
+
+    The file is removed first, since a redirection into an existing file keeps its old mode. The
+    file holds no newline: Jupyter reads JUPYTER_TOKEN_FILE verbatim, should a site use that."""
+    q = shlex.quote
+    tdir = os.path.dirname(token_file(job))
+    return [
+        f"token_file={q(tdir)}/notebook-${{SLURM_JOB_ID:?}}.token",
+        f'(umask 077 && mkdir -p {q(tdir)} && rm -f "$token_file" && '
+        "head -c 32 /dev/urandom | od -An -v -tx1 | tr -d ' \\n' > \"$token_file\")",
+        'JUPYTER_TOKEN=$(cat "$token_file")',
+        "export JUPYTER_TOKEN",
+    ]
 
 
 def batch_script(job: NotebookJob) -> str:
@@ -72,6 +108,7 @@ def batch_script(job: NotebookJob) -> str:
         "--no-browser",
         "--ip=127.0.0.1",
         f"--port={job.port}",
+        "--ServerApp.port_retries=0",  # a busy port fails in the log, not on a port the tunnel misses
         f"--ServerApp.root_dir={job.workdir}",
     ]
     if job.image:
@@ -84,7 +121,8 @@ def batch_script(job: NotebookJob) -> str:
         "set -euo pipefail",
         *job.setup,
         f"cd {q(job.workdir)}",
-        'echo "hpctrain-notebook: node $(hostname -s) port ' + str(job.port) + '"',
+        *token_lines(job),
+        'echo "hpctrain-notebook: node $(hostname -s) port ' + str(job.port) + ' token in $token_file"',
         "export PYTHONNOUSERSITE=1",
         f"exec {cmd}",
     ]
@@ -92,7 +130,7 @@ def batch_script(job: NotebookJob) -> str:
 
 
 def tunnel_command(job: NotebookJob, node: str = "<node>", login: str = "<login-host>") -> str:
-    """What to run on the laptop; then open http://localhost:<port>/ with the token from the log."""
+    """What to run on the laptop; then open http://localhost:<port>/ with the token from `token_file`."""
     return f"ssh -N -J {login} -L {job.port}:127.0.0.1:{job.port} {node}"
 
 

@@ -93,13 +93,13 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
           f"rank 0 named rank 1: {named}")
 
 
-def test_requeue_flag_follows_the_profile():
+def test_requeue_flag_follows_the_profile(tmp_path):
     """Slurm requeues a job after a node failure only with --requeue: max_requeues 0 turns it off."""
     import dataclasses
 
     from hpctrain.config import Config
     from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.requeue import check_budget
+    from hpctrain.launch.requeue import budget, check_budget
     from hpctrain.launch.sbatch import sbatch_lines
     from hpctrain.launch.submit import LaunchError, Request, plan_job
 
@@ -108,6 +108,7 @@ def test_requeue_flag_follows_the_profile():
     assert "#SBATCH --requeue" in sbatch_lines(plan)
     off = dataclasses.replace(prof, slurm=dataclasses.replace(prof.slurm, max_requeues=0))
     assert "#SBATCH --no-requeue" in sbatch_lines(dataclasses.replace(plan, profile=off))
-    check_budget({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3", "HPCTRAIN_MAX_REQUEUES": "3"})
-    with pytest.raises(LaunchError, match="requeued 4 times .slurm.max_requeues=3."):
-        check_budget({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "4", "HPCTRAIN_MAX_REQUEUES": "3"})
+    run = tmp_path  # no preemption records: every restart was a node failure (or time limit)
+    check_budget(budget(run, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3", "HPCTRAIN_MAX_REQUEUES": "3"}))
+    with pytest.raises(LaunchError, match="restarted 4 times for time limits or failures .slurm.max_requeues=3."):
+        check_budget(budget(run, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "4", "HPCTRAIN_MAX_REQUEUES": "3"}))

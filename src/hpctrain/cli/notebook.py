@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("--account", default="", help="Slurm account")
     p.add_argument("--image", default="", help="SIF image to run Jupyter in (default: the host's python3)")
     p.add_argument(
-        "--port", type=int, default=None, help="Jupyter port on the node (default 20000 + uid %% 10000)"
+        "--port", type=int, default=None,
+        help="Jupyter port on the node (default: drawn at random per job from 30000-32767)"
     )
     p.add_argument(
         "--setup",
@@ -44,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
 
     from hpctrain.launch.modules import module_lines
     from hpctrain.launch.profile import load_profile
-    from hpctrain.notebook import NotebookJob, batch_script, submit, tunnel_command, wait_for_node
+    from hpctrain.notebook import NotebookJob, batch_script, submit, token_file, tunnel_command, wait_for_node
 
     name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     prof = load_profile(name) if name else None
@@ -72,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(batch_script(job), end="")
         print(f"# on your laptop, once the job runs on <node>:\n{tunnel_command(job, login=login)}")
+        print(f"# the token (the job writes it, mode 0600; never in the log): cat {shlex.quote(token_file(job))}")
         return 0
     job_id = submit(job)
     log = shlex.quote(os.path.join(job.workdir, f"notebook-{job_id}.log"))  # pasteable as one word
@@ -80,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
     if node is None:
         print(f"not started after {args.wait:g} s; when it runs (squeue -j {job_id}), tunnel with:")
         print(tunnel_command(job, login=login))
-        return 0
-    print(f"running on {node}; on your laptop run:\n  {tunnel_command(job, node, login)}")
-    print(f"then open http://localhost:{job.port}/ with the token printed in the log")
+    else:
+        print(f"running on {node}; on your laptop run:\n  {tunnel_command(job, node, login)}")
+    print(f"then open http://localhost:{job.port}/lab with the token from: cat {shlex.quote(token_file(job, job_id))}")
     return 0

@@ -137,6 +137,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         raise RunDirBusy(f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
                          "wait for that job to end, or give this run another run.name")
     setup_logging(run_dir, info.rank)
+    if lock.note:  # no lock on this file system, or a stale one taken over: the run's log says so
+        log.warning(lock.note)
     stop.log_new()
     from hpctrain import source
 
