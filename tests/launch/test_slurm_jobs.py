@@ -51,12 +51,12 @@ def test_sbatch_script_with_overrides(slurm_cluster, digits_root, tmp_path, modu
     sets = json.dumps([f"data.root={digits_root}", f"run.dir={tmp_path}", "run.name=sb", "train.epochs=1",
                        "train.threads=1"])
     env = {"CONTAINER": "none", "HPCTRAIN_MODULES": "hpctest", "MODULEPATH": str(modulefiles),
-           "HPCTRAIN_CONFIG": "configs/digits_vit.yaml", "HPCTRAIN_SET": sets, "GLOO_SOCKET_IFNAME": "lo",
-           "OMP_NUM_THREADS": "1"}
+           "HPCTRAIN_CONFIG": str(ROOT / "configs" / "digits_vit.yaml"), "HPCTRAIN_SET": sets,
+           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     r = slurm_cluster.run("sbatch", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=0",
                           "--cpus-per-task=1", f"--partition={slurm_cluster.partition}",
                           f"--output={tmp_path}/slurm-%j.out", str(ROOT / "slurm" / "vit.sbatch"),
-                          env=env, cwd=ROOT)
+                          env=env, cwd=tmp_path)  # the job writes .hpctrain/ there
     job = r.stdout.split()[-1]
     assert slurm_cluster.wait_done(job, 300) == "COMPLETED", (tmp_path / f"slurm-{job}.out").read_text()
     run = tmp_path / "sb"
