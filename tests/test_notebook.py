@@ -104,7 +104,8 @@ def test_cluster_profile_supplies_site_defaults(capsys, tmp_path, monkeypatch):
     assert main(["notebook", "--cluster", "example-ib", "--dry-run", "--port", "23456"]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --partition=gpu" in out
-    assert "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}" in out and "module purge" in out
+    # Jupyter runs in the image: the profile's container modules, and no purge (it could remove them)
+    assert "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}" in out and "module purge" not in out
     assert "exec apptainer exec --nv /shared/images/hpctrain-pytorch-23.12.sif jupyter lab" in out
     # flags still win over the profile
     assert main(["notebook", "--cluster", "example-ib", "--partition", "debug", "--dry-run"]) == 0

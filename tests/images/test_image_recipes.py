@@ -91,3 +91,15 @@ def test_lint_cli_exit_status(tmp_path):
     assert out.returncode == 1
     assert f"{bad}:line 1: [bootstrap] no `Bootstrap:` header" in out.stdout
     assert "pytorch-cuda.def: ok" in out.stdout
+
+
+@pytest.mark.parametrize("name", ["ngc-pytorch-23.12.def", "pytorch-cuda.def", "Dockerfile"])
+def test_recipes_pin_the_submitit_of_the_login_node(name):
+    """Tasks unpickle the job with the image's submitit: it must be the submitter's version (the task
+    entry refuses a mismatch with the fix; hpctrain.launch.task)."""
+    import re
+
+    import submitit
+
+    text = (RECIPES / name).read_text()
+    assert re.findall(r'"submitit==([^"]+)"', text) == [submitit.__version__]

@@ -77,3 +77,24 @@ def test_status_reads_a_stopped_run(tmp_path):
         f.write(json.dumps({"kind": "end", "step": 5, "status": "finished"}) + "\n")
     st = run_status(str(tmp_path))
     assert st.state == "COMPLETED" and "stopped at" not in st.text() and "last step      5" in st.text()
+
+
+def test_task_refuses_a_submitit_other_than_the_submitters(monkeypatch):
+    import signal
+
+    import submitit
+
+    from hpctrain.launch import task
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    monkeypatch.setenv("HPCTRAIN_SUBMITIT_VERSION", "0.0.1")
+    try:
+        with pytest.raises(SystemExit, match=f"submitted with submitit 0.0.1 but this task has "
+                                             f"{submitit.__version__}"):
+            task.main(["/nonexistent"])
+    finally:  # task.main installs the stop handlers: give pytest its own back
+        for s, h in saved.items():
+            signal.signal(s, h)
+        from hpctrain.train import stop
+
+        stop.STOP.installed = False

@@ -51,7 +51,7 @@ def container(tmp_path_factory) -> tuple[Path, dict]:
         "name": "no-slurm-in-container",
         "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "30",
                   "max_requeues": 3},
-        "container": {"runtime": "apptainer", "image": str(d / "image.sif")}}))
+        "container": {"runtime": "apptainer", "image": str(d / "image.sif"), "source_mount": str(d / "mnt")}}))
     import os
 
     env = {"PATH": f"{d / 'bin'}:{os.environ['PATH']}", "FAKE_APPTAINER_PYTHON": sys.executable}

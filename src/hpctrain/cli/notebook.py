@@ -54,7 +54,10 @@ def main(args: argparse.Namespace) -> int:
     if prof:  # the site's defaults; the flags win
         if not image and prof.container.runtime == "apptainer":
             image = prof.container.image
-        setup = module_lines(prof.modules, prof.module_use) + setup
+        in_image = bool(image)  # Jupyter in the image: load what starts it, not cuda/nccl (see launch.modules)
+        mods, var = (prof.container_modules, "HPCTRAIN_CONTAINER_MODULES") if in_image else (prof.modules,
+                                                                                              "HPCTRAIN_MODULES")
+        setup = module_lines(mods, prof.module_use, var, prof.module_purge) + setup
     kw = dict(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
