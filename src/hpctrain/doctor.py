@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.launch.nccl import exact_hcas, hca_matches, ifname_matches, net_interfaces, split_spec
+
 # Minimum driver for a CUDA major version (CUDA minor-version compatibility).
 MIN_DRIVER = {12: (525, 60), 11: (450, 80)}
 STATUS_ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
@@ -40,7 +42,12 @@ class IBPort:
     rate: str  # as sysfs writes it: "200 Gb/sec (4X HDR)"
     gbps: float
     link_layer: str  # InfiniBand | Ethernet (RoCE)
-    roce_v2_gid: int | None = None  # lowest RoCE v2 GID index with an IPv4-mapped address
+    roce_v2_gid: int | None = None  # this port's lowest RoCE v2 GID index with an IPv4-mapped address
+    numa_node: int = -1  # the HCA's NUMA node (<dev>/device/numa_node); -1: not reported
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}:{self.port}"
 
 
 @dataclass
@@ -52,6 +59,7 @@ class Report:
     in_container: bool
     checks: list[Check] = field(default_factory=list)
     allreduce: list[dict] | None = None
+    gpu_numa: list[int] = field(default_factory=list)  # NUMA node of each NVIDIA GPU (PCI)
 
     @property
     def ok(self) -> bool:
@@ -172,10 +180,15 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _natural(name: str) -> list:
+    """Sort key that puts mlx5_2 before mlx5_10."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
+
+
 def ib_ports(sysfs_root: str | Path = "/sys") -> list[IBPort]:
     """Ports under <sysfs>/class/infiniband/<dev>/ports/<n>/ (state, rate, link_layer, gids)."""
     ports = []
-    for dev in sorted(Path(sysfs_root, "class/infiniband").glob("*")):
+    for dev in sorted(Path(sysfs_root, "class/infiniband").glob("*"), key=lambda d: _natural(d.name)):
         for pdir in sorted(dev.glob("ports/*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
             if not pdir.name.isdigit():
                 continue
@@ -194,13 +207,55 @@ def ib_ports(sysfs_root: str | Path = "/sys") -> list[IBPort]:
                         gid = int(g.name)
                         break
             ports.append(
-                IBPort(dev.name, int(pdir.name), state, rate, float(m.group(1)) if m else 0.0, link, gid)
+                IBPort(dev.name, int(pdir.name), state, rate, float(m.group(1)) if m else 0.0, link, gid,
+                       _numa(dev / "device"))
             )
     return ports
 
 
-def suggest_nccl(ports: list[IBPort]) -> tuple[dict[str, str], list[Check]]:
-    """NCCL_IB_HCA (exact `=dev:port` list of the fastest active ports) and the RoCE GID index."""
+def _numa(pci_dir: Path) -> int:
+    """A PCI device's NUMA node; -1 when the kernel does not say (one socket, or no ACPI SRAT)."""
+    try:
+        return int(_read(pci_dir / "numa_node") or -1)
+    except ValueError:
+        return -1
+
+
+def gpu_numa_nodes(sysfs_root: str | Path = "/sys") -> list[int]:
+    """NUMA node of each NVIDIA GPU on the PCI bus (vendor 0x10de, class 3D 0x0302xx or VGA
+    0x0300xx; NVSwitches are bridges, 0x0680xx). Read from sysfs, so it works without torch,
+    the driver or a GPU allocation (CUDA_VISIBLE_DEVICES) on the node."""
+    nodes = []
+    for dev in sorted(Path(sysfs_root, "bus/pci/devices").glob("*")):
+        if _read(dev / "vendor").lower() != "0x10de":
+            continue
+        if _read(dev / "class").lower().startswith(("0x0302", "0x0300")):
+            nodes.append(_numa(dev))
+    return nodes
+
+
+def numa_split(ports: list[IBPort], gpu_numa: list[int]) -> tuple[list[IBPort], list[IBPort]] | None:
+    """(ports on a NUMA node with a GPU, ports on one without), or None when the topology does not
+    say: no GPU found, or a NUMA node not reported. NCCL itself ranks HCAs by PCI distance to each
+    GPU when NCCL_IB_HCA is unset; a port on a NUMA node with no GPU (DGX H100's storage and
+    in-band rails when they sit there) is never the near one for any GPU."""
+    if not gpu_numa or min(gpu_numa) < 0 or any(p.numa_node < 0 for p in ports):
+        return None
+    near = [p for p in ports if p.numa_node in set(gpu_numa)]
+    return near, [p for p in ports if p not in near]
+
+
+def nccl_version_at_least(version: str | None, want: tuple[int, int]) -> bool | None:
+    """'2.21.5' >= (2, 21)? None when the version is unknown (no torch, a CPU build)."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return None if not m else (int(m.group(1)), int(m.group(2))) >= want
+
+
+def suggest_nccl(
+    ports: list[IBPort], gpu_numa: list[int] | None = None, nccl_version: str | None = None
+) -> tuple[dict[str, str], list[Check]]:
+    """NCCL_IB_HCA (exact `=dev:port` list of the fastest active GPU-near ports) and, per port,
+    the RoCE GID advice."""
     checks: list[Check] = []
     if not ports:
         return {}, [
@@ -214,12 +269,16 @@ def suggest_nccl(ports: list[IBPort]) -> tuple[dict[str, str], list[Check]]:
         ]
     for p in ports:
         status = "ok" if p.state == "ACTIVE" else "warn"
+        where = f", NUMA {p.numa_node}" if p.numa_node >= 0 else ""
+        gid = ""
+        if p.link_layer == "Ethernet":
+            gid = f", RoCE v2 GID {p.roce_v2_gid}" if p.roce_v2_gid is not None else ", no RoCE v2 IPv4 GID"
         checks.append(
             Check(
                 "infiniband",
-                f"{p.device}:{p.port}",
+                p.name,
                 status,
-                f"{p.state}, {p.rate or '?'}, {p.link_layer}",
+                f"{p.state}, {p.rate or '?'}, {p.link_layer}{where}{gid}",
                 "" if status == "ok" else "port not ACTIVE: cable, subnet manager or switch",
             )
         )
@@ -237,9 +296,11 @@ def suggest_nccl(ports: list[IBPort]) -> tuple[dict[str, str], list[Check]]:
         return {}, checks
     ib = [p for p in active if p.link_layer == "InfiniBand"]
     chosen = ib or [p for p in active if p.link_layer == "Ethernet"]
+    chosen, near_checks = gpu_near_ports(chosen, gpu_numa or [])
+    checks += near_checks
     best = max(p.gbps for p in chosen)
     chosen = [p for p in chosen if p.gbps == best]
-    env = {"NCCL_IB_HCA": "=" + ",".join(f"{p.device}:{p.port}" for p in chosen)}
+    env = {"NCCL_IB_HCA": "=" + ",".join(p.name for p in chosen)}
     if ib:
         checks.append(
             Check(
@@ -250,43 +311,125 @@ def suggest_nccl(ports: list[IBPort]) -> tuple[dict[str, str], list[Check]]:
                 "InfiniBand needs no GID index (leave NCCL_IB_GID_INDEX unset)",
             )
         )
-    else:
-        gids = {p.roce_v2_gid for p in chosen}
-        if None in gids:
-            checks.append(
+        return env, checks
+    gid_env, gid_checks = roce_gid_advice(chosen, best, nccl_version)
+    return {**env, **gid_env}, checks + gid_checks
+
+
+def gpu_near_ports(ports: list[IBPort], gpu_numa: list[int]) -> tuple[list[IBPort], list[Check]]:
+    """Drop the ports on NUMA nodes without a GPU (storage/in-band rails) when the topology says
+    so; keep them all when it does not, or when none is near (then say so)."""
+    split = numa_split(ports, gpu_numa)
+    if split is None:
+        if gpu_numa:  # GPUs here, but a NUMA node not reported
+            return ports, [
                 Check(
                     "infiniband",
-                    "fabric",
-                    "warn",
-                    f"RoCE, {len(chosen)}× {best:g} Gb/s",
-                    "no RoCE v2 GID with an IPv4 address: configure the interface's IP, or "
-                    "NCCL may pick a RoCE v1/link-local GID and hang",
+                    "GPU-near ports",
+                    "info",
+                    "NUMA nodes not reported: all ports kept",
+                    "check that each listed port is a compute rail; unset, NCCL_IB_HCA lets NCCL "
+                    "take the HCAs nearest each GPU by PCI topology",
                 )
+            ]
+        return ports, []
+    near, far = split
+    gpu_nodes = ",".join(map(str, sorted(set(gpu_numa))))
+    if not far:
+        return ports, [Check("infiniband", "GPU-near ports", "ok", f"all on the GPUs' NUMA nodes ({gpu_nodes})")]
+    far_names = ", ".join(f"{p.name} (NUMA {p.numa_node})" for p in far)
+    if not near:
+        return ports, [
+            Check(
+                "infiniband",
+                "GPU-near ports",
+                "warn",
+                f"no port on the GPUs' NUMA nodes ({gpu_nodes}): all kept",
+                f"{far_names}: GPU traffic crosses the CPU interconnect",
             )
-        else:
-            gid = min(gids)
-            env["NCCL_IB_GID_INDEX"] = str(gid)
-            checks.append(
-                Check(
-                    "infiniband",
-                    "fabric",
-                    "ok",
-                    f"RoCE v2, {len(chosen)}× {best:g} Gb/s, GID {gid}",
-                    f"RoCE needs NCCL_IB_GID_INDEX={gid} (NCCL before 2.21 does not find it "
-                    "itself); the switches need lossless (PFC/ECN) settings",
-                )
+        ]
+    return near, [
+        Check(
+            "infiniband",
+            "GPU-near ports",
+            "ok",
+            f"{len(near)} of {len(ports)} on the GPUs' NUMA nodes ({gpu_nodes})",
+            f"left out of NCCL_IB_HCA: {far_names}: no GPU on that NUMA node (storage or in-band rail)",
+        )
+    ]
+
+
+def roce_gid_advice(
+    ports: list[IBPort], gbps: float, nccl_version: str | None
+) -> tuple[dict[str, str], list[Check]]:
+    """Each port's RoCE v2 IPv4 GID index, never one index for all unless they agree.
+
+    NCCL >= 2.21 picks the RoCE v2 GID of each port itself (NCCL_IB_GID_INDEX=-1, the default);
+    older NCCL (2.19 in NGC 23.12) needs the index, and takes one value for every port.
+    """
+    per_port = ", ".join(f"{p.name} → {'none' if p.roce_v2_gid is None else p.roce_v2_gid}" for p in ports)
+    value = f"RoCE v2, {len(ports)}× {gbps:g} Gb/s; RoCE v2 IPv4 GID per port: {per_port}"
+    lossless = "the switches need lossless (PFC/ECN) settings"
+    missing = [p.name for p in ports if p.roce_v2_gid is None]
+    if missing:
+        return {}, [
+            Check(
+                "infiniband",
+                "fabric",
+                "warn",
+                value,
+                f"no RoCE v2 GID with an IPv4 address on {', '.join(missing)}: configure the "
+                "interface's IP, or NCCL may pick a RoCE v1/link-local GID and hang",
             )
-    return env, checks
+        ]
+    gids = sorted({p.roce_v2_gid for p in ports if p.roce_v2_gid is not None})
+    auto = nccl_version_at_least(nccl_version, (2, 21))
+    if len(gids) > 1:
+        return {}, [
+            Check(
+                "infiniband",
+                "fabric",
+                "ok" if auto else "warn",
+                value,
+                "the ports' GID tables differ: no single NCCL_IB_GID_INDEX fits them all; leave it "
+                "unset with NCCL >= 2.21 (it picks each port's own)"
+                + ("" if auto else ", or with older NCCL list only ports that agree in NCCL_IB_HCA"),
+            )
+        ]
+    gid = gids[0]
+    if auto:
+        return {}, [
+            Check(
+                "infiniband",
+                "fabric",
+                "ok",
+                value,
+                f"NCCL {nccl_version} picks GID {gid} itself: leave NCCL_IB_GID_INDEX unset; {lossless}",
+            )
+        ]
+    return {"NCCL_IB_GID_INDEX": str(gid)}, [
+        Check(
+            "infiniband",
+            "fabric",
+            "ok",
+            value,
+            f"RoCE needs NCCL_IB_GID_INDEX={gid} with NCCL before 2.21 (NGC 23.12 has 2.19; profile: "
+            f"fabric.gid_index: {gid}); NCCL >= 2.21 picks it itself: leave it unset there; {lossless}",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- environment checks
 
 
 def interfaces(sysfs_root: str | Path = "/sys") -> list[str]:
-    return sorted(p.name for p in Path(sysfs_root, "class/net").glob("*"))
+    """The node's interfaces that are not down: what NCCL and gloo can bind to."""
+    return net_interfaces(sysfs_root, up_only=True)
 
 
-def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[str]) -> list[Check]:
+def nccl_env_checks(
+    env: Mapping[str, str], ports: list[IBPort], ifaces: list[str], gpu_numa: list[int] | None = None
+) -> list[Check]:
     checks = []
     debug = env.get("NCCL_DEBUG", "")
     if debug.upper() in ("INFO", "TRACE"):
@@ -301,10 +444,7 @@ def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[st
         )
     spec = env.get("NCCL_SOCKET_IFNAME")
     if spec and not spec.startswith("^"):  # `^a,b` excludes; `=a,b` exact names; else name prefixes
-        exact = spec.startswith("=")
-        wanted = [s for s in spec.lstrip("=").split(",") if s]
-        hits = [s for s in wanted if (s in ifaces if exact else any(i.startswith(s) for i in ifaces))]
-        if hits:
+        if ifname_matches(spec, ifaces):
             checks.append(Check("nccl", "NCCL_SOCKET_IFNAME", "ok", spec))
         else:
             checks.append(
@@ -314,24 +454,13 @@ def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[st
                     "fail",
                     spec,
                     f"no interface matches it (this node has: {', '.join(ifaces) or 'none'}); "
-                    "NCCL will fail to bootstrap: fix or unset it",
+                    "NCCL will fail to bootstrap: fix or unset it (IPoIB may be ibp…, not ib0)",
                 )
             )
+    checks += gloo_checks(env, ifaces)
     hca = env.get("NCCL_IB_HCA")
     if hca:
-        devices = {p.device for p in ports}
-        names = [s.lstrip("^=").split(":")[0] for s in hca.lstrip("^=").split(",") if s]
-        missing = [n for n in names if not hca.startswith("^") and not any(d.startswith(n) for d in devices)]
-        if missing:
-            checks.append(
-                Check(
-                    "nccl",
-                    "NCCL_IB_HCA",
-                    "fail",
-                    hca,
-                    f"{', '.join(missing)} not on this node (have: {', '.join(sorted(devices)) or 'none'})",
-                )
-            )
+        checks.append(hca_check(hca, ports, gpu_numa or []))
     if env.get("NCCL_IB_DISABLE") == "1" and any(p.state == "ACTIVE" for p in ports):
         checks.append(
             Check(
@@ -348,6 +477,81 @@ def nccl_env_checks(env: Mapping[str, str], ports: list[IBPort], ifaces: list[st
     if not checks:
         checks.append(Check("nccl", "environment", "ok", "no NCCL_* problems found"))
     return checks
+
+
+def gloo_checks(env: Mapping[str, str], ifaces: list[str]) -> list[Check]:
+    """GLOO_SOCKET_IFNAME takes plain interface names (no NCCL `^`/`=`/prefix syntax); unset, a
+    task derives it from NCCL_SOCKET_IFNAME (train.dist.set_gloo_ifname): say what it would get."""
+    from hpctrain.train.dist import gloo_ifname
+
+    given = env.get("GLOO_SOCKET_IFNAME")
+    if given:
+        bad = [n for n in given.split(",") if n not in ifaces]
+        if bad:
+            return [
+                Check(
+                    "nccl",
+                    "GLOO_SOCKET_IFNAME",
+                    "fail",
+                    given,
+                    f"{', '.join(bad)} is not an interface here (this node has: {', '.join(ifaces) or 'none'}): "
+                    "gloo takes plain names, no ^, = or prefixes; unset it and hpctrain derives one "
+                    "from NCCL_SOCKET_IFNAME on each node",
+                )
+            ]
+        return [Check("nccl", "GLOO_SOCKET_IFNAME", "ok", given)]
+    spec = env.get("NCCL_SOCKET_IFNAME")
+    if not spec:
+        return []
+    name = gloo_ifname(spec, ifaces)
+    if name:
+        return [Check("nccl", "GLOO_SOCKET_IFNAME", "ok", f"{name} (derived from NCCL_SOCKET_IFNAME at task start)")]
+    return [
+        Check(
+            "nccl",
+            "GLOO_SOCKET_IFNAME",
+            "info",
+            "left unset",
+            f"no interface here matches NCCL_SOCKET_IFNAME={spec}: gloo uses the host name's address",
+        )
+    ]
+
+
+def hca_check(spec: str, ports: list[IBPort], gpu_numa: list[int]) -> Check:
+    """NCCL_IB_HCA against this node: names that select nothing (fail), bare names that NCCL
+    reads as prefixes and that select more than meant (mlx5_1 → mlx5_10 …), and ports that share
+    no NUMA node with a GPU (storage/in-band rails)."""
+    exclude, exact, tokens = split_spec(spec)
+    devices = {p.device for p in ports}
+    if exclude:
+        return Check("nccl", "NCCL_IB_HCA", "ok", spec, "an exclude list: NCCL picks among the rest")
+    have = {p.name for p in ports}
+    found = hca_matches(spec, devices)
+    missing = [t for t in tokens if not found[t] or (":" in t and exact and t not in have)]
+    if missing:
+        return Check(
+            "nccl",
+            "NCCL_IB_HCA",
+            "fail",
+            spec,
+            f"{', '.join(missing)} not on this node (have: {', '.join(sorted(have)) or 'none'})",
+        )
+    problems = []
+    names = [t.split(":")[0] for t in tokens]
+    if not exact:  # a bare device name that is also the prefix of others (mlx5_1 → mlx5_10 …)
+        wide = {t: [d for d in found[t] if d != n] for t, n in zip(tokens, names) if n in devices}
+        also = "; ".join(f"{t} also selects {', '.join(extra)}" for t, extra in wide.items() if extra)
+        if also:
+            fix = exact_hcas(tokens) if all(n in devices for n in names) else "'=' and each device"
+            problems.append(f"entries without '=' are prefixes: {also}; write {fix}")
+    chosen = [p for p in ports if any(p.device in found[t] for t in tokens)]
+    split = numa_split(chosen, gpu_numa)
+    if split and split[1]:
+        far = ", ".join(f"{p.name} (NUMA {p.numa_node})" for p in split[1])
+        problems.append(f"{far}: no GPU on that NUMA node (storage or in-band rail?): leave it out")
+    if problems:
+        return Check("nccl", "NCCL_IB_HCA", "warn", spec, "; ".join(problems))
+    return Check("nccl", "NCCL_IB_HCA", "ok", spec)
 
 
 def in_container(env: Mapping[str, str]) -> bool:
@@ -543,12 +747,23 @@ def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, r
     v = versions()
     gpu_names = gpus()
     ports = ib_ports(sysfs_root)
-    suggested, ib_checks = suggest_nccl(ports)
+    gpu_numa = gpu_numa_nodes(sysfs_root)
+    suggested, ib_checks = suggest_nccl(ports, gpu_numa, v["nccl"])
     inside = in_container(env)
     checks = version_checks(v, gpu_names) + ib_checks
-    checks += nccl_env_checks(env, ports, interfaces(sysfs_root))
+    checks += nccl_env_checks(env, ports, interfaces(sysfs_root), gpu_numa)
     checks += container_checks(env, ports, inside, root)
-    return Report(v, gpu_names, ports, suggested, inside, checks)
+    return Report(v, gpu_names, ports, suggested, inside, checks, gpu_numa=gpu_numa)
+
+
+def profile_lines(suggested: Mapping[str, str]) -> list[str]:
+    """The suggested NCCL_* values as the profile keys that export them (launch/nccl.py)."""
+    out = []
+    if "NCCL_IB_HCA" in suggested:
+        out.append(f"    hcas: [{', '.join(suggested['NCCL_IB_HCA'].lstrip('=').split(','))}]")
+    if "NCCL_IB_GID_INDEX" in suggested:
+        out.append(f"    gid_index: {suggested['NCCL_IB_GID_INDEX']}")
+    return out
 
 
 def format_report(r: Report) -> str:
@@ -565,6 +780,8 @@ def format_report(r: Report) -> str:
             lines.append(f"        {'':<{width}}  → {c.hint}")
     if r.suggested_env:
         lines += ["", "suggested environment:"] + [f"  export {k}={v}" for k, v in r.suggested_env.items()]
+        lines += ["", "or in the cluster profile (only where NCCL's own choice is wrong):", "  fabric:"]
+        lines += profile_lines(r.suggested_env)
     if r.allreduce:
         from hpctrain.allreduce import format_rows
 

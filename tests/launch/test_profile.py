@@ -18,19 +18,39 @@ def test_shipped_profiles_load():
     names = sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
     assert names == ["example-ib", "example-roce", "local"]
     ib = load_profile("example-ib")
-    assert ib.fabric.kind == "ib" and ib.fabric.hcas[0] == "mlx5_0" and ib.fabric.ifname == ""
+    assert ib.fabric.kind == "ib" and ib.fabric.hcas == [] and ib.fabric.ifname == ""
     assert ib.container.runtime == "apptainer" and ib.container.image.endswith(".sif")
     assert load_profile("local").container.runtime == "none"
 
 
+@pytest.mark.parametrize("name", ["example-ib", "example-roce", "local"])
+def test_shipped_profiles_leave_hca_interface_and_gid_to_nccl(name):
+    """A wrong HCA list, interface or GID index fails or slows every job; unset, NCCL picks the
+    GPU-near HCAs, an interface and (>= 2.21) the RoCE v2 GID itself."""
+    env = fabric_env(load_profile(name))
+    for var in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX"):
+        assert var not in env, var
+
+
+def test_profile_hcas_are_written_exact():
+    """Without '=' NCCL reads mlx5_1 as a prefix (mlx5_10 … too): always the exact =dev:port form."""
+    env = fabric_env(load_profile("example-ib", ["fabric.hcas=[mlx5_1]"]))
+    assert env["NCCL_IB_HCA"] == "=mlx5_1:1"
+    env = fabric_env(load_profile("example-roce", ["fabric.hcas=[mlx5_0, mlx5_3:2, mlx5_10]"]))
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_3:2,mlx5_10:1"
+
+
+def test_profile_ifname_is_for_nccl_only_and_gid_index_only_when_asked():
+    env = fabric_env(load_profile("example-ib", ["fabric.ifname=^docker,lo", "fabric.gid_index=0"]))
+    assert env["NCCL_SOCKET_IFNAME"] == "^docker,lo" and "GLOO_SOCKET_IFNAME" not in env
+    assert env["NCCL_IB_GID_INDEX"] == "0"
+    assert load_profile("example-roce").fabric.gid_index == -1
+
+
 def test_fabric_env_per_kind_and_overrides():
     ib = fabric_env(load_profile("example-ib"))
-    assert ib["NCCL_IB_HCA"].startswith("mlx5_0,mlx5_1") and "NCCL_SOCKET_IFNAME" not in ib
-    assert "GLOO_SOCKET_IFNAME" not in ib  # IPoIB names differ per site: unset unless the profile says
     assert ib["NCCL_IB_TIMEOUT"] == "22" and ib["NCCL_IB_RETRY_CNT"] == "7"
-    assert ib["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "NCCL_IB_GID_INDEX" not in ib
-    roce = fabric_env(load_profile("example-roce"))
-    assert roce["NCCL_IB_GID_INDEX"] == "3" and roce["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert ib["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and ib["NCCL_IB_DISABLE"] == "0"
     sock = fabric_env(load_profile("local"))
     assert sock["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in sock
     # every value can be overridden: fabric keys, then the profile's env mapping wins
@@ -47,10 +67,17 @@ def test_fabric_env_per_kind_and_overrides():
     (["env.A B=1"], "not a valid environment variable name"),
     (["container.image="], "container.image is empty"),
     (["slurm.time=soon"], "HH:MM:SS"),
+    (["fabric.hcas=[=mlx5_0]"], r"fabric.hcas: '=mlx5_0' is not an HCA port"),
+    (["fabric.hcas=[mlx5_0:x]"], r"fabric.hcas: 'mlx5_0:x' is not an HCA port"),
+    (["fabric.hcas=['mlx5_0,mlx5_1']"], r"fabric.hcas: 'mlx5_0,mlx5_1' is not an HCA port"),
+    (["fabric.hcas=[mlx5_0:0]"], r"optionally with its port \(mlx5_0 or mlx5_0:2\)"),
+    (["fabric.ifname=ib0 eth0"], "not an NCCL_SOCKET_IFNAME pattern"),
+    (["fabric.gid_index=-2"], "must be >= -1"),
 ])
 def test_bad_profiles_name_the_problem(bad, word):
-    with pytest.raises(ConfigError, match=word):
+    with pytest.raises(ConfigError, match=word) as e:
         load_profile("example-ib", bad)
+    assert "\n" not in str(e.value)  # one line
 
 
 def test_time_limits():

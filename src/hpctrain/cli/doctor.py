@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_parser(sub) -> None:
@@ -11,6 +12,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--sysfs-root", default="/sys", help="sysfs to read ports/interfaces from (default /sys)")
+    p.add_argument(
+        "--cluster",
+        help="also check what this cluster profile exports (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, …) against "
+        "this node, as a job would see it (the environment wins over the profile)",
+    )
+    p.add_argument(
+        "--cluster-set", dest="cluster_overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a profile key (repeatable), e.g. fabric.hcas=[mlx5_0,mlx5_3]",
+    )
     p.add_argument(
         "--allreduce",
         action="store_true",
@@ -23,6 +33,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=doctor)
 
 
+def profile_env(cluster: str | None, overrides: list[str]) -> dict[str, str]:
+    """The environment a task of this profile's jobs sees: the batch script exports the profile's
+    fabric values unless the job's environment has them (`export K=${K-v}`)."""
+    from hpctrain.launch.nccl import fabric_env
+    from hpctrain.launch.profile import load_profile
+
+    return {**fabric_env(load_profile(cluster, overrides)), **os.environ}
+
+
 def doctor(args: argparse.Namespace) -> int:
     import json
 
@@ -30,7 +49,10 @@ def doctor(args: argparse.Namespace) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.train.dist import detect
 
-    report = doc.run(args.sysfs_root)
+    env = None
+    if args.cluster or args.cluster_overrides:
+        env = profile_env(args.cluster or os.environ.get("HPCTRAIN_CLUSTER"), args.cluster_overrides)
+    report = doc.run(args.sysfs_root, env=env)
     is_main = True
     if args.allreduce:
         from hpctrain import allreduce

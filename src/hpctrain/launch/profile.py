@@ -18,6 +18,8 @@ CLUSTER_DIR = CONFIG_DIR / "clusters"
 MODULE_RE = re.compile(r"^[A-Za-z0-9_.+/@-]+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+HCA_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*(?::[1-9][0-9]*)?$")  # mlx5_0, mlx5_0:2
+IFNAME_RE = re.compile(r"^\^?=?[A-Za-z0-9_.:@-]+(?:,[A-Za-z0-9_.:@-]+)*$")  # ibp, =ib0, ^docker,lo
 
 
 def time_minutes(value: str) -> int:
@@ -67,16 +69,33 @@ class SlurmSection:
 
 @dataclass(frozen=True)
 class FabricSection:
+    """What NCCL is told about the node's network. Everything the site does not name stays
+    unset, so that NCCL chooses (launch/nccl.py says why each default is "unset")."""
+
     kind: str = opt("socket", "interconnect for NCCL: InfiniBand, RoCE, or plain TCP sockets",
                     choices=("ib", "roce", "socket"))
-    hcas: list[str] = opt([], "HCAs for NCCL_IB_HCA (e.g. mlx5_0); empty: NCCL picks")
-    ifname: str = opt("", "network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (e.g. ib0)")
-    gid_index: int = opt(3, "NCCL_IB_GID_INDEX for RoCE (3: RoCE v2 on most NICs)", lo=0)
+    hcas: list[str] = opt([], "HCA ports for NCCL_IB_HCA, written exact (=mlx5_0:1,…; port 1 unless "
+                              "dev:port); empty: NCCL picks the HCAs nearest each GPU")
+    ifname: str = opt("", "NCCL_SOCKET_IFNAME pattern (ibp, =ibp24s0, ^docker,lo); empty: NCCL picks. "
+                          "gloo gets a plain interface name derived from it on each node")
+    gid_index: int = opt(-1, "NCCL_IB_GID_INDEX; -1: unset (NCCL >= 2.21 finds the RoCE v2 GID "
+                             "itself; older NCCL: the index `hpctrain doctor` reports)", lo=-1)
     ib_timeout: int = opt(22, "NCCL_IB_TIMEOUT (4.096 µs × 2^value per retry)", lo=1, hi=31)
     retry_cnt: int = opt(7, "NCCL_IB_RETRY_CNT", lo=0, hi=7)
     nccl_debug: str = opt("WARN", "NCCL_DEBUG", choices=("", "VERSION", "WARN", "INFO", "TRACE"))
     async_error_handling: int = opt(1, "TORCH_NCCL_ASYNC_ERROR_HANDLING (1: a failed collective "
                                        "ends the process instead of hanging)", choices=(0, 1, 2, 3))
+
+    def validate(self) -> None:
+        for h in self.hcas:
+            if not HCA_RE.match(h):
+                raise ConfigError(f"fabric.hcas: {h!r} is not an HCA port: write a device as "
+                                  "/sys/class/infiniband names it, optionally with its port (mlx5_0 or "
+                                  "mlx5_0:2); hpctrain writes NCCL's exact form (=mlx5_0:1) itself")
+        if self.ifname and not IFNAME_RE.match(self.ifname):
+            raise ConfigError(f"fabric.ifname={self.ifname!r} is not an NCCL_SOCKET_IFNAME pattern: "
+                              "prefixes (ibp), exact names (=ibp24s0) or an exclude list (^docker,lo), "
+                              "comma-separated, no spaces")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hpctrain.config import control_char, encode_overrides
 from hpctrain.launch.container import PY_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
-from hpctrain.launch.nccl import export_lines, fabric_env
+from hpctrain.launch.nccl import export_lines, fabric_env, left_to_nccl
 from hpctrain.launch.profile import ClusterProfile
 
 
@@ -168,6 +168,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
                   "# image (empty skips them).", *mods, ""]
     lines += [f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
               "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
+              *left_to_nccl(prof),
               *export_lines(fabric_env(prof), env_wins=True),
               f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
               f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",

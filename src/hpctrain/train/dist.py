@@ -7,12 +7,17 @@ host and MASTER_PORT is derived from the job id, so all tasks agree without talk
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.launch.nccl import ifname_matches, net_interfaces, split_spec
+
+log = logging.getLogger("hpctrain")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,54 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
     return DistInfo()
 
 
+def gloo_ifname(pattern: str, interfaces: Iterable[str]) -> str | None:
+    """One plain interface name for GLOO_SOCKET_IFNAME that the NCCL_SOCKET_IFNAME `pattern`
+    selects among `interfaces`, or None (leave gloo to its default).
+
+    gloo takes plain names only: no `^`, `=` or prefixes, and a comma list means "round-robin
+    over these", which every rank must give with the same length (PyTorch's distributed docs,
+    "Choosing the network interface to use"). So each node picks exactly one: for an include
+    list, the first token's first match (the site's order); for an exclude list, like NCCL's own
+    choice, `ib*` first and never `lo`/`docker*` (reachable from no other node).
+    """
+    names = sorted(set(interfaces))
+    exclude, exact, tokens = split_spec(pattern)
+    hits = ifname_matches(pattern, names)
+    if exclude:
+        hits = [n for n in hits if n != "lo" and not n.startswith("docker")]
+        hits.sort(key=lambda n: (not n.startswith("ib"), n))
+        return hits[0] if hits else None
+    for t in tokens:  # include list: the order the site wrote
+        for n in hits:
+            if (n == t) if exact else n.startswith(t):
+                return n
+    return None
+
+
+def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
+                    sysfs_root: str | Path = "/sys") -> str | None:
+    """Set GLOO_SOCKET_IFNAME from NCCL_SOCKET_IFNAME and this node's interfaces that are up,
+    unless it is set already (a site's or a user's choice wins). Returns the name set.
+
+    Runs in every task, on its own node: interface names differ between nodes (ibp24s0 here,
+    ibp26s0 there), which one exported value cannot express.
+    """
+    env = os.environ if env is None else env
+    pattern = env.get("NCCL_SOCKET_IFNAME", "")
+    if not pattern or env.get("GLOO_SOCKET_IFNAME"):
+        return None
+    up = net_interfaces(sysfs_root, up_only=True)
+    name = gloo_ifname(pattern, up)
+    if name is None:
+        log.warning("GLOO_SOCKET_IFNAME left unset: no interface that is up here (%s) matches "
+                    "NCCL_SOCKET_IFNAME=%s; gloo uses the address of the host name",
+                    ", ".join(up) or "none", pattern)
+        return None
+    env["GLOO_SOCKET_IFNAME"] = name
+    log.info("GLOO_SOCKET_IFNAME=%s (from NCCL_SOCKET_IFNAME=%s)", name, pattern)
+    return name
+
+
 def init(info: DistInfo, backend: str, timeout_s: int) -> None:
     """Join the process group (no-op for one process)."""
     import torch.distributed as td
@@ -93,6 +146,7 @@ def init(info: DistInfo, backend: str, timeout_s: int) -> None:
     if info.world_size == 1 or td.is_initialized():
         return
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    set_gloo_ifname()  # before any gloo group: the default one on CPU, the control group on GPU
     td.init_process_group(backend=backend, init_method=f"tcp://{info.master_addr}:{info.master_port}",
                           rank=info.rank, world_size=info.world_size,
                           timeout=datetime.timedelta(seconds=timeout_s))
