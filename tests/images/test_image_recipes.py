@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from hpctrain.images.lint import lint_file, lint_text
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 BASES = {
     "ngc-pytorch-23.12.def": "nvcr.io/nvidia/pytorch:23.12-py3",
-    "pytorch-cuda.def": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+    "pytorch-cuda.def": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel",
 }
 
 
@@ -30,16 +31,35 @@ def test_recipe_lints_clean_and_parses(name):
     assert "PYTHONNOUSERSITE=1" in "".join(stage.environ)
     assert any(lbl.startswith("hpctrain.version ") for lbl in stage.labels)
     assert "/opt/hpctrain" in "".join(stage.install)
-    test = text.split("\n%test\n", 1)[1].split("\n%", 1)[0]  # spython folds %test into %post
+    test = recipe_test_script(text)  # spython folds %test into %post
     for probe in (
         "import torch",
         "torch.cuda.is_available()",
         "nccl.version()",
         "import nvidia.dali",
         "libibverbs",
+        "compat.MIN_TORCH",  # --no-deps installs: the floor is checked here, not by pip
+        "torch.compile(",
     ):
         assert probe in test
     assert stage.cmd.strip() == 'exec hpctrain "$@"'
+
+
+def recipe_test_script(text: str) -> str:
+    """The %test section of a definition file."""
+    return text.split("\n%test\n", 1)[1].split("\n%", 1)[0]
+
+
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_recipe_images_can_compile(name):
+    """torch.compile needs a C/C++ compiler: pytorch/pytorch's -runtime images have none, so no
+    recipe builds on one, and each %test compiles a small function and runs it once."""
+    assert not BASES[name].endswith("-runtime")
+    text = (RECIPES / name).read_text()
+    test = recipe_test_script(text)
+    python = test.split("<<'PY'\n", 1)[1].split("\nPY", 1)[0]
+    code = compile(python, f"{name} %test", "exec")  # the probe is valid Python
+    assert "compile" in code.co_names and re.search(r"\bf\(x\)", python), "no compiled function is run"
 
 
 def test_ngc_recipe_keeps_ngc_dali():

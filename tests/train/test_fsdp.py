@@ -10,8 +10,13 @@ import torch
 from hpctrain.config import load
 from hpctrain.models.vit import build_vit
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import compat
 from hpctrain.train.optim import build_optimizer
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
+
+# FSDP2 is in torch >= 2.4; below that train.parallel=fsdp is refused (tests/train/test_compat.py).
+pytestmark = pytest.mark.skipif(compat.version_tuple() < compat.FSDP_MIN_TORCH,
+                                reason=f"FSDP2 needs torch >= 2.4; this is {torch.__version__}")
 
 # Mid-epoch halt (in warm-up), 2 micro-batches per step (gradient sync off for the first) and
 # drop-path (per-step RNG): the state a resume must restore, under sharding.

@@ -102,6 +102,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
+    from hpctrain.train import compat
     from hpctrain.train.loop import Trainer, check_compatible
 
     if isinstance(cfg, dict):
@@ -117,6 +118,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    compat.check_train(cfg.train, device)  # what this torch cannot run: every rank fails alike, at once
     distmod.init(info, "nccl" if use_cuda else "gloo", cfg.train.pg_timeout_s)
     control = None
     if use_cuda and info.world_size > 1:

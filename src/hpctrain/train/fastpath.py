@@ -10,6 +10,8 @@ import logging
 
 import torch
 
+from hpctrain.train import compat
+
 log = logging.getLogger("hpctrain")
 
 # aten op → backend name: the op scaled_dot_product_attention dispatches to for the given inputs
@@ -29,12 +31,8 @@ def apply(train_cfg, device: torch.device) -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = train_cfg.tf32
     torch.backends.cudnn.allow_tf32 = train_cfg.tf32
-    want = train_cfg.sdpa_backend
-    if want != "auto":
-        torch.backends.cuda.enable_flash_sdp(want == "flash")
-        torch.backends.cuda.enable_cudnn_sdp(want == "cudnn")
-        torch.backends.cuda.enable_mem_efficient_sdp(want == "efficient")
-        torch.backends.cuda.enable_math_sdp(want == "math")
+    if train_cfg.sdpa_backend != "auto":
+        compat.set_sdpa_backend(train_cfg.sdpa_backend)
 
 
 def sdpa_backend_used(model: torch.nn.Module, images: torch.Tensor, autocast) -> str:
@@ -61,4 +59,6 @@ def sdpa_backend_used(model: torch.nn.Module, images: torch.Tensor, autocast) ->
     finally:
         model.train(was)
     found = [name for op, name in SDPA_OPS.items() if op in seen]
+    if images.device.type == "cpu":  # torch 2.2 names CPU flash attention like the CUDA kernel
+        found = ["flash (cpu)" if name == "flash" else name for name in found]
     return ", ".join(found) if found else "none"

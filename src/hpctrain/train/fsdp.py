@@ -19,8 +19,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
+from hpctrain.train import compat
+
+fully_shard = compat.fully_shard()  # torch >= 2.4 (ConfigError naming the version below that)
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 LOAD = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 

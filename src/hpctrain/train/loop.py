@@ -19,7 +19,7 @@ import torch.distributed as td
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import fastpath
+from hpctrain.train import compat, fastpath
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
@@ -121,7 +121,7 @@ class Trainer:
 
             fsdp.shard(self.model, device, t.fsdp_reshard)
         self.optimizer = build_optimizer(cfg, self.model, device)
-        self.scaler = torch.amp.GradScaler(device.type) if t.amp == "fp16" else None
+        self.scaler = compat.grad_scaler(device) if t.amp == "fp16" else None
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
         self.mixer = Mixer(cfg.model.num_classes, t.label_smoothing, t.mixup, t.cutmix, t.mix_prob,
                            t.switch_prob, t.seed)

@@ -1,0 +1,110 @@
+"""The PyTorch APIs that differ between the versions hpctrain supports (2.2 to the newest).
+
+The default image, NGC pytorch:23.12-py3, has PyTorch 2.2 (and installs hpctrain with --no-deps,
+so pip never checks the floor there); the rest of the code is written against the newest torch.
+Everything that moved or appeared in between is chosen here, by what the running torch has, so
+the callers read alike on every version and the gaps fail with one line naming the torch needed.
+
+| what | 2.2 | newer |
+| --- | --- | --- |
+| fp16 loss scaling | `torch.cuda.amp.GradScaler` (CUDA only) | `torch.amp.GradScaler(device)` (2.3+, CPU too) |
+| SDPA kernel switch | flash, efficient, math | + cuDNN (`enable_cudnn_sdp`, 2.3+) |
+| CPU flash attention op | `_scaled_dot_product_flash_attention` | `..._for_cpu` (2.3+) |
+| FSDP2 `fully_shard` | absent | `torch.distributed._composable.fsdp` (2.4-2.5), `torch.distributed.fsdp` (2.6+) |
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from hpctrain.config import ConfigError
+
+MIN_TORCH = (2, 2)  # pyproject.toml's floor; .ci/torch22 tests it
+FSDP_MIN_TORCH = (2, 4)  # FSDP2 fully_shard and StateDictOptions(broadcast_from_rank0=...)
+
+
+def version_tuple(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of `version` (default: the running torch): '2.2.0a0+81ea7a4' → (2, 2)."""
+    m = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
+    if not m:
+        raise ValueError(f"cannot read a torch version from {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_parallel(parallel: str, version: str | None = None) -> None:
+    """Refuse train.parallel=fsdp on a torch without FSDP2, before any process group or file.
+
+    Checked whatever the world size (one process ignores the setting): a config that cannot run
+    on the image's torch should fail in the one-process trial, not on the 16-node job.
+    """
+    version = version or torch.__version__
+    if parallel == "fsdp" and version_tuple(version) < FSDP_MIN_TORCH:
+        need = ".".join(map(str, FSDP_MIN_TORCH))
+        raise ConfigError(f"train.parallel=fsdp needs torch >= {need}; this is {version}: use "
+                          "train.parallel=ddp (or an image with a newer PyTorch)")
+
+
+def fully_shard():
+    """FSDP2's `fully_shard` from where this torch has it (ConfigError below 2.4)."""
+    check_parallel("fsdp")
+    try:
+        from torch.distributed.fsdp import fully_shard  # 2.6+
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard  # 2.4, 2.5
+    return fully_shard
+
+
+def check_train(train_cfg, device: torch.device) -> None:
+    """Every train.* setting this torch cannot run on `device`, refused in one line: called by
+    every rank before the rendezvous, so no rank waits for another and nothing is written."""
+    check_parallel(train_cfg.parallel)
+    if train_cfg.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
+        raise _fp16_error(device)
+    if (train_cfg.sdpa_backend == "cudnn" and device.type == "cuda"
+            and not hasattr(torch.backends.cuda, "enable_cudnn_sdp")):
+        raise _cudnn_sdpa_error()
+
+
+def grad_scaler(device: torch.device):
+    """The fp16 loss scaler for `device`.
+
+    torch 2.3+ has one class for every device, CPU included. 2.2 has only the CUDA one, while its
+    CPU autocast does compute in fp16: an fp16 CPU run there would train unscaled (gradients
+    underflow silently), so it is refused in one line instead.
+    """
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type)
+    if device.type != "cuda":
+        raise _fp16_error(device)
+    return torch.cuda.amp.GradScaler()
+
+
+def _fp16_error(device: torch.device) -> ConfigError:
+    return ConfigError(f"train.amp=fp16 on {device.type} needs torch >= 2.3 (its loss scaler); this is "
+                       f"{torch.__version__}: use train.amp=bf16 or none")
+
+
+def _cudnn_sdpa_error() -> ConfigError:
+    return ConfigError(f"train.sdpa_backend=cudnn needs torch >= 2.3; this is {torch.__version__}: use "
+                       "train.sdpa_backend=flash or auto")
+
+
+def set_sdpa_backend(want: str, backends=None) -> None:
+    """Allow only the SDPA kernel `want` (flash, cudnn, efficient, math), process-wide.
+
+    The global `enable_*_sdp` switches exist in every supported torch (unlike the context
+    managers, which moved from `torch.backends.cuda.sdp_kernel` to `torch.nn.attention.sdpa_kernel`
+    in 2.3); cuDNN attention has a switch from 2.3 on. `backends` is torch.backends.cuda (tests
+    pass a stand-in).
+    """
+    backends = backends or torch.backends.cuda
+    has_cudnn = hasattr(backends, "enable_cudnn_sdp")
+    if want == "cudnn" and not has_cudnn:
+        raise _cudnn_sdpa_error()
+    backends.enable_flash_sdp(want == "flash")
+    backends.enable_mem_efficient_sdp(want == "efficient")
+    backends.enable_math_sdp(want == "math")
+    if has_cudnn:
+        backends.enable_cudnn_sdp(want == "cudnn")
