@@ -95,3 +95,20 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     assert f"/data/{HOSTILE}" in values and __file__ in values
     assert not list(tmp_path.glob("PWNED*"))
     assert f"#SBATCH --job-name={HOSTILE}" not in script  # quoted for sbatch's own parser
+
+
+def test_committed_script_reaches_srun_from_any_directory(tmp_path):
+    """Run slurm/vit.sbatch with bash (a stand-in `srun` that records its arguments) from a directory
+    that is not a checkout, with no image: every line before srun must pass under `set -e`."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
+    (bindir / "srun").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "CONTAINER": "none", "HPCTRAIN_MODULES": "",
+           "SRUN_ARGS": str(tmp_path / "srun.args")}
+    r = subprocess.run(["bash", str(ROOT / "slurm" / "vit.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args[:2] == ["--kill-on-bad-exit=1", "--unbuffered"] and args[-3:] == ["-m", "hpctrain", "train"]
+    assert (tmp_path / ".hpctrain").is_dir()

@@ -27,8 +27,8 @@ from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
 
 pytestmark = pytest.mark.slurm
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
-STEPS = 66  # 3 epochs of digits at batch 64 on 2 ranks
-SETS = ("train.epochs=3", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=10")
+STEPS = 44  # 2 epochs of digits at batch 64 on 2 ranks
+SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=10")
 
 
 @pytest.fixture(scope="module")

@@ -220,7 +220,9 @@ def standalone_script(plan) -> str:
     from hpctrain.launch.sbatch import render
 
     # the checkout it is submitted from (the header says: from the repository root), if any
-    source = '$([ -d src/hpctrain ] && echo "$PWD/src/hpctrain")' if plan.profile.container.bind_source else "''"
+    # (`|| true`: under `set -e` a failing substitution in an assignment would end the script)
+    source = ('$([ -d src/hpctrain ] && echo "$PWD/src/hpctrain" || true)' if plan.profile.container.bind_source
+              else "''")
     return render(plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True,
                   {"HPCTRAIN_LAUNCHER": "sbatch-script"}, source)
 
