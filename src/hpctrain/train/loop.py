@@ -103,7 +103,7 @@ class Trainer:
         self.model = model.to(device)
         fastpath.apply(cfg.train, device)
         self.control_group = control_group
-        self.stop_flag = stop_flag or (lambda: False)
+        self.stop_flag = stop_flag or stopmod.StopFlag()  # not installed: never set unless a caller's is
         t = cfg.train
         self.accum = t.accum_steps
         self.steps_per_epoch = len(train_loader) // self.accum
@@ -379,9 +379,8 @@ class Trainer:
     def _stop_bits(self, halt_at: int) -> int:
         """Every rank's stop request OR-ed together (one small all-reduce on the control group):
         the stop is unanimous, and rank 0 learns its kind even when only another rank was signalled."""
-        bits = self.stop_flag.bits() if hasattr(self.stop_flag, "bits") else int(bool(self.stop_flag()))
-        if hasattr(self.stop_flag, "log_new"):
-            self.stop_flag.log_new()
+        self.stop_flag.log_new()
+        bits = self.stop_flag.bits()
         if halt_at > 0 and self.step >= halt_at:
             bits |= stopmod.BITS["halt"]
         return agree_bits(bits, self.control_group)
