@@ -48,11 +48,6 @@ class Budget:
         """Restarts that were not preemptions: time limits, node failures, outside requeues."""
         return max(0, self.restarts - self.preemptions)
 
-    def caps(self) -> str:
-        cap = "unlimited" if self.max_preemptions < 0 else str(self.max_preemptions)
-        return (f"{self.others}/{self.max_requeues} time-limit/failure requeues, "
-                f"{self.preemptions}/{cap} preemptions")
-
 
 def preemptions(run_dir: Path, job_id: str) -> int:
     """Requeues after preemption already taken by this job (rank 0's `requeue` records)."""

@@ -64,10 +64,6 @@ class StopFlag:
                         KINDS.get(signum, "stop"))
         self._logged = len(self.received)
 
-    def reset(self) -> None:
-        self.received.clear()
-        self._logged = 0
-
 
 STOP = StopFlag()
 
