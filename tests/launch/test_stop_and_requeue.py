@@ -144,7 +144,9 @@ def test_partition_preemption_with_grace_time_resumes_exactly(
     assert stop["stop_kind"] == "preemption" and resumed_at(run) == [stop["step"]]
     assert time.monotonic() - t0 < 400
     assert_same_weights(run, reference)
-    assert "received SIGTERM" in (run / "logs" / "rank-0.log").read_text()
+    # Slurm signals every task at once; the rank that had it by the agreeing step logged it (rank 0
+    # may get it only after another rank's request stopped the step: then it logs it at the stop)
+    assert any("received SIGTERM" in p.read_text() for p in (run / "logs").glob("rank-*.log"))
     assert GRACE_TIME > 5  # the checkpoint fitted in the grace time: no SIGKILL, nothing lost
 
 

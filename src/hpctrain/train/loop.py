@@ -389,6 +389,7 @@ class Trainer:
         """Checkpoint at this step (every rank takes part) and end the run as stopped."""
         if save:
             self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
+        self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
         out.stop_kind = stopmod.kind_of(bits)
         out.status = "halted" if out.stop_kind == "halt" else "preempted"
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
