@@ -97,6 +97,12 @@ def test_array_script_follows_the_profile(ident_root, tmp_path):
     assert r.returncode == 2 and "--partition: contains a control character" in r.stderr
     r = cli("data", "pack", str(ident_root), str(out), "--partition", "x")
     assert r.returncode == 2 and "--partition only apply to a Slurm pack: add --slurm" in r.stderr
+    login = ("import sys, runpy; sys.argv = ['hpctrain', 'data', 'pack', sys.argv[1], sys.argv[2], '--slurm', "
+             "'--dry-run']\ntry:\n    runpy.run_module('hpctrain', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", login, str(ident_root), str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert "#SBATCH --array=0-1\n" in r.stdout and "torch imported: False" in r.stderr, r.stderr
 
 
 @pytest.mark.slurm
