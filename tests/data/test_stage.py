@@ -41,12 +41,14 @@ def test_staging_twice_copies_once_and_a_cut_copy_is_copied_again(shards, tmp_pa
     os.utime(staged / "train-00000.idx", (0, 0))
     cut = staged / "val-00001.tar"
     cut.write_bytes(cut.read_bytes()[:1000])
+    (staged / "train-00099.tar").write_bytes(b"x" * 100)  # a shard the index no longer lists
     st = (shards / "val-00001.tar").stat()
     os.utime(cut, ns=(st.st_atime_ns, st.st_mtime_ns))
     logs.clear()
     stage(shards, str(tmp_path / "local"), log=logs.append)
     assert any("copying 1 of 16 files" in s for s in logs), logs
     assert same(shards, staged) and not list(staged.glob(".*.part"))
+    assert not (staged / "train-00099.tar").exists()
 
 
 def test_ranks_of_one_node_copy_once_while_the_others_wait(shards, tmp_path):

@@ -80,7 +80,8 @@ def pack(args: argparse.Namespace) -> int:
         raise CLIError(f"{', '.join(given)} only apply to a Slurm pack: add --slurm, or leave them out")
     from hpctrain.data.pack import pack as write
 
-    write(args.root, args.out, args.shard_size, args.exclude_file, args.seed, args.workers or 1)
+    write(args.root, args.out, args.shard_size, args.exclude_file, args.seed,
+          1 if args.workers is None else args.workers)
     print(f"wrote shards to {args.out}; train with --set data.format=wds --set data.root={args.out}")
     return 0
 
@@ -99,8 +100,9 @@ def pack_slurm(args: argparse.Namespace) -> int:
     req = Request(time=args.time, partition=args.partition, account=args.account, qos=args.qos,
                   constraint=args.constraint)
     out = Path(args.out)
-    plan = pk.plan_pack(args.root, out, args.shard_size, args.exclude_file, args.seed,
-                        args.workers or SLURM_GROUPS, log=lambda s: print(s, file=sys.stderr))
+    groups = SLURM_GROUPS if args.workers is None else args.workers
+    plan = pk.plan_pack(args.root, out, args.shard_size, args.exclude_file, args.seed, groups,
+                        log=lambda s: print(s, file=sys.stderr))  # stdout: the script of --dry-run
     script = pack_array.render(plan, args.root, profile, req)
     if args.dry_run:
         print(script, end="")

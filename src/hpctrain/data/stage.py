@@ -55,7 +55,8 @@ def stage(root: str | os.PathLike, dest: str, log=print, every_s: float = 5.0) -
             waited = False
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
+                raise DataError(f"data.stage_to={dest!r}: {base} refuses file locks ({os.strerror(e.errno)}); "
+                                "stage to a node-local disk such as $TMPDIR, not a shared file system") from None
             fcntl.flock(f, fcntl.LOCK_EX)  # another rank of this node is copying: wait for it
             waited = True
         digest = hashlib.sha256(meta_bytes).hexdigest()
@@ -80,8 +81,10 @@ def _copy(root: Path, target: Path, base: Path, stale: list[str], sizes: dict[st
     (target / RECORD).unlink(missing_ok=True)
     for n in stale:
         (target / n).unlink(missing_ok=True)  # a short or stale copy is useless: its space counts as free
-    for p in target.glob(".*.part"):
-        p.unlink()  # left by a copy that was killed
+    listed = set(sizes)
+    for p in target.iterdir():  # left by a killed copy, or shards the index no longer lists
+        if p.is_file() and (p.name.endswith(".part") or p.suffix in (".tar", ".idx") and p.name not in listed):
+            p.unlink()
     need = sum(sizes[n] for n in stale) + len(meta_bytes)
     free = shutil.disk_usage(target).free
     if need > free:
