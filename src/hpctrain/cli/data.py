@@ -120,6 +120,7 @@ def pack_slurm(args: argparse.Namespace) -> int:
         if not missing:
             pk.finish(plan, digest)
             return _packed(args, plan)
+        (out / pk.META).unlink(missing_ok=True)  # a lost shard: the index waits for its group again
         job = pack_array.submit(out, script, missing)
         print(f"submitted Slurm array job {job}: the {len(missing)} of {plan.groups} groups not packed yet "
               f"({pk.array_ranges(missing)})")

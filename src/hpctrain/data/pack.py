@@ -155,10 +155,8 @@ def pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclu
         for job in plan.shards:
             meter.add(1, sum(pack_shard(job, out).values()))
     else:
-        ctx = mp.get_context("spawn")  # no fork of a process that may hold threads or locks
-        queue = ctx.Queue()
-        with cf.ProcessPoolExecutor(plan.groups, mp_context=ctx, initializer=_init_worker,
-                                    initargs=(queue,)) as ex:
+        queue = mp.Queue()
+        with cf.ProcessPoolExecutor(plan.groups, initializer=_init_worker, initargs=(queue,)) as ex:
             futs = [ex.submit(_pack_group, plan.group(g), out) for g in range(plan.groups)]
             pending = set(futs)
             while pending:
