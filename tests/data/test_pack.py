@@ -1,4 +1,5 @@
-"""`hpctrain data pack`: parallel groups, the Slurm array job's tasks and index, the array script."""
+"""`hpctrain data pack`: parallel groups; what the Slurm array's tasks run (tests/launch/test_pack_array.py:
+the array job itself)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hpctrain.data import pack as pk
-from hpctrain.launch.pack_array import render
-from hpctrain.launch.profile import load_profile
-from hpctrain.launch.submit import Request
-from tests.launch.jobs import hp
-
-FAKE_APPTAINER = Path(__file__).resolve().parents[1] / "launch" / "fake_apptainer.sh"
 
 
 def quiet(*_):
@@ -79,61 +73,3 @@ def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root
     bad = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "group 3 does not exist" in bad.stderr
-
-
-def test_array_script_follows_the_profile(ident_root, tmp_path):
-    """Partition/account from the profile (the command line wins), values quoted, and the tasks'
-    Python inside `apptainer exec` with the data and output folders bound, when the profile says so."""
-    out = tmp_path / "out dir"
-    plan = pk.plan_pack(ident_root, out, 5, groups=4, log=quiet)
-    script = render(plan, str(ident_root), load_profile("example-ib"), Request(account="proj x"))
-    assert "#SBATCH --array=0-3" in script and "#SBATCH --partition=gpu" in script
-    assert "#SBATCH --account='proj x'" in script
-    assert f"#SBATCH --output='{out.resolve()}/.pack/logs/%A_%a.out'" in script
-    assert "apptainer exec --nv --cleanenv" in script
-    assert f"--bind {ident_root.resolve()}" in script and f"--bind '{out.resolve()}'" in script
-    assert f"-m hpctrain.data.pack '{out.resolve()}' \"$SLURM_ARRAY_TASK_ID\"" in script
-    r = cli("data", "pack", str(ident_root), str(out), "--slurm", "--dry-run", "--partition", "a\nb")
-    assert r.returncode == 2 and "--partition: contains a control character" in r.stderr
-    r = cli("data", "pack", str(ident_root), str(out), "--partition", "x")
-    assert r.returncode == 2 and "--partition only apply to a Slurm pack: add --slurm" in r.stderr
-    login = ("import sys, runpy; sys.argv = ['hpctrain', 'data', 'pack', sys.argv[1], sys.argv[2], '--slurm', "
-             "'--dry-run']\ntry:\n    runpy.run_module('hpctrain', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
-    r = subprocess.run([sys.executable, "-c", login, str(ident_root), str(out)], capture_output=True, text=True,
-                       timeout=60)
-    assert "#SBATCH --array=0-1\n" in r.stdout and "torch imported: False" in r.stderr, r.stderr
-
-
-@pytest.mark.slurm
-def test_slurm_array_pack_in_the_image_equals_the_local_pack(slurm_cluster, ident_root, serial, tmp_path):
-    """3 array tasks, each in (a stand-in of) the profile's Apptainer image; then a lost shard: the
-    same command resubmits its group alone and the result is again byte for byte the local pack."""
-    image = tmp_path / "image"
-    (image / "bin").mkdir(parents=True)
-    (image / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
-    (image / "image.sif").write_bytes(b"fake")
-    (image / "site").mkdir()  # the image's Python says where it runs
-    (image / "site" / "sitecustomize.py").write_text("import sys; print('python in the image', file=sys.stderr)\n")
-    prof = tmp_path / "site.yaml"
-    prof.write_text(yaml.safe_dump({"name": "site", "slurm": {"time": "10"},
-                                    "container": {"runtime": "apptainer", "image": str(image / "image.sif"),
-                                                  "source_mount": str(tmp_path / "mnt")}}))
-    env = {"PATH": f"{image / 'bin'}:/usr/local/bin:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
-           "FAKE_APPTAINER_SITE": str(image / "site")}
-    out = tmp_path / "shards"
-    args = ("data", "pack", str(ident_root), str(out), "--shard-size", "5", "--seed", "7", "--workers", "3",
-            "--slurm", "--cluster", str(prof), "--wait")
-    r = hp(slurm_cluster, *args, env=env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "3 tasks pack 16 shards" in r.stdout and "all 3 groups packed" in r.stdout
-    assert files(out) == files(serial)
-    logs = sorted((out / ".pack" / "logs").glob("*.out"))
-    assert len(logs) == 3
-    text = "".join(p.read_text() for p in logs)
-    assert text.count("python in the image") == 3 and "wrote the shard index" in text, text
-    (out / "train-00006.tar").unlink()  # group 1 (shards 5-9) lost a file
-    again = hp(slurm_cluster, *args, env=env)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "the 1 of 3 groups not packed yet (1)" in again.stdout
-    assert files(out) == files(serial)
