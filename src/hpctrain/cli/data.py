@@ -58,7 +58,9 @@ def add_parser(sub) -> None:
     q.add_argument("--val-map", help="ground truth for a flat val/: LOC_val_solution.csv or "
                                      "`<file> <class>` lines")
     q.add_argument("--exclude-bad", metavar="OUT", help="write the bad files here (use as data.exclude_file)")
-    q.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode processes")
+    q.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="decode processes (default: every core); any number lists the same bad files "
+                        "in the same order")
     q.add_argument("--no-scan", action="store_true", help="check the layout only, decode nothing")
     q.set_defaults(func=prepare_imagenet)
 

@@ -22,6 +22,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import queue
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -131,9 +132,9 @@ def write_meta(plan: PackPlan) -> None:
 _REPORT = None  # a worker's queue back to the parent's progress line
 
 
-def _init_worker(queue) -> None:
+def _init_worker(reports) -> None:
     global _REPORT
-    _REPORT = queue
+    _REPORT = reports
 
 
 def _pack_group(shards: tuple[ShardJob, ...], out: Path) -> None:
@@ -155,29 +156,27 @@ def pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclu
         for job in plan.shards:
             meter.add(1, sum(pack_shard(job, out).values()))
     else:
-        queue = mp.Queue()
-        with cf.ProcessPoolExecutor(plan.groups, initializer=_init_worker, initargs=(queue,)) as ex:
+        reports = mp.Queue()
+        with cf.ProcessPoolExecutor(plan.groups, initializer=_init_worker, initargs=(reports,)) as ex:
             futs = [ex.submit(_pack_group, plan.group(g), out) for g in range(plan.groups)]
             pending = set(futs)
             while pending:
                 _, pending = cf.wait(pending, timeout=0.5)
-                _drain(queue, meter)
+                _drain(reports, meter)
             for f in futs:
                 f.result()  # a worker's error (an unreadable image) ends the pack here
-            _drain(queue, meter)
+            _drain(reports, meter)
     write_meta(plan)
     meter.finish(f"packed {len(plan.shards)} shards in {plan.groups} group(s) into {out} in "
                  f"{meter.seconds:.1f} s ({meter.rate():.1f} MB/s)")
     return plan.meta
 
 
-def _drain(queue, meter: Meter) -> None:
-    import queue as q
-
+def _drain(reports, meter: Meter) -> None:
     while True:
         try:
-            _, nbytes = queue.get_nowait()
-        except q.Empty:
+            _, nbytes = reports.get_nowait()
+        except queue.Empty:
             return
         meter.add(1, nbytes)
 

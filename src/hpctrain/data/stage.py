@@ -71,11 +71,11 @@ def stage(root: str | os.PathLike, dest: str, log=print, every_s: float = 5.0) -
             log(f"staging skipped: {target} holds a complete copy of {root} ({len(names)} files, "
                 f"{fmt_bytes(total)}; meta.json and every file's size match, {how})")
             return target
-        _copy(root, target, base, stale, sizes, meta_bytes, digest, log, every_s)
+        _copy(root, target, stale, sizes, meta_bytes, digest, log, every_s)
     return target
 
 
-def _copy(root: Path, target: Path, base: Path, stale: list[str], sizes: dict[str, int], meta_bytes: bytes,
+def _copy(root: Path, target: Path, stale: list[str], sizes: dict[str, int], meta_bytes: bytes,
           digest: str, log, every_s: float) -> None:
     (target / META).unlink(missing_ok=True)  # incomplete from here until the end
     (target / RECORD).unlink(missing_ok=True)
