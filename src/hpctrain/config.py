@@ -84,7 +84,8 @@ class DataConfig:
     exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
     on_bad_sample: str = opt("stop", "an image that vanished or went bad mid-run: stop naming it, or skip "
                              "and count it (torch loader)", choices=("stop", "skip"))
-    stage_to: str = opt("", "copy shards to this node-local path first (e.g. $TMPDIR)")
+    stage_to: str = opt("", "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR: "
+                            "once per node, free space checked, skipped when a complete copy is there")
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
 
 

@@ -37,7 +37,7 @@ def test_resume_is_exact(digits_root, tmp_path, loader):
 
 @pytest.mark.slow
 def test_digits_trains_to_95_with_dali_from_folder_and_from_packed_shards(digits_root, tmp_path):
-    from hpctrain.data.wds import pack
+    from hpctrain.data.pack import pack
 
     sets = ["train.epochs=15", "train.eval_every=0", "train.ckpt_every=0"]
     folder = run(digits_cfg(digits_root, tmp_path, "folder", *sets))

@@ -94,3 +94,23 @@ def test_val_map_errors_are_clear(ident_root, tmp_path):
     bad.write_text("490\n361\n")
     r = cli("data", "prepare-imagenet", str(ident_root), "--val-map", str(bad))
     assert r.returncode == 2 and "expected `<file name> <class folder>`" in r.stderr
+
+
+def test_parallel_decode_check_finds_the_same_bad_files_in_the_same_order(raw_imagenet):
+    """3 processes list what one process lists, in the same (sorted path) order, with a progress line."""
+    root, _, _ = raw_imagenet
+    for cls in ("c01", "c20", "c33"):  # more bad files, spread over the listing
+        good = next((root / "train" / cls).glob("*.jpg"))
+        (root / "train" / cls / f"cut_{cls}.jpg").write_bytes(good.read_bytes()[:300])
+    (root / "val" / "v005.jpg").write_bytes(b"")
+    reports, logs = [], []
+    for workers in (1, 3):
+        lines: list[str] = []
+        reports.append(prepare(root, workers=workers, log=lines.append))
+        logs.append(lines)
+    serial, parallel = reports
+    assert len(serial.bad) == 6 and parallel.bad == serial.bad
+    assert [rel for rel, _ in serial.bad] == sorted(rel for rel, _ in serial.bad)
+    assert ("val/v005.jpg", "empty file") in serial.bad
+    assert any(s.startswith("decoding train: 41/41 images") and "(3 worker(s)): 5 do not decode" in s
+               for s in logs[1]), logs[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import tarfile
@@ -80,19 +81,21 @@ def test_wds_loader_contract_sharding_and_exact_eval(packed):
     assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(full[2:], resumed))
 
 
-def test_stage_copies_once_per_node_while_others_wait(packed, tmp_path):
+def test_loader_reads_the_node_local_copy(packed, tmp_path):
+    """data.stage_to: the loaders read the staged copy (tests/data/test_stage.py: how it is made)."""
     dest = tmp_path / "local"
-    code = ("import sys; from hpctrain.data.wds import stage; "
-            f"print('ROOT', stage({str(packed)!r}, {str(dest)!r}))")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
-    outs = [p.communicate(timeout=60)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    assert sum("staged" in o for o in outs) == 1  # one copier
-    roots = {o.split("ROOT", 1)[1].strip() for o in outs}
-    assert len(roots) == 1
-    staged = roots.pop()
-    assert dest in Path(staged).parents
-    assert (packed / "train-00000.tar").read_bytes() == (Path(staged) / "train-00000.tar").read_bytes()
-    train, _ = wds_loaders(packed, **{"data.stage_to": str(dest)})
-    assert train.shards.tars[0].startswith(staged)
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda r: lines.append(r.getMessage())
+    log = logging.getLogger("hpctrain")
+    log.addHandler(handler)
+    level, log.level = log.level, logging.INFO
+    try:
+        train, val = wds_loaders(packed, **{"data.stage_to": str(dest)})
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    staged = Path(train.shards.tars[0]).parent
+    assert staged.parent == dest and Path(val.shards.tars[0]).parent == staged
+    assert (packed / "train-00000.tar").read_bytes() == (staged / "train-00000.tar").read_bytes()
+    assert any(s.startswith("staged 16 files") and s.endswith("MB/s") for s in lines), lines

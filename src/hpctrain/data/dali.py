@@ -30,6 +30,7 @@ import torch
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import sampling
 from hpctrain.data.folder import DataError, Listing, list_split, read_exclusions
+from hpctrain.data.wds import WdsShards, find_shards
 
 log = logging.getLogger("hpctrain")
 PREFETCH = 2  # batches decoded ahead
@@ -71,16 +72,6 @@ class Augment:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     randaugment: tuple[int, int] | None
-
-
-@dataclass(frozen=True)
-class WdsShards:
-    """A split of `data pack` output: tar shards, their DALI index files and the sample count."""
-
-    tars: tuple[str, ...]
-    indices: tuple[str, ...]
-    size: int
-    classes: tuple[str, ...]
 
 
 # ----------------------------------------------------------------------------- pipelines
@@ -365,9 +356,9 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":
-        from hpctrain.data.wds import find_shards, stage
+        from hpctrain.data.stage import stage
 
-        root = stage(d.root, d.stage_to) if d.stage_to else Path(d.root)
+        root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)
         train = DaliLoader(train=True, batch_size=batch, shards=train_sh, **common)

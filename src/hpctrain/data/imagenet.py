@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.data.folder import IMAGE_EXTS, DataError
+from hpctrain.data.meter import Meter
 
 IMAGENET = {"classes": 1000, "train": 1_281_167, "val": 50_000}
 
@@ -85,6 +86,26 @@ def check_image(path: str) -> str | None:
     return None
 
 
+def scan_images(paths: list[str], workers: int, what: str = "decoding", log=print) -> list[str | None]:
+    """check_image of every path, in the order given, by `workers` processes, with a progress line."""
+    meter = Meter(what, len(paths), "images", log=log)
+    if workers > 1:
+        chunk = max(1, min(256, len(paths) // (4 * workers)))  # small sets still spread over the workers
+        with ProcessPoolExecutor(workers) as ex:
+            reasons = []
+            for r in ex.map(check_image, paths, chunksize=chunk):  # map keeps the input order
+                reasons.append(r)
+                meter.add()
+    else:
+        reasons = []
+        for p in paths:
+            reasons.append(check_image(p))
+            meter.add()
+    meter.finish(f"{meter.line()} in {meter.seconds:.1f} s ({workers} worker(s)): "
+                 f"{sum(r is not None for r in reasons)} do not decode")
+    return reasons
+
+
 def _files(split_dir: Path) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(split_dir):
@@ -138,12 +159,7 @@ def prepare(root: str | os.PathLike, val_map: str | None = None, workers: int = 
         if len(classes) != IMAGENET["classes"]:
             rep.notes.append(f"{split}: {len(classes)} classes, ImageNet-1k has {IMAGENET['classes']}")
         if scan and files:
-            paths = [str(f) for f in files]
-            if workers > 1:
-                with ProcessPoolExecutor(workers) as ex:
-                    reasons = list(ex.map(check_image, paths, chunksize=256))
-            else:
-                reasons = [check_image(p) for p in paths]
+            reasons = scan_images([str(f) for f in files], workers, f"decoding {split}", log)
             rep.bad += [(f"{split}/{f.relative_to(base).as_posix()}", r)
                         for f, r in zip(files, reasons) if r is not None]
     return rep

@@ -1,0 +1,323 @@
+"""`hpctrain data pack`: an ImageNet-layout folder → WebDataset tar shards + DALI indices + meta.json.
+
+The work is planned first (`plan_pack`: which sample goes into which shard, from the sorted
+listing and the seed), then the shards are packed in groups (contiguous runs of shards), each
+by its own process here (`--workers`) or by one task of a Slurm array job (`--slurm`). A shard's
+bytes depend only on the plan, so any grouping writes the same files. `meta.json`, the shard
+index, is written last and only when every group is done: by `pack` here, and on Slurm by the
+array task that finds all the others finished (or by the next `data pack --slurm`).
+
+Slurm state lives in `OUT/.pack/`: `plan.json` (every shard's samples: the array tasks need no
+listing of their own and cannot disagree), one `done-<group>.json` per packed group (the plan's
+digest and the size of each file written), the batch script and the tasks' logs. A task whose
+group is done already skips it, so re-running a task, or the whole array, is harmless.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpctrain.data.folder import DataError, list_split, read_exclusions
+from hpctrain.data.meter import Meter
+from hpctrain.data.wds import META, SPLITS
+
+STATE = ".pack"  # Slurm packing state under OUT
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    name: str  # e.g. train-00003 → train-00003.tar, train-00003.idx
+    split_root: str  # the split folder the sample paths are relative to
+    samples: tuple[tuple[int, str, int], ...]  # (key, relative path, label)
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    out: Path
+    meta: dict  # meta.json's content, known before any shard is written
+    shards: tuple[ShardJob, ...]
+    groups: int
+
+    def group(self, g: int) -> tuple[ShardJob, ...]:
+        """Group g's contiguous run of shards (sizes differ by at most one shard)."""
+        n = len(self.shards)
+        return self.shards[g * n // self.groups:(g + 1) * n // self.groups]
+
+
+def plan_pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
+              seed: int = 0, groups: int = 1, log=print) -> PackPlan:
+    """Assign every sample to its shard. Train is shuffled across shards (seeded) so every shard
+    holds all classes; val keeps the sorted order of the folder listing."""
+    if shard_size < 1:
+        raise DataError(f"--shard-size {shard_size} must be >= 1 (e.g. 1000 images per shard)")
+    if groups < 1:
+        raise DataError(f"--workers {groups} must be >= 1")
+    exclude = read_exclusions(exclude_file)
+    root = Path(root).resolve()  # array tasks may start elsewhere
+    train = list_split(root, "train", exclude)
+    meta: dict = {"format": 1, "classes": list(train.classes), "source": str(root)}
+    shards: list[ShardJob] = []
+    for split in SPLITS:
+        if split == "val" and not (root / "val").is_dir():
+            continue
+        listing = train if split == "train" else list_split(root, "val", exclude, classes=train.classes)
+        order = (np.random.default_rng([seed, 0x9AC]).permutation(len(listing)) if split == "train"
+                 else np.arange(len(listing)))
+        records = []
+        for s, lo in enumerate(range(0, len(order), shard_size)):
+            name = f"{split}-{s:05d}"
+            samples = tuple((int(i), *listing.samples[int(i)]) for i in order[lo:lo + shard_size])
+            shards.append(ShardJob(name, str(listing.root), samples))
+            records.append({"tar": f"{name}.tar", "idx": f"{name}.idx", "size": len(samples)})
+        meta[split] = {"size": len(listing), "shards": records}
+        log(f"{split}: {len(listing)} images in {len(records)} shards")
+    return PackPlan(Path(out), meta, tuple(shards), min(groups, len(shards)))
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> tuple[int, int]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    tar.addfile(info, io.BytesIO(data))
+    blocks = -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    return tar.offset - blocks, len(data)  # the data ends, padded, where the archive now ends
+
+
+def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
+    """Write one tar and its DALI index (each under a temporary name, then renamed); their sizes."""
+    root = Path(job.split_root)
+    tag = f"{os.getpid()}.tmp"  # two writers of the same shard (a re-run task) never share a file
+    tmp = out / f".{job.name}.tar.{tag}"
+    lines = []
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, rel, label in job.samples:
+            key = f"{i:08d}"
+            ext = rel.rsplit(".", 1)[-1].lower()
+            parts = [(ext, (root / rel).read_bytes()), ("cls", str(label).encode()),
+                     ("lbl", np.int64(label).tobytes())]
+            comp = []
+            for e, data in parts:
+                off, size = _add(tar, f"{key}.{e}", data)
+                comp.append(f"{e} {off} {size} {key}.{e}")
+            lines.append(" ".join(comp))
+    os.replace(tmp, out / f"{job.name}.tar")
+    itmp = out / f".{job.name}.idx.{tag}"
+    itmp.write_text(f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n")
+    os.replace(itmp, out / f"{job.name}.idx")
+    return {f"{job.name}.{k}": (out / f"{job.name}.{k}").stat().st_size for k in ("tar", "idx")}
+
+
+def write_meta(plan: PackPlan) -> None:
+    """The shard index, written atomically: readers see no index or a whole one."""
+    tmp = plan.out / f".{META}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(plan.meta, indent=1))
+    os.replace(tmp, plan.out / META)
+
+
+# ----------------------------------------------------------------------------- here, in parallel
+
+_REPORT = None  # a worker's queue back to the parent's progress line
+
+
+def _init_worker(reports) -> None:
+    global _REPORT
+    _REPORT = reports
+
+
+def _pack_group(shards: tuple[ShardJob, ...], out: Path) -> None:
+    for job in shards:
+        sizes = pack_shard(job, out)
+        _REPORT.put((len(job.samples), sum(sizes.values())))
+
+
+def pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
+         seed: int = 0, workers: int = 1, log=print) -> dict:
+    """Write OUT/{split}-NNNNN.{tar,idx} and OUT/meta.json, with `workers` processes (one per
+    shard group); the same bytes for any number of workers. Returns meta.json's content."""
+    out = Path(out)
+    plan = plan_pack(root, out, shard_size, exclude_file, seed, workers, log)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META).unlink(missing_ok=True)  # an interrupted pack must not look finished
+    meter = Meter("packing", len(plan.shards), "shards", log=log)
+    if plan.groups == 1:
+        for job in plan.shards:
+            meter.add(1, sum(pack_shard(job, out).values()))
+    else:
+        reports = mp.Queue()
+        with cf.ProcessPoolExecutor(plan.groups, initializer=_init_worker, initargs=(reports,)) as ex:
+            futs = [ex.submit(_pack_group, plan.group(g), out) for g in range(plan.groups)]
+            pending = set(futs)
+            while pending:
+                _, pending = cf.wait(pending, timeout=0.5)
+                _drain(reports, meter)
+            for f in futs:
+                f.result()  # a worker's error (an unreadable image) ends the pack here
+            _drain(reports, meter)
+    write_meta(plan)
+    meter.finish(f"packed {len(plan.shards)} shards in {plan.groups} group(s) into {out} in "
+                 f"{meter.seconds:.1f} s ({meter.rate():.1f} MB/s)")
+    return plan.meta
+
+
+def _drain(reports, meter: Meter) -> None:
+    while True:
+        try:
+            _, nbytes = reports.get_nowait()
+        except queue.Empty:
+            return
+        meter.add(1, nbytes)
+
+
+# ----------------------------------------------------------------------------- Slurm array state
+
+def plan_bytes(plan: PackPlan) -> bytes:
+    shards = [{"name": s.name, "root": s.split_root, "samples": [list(x) for x in s.samples]}
+              for s in plan.shards]
+    return json.dumps({"version": 1, "groups": plan.groups, "meta": plan.meta, "shards": shards},
+                      separators=(",", ":")).encode()
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def write_plan(plan: PackPlan) -> str:
+    """Start a Slurm pack: the plan for the array tasks, no index, no markers of another plan."""
+    state = plan.out / STATE
+    if state.is_dir():
+        for p in state.glob("done-*.json"):
+            p.unlink()
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    (plan.out / META).unlink(missing_ok=True)
+    data = plan_bytes(plan)
+    tmp = state / f".{PLAN}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, state / PLAN)
+    return digest(data)
+
+
+def load_plan(out: str | os.PathLike) -> tuple[PackPlan, str] | None:
+    """The plan under OUT/.pack and its digest; None when there is none."""
+    p = Path(out) / STATE / PLAN
+    if not p.is_file():
+        return None
+    data = p.read_bytes()
+    d = json.loads(data)
+    shards = tuple(ShardJob(s["name"], s["root"], tuple(tuple(x) for x in s["samples"])) for s in d["shards"])
+    return PackPlan(Path(out), d["meta"], shards, int(d["groups"])), digest(data)
+
+
+def _marker(out: Path, g: int) -> Path:
+    return out / STATE / f"done-{g:05d}.json"
+
+
+def group_done(plan: PackPlan, plan_digest: str, g: int) -> bool:
+    """Group g was packed for this plan and its files are all there at the sizes written."""
+    m = _marker(plan.out, g)
+    if not m.is_file():
+        return False
+    try:
+        rec = json.loads(m.read_text())
+    except json.JSONDecodeError:
+        return False
+    if rec.get("plan") != plan_digest:
+        return False
+    files = rec.get("files", {})
+    want = {f"{s.name}.{k}" for s in plan.group(g) for k in ("tar", "idx")}
+    if set(files) != want:
+        return False
+    for name, size in files.items():
+        p = plan.out / name
+        if not p.is_file() or p.stat().st_size != size:
+            return False
+    return True
+
+
+def missing_groups(plan: PackPlan, plan_digest: str) -> list[int]:
+    return [g for g in range(plan.groups) if not group_done(plan, plan_digest, g)]
+
+
+def finish(plan: PackPlan, plan_digest: str, log=print) -> bool:
+    """Write the shard index when every group is done; True when it is (now or before)."""
+    missing = missing_groups(plan, plan_digest)
+    if missing:
+        log(f"{len(missing)} of {plan.groups} groups not packed yet ({array_ranges(missing)}): "
+            "meta.json is written when they are")
+        return False
+    if (plan.out / META).is_file() and (plan.out / META).read_text() == json.dumps(plan.meta, indent=1):
+        return True
+    write_meta(plan)
+    log(f"all {plan.groups} groups packed: wrote the shard index {plan.out / META}")
+    return True
+
+
+def run_group(out: str | os.PathLike, g: int, log=print) -> int:
+    """One array task: pack group g (unless it is done already), then finish if it was the last."""
+    loaded = load_plan(out)
+    if loaded is None:
+        raise DataError(f"{Path(out) / STATE / PLAN} is missing: start the pack with "
+                        "`hpctrain data pack ROOT OUT --slurm`")
+    plan, d = loaded
+    if not 0 <= g < plan.groups:
+        raise DataError(f"group {g} does not exist: the plan in {out} has groups 0-{plan.groups - 1}")
+    shards = plan.group(g)
+    if group_done(plan, d, g):
+        log(f"group {g}: its {len(shards)} shards are packed already: skipped")
+    else:
+        meter = Meter(f"group {g}", len(shards), "shards", log=log, tty=False)
+        files: dict[str, int] = {}
+        for job in shards:
+            sizes = pack_shard(job, plan.out)
+            files.update(sizes)
+            meter.add(1, sum(sizes.values()))
+        tmp = plan.out / STATE / f".done-{g:05d}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"plan": d, "group": g, "files": files}))
+        os.replace(tmp, _marker(plan.out, g))
+        meter.finish(f"group {g}: packed {len(shards)} shards ({shards[0].name} … {shards[-1].name}) "
+                     f"in {meter.seconds:.1f} s ({meter.rate():.1f} MB/s)")
+    finish(plan, d, log)
+    return 0
+
+
+def array_ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] → '0-2,5' (Slurm's --array syntax)."""
+    parts, start = [], None
+    for i, x in enumerate(ids):
+        if start is None:
+            start = x
+        if i + 1 == len(ids) or ids[i + 1] != x + 1:
+            parts.append(f"{start}-{x}" if x != start else f"{x}")
+            start = None
+    return ",".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hpctrain.data.pack OUT GROUP`: what each array task runs."""
+    from hpctrain.errors import UserError
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or not args[1].isdigit():
+        print("usage: python -m hpctrain.data.pack OUT GROUP", file=sys.stderr)
+        return 2
+    try:
+        return run_group(args[0], int(args[1]), log=lambda s: print(s, flush=True))
+    except UserError as e:
+        print(f"hpctrain: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""`data.stage_to`: copy the shards of `data pack` to node-local storage before training.
+
+Once per node: every rank calls `stage`, one holds the lock (`flock` on a file in the node-local
+folder) and copies while the others wait for it, then find the copy complete. A copy is complete
+when its `meta.json` (the shard index) equals the source's and every file the index lists has the
+source's size: modification times are not compared (a copy's mtime is when it was copied, and
+clocks differ between nodes). A file of the wrong size (a copy cut short by a killed job) is copied
+again; a node that holds a complete copy already (a requeued job) copies nothing. Free space is
+checked before the first byte is written. `meta.json` is copied last, so a copy cut short never
+looks complete. Ranks that waited for the lock trust the holder's check of the source (recorded in
+`.staged.json` with the index's digest) and compare only local sizes: the shared file system sees
+one round of `stat` calls per node, not one per rank. Torch-free.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from hpctrain.data.folder import DataError
+from hpctrain.data.meter import MB, Meter, fmt_bytes
+from hpctrain.data.wds import META, shard_files
+
+RECORD = ".staged.json"
+CHUNK = 16 << 20  # bytes per read/write while copying (progress granularity)
+
+
+def staged_root(root: Path, base: Path) -> Path:
+    """Where the copy of `root` lives under `base` (one folder per source path)."""
+    tag = hashlib.sha1(str(root).encode()).hexdigest()[:10]
+    return base / f"hpctrain-{root.name}-{tag}"
+
+
+def stage(root: str | os.PathLike, dest: str, log=print, every_s: float = 5.0) -> Path:
+    """Make `dest` (node-local) hold a complete copy of the shards at `root`; returns the copy's root."""
+    root = Path(root).resolve()
+    base = Path(os.path.expandvars(os.path.expanduser(dest)))
+    if "$" in str(base):
+        raise DataError(f"data.stage_to={dest!r}: an environment variable in it is not set on this node")
+    if not (root / META).is_file():
+        raise DataError(f"data.stage_to copies `data pack` shards, but {root / META} is missing")
+    meta_bytes = (root / META).read_bytes()
+    names = shard_files(json.loads(meta_bytes))
+    target = staged_root(root, base)
+    target.mkdir(parents=True, exist_ok=True)
+    lock = base / f".{target.name}.lock"
+    with open(lock, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise DataError(f"data.stage_to={dest!r}: {base} refuses file locks ({os.strerror(e.errno)}); "
+                                "stage to a node-local disk such as $TMPDIR, not a shared file system") from None
+            fcntl.flock(f, fcntl.LOCK_EX)  # another rank of this node is copying: wait for it
+            waited = True
+        digest = hashlib.sha256(meta_bytes).hexdigest()
+        sizes = _recorded(target, digest) if waited else None
+        trusted = sizes is not None
+        if sizes is None:
+            sizes = {n: (root / n).stat().st_size for n in names}  # the source, as it is now
+        stale = [n for n in names if _size(target / n) != sizes[n]]
+        total = sum(sizes.values())
+        if not stale and (target / META).is_file() and (target / META).read_bytes() == meta_bytes:
+            how = "checked by the rank that held the lock" if trusted else "checked against the source"
+            log(f"staging skipped: {target} holds a complete copy of {root} ({len(names)} files, "
+                f"{fmt_bytes(total)}; meta.json and every file's size match, {how})")
+            return target
+        _copy(root, target, stale, sizes, meta_bytes, digest, log, every_s)
+    return target
+
+
+def _copy(root: Path, target: Path, stale: list[str], sizes: dict[str, int], meta_bytes: bytes,
+          digest: str, log, every_s: float) -> None:
+    (target / META).unlink(missing_ok=True)  # incomplete from here until the end
+    (target / RECORD).unlink(missing_ok=True)
+    for n in stale:
+        (target / n).unlink(missing_ok=True)  # a short or stale copy is useless: its space counts as free
+    listed = set(sizes)
+    for p in target.iterdir():  # left by a killed copy, or shards the index no longer lists
+        if p.is_file() and (p.name.endswith(".part") or p.suffix in (".tar", ".idx") and p.name not in listed):
+            p.unlink()
+    need = sum(sizes[n] for n in stale) + len(meta_bytes)
+    free = shutil.disk_usage(target).free
+    if need > free:
+        raise DataError(
+            f"data.stage_to: {target} needs {need:,} bytes ({fmt_bytes(need)}) for {len(stale)} shard files "
+            f"but its file system has {free:,} bytes ({fmt_bytes(free)}) free: point data.stage_to at a "
+            "larger node-local disk, free space there, or clear data.stage_to to read the shards in place")
+    have = len(sizes) - len(stale)
+    log(f"staging {root} to {target}: copying {len(stale)} of {len(sizes)} files ({fmt_bytes(need)}; "
+        f"{have} complete already), {fmt_bytes(free)} free there")
+    meter = Meter("staging", len(stale), "files", total_bytes=need, log=log, every_s=every_s, tty=False)
+    for n in stale:
+        tmp = target / f".{n}.part"
+        with open(root / n, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                dst.write(chunk)
+                meter.add(0, len(chunk))
+        if tmp.stat().st_size != sizes[n]:
+            raise DataError(f"{root / n} changed size while it was staged ({sizes[n]:,} → "
+                            f"{tmp.stat().st_size:,} bytes): is `data pack` still writing to {root}?")
+        tmp.replace(target / n)
+        meter.add(1)
+    (target / RECORD).write_text(json.dumps({"source": str(root), "meta_sha256": digest, "sizes": sizes}))
+    tmp = target / f".{META}.part"
+    tmp.write_bytes(meta_bytes)
+    tmp.replace(target / META)  # last: the copy is complete
+    log(f"staged {len(stale)} files ({fmt_bytes(meter.nbytes)}) to {target} in {meter.seconds:.1f} s: "
+        f"{meter.nbytes / MB / max(meter.seconds, 1e-9):.1f} MB/s")
+
+
+def _recorded(target: Path, digest: str) -> dict[str, int] | None:
+    """The source sizes the last holder of the lock checked, if it checked this same index."""
+    try:
+        rec = json.loads((target / RECORD).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return rec["sizes"] if rec.get("meta_sha256") == digest else None
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return -1

@@ -1,0 +1,116 @@
+"""`hpctrain data pack --slurm`: pack the shard groups as the tasks of one Slurm array job.
+
+Login-node code (no torch). The batch script follows the training job's conventions: `#SBATCH`
+values from the cluster profile and the command line, refused when they hold a control character
+and quoted; each task's Python is the profile's (`apptainer exec` with the data and output folders
+bound, and the submitting hpctrain package, when the profile runs tasks in an image); modules as
+the profile says. Task g runs `python -m hpctrain.data.pack OUT g` (data/pack.py says how a task
+skips a finished group and how the last one writes the shard index).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpctrain.config import check_text
+from hpctrain.data.pack import STATE, PackPlan, array_ranges
+from hpctrain.errors import LaunchError
+from hpctrain.launch.container import bind_list, python_lines
+from hpctrain.launch.modules import job_module_lines
+from hpctrain.launch.profile import ClusterProfile
+from hpctrain.launch.sbatch import sbatch_value
+from hpctrain.launch.submit import Request
+
+SCRIPT = "pack.sbatch"
+JOB = "job"  # the last array job's id, under OUT/.pack
+
+
+def script_path(out: Path) -> Path:
+    return out / STATE / SCRIPT
+
+
+def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> str:
+    """The array job's batch script (one task per shard group)."""
+    from hpctrain.source import package_dir
+
+    req.check()
+    out = plan.out.resolve()
+    root = str(Path(root).resolve())
+    for label, path in (("ROOT", root), ("OUT", str(out))):
+        check_text(path, f"{label} (made absolute: {path!r})")
+    s = profile.slurm
+    pick = lambda a, b: b if a is None else a  # noqa: E731
+    opts: list[tuple[str, object]] = [("job-name", "hpctrain-pack"), ("array", f"0-{plan.groups - 1}"),
+                                      ("ntasks", 1), ("time", req.time or s.time)]
+    for key in ("partition", "account", "qos", "constraint"):
+        value = pick(getattr(req, key), getattr(s, key))
+        if value:
+            opts.append((key, value))
+    opts += [("output", str(out / STATE / "logs" / "%A_%a.out")), ("open-mode", "append")]
+    source = shlex.quote(str(package_dir())) if profile.container.bind_source else "''"
+    q = shlex.quote
+    lines = ["#!/bin/bash",
+             f"# hpctrain data pack: {len(plan.shards)} shards of {root} into {out},",
+             f"# {plan.groups} groups, one per array task (SLURM_ARRAY_TASK_ID = group).",
+             "# A task whose group is packed already skips it: re-run failed groups with",
+             f"#   sbatch --array=<groups> {script_path(out)}",
+             "# or `hpctrain data pack ... --slurm` again (it submits the missing groups). The task",
+             "# that finds every group done writes OUT/meta.json, the shard index.",
+             *[sbatch_value(k, v) for k, v in opts], "",
+             "set -eo pipefail", "",
+             "# Python for the task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif> (as for training).",
+             *python_lines(profile.container, bind_list(profile.container, [root, str(out)]),
+                           q(sys.executable), source), ""]
+    mods = job_module_lines(profile.modules, profile.container_modules, profile.module_use, profile.module_purge)
+    if mods:
+        lines += [*mods, ""]
+    lines += ['echo "hpctrain: pack group ${SLURM_ARRAY_TASK_ID:?not an array task} of '
+              f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
+              f'"${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.pack {q(str(out))} "$SLURM_ARRAY_TASK_ID"', ""]
+    return "\n".join(lines)
+
+
+def submit(out: Path, script: str, groups: list[int] | None = None) -> str:
+    """Write the script under OUT/.pack and sbatch it (all groups, or `groups` only); the job id."""
+    path = script_path(out)
+    path.write_text(script)
+    cmd = ["sbatch", "--parsable"]
+    if groups is not None:
+        cmd.append(f"--array={array_ranges(groups)}")  # the command line wins over the #SBATCH line
+    try:
+        r = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise LaunchError("sbatch is not on PATH: run `data pack --slurm` on a login node of the "
+                          "cluster, or pack here with --workers N") from None
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise LaunchError(f"sbatch refused the pack job: {why}")
+    job = r.stdout.strip().split(";")[0]
+    (out / STATE / JOB).write_text(job + "\n")
+    return job
+
+
+def recorded_job(out: Path) -> str | None:
+    p = out / STATE / JOB
+    if not p.is_file():
+        return None
+    return p.read_text().strip() or None
+
+
+def job_queued(job: str) -> bool:
+    """Some task of the array is still pending or running (squeue lists it)."""
+    try:
+        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True,
+                           timeout=60)
+    except (FileNotFoundError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and bool(r.stdout.strip())
+
+
+def wait(job: str, poll_s: float = 2.0) -> None:
+    while job_queued(job):
+        time.sleep(poll_s)

@@ -1,0 +1,75 @@
+"""`hpctrain data pack`: parallel groups; what the Slurm array's tasks run (tests/launch/test_pack_array.py:
+the array job itself)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.data import pack as pk
+
+
+def quiet(*_):
+    pass
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, timeout=120)
+
+
+def files(d: Path) -> dict[str, bytes]:
+    """Every shard, index and meta.json (not the Slurm state under .pack)."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def serial(ident_root, tmp_path_factory) -> Path:
+    """ident_root packed by one process, 5 images per shard: 8 train + 8 val shards."""
+    out = tmp_path_factory.mktemp("serial")
+    pk.pack(ident_root, out, 5, seed=7, log=quiet)
+    return out
+
+
+def test_three_workers_write_the_same_bytes_as_one(ident_root, serial, tmp_path):
+    r = cli("data", "pack", str(ident_root), str(tmp_path / "w3"), "--shard-size", "5", "--seed", "7",
+            "--workers", "3")
+    assert r.returncode == 0, r.stderr
+    assert "packed 16 shards in 3 group(s)" in r.stdout and "MB/s" in r.stdout
+    ref = files(serial)
+    assert len(ref) == 2 * 16 + 1 and files(tmp_path / "w3") == ref
+    other = tmp_path / "seed8"  # the comparison can fail: another seed orders train differently
+    pk.pack(ident_root, other, 5, seed=8, log=quiet)
+    assert files(other)["train-00000.tar"] != ref["train-00000.tar"]
+    assert files(other)["val-00000.tar"] == ref["val-00000.tar"]
+
+
+def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root, serial, tmp_path):
+    """What each array task runs (`python -m hpctrain.data.pack OUT g`), here, in any order."""
+    out = tmp_path / "arr"
+    out.mkdir()
+    plan = pk.plan_pack(ident_root, out, 5, seed=7, groups=3, log=quiet)
+    digest = pk.write_plan(plan)
+    assert [len(plan.group(g)) for g in range(3)] == [5, 5, 6]
+    logs: list[str] = []
+    pk.run_group(out, 2, log=logs.append)
+    pk.run_group(out, 0, log=logs.append)
+    assert not (out / "meta.json").exists() and pk.missing_groups(plan, digest) == [1]
+    assert "1 of 3 groups not packed yet (1)" in logs[-1]
+    pk.run_group(out, 0, log=logs.append)  # a re-run task: its group is done, nothing is rewritten
+    assert "group 0: its 5 shards are packed already: skipped" in logs[-2]
+    cut = out / plan.group(2)[0].name
+    cut.with_suffix(".tar").write_bytes(b"")  # a shard lost after its group was done
+    assert pk.missing_groups(plan, digest) == [1, 2]
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "1"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "meta.json is written when they are" in r.stdout, r.stdout + r.stderr
+    assert not (out / "meta.json").exists()
+    pk.run_group(out, 2, log=logs.append)  # repacked; the last group done writes the index
+    assert "all 3 groups packed: wrote the shard index" in logs[-1]
+    assert files(out) == files(serial)
+    bad = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "group 3 does not exist" in bad.stderr
