@@ -140,12 +140,17 @@ def link_from_doctor(path: str, bucket_bytes: float) -> Link:
     except json.JSONDecodeError:
         raise PlanError(f"{path} is not JSON: give the output of `hpctrain doctor --allreduce --json`") from None
     rows = data.get("allreduce") if isinstance(data, dict) else data
+    return link_from_rows(rows, bucket_bytes, path)
+
+
+def link_from_rows(rows, bucket_bytes: float, where: str) -> Link:
+    """The measured row (allreduce.measure) whose message size is nearest one DDP bucket."""
     rows = [r for r in rows or [] if isinstance(r, dict) and r.get("busbw_GBps")]
     if not rows:
-        raise PlanError(f"{path} has no all-reduce rows: run `hpctrain doctor --allreduce --json` over the "
+        raise PlanError(f"{where} has no all-reduce rows: run `hpctrain doctor --allreduce --json` over the "
                         "job's ranks (srun) and pass that file")
     r = min(rows, key=lambda r: abs(math.log(r["bytes"] / bucket_bytes)))
-    return Link(r["busbw_GBps"], f"measured: {path} ({r['ranks']} ranks, {r['bytes'] / 2**20:.1f} MiB "
+    return Link(r["busbw_GBps"], f"measured: {where} ({r['ranks']} ranks, {r['bytes'] / 2**20:.1f} MiB "
                                  f"messages, {r['busbw_GBps']:.3g} GB/s)")
 
 
