@@ -88,9 +88,12 @@ def worker(args) -> None:
                     wait.append(t["data_wait_s"] / args.steps)
         grad_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
         buckets = None
-        if trainer.ddp is not None:
-            sizes = str(trainer.ddp._get_ddp_logging_data().get("bucket_sizes", ""))
-            buckets = [int(x) for x in sizes.split(",") if x.strip()] or None
+        if trainer.ddp is not None:  # DDP's own buckets after its rebuild (private API: bench only)
+            try:
+                buckets = [b.buffer().numel() * b.buffer().element_size()
+                           for b in trainer.ddp.reducer._get_zeros_like_grad_buckets()]
+            except (AttributeError, RuntimeError):
+                buckets = None
         # the slowest rank sets the pace: max over ranks of every round's mean
         keys = sorted(per_mode)
         vec = torch.tensor([v for k in keys for v in per_mode[k]] + wait, dtype=torch.float64)

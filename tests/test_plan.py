@@ -166,6 +166,15 @@ def test_bench_and_doctor_results_become_inputs(tmp_path):
     c = planmod.compute_from_bench(str(tmp_path / "bench.json"), cfg)
     assert c.tflops == pytest.approx(500.0 * fl / 1e12)
     assert c.data_wait_per_image_s == pytest.approx(0.25 * 0.128 / 64)
+    # bench/gpu.sh's results.json: a list with timm's cases and several hpctrain cases
+    listed = [{**bench, "case": "timm-compiled-b64", "images_per_s_per_device": 9e9},
+              {**bench, "case": "hpctrain-eager-b64", "compile": False, "images_per_s_per_device": 400.0},
+              {**bench, "case": "hpctrain-compiled-b64", "compile": True, "images_per_s_per_device": 600.0},
+              {"case": "hpctrain-eager-b512", "status": "oom"}]
+    (tmp_path / "results.json").write_text(json.dumps(listed))
+    assert planmod.compute_from_bench(str(tmp_path / "results.json"), cfg).tflops == pytest.approx(400.0 * fl / 1e12)
+    compiled = load(DIGITS, ["train.compile=true"])
+    assert planmod.compute_from_bench(str(tmp_path / "results.json"), compiled).tflops == pytest.approx(600 * fl / 1e12)
     rows = [{"bytes": 2**20, "ranks": 2, "busbw_GBps": 0.5}, {"bytes": 16 * 2**20, "ranks": 2, "busbw_GBps": 0.9},
             {"bytes": 256 * 2**20, "ranks": 2, "busbw_GBps": 1.1}]
     (tmp_path / "doctor.json").write_text(json.dumps({"ok": True, "allreduce": rows}))
