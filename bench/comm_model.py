@@ -152,7 +152,7 @@ def predict_two(cfg, two: dict, compute_s: float, wait_s: float):
     fl = flops.model_flops(cfg.model).train_flops
     compute = Compute(b * fl / compute_s / 1e12, "measured step", wait_s / b)
     bucket = cfg.train.ddp_bucket_mb * 2**20
-    link = link_from_rows(two["allreduce"], bucket, "measured with 2 gloo ranks")
+    link = link_from_rows(two["allreduce"], min(bucket, two["grad_bytes"]), "measured with 2 gloo ranks")
     work = Workload(fl, two["grad_bytes"], bucket, 2 * b, cfg.train.accum_steps)
     return step_time(work, 1, 2, compute, link, link), compute, link
 

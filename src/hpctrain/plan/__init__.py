@@ -302,7 +302,8 @@ def resolve(cfg: Config, profile, nodes: int, gpus_per_node: int, gpu: str = "H1
     fabric = profile.fabric.kind
     intra, inter = default_links(gpu, fabric)
     if allreduce_results:
-        intra = inter = link_from_doctor(allreduce_results, cfg.train.ddp_bucket_mb * 2**20)
+        message = min(grad_bytes(cfg), cfg.train.ddp_bucket_mb * 2**20)  # what one DDP bucket sends
+        intra = inter = link_from_doctor(allreduce_results, message)
     if busbw is not None:
         if busbw <= 0:
             raise PlanError("--busbw must be a positive bus bandwidth in GB/s, e.g. --busbw 400")
