@@ -64,12 +64,34 @@ def vit_macs(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: 
     return float(embed + depth * (qkv + attn + proj + mlp) + head)
 
 
-def model_flops(mc) -> VitFlops:
-    """FLOPs of a `ModelConfig`."""
-    from hpctrain.models.vit import ARCHS
+def vit_params(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: float,
+               num_classes: int, class_token: bool = True, learned_pos: bool = True) -> int:
+    """Trainable parameters of hpctrain's ViT (what DDP all-reduces): a fixed sin-cos position
+    embedding is a buffer-like parameter without gradient, so it is left out."""
+    patches = (img_size // patch_size) ** 2
+    hidden = int(width * mlp_ratio)
+    prefix = 1 if class_token else 0
+    embed = 3 * patch_size * patch_size * width + width + prefix * width
+    pos = (patches + prefix) * width if learned_pos else 0
+    block = (2 * width + 3 * width * width + 3 * width + width * width + width + 2 * width
+             + width * hidden + hidden + hidden * width + width)
+    return embed + pos + depth * block + 2 * width + width * num_classes + num_classes
 
-    depth, width, _ = ARCHS[mc.arch]
-    depth, width = mc.depth or depth, mc.width or width
+
+def model_params(mc) -> int:
+    """Trainable parameters of a `ModelConfig` (no torch needed)."""
+    from hpctrain.models.arch import arch_dims
+
+    depth, width, _ = arch_dims(mc)
+    return vit_params(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
+                      class_token=mc.pool == "token", learned_pos=mc.pos_embed == "learn")
+
+
+def model_flops(mc) -> VitFlops:
+    """FLOPs of a `ModelConfig` (no torch needed)."""
+    from hpctrain.models.arch import arch_dims
+
+    depth, width, _ = arch_dims(mc)
     return VitFlops(vit_macs(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
                              class_token=mc.pool == "token"))
 

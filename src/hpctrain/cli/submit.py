@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
         except Exception as e:  # a dry run may plan for another machine: say so, print anyway
             print(f"hpctrain: note: {e}", file=sys.stderr)
         print(slurm_script(plan, absolute_paths(cfg).run_dir), end="")
+        print_plan(cfg, profile, plan.nodes, plan.tasks_per_node)
         return 0
     from hpctrain.data.prepare import ensure_dataset
     from hpctrain.launch.submit import check_image, submit_slurm
@@ -81,6 +82,21 @@ def main(args: argparse.Namespace) -> int:
     state = wait_job(sub.job_id)
     print(run_status(str(sub.run_dir)).text())
     return 0 if state == "COMPLETED" else 1
+
+
+def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
+    """`hpctrain plan`'s summary on stderr (stdout stays the batch script); GPU jobs only."""
+    from hpctrain.errors import UserError
+    from hpctrain.plan import summary
+
+    if not profile.slurm.request_gpus:
+        return
+    try:
+        lines = summary(cfg, profile, nodes, gpus_per_node)
+    except UserError as e:  # a dry run never fails for want of a plan
+        lines = [f"plan: not available ({e})"]
+    for line in lines:
+        print(f"hpctrain: {line}", file=sys.stderr)
 
 
 def emit_options(args: argparse.Namespace) -> list[tuple[str, str | None]]:

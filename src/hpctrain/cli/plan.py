@@ -1,0 +1,57 @@
+"""`hpctrain plan`: per-GPU batch, images/s, step time split, epoch and total time, GPU-hours and
+scaling efficiency of a job before it is submitted (no torch: runs on login nodes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from hpctrain.cli import add_config_args
+from hpctrain.cli.common import DEFAULT_CONFIG
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="predict images/s, step time, wall time and GPU-hours of a job",
+                       description=__doc__)
+    add_config_args(p, default=DEFAULT_CONFIG)
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the profile's)")
+    p.add_argument("--cluster", help="cluster profile: its fabric.kind picks the network figure "
+                                     "(default $HPCTRAIN_CLUSTER, else local)")
+    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override a profile value, e.g. fabric.kind=roce")
+    p.add_argument("--gpu", default="H100", help="GPU model for the shipped figures (default H100)")
+    p.add_argument("--bench-results", metavar="FILE",
+                   help="`hpctrain bench --json` output from the target GPU (compute per GPU)")
+    p.add_argument("--allreduce-results", metavar="FILE",
+                   help="`hpctrain doctor --allreduce --json` output from the target nodes (bus bandwidth)")
+    p.add_argument("--tflops", type=float, help="achieved model TFLOP/s per GPU (overrides the above)")
+    p.add_argument("--busbw", type=float, help="all-reduce bus bandwidth in GB/s (overrides the above)")
+    p.add_argument("--data-wait-ms", type=float, help="data wait per step at --nodes (default 0)")
+    p.add_argument("--images-per-epoch", type=int, help="training images per epoch (default: ImageNet-1k "
+                                                          "for 1000 classes, else counted under data.root)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="all-reduce after backward instead of overlapping it (as DDP does)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpctrain import plan as planmod
+    from hpctrain.cli.common import load_config
+    from hpctrain.launch.profile import load_profile
+
+    cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
+    profile = load_profile(args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local", args.cluster_overrides)
+    gpn = args.gpus_per_node if args.gpus_per_node is not None else profile.slurm.gpus_per_node
+    inputs = planmod.resolve(cfg, profile, args.nodes, gpn, gpu=args.gpu, bench_results=args.bench_results,
+                             allreduce_results=args.allreduce_results, tflops=args.tflops, busbw=args.busbw,
+                             data_wait_ms=args.data_wait_ms, images=args.images_per_epoch,
+                             overlap=args.overlap)
+    plan = planmod.build(cfg, inputs)
+    if args.json:
+        print(json.dumps(planmod.to_dict(cfg, inputs, plan)))
+    else:
+        print(planmod.describe(cfg, inputs, plan))
+    return 0
