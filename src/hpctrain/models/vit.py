@@ -14,14 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-# depth, width, heads
-ARCHS = {
-    "vit_tiny": (12, 192, 3),
-    "vit_small": (12, 384, 6),
-    "vit_base": (12, 768, 12),
-    "vit_large": (24, 1024, 16),
-    "vit_huge": (32, 1280, 16),
-}
+from hpctrain.models.arch import ARCHS, arch_dims  # noqa: F401  (ARCHS: re-exported)
 
 
 class DropPath(nn.Module):
@@ -163,12 +156,6 @@ class ViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x))
-
-
-def arch_dims(mc) -> tuple[int, int, int]:
-    """(depth, width, heads) of a ModelConfig: arch defaults, overridden field by field."""
-    depth, width, heads = ARCHS[mc.arch]
-    return mc.depth or depth, mc.width or width, mc.heads or heads
 
 
 def build_vit(mc) -> ViT:
