@@ -98,3 +98,16 @@ def test_lr_rule_names_the_rule():
     none = load("configs/vit_b16_imagenet.yaml", ["optim.lr_scaling=none"])
     assert lr_rule(none).startswith("0.0005 (optim.lr as written")
     assert MIN_PER_GPU == 32
+
+
+def test_model_too_large_for_one_gpu_suggests_fsdp():
+    cfg = load("configs/vit_b16_imagenet_4k.yaml", ["model.arch=vit_huge", "model.depth=400"])
+    rep = batch_report(cfg, 16, 8)
+    assert rep.memory.max_batch(rep.gpu_mem_bytes) == 0
+    with pytest.raises(LaunchError, match=r"\(0 images fit\): use --set model.grad_ckpt=true, or --set "
+                                          r"train.parallel=fsdp") as e:
+        rep.check(cfg)
+    assert "accum_steps" not in str(e.value)
+    sharded = load("configs/vit_b16_imagenet_4k.yaml", ["model.arch=vit_huge", "model.depth=400",
+                                                        "train.parallel=fsdp", "model.grad_ckpt=true"])
+    batch_report(sharded, 16, 8).check(sharded)  # sharded over 128 GPUs it fits

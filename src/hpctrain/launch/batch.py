@@ -91,6 +91,8 @@ class BatchReport:
             fixes.append(f"{more} GPUs instead of {self.gpus} ({self.per_gpu // accum} per GPU)")
         if not cfg.model.grad_ckpt:
             fixes.append("--set model.grad_ckpt=true")
+        if not fit and cfg.train.parallel != "fsdp":
+            fixes.append("--set train.parallel=fsdp (shards weights, gradients and optimizer states)")
         fixes.append("--gpu-mem-gb if the GPUs have more memory")
         raise LaunchError(
             f"{self.per_gpu} images per GPU need about {memory.gb(m.total)} per GPU (estimate: "
