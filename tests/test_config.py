@@ -80,3 +80,41 @@ def test_cli_bad_config_is_one_line_and_runs_nothing(tmp_path, digits_root, sets
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_large_batch_recipes_resolve_their_lr():
+    """The 4k recipe is the ViT paper's Adam at its own batch; the LAMB recipe moves its lr by the
+    square-root rule; both refuse nothing and keep their sources' values."""
+    k4 = load("configs/vit_b16_imagenet_4k.yaml")
+    assert (k4.data.batch_size, k4.optim.name, k4.peak_lr) == (4096, "adamw", pytest.approx(3e-3))
+    assert (k4.optim.weight_decay, k4.optim.warmup_steps, k4.optim.clip_grad, k4.train.epochs) == (0.3, 10000, 1.0, 300)
+    lamb = load("configs/vit_b16_imagenet_16k_lamb.yaml")
+    assert (lamb.data.batch_size, lamb.optim.name, lamb.optim.lr_scaling) == (16384, "lamb", "sqrt")
+    assert lamb.peak_lr == pytest.approx(1.8e-2 * (16384 / 32768) ** 0.5)
+    assert load("configs/vit_b16_imagenet_16k_lamb.yaml", ["data.batch_size=8192"]).peak_lr == pytest.approx(9e-3)
+
+
+@pytest.mark.parametrize("scaling, expected", [("linear", 5e-4 * 4096 / 512), ("sqrt", 5e-4 * 8 ** 0.5),
+                                               ("none", 5e-4)])
+def test_lr_follows_the_global_batch_by_the_rule(scaling, expected):
+    cfg = load("configs/vit_b16_imagenet.yaml", ["data.batch_size=4096", f"optim.lr_scaling={scaling}"])
+    assert cfg.peak_lr == pytest.approx(expected)
+
+
+def test_default_scaling_keeps_existing_configs_as_they_were():
+    """linear is the default: lr × batch / lr_ref_batch with a reference batch, lr as written without."""
+    assert config.OptimConfig().lr_scaling == "linear" and config.OptimConfig().name == "adamw"
+    b16 = load("configs/vit_b16_imagenet.yaml", ["data.batch_size=2048"])
+    assert b16.peak_lr == pytest.approx(5e-4 * 2048 / 512)
+    assert load(DIGITS, ["data.batch_size=128"]).peak_lr == load(DIGITS).optim.lr  # no reference batch
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["optim.lr_scaling=sqrt", "optim.lr_ref_batch=0"], "optim.lr_scaling=sqrt needs optim.lr_ref_batch"),
+    (["optim.lr_scaling=square"], "optim.lr_scaling='square' is not one of linear, sqrt, none"),
+    (["optim.name=lamb", "optim.fused='on'"], "optim.fused=on is for AdamW"),
+    (["optim.name=lars"], "optim.name='lars' is not one of adamw, lamb"),
+])
+def test_bad_scaling_and_optimizer_are_refused(sets, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load(DIGITS, sets)

@@ -9,7 +9,7 @@ import pytest
 
 from hpctrain import flops
 from hpctrain import plan as planmod
-from hpctrain.config import load
+from hpctrain.config import ModelConfig, load
 from hpctrain.launch.profile import load_profile
 from hpctrain.plan import tables
 from hpctrain.plan.model import (
@@ -139,7 +139,8 @@ def test_nemo_vit_g14_scaling_neighbourhood():
     H100/NDR links, must land in that neighbourhood: between 90 % and 100 % (it is optimistic:
     stragglers and congestion are not modelled; docs/plan.md records both figures)."""
     macs = flops.vit_macs(224, 14, 40, 1408, 6144 / 1408, 1000)
-    params = flops.vit_params(224, 14, 40, 1408, 6144 / 1408, 1000)
+    g14 = ModelConfig(patch_size=14, depth=40, width=1408, heads=16, mlp_ratio=6144 / 1408)
+    params = flops.model_params(g14)
     assert params == pytest.approx(1011e6, rel=0.01)  # NeMo's table: 1011 M
     fig = next(f for f in tables.GPU_FIGURES if f.gpu == "H100" and f.model == "ViT-g/14")
     compute = Compute(fig.images_per_s * 6 * macs / 1e12, "NeMo 1 node")

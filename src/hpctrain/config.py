@@ -91,17 +91,32 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = opt(5e-4, "peak learning rate (before batch scaling)", lo=0, lo_open=True)
-    lr_ref_batch: int = opt(0, "scale lr by batch/lr_ref_batch (0: no scaling)", lo=0)
-    weight_decay: float = opt(0.05, "AdamW decoupled weight decay (not on norms/biases/tokens)", lo=0)
-    betas: tuple[float, ...] = opt((0.9, 0.999), "AdamW betas")
-    eps: float = opt(1e-8, "AdamW epsilon", lo=0, lo_open=True)
+    name: str = opt("adamw", "optimizer: AdamW, or LAMB (layer-wise trust ratio, for 8k-32k global batches)",
+                    choices=("adamw", "lamb"))
+    lr: float = opt(5e-4, "peak learning rate at lr_ref_batch (before batch scaling)", lo=0, lo_open=True)
+    lr_ref_batch: int = opt(0, "global batch that optim.lr is tuned for (0: lr is used as is)", lo=0)
+    lr_scaling: str = opt("linear", "how lr follows data.batch_size / lr_ref_batch: linear (AdamW, Goyal "
+                          "et al.), sqrt (LAMB, You et al.) or none", choices=("linear", "sqrt", "none"))
+    weight_decay: float = opt(0.05, "weight decay, not on norms/biases/tokens (AdamW: decoupled, lr·wd; "
+                              "LAMB: inside the trust-ratio update)", lo=0)
+    betas: tuple[float, ...] = opt((0.9, 0.999), "Adam/LAMB betas")
+    eps: float = opt(1e-8, "Adam/LAMB epsilon", lo=0, lo_open=True)
     warmup_epochs: float = opt(0.0, "linear warm-up length in epochs", lo=0)
     warmup_steps: int = opt(0, "linear warm-up length in steps (overrides warmup_epochs)", lo=0)
     min_lr: float = opt(1e-6, "cosine floor", lo=0)
     schedule: str = opt("cosine", "learning-rate schedule after warm-up", choices=("cosine", "constant"))
     clip_grad: float = opt(0.0, "clip the global gradient norm to this (0: off)", lo=0)
-    fused: str = opt("auto", "fused AdamW: auto = on CUDA", choices=("auto", "on", "off"))
+    lamb_adapt: str = opt("all", "LAMB trust ratio on every tensor (the paper) or only on those with weight "
+                          "decay (apex/timm default)", choices=("all", "decayed"))
+    fused: str = opt("auto", "fused AdamW: auto = on CUDA (LAMB has no fused kernel here)",
+                     choices=("auto", "on", "off"))
+
+    def validate(self) -> None:
+        if self.lr_scaling == "sqrt" and not self.lr_ref_batch:
+            raise ConfigError("optim.lr_scaling=sqrt needs optim.lr_ref_batch (the global batch optim.lr was "
+                              "tuned for), e.g. optim.lr_ref_batch=4096")
+        if self.name == "lamb" and self.fused == "on":
+            raise ConfigError("optim.fused=on is for AdamW: LAMB has no fused kernel here; use optim.fused=auto")
 
 
 @dataclass(frozen=True)
@@ -185,9 +200,13 @@ class Config:
 
     @property
     def peak_lr(self) -> float:
-        if self.optim.lr_ref_batch:
-            return self.optim.lr * self.data.batch_size / self.optim.lr_ref_batch
-        return self.optim.lr
+        """optim.lr moved from optim.lr_ref_batch to data.batch_size by optim.lr_scaling (no reference
+        batch, or `none`: as written)."""
+        o = self.optim
+        if not o.lr_ref_batch or o.lr_scaling == "none":
+            return o.lr
+        ratio = self.data.batch_size / o.lr_ref_batch
+        return o.lr * (math.sqrt(ratio) if o.lr_scaling == "sqrt" else ratio)
 
 
 def check_batch(cfg: Config, world_size: int) -> None:

@@ -64,27 +64,12 @@ def vit_macs(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: 
     return float(embed + depth * (qkv + attn + proj + mlp) + head)
 
 
-def vit_params(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: float,
-               num_classes: int, class_token: bool = True, learned_pos: bool = True) -> int:
-    """Trainable parameters of hpctrain's ViT (what DDP all-reduces): a fixed sin-cos position
-    embedding is a buffer-like parameter without gradient, so it is left out."""
-    patches = (img_size // patch_size) ** 2
-    hidden = int(width * mlp_ratio)
-    prefix = 1 if class_token else 0
-    embed = 3 * patch_size * patch_size * width + width + prefix * width
-    pos = (patches + prefix) * width if learned_pos else 0
-    block = (2 * width + 3 * width * width + 3 * width + width * width + width + 2 * width
-             + width * hidden + hidden + hidden * width + width)
-    return embed + pos + depth * block + 2 * width + width * num_classes + num_classes
-
-
 def model_params(mc) -> int:
-    """Trainable parameters of a `ModelConfig` (no torch needed)."""
-    from hpctrain.models.arch import arch_dims
+    """Trainable parameters of a `ModelConfig` (what DDP all-reduces; no torch needed): a fixed
+    sin-cos position embedding has no gradient, so it is left out."""
+    from hpctrain.memory import param_count
 
-    depth, width, _ = arch_dims(mc)
-    return vit_params(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
-                      class_token=mc.pool == "token", learned_pos=mc.pos_embed == "learn")
+    return param_count(mc).trainable
 
 
 def model_flops(mc) -> VitFlops:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EMIT = ["submit", "--config", "configs/vit_b16_imagenet.yaml", "--cluster", "example-ib", "--nodes", "16",
+EMIT = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib", "--nodes", "16",
         "--gpus-per-node", "8", "--emit-sbatch", "slurm/vit.sbatch"]
 
 # Run the CLI where `import torch` (or DALI) raises, as on a login node without them.

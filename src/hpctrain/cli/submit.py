@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
     for opt in ("partition", "account", "qos", "constraint"):
         p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
     p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+    p.add_argument("--gpu-mem-gb", type=float, metavar="GB",
+                   help="memory of one GPU for the batch-fits check (default 80: H100; H200: 141)")
     p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
     p.add_argument("--emit-sbatch", metavar="PATH",
                    help="write the stand-alone batch script (runs `python3 -m hpctrain train`) to PATH")
@@ -55,6 +57,7 @@ def main(args: argparse.Namespace) -> int:
     if args.emit_sbatch:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
+    report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
     if args.dry_run:
         from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
 
@@ -99,6 +102,23 @@ def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
         print(f"hpctrain: {line}", file=sys.stderr)
 
 
+def report_batch(args: argparse.Namespace, cfg, plan, out) -> None:
+    """Print the per-GPU batch, the memory estimate and the resolved lr; warn below 32 images per GPU;
+    refuse a per-GPU batch that cannot fit (before anything is written or submitted)."""
+    from hpctrain.launch.batch import batch_report, check_optimizer, lr_rule
+
+    check_optimizer(cfg)
+    rep = batch_report(cfg, plan.nodes, plan.tasks_per_node, args.gpu_mem_gb,
+                       gpus=plan.profile.slurm.request_gpus)
+    rep.check(cfg)
+    for line in [*rep.lines(), f"lr: {lr_rule(cfg)}"]:
+        print(line, file=out)
+    warning = rep.warning(cfg)
+    if warning:
+        print(f"hpctrain: warning: {warning}", file=sys.stderr)
+    out.flush()
+
+
 def emit_options(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """(flag, value) of the command that regenerates the script, in the order it is shown."""
     opts: list[tuple[str, str | None]] = [("--config", args.config)]
@@ -111,6 +131,8 @@ def emit_options(args: argparse.Namespace) -> list[tuple[str, str | None]]:
             opts.append((f"--{key.replace('_', '-')}", str(getattr(args, key))))
     if args.exclusive:
         opts.append(("--exclusive", None))
+    if args.gpu_mem_gb is not None:
+        opts.append(("--gpu-mem-gb", f"{args.gpu_mem_gb:g}"))
     return [*opts, ("--emit-sbatch", args.emit_sbatch)]
 
 
@@ -136,6 +158,7 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
 
     command = emit_command(args)
     plan = standalone_plan(cfg, profile, req, command, args.config, args.overrides)
+    report_batch(args, cfg, plan, sys.stdout)
     Path(args.emit_sbatch).write_text(standalone_script(plan))
     print(f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
           f"(cluster {profile.name})")
@@ -152,6 +175,10 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     if args.local_tasks < 1:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
     check_batch(cfg, args.local_tasks)
+    from hpctrain.launch.batch import lr_rule
+
+    print(f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(args.local_tasks)} per process × "
+          f"{args.local_tasks} processes; lr: {lr_rule(cfg)}")
     ensure_dataset(cfg)
     sub = submit_local(cfg, tasks=args.local_tasks)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")

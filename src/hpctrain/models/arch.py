@@ -1,8 +1,9 @@
-"""ViT sizes by name, without torch: the login-node planner and the FLOP counter read them too."""
+"""ViT sizes by name, without torch: login-node code (memory estimate, FLOPs, planning) needs the
+shape of the model, not the model."""
 
 from __future__ import annotations
 
-# name → (depth, width, heads)
+# depth, width, heads
 ARCHS = {
     "vit_tiny": (12, 192, 3),
     "vit_small": (12, 384, 6),

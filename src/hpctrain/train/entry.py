@@ -166,13 +166,17 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
     if resume:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
+    resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
-        (run_dir / "env.json").write_text(json.dumps({**environment_record(info, device), "source": code},
-                                                     indent=1))
+        (run_dir / "env.json").write_text(json.dumps({**environment_record(info, device), "source": code,
+                                                      "resolved": resolved}, indent=1))
         record_job(run_dir)
     log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
              device, info.source, info.rank, socket.gethostname())
+    log.info("batch %d global = %d per rank x %d ranks x %d accumulation steps; lr %s",
+             cfg.data.batch_size, resolved["per_rank_batch"], info.world_size, cfg.train.accum_steps,
+             resolved["lr_rule"])
 
     train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
@@ -196,6 +200,16 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     lock.release()
     distmod.shutdown()
     return summary
+
+
+def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
+    """Settings derived from the config and the job's size, kept in env.json ("resolved"): the
+    learning rate the schedule peaks at, and the batch each rank takes."""
+    from hpctrain.launch.batch import lr_rule
+
+    return {"peak_lr": cfg.peak_lr, "lr_rule": lr_rule(cfg), "optimizer": cfg.optim.name,
+            "global_batch": cfg.data.batch_size, "per_rank_batch": cfg.per_rank_batch(world_size),
+            "world_size": world_size, "accum_steps": cfg.train.accum_steps}
 
 
 def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:

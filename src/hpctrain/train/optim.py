@@ -1,4 +1,4 @@
-"""AdamW with the usual no-decay groups, and the per-step warm-up + cosine schedule."""
+"""AdamW or LAMB with the usual no-decay groups, and the per-step warm-up + cosine schedule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from hpctrain.config import Config
+from hpctrain.config import Config, ConfigError
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -23,6 +23,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
     o = cfg.optim
+    if o.name == "lamb":
+        if cfg.train.parallel == "fsdp":
+            raise ConfigError("optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
+                              "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)")
+        from hpctrain.train.lamb import Lamb
+
+        return Lamb(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
+                    always_adapt=o.lamb_adapt == "all")
     fused = o.fused == "on" or (o.fused == "auto" and device.type == "cuda")
     return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas),
                              eps=o.eps, fused=fused or None)
