@@ -100,7 +100,7 @@ class OptimConfig:
     min_lr: float = opt(1e-6, "cosine floor", lo=0)
     schedule: str = opt("cosine", "learning-rate schedule after warm-up", choices=("cosine", "constant"))
     clip_grad: float = opt(0.0, "clip the global gradient norm to this (0: off)", lo=0)
-    fused: str = opt("auto", "fused AdamW: auto = on CUDA", choices=("auto", "on", "off"))
+    fused: str = opt("auto", "fused AdamW: auto = on CUDA", choices=("auto", "always", "never"))
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,17 @@ class TrainConfig:
     ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
     ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
     fsdp_reshard: bool = opt(True, "FSDP: free gathered weights after forward (less memory, more comms)")
+    grad_reduce_dtype: str = opt("fp32", "dtype gradients are all-reduced in (DDP comm hook; FSDP "
+                                 "reduce_dtype): bf16 halves the bytes", choices=("fp32", "bf16"))
+    ddp_static_graph: str = opt("auto", "DDP static_graph: auto = on unless train.accum_steps > 1 or "
+                                "train.compile (docs/communication.md)", choices=("auto", "always", "never"))
+
+    def validate(self) -> None:
+        """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash."""
+        if self.ddp_static_graph == "always" and self.accum_steps > 1:
+            raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
+                              "no_sync breaks static_graph, pytorch/pytorch#143580): set "
+                              "train.ddp_static_graph=auto or never")
 
 
 @dataclass(frozen=True)
