@@ -73,21 +73,22 @@ def check_train(train_cfg, device: torch.device) -> None:
     check_parallel(train_cfg.parallel)
     if train_cfg.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
         raise _fp16_error(device)
-    if train_cfg.grad_reduce_dtype == "bf16" and device.type == "cuda" and nccl_version() < (2, 10):
+    nccl = nccl_version() if device.type == "cuda" else None
+    if train_cfg.grad_reduce_dtype == "bf16" and nccl is not None and nccl < (2, 10):
         raise ConfigError(f"train.grad_reduce_dtype=bf16 needs NCCL >= 2.10 (bf16 all-reduce); this torch "
-                          f"has NCCL {'.'.join(map(str, nccl_version()))}: use train.grad_reduce_dtype=fp32")
+                          f"has NCCL {'.'.join(map(str, nccl))}: use train.grad_reduce_dtype=fp32")
     if (train_cfg.sdpa_backend == "cudnn" and device.type == "cuda"
             and not hasattr(torch.backends.cuda, "enable_cudnn_sdp")):
         raise _cudnn_sdpa_error()
 
 
-def nccl_version() -> tuple[int, ...]:
-    """NCCL's version in this torch, (0,) without one."""
+def nccl_version() -> tuple[int, ...] | None:
+    """NCCL's (major, minor, patch) in this torch; None when it has none (CPU builds)."""
     try:
         v = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):
-        return (0,)
-    return tuple(v) if isinstance(v, tuple) else (v // 1000, v // 100 % 10)
+        return None
+    return tuple(v) if isinstance(v, tuple) else None
 
 
 def grad_scaler(device: torch.device):
