@@ -112,7 +112,7 @@ def test_default_scaling_keeps_existing_configs_as_they_were():
 @pytest.mark.parametrize("sets, message", [
     (["optim.lr_scaling=sqrt", "optim.lr_ref_batch=0"], "optim.lr_scaling=sqrt needs optim.lr_ref_batch"),
     (["optim.lr_scaling=square"], "optim.lr_scaling='square' is not one of linear, sqrt, none"),
-    (["optim.name=lamb", "optim.fused='on'"], "optim.fused=on is for AdamW"),
+    (["optim.name=lamb", "optim.fused=always"], "optim.fused=always is for AdamW"),
     (["optim.name=lars"], "optim.name='lars' is not one of adamw, lamb"),
 ])
 def test_bad_scaling_and_optimizer_are_refused(sets, message):

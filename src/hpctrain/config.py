@@ -109,14 +109,14 @@ class OptimConfig:
     lamb_adapt: str = opt("all", "LAMB trust ratio on every tensor (the paper) or only on those with weight "
                           "decay (apex/timm default)", choices=("all", "decayed"))
     fused: str = opt("auto", "fused AdamW: auto = on CUDA (LAMB has no fused kernel here)",
-                     choices=("auto", "on", "off"))
+                     choices=("auto", "always", "never"))
 
     def validate(self) -> None:
         if self.lr_scaling == "sqrt" and not self.lr_ref_batch:
             raise ConfigError("optim.lr_scaling=sqrt needs optim.lr_ref_batch (the global batch optim.lr was "
                               "tuned for), e.g. optim.lr_ref_batch=4096")
-        if self.name == "lamb" and self.fused == "on":
-            raise ConfigError("optim.fused=on is for AdamW: LAMB has no fused kernel here; use optim.fused=auto")
+        if self.name == "lamb" and self.fused == "always":
+            raise ConfigError("optim.fused=always is for AdamW: LAMB has no fused kernel here; use optim.fused=auto")
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,17 @@ class TrainConfig:
     ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
     ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
     fsdp_reshard: bool = opt(True, "FSDP: free gathered weights after forward (less memory, more comms)")
+    grad_reduce_dtype: str = opt("fp32", "dtype gradients are all-reduced in (DDP comm hook; FSDP "
+                                 "reduce_dtype): bf16 halves the bytes", choices=("fp32", "bf16"))
+    ddp_static_graph: str = opt("auto", "DDP static_graph: auto = on unless train.accum_steps > 1 or "
+                                "train.compile (docs/communication.md)", choices=("auto", "always", "never"))
+
+    def validate(self) -> None:
+        """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash."""
+        if self.ddp_static_graph == "always" and self.accum_steps > 1:
+            raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
+                              "no_sync breaks static_graph, pytorch/pytorch#143580): set "
+                              "train.ddp_static_graph=auto or never")
 
 
 @dataclass(frozen=True)

@@ -208,3 +208,15 @@ def test_declared_floor_is_the_tested_torch():
 def test_tested_torch_is_the_ngc_image_torch():
     label = re.search(r"pytorch\.version (\d+)\.(\d+)", (Path(ROOT) / "recipes" / "ngc-pytorch-23.12.def").read_text())
     assert label and tuple(map(int, label.groups())) == compat.MIN_TORCH
+
+
+def test_bf16_gradient_reduction_needs_nccl_2_10_on_cuda(monkeypatch):
+    """NCCL all-reduces bf16 from 2.10; gloo (CPU) always does, so only CUDA is gated."""
+    bf16 = load(DIGITS, ["train.grad_reduce_dtype=bf16"]).train
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 9, 9))
+    with pytest.raises(ConfigError, match=r"grad_reduce_dtype=bf16 needs NCCL >= 2\.10.*NCCL 2\.9\.9"):
+        compat.check_train(bf16, torch.device("cuda", 0))
+    compat.check_train(bf16, torch.device("cpu"))
+    compat.check_train(load(DIGITS).train, torch.device("cuda", 0))  # fp32 reduction: any NCCL
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 10, 3))
+    compat.check_train(bf16, torch.device("cuda", 0))

@@ -104,3 +104,16 @@ def test_init_sets_gloo_ifname_before_the_process_group(monkeypatch):
     seen.clear()
     init(DistInfo(rank=0, world_size=2), "gloo", 30)
     assert seen == {"gloo": "eth9"}
+
+
+def test_pending_bits_one_process_reads_what_it_posted_once():
+    from hpctrain.train.dist import PendingBits
+
+    p = PendingBits()
+    assert p.result() == 0 and not p.pending  # nothing in flight
+    p.start(0b110)
+    assert p.pending
+    with pytest.raises(RuntimeError, match="never read"):
+        p.start(1)  # rounds never overlap: every rank reads each one before the next
+    assert p.result() == 0b110
+    assert p.result() == 0 and not p.pending

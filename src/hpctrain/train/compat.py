@@ -11,6 +11,7 @@ the callers read alike on every version and the gaps fail with one line naming t
 | SDPA kernel switch | flash, efficient, math | + cuDNN (`enable_cudnn_sdp`, 2.3+) |
 | CPU flash attention op | `_scaled_dot_product_flash_attention` | `..._for_cpu` (2.3+) |
 | FSDP2 `fully_shard` | absent | `torch.distributed._composable.fsdp` (2.4-2.5), `torch.distributed.fsdp` (2.6+) |
+| FSDP2 `MixedPrecisionPolicy` | absent | next to `fully_shard`, same modules |
 """
 
 from __future__ import annotations
@@ -56,15 +57,38 @@ def fully_shard():
     return fully_shard
 
 
+def fsdp_mixed_precision():
+    """FSDP2's `MixedPrecisionPolicy`, from where this torch has `fully_shard` (ConfigError below 2.4)."""
+    check_parallel("fsdp")
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # 2.6+
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy  # 2.4, 2.5
+    return MixedPrecisionPolicy
+
+
 def check_train(train_cfg, device: torch.device) -> None:
     """Every train.* setting this torch cannot run on `device`, refused in one line: called by
     every rank before the rendezvous, so no rank waits for another and nothing is written."""
     check_parallel(train_cfg.parallel)
     if train_cfg.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
         raise _fp16_error(device)
+    nccl = nccl_version() if device.type == "cuda" else None
+    if train_cfg.grad_reduce_dtype == "bf16" and nccl is not None and nccl < (2, 10):
+        raise ConfigError(f"train.grad_reduce_dtype=bf16 needs NCCL >= 2.10 (bf16 all-reduce); this torch "
+                          f"has NCCL {'.'.join(map(str, nccl))}: use train.grad_reduce_dtype=fp32")
     if (train_cfg.sdpa_backend == "cudnn" and device.type == "cuda"
             and not hasattr(torch.backends.cuda, "enable_cudnn_sdp")):
         raise _cudnn_sdpa_error()
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """NCCL's (major, minor, patch) in this torch; None when it has none (CPU builds)."""
+    try:
+        v = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return tuple(v) if isinstance(v, tuple) else None
 
 
 def grad_scaler(device: torch.device):

@@ -207,6 +207,48 @@ def agree_bits(bits: int, group=None) -> int:
     return sum(1 << i for i, v in enumerate(t.tolist()) if v)
 
 
+class PendingBits:
+    """`agree_bits` split in two: `start` posts this rank's bits (a non-blocking all-reduce on a
+    gloo group), `result` waits for the OR of every rank's, one call later.
+
+    Started at one step boundary and read at the next, the all-reduce overlaps a whole step
+    instead of holding every step up. The answer is deterministic: every rank starts and reads
+    the same rounds in the same order (the loop decides both from agreed values only), so every
+    rank reads the same OR for the same round. One process: `result` returns the bits as posted.
+    """
+
+    def __init__(self, group=None) -> None:
+        self.group = group
+        self._work = None
+        self._tensor = None
+        self._bits: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._bits is not None or self._work is not None
+
+    def start(self, bits: int) -> None:
+        import torch
+        import torch.distributed as td
+
+        if self.pending:
+            raise RuntimeError("PendingBits.start: the previous round was never read")
+        if not td.is_initialized():
+            self._bits = bits
+            return
+        self._tensor = torch.tensor([(bits >> i) & 1 for i in range(8)], dtype=torch.int32)
+        self._work = td.all_reduce(self._tensor, op=td.ReduceOp.MAX, group=self.group, async_op=True)
+
+    def result(self) -> int:
+        """The OR of the round started last (0 when none is in flight): waits for it."""
+        if self._work is not None:
+            work, self._work = self._work, None
+            work.wait()
+            return sum(1 << i for i, v in enumerate(self._tensor.tolist()) if v)
+        bits, self._bits = self._bits or 0, None
+        return bits
+
+
 def agree(flag: bool, group=None) -> bool:
     """True on every rank when any rank says so (stop, save, fail): decisions are unanimous.
 

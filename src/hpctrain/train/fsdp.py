@@ -5,6 +5,12 @@ root holds the rest (patch embedding, tokens, head). Checkpoints stay in the DDP
 unsharded model state_dict and an optimizer state_dict keyed by parameter index, gathered
 collectively and written by rank 0, so a run may resume under either kind of parallelism and
 with another world size.
+
+With `train.amp=bf16` the mixed precision is FSDP's own, as torchtitan does it
+(`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` on every unit, and no autocast): the
+sharded parameters, their gradients and the optimizer state stay fp32; each unit's weights are
+cast to bf16 when gathered (half the all-gather bytes), forward and backward run in bf16, and
+gradients are reduce-scattered in fp32 (`train.grad_reduce_dtype=bf16`: in bf16).
 """
 
 from __future__ import annotations
@@ -23,11 +29,22 @@ from torch.distributed.device_mesh import init_device_mesh
 from hpctrain.train import compat
 
 fully_shard = compat.fully_shard()  # torch >= 2.4 (ConfigError naming the version below that)
+MixedPrecisionPolicy = compat.fsdp_mixed_precision()
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 LOAD = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
-def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool = True) -> None:
+def mixed_precision(amp: str, grad_reduce_dtype: str = "fp32"):
+    """FSDP's policy for `train.amp`: bf16 compute with fp32 (or bf16) reduction; None otherwise
+    (fp16 keeps autocast and the loss scaler, none is fp32 throughout)."""
+    if amp != "bf16":
+        return None
+    reduce = torch.bfloat16 if grad_reduce_dtype == "bf16" else torch.float32
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+
+
+def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool = True,
+          amp: str = "none", grad_reduce_dtype: str = "fp32") -> None:
     """Shard `model` in place over all ranks: one unit per block, then the root.
 
     Rank 0's weights are broadcast first (as DDP does when it wraps), so every shard comes from
@@ -37,9 +54,13 @@ def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: b
         for t in [*model.parameters(), *model.buffers()]:
             td.broadcast(t.data, src=0)
     mesh = init_device_mesh(device.type, (td.get_world_size(),))
+    kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    policy = mixed_precision(amp, grad_reduce_dtype)
+    if policy is not None:
+        kw["mp_policy"] = policy
     for block in getattr(model, "blocks", []):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -1,7 +1,8 @@
 """The training loop: DDP, AMP, accumulation, clipping, EMA, schedule, eval, checkpoints, stops.
 
-Nothing in a step reads a value back to the host except every `log_every` steps, and the only
-per-step collective outside DDP is the stop flag, on a CPU (gloo) control group.
+Nothing in a step reads a value back to the host except every `log_every` steps, and no
+collective outside DDP's holds a step up: the stop flags are OR-ed by an all-reduce on a CPU
+(gloo) control group that is started at one step boundary and read at the next (train.stop).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch.distributed as td
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import compat, fastpath
+from hpctrain.train import comm, compat, fastpath
 from hpctrain.train import stop as stopmod
-from hpctrain.train.dist import DistInfo, agree, agree_bits, diagnose
+from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
@@ -104,6 +105,7 @@ class Trainer:
         fastpath.apply(cfg.train, device)
         self.control_group = control_group
         self.stop_flag = stop_flag or stopmod.StopFlag()  # not installed: never set unless a caller's is
+        self.stop_round = PendingBits(control_group)  # this rank's stop bits, agreed one step later
         t = cfg.train
         self.accum = t.accum_steps
         self.steps_per_epoch = len(train_loader) // self.accum
@@ -119,7 +121,9 @@ class Trainer:
                                   "or use train.parallel=ddp")
             from hpctrain.train import fsdp
 
-            fsdp.shard(self.model, device, t.fsdp_reshard)
+            fsdp.shard(self.model, device, t.fsdp_reshard, t.amp, t.grad_reduce_dtype)
+        # bf16 under FSDP is FSDP's mixed-precision policy (train.fsdp), so no autocast in steps
+        self.step_amp = "none" if self.fsdp and t.amp == "bf16" else t.amp
         self.optimizer = build_optimizer(cfg, self.model, device)
         self.scaler = compat.grad_scaler(device) if t.amp == "fp16" else None
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
@@ -130,11 +134,9 @@ class Trainer:
             self.fwd_model = torch.compile(self.model, mode=None if t.compile_mode == "default"
                                            else t.compile_mode)
         self.ddp = None
+        self.reduce_hook: comm.CountingHook | None = None
         if dist.world_size > 1 and t.parallel == "ddp":
-            ids = [device.index] if device.type == "cuda" else None
-            self.ddp = torch.nn.parallel.DistributedDataParallel(
-                self.fwd_model, device_ids=ids, gradient_as_bucket_view=t.ddp_bucket_view,
-                bucket_cap_mb=t.ddp_bucket_mb)
+            self.ddp, self.reduce_hook = comm.wrap(self.fwd_model, device, t)
             self.fwd_model = self.ddp
         self.step = 0
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
@@ -250,7 +252,6 @@ class Trainer:
 
     def train_step(self, batches) -> torch.Tensor:
         """One optimizer step over `accum` micro-batches; returns the mean loss (on device)."""
-        t = self.cfg.train
         lr = lr_at(self.step, self.cfg.peak_lr, self.warmup, self.total_steps, self.cfg.optim.min_lr,
                    self.cfg.optim.schedule)
         for g in self.optimizer.param_groups:
@@ -262,7 +263,7 @@ class Trainer:
             if self.fsdp and self.accum > 1:
                 self.model.set_requires_gradient_sync(i == self.accum - 1)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                with autocast_ctx(t.amp, self.device):
+                with autocast_ctx(self.step_amp, self.device):
                     logits = self.fwd_model(images)
                 loss = soft_cross_entropy(logits, targets) / self.accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -286,6 +287,8 @@ class Trainer:
         try:
             return self._run(resume, halt_at)
         except (RuntimeError, td.DistError) as e:
+            if isinstance(e, ckpt.CheckpointError):  # unanimous (Trainer.save): every rank is here
+                self.stop_round.result()
             if self.dist.world_size == 1 or not td.is_initialized() or isinstance(e, ckpt.CheckpointError):
                 raise
             if not isinstance(e, td.DistError) and "gloo" not in str(e).lower() and "nccl" not in str(e).lower():
@@ -315,6 +318,8 @@ class Trainer:
         bits = self._stop_bits(halt_at) if self.step < self.total_steps else 0
         if bits:  # a signal during start-up: nothing trained since the checkpoint we resumed from
             return self._stop(out, bits, start_wall, save=False)
+        if self.step < self.total_steps:  # the first round, read after the first step
+            self.stop_round.start(self.stop_flag.bits())
         if self.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
@@ -346,6 +351,8 @@ class Trainer:
                     skipped = len(getattr(self.train_loader, "skipped", ()))
                     if skipped:
                         rec["skipped_samples"] = skipped
+                    if self.reduce_hook:  # per rank and step, in the dtype on the wire
+                        rec["grad_reduce_bytes"] = self.reduce_hook.take() // win_steps
                     self.metrics.write("train", **rec)
                     progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
                                                f"data {100 * rec['data_wait']:.0f}%")
@@ -354,7 +361,7 @@ class Trainer:
                     win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
                 if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
                     self._checkpoint(out)
-                bits = self._stop_bits(halt_at)
+                bits = self._stop_check(halt_at)
                 if bits and self.step < self.total_steps:
                     progress.newline()
                     return self._stop(out, bits, start_wall, save=True)
@@ -363,6 +370,7 @@ class Trainer:
                 self._eval_and_log(out, progress)
                 last_eval_step = self.step
         progress.newline()
+        self.stop_round.result()  # nothing is in flight after the last step; never leave one behind
         if last_eval_step != self.step:
             self._eval_and_log(out, progress)
         self._checkpoint(out)
@@ -377,16 +385,34 @@ class Trainer:
         return out
 
     def _stop_bits(self, halt_at: int) -> int:
-        """Every rank's stop request OR-ed together (one small all-reduce on the control group):
-        the stop is unanimous, and rank 0 learns its kind even when only another rank was signalled."""
+        """At start-up, once: every rank's stop request OR-ed together (a blocking all-reduce on the
+        control group), so a signal that came during start-up stops every rank before a step."""
         self.stop_flag.log_new()
         bits = self.stop_flag.bits()
         if halt_at > 0 and self.step >= halt_at:
             bits |= stopmod.BITS["halt"]
         return agree_bits(bits, self.control_group)
 
+    def _stop_check(self, halt_at: int) -> int:
+        """At a step boundary: the stop bits to act on now, without waiting for the other ranks.
+
+        The OR read here was started at the previous boundary and had a whole step to complete;
+        every rank reads the same round, so all stop at this same step (and rank 0 learns the
+        kind when only another rank was signalled). halt_at needs no agreement: every rank
+        knows it. A new round starts unless this boundary stops or ends the run, so nothing is
+        in flight when the loop is left.
+        """
+        self.stop_flag.log_new()
+        bits = self.stop_round.result()
+        if halt_at > 0 and self.step >= halt_at:
+            bits |= stopmod.BITS["halt"]
+        if not bits and self.step < self.total_steps:
+            self.stop_round.start(self.stop_flag.bits())
+        return bits
+
     def _stop(self, out: Outcome, bits: int, start_wall: float, save: bool) -> Outcome:
         """Checkpoint at this step (every rank takes part) and end the run as stopped."""
+        self.stop_round.result()  # every path out waits for its round (none is in flight here)
         if save:
             self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
         self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
@@ -448,6 +474,8 @@ class Trainer:
         (out.float().sum() * 0.0).backward()
         self.optimizer.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)
+        if self.reduce_hook:
+            self.reduce_hook.take()  # its buckets are not a step's
 
     def _mean_loss(self, loss: torch.Tensor) -> float:
         if td.is_initialized():

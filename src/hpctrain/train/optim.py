@@ -31,7 +31,7 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -
 
         return Lamb(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
                     always_adapt=o.lamb_adapt == "all")
-    fused = o.fused == "on" or (o.fused == "auto" and device.type == "cuda")
+    fused = o.fused == "always" or (o.fused == "auto" and device.type == "cuda")
     return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas),
                              eps=o.eps, fused=fused or None)
 

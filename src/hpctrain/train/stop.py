@@ -5,6 +5,15 @@ limit, and SIGTERM (after SIGCONT) when the job is preempted, followed by SIGKIL
 partition's GraceTime has passed. Both mean "checkpoint at the next step, then exit"; they are
 told apart only to count requeues (`slurm.max_requeues` vs `slurm.max_preemptions`).
 
+Every rank must stop at the same step, so the ranks agree on it: the OR of their stop bits is
+an all-reduce on the gloo control group, started (non-blocking) at one step boundary and read at
+the next (`Trainer._stop_check`), so it never holds a step up. The price is latency: a signal
+that arrives while step n runs is posted at the end of step n and acted on at the end of step
+n+1, where every rank checkpoints and exits: at most two step boundaries after the signal (one
+more step than a blocking check). `train.halt_at` needs no agreement and stops exactly there.
+Budget the warning time (`--signal=USR2@T`, a partition's GraceTime) for two steps plus a
+checkpoint (docs/communication.md).
+
 The handler only records the signal: logging from inside a handler can re-enter the logging
 machinery, so the record is logged by the loop at the next check. Nothing here imports torch:
 task entry points install the handlers before any heavy import, rendezvous or model build.

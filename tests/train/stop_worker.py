@@ -1,0 +1,75 @@
+"""Test worker: a rank of `hpctrain train` on the digits config, in-process, with two probes at
+step boundaries (tests/train/test_stop_agreement.py):
+
+- train.ckpt_every=3: a save runs while a stop round is in flight;
+- at boundary OVERLAP, rank 1 does not post its stop bits until rank 0 has begun the next step:
+  a blocking agreement deadlocks here (rank 0 would wait for rank 1, which waits for rank 0);
+- while step SIGNAL+1 runs, rank 1 sends itself SIGUSR2 (a real signal, the real handler).
+
+Writes result-<rank>.json: the outcome and the steps at which rank 0 began a step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as td
+
+from hpctrain.config import load
+from hpctrain.data.build import build_loaders
+from hpctrain.models.vit import build_vit
+from hpctrain.train import dist, stop
+from hpctrain.train.entry import setup_logging
+from hpctrain.train.loop import Trainer
+from tests.helpers import DIGITS
+
+OVERLAP, SIGNAL = 2, 4
+
+
+def main(root: str, out: str) -> None:
+    sets = [f"data.root={root}", f"run.dir={out}", "run.name=run", "train.threads=1", "train.log_every=1",
+            "train.eval_every=0", "train.ckpt_every=3", "train.max_steps=12"]
+    cfg = load(DIGITS, sets)
+    info = dist.detect()
+    flag = stop.install()
+    dist.init(info, "gloo", 60)
+    torch.manual_seed(cfg.train.seed)
+    setup_logging(None, info.rank)
+    train, val = build_loaders(cfg, info.rank, info.world_size, torch.device("cpu"))
+    run_dir = Path(out) / "run"
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(cfg, info, torch.device("cpu"), run_dir if info.is_main else None, train, val,
+                      build_vit(cfg.model), None, flag)
+    store = td.distributed_c10d._get_default_store()
+    began = []
+    step_fn, check_fn = trainer.train_step, trainer._stop_check
+
+    def train_step(batches):
+        began.append(trainer.step)
+        if info.rank == 0 and trainer.step == OVERLAP:
+            store.set("rank0_began_next_step", "1")
+        if info.rank == 1 and trainer.step == SIGNAL:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return step_fn(batches)
+
+    def stop_check(halt_at):
+        if info.rank == 1 and trainer.step == OVERLAP:
+            store.wait(["rank0_began_next_step"], datetime.timedelta(seconds=30))
+        return check_fn(halt_at)
+
+    trainer.train_step, trainer._stop_check = train_step, stop_check
+    result = trainer.run()
+    Path(out, f"result-{info.rank}.json").write_text(json.dumps(
+        {"status": result.status, "step": result.step, "stop_kind": result.stop_kind, "began": began}))
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
