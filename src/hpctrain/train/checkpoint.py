@@ -168,15 +168,17 @@ def load_file(path: str | Path, map_location: Any = "cpu", need: tuple[str, ...]
 
 def load(path: str | Path) -> dict[str, Any]:
     """The whole state of a checkpoint of either format, in this process (no process group):
-    model, optimizer ({"state", "param_groups"}), ema and the rest. A sharded one's optimizer
-    state is keyed by parameter name, a single file's by index (as torch saves it)."""
+    model, optimizer (torch's `state_dict` format, keyed by index), ema and the rest."""
     path = Path(path)
     if not is_sharded(path):
         return load_file(path)
     from hpctrain.train import sharded
 
     st = sharded.load_full(path)
-    st["optimizer"] = {"state": st.pop("optim", {}), "param_groups": st.get("param_groups", [])}
+    groups = st.pop("param_groups", [])  # parameter names → torch's indices, as in a single file
+    index = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
+    st["optimizer"] = {"state": {index[n]: v for n, v in st.pop("optim", {}).items()},
+                       "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in groups]}
     return st
 
 
