@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,11 @@ def load_full(path: Path, parts: tuple[str, ...] = PARTS) -> dict:
     return {**meta, **skeleton}
 
 
+def _alone() -> bool:
+    """No process group (one process): DCP writes everything itself (and says nothing about it)."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
 def _finalize(run_dir: Path, step: int, meta: dict, keep: int) -> Path:
     """Rank 0, once every rank's part is on disk: meta.pt, rename to the real name, `latest`, prune."""
     d = ckpt.ckpt_dir(run_dir)
@@ -140,7 +146,7 @@ def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main
 
     tmp = _start_dir(run_dir, step, is_main)
     try:
-        dcp.save(tensors, checkpoint_id=str(tmp), process_group=group)
+        dcp.save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
         return (_finalize(run_dir, step, meta, keep) if is_main else None), None
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure
         return None, _failure(run_dir, step, e, is_main)
@@ -152,11 +158,13 @@ class Pending:
     def __init__(self, step: int, run: Any):
         self.step = step
         self.result: tuple[Path | None, ckpt.CheckpointError | None] = (None, None)
+        self.finished_at: float | None = None  # time.perf_counter() when the save was done (or failed)
         self._thread = threading.Thread(target=self._run, args=(run,), name=f"ckpt-step-{step}", daemon=True)
         self._thread.start()
 
     def _run(self, run) -> None:
         self.result = run()
+        self.finished_at = time.perf_counter()
 
     def done(self) -> bool:
         return not self._thread.is_alive()
@@ -171,7 +179,7 @@ def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_mai
     import torch.distributed.checkpoint as dcp
 
     tmp = _start_dir(run_dir, step, is_main)
-    future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group)
+    future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
 
     def finish():
         try:
