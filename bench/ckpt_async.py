@@ -104,7 +104,8 @@ def rank_main(rank: int, world: int, port: int, args, out_dir: str, results) -> 
         rows[mode] = {"blocked_s": statistics.median(blocked), "waited_s": statistics.median(waited),
                       "end_wait_s": end_wait,
                       "save_wall_s": statistics.median(walls),
-                      "steps_in_flight": statistics.median(during), "step_s": statistics.median(step_t)}
+                      "steps_in_flight": statistics.median(during), "step_s": statistics.median(step_t),
+                      "per_save": {"blocked_s": blocked, "save_wall_s": walls, "steps_in_flight": during}}
     if rank == 0:
         newest = max((Path(out_dir) / "async" / "checkpoints").glob("step-*"))
         size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())

@@ -242,10 +242,11 @@ class Trainer:
     def save(self, background: bool = False) -> str | None:
         """Checkpoint this step; every rank learns whether it worked (a unanimous decision).
 
-        A background save (sharded, `train.ckpt_async`) returns at once; its outcome is settled
-        when the next save starts (which waits for it) or the run ends (`_collect`).
+        A background save (sharded, `train.ckpt_async`) returns at once, with the path of the one
+        before it if that completed; its own outcome is settled when the next save starts (which
+        waits for it) or the run ends (`_collect`).
         """
-        self._collect()
+        previous = self._collect()
         t = self.cfg.train
         if self.ckpt_format == "single":
             state = self.state()
@@ -266,7 +267,7 @@ class Trainer:
         args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
         if background and t.ckpt_async:
             self.pending = sharded.start(*args, group=self.ckpt_group)
-            return None
+            return previous
         path, err = sharded.save(*args, group=self.ckpt_group or self.control_group)
         return self._settle(self.step, path, err)
 

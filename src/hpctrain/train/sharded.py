@@ -179,7 +179,11 @@ def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_mai
     import torch.distributed.checkpoint as dcp
 
     tmp = _start_dir(run_dir, step, is_main)
-    future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+    try:
+        future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. no memory for the CPU copy
+        failed = (None, _failure(run_dir, step, e, is_main))
+        return Pending(step, lambda: failed)
 
     def finish():
         try:
