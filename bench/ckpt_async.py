@@ -9,7 +9,8 @@ waiting for a save still in flight when the next starts, in the background), the
 time (until it is complete on every rank), and the training steps completed while it was in
 flight. "Of it waiting" is the part of the blocked time spent waiting for the previous save (a
 background save slower than `--every` steps makes training wait); a run's end waits once for its
-last save ("end wait").
+last save ("end wait"). "Step, save in flight": the median step that started while a background
+save was being written, which competes with training for the cores (and the GIL).
 
     PYTHONPATH=src python bench/ckpt_async.py [--saves 3] [--every 8] [--threads 1] [--json]
 """
@@ -65,15 +66,16 @@ def rank_main(rank: int, world: int, port: int, args, out_dir: str, results) -> 
     params = sum(p.numel() for p in model.parameters())
     for mode in ("sync", "async"):
         run = Path(out_dir) / mode
-        blocked, waited, walls, during, step_t = [], [], [], [], []
+        blocked, waited, walls, during, step_t, busy_t = [], [], [], [], [], []
         pending, s = None, 0
         for _ in range(args.saves):
             for _ in range(args.every):
+                in_flight = pending is not None and not pending.done()
                 t0 = time.perf_counter()
                 step()
-                step_t.append(time.perf_counter() - t0)
+                (busy_t if in_flight else step_t).append(time.perf_counter() - t0)
                 s += 1
-                if pending is not None and not pending.done():
+                if in_flight:  # a step that started while the save was in flight
                     pending.steps += 1
             td.barrier()
             t0 = time.perf_counter()
@@ -105,6 +107,7 @@ def rank_main(rank: int, world: int, port: int, args, out_dir: str, results) -> 
                       "end_wait_s": end_wait,
                       "save_wall_s": statistics.median(walls),
                       "steps_in_flight": statistics.median(during), "step_s": statistics.median(step_t),
+                      "busy_step_s": statistics.median(busy_t) if busy_t else None,
                       "per_save": {"blocked_s": blocked, "save_wall_s": walls, "steps_in_flight": during}}
     if rank == 0:
         newest = max((Path(out_dir) / "async" / "checkpoints").glob("step-*"))
@@ -145,11 +148,12 @@ def main() -> int:
     print(f"ViT-S ({r['params'] / 1e6:.1f} M parameters), checkpoint {r['ckpt_mb']:.0f} MB (weights, AdamW, "
           f"EMA), {r['world']} gloo ranks, {args.every} steps between saves, medians of {args.saves} saves")
     print(f"{'mode':<6} {'blocked/save':>13} {'of it waiting':>14} {'save wall':>10} {'steps during save':>18} "
-          f"{'step':>8}")
+          f"{'step':>8} {'step, save in flight':>21}")
     for mode in ("sync", "async"):
         x = r[mode]
+        busy = f"{x['busy_step_s']:.3f}s" if x["busy_step_s"] is not None else "-"
         print(f"{mode:<6} {x['blocked_s']:>12.3f}s {x['waited_s']:>13.3f}s {x['save_wall_s']:>9.3f}s "
-              f"{x['steps_in_flight']:>18.1f} {x['step_s']:>7.3f}s")
+              f"{x['steps_in_flight']:>18.1f} {x['step_s']:>7.3f}s {busy:>21}")
     print(f"end of run waiting for the last background save: {r['async']['end_wait_s']:.3f}s")
     print(f"blocked per save, async / sync: {r['async']['blocked_s'] / r['sync']['blocked_s']:.2f}")
     return 0
