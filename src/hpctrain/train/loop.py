@@ -256,23 +256,31 @@ class Trainer:
                     path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts)
                 except ckpt.CheckpointError as e:
                     err = e
-            self.last_saved_step = self.step
-            return self._settle(self.step, path, err)
+            return self._saved(self.step, path, err)
         tensors, meta = self.sharded_state()
-        self.last_saved_step = self.step
         if self.ckpt_root is None:  # nowhere to write (a test's trainer without a run directory)
+            self.last_saved_step = self.step
             return None
         from hpctrain.train import sharded
 
         args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
         if background and t.ckpt_async:
             self.pending = sharded.start(*args, group=self.ckpt_group)
+            self.last_saved_step = self.step  # in flight: this step is not saved again
             return previous
         path, err = sharded.save(*args, group=self.ckpt_group or self.control_group)
-        return self._settle(self.step, path, err)
+        return self._saved(self.step, path, err)
 
-    def _settle(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> str | None:
-        """Record a written checkpoint; on a failure anywhere, stop or warn per train.on_ckpt_error."""
+    def _saved(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> str | None:
+        """Settle a save made now: a step whose save failed may be saved again (at a stop)."""
+        failed, out = self._settle(step, path, err)
+        if not failed:
+            self.last_saved_step = step
+        return out
+
+    def _settle(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> tuple[bool, str | None]:
+        """Record a written checkpoint; on a failure anywhere, stop or warn per train.on_ckpt_error.
+        Returns (failed on some rank, the path on rank 0)."""
         if path:
             self.metrics.write("checkpoint", step=step, path=str(path))  # on disk now, whatever follows
         failed = agree(err is not None, self.control_group)
@@ -282,15 +290,15 @@ class Trainer:
                                                   "rank (see its log)")
             log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
                         step, err or "see the other ranks' logs")
-            return None
-        return str(path) if path else None
+            return True, None
+        return False, str(path) if path else None
 
     def _collect(self) -> str | None:
         """Wait for the background save in flight, if any, and settle it (every rank calls this)."""
         if self.pending is None:
             return None
         pending, self.pending = self.pending, None
-        return self._settle(pending.step, *pending.wait())
+        return self._settle(pending.step, *pending.wait())[1]
 
     def _checkpoint(self, out: Outcome) -> None:
         """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file.
