@@ -181,6 +181,16 @@ def test_async_save_is_sharded():
         compat.ckpt_format(load(DIGITS, ["train.ckpt_async=true", "train.ckpt_format=single"]).train, 4, "2.13.0")
 
 
+def test_sharded_checkpoint_on_old_torch_is_refused_not_skipped(tmp_path, monkeypatch):
+    """--resume auto must not fall back past a sharded checkpoint that this torch cannot read."""
+    d = ckpt.ckpt_dir(tmp_path) / ckpt.name(5, "sharded")
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"")
+    monkeypatch.setattr(torch, "__version__", "2.2.2+cu121")
+    with pytest.raises(ConfigError, match=r"step-00000005 is sharded .*needs torch >= 2\.4; this is 2\.2\.2"):
+        ckpt.find_resume(tmp_path, "auto")
+
+
 def _fake_backends(cudnn: bool) -> SimpleNamespace:
     flags: dict[str, bool] = {}
     names = ["flash", "mem_efficient", "math"] + (["cudnn"] if cudnn else [])

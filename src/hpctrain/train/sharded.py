@@ -70,7 +70,15 @@ def load_into(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 def load_meta(path: Path) -> dict:
-    """The non-tensor state of a sharded checkpoint (weights_only), or CheckpointError."""
+    """The non-tensor state of a sharded checkpoint (weights_only), or CheckpointError; on a torch
+    that cannot read one (< 2.4), a one-line ConfigError instead of falling back to an older one."""
+    from hpctrain.train import compat
+
+    if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
+        need = ".".join(map(str, compat.SHARDED_MIN_TORCH))
+        raise compat.ConfigError(f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "
+                                 f"torch >= {need}; this is {torch.__version__}: use an image with a newer "
+                                 "PyTorch (or resume from a single-file checkpoint with --resume PATH)")
     if not (path / ".metadata").is_file():
         raise ckpt.CheckpointError(f"checkpoint {path} has no DCP .metadata (an incomplete copy?)")
     st = ckpt.load_file(path / META, need=("step",))
