@@ -154,7 +154,10 @@ def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main
 
     tmp = _start_dir(run_dir, step, is_main)
     try:
-        dcp.save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+        with warnings.catch_warnings():  # alone: "assuming the intent is to save in a single process"
+            if _alone():
+                warnings.simplefilter("ignore", UserWarning)
+            dcp.save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
         return (_finalize(run_dir, step, meta, keep) if is_main else None), None
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure
         return None, _failure(run_dir, step, e, is_main)
