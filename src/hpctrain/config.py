@@ -143,6 +143,11 @@ class TrainConfig:
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
     on_ckpt_error: str = opt("stop", "a checkpoint that cannot be written: stop or warn and go on",
                              choices=("stop", "continue"))
+    ckpt_format: str = opt("auto", "checkpoint format: sharded (DCP: every rank writes and reads its part), "
+                           "single (one file rank 0 writes); auto = sharded with >1 rank or ckpt_async "
+                           "on torch >= 2.4, else single", choices=("auto", "sharded", "single"))
+    ckpt_async: bool = opt(False, "write sharded checkpoints in the background while training goes on "
+                                  "(the next save waits for the previous; torch >= 2.4)")
     halt_at: int = opt(0, "checkpoint and stop at this step as if preempted (0: off)", lo=0)
     parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit",
                         choices=("ddp", "fsdp"))

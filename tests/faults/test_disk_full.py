@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import compat
 from tests.faults.local import start_ranks, wait_for_step
 from tests.helpers import digits_args, run_ranks
 
@@ -35,23 +36,33 @@ def fill(mnt):
             pass
 
 
-@pytest.mark.parametrize("policy", ["stop", "continue"])
-def test_disk_full_keeps_previous_checkpoint(policy, digits_root, small_fs):
+@pytest.mark.parametrize(("policy", "mode"), [("stop", "single"), ("continue", "single"), ("stop", "async"),
+                                            ("continue", "async")])
+def test_disk_full_keeps_previous_checkpoint(policy, mode, digits_root, small_fs):
+    """`async`: sharded checkpoints saved in the background; the save of step 20 fails there and the
+    failure is settled when the next save starts (step 30), on every rank alike."""
+    if mode == "async" and compat.version_tuple() < compat.SHARDED_MIN_TORCH:
+        pytest.skip(f"background saves need torch >= 2.4; this is {compat.torch.__version__}")
+    fmt = "single" if mode == "single" else "sharded"
     sets = ["train.max_steps=40", "train.ckpt_every=10", "train.log_every=1", f"train.on_ckpt_error={policy}",
-            "train.keep_ckpts=2"]
+            "train.keep_ckpts=2", f"train.ckpt_format={fmt}", f"train.ckpt_async={mode == 'async'}"]
     procs = start_ranks(1, digits_root, small_fs, "full", *sets)
     run = small_fs / "full"
-    wait_for_step(run, 12, procs)  # step-10 checkpoint written
+    wait_for_step(run, 12, procs)  # step-10 checkpoint written (a background one: settled at the next)
     fill(small_fs)
     out, _ = procs[0].communicate(timeout=300)
+    first = ckpt.name(10, fmt)
     names = [p.name for p in ckpt.list_checkpoints(run)]
-    assert names[-1] == "step-00000010.pt"
-    assert ckpt.load(ckpt.ckpt_dir(run) / "step-00000010.pt")["step"] == 10  # intact
-    assert not list(ckpt.ckpt_dir(run).glob(".*.tmp-*"))  # no half-written leftovers
-    assert "No space left on device" in out and "the previous checkpoint step-00000010.pt is intact" in out
+    assert names[-1] == first
+    assert ckpt.load(ckpt.ckpt_dir(run) / first)["step"] == 10  # intact
+    assert (ckpt.ckpt_dir(run) / "latest").read_text().strip() == first
+    assert not list(ckpt.ckpt_dir(run).glob(".*.tmp*"))  # no half-written leftovers
+    assert "No space left on device" in out and f"the previous checkpoint {first} is intact" in out
     if policy == "stop":
         assert procs[0].returncode == 2
         assert "hpctrain: error: could not write checkpoint" in out
+        if mode == "async":  # step 20's failure, reported when step 30's save waited for it
+            assert re.search(r"could not write checkpoint \S*step-00000020", out)
     else:
         assert procs[0].returncode == 0, out[-2000:]
         assert "train.on_ckpt_error=continue" in out and re.search(r"status +finished", out)

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import compat
 
 WRITER = """
 import sys, torch
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import compat
 run = sys.argv[1]
 ckpt.save(run, 1, {"model": {"w": torch.ones(3)}, "step": 1}, keep=3)
 print("first saved", flush=True)
@@ -83,3 +85,27 @@ def test_none_and_missing(tmp_path):
     assert ckpt.find_resume(tmp_path, "auto") is None
     with pytest.raises(ckpt.CheckpointError, match="does not exist"):
         ckpt.find_resume(tmp_path, str(tmp_path / "nope.pt"))
+
+
+@pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
+                    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
+def test_both_formats_in_one_directory(tmp_path, caplog, monkeypatch):
+    """A run that changed format (1 rank, then 2) lists, resumes and prunes both kinds alike; a
+    sharded checkpoint without DCP's .metadata (an incomplete copy) is skipped."""
+    from hpctrain.train import sharded
+
+    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
+    ckpt.save(tmp_path, 1, {"model": {"w": torch.ones(3)}, "step": 1}, keep=3)
+    for step in (2, 3):  # one process, no process group: DCP writes all of it
+        path, err = sharded.save(tmp_path, step, {"model": {"w": torch.full((3,), float(step))}}, {"step": step},
+                                 keep=3, is_main=True)
+        assert err is None and path.name == ckpt.name(step, "sharded")
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000003", "step-00000002", "step-00000001.pt"]
+    assert (ckpt.ckpt_dir(tmp_path) / "latest").read_text().strip() == "step-00000003"
+    assert torch.equal(ckpt.load(ckpt.ckpt_dir(tmp_path) / "step-00000003")["model"]["w"], torch.full((3,), 3.0))
+    (ckpt.ckpt_dir(tmp_path) / "step-00000003" / ".metadata").unlink()
+    with caplog.at_level("WARNING", logger="hpctrain"):
+        path, st = ckpt.find_resume(tmp_path, "auto")
+    assert path.name == "step-00000002" and st["step"] == 2 and "no DCP .metadata" in caplog.text
+    sharded.save(tmp_path, 4, {"model": {"w": torch.zeros(3)}}, {"step": 4}, keep=2, is_main=True)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000004", "step-00000003"]

@@ -154,8 +154,41 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     for setting, device, msg in cases:
         with pytest.raises(ConfigError, match=msg):
             compat.check_train(load(DIGITS, [setting]).train, device)
+    for setting, what in [("train.ckpt_format=sharded", "train.ckpt_format=sharded"),
+                          ("train.ckpt_async=true", "train.ckpt_async=true")]:
+        with pytest.raises(ConfigError, match=rf"{re.escape(what)} needs torch >= 2\.4 .*this is 2\.2\.2\+cu121: "
+                                              r"use train\.ckpt_format=single"):
+            compat.check_train(load(DIGITS, [setting]).train, cpu)
     compat.check_train(load(DIGITS, ["train.amp=fp16"]).train, cuda)  # CUDA has its scaler on 2.2
     compat.check_train(load(DIGITS, ["train.sdpa_backend=cudnn"]).train, cpu)  # the switch is CUDA-only
+
+
+@pytest.mark.parametrize("version, world, fmt, want", [
+    ("2.13.0+cpu", 1, "auto", "single"),  # one process: one file
+    ("2.13.0+cpu", 2, "auto", "sharded"),  # several ranks: each writes and reads its part
+    ("2.4.0", 16, "single", "single"),
+    ("2.2.2", 2, "auto", "single"),  # 2.2: single files whatever the world size
+    ("2.3.1", 8, "auto", "single"),
+])
+def test_checkpoint_format_by_world_size_and_torch(version, world, fmt, want):
+    assert compat.ckpt_format(load(DIGITS, [f"train.ckpt_format={fmt}"]).train, world, version) == want
+
+
+def test_async_save_is_sharded():
+    both = load(DIGITS, ["train.ckpt_async=true"]).train
+    assert compat.ckpt_format(both, 1, "2.13.0") == "sharded"
+    with pytest.raises(ConfigError, match=r"train\.ckpt_async=true writes sharded checkpoints"):
+        compat.ckpt_format(load(DIGITS, ["train.ckpt_async=true", "train.ckpt_format=single"]).train, 4, "2.13.0")
+
+
+def test_sharded_checkpoint_on_old_torch_is_refused_not_skipped(tmp_path, monkeypatch):
+    """--resume auto must not fall back past a sharded checkpoint that this torch cannot read."""
+    d = ckpt.ckpt_dir(tmp_path) / ckpt.name(5, "sharded")
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"")
+    monkeypatch.setattr(torch, "__version__", "2.2.2+cu121")
+    with pytest.raises(ConfigError, match=r"step-00000005 is sharded .*needs torch >= 2\.4; this is 2\.2\.2"):
+        ckpt.find_resume(tmp_path, "auto")
 
 
 def _fake_backends(cudnn: bool) -> SimpleNamespace:

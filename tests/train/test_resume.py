@@ -1,4 +1,5 @@
-"""Exact resume: N steps in one go equal N/2, stop, resume, N/2 — bit for bit."""
+"""Exact resume: N steps in one go equal N/2, stop, resume, N/2 — bit for bit (one file for one
+rank, sharded DCP checkpoints for several where torch has them: train.ckpt_format=auto)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import compat
 from tests.helpers import digits_args, run_ranks
 
 # Mid-epoch halt (22 steps/epoch at batch 64), mixup+cutmix, drop-path and EMA all on: every piece
@@ -36,7 +38,8 @@ def test_halt_and_resume_equals_uninterrupted(world, digits_root, tmp_path):
     run_ranks(world, digits_args(digits_root, tmp_path, "straight", *SETS, "run.resume=none"))
     run_ranks(world, digits_args(digits_root, tmp_path, "split", *SETS, "train.halt_at=13"))
     halted = ckpt.list_checkpoints(tmp_path / "split")
-    assert [p.name for p in halted] == ["step-00000013.pt"]
+    assert [ckpt.step_of(p) for p in halted] == [13]
+    assert ckpt.is_sharded(halted[0]) == (world > 1 and compat.version_tuple() >= compat.SHARDED_MIN_TORCH)
     out = run_ranks(world, digits_args(digits_root, tmp_path, "split", *SETS))
     assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))

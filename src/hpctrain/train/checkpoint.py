@@ -1,7 +1,9 @@
 """Atomic checkpoints in `<run>/checkpoints/`: temp file, fsync, rename, then the `latest` pointer.
 
-A process killed mid-write leaves only a `.tmp` file behind, never a half checkpoint under a real
-name; `--resume auto` walks back from the newest file until one loads. Files load with
+Two formats share the directory: `step-<n>.pt`, one file rank 0 writes (`train.ckpt_format=single`),
+and `step-<n>/`, a sharded DCP checkpoint every rank writes its part of (train/sharded.py).
+A process killed mid-write leaves only a `.tmp` file or directory behind, never a half checkpoint
+under a real name; `--resume auto` walks back from the newest until one loads. Files load with
 `torch.load(weights_only=True)`, so a checkpoint cannot run code.
 """
 
@@ -11,6 +13,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import torch
 from hpctrain.errors import UserError
 
 log = logging.getLogger("hpctrain")
-PATTERN = re.compile(r"^step-(\d+)\.pt$")
+PATTERN = re.compile(r"^step-(\d+)(\.pt)?$")
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -30,16 +33,33 @@ def ckpt_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def name(step: int, fmt: str = "single") -> str:
+    """A checkpoint's name: `step-<n>.pt` (single file) or `step-<n>` (sharded, a directory)."""
+    return f"step-{step:08d}" + (".pt" if fmt == "single" else "")
+
+
+def step_of(path: str | Path) -> int:
+    m = PATTERN.match(Path(path).name)
+    if not m:
+        raise CheckpointError(f"{path} is not named like a checkpoint (step-<n>.pt or step-<n>/)")
+    return int(m.group(1))
+
+
+def is_sharded(path: str | Path) -> bool:
+    return Path(path).is_dir()
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints newest first (by step)."""
+    """Checkpoints of either format, newest first (by step)."""
     d = ckpt_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := PATTERN.match(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    found = [(int(m.group(1)), p.name, p) for p in d.iterdir()
+             if (m := PATTERN.match(p.name)) and (p.is_dir() == (m.group(2) is None))]
+    return [p for _, _, p in sorted(found, reverse=True)]
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -47,7 +67,7 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -55,7 +75,7 @@ def _atomic_write(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException as e:
         full = not isinstance(e, OSError) and _disk_full(path.parent)  # torch.save: RuntimeError
         tmp.unlink(missing_ok=True)
@@ -77,29 +97,63 @@ def _disk_full(d: Path) -> bool:
         return False
 
 
+def write_error(run_dir: str | Path, path: Path, e: BaseException) -> CheckpointError:
+    """The one-line error of a checkpoint not written, saying whether an earlier one is intact."""
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: its exception}
+    if isinstance(failures, dict) and failures:
+        e = next(iter(failures.values()))
+        e = e[0] if isinstance(e, tuple) else e
+    why = _why(e)
+    if _disk_full(ckpt_dir(run_dir)) and "No space left" not in why:
+        why = os.strerror(errno.ENOSPC)
+    prev = next((p.name for p in list_checkpoints(run_dir) if p != path), None)
+    kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
+    return CheckpointError(f"could not write checkpoint {path}: {why}; {kept}. Free space on that file "
+                           "system (or lower train.keep_ckpts) and resume with --resume auto")
+
+
+def clear_stale(d: Path, keep: Path | None = None) -> None:
+    """Remove what killed writers left: temp files and temp directories (but `keep`)."""
+    for stale in [*d.glob(".step-*.pt.tmp-*"), *d.glob(".step-*.tmp"), *d.glob(".step-*.old")]:
+        if stale == keep:
+            continue
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def point_latest(d: Path, path: Path) -> None:
+    atomic_write(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
+
+
+def prune(run_dir: str | Path, keep: int) -> None:
+    """Keep the newest `keep` checkpoints, of either format."""
+    for old in list_checkpoints(run_dir)[keep:]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
 def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write step-<n>.pt atomically, point `latest` at it, keep the newest `keep`."""
     d = ckpt_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for stale in d.glob(".step-*.pt.tmp-*"):
-        stale.unlink(missing_ok=True)
-    path = d / f"step-{step:08d}.pt"
+    clear_stale(d)
+    path = d / name(step)
     try:
-        _atomic_write(path, lambda f: torch.save(state, f))
-        _atomic_write(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
+        atomic_write(path, lambda f: torch.save(state, f))
+        point_latest(d, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
-        prev = next((p.name for p in list_checkpoints(run_dir) if p != path), None)
-        kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint {path}: {_why(e)}; {kept}. "
-                              "Free space on that file system (or lower train.keep_ckpts) and "
-                              "resume with --resume auto") from e
-    for old in list_checkpoints(run_dir)[keep:]:
-        old.unlink(missing_ok=True)
+        raise write_error(run_dir, path, e) from e
+    prune(run_dir, keep)
     return path
 
 
-def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load one checkpoint; refuses pickled objects (weights_only)."""
+def load_file(path: str | Path, map_location: Any = "cpu", need: tuple[str, ...] = ("model", "step")
+              ) -> dict[str, Any]:
+    """Load one checkpoint file; refuses pickled objects (weights_only)."""
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -107,9 +161,36 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     except Exception as e:  # truncated zip, pickled code, anything torch refuses
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} cannot be loaded safely: {first}") from None
-    if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise CheckpointError(f"checkpoint {path} is not an hpctrain checkpoint (no model/step)")
+    if not isinstance(state, dict) or any(k not in state for k in need):
+        raise CheckpointError(f"checkpoint {path} is not an hpctrain checkpoint (no {'/'.join(need)})")
     return state
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """The whole state of a checkpoint of either format, in this process (no process group):
+    model, optimizer (torch's `state_dict` format, keyed by index), ema and the rest."""
+    path = Path(path)
+    if not is_sharded(path):
+        return load_file(path)
+    from hpctrain.train import sharded
+
+    st = sharded.load_full(path)
+    groups = st.pop("param_groups", [])  # parameter names → torch's indices, as in a single file
+    index = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
+    st["optimizer"] = {"state": {index[n]: v for n, v in st.pop("optim", {}).items()},
+                       "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in groups]}
+    return st
+
+
+def load_resume(path: str | Path) -> dict[str, Any]:
+    """What `--resume` reads on every rank: a single file whole; of a sharded checkpoint only the
+    non-tensor part (each rank reads its tensors later, in Trainer.load_state)."""
+    path = Path(path)
+    if is_sharded(path):
+        from hpctrain.train import sharded
+
+        return sharded.load_meta(path)
+    return load_file(path)
 
 
 def find_resume(run_dir: str | Path, resume: str) -> tuple[Path, dict] | None:
@@ -117,10 +198,10 @@ def find_resume(run_dir: str | Path, resume: str) -> tuple[Path, dict] | None:
     if resume == "none":
         return None
     if resume != "auto":
-        return Path(resume), load(resume)
+        return Path(resume), load_resume(resume)
     for p in list_checkpoints(run_dir):
         try:
-            return p, load(p)
+            return p, load_resume(p)
         except CheckpointError as e:
             log.warning("skipping unusable checkpoint: %s; falling back to an older one", e)
     return None

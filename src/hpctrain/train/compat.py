@@ -12,6 +12,7 @@ the callers read alike on every version and the gaps fail with one line naming t
 | CPU flash attention op | `_scaled_dot_product_flash_attention` | `..._for_cpu` (2.3+) |
 | FSDP2 `fully_shard` | absent | `torch.distributed._composable.fsdp` (2.4-2.5), `torch.distributed.fsdp` (2.6+) |
 | FSDP2 `MixedPrecisionPolicy` | absent | next to `fully_shard`, same modules |
+| sharded / async checkpoints | refused (one file, rank 0) | DCP `state_dict` API + `async_save` (2.4+) |
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hpctrain.config import ConfigError
 
 MIN_TORCH = (2, 2)  # pyproject.toml's floor; .ci/torch22 tests it
 FSDP_MIN_TORCH = (2, 4)  # FSDP2 fully_shard and StateDictOptions(broadcast_from_rank0=...)
+SHARDED_MIN_TORCH = (2, 4)  # DCP's get/set_*_state_dict by parameter name and dcp.async_save (docs/checkpoints.md)
 
 
 def version_tuple(version: str | None = None) -> tuple[int, int]:
@@ -67,10 +69,32 @@ def fsdp_mixed_precision():
     return MixedPrecisionPolicy
 
 
+def ckpt_format(train_cfg, world_size: int, version: str | None = None) -> str:
+    """The checkpoint format a run writes: `train.ckpt_format`, with auto resolved (sharded for
+    several ranks or async saves where this torch has DCP's API for it, else one file); a sharded
+    or async request that this torch cannot run is refused in one line."""
+    version = version or torch.__version__
+    fmt, background = train_cfg.ckpt_format, train_cfg.ckpt_async
+    new_enough = version_tuple(version) >= SHARDED_MIN_TORCH
+    if fmt == "auto":
+        fmt = "sharded" if new_enough and (world_size > 1 or background) else "single"
+    if (fmt == "sharded" or background) and not new_enough:
+        need = ".".join(map(str, SHARDED_MIN_TORCH))
+        what = "train.ckpt_async=true" if background else "train.ckpt_format=sharded"
+        raise ConfigError(f"{what} needs torch >= {need} (torch.distributed.checkpoint's state_dict API and "
+                          f"async_save); this is {version}: use train.ckpt_format=single and "
+                          "train.ckpt_async=false (or an image with a newer PyTorch)")
+    if background and fmt == "single":
+        raise ConfigError("train.ckpt_async=true writes sharded checkpoints: set train.ckpt_format=sharded "
+                          "(or auto), or train.ckpt_async=false")
+    return fmt
+
+
 def check_train(train_cfg, device: torch.device) -> None:
     """Every train.* setting this torch cannot run on `device`, refused in one line: called by
     every rank before the rendezvous, so no rank waits for another and nothing is written."""
     check_parallel(train_cfg.parallel)
+    ckpt_format(train_cfg, 1)
     if train_cfg.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
         raise _fp16_error(device)
     nccl = nccl_version() if device.type == "cuda" else None

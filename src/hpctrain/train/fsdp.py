@@ -1,10 +1,11 @@
 """FSDP2 (`fully_shard`) for models whose weights + optimizer state do not fit one device.
 
 Every transformer block is its own shard unit (gathered just before it runs, freed after), the
-root holds the rest (patch embedding, tokens, head). Checkpoints stay in the DDP format: a full,
-unsharded model state_dict and an optimizer state_dict keyed by parameter index, gathered
-collectively and written by rank 0, so a run may resume under either kind of parallelism and
-with another world size.
+root holds the rest (patch embedding, tokens, head). Sharded checkpoints (train/sharded.py, the
+default for several ranks) hold each rank's shards, resharded by DCP on load. Single-file ones
+stay in the DDP format: a full, unsharded model state_dict and an optimizer state_dict keyed by
+parameter index, gathered collectively and written by rank 0. Either way a run may resume under
+either kind of parallelism and with another world size.
 
 With `train.amp=bf16` the mixed precision is FSDP's own, as torchtitan does it
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` on every unit, and no autocast): the

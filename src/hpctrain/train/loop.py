@@ -142,10 +142,29 @@ class Trainer:
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
+        self._init_checkpoints()
 
     # ------------------------------------------------------------------ checkpoint state
 
-    def state(self) -> dict:
+    def _init_checkpoints(self) -> None:
+        """The checkpoint format, and for sharded ones the directory every rank writes to (rank 0's
+        run directory) and the gloo group of background saves (their collectives run on another
+        thread than training's, so they must not share its groups, as torchtitan does)."""
+        t = self.cfg.train
+        self.ckpt_format = compat.ckpt_format(t, self.dist.world_size)
+        self.ckpt_root, self.ckpt_group, self.pending = self.run_dir, None, None
+        if self.ckpt_format == "sharded" and td.is_initialized():
+            root = [str(self.run_dir) if self.run_dir else None]
+            td.broadcast_object_list(root, src=0, group=self.control_group)
+            self.ckpt_root = Path(root[0]) if root[0] else None
+            if t.ckpt_async:
+                import datetime
+
+                self.ckpt_group = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=t.pg_timeout_s))
+
+    def _meta(self) -> dict:
+        """Everything of a checkpoint but the model, optimizer and EMA tensors (a collective: every
+        rank's RNG state is gathered, since each rank draws its own)."""
         rngs = [rng_state(self.device)]
         if td.is_initialized():
             rngs = [None] * self.dist.world_size
@@ -155,11 +174,7 @@ class Trainer:
             "step": self.step,
             "epoch": self.step // self.steps_per_epoch,
             "eval_pending": self.eval_pending,
-            "model": self._fsdp().model_state(self.model) if self.fsdp else self.model.state_dict(),
-            "optimizer": (self._fsdp().optimizer_state(self.model, self.optimizer) if self.fsdp
-                          else self.optimizer.state_dict()),
             "scaler": self.scaler.state_dict() if self.scaler else None,
-            "ema": self.ema.state_dict() if self.ema else None,
             "schedule": {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps},
             "loader": {"epoch": self.step // self.steps_per_epoch,
                        "batch": (self.step % self.steps_per_epoch) * self.accum},
@@ -169,15 +184,42 @@ class Trainer:
             "config": to_dict(self.cfg),
         }
 
+    def state(self) -> dict:
+        """The single-file checkpoint: full model and optimizer (gathered under FSDP) and the rest."""
+        return {
+            **self._meta(),
+            "model": self._fsdp().model_state(self.model) if self.fsdp else self.model.state_dict(),
+            "optimizer": (self._fsdp().optimizer_state(self.model, self.optimizer) if self.fsdp
+                          else self.optimizer.state_dict()),
+            "ema": self.ema.state_dict() if self.ema else None,
+        }
+
+    def sharded_state(self) -> tuple[dict, dict]:
+        """(tensors for DCP: this rank's part of model, optimizer and EMA, by parameter name; the
+        rest, which rank 0 writes as meta.pt)."""
+        from hpctrain.train import sharded
+
+        model, optim, groups = sharded.model_optim_state(self.model, self.optimizer)
+        tensors = {"model": model, "optim": optim}
+        if self.ema:
+            tensors["ema"] = self.ema.state_dict()
+        return tensors, {**self._meta(), "param_groups": groups, "has_ema": self.ema is not None}
+
     def load_state(self, st: dict, path: Path) -> None:
-        if self.fsdp:
+        if ckpt.is_sharded(path):
+            from hpctrain.train import sharded
+
+            ema = self.ema.module if self.ema and st.get("has_ema") else None
+            sharded.load_into(path, self.model, self.optimizer, ema, st["param_groups"],
+                              self.ckpt_group or self.control_group)
+        elif self.fsdp:
             self._fsdp().load(self.model, self.optimizer, st["model"], st["optimizer"])
         else:
             self.model.load_state_dict(st["model"])
             self.optimizer.load_state_dict(st["optimizer"])
         if self.scaler and st.get("scaler"):
             self.scaler.load_state_dict(st["scaler"])
-        if self.ema and st.get("ema"):
+        if self.ema and st.get("ema") and not ckpt.is_sharded(path):
             self.ema.load_state_dict(st["ema"])
         self.step = int(st["step"])
         self.eval_pending = bool(st.get("eval_pending", False))  # absent in older checkpoints
@@ -188,6 +230,10 @@ class Trainer:
             random.setstate(mine["python"])
             if "cuda" in mine and self.device.type == "cuda":
                 torch.cuda.set_rng_state(mine["cuda"], self.device)
+        else:  # another world size: a fresh stream per rank, from the seed and the step
+            seed = step_seed(self.cfg.train.seed, self.step, self.dist.rank)
+            torch.manual_seed(seed)
+            random.seed(seed)
 
     @staticmethod
     def _fsdp():
@@ -195,30 +241,74 @@ class Trainer:
 
         return fsdp
 
-    def save(self) -> str | None:
-        """Rank 0 writes; every rank learns whether it worked (a unanimous decision)."""
-        state = self.state()
-        path, err = None, None
-        if self.dist.is_main and self.run_dir:
-            try:
-                path = str(ckpt.save(self.run_dir, self.step, state, self.cfg.train.keep_ckpts))
-                self.metrics.write("checkpoint", step=self.step, path=path)  # on disk now, whatever follows
-            except ckpt.CheckpointError as e:
-                err = e
+    def save(self, background: bool = False) -> str | None:
+        """Checkpoint this step; every rank learns whether it worked (a unanimous decision).
+
+        A background save (sharded, `train.ckpt_async`) returns at once, with the path of the one
+        before it if that completed; its own outcome is settled when the next save starts (which
+        waits for it) or the run ends (`_collect`).
+        """
+        previous = self._collect()
+        t = self.cfg.train
+        if self.ckpt_format == "single":
+            state = self.state()
+            path, err = None, None
+            if self.dist.is_main and self.run_dir:
+                try:
+                    path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts)
+                except ckpt.CheckpointError as e:
+                    err = e
+            return self._saved(self.step, path, err)
+        tensors, meta = self.sharded_state()
+        if self.ckpt_root is None:  # nowhere to write (a test's trainer without a run directory)
+            self.last_saved_step = self.step
+            return None
+        from hpctrain.train import sharded
+
+        args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
+        if background and t.ckpt_async:
+            self.pending = sharded.start(*args, group=self.ckpt_group)
+            self.last_saved_step = self.step  # in flight: this step is not saved again
+            return previous
+        path, err = sharded.save(*args, group=self.ckpt_group or self.control_group)
+        return self._saved(self.step, path, err)
+
+    def _saved(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> str | None:
+        """Settle a save made now: a step whose save failed may be saved again (at a stop)."""
+        failed, out = self._settle(step, path, err)
+        if not failed:
+            self.last_saved_step = step
+        return out
+
+    def _settle(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> tuple[bool, str | None]:
+        """Record a written checkpoint; on a failure anywhere, stop or warn per train.on_ckpt_error.
+        Returns (failed on some rank, the path on rank 0)."""
+        if path:
+            self.metrics.write("checkpoint", step=step, path=str(path))  # on disk now, whatever follows
         failed = agree(err is not None, self.control_group)
         if failed:
             if self.cfg.train.on_ckpt_error == "stop":
-                raise err or ckpt.CheckpointError("rank 0 could not write the checkpoint (see its log)")
+                raise err or ckpt.CheckpointError(f"the checkpoint of step {step} was not written on another "
+                                                  "rank (see its log)")
             log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
-                        self.step, err or "see rank 0's log")
+                        step, err or "see the other ranks' logs")
+            return True, None
+        return False, str(path) if path else None
+
+    def _collect(self) -> str | None:
+        """Wait for the background save in flight, if any, and settle it (every rank calls this)."""
+        if self.pending is None:
             return None
-        self.last_saved_step = self.step
-        return path
+        pending, self.pending = self.pending, None
+        return self._settle(pending.step, *pending.wait())[1]
 
     def _checkpoint(self, out: Outcome) -> None:
-        """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file."""
+        """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file.
+        The `ckpt_every` saves may go to the background; the last one and a stop's never do."""
+        t = self.cfg.train
+        periodic = bool(t.ckpt_every) and self.step % t.ckpt_every == 0 and self.step < self.total_steps
         if self.last_saved_step != self.step:
-            out.checkpoint = self.save() or out.checkpoint
+            out.checkpoint = self.save(background=periodic) or out.checkpoint
 
     # ------------------------------------------------------------------ evaluation
 
@@ -285,7 +375,9 @@ class Trainer:
     def run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         """Train to the end (or to a stop); a failed collective is reported with the stuck ranks."""
         try:
-            return self._run(resume, halt_at)
+            out = self._run(resume, halt_at)
+            out.checkpoint = self._collect() or out.checkpoint  # a stop on a ckpt_every step: its save
+            return out
         except (RuntimeError, td.DistError) as e:
             if isinstance(e, ckpt.CheckpointError):  # unanimous (Trainer.save): every rank is here
                 self.stop_round.result()

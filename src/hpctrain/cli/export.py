@@ -1,0 +1,23 @@
+"""`hpctrain export`: a run's checkpoint (single file or sharded) as one timm-compatible state_dict."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="write a checkpoint's weights as one .safetensors or .pt state_dict",
+                       description=__doc__)
+    p.add_argument("run", help="run directory (its newest checkpoint) or a checkpoint (step-<n>.pt or step-<n>/)")
+    p.add_argument("--step", type=int, help="export this step's checkpoint instead of the newest")
+    p.add_argument("-o", "--output", required=True, help="output file: *.safetensors or *.pt")
+    p.add_argument("--ema", action="store_true", help="the EMA weights instead of the trained ones")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from hpctrain.train.export import export
+
+    path, out = export(args.run, args.output, args.step, args.ema)
+    print(f"exported {'EMA weights' if args.ema else 'weights'} of {path} to {out}")
+    return 0

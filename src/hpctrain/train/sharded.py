@@ -1,0 +1,206 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): every rank writes and reads its part.
+
+`checkpoints/step-<n>/` holds DCP's files (one `.distcp` per writing rank and `.metadata`) and
+`meta.pt`: everything that is not a model, optimizer or EMA tensor (step, every rank's RNG state,
+loader position, config, scaler, the optimizer's param_groups), written by rank 0 and read with
+`torch.load(weights_only=True)`. Only tensors go through DCP, because DCP reads any other entry
+with `torch.load(weights_only=False)` (docs/checkpoints.md).
+
+The ranks write into `.step-<n>.tmp/`; rank 0 renames it to `step-<n>/` after DCP's save has
+returned there (which is after every rank's files and the `.metadata` are written) and `meta.pt`
+is fsynced, and only then moves `latest`. A real name is a complete checkpoint; a kill at any
+point leaves at most a `.tmp` directory, removed by the next save.
+
+In the background (`train.ckpt_async`), `dcp.async_save` copies the state to CPU memory on the
+calling thread and writes it from a thread of its own; its collectives run on that thread, so they
+get a gloo group of their own, never the one DDP or the stop flag use from the training thread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
+
+from hpctrain.train import checkpoint as ckpt
+
+META = "meta.pt"
+PARTS = ("model", "optim", "ema")  # DCP's top-level keys: tensors only
+
+
+def tmp_dir(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp")
+
+
+def model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict, list]:
+    """Model and optimizer state as DCP wants them: parameter names for keys, this rank's shard of
+    each tensor under FSDP (DTensors), whole tensors otherwise. Returns (model, optimizer state,
+    param_groups); the tensors share storage with the live ones."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    osd = get_optimizer_state_dict(model, optimizer)
+    return get_model_state_dict(model), osd["state"], osd["param_groups"]
+
+
+def load_into(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: torch.nn.Module | None,
+              param_groups: list, group=None) -> None:
+    """Read this rank's part of a sharded checkpoint into the model, optimizer and EMA (a collective).
+
+    DCP reshards: the checkpoint may come from another world size or parallelism.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    msd, ostate, _ = model_optim_state(model, optimizer)  # a fresh optimizer gets zero state to fill
+    want: dict[str, Any] = {"model": msd, "optim": ostate}
+    if ema is not None:
+        want["ema"] = ema.state_dict()
+    dcp.load(want, checkpoint_id=str(path), process_group=group)
+    set_model_state_dict(model, want["model"])
+    set_optimizer_state_dict(model, optimizer, {"state": want["optim"], "param_groups": param_groups})
+    if ema is not None:
+        ema.load_state_dict(want["ema"])
+
+
+def load_meta(path: Path) -> dict:
+    """The non-tensor state of a sharded checkpoint (weights_only), or CheckpointError; on a torch
+    that cannot read one (< 2.4), a one-line ConfigError instead of falling back to an older one."""
+    from hpctrain.train import compat
+
+    if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
+        need = ".".join(map(str, compat.SHARDED_MIN_TORCH))
+        raise compat.ConfigError(f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "
+                                 f"torch >= {need}; this is {torch.__version__}: use an image with a newer "
+                                 "PyTorch (or resume from a single-file checkpoint with --resume PATH)")
+    if not (path / ".metadata").is_file():
+        raise ckpt.CheckpointError(f"checkpoint {path} has no DCP .metadata (an incomplete copy?)")
+    st = ckpt.load_file(path / META, need=("step",))
+    st["path"] = str(path)
+    return st
+
+
+def load_full(path: Path, parts: tuple[str, ...] = PARTS) -> dict:
+    """Every tensor of a sharded checkpoint in one process, without a process group (export, tests):
+    {"model": {name: tensor}, "optim": {name: {"exp_avg": ...}}, "ema": {...}} plus meta.pt's keys."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = load_meta(path)
+    md = dcp.FileSystemReader(str(path)).read_metadata()
+    skeleton: dict[str, Any] = {}
+    for key, item in md.state_dict_metadata.items():
+        where = (md.planner_data or {}).get(key, (key,))
+        if where[0] not in parts or not isinstance(item, TensorStorageMetadata):
+            continue
+        d = skeleton
+        for k in where[:-1]:
+            d = d.setdefault(k, {})
+        d[where[-1]] = torch.empty(item.size, dtype=item.properties.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(skeleton, checkpoint_id=str(path), no_dist=True)
+    return {**meta, **skeleton}
+
+
+def _alone() -> bool:
+    """No process group (one process): DCP writes everything itself (and says nothing about it)."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def _finalize(run_dir: Path, step: int, meta: dict, keep: int) -> Path:
+    """Rank 0, once every rank's part is on disk: meta.pt, rename to the real name, `latest`, prune."""
+    d = ckpt.ckpt_dir(run_dir)
+    final = d / ckpt.name(step, "sharded")
+    tmp = tmp_dir(final)
+    ckpt.atomic_write(tmp / META, lambda f: torch.save(meta, f))
+    if final.exists():  # the same step saved again by a later attempt: the new one replaces it
+        old = final.with_name(f".{final.name}.old")
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, final)
+    ckpt.fsync_dir(d)
+    ckpt.point_latest(d, final)
+    ckpt.prune(run_dir, keep)
+    return final
+
+
+def _start_dir(run_dir: Path, step: int, is_main: bool) -> Path:
+    d = ckpt.ckpt_dir(run_dir)
+    tmp = tmp_dir(d / ckpt.name(step, "sharded"))
+    if is_main:
+        d.mkdir(parents=True, exist_ok=True, mode=0o755)
+        ckpt.clear_stale(d, keep=tmp)
+    return tmp
+
+
+def _failure(run_dir: Path, step: int, e: BaseException, is_main: bool) -> ckpt.CheckpointError:
+    final = ckpt.ckpt_dir(run_dir) / ckpt.name(step, "sharded")
+    if is_main:
+        shutil.rmtree(tmp_dir(final), ignore_errors=True)
+    return ckpt.write_error(run_dir, final, e)
+
+
+def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None
+         ) -> tuple[Path | None, ckpt.CheckpointError | None]:
+    """Write a sharded checkpoint now (a collective). Returns (path on rank 0, error)."""
+    import torch.distributed.checkpoint as dcp
+
+    tmp = _start_dir(run_dir, step, is_main)
+    try:
+        with warnings.catch_warnings():  # alone: "assuming the intent is to save in a single process"
+            if _alone():
+                warnings.simplefilter("ignore", UserWarning)
+            dcp.save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+        return (_finalize(run_dir, step, meta, keep) if is_main else None), None
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure
+        return None, _failure(run_dir, step, e, is_main)
+
+
+class Pending:
+    """A save in the background: `wait()` gives (path on rank 0, error), as `save` does."""
+
+    def __init__(self, step: int, run: Any):
+        self.step = step
+        self.result: tuple[Path | None, ckpt.CheckpointError | None] = (None, None)
+        self.finished_at: float | None = None  # time.perf_counter() when the save was done (or failed)
+        self._thread = threading.Thread(target=self._run, args=(run,), name=f"ckpt-step-{step}", daemon=True)
+        self._thread.start()
+
+    def _run(self, run) -> None:
+        self.result = run()
+        self.finished_at = time.perf_counter()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> tuple[Path | None, ckpt.CheckpointError | None]:
+        self._thread.join()
+        return self.result
+
+
+def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None) -> Pending:
+    """Copy the state to CPU memory now, write it in the background (a collective on `group`)."""
+    import torch.distributed.checkpoint as dcp
+
+    tmp = _start_dir(run_dir, step, is_main)
+    try:
+        future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. no memory for the CPU copy
+        failed = (None, _failure(run_dir, step, e, is_main))
+        return Pending(step, lambda: failed)
+
+    def finish():
+        try:
+            future.result()
+            return (_finalize(run_dir, step, meta, keep) if is_main else None), None
+        except (Exception, CheckpointException) as e:  # noqa: BLE001
+            return None, _failure(run_dir, step, e, is_main)
+
+    return Pending(step, finish)
