@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ import torch
 from hpctrain.errors import UserError
 
 log = logging.getLogger("hpctrain")
+META = "meta.pt"  # a sharded checkpoint's non-tensor part (train/sharded.py)
+PARTS = ("model", "optim", "ema")  # its DCP top-level keys: tensors only
 PATTERN = re.compile(r"^step-(\d+)(\.pt)?$")
 
 
@@ -166,15 +169,53 @@ def load_file(path: str | Path, map_location: Any = "cpu", need: tuple[str, ...]
     return state
 
 
+def load_meta(path: Path) -> dict:
+    """The non-tensor state of a sharded checkpoint (weights_only), or CheckpointError; on a torch
+    that cannot read one (< 2.4), a one-line ConfigError instead of falling back to an older one."""
+    from hpctrain.train import compat
+
+    if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
+        need = ".".join(map(str, compat.SHARDED_MIN_TORCH))
+        raise compat.ConfigError(f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "
+                                 f"torch >= {need}; this is {torch.__version__}: use an image with a newer "
+                                 "PyTorch (or resume from a single-file checkpoint with --resume PATH)")
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"checkpoint {path} has no DCP .metadata (an incomplete copy?)")
+    st = load_file(path / META, need=("step",))
+    st["path"] = str(path)
+    return st
+
+
+def load_full(path: Path, parts: tuple[str, ...] = PARTS) -> dict:
+    """Every tensor of a sharded checkpoint in one process, without a process group (export, tests):
+    {"model": {name: tensor}, "optim": {name: {"exp_avg": ...}}, "ema": {...}} plus meta.pt's keys."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = load_meta(path)
+    md = dcp.FileSystemReader(str(path)).read_metadata()
+    skeleton: dict[str, Any] = {}
+    for key, item in md.state_dict_metadata.items():
+        where = (md.planner_data or {}).get(key, (key,))
+        if where[0] not in parts or not isinstance(item, TensorStorageMetadata):
+            continue
+        d = skeleton
+        for k in where[:-1]:
+            d = d.setdefault(k, {})
+        d[where[-1]] = torch.empty(item.size, dtype=item.properties.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(skeleton, checkpoint_id=str(path), no_dist=True)
+    return {**meta, **skeleton}
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """The whole state of a checkpoint of either format, in this process (no process group):
     model, optimizer (torch's `state_dict` format, keyed by index), ema and the rest."""
     path = Path(path)
     if not is_sharded(path):
         return load_file(path)
-    from hpctrain.train import sharded
-
-    st = sharded.load_full(path)
+    st = load_full(path)
     groups = st.pop("param_groups", [])  # parameter names → torch's indices, as in a single file
     index = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
     st["optimizer"] = {"state": {index[n]: v for n, v in st.pop("optim", {}).items()},
@@ -187,9 +228,7 @@ def load_resume(path: str | Path) -> dict[str, Any]:
     non-tensor part (each rank reads its tensors later, in Trainer.load_state)."""
     path = Path(path)
     if is_sharded(path):
-        from hpctrain.train import sharded
-
-        return sharded.load_meta(path)
+        return load_meta(path)
     return load_file(path)
 
 

@@ -31,9 +31,6 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 
 from hpctrain.train import checkpoint as ckpt
 
-META = "meta.pt"
-PARTS = ("model", "optim", "ema")  # DCP's top-level keys: tensors only
-
 
 def tmp_dir(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp")
@@ -69,46 +66,6 @@ def load_into(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         ema.load_state_dict(want["ema"])
 
 
-def load_meta(path: Path) -> dict:
-    """The non-tensor state of a sharded checkpoint (weights_only), or CheckpointError; on a torch
-    that cannot read one (< 2.4), a one-line ConfigError instead of falling back to an older one."""
-    from hpctrain.train import compat
-
-    if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
-        need = ".".join(map(str, compat.SHARDED_MIN_TORCH))
-        raise compat.ConfigError(f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "
-                                 f"torch >= {need}; this is {torch.__version__}: use an image with a newer "
-                                 "PyTorch (or resume from a single-file checkpoint with --resume PATH)")
-    if not (path / ".metadata").is_file():
-        raise ckpt.CheckpointError(f"checkpoint {path} has no DCP .metadata (an incomplete copy?)")
-    st = ckpt.load_file(path / META, need=("step",))
-    st["path"] = str(path)
-    return st
-
-
-def load_full(path: Path, parts: tuple[str, ...] = PARTS) -> dict:
-    """Every tensor of a sharded checkpoint in one process, without a process group (export, tests):
-    {"model": {name: tensor}, "optim": {name: {"exp_avg": ...}}, "ema": {...}} plus meta.pt's keys."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = load_meta(path)
-    md = dcp.FileSystemReader(str(path)).read_metadata()
-    skeleton: dict[str, Any] = {}
-    for key, item in md.state_dict_metadata.items():
-        where = (md.planner_data or {}).get(key, (key,))
-        if where[0] not in parts or not isinstance(item, TensorStorageMetadata):
-            continue
-        d = skeleton
-        for k in where[:-1]:
-            d = d.setdefault(k, {})
-        d[where[-1]] = torch.empty(item.size, dtype=item.properties.dtype)
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(skeleton, checkpoint_id=str(path), no_dist=True)
-    return {**meta, **skeleton}
-
-
 def _alone() -> bool:
     """No process group (one process): DCP writes everything itself (and says nothing about it)."""
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
@@ -119,7 +76,7 @@ def _finalize(run_dir: Path, step: int, meta: dict, keep: int) -> Path:
     d = ckpt.ckpt_dir(run_dir)
     final = d / ckpt.name(step, "sharded")
     tmp = tmp_dir(final)
-    ckpt.atomic_write(tmp / META, lambda f: torch.save(meta, f))
+    ckpt.atomic_write(tmp / ckpt.META, lambda f: torch.save(meta, f))
     if final.exists():  # the same step saved again by a later attempt: the new one replaces it
         old = final.with_name(f".{final.name}.old")
         os.replace(final, old)
