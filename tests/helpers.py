@@ -18,6 +18,11 @@ def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedP
                           env={**os.environ, **(env or {})}, **kw)
 
 
+def dir_files(d: Path) -> dict[str, bytes]:
+    """Every plain file directly in `d` by name, with its bytes (packed shards, their index)."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
 def run_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
     """A run's metrics.jsonl records (of one kind); a line cut mid-write is skipped, so polling a
     live run is safe (hpctrain.train.metrics.read_metrics)."""

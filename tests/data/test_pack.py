@@ -10,19 +10,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.data import pack as pk
+from tests.helpers import dir_files, hpctrain
 
 
 def quiet(*_):
     pass
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, timeout=120)
-
-
-def files(d: Path) -> dict[str, bytes]:
-    """Every shard, index and meta.json (not the Slurm state under .pack)."""
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +26,16 @@ def serial(ident_root, tmp_path_factory) -> Path:
 
 
 def test_three_workers_write_the_same_bytes_as_one(ident_root, serial, tmp_path):
-    r = cli("data", "pack", str(ident_root), str(tmp_path / "w3"), "--shard-size", "5", "--seed", "7",
-            "--workers", "3")
+    r = hpctrain("data", "pack", str(ident_root), str(tmp_path / "w3"), "--shard-size", "5", "--seed", "7",
+                 "--workers", "3", timeout=120)
     assert r.returncode == 0, r.stderr
     assert "packed 16 shards in 3 group(s)" in r.stdout and "MB/s" in r.stdout
-    ref = files(serial)
-    assert len(ref) == 2 * 16 + 1 and files(tmp_path / "w3") == ref
+    ref = dir_files(serial)
+    assert len(ref) == 2 * 16 + 1 and dir_files(tmp_path / "w3") == ref
     other = tmp_path / "seed8"  # the comparison can fail: another seed orders train differently
     pk.pack(ident_root, other, 5, seed=8, log=quiet)
-    assert files(other)["train-00000.tar"] != ref["train-00000.tar"]
-    assert files(other)["val-00000.tar"] == ref["val-00000.tar"]
+    assert dir_files(other)["train-00000.tar"] != ref["train-00000.tar"]
+    assert dir_files(other)["val-00000.tar"] == ref["val-00000.tar"]
 
 
 def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root, serial, tmp_path):
@@ -69,7 +61,7 @@ def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root
     assert not (out / "meta.json").exists()
     pk.run_group(out, 2, log=logs.append)  # repacked; the last group done writes the index
     assert "all 3 groups packed: wrote the shard index" in logs[-1]
-    assert files(out) == files(serial)
+    assert dir_files(out) == dir_files(serial)
     bad = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "group 3 does not exist" in bad.stderr

@@ -13,6 +13,7 @@ from hpctrain.data import pack as pk
 from hpctrain.launch.pack_array import render
 from hpctrain.launch.profile import load_profile
 from hpctrain.launch.submit import Request
+from tests.helpers import dir_files, hpctrain
 from tests.launch.jobs import hp
 
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
@@ -20,15 +21,6 @@ FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
 
 def quiet(*_):
     pass
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, timeout=120)
-
-
-def files(d: Path) -> dict[str, bytes]:
-    """Every shard, index and meta.json (not the Slurm state under .pack)."""
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +43,9 @@ def test_array_script_follows_the_profile(digits_root, tmp_path):
     assert "apptainer exec --nv --cleanenv" in script
     assert f"--bind {digits_root.resolve()}" in script and f"--bind '{out.resolve()}'" in script
     assert f"-m hpctrain.data.pack '{out.resolve()}' \"$SLURM_ARRAY_TASK_ID\"" in script
-    r = cli("data", "pack", str(digits_root), str(out), "--slurm", "--dry-run", "--partition", "a\nb")
+    r = hpctrain("data", "pack", str(digits_root), str(out), "--slurm", "--dry-run", "--partition", "a\nb", timeout=120)
     assert r.returncode == 2 and "--partition: contains a control character" in r.stderr
-    r = cli("data", "pack", str(digits_root), str(out), "--partition", "x")
+    r = hpctrain("data", "pack", str(digits_root), str(out), "--partition", "x", timeout=120)
     assert r.returncode == 2 and "--partition only apply to a Slurm pack: add --slurm" in r.stderr
     login = ("import sys, runpy; sys.argv = ['hpctrain', 'data', 'pack', sys.argv[1], sys.argv[2], '--slurm', "
              "'--dry-run']\ntry:\n    runpy.run_module('hpctrain', run_name='__main__')\nexcept SystemExit:\n    pass\n"
@@ -85,7 +77,7 @@ def test_slurm_array_pack_in_the_image_equals_the_local_pack(slurm_cluster, digi
     r = hp(slurm_cluster, *args, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 tasks pack 8 shards" in r.stdout and "all 3 groups packed" in r.stdout
-    assert files(out) == files(serial)
+    assert dir_files(out) == dir_files(serial)
     logs = sorted((out / ".pack" / "logs").glob("*.out"))
     assert len(logs) == 3
     text = "".join(p.read_text() for p in logs)
@@ -94,4 +86,4 @@ def test_slurm_array_pack_in_the_image_equals_the_local_pack(slurm_cluster, digi
     again = hp(slurm_cluster, *args, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "the 1 of 3 groups not packed yet (1)" in again.stdout
-    assert files(out) == files(serial)
+    assert dir_files(out) == dir_files(serial)
