@@ -200,3 +200,10 @@ def test_s16_recipe_builds_big_vision_model_and_counts_match():
     assert sum(p.numel() for p in m.parameters()) == 22_050_664 - 384 - 384 + (384 * 384 + 384)
     base = model_flops(load("configs/vit_s16_imagenet_90ep.yaml", ["model.rep_size=0"]).model).fwd_macs
     assert model_flops(mc).fwd_macs - base == 384 * 384
+
+
+def test_gap_norm_before_needs_average_pooling():
+    from hpctrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.gap_norm=before is for model.pool=avg"):
+        load(None, ["model.pool=token", "model.gap_norm=before"])

@@ -91,3 +91,26 @@ def test_config_picks_it_and_refuses_what_it_cannot_do():
         load(DIGITS, ["optim.mu_dtype=bf16", "optim.name=lamb"])
     with pytest.raises(ConfigError, match="no fused kernel"):
         load(DIGITS, ["optim.mu_dtype=bf16", "optim.fused=always"])
+
+
+def test_exact_resume_with_every_big_vision_option_on(digits_root, tmp_path):
+    """2 ranks (sharded checkpoints where torch has them): halt at step 5, resume, equal the straight
+    run bit for bit; the checkpointed first moment is bf16; eval runs on the 1 % minival."""
+    from hpctrain.data.folder import list_split
+    from tests.helpers import digits_args, run_metrics, run_ranks
+    from tests.train.test_resume import assert_same, final_state
+
+    sets = ["train.max_steps=10", "train.ema=0.9", "optim.warmup_steps=3", "optim.mu_dtype=bf16", "model.rep_size=96",
+            "model.gap_norm=before", "data.val_split=minival", "train.mixup=0.2", "optim.clip_grad=1.0"]
+    run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=5"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets))
+    a, b = final_state(tmp_path / "straight"), final_state(tmp_path / "split")
+    assert_same(a, b)
+    for st in (a, b):  # the resumed run too: a load must not leave the moment in fp32
+        assert {s["exp_avg"].dtype for s in st["optimizer"]["state"].values()} == {torch.bfloat16}
+    assert {s["exp_avg_sq"].dtype for s in a["optimizer"]["state"].values()} == {torch.float32}
+    assert "pre_logits.fc.weight" in a["model"]
+    evals = run_metrics(tmp_path / "straight", "eval")
+    n = len(list_split(digits_root, "train"))
+    assert evals and evals[-1]["count"] == n - round(0.99 * n) == 14  # digits: 1,438 train images
