@@ -64,6 +64,8 @@ class ModelConfig:
                         "(true there = width); 0: off", lo=0)
     head_init: str = opt("zero", "classifier init: zero weight and bias (big_vision head_zeroinit) or "
                          "trunc_normal std 0.02 (timm's default)", choices=("zero", "trunc_normal"))
+    init: str = opt("timm", "weight init: timm (trunc-normal 0.02) or big_vision's (Xavier-uniform blocks, "
+                    "LeCun-normal patch embedding and pre-logits)", choices=("timm", "big_vision"))
     gap_norm: str = opt("after", "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
                         "token before it (big_vision encoder_norm)", choices=("after", "before"))
 

@@ -193,7 +193,8 @@ def test_s16_recipe_builds_big_vision_model_and_counts_match():
     from hpctrain.memory import param_count
 
     mc = load("configs/vit_s16_imagenet_90ep.yaml").model
-    assert (mc.rep_size, mc.head_init, mc.gap_norm, mc.pool, mc.pos_embed) == (384, "zero", "before", "avg", "sincos")
+    assert (mc.rep_size, mc.head_init, mc.gap_norm, mc.init) == (384, "zero", "before", "big_vision")
+    assert (mc.pool, mc.pos_embed) == ("avg", "sincos")
     m = build_vit(mc)
     assert sum(p.numel() for p in m.parameters() if p.requires_grad) == param_count(mc).trainable
     # timm's vit_small (22,050,664) without the class token and its position, plus pre_logits.fc
@@ -207,3 +208,24 @@ def test_gap_norm_before_needs_average_pooling():
 
     with pytest.raises(ConfigError, match="model.gap_norm=before is for model.pool=avg"):
         load(None, ["model.pool=token", "model.gap_norm=before"])
+
+
+def test_big_vision_init_follows_flax_initialisers():
+    torch.manual_seed(0)
+    d, hidden = 64, 128
+    m = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
+            pos_embed="sincos", num_classes=10, rep_size=d, init="big_vision")
+    blk = m.blocks[0]
+    for w, fan_in, fan_out in [*((q, d, d) for q in blk.attn.qkv.weight.chunk(3)), (blk.attn.proj.weight, d, d),
+                               (blk.mlp.fc1.weight, d, hidden), (blk.mlp.fc2.weight, hidden, d)]:
+        bound = (6.0 / (fan_in + fan_out)) ** 0.5  # Xavier uniform: U(-bound, bound), std bound/sqrt(3)
+        assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
+        assert w.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.06)
+    assert torch.equal(blk.attn.qkv.bias, torch.zeros(3 * d))
+    assert 0 < blk.mlp.fc1.bias.abs().max() < 1e-5  # N(0, 1e-6)
+    for w, fan_in in [(m.patch_embed.proj.weight, 3 * 8 * 8), (m.pre_logits.fc.weight, d)]:
+        std = (1.0 / fan_in) ** 0.5 / 0.87962566103423978  # LeCun normal, truncated at ±2σ
+        assert w.abs().max() <= 2 * std and w.std().item() == pytest.approx((1.0 / fan_in) ** 0.5, rel=0.06)
+    timm_init = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
+                    pos_embed="sincos", num_classes=10)
+    assert timm_init.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)

@@ -104,10 +104,11 @@ class ViT(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 16, depth: int = 12, width: int = 768,
                  heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
                  pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False,
-                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after"):
+                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm"):
         super().__init__()
         self.pool = pool
         self.head_init = head_init
+        self.init = init
         self.grad_ckpt = grad_ckpt
         self.patch_embed = PatchEmbed(img_size, patch_size, width)
         n = self.patch_embed.grid ** 2
@@ -148,11 +149,36 @@ class ViT(nn.Module):
                 nn.init.zeros_(m.bias)
         w = self.patch_embed.proj.weight
         nn.init.trunc_normal_(w.view(w.shape[0], -1), std=math.sqrt(1.0 / w[0].numel()))
-        if isinstance(self.pre_logits, nn.Sequential):  # flax Dense default: LeCun normal, zero bias
-            fc = self.pre_logits.fc
-            nn.init.trunc_normal_(fc.weight, std=math.sqrt(1.0 / fc.in_features))
+        if self.init == "big_vision":
+            self._init_big_vision()
         if self.head_init == "zero":  # big_vision head_zeroinit (bias is zero either way)
             nn.init.zeros_(self.head.weight)
+
+    @torch.no_grad()
+    def _init_big_vision(self) -> None:
+        """big_vision models/vit.py's initialisers (flax/jax semantics): blocks' kernels Xavier-uniform
+        (q, k, v each its own d×d kernel in flax's attention), MLP biases N(0, 1e-6), attention biases
+        zero; the patch embedding and pre-logits flax's default LeCun normal (truncated at ±2σ, σ
+        rescaled by 1/0.8796 for the truncation); a learned position embedding N(0, 1/width)."""
+        def lecun_normal(w: torch.Tensor, fan_in: int) -> None:
+            std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+            nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+        for blk in self.blocks:
+            for w in blk.attn.qkv.weight.chunk(3, dim=0):
+                nn.init.xavier_uniform_(w)
+            nn.init.xavier_uniform_(blk.attn.proj.weight)
+            for fc in (blk.mlp.fc1, blk.mlp.fc2):
+                nn.init.xavier_uniform_(fc.weight)
+                nn.init.normal_(fc.bias, std=1e-6)
+        w = self.patch_embed.proj.weight
+        lecun_normal(w, w[0].numel())
+        if isinstance(self.pre_logits, nn.Sequential):
+            lecun_normal(self.pre_logits.fc.weight, self.pre_logits.fc.in_features)
+        if self.num_prefix:
+            nn.init.zeros_(self.cls_token)
+        if self.pos_embed.requires_grad:
+            nn.init.normal_(self.pos_embed, std=1.0 / math.sqrt(self.pos_embed.shape[-1]))
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
@@ -183,4 +209,4 @@ def build_vit(mc) -> ViT:
     return ViT(img_size=mc.img_size, patch_size=mc.patch_size, depth=depth, width=width, heads=heads,
                mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
                pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt,
-               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm)
+               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init)
