@@ -55,8 +55,9 @@ class ModelConfig:
     mlp_ratio: float = opt(4.0, "MLP hidden size / width", lo=0, lo_open=True)
     pool: str = opt("token", "classifier input: class token or global average pool",
                     choices=("token", "avg"))
-    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos",
-                         choices=("learn", "sincos"))
+    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos (timm's frequencies, or "
+                         "big_vision's: i/(D/4-1))",
+                         choices=("learn", "sincos", "sincos_big_vision"))
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
     num_classes: int = opt(1000, "classifier outputs", lo=1)
     grad_ckpt: bool = opt(False, "activation checkpointing of every block (saves memory)")

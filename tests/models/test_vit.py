@@ -194,7 +194,7 @@ def test_s16_recipe_builds_big_vision_model_and_counts_match():
 
     mc = load("configs/vit_s16_imagenet_90ep.yaml").model
     assert (mc.rep_size, mc.head_init, mc.gap_norm, mc.init) == (384, "zero", "before", "big_vision")
-    assert (mc.pool, mc.pos_embed) == ("avg", "sincos")
+    assert (mc.pool, mc.pos_embed) == ("avg", "sincos_big_vision")
     m = build_vit(mc)
     assert sum(p.numel() for p in m.parameters() if p.requires_grad) == param_count(mc).trainable
     # timm's vit_small (22,050,664) without the class token and its position, plus pre_logits.fc
@@ -229,3 +229,17 @@ def test_big_vision_init_follows_flax_initialisers():
     timm_init = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
                     pos_embed="sincos", num_classes=10)
     assert timm_init.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_sincos_big_vision_equals_its_posemb_sincos_2d():
+    import numpy as np
+
+    grid, width, temp = 4, 32, 10_000.0
+    y, x = np.mgrid[:grid, :grid]  # big_vision models/vit.py posemb_sincos_2d, written out in NumPy
+    omega = 1.0 / temp ** (np.arange(width // 4) / (width // 4 - 1))
+    xo, yo = np.outer(x.flatten(), omega), np.outer(y.flatten(), omega)
+    want = np.concatenate([np.sin(xo), np.cos(xo), np.sin(yo), np.cos(yo)], axis=1)[None]
+    m = ViT(img_size=32, patch_size=8, depth=1, width=width, heads=2, pool="avg", pos_embed="sincos_big_vision")
+    torch.testing.assert_close(m.pos_embed.detach(), torch.from_numpy(want).float(), rtol=1e-5, atol=1e-5)
+    plain = ViT(img_size=32, patch_size=8, depth=1, width=width, heads=2, pool="avg", pos_embed="sincos")
+    assert (plain.pos_embed - m.pos_embed).abs().max() > 0.1  # the default keeps MoCo v3's frequencies

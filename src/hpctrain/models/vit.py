@@ -88,13 +88,15 @@ class Block(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-def sincos_2d(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embedding (MoCo v3 / big_vision), shape 1×grid²×width."""
+def sincos_2d(grid: int, width: int, temperature: float = 10000.0, big_vision: bool = False) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding (MoCo v3), shape 1×grid²×width. Frequencies
+    1/T^(i/(D/4)); big_vision's posemb_sincos_2d divides by D/4 - 1 instead, so its lowest is 1/T."""
     if width % 4:
         raise ValueError(f"sin-cos position embedding needs width divisible by 4, got {width}")
     y, x = torch.meshgrid(torch.arange(grid, dtype=torch.float32),
                           torch.arange(grid, dtype=torch.float32), indexing="ij")
-    omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float32) / (width // 4))
+    q = width // 4
+    omega = 1.0 / temperature ** (torch.arange(q, dtype=torch.float32) / (q - 1 if big_vision else q))
     y = y.flatten()[:, None] * omega[None]
     x = x.flatten()[:, None] * omega[None]
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
@@ -115,8 +117,8 @@ class ViT(nn.Module):
         self.num_prefix = 1 if pool == "token" else 0
         if self.num_prefix:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
-        if pos_embed == "sincos":
-            pe = sincos_2d(self.patch_embed.grid, width)
+        if pos_embed.startswith("sincos"):
+            pe = sincos_2d(self.patch_embed.grid, width, big_vision=pos_embed == "sincos_big_vision")
             if self.num_prefix:
                 pe = torch.cat([torch.zeros(1, 1, width), pe], dim=1)
             self.pos_embed = nn.Parameter(pe, requires_grad=False)
