@@ -55,7 +55,7 @@ class ModelConfig:
     mlp_ratio: float = opt(4.0, "MLP hidden size / width", lo=0, lo_open=True)
     pool: str = opt("token", "classifier input: class token or global average pool",
                     choices=("token", "avg"))
-    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos (timm's frequencies, or "
+    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos (MoCo v3's frequencies, or "
                          "big_vision's: i/(D/4-1))",
                          choices=("learn", "sincos", "sincos_big_vision"))
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
