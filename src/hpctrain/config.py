@@ -55,11 +55,25 @@ class ModelConfig:
     mlp_ratio: float = opt(4.0, "MLP hidden size / width", lo=0, lo_open=True)
     pool: str = opt("token", "classifier input: class token or global average pool",
                     choices=("token", "avg"))
-    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos",
-                         choices=("learn", "sincos"))
+    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos (MoCo v3's frequencies, or "
+                         "big_vision's: i/(D/4-1))",
+                         choices=("learn", "sincos", "sincos_big_vision"))
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
     num_classes: int = opt(1000, "classifier outputs", lo=1)
     grad_ckpt: bool = opt(False, "activation checkpointing of every block (saves memory)")
+    rep_size: int = opt(0, "pre-logits Dense(rep_size) + tanh before the head, as big_vision's rep_size "
+                        "(true there = width); 0: off", lo=0)
+    head_init: str = opt("zero", "classifier init: zero weight and bias (big_vision head_zeroinit) or "
+                         "trunc_normal std 0.02 (timm's default)", choices=("zero", "trunc_normal"))
+    init: str = opt("timm", "weight init: timm (trunc-normal 0.02) or big_vision's (Xavier-uniform blocks, "
+                    "LeCun-normal patch embedding and pre-logits)", choices=("timm", "big_vision"))
+    gap_norm: str = opt("after", "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
+                        "token before it (big_vision encoder_norm)", choices=("after", "before"))
+
+    def validate(self) -> None:
+        if self.gap_norm == "before" and self.pool != "avg":
+            raise ConfigError("model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
+                              "always on the tokens); set model.pool=avg or model.gap_norm=after")
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,9 @@ class DataConfig:
     stage_to: str = opt("", "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR: "
                             "once per node, free space checked, skipped when a complete copy is there")
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
+    val_split: str = opt("val", "what to evaluate on: root/val, or minival = 1 % of root/train held out "
+                         "(big_vision's train[99%:]; training then uses the other 99 %)",
+                         choices=("val", "minival"))
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,8 @@ class OptimConfig:
                           "decay (apex/timm default)", choices=("all", "decayed"))
     fused: str = opt("auto", "fused AdamW: auto = on CUDA (LAMB has no fused kernel here)",
                      choices=("auto", "always", "never"))
+    mu_dtype: str = opt("fp32", "dtype Adam's first moment is stored in: bf16 as big_vision's scale_by_adam("
+                        "mu_dtype='bfloat16') (hpctrain's own AdamW, not fused)", choices=("fp32", "bf16"))
 
     def validate(self) -> None:
         if self.lr_scaling == "sqrt" and not self.lr_ref_batch:
@@ -117,6 +136,12 @@ class OptimConfig:
                               "tuned for), e.g. optim.lr_ref_batch=4096")
         if self.name == "lamb" and self.fused == "always":
             raise ConfigError("optim.fused=always is for AdamW: LAMB has no fused kernel here; use optim.fused=auto")
+        if self.mu_dtype == "bf16" and self.name != "adamw":
+            raise ConfigError(f"optim.mu_dtype=bf16 is for optim.name=adamw; {self.name} keeps its moments in "
+                              "fp32: use optim.mu_dtype=fp32")
+        if self.mu_dtype == "bf16" and self.fused == "always":
+            raise ConfigError("optim.mu_dtype=bf16 runs hpctrain's own AdamW (torch's keeps Adam's moments in "
+                              "the parameter dtype), which has no fused kernel; use optim.fused=auto")
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class VitFlops:
 
 
 def vit_macs(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: float,
-             num_classes: int, class_token: bool = True) -> float:
+             num_classes: int, class_token: bool = True, rep_size: int = 0) -> float:
     """Forward multiply-adds of one image through a ViT (patch conv, blocks, head)."""
     grid = img_size // patch_size
     patches = grid * grid
@@ -60,7 +60,7 @@ def vit_macs(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: 
     attn = 2 * n * n * width  # q·kᵀ and attn·v over all heads
     proj = n * width * width
     mlp = 2 * n * width * hidden
-    head = width * num_classes
+    head = (rep_size or width) * num_classes + width * rep_size  # + the pre-logits Dense
     return float(embed + depth * (qkv + attn + proj + mlp) + head)
 
 
@@ -78,7 +78,7 @@ def model_flops(mc) -> VitFlops:
 
     depth, width, _ = arch_dims(mc)
     return VitFlops(vit_macs(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
-                             class_token=mc.pool == "token"))
+                             class_token=mc.pool == "token", rep_size=mc.rep_size))
 
 
 def peak_tflops(device_name: str | None) -> tuple[float | None, str]:

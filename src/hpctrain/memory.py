@@ -100,7 +100,8 @@ def param_count(mc) -> ParamCount:
     patch = 3 * mc.patch_size ** 2 * d + d
     qkv, proj, fc1, fc2 = 3 * d * d + 3 * d, d * d + d, d * h + h, h * d + d
     block = 4 * d + qkv + proj + fc1 + fc2  # two LayerNorms (weight + bias) and four Linear layers
-    head = d * mc.num_classes + mc.num_classes
+    rep = mc.rep_size
+    head = (rep or d) * mc.num_classes + mc.num_classes + (d * rep + rep if rep else 0)  # + pre_logits.fc
     pos = n * d
     trainable = patch + depth * block + 2 * d + head + (d if mc.pool == "token" else 0)
     trainable += pos if mc.pos_embed == "learn" else 0

@@ -114,3 +114,134 @@ def test_grad_checkpointing_gives_the_same_gradients():
     b(x).sum().backward()
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-6), n
+
+
+# ----------------------------------------------------------------- big_vision options (issue 13)
+
+def _tiny(**kw) -> ViT:
+    return ViT(img_size=32, patch_size=8, depth=2, width=64, heads=2, pool="avg", pos_embed="sincos",
+               num_classes=10, **kw)
+
+
+def test_pre_logits_is_a_named_dense_tanh_before_the_head():
+    torch.manual_seed(0)
+    m = _tiny(rep_size=48)
+    sd = m.state_dict()
+    assert sd["pre_logits.fc.weight"].shape == (48, 64) and sd["pre_logits.fc.bias"].shape == (48,)
+    assert sd["head.weight"].shape == (10, 48)
+    x = torch.randn(5, 3, 32, 32)
+    with torch.no_grad():
+        m.pre_logits.fc.weight.mul_(100)  # pre-activations far beyond ±1: tanh must bound them
+    feats = m.pre_logits(m.forward_features(x))
+    assert feats.shape == (5, 48)
+    assert feats.abs().max() <= 1.0 and feats.abs().max() > 0.99
+    with torch.no_grad():
+        m.head.weight.normal_()
+        m.head.bias.normal_()
+    torch.testing.assert_close(m(x), m.head(torch.tanh(m.pre_logits.fc(m.forward_features(x)))))
+
+
+def test_pre_logits_off_keeps_timm_keys_and_counts():
+    plain = [k for k in _tiny().state_dict()]
+    assert not any(k.startswith("pre_logits") for k in plain)
+    rep = _tiny(rep_size=64)
+    assert [k for k in rep.state_dict() if not k.startswith("pre_logits")] == plain
+
+
+def test_zero_head_gives_zero_logits_at_init_and_trunc_normal_does_not():
+    x = torch.randn(4, 3, 32, 32)
+    for kw in ({}, {"rep_size": 64}):
+        assert torch.equal(_tiny(head_init="zero", **kw)(x), torch.zeros(4, 10))
+    torch.manual_seed(0)
+    m = _tiny(head_init="trunc_normal")
+    assert m(x).abs().max() > 0 and 0.01 < m.head.weight.std() < 0.03
+    assert torch.equal(m.head.bias, torch.zeros(10))
+
+
+def _layer_norm(x, w, b, eps=1e-6):  # written out, not nn.LayerNorm: the reference must not share code
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_gap_norm_order_equals_a_direct_reimplementation(order):
+    torch.manual_seed(0)
+    m = _tiny(gap_norm=order)
+    norm = m.norm if order == "before" else m.fc_norm
+    with torch.no_grad():  # non-trivial affine so the two orders differ
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = torch.randn(3, 3, 32, 32)
+    tokens = m.blocks(m.patch_embed(x) + m.pos_embed)
+    w, b = norm.weight, norm.bias
+    if order == "before":  # big_vision: Encoder's encoder_norm on every token, then jnp.mean(x, axis=1)
+        want = _layer_norm(tokens, w, b).mean(dim=1)
+    else:  # timm global_pool="avg": mean over tokens, then fc_norm
+        want = _layer_norm(tokens.mean(dim=1), w, b)
+    got = m.forward_features(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    other = _layer_norm(tokens.mean(dim=1), w, b) if order == "before" else _layer_norm(tokens, w, b).mean(1)
+    assert (got - other).abs().max() > 1e-3  # the two orders are not the same function
+
+
+def test_gap_norm_before_uses_timm_norm_name():
+    keys = list(_tiny(gap_norm="before").state_dict())
+    assert "norm.weight" in keys and "fc_norm.weight" not in keys  # timm: global_pool="avg", fc_norm=False
+
+
+def test_s16_recipe_builds_big_vision_model_and_counts_match():
+    from hpctrain.flops import model_flops
+    from hpctrain.memory import param_count
+
+    mc = load("configs/vit_s16_imagenet_90ep.yaml").model
+    assert (mc.rep_size, mc.head_init, mc.gap_norm, mc.init) == (384, "zero", "before", "big_vision")
+    assert (mc.pool, mc.pos_embed) == ("avg", "sincos_big_vision")
+    m = build_vit(mc)
+    assert sum(p.numel() for p in m.parameters() if p.requires_grad) == param_count(mc).trainable
+    # timm's vit_small (22,050,664) without the class token and its position, plus pre_logits.fc
+    assert sum(p.numel() for p in m.parameters()) == 22_050_664 - 384 - 384 + (384 * 384 + 384)
+    base = model_flops(load("configs/vit_s16_imagenet_90ep.yaml", ["model.rep_size=0"]).model).fwd_macs
+    assert model_flops(mc).fwd_macs - base == 384 * 384
+
+
+def test_gap_norm_before_needs_average_pooling():
+    from hpctrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.gap_norm=before is for model.pool=avg"):
+        load(None, ["model.pool=token", "model.gap_norm=before"])
+
+
+def test_big_vision_init_follows_flax_initialisers():
+    torch.manual_seed(0)
+    d, hidden = 64, 128
+    m = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
+            pos_embed="sincos", num_classes=10, rep_size=d, init="big_vision")
+    blk = m.blocks[0]
+    for w, fan_in, fan_out in [*((q, d, d) for q in blk.attn.qkv.weight.chunk(3)), (blk.attn.proj.weight, d, d),
+                               (blk.mlp.fc1.weight, d, hidden), (blk.mlp.fc2.weight, hidden, d)]:
+        bound = (6.0 / (fan_in + fan_out)) ** 0.5  # Xavier uniform: U(-bound, bound), std bound/sqrt(3)
+        assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
+        assert w.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.06)
+    assert torch.equal(blk.attn.qkv.bias, torch.zeros(3 * d))
+    assert 0 < blk.mlp.fc1.bias.abs().max() < 1e-5  # N(0, 1e-6)
+    for w, fan_in in [(m.patch_embed.proj.weight, 3 * 8 * 8), (m.pre_logits.fc.weight, d)]:
+        std = (1.0 / fan_in) ** 0.5 / 0.87962566103423978  # LeCun normal, truncated at ±2σ
+        assert w.abs().max() <= 2 * std and w.std().item() == pytest.approx((1.0 / fan_in) ** 0.5, rel=0.06)
+    timm_init = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
+                    pos_embed="sincos", num_classes=10)
+    assert timm_init.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_sincos_big_vision_equals_its_posemb_sincos_2d():
+    import numpy as np
+
+    grid, width, temp = 4, 32, 10_000.0
+    y, x = np.mgrid[:grid, :grid]  # big_vision models/vit.py posemb_sincos_2d, written out in NumPy
+    omega = 1.0 / temp ** (np.arange(width // 4) / (width // 4 - 1))
+    xo, yo = np.outer(x.flatten(), omega), np.outer(y.flatten(), omega)
+    want = np.concatenate([np.sin(xo), np.cos(xo), np.sin(yo), np.cos(yo)], axis=1)[None]
+    m = ViT(img_size=32, patch_size=8, depth=1, width=width, heads=2, pool="avg", pos_embed="sincos_big_vision")
+    torch.testing.assert_close(m.pos_embed.detach(), torch.from_numpy(want).float(), rtol=1e-5, atol=1e-5)
+    plain = ViT(img_size=32, patch_size=8, depth=1, width=width, heads=2, pool="avg", pos_embed="sincos")
+    assert (plain.pos_embed - m.pos_embed).abs().max() > 0.1  # the default keeps MoCo v3's frequencies

@@ -6,7 +6,7 @@ import importlib.util
 import logging
 
 from hpctrain.config import Config, ConfigError
-from hpctrain.data.folder import list_split, read_exclusions
+from hpctrain.data.folder import read_exclusions, train_val_listings
 
 
 def resolve_loader(name: str) -> str:
@@ -45,8 +45,7 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
         logging.getLogger("hpctrain").warning(
             "data.randaugment=%r is applied by the DALI loader only; the torch loader trains without it "
             "(use data.loader=dali, or clear data.randaugment)", d.randaugment)
-    exclude = read_exclusions(d.exclude_file)
-    train_list = list_split(d.root, "train", exclude)
+    train_list, val_list = train_val_listings(d.root, d.val_split, read_exclusions(d.exclude_file))
     if len(train_list.classes) != cfg.model.num_classes:
         raise ConfigError(f"{train_list.root} has {len(train_list.classes)} classes but "
                           f"model.num_classes={cfg.model.num_classes}; set "
@@ -55,8 +54,5 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
                   img_size=cfg.model.img_size, crop_pct=d.crop_pct, scale_min=d.scale_min,
                   hflip=d.hflip, mean=d.mean, std=d.std, skip_bad=d.on_bad_sample == "skip")
     train = TorchLoader(train_list, train=True, batch_size=batch, **common)
-    val = None
-    if (train_list.root.parent / "val").is_dir():  # list_split raises DataError when it is missing
-        val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
-        val = TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
+    val = None if val_list is None else TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
     return train, val

@@ -29,7 +29,7 @@ import torch
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import sampling
-from hpctrain.data.folder import DataError, Listing, list_split, read_exclusions
+from hpctrain.data.folder import DataError, Listing, read_exclusions, train_val_listings
 from hpctrain.data.wds import WdsShards, find_shards
 
 log = logging.getLogger("hpctrain")
@@ -356,6 +356,9 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":
+        if d.val_split == "minival":
+            raise ConfigError("data.val_split=minival holds out train images from a folder; shards from "
+                              "`data pack` have no minival: use data.format=folder with data.val_split=minival")
         from hpctrain.data.stage import stage
 
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
@@ -370,13 +373,11 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     if d.stage_to:
         raise ConfigError("data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
                           "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to")
-    exclude = read_exclusions(d.exclude_file)
-    train_list = list_split(d.root, "train", exclude)
+    train_list, val_list = train_val_listings(d.root, d.val_split, read_exclusions(d.exclude_file))
     _check_classes(len(train_list.classes), cfg, train_list.root)
     train = DaliLoader(train=True, batch_size=batch, listing=train_list, **common)
-    if not (Path(d.root) / "val").is_dir():
+    if val_list is None:
         return train, None
-    val_list = list_split(d.root, "val", exclude, classes=train_list.classes)
     return train, DaliLoader(train=False, batch_size=eval_batch, listing=val_list, **common)
 
 

@@ -6,6 +6,7 @@ loader sees the same classes, the same sample order and the same exclusions.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,3 +76,43 @@ def list_split(root: str | os.PathLike, split: str, exclude: set[str] | frozense
     if not samples:
         raise DataError(f"{base} holds no images ({', '.join(IMAGE_EXTS)})")
     return Listing(base, classes, tuple(samples))
+
+
+MINIVAL_PERCENT = 1  # big_vision vit_s16_i1k.py: train on train[:99%], evaluate on train[99%:]
+
+
+def _key_rank(rel: str) -> bytes:
+    return hashlib.blake2b(rel.encode(), digest_size=8).digest()
+
+
+def minival_split(listing: Listing, percent: int = MINIVAL_PERCENT) -> tuple[Listing, Listing]:
+    """(train without the held-out images, the held-out minival) from a train listing.
+
+    TFDS stores examples in an order shuffled by a hash of their key and `train[99%:]` takes the last
+    1 % of it, the boundary rounded to the closest integer (its `_pct_to_abs_closest`). A folder has
+    no such order, so ours is the same idea on the file names: images ranked by BLAKE2b of their
+    path relative to train/, the last n - round(n·(100-percent)/100) held out. It depends only on the
+    names (not on seeds, ranks or loaders), so every loader and world size holds out the same images;
+    both listings keep the sorted order."""
+    n = len(listing)
+    held_n = n - int(round((100 - percent) * n / 100.0))
+    if held_n == 0 or held_n == n:
+        raise DataError(f"{listing.root}: {n} images are too few for a {percent} % minival; use "
+                        "data.val_split=val or a larger train set")
+    ranked = sorted(range(n), key=lambda i: _key_rank(listing.samples[i][0]))
+    held = set(ranked[n - held_n:])
+    keep = tuple(s for i, s in enumerate(listing.samples) if i not in held)
+    out = tuple(s for i, s in enumerate(listing.samples) if i in held)
+    return Listing(listing.root, listing.classes, keep), Listing(listing.root, listing.classes, out)
+
+
+def train_val_listings(root: str | os.PathLike, val_split: str,
+                       exclude: set[str] | frozenset = frozenset()) -> tuple[Listing, Listing | None]:
+    """The (train, eval) listings every folder loader uses: root/train and root/val (None when root
+    has no val/), or, for `val_split="minival"`, root/train split by `minival_split`."""
+    train = list_split(root, "train", exclude)
+    if val_split == "minival":
+        return minival_split(train)
+    if not (Path(root) / "val").is_dir():
+        return train, None
+    return train, list_split(root, "val", exclude, classes=train.classes)

@@ -2,7 +2,10 @@
 
 Attention goes through `F.scaled_dot_product_attention` so PyTorch picks the flash / cuDNN /
 memory-efficient kernel on GPUs. Keeping timm's parameter names means pretrained weights move
-in both directions without a renaming table.
+in both directions without a renaming table. big_vision's extras are options with names of their
+own, off by default: a pre-logits Dense + tanh (`pre_logits.fc`, timm's old name for it), the final
+LayerNorm on every token before the average pool (`norm`, as timm's `fc_norm=False`), the head's
+init (docs/recipes-bigvision.md).
 """
 
 from __future__ import annotations
@@ -85,13 +88,15 @@ class Block(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-def sincos_2d(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embedding (MoCo v3 / big_vision), shape 1×grid²×width."""
+def sincos_2d(grid: int, width: int, temperature: float = 10000.0, big_vision: bool = False) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding (MoCo v3), shape 1×grid²×width. Frequencies
+    1/T^(i/(D/4)); big_vision's posemb_sincos_2d divides by D/4 - 1 instead, so its lowest is 1/T."""
     if width % 4:
         raise ValueError(f"sin-cos position embedding needs width divisible by 4, got {width}")
     y, x = torch.meshgrid(torch.arange(grid, dtype=torch.float32),
                           torch.arange(grid, dtype=torch.float32), indexing="ij")
-    omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float32) / (width // 4))
+    q = width // 4
+    omega = 1.0 / temperature ** (torch.arange(q, dtype=torch.float32) / (q - 1 if big_vision else q))
     y = y.flatten()[:, None] * omega[None]
     x = x.flatten()[:, None] * omega[None]
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
@@ -100,17 +105,20 @@ def sincos_2d(grid: int, width: int, temperature: float = 10000.0) -> torch.Tens
 class ViT(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 16, depth: int = 12, width: int = 768,
                  heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
-                 pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False):
+                 pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False,
+                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm"):
         super().__init__()
         self.pool = pool
+        self.head_init = head_init
+        self.init = init
         self.grad_ckpt = grad_ckpt
         self.patch_embed = PatchEmbed(img_size, patch_size, width)
         n = self.patch_embed.grid ** 2
         self.num_prefix = 1 if pool == "token" else 0
         if self.num_prefix:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
-        if pos_embed == "sincos":
-            pe = sincos_2d(self.patch_embed.grid, width)
+        if pos_embed.startswith("sincos"):
+            pe = sincos_2d(self.patch_embed.grid, width, big_vision=pos_embed == "sincos_big_vision")
             if self.num_prefix:
                 pe = torch.cat([torch.zeros(1, 1, width), pe], dim=1)
             self.pos_embed = nn.Parameter(pe, requires_grad=False)
@@ -118,12 +126,20 @@ class ViT(nn.Module):
             self.pos_embed = nn.Parameter(torch.randn(1, n + self.num_prefix, width) * 0.02)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r) for r in rates])
-        # timm: final norm before the token pool; fc_norm after the average pool.
-        if pool == "token":
+        # timm: final norm before the token pool; fc_norm after the average pool. big_vision
+        # (gap_norm="before"): its encoder_norm on every token, then the average.
+        self.norm_first = pool == "token" or gap_norm == "before"
+        if self.norm_first:
             self.norm = nn.LayerNorm(width, eps=1e-6)
         else:
             self.fc_norm = nn.LayerNorm(width, eps=1e-6)
-        self.head = nn.Linear(width, num_classes)
+        if rep_size:  # big_vision rep_size: Dense + tanh between the pooled features and the head
+            self.pre_logits = nn.Sequential()
+            self.pre_logits.add_module("fc", nn.Linear(width, rep_size))
+            self.pre_logits.add_module("act", nn.Tanh())
+        else:
+            self.pre_logits = nn.Identity()
+        self.head = nn.Linear(rep_size or width, num_classes)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -135,7 +151,36 @@ class ViT(nn.Module):
                 nn.init.zeros_(m.bias)
         w = self.patch_embed.proj.weight
         nn.init.trunc_normal_(w.view(w.shape[0], -1), std=math.sqrt(1.0 / w[0].numel()))
-        nn.init.zeros_(self.head.weight)
+        if self.init == "big_vision":
+            self._init_big_vision()
+        if self.head_init == "zero":  # big_vision head_zeroinit (bias is zero either way)
+            nn.init.zeros_(self.head.weight)
+
+    @torch.no_grad()
+    def _init_big_vision(self) -> None:
+        """big_vision models/vit.py's initialisers (flax/jax semantics): blocks' kernels Xavier-uniform
+        (q, k, v each its own d×d kernel in flax's attention), MLP biases N(0, 1e-6), attention biases
+        zero; the patch embedding and pre-logits flax's default LeCun normal (truncated at ±2σ, σ
+        rescaled by 1/0.8796 for the truncation); a learned position embedding N(0, 1/width)."""
+        def lecun_normal(w: torch.Tensor, fan_in: int) -> None:
+            std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+            nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+        for blk in self.blocks:
+            for w in blk.attn.qkv.weight.chunk(3, dim=0):
+                nn.init.xavier_uniform_(w)
+            nn.init.xavier_uniform_(blk.attn.proj.weight)
+            for fc in (blk.mlp.fc1, blk.mlp.fc2):
+                nn.init.xavier_uniform_(fc.weight)
+                nn.init.normal_(fc.bias, std=1e-6)
+        w = self.patch_embed.proj.weight
+        lecun_normal(w, w[0].numel())
+        if isinstance(self.pre_logits, nn.Sequential):
+            lecun_normal(self.pre_logits.fc.weight, self.pre_logits.fc.in_features)
+        if self.num_prefix:
+            nn.init.zeros_(self.cls_token)
+        if self.pos_embed.requires_grad:
+            nn.init.normal_(self.pos_embed, std=1.0 / math.sqrt(self.pos_embed.shape[-1]))
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
@@ -152,10 +197,12 @@ class ViT(nn.Module):
                 x = blk(x)
         if self.pool == "token":
             return self.norm(x)[:, 0]
+        if self.norm_first:
+            return self.norm(x).mean(dim=1)
         return self.fc_norm(x.mean(dim=1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.forward_features(x))
+        return self.head(self.pre_logits(self.forward_features(x)))
 
 
 def build_vit(mc) -> ViT:
@@ -163,4 +210,5 @@ def build_vit(mc) -> ViT:
     depth, width, heads = arch_dims(mc)
     return ViT(img_size=mc.img_size, patch_size=mc.patch_size, depth=depth, width=width, heads=heads,
                mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
-               pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt)
+               pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt,
+               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init)

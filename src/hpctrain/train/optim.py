@@ -31,6 +31,11 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -
 
         return Lamb(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
                     always_adapt=o.lamb_adapt == "all")
+    if o.mu_dtype == "bf16":
+        from hpctrain.train.adamw import AdamWLowMu
+
+        return AdamWLowMu(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
+                          mu_dtype=torch.bfloat16)
     fused = o.fused == "always" or (o.fused == "auto" and device.type == "cuda")
     return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas),
                              eps=o.eps, fused=fused or None)

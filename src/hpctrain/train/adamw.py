@@ -1,0 +1,71 @@
+"""AdamW whose first moment is stored in bfloat16, as big_vision's `optax.scale_by_adam(mu_dtype=
+'bfloat16')` (configs/vit_s16_i1k.py): half the memory of the momentum, same update otherwise.
+
+torch's AdamW has no such option (its states follow the parameter's dtype), hence this small one,
+used only for `optim.mu_dtype=bf16`. Per tensor, as optax's `scale_by_adam` does it (optax/_src/
+transform.py): the new moment is computed in fp32 from the stored bf16 one, the step uses that fp32
+value, and only the stored copy is rounded to bf16:
+
+    m = β1·bf16(m_prev) + (1-β1)·g   (fp32)     v = β2·v + (1-β2)·g²   (fp32)
+    w = w·(1 - lr·λ) - lr · (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + ε)
+    m_stored = bf16(m)
+
+Weight decay is decoupled as in torch's AdamW (lr·λ); big_vision's wd·schedule equals it with
+λ = wd / base lr (docs/recipes-bigvision.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+class AdamWLowMu(torch.optim.Optimizer):
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, mu_dtype: torch.dtype = torch.bfloat16):
+        if lr <= 0 or eps <= 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"AdamWLowMu: lr {lr}, eps {eps} must be > 0, weight_decay {weight_decay} >= 0, "
+                             f"betas {betas} in [0, 1)")
+        self.mu_dtype = mu_dtype
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's loader casts every floating state to its parameter's dtype: put the moment back in
+        mu_dtype (bf16 → fp32 → bf16 is exact, so a resume continues bit for bit)."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            if "exp_avg" in state:
+                state["exp_avg"] = state["exp_avg"].to(self.mu_dtype)
+
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("AdamWLowMu does not take sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU: no device sync
+                    state["exp_avg"] = torch.zeros_like(p, dtype=self.mu_dtype, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = float(state["step"])
+                g = p.grad.float()
+                m = state["exp_avg"].float().mul_(beta1).add_(g, alpha=1 - beta1)
+                v = state["exp_avg_sq"]
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.add_((m / (1 - beta1 ** t)).div_(denom).to(p.dtype), alpha=-lr)
+                state["exp_avg"].copy_(m)  # round to nearest even, as jnp.astype
+        return loss
