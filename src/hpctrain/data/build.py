@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data.folder import list_split, read_exclusions
@@ -41,10 +40,9 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
         raise ConfigError(f"data.format={d.format!r} needs data.loader=dali (the torch loader reads folders)")
     from hpctrain.data.torch_loader import TorchLoader
 
-    if d.randaugment and rank == 0:
-        logging.getLogger("hpctrain").warning(
-            "data.randaugment=%r is applied by the DALI loader only; the torch loader trains without it "
-            "(use data.loader=dali, or clear data.randaugment)", d.randaugment)
+    if d.randaugment:
+        raise ConfigError(f"data.randaugment={d.randaugment!r} needs the DALI loader (the torch loader has no "
+                          "RandAugment): set data.loader=dali, or clear data.randaugment")
     exclude = read_exclusions(d.exclude_file)
     train_list = list_split(d.root, "train", exclude)
     if len(train_list.classes) != cfg.model.num_classes:
