@@ -20,12 +20,13 @@ def test_specs_parse_as_timm_reads_them():
     assert parse_randaugment("2,9") == RandAugSpec(2, 9.0, 0.0, True)
     assert parse_randaugment("rand-m9-mstd0.5-inc1") == RandAugSpec(2, 9.0, 0.5, True)
     assert parse_randaugment("rand-m10-n3") == RandAugSpec(3, 10.0, 0.0, False)  # timm: inc0 by default
+    assert parse_randaugment("rand-n2-m10-p1").p == 1.0  # big_vision's randaug(2,10): every op applies
 
 
 @pytest.mark.parametrize("spec, match", [
     ("2,11", r"M=11 is outside 0\.\.10"), ("2,-1", "outside 0..10"), ("rand-m30", "outside 0..10"),
     ("two", "is not 'N,M'"), ("rand-m9-w0", "'w0' is not supported"), ("rand-m-n2", "has no number"),
-    ("0,9", "N .* must be >= 1")])
+    ("0,9", "N .* must be >= 1"), ("rand-m9-p0", "p must be in")])
 def test_bad_specs_are_one_line_config_errors(spec, match):
     with pytest.raises(ConfigError, match=match) as e:
         load(None, [f"data.randaugment={spec}"])
@@ -103,7 +104,7 @@ def bar_angle(img: np.ndarray) -> float:
     return math.degrees(0.5 * math.atan2(2 * c[0, 1], c[0, 0] - c[1, 1]))
 
 
-def run_rotations(spec: RandAugSpec, batch: int, prob: float = 1.0) -> list[float]:
+def run_rotations(spec: RandAugSpec, batch: int) -> list[float]:
     from nvidia.dali import fn, pipeline_def, types
 
     img = bar_image()
@@ -111,7 +112,7 @@ def run_rotations(spec: RandAugSpec, batch: int, prob: float = 1.0) -> list[floa
     @pipeline_def(batch_size=batch, num_threads=1, device_id=None, seed=7, enable_conditionals=True)
     def pipe():
         x = fn.external_source(source=lambda: [img] * batch, layout="HWC", dtype=types.UINT8)
-        return randaug.apply(x, spec, img.shape[0], fill_value=0, prob=prob, ops=("rotate",))
+        return randaug.apply(x, spec, img.shape[0], fill_value=0, ops=("rotate",))
 
     p = pipe()
     p.build()
@@ -120,19 +121,19 @@ def run_rotations(spec: RandAugSpec, batch: int, prob: float = 1.0) -> list[floa
 
 
 def test_rotation_at_m10_turns_the_image_by_30_degrees():
-    angles = run_rotations(RandAugSpec(1, 10), batch=8)
+    angles = run_rotations(RandAugSpec(1, 10, p=1), batch=8)
     assert all(abs(abs(a) - 30) < 1.0 for a in angles), angles
     assert min(angles) < 0 < max(angles)  # timm's random sign
 
 
 def test_magnitude_noise_spreads_the_rotation_and_clips_at_m10():
-    angles = np.abs(run_rotations(RandAugSpec(1, 9, mstd=0.5), batch=64))
+    angles = np.abs(run_rotations(RandAugSpec(1, 9, mstd=0.5, p=1), batch=64))
     assert np.all(angles < 30.0 + 1.0)  # clipped to M10
     assert abs(angles.mean() - 27) < 1.0 and 0.8 < angles.std() < 2.2  # 3°/M × 0.5, clipped above 30°
 
 
 def test_each_op_applies_with_probability_one_half():
-    angles = np.abs(run_rotations(RandAugSpec(1, 10), batch=128, prob=0.5))
+    angles = np.abs(run_rotations(parse_randaugment("rand-n1-m10"), batch=128))  # timm's p0.5
     rotated = np.mean(angles > 15)
     assert 0.35 < rotated < 0.65 and np.all((angles < 1) | (abs(angles - 30) < 1))
 

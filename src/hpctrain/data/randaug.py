@@ -32,10 +32,12 @@ class RandAugSpec:
     m: float  # magnitude, 0-10
     mstd: float = 0.0  # std of the per-op magnitude noise (0: none)
     inc: bool = True  # timm's increasing-severity op variants
+    p: float = 0.5  # probability that a chosen op applies (timm 0.5; big_vision's randaug: 1)
 
 
 def parse_randaugment(spec: str) -> RandAugSpec | None:
-    """'N,M' (= timm rand-nN-mM-inc1) or a timm string 'rand-m9-mstd0.5-inc1'; empty → None.
+    """'N,M' (= timm rand-nN-mM-inc1) or a timm string 'rand-m9-mstd0.5-inc1' (sections m, n, mstd, inc,
+    p as timm's rand_augment_transform reads them); empty → None.
 
     Raises ValueError with a one-line message (DataConfig.validate turns it into a ConfigError).
     """
@@ -48,12 +50,12 @@ def parse_randaugment(spec: str) -> RandAugSpec | None:
         parts = s.split("-")
         if parts[0] != "rand":
             raise ValueError(f"data.randaugment={spec!r} is not a RandAugment spec: {hint}")
-        n, m, mstd, inc = 2, LEVEL_DENOM, 0.0, False  # timm's defaults (rand_augment_transform)
+        n, m, mstd, inc, prob = 2, LEVEL_DENOM, 0.0, False, 0.5  # timm's defaults (rand_augment_transform)
         for part in parts[1:]:
             key, val = re.match(r"([a-z]*)(.*)", part).groups()
-            if key not in ("m", "n", "mstd", "inc"):
+            if key not in ("m", "n", "mstd", "inc", "p"):
                 raise ValueError(f"data.randaugment={spec!r}: section {part!r} is not supported "
-                                 "(m, n, mstd, inc are); drop it")
+                                 "(m, n, mstd, inc, p are); drop it")
             try:
                 num = float(val)
             except ValueError:
@@ -64,12 +66,14 @@ def parse_randaugment(spec: str) -> RandAugSpec | None:
                 n = int(num)
             elif key == "mstd":
                 mstd = num
+            elif key == "p":
+                prob = num
             else:
                 inc = bool(num)
     else:
         try:
             n_s, m_s = s.split(",")
-            n, m, mstd, inc = int(n_s), float(m_s), 0.0, True
+            n, m, mstd, inc, prob = int(n_s), float(m_s), 0.0, True, 0.5
         except ValueError:
             raise ValueError(f"data.randaugment={spec!r} is not 'N,M': {hint}") from None
     if n < 1:
@@ -79,7 +83,9 @@ def parse_randaugment(spec: str) -> RandAugSpec | None:
                           "by up to 27°, M10 is the strongest); e.g. '2,9'")
     if not 0 <= mstd <= 100:
         raise ValueError(f"data.randaugment={spec!r}: mstd must be in 0..100 (e.g. mstd0.5)")
-    return RandAugSpec(n, m, mstd, inc)
+    if not 0 < prob <= 1:
+        raise ValueError(f"data.randaugment={spec!r}: p must be in (0, 1] (e.g. p0.5)")
+    return RandAugSpec(n, m, mstd, inc, prob)
 
 
 # --------------------------------------------------------------------- timm's level functions
@@ -149,6 +155,7 @@ def _sharpness_kernel(factor: float) -> np.ndarray:
 def dali_suite(inc: bool = True) -> dict:
     """name → DALI augmentation whose parameter table is timm's level function at every 0.01 of M."""
     from nvidia.dali.auto_aug import augmentations as a
+    from nvidia.dali.pipeline import do_not_convert
 
     mags = np.arange(BINS, dtype=np.float64) / QUANT  # custom magnitudes: exact multiples of 0.01
 
@@ -156,7 +163,7 @@ def dali_suite(inc: bool = True) -> dict:
         return np.array(x, dtype=np.float32)
 
     def aug(base, negate, to_param, name=None):
-        return base.augmentation(mag_range=mags, randomly_negate=negate, mag_to_param=to_param,
+        return base.augmentation(mag_range=mags, randomly_negate=negate, mag_to_param=do_not_convert(to_param),
                                  **({"name": name} if name else {}))
 
     return {
@@ -182,30 +189,34 @@ def magnitude_bin(m: float) -> int:
     return int(round(m * QUANT))
 
 
-def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128, prob: float = 0.5,
+def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128,
           ops: tuple[str, ...] | None = None):
     """RandAugment on a DALI batch of uint8 HWC `size`×`size` images (pipeline with conditionals).
 
     Each of `spec.n` layers picks one op uniformly (with replacement, as timm) and applies it with
-    probability `prob` at magnitude M, or M + N(0, mstd) clipped to [0, 10] drawn per layer.
+    probability `spec.p` at magnitude M, or M + N(0, mstd) clipped to [0, 10] drawn per layer.
     """
     from nvidia.dali import fn, types
     from nvidia.dali import math as dmath
     from nvidia.dali.auto_aug import augmentations as a
     from nvidia.dali.auto_aug.core import select, signed_bin
+    from nvidia.dali.pipeline import do_not_convert
 
-    suite = dali_suite(spec.inc)
-    chosen = [suite[k] for k in (ops or tuple(TIMM_OPS.values()))] + [a.identity]
+    # AutoGraph (DALI conditionals) would trace every entry of the ops' 2002-entry parameter tables
+    # (minutes per pipeline build); the tables and the ops' bodies have no data-dependent `if`
+    suite = do_not_convert(dali_suite)(spec.inc)
+    chosen = [do_not_convert(op.__call__) for op in
+              [suite[k] for k in (ops or tuple(TIMM_OPS.values()))] + [a.identity]]
     skip = len(chosen) - 1
     shape = (spec.n,) if spec.n > 1 else ()
     op_idx = fn.random.uniform(values=list(range(skip)), shape=shape, dtype=types.INT32)
-    if prob < 1:
-        on = fn.cast(fn.random.coin_flip(probability=prob, shape=shape), dtype=types.INT32)
+    if spec.p < 1:
+        on = fn.cast(fn.random.coin_flip(probability=spec.p, shape=shape), dtype=types.INT32)
         op_idx = on * op_idx + (1 - on) * skip
     if spec.mstd > 0:
         mag = fn.random.normal(mean=float(spec.m), stddev=float(spec.mstd), shape=shape)
         mag = dmath.clamp(mag, 0.0, LEVEL_DENOM)
-        bins = fn.cast(mag * float(QUANT) + 0.5, dtype=types.INT32)
+        bins = fn.cast(mag * float(QUANT), dtype=types.INT32)  # DALI's cast rounds to nearest
     else:
         bins = magnitude_bin(spec.m)
     sbin = signed_bin(bins, shape=shape)
