@@ -193,3 +193,20 @@ def test_dali_crop_area_and_aspect_follow_timms_rule(w, h):
     if w == h:  # the check tells log-uniform from uniform aspect sampling (no ratio filtered here)
         lin = np.random.default_rng(1).uniform(3 / 4, 4 / 3, n)
         assert ks(np.log(d[:, 0] / d[:, 1]), np.log(lin)) > 0.062
+
+
+def test_deit_suite_with_noise_runs_on_a_batch():
+    from nvidia.dali import fn, pipeline_def, types
+
+    img = np.asarray(np.random.default_rng(0).integers(0, 255, (48, 48, 3)), np.uint8)
+
+    @pipeline_def(batch_size=16, num_threads=1, device_id=None, seed=5, enable_conditionals=True)
+    def pipe():
+        x = fn.external_source(source=lambda: [img] * 16, layout="HWC", dtype=types.UINT8)
+        return randaug.apply(x, parse_randaugment("rand-m9-mstd0.5-inc1"), 48)
+
+    p = pipe()
+    p.build()
+    out = [np.asarray(t) for t in p.run()[0]]
+    assert all(o.shape == img.shape for o in out)
+    assert 4 <= sum(not np.array_equal(o, img) for o in out) <= 16  # 1 - 0.5^2 of them change
