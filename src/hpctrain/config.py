@@ -92,7 +92,8 @@ class DataConfig:
                           lo=0, hi=1, lo_open=True)
     scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
-    randaugment: str = opt("", "RandAugment as 'N,M' (e.g. '2,10'); empty = off")
+    randaugment: str = opt("", "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
+                           "string, e.g. 'rand-m9-mstd0.5-inc1' (DeiT); empty = off (DALI loader)")
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
     std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
     exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
@@ -104,6 +105,17 @@ class DataConfig:
     val_split: str = opt("val", "what to evaluate on: root/val, or minival = 1 % of root/train held out "
                          "(big_vision's train[99%:]; training then uses the other 99 %)",
                          choices=("val", "minival"))
+
+    def validate(self) -> None:
+        from hpctrain.data.randaug import parse_randaugment
+
+        try:
+            parse_randaugment(self.randaugment)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self.randaugment.strip() and self.loader == "torch":
+            raise ConfigError(f"data.randaugment={self.randaugment!r} needs the DALI loader (the torch loader "
+                              "has no RandAugment): set data.loader=dali, or clear data.randaugment")
 
 
 @dataclass(frozen=True)

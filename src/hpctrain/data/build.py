@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data.folder import read_exclusions, train_val_listings
@@ -41,10 +40,9 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
         raise ConfigError(f"data.format={d.format!r} needs data.loader=dali (the torch loader reads folders)")
     from hpctrain.data.torch_loader import TorchLoader
 
-    if d.randaugment and rank == 0:
-        logging.getLogger("hpctrain").warning(
-            "data.randaugment=%r is applied by the DALI loader only; the torch loader trains without it "
-            "(use data.loader=dali, or clear data.randaugment)", d.randaugment)
+    if d.randaugment:
+        raise ConfigError(f"data.randaugment={d.randaugment!r} needs the DALI loader (the torch loader has no "
+                          "RandAugment): set data.loader=dali, or clear data.randaugment")
     train_list, val_list = train_val_listings(d.root, d.val_split, read_exclusions(d.exclude_file))
     if len(train_list.classes) != cfg.model.num_classes:
         raise ConfigError(f"{train_list.root} has {len(train_list.classes)} classes but "

@@ -30,6 +30,7 @@ import torch
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import sampling
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_val_listings
+from hpctrain.data.randaug import RandAugSpec, parse_randaugment
 from hpctrain.data.wds import WdsShards, find_shards
 
 log = logging.getLogger("hpctrain")
@@ -37,20 +38,6 @@ PREFETCH = 2  # batches decoded ahead
 IMAGE_EXTS_WDS = "jpg;jpeg;png;bmp;webp;tif;tiff"
 FIX_HINT = ("exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and "
             "data.exclude_file=FILE")
-
-
-def parse_randaugment(spec: str) -> tuple[int, int] | None:
-    """'N,M' → (N, M); empty → None."""
-    if not spec.strip():
-        return None
-    try:
-        n, m = (int(x) for x in spec.split(","))
-    except ValueError:
-        raise ConfigError(f"data.randaugment={spec!r} is not 'N,M' (e.g. '2,9'); leave it empty "
-                          "to turn RandAugment off") from None
-    if n < 0 or not 0 <= m <= 30:
-        raise ConfigError(f"data.randaugment={spec!r}: N must be >= 0 and M in 0..30")
-    return n, m
 
 
 def pipeline_seed(*parts: int) -> int:
@@ -71,7 +58,7 @@ class Augment:
     hflip: float
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    randaugment: tuple[int, int] | None
+    randaugment: RandAugSpec | None
 
 
 # ----------------------------------------------------------------------------- pipelines
@@ -87,20 +74,25 @@ def _read(src, reader: dict):
     return jpegs, labels
 
 
+def crop_args(scale_min: float) -> dict:
+    """fn.decoders.image_random_crop's sampling as timm's RandomResizedCrop: area fraction uniform in
+    [scale_min, 1], aspect log-uniform in [3/4, 4/3], 10 attempts, then the whole image with its ratio
+    clamped into range, centred (docs/recipes-augment.md has the measured match)."""
+    return dict(random_area=[scale_min, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+
+
 def _train_graph(src: str, reader: dict, aug: Augment, decoder: str):
     from nvidia.dali import fn, types
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
-                                           random_area=[aug.scale_min, 1.0],
-                                           random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+                                           **crop_args(aug.scale_min))
     images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=types.INTERP_LINEAR,
                        antialias=True)
-    if aug.randaugment:
-        from nvidia.dali.auto_aug import rand_augment
+    if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
+        from hpctrain.data import randaug
 
-        n, m = aug.randaugment
-        images = rand_augment.rand_augment(images, n=n, m=m, shape=[aug.img_size, aug.img_size])
+        images = randaug.apply(images, aug.randaugment, aug.img_size)
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
                                       mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])

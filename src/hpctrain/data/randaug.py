@@ -1,0 +1,227 @@
+"""RandAugment as timm (DeiT's `rand-m9-mstd0.5-inc1`) defines it, run by DALI.
+
+DALI's own `rand_augment` reads `m` as a bin out of 31 (so m=9 rotates by 9°) and has no
+magnitude noise, no per-op probability and a different op set. Here the magnitude is timm's
+0-10 scale: every op maps a magnitude to its parameter with timm's level function
+(timm/data/auto_augment.py), the suite is timm's (`_RAND_INCREASING_TRANSFORMS` with inc1,
+`_RAND_TRANSFORMS` without), each chosen op applies with probability 0.5 (timm `rand_augment_ops`),
+and the magnitude noise `mstd` is a per-op, per-sample Gaussian clipped to [0, 10].
+
+DALI looks parameters up by integer bin, so magnitudes are quantised to 1/QUANT (0.01): each op's
+table holds its timm parameter at every 0.01 of magnitude. Without noise, M hits a bin exactly.
+
+The parsing half imports neither torch nor DALI (config validation runs on login nodes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+LEVEL_DENOM = 10.0  # timm _LEVEL_DENOM: M10 is the strongest
+QUANT = 100  # magnitude bins per unit of M
+BINS = int(LEVEL_DENOM) * QUANT + 1
+TRANSLATE_PCT = 0.45  # timm hparams translate_pct default (TranslateXRel / TranslateYRel)
+
+
+@dataclass(frozen=True)
+class RandAugSpec:
+    n: int  # ops per image
+    m: float  # magnitude, 0-10
+    mstd: float = 0.0  # std of the per-op magnitude noise (0: none)
+    inc: bool = True  # timm's increasing-severity op variants
+    p: float = 0.5  # probability that a chosen op applies (timm 0.5; big_vision's randaug: 1)
+
+
+def parse_randaugment(spec: str) -> RandAugSpec | None:
+    """'N,M' (= timm rand-nN-mM-inc1) or a timm string 'rand-m9-mstd0.5-inc1' (sections m, n, mstd, inc,
+    p as timm's rand_augment_transform reads them); empty → None.
+
+    Raises ValueError with a one-line message (DataConfig.validate turns it into a ConfigError).
+    """
+    s = spec.strip()
+    if not s:
+        return None
+    hint = ("give 'N,M' (e.g. '2,9') or timm's string (e.g. 'rand-m9-mstd0.5-inc1'); leave it empty "
+            "to turn RandAugment off")
+    if s.startswith("rand"):
+        parts = s.split("-")
+        if parts[0] != "rand":
+            raise ValueError(f"data.randaugment={spec!r} is not a RandAugment spec: {hint}")
+        n, m, mstd, inc, prob = 2, LEVEL_DENOM, 0.0, False, 0.5  # timm's defaults (rand_augment_transform)
+        for part in parts[1:]:
+            key, val = re.match(r"([a-z]*)(.*)", part).groups()
+            if key not in ("m", "n", "mstd", "inc", "p"):
+                raise ValueError(f"data.randaugment={spec!r}: section {part!r} is not supported "
+                                 "(m, n, mstd, inc, p are); drop it")
+            try:
+                num = float(val)
+            except ValueError:
+                raise ValueError(f"data.randaugment={spec!r}: section {part!r} has no number; {hint}") from None
+            if key == "m":
+                m = num
+            elif key == "n":
+                n = int(num)
+            elif key == "mstd":
+                mstd = num
+            elif key == "p":
+                prob = num
+            else:
+                inc = bool(num)
+    else:
+        try:
+            n_s, m_s = s.split(",")
+            n, m, mstd, inc, prob = int(n_s), float(m_s), 0.0, True, 0.5
+        except ValueError:
+            raise ValueError(f"data.randaugment={spec!r} is not 'N,M': {hint}") from None
+    if n < 1:
+        raise ValueError(f"data.randaugment={spec!r}: N (ops per image) must be >= 1; leave it empty for none")
+    if not 0 <= m <= LEVEL_DENOM:
+        raise ValueError(f"data.randaugment={spec!r}: M={m:g} is outside 0..10 (timm's scale: M9 rotates "
+                          "by up to 27°, M10 is the strongest); e.g. '2,9'")
+    if not 0 <= mstd <= 100:
+        raise ValueError(f"data.randaugment={spec!r}: mstd must be in 0..100 (e.g. mstd0.5)")
+    if not 0 < prob <= 1:
+        raise ValueError(f"data.randaugment={spec!r}: p must be in (0, 1] (e.g. p0.5)")
+    return RandAugSpec(n, m, mstd, inc, prob)
+
+
+# --------------------------------------------------------------------- timm's level functions
+# Each maps a signed magnitude v in [-10, 10] (the sign is timm's `_randomly_negate`, drawn by DALI
+# for the ops that have one) to the op's parameter, as timm's *_level_to_arg does.
+
+def rotate_deg(v: float) -> float:
+    return v / LEVEL_DENOM * 30.0
+
+
+def shear(v: float) -> float:
+    return v / LEVEL_DENOM * 0.3
+
+
+def translate_frac(v: float) -> float:
+    return v / LEVEL_DENOM * TRANSLATE_PCT
+
+
+def enhance_factor(v: float, inc: bool) -> float:
+    """Colour/contrast/brightness/sharpness blend factor (1: unchanged)."""
+    if inc:
+        return max(0.1, 1.0 + v / LEVEL_DENOM * 0.9)
+    return abs(v) / LEVEL_DENOM * 1.8 + 0.1
+
+
+def posterize_bits(v: float, inc: bool) -> int:
+    """Bits kept: inc 4 → 0 as M grows, else 0 → 4 (timm: int() truncation)."""
+    b = int((abs(v) / LEVEL_DENOM) * 4)
+    return 4 - b if inc else b
+
+
+def solarize_threshold(v: float, inc: bool) -> int:
+    """Pixels >= threshold are inverted: inc 256 → 0 as M grows, else 0 → 256."""
+    t = int((abs(v) / LEVEL_DENOM) * 256)
+    return 256 - t if inc else t
+
+
+def solarize_add(v: float) -> int:
+    return int((abs(v) / LEVEL_DENOM) * 110)
+
+
+# timm's suite names (with inc1) → the op names used here
+TIMM_OPS = {
+    "AutoContrast": "auto_contrast", "Equalize": "equalize", "Invert": "invert", "Rotate": "rotate",
+    "PosterizeIncreasing": "posterize", "SolarizeIncreasing": "solarize", "SolarizeAdd": "solarize_add",
+    "ColorIncreasing": "color", "ContrastIncreasing": "contrast", "BrightnessIncreasing": "brightness",
+    "SharpnessIncreasing": "sharpness", "ShearX": "shear_x", "ShearY": "shear_y",
+    "TranslateXRel": "translate_x", "TranslateYRel": "translate_y",
+}
+
+
+# --------------------------------------------------------------------- DALI side
+
+def _posterize_mask(bits: int) -> np.ndarray:
+    keep = min(8, max(0, bits))
+    return np.array((0xFF << (8 - keep)) & 0xFF, dtype=np.uint8)  # 0 bits: black, as PIL
+
+
+def _sharpness_kernel(factor: float) -> np.ndarray:
+    """PIL's Sharpness: blend of the image and its smoothed copy, as one 3x3 kernel."""
+    blur = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13
+    ident = np.zeros((3, 3), dtype=np.float32)
+    ident[1, 1] = 1
+    return (factor * ident + (1 - factor) * blur).astype(np.float32)
+
+
+def dali_suite(inc: bool = True) -> dict:
+    """name → DALI augmentation whose parameter table is timm's level function at every 0.01 of M."""
+    from nvidia.dali.auto_aug import augmentations as a
+    from nvidia.dali.pipeline import do_not_convert
+
+    mags = np.arange(BINS, dtype=np.float64) / QUANT  # custom magnitudes: exact multiples of 0.01
+
+    def f32(x):
+        return np.array(x, dtype=np.float32)
+
+    def aug(base, negate, to_param, name=None):
+        return base.augmentation(mag_range=mags, randomly_negate=negate, mag_to_param=do_not_convert(to_param),
+                                 **({"name": name} if name else {}))
+
+    return {
+        "auto_contrast": a.auto_contrast,
+        "equalize": a.equalize,
+        "invert": a.invert,
+        "rotate": aug(a.rotate, True, lambda v: f32(rotate_deg(v))),
+        "posterize": aug(a.posterize, False, lambda v: _posterize_mask(posterize_bits(v, inc))),
+        "solarize": aug(a.solarize, False, lambda v: f32(solarize_threshold(v, inc))),
+        "solarize_add": aug(a.solarize_add, False, lambda v: np.uint8(solarize_add(v))),
+        "color": aug(a.color, inc, lambda v: f32(enhance_factor(v, inc))),
+        "contrast": aug(a.contrast, inc, lambda v: f32(enhance_factor(v, inc))),
+        "brightness": aug(a.brightness, inc, lambda v: f32(enhance_factor(v, inc))),
+        "sharpness": aug(a.sharpness, inc, lambda v: _sharpness_kernel(enhance_factor(v, inc))),
+        "shear_x": aug(a.shear_x, True, lambda v: f32([shear(v), 0])),
+        "shear_y": aug(a.shear_y, True, lambda v: f32([0, shear(v)])),
+        "translate_x": aug(a.translate_x, True, lambda v: f32([translate_frac(v), 0])),
+        "translate_y": aug(a.translate_y, True, lambda v: f32([0, translate_frac(v)])),
+    }
+
+
+def magnitude_bin(m: float) -> int:
+    return int(round(m * QUANT))
+
+
+def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128,
+          ops: tuple[str, ...] | None = None):
+    """RandAugment on a DALI batch of uint8 HWC `size`×`size` images (pipeline with conditionals).
+
+    Each of `spec.n` layers picks one op uniformly (with replacement, as timm) and applies it with
+    probability `spec.p` at magnitude M, or M + N(0, mstd) clipped to [0, 10] drawn per layer.
+    """
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+    from nvidia.dali.auto_aug import augmentations as a
+    from nvidia.dali.auto_aug.core import select, signed_bin
+    from nvidia.dali.pipeline import do_not_convert
+
+    # AutoGraph (DALI conditionals) would trace every entry of the ops' 2002-entry parameter tables
+    # (minutes per pipeline build); the tables and the ops' bodies have no data-dependent `if`
+    suite = do_not_convert(dali_suite)(spec.inc)
+    chosen = [do_not_convert(op.__call__) for op in
+              [suite[k] for k in (ops or tuple(TIMM_OPS.values()))] + [a.identity]]
+    skip = len(chosen) - 1
+    shape = (spec.n,) if spec.n > 1 else ()
+    op_idx = fn.random.uniform(values=list(range(skip)), shape=shape, dtype=types.INT32)
+    if spec.p < 1:
+        on = fn.cast(fn.random.coin_flip(probability=spec.p, shape=shape), dtype=types.INT32)
+        op_idx = on * op_idx + (1 - on) * skip
+    if spec.mstd > 0:
+        mag = fn.random.normal(mean=float(spec.m), stddev=float(spec.mstd), shape=shape)
+        mag = dmath.clamp(mag, 0.0, LEVEL_DENOM)
+        bins = fn.cast(mag * float(QUANT), dtype=types.INT32)  # DALI's cast rounds to nearest
+    else:
+        bins = magnitude_bin(spec.m)
+    sbin = signed_bin(bins, shape=shape)
+    kwargs = dict(shape=[size, size], fill_value=fill_value, interp_type=types.INTERP_LINEAR)
+    for i in range(spec.n):
+        idx, b = (op_idx[i], sbin[i]) if spec.n > 1 else (op_idx, sbin)
+        images = select(chosen, idx, images, magnitude_bin=b, num_magnitude_bins=BINS, **kwargs)
+    return images
