@@ -21,7 +21,7 @@ def test_shipped_configs_load_with_their_recipes():
     s16 = load("configs/vit_s16_imagenet_90ep.yaml")
     assert (s16.model.arch, s16.model.pool, s16.model.pos_embed) == ("vit_small", "avg", "sincos_big_vision")
     assert (s16.train.epochs, s16.optim.warmup_steps, s16.optim.clip_grad) == (90, 10000, 1.0)
-    assert (s16.data.randaugment, s16.train.mixup, s16.peak_lr) == ("2,10", 0.2, 1e-3)
+    assert (s16.data.randaugment, s16.train.mixup, s16.peak_lr) == ("rand-n2-m10-p1", 0.2, 1e-3)
     assert load(DIGITS).model.num_classes == 10
 
 
