@@ -85,8 +85,8 @@ def test_fill_values(mode):
                                        for i in range(64)]))
     apply_erasing(x, boxes, torch.arange(64) * 1000, mode)
     inside = torch.zeros_like(x, dtype=torch.bool)
-    for i, (t, l, h, w) in enumerate(boxes[:, 0].tolist()):
-        inside[i, :, t:t + h, l:l + w] = True
+    for i, (t, lf, h, w) in enumerate(boxes[:, 0].tolist()):
+        inside[i, :, t:t + h, lf:lf + w] = True
     assert (x[~inside] == 7.0).all()
     vals = x[inside]
     if mode == "const":
@@ -95,8 +95,8 @@ def test_fill_values(mode):
         assert abs(vals.mean()) < 0.05 and abs(vals.std() - 1) < 0.05
         assert stats.kstest(vals.numpy(), "norm").pvalue > 1e-3
     else:  # one colour per channel and box
-        for i, (t, l, h, w) in enumerate(boxes[:, 0].tolist()):
-            box = x[i, :, t:t + h, l:l + w].reshape(3, -1)
+        for i, (t, lf, h, w) in enumerate(boxes[:, 0].tolist()):
+            box = x[i, :, t:t + h, lf:lf + w].reshape(3, -1)
             assert (box == box[:, :1]).all()
 
 
