@@ -135,3 +135,11 @@ def test_resume_is_exact_with_deit_options_on(digits_root):
         listing = a.listing if kind == "dali" else a.dataset.listing
         labels = [listing.samples[int(i)][1] for i in np.concatenate(want)]
         assert torch.cat([y for _, y in full]).tolist() == labels, kind
+
+
+def test_repeated_aug_on_shards_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from hpctrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.repeated_aug needs .* data.format=folder"):
+        loaders(tmp_path, "dali", "data.format=wds", "data.repeated_aug=3")

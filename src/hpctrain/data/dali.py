@@ -408,14 +408,14 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":
+        if d.repeated_aug > 1:
+            raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
+                              "stream in shard order: set data.repeated_aug=0 or data.format=folder")
         from hpctrain.data.stage import stage
 
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)
-        if d.repeated_aug > 1:
-            raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
-                              "stream in shard order: set data.repeated_aug=0 or data.format=folder")
         train = DaliLoader(train=True, batch_size=batch, shards=train_sh, **common)
         try:
             val_sh = find_shards(root, "val")
