@@ -81,3 +81,17 @@ def test_torch_loader_reads_the_repeated_list(digits_root):
     (x, y), = list(train)
     want = sampling.train_batches(1438, 32, 1, 2, cfg.train.seed, 2, repeats=3)[19]
     assert torch.equal(y, torch.tensor([train.dataset.listing.samples[i][1] for i in want]))
+
+
+def test_copies_of_a_sample_are_augmented_differently(digits_root):
+    """Each repeat is its own augmentation (DeiT reads the sample again): same label, other pixels."""
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3",
+                        "data.reprob=0.25"])
+    train, _ = build_loaders(cfg, 0, 1, torch.device("cpu"))
+    x, y = next(iter(train))
+    idx = sampling.train_batches(1438, 64, 0, 1, cfg.train.seed, 0, repeats=3)[0]
+    copies = sampling.train_copies(1438, 64, 0, 1, repeats=3)[0]
+    assert copies[:6].tolist() == [0, 1, 2, 0, 1, 2]
+    for j in range(0, 63, 3):
+        assert idx[j] == idx[j + 1] == idx[j + 2] and y[j] == y[j + 1] == y[j + 2]
+        assert not torch.equal(x[j], x[j + 1]) and not torch.equal(x[j + 1], x[j + 2])

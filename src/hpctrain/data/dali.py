@@ -281,12 +281,14 @@ class DaliLoader:
         world size or a resume; WebDataset (order unknown here): from (seed, epoch, rank, position)."""
         a = self.aug
         idx = self.epoch_indices(epoch) if self.listing is not None else None
+        copies = np.concatenate(sampling.train_copies(self.size, self.batch_size, self.rank, self.world,
+                                                      repeats=self.repeats)) if idx is not None else None
 
         def boxes(iteration: int):
             anchors, shapes = [], []
             for j in range(self.batch_size):
                 pos = iteration * self.batch_size + j
-                key = ([*sampling.sample_seed(self.seed, epoch, int(idx[pos])), 0xE5A]
+                key = ([*sampling.sample_seed(self.seed, epoch, int(idx[pos]), int(copies[pos])), 0xE5A]
                        if idx is not None and pos < len(idx) else [self.seed, epoch, self.rank, pos, 0xE5A])
                 b = erasing.erase_boxes(a.img_size, a.img_size, np.random.default_rng(key), a.reprob, a.recount)
                 anchors.append(b[:, :2].reshape(-1).astype(np.float32))

@@ -39,10 +39,20 @@ def train_len(n: int, batch: int, world: int, repeats: int = 0) -> int:
     return n // (batch * world)
 
 
+def train_copies(n: int, batch: int, rank: int, world: int, start: int = 0, repeats: int = 0) -> list[np.ndarray]:
+    """Which repeat (0..k-1) of its sample each element of `train_batches` is: the copies of a sample
+    must be augmented differently (each is its own dataset read in DeiT), so it enters the sample seed."""
+    g, steps = batch * world, train_len(n, batch, world, repeats)
+    if repeats <= 1:
+        return [np.zeros(batch, dtype=np.int64) for _ in range(start, steps)]
+    return [(t * g + rank + world * np.arange(batch)) % repeats for t in range(start, steps)]
+
+
 def eval_indices(n: int, rank: int, world: int) -> np.ndarray:
     return np.arange(rank, n, world)
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> list[int]:
-    """Seed of one sample's augmentation: independent of workers, ranks and resumes."""
-    return [seed, epoch, int(index), 0xA06]
+def sample_seed(seed: int, epoch: int, index: int, copy: int = 0) -> list[int]:
+    """Seed of one sample's augmentation: independent of workers, ranks and resumes. `copy`: which
+    repeat of the sample (data.repeated_aug), each with its own augmentation."""
+    return [seed, epoch, int(index), 0xA06] + ([int(copy)] if copy else [])

@@ -96,9 +96,10 @@ class FolderDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.listing)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int, str, torch.Tensor, int]:
-        """(image, label, path of a bad file skipped for it or '', erase boxes, noise seed)."""
-        index, epoch = item
+    def __getitem__(self, item: tuple[int, int, int]) -> tuple[torch.Tensor, int, str, torch.Tensor, int]:
+        """(index, epoch, repeat) → (image, label, path of a bad file skipped for it or '', erase boxes,
+        noise seed)."""
+        index, epoch, copy = item
         bad = ""
         for attempt in range(len(self.listing)):
             rel, label = self.listing.samples[(index + attempt) % len(self.listing)]
@@ -111,7 +112,7 @@ class FolderDataset(torch.utils.data.Dataset):
                 bad = bad or str(self.listing.root / rel)  # stand in the next sample, deterministically
         boxes, noise_seed = np.zeros((0, 4), dtype=np.int64), 0
         if self.train:
-            rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index))
+            rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index, copy))
             arr = train_transform(img, self.size, rng, self.scale_min, self.hflip, self.interpolation)
             if self.reprob > 0:  # drawn after the crop/flip: reprob=0 leaves those draws as they were
                 boxes = erasing.erase_boxes(self.size, self.size, rng, self.reprob, self.recount)
@@ -122,7 +123,7 @@ class FolderDataset(torch.utils.data.Dataset):
 
 
 class _BatchSampler:
-    """Yields lists of (index, epoch) for the current epoch, from a start batch."""
+    """Yields lists of (index, epoch, repeat) for the current epoch, from a start batch."""
 
     def __init__(self, loader: TorchLoader):
         self.loader = loader
@@ -132,11 +133,13 @@ class _BatchSampler:
         if ld.train:
             batches = sampling.train_batches(len(ld.dataset), ld.batch_size, ld.rank, ld.world,
                                              ld.seed, ld.epoch, ld.start, ld.repeats)
+            copies = sampling.train_copies(len(ld.dataset), ld.batch_size, ld.rank, ld.world, ld.start, ld.repeats)
         else:
             idx = sampling.eval_indices(len(ld.dataset), ld.rank, ld.world)
             batches = [idx[i:i + ld.batch_size] for i in range(0, len(idx), ld.batch_size)]
-        for b in batches:
-            yield [(int(i), ld.epoch) for i in b]
+            copies = [np.zeros(len(b), dtype=np.int64) for b in batches]
+        for b, c in zip(batches, copies):
+            yield [(int(i), ld.epoch, int(k)) for i, k in zip(b, c)]
 
     def __len__(self) -> int:
         return len(self.loader) - self.loader.start
