@@ -94,6 +94,15 @@ class DataConfig:
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
     randaugment: str = opt("", "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
                            "string, e.g. 'rand-m9-mstd0.5-inc1' (DeiT); empty = off (DALI loader)")
+    interpolation: str = opt("bilinear", "resize filter, train crop and val resize (DeiT: bicubic)",
+                             choices=("bilinear", "bicubic"))
+    reprob: float = opt(0.0, "random erasing: probability per training sample, after normalisation "
+                        "(timm RandomErasing; DeiT: 0.25)", lo=0, hi=1)
+    remode: str = opt("pixel", "random erasing fill: pixel = per-pixel N(0,1) noise, rand = one N(0,1) "
+                      "colour per channel, const = 0 (normalised values)", choices=("pixel", "rand", "const"))
+    recount: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
+    repeated_aug: int = opt(0, "repeated augmentation (DeiT RASampler): each drawn sample this many times in "
+                            "an epoch, spread over ranks; 0 or 1 = off (DeiT: 3)", lo=0)
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
     std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
     exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
@@ -133,6 +142,12 @@ class OptimConfig:
     warmup_epochs: float = opt(0.0, "linear warm-up length in epochs", lo=0)
     warmup_steps: int = opt(0, "linear warm-up length in steps (overrides warmup_epochs)", lo=0)
     min_lr: float = opt(1e-6, "cosine floor", lo=0)
+    warmup_lr: float = opt(0.0, "learning rate the linear warm-up starts from (timm warmup_lr_init; DeiT: 1e-6)",
+                           lo=0)
+    cooldown_epochs: float = opt(0.0, "last epochs of train.epochs held at min_lr after the cosine ends "
+                                 "(timm cooldown_epochs)", lo=0)
+    lr_update: str = opt("step", "learning rate set every optimizer step, or once per epoch as DeiT's main.py "
+                         "(timm t_in_epochs; epoch e trains at timm's lr(e-1))", choices=("step", "epoch"))
     schedule: str = opt("cosine", "learning-rate schedule after warm-up", choices=("cosine", "constant"))
     clip_grad: float = opt(0.0, "clip the global gradient norm to this (0: off)", lo=0)
     lamb_adapt: str = opt("all", "LAMB trust ratio on every tensor (the paper) or only on those with weight "

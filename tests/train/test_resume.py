@@ -43,3 +43,18 @@ def test_halt_and_resume_equals_uninterrupted(world, digits_root, tmp_path):
     out = run_ranks(world, digits_args(digits_root, tmp_path, "split", *SETS))
     assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
+
+
+# DeiT-B's data and schedule options (configs/vit_b16_imagenet.yaml): repeated augmentation (20 steps
+# per epoch here: ⌊1438/256⌋·256 / 64), random erasing, bicubic, per-epoch lr from warmup_lr, cool-down.
+DEIT_SETS = ["data.repeated_aug=3", "data.reprob=0.25", "data.interpolation=bicubic", "optim.warmup_lr=1e-6",
+             "optim.lr_update=epoch", "optim.cooldown_epochs=0.5", "train.epochs=2", "train.max_steps=22"]
+
+
+def test_halt_and_resume_equals_uninterrupted_with_deit_options(digits_root, tmp_path):
+    sets = [*SETS, *DEIT_SETS]
+    run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=13"))
+    out = run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets))
+    assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
+    assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))

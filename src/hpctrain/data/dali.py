@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hpctrain.config import Config, ConfigError
-from hpctrain.data import sampling
+from hpctrain.data import erasing, sampling
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_val_listings
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
 from hpctrain.data.wds import WdsShards, find_shards
@@ -59,6 +59,16 @@ class Augment:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     randaugment: RandAugSpec | None
+    interpolation: str = "bilinear"  # data.interpolation
+    reprob: float = 0.0  # data.reprob/remode/recount: random erasing after normalisation
+    remode: str = "pixel"
+    recount: int = 1
+
+    @property
+    def interp(self):
+        from nvidia.dali import types
+
+        return types.INTERP_CUBIC if self.interpolation == "bicubic" else types.INTERP_LINEAR
 
 
 # ----------------------------------------------------------------------------- pipelines
@@ -81,14 +91,29 @@ def crop_args(scale_min: float) -> dict:
     return dict(random_area=[scale_min, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
 
 
-def _train_graph(src: str, reader: dict, aug: Augment, decoder: str):
+def _erase(images, aug: Augment, boxes):
+    """timm's RandomErasing on normalised CHW images. DALI's fn.erase fills a box with one constant, so
+    it erases a mask of ones instead and the images take N(0,1) noise (fn.random.normal, per value for
+    `pixel`, per channel for `rand`) where the mask is 0: x·keep + noise·(1 − keep), exact outside."""
+    from nvidia.dali import fn, types
+
+    anchor, shape = boxes
+    keep = fn.erase(images * 0.0 + 1.0, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
+    if aug.remode == "const":
+        return images * keep
+    dev = "gpu" if images.device == "gpu" else "cpu"
+    size = images.shape(dtype=types.INT32) if aug.remode == "pixel" else [3, 1, 1]
+    noise = fn.random.normal(device=dev, shape=size, dtype=types.FLOAT)
+    return images * keep + noise * (1.0 - keep)
+
+
+def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
     from nvidia.dali import fn, types
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
                                            **crop_args(aug.scale_min))
-    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=types.INTERP_LINEAR,
-                       antialias=True)
+    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=True)
     if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
         from hpctrain.data import randaug
 
@@ -96,10 +121,13 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str):
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
                                       mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
+    if aug.reprob > 0:
+        boxes = fn.external_source(source=erase_source, num_outputs=2, batch=True, dtype=types.FLOAT)
+        images = _erase(images, aug, boxes)
     return images, labels
 
 
-def _val_graph(src: str, reader: dict, aug: Augment, decoder: str):
+def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
     from nvidia.dali import fn, types
 
     from hpctrain.data.torch_loader import val_resize_size
@@ -107,7 +135,7 @@ def _val_graph(src: str, reader: dict, aug: Augment, decoder: str):
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
     images = fn.resize(images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct),
-                       interp_type=types.INTERP_LINEAR, antialias=True)
+                       interp_type=aug.interp, antialias=True)
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                       crop=[aug.img_size, aug.img_size], crop_pos_x=0.5, crop_pos_y=0.5,
                                       mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
@@ -115,8 +143,9 @@ def _val_graph(src: str, reader: dict, aug: Augment, decoder: str):
 
 
 def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_size: int, threads: int,
-                   device: torch.device, seed: int):
-    """A built DALI pipeline: outputs (float CHW images, labels)."""
+                   device: torch.device, seed: int, erase_source=None):
+    """A built DALI pipeline: outputs (float CHW images, labels). erase_source: iteration → (anchors,
+    shapes) of the batch's erase boxes (train with data.reprob > 0)."""
     from nvidia.dali import pipeline_def
 
     gpu = device.type == "cuda"
@@ -125,7 +154,7 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
 
     @pipeline_def(enable_conditionals=bool(train and aug.randaugment))
     def pipe():
-        return graph(src, reader, aug, "mixed" if gpu else "cpu")
+        return graph(src, reader, aug, "mixed" if gpu else "cpu", erase_source)
 
     with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -199,12 +228,12 @@ class DaliLoader:
 
     def __init__(self, *, train: bool, aug: Augment, batch_size: int, rank: int, world: int, seed: int,
                  threads: int, device: torch.device, listing: Listing | None = None,
-                 shards: WdsShards | None = None):
+                 shards: WdsShards | None = None, repeats: int = 0):
         if (listing is None) == (shards is None):
             raise ValueError("give a folder listing or WebDataset shards")
         self.train, self.aug, self.batch_size, self.rank, self.world = train, aug, batch_size, rank, world
         self.seed, self.threads, self.device = seed, threads, device
-        self.listing, self.shards = listing, shards
+        self.listing, self.shards, self.repeats = listing, shards, repeats
         self.size = len(listing) if listing is not None else shards.size
         self.epoch, self.start = 0, 0
         self._next: _Epoch | None = None  # the next epoch's pipeline, built ahead
@@ -217,7 +246,7 @@ class DaliLoader:
     # -- contract
     def __len__(self) -> int:
         if self.train:
-            return sampling.train_len(self.size, self.batch_size, self.world)
+            return sampling.train_len(self.size, self.batch_size, self.world, self.repeats)
         lo, hi = shard_range(self.size, self.rank, self.world)
         return math.ceil((hi - lo) / self.batch_size)
 
@@ -229,12 +258,35 @@ class DaliLoader:
     def epoch_files(self, epoch: int) -> list[tuple[str, int]]:
         """(relative path, label) in the order this rank reads them (folder format)."""
         s = self.listing.samples
+        return [s[int(i)] for i in self.epoch_indices(epoch)]
+
+    def epoch_indices(self, epoch: int):
+        """Sample indices in the order this rank reads them (folder format)."""
         if self.train:
-            idx = np.concatenate(sampling.train_batches(self.size, self.batch_size, self.rank, self.world,
-                                                        self.seed, epoch))
-        else:
-            idx = range(*shard_range(self.size, self.rank, self.world))
-        return [s[int(i)] for i in idx]
+            return np.concatenate(sampling.train_batches(self.size, self.batch_size, self.rank, self.world,
+                                                         self.seed, epoch, repeats=self.repeats))
+        return range(*shard_range(self.size, self.rank, self.world))
+
+    def erase_source(self, epoch: int):
+        """iteration → the batch's erase boxes (anchors, shapes as DALI's fn.erase takes them), drawn
+        per sample from (seed, epoch, sample index) in folder format, so they do not depend on the
+        world size or a resume; WebDataset (order unknown here): from (seed, epoch, rank, position)."""
+        a = self.aug
+        idx = self.epoch_indices(epoch) if self.listing is not None else None
+        copies = np.concatenate(sampling.train_copies(self.size, self.batch_size, self.rank, self.world,
+                                                      repeats=self.repeats)) if idx is not None else None
+
+        def boxes(iteration: int):
+            anchors, shapes = [], []
+            for j in range(self.batch_size):
+                pos = iteration * self.batch_size + j
+                key = ([*sampling.sample_seed(self.seed, epoch, int(idx[pos]), int(copies[pos])), 0xE5A]
+                       if idx is not None and pos < len(idx) else [self.seed, epoch, self.rank, pos, 0xE5A])
+                b = erasing.erase_boxes(a.img_size, a.img_size, np.random.default_rng(key), a.reprob, a.recount)
+                anchors.append(b[:, :2].reshape(-1).astype(np.float32))
+                shapes.append(b[:, 2:].reshape(-1).astype(np.float32))
+            return anchors, shapes
+        return boxes
 
     def _reader(self, epoch: int) -> tuple[dict, list[tuple[str, int]] | None, int]:
         """fn.readers.* arguments, the file order (folder) and the number of real samples."""
@@ -266,7 +318,8 @@ class DaliLoader:
         src = "folder" if self.listing is not None else "wds"
         pipe = build_pipeline(self.train, src, reader, self.aug, batch_size=self.batch_size,
                               threads=self.threads, device=self.device,
-                              seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)))
+                              seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)),
+                              erase_source=self.erase_source(epoch) if self.train and self.aug.reprob > 0 else None)
         meta = pipe.reader_meta("Reader")
         if self.train and src == "folder" and meta["epoch_size"] != real:
             raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
@@ -344,13 +397,17 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     """(train, val) DALI loaders for this rank; val is None when there is no val split."""
     d = cfg.data
     aug = Augment(cfg.model.img_size, d.crop_pct, d.scale_min, d.hflip, tuple(d.mean), tuple(d.std),
-                  parse_randaugment(d.randaugment))
+                  parse_randaugment(d.randaugment), interpolation=d.interpolation, reprob=d.reprob,
+                  remode=d.remode, recount=d.recount)
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":
         if d.val_split == "minival":
             raise ConfigError("data.val_split=minival holds out train images from a folder; shards from "
                               "`data pack` have no minival: use data.format=folder with data.val_split=minival")
+        if d.repeated_aug > 1:
+            raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
+                              "stream in shard order: set data.repeated_aug=0 or data.format=folder")
         from hpctrain.data.stage import stage
 
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
@@ -367,7 +424,7 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
                           "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to")
     train_list, val_list = train_val_listings(d.root, d.val_split, read_exclusions(d.exclude_file))
     _check_classes(len(train_list.classes), cfg, train_list.root)
-    train = DaliLoader(train=True, batch_size=batch, listing=train_list, **common)
+    train = DaliLoader(train=True, batch_size=batch, listing=train_list, repeats=d.repeated_aug, **common)
     if val_list is None:
         return train, None
     return train, DaliLoader(train=False, batch_size=eval_batch, listing=val_list, **common)

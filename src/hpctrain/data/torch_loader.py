@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from hpctrain.data import sampling
+from hpctrain.data import erasing, sampling
 from hpctrain.data.folder import DataError, Listing
 
 log = logging.getLogger("hpctrain")
@@ -59,41 +59,47 @@ def open_rgb(path: Path) -> Image.Image:
     return img.convert("RGB")
 
 
+INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}  # data.interpolation → PIL filter
+
+
 def train_transform(img: Image.Image, size: int, rng: np.random.Generator, scale_min: float,
-                    hflip: float) -> np.ndarray:
+                    hflip: float, interpolation: str = "bilinear") -> np.ndarray:
     box = random_resized_crop_box(img.width, img.height, rng, (scale_min, 1.0))
-    out = img.resize((size, size), Image.BILINEAR, box=box)
+    out = img.resize((size, size), INTERP[interpolation], box=box)
     if rng.random() < hflip:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(out, dtype=np.uint8)
 
 
-def val_transform(img: Image.Image, size: int, crop_pct: float) -> np.ndarray:
+def val_transform(img: Image.Image, size: int, crop_pct: float, interpolation: str = "bilinear") -> np.ndarray:
     short = val_resize_size(size, crop_pct)
     w, h = img.size
     if w <= h:
         nw, nh = short, max(1, int(round(h * short / w)))
     else:
         nw, nh = max(1, int(round(w * short / h))), short
-    img = img.resize((nw, nh), Image.BILINEAR)
+    img = img.resize((nw, nh), INTERP[interpolation])
     x, y = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
     return np.asarray(img.crop((x, y, x + size, y + size)), dtype=np.uint8)
 
 
 class FolderDataset(torch.utils.data.Dataset):
-    """Items are (index, epoch) pairs → (uint8 HWC array, label)."""
+    """Items are (index, epoch) pairs → (uint8 HWC array, label, bad path, erase boxes, noise seed)."""
 
     def __init__(self, listing: Listing, train: bool, img_size: int, seed: int, crop_pct: float,
-                 scale_min: float, hflip: float, skip_bad: bool = False):
+                 scale_min: float, hflip: float, skip_bad: bool = False, interpolation: str = "bilinear",
+                 reprob: float = 0.0, recount: int = 1):
         self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
         self.crop_pct, self.scale_min, self.hflip, self.skip_bad = crop_pct, scale_min, hflip, skip_bad
+        self.interpolation, self.reprob, self.recount = interpolation, reprob, recount
 
     def __len__(self) -> int:
         return len(self.listing)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int, str]:
-        """(image, label, path of a bad file skipped for it or '')."""
-        index, epoch = item
+    def __getitem__(self, item: tuple[int, int, int]) -> tuple[torch.Tensor, int, str, torch.Tensor, int]:
+        """(index, epoch, repeat) → (image, label, path of a bad file skipped for it or '', erase boxes,
+        noise seed)."""
+        index, epoch, copy = item
         bad = ""
         for attempt in range(len(self.listing)):
             rel, label = self.listing.samples[(index + attempt) % len(self.listing)]
@@ -104,16 +110,20 @@ class FolderDataset(torch.utils.data.Dataset):
                 if not self.skip_bad:
                     raise
                 bad = bad or str(self.listing.root / rel)  # stand in the next sample, deterministically
+        boxes, noise_seed = np.zeros((0, 4), dtype=np.int64), 0
         if self.train:
-            rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index))
-            arr = train_transform(img, self.size, rng, self.scale_min, self.hflip)
+            rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index, copy))
+            arr = train_transform(img, self.size, rng, self.scale_min, self.hflip, self.interpolation)
+            if self.reprob > 0:  # drawn after the crop/flip: reprob=0 leaves those draws as they were
+                boxes = erasing.erase_boxes(self.size, self.size, rng, self.reprob, self.recount)
+                noise_seed = int(rng.integers(0, 2**62))
         else:
-            arr = val_transform(img, self.size, self.crop_pct)
-        return torch.from_numpy(arr.copy()), label, bad
+            arr = val_transform(img, self.size, self.crop_pct, self.interpolation)
+        return torch.from_numpy(arr.copy()), label, bad, torch.from_numpy(boxes), noise_seed
 
 
 class _BatchSampler:
-    """Yields lists of (index, epoch) for the current epoch, from a start batch."""
+    """Yields lists of (index, epoch, repeat) for the current epoch, from a start batch."""
 
     def __init__(self, loader: TorchLoader):
         self.loader = loader
@@ -122,12 +132,14 @@ class _BatchSampler:
         ld = self.loader
         if ld.train:
             batches = sampling.train_batches(len(ld.dataset), ld.batch_size, ld.rank, ld.world,
-                                             ld.seed, ld.epoch, ld.start)
+                                             ld.seed, ld.epoch, ld.start, ld.repeats)
+            copies = sampling.train_copies(len(ld.dataset), ld.batch_size, ld.rank, ld.world, ld.start, ld.repeats)
         else:
             idx = sampling.eval_indices(len(ld.dataset), ld.rank, ld.world)
             batches = [idx[i:i + ld.batch_size] for i in range(0, len(idx), ld.batch_size)]
-        for b in batches:
-            yield [(int(i), ld.epoch) for i in b]
+            copies = [np.zeros(len(b), dtype=np.int64) for b in batches]
+        for b, c in zip(batches, copies):
+            yield [(int(i), ld.epoch, int(k)) for i, k in zip(b, c)]
 
     def __len__(self) -> int:
         return len(self.loader) - self.loader.start
@@ -151,10 +163,13 @@ class TorchLoader:
 
     def __init__(self, listing: Listing, *, train: bool, batch_size: int, rank: int, world: int,
                  seed: int, workers: int, device: torch.device, img_size: int, crop_pct: float,
-                 scale_min: float, hflip: float, mean, std, skip_bad: bool = False):
+                 scale_min: float, hflip: float, mean, std, skip_bad: bool = False,
+                 interpolation: str = "bilinear", reprob: float = 0.0, remode: str = "pixel", recount: int = 1,
+                 repeats: int = 0):
         self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
-        self.epoch, self.start = 0, 0
-        self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip, skip_bad)
+        self.epoch, self.start, self.repeats, self.remode = 0, 0, repeats, remode
+        self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip, skip_bad,
+                                     interpolation, reprob if train else 0.0, recount)
         self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
         self.normalize = Normalizer(mean, std, device)
         self.device = device
@@ -169,7 +184,7 @@ class TorchLoader:
 
     def __len__(self) -> int:
         if self.train:
-            return sampling.train_len(len(self.dataset), self.batch_size, self.world)
+            return sampling.train_len(len(self.dataset), self.batch_size, self.world, self.repeats)
         n = len(sampling.eval_indices(len(self.dataset), self.rank, self.world))
         return math.ceil(n / self.batch_size)
 
@@ -178,9 +193,12 @@ class TorchLoader:
         self.epoch, self.start = epoch, start
 
     def __iter__(self):
-        for images, labels, bad in self._dl:
+        for images, labels, bad, boxes, noise_seeds in self._dl:
             for path in filter(None, bad):
                 self.skipped.append(path)
                 log.warning("skipped unreadable image %s (%d skipped so far; data.on_bad_sample=skip)",
                             path, len(self.skipped))
-            yield self.normalize(images), labels.to(self.device, non_blocking=True)
+            x = self.normalize(images)
+            if boxes.shape[1]:
+                erasing.apply_erasing(x, boxes, noise_seeds, self.remode)
+            yield x, labels.to(self.device, non_blocking=True)

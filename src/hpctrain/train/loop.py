@@ -26,7 +26,7 @@ from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, diagno
 from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
-from hpctrain.train.optim import build_optimizer, lr_at, warmup_steps
+from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
 
 log = logging.getLogger("hpctrain")
 
@@ -114,6 +114,7 @@ class Trainer:
                              "data.batch_size or train.accum_steps")
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
+        self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
         self.fsdp = t.parallel == "fsdp" and dist.world_size > 1
         if self.fsdp:
             if t.ema > 0:
@@ -342,8 +343,7 @@ class Trainer:
 
     def train_step(self, batches) -> torch.Tensor:
         """One optimizer step over `accum` micro-batches; returns the mean loss (on device)."""
-        lr = lr_at(self.step, self.cfg.peak_lr, self.warmup, self.total_steps, self.cfg.optim.min_lr,
-                   self.cfg.optim.schedule)
+        lr = self.lr_of(self.step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         total = torch.zeros((), device=self.device)

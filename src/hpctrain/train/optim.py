@@ -45,11 +45,44 @@ def warmup_steps(cfg: Config, steps_per_epoch: int) -> int:
     return cfg.optim.warmup_steps or int(round(cfg.optim.warmup_epochs * steps_per_epoch))
 
 
-def lr_at(step: int, peak: float, warmup: int, total: int, min_lr: float, schedule: str) -> float:
-    """Learning rate of optimizer step `step` (0-based): linear warm-up, then cosine to min_lr."""
+def lr_at(step: int, peak: float, warmup: int, total: int, min_lr: float, schedule: str, *,
+          warmup_lr: float = 0.0, cooldown: int = 0, per_epoch: int = 0) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up from `warmup_lr`, then cosine
+    to min_lr, reached `cooldown` steps before `total` and held there.
+
+    per_epoch = steps per epoch: the rate changes once per epoch, as DeiT's main.py drives timm's
+    CosineLRScheduler (t_in_epochs; `lr_scheduler.step(epoch)` after epoch e sets timm's lr(e) for
+    epoch e+1, so epoch e trains at lr(e-1), and epochs 0 and 1 both at warmup_lr). There the cosine
+    is timm's: over the epochs before the cool-down, counted from epoch 0 (warm-up not subtracted).
+    """
+    if per_epoch:
+        t = max(step // per_epoch - 1, 0)
+        w, end = warmup / per_epoch, (total - cooldown) / per_epoch
+        if t < w:
+            return warmup_lr + t * (peak - warmup_lr) / w
+        if schedule == "constant":
+            return peak
+        return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * t / end)) if t < end else min_lr
     if warmup and step < warmup:
-        return peak * (step + 1) / warmup
-    if schedule == "constant" or total <= warmup:
-        return peak
-    t = min(1.0, (step - warmup) / max(1, total - warmup))
+        return warmup_lr + (peak - warmup_lr) * (step + 1) / warmup
+    end = total - cooldown
+    if schedule == "constant" or end <= warmup:
+        return peak if schedule == "constant" or step < end else min_lr
+    t = min(1.0, (step - warmup) / max(1, end - warmup))
     return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * t))
+
+
+def lr_schedule(cfg: Config, steps_per_epoch: int, total: int):
+    """step → learning rate for this run (optim.* schedule keys)."""
+    o = cfg.optim
+    warmup, cooldown = warmup_steps(cfg, steps_per_epoch), int(round(o.cooldown_epochs * steps_per_epoch))
+    if cooldown >= total:
+        raise ConfigError(f"optim.cooldown_epochs={o.cooldown_epochs:g} leaves no step of the {total} for the "
+                          "cosine; lower it below the training length (train.epochs / train.max_steps)")
+    per_epoch = steps_per_epoch if o.lr_update == "epoch" else 0
+    peak = cfg.peak_lr
+
+    def lr(step: int) -> float:
+        return lr_at(step, peak, warmup, total, o.min_lr, o.schedule, warmup_lr=o.warmup_lr,
+                     cooldown=cooldown, per_epoch=per_epoch)
+    return lr
