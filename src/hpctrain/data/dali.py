@@ -87,7 +87,7 @@ def _read(src, reader: dict):
 def crop_args(scale_min: float) -> dict:
     """fn.decoders.image_random_crop's sampling as timm's RandomResizedCrop: area fraction uniform in
     [scale_min, 1], aspect log-uniform in [3/4, 4/3], 10 attempts, then the whole image with its ratio
-    clamped into range, centred (docs/recipes-augment.md has the measured match)."""
+    clamped into range, centred (docs/recipes.md has the measured match)."""
     return dict(random_area=[scale_min, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
 
 

@@ -5,7 +5,7 @@ memory-efficient kernel on GPUs. Keeping timm's parameter names means pretrained
 in both directions without a renaming table. big_vision's extras are options with names of their
 own, off by default: a pre-logits Dense + tanh (`pre_logits.fc`, timm's old name for it), the final
 LayerNorm on every token before the average pool (`norm`, as timm's `fc_norm=False`), the head's
-init (docs/recipes-bigvision.md).
+init (docs/recipes.md).
 """
 
 from __future__ import annotations

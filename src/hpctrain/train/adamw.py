@@ -11,7 +11,7 @@ value, and only the stored copy is rounded to bf16:
     m_stored = bf16(m)
 
 Weight decay is decoupled as in torch's AdamW (lr·λ); big_vision's wd·schedule equals it with
-λ = wd / base lr (docs/recipes-bigvision.md).
+λ = wd / base lr (docs/recipes.md).
 """
 
 from __future__ import annotations
