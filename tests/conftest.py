@@ -16,11 +16,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, every test on the Slurm cluster runs in one worker: one cluster per session.
-    tryfirst: xdist's worker turns the xdist_group mark into the `@group` suffix of the node id in
-    its own modifyitems hook; marked after that, each test was its own group (two clusters)."""
+    """Under xdist, every test on the Slurm cluster runs in one worker: one cluster per session."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
