@@ -16,11 +16,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, every test on the Slurm cluster runs in one worker: one cluster per session."""
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    """Under xdist, every test on the Slurm cluster runs in one worker: one cluster per session.
+
+    They also go first, so that one worker starts on them at once while the other takes the rest
+    (a group scheduled last would run serially after everything else)."""
+    slurm = [item for item in items if "slurm_cluster" in getattr(item, "fixturenames", ())]
+    for item in slurm:
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+    ids = {id(item) for item in slurm}
+    items[:] = slurm + [item for item in items if id(item) not in ids]
 
 
 @pytest.fixture(scope="session")

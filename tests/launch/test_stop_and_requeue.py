@@ -64,6 +64,21 @@ def submit_job(cluster, container, digits_root, tmp_path, name: str, *args: str)
                   *digits_sets(digits_root, tmp_path, name, *SETS), env=env)
 
 
+def sbatch_job(cluster, container, digits_root, tmp_path, name: str) -> str:
+    """The same job through `sbatch slurm/vit.sbatch` as committed, its tasks in the (fake) image."""
+    prof, env = container
+    image = yaml.safe_load(prof.read_text())["container"]["image"]
+    sets = [f"data.root={digits_root}", f"run.dir={tmp_path}", f"run.name={name}", "train.threads=1", *SETS]
+    env = {**env, "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": image,
+           "HPCTRAIN_SOURCE": str(ROOT / "src" / "hpctrain"), "HPCTRAIN_MODULES": "", "HPCTRAIN_CONTAINER_MODULES": "",
+           "HPCTRAIN_CONFIG": str(ROOT / "configs" / "digits_vit.yaml"), "HPCTRAIN_SET": json.dumps(sets),
+           "OMP_NUM_THREADS": "1"}
+    r = cluster.run("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0",
+                    "--cpus-per-task=1", "--mem=0", f"--partition={cluster.partition}",
+                    f"--output={tmp_path}/{name}-%j.out", str(ROOT / "slurm" / "vit.sbatch"), env=env, cwd=tmp_path)
+    return r.stdout.strip()
+
+
 def assert_same_weights(run: Path, reference: dict) -> None:
     final = ckpt.load(ckpt.list_checkpoints(run)[0])
     assert final["step"] == STEPS
@@ -84,13 +99,16 @@ PATHS = {
     "scancel TERM": (["scancel", "--signal=TERM"], "preemption"),
     "scancel TERM --full": (["scancel", "--signal=TERM", "--full"], None),
     "scontrol requeue": (["scontrol", "requeue"], "preemption"),
+    "vit.sbatch, scancel USR2": (["scancel", "--signal=USR2"], "time_limit"),  # the script's own shell requeues
 }
 
 
 def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
         slurm_cluster, container, digits_root, tmp_path, reference):
-    """Six jobs at once, each stopped one way mid-run; none can run a Slurm command in its tasks."""
-    jobs = {label: submit_job(slurm_cluster, container, digits_root, tmp_path, f"j{i}")
+    """Seven jobs at once (six through submitit, one through `sbatch slurm/vit.sbatch`), each
+    stopped one way mid-run; none can run a Slurm command in its tasks."""
+    jobs = {label: (sbatch_job if label.startswith("vit.sbatch") else submit_job)(
+                slurm_cluster, container, digits_root, tmp_path, f"j{i}")
             for i, label in enumerate(PATHS)}
     runs = {label: tmp_path / f"j{i}" for i, label in enumerate(PATHS)}
     sent = set()
@@ -116,10 +134,14 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
             (req,) = metrics(run, "requeue")
             assert req["requeue"] and req["reason"] == kind and req["job"] == job
         assert_same_weights(run, reference)
-        out = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_0_log.out"))
-        assert "scontrol requeue" not in out.lower() or "failed" not in out.lower(), out
+        script = label.startswith("vit.sbatch")
+        outs = ([tmp_path / f"j{list(PATHS).index(label)}-{job}.out"] if script
+                else (run / "submitit").glob(f"{job}_0_log.out"))
+        out = "".join(p.read_text() for p in outs)
+        assert out and ("scontrol requeue" not in out.lower() or "failed" not in out.lower()), out
         env = json.loads((run / "env.json").read_text())
-        assert env["launcher"] == "submitit-slurm" and env["env"]["SLURM_RESTART_COUNT"] == "1"
+        assert env["launcher"] == ("sbatch-script" if script else "submitit-slurm"), label
+        assert env["env"]["SLURM_RESTART_COUNT"] == "1"
     st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
     assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
     st = hp(slurm_cluster, "status", jobs["scancel USR2 --batch"]).stdout
