@@ -74,7 +74,8 @@ class Report:
 # ---------------------------------------------------------------- versions and GPUs
 
 
-def _dist_versions(prefix: str) -> dict[str, str]:
+def dist_versions(prefix: str) -> dict[str, str]:
+    """Installed distributions whose name starts with `prefix` → version (no import of them)."""
     from importlib import metadata
 
     out = {}
@@ -136,7 +137,7 @@ def versions() -> dict[str, str | None]:
             v["torch_cuda_available"] = bool(torch.cuda.is_available())
         except Exception:
             v["torch_cuda_available"] = False
-    dali = _dist_versions("nvidia-dali")
+    dali = dist_versions("nvidia-dali")
     if dali:
         v["dali_package"] = ", ".join(sorted(dali))
         v["dali"] = ", ".join(dali[k] for k in sorted(dali))

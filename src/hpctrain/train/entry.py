@@ -58,6 +58,17 @@ def _git_commit() -> str | None:
         return None
 
 
+def _dali_version() -> str | None:
+    """DALI's version from the package metadata: importing DALI for it costs every rank ~1 s at
+    start-up (every requeue, too) on runs that use the torch loader."""
+    dali = sys.modules.get("nvidia.dali")
+    if dali is not None:
+        return getattr(dali, "__version__", None)
+    from hpctrain.doctor import dist_versions
+
+    return ", ".join(v for _, v in sorted(dist_versions("nvidia-dali").items())) or None
+
+
 def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
     """Versions, job and host facts for env.json; no secret-looking variables."""
     import torch
@@ -73,12 +84,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
     if device.type == "cuda":
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    try:
-        from nvidia import dali
-
-        rec["dali"] = dali.__version__
-    except ImportError:
-        rec["dali"] = None
+    rec["dali"] = _dali_version()
     keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT",
             "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
     keep += ("LOADEDMODULES", *sorted(k for k in os.environ if k.startswith("HPCTRAIN_")))
