@@ -16,19 +16,18 @@ Weight decay is decoupled as in torch's AdamW (lr·λ); big_vision's wd·schedul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
+from hpctrain.train.moments import AdamFamily
 
-class AdamWLowMu(torch.optim.Optimizer):
+
+class AdamWLowMu(AdamFamily):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, mu_dtype: torch.dtype = torch.bfloat16):
-        if lr <= 0 or eps <= 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"AdamWLowMu: lr {lr}, eps {eps} must be > 0, weight_decay {weight_decay} >= 0, "
-                             f"betas {betas} in [0, 1)")
         self.mu_dtype = mu_dtype
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+        super().__init__(params, lr, betas, eps, weight_decay)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's loader casts every floating state to its parameter's dtype: put the moment back in
@@ -38,34 +37,15 @@ class AdamWLowMu(torch.optim.Optimizer):
             if "exp_avg" in state:
                 state["exp_avg"] = state["exp_avg"].to(self.mu_dtype)
 
-    @torch.no_grad()
-    def step(self, closure: Callable | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamWLowMu does not take sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU: no device sync
-                    state["exp_avg"] = torch.zeros_like(p, dtype=self.mu_dtype, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = float(state["step"])
-                g = p.grad.float()
-                m = state["exp_avg"].float().mul_(beta1).add_(g, alpha=1 - beta1)
-                v = state["exp_avg_sq"]
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
-                if wd:
-                    p.mul_(1 - lr * wd)
-                p.add_((m / (1 - beta1 ** t)).div_(denom).to(p.dtype), alpha=-lr)
-                state["exp_avg"].copy_(m)  # round to nearest even, as jnp.astype
-        return loss
+    def update(self, p: torch.Tensor, state: dict, group: dict, t: float) -> None:
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        g = p.grad.float()
+        m = state["exp_avg"].float().mul_(beta1).add_(g, alpha=1 - beta1)
+        v = state["exp_avg_sq"]
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
+        if wd:
+            p.mul_(1 - lr * wd)
+        p.add_((m / (1 - beta1 ** t)).div_(denom).to(p.dtype), alpha=-lr)
+        state["exp_avg"].copy_(m)  # round to nearest even, as jnp.astype

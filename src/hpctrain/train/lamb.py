@@ -18,52 +18,30 @@ parameters must not be sharded (no FSDP).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
+from hpctrain.train.moments import AdamFamily
 
-class Lamb(torch.optim.Optimizer):
+
+class Lamb(AdamFamily):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, always_adapt: bool = False):
-        if lr <= 0 or eps <= 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"Lamb: lr {lr}, eps {eps} must be > 0, weight_decay {weight_decay} >= 0, "
-                             f"betas {betas} in [0, 1)")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
-                                  "always_adapt": always_adapt})
+        super().__init__(params, lr, betas, eps, weight_decay, always_adapt=always_adapt)
 
-    @torch.no_grad()
-    def step(self, closure: Callable | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-            adapt = wd != 0 or group["always_adapt"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lamb does not take sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU: no device sync
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = float(state["step"])
-                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-                m.lerp_(g, 1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
-                r = (m / (1 - beta1 ** t)).div_(denom)
-                if wd:
-                    r.add_(p, alpha=wd)
-                if adapt:
-                    w_norm, r_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(r)
-                    one = torch.ones_like(w_norm)
-                    r.mul_(torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, one))
-                p.add_(r, alpha=-lr)
-        return loss
+    def update(self, p: torch.Tensor, state: dict, group: dict, t: float) -> None:
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
+        r = (m / (1 - beta1 ** t)).div_(denom)
+        if wd:
+            r.add_(p, alpha=wd)
+        if wd != 0 or group["always_adapt"]:
+            w_norm, r_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(r)
+            one = torch.ones_like(w_norm)
+            r.mul_(torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, one))
+        p.add_(r, alpha=-lr)
