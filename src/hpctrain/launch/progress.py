@@ -127,8 +127,10 @@ def eta(records: list[dict], total: int | None, now: float, waiting: bool, rate:
             return Eta(None, None, "after it starts (no earlier requeue to measure the queue wait by)")
         stops = _timed(records, "stop")
         since = stops[-1]["time"] if stops else max(r["time"] for r in train)
-        at = max(now, since + statistics.fmean(waits)) + left
-        return Eta(at - now, at, f"if it starts as soon as after its {len(waits)} earlier requeue(s)")
+        wait = statistics.fmean(waits)
+        at = max(now, since + wait) + left
+        return Eta(at - now, at, f"counting the mean queue wait of its {len(waits)} earlier requeue(s), "
+                                 f"{duration(wait)}")
     at = train[-1]["time"] + left
     return Eta(max(0.0, at - now), at)
 

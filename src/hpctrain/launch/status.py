@@ -197,8 +197,7 @@ class RunStatus:
         if m.get("straggler"):
             rows.append(("straggler", straggler_text(m["straggler"])))
         if m.get("hang"):
-            h = m["hang"]
-            rows.append(("hang", f"at step {h.get('step')}: rank(s) {h.get('ranks')} behind, at {h.get('where')}"))
+            rows.append(("hang", hang_text(m["hang"])))
         ev = m.get("last_eval")
         if ev:
             text = f"top-1 {ev['top1']:.2f} %, top-5 {ev['top5']:.2f} % at step {ev['step']}"
@@ -229,6 +228,16 @@ def straggler_text(s: dict) -> str:
     return (f"rank {s.get('rank')}" + (f" ({where})" if where else "") +
             (f" {pct:.0f} % slower than the median" if pct is not None else "") +
             f" at step {s.get('step')}: {cause}")
+
+
+def hang_text(h: dict) -> str:
+    ranks = h.get("ranks") or []
+    where = h.get("where") or [None] * len(ranks)
+    named = ", ".join(f"rank {r}" + (f" at {w}" if w else "") for r, w in zip(ranks, where))
+    files = h.get("files") or []
+    more = f" (+{len(files) - 3})" if len(files) > 3 else ""
+    return (f"at step {h.get('step')}: {named or 'no rank named'} not at the latest step"
+            + (f"; dumps: {', '.join(files[:3])}{more}" if files else ""))
 
 
 def summarize(records: list[dict]) -> dict:
