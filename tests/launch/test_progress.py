@@ -154,3 +154,37 @@ def test_watch_prints_a_line_per_new_record_until_done(tmp_path):
     watch(tmp_path, done, {"train": {"max_steps": 30}}, out, every_s=0, poll_s=0)
     assert [line.split(" · ")[0] for line in out.getvalue().splitlines()] == \
         ["step 10/30 (33%)", "step 20/30 (67%)", "step 30/30 (100%)"]
+
+
+def test_watch_on_a_terminal_rewrites_one_line(tmp_path):
+    import os
+    import pty
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(train(10, T0)) + "\n")
+    calls = iter([False, True])
+
+    def done() -> bool:  # the second poll sees step 20, and the job's end
+        last = next(calls)
+        if last:
+            with open(path, "a") as f:
+                f.write(json.dumps(train(20, T0 + 10)) + "\n")
+        return last
+
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as out:
+        watch(tmp_path, done, {"train": {"max_steps": 40}}, out, every_s=60, poll_s=0)
+    chunks = []
+    while True:  # until the closed slave side reads as the end (EIO on Linux)
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    shown = b"".join(chunks).decode()
+    assert shown.endswith("\n") and shown.count("\n") == 1, repr(shown)  # one line, ended once at the end
+    blank, first, second = shown.rstrip("\r\n").split("\r")  # (a terminal may write "\n" as "\r\n")
+    assert not blank and first.startswith("step 10/40 (25%)") and second.startswith("step 20/40 (50%)"), repr(shown)
