@@ -69,6 +69,8 @@ def test_eta_while_running_counts_from_the_last_record():
     assert eta([*recs, {"kind": "end", "time": now, "step": 300, "status": "finished"}], 300, now + 9, False,
                2.0) == type(e)(0.0, now, "finished")
     assert eta(recs, None, now, False, 2.0).seconds is None
+    more = [*recs, {"kind": "end", "time": now, "step": 100, "status": "finished"}, train(110, now + 30)]
+    assert eta(more, 300, now + 30, False, 2.0).seconds == pytest.approx(190 / 2.0)  # resumed for more steps
 
 
 def requeued_timeline(wait_s: float, step_s: float) -> list[dict]:

@@ -111,8 +111,8 @@ def eta(records: list[dict], total: int | None, now: float, waiting: bool, rate:
     waits (or now, if that is already past), then the steps left; with no past requeue to
     measure a wait by, only "after it starts".
     """
-    end = next((r for r in reversed(records) if r.get("kind") == "end"), None)
-    if end is not None and end.get("status") == "finished":
+    end = next((r for r in reversed(records) if r.get("kind") in ("end", "train")), None)  # a later train: resumed
+    if end is not None and end.get("kind") == "end" and end.get("status") == "finished":
         return Eta(0.0, end.get("time"), "finished")
     train = _timed(records, "train")
     if not train or rate is None:
@@ -125,8 +125,7 @@ def eta(records: list[dict], total: int | None, now: float, waiting: bool, rate:
         waits = requeue_waits(records, rate)
         if not waits:
             return Eta(None, None, "after it starts (no earlier requeue to measure the queue wait by)")
-        stops = _timed(records, "stop")
-        since = stops[-1]["time"] if stops else max(r["time"] for r in train)
+        since = max(r["time"] for r in [*train[-1:], *_timed(records, "stop")[-1:]])  # stopped, or crashed
         wait = statistics.fmean(waits)
         at = max(now, since + wait) + left
         return Eta(at - now, at, f"counting the mean queue wait of its {len(waits)} earlier requeue(s), "

@@ -272,7 +272,7 @@ def summarize(records: list[dict]) -> dict:
         elif kind == "hang":
             out["hang"] = rec
         if kind == "train":
-            out["hang"] = None  # steps after a diagnosed hang: it is over
+            out["hang"] = out["end"] = None  # steps after a diagnosed hang, or an end (resumed for more steps)
         if kind in ("train", "eval") and out.get("stopped_at") is not None and rec.get("step", 0) > out["stopped_at"]:
             out["stopped_at"] = None  # resumed past the stop
     out["straggler"] = recent_straggler(records)
