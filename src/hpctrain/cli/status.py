@@ -26,10 +26,23 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         import json
 
-        print(json.dumps(st.facts(), indent=1))
+        print(json.dumps(strict_json(st.facts()), indent=1))
     else:
         print(st.text())
     return 1 if st.state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else 0
+
+
+def strict_json(v):
+    """NaN and infinities (a diverged loss) as null: JSON has no such numbers, and jq refuses them."""
+    import math
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: strict_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [strict_json(x) for x in v]
+    return v
 
 
 def logs(args: argparse.Namespace) -> int:

@@ -200,7 +200,7 @@ class RunStatus:
             rows.append(("hang", hang_text(m["hang"])))
         ev = m.get("last_eval")
         if ev:
-            text = f"top-1 {ev['top1']:.2f} %, top-5 {ev['top5']:.2f} % at step {ev['step']}"
+            text = f"top-1 {ev['top1']:.2f} %, top-5 {ev.get('top5', float('nan')):.2f} % at step {ev.get('step')}"
             if ev.get("ema_top1") is not None:
                 text += f" (EMA top-1 {ev['ema_top1']:.2f} %)"
             rows.append(("last eval", text))
@@ -250,7 +250,7 @@ def summarize(records: list[dict]) -> dict:
         if kind == "train":
             out.update(step=rec.get("step"), epoch=rec.get("epoch", 0), loss=rec.get("loss"),
                        images_per_s=rec.get("images_per_s"), mfu=rec.get("mfu"))
-        elif kind == "eval":
+        elif kind == "eval" and rec.get("top1") is not None:  # (a run without a val set records none)
             out.update(top1=rec.get("top1"), eval_step=rec.get("step"))
             out["last_eval"] = {k: rec[k] for k in ("step", "top1", "top5", "loss", "ema_top1", "ema_top5")
                                 if rec.get(k) is not None}
