@@ -74,3 +74,15 @@ def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
             f"from hpctrain.cli import main; raise SystemExit(main(['status', {str(run)!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and f"ETA            finished at {iso(end['time'])}" in r.stdout, r.stdout + r.stderr
+
+
+def test_status_json_is_strict_json_with_a_diverged_loss(tmp_path, capsys):
+    import argparse
+
+    from hpctrain.cli.status import status
+
+    rec = {"kind": "train", "time": T0, "step": 3, "epoch": 0.1, "loss": float("nan"), "images_per_s": 10.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec) + "\n")  # Python writes NaN, as the Trainer would
+    assert status(argparse.Namespace(target=str(tmp_path), json=True)) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))["loss"] is None
