@@ -220,7 +220,7 @@ def watch(run_dir: Path, done: Callable[[], bool], config: dict, out: TextIO = s
     line when the step moved and `every_s` has passed (CI logs keep a trace); a last one at the end."""
     tail = MetricsTail(Path(run_dir) / "metrics.jsonl")
     tty = out.isatty()
-    shown, shown_n, shown_at = "", 0, 0.0
+    shown, shown_at = "", 0.0
     while True:
         finished = done()
         records = tail.poll()
@@ -230,10 +230,11 @@ def watch(run_dir: Path, done: Callable[[], bool], config: dict, out: TextIO = s
             out.write("\r" + line[:width].ljust(min(width, len(shown))))
             out.flush()
             shown = line
-        elif line and len(records) != shown_n and (finished or time.monotonic() - shown_at >= every_s):
+        elif (line and line.split(" · ")[0] != shown.split(" · ")[0]  # a new step, not only a new eval
+              and (finished or time.monotonic() - shown_at >= every_s)):
             out.write(line + "\n")
             out.flush()
-            shown_n, shown_at = len(records), time.monotonic()
+            shown, shown_at = line, time.monotonic()
         if finished:
             if tty and shown:
                 out.write("\n")
