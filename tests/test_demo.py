@@ -17,6 +17,11 @@ def test_demo_trains_digits_to_95_percent(tmp_path):
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "wrote the digits dataset" in r.stdout
+    # rank 0's progress while it trains (plain lines: not a terminal), its total the Trainer's
+    before, summary = r.stdout.split("hpctrain summary")
+    progress = re.findall(r"^step (\d+)/(\d+) \(\d+%\) · epoch [\d.]+ · loss [\d.]+ · \d+ img/s", before, re.M)
+    assert len(progress) >= 2 and int(progress[0][0]) < int(progress[-1][0]), r.stdout[:3000]
+    assert "/".join(progress[-1]) == re.search(r"steps\s+(\d+/\d+)", summary).group(1), r.stdout[-3000:]
     top1 = float(re.search(r"final val top-1: ([\d.]+) % \(359 images\)", r.stdout).group(1))
     assert top1 >= 95.0, r.stdout
     run = tmp_path / "runs" / "digits_vit"

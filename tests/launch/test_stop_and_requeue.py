@@ -188,6 +188,7 @@ def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(
     out = waiter.communicate(timeout=300)[0]
     assert waiter.returncode == 1, out
     assert "FAILED" in out and "not requeued" in out and "max_requeues=0" in out, out
+    assert re.search(r"^step \d+/\d+ \(\d+%\) · epoch", out.split("\nhpctrain status\n")[0], re.M), out  # progress
     st = hp(slurm_cluster, "status", job)
     assert st.returncode == 1 and "max_requeues=0" in st.stdout
     shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*log*"))  # batch shell's output too

@@ -1,4 +1,4 @@
-"""`hpctrain status RUN_OR_JOB` and `hpctrain logs RUN_OR_JOB [-f] [--rank R]`."""
+"""`hpctrain status RUN_OR_JOB [--json]` and `hpctrain logs RUN_OR_JOB [-f] [--rank R]`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("status", help="state, requeues, last step and metrics of a run or Slurm job",
-                       description=__doc__)
+    p = sub.add_parser("status", help="state, progress, ETA, speed, straggler, last eval and checkpoint of a "
+                                      "run or Slurm job", description=__doc__)
     p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
+    p.add_argument("--json", action="store_true", help="print one JSON object (machine names) for scripts")
     p.set_defaults(func=status)
     p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank",
                        description=__doc__)
@@ -22,8 +23,26 @@ def status(args: argparse.Namespace) -> int:
     from hpctrain.launch.status import run_status
 
     st = run_status(args.target)
-    print(st.text())
+    if args.json:
+        import json
+
+        print(json.dumps(strict_json(st.facts()), indent=1))
+    else:
+        print(st.text())
     return 1 if st.state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else 0
+
+
+def strict_json(v):
+    """NaN and infinities (a diverged loss) as null: JSON has no such numbers, and jq refuses them."""
+    import math
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: strict_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [strict_json(x) for x in v]
+    return v
 
 
 def logs(args: argparse.Namespace) -> int:

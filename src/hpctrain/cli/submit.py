@@ -80,8 +80,12 @@ def main(args: argparse.Namespace) -> int:
     print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
     if not args.wait:
         return 0
-    from hpctrain.launch.status import run_status, wait_job
+    from hpctrain.config import to_dict
+    from hpctrain.launch.progress import watch
+    from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
 
+    watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(cfg), poll_s=2.0,
+          global_batch=cfg.data.batch_size)  # rank 0's progress line while it waits
     state = wait_job(sub.job_id)
     print(run_status(str(sub.run_dir)).text())
     return 0 if state == "COMPLETED" else 1
@@ -184,6 +188,10 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
     print(f"follow the logs: {sub.log_hint}", flush=True)
+    from hpctrain.config import to_dict
+    from hpctrain.launch.progress import watch
+
+    watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
     results = wait_local(sub)
     summary = results[0]
     print(summary_table(summary))

@@ -7,13 +7,16 @@ progress from the run's metrics.jsonl. No torch: this runs on login nodes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 from hpctrain.launch.submit import LaunchError
 from hpctrain.train.metrics import read_metrics, table
 
@@ -118,6 +121,12 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
                       "sbatch printed")
 
 
+# Slurm states of a job waiting for an allocation (squeue(1), JOB STATE CODES:
+# https://slurm.schedmd.com/squeue.html): PENDING, REQUEUED / REQUEUE_HOLD / REQUEUE_FED while a
+# requeued job goes back to pending, CONFIGURING while its nodes boot.
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
+
+
 @dataclass
 class RunStatus:
     run_dir: Path | None
@@ -127,9 +136,36 @@ class RunStatus:
     requeues: int = 0
     nodes: str = ""
     metrics: dict = field(default_factory=dict)
+    total_steps: int | None = None
+    steps_per_s: float | None = None
+    eta: Eta = field(default_factory=lambda: Eta(None, None, "no metrics yet"))
+    now: float = field(default_factory=time.time)
+
+    def age(self, t: float | None) -> float | None:
+        return None if t is None else max(0.0, self.now - t)
+
+    def facts(self) -> dict:
+        """Everything `text` shows, by machine names (`hpctrain status --json`)."""
+        m = self.metrics
+        not_requeued = m.get("not_requeued")
+        return {
+            "state": self.state, "job_id": self.job_id, "executor": self.executor,
+            "run_dir": str(self.run_dir) if self.run_dir else None, "nodes": self.nodes or None,
+            "requeues": self.requeues, "preemptions": m.get("preemptions", 0),
+            "time_limits": m.get("time_limits", 0), "stopped_at": m.get("stopped_at"),
+            "stop_reason": m.get("stop_reason") if m.get("stopped_at") is not None else None,
+            "not_requeued": {"step": not_requeued[0], "why": not_requeued[1]} if not_requeued else None,
+            "step": m.get("step"), "total_steps": self.total_steps, "epoch": m.get("epoch"),
+            "loss": m.get("loss"), "images_per_s": m.get("images_per_s"), "mfu": m.get("mfu"),
+            "steps_per_s": self.steps_per_s, "last_record_age_s": self.age(m.get("last_time")),
+            "eta_s": self.eta.seconds, "eta_at": iso(self.eta.at), "eta_note": self.eta.note or None,
+            "straggler": m.get("straggler"), "hang": m.get("hang"), "last_eval": m.get("last_eval"),
+            "checkpoint": m.get("checkpoint"), "checkpoint_step": m.get("checkpoint_step"),
+            "checkpoint_age_s": self.age(m.get("checkpoint_time")),
+        }
 
     def text(self) -> str:
-        m = self.metrics
+        m, f = self.metrics, self.facts()
         state = self.state
         if m.get("stopped_at") is not None and not m.get("not_requeued"):  # last word: a stop, not an end
             state += f" (stopped at step {m['stopped_at']}: {m.get('stop_reason')}, not resumed yet)"
@@ -145,26 +181,81 @@ class RunStatus:
         if self.nodes:
             rows.append(("nodes", self.nodes))
         if m.get("step") is not None:
-            rows.append(("last step", f"{m['step']} (epoch {m.get('epoch', 0):.2f})"))
+            total = f"/{self.total_steps} ({100 * m['step'] / self.total_steps:.0f} %)" if self.total_steps else ""
+            ago = f", logged {duration(f['last_record_age_s'])} ago" if f["last_record_age_s"] is not None else ""
+            rows.append(("last step", f"{m['step']}{total}, epoch {m.get('epoch') or 0:.2f}{ago}"))
         if m.get("loss") is not None:
             rows.append(("train loss", f"{m['loss']:.4f}"))
-        if m.get("top1") is not None:
-            rows.append(("val top-1", f"{m['top1']:.2f} % (step {m['eval_step']})"))
+        speed = [f"{m['images_per_s']:.0f} images/s"] if m.get("images_per_s") is not None else []
+        if self.steps_per_s:
+            speed.append(f"{self.steps_per_s:.3g} steps/s")
+        if m.get("mfu") is not None:
+            speed.append(f"MFU {100 * m['mfu']:.1f} %")
+        if speed:
+            rows.append(("speed", ", ".join(speed)))
+        rows.append(("ETA", eta_text(self.eta)))
+        if m.get("straggler"):
+            rows.append(("straggler", straggler_text(m["straggler"])))
+        if m.get("hang"):
+            rows.append(("hang", hang_text(m["hang"])))
+        ev = m.get("last_eval")
+        if ev:
+            text = f"top-1 {ev['top1']:.2f} %, top-5 {ev.get('top5', float('nan')):.2f} % at step {ev.get('step')}"
+            if ev.get("ema_top1") is not None:
+                text += f" (EMA top-1 {ev['ema_top1']:.2f} %)"
+            rows.append(("last eval", text))
         if m.get("checkpoint"):
-            rows.append(("checkpoint", m["checkpoint"]))
+            age = f", {duration(f['checkpoint_age_s'])} ago" if f["checkpoint_age_s"] is not None else ""
+            rows.append(("checkpoint", f"{m['checkpoint']} (step {m.get('checkpoint_step')}{age})"))
         return table(rows, "hpctrain status")
 
 
-def metrics_summary(run_dir: Path) -> dict:
+def eta_text(e: Eta) -> str:
+    if e.note == "finished":
+        return f"finished at {iso(e.at)}" if e.at else "finished"
+    if e.seconds is None:
+        return e.note
+    return f"{duration(e.seconds)} (at {iso(e.at)})" + (f", {e.note}" if e.note else "")
+
+
+def straggler_text(s: dict) -> str:
+    where = ", ".join(x for x in (f"host {s['host']}" if s.get("host") else "",
+                                  f"GPU {s['gpu']}" if s.get("gpu") is not None else "") if x)
+    cause = s.get("cause") or "?"
+    if cause == "data" and s.get("data_wait_s") is not None:
+        cause += f" (waits {s['data_wait_s']:.3g} s per step for data)"
+    pct = s.get("slower_pct")
+    return (f"rank {s.get('rank')}" + (f" ({where})" if where else "") +
+            (f" {pct:.0f} % slower than the median" if pct is not None else "") +
+            f" at step {s.get('step')}: {cause}")
+
+
+def hang_text(h: dict) -> str:
+    ranks = h.get("ranks") or []
+    where = h.get("where") or [None] * len(ranks)
+    named = ", ".join(f"rank {r}" + (f" at {w}" if w else "") for r, w in zip(ranks, where))
+    files = h.get("files") or []
+    more = f" (+{len(files) - 3})" if len(files) > 3 else ""
+    return (f"at step {h.get('step')}: {named or 'no rank named'} not at the latest step"
+            + (f"; dumps: {', '.join(files[:3])}{more}" if files else ""))
+
+
+def summarize(records: list[dict]) -> dict:
+    """The run's last word on each thing `hpctrain status` shows, from its metrics records."""
     out: dict = {}
-    for rec in read_metrics(run_dir / "metrics.jsonl"):
+    for rec in records:
         kind = rec.get("kind")
+        if isinstance(rec.get("time"), (int, float)):
+            out["last_time"] = rec["time"]
         if kind == "train":
-            out.update(step=rec.get("step"), epoch=rec.get("epoch", 0), loss=rec.get("loss"))
-        elif kind == "eval":
+            out.update(step=rec.get("step"), epoch=rec.get("epoch", 0), loss=rec.get("loss"),
+                       images_per_s=rec.get("images_per_s"), mfu=rec.get("mfu"))
+        elif kind == "eval" and rec.get("top1") is not None:  # (a run without a val set records none)
             out.update(top1=rec.get("top1"), eval_step=rec.get("step"))
+            out["last_eval"] = {k: rec[k] for k in ("step", "top1", "top5", "loss", "ema_top1", "ema_top5")
+                                if rec.get(k) is not None}
         elif kind == "checkpoint":
-            out["checkpoint"] = rec.get("path")
+            out.update(checkpoint=rec.get("path"), checkpoint_step=rec.get("step"), checkpoint_time=rec.get("time"))
         elif kind == "stop":
             out["stops"] = out.get("stops", 0) + 1
             out["stopped_at"], out["stop_reason"] = rec.get("step"), rec.get("stop_kind") or rec.get("reason")
@@ -178,21 +269,71 @@ def metrics_summary(run_dir: Path) -> dict:
         elif kind == "end":
             out["end"] = rec.get("status")
             out["stopped_at"] = None
+        elif kind == "hang":
+            out["hang"] = rec
+        if kind == "train":
+            out["hang"] = out["end"] = None  # steps after a diagnosed hang, or an end (resumed for more steps)
         if kind in ("train", "eval") and out.get("stopped_at") is not None and rec.get("step", 0) > out["stopped_at"]:
             out["stopped_at"] = None  # resumed past the stop
+    out["straggler"] = recent_straggler(records)
     return out
 
 
-def run_status(target: str) -> RunStatus:
+def metrics_summary(run_dir: Path) -> dict:
+    return summarize(read_metrics(run_dir / "metrics.jsonl"))
+
+
+def local_state(run_dir: Path) -> str | None:
+    """RUNNING while the process that holds the run's lock (train.rundir) lives on this host."""
+    holder = read_json(run_dir / ".lock")
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return None
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except OSError:  # alive, another user's
+        pass
+    return "RUNNING"
+
+
+def progress_of(run_dir: Path | None, records: list[dict], state: str, metrics: dict, now: float
+                ) -> tuple[int | None, float | None, Eta]:
+    """(total steps, steps/s, ETA) of a run in `state`."""
+    config = read_config(run_dir) if run_dir else {}
+    total = total_steps(config, records)
+    rate = steps_per_s(records, (config.get("data") or {}).get("batch_size"))
+    if state in TERMINAL and metrics.get("end") != "finished":
+        return total, rate, Eta(None, None, f"none: the job ended ({state})")
+    waiting = state in WAITING or (metrics.get("stopped_at") is not None and not metrics.get("not_requeued"))
+    return total, rate, eta(records, total, now, waiting, rate)
+
+
+def read_config(run_dir: Path) -> dict:
+    """The run's resolved config.yaml as plain data ({} when absent or unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def run_status(target: str, now: float | None = None) -> RunStatus:
+    now = time.time() if now is None else now
     run_dir, job_id, executor = resolve(target)
-    metrics = metrics_summary(run_dir) if run_dir else {}
+    records = read_metrics(run_dir / "metrics.jsonl") if run_dir else []
+    metrics = summarize(records)
     rows = sacct_rows(job_id) if job_id and executor == "slurm" else []
     if rows:
         state, requeues, nodes = rows[-1]["State"], len(rows) - 1, rows[-1].get("NodeList", "")
     else:  # local runs, or no accounting: what the run itself wrote
-        state = {"finished": "COMPLETED"}.get(metrics.get("end"), "UNKNOWN" if job_id else "NO JOB")
+        state = {"finished": "COMPLETED"}.get(metrics.get("end")) or (run_dir and local_state(run_dir)) \
+            or ("UNKNOWN" if job_id else "NO JOB")
         requeues, nodes = metrics.get("stops", 0), ""
-    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics)
+    total, rate, e = progress_of(run_dir, records, state, metrics, now)
+    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now)
 
 
 def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None]:

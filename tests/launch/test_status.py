@@ -1,0 +1,88 @@
+"""`hpctrain status`: ETA, speed, straggler, last eval and checkpoint age, as text and --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.launch.progress import duration, iso
+from hpctrain.launch.status import run_status
+from tests.helpers import digits_args, hpctrain, run_metrics, run_ranks
+
+T0 = 1_700_000_000.0
+
+
+def test_status_of_a_stopped_run_waiting_for_its_requeue(tmp_path):
+    """Two stops; the first one's queue wait (600 s) predicts the second's; straggler and hang shown."""
+    recs = [{"kind": "train", "time": T0 + 5 * i, "step": 10 * i, "epoch": i / 2, "loss": 2.0, "images_per_s": 128.0}
+            for i in range(1, 5)]  # 2 steps/s, 20 steps per epoch
+    recs += [{"kind": "eval", "time": T0 + 21, "step": 40, "epoch": 2.0, "top1": 61.0, "top5": 93.5, "loss": 1.2},
+             {"kind": "checkpoint", "time": T0 + 22, "step": 40, "path": "ck/step-40"},
+             {"kind": "stop", "time": T0 + 22, "step": 40, "reason": "preempted", "stop_kind": "time_limit"},
+             {"kind": "requeue", "time": T0 + 22, "step": 40, "requeue": True, "reason": "time_limit"}]
+    resumed = T0 + 22 + 600  # back after 600 s in the queue, then 10 steps to the next record
+    recs += [{"kind": "train", "time": resumed + 5 * i, "step": 40 + 10 * i, "epoch": 2 + i / 2, "loss": 1.5,
+              "images_per_s": 128.0, "mfu": 0.35} for i in range(1, 3)]
+    recs += [{"kind": "straggler", "time": resumed + 10, "step": 60, "rank": 3, "host": "n2", "gpu": 1,
+              "step_time_s": 0.7, "median_s": 0.5, "slower_pct": 40.0, "cause": "data", "data_wait_s": 0.2},
+             {"kind": "hang", "time": resumed + 70, "step": 60, "ranks": [3], "where": ["loader.py:88"],
+              "files": ["logs/stack-rank-3.txt"]},
+             {"kind": "stop", "time": resumed + 80, "step": 60, "reason": "preempted", "stop_kind": "preemption"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "config.yaml").write_text("train:\n  epochs: 10\n  max_steps: 0\ndata:\n  batch_size: 64\n")
+    (tmp_path / "job.json").write_text(json.dumps({"job_id": "7", "executor": "local"}))
+    now = resumed + 180  # the queue wait of the second stop is 100 s old
+    st = run_status(str(tmp_path), now=now)
+    f = st.facts()
+    left = (200 - 60) / 2.0
+    assert f["total_steps"] == 200 and f["steps_per_s"] == 2.0 and f["stopped_at"] == 60
+    at = resumed + 80 + 600 + left  # the second stop + the first one's queue wait + the steps left
+    assert f["eta_s"] == pytest.approx(at - now) and f["eta_at"] == iso(at)
+    assert f["checkpoint_age_s"] == now - (T0 + 22) and f["last_eval"]["top5"] == 93.5
+    assert f["mfu"] == 0.35 and f["straggler"]["rank"] == 3 and f["hang"]["ranks"] == [3]
+    text = st.text()
+    assert f"ETA            {duration(f['eta_s'])} (at {f['eta_at']}), counting the mean queue wait of its 1 earlier " \
+        "requeue(s), 10m00s" in text
+    assert "speed          128 images/s, 2 steps/s, MFU 35.0 %" in text
+    assert "straggler      rank 3 (host n2, GPU 1) 40 % slower than the median at step 60: data" in text
+    assert "hang           at step 60: rank 3 at loader.py:88 not at the latest step; dumps: logs/stack-rank-3.txt" \
+        in text
+    assert "last eval      top-1 61.00 %, top-5 93.50 % at step 40" in text
+    assert f"checkpoint     ck/step-40 (step 40, {duration(now - T0 - 22)} ago)" in text
+    assert "last step      60/200 (30 %), epoch 3.00" in text
+
+
+def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
+    run_ranks(1, digits_args(digits_root, tmp_path, "st", "train.max_steps=6", "train.log_every=2",
+                             "train.ckpt_every=3"))
+    run = tmp_path / "st"
+    r = hpctrain("status", str(run), "--json")
+    assert r.returncode == 0, r.stderr
+    f = json.loads(r.stdout)
+    train, (end,) = run_metrics(run, "train"), run_metrics(run, "end")
+    ckpt = run_metrics(run, "checkpoint")[-1]
+    assert (f["state"], f["step"], f["total_steps"], f["loss"]) == ("COMPLETED", 6, 6, train[-1]["loss"])
+    assert f["images_per_s"] == train[-1]["images_per_s"] and f["mfu"] == train[-1].get("mfu")
+    assert (f["eta_s"], f["eta_note"], f["eta_at"]) == (0.0, "finished", iso(end["time"]))
+    assert f["last_eval"]["step"] == 6 and f["last_eval"]["top1"] == end["top1"]
+    assert (f["checkpoint"], f["checkpoint_step"]) == (ckpt["path"], 6) and f["checkpoint_age_s"] >= 0
+    assert f["straggler"] is None and f["requeues"] == 0
+    code = ("import sys; sys.modules['torch'] = None\n"  # a login node's status: no torch
+            f"from hpctrain.cli import main; raise SystemExit(main(['status', {str(run)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"ETA            finished at {iso(end['time'])}" in r.stdout, r.stdout + r.stderr
+
+
+def test_status_json_is_strict_json_with_a_diverged_loss(tmp_path, capsys):
+    import argparse
+
+    from hpctrain.cli.status import status
+
+    rec = {"kind": "train", "time": T0, "step": 3, "epoch": 0.1, "loss": float("nan"), "images_per_s": 10.0}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec) + "\n")  # Python writes NaN, as the Trainer would
+    assert status(argparse.Namespace(target=str(tmp_path), json=True)) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))["loss"] is None
