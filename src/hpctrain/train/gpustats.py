@@ -52,6 +52,7 @@ class NvmlSampler:
     """
 
     FIELDS = ("util_pct", "mem_used_gb", "power_w", "sm_clock_mhz")
+    _said = False  # the reason for no readings is logged once per process
 
     def __init__(self, nvml, handles: list, interval_s: float):
         self._nvml, self._handles, self.interval_s = nvml, handles, interval_s
@@ -72,7 +73,9 @@ class NvmlSampler:
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         except Exception as e:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, driver errors
-            log.debug("no NVML GPU readings: %s", e)
+            if not NvmlSampler._said:
+                log.debug("no NVML GPU readings: %s", e)
+                NvmlSampler._said = True
             return None
         if not handles:
             pynvml.nvmlShutdown()
