@@ -18,7 +18,7 @@
 #   --steps N         timed steps per case (default 30; smoke 2)
 #   --warmup N        untimed steps first, compilation included (default 5; smoke 1)
 #   --budget-s S      wall-clock budget for all cases (default 420); cases that would not fit are skipped
-#   --peak-tflops X   bf16 peak of the GPU for MFU (default: table of known GPUs; H200 = 790)
+#   --peak-tflops X   dense-bf16 spec peak of the GPU for MFU (default: table of known GPUs; H200 = 989)
 #
 # Run from the repository root: bash bench/gpu.sh --out "$OUT". The repo's src/ is used through
 # PYTHONPATH, whatever hpctrain is installed.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["case", "impl", "mode", "batch", "status", "images_per_s", "step_time_ms", "mfu_pct",
-           "peak_mem_gb", "ratio_to_timm", "sdpa_backend", "fused_adamw", "host_syncs_per_step",
+           "mfu_achievable_pct", "peak_mem_gb", "ratio_to_timm", "sdpa_backend", "fused_adamw", "host_syncs_per_step",
            "loss", "wall_s"]
 TINY = ["model.depth=2", "model.width=64", "model.heads=2", "model.img_size=32", "model.patch_size=8",
         "model.num_classes=10"]
@@ -89,6 +89,8 @@ def run_case(c: dict, a: argparse.Namespace, left: float, log) -> dict:
     res = json.loads(lines[-1])
     row.update(status="ok", images_per_s=f"{res['images_per_s']:.1f}", step_time_ms=f"{res['step_time_ms']:.2f}",
                mfu_pct="" if res.get("mfu") is None else f"{100 * res['mfu']:.1f}",
+               mfu_achievable_pct=("" if res.get("mfu_of_achievable") is None
+                                   else f"{100 * res['mfu_of_achievable']:.1f}"),
                peak_mem_gb=f"{res['peak_mem_mb'] / 1024:.2f}", sdpa_backend=res.get("sdpa_backend", ""),
                fused_adamw=res.get("fused_adamw", ""), host_syncs_per_step=res.get("host_syncs_per_step"),
                loss=f"{res['loss']:.4f}")
@@ -123,9 +125,9 @@ def environment(a: argparse.Namespace) -> dict:
 
 
 def table(rows: list[dict], env: dict) -> str:
-    cols = ["case", "status", "images_per_s", "mfu_pct", "peak_mem_gb", "ratio_to_timm", "step_time_ms",
-            "sdpa_backend"]
-    heads = ["case", "status", "images/s", "MFU %", "peak GB", "× timm", "ms/step", "SDPA"]
+    cols = ["case", "status", "images_per_s", "mfu_pct", "mfu_achievable_pct", "peak_mem_gb", "ratio_to_timm",
+            "step_time_ms", "sdpa_backend"]
+    heads = ["case", "status", "images/s", "MFU %", "% achievable", "peak GB", "× timm", "ms/step", "SDPA"]
     cells = [[str(r[c]) for c in cols] for r in rows]
     w = [max(len(h), *(len(x[i]) for x in cells)) for i, h in enumerate(heads)]
     title = (f"bench/gpu.sh — {env['gpu'] or 'CPU smoke (no CUDA)'}; torch {env['torch']}, "

@@ -34,11 +34,12 @@ def test_other_shapes_follow_the_formula():
 
 
 def test_mfu_arithmetic():
-    # 4,100 images/s of ViT-B/16 on one H200 (790 TFLOP/s) is the 55 % target
+    # 4,100 images/s of ViT-B/16 on one H200: 43.7 % MFU against the 989 TFLOP/s dense-bf16 spec
+    # peak (the 55 % is of the ~790 TFLOP/s a large matmul reaches there: tests/train/test_speed.py)
     train = flops.model_flops(load(data={"model": {"arch": "vit_base"}}).model).train_flops
     peak, source = flops.peak_tflops("NVIDIA H200")
-    assert peak == 790.0 and "measured" in source
-    assert flops.mfu(4100, train, peak) == pytest.approx(0.547, abs=0.005)
+    assert peak == 989.0 and "datasheet" in source
+    assert flops.mfu(4100, train, peak) == pytest.approx(0.437, abs=0.005)
     # per device: 8 GPUs at 8× the images is the same utilisation
     assert flops.mfu(8 * 4100, train, peak, devices=8) == pytest.approx(flops.mfu(4100, train, peak))
     assert flops.mfu(1.0, 1e12, 2.0) == 0.5
@@ -47,7 +48,7 @@ def test_mfu_arithmetic():
 
 @pytest.mark.parametrize(("name", "peak"), [
     ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA H200", 790.0), ("NVIDIA GH200 480GB", 989.0),
+    ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0),
     ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
 ])
 def test_peak_table_matches_device_names(name, peak):

@@ -39,8 +39,11 @@ FIELDS: dict[str, str] = {
     "fwd_gmacs_per_image": "forward multiply-adds per image (10^9)",
     "train_gflops_per_image": "model FLOPs per trained image, 3 × forward (10^9)",
     "achieved_tflops_per_device": "model TFLOP/s per device",
-    "peak_tflops": "bf16 peak per device used for MFU (None: unknown)",
-    "peak_source": "where peak_tflops comes from", "mfu": "model FLOPs utilisation 0-1 (None: no peak)",
+    "peak_tflops": "dense-bf16 spec peak per device, the MFU denominator (None: unknown)",
+    "peak_source": "where peak_tflops comes from",
+    "mfu": "model FLOPs utilisation 0-1 against peak_tflops (None: no peak)",
+    "achievable_tflops": "measured large-matmul bf16 rate of this GPU (None: not measured)",
+    "mfu_of_achievable": "model FLOP/s over achievable_tflops, 0-1 (None: not measured)",
     "peak_mem_mb": "peak memory (CUDA: max allocated in the timed window; CPU: process max RSS)",
     "peak_mem_kind": "cuda_max_allocated or cpu_max_rss", "loss": "loss of the last timed step",
     "torch": "torch version", "hpctrain": "hpctrain version",
@@ -190,7 +193,9 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
     depth, width, heads = arch_dims(cfg.model)
     fl = flopsmod.model_flops(cfg.model)
     name, peak, source = device_peak(device, peak_tflops)
+    achievable = flopsmod.achievable_tflops(name) if device.type == "cuda" else None
     elapsed = timing["elapsed_s"]
+    images_per_s = cfg.data.batch_size * steps / elapsed
     out = {
         "config": config_name, "arch": cfg.model.arch, "depth": depth, "width": width, "heads": heads,
         "img_size": cfg.model.img_size, "patch_size": cfg.model.patch_size, "params_m": params / 1e6,
@@ -204,10 +209,11 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
         "sdpa_backend": backend, "host_syncs_per_step": timing["host_syncs_per_step"],
         "warmup_steps": warmup, "steps": steps, "elapsed_s": elapsed,
         "step_time_ms": 1000 * elapsed / steps,
-        **figures(cfg.data.batch_size * steps / elapsed, info.world_size, fl.train_flops, peak),
+        **figures(images_per_s, info.world_size, fl.train_flops, peak),
         "data_wait": timing["data_wait_s"] / elapsed,
         "fwd_gmacs_per_image": fl.fwd_macs / 1e9, "train_gflops_per_image": fl.train_flops / 1e9,
-        "peak_tflops": peak, "peak_source": source,
+        "peak_tflops": peak, "peak_source": source, "achievable_tflops": achievable,
+        "mfu_of_achievable": flopsmod.mfu(images_per_s, fl.train_flops, achievable, info.world_size),
         "peak_mem_mb": timing["peak_mem_mb"], "peak_mem_kind": timing["peak_mem_kind"],
         "loss": timing["loss"], "torch": torch.__version__, "hpctrain": __version__,
     }
@@ -221,7 +227,9 @@ def report(r: dict[str, Any]) -> str:
 
     mfu = "- (no peak: --peak-tflops)"
     if r["mfu"] is not None:
-        mfu = f"{100 * r['mfu']:.1f} % of {r['peak_tflops']:g} TFLOP/s"
+        mfu = f"{100 * r['mfu']:.1f} % of {r['peak_tflops']:g} TFLOP/s ({r['peak_source']})"
+    if r.get("mfu_of_achievable") is not None:
+        mfu += f"; {100 * r['mfu_of_achievable']:.1f} % of {r['achievable_tflops']:g} achievable"
     rows = [
         ("model", f"{r['arch']} depth {r['depth']} width {r['width']} heads {r['heads']}, "
                   f"{r['img_size']}² / patch {r['patch_size']}, {r['params_m']:.1f} M params"),

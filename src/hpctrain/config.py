@@ -190,6 +190,10 @@ class TrainConfig:
     ema: float = opt(0.0, "EMA decay of the weights (0: off)", lo=0, hi=1)
     seed: int = opt(0, "seed of everything random", lo=0)
     log_every: int = opt(10, "optimizer steps between metric lines", lo=1)
+    peak_tflops: float = opt(0.0, "dense bf16 peak TFLOP/s per device for MFU (0: from the table of "
+                             "known GPUs; unknown devices then log no MFU)", lo=0)
+    straggler_pct: float = opt(15.0, "name a rank whose own time per step (data wait + forward) exceeds "
+                               "the median's by more than this % of the step time", lo=0)
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)

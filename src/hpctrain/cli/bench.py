@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--loader", action="store_true",
                    help="read the configured data loader instead of synthetic batches on the device")
     p.add_argument("--peak-tflops", type=float, default=None,
-                   help="device bf16 peak for MFU (default: from the table of known GPUs)")
+                   help="the device's dense-bf16 spec peak in TFLOP/s, MFU's denominator (default: "
+                        "the table of known GPUs, e.g. 989 for H100/H200 SXM)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every field")
     p.set_defaults(func=main)
 

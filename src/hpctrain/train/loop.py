@@ -20,7 +20,7 @@ import torch.distributed as td
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import comm, compat, fastpath
+from hpctrain.train import comm, compat, fastpath, speed, straggler
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
@@ -143,6 +143,12 @@ class Trainer:
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
+        self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
+        delay, where = straggler.injected_delay(dist.rank)
+        self.data_delay = delay if where == "data" else 0.0
+        self.fwd_clock = straggler.Clock(device, dist.world_size > 1, delay if where == "compute" else 0.0)
+        self.stragglers = straggler.StragglerWatch(dist.rank, dist.world_size, dist.local_rank, control_group,
+                                                   t.straggler_pct, self.metrics)
         self._init_checkpoints()
 
     # ------------------------------------------------------------------ checkpoint state
@@ -354,7 +360,9 @@ class Trainer:
                 self.model.set_requires_gradient_sync(i == self.accum - 1)
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with autocast_ctx(self.step_amp, self.device):
+                    self.fwd_clock.start()
                     logits = self.fwd_model(images)
+                    self.fwd_clock.stop()
                 loss = soft_cross_entropy(logits, targets) / self.accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
@@ -381,11 +389,14 @@ class Trainer:
         except (RuntimeError, td.DistError) as e:
             if isinstance(e, ckpt.CheckpointError):  # unanimous (Trainer.save): every rank is here
                 self.stop_round.result()
+                self.stragglers.settle()
             if self.dist.world_size == 1 or not td.is_initialized() or isinstance(e, ckpt.CheckpointError):
                 raise
             if not isinstance(e, td.DistError) and "gloo" not in str(e).lower() and "nccl" not in str(e).lower():
                 raise
             raise diagnose(e, self.dist.rank, self.dist.world_size, min(30.0, self.cfg.train.pg_timeout_s)) from e
+        finally:
+            self.speed.close()
 
     def _run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         t = self.cfg.train
@@ -395,6 +406,8 @@ class Trainer:
             out.resumed_from = self.step
             log.info("resumed from %s at step %d", resume[0], self.step)
         self._supersede_records()
+        self.stragglers.open()
+        self.speed.open(sample_gpus=self.dist.is_main)
         g = self.cfg.data.batch_size
         progress = Progress(self.total_steps, self.dist.is_main)
         self.model.train()
@@ -424,6 +437,8 @@ class Trainer:
                     break
                 t0 = time.perf_counter()
                 batches = [next(it) for _ in range(self.accum)]
+                if self.data_delay:  # test-only (straggler.injected_delay)
+                    time.sleep(self.data_delay)
                 wait = time.perf_counter() - t0
                 win_wait += wait
                 tot_wait += wait
@@ -439,7 +454,10 @@ class Trainer:
                     ips = g * win_steps / max(el, 1e-9)
                     lr = self.optimizer.param_groups[0]["lr"]
                     rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
-                               images_per_s=ips, data_wait=win_wait / max(el, 1e-9))
+                               images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
+                               **self.speed.fields(ips, el / win_steps))
+                    self.stragglers.post(self.step, el / win_steps, win_wait / win_steps,
+                                         (win_wait + self.fwd_clock.take()) / win_steps)
                     skipped = len(getattr(self.train_loader, "skipped", ()))
                     if skipped:
                         rec["skipped_samples"] = skipped
@@ -447,7 +465,7 @@ class Trainer:
                         rec["grad_reduce_bytes"] = self.reduce_hook.take() // win_steps
                     self.metrics.write("train", **rec)
                     progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
-                                               f"data {100 * rec['data_wait']:.0f}%")
+                                               f"data {100 * rec['data_wait']:.0f}%" + speed.progress_text(rec))
                     out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
                     loss_acc.zero_()
                     win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
@@ -463,6 +481,7 @@ class Trainer:
                 last_eval_step = self.step
         progress.newline()
         self.stop_round.result()  # nothing is in flight after the last step; never leave one behind
+        self.stragglers.settle()
         if last_eval_step != self.step:
             self._eval_and_log(out, progress)
         self._checkpoint(out)
@@ -505,6 +524,7 @@ class Trainer:
     def _stop(self, out: Outcome, bits: int, start_wall: float, save: bool) -> Outcome:
         """Checkpoint at this step (every rank takes part) and end the run as stopped."""
         self.stop_round.result()  # every path out waits for its round (none is in flight here)
+        self.stragglers.settle()
         if save:
             self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
         self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed

@@ -1,0 +1,175 @@
+"""Name the rank that holds a synchronous job up, and say whether data or compute is to blame.
+
+Under DDP every rank's wall time per step is the same: the gradient all-reduce makes the fast
+ranks wait for the slowest. What differs is each rank's *own* time, the part of a step no other
+rank can hold up: its data wait (next(loader)) and its forward pass (timed by `Clock`: the host
+clock on CPU, CUDA events on GPU, read after the log step's loss sync so nothing waits). Every
+log interval each rank posts [wall step time, data wait, own time] per step in its row of a
+world × 3 tensor, summed by a non-blocking all-reduce on the gloo control group; the sum is read
+at the next log boundary (or the end of the run), like the stop flags (dist.PendingBits), so the
+collective never sits on a step's critical path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+log = logging.getLogger("hpctrain")
+TEST_DELAY_ENV = "HPCTRAIN_TEST_DELAY"
+
+
+def find_straggler(own_s: list[float], data_s: list[float], step_s: float, pct: float) -> dict | None:
+    """The slowest rank when its own time per step exceeds the median rank's by more than `pct`
+    % of the step time (`step_s`, what the excess costs every rank per step), else None.
+
+    The cause is "data" when the rank's extra data wait (over the median data wait) makes up at
+    least half of its excess, else "compute".
+    """
+    if len(own_s) < 2 or step_s <= 0:
+        return None
+    median = statistics.median(own_s)
+    rank = max(range(len(own_s)), key=own_s.__getitem__)
+    excess = own_s[rank] - median
+    slower = 100.0 * excess / step_s
+    if excess <= 0 or slower <= pct:
+        return None
+    data_excess = data_s[rank] - statistics.median(data_s)
+    return {"rank": rank, "step_time_s": own_s[rank], "median_s": median, "slower_pct": slower,
+            "cause": "data" if data_excess >= 0.5 * excess else "compute", "data_wait_s": data_s[rank]}
+
+
+def injected_delay(rank: int, env=None) -> tuple[float, str]:
+    """Test-only hook: HPCTRAIN_TEST_DELAY="rank:seconds:where" (where: data | compute) slows
+    that rank by `seconds` per step in its data wait or its forward; (0, "") otherwise."""
+    spec = (os.environ if env is None else env).get(TEST_DELAY_ENV, "")
+    if not spec:
+        return 0.0, ""
+    try:
+        r, seconds, where = spec.split(":")
+        if where not in ("data", "compute"):
+            raise ValueError(where)
+        return (float(seconds), where) if int(r) == rank else (0.0, "")
+    except ValueError:
+        raise ValueError(f"{TEST_DELAY_ENV}={spec!r}: expected rank:seconds:data|compute") from None
+
+
+class Clock:
+    """Time of one region of each step (the forward), summed until `take`; adds no sync.
+
+    Off (one rank: nothing to compare) it does nothing. On CUDA it records an event pair per
+    region and reads them only when they are complete, which they are after the log step's
+    loss `.item()`; a pair still running is left out rather than waited for.
+    """
+
+    def __init__(self, device, enabled: bool, delay_s: float = 0.0):
+        self.enabled, self.delay_s = enabled, delay_s
+        self.cuda = enabled and getattr(device, "type", None) == "cuda"
+        self._t0 = 0.0
+        self._total = 0.0
+        self._events: list = []
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        if self.cuda:
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events.append([ev, None])
+        else:
+            self._t0 = time.perf_counter()
+        if self.delay_s:
+            time.sleep(self.delay_s)
+
+    def stop(self) -> None:
+        if not self.enabled:
+            return
+        if self.cuda:
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._events[-1][1] = ev
+        else:
+            self._total += time.perf_counter() - self._t0
+
+    def take(self) -> float:
+        """Seconds summed since the last call."""
+        total, self._total = self._total, 0.0
+        events, self._events = self._events, []
+        for a, b in events:
+            if b is not None and b.query():
+                total += a.elapsed_time(b) / 1000.0
+        return total
+
+
+class StragglerWatch:
+    """One round in flight at a time: `post` at a log boundary, `settle` at the next (or the end).
+
+    Every rank calls both at the same steps (log boundaries are step numbers every rank knows),
+    so the rounds match. Rank 0 logs and records a straggler; one process does nothing.
+    """
+
+    def __init__(self, rank: int, world: int, local_rank: int, group, pct: float, metrics):
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.group, self.pct, self.metrics = group, pct, metrics
+        self.places: list[tuple[str, int]] | None = None  # (host, local rank) per rank
+        self._work = None
+        self._tensor = None
+        self._step = 0
+
+    @property
+    def active(self) -> bool:
+        import torch.distributed as td
+
+        return self.world > 1 and td.is_initialized()
+
+    def open(self) -> None:
+        """Learn every rank's host and GPU once (a blocking gather at start-up)."""
+        if not self.active or self.places is not None:
+            return
+        import torch.distributed as td
+
+        places: list[Any] = [None] * self.world
+        td.all_gather_object(places, (socket.gethostname(), self.local_rank), group=self.group)
+        self.places = [tuple(p) for p in places]
+
+    def post(self, step: int, step_s: float, data_s: float, own_s: float) -> None:
+        """Start this window's round (non-blocking), after settling the previous one."""
+        if not self.active:
+            return
+        self.settle()
+        import torch
+        import torch.distributed as td
+
+        self._tensor = torch.zeros(self.world, 3, dtype=torch.float64)
+        self._tensor[self.rank] = torch.tensor([step_s, data_s, own_s], dtype=torch.float64)
+        self._work = td.all_reduce(self._tensor, group=self.group, async_op=True)
+        self._step = step
+
+    def settle(self) -> dict | None:
+        """Wait for the round in flight, if any (it had a whole log interval), and report it."""
+        if self._work is None:
+            return None
+        work, self._work = self._work, None
+        work.wait()
+        rows = self._tensor.tolist()
+        found = find_straggler([r[2] for r in rows], [r[1] for r in rows],
+                               statistics.median(r[0] for r in rows), self.pct)
+        if found and self.rank == 0:
+            host, gpu = (self.places or [("?", -1)] * self.world)[found["rank"]]
+            found = {"step": self._step, "rank": found["rank"], "host": host, "gpu": gpu,
+                     **{k: v for k, v in found.items() if k != "rank"}}
+            log.warning("straggler at step %d: rank %d (host %s, GPU %d) is %.0f%% of a step slower than "
+                        "the median rank (own time %.3f s vs %.3f s per step); its time goes to %s "
+                        "(data wait %.3f s per step)", found["step"], found["rank"], host, gpu,
+                        found["slower_pct"], found["step_time_s"], found["median_s"], found["cause"],
+                        found["data_wait_s"])
+            self.metrics.write("straggler", **found)
+        return found
