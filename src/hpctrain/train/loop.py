@@ -27,6 +27,7 @@ from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
+from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
 
@@ -143,6 +144,9 @@ class Trainer:
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
+        self.watchdog = Watchdog(t.hang_s, dist.rank, dist.world_size, run_dir / "logs" if run_dir else None,
+                                 nccl=td.is_initialized() and td.get_backend() == "nccl",
+                                 report=lambda rec: self.metrics.write("hang", **rec))
         self._init_checkpoints()
 
     # ------------------------------------------------------------------ checkpoint state
@@ -375,7 +379,8 @@ class Trainer:
     def run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         """Train to the end (or to a stop); a failed collective is reported with the stuck ranks."""
         try:
-            out = self._run(resume, halt_at)
+            with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.watchdog)
+                out = self._run(resume, halt_at)
             out.checkpoint = self._collect() or out.checkpoint  # a stop on a ckpt_every step: its save
             return out
         except (RuntimeError, td.DistError) as e:
@@ -430,6 +435,7 @@ class Trainer:
                 seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
                 loss_acc += self.train_step(batches)
                 self.step += 1
+                self.watchdog.beat(self.step)
                 self.eval_pending = self._eval_due()
                 win_steps += 1
                 tot_steps += 1
