@@ -211,6 +211,9 @@ class TrainConfig:
     threads: int = opt(0, "torch intra-op threads per rank (0: leave as is)", lo=0)
     pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this",
                             lo=1)
+    hang_timeout_s: int | None = opt(None, "no step for this long: every rank writes its stacks to <run>/logs/ "
+                                     "and the job fails naming the stuck ranks (null: pg_timeout_s / 2; 0: off)",
+                                     lo=0)
     tf32: bool = opt(True, "TF32 matmuls/convolutions for the fp32 parts on Ampere+ GPUs (~1e-3 rel.)")
     sdpa_backend: str = opt("auto", "attention kernel: auto = PyTorch picks (flash/cuDNN on GPUs)",
                             choices=("auto", "flash", "cudnn", "efficient", "math"))
@@ -223,11 +226,22 @@ class TrainConfig:
                                 "train.compile (docs/communication.md)", choices=("auto", "always", "never"))
 
     def validate(self) -> None:
-        """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash."""
+        """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash.
+        The hang watchdog must fire first, with time left to dump before the collectives time out."""
         if self.ddp_static_graph == "always" and self.accum_steps > 1:
             raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
                               "no_sync breaks static_graph, pytorch/pytorch#143580): set "
                               "train.ddp_static_graph=auto or never")
+        if self.hang_timeout_s and 2 * self.hang_timeout_s > self.pg_timeout_s:
+            raise ConfigError(f"train.hang_timeout_s={self.hang_timeout_s} must be at most half of "
+                              f"train.pg_timeout_s={self.pg_timeout_s}: the collective timeout would end the job "
+                              "before the stacks are written; raise train.pg_timeout_s or lower "
+                              "train.hang_timeout_s (null: half of it, 0: off)")
+
+    @property
+    def hang_s(self) -> float:
+        """The hang watchdog's timeout in seconds (0: off): train.hang_timeout_s, or half of pg_timeout_s."""
+        return self.pg_timeout_s / 2 if self.hang_timeout_s is None else float(self.hang_timeout_s)
 
 
 @dataclass(frozen=True)

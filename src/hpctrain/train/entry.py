@@ -19,6 +19,7 @@ from typing import Any
 from hpctrain import __version__
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
+from hpctrain.train import watchdog
 from hpctrain.train.dist import agree
 from hpctrain.train.metrics import progress_log
 from hpctrain.train.rundir import RunDirBusy, RunLock
@@ -125,7 +126,11 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     else:
         device = torch.device("cpu")
     compat.check_train(cfg.train, device)  # what this torch cannot run: every rank fails alike, at once
-    distmod.init(info, "nccl" if use_cuda else "gloo", cfg.train.pg_timeout_s)
+    backend = "nccl" if use_cuda else "gloo"
+    # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
+    fr_env = (watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / "logs")
+              if info.world_size > 1 else {})
+    distmod.init(info, backend, cfg.train.pg_timeout_s)
     control = None
     if use_cuda and info.world_size > 1:
         import datetime
@@ -148,6 +153,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     if lock.note:  # no lock on this file system, or a stale one taken over: the run's log says so
         log.warning(lock.note)
     stop.log_new()
+    if fr_env:
+        log.info("NCCL flight recorder on: %s", " ".join(f"{k}={v}" for k, v in fr_env.items()))
     from hpctrain import source
 
     try:

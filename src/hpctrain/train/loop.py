@@ -27,6 +27,7 @@ from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
+from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
 
@@ -149,6 +150,9 @@ class Trainer:
         self.fwd_clock = straggler.Clock(device, dist.world_size > 1, delay if where == "compute" else 0.0)
         self.stragglers = straggler.StragglerWatch(dist.rank, dist.world_size, dist.local_rank, control_group,
                                                    t.straggler_pct, self.metrics)
+        self.watchdog = Watchdog(t.hang_s, dist.rank, dist.world_size, run_dir / "logs" if run_dir else None,
+                                 nccl=td.is_initialized() and td.get_backend() == "nccl",
+                                 report=lambda rec: self.metrics.write("hang", **rec))
         self._init_checkpoints()
 
     # ------------------------------------------------------------------ checkpoint state
@@ -383,7 +387,8 @@ class Trainer:
     def run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         """Train to the end (or to a stop); a failed collective is reported with the stuck ranks."""
         try:
-            out = self._run(resume, halt_at)
+            with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.watchdog)
+                out = self._run(resume, halt_at)
             out.checkpoint = self._collect() or out.checkpoint  # a stop on a ckpt_every step: its save
             return out
         except (RuntimeError, td.DistError) as e:
@@ -445,6 +450,7 @@ class Trainer:
                 seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
                 loss_acc += self.train_step(batches)
                 self.step += 1
+                self.watchdog.beat(self.step)
                 self.eval_pending = self._eval_due()
                 win_steps += 1
                 tot_steps += 1

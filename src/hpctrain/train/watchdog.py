@@ -1,0 +1,399 @@
+"""Hangs diagnosed, not just timed out: a watchdog thread per rank (docs/observability.md, "Hangs").
+
+The training loop calls `beat(step)` after every completed step: two attribute stores, no
+collective, no host sync. A daemon thread publishes the step in `<run>/logs/heartbeat-rank-<r>.json`
+every few seconds (atomically: temp file and rename; the run directory is on a shared file system
+on real clusters). When no step completes for `train.hang_timeout_s`, or another rank has raised
+the alarm (`<run>/logs/hang.json`), every live rank writes its Python stacks
+(`stack-rank-<r>.txt`) and, on NCCL, the flight recorder (`nccl-trace-rank-<r>`); then each
+compares the heartbeats and stack files, logs ONE line naming the ranks behind the highest step or
+silent, with the file:line where their training thread stands, and the process exits non-zero.
+
+The watchdog fires before the collectives time out: `train.hang_timeout_s` is at most half of
+`train.pg_timeout_s` (config), so it has that half to dump and compare before a blocked collective
+fails; a collective that fails while the watchdog diagnoses waits for it (`stop`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("hpctrain")
+
+EXIT_STATUS = 2  # what the CLI returns for a UserError
+HEARTBEAT = "heartbeat-rank-{}.json"
+STACK = "stack-rank-{}.txt"
+NCCL_TRACE = "nccl-trace-rank-"  # TORCH_NCCL_DEBUG_INFO_TEMP_FILE's prefix: torch appends the rank
+TRIGGER = "hang.json"
+TRACE_BUFFER = "2000"  # flight-recorder entries per rank: the value PyTorch's tutorial recommends
+MAX_LISTED = 8  # ranks (and files) spelled out in the one line; the hang record has them all
+NO_STACK = "no stack (process stopped or dead)"
+
+
+# ---------------------------------------------------------------- NCCL flight recorder
+
+
+def flight_recorder_env(backend: str, logs_dir: Path) -> dict[str, str]:
+    """The variables that make NCCL process groups record collectives and dump them into the run's
+    logs (none for gloo, which has no flight recorder on the torch versions hpctrain runs).
+
+    Read by ProcessGroupNCCL when it is created, so they are set before init_process_group. The
+    TORCH_FR_* spellings are the newer torch's names for the same settings.
+    """
+    if backend != "nccl":
+        return {}
+    prefix = str(Path(logs_dir) / NCCL_TRACE)
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": TRACE_BUFFER, "TORCH_FR_BUFFER_SIZE": TRACE_BUFFER,
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix}
+
+
+def set_flight_recorder_env(env: MutableMapping[str, str], backend: str, logs_dir: Path) -> dict[str, str]:
+    """Set `flight_recorder_env` in `env` where unset (a job's own value wins); returns what was set."""
+    added = {k: v for k, v in flight_recorder_env(backend, logs_dir).items() if k not in env}
+    env.update(added)
+    return added
+
+
+def dump_nccl_trace(path: Path, timeout_s: float) -> bool:
+    """Write this process's flight-recorder buffer (pickled, as torch's own dump) to `path`.
+
+    On a thread of its own, given `timeout_s`: the dump takes the recorder's lock, which a wedged
+    NCCL watchdog thread may hold. False when this torch has no such API or nothing came back.
+    """
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    fn = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+    if fn is None:
+        return False
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["data"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported below, never fatal to the diagnosis
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="hpctrain-nccl-dump", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not box.get("data"):
+        log.warning("no NCCL flight-recorder dump: %s", box.get("error") or f"none within {timeout_s:.0f} s")
+        return False
+    atomic_write(path, box["data"], sync=True)
+    return True
+
+
+# ---------------------------------------------------------------- files
+
+
+def atomic_write(path: Path, data: str | bytes, sync: bool = False) -> None:
+    """Temp file in the same directory, then rename: a reader never sees half a file."""
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def read_heartbeats(logs: Path, world: int) -> dict[int, dict | None]:
+    return {r: read_json(logs / HEARTBEAT.format(r)) for r in range(world)}
+
+
+def read_stacks(logs: Path, world: int) -> dict[int, str | None]:
+    out: dict[int, str | None] = {}
+    for r in range(world):
+        try:
+            out[r] = (logs / STACK.format(r)).read_text(errors="replace")
+        except OSError:
+            out[r] = None
+    return out
+
+
+def dump_files(logs: Path) -> list[Path]:
+    """The hang dumps in `logs`: stack files, flight-recorder files, the alarm."""
+    found = [*logs.glob(STACK.format("*")), *logs.glob(NCCL_TRACE + "*"), logs / TRIGGER]
+    return sorted(p for p in found if p.is_file() and not p.name.endswith(".tmp"))
+
+
+def archive_previous(logs: Path) -> Path | None:
+    """Rank 0 at start: move an earlier attempt's dumps to `logs/hang-<time>/` (kept for the
+    reader, never read as this attempt's) and drop old heartbeats. Runs before this rank's first
+    step, and every other rank publishes only after its first step, which needs rank 0: so no
+    file of this attempt is touched."""
+    for p in [*logs.glob(HEARTBEAT.format("*")), *logs.glob("*.tmp")]:
+        p.unlink(missing_ok=True)
+    dumps = dump_files(logs) if logs.is_dir() else []
+    if not dumps:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(max(p.stat().st_mtime for p in dumps)))
+    dest = logs / f"hang-{stamp}"
+    dest.mkdir(exist_ok=True)
+    for p in dumps:
+        os.replace(p, dest / p.name)
+    return dest
+
+
+# ---------------------------------------------------------------- reading stacks
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+)')
+_HEADER = re.compile(r"training thread (0x[0-9a-fA-F]+)")
+
+
+def short_path(path: str) -> str:
+    """A frame's file without the install prefix: `torch/distributed/…`, `hpctrain/train/loop.py`."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    i = path.rfind("/hpctrain/")
+    return path[i + 1:] if i >= 0 else path
+
+
+def top_frame(stack: str) -> str | None:
+    """`file:line` of the innermost frame of the training thread in a stack file (the thread named
+    in its header line), from faulthandler's text; None when it is not there."""
+    m = _HEADER.search(stack.split("\n", 1)[0])
+    if not m:
+        return None
+    want, current = int(m.group(1), 16), None
+    for line in stack.splitlines()[1:]:
+        t = _THREAD.match(line)
+        if t:
+            current = int(t.group(1), 16)
+            continue
+        f = _FRAME.match(line)
+        if f and current == want:
+            return f"{short_path(f.group(1))}:{f.group(2)}"
+    return None
+
+
+def _listed(items: list[str], what: str) -> str:
+    more = len(items) - MAX_LISTED
+    return "; ".join(items[:MAX_LISTED]) + (f"; and {more} more {what}" if more > 0 else "")
+
+
+def _ids(ranks: list[int]) -> str:
+    more = len(ranks) - MAX_LISTED
+    return ", ".join(map(str, ranks[:MAX_LISTED])) + (f" … {more} more" if more > 0 else "")
+
+
+def diagnose(heartbeats: Mapping[int, dict | None], stacks: Mapping[int, str | None], now: float,
+             stale_s: float, timeout_s: float, files: list[str]) -> tuple[str, dict]:
+    """The one-line verdict and the `hang` metrics record, from every rank's heartbeat (None: none
+    written) and stack-file text (None: none written).
+
+    Named: the ranks behind the highest step and those that wrote no stack (stopped, dead, or too
+    wedged to answer), each with where its training thread stands or why that is unknown. When
+    every rank answered at the same step, the ranks whose training thread stands somewhere else
+    than most (a loader, a lock) are named instead; the line also says where the rest wait. When
+    all wait at one place, no rank stands out: the flight-recorder files tell which collective.
+    """
+    steps = {r: hb["step"] for r, hb in heartbeats.items() if hb and isinstance(hb.get("step"), int)}
+    top = max(steps.values(), default=None)
+    where = {r: top_frame(text) for r, text in stacks.items() if text}
+    named = [r for r in sorted(heartbeats) if stacks.get(r) is None or steps.get(r) != top]
+    rest = [r for r in sorted(heartbeats) if r not in named]
+    groups: dict[str | None, list[int]] = {}
+    for r in rest:
+        groups.setdefault(where.get(r), []).append(r)
+    order = sorted(groups, key=lambda f: (-len(groups[f]), str(f)))  # the same on every rank
+    if not named and len(order) > 1 and 2 * len(groups[order[0]]) > len(rest):
+        named = [r for r in rest if where.get(r) != order[0]]
+        rest, order = groups[order[0]], order[:1]
+
+    def describe(r: int) -> str:
+        hb = heartbeats.get(r)
+        if not hb:
+            return f"rank {r} (no heartbeat): {NO_STACK}"
+        if stacks.get(r) is None:
+            age = now - float(hb.get("time", 0))
+            why = NO_STACK if age > stale_s else "no stack (its heartbeat is fresh: wedged, holding the GIL?)"
+            return f"rank {r} (last heartbeat {age:.0f} s ago at step {hb.get('step')}, {hb.get('host', '?')}): {why}"
+        return f"rank {r} (step {hb.get('step')}, {hb.get('host', '?')}): {where.get(r) or 'no training-thread frame'}"
+
+    parts = [f"hang: no step completed for {timeout_s:g} s (train.hang_timeout_s)"]
+    if named:
+        parts.append(f"rank(s) {_ids(named)} behind step {top}, silent or elsewhere: "
+                     + _listed([describe(r) for r in named], "ranks"))
+    if rest:
+        at = [f"{f or 'an unknown frame'} (rank(s) {_ids(groups[f])})" for f in order]
+        parts.append(f"{'the other ranks' if named else f'every rank at step {top}'} wait at "
+                     + _listed(at, "places"))
+    names = [Path(f).name for f in files]
+    cap = 2 * MAX_LISTED
+    listed = ", ".join(names[:cap]) + (f" and {len(names) - cap} more" if len(names) > cap else "")
+    parts.append(f"files in {Path(files[0]).parent if files else 'logs'}: {listed or 'none'}")
+    record = {"step": top, "ranks": named, "where": [where.get(r) for r in named], "files": list(files)}
+    return "; ".join(parts), record
+
+
+# ---------------------------------------------------------------- the watchdog
+
+
+class Watchdog:
+    """One per rank; `with watchdog:` around the training loop, `beat(step)` after every step.
+
+    Armed at the first beat: start-up (rendezvous, loaders, a cold torch.compile) is left to the
+    process-group timeout, since no sensible hang timeout bounds a first compile.
+
+    How it ends a hung job: the watchdog thread writes everything, then calls `os._exit`. The
+    training thread cannot be made to raise: it sits in C++ (a gloo or NCCL wait, a backward's
+    all-reduce) that returns only when the collective times out, and an exception set on a
+    thread from outside (PyThreadState_SetAsyncExc) is delivered only when that thread runs
+    Python again. Aborting the process group is NCCL-only and torch-version dependent.
+    `faulthandler.dump_traceback_later(exit=True)` would dump this rank's stacks and exit, but
+    without waiting for the other ranks, comparing heartbeats or the NCCL dump, and re-arming
+    it per step starts a thread per step. So the line is logged (rank log and console) and
+    flushed, rank 0 writes the `hang` record, and the process exits with the CLI's status for
+    user errors; nothing of the training state is worth saving from a hung step.
+    """
+
+    def __init__(self, timeout_s: float, rank: int, world: int, logs: Path | None, nccl: bool = False,
+                 report: Callable[[dict], None] | None = None):
+        self.timeout_s = float(timeout_s) if logs else 0.0
+        self.rank, self.world, self.logs, self.nccl, self.report = rank, world, logs, nccl, report
+        self.publish_s = min(5.0, max(0.1, self.timeout_s / 10))  # heartbeat period
+        self.stale_s = 3 * self.publish_s + 1  # a heartbeat older than this: its process is not running
+        self.peer_wait_s = min(60.0, max(self.timeout_s / 2, 3 * self.publish_s))
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.fired = threading.Event()
+        self._step, self._t = -1, None
+        self._state, self._files = "running", None
+        self._main: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.timeout_s > 0 and rank == 0 and logs and logs.is_dir():
+            old = archive_previous(logs)
+            if old:
+                log.info("an earlier attempt's hang dumps moved to %s", old)
+
+    def beat(self, step: int) -> None:
+        """A step completed (the loop's only call: cheap, no collective, no host sync)."""
+        self._step = step
+        self._t = time.monotonic()
+
+    def __enter__(self) -> Watchdog:
+        if self.timeout_s > 0 and self._thread is None:
+            self._main = threading.get_ident()
+            self._thread = threading.Thread(target=self._loop, name="hpctrain-hang-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the thread. If it is diagnosing a hang (the collective this thread was blocked in may
+        have failed meanwhile), wait for it: it ends the process with the diagnosis."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=2 * self.peer_wait_s + 60)
+        self._thread = None
+        if not self.fired.is_set() and self.logs:
+            (self.logs / HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ thread
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.publish_s):
+            t = self._t
+            if t is None:
+                continue
+            try:
+                self._publish("running")
+                alarm = (self.logs / TRIGGER).exists()
+            except OSError as e:  # a file-system hiccup must not end training
+                log.warning("hang watchdog: %s", e)
+                continue
+            if alarm or time.monotonic() - t > self.timeout_s:
+                self._fire(alarm)
+                return
+
+    def _publish(self, state: str, files: list[str] | None = None) -> None:
+        self._state, self._files = state, files
+        rec = {"rank": self.rank, "step": self._step, "time": round(time.time(), 3), "host": self.host,
+               "pid": self.pid, "state": state}
+        if files:
+            rec["files"] = files
+        atomic_write(self.logs / HEARTBEAT.format(self.rank), json.dumps(rec))
+
+    def _fire(self, alarm: bool) -> None:
+        self.fired.set()
+        try:
+            if not alarm:
+                atomic_write(self.logs / TRIGGER, json.dumps({"rank": self.rank, "step": self._step,
+                                                               "time": round(time.time(), 3)}))
+            self._publish("dumped", self._dump())
+            self._wait_for(lambda hb: hb.get("state") in ("dumped", "reported"))
+            line, record = diagnose(read_heartbeats(self.logs, self.world), read_stacks(self.logs, self.world),
+                                    time.time(), self.stale_s, self.timeout_s,
+                                    [str(p) for p in dump_files(self.logs) if p.name != TRIGGER])
+            if self.report:
+                self.report(record)
+            self._publish("reported", self._files)
+            log.error("%s", line)
+            if self.rank != 0:  # let rank 0 write the hang record before this exit ends the job step
+                self._wait_for(lambda hb: hb.get("state") == "reported", ranks=[0])
+        except BaseException:  # noqa: BLE001 - a hung job must end all the same
+            log.exception("hang watchdog: the diagnosis failed; exiting anyway")
+        finally:
+            for h in log.handlers:
+                h.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_STATUS)
+
+    def _dump(self) -> list[str]:
+        """This rank's stacks (every thread; the training thread named in the header), then NCCL's."""
+        path = self.logs / STACK.format(self.rank)
+        tmp = path.with_name(f"{path.name}.{self.pid}.tmp")
+        with open(tmp, "w") as f:
+            f.write(f"# hpctrain hang dump: rank {self.rank} on {self.host} pid {self.pid}, last step "
+                    f"{self._step}, training thread 0x{self._main or 0:x}\n")
+            f.flush()
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        files = [str(path)]
+        trace = self.logs / f"{NCCL_TRACE}{self.rank}"
+        if self.nccl and dump_nccl_trace(trace, min(30.0, self.peer_wait_s / 2)):
+            files.append(str(trace))
+        return files
+
+    def _wait_for(self, done: Callable[[dict], bool], ranks: list[int] | None = None) -> None:
+        """Until every other rank (or `ranks`) is done or silent (its heartbeat stale), at most
+        peer_wait_s; this rank's heartbeat stays fresh meanwhile."""
+        ranks = [r for r in range(self.world) if r != self.rank] if ranks is None else ranks
+        end = time.monotonic() + self.peer_wait_s
+        while time.monotonic() < end:
+            hbs = [read_json(self.logs / HEARTBEAT.format(r)) for r in ranks]
+            now = time.time()
+            if all(hb is None or done(hb) or now - float(hb.get("time", 0)) > self.stale_s for hb in hbs):
+                return
+            self._publish(self._state, self._files)
+            time.sleep(self.publish_s / 2)  # every rank reads every heartbeat: keep the file system's load low
