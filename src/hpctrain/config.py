@@ -190,6 +190,8 @@ class TrainConfig:
     ema: float = opt(0.0, "EMA decay of the weights (0: off)", lo=0, hi=1)
     seed: int = opt(0, "seed of everything random", lo=0)
     log_every: int = opt(10, "optimizer steps between metric lines", lo=1)
+    tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
+                                  "needs the tensorboard package, else one warning)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
