@@ -35,7 +35,7 @@ def expected(run_dir) -> dict[str, dict[int, float]]:
 
 def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_path):
     sets = ["train.max_steps=26", f"train.ckpt_every={EPOCH}", "train.eval_every=1", "train.keep_ckpts=3",
-            "train.ema=0.9"]
+            "train.ema=0.9", "train.tensorboard=true"]
     run = tmp_path / "r"
     # attempt 1: checkpoint and eval at 22, trains on, stops at 24
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, "train.halt_at=24"))
