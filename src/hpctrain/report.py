@@ -235,7 +235,11 @@ def summary(run: Run) -> list[tuple[str, str]]:
             ("median images/s", med("images_per_s")), ("median MFU (%)", med("mfu", 100.0)),
             ("median data wait (%)", med("data_wait", 100.0)),
             ("stops / requeues / restarts", " / ".join(str(sum(m[0] == k for m in run.marks)) for k in MARK_STYLE)),
-            ("wall time, first to last record (h)", f"{span / 3600:.2f}")]
+            ("wall time, first to last record", _duration(span))]
+
+
+def _duration(s: float) -> str:
+    return f"{s / 3600:.2f} h" if s >= 2 * 3600 else f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
 def png_bytes(fig) -> bytes:
