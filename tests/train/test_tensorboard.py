@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.tensorboard import open_sink
+from hpctrain.train.tensorboard import open_sink, scalars
 from tests.helpers import digits_args, run_metrics, run_ranks
 
 EPOCH = 22  # steps per epoch of digits at batch 64 (world 1)
@@ -71,3 +71,10 @@ def test_without_tensorboard_one_warning_and_no_directory(tmp_path, monkeypatch,
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "pip install tensorboard" in caplog.text
     assert open_sink(False, tmp_path) is None and not (tmp_path / "tb").exists()
+
+
+def test_gpu_entries_become_per_gpu_tags():
+    rec = {"kind": "train", "time": 1.0, "step": 40, "epoch": 0.5, "loss": 2.5, "skipped": True,
+           "gpus": [{"index": 0, "util_pct": 97, "power_w": 650.5}, {"index": 3, "util_pct": 12, "name": "H200"}]}
+    assert scalars(rec) == {"train/loss": 2.5, "gpu0/util_pct": 97.0, "gpu0/power_w": 650.5, "gpu3/util_pct": 12.0}
+    assert scalars({"kind": "checkpoint", "step": 40, "time": 1.0}) == {}
