@@ -10,7 +10,8 @@ import pytest
 
 from hpctrain import report
 from hpctrain.cli import main
-from tests.helpers import digits_args, run_metrics, run_ranks
+from hpctrain.config import load
+from tests.helpers import run_metrics
 
 SETS = ["train.max_steps=24", "train.eval_every=1", "train.log_every=2"]  # evals at 22 (epoch end), 24
 HALT = 10
@@ -18,10 +19,19 @@ HALT = 10
 
 @pytest.fixture(scope="module")
 def runs(digits_root, tmp_path_factory):
+    """Trained in this process: a subprocess costs ~7 s of CPU to start."""
+    from hpctrain.train.entry import run
+
     d = tmp_path_factory.mktemp("report")
-    run_ranks(1, digits_args(digits_root, d, "base", *SETS, f"train.halt_at={HALT}"))
-    run_ranks(1, digits_args(digits_root, d, "base", *SETS))
-    run_ranks(1, digits_args(digits_root, d, "lr_x3", *SETS, "optim.lr=6e-3"))
+
+    def train(name: str, *sets: str) -> dict:
+        return run(load("digits_vit", [f"data.root={digits_root}", "data.prepare=none", f"run.dir={d}",
+                                       f"run.name={name}", "train.threads=1", "train.ckpt_every=0",
+                                       "train.tensorboard=false", *SETS, *sets]))
+
+    assert train("base", f"train.halt_at={HALT}")["status"] == "halted"
+    assert train("base")["resumed_from"] == HALT
+    assert train("lr_x3", "optim.lr=6e-3")["status"] == "finished"
     return d / "base", d / "lr_x3"
 
 

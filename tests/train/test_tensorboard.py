@@ -9,14 +9,22 @@ import sys
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
+from hpctrain.config import load
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.entry import run as train
 from hpctrain.train.tensorboard import open_sink, scalars
-from tests.helpers import digits_args, run_metrics, run_ranks
+from tests.helpers import run_metrics
 
 EPOCH = 22  # steps per epoch of digits at batch 64 (world 1)
 
 
-def load(tb_dir, purge: bool = True) -> ea.EventAccumulator:
+def digits(root, run_dir, *sets: str):
+    """The digits demo config, trained in this process (a subprocess costs ~7 s of CPU to start)."""
+    return load("digits_vit", [f"data.root={root}", "data.prepare=none", f"run.dir={run_dir}", "run.name=r",
+                               "train.threads=1", "train.log_every=1", *sets])
+
+
+def read_tb(tb_dir, purge: bool = True) -> ea.EventAccumulator:
     acc = ea.EventAccumulator(str(tb_dir), size_guidance={ea.SCALARS: 0}, purge_orphaned_data=purge)
     return acc.Reload()
 
@@ -38,18 +46,18 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
             "train.ema=0.9", "train.tensorboard=true"]
     run = tmp_path / "r"
     # attempt 1: checkpoint and eval at 22, trains on, stops at 24
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, "train.halt_at=24"))
+    assert train(digits(digits_root, tmp_path, *sets, "train.halt_at=24"))["status"] == "halted"
     assert [r["step"] for r in run_metrics(run, "stop")] == [24]
     # attempt 2 resumes at 22: it replays the eval at 22 and steps 23, 24 that attempt 1 logged
     older = ckpt.ckpt_dir(run) / f"step-{EPOCH:08d}.pt"
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, f"run.resume={older}"))
+    assert train(digits(digits_root, tmp_path, *sets, f"run.resume={older}"))["resumed_from"] == EPOCH
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 2
 
-    raw = load(run / "tb", purge=False)  # the test can fail: without the purge, steps repeat
+    raw = read_tb(run / "tb", purge=False)  # the test can fail: without the purge, steps repeat
     assert [e.step for e in raw.Scalars("train/loss")].count(23) == 2
     assert [e.step for e in raw.Scalars("eval/top1")].count(EPOCH) == 2
 
-    acc, want = load(run / "tb"), expected(run)
+    acc, want = read_tb(run / "tb"), expected(run)
     assert {"train/loss", "train/lr", "train/images_per_s", "train/data_wait", "eval/top1", "eval/top5",
             "eval/loss", "eval/ema_top1"} <= set(want)
     assert set(acc.Tags()["scalars"]) == set(want)
@@ -66,6 +74,7 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
 
 def test_without_tensorboard_one_warning_and_no_directory(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what a missing package raises
+    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)  # entry.run turns it off
     with caplog.at_level(logging.WARNING, logger="hpctrain"):
         assert open_sink(True, tmp_path) is None
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
