@@ -62,7 +62,8 @@ def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | Non
 def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
     """`-m hpctrain train` on the digits config with a tiny, fast schedule."""
     base = [f"data.root={root}", f"run.dir={run_dir}", f"run.name={name}", "train.threads=1",
-            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0"]
+            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0",
+            "train.tensorboard=false"]  # importing it costs ~0.5 s CPU per run; its own tests turn it on
     args = ["-m", "hpctrain", "train", "--config", str(DIGITS)]
     for s in (*base, *sets):
         args += ["--set", s]

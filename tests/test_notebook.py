@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.notebook import PORT_RANGE, NotebookError, NotebookJob, batch_script, submit, tunnel_command
+from hpctrain.notebook import (
+    PORT_RANGE,
+    NotebookError,
+    NotebookJob,
+    batch_script,
+    submit,
+    tensorboard_port,
+    tunnel_command,
+)
 from tests.helpers import free_port
 
 
@@ -67,10 +75,13 @@ def test_dry_run_prints_script_and_tunnel(capsys, tmp_path, monkeypatch):
         "exec apptainer exec --nv /scratch/me/ngc.sif jupyter lab --no-browser --ip=127.0.0.1 --port=23456 "
         f"--ServerApp.port_retries=0 --ServerApp.root_dir={tmp_path}",
     ]
-    assert tail.splitlines()[1] == "ssh -N -J login.example.org -L 23456:127.0.0.1:23456 <node>"
+    assert tail.splitlines()[1] == ("ssh -N -J login.example.org -L 23456:127.0.0.1:23456 "
+                                    "-L 23457:127.0.0.1:23457 <node>")  # Jupyter, TensorBoard
     # where the token will be, and that it is not printed
     assert tail.splitlines()[2] == (f"# the token (the job writes it, mode 0600; never in the log): "
                                     f"cat '{tmp_path}/.hpctrain/notebook-<job id>.token'")
+    assert tail.splitlines()[3] == ("# TensorBoard: in a Jupyter terminal run `tensorboard --logdir runs --port 23457` "
+                                    "(or runs/<name>/tb for one run), then open http://localhost:23457/")
     (tmp_path / "nb.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "nb.sh")]).returncode == 0
 
@@ -84,7 +95,11 @@ def test_without_image_and_quoting(tmp_path):
         f"exec python3 -m jupyter lab --no-browser --ip=127.0.0.1 --port=30000 --ServerApp.port_retries=0 "
         f"'--ServerApp.root_dir={tmp_path}/my notebooks'"
     )
-    assert tunnel_command(job, "gpu017", "me@login") == "ssh -N -J me@login -L 30000:127.0.0.1:30000 gpu017"
+    assert tunnel_command(job, "gpu017", "me@login") == ("ssh -N -J me@login -L 30000:127.0.0.1:30000 "
+                                                         "-L 30001:127.0.0.1:30001 gpu017")
+    # the TensorBoard forward stays a valid port, off Jupyter's, at the range's ends
+    assert tensorboard_port(NotebookJob(port=PORT_RANGE[1] - 1)) == PORT_RANGE[1] - 2
+    assert tensorboard_port(NotebookJob(port=65535)) == 65534
 
 
 def test_bad_values_and_no_sbatch(monkeypatch, tmp_path, capsys):

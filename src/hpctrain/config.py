@@ -194,6 +194,8 @@ class TrainConfig:
                              "known GPUs; unknown devices then log no MFU)", lo=0)
     straggler_pct: float = opt(15.0, "name a rank whose own time per step (data wait + forward) exceeds "
                                "the median's by more than this % of the step time", lo=0)
+    tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
+                                  "needs the tensorboard package, else one warning)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)

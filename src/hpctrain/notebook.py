@@ -129,9 +129,23 @@ def batch_script(job: NotebookJob) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tensorboard_port(job: NotebookJob) -> int:
+    """The port the tunnel also forwards for TensorBoard started in the job: next to Jupyter's."""
+    return job.port + 1 if job.port + 1 not in (PORT_RANGE[1], 65536) else job.port - 1
+
+
 def tunnel_command(job: NotebookJob, node: str = "<node>", login: str = "<login-host>") -> str:
-    """What to run on the laptop; then open http://localhost:<port>/ with the token from `token_file`."""
-    return f"ssh -N -J {login} -L {job.port}:127.0.0.1:{job.port} {node}"
+    """What to run on the laptop; then open http://localhost:<port>/ with the token from `token_file`.
+    The second forward is for `tensorboard --port <tensorboard_port>` run inside the job."""
+    tb = tensorboard_port(job)
+    return f"ssh -N -J {login} -L {job.port}:127.0.0.1:{job.port} -L {tb}:127.0.0.1:{tb} {node}"
+
+
+def tensorboard_hint(job: NotebookJob) -> str:
+    """How to watch runs through the same tunnel (TensorBoard listens on 127.0.0.1 by default)."""
+    tb = tensorboard_port(job)
+    return (f"TensorBoard: in a Jupyter terminal run `tensorboard --logdir runs --port {tb}` "
+            f"(or runs/<name>/tb for one run), then open http://localhost:{tb}/")
 
 
 def submit(job: NotebookJob) -> str:

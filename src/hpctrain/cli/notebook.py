@@ -45,7 +45,15 @@ def main(args: argparse.Namespace) -> int:
 
     from hpctrain.launch.modules import module_lines
     from hpctrain.launch.profile import load_profile
-    from hpctrain.notebook import NotebookJob, batch_script, submit, token_file, tunnel_command, wait_for_node
+    from hpctrain.notebook import (
+        NotebookJob,
+        batch_script,
+        submit,
+        tensorboard_hint,
+        token_file,
+        tunnel_command,
+        wait_for_node,
+    )
 
     name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     prof = load_profile(name) if name else None
@@ -77,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
         print(batch_script(job), end="")
         print(f"# on your laptop, once the job runs on <node>:\n{tunnel_command(job, login=login)}")
         print(f"# the token (the job writes it, mode 0600; never in the log): cat {shlex.quote(token_file(job))}")
+        print(f"# {tensorboard_hint(job)}")
         return 0
     job_id = submit(job)
     log = shlex.quote(os.path.join(job.workdir, f"notebook-{job_id}.log"))  # pasteable as one word
@@ -88,4 +97,5 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"running on {node}; on your laptop run:\n  {tunnel_command(job, node, login)}")
     print(f"then open http://localhost:{job.port}/lab with the token from: cat {shlex.quote(token_file(job, job_id))}")
+    print(tensorboard_hint(job))
     return 0

@@ -20,7 +20,7 @@ import torch.distributed as td
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import comm, compat, fastpath, speed, straggler
+from hpctrain.train import comm, compat, fastpath, speed, straggler, tensorboard
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
@@ -143,7 +143,9 @@ class Trainer:
         self.step = 0
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir and dist.is_main else None)
+        main_dir = run_dir if dist.is_main else None
+        self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl",
+                                     sink=tensorboard.open_sink(t.tensorboard, main_dir))
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
         delay, where = straggler.injected_delay(dist.rank)
         self.data_delay = delay if where == "data" else 0.0

@@ -20,12 +20,28 @@ progress_log = logging.getLogger("hpctrain.progress")
 
 class MetricsWriter:
     """Appends JSON lines (rank 0 only); a requeued job appends to the same file, once the
-    records it will write again are moved out (`supersede`)."""
+    records it will write again are moved out (`supersede`).
 
-    def __init__(self, path: str | Path | None):
+    `sink` (optional, e.g. `tensorboard.TensorBoardSink`) sees every record written, and the
+    records a resume keeps and moves (`restart(kept, moved)`); a sink that fails is dropped with
+    one warning: it never stops the run.
+    """
+
+    def __init__(self, path: str | Path | None, sink: Any = None):
         self.path = Path(path) if path else None
         self._f = self._open()
         self.failed = False
+        self.sink = sink if self.path else None
+
+    def _to_sink(self, method: str, *args: Any) -> None:
+        if self.sink is None:
+            return
+        try:
+            getattr(self.sink, method)(*args)
+        except Exception as e:  # e.g. a full disk under the event files
+            log.warning("%s failed (%s: %s); it gets no more records", type(self.sink).__name__,
+                        type(e).__name__, e)
+            self.sink = None
 
     def _open(self):
         return open(self.path, "a", buffering=1) if self.path else None  # noqa: SIM115
@@ -34,11 +50,15 @@ class MetricsWriter:
         """Move the records a resumed run will write again out of the file (see `supersede`)."""
         if not self.path:
             return 0
-        self.close()
+        recs = read_metrics(self.path) if self.sink else []
+        self._close_file()
         try:
             return supersede(self.path, replayed)
         finally:
             self._f = self._open()
+            if recs:
+                moved = [r for r in recs if isinstance(r, dict) and replayed(r)]
+                self._to_sink("restart", [r for r in recs if isinstance(r, dict) and not replayed(r)], moved)
 
     def write(self, kind: str, **fields: Any) -> None:
         if self._f:
@@ -49,8 +69,13 @@ class MetricsWriter:
                 if not self.failed:
                     log.warning("cannot append to %s: %s; metrics are lost until there is space", self.path, e)
                 self.failed = True
+            self._to_sink("record", rec)
 
     def close(self) -> None:
+        self._close_file()
+        self._to_sink("close")
+
+    def _close_file(self) -> None:
         if self._f:
             with contextlib.suppress(OSError):
                 self._f.close()
