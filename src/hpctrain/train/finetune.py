@@ -125,11 +125,7 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str,
         prefix = getattr(model, "num_prefix", 1)
         n = pe.shape[1] - prefix if pe.ndim == 3 else -1
         grid = model.patch_embed.grid
-        if not model.pos_embed.requires_grad and pe.ndim == 3 and pe.shape[2] == mpe.shape[2]:
-            sd["pos_embed"] = mpe.clone()  # fixed sin-cos: the model's own table at its grid is exact
-            notes.append(f"position embedding: the model's fixed sin-cos table for its {grid}×{grid} grid "
-                         f"(the checkpoint's is {_shape(pe)})")
-        elif pe.ndim == 3 and n > 0 and math.isqrt(n) ** 2 == n and pe.shape[2] == mpe.shape[2]:
+        if pe.ndim == 3 and n > 0 and math.isqrt(n) ** 2 == n and pe.shape[2] == mpe.shape[2]:
             old = math.isqrt(n)
             sd["pos_embed"] = resample_pos_embed(pe, grid, prefix)
             notes.append(f"position embedding resampled from a {old}×{old} to a {grid}×{grid} grid (bicubic"
