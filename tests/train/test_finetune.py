@@ -44,7 +44,7 @@ def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     d, run, weights = base
     base_top1 = run_metrics(run, "eval")[-1]["top1"]
     assert base_top1 >= 95.0
-    sets = [*BASE, "model.img_size=48", f"model.init_from={weights}", "train.epochs=3", "optim.lr=1e-3",
+    sets = [*BASE, "model.img_size=48", f"model.init_from={weights}", "train.epochs=4", "optim.lr=5e-4",
             "optim.warmup_epochs=0.5"]
     out = run_ranks(1, digits_args(digits_root, d, "ft48", *sets))[0].stdout
     assert f"initialised the model from {weights}; position embedding resampled from a 4×4 to a 6×6 grid (bicubic)" in out
