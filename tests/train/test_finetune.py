@@ -47,7 +47,8 @@ def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     sets = [*BASE, "model.img_size=48", f"model.init_from={weights}", "train.epochs=4", "optim.lr=5e-4",
             "optim.warmup_epochs=0.5"]
     out = run_ranks(1, digits_args(digits_root, d, "ft48", *sets))[0].stdout
-    assert f"initialised the model from {weights}; position embedding resampled from a 4×4 to a 6×6 grid (bicubic)" in out
+    resampled = "position embedding resampled from a 4×4 to a 6×6 grid (bicubic)"
+    assert f"initialised the model from {weights}; {resampled}" in out
     top1 = run_metrics(d / "ft48", "eval")[-1]["top1"]
     assert top1 >= 95.0, out[-3000:]
     again = run_ranks(1, digits_args(digits_root, d, "ft48", *sets))[0].stdout  # the run's checkpoint wins
