@@ -122,3 +122,22 @@ def test_eval_equals_the_runs_last_eval_on_1_and_2_processes(base, digits_root, 
     two = json.loads((tmp_path / "w2" / "summary.json").read_text())
     assert one["loss"] == last["loss"] and abs(two["loss"] - last["loss"]) < 1e-6
     assert one["world_size"] == 1 and two["world_size"] == 2
+
+
+def test_init_ema_takes_the_ema_weights_of_each_checkpoint_layout(base, digits_root, tmp_path):
+    _, _, weights = base
+    sd = finetune.read_weights(weights)[0]
+    ema = {k: v + 1.0 for k, v in sd.items()}  # told apart from the trained weights
+    layouts = {"hpctrain.pt": {"step": 3, "model": sd, "ema": ema},  # an hpctrain checkpoint renamed
+               "timm.pth": {"state_dict": sd, "state_dict_ema": ema}}  # timm train.py's layout
+    for name, obj in layouts.items():
+        torch.save(obj, tmp_path / name)
+        for use_ema, want in ((False, sd), (True, ema)):
+            got = finetune.read_weights(tmp_path / name, use_ema)[0]
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), (name, use_ema)
+    with pytest.raises(finetune.InitError, match="is a plain state_dict .*: it has no EMA weights; set "
+                                                 "model.init_ema=false"):
+        finetune.read_weights(weights, ema=True)
+    torch.save({"model": sd, "epoch": 1}, tmp_path / "deit.pth")  # DeiT/MAE: no EMA entry
+    with pytest.raises(finetune.InitError, match="has no EMA weights"):
+        finetune.read_weights(tmp_path / "deit.pth", ema=True)

@@ -102,7 +102,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
         ecfg = eval_config(cfg, info.world_size)
         torch.manual_seed(cfg.train.seed)
         model = build_vit(cfg.model)
-        notes = finetune.load_into(model, weights, ema, new_head=False)
+        notes = finetune.load_into(model, weights, ema, new_head=False, what="weights")
         model.to(device)
         _, loader = build_loaders(ecfg, info.rank, info.world_size, device)
         if loader is None:

@@ -37,7 +37,7 @@ def _is_run_or_checkpoint(p: Path) -> bool:
     return ckpt.PATTERN.match(p.name) is not None or (p.is_dir() and ckpt.ckpt_dir(p).is_dir())
 
 
-def _unwrap(obj: dict, path: Path, ema: bool) -> dict[str, torch.Tensor]:
+def _unwrap(obj: dict, path: Path, ema: bool, what: str = "model.init_from") -> dict[str, torch.Tensor]:
     """The state_dict inside a file: hpctrain checkpoint (model/ema), timm train checkpoint
     (state_dict/state_dict_ema), DeiT/MAE (model), or the state_dict itself."""
     if "step" in obj and "model" in obj:  # an hpctrain single-file checkpoint under another name
@@ -49,13 +49,13 @@ def _unwrap(obj: dict, path: Path, ema: bool) -> dict[str, torch.Tensor]:
     else:
         key = None if ema else ""
     if key is None or (key and not isinstance(obj.get(key), dict)):
-        raise InitError(f"model.init_from={path} has no EMA weights (no {'ema/state_dict_ema'} entry): set "
+        raise InitError(f"{what}={path} has no EMA weights (no ema or state_dict_ema entry): set "
                         "model.init_ema=false")
     sd = obj[key] if key else obj
     out = {}
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
-            raise InitError(f"model.init_from={path}: entry {k!r} is not a tensor; give a state_dict file "
+            raise InitError(f"{what}={path}: entry {k!r} is not a tensor; give a state_dict file "
                             "(e.g. from `hpctrain export`)")
         for pre in PREFIXES:
             k = k[len(pre):] if k.startswith(pre) else k
@@ -63,20 +63,21 @@ def _unwrap(obj: dict, path: Path, ema: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def read_weights(source: str | Path, ema: bool = False) -> tuple[dict[str, torch.Tensor], str]:
-    """(state_dict, where it came from) of an init_from / --weights source."""
+def read_weights(source: str | Path, ema: bool = False, what: str = "model.init_from"
+                 ) -> tuple[dict[str, torch.Tensor], str]:
+    """(state_dict, where it came from) of an init_from / --weights source (`what` names it in errors)."""
     from hpctrain.train import export
 
     p = Path(source)
     if not p.exists():
-        raise InitError(f"model.init_from={source}: no such file or directory; give the path of a .safetensors/"
+        raise InitError(f"{what}={source}: no such file or directory; give the path of a .safetensors/"
                         ".pt/.pth state_dict, an hpctrain checkpoint or run directory (no URLs or hub names)")
     if _is_run_or_checkpoint(p):
         path = export.find(p)
         sd, _ = export.weights(path, ema)
         return sd, f"{path}{' (EMA)' if ema else ''}"
     if p.is_dir():
-        raise InitError(f"model.init_from={source} is a directory without checkpoints/: give a run directory, "
+        raise InitError(f"{what}={source} is a directory without checkpoints/: give a run directory, "
                         "a checkpoint (step-<n>.pt or step-<n>/) or a weights file")
     if p.suffix == ".safetensors":
         try:
@@ -84,17 +85,17 @@ def read_weights(source: str | Path, ema: bool = False) -> tuple[dict[str, torch
         except ImportError:
             raise InitError("reading .safetensors needs the safetensors package (part of hpctrain[train])") from None
         if ema:
-            raise InitError(f"model.init_from={source} is a plain state_dict (.safetensors): it has no EMA weights; "
+            raise InitError(f"{what}={source} is a plain state_dict (.safetensors): it has no EMA weights; "
                             "set model.init_ema=false (or export the EMA weights: hpctrain export RUN --ema)")
-        return _unwrap(load_file(str(p)), p, False), str(p)
+        return _unwrap(load_file(str(p)), p, False, what), str(p)
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # pickled code, not a torch file: refused, not run
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InitError(f"model.init_from={source} cannot be loaded safely (weights_only): {first}") from None
+        raise InitError(f"{what}={source} cannot be loaded safely (weights_only): {first}") from None
     if not isinstance(obj, dict):
-        raise InitError(f"model.init_from={source} holds a {type(obj).__name__}, not a state_dict")
-    return _unwrap(obj, p, ema), f"{source}{' (EMA)' if ema else ''}"
+        raise InitError(f"{what}={source} holds a {type(obj).__name__}, not a state_dict")
+    return _unwrap(obj, p, ema, what), f"{source}{' (EMA)' if ema else ''}"
 
 
 def resample_pos_embed(pe: torch.Tensor, grid: int, prefix: int) -> torch.Tensor:
@@ -164,9 +165,10 @@ def _listing(what: str, items: list[str], most: int = 8) -> str:
     return f"{what}: {', '.join(items[:most])}{more}"
 
 
-def load_into(model: torch.nn.Module, source: str | Path, ema: bool = False, new_head: bool = True) -> list[str]:
+def load_into(model: torch.nn.Module, source: str | Path, ema: bool = False, new_head: bool = True,
+              what: str = "model.init_from") -> list[str]:
     """Read `source`, adapt it to `model`, load it; log and return what was adapted."""
-    sd, where = read_weights(source, ema)
+    sd, where = read_weights(source, ema, what)
     sd, notes = adapt(sd, model, where, new_head)
     model.load_state_dict(sd, strict=False)  # adapt() has refused every key but the re-initialised head
     log.info("initialised the model from %s%s", where, "".join(f"; {n}" for n in notes))
