@@ -69,11 +69,21 @@ class ModelConfig:
                     "LeCun-normal patch embedding and pre-logits)", choices=("timm", "big_vision"))
     gap_norm: str = opt("after", "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
                         "token before it (big_vision encoder_norm)", choices=("after", "before"))
+    init_from: str = opt("", "start from these weights (not on resume): a .pt/.pth/.safetensors state_dict with "
+                         "timm's names (e.g. from `hpctrain export`), an hpctrain checkpoint or run directory; "
+                         "a file path, read by every rank (docs/finetune.md)")
+    init_ema: bool = opt(False, "model.init_from is a checkpoint with EMA weights: start from those")
+
+    # keys that say where the first weights come from, not what the model is: a resume ignores them
+    START_KEYS = ("init_from", "init_ema")
 
     def validate(self) -> None:
         if self.gap_norm == "before" and self.pool != "avg":
             raise ConfigError("model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
                               "always on the tokens); set model.pool=avg or model.gap_norm=after")
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://|^(hf[-_]hub|timm):|^timm/", self.init_from):
+            raise ConfigError(f"model.init_from={self.init_from!r}: hpctrain reads no network at run time; download "
+                              "the weights first (e.g. a timm model's model.safetensors) and give the file's path")
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = opt("adamw", "optimizer: AdamW, or LAMB (layer-wise trust ratio, for 8k-32k global batches)",
-                    choices=("adamw", "lamb"))
+    name: str = opt("adamw", "optimizer: AdamW, LAMB (layer-wise trust ratio, for 8k-32k global batches), or SGD "
+                    "with momentum (the ViT paper's fine-tuning)", choices=("adamw", "lamb", "sgd"))
     lr: float = opt(5e-4, "peak learning rate at lr_ref_batch (before batch scaling)", lo=0, lo_open=True)
     lr_ref_batch: int = opt(0, "global batch that optim.lr is tuned for (0: lr is used as is)", lo=0)
     lr_scaling: str = opt("linear", "how lr follows data.batch_size / lr_ref_batch: linear (AdamW, Goyal "
@@ -138,6 +148,12 @@ class OptimConfig:
     weight_decay: float = opt(0.05, "weight decay, not on norms/biases/tokens (AdamW: decoupled, lr·wd; "
                               "LAMB: inside the trust-ratio update)", lo=0)
     betas: tuple[float, ...] = opt((0.9, 0.999), "Adam/LAMB betas")
+    momentum: float = opt(0.9, "SGD momentum (optim.name=sgd)", lo=0, hi=1)
+    layer_decay: float = opt(1.0, "layer-wise lr decay (BEiT/MAE): block i's lr x decay^(depth-i), patch/position "
+                             "embedding and class token x decay^(depth+1), final norm and head x 1; 1 = off "
+                             "(MAE ViT-B fine-tuning: 0.65)", lo=0, hi=1, lo_open=True)
+    head_lr_mult: float = opt(1.0, "learning-rate multiplier of the classifier head (head.*), on top of "
+                              "layer_decay", lo=0, lo_open=True)
     eps: float = opt(1e-8, "Adam/LAMB epsilon", lo=0, lo_open=True)
     warmup_epochs: float = opt(0.0, "linear warm-up length in epochs", lo=0)
     warmup_steps: int = opt(0, "linear warm-up length in steps (overrides warmup_epochs)", lo=0)
@@ -161,8 +177,9 @@ class OptimConfig:
         if self.lr_scaling == "sqrt" and not self.lr_ref_batch:
             raise ConfigError("optim.lr_scaling=sqrt needs optim.lr_ref_batch (the global batch optim.lr was "
                               "tuned for), e.g. optim.lr_ref_batch=4096")
-        if self.name == "lamb" and self.fused == "always":
-            raise ConfigError("optim.fused=always is for AdamW: LAMB has no fused kernel here; use optim.fused=auto")
+        if self.name != "adamw" and self.fused == "always":
+            raise ConfigError(f"optim.fused=always is for AdamW: {self.name} has no fused kernel here; use "
+                              "optim.fused=auto")
         if self.mu_dtype == "bf16" and self.name != "adamw":
             raise ConfigError(f"optim.mu_dtype=bf16 is for optim.name=adamw; {self.name} keeps its moments in "
                               "fp32: use optim.mu_dtype=fp32")

@@ -14,7 +14,7 @@ from hpctrain.errors import UserError
 
 # module name under hpctrain.cli for each command group, in --help order
 COMMANDS = ["train", "submit", "plan", "status", "data", "config_cmd", "image", "doctor", "notebook", "bench", "export",
-            "report"]
+            "eval_cmd", "report"]
 
 
 class CLIError(UserError):

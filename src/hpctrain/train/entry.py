@@ -194,6 +194,13 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
+    if cfg.model.init_from and resume:
+        log.info("model.init_from=%s ignored: this run resumes from %s (the run's checkpoint wins)",
+                 cfg.model.init_from, resume[0])
+    elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
+        from hpctrain.train import finetune
+
+        finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
     out = trainer.run(resume, cfg.train.halt_at)
     summary = {

@@ -57,8 +57,9 @@ def check_compatible(cfg: Config, st: dict, path: Path) -> None:
     """Refuse a checkpoint of another model or global batch, before anything is overwritten."""
     old = st.get("config", {})
     problems = []
-    if old.get("model") and old["model"] != to_dict(cfg.model):
-        diff = [k for k, v in to_dict(cfg.model).items() if old["model"].get(k) != v]
+    now = {k: v for k, v in to_dict(cfg.model).items() if k not in cfg.model.START_KEYS}  # not the model
+    diff = [k for k, v in now.items() if old.get("model") and old["model"].get(k) != v]
+    if diff:
         problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
     if st.get("global_batch") not in (None, cfg.data.batch_size):
         problems.append(f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
@@ -94,6 +95,43 @@ def seed_step(seed: int, device: torch.device) -> None:
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num_classes: int = 0) -> dict:
+    """Exact top-1/top-5 and mean loss over the whole split, summed over every rank: padded samples
+    (label < 0) never count. With `num_classes`, also the confusion matrix ("confusion": rows the
+    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it."""
+    if loader is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, n, loss
+    conf = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device) if num_classes else None
+    loader.set_epoch(0)
+    for images, labels in loader:
+        keep = labels >= 0
+        with autocast_ctx(amp, device):
+            logits = model(images)
+        logits, labels = logits[keep].float(), labels[keep]
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hit = top5 == labels[:, None]
+        sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
+                             torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+                             ]).double()
+        if conf is not None:
+            conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
+    if td.is_initialized():
+        td.all_reduce(sums)
+        if conf is not None:
+            td.all_reduce(conf)
+    model.train(was_training)
+    c1, c5, n, loss = sums.tolist()
+    out = {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
+           "loss": loss / max(n, 1)}
+    if conf is not None:
+        out["confusion"] = conf.view(num_classes, num_classes).cpu()
+    return out
 
 
 class Trainer:
@@ -325,39 +363,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> dict:
-        """Exact top-1/top-5 over the whole val set: padded samples (label < 0) never count."""
-        if self.val_loader is None:
-            return {}
-        was_training = model.training
-        model.eval()
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # correct1, correct5, n, loss
-        self.val_loader.set_epoch(0)
-        for images, labels in self.val_loader:
-            keep = labels >= 0
-            with autocast_ctx(self.cfg.train.amp, self.device):
-                logits = model(images)
-            logits, labels = logits[keep].float(), labels[keep]
-            top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-            hit = top5 == labels[:, None]
-            sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
-                                 torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-                                 ]).double()
-        if td.is_initialized():
-            td.all_reduce(sums)
-        model.train(was_training)
-        c1, c5, n, loss = sums.tolist()
-        return {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
-                "loss": loss / max(n, 1)}
+        """Exact top-1/top-5 over the whole val set (`evaluate` above, shared with `hpctrain eval`)."""
+        return evaluate(model, self.val_loader, self.cfg.train.amp, self.device)
 
     # ------------------------------------------------------------------ training
 
     def train_step(self, batches) -> torch.Tensor:
         """One optimizer step over `accum` micro-batches; returns the mean loss (on device)."""
         lr = self.lr_of(self.step)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        for g in self.optimizer.param_groups:  # lr_scale: layer-wise decay and head multiplier (optim.py)
+            g["lr"] = lr * g["lr_scale"] if "lr_scale" in g else lr
         total = torch.zeros((), device=self.device)
         for i, (images, labels) in enumerate(batches):
             images, targets = self.mixer(images, labels, self.step, i, self.dist.rank)
@@ -460,7 +476,7 @@ class Trainer:
                     loss = self._mean_loss(loss_acc / win_steps)
                     el = time.perf_counter() - win_t
                     ips = g * win_steps / max(el, 1e-9)
-                    lr = self.optimizer.param_groups[0]["lr"]
+                    lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
                     rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
                                images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
                                **self.speed.fields(ips, el / win_steps))

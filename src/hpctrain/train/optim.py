@@ -1,4 +1,4 @@
-"""AdamW or LAMB with the usual no-decay groups, and the per-step warm-up + cosine schedule."""
+"""AdamW, LAMB or SGD with the usual no-decay groups (and layer-wise lr decay); the warm-up + cosine schedule."""
 
 from __future__ import annotations
 
@@ -9,35 +9,67 @@ import torch
 from hpctrain.config import Config, ConfigError
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices only: norms, biases, position embedding and class token are not decayed."""
+def layer_id(name: str, depth: int) -> int:
+    """MAE's get_layer_id_for_vit (after BEiT): embeddings and class token 0, block i → i + 1,
+    everything after the blocks (final norm, pre-logits, head) depth + 1."""
+    if name in ("cls_token", "pos_embed") or name.startswith("patch_embed"):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, layer_decay: float = 1.0,
+                 head_lr_mult: float = 1.0) -> list[dict]:
+    """Decay matrices only: norms, biases, position embedding and class token are not decayed.
+
+    With layer_decay < 1 or head_lr_mult != 1, one group per (layer, decay, head) with an `lr_scale`
+    the schedule's lr is multiplied by (MAE's param_groups_lrd: scale = layer_decay^(depth + 1 -
+    layer_id)); without them, the two groups as always (and no lr_scale), so older runs' optimizer
+    states keep their layout."""
     skip = getattr(model, "no_weight_decay", lambda: set())()
-    decay, no_decay = [], []
+    if layer_decay == 1.0 and head_lr_mult == 1.0:
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay},
+                {"params": no_decay, "weight_decay": 0.0}]
+    depth = len(model.blocks)
+    groups: dict[tuple, dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+        wd = 0.0 if p.ndim <= 1 or name in skip else weight_decay
+        lid = layer_id(name, depth)
+        head = name.startswith("head.")
+        scale = layer_decay ** (depth + 1 - lid) * (head_lr_mult if head else 1.0)
+        g = groups.setdefault((lid, head, wd), {"params": [], "weight_decay": wd, "lr_scale": scale})
+        g["params"].append(p)
+    return list(groups.values())
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
     o = cfg.optim
+    groups = param_groups(model, o.weight_decay, o.layer_decay, o.head_lr_mult)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.peak_lr, momentum=o.momentum)
     if o.name == "lamb":
         if cfg.train.parallel == "fsdp":
             raise ConfigError("optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
                               "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)")
         from hpctrain.train.lamb import Lamb
 
-        return Lamb(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
+        return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
                     always_adapt=o.lamb_adapt == "all")
     if o.mu_dtype == "bf16":
         from hpctrain.train.adamw import AdamWLowMu
 
-        return AdamWLowMu(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
+        return AdamWLowMu(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
                           mu_dtype=torch.bfloat16)
     fused = o.fused == "always" or (o.fused == "auto" and device.type == "cuda")
-    return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=cfg.peak_lr, betas=tuple(o.betas),
+    return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=tuple(o.betas),
                              eps=o.eps, fused=fused or None)
 
 

@@ -1,0 +1,143 @@
+"""Start from weights (`model.init_from`) and evaluate them (`hpctrain eval`), on one digits run.
+
+The module trains digits once at 32² (the demo's patch 8 and sin-cos table, a 2-block ViT for
+speed) and exports it; every test starts from that run or its export.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+
+import pytest
+import torch
+
+from hpctrain.config import ConfigError, load
+from hpctrain.models.vit import build_vit
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import finetune
+from hpctrain.train.export import export
+from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
+
+# The cheapest base that is already good (≥ 95 % at 32², measured in docs/finetune.md).
+MODEL = ["model.depth=2", "model.width=128", "model.heads=4"]
+BASE = [*MODEL, "train.epochs=15", "optim.lr=2e-3", "optim.warmup_epochs=1", "data.scale_min=0.8",
+        "train.label_smoothing=0"]
+
+
+@pytest.fixture(scope="module")
+def base(digits_root, tmp_path_factory):
+    """(runs folder, the finished 32² run, its export as .safetensors)."""
+    pytest.importorskip("safetensors")
+    d = tmp_path_factory.mktemp("finetune")
+    run_ranks(1, digits_args(digits_root, d, "base", *BASE))
+    _, out = export(d / "base", d / "base.safetensors")
+    return d, d / "base", out
+
+
+def cfg_of(digits_root, *sets: str):
+    return load(DIGITS, [f"data.root={digits_root}", *MODEL, *sets])
+
+
+def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
+    d, run, weights = base
+    base_top1 = run_metrics(run, "eval")[-1]["top1"]
+    assert base_top1 >= 95.0
+    sets = [*BASE, "model.img_size=48", f"model.init_from={weights}", "train.epochs=4", "optim.lr=5e-4",
+            "optim.warmup_epochs=0.5"]
+    out = run_ranks(1, digits_args(digits_root, d, "ft48", *sets))[0].stdout
+    resampled = "position embedding resampled from a 4×4 to a 6×6 grid (bicubic)"
+    assert f"initialised the model from {weights}; {resampled}" in out
+    top1 = run_metrics(d / "ft48", "eval")[-1]["top1"]
+    assert top1 >= 95.0, out[-3000:]
+    again = run_ranks(1, digits_args(digits_root, d, "ft48", *sets))[0].stdout  # the run's checkpoint wins
+    assert f"model.init_from={weights} ignored: this run resumes from" in again
+    assert "initialised the model from" not in again
+
+
+def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, caplog):
+    _, _, weights = base
+    model = build_vit(cfg_of(digits_root, "model.num_classes=7").model)
+    with caplog.at_level(logging.INFO, logger="hpctrain"):
+        finetune.load_into(model, weights)
+    assert "new head: the checkpoint's has 10 classes, model.num_classes=7; re-initialised (model.head_init=zero)" \
+        in caplog.text
+    sd = finetune.read_weights(weights)[0]
+    got = model.state_dict()
+    assert torch.count_nonzero(got["head.weight"]) == 0 and got["head.weight"].shape == (7, 128)
+    assert all(torch.equal(got[k], v) for k, v in sd.items() if not k.startswith("head."))
+    with pytest.raises(finetune.InitError, match="10-class head but model.num_classes=7: evaluate with"):
+        finetune.load_into(build_vit(cfg_of(digits_root, "model.num_classes=7").model), weights, new_head=False)
+
+
+def test_mismatched_model_fails_listing_keys_and_shapes(base, digits_root):
+    _, _, weights = base
+    with pytest.raises(finetune.InitError) as e:
+        finetune.load_into(build_vit(cfg_of(digits_root, "model.depth=3").model), weights)
+    msg = str(e.value)
+    assert "does not fit this model: missing from the file: blocks.2.norm1.weight 128, blocks.2.norm1.bias 128" in msg
+    assert "blocks.2.attn.qkv.weight 384×128" in msg and "… and 4 more" in msg and "model.* keys" in msg
+    with pytest.raises(finetune.InitError, match=r"shapes differ: patch_embed.proj.weight 128×3×8×8 in the file vs "
+                                                 r"128×3×4×4 in the model"):
+        finetune.load_into(build_vit(cfg_of(digits_root, "model.patch_size=4").model), weights)
+    with pytest.raises(ConfigError, match="reads no network at run time"):
+        cfg_of(digits_root, "model.init_from=https://example.org/vit.safetensors")
+    with pytest.raises(finetune.InitError, match="no such file or directory"):
+        finetune.load_into(build_vit(cfg_of(digits_root).model), "timm/vit_base_patch16_224")
+
+
+def test_export_then_init_from_gives_the_same_logits(base, digits_root, tmp_path):
+    _, run, weights = base
+    cfg = cfg_of(digits_root)
+    trained = build_vit(cfg.model)
+    trained.load_state_dict(ckpt.load(ckpt.list_checkpoints(run)[0])["model"])
+    sd = finetune.read_weights(weights)[0]
+    wrapped = tmp_path / "timm_train_checkpoint.pth"  # timm's train.py layout, DDP-prefixed names
+    torch.save({"epoch": 9, "state_dict": {f"module.{k}": v for k, v in sd.items()}}, wrapped)
+    x = torch.randn(4, 3, 32, 32)
+    want = trained.eval()(x)
+    for source in (weights, wrapped, run):
+        model = build_vit(cfg.model)
+        assert finetune.load_into(model, source) == []  # nothing adapted
+        assert torch.equal(model.eval()(x), want), source
+
+
+def test_eval_equals_the_runs_last_eval_on_1_and_2_processes(base, digits_root, tmp_path):
+    d, run, weights = base
+    last = run_metrics(run, "eval")[-1]
+    run_ranks(1, ["-m", "hpctrain", "eval", str(run), "-o", str(tmp_path / "w1")])
+    args = ["-m", "hpctrain", "eval", "--weights", str(weights), "--config", str(DIGITS), "--data", str(digits_root),
+            "-o", str(tmp_path / "w2")] + [a for s in BASE for a in ("--set", s)]
+    run_ranks(2, args)
+    for name in ("w1", "w2"):
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        assert (s["top1"], s["top5"]) == (last["top1"], last["top5"]) and s["count"] == last["count"] == 359
+        rows = list(csv.DictReader((tmp_path / name / "per_class.csv").read_text().splitlines()))
+        assert [r["class"] for r in rows] == [str(i) for i in range(10)]
+        assert sum(int(r["count"]) for r in rows) == 359
+        assert sum(int(r["correct"]) for r in rows) == round(last["top1"] * 359 / 100)
+        assert len(s["most_confused"]) <= 10 and all(p["true"] != p["predicted"] for p in s["most_confused"])
+    one = json.loads((tmp_path / "w1" / "summary.json").read_text())
+    two = json.loads((tmp_path / "w2" / "summary.json").read_text())
+    assert one["loss"] == last["loss"] and abs(two["loss"] - last["loss"]) < 1e-6
+    assert one["world_size"] == 1 and two["world_size"] == 2
+
+
+def test_init_ema_takes_the_ema_weights_of_each_checkpoint_layout(base, digits_root, tmp_path):
+    _, _, weights = base
+    sd = finetune.read_weights(weights)[0]
+    ema = {k: v + 1.0 for k, v in sd.items()}  # told apart from the trained weights
+    layouts = {"hpctrain.pt": {"step": 3, "model": sd, "ema": ema},  # an hpctrain checkpoint renamed
+               "timm.pth": {"state_dict": sd, "state_dict_ema": ema}}  # timm train.py's layout
+    for name, obj in layouts.items():
+        torch.save(obj, tmp_path / name)
+        for use_ema, want in ((False, sd), (True, ema)):
+            got = finetune.read_weights(tmp_path / name, use_ema)[0]
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), (name, use_ema)
+    with pytest.raises(finetune.InitError, match="is a plain state_dict .*: it has no EMA weights; set "
+                                                 "model.init_ema=false"):
+        finetune.read_weights(weights, ema=True)
+    torch.save({"model": sd, "epoch": 1}, tmp_path / "deit.pth")  # DeiT/MAE: no EMA entry
+    with pytest.raises(finetune.InitError, match="has no EMA weights"):
+        finetune.read_weights(tmp_path / "deit.pth", ema=True)
