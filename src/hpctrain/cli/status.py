@@ -8,7 +8,9 @@ import argparse
 def add_parser(sub) -> None:
     p = sub.add_parser("status", help="state, requeues, last step and metrics of a run or Slurm job",
                        description=__doc__)
-    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
+    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>), Slurm job id, or a "
+                                                        "sweep directory (runs/<sweep>: one table)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=status)
     p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank",
                        description=__doc__)
@@ -20,10 +22,31 @@ def add_parser(sub) -> None:
 
 def status(args: argparse.Namespace) -> int:
     from hpctrain.launch.status import run_status
+    from hpctrain.launch.sweep import is_sweep
+
+    if is_sweep(args.target):
+        return sweep_status(args)
 
     st = run_status(args.target)
     print(st.text())
     return 1 if st.state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else 0
+
+
+def sweep_status(args: argparse.Namespace) -> int:
+    """One row per member of a sweep (sweep.json), best val top-1 first."""
+    import json
+    from pathlib import Path
+
+    from hpctrain.launch.sweep import sweep_status as rows_of
+    from hpctrain.launch.sweep import sweep_table
+
+    rows = rows_of(args.target)
+    if args.json:
+        print(json.dumps({"sweep": str(Path(args.target).resolve()), "runs": rows}, indent=1))
+    else:
+        print(sweep_table(rows, f"hpctrain status: sweep {Path(args.target).resolve().name} ({len(rows)} runs)"))
+    bad = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    return 1 if any(r["state"] in bad for r in rows) else 0
 
 
 def logs(args: argparse.Namespace) -> int:
