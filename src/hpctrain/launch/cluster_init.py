@@ -259,8 +259,9 @@ def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str
         notes.append(f"account {acc}; also: {', '.join(a for a in accs if a != acc)}")
     qos_list, def_qos = accs.get(acc, ([], ""))
     qos = def_qos or (qos_list[0] if qos_list else "")
+    which = "DefaultQOS" if def_qos else "first QOS" if qos else "none"
     lines.append(f"  qos: {yaml_value(qos)}  # sacctmgr show assoc user={facts.user} account={acc or '-'}: "
-                 f"{'DefaultQOS' if def_qos else 'first QOS' if qos else 'none'} of QOS={','.join(qos_list) or '-'}; REVIEW")
+                 f"{which} of QOS={','.join(qos_list) or '-'}; REVIEW")
     if len(qos_list) > 1:
         notes.append(f"qos {qos}; account {acc} may also use: {', '.join(q for q in qos_list if q != qos)}")
     t = slurm_time(part.max_time)
