@@ -9,7 +9,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("status", help="state, requeues, last step and metrics of a run or Slurm job",
                        description=__doc__)
     p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>), Slurm job id, or a "
-                                                        "sweep directory (runs/<sweep>: one table)")
+                                                        "sweep (runs/<sweep> or its name: one table)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=status)
     p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank",
@@ -24,6 +24,8 @@ def status(args: argparse.Namespace) -> int:
     from hpctrain.launch.status import run_status
     from hpctrain.launch.sweep import is_sweep
 
+    if not is_sweep(args.target) and not args.target.isdigit() and is_sweep(f"runs/{args.target}"):
+        args.target = f"runs/{args.target}"  # a sweep's name under the default run.dir
     if is_sweep(args.target):
         return sweep_status(args)
 
