@@ -16,6 +16,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ SLURMD_TIMEOUT = 10
 # PREEMPTIBLE, which get SIGCONT+SIGTERM, GRACE_TIME seconds, SIGKILL, and are requeued by Slurm.
 # Jobs in the default partition are never preempted.
 PREEMPTIBLE, URGENT, GRACE_TIME = "low", "high", 30
+# Site-shaped partitions over the same nodes, for `hpctrain cluster init`: GPU_PARTITION holds the
+# node that declares GPUs as a GRES (no devices behind them: gres.conf AutoDetect=off, Count only),
+# CPU_PARTITION the node that declares none. Jobs asking for no GPUs schedule as before on both.
+GPU_PARTITION, CPU_PARTITION, GPU_NODE, CPU_NODE = "gpu", "cpu", "n2", "n1"
+GPU_TYPE, GPUS_PER_NODE = "tesla", 2
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -151,8 +157,15 @@ class SlurmCluster:
         auth = f"socket={munge_sock},cred_expire=10"
         nodes_list = ",".join(NODES)
         preempt = f"PreemptMode=REQUEUE GraceTime={GRACE_TIME}"
+        gres = {GPU_NODE: f" Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE}"}
         nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
-                          f"RealMemory=4000 State=UNKNOWN" for n in NODES)
+                          f"RealMemory=4000{gres.get(n, '')} State=UNKNOWN" for n in NODES)
+        (r / "dev").mkdir(exist_ok=True)
+        for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
+            with contextlib.suppress(FileExistsError):
+                os.mknod(r / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+        (r / "etc" / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={GPU_NODE} Name=gpu Type={GPU_TYPE} File={r}/dev/gpu[0-{GPUS_PER_NODE - 1}]\n")
         self.conf.write_text(f"""\
 ClusterName={self.cluster_name}
 SlurmctldHost={socket.gethostname()}(127.0.0.1)
@@ -184,6 +197,7 @@ KillWait=5
 InactiveLimit=0
 MinJobAge=300
 JobAcctGatherType=jobacct_gather/none
+GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort={ports['dbd']}
@@ -194,6 +208,8 @@ PreemptMode=REQUEUE
 PartitionName={self.partition} Nodes={nodes_list} Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF
 PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=1 {preempt}
 PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP PreemptMode=OFF
+PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
 """)
         dbd = r / "etc" / "slurmdbd.conf"
         dbd.write_text(f"""\

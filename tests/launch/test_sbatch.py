@@ -56,7 +56,7 @@ def test_dry_run_16_nodes_without_torch():
                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
                  "srun --kill-on-bad-exit=1", "-u -m hpctrain.launch.task",
                  "export HPCTRAIN_MAX_PREEMPTIONS=-1", "trap 'hpctrain_pass TERM' TERM",
-                 'scontrol requeue "$SLURM_JOB_ID"'):
+                 'scontrol requeue "$hpctrain_job"'):
         assert line in s, line
     assert "module purge" not in s
     # left to NCCL: the GPU-near HCAs, an interface, the RoCE GID (profiles name them when needed)

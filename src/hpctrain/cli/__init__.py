@@ -13,8 +13,8 @@ import sys
 from hpctrain.errors import UserError
 
 # module name under hpctrain.cli for each command group, in --help order
-COMMANDS = ["train", "submit", "plan", "status", "data", "config_cmd", "image", "doctor", "notebook", "bench", "export",
-            "eval_cmd", "report"]
+COMMANDS = ["train", "submit", "sweep", "plan", "status", "cluster", "data", "config_cmd", "image", "doctor",
+            "notebook", "bench", "export", "eval_cmd", "report"]
 
 
 class CLIError(UserError):

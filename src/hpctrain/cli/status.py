@@ -7,8 +7,9 @@ import argparse
 
 def add_parser(sub) -> None:
     p = sub.add_parser("status", help="state, progress, ETA, speed, straggler, last eval and checkpoint of a "
-                                      "run or Slurm job", description=__doc__)
-    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
+                                      "run or Slurm job; a sweep: one table of its runs", description=__doc__)
+    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>), Slurm job id, or a "
+                                                        "sweep (runs/<sweep> or its name: one table)")
     p.add_argument("--json", action="store_true", help="print one JSON object (machine names) for scripts")
     p.set_defaults(func=status)
     p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank",
@@ -21,6 +22,12 @@ def add_parser(sub) -> None:
 
 def status(args: argparse.Namespace) -> int:
     from hpctrain.launch.status import run_status
+    from hpctrain.launch.sweep import is_sweep
+
+    if not is_sweep(args.target) and not args.target.isdigit() and is_sweep(f"runs/{args.target}"):
+        args.target = f"runs/{args.target}"  # a sweep's name under the default run.dir
+    if is_sweep(args.target):
+        return sweep_status(args)
 
     st = run_status(args.target)
     if args.json:
@@ -43,6 +50,23 @@ def strict_json(v):
     if isinstance(v, list):
         return [strict_json(x) for x in v]
     return v
+
+
+def sweep_status(args: argparse.Namespace) -> int:
+    """One row per member of a sweep (sweep.json), best val top-1 first."""
+    import json
+    from pathlib import Path
+
+    from hpctrain.launch.sweep import sweep_status as rows_of
+    from hpctrain.launch.sweep import sweep_table
+
+    rows = rows_of(args.target)
+    if args.json:
+        print(json.dumps({"sweep": str(Path(args.target).resolve()), "runs": rows}, indent=1))
+    else:
+        print(sweep_table(rows, f"hpctrain status: sweep {Path(args.target).resolve().name} ({len(rows)} runs)"))
+    bad = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    return 1 if any(r["state"] in bad for r in rows) else 0
 
 
 def logs(args: argparse.Namespace) -> int:

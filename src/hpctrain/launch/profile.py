@@ -146,16 +146,27 @@ class ClusterProfile:
                               ".sif path (container.image) or use container.runtime: none")
 
 
+def user_cluster_dir() -> Path:
+    """Profiles written by `hpctrain cluster init`: $XDG_CONFIG_HOME/hpctrain/clusters (default
+    ~/.config/hpctrain/clusters, the XDG base directory rule)."""
+    import os
+
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpctrain" / "clusters"
+
+
 def find_profile(name: str | Path) -> Path:
-    """A path as given, else a shipped profile (configs/clusters/<name>[.yaml])."""
+    """A path as given, else the user's profile (user_cluster_dir()/<name>[.yaml]), else a shipped
+    one (configs/clusters/<name>[.yaml])."""
     p = Path(name)
     if p.is_file():
         return p
-    for cand in (CLUSTER_DIR / p.name, CLUSTER_DIR / f"{p.name}.yaml"):
-        if cand.is_file():
-            return cand
+    for d in (user_cluster_dir(), CLUSTER_DIR):
+        for cand in (d / p.name, d / f"{p.name}.yaml"):
+            if cand.is_file():
+                return cand
     shipped = ", ".join(sorted(q.stem for q in CLUSTER_DIR.glob("*.yaml")))
-    raise ConfigError(f"cluster profile {str(name)!r} not found: give a path or one of: {shipped}")
+    raise ConfigError(f"cluster profile {str(name)!r} not found: give a path, a name written by `hpctrain cluster "
+                      f"init` (in {user_cluster_dir()}) or one of: {shipped}")
 
 
 def load_profile(name: str | Path | None, overrides: Iterable[str] = ()) -> ClusterProfile:

@@ -41,6 +41,8 @@ class JobPlan:
     config: str = ""  # HPCTRAIN_CONFIG default of the stand-alone script
     overrides: list[str] = field(default_factory=list)  # HPCTRAIN_SET default (stand-alone)
     header: list[str] = field(default_factory=list)  # comment lines under the shebang
+    array: str = ""  # #SBATCH --array (a sweep: 0-(n-1)%K), empty for one run
+    workdirs: list[str] = field(default_factory=list)  # a sweep: element i's run directory
 
     @property
     def world_size(self) -> int:
@@ -70,6 +72,8 @@ def sbatch_lines(p: JobPlan) -> list[str]:
             opts.append((key, getattr(p, key)))
     if p.exclusive:
         opts.append(("exclusive", ""))
+    if p.array:
+        opts.append(("array", p.array))
     requeue = "requeue" if p.profile.slurm.max_requeues > 0 else "no-requeue"  # node failures too
     opts += [("signal", f"USR2@{p.profile.slurm.signal_lead_s}"), (requeue, ""), ("open-mode", "append")]
     if p.output:
@@ -92,6 +96,10 @@ def stop_lines() -> list[str]:
         'mkdir -p "$HPCTRAIN_CONTROL_DIR" || { echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job '
         'from a writable directory" >&2; exit 1; }',
         'rm -f "$HPCTRAIN_STOP_FILE"',
+        "# This job for scontrol: an array element by <array>_<index>, since the element whose own id is the",
+        "# array's id would otherwise name (and requeue) the whole array.",
+        'hpctrain_job=${SLURM_JOB_ID:-none}',
+        'if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi',
         'hpctrain_signal="" hpctrain_srun=""',
         "hpctrain_pass() {",
         '  hpctrain_signal=$1',
@@ -101,7 +109,7 @@ def stop_lines() -> list[str]:
         "trap 'hpctrain_pass USR2' USR2",
         "trap 'hpctrain_pass TERM' TERM",
         "hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)",
-        '  scontrol show job -o "${SLURM_JOB_ID:-none}" 2>/dev/null | tr " " "\\n" | sed -n "s/^$1=//p" | head -n 1',
+        '  scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\\n" | sed -n "s/^$1=//p" | head -n 1',
         "}",
         "hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)",
         '  local t; t=$(hpctrain_job_field PreemptTime); [ -n "$t" ] && [ "$t" != None ]',
@@ -130,13 +138,13 @@ REQUEUE_LINES = [
     '    hpctrain_state=$(hpctrain_job_field JobState) hpctrain_restarts=$(hpctrain_job_field Restarts)',
     "    # only this attempt's own allocation: a job Slurm requeued already (same id, a later restart) is not ours",
     '    if [ "$hpctrain_state" != RUNNING ] || [ "${hpctrain_restarts:-0}" != "${SLURM_RESTART_COUNT:-0}" ]; then',
-    '      echo "hpctrain: job ${SLURM_JOB_ID} is ${hpctrain_state:-gone} (restart ${hpctrain_restarts:-?}) already: '
+    '      echo "hpctrain: job ${hpctrain_job} is ${hpctrain_state:-gone} (restart ${hpctrain_restarts:-?}) already: '
     'Slurm requeues or ends it itself"',
     "      exit 0",
     "    fi",
     '    echo "hpctrain: $hpctrain_why"',
-    '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
-    '    echo "hpctrain: scontrol requeue $SLURM_JOB_ID failed; the checkpoint is saved: resubmit the same job '
+    '    scontrol requeue "$hpctrain_job" && exit 0',
+    '    echo "hpctrain: scontrol requeue $hpctrain_job failed; the checkpoint is saved: resubmit the same job '
     'to resume" >&2',
     "    exit 1 ;;",
     "  end)",
@@ -155,6 +163,11 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     prof = p.profile
     lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "",
              "set -eo pipefail", ""]
+    if p.workdirs:  # before the stop file, which lives under $PWD/.hpctrain
+        lines += ["# Job array: element i trains run i in its own directory; it has its own job id",
+                  "# ($SLURM_JOB_ID), so its own stop file, requeue (of <array>_<i>) and restart count.",
+                  f"hpctrain_runs=({' '.join(q(d) for d in p.workdirs)})",
+                  'cd "${hpctrain_runs[${SLURM_ARRAY_TASK_ID:?hpctrain: not an array job}]}"', ""]
     if standalone:
         lines += ["# What to train: a config file and key=value overrides, a JSON list or one per line (the",
                   "# environment wins).",

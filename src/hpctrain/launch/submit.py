@@ -166,17 +166,19 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
         chdir="" if standalone else str(run_dir), binds=binds, header=list(header))
 
 
-def submitit_command(folder: Path) -> str:
-    """srun arguments of a submitit job: per-task logs in the submitit folder, then its runner."""
+def submitit_command(folder: Path, job: str = "%j") -> str:
+    """srun arguments of a submitit job: per-task logs in the submitit folder, then its runner
+    (`job`: `%A_%a` for an array element, as submitit names them)."""
     import shlex
 
-    out, err = folder / "%j_%t_log.out", folder / "%j_%t_log.err"
+    out, err = folder / f"{job}_%t_log.out", folder / f"{job}_%t_log.err"
     return (f"--output {shlex.quote(str(out))} --error {shlex.quote(str(err))} "
             f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
 
 
-def slurm_script(plan, run_dir: Path) -> str:
-    """The batch script `hpctrain submit` hands to sbatch (what --dry-run prints)."""
+def slurm_script(plan, run_dir: Path, job: str = "%j") -> str:
+    """The batch script `hpctrain submit` hands to sbatch (what --dry-run prints); a sweep passes
+    its own directory and `job="%A_%a"`."""
     import shlex
     import sys
 
@@ -188,7 +190,8 @@ def slurm_script(plan, run_dir: Path) -> str:
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
            "HPCTRAIN_SOURCE_HASH": source_hash(), "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
     source = shlex.quote(str(package_dir())) if plan.profile.container.bind_source else "''"
-    return render(plan, submitit_command(run_dir / "submitit"), shlex.quote(sys.executable), False, env, source)
+    return render(plan, submitit_command(run_dir / "submitit", job), shlex.quote(sys.executable), False, env,
+                  source)
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):

@@ -1,0 +1,60 @@
+"""`hpctrain cluster init NAME`: write a cluster profile from what Slurm, slurmdbd and Lmod say.
+
+Reads partitions, time limits, GPUs (GRES), CPUs and memory of the nodes (scontrol), your accounts
+and QOS (sacctmgr), the apptainer/cuda/nccl modules (Lmod); with --probe, runs `hpctrain doctor
+--json` on one node of the partition (srun) for the fabric. Writes
+$XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml (default ~/.config/…; `--cluster NAME` finds it) or
+-o PATH, each value commented with its source; prints the choices to review. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cluster", help="cluster profiles: `cluster init NAME` writes one from Slurm's own tools",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    csub = p.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND", required=True)
+    q = csub.add_parser("init", help="write a profile for this cluster", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("name", help="profile name (a plain file name: letters, digits, . _ -)")
+    q.add_argument("-o", "--output", help="write here instead of $XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml")
+    q.add_argument("--partition", help="the partition jobs go to (default: the default one if it has GPUs, "
+                                       "else the first with GPUs)")
+    q.add_argument("--image", help="Apptainer image (.sif) the tasks run in (default: the host's Python)")
+    q.add_argument("--probe", action="store_true",
+                   help="run `hpctrain doctor --json` on one node of the partition (srun) for the fabric")
+    q.add_argument("--force", action="store_true", help="overwrite an existing profile")
+    q.set_defaults(func=init)
+
+
+def init(args: argparse.Namespace) -> int:
+    import re
+    import shlex
+    from pathlib import Path
+
+    from hpctrain.cli import CLIError
+    from hpctrain.launch import cluster_init as ci
+    from hpctrain.launch.profile import load_profile, user_cluster_dir
+
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", args.name):
+        raise CLIError(f"cluster name {args.name!r}: use letters, digits, '.', '_' and '-' (e.g. mysite)")
+    out = Path(args.output) if args.output else user_cluster_dir() / f"{args.name}.yaml"
+    if out.exists() and not args.force:
+        raise CLIError(f"{out} exists: pass --force to overwrite it, or -o another path")
+    facts = ci.gather()
+    part = ci.choose_partition(facts.partitions, args.partition)
+    fabric = ci.fabric_from_doctor(ci.probe(part)) if args.probe else None
+    text, notes = ci.render(args.name, facts, part, fabric, args.image or "")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    load_profile(tmp)  # what we write must load (a bug otherwise)
+    tmp.replace(out)
+    print(f"wrote {shlex.quote(str(out))}")
+    for n in notes:
+        print(f"  review: {n}")
+    print(f"try it: hpctrain submit --cluster {args.name if not args.output else shlex.quote(str(out))} "
+          "--config configs/digits_vit.yaml --dry-run")
+    return 0

@@ -1,0 +1,150 @@
+"""`hpctrain sweep`: many runs of one config as one Slurm job array, or one after another locally.
+
+  hpctrain sweep --config C --grid optim.lr=1e-3,5e-4 --grid model.drop_path=0,0.1 --max-parallel 2
+
+Members: every point of the grids (and of a --sweep-file's `grid:`), then its `runs:` list. Each
+member is a run of its own under runs/<sweep>/<member>/ (its job id <array>_<i>, its requeues and
+resume); runs/<sweep>/sweep.json lists them; `hpctrain status runs/<sweep>` prints the table.
+Every member's config is checked before anything is submitted. Without Slurm (no --cluster, no
+controller answering) the members run one after another through the local executor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+
+from hpctrain.cli import add_config_args
+from hpctrain.cli.common import DEFAULT_CONFIG
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="many runs of one config: a Slurm job array (or locally, one by one)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p, default=DEFAULT_CONFIG)
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="values of one key (repeatable: the members are every combination)")
+    p.add_argument("--sweep-file", metavar="YAML", help="grid: {key: [values]} and/or runs: [{key: value}]")
+    p.add_argument("--name", help="sweep name: runs/<name>/ (default <run.name>-sweep)")
+    p.add_argument("--max-parallel", type=int, default=0, metavar="K",
+                   help="Slurm: at most K members at a time (--array=…%%K; default all)")
+    p.add_argument("--max-runs", type=int, default=None, metavar="N",
+                   help="allow up to N members (default 64)")
+    p.add_argument("--cluster", help="cluster profile (default $HPCTRAIN_CLUSTER)")
+    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--nodes", type=int, help="nodes per member (default 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
+    p.add_argument("--time", help="wall-clock limit of each member")
+    for opt in ("partition", "account", "qos", "constraint"):
+        p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
+    p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+    p.add_argument("--gpu-mem-gb", type=float, metavar="GB", help="memory of one GPU for the batch check")
+    p.add_argument("--dry-run", action="store_true", help="print the members and the batch script; submit nothing")
+    p.add_argument("--local-tasks", type=int, default=2, help="processes per member for a local sweep (default 2)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpctrain.cli import CLIError
+    from hpctrain.cli.common import load_config
+    from hpctrain.config import SET_ENV, check_text, decode_overrides
+    from hpctrain.launch import sweep
+    from hpctrain.launch.submit import slurm_available
+
+    base = load_config(args.config, args.overrides, DEFAULT_CONFIG)  # the base itself must be valid
+    config = args.config or os.environ.get("HPCTRAIN_CONFIG") or DEFAULT_CONFIG
+    base_overrides = decode_overrides(os.environ.get(SET_ENV, "")) + list(args.overrides)
+    name = args.name or f"{base.run.name}-sweep"
+    check_text(name, "--name")
+    if not re.match(r"^[^/.][^/]*$", name):
+        raise CLIError(f"--name {name!r}: one plain path component (no '/', no leading dot), e.g. lr-sweep")
+    if args.max_parallel < 0 or (args.max_runs is not None and args.max_runs < 1):
+        raise CLIError("--max-parallel and --max-runs take positive numbers (--max-parallel 0: all at once)")
+    grid = sweep.parse_grid(args.grid)
+    runs: list[list[str]] = []
+    if args.sweep_file:
+        fgrid, runs = sweep.read_sweep_file(args.sweep_file)
+        for key, values in fgrid.items():
+            if key in grid:
+                raise CLIError(f"{key} is in both --grid and {args.sweep_file}: give it once")
+            grid[key] = values
+    sweep_dir = Path(base.run.dir).expanduser().resolve() / name
+    members = sweep.plan_members(config, base_overrides, sweep.expand(grid, runs), sweep_dir,
+                                 args.max_runs or sweep.DEFAULT_MAX_RUNS)
+    cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
+    slurm = bool(cluster) or args.dry_run or slurm_available()
+    if not slurm:
+        return run_local(args, members, sweep_dir, name, config, base_overrides)
+    plan = plan_array(args, members, cluster, sweep_dir, name)
+    for m in members:
+        print(f"member {m.index}: {m.name}  {shlex.join(m.overrides)}", file=sys.stderr if args.dry_run else sys.stdout)
+    if args.dry_run:
+        from hpctrain.launch.submit import slurm_script
+
+        print(slurm_script(plan, sweep_dir, "%A_%a"), end="")
+        return 0
+    from hpctrain.data.prepare import ensure_dataset
+
+    sweep.check_new(sweep_dir)
+    from hpctrain.launch.submit import check_image
+
+    check_image(plan.profile)
+    for root in {m.cfg.data.root: m for m in members}.values():
+        ensure_dataset(root.cfg)
+    record = sweep.new_record(name, config, base_overrides, members, "slurm")
+    array = sweep.submit_array(members, plan, sweep_dir, record)
+    print(f"submitted Slurm job array {array}: {len(members)} runs, {plan.array.split('%')[1]} at a time, "
+          f"{plan.nodes} node(s) × {plan.tasks_per_node} tasks each (cluster {plan.profile.name})")
+    print(f"sweep directory: {shlex.quote(str(sweep_dir))}   status: hpctrain status {shlex.quote(str(sweep_dir))}")
+    return 0
+
+
+def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir, name: str):
+    """Every member planned as `submit` plans a run (batch split, memory, request vs profile), named
+    when it fails; then one plan for the array."""
+    import io
+
+    from hpctrain.cli.submit import report_batch
+    from hpctrain.errors import UserError
+    from hpctrain.launch.profile import load_profile
+    from hpctrain.launch.submit import Request, plan_job
+    from hpctrain.launch.sweep import array_plan
+
+    profile = load_profile(cluster or "local", args.cluster_overrides)
+    req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
+                  account=args.account, qos=args.qos, constraint=args.constraint, exclusive=args.exclusive)
+    plans = []
+    for m in members:
+        try:
+            plan = plan_job(m.cfg, profile, req)
+            report_batch(args, m.cfg, plan, io.StringIO() if m.index else sys.stderr)
+        except UserError as e:
+            raise type(e)(f"sweep member {m.index} ({' '.join(m.overrides)}): {e}") from None
+        plans.append(plan)
+    return array_plan(plans, members, sweep_dir, name, args.max_parallel or len(members))
+
+
+def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
+    from hpctrain.cli import CLIError
+    from hpctrain.config import check_batch
+    from hpctrain.launch import sweep
+
+    if args.local_tasks < 1:
+        raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
+    for m in members:
+        try:
+            check_batch(m.cfg, args.local_tasks)
+        except Exception as e:
+            raise CLIError(f"sweep member {m.index} ({' '.join(m.overrides)}): {e}") from None
+    sweep.check_new(sweep_dir)
+    print(f"no Slurm: {len(members)} runs one after another, {args.local_tasks} processes each "
+          f"(sweep directory {shlex.quote(str(sweep_dir))})", flush=True)
+    record = sweep.new_record(name, config, base_overrides, members, "local")
+    statuses = sweep.run_local(members, sweep_dir, record, args.local_tasks, sys.stdout)
+    print(sweep.sweep_table(sweep.sweep_status(sweep_dir), f"sweep {name}"))
+    return 0 if all(s == "finished" for s in statuses) else 1

@@ -1,0 +1,316 @@
+"""`hpctrain cluster init`: a first cluster profile read from the cluster itself, on a login node.
+
+Sources (docs/sweeps.md has the commands' documentation): `scontrol show partition -o` and
+`scontrol show node -o` (one record per line, `Key=Value` fields: partitions, default, MaxTime,
+OverSubscribe, nodes' CPUTot, RealMemory, Gres `gpu:<type>:<n>`), `sacctmgr show assoc` and
+`show user` (accounts, QOS, defaults), Lmod's `module -t avail` (apptainer, cuda, nccl), and with
+--probe `srun -N1 … hpctrain doctor --json` on a node of the chosen partition (HCAs, link layer,
+the GPU-near ports NCCL would use). Every written value carries a comment naming its source.
+No torch: this runs where jobs are submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.errors import UserError
+from hpctrain.launch.modules import LMOD_INIT
+
+KV_RE = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
+
+
+def parse_kv(line: str) -> dict[str, str]:
+    """One `scontrol show … -o` record → {key: value} (values may hold spaces, e.g. OS=Linux 6.1)."""
+    return {k: v.strip() for k, v in KV_RE.findall(line.strip())}
+
+
+def parse_gres(text: str) -> tuple[str, int]:
+    """`gpu:h100:8(S:0-1),…` or `gpu:4` → (type, count); ("", 0) without GPUs."""
+    for item in re.split(r",(?![^()]*\))", text or ""):
+        parts = re.sub(r"\(.*\)", "", item).split(":")
+        if parts and parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            return (parts[1] if len(parts) == 3 else "", int(parts[-1]))
+    return "", 0
+
+
+@dataclass
+class Partition:
+    name: str
+    default: bool
+    max_time: str  # Slurm's text: UNLIMITED, 2-00:00:00, …
+    nodes: list[str]
+    exclusive: bool  # OverSubscribe=EXCLUSIVE: every job gets whole nodes
+    gpus: int = 0  # the fewest GPUs a node of it declares
+    gpu_type: str = ""
+    cpus: int = 0
+    mem_mb: int = 0
+
+
+@dataclass
+class Facts:
+    partitions: list[Partition]
+    accounts: dict[str, tuple[list[str], str]] = field(default_factory=dict)  # account → (QOS, default QOS)
+    default_account: str = ""
+    modules: list[str] = field(default_factory=list)
+    user: str = ""
+
+
+def tool(*cmd: str, timeout: float = 30) -> str | None:
+    """stdout of a Slurm client command; None when it is missing or fails."""
+    if not shutil.which(cmd[0]):
+        return None
+    try:
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def expand_hosts(spec: str) -> list[str]:
+    out = tool("scontrol", "show", "hostnames", spec)
+    return out.split() if out else [spec]
+
+
+def read_partitions() -> list[Partition]:
+    text = tool("scontrol", "show", "partition", "-o")
+    if text is None:
+        raise UserError("no Slurm here: `scontrol show partition` does not answer (run `hpctrain cluster init` on "
+                        "a login node of the cluster, where sinfo/scontrol work)")
+    nodes = {}
+    for line in (tool("scontrol", "show", "node", "-o") or "").splitlines():
+        kv = parse_kv(line)
+        if kv.get("NodeName"):
+            nodes[kv["NodeName"]] = kv
+    parts = []
+    for line in text.splitlines():
+        kv = parse_kv(line)
+        if not kv.get("PartitionName"):
+            continue
+        names = expand_hosts(kv["Nodes"]) if kv.get("Nodes") not in (None, "", "(null)") else []
+        p = Partition(kv["PartitionName"], kv.get("Default") == "YES", kv.get("MaxTime", "UNLIMITED"), names,
+                      kv.get("OverSubscribe", "").startswith("EXCLUSIVE"))
+        info = [nodes[n] for n in names if n in nodes]
+        if info:
+            gres = [parse_gres(n.get("Gres", "")) for n in info]
+            p.gpus = min(g[1] for g in gres)
+            p.gpu_type = ",".join(sorted({g[0] for g in gres if g[0]}))
+            p.cpus = min(int(n.get("CPUTot") or 0) for n in info)
+            p.mem_mb = min(int(n.get("RealMemory") or 0) for n in info)
+        parts.append(p)
+    return parts
+
+
+def read_associations(user: str) -> tuple[dict[str, tuple[list[str], str]], str]:
+    """({account: (its QOS, its default QOS)}, the user's default account) from slurmdbd; empty
+    without accounting."""
+    assoc: dict[str, tuple[list[str], str]] = {}
+    text = tool("sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", "format=Account,QOS,DefaultQOS")
+    for line in (text or "").splitlines():
+        acc, q, dq = (line.split("|") + ["", "", ""])[:3]
+        if acc:
+            qos, old_dq = assoc.get(acc, ([], ""))
+            qos += [name for name in q.split(",") if name and name not in qos]
+            assoc[acc] = (qos, old_dq or dq)
+    default = (tool("sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount") or "").strip()
+    return assoc, default
+
+
+def read_modules() -> list[str]:
+    """`module -t avail` through Lmod's init (a plain shell lacks the `module` function); Lmod
+    writes the list to stderr, one `name/version` per line under `path:` headers."""
+    init = next((p for p in (os.environ.get("LMOD_PKG", "") and f"{os.environ['LMOD_PKG']}/init/bash",
+                             os.environ.get("MODULESHOME", "") and f"{os.environ['MODULESHOME']}/init/bash",
+                             LMOD_INIT) if p and Path(p).is_file()), None)
+    if not init:
+        return []
+    try:
+        r = subprocess.run(["bash", "-c", f". {shlex.quote(init)} && module -t avail 2>&1"], capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [re.sub(r"\(.*\)$", "", line.strip()) for line in r.stdout.splitlines()
+            if line.strip() and not line.strip().endswith(":")]
+
+
+def pick_module(modules: list[str], stem: str) -> str:
+    """The newest-looking module named `stem` or `stem/<version>` (natural sort), '' if none."""
+    found = [m for m in modules if m == stem or m.startswith(stem + "/")]
+
+    def natural(s: str):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+    return max(found, key=natural) if found else ""
+
+
+def gather(user: str | None = None) -> Facts:
+    user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
+    parts = read_partitions()
+    accounts, default_acc = read_associations(user)
+    return Facts(parts, accounts, default_acc, read_modules(), user)
+
+
+# --------------------------------------------------------------------------- probe
+
+def probe_command(partition: Partition, python: str = sys.executable) -> list[str]:
+    """One task on one node of the partition (with a GPU where it has them): the doctor's JSON."""
+    cmd = ["srun", "-N1", "-n1", f"--partition={partition.name}", "--time=5"]
+    if partition.gpus:
+        cmd.append("--gpus-per-node=1")
+    return [*cmd, python, "-m", "hpctrain", "doctor", "--json"]
+
+
+def fabric_from_doctor(report: dict) -> tuple[str, list[str]]:
+    """fabric.kind from a doctor --json report, and the comment lines that say what the node has."""
+    ports = report.get("ports") or []
+    active = [p for p in ports if p.get("state") == "ACTIVE"]
+    ib = [p for p in active if p.get("link_layer") == "InfiniBand"]
+    roce = [p for p in active if p.get("link_layer") == "Ethernet"]
+    kind = "ib" if ib else "roce" if roce else "socket"
+    notes = []
+    for p in ports:
+        gid = f", RoCE v2 GID {p['roce_v2_gid']}" if p.get("roce_v2_gid") is not None else ""
+        numa = f", NUMA {p['numa_node']}" if p.get("numa_node", -1) >= 0 else ""
+        notes.append(f"{p['device']}:{p['port']} {p.get('state')} {p.get('link_layer')} {p.get('rate')}{numa}{gid}")
+    if not ports:
+        notes.append("no InfiniBand/RoCE ports (/sys/class/infiniband is empty): NCCL uses TCP sockets")
+    for k, v in sorted((report.get("suggested_env") or {}).items()):
+        notes.append(f"doctor suggests {k}={v}")
+    return kind, notes
+
+
+def probe(partition: Partition, python: str = sys.executable) -> dict:
+    """Run the doctor on a compute node; its JSON report (UserError with srun's words on failure)."""
+    cmd = probe_command(partition, python)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UserError(f"--probe: {shlex.join(cmd)} failed: {e}") from None
+    start = r.stdout.find("{")
+    try:
+        return json.loads(r.stdout[start:]) if start >= 0 else {}
+    except ValueError:
+        raise UserError(f"--probe: {shlex.join(cmd)} printed no doctor report (exit {r.returncode}): "
+                        f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}") from None
+
+
+# --------------------------------------------------------------------------- the profile
+
+def choose_partition(parts: list[Partition], wanted: str | None) -> Partition:
+    if wanted:
+        for p in parts:
+            if p.name == wanted:
+                return p
+        raise UserError(f"--partition {wanted}: no such partition (scontrol show partition lists: "
+                        f"{', '.join(p.name for p in parts)})")
+    if not parts:
+        raise UserError("scontrol show partition lists no partition: nothing to write a profile for")
+    gpu = [p for p in parts if p.gpus]
+    default = [p for p in parts if p.default]
+    if default and default[0].gpus:
+        return default[0]
+    return (gpu or default or parts)[0]
+
+
+SEEN = {"ib": "active InfiniBand ports", "roce": "active RoCE ports", "socket": "no active IB/RoCE port"}
+
+
+def yaml_value(v) -> str:
+    return json.dumps(v)  # JSON scalars and flow lists are YAML
+
+
+def slurm_time(max_time: str) -> str | None:
+    """A partition's MaxTime as a job --time ('UNLIMITED'/'INFINITE': None)."""
+    return None if max_time.upper() in ("UNLIMITED", "INFINITE", "") else max_time
+
+
+def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str]] | None = None,
+           image: str = "") -> tuple[str, list[str]]:
+    """The profile's YAML text, every value with its source, and the review notes."""
+    src_part = f"scontrol show partition {part.name}"
+    src_node = f"scontrol show node {','.join(part.nodes) or '-'}"
+    others = [p for p in facts.partitions if p is not part]
+    lines = [f"# Cluster profile {name}, written by `hpctrain cluster init {name}` for user {facts.user}.",
+             "# Partitions seen: " + "; ".join(
+                 f"{p.name}{' (default)' if p.default else ''}: {len(p.nodes)} nodes, "
+                 f"{f'{p.gpus} GPUs {p.gpu_type}'.strip() if p.gpus else 'no GPUs'}, {p.cpus} CPUs, "
+                 f"{p.mem_mb} MB, MaxTime {p.max_time}" for p in facts.partitions),
+             "# Review the choices marked REVIEW before the first big job.",
+             f"name: {yaml_value(name)}", "slurm:"]
+    notes = []
+    why = "the default partition" if part.default else (
+        "the first partition whose nodes declare GPUs" if part.gpus else "the first partition")
+    lines.append(f"  partition: {yaml_value(part.name)}  # {src_part}: {why}; REVIEW (others: "
+                 f"{', '.join(p.name for p in others) or 'none'})")
+    notes.append(f"partition {part.name} ({why}); others: {', '.join(p.name for p in others) or 'none'}")
+    accs = facts.accounts
+    acc = facts.default_account if facts.default_account in accs else next(iter(accs), "")
+    acc_src = ("sacctmgr show user: DefaultAccount" if acc == facts.default_account and acc else
+               "sacctmgr show assoc: first account" if acc else "sacctmgr: no association (Slurm's default)")
+    lines.append(f"  account: {yaml_value(acc)}  # {acc_src}; associations: {', '.join(accs) or 'none'}; REVIEW")
+    if len(accs) > 1:
+        notes.append(f"account {acc}; also: {', '.join(a for a in accs if a != acc)}")
+    qos_list, def_qos = accs.get(acc, ([], ""))
+    qos = def_qos or (qos_list[0] if qos_list else "")
+    which = "DefaultQOS" if def_qos else "first QOS" if qos else "none"
+    lines.append(f"  qos: {yaml_value(qos)}  # sacctmgr show assoc user={facts.user} account={acc or '-'}: "
+                 f"{which} of QOS={','.join(qos_list) or '-'}; REVIEW")
+    if len(qos_list) > 1:
+        notes.append(f"qos {qos}; account {acc} may also use: {', '.join(q for q in qos_list if q != qos)}")
+    t = slurm_time(part.max_time)
+    lines.append(f"  time: {yaml_value(t or '24:00:00')}  # {src_part}: MaxTime={part.max_time}"
+                 f"{'' if t else ' (no limit: 24 h chosen)'}")
+    whole = "; whole 8-GPU nodes for multi-node runs" if part.gpus >= 8 and not part.exclusive else ""
+    lines.append(f"  exclusive: {yaml_value(part.exclusive or part.gpus >= 8)}  # {src_part}: OverSubscribe"
+                 f"{'=EXCLUSIVE' if part.exclusive else ' not EXCLUSIVE'}{whole}; REVIEW")
+    notes.append(f"exclusive: {part.exclusive or part.gpus >= 8} (whole nodes; shared nodes slow multi-node jobs)")
+    if part.gpus:
+        gtype = f"{part.gpu_type}:" if part.gpu_type else ""
+        lines += [f"  gpus_per_node: {part.gpus}  # {src_node}: Gres=gpu:{gtype}{part.gpus}",
+                  f"  max_gpus_per_node: {part.gpus}  # the same",
+                  f"  request_gpus: true  # GPU type: {part.gpu_type or 'not named'} ({src_node})"]
+    else:
+        lines += ["  gpus_per_node: 1  # one task per node: no GPU GRES on these nodes",
+                  f"  max_gpus_per_node: {max(1, part.cpus)}  # tasks per node at most: CPUs ({src_node})",
+                  f"  request_gpus: false  # {src_node}: no Gres=gpu"]
+        notes.append(f"partition {part.name} declares no GPUs: CPU-only jobs (request_gpus false)")
+    lines.append(f"  cpus_per_node: {part.cpus}  # {src_node}: CPUTot (fewest in the partition)")
+    lines.append(f"  mem_per_node: \"0\"  # all of a node's memory; {src_node}: RealMemory={part.mem_mb} MB")
+    mods = facts.modules
+    app = pick_module(mods, "apptainer") or pick_module(mods, "singularity")
+    cuda, nccl = pick_module(mods, "cuda"), pick_module(mods, "nccl")
+    host = [m for m in (cuda, nccl) if m]
+    lines.append(f"modules: {yaml_value(host)}  # module -t avail: "
+                 f"{cuda or 'no cuda'}, {nccl or 'no nccl'}"
+                 " (tasks on the host's Python)")
+    lines.append(f"container_modules: {yaml_value([app] if app else [])}  # module -t avail: "
+                 f"{app or 'no apptainer/singularity module'} (what starts the image)")
+    lines.append("module_purge: false  # a purge can remove apptainer (or slurm on Bright clusters)")
+    if fabric:
+        kind, fnotes = fabric
+        lines += ["# --probe: `hpctrain doctor --json` on a node of the partition saw:",
+                  *[f"#   {n}" for n in fnotes],
+                  "# hcas/ifname stay unset: NCCL then picks the GPU-near HCAs and an interface itself; name them",
+                  "# only when NCCL's choice is wrong (README, 'What a site sets in fabric:').",
+                  "fabric:", f"  kind: {kind}  # --probe: {SEEN[kind]}"]
+    else:
+        lines += ["fabric:", "  kind: socket  # not probed: run `hpctrain cluster init NAME --probe --force` on the "
+                  "login node (one srun of the doctor on a compute node); REVIEW"]
+        notes.append("fabric not probed (--probe): kind socket until then")
+    if image:
+        lines += ["container:", "  runtime: apptainer  # --image", f"  image: {yaml_value(image)}  # --image"]
+    else:
+        exists = f"; apptainer module {app} exists" if app else ""
+        lines += ["container:", f"  runtime: none  # no --image given{exists}: tasks run on the host's Python; REVIEW"]
+        if app:
+            notes.append(f"module {app} exists: pass --image PATH.sif (or set container.runtime and image) to "
+                         "train in an image")
+    return "\n".join(lines) + "\n", notes
+
