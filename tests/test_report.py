@@ -103,3 +103,18 @@ def test_errors_are_one_line(runs, tmp_path, monkeypatch, capsys):
     assert len(err) == 3 and all(e.startswith("hpctrain: error: ") for e in err)
     assert "no metrics.jsonl for" in err[0] and ".png or .html" in err[1]
     assert "pip install 'hpctrain[report]'" in err[2]
+
+
+def test_a_sweep_stands_for_its_runs(runs, tmp_path):
+    """`hpctrain report SWEEP` overlays the members that have metrics (sweep.json of `hpctrain sweep`)."""
+    import json
+
+    sweep = tmp_path / "lr-sweep"
+    sweep.mkdir()
+    members = [{"name": "00-a", "run_dir": str(runs[0])}, {"name": "01-b", "run_dir": str(runs[1])},
+               {"name": "02-pending", "run_dir": str(tmp_path / "not-started")}]
+    (sweep / "sweep.json").write_text(json.dumps({"members": members}))
+    assert report.expand_sweeps([str(sweep), str(runs[1])]) == [
+        (str(runs[0]), "00-a"), (str(runs[1]), "01-b"), (str(runs[1]), None)]
+    assert main(["report", str(sweep), "-o", str(tmp_path / "s.html"), "--x", "step"]) == 0
+    assert "<th>00-a</th><th>01-b</th>" in (tmp_path / "s.html").read_text()

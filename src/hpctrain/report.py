@@ -108,6 +108,25 @@ def restart_marks(records: list[dict], gap_factor: float = 20.0, min_gap_s: floa
     return sorted(marks, key=lambda m: m[2])
 
 
+def expand_sweeps(targets: list[str]) -> list[tuple[str, str | None]]:
+    """(target, name) per run: a sweep directory (`hpctrain sweep`: its sweep.json, also as
+    runs/<name>) stands for its members that have metrics yet, named as in the sweep's table."""
+    import json
+
+    out: list[tuple[str, str | None]] = []
+    for t in targets:
+        sweep = next((d / "sweep.json" for d in (Path(t), Path("runs") / t) if (d / "sweep.json").is_file()), None)
+        if sweep is None:
+            out.append((t, None))
+            continue
+        members = json.loads(sweep.read_text()).get("members", [])
+        runs = [(m["run_dir"], m.get("name")) for m in members if (Path(m["run_dir"]) / "metrics.jsonl").is_file()]
+        if not runs:
+            raise ReportError(f"sweep {t} has no run with metrics yet: wait until its members start")
+        out += runs
+    return out
+
+
 def load_run(target: str | Path, name: str | None = None) -> Run:
     path = find_metrics(target)
     records = [r for r in read_metrics(path) if isinstance(r, dict)]

@@ -8,8 +8,8 @@ import argparse
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="plot runs' loss, lr, accuracy, speed and memory to a PNG or HTML file",
                        description=__doc__)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (runs/<name>), its metrics.jsonl, or a "
-                   "run name under ./runs; several are overlaid")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (runs/<name>), its metrics.jsonl, a "
+                   "run name under ./runs, or a sweep (all its runs); several are overlaid")
     p.add_argument("-o", "--output", default="report.png", help="report.png or report.html (default report.png)")
     p.add_argument("--x", choices=("step", "wall", "both"), default="both",
                    help="x axis: optimizer step, wall time since the run's start, or both (default)")
@@ -17,9 +17,9 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.report import load_run, write
+    from hpctrain.report import expand_sweeps, load_run, write
 
-    runs = [load_run(r) for r in args.runs]
+    runs = [load_run(r, name) for r, name in expand_sweeps(args.runs)]
     out = write(runs, args.output, args.x)
     print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})")
     return 0
