@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import DIGITS, digits_args, hpctrain, run_metrics, run_ranks
-from tests.launch.test_sbatch import blocked_cli
+from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
+from tests.launch.test_sbatch import BLOCKED, blocked_cli
 
 # 20 steps of a 1-block ViT: little accuracy (~13 %), but its loss (2.2925) is far from the zero-initialised
 # head's ln 10 = 2.3026, so the trained weights are what the job evaluates
@@ -38,8 +40,9 @@ def no_slurm(tmp_path) -> dict:
 def test_local_job_on_2_processes_equals_the_runs_last_eval(tiny_run, tmp_path):
     last = run_metrics(tiny_run, "eval")[-1]
     out = tmp_path / "ev"
-    r = hpctrain("eval", str(tiny_run), "--nodes", "1", "--local-tasks", "2", "-o", str(out),
-                 env=no_slurm(tmp_path), timeout=300)
+    # the submitting process as on a login node (torch blocked); the job's processes import it
+    r = subprocess.run([sys.executable, "-c", BLOCKED, "eval", str(tiny_run), "--nodes", "1", "--local-tasks", "2",
+                        "-o", str(out)], capture_output=True, text=True, env=no_slurm(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted local job" in r.stdout and f"{out / 'summary.json'}" in r.stdout
     s = json.loads((out / "summary.json").read_text())
