@@ -1,12 +1,22 @@
 """`hpctrain eval`: exact top-1/top-5 and loss of a run's (or a file's) weights, per-class accuracy
-and the most confused pairs; one process, or every task of `torchrun` / `srun`."""
+and the most confused pairs; one process, every task of `torchrun` / `srun`, or (--nodes) a job
+submitted like `hpctrain submit`'s: Slurm, or submitit's local executor where no Slurm answers.
+Submitting imports no torch."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
 from pathlib import Path
 
 from hpctrain.cli import CLIError
+from hpctrain.cli.submit import add_job_args, request
+
+# flags that only a job (--nodes) takes
+JOB_FLAGS = ("cluster", "cluster_overrides", "gpus_per_node", "time", "partition", "account", "qos", "constraint",
+             "exclusive", "dry_run", "wait", "local_tasks")
 
 
 def add_parser(sub) -> None:
@@ -27,6 +37,13 @@ def add_parser(sub) -> None:
     p.add_argument("--crop-pct", type=float, help="val resize to img_size / crop_pct, then centre crop")
     p.add_argument("-o", "--output", help="folder for summary.json and per_class.csv (default RUN/eval, or "
                                           "./eval with --weights); rank 0 writes it")
+    job = p.add_argument_group("as a job, through hpctrain submit's path (--nodes submits it)")
+    add_job_args(job, "submit the evaluation as a job on N nodes: Slurm with --cluster, $HPCTRAIN_CLUSTER "
+                      "or an answering controller; else this machine (--nodes 1, --local-tasks processes)")
+    job.add_argument("--dry-run", action="store_true", help="print the job's batch script; submit nothing")
+    job.add_argument("--wait", action="store_true", help="Slurm: wait for the job, then print the summary "
+                                                         "(a local job is always waited for)")
+    job.add_argument("--local-tasks", type=int, help="processes of a local job (default: --gpus-per-node, else 2)")
     p.set_defaults(func=main)
 
 
@@ -58,6 +75,12 @@ def resolve(args: argparse.Namespace):
 
 def main(args: argparse.Namespace) -> int:
     cfg, weights, out = resolve(args)
+    if args.nodes is not None:
+        return submit(args, cfg, weights, out)
+    given = [f for f in JOB_FLAGS if getattr(args, f) not in (None, False, [])]
+    if given:
+        raise CLIError(f"--{given[0].replace('_', '-')} is for a job: add --nodes N to submit the evaluation "
+                       "(without it, hpctrain eval runs in this process, or in every task of torchrun/srun)")
     from hpctrain.data.prepare import ensure_dataset
     from hpctrain.train import dist as distmod
     from hpctrain.train.evaluate import run, summary_text
@@ -66,4 +89,88 @@ def main(args: argparse.Namespace) -> int:
     summary = run(cfg, weights, args.ema, out)
     if distmod.detect().is_main:
         print(summary_text(summary))
+    return 0
+
+
+def clear_outputs(out: Path) -> None:
+    """A previous evaluation's files go before a job starts: a stale summary is never this job's."""
+    for name in ("summary.json", "per_class.csv"):
+        (out / name).unlink(missing_ok=True)
+
+
+def print_outputs(out: Path) -> None:
+    print(f"outputs (rank 0 writes them at the end): {shlex.quote(str(out / 'summary.json'))}, "
+          f"{shlex.quote(str(out / 'per_class.csv'))}", flush=True)
+
+
+def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
+    """`hpctrain eval --nodes N`: the evaluation as a job, the way `hpctrain submit` starts training."""
+    from hpctrain.launch.submit import slurm_available
+
+    weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
+    if not weights_path.exists():
+        raise CLIError(f"{weights}: no such file or directory; give a run directory, a checkpoint or a weights file")
+    if args.dry_run and args.wait:
+        raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
+    cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
+    if not (cluster or args.dry_run or slurm_available()):
+        return run_local(args, cfg, weights_path, out)
+    from hpctrain.launch.profile import load_profile
+    from hpctrain.launch.submit import check_image, eval_plan, slurm_script
+
+    profile = load_profile(cluster or "local", args.cluster_overrides)
+    plan = eval_plan(cfg, profile, request(args), weights_path, out)
+    if args.dry_run:
+        try:
+            check_image(profile)
+        except Exception as e:  # a dry run may plan for another machine: say so, print anyway
+            print(f"hpctrain: note: {e}", file=sys.stderr)
+        print(slurm_script(plan, out / "submitit"), end="")
+        return 0
+    from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.submit import submit_eval_slurm
+
+    check_image(profile)  # before anything is written or submitted
+    ensure_dataset(cfg)
+    clear_outputs(out)
+    sub = submit_eval_slurm(cfg, plan, weights_path, args.ema, out)
+    print(f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
+          f"{plan.tasks_per_node} tasks (cluster {profile.name})")
+    print_outputs(out)
+    print(f"follow the log: {sub.log_hint}   state: squeue -j {sub.job_id}", flush=True)
+    if not args.wait:
+        return 0
+    import json
+
+    from hpctrain.launch.status import wait_job
+    from hpctrain.train.evaluate import summary_text
+
+    state = wait_job(sub.job_id)
+    if state != "COMPLETED" or not (out / "summary.json").is_file():
+        print(f"hpctrain: job {sub.job_id} ended {state} without a summary: see {sub.log_hint.split()[-1]}",
+              file=sys.stderr)
+        return 1
+    print(summary_text(json.loads((out / "summary.json").read_text())))
+    return 0
+
+
+def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
+    """No Slurm: the job's processes on this machine (submitit's local executor, gloo), waited for."""
+    from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.submit import submit_eval_local, wait_local
+    from hpctrain.train.evaluate import summary_text
+
+    if args.nodes != 1:
+        raise CLIError(f"--nodes={args.nodes}: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller "
+                       "answers), so the job runs on this machine: use --nodes 1 with --local-tasks N processes")
+    tasks = args.local_tasks or args.gpus_per_node or 2
+    if tasks < 1:
+        raise CLIError(f"--local-tasks={tasks}: need at least 1 process")
+    ensure_dataset(cfg)
+    clear_outputs(out)
+    sub = submit_eval_local(cfg, weights, args.ema, out, tasks)
+    print(f"submitted local job {sub.job_id}: evaluation of {weights} on {tasks} processes")
+    print_outputs(out)
+    print(f"follow the log: {sub.log_hint}", flush=True)
+    print(summary_text(wait_local(sub)[0]))
     return 0

@@ -20,16 +20,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("submit", help="submit the training job (Slurm, or locally with 2 processes)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, default=DEFAULT_CONFIG)
-    p.add_argument("--cluster", help="cluster profile: a path or a name in configs/clusters "
-                                     "(default $HPCTRAIN_CLUSTER)")
-    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
-                   metavar="KEY=VALUE", help="override a profile value, e.g. container.runtime=none")
-    p.add_argument("--nodes", type=int, help="nodes (default 1)")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
-    p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")
-    for opt in ("partition", "account", "qos", "constraint"):
-        p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
-    p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+    add_job_args(p, "nodes (default 1)")
     p.add_argument("--gpu-mem-gb", type=float, metavar="GB",
                    help="memory of one GPU for the batch-fits check (default 80: H100; H200: 141)")
     p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
@@ -40,10 +31,33 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
+    """The job's resources and cluster profile; shared with `hpctrain eval --nodes`."""
+    p.add_argument("--cluster", help="cluster profile: a path or a name in configs/clusters "
+                                     "(default $HPCTRAIN_CLUSTER)")
+    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override a profile value, e.g. container.runtime=none")
+    p.add_argument("--nodes", type=int, help=nodes_help)
+    p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
+    p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")
+    for opt in ("partition", "account", "qos", "constraint"):
+        p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
+    p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+
+
+def request(args: argparse.Namespace):
+    """The Request of add_job_args' flags."""
+    from hpctrain.launch.submit import Request
+
+    return Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+                   partition=args.partition, account=args.account, qos=args.qos,
+                   constraint=args.constraint, exclusive=args.exclusive)
+
+
 def main(args: argparse.Namespace) -> int:
     from hpctrain.cli.common import load_config
     from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.submit import Request, plan_job, slurm_available
+    from hpctrain.launch.submit import plan_job, slurm_available
 
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
@@ -51,9 +65,7 @@ def main(args: argparse.Namespace) -> int:
     if not slurm:
         return run_local(args, cfg)
     profile = load_profile(cluster or "local", args.cluster_overrides)
-    req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
-                  partition=args.partition, account=args.account, qos=args.qos,
-                  constraint=args.constraint, exclusive=args.exclusive)
+    req = request(args)
     if args.emit_sbatch:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
@@ -65,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
             check_image(profile)
         except Exception as e:  # a dry run may plan for another machine: say so, print anyway
             print(f"hpctrain: note: {e}", file=sys.stderr)
-        print(slurm_script(plan, absolute_paths(cfg).run_dir), end="")
+        print(slurm_script(plan, absolute_paths(cfg).run_dir / "submitit"), end="")
         print_plan(cfg, profile, plan.nodes, plan.tasks_per_node)
         return 0
     from hpctrain.data.prepare import ensure_dataset

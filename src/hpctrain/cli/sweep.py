@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         from hpctrain.launch.submit import slurm_script
 
-        print(slurm_script(plan, sweep_dir, "%A_%a"), end="")
+        print(slurm_script(plan, sweep_dir / "submitit", "%A_%a"), end="")
         return 0
     from hpctrain.data.prepare import ensure_dataset
 

@@ -1,4 +1,6 @@
-"""Submit the training job through submitit: Slurm when a controller answers, else locally."""
+"""Submit the training job (or an evaluation, `hpctrain eval --nodes`) through submitit: Slurm
+when a controller answers, else locally. Both kinds share the batch script, its container,
+modules, NCCL and stop lines; only the task (launch.task) and the job's folder differ."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any
 from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import LaunchError
 
-__all__ = ["LaunchError", "Request", "Submission", "plan_job", "submit_local", "submit_slurm"]
+__all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
+           "submit_local", "submit_slurm"]
 
 
 @dataclass(frozen=True)
@@ -54,21 +57,39 @@ def absolute_paths(cfg: Config) -> Config:
     return dataclasses.replace(cfg, data=data, run=run)
 
 
-def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
-    """Run the job on this machine with submitit's local executor (`tasks` DDP processes, gloo)."""
+def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
+    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`."""
     import submitit
 
+    folder.mkdir(parents=True, exist_ok=True)
+    ex = submitit.LocalExecutor(folder=folder)
+    ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
+    return ex.submit(fn, *args)
+
+
+def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
+    """Run the job on this machine with submitit's local executor (`tasks` DDP processes, gloo)."""
     from hpctrain.launch.task import train_task
 
     cfg = absolute_paths(cfg)
     folder = cfg.run_dir / "submitit"
-    folder.mkdir(parents=True, exist_ok=True)
-    ex = submitit.LocalExecutor(folder=folder)
-    ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
-    job = ex.submit(train_task, to_dict(cfg))
+    job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
     write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
                                    "submitit": str(folder)})
     return Submission(str(job.job_id), cfg.run_dir, "local",
+                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
+
+
+def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: int = 2,
+                      timeout_min: int = 600) -> Submission:
+    """`hpctrain eval` as `tasks` local processes (gloo); logs in `out`/submitit. `run_dir` is `out`:
+    the evaluated run's own job.json (its training job) is left alone."""
+    from hpctrain.launch.task import eval_task
+
+    cfg = absolute_paths(cfg)
+    folder = out / "submitit"
+    job = local_job(folder, tasks, timeout_min, eval_task, to_dict(cfg), str(weights), ema, str(out))
+    return Submission(str(job.job_id), out, "local",
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
 
@@ -114,15 +135,10 @@ def check_resolved_paths(cfg: Config) -> None:
         check_text(cfg.data.root, f"data.root (made absolute: {cfg.data.root!r})")
 
 
-def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, header: list[str] = ()):
-    """Check the request against the profile and the config; the JobPlan for the batch script.
-
-    Imports no torch: runs on login nodes. Raises LaunchError (or ConfigError) with the fix.
-    """
-    from hpctrain.config import ConfigError, check_batch
-    from hpctrain.launch.container import bind_list
+def check_request(profile, req: Request) -> tuple[int, int, str]:
+    """(nodes, GPUs = tasks per node, time limit) of `req` under `profile`; LaunchError with the fix."""
+    from hpctrain.config import ConfigError
     from hpctrain.launch.profile import time_minutes
-    from hpctrain.launch.sbatch import JobPlan
 
     req.check()
     s = profile.slurm
@@ -145,25 +161,65 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
         time_minutes(time)
     except ConfigError as e:
         raise LaunchError(f"--time: {e}") from None
-    check_batch(cfg, nodes * gpn)
-    if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
-        binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
-                                              if p and Path(p).is_absolute()])
-    else:
-        cfg = absolute_paths(cfg)
-        check_resolved_paths(cfg)
-        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
-    run_dir = cfg.run_dir
+    return nodes, gpn, time
+
+
+def job_plan(profile, req: Request, nodes: int, gpn: int, time: str, job_name: str, folder: Path | None,
+             binds: list[str], header: list[str] = ()):
+    """The JobPlan from checked resources; `folder`: the submitit folder (batch log there, the job
+    runs in its parent), None for a stand-alone script."""
+    from hpctrain.launch.sbatch import JobPlan
+
+    s = profile.slurm
     pick = lambda a, b: b if a is None else a
     return JobPlan(
-        profile=profile, job_name=cfg.run.name, nodes=nodes, tasks_per_node=gpn,
+        profile=profile, job_name=job_name, nodes=nodes, tasks_per_node=gpn,
         gpus_per_node=gpn if s.request_gpus else 0,
         cpus_per_task=s.cpus_per_node // gpn if s.cpus_per_node else 0, mem=s.mem_per_node, time=time,
         partition=pick(req.partition, s.partition), account=pick(req.account, s.account),
         qos=pick(req.qos, s.qos), constraint=pick(req.constraint, s.constraint),
         exclusive=pick(req.exclusive, s.exclusive),
-        output="" if standalone else str(run_dir / "submitit" / "%j_0_log.out"),
-        chdir="" if standalone else str(run_dir), binds=binds, header=list(header))
+        output="" if folder is None else str(folder / "%j_0_log.out"),
+        chdir="" if folder is None else str(folder.parent), binds=binds, header=list(header))
+
+
+def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, header: list[str] = ()):
+    """Check the request against the profile and the config; the JobPlan for the batch script.
+
+    Imports no torch: runs on login nodes. Raises LaunchError (or ConfigError) with the fix.
+    """
+    from hpctrain.config import check_batch
+    from hpctrain.launch.container import bind_list
+
+    nodes, gpn, time = check_request(profile, req)
+    check_batch(cfg, nodes * gpn)
+    if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
+        binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
+                                              if p and Path(p).is_absolute()])
+        folder = None
+    else:
+        cfg = absolute_paths(cfg)
+        check_resolved_paths(cfg)
+        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
+        folder = cfg.run_dir / "submitit"
+    return job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+
+
+def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
+    """The JobPlan of `hpctrain eval --nodes`: the training job's checks of the request and its
+    script, without the batch checks (evaluation splits any batch, train/evaluate.eval_config);
+    binds the data, the weights and the output folder (absolute paths: `resolve_eval_paths`)."""
+    from hpctrain.launch.container import bind_list
+
+    nodes, gpn, time = check_request(profile, req)
+    cfg = absolute_paths(cfg)
+    check_resolved_paths(cfg)
+    check_text(str(weights), f"the weights path {str(weights)!r}")
+    check_text(str(out), f"the output folder {str(out)!r}")
+    header = [f"hpctrain eval: hpctrain.launch.task.eval_task of {weights}",
+              f"outputs: {out}/summary.json, {out}/per_class.csv"]
+    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)])
+    return job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
 
 
 def submitit_command(folder: Path, job: str = "%j") -> str:
@@ -176,9 +232,9 @@ def submitit_command(folder: Path, job: str = "%j") -> str:
             f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
 
 
-def slurm_script(plan, run_dir: Path, job: str = "%j") -> str:
-    """The batch script `hpctrain submit` hands to sbatch (what --dry-run prints); a sweep passes
-    its own directory and `job="%A_%a"`."""
+def slurm_script(plan, folder: Path, job: str = "%j") -> str:
+    """The batch script `hpctrain submit` (and `hpctrain eval --nodes`) hands to sbatch (what
+    --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`."""
     import shlex
     import sys
 
@@ -190,8 +246,7 @@ def slurm_script(plan, run_dir: Path, job: str = "%j") -> str:
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
            "HPCTRAIN_SOURCE_HASH": source_hash(), "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
     source = shlex.quote(str(package_dir())) if plan.profile.container.bind_source else "''"
-    return render(plan, submitit_command(run_dir / "submitit", job), shlex.quote(sys.executable), False, env,
-                  source)
+    return render(plan, submitit_command(folder, job), shlex.quote(sys.executable), False, env, source)
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
@@ -240,32 +295,48 @@ def check_image(profile) -> None:
             "--cluster-set container.runtime=none")
 
 
-def submit_slurm(cfg: Config, plan) -> Submission:
-    """Submit through submitit's Slurm executor with our batch script; record the job in the run."""
+def slurm_job(plan, folder: Path, fn, *args):
+    """Submit `fn(*args)` through submitit's Slurm executor with our batch script."""
     import submitit
 
     from hpctrain.launch.profile import time_minutes
-    from hpctrain.launch.task import train_task
 
     check_image(plan.profile)
-    cfg = absolute_paths(cfg)
-    run_dir = cfg.run_dir
-    folder = run_dir / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return slurm_script(plan, run_dir)
+            return slurm_script(plan, folder)
 
     ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
     ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
                          time=time_minutes(plan.time), job_name=plan.job_name)
     try:
-        job = ex.submit(train_task, to_dict(cfg))
+        return ex.submit(fn, *args)
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
         raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
+
+
+def submit_slurm(cfg: Config, plan) -> Submission:
+    """Submit through submitit's Slurm executor with our batch script; record the job in the run."""
+    from hpctrain.launch.task import train_task
+
+    cfg = absolute_paths(cfg)
+    run_dir = cfg.run_dir
+    folder = run_dir / "submitit"
+    job = slurm_job(plan, folder, train_task, to_dict(cfg))
     write_job_record(run_dir, {"job_id": str(job.job_id), "executor": "slurm", "cluster": plan.profile.name,
                                "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
                                "submitit": str(folder)})
     return Submission(str(job.job_id), run_dir, "slurm", shlex.join(["hpctrain", "logs", str(run_dir), "-f"]),
                       job)
+
+
+def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) -> Submission:
+    """`hpctrain eval` as a Slurm job (plan: eval_plan); rank 0 writes `out`/summary.json."""
+    from hpctrain.launch.task import eval_task
+
+    folder = out / "submitit"
+    job = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
+    return Submission(str(job.job_id), out, "slurm",
+                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)

@@ -193,7 +193,7 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     check_image(plan.profile)
     folder = sweep_dir / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    script = slurm_script(plan, sweep_dir, "%A_%a")
+    script = slurm_script(plan, folder, "%A_%a")
     max_requeues = plan.profile.slurm.max_requeues
 
     class ArrayExecutor(submitit.SlurmExecutor):

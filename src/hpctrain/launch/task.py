@@ -4,7 +4,7 @@ submitit's own runner (`submitit.core._submit`) installs handlers that would fig
 checkpoint-and-requeue of the pickled call through `scontrol` (absent inside the container) and
 SIGTERM → ignored (so a preempted task would train on until SIGKILL). This entry installs
 hpctrain's stop handlers first, before any heavy import, tells submitit to leave the signals
-alone, then lets submitit load and run the pickled `train_task`.
+alone, then lets submitit load and run the pickled `train_task` (or `eval_task`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,21 @@ def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
     if summary.get("requeue"):
         raise SystemExit(0)
     return summary
+
+
+def eval_task(cfg: dict[str, Any], weights: str, ema: bool, out: str) -> dict[str, Any]:
+    """`hpctrain eval` on every task of the job (train/evaluate.run); rank 0 writes `out`. The stop
+    handlers are the training task's: an evaluation has no checkpoint, so a stop lets it finish
+    (before the time limit's SIGKILL), and a preempted one is requeued by the batch shell and
+    starts over."""
+    stopmod.install()  # already installed by main() under Slurm; here for the local executor
+    export_job_env()
+    from pathlib import Path
+
+    from hpctrain.config import Config, build
+    from hpctrain.train.evaluate import run
+
+    return run(build(Config, cfg), weights, ema, Path(out))
 
 
 def main(argv: list[str] | None = None) -> None:
