@@ -56,8 +56,9 @@ def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     assert "initialised the model from" not in again
 
 
-def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, caplog):
+def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, caplog, monkeypatch):
     _, _, weights = base
+    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)  # an in-process entry.run turns it off
     model = build_vit(cfg_of(digits_root, "model.num_classes=7").model)
     with caplog.at_level(logging.INFO, logger="hpctrain"):
         finetune.load_into(model, weights)
