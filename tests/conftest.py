@@ -16,17 +16,32 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return bool(info) and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, every test on the Slurm cluster runs in one worker: one cluster per session.
+    """How xdist (`--dist loadgroup`) shares the tests between its workers:
 
-    They also go first, so that one worker starts on them at once while the other takes the rest
-    (a group scheduled last would run serially after everything else)."""
+    - every test on the Slurm cluster runs in one worker: one cluster per session;
+    - the tests of a module that share a module-scoped fixture (a reference run, a trained model)
+      stay together, so that the fixture is built once, not once per worker;
+    - the Slurm tests, then the `slow` ones (minutes each) go first, so that one worker starts on
+      them at once and no long test is left to run alone at the end.
+    """
     slurm = [item for item in items if "slurm_cluster" in getattr(item, "fixturenames", ())]
     for item in slurm:
         item.add_marker(pytest.mark.xdist_group("slurm"))
     ids = {id(item) for item in slurm}
-    items[:] = slurm + [item for item in items if id(item) not in ids]
+    rest = [item for item in items if id(item) not in ids]
+    for item in rest:
+        if _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
+    slow = [item for item in rest if item.get_closest_marker("slow")]
+    ids |= {id(item) for item in slow}
+    items[:] = slurm + slow + [item for item in rest if id(item) not in ids]
 
 
 @pytest.fixture(scope="session")

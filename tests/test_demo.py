@@ -8,9 +8,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import DIGITS, run_metrics
 
 
+@pytest.mark.slow
 def test_demo_trains_digits_to_95_percent(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}  # no cluster: local run
     r = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS)],

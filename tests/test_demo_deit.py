@@ -9,12 +9,15 @@ and mixup/cutmix stay off as in the demo config. Same cost as tests/test_demo.py
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import digits_args, run_metrics, run_ranks
 
 DEIT = ["data.reprob=0.25", "data.remode=pixel", "data.repeated_aug=3", "data.interpolation=bicubic",
         "optim.warmup_lr=1e-6", "train.log_every=50"]
 
 
+@pytest.mark.slow
 def test_digits_with_deit_options_reaches_95_percent(digits_root, tmp_path):
     run_ranks(2, digits_args(digits_root, tmp_path, "deit", *DEIT, "run.resume=none"), timeout=900)
     train = run_metrics(tmp_path / "deit", "train")

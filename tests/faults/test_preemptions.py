@@ -8,6 +8,7 @@ import random
 import re
 import signal
 
+import pytest
 import torch
 
 from hpctrain.train import checkpoint as ckpt
@@ -18,6 +19,7 @@ STEPS, PREEMPTIONS = 70, 20
 SETS = [f"train.max_steps={STEPS}", "train.mixup=0.8", "model.drop_path=0.1", "train.ema=0.99"]
 
 
+@pytest.mark.slow
 def test_twenty_preemptions_equal_uninterrupted(digits_root, tmp_path):
     rnd = random.Random(7)
     run = tmp_path / "pre"

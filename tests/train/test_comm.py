@@ -11,6 +11,7 @@ from hpctrain.train import comm
 from tests.helpers import DIGITS, run_ranks
 
 
+@pytest.mark.slow
 def test_bf16_reduction_halves_the_bytes_and_ends_within_tolerance_of_fp32(digits_root, tmp_path):
     """200 steps of the digits run (global batch 64, 2 gloo ranks), fp32 vs bf16 all-reduce.
 
