@@ -73,15 +73,20 @@ class Clock:
         self._total = 0.0
         self._events: list = []
 
+    @staticmethod
+    def _recorded_event():
+        """A timing event recorded on the current stream (no wait for the device)."""
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
     def start(self) -> None:
         if not self.enabled:
             return
         if self.cuda:
-            import torch
-
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._events.append([ev, None])
+            self._events.append([self._recorded_event(), None])
         else:
             self._t0 = time.perf_counter()
         if self.delay_s:
@@ -91,11 +96,7 @@ class Clock:
         if not self.enabled:
             return
         if self.cuda:
-            import torch
-
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._events[-1][1] = ev
+            self._events[-1][1] = self._recorded_event()
         else:
             self._total += time.perf_counter() - self._t0
 
