@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.errors import UserError
 from hpctrain.images import ImageError
 from hpctrain.images.build import plan_build
 from tests.helpers import hpctrain
@@ -76,7 +77,7 @@ def test_free_space_checked_first(tmp_path):
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(ImageError, match="recipe nope.def not found"):
+    with pytest.raises(UserError, match="recipe .nope.def. not found: give a definition file or a shipped recipe"):
         plan_build("nope.def", tmp_path / "a.sif")
     (tmp_path / "a.sif").write_bytes(b"")
     with pytest.raises(ImageError, match="already exists; pass --force"):
