@@ -54,6 +54,18 @@ sys.meta_path.insert(0, HeavyImportHook())
 '''
 
 
+# `apptainer build [--fakeroot] OUT DEF`, reduced to the property the build relies on: each %files
+# source is found relative to the directory the build runs in.
+FAKE_APPTAINER = r'''#!/bin/bash
+set -euo pipefail
+out=${@: -2:1}; def=${@: -1}
+awk '/^%files/{f=1; next} /^%/{f=0} f && NF {print $1}' "$def" | while read -r src; do
+  [ -e "$src" ] || { echo "FATAL: $src: no such file or directory (in $PWD)" >&2; exit 255; }
+done
+echo "built in $PWD" > "$out"
+'''
+
+
 def copy_sources(dest: Path) -> Path:
     """What a release is built from (pyproject, README, src), without the checkout's caches and links."""
     dest.mkdir(parents=True)
@@ -155,6 +167,7 @@ def test_wheel_and_sdist_carry_configs_profiles_recipes_and_sbatch(wheel, tmp_pa
     assert not shipped_names() - in_sdist, f"not in the sdist: {sorted(shipped_names() - in_sdist)}"
 
 
+@pytest.mark.slow  # ~30 s alone: wheel, venv, a short run; more on a busy machine
 def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login_venv, finished_run, tmp_path):
     """Must show #1: the base dependencies only, an empty directory, heavy imports refused."""
     here = tmp_path / "empty"
@@ -204,6 +217,21 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
        "--dry-run")
     init = hp("cluster", "init", "site", "-o", "site.yaml", ok=False)  # no Slurm client here: its one line
     assert init.returncode == 2 and init.stderr.startswith("hpctrain: error: no Slurm here"), init.stderr
+
+    # a shipped recipe by name: its %files (pyproject.toml, README.md, src) are read relative to the
+    # directory apptainer runs in, which for an installed copy is a staged context; the stand-in
+    # checks they are there, as `apptainer build` would
+    (fake / "apptainer").write_text(FAKE_APPTAINER)
+    (fake / "apptainer").chmod(0o755)
+    built = hp("image", "build", "ngc-pytorch-23.12", "-o", "x.sif", "--scratch", str(tmp_path / "scratch"),
+               "--min-free-gib", "0")
+    assert (here / "x.sif").is_file(), built.stderr
+    (context,) = (tmp_path / "scratch" / "apptainer").glob("context-*")
+    assert (here / "x.sif").read_text() == f"built in {context}\n"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"), str(context)],
+                   check=True, env=clean_env(), timeout=300)  # what the recipe's `pip install /opt/hpctrain` builds
+    (staged,) = (tmp_path / "w").glob("*.whl")
+    assert not shipped_names() - set(zipfile.ZipFile(staged).namelist())
 
     # a real submission, up to sbatch: config, profile, batch script, submitit's pickle, the job record
     sets = ["--set", f"data.root={here}", "--set", f"run.dir={here / 'runs'}"]
