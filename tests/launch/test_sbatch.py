@@ -11,12 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EMIT = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib", "--nodes", "16",
         "--gpus-per-node", "8", "--emit-sbatch", "slurm/vit.sbatch"]
 
-# Run the CLI where `import torch` (or DALI) raises, as on a login node without them.
+# Run the CLI where `import torch` (or DALI, numpy, PIL) raises, as on a login node without them.
 BLOCKED = """
 import runpy, sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'nvidia', 'torchvision'):
+        if name.split('.')[0] in ('torch', 'nvidia', 'torchvision', 'numpy', 'PIL'):
             raise ImportError(f'{name} is blocked in this test (login node)')
 sys.meta_path.insert(0, Block())
 sys.argv = ['hpctrain', *sys.argv[1:]]
