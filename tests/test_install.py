@@ -200,6 +200,8 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     assert "COMPLETED" in status and "4/4 (100 %)" in status
     assert json.loads(hp("status", str(finished_run), "--json").stdout)["state"] == "COMPLETED"
     assert hp("logs", str(finished_run)).stdout.strip()
+    ev = hp("eval", str(finished_run), "--nodes", "1", "--cluster", "local", "--dry-run").stdout
+    assert ev.startswith("#!/bin/bash\n") and "-m hpctrain.launch.task" in ev
 
     assert hp("image", "lint", "ngc-pytorch-23.12").stdout == "ngc-pytorch-23.12: ok\n"
     assert "ngc-pytorch-23.12.def" in hp("image", "list").stdout
