@@ -118,3 +118,62 @@ def test_default_scaling_keeps_existing_configs_as_they_were():
 def test_bad_scaling_and_optimizer_are_refused(sets, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load(DIGITS, sets)
+
+
+@pytest.mark.parametrize("key, ours", [
+    ("learning_rate", "optim.lr"), ("lr", "optim.lr"), ("weight_decay", "optim.weight_decay"),
+    ("epochs", "train.epochs"), ("batch_size", "data.batch_size"), ("warmup_epochs", "optim.warmup_epochs"),
+    ("optim.learning_rate", "optim.lr"), ("train.lr", "optim.lr"), ("optim.epochs", "train.epochs"),
+    ("data.img_size", "model.img_size"), ("train.num_workers", "data.workers"),
+])
+def test_keys_named_as_other_tools_name_them_point_at_ours(key, ours):
+    with pytest.raises(ConfigError) as e:
+        load(None, [f"{key}=1"])
+    section, name = ours.split(".")
+    assert f"did you mean {ours!r} (`{section}: {{{name}: …}}` in a file, --set {ours}=… on the command line)?" \
+        in str(e.value)
+
+
+def test_every_synonym_names_a_real_key():
+    keys = {k for k, _, _ in config.describe()}
+    assert not {v for v in config.SYNONYMS.values() if v not in keys}
+
+
+@pytest.mark.parametrize("text, where, problem", [
+    ("optim:\n  lr: 1\n name: adamw\n", ":3:2: not valid YAML: expected <block end>, but found", "block mapping"),
+    ("optim:\n  lr: [1,\n  name: x\n", ":4:1: not valid YAML: expected ',' or ']'",
+     "while parsing a flow sequence that starts at line 2, column 7"),
+    ("model:\n\tarch: vit_tiny\n", ":2:1: not valid YAML: found character '\\t' that cannot start any token",
+     "while scanning for the next token"),
+])
+def test_invalid_yaml_names_line_and_column(tmp_path, text, where, problem):
+    from hpctrain.launch.profile import load_profile
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    for loader in (lambda: load(bad), lambda: load_profile(bad)):  # run configs and cluster profiles alike
+        with pytest.raises(ConfigError) as e:
+            loader()
+        msg = str(e.value)
+        assert msg.startswith(f"{bad}{where}") and problem in msg and "\n" not in msg, msg
+
+
+def test_unknown_config_name_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load("vit_b16_imagenet_4kk")
+    assert str(e.value).startswith("config 'vit_b16_imagenet_4kk' not found: give a YAML file or a shipped config: "
+                                   "bench_vit_b16, digits_vit, ")
+    assert "vit_b16_imagenet_4k, " in str(e.value) and "`hpctrain config show NAME`" in str(e.value)
+    assert load("vit_b16_imagenet_4k") == load("configs/vit_b16_imagenet_4k.yaml")  # a name from any directory
+
+
+def test_validation_imports_no_numpy():
+    """Config validation runs on login nodes (base dependencies: no numpy): data.randaugment is parsed
+    by hpctrain.data.randaug_spec, not by the DALI module."""
+    code = ("import sys; sys.modules['numpy'] = None\n"
+            "from hpctrain.config import ConfigError, load\n"
+            "assert load(None, ['data.randaugment=rand-m9-mstd0.5-inc1']).data.randaugment\n"
+            "try:\n    load(None, ['data.randaugment=rand-m11'])\nexcept ConfigError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "M=11 is outside 0..10" in r.stdout

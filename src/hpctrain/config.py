@@ -23,9 +23,11 @@ from typing import Any
 
 import yaml
 
+from hpctrain import shipped
+from hpctrain.data.randaug_spec import parse_randaugment
 from hpctrain.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = shipped.CONFIG_DIR
 
 
 class ConfigError(UserError, ValueError):
@@ -126,8 +128,6 @@ class DataConfig:
                          choices=("val", "minival"))
 
     def validate(self) -> None:
-        from hpctrain.data.randaug import parse_randaugment
-
         try:
             parse_randaugment(self.randaugment)
         except ValueError as e:
@@ -439,10 +439,54 @@ def _check_strings(value: Any, key: str) -> None:
             _check_strings(v, f"{key}.{k}")
 
 
+# Names other tools give our keys (timm/DeiT arguments, Hugging Face TrainingArguments, Lightning,
+# big_vision): an unknown key found here points at ours. Keyed by the last part of the key.
+SYNONYMS = {
+    "learning_rate": "optim.lr", "lr": "optim.lr", "base_lr": "optim.lr", "blr": "optim.lr",
+    "weight_decay": "optim.weight_decay", "wd": "optim.weight_decay",
+    "optimizer": "optim.name", "opt": "optim.name",
+    "warmup_epochs": "optim.warmup_epochs", "warmup": "optim.warmup_epochs",
+    "warmup_steps": "optim.warmup_steps", "lr_warmup_steps": "optim.warmup_steps",
+    "min_learning_rate": "optim.min_lr", "min_lr": "optim.min_lr",
+    "sched": "optim.schedule", "lr_scheduler_type": "optim.schedule", "scheduler": "optim.schedule",
+    "clip_grad_norm": "optim.clip_grad", "max_grad_norm": "optim.clip_grad", "gradient_clip_val": "optim.clip_grad",
+    "layer_decay": "optim.layer_decay", "momentum": "optim.momentum",
+    "epochs": "train.epochs", "num_epochs": "train.epochs", "num_train_epochs": "train.epochs",
+    "max_epochs": "train.epochs", "total_epochs": "train.epochs",
+    "max_steps": "train.max_steps", "total_steps": "train.max_steps",
+    "gradient_accumulation_steps": "train.accum_steps", "accumulate_grad_batches": "train.accum_steps",
+    "accum_iter": "train.accum_steps",
+    "precision": "train.amp", "mixed_precision": "train.amp", "fp16": "train.amp", "bf16": "train.amp",
+    "seed": "train.seed", "smoothing": "train.label_smoothing", "label_smoothing": "train.label_smoothing",
+    "model_ema_decay": "train.ema", "ema_decay": "train.ema",
+    "batch_size": "data.batch_size", "global_batch_size": "data.batch_size", "train_batch_size": "data.batch_size",
+    "per_device_train_batch_size": "data.batch_size",
+    "num_workers": "data.workers", "dataloader_num_workers": "data.workers",
+    "data_path": "data.root", "data_dir": "data.root", "dataset_path": "data.root",
+    "aa": "data.randaugment", "auto_augment": "data.randaugment",
+    "input_size": "model.img_size", "image_size": "model.img_size", "img_size": "model.img_size",
+    "patch": "model.patch_size", "drop_path_rate": "model.drop_path", "nb_classes": "model.num_classes",
+    "num_labels": "model.num_classes", "model": "model.arch", "finetune": "model.init_from",
+    "output_dir": "run.dir", "save_steps": "train.ckpt_every", "checkpoint_every": "train.ckpt_every",
+    "resume": "run.resume",
+}
+
+
+def _synonym(key: str, where: str) -> str | None:
+    """Our name for a key written as another tool names it, unless it is that key already."""
+    ours = SYNONYMS.get(key.rsplit(".", 1)[-1].lower().replace("-", "_"))
+    return ours if ours and ours != f"{where}{key}" else None
+
+
 def unknown_key_error(key: str, valid: typing.Iterable[str], where: str) -> ConfigError:
     valid = sorted(valid)
     near = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1, cutoff=0.5)
-    hint = f"did you mean {where}{near[0]!r}? " if near else ""
+    ours = _synonym(key, where)
+    if ours:
+        section, name = ours.split(".")
+        hint = f"did you mean {ours!r} (`{section}: {{{name}: …}}` in a file, --set {ours}=… on the command line)? "
+    else:
+        hint = f"did you mean {where}{near[0]!r}? " if near else ""
     return ConfigError(f"unknown config key {where}{key!r}: {hint}valid keys: {', '.join(valid)}")
 
 
@@ -566,14 +610,25 @@ def decode_overrides(text: str) -> list[str]:
     return items
 
 
+def yaml_error(p: Path, e: yaml.YAMLError) -> ConfigError:
+    """One line: `FILE:LINE:COLUMN: not valid YAML: <problem> (<context>)`, 1-based as editors count."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and cmark and (not mark or cmark.line != mark.line):
+        context += f" that starts at line {cmark.line + 1}, column {cmark.column + 1}"
+    return ConfigError(f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else ""))
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; list shipped ones with `ls configs/`")
+        raise ConfigError(f"file {str(p)!r} does not exist")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise yaml_error(p, e) from None
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a text file") from None
     if data is None:
@@ -584,14 +639,16 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def find_config(name: str | Path) -> Path:
-    """A path as given, else a shipped config by file name (configs/<name>[.yaml])."""
+    """A path as given, else a shipped config by name (`vit_b16_imagenet_4k`, `.yaml` optional, or the
+    checkout's `configs/<name>.yaml` from any directory)."""
     p = Path(name)
     if p.exists():
         return p
-    for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml", CONFIG_DIR / p.name):
-        if cand.is_file():
-            return cand
-    return p
+    found = shipped.lookup(p, CONFIG_DIR, (".yaml",))
+    if found is None:
+        raise ConfigError(f"config {str(name)!r} not found: give a YAML file or a shipped config: "
+                          f"{shipped.names(shipped.configs())} (`hpctrain config show NAME` prints one)")
+    return found
 
 
 def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.errors import UserError
 from hpctrain.images import ImageError
 from hpctrain.images.build import plan_build
 from tests.helpers import hpctrain
@@ -76,7 +77,7 @@ def test_free_space_checked_first(tmp_path):
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(ImageError, match="recipe nope.def not found"):
+    with pytest.raises(UserError, match="recipe .nope.def. not found: give a definition file or a shipped recipe"):
         plan_build("nope.def", tmp_path / "a.sif")
     (tmp_path / "a.sif").write_bytes(b"")
     with pytest.raises(ImageError, match="already exists; pass --force"):
@@ -108,3 +109,23 @@ def test_build_runs_apptainer_with_scratch_env(tmp_path):
     s = tmp_path / "s" / "apptainer"
     assert log.read_text() == f"{s}/tmp {s}/cache build {out} {RECIPE}\n"
     assert (s / "tmp").is_dir() and (s / "cache").is_dir()
+
+
+def test_shipped_recipe_by_name_builds_from_the_checkout_root(tmp_path):
+    """From any directory, a shipped recipe's name builds in the checkout's root, where its relative
+    %files (pyproject.toml, README.md, src) are; paths given relative to the caller are made absolute."""
+    root = RECIPE.parents[1]
+    shipped = root / "src" / "hpctrain" / "recipes" / RECIPE.name
+    r = hpctrain("image", "build", "ngc-pytorch-23.12", "-o", "ngc.sif", "--scratch", "/s", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (f"cd {root} && APPTAINER_TMPDIR=/s/apptainer/tmp APPTAINER_CACHEDIR=/s/apptainer/cache "
+                        f"apptainer build {'--fakeroot ' if os.geteuid() else ''}{tmp_path / 'ngc.sif'} {shipped}\n")
+    for src in ("pyproject.toml", "README.md", "src"):
+        assert f"\n    {src} /opt/hpctrain/" in RECIPE.read_text() and (root / src).exists()
+
+
+def test_unknown_recipe_lists_the_shipped_ones(tmp_path):
+    r = hpctrain("image", "lint", "ngc-pytorch", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == (
+        "hpctrain: error: recipe 'ngc-pytorch' not found: give a definition file or a shipped recipe: Dockerfile, "
+        "ngc-pytorch-23.12.def, pytorch-cuda.def (`hpctrain image list`)\n")

@@ -11,12 +11,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EMIT = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib", "--nodes", "16",
         "--gpus-per-node", "8", "--emit-sbatch", "slurm/vit.sbatch"]
 
-# Run the CLI where `import torch` (or DALI) raises, as on a login node without them.
+# Run the CLI where `import torch` (or DALI, numpy, PIL) raises, as on a login node without them.
 BLOCKED = """
 import runpy, sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'nvidia', 'torchvision'):
+        if name.split('.')[0] in ('torch', 'nvidia', 'torchvision', 'numpy', 'PIL'):
             raise ImportError(f'{name} is blocked in this test (login node)')
 sys.meta_path.insert(0, Block())
 sys.argv = ['hpctrain', *sys.argv[1:]]
@@ -112,3 +112,18 @@ def test_committed_script_reaches_srun_from_any_directory(tmp_path):
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args[:2] == ["--kill-on-bad-exit=1", "--unbuffered"] and args[-3:] == ["-m", "hpctrain", "train"]
     assert (tmp_path / ".hpctrain").is_dir()
+
+
+def test_sbatch_template_writes_the_shipped_script_anywhere(tmp_path):
+    from tests.helpers import hpctrain
+
+    r = hpctrain("sbatch-template", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("wrote vit.sbatch: submit it with `sbatch vit.sbatch`"), r.stderr
+    assert (tmp_path / "vit.sbatch").read_bytes() == (ROOT / "slurm" / "vit.sbatch").read_bytes()
+    again = hpctrain("sbatch-template", cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr == (
+        "hpctrain: error: vit.sbatch already exists: pass --force to overwrite it, or give another path\n")
+    (tmp_path / "jobs").mkdir()
+    assert hpctrain("sbatch-template", "jobs", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "jobs" / "vit.sbatch").is_file()
+    assert hpctrain("sbatch-template", "-").stdout == (ROOT / "slurm" / "vit.sbatch").read_text()

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from hpctrain.errors import UserError
+from hpctrain.version import version_line
 
 # module name under hpctrain.cli for each command group, in --help order
-COMMANDS = ["train", "submit", "sweep", "plan", "status", "cluster", "data", "config_cmd", "image", "doctor",
-            "notebook", "bench", "export", "eval_cmd", "report"]
+COMMANDS = ["train", "submit", "sweep", "plan", "status", "cluster", "data", "config_cmd", "image",
+            "sbatch_template", "doctor", "notebook", "bench", "export", "eval_cmd", "report"]
 
 
 class CLIError(UserError):
@@ -29,11 +31,21 @@ def add_config_args(p: argparse.ArgumentParser, default: str | None = None) -> N
                    help="override a config value, e.g. --set optim.lr=1e-3 (repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from hpctrain import __version__
+class VersionAction(argparse.Action):
+    """--version: the source hash is computed only when asked (it reads every source file)."""
 
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpctrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
+    parser.add_argument("--version", action=VersionAction,
+                        help="print the version, the source hash and (from a checkout) the git commit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"hpctrain.cli.{name}").add_parser(sub)
@@ -45,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `hpctrain config show NAME | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)
         return 130

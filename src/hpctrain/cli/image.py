@@ -1,10 +1,13 @@
-"""`hpctrain image …`: build, convert, lint and inspect Apptainer images and recipes."""
+"""`hpctrain image …`: build, convert, lint and inspect Apptainer images and recipes; a recipe is a file
+or the name of a shipped one (`hpctrain image list`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from hpctrain.shipped import recipe
 
 
 def add_parser(sub) -> None:
@@ -15,8 +18,11 @@ def add_parser(sub) -> None:
     )
     isub = p.add_subparsers(dest="image_command", metavar="ACTION", required=True)
 
+    ls = isub.add_parser("list", help="the shipped recipes (names for build, lint, convert)")
+    ls.set_defaults(func=list_recipes)
+
     b = isub.add_parser("build", help="run `apptainer build` with temp/cache dirs on scratch")
-    b.add_argument("recipe", help="definition file, e.g. recipes/ngc-pytorch-23.12.def")
+    b.add_argument("recipe", help="definition file or shipped recipe name, e.g. ngc-pytorch-23.12")
     b.add_argument("-o", "--output", required=True, help="image to write (IMAGE.sif)")
     b.add_argument("--scratch", help="where APPTAINER_TMPDIR/CACHEDIR go (default $SCRATCH, $TMPDIR or /tmp)")
     b.add_argument(
@@ -38,18 +44,27 @@ def add_parser(sub) -> None:
     b.set_defaults(func=build)
 
     c = isub.add_parser("convert", help="Dockerfile → Apptainer definition (spython + fixes)")
-    c.add_argument("dockerfile")
+    c.add_argument("dockerfile", help="a Dockerfile (Dockerfile: the shipped example, unless ./Dockerfile exists)")
     c.add_argument("-o", "--output", help="definition to write (default: stdout)")
     c.set_defaults(func=convert)
 
     li = isub.add_parser("lint", help="check definition files: header, sections, set -e, secrets, %%test")
-    li.add_argument("recipes", nargs="+")
+    li.add_argument("recipes", nargs="+", help="definition files or shipped recipe names")
     li.set_defaults(func=lint)
 
     i = isub.add_parser("inspect", help="SIF header, objects, labels and embedded definition (no apptainer)")
     i.add_argument("image")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=inspect)
+
+
+def list_recipes(args: argparse.Namespace) -> int:
+    from hpctrain import shipped
+
+    for p in shipped.recipes():
+        print(f"  {p.name:24s} {shipped.summary(p)}")
+    print(f"(in {shipped.RECIPE_DIR}; `hpctrain image build NAME -o IMAGE.sif` builds one)")
+    return 0
 
 
 def build(args: argparse.Namespace) -> int:
@@ -59,6 +74,9 @@ def build(args: argparse.Namespace) -> int:
 
     plan = plan_build(args.recipe, args.output, args.scratch, args.fakeroot, args.force)
     if args.dry_run:
+        if plan.staged:
+            print(f"note: the recipe's %files come from {plan.context}, a copy of this hpctrain made before "
+                  "the build", file=sys.stderr)
         print(plan.command_line())
         return 0
     return run_build(plan, Path(args.output), args.min_free_gib)
@@ -69,7 +87,7 @@ def convert(args: argparse.Namespace) -> int:
 
     from hpctrain.images.convert import convert_file
 
-    conv = convert_file(args.dockerfile)
+    conv = convert_file(recipe(args.dockerfile))
     for note in conv.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.output:
@@ -84,13 +102,14 @@ def lint(args: argparse.Namespace) -> int:
     from hpctrain.images.lint import lint_file
 
     bad = 0
-    for path in args.recipes:
+    for name in args.recipes:
+        path = recipe(name)
         problems = lint_file(path)
         bad += bool(problems)
         for p in problems:
-            print(f"{path}:{p}")
+            print(f"{name}:{p}")
         if not problems:
-            print(f"{path}: ok")
+            print(f"{name}: ok")
     return 1 if bad else 0
 
 

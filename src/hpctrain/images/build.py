@@ -3,6 +3,11 @@
 Apptainer unpacks every layer into APPTAINER_TMPDIR (default /tmp, often a small tmpfs on login
 nodes) and caches blobs in APPTAINER_CACHEDIR (default ~/.apptainer/cache, inside a home quota).
 An NGC PyTorch build needs ~30 GB there, so both go on scratch and free space is checked first.
+
+The shipped recipes copy the hpctrain sources in (`%files pyproject.toml … src …`), relative paths that
+Apptainer reads from the directory the build runs in: the checkout's root when this hpctrain is a
+checkout, else a build context staged from the installed package (`stage_context`), so that
+`hpctrain image build NAME` works from any directory and from a wheel.
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain import __version__
 from hpctrain.images import ImageError
+from hpctrain.shipped import recipe as find_recipe
+from hpctrain.source import package_dir, source_hash
+from hpctrain.version import checkout_root
 
 GIB = 1024**3
 
@@ -25,10 +34,54 @@ class BuildPlan:
     argv: list[str]
     env: dict[str, str]  # only the variables this plan sets
     scratch: Path
+    context: Path  # where apptainer runs: the recipes' relative %files paths start here
+    staged: bool = False  # context is a copy of the installed package, made by stage_context
 
     def command_line(self) -> str:
-        """The exact shell command: `VAR=… VAR=… apptainer build …`."""
-        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
+        """The exact shell command: `[cd CONTEXT && ]VAR=… VAR=… apptainer build …`."""
+        cd = "" if self.context == Path.cwd().resolve() else f"cd {shlex.quote(str(self.context))} && "
+        return cd + " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
+
+
+# The staged context's pyproject.toml: the installed package as it is, with its version and base deps.
+STAGED_PYPROJECT = """[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "hpctrain"
+version = "{version}"
+requires-python = ">=3.10"
+dependencies = ["submitit>=1.5", "pyyaml>=6", "spython>=0.3"]
+
+[project.scripts]
+hpctrain = "hpctrain.cli:main"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+
+[tool.setuptools.package-data]
+hpctrain = ["**/*"]
+"""
+
+
+def build_context(scratch: Path) -> tuple[Path, bool]:
+    """The checkout's root, or (staged=True) where `stage_context` puts a copy of the installed package."""
+    root = checkout_root()
+    if root is not None:
+        return root.resolve(), False
+    return (scratch / "apptainer" / f"context-{source_hash()}").resolve(), True
+
+
+def stage_context(context: Path) -> None:
+    """pyproject.toml, README.md and src/hpctrain (this package, without bytecode) in `context`, as the
+    recipes' %files expect a checkout to have them."""
+    src = context / "src" / "hpctrain"
+    if src.is_dir():
+        shutil.rmtree(src)
+    shutil.copytree(package_dir(), src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (context / "pyproject.toml").write_text(STAGED_PYPROJECT.format(version=__version__))
+    (context / "README.md").write_text(f"hpctrain {__version__}, staged by `hpctrain image build`.\n")
 
 
 def default_scratch(env: dict[str, str] | None = None) -> Path:
@@ -47,13 +100,9 @@ def plan_build(
     force: bool = False,
     extra: list[str] | None = None,
 ) -> BuildPlan:
-    """Build the command; checks the recipe exists and the output does not (unless `force`)."""
-    recipe, output = Path(recipe), Path(output)
-    if not recipe.is_file():
-        raise ImageError(
-            f"recipe {recipe} not found; the shipped ones are in recipes/ "
-            "(e.g. recipes/ngc-pytorch-23.12.def)"
-        )
+    """Build the command; checks the recipe exists (a file, or a shipped recipe's name) and the
+    output does not (unless `force`)."""
+    recipe, output = find_recipe(recipe), Path(output)
     if output.exists() and not force:
         raise ImageError(f"{output} already exists; pass --force to overwrite it")
     if output.suffix != ".sif":
@@ -61,6 +110,9 @@ def plan_build(
             f"output {output} should end in .sif (for a sandbox directory call apptainer directly)"
         )
     scratch = Path(scratch) if scratch else default_scratch()
+    context, staged = build_context(scratch)
+    if context != Path.cwd().resolve():  # apptainer runs there: paths as given would move
+        recipe, output = recipe.resolve(), output.resolve()
     if fakeroot is None:
         fakeroot = os.geteuid() != 0
     argv = ["apptainer", "build"]
@@ -73,7 +125,7 @@ def plan_build(
         "APPTAINER_TMPDIR": str(scratch / "apptainer" / "tmp"),
         "APPTAINER_CACHEDIR": str(scratch / "apptainer" / "cache"),
     }
-    return BuildPlan(argv, env, scratch)
+    return BuildPlan(argv, env, scratch, context, staged)
 
 
 def free_bytes(path: Path) -> int:
@@ -107,4 +159,6 @@ def run_build(plan: BuildPlan, output: Path, min_free_gib: float) -> int:
     print(f"+ {plan.command_line()}", file=sys.stderr, flush=True)
     for v in plan.env.values():
         Path(v).mkdir(parents=True, exist_ok=True)
-    return subprocess.call(plan.argv, env={**os.environ, **plan.env})
+    if plan.staged:
+        stage_context(plan.context)
+    return subprocess.call(plan.argv, env={**os.environ, **plan.env}, cwd=plan.context)

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.config import CONFIG_DIR, ConfigError, apply_overrides, build, opt, read_yaml
+from hpctrain.config import ConfigError, apply_overrides, build, opt, read_yaml
+from hpctrain.shipped import CLUSTER_DIR
 
-CLUSTER_DIR = CONFIG_DIR / "clusters"
 MODULE_RE = re.compile(r"^[A-Za-z0-9_.+/@-]+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
