@@ -90,6 +90,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     snap = run_dir / HOSTILE / "code" / source_hash() / "hpctrain"  # where a submission puts the code
     assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{shlex.quote(str(snap))}}}" in script
+    assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
     snap.mkdir(parents=True)
     setup = script.split("\nsrun ")[0]  # the script up to the task launch
     probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
