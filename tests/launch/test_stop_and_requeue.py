@@ -150,6 +150,7 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
     assert "requeues       1 (0 after preemption, 1 after a time limit" in st, st
 
 
+@pytest.mark.slow
 def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
         slurm_cluster, container, digits_root, tmp_path, reference):
     """Submit from a copy of the package (the user's checkout); while the job trains, edit a module
