@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__
+from hpctrain import __version__, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
 from hpctrain.train import watchdog
@@ -50,6 +50,9 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
 
 
 def _git_commit() -> str | None:
+    snap = source.manifest()
+    if snap is not None:  # a snapshot under the run directory: the commit it was taken from, at submission
+        return snap.get("git_commit")
     try:
         here = Path(__file__).resolve().parent
         r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -155,8 +158,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     stop.log_new()
     if fr_env:
         log.info("NCCL flight recorder on: %s", " ".join(f"{k}={v}" for k, v in fr_env.items()))
-    from hpctrain import source
-
     try:
         code = source.check(os.environ)  # every rank: the code that submitted the job, or no training
     except source.LaunchError as e:
