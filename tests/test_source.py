@@ -135,4 +135,4 @@ def test_snapshot_records_the_checkouts_commit(checkout, tmp_path):
     (root / "pyproject.toml").write_text("")
     snap = take_snapshot(root / "runs" / "r", checkout)
     assert json.loads((snap.path / source.MANIFEST).read_text())["git_commit"] == head
-    assert source.git_commit(snap.path) is None  # inside the checkout's work tree, but not its src/hpctrain
+    assert source.commit_of(snap.path) is None  # inside the checkout's work tree, but not its src/hpctrain

@@ -74,18 +74,40 @@ def snapshot_path(root: Path, digest: str) -> Path:
     return root / CODE_DIR / digest / "hpctrain"
 
 
-def git_commit(pkg: Path) -> str | None:
-    """HEAD of the checkout whose `src/hpctrain` is `pkg`; None for an installed copy (also one that
-    lies inside some other git work tree, e.g. a venv in a checkout) or without git."""
-    try:
-        r = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
-                           text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
+def checkout_root(pkg: Path | None = None) -> Path | None:
+    """The checkout that holds this package (`<root>/src/hpctrain` with `<root>/pyproject.toml`),
+    or None for an installed copy (a wheel in site-packages, a snapshot)."""
+    pkg = pkg or package_dir()
+    root = pkg.parent.parent
+    if pkg.parent.name == "src" and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+def commit_of(pkg: Path) -> str | None:
+    """The git commit of the checkout whose `src/hpctrain` is `pkg`; None for an installed copy."""
+    root = checkout_root(pkg)
+    return git_commit(root) if root else None
+
+
+def git_commit(root: Path) -> str | None:
+    """`<commit>` or `<commit>+modified` (tracked files changed) of the checkout at `root`; None when
+    git is missing, `root` is not the top of a git work tree, or git fails."""
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != root.resolve():  # an installed copy inside someone else's repository
         return None
-    out = r.stdout.split()
-    if r.returncode != 0 or len(out) != 2 or Path(out[0]).resolve() != pkg.resolve().parent.parent:
+    commit = git("rev-parse", "HEAD")
+    if not commit:
         return None
-    return out[1]
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit}+modified" if changed else commit
 
 
 def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
@@ -108,7 +130,7 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
         digest = source_hash(tmp / "hpctrain")
-        manifest = {"hash": digest, "from": str(pkg), "git_commit": git_commit(pkg),
+        manifest = {"hash": digest, "from": str(pkg), "git_commit": commit_of(pkg),
                     "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (tmp / "hpctrain" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         for p in (tmp / "hpctrain").rglob("*"):

@@ -13,7 +13,7 @@ import pytest
 
 from hpctrain.config import ConfigError
 from hpctrain.launch import sweep
-from hpctrain.source import git_commit, source_hash
+from hpctrain.source import commit_of, source_hash
 from tests.helpers import hpctrain
 from tests.launch.jobs import ROOT, hp, metrics, sacct_states, wait_for_step
 
@@ -136,4 +136,4 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     envs = [json.loads((Path(m["run_dir"]) / "env.json").read_text()) for m in rec["members"]]
     assert {e["source"]["snapshot"]["path"] for e in envs} == {str(code)}  # runtime none: first on PYTHONPATH
     assert {e["source"]["running"] for e in envs} == {source_hash()}
-    assert {e["git_commit"] for e in envs} == {git_commit(ROOT / "src" / "hpctrain")}  # the submitting checkout's
+    assert {e["git_commit"] for e in envs} == {commit_of(ROOT / "src" / "hpctrain")}  # the submitting checkout's

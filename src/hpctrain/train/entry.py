@@ -10,7 +10,6 @@ import logging
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,13 +52,7 @@ def _git_commit() -> str | None:
     snap = source.manifest()
     if snap is not None:  # a snapshot under the run directory: the commit it was taken from, at submission
         return snap.get("git_commit")
-    try:
-        here = Path(__file__).resolve().parent
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                           timeout=5)
-        return r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return source.commit_of(source.package_dir())
 
 
 def _dali_version() -> str | None:
