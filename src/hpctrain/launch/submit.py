@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -58,13 +59,17 @@ def absolute_paths(cfg: Config) -> Config:
 
 
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
-    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`."""
+    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
+    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
     import submitit
+
+    from hpctrain.launch.localjob import IgnoreSigint
 
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
-    return ex.submit(fn, *args)
+    with IgnoreSigint():
+        return ex.submit(fn, *args)
 
 
 def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
@@ -75,7 +80,7 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     folder = cfg.run_dir / "submitit"
     job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
     write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
-                                   "submitit": str(folder)})
+                                   "submitit": str(folder), "host": socket.gethostname()})
     return Submission(str(job.job_id), cfg.run_dir, "local",
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
@@ -94,10 +99,18 @@ def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: i
 
 
 def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
-    """Wait for every task's result (raises the task's error when one failed)."""
+    """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
+    a crash's traceback (launch.failure)."""
+    import submitit
+
+    from hpctrain.launch.failure import explain
+
     while not sub.job.done():
         time.sleep(poll_s)
-    return sub.job.results()
+    try:
+        return sub.job.results()
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError):
+        raise explain(sub.job.paths.folder, sub.job_id, sub.job.num_tasks, "local job") from None
 
 
 # --------------------------------------------------------------------------- Slurm

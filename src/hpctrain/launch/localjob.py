@@ -1,0 +1,100 @@
+"""The processes of a local job (submitit's local executor) and how a Ctrl-C reaches them.
+
+submitit starts a controller process (its pid is the job id) that starts one process per task
+and, when it is itself interrupted, sends the tasks SIGINT and then SIGKILL one second later
+(`submitit.local.local.Controller.kill_tasks`): too soon for a checkpoint. A terminal's Ctrl-C
+goes to the whole foreground process group, so by default the controller and the tasks would
+get it along with `hpctrain submit`. Instead:
+
+- the controller is started with SIGINT ignored (an ignored signal stays ignored across exec,
+  and Python then installs no KeyboardInterrupt handler), so it never kills its tasks early;
+- each task moves to its own process group as it starts (before its SIGINT handler exists it
+  inherits the ignore), and leaves its pid in `<submitit folder>/<job id>_<rank>_task.json`
+  once its stop handlers are installed;
+- `hpctrain submit` catches the Ctrl-C and forwards exactly one SIGINT to each task: every rank
+  stops at the next step, checkpoints, writes its stop record and exits (train.stop). A second
+  Ctrl-C kills them at once.
+
+Linux and macOS both keep ignored signals across exec (POSIX execve).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+
+def pid_path(folder: Path, job_id: str, rank: int) -> Path:
+    return Path(folder) / f"{job_id}_{rank}_task.json"
+
+
+def task_started(folder: Path, job_id: str, rank: int) -> None:
+    """In a task of a local job, once its stop handlers are installed: its own process group (a
+    terminal's Ctrl-C reaches the submitter only, which forwards it once) and its pid on record."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
+        return
+    with contextlib.suppress(OSError):  # already a group or session leader: nothing to leave
+        os.setpgid(0, 0)
+    path = pid_path(folder, job_id, rank)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "rank": rank}) + "\n")
+    os.replace(tmp, path)
+
+
+def alive(pid: int) -> bool:
+    """The process exists (on this host) and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    try:  # a child that exited but was not reaped yet is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def task_pids(folder: Path, job_id: str) -> list[int]:
+    """Pids of the job's tasks on this host that are still alive."""
+    host, out = socket.gethostname(), []
+    for p in sorted(Path(folder).glob(f"{job_id}_*_task.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if rec.get("host") == host and isinstance(rec.get("pid"), int) and alive(rec["pid"]):
+            out.append(rec["pid"])
+    return out
+
+
+def signal_tasks(folder: Path, job_id: str, sig: int) -> list[int]:
+    """Send `sig` to every live task of the job; the pids signalled."""
+    sent = []
+    for pid in task_pids(folder, job_id):
+        try:
+            os.kill(pid, sig)
+            sent.append(pid)
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+class IgnoreSigint:
+    """`with IgnoreSigint():` children started inside ignore SIGINT (main thread only; elsewhere
+    signal handlers cannot change and nothing is done)."""
+
+    def __enter__(self) -> IgnoreSigint:
+        try:
+            self.old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            self.old = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
