@@ -100,3 +100,30 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(to, digits_
     st = json.loads(hpctrain("status", str(run), "--json").stdout)
     assert (st["state"], st["stopped_at"], st["stop_reason"], st["eta_s"]) == (
         "INTERRUPTED", stop["step"], "interrupt", None), st
+
+
+def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp_path):
+    """From the directory a local submit ran in: `status NAME` (run.dir's default runs/) and
+    `status/logs <the job id submit printed>` name the run; `logs NAME -f`, started while it
+    trains, returns once the run has ended, its summary printed."""
+    p = subprocess.Popen([sys.executable, *submit_args(digits_root, Path("runs"), "named", "train.max_steps=12")],
+                         cwd=tmp_path, env=local_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "runs" / "named"
+    wait_for_step(run, 1, [p])
+    follow = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", "named", "-f"], cwd=tmp_path,
+                              env=local_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-2000:] + err[-2000:]
+    ended = time.monotonic()
+    followed, ferr = follow.communicate(timeout=30)  # before: never returned for a local run
+    assert follow.returncode == 0 and time.monotonic() - ended < 10, ferr
+    assert "hpctrain summary" in followed and "stopped" not in followed, followed[-2000:]
+    job = json.loads((run / "job.json").read_text())["job_id"]
+    assert f"submitted local job {job} " in out
+    for target in ("named", job):  # before: "not a run directory" / "unknown to Slurm"
+        st = hpctrain("status", target, "--json", cwd=tmp_path, env=local_env())
+        assert st.returncode == 0, st.stderr
+        f = json.loads(st.stdout)
+        assert (f["state"], f["run_dir"], f["job_id"], f["executor"]) == ("COMPLETED", str(run), job, "local"), f
+    logs = hpctrain("logs", job, cwd=tmp_path, env=local_env())
+    assert logs.returncode == 0 and logs.stdout == (run / "logs" / "rank-0.log").read_text(), logs.stderr

@@ -152,9 +152,10 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
         print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
               f"end it: scancel {sub.job_id}", file=sys.stderr)
         return 130
-    if state != "COMPLETED":
-        raise explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job", state)
-    if not (out / "summary.json").is_file():
+    failed = explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    if state != "COMPLETED" and failed:
+        raise failed
+    if state != "COMPLETED" or not (out / "summary.json").is_file():
         print(f"hpctrain: job {sub.job_id} ended {state} without a summary: see {sub.log_hint.split()[-1]}",
               file=sys.stderr)
         return 1

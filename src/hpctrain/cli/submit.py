@@ -110,9 +110,12 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     print(run_status(str(sub.run_dir)).text())
-    if state != "COMPLETED":
-        raise explain(sub.run_dir / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job", state)
-    return 0
+    if state == "COMPLETED":
+        return 0
+    failed = explain(sub.run_dir / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    if failed:  # a task's error; else the status above says why (a stop that was not requeued, a time limit)
+        raise failed
+    return 1
 
 
 def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:

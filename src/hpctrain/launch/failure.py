@@ -82,9 +82,10 @@ def crash_trace(folder: Path, job_id: str, tasks: int) -> tuple[int, str] | None
     return None
 
 
-def explain(folder: Path, job_id: str, tasks: int, what: str, state: str | None = None) -> JobFailed:
+def explain(folder: Path, job_id: str, tasks: int, what: str) -> JobFailed | None:
     """The error to raise for job `job_id` (`what`: e.g. "local job") that failed: the task's
-    UserError as its one line, else a crash's traceback (as detail), else the job's end state."""
+    UserError as its one line, else a crash's traceback (as detail); None when its tasks left
+    neither (killed, a stop that was not requeued: the caller says what it knows)."""
     rec = read_record(folder, job_id)
     if rec:
         return JobFailed(f"{rec['message']} ({what} {job_id}, rank {rec['rank']}; log: "
@@ -94,6 +95,10 @@ def explain(folder: Path, job_id: str, tasks: int, what: str, state: str | None 
         rank, trace = crash
         return JobFailed(f"{what} {job_id} crashed on rank {rank} (traceback above; log: "
                          f"{log_path(folder, job_id, rank)})", detail=trace)
-    ended = f"ended {state}" if state else "ended"
-    return JobFailed(f"{what} {job_id} {ended} without a result (killed, or a rank died): see its log "
+    return None
+
+
+def no_result(folder: Path, job_id: str, what: str) -> JobFailed:
+    """A job whose tasks left no result at all."""
+    return JobFailed(f"{what} {job_id} ended without a result (a task was killed, or died): see its log "
                      f"{log_path(folder, job_id, 0)}")

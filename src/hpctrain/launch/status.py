@@ -365,7 +365,8 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     else:  # local runs, or no accounting: what the run itself wrote
         running = run_dir and local_state(run_dir)
         state = (metrics.get("end") == "finished" and "COMPLETED") or running or ended_state(metrics) \
-            or ("NOT RUNNING" if executor == "local" else "UNKNOWN" if job_id else "NO JOB")
+            or ("NOT RUNNING" if executor == "local" and metrics.get("stopped_at") is None  # crashed or killed
+                else "UNKNOWN" if job_id else "NO JOB")
         requeues, nodes = metrics.get("stops", 0), ""
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
     return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now)

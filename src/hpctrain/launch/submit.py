@@ -103,14 +103,16 @@ def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
     a crash's traceback (launch.failure)."""
     import submitit
 
-    from hpctrain.launch.failure import explain
+    from hpctrain.launch.failure import explain, no_result
 
     while not sub.job.done():
         time.sleep(poll_s)
     try:
         return sub.job.results()
     except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError):
-        raise explain(sub.job.paths.folder, sub.job_id, sub.job.num_tasks, "local job") from None
+        folder = sub.job.paths.folder
+        raise (explain(folder, sub.job_id, sub.job.num_tasks, "local job")
+               or no_result(folder, sub.job_id, "local job")) from None
 
 
 # --------------------------------------------------------------------------- Slurm
