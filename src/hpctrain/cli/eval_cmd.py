@@ -181,5 +181,5 @@ def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
     print(f"submitted local job {sub.job_id}: evaluation of {weights} on {tasks} processes")
     print_outputs(out)
     print(f"follow the log: {sub.log_hint}", flush=True)
-    print(summary_text(wait_local(sub)[0]))
+    print(summary_text(wait_local(sub, what="finishes its evaluation (it has no checkpoint to stop at)")[0]))
     return 0

@@ -8,12 +8,9 @@ controller answers `scontrol ping` (profile `local`), else submitit's local exec
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
-import signal
 import sys
-import time
 
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG
@@ -218,43 +215,19 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.config import to_dict
     from hpctrain.launch.progress import watch
 
+    interrupted = False
     try:
         watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
-        results = wait_local(sub)
     except KeyboardInterrupt:
-        return interrupt_local(sub)
-    summary = results[0]
+        interrupted = True
+    summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
+    if summary["status"] == "interrupted":
+        where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
+        print(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
+              "left. Run the same command again to resume", file=sys.stderr)
+        return 130
     print(summary_table(summary))
     if summary.get("top1") is not None:
         print(f"final val top-1: {summary['top1']:.2f} % ({summary['val_count']} images)")
     return 0 if summary["status"] == "finished" else 1
 
-
-def interrupt_local(sub) -> int:
-    """Ctrl-C of a local `submit`: forward one SIGINT to each task (the controller and the tasks
-    do not get the terminal's, launch.localjob), so every rank stops at the next step with a
-    checkpoint and a stop record; wait for them. A second Ctrl-C kills the tasks at once."""
-    from hpctrain.launch.localjob import signal_tasks, task_pids
-    from hpctrain.launch.submit import wait_local
-
-    folder = sub.job.paths.folder
-    print(f"\nhpctrain: interrupted: local job {sub.job_id} stops at the next step (checkpoint, stop record); "
-          "Ctrl-C again to kill it now", file=sys.stderr, flush=True)
-    signalled: set[int] = set()
-    try:
-        while not sub.job.done():  # once per task (a second SIGINT kills it); a late one once it can stop
-            for pid in set(task_pids(folder, sub.job_id)) - signalled:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGINT)
-                signalled.add(pid)
-            time.sleep(0.2)
-        summary = wait_local(sub)[0]
-    except KeyboardInterrupt:
-        killed = signal_tasks(folder, sub.job_id, signal.SIGKILL)
-        print(f"hpctrain: killed local job {sub.job_id} ({len(killed)} processes): nothing saved since its last "
-              f"checkpoint; run the same command again to resume from it", file=sys.stderr)
-        return 130
-    where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
-    print(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is left. "
-          f"Run the same command again to resume", file=sys.stderr)
-    return 130

@@ -25,6 +25,9 @@ import json
 import os
 import signal
 import socket
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -82,6 +85,28 @@ def signal_tasks(folder: Path, job_id: str, sig: int) -> list[int]:
         except ProcessLookupError:
             pass
     return sent
+
+
+def stop_tasks(done: Callable[[], bool], folder: Path, job_id: str,
+               what: str = "stops at the next step (checkpoint, stop record)") -> None:
+    """After a Ctrl-C of the submitter: one SIGINT to each task (a task that records its pid later
+    gets its own once it can take it), then wait until the job is `done()`. A second Ctrl-C
+    kills the tasks (SIGKILL) and raises KeyboardInterrupt."""
+    print(f"\nhpctrain: interrupted: local job {job_id} {what}; Ctrl-C again to kill it now", file=sys.stderr,
+          flush=True)
+    signalled: set[int] = set()
+    try:
+        while not done():  # a second SIGINT would make a task exit at once: once per pid
+            for pid in set(task_pids(folder, job_id)) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGINT)
+                signalled.add(pid)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        killed = signal_tasks(folder, job_id, signal.SIGKILL)
+        print(f"hpctrain: killed local job {job_id} ({len(killed)} processes): nothing since its last checkpoint "
+              "is kept", file=sys.stderr, flush=True)
+        raise
 
 
 class IgnoreSigint:

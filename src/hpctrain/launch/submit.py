@@ -98,15 +98,23 @@ def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: i
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
 
-def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
+def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
+               what: str = "stops at the next step (checkpoint, stop record)") -> list[dict]:
     """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
-    a crash's traceback (launch.failure)."""
+    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
+    passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
     import submitit
 
     from hpctrain.launch.failure import explain, no_result
+    from hpctrain.launch.localjob import stop_tasks
 
-    while not sub.job.done():
-        time.sleep(poll_s)
+    try:
+        if interrupted:
+            raise KeyboardInterrupt
+        while not sub.job.done():
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
     try:
         return sub.job.results()
     except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError):
