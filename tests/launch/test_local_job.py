@@ -81,13 +81,18 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
                          env=local_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)  # its own group, as a shell gives a foreground job
     wait_for_step(run, 3, [p])
+    job = json.loads((run / "job.json").read_text())["job_id"]
+    again = submit(digits_root, tmp_path, "cc")  # the same run while it trains: refused before anything
+    assert again.returncode == 2 and again.stderr == (
+        f"hpctrain: error: run directory {run} is in use by local job {job}: wait for it (hpctrain logs {run} -f), "
+        "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name\n"), again.stderr
+    assert json.loads((run / "job.json").read_text())["job_id"] == job
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, out[-2000:] + err[-3000:]
     (stop,) = run_metrics(run, "stop")
     assert stop["stop_kind"] == "interrupt" and 3 <= stop["step"] < 400, stop
     assert [r["step"] for r in run_metrics(run, "checkpoint")] == [stop["step"]]
-    job = json.loads((run / "job.json").read_text())["job_id"]
     assert f"local job {job} stopped at step {stop['step']}, checkpoint" in err and "Traceback" not in err, err
     tasks = [json.loads(f.read_text())["pid"] for f in sorted((run / "submitit").glob(f"{job}_*_task.json"))]
     assert len(tasks) == 2

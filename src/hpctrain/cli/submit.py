@@ -197,6 +197,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
     from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.localjob import say
     from hpctrain.launch.submit import submit_local, wait_local
     from hpctrain.train.entry import summary_table
 
@@ -223,8 +224,8 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
     if summary["status"] == "interrupted":
         where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
-        print(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
-              "left. Run the same command again to resume", file=sys.stderr)
+        say(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
+            "left. Run the same command again to resume")
         return 130
     print(summary_table(summary))
     if summary.get("top1") is not None:

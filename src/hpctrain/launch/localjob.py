@@ -13,7 +13,9 @@ get it along with `hpctrain submit`. Instead:
   once its stop handlers are installed;
 - `hpctrain submit` catches the Ctrl-C and forwards exactly one SIGINT to each task: every rank
   stops at the next step, checkpoints, writes its stop record and exits (train.stop). A second
-  Ctrl-C kills them at once.
+  Ctrl-C kills them at once. A hangup (the terminal closed: the shell sends SIGHUP to its jobs,
+  which the tasks in their own groups are not) or a SIGTERM of the submitter counts as a Ctrl-C,
+  so the tasks never outlive it unseen.
 
 Linux and macOS both keep ignored signals across exec (POSIX execve).
 """
@@ -87,13 +89,30 @@ def signal_tasks(folder: Path, job_id: str, sig: int) -> list[int]:
     return sent
 
 
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def take_hangup() -> None:
+    """In the submitter, once its local job runs: SIGHUP and SIGTERM raise KeyboardInterrupt like a
+    Ctrl-C, so they stop the tasks too (main thread only; elsewhere nothing changes)."""
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        with contextlib.suppress(ValueError):
+            signal.signal(sig, _interrupt)
+
+
+def say(text: str) -> None:
+    """A line on stderr; nothing when the terminal is gone (after a hangup)."""
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr, flush=True)
+
+
 def stop_tasks(done: Callable[[], bool], folder: Path, job_id: str,
                what: str = "stops at the next step (checkpoint, stop record)") -> None:
     """After a Ctrl-C of the submitter: one SIGINT to each task (a task that records its pid later
     gets its own once it can take it), then wait until the job is `done()`. A second Ctrl-C
     kills the tasks (SIGKILL) and raises KeyboardInterrupt."""
-    print(f"\nhpctrain: interrupted: local job {job_id} {what}; Ctrl-C again to kill it now", file=sys.stderr,
-          flush=True)
+    say(f"\nhpctrain: interrupted: local job {job_id} {what}; Ctrl-C again to kill it now")
     signalled: set[int] = set()
     try:
         while not done():  # a second SIGINT would make a task exit at once: once per pid
@@ -104,8 +123,8 @@ def stop_tasks(done: Callable[[], bool], folder: Path, job_id: str,
             time.sleep(0.2)
     except KeyboardInterrupt:
         killed = signal_tasks(folder, job_id, signal.SIGKILL)
-        print(f"hpctrain: killed local job {job_id} ({len(killed)} processes): nothing since its last checkpoint "
-              "is kept", file=sys.stderr, flush=True)
+        say(f"hpctrain: killed local job {job_id} ({len(killed)} processes): nothing since its last checkpoint "
+            "is kept")
         raise
 
 

@@ -63,13 +63,27 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
     import submitit
 
-    from hpctrain.launch.localjob import IgnoreSigint
+    from hpctrain.launch.localjob import IgnoreSigint, take_hangup
 
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
     with IgnoreSigint():
-        return ex.submit(fn, *args)
+        job = ex.submit(fn, *args)
+    take_hangup()  # a closed terminal or a SIGTERM stops the tasks like a Ctrl-C (wait_local)
+    return job
+
+
+def check_free(run_dir: Path) -> None:
+    """Refuse a local job in a run directory that a live process still trains (before anything is
+    submitted or written: its job.json keeps naming the job that trains)."""
+    from hpctrain.launch.status import local_state, read_json
+
+    if run_dir.is_dir() and local_state(run_dir):
+        job = read_json(run_dir / "job.json").get("job_id")
+        by = f"local job {job}" if job else "a running `hpctrain train`"
+        raise LaunchError(f"run directory {run_dir} is in use by {by}: wait for it (hpctrain logs {run_dir} -f), "
+                          "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name")
 
 
 def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
@@ -77,6 +91,7 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     from hpctrain.launch.task import train_task
 
     cfg = absolute_paths(cfg)
+    check_free(cfg.run_dir)
     folder = cfg.run_dir / "submitit"
     job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
     write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
