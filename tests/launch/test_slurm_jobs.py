@@ -114,3 +114,25 @@ def test_a_failing_job_under_submit_wait_says_why_in_one_line(slurm_cluster, dig
     assert r.stderr.strip().splitlines()[-1] == (
         f"hpctrain: error: checkpoint /nonexistent/ckpt.pt does not exist (Slurm job {job}, rank 0; log: {log})")
     assert "FAILED" in r.stdout
+
+
+def test_ctrl_c_of_submit_wait_leaves_the_slurm_job_running_and_says_how_to_stop_it(
+        slurm_cluster, digits_root, tmp_path):
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in slurm_cluster.env.items() if k != "HPCTRAIN_CLUSTER"}
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--wait",
+         *digits_sets(digits_root, tmp_path, "goes-on", "train.max_steps=2000")],
+        cwd=ROOT, env={**e, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    wait_for_step(tmp_path / "goes-on", 1, 180)
+    job = json.loads((tmp_path / "goes-on" / "job.json").read_text())["job_id"]
+    os.killpg(waiter.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 130, out + err
+    assert (f"Slurm job {job} goes on. Follow it: hpctrain logs {tmp_path / 'goes-on'} -f   stop it (checkpoint "
+            f"first): scancel --signal=USR2 {job}   end it now: scancel {job}") in err, err
+    assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
+    slurm_cluster.run("scancel", job)
