@@ -97,10 +97,10 @@ RUNS = Path("runs")  # run.dir's default: where a bare run name or a local job i
 
 
 def local_job_run(job_id: str, runs: Path = RUNS) -> Path | None:
-    """The run under `runs` whose local job (`hpctrain submit` without Slurm) has this id (its
-    job.json: the id submit printed, on this host)."""
+    """The run under `runs` (or a sweep's member there) whose local job (`hpctrain submit` or
+    `sweep` without Slurm) has this id (its job.json: the id submit printed, on this host)."""
     host = socket.gethostname()
-    for rec_path in sorted(runs.glob("*/job.json")):
+    for rec_path in sorted([*runs.glob("*/job.json"), *runs.glob("*/*/job.json")]):  # runs, sweeps' members
         rec = read_json(rec_path)
         if (rec.get("executor") == "local" and str(rec.get("job_id")) == job_id
                 and rec.get("host", host) == host):
@@ -117,8 +117,8 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
     """
     p = Path(target)
     named = RUNS / target
-    if not p.is_dir() and "/" not in target and any((named / f).is_file() for f in ("job.json", "metrics.jsonl")):
-        p = named  # a run's name under the default run.dir
+    if not p.is_dir() and not p.is_absolute() and any((named / f).is_file() for f in ("job.json", "metrics.jsonl")):
+        p = named  # a run's name under the default run.dir (a sweep's member: <sweep>/<member>)
     if not p.is_dir() and target.isdigit():
         p = local_job_run(target) or p
     if p.is_dir():
