@@ -197,7 +197,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
     from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.localjob import say
+    from hpctrain.launch.localjob import HangupAsInterrupt, say
     from hpctrain.launch.submit import submit_local, wait_local
     from hpctrain.train.entry import summary_table
 
@@ -218,7 +218,8 @@ def run_local(args: argparse.Namespace, cfg) -> int:
 
     interrupted = False
     try:
-        watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
+        with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
+            watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
     except KeyboardInterrupt:
         interrupted = True
     summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step

@@ -93,12 +93,21 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
-def take_hangup() -> None:
-    """In the submitter, once its local job runs: SIGHUP and SIGTERM raise KeyboardInterrupt like a
-    Ctrl-C, so they stop the tasks too (main thread only; elsewhere nothing changes)."""
-    for sig in (signal.SIGHUP, signal.SIGTERM):
-        with contextlib.suppress(ValueError):
-            signal.signal(sig, _interrupt)
+class HangupAsInterrupt:
+    """`with HangupAsInterrupt():` while the submitter waits for its local job, SIGHUP and SIGTERM
+    raise KeyboardInterrupt like a Ctrl-C, so they stop the tasks too (main thread only; elsewhere
+    nothing changes). The old handlers come back on exit."""
+
+    def __enter__(self) -> HangupAsInterrupt:
+        self.old = {}
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self.old[sig] = signal.signal(sig, _interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
 
 
 def say(text: str) -> None:

@@ -63,15 +63,13 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
     import submitit
 
-    from hpctrain.launch.localjob import IgnoreSigint, take_hangup
+    from hpctrain.launch.localjob import IgnoreSigint
 
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
     with IgnoreSigint():
-        job = ex.submit(fn, *args)
-    take_hangup()  # a closed terminal or a SIGTERM stops the tasks like a Ctrl-C (wait_local)
-    return job
+        return ex.submit(fn, *args)
 
 
 def check_free(run_dir: Path) -> None:
@@ -121,13 +119,14 @@ def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
     import submitit
 
     from hpctrain.launch.failure import explain, no_result
-    from hpctrain.launch.localjob import stop_tasks
+    from hpctrain.launch.localjob import HangupAsInterrupt, stop_tasks
 
     try:
-        if interrupted:
-            raise KeyboardInterrupt
-        while not sub.job.done():
-            time.sleep(poll_s)
+        with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
+            if interrupted:
+                raise KeyboardInterrupt
+            while not sub.job.done():
+                time.sleep(poll_s)
     except KeyboardInterrupt:
         stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
     try:
