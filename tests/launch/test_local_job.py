@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,8 +20,9 @@ SETS = ["train.threads=1", "train.log_every=1", "train.eval_every=0", "train.ckp
 
 
 def local_env() -> dict:
-    """No cluster: the submit runs locally."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPCTRAIN_CLUSTER"))}
+    """No cluster: the submit runs locally (no controller answers, no profile named)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return {**env, "SLURM_CONF": "/nonexistent/slurm.conf", "HPCTRAIN_CLUSTER": ""}
 
 
 def submit_args(digits_root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
@@ -130,3 +132,15 @@ def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp
         assert (f["state"], f["run_dir"], f["job_id"], f["executor"]) == ("COMPLETED", str(run), job, "local"), f
     logs = hpctrain("logs", job, cwd=tmp_path, env=local_env())
     assert logs.returncode == 0 and logs.stdout == (run / "logs" / "rank-0.log").read_text(), logs.stderr
+
+
+def test_a_failing_local_eval_job_says_why_in_one_line(digits_root, tmp_path):
+    """`hpctrain eval --nodes 1` (a local job): the task's UserError (weights that are a directory
+    without checkpoints) comes back as its one line."""
+    (tmp_path / "empty").mkdir()
+    r = hpctrain("eval", str(tmp_path / "empty"), "--config", str(DIGITS), "--set", f"data.root={digits_root}",
+                 "--nodes", "1", "--local-tasks", "1", "-o", str(tmp_path / "ev"), env=local_env(), timeout=300)
+    job = re.search(r"submitted local job (\d+)", r.stdout).group(1)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"hpctrain: error: weights={tmp_path / 'empty'} is a directory without checkpoints/")
+    assert r.stderr.endswith(f"(local job {job}, rank 0; log: {tmp_path / 'ev' / 'submitit' / f'{job}_0_log.err'})\n")
