@@ -232,4 +232,3 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     if summary.get("top1") is not None:
         print(f"final val top-1: {summary['top1']:.2f} % ({summary['val_count']} images)")
     return 0 if summary["status"] == "finished" else 1
-
