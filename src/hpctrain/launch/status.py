@@ -317,10 +317,8 @@ def local_state(run_dir: Path) -> str | None:
     return "RUNNING" if any(isinstance(p, int) and alive(p) for p in pids) else None
 
 
-def ended_state(metrics: dict) -> str | None:
-    """How a run that no process runs any more ended, from its own records."""
-    if metrics.get("end") == "finished":
-        return "COMPLETED"
+def stopped_state(metrics: dict) -> str | None:
+    """INTERRUPTED when the run's last word is a Ctrl-C's stop (train.stop: never requeued)."""
     if metrics.get("stopped_at") is not None and metrics.get("stop_reason") == "interrupt":
         return "INTERRUPTED"
     return None
@@ -364,7 +362,7 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
         state, requeues, nodes = rows[-1]["State"], len(rows) - 1, rows[-1].get("NodeList", "")
     else:  # local runs, or no accounting: what the run itself wrote
         running = run_dir and local_state(run_dir)
-        state = (metrics.get("end") == "finished" and "COMPLETED") or running or ended_state(metrics) \
+        state = (metrics.get("end") == "finished" and "COMPLETED") or running or stopped_state(metrics) \
             or ("NOT RUNNING" if executor == "local" and metrics.get("stopped_at") is None  # crashed or killed
                 else "UNKNOWN" if job_id else "NO JOB")
         requeues, nodes = metrics.get("stops", 0), ""
