@@ -73,6 +73,10 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     first_end = ends[0]["time"]
     assert min(x["time"] for x in metrics(tmp_path / "loc" / "01-lr5e-4")) >= first_end
     assert re.search(r"00-lr1e-3 +optim.lr=1e-3 +COMPLETED", r.stdout), r.stdout
+    logs = hpctrain("logs", str(tmp_path / "loc"))  # a sweep has no log of its own: name a member
+    assert logs.returncode == 2 and logs.stderr == (
+        f"hpctrain: error: {tmp_path / 'loc'} is a sweep of 2 runs, each with its own logs: name one, e.g. hpctrain "
+        f"logs {tmp_path / 'loc' / '00-lr1e-3'} (all of them: hpctrain status {tmp_path / 'loc'})\n"), logs.stderr
 
 
 @pytest.mark.slurm

@@ -144,10 +144,19 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
         return 0
     import json
 
+    from hpctrain.launch.failure import explain
     from hpctrain.launch.status import wait_job
     from hpctrain.train.evaluate import summary_text
 
-    state = wait_job(sub.job_id)
+    try:
+        state = wait_job(sub.job_id)
+    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
+        print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+              f"end it: scancel {sub.job_id}", file=sys.stderr)
+        return 130
+    failed = explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    if state != "COMPLETED" and failed:
+        raise failed
     if state != "COMPLETED" or not (out / "summary.json").is_file():
         print(f"hpctrain: job {sub.job_id} ended {state} without a summary: see {sub.log_hint.split()[-1]}",
               file=sys.stderr)
@@ -176,5 +185,5 @@ def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
     print(f"follow the log: {sub.log_hint}", flush=True)
-    print(summary_text(wait_local(sub)[0]))
+    print(summary_text(wait_local(sub, what="finishes its evaluation (it has no checkpoint to stop at)")[0]))
     return 0

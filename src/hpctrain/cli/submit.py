@@ -95,14 +95,26 @@ def main(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     from hpctrain.config import to_dict
+    from hpctrain.launch.failure import explain
     from hpctrain.launch.progress import watch
     from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
 
-    watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(cfg), poll_s=2.0,
-          global_batch=cfg.data.batch_size)  # rank 0's progress line while it waits
-    state = wait_job(sub.job_id)
+    try:
+        watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(cfg), poll_s=2.0,
+              global_batch=cfg.data.batch_size)  # rank 0's progress line while it waits
+        state = wait_job(sub.job_id)
+    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
+        print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+              f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
+              file=sys.stderr)
+        return 130
     print(run_status(str(sub.run_dir)).text())
-    return 0 if state == "COMPLETED" else 1
+    if state == "COMPLETED":
+        return 0
+    failed = explain(sub.run_dir / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    if failed:  # a task's error; else the status above says why (a stop that was not requeued, a time limit)
+        raise failed
+    return 1
 
 
 def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
@@ -187,6 +199,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
     from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.localjob import HangupAsInterrupt, say
     from hpctrain.launch.submit import submit_local, wait_local
     from hpctrain.train.entry import summary_table
 
@@ -207,9 +220,18 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.config import to_dict
     from hpctrain.launch.progress import watch
 
-    watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
-    results = wait_local(sub)
-    summary = results[0]
+    interrupted = False
+    try:
+        with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
+            watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
+    except KeyboardInterrupt:
+        interrupted = True
+    summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
+    if summary["status"] == "interrupted":
+        where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
+        say(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
+            "left. Run the same command again to resume")
+        return 130
     print(summary_table(summary))
     if summary.get("top1") is not None:
         print(f"final val top-1: {summary['top1']:.2f} % ({summary['val_count']} images)")

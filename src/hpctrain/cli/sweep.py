@@ -149,4 +149,6 @@ def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     record = sweep.new_record(name, config, base_overrides, members, "local")
     statuses = sweep.run_local(members, sweep_dir, record, args.local_tasks, sys.stdout)
     print(sweep.sweep_table(sweep.sweep_status(sweep_dir), f"sweep {name}"))
+    if "interrupted" in statuses:  # Ctrl-C: that member stopped with a checkpoint, the rest never started
+        return 130
     return 0 if all(s == "finished" for s in statuses) else 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -60,13 +61,29 @@ def absolute_paths(cfg: Config) -> Config:
 
 
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
-    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`."""
+    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
+    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
     import submitit
+
+    from hpctrain.launch.localjob import IgnoreSigint
 
     folder.mkdir(parents=True, exist_ok=True)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
-    return ex.submit(fn, *args)
+    with IgnoreSigint():
+        return ex.submit(fn, *args)
+
+
+def check_free(run_dir: Path) -> None:
+    """Refuse a local job in a run directory that a live process still trains (before anything is
+    submitted or written: its job.json keeps naming the job that trains)."""
+    from hpctrain.launch.status import local_state, read_json
+
+    if run_dir.is_dir() and local_state(run_dir):
+        job = read_json(run_dir / "job.json").get("job_id")
+        by = f"local job {job}" if job else "a running `hpctrain train`"
+        raise LaunchError(f"run directory {run_dir} is in use by {by}: wait for it (hpctrain logs {run_dir} -f), "
+                          "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name")
 
 
 def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
@@ -74,10 +91,11 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     from hpctrain.launch.task import train_task
 
     cfg = absolute_paths(cfg)
+    check_free(cfg.run_dir)
     folder = cfg.run_dir / "submitit"
     job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
     write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
-                                   "submitit": str(folder)})
+                                   "submitit": str(folder), "host": socket.gethostname()})
     return Submission(str(job.job_id), cfg.run_dir, "local",
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
@@ -95,11 +113,30 @@ def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: i
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
 
-def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
-    """Wait for every task's result (raises the task's error when one failed)."""
-    while not sub.job.done():
-        time.sleep(poll_s)
-    return sub.job.results()
+def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
+               what: str = "stops at the next step (checkpoint, stop record)") -> list[dict]:
+    """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
+    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
+    passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
+    import submitit
+
+    from hpctrain.launch.failure import explain, no_result
+    from hpctrain.launch.localjob import HangupAsInterrupt, stop_tasks
+
+    try:
+        with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
+            if interrupted:
+                raise KeyboardInterrupt
+            while not sub.job.done():
+                time.sleep(poll_s)
+    except KeyboardInterrupt:
+        stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
+    try:
+        return sub.job.results()
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError):
+        folder = sub.job.paths.folder
+        raise (explain(folder, sub.job_id, sub.job.num_tasks, "local job")
+               or no_result(folder, sub.job_id, "local job")) from None
 
 
 # --------------------------------------------------------------------------- Slurm

@@ -271,6 +271,10 @@ def run_local(members: Sequence[Member], sweep_dir: Path, record: dict, tasks: i
         except Exception as e:  # a failed member does not stop the others
             status = f"failed ({type(e).__name__})"
         statuses.append(status)
+        if status == "interrupted":  # a Ctrl-C stopped this member (launch.localjob): the sweep ends here
+            print(f"sweep interrupted at member {m.index} ({m.name}); its later members did not start",
+                  file=out, flush=True)
+            break
     return statuses
 
 

@@ -38,8 +38,8 @@ class ResumeError(UserError, RuntimeError):
 
 @dataclass
 class Outcome:
-    status: str = "running"  # finished | preempted | halted
-    stop_kind: str | None = None  # preemption | time_limit | halt (train.stop.kind_of)
+    status: str = "running"  # finished | preempted | halted | interrupted
+    stop_kind: str | None = None  # preemption | time_limit | halt | interrupt (train.stop.kind_of)
     step: int = 0
     total_steps: int = 0
     epoch: int = 0
@@ -553,7 +553,7 @@ class Trainer:
             self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
         self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
         out.stop_kind = stopmod.kind_of(bits)
-        out.status = "halted" if out.stop_kind == "halt" else "preempted"
+        out.status = {"halt": "halted", "interrupt": "interrupted"}.get(out.stop_kind, "preempted")
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
         self.metrics.write("stop", step=self.step, reason=out.status, stop_kind=out.stop_kind)
