@@ -70,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
     report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
+    warn_inputs(cfg)
     if args.dry_run:
         from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
 
@@ -101,6 +102,16 @@ def main(args: argparse.Namespace) -> int:
     state = wait_job(sub.job_id)
     print(run_status(str(sub.run_dir)).text())
     return 0 if state == "COMPLETED" else 1
+
+
+def warn_inputs(cfg) -> None:
+    """Slurm: a missing data.root or model.init_from is a note, not a refusal: the cluster's nodes may
+    see paths this machine does not (a dry run may even plan for another cluster), as check_image's."""
+    from hpctrain.data.prepare import input_problems
+
+    for problem in input_problems(cfg):
+        print(f"hpctrain: note: not on this machine (the job fails unless its nodes see it): {problem}",
+              file=sys.stderr)
 
 
 def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
@@ -181,6 +192,16 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     return 0
 
 
+def check_inputs(cfg) -> None:
+    """A local job reads this machine's files: refuse a missing input before anything starts."""
+    from hpctrain.config import ConfigError
+    from hpctrain.data.prepare import input_problems
+
+    problems = input_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
@@ -196,6 +217,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     print(f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(args.local_tasks)} per process × "
           f"{args.local_tasks} processes; lr: {lr_rule(cfg)}")
     ensure_dataset(cfg)
+    check_inputs(cfg)
     sub = submit_local(cfg, tasks=args.local_tasks)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")

@@ -1,0 +1,44 @@
+"""`data.prepare: digits` fills the demo's own folder only: a mistyped data.root or a shard folder
+gets nothing written into it, and the error names the path and the fix in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.config import ConfigError, load
+from hpctrain.data.prepare import DEMO_ROOT, ensure_dataset
+from tests.helpers import DIGITS, hpctrain
+
+
+def test_typo_in_data_root_writes_nothing_and_errors_in_one_line(tmp_path):
+    typo = tmp_path / "x" / "digts_bda"
+    r = hpctrain("train", "--config", str(DIGITS), "--set", f"data.root={typo}", "--set", "run.dir=runs",
+                 cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith(f"hpctrain: error: data.root={typo} does not exist; data.prepare=digits writes "
+                               f"only the demo's own folder {DEMO_ROOT}")
+    assert f"`hpctrain data digits {typo}`" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no dataset, no run directory
+
+
+def test_a_shard_folder_never_gets_images_written_into_it(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "train-00000.tar").write_bytes(b"")  # a pack that never finished: no meta.json
+    cfg = load(DIGITS, [f"data.root={shards}", "data.format=wds", "data.loader=dali"])
+    with pytest.raises(ConfigError, match=r"holds no shards \(no meta.json\); data.prepare=digits writes an image "
+                                          "folder, never shards"):
+        ensure_dataset(cfg)
+    (shards / "meta.json").write_text("{}")
+    ensure_dataset(cfg)  # a finished pack: nothing to make
+    assert sorted(p.name for p in shards.iterdir()) == ["meta.json", "train-00000.tar"]
+
+
+def test_the_demo_folder_is_written_once_under_the_working_directory(tmp_path, monkeypatch, capsys):
+    assert load(DIGITS).data.root == DEMO_ROOT  # the shipped demo config names the folder prepare fills
+    monkeypatch.chdir(tmp_path)
+    ensure_dataset(load(DIGITS))
+    assert "wrote the digits dataset to data/digits: 1438 train, 359 val images" in capsys.readouterr().out
+    assert (tmp_path / DEMO_ROOT / "train" / "9").is_dir() and (tmp_path / DEMO_ROOT / "val").is_dir()
+    ensure_dataset(load(DIGITS, [f"data.root={tmp_path / DEMO_ROOT}"]))  # the same folder, absolute: there
+    assert capsys.readouterr().out == ""
