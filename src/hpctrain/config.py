@@ -90,7 +90,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     root: str = opt("", "dataset folder: root/train/<class>/*, root/val/<class>/* (or shards)")
-    prepare: str = opt("none", "make the dataset at data.root when it is missing (digits: the demo set)",
+    prepare: str = opt("none", "digits: write the demo set when data.root is the demo's own folder data/digits "
+                       "(under the working directory) and it is missing; any other missing root is an error",
                        choices=("none", "digits"))
     loader: str = opt("auto", "auto = DALI when importable, else torch (PIL)",
                       choices=("auto", "dali", "torch", "synthetic"))

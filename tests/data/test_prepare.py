@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.config import ConfigError, load
-from hpctrain.data.prepare import DEMO_ROOT, ensure_dataset
+from hpctrain.config import ConfigError, load, save
+from hpctrain.data.prepare import DEMO_ROOT, ensure_dataset, input_problems
 from tests.helpers import DIGITS, hpctrain
 
 
@@ -42,3 +42,20 @@ def test_the_demo_folder_is_written_once_under_the_working_directory(tmp_path, m
     assert (tmp_path / DEMO_ROOT / "train" / "9").is_dir() and (tmp_path / DEMO_ROOT / "val").is_dir()
     ensure_dataset(load(DIGITS, [f"data.root={tmp_path / DEMO_ROOT}"]))  # the same folder, absolute: there
     assert capsys.readouterr().out == ""
+
+
+def test_init_from_a_run_whose_weights_cannot_fit_is_known_before_the_job(tmp_path, digits_root):
+    """An hpctrain run's config.yaml tells its weights' shapes: another patch size or width is refused
+    by `input_problems` (what a local submit refuses and a Slurm submit notes); img_size and
+    num_classes are adapted in the job, so they pass."""
+    src = tmp_path / "pretrained"
+    (src / "checkpoints").mkdir(parents=True)
+    (src / "checkpoints" / "step-00000010.pt").write_bytes(b"")  # only its run's config.yaml is read
+    save(load(DIGITS, ["model.patch_size=4", "model.width=64"]), src / "config.yaml")
+    sets = [f"data.root={digits_root}", "data.prepare=none"]
+    [problem] = input_problems(load(DIGITS, [*sets, f"model.init_from={src}/checkpoints/step-00000010.pt"]))
+    assert problem.startswith(f"model.init_from={src}/checkpoints/step-00000010.pt: its weights do not fit this "
+                              "model (model.patch_size=4 there, 8 here; model width 64 there, 128 here; ")
+    fits = load(DIGITS, [*sets, f"model.init_from={src}", "model.patch_size=4", "model.width=64",
+                         "model.img_size=48", "model.num_classes=5"])
+    assert input_problems(fits) == []

@@ -11,9 +11,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from hpctrain.config import Config, ConfigError
+from hpctrain.config import Config, ConfigError, ModelConfig, build, read_yaml
 from hpctrain.data.once import make_once
 from hpctrain.data.wds import META
+from hpctrain.models.arch import arch_dims
 
 DEMO_ROOT = "data/digits"  # configs/digits_vit.yaml's data.root, relative to the working directory
 
@@ -78,4 +79,31 @@ def input_problems(cfg: Config) -> list[str]:
     if src and not Path(src).expanduser().exists():
         out.append(f"model.init_from={src} does not exist: give the path of a .safetensors/.pt/.pth state_dict, "
                    "an hpctrain checkpoint or run directory (e.g. from `hpctrain export`)")
+    elif src:
+        out += init_shape_problems(cfg.model, Path(src).expanduser())
     return out
+
+
+# what decides the shapes of the weights model.init_from gives (the position embedding's grid is
+# resampled and a head of another class count replaced: train/finetune.py)
+SHAPE_KEYS = ("patch_size", "mlp_ratio", "pool", "gap_norm", "rep_size")
+
+
+def init_shape_problems(model: ModelConfig, src: Path) -> list[str]:
+    """model.init_from an hpctrain run (or one of its checkpoints): its config.yaml tells the shapes
+    of its weights, so a model they cannot start (another patch size, width, depth…) is refused
+    before the job, not by its first rank. Other files are known only to torch: not checked here."""
+    run = src.parent.parent if src.parent.name == "checkpoints" else src
+    try:
+        old = build(ModelConfig, read_yaml(run / "config.yaml").get("model") or {}, "model.")
+    except (ConfigError, OSError, AttributeError):
+        return []  # not an hpctrain run, or one of another release: the job's own check decides
+    diff = [f"model.{k}={getattr(old, k)} there, {getattr(model, k)} here" for k in SHAPE_KEYS
+            if getattr(old, k) != getattr(model, k) and not (k == "gap_norm" and model.pool == "token")]
+    diff += [f"model {k} {a} there, {b} here" for k, a, b in zip(("depth", "width"), arch_dims(old),
+                                                                 arch_dims(model)) if a != b]
+    if not diff:
+        return []
+    return [f"model.init_from={src}: its weights do not fit this model ({'; '.join(diff)}; {run / 'config.yaml'}): "
+            "set those model.* keys as the source run had them (the position embedding is resampled to any "
+            "model.img_size, a head of another model.num_classes replaced)"]
