@@ -60,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from hpctrain.launch.submit import plan_job, slurm_available
 
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
+    check_unfinished(cfg, args.dry_run or bool(args.emit_sbatch))
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     slurm = bool(cluster) or args.dry_run or bool(args.emit_sbatch) or slurm_available()
     if not slurm:
@@ -102,6 +103,19 @@ def main(args: argparse.Namespace) -> int:
     state = wait_job(sub.job_id)
     print(run_status(str(sub.run_dir)).text())
     return 0 if state == "COMPLETED" else 1
+
+
+def check_unfinished(cfg, note_only: bool) -> None:
+    """A finished run submitted again is refused before anything starts or waits in a queue (a dry run
+    or a written script only notes it: it may be for another machine's run directory)."""
+    from hpctrain.errors import LaunchError
+    from hpctrain.launch.finished import finished_run
+
+    text = finished_run(cfg)
+    if text and note_only:
+        print(f"hpctrain: note: {text}", file=sys.stderr)
+    elif text:
+        raise LaunchError(text)
 
 
 def warn_inputs(cfg) -> None:

@@ -19,6 +19,7 @@ import torch.distributed as td
 
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
+from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import comm, compat, fastpath, speed, straggler, tensorboard
 from hpctrain.train import stop as stopmod
@@ -54,10 +55,7 @@ def check_unfinished(cfg: Config, st: dict, path: Path, run_dir: Path, batches_p
     total, step = planned_steps(cfg, batches_per_epoch), int(st["step"])
     if step < total:
         return
-    raise RunFinished(f"run {run_dir} has finished: its checkpoint {path.name} is at step {step} of {total}, so "
-                      f"there is nothing to train (nothing was written). Start another run with --set "
-                      f"run.name={cfg.run.name}_2, train this one again from step 0 with --set run.resume=none, "
-                      "or raise train.epochs to train it further")
+    raise RunFinished(finished_text(run_dir, path.name, step, total, cfg.run.name))
 
 
 @dataclass
