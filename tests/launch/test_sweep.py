@@ -61,10 +61,13 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     """No Slurm controller: both members through the local executor, then the table."""
     r = hpctrain("sweep", "--config", DIGITS, "--set", f"data.root={digits_root}", "--set", f"run.dir={tmp_path}",
                  "--set", "train.max_steps=2", "--set", "train.eval_every=0", "--grid", "optim.lr=1e-3,5e-4",
-                 "--name", "loc", "--local-tasks", "1", env={"SLURM_CONF": str(tmp_path / "none.conf"),
-                                                               "HPCTRAIN_CLUSTER": ""}, timeout=300)
+                 "--name", "loc", "--local-tasks", "1", "--max-parallel", "2", "--cluster-set", "slurm.qos=x",
+                 env={"SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no Slurm: 2 runs one after another" in r.stdout
+    assert ("hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+            "run one after another on this machine, so --max-parallel, --cluster-set (for a Slurm sweep) are "
+            "ignored\n") in r.stderr
     rec = json.loads((tmp_path / "loc" / "sweep.json").read_text())
     assert rec["executor"] == "local" and [m["name"] for m in rec["members"]] == ["00-lr1e-3", "01-lr5e-4"]
     ends = [metrics(tmp_path / "loc" / m["name"], "end")[-1] for m in rec["members"]]

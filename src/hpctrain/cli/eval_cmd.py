@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--img-size", type=int, help="evaluate at this resolution (position embedding resampled)")
     p.add_argument("--crop-pct", type=float, help="val resize to img_size / crop_pct, then centre crop")
     p.add_argument("-o", "--output", help="folder for summary.json and per_class.csv (default RUN/eval, or "
-                                          "./eval with --weights); rank 0 writes it")
+                                          "FILE.eval beside the weights with --weights); rank 0 writes it")
     job = p.add_argument_group("as a job, through hpctrain submit's path (--nodes submits it)")
     add_job_args(job, "submit the evaluation as a job on N nodes: Slurm with --cluster, $HPCTRAIN_CLUSTER "
                       "or an answering controller; else this machine (--nodes 1, --local-tasks processes)")
@@ -70,7 +70,14 @@ def resolve(args: argparse.Namespace):
         return load_config(str(config), sets), str(run), out
     if not args.config:
         raise CLIError("--weights needs --config (the model and data the weights go with)")
-    return load_config(args.config, sets), args.weights, Path(args.output or "eval")
+    return load_config(args.config, sets), args.weights, Path(args.output) if args.output else beside(args.weights)
+
+
+def beside(weights: str) -> Path:
+    """--weights' default output folder: `<weights>.eval` next to the file (or folder), never the
+    working directory, where evaluations of different weights would overwrite each other."""
+    w = Path(weights)
+    return w.with_name(f"{w.name}.eval")
 
 
 def main(args: argparse.Namespace) -> int:

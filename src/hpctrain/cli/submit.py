@@ -60,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from hpctrain.launch.submit import plan_job, slurm_available
 
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
+    check_unfinished(cfg, args.dry_run or bool(args.emit_sbatch))
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     slurm = bool(cluster) or args.dry_run or bool(args.emit_sbatch) or slurm_available()
     if not slurm:
@@ -70,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
     report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
+    warn_inputs(cfg)
     if args.dry_run:
         from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
 
@@ -115,6 +117,29 @@ def main(args: argparse.Namespace) -> int:
     if failed:  # a task's error; else the status above says why (a stop that was not requeued, a time limit)
         raise failed
     return 1
+
+
+def check_unfinished(cfg, note_only: bool) -> None:
+    """A finished run submitted again is refused before anything starts or waits in a queue (a dry run
+    or a written script only notes it: it may be for another machine's run directory)."""
+    from hpctrain.errors import LaunchError
+    from hpctrain.launch.finished import finished_run
+
+    text = finished_run(cfg)
+    if text and note_only:
+        print(f"hpctrain: note: {text}", file=sys.stderr)
+    elif text:
+        raise LaunchError(text)
+
+
+def warn_inputs(cfg) -> None:
+    """Slurm: a missing data.root or model.init_from is a note, not a refusal: the cluster's nodes may
+    see paths this machine does not (a dry run may even plan for another cluster), as check_image's."""
+    from hpctrain.data.prepare import input_problems
+
+    for problem in input_problems(cfg):
+        print(f"hpctrain: note: not on this machine (the job fails unless its nodes see it): {problem}",
+              file=sys.stderr)
 
 
 def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
@@ -195,6 +220,16 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     return 0
 
 
+def check_inputs(cfg) -> None:
+    """A local job reads this machine's files: refuse a missing input before anything starts."""
+    from hpctrain.config import ConfigError
+    from hpctrain.data.prepare import input_problems
+
+    problems = input_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
@@ -211,6 +246,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     print(f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(args.local_tasks)} per process × "
           f"{args.local_tasks} processes; lr: {lr_rule(cfg)}")
     ensure_dataset(cfg)
+    check_inputs(cfg)
     sub = submit_local(cfg, tasks=args.local_tasks)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")

@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     slurm = bool(cluster) or args.dry_run or slurm_available()
     if not slurm:
+        note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
     plan = plan_array(args, members, cluster, sweep_dir, name)
     for m in members:
@@ -104,6 +105,21 @@ def main(args: argparse.Namespace) -> int:
         print(line)
     print(f"sweep directory: {shlex.quote(str(sweep_dir))}   status: hpctrain status {shlex.quote(str(sweep_dir))}")
     return 0
+
+
+SLURM_ONLY = ("max_parallel", "cluster_overrides", "nodes", "gpus_per_node", "time", "partition", "account", "qos",
+              "constraint", "exclusive", "gpu_mem_gb")
+
+
+def note_ignored(args: argparse.Namespace) -> None:
+    """A local sweep runs its members one after another on this machine: the flags of a Slurm array
+    (parallelism, profile values, resources) have nothing to act on; say so instead of dropping them."""
+    given = [f"--{k.replace('_overrides', '_set').replace('_', '-')}" for k in SLURM_ONLY
+             if getattr(args, k) not in (None, False, 0, [])]
+    if given:
+        print(f"hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+              f"run one after another on this machine, so {', '.join(given)} (for a Slurm sweep) "
+              f"{'is' if len(given) == 1 else 'are'} ignored", file=sys.stderr)
 
 
 def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir, name: str):
@@ -133,6 +149,7 @@ def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir
 
 def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     from hpctrain.cli import CLIError
+    from hpctrain.cli.submit import check_inputs
     from hpctrain.config import check_batch
     from hpctrain.launch import sweep
 
@@ -141,6 +158,7 @@ def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     for m in members:
         try:
             check_batch(m.cfg, args.local_tasks)
+            check_inputs(m.cfg)  # local runs read this machine's files
         except Exception as e:
             raise CLIError(f"sweep member {m.index} ({' '.join(m.overrides)}): {e}") from None
     sweep.check_new(sweep_dir)

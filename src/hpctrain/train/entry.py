@@ -106,7 +106,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
     from hpctrain.train import compat
-    from hpctrain.train.loop import Trainer, check_compatible
+    from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)
@@ -173,6 +173,14 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
     if resume:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
+    train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
+    if resume:
+        try:  # every rank reads the same checkpoint and data: all refuse alike
+            check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
+        except RunFinished:
+            lock.release()
+            distmod.shutdown()
+            raise
     resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
@@ -185,7 +193,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
              cfg.data.batch_size, resolved["per_rank_batch"], info.world_size, cfg.train.accum_steps,
              resolved["lr_rule"])
 
-    train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
     if cfg.model.init_from and resume:
