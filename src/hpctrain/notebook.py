@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from hpctrain.errors import UserError
+from hpctrain.launch.enclosing import outside_job
 
 # Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
 # Linux's ephemeral ports (32768-60999), where outgoing connections would take them.
@@ -155,7 +156,8 @@ def submit(job: NotebookJob) -> str:
             "sbatch is not on the PATH: run this on a Slurm login node "
             "(or use --dry-run to print the batch script)"
         )
-    r = subprocess.run(["sbatch", "--parsable"], input=batch_script(job), capture_output=True, text=True)
+    r = subprocess.run(outside_job(["sbatch", "--parsable"]), input=batch_script(job), capture_output=True,
+                       text=True)
     if r.returncode != 0:
         raise NotebookError(f"sbatch failed: {r.stderr.strip() or r.stdout.strip()}")
     return r.stdout.strip().split(";")[0]

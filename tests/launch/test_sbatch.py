@@ -47,7 +47,7 @@ def test_dry_run_16_nodes_without_torch():
     assert r.returncode == 0, r.stderr
     s = r.stdout
     for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR2@300", "module load $hpctrain_modules",
+                 "#SBATCH --signal=B:USR2@300", "module load $hpctrain_modules",
                  "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
                  "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
                  "apptainer exec --nv --cleanenv --bind /datasets", "export APPTAINERENV_PYTHONNOUSERSITE=1",

@@ -57,6 +57,10 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
         'if [ "$CONTAINER" = none ]; then',
         f"  {PY_VAR}=({host_python})",
+        "  # the submitting hpctrain first (not the submitting shell's PYTHONPATH, which an --export=NONE",
+        "  # site drops); an installed copy's site-packages is the host Python's own already",
+        '  case ${HPCTRAIN_SOURCE%/*} in ""|*/site-packages|*/dist-packages) ;;',
+        '    *) export PYTHONPATH="${HPCTRAIN_SOURCE%/*}${PYTHONPATH:+:$PYTHONPATH}" ;; esac',
         "else",
         '  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '
         '(set HPCTRAIN_IMAGE, or CONTAINER=none)" >&2; exit 1; fi',

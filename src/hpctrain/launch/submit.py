@@ -15,6 +15,7 @@ from typing import Any
 
 from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import LaunchError
+from hpctrain.launch.enclosing import outside_job
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
            "submit_local", "submit_slurm"]
@@ -307,6 +308,9 @@ def slurm_job(plan, folder: Path, fn, *args):
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return slurm_script(plan, folder)
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return outside_job(super()._make_submission_command(submission_file_path))
 
     ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
     ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,

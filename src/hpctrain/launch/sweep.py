@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
 from hpctrain.errors import UserError
+from hpctrain.launch.enclosing import outside_job
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -203,6 +204,9 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return script
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return outside_job(super()._make_submission_command(submission_file_path))
 
         def _internal_process_submissions(self, delayed):
             pickles = []
