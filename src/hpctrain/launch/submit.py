@@ -16,6 +16,7 @@ from typing import Any
 from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import LaunchError
 from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.private import private_dir
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
            "submit_local", "submit_slurm"]
@@ -62,7 +63,7 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`."""
     import submitit
 
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
     return ex.submit(fn, *args)
@@ -303,7 +304,7 @@ def slurm_job(plan, folder: Path, fn, *args):
     from hpctrain.launch.profile import time_minutes
 
     check_image(plan.profile)
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
 from hpctrain.errors import UserError
 from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.private import private_dir
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -192,8 +193,7 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     from hpctrain.launch.task import train_task
 
     check_image(plan.profile)
-    folder = sweep_dir / "submitit"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(sweep_dir / "submitit")
     script = slurm_script(plan, folder, "%A_%a")
     max_requeues = plan.profile.slurm.max_requeues
 
