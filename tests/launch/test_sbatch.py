@@ -112,3 +112,18 @@ def test_committed_script_reaches_srun_from_any_directory(tmp_path):
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args[:2] == ["--kill-on-bad-exit=1", "--unbuffered"] and args[-3:] == ["-m", "hpctrain", "train"]
     assert (tmp_path / ".hpctrain").is_dir()
+
+
+def test_login_nodes_small_locked_memory_limit_is_raised_to_the_nodes_hard_limit():
+    """Slurm applies the submitting shell's soft `ulimit -l` to the job (PropagateResourceLimits);
+    the script's lines raise it as far as the node's hard limit allows (real bash, real limits)."""
+    import subprocess
+
+    from hpctrain.launch.sbatch import MEMLOCK_LINES
+
+    lines = "\n".join(MEMLOCK_LINES)
+    node = subprocess.run(["bash", "-c", "ulimit -H -l"], capture_output=True, text=True).stdout.strip()
+    for hard in (node, "1024"):  # this machine's hard limit (unlimited or not), and a lower one
+        r = subprocess.run(["bash", "-c", f"set -eo pipefail; ulimit -S -l 64; ulimit -H -l {hard}\n{lines}\n"
+                                          "ulimit -S -l"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == hard, (hard, r.stdout, r.stderr)

@@ -126,6 +126,14 @@ def stop_lines() -> list[str]:
     ]
 
 
+# Slurm applies the submitting shell's soft limits to the job (slurm.conf(5), PropagateResourceLimits:
+# all by default): a login node's `ulimit -l` (often 64 KiB) is too little for RDMA, which locks its buffers.
+MEMLOCK_LINES = [
+    "# Locked memory: the login shell's soft limit came with the job (PropagateResourceLimits); NCCL over",
+    "# InfiniBand/RoCE locks its buffers: raise it as far as this node's hard limit allows.",
+    'ulimit -S -l unlimited 2>/dev/null || ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true',
+]
+
 # After srun: wait through trapped signals, then carry out rank 0's decision.
 REQUEUE_LINES = [
     "hpctrain_srun=$!",
@@ -202,7 +210,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
               "export SLURM_EXPORT_ENV=ALL",
               "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
               'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then',
-              "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", ""]
+              "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", *MEMLOCK_LINES, ""]
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]
