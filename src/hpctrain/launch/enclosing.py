@@ -1,8 +1,8 @@
 """Submitting from inside a job (`salloc`, an `hpctrain notebook` terminal, a job that chains the
 next): the environment sbatch gets.
 
-sbatch copies its whole environment into the new job and strips only SLURM_JWT, so the enclosing
-job's SLURM_MEM_PER_CPU, SLURM_CPUS_PER_TASK, SLURM_GPUS_PER_NODE, … reach the new job's srun,
+sbatch copies its whole environment into the new job (--export=ALL, the default), so the enclosing
+job's SLURM_MEM_PER_CPU, SLURM_CPUS_PER_TASK, SLURM_STEP_*, … reach the new job's srun,
 which then fails ("SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually
 exclusive") or runs with the old job's shape (measured on Slurm 22.05: docs/sites.md). Inside a
 job (SLURM_JOB_ID set) every `sbatch` hpctrain runs leaves out the SLURM_* variables but the
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 
 # Client settings, not properties of the enclosing job: which slurm.conf / cluster to talk to,
-# how to print times, the token of auth/jwt sites (sbatch itself keeps it out of the job).
+# how to print times, the token of auth/jwt sites.
 KEEP = ("SLURM_CONF", "SLURM_CLUSTERS", "SLURM_TIME_FORMAT", "SLURM_JWT")
 
 
