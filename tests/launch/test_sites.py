@@ -15,7 +15,7 @@ from tests.launch.jobs import ROOT, digits_sets, hp, metrics, sacct_states, subm
 from tests.slurm_cluster import EXPORT_NONE, PREEMPTIBLE, SEND_USER_SIGNAL, URGENT
 
 pytestmark = pytest.mark.slurm
-SHORT = ("train.epochs=1", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0")
+SHORT = ("train.epochs=1", "train.max_steps=10", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0")
 
 
 def training(cluster, job: str, run: Path, step: int = 3, timeout: float = 180) -> None:
@@ -57,7 +57,7 @@ def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_
     r = slurm_cluster.run("salloc", "-N1", "-n1", "--mem-per-cpu=100", sys.executable, "-m", "hpctrain", "submit",
                           "--config", "configs/digits_vit.yaml", "--nodes", "2", "--gpus-per-node", "1",
                           "--cluster-set", "slurm.mem_per_node=500M",
-                          *digits_sets(digits_root, tmp_path, "inner", *SHORT), cwd=ROOT,
+                          *digits_sets(digits_root, tmp_path, "inner", *SHORT, "train.max_steps=4"), cwd=ROOT,
                           env={"OMP_NUM_THREADS": "1"}, timeout=120)
     job = r.stdout.split("submitted Slurm job ")[1].split()[0]
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
@@ -73,7 +73,7 @@ def test_preempt_send_user_signal_site_counts_a_preemption(slurm_cluster, digits
     with slurm_cluster.reconfigured(**SEND_USER_SIGNAL):
         assert "preempt_send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
         job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1", "--partition", PREEMPTIBLE,
-                     *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.epochs=2"))
+                     *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"))
         training(slurm_cluster, job, run)
         urgent = slurm_cluster.run("sbatch", "--parsable", f"--partition={URGENT}", "-N2", "--exclusive",
                                    f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
