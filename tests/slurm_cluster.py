@@ -38,6 +38,12 @@ PREEMPTIBLE, URGENT, GRACE_TIME = "low", "high", 30
 # CPU_PARTITION the node that declares none. Jobs asking for no GPUs schedule as before on both.
 GPU_PARTITION, CPU_PARTITION, GPU_NODE, CPU_NODE = "gpu", "cpu", "n2", "n1"
 GPU_TYPE, GPUS_PER_NODE = "tesla", 2
+# Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
+# submitting environment is enough, no cluster change. A site that announces preemption with the
+# job's --signal (USR2) instead of SIGTERM: Slurm 22.05 spells it SlurmctldParameters (slurm.conf(5);
+# later releases PreemptParameters=send_user_signal); `SlurmCluster.reconfigured(**SEND_USER_SIGNAL)`.
+EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
+SEND_USER_SIGNAL = {"SlurmctldParameters": "preempt_send_user_signal"}
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -262,6 +268,24 @@ StorageLoc=slurm_{self.cluster_name}
                 return st
             time.sleep(1)
         raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s")
+
+    @contextlib.contextmanager
+    def reconfigured(self, **settings: str):
+        """The cluster in another site's shape for a while: these slurm.conf keys set (replacing the
+        same keys) and `scontrol reconfigure`d; the file as it was, reconfigured again, afterwards.
+        Cheaper than a second cluster; slurmctld 22.05 applies SlurmctldParameters this way
+        (`scontrol show config` shows it, and the preemption signal follows it: measured)."""
+        before = self.conf.read_text()
+        kept = [line for line in before.splitlines() if line.split("=", 1)[0] not in settings]
+        at = next(i for i, line in enumerate(kept) if line.startswith("NodeName="))
+        kept[at:at] = [f"{k}={v}" for k, v in settings.items()]
+        self.conf.write_text("\n".join(kept) + "\n")
+        try:
+            self.run("scontrol", "reconfigure")
+            yield self
+        finally:
+            self.conf.write_text(before)
+            self.run("scontrol", "reconfigure")
 
     # -------------------------------------------------------------- faults
 

@@ -50,7 +50,7 @@ def test_dry_run_16_nodes_without_torch():
     assert r.returncode == 0, r.stderr
     s = r.stdout
     for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR2@300", "module load $hpctrain_modules",
+                 "#SBATCH --signal=B:USR2@300", "module load $hpctrain_modules",
                  "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
                  "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
                  "apptainer exec --nv --cleanenv --bind /datasets", "export APPTAINERENV_PYTHONNOUSERSITE=1",
@@ -135,3 +135,18 @@ def test_sbatch_template_writes_the_shipped_script_anywhere(tmp_path):
     assert hpctrain("sbatch-template", "jobs", cwd=tmp_path).returncode == 0
     assert (tmp_path / "jobs" / "vit.sbatch").is_file()
     assert hpctrain("sbatch-template", "-").stdout == (ROOT / "slurm" / "vit.sbatch").read_text()
+
+
+def test_login_nodes_small_locked_memory_limit_is_raised_to_the_nodes_hard_limit():
+    """Slurm applies the submitting shell's soft `ulimit -l` to the job (PropagateResourceLimits);
+    the script's lines raise it as far as the node's hard limit allows (real bash, real limits)."""
+    import subprocess
+
+    from hpctrain.launch.sbatch import MEMLOCK_LINES
+
+    lines = "\n".join(MEMLOCK_LINES)
+    node = subprocess.run(["bash", "-c", "ulimit -H -l"], capture_output=True, text=True).stdout.strip()
+    for hard in (node, "1024"):  # this machine's hard limit (unlimited or not), and a lower one
+        r = subprocess.run(["bash", "-c", f"set -eo pipefail; ulimit -S -l 64; ulimit -H -l {hard}\n{lines}\n"
+                                          "ulimit -S -l"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == hard, (hard, r.stdout, r.stderr)

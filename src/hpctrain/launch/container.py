@@ -63,11 +63,14 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         'nodes see; HPCTRAIN_SOURCE= runs the hpctrain that the tasks\' Python finds)" >&2; exit 1; fi',
         'if [ "$CONTAINER" = none ]; then',
         f"  {PY_VAR}=({host_python})",
-        '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, first on the tasks\' PYTHONPATH',
+        "  # the submitted hpctrain first (not the submitting shell's PYTHONPATH, which an --export=NONE",
+        "  # site drops); an installed copy's site-packages is the host Python's own already",
+        '  if [ -n "$HPCTRAIN_SOURCE" ]; then',
         '    if [ "$(basename "$HPCTRAIN_SOURCE")" != hpctrain ] || [[ "$(dirname "$HPCTRAIN_SOURCE")" == *:* ]]; then '
         'echo "hpctrain: HPCTRAIN_SOURCE=$HPCTRAIN_SOURCE must be a package directory named hpctrain in a path '
         'without \':\' (PYTHONPATH separates with it)" >&2; exit 1; fi',
-        '    export PYTHONPATH="$(dirname "$HPCTRAIN_SOURCE")${PYTHONPATH:+:$PYTHONPATH}"',
+        '    case ${HPCTRAIN_SOURCE%/*} in */site-packages|*/dist-packages) ;;',
+        '      *) export PYTHONPATH="${HPCTRAIN_SOURCE%/*}${PYTHONPATH:+:$PYTHONPATH}" ;; esac',
         "  fi",
         "else",
         '  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '

@@ -16,6 +16,8 @@ from typing import Any
 
 from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import LaunchError
+from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.private import private_dir
 from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
@@ -67,7 +69,7 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
 
     from hpctrain.launch.localjob import IgnoreSigint
 
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
     with IgnoreSigint():
@@ -358,12 +360,15 @@ def slurm_job(plan, folder: Path, fn, *args):
     from hpctrain.launch.profile import time_minutes
 
     check_image(plan.profile)
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     snap = job_snapshot(plan, folder)
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return slurm_script(plan, folder, snap=snap)
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return outside_job(super()._make_submission_command(submission_file_path))
 
     ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
     ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,

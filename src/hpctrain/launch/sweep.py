@@ -20,6 +20,8 @@ from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
 from hpctrain.errors import UserError
+from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.private import private_dir
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -201,8 +203,7 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     from hpctrain.launch.task import train_task
 
     check_image(plan.profile)
-    folder = sweep_dir / "submitit"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(sweep_dir / "submitit")
     snap = job_snapshot(plan, folder)
     script = slurm_script(plan, folder, "%A_%a", snap)
     max_requeues = plan.profile.slurm.max_requeues
@@ -214,6 +215,9 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return script
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return outside_job(super()._make_submission_command(submission_file_path))
 
         def _internal_process_submissions(self, delayed):
             pickles = []

@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpctrain.errors import LaunchError
 from hpctrain.launch import failure, localjob
+from hpctrain.launch.private import check_pickle
 from hpctrain.train import stop as stopmod
 
 
@@ -92,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m hpctrain.launch.task <submitit folder>")
+    os.environ["SUBMITIT_FOLDER"] = args[0]  # as process_job sets it: this task's own pickle
+    try:
+        check_pickle(job_environment.JobEnvironment().paths.submitted_pickle)
+    except LaunchError as e:
+        raise SystemExit(f"hpctrain: {e}") from None
     submission.process_job(args[0])
 
 
