@@ -195,14 +195,15 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     check_batch(cfg, nodes * gpn)
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
         binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
-                                              if p and Path(p).is_absolute()])
+                                              if p and Path(p).is_absolute()], writable=[cfg.run.dir])
         folder = None
     else:
         cfg = absolute_paths(cfg)
         check_resolved_paths(cfg)
-        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
+        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir], writable=[cfg.run.dir])
         folder = cfg.run_dir / "submitit"
-    return job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+    plan = job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
 
 
 def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
@@ -218,8 +219,9 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
     check_text(str(out), f"the output folder {str(out)!r}")
     header = [f"hpctrain eval: hpctrain.launch.task.eval_task of {weights}",
               f"outputs: {out}/summary.json, {out}/per_class.csv"]
-    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)])
-    return job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)], writable=[str(out)])
+    plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
 
 
 def submitit_command(folder: Path, job: str = "%j") -> str:
