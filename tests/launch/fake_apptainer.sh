@@ -9,6 +9,7 @@
 # - a host directory the image does not show unless bound: $FAKE_APPTAINER_HIDE (colon-separated, e.g.
 #   a site's /lustre) is covered by an empty tmpfs before the binds are made (Apptainer shows only
 #   its default binds - $HOME, /tmp, /var/tmp, $PWD... - and the --bind ones);
+# - inside, APPTAINER_CONTAINER is the image's path (Apptainer sets it; `hpctrain doctor` reads it);
 # - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
 #   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
 # Usage (as the batch script calls it): apptainer exec [--nv] [--cleanenv] [--env K=V] [--bind X] IMAGE CMD...
@@ -50,7 +51,7 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   pypath=${pypath:+$pypath${site:+:}}$site
   cmd=("$@")
   [ "${cmd[0]}" = python3 ] && cmd[0]=$FAKE_APPTAINER_PYTHON
-  exec env -i "${envs[@]}" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  exec env -i "${envs[@]}" APPTAINER_CONTAINER="$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
 [ "${1:-}" = exec ] || { echo "fake apptainer: only 'exec' is supported" >&2; exit 2; }
@@ -67,6 +68,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -f "$1" ] || { echo "fake apptainer: image $1 not found" >&2; exit 255; }
+export FAKE_IMAGE=$1
 shift
 : "${FAKE_APPTAINER_PYTHON:?the image python}"
 exec unshare --mount "$0" --inside "$@"
