@@ -3,9 +3,12 @@ torch; values from configs and profiles are quoted."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from hpctrain.source import source_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 EMIT = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib", "--nodes", "16",
@@ -85,6 +88,10 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     assert r.returncode == 0, r.stderr
     script = r.stdout
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    snap = run_dir / HOSTILE / "code" / source_hash() / "hpctrain"  # where a submission puts the code
+    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{shlex.quote(str(snap))}}}" in script
+    assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
+    snap.mkdir(parents=True)
     setup = script.split("\nsrun ")[0]  # the script up to the task launch
     probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
@@ -93,6 +100,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     values = (tmp_path / "values.bin").read_text().split("\0")
     assert values[0] == HOSTILE
     assert f"/data/{HOSTILE}" in values and __file__ in values
+    assert f"{snap}:/opt/hpctrain-src/hpctrain:ro" in values
     assert not list(tmp_path.glob("PWNED*"))
     assert f"#SBATCH --job-name={HOSTILE}" not in script  # quoted for sbatch's own parser
 

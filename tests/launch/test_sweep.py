@@ -13,6 +13,7 @@ import pytest
 
 from hpctrain.config import ConfigError
 from hpctrain.launch import sweep
+from hpctrain.source import commit_of, source_hash
 from tests.helpers import hpctrain
 from tests.launch.jobs import ROOT, hp, metrics, sacct_states, wait_for_step
 
@@ -101,6 +102,8 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     sw = tmp_path / "sw"
     rec = json.loads((sw / "sweep.json").read_text())
     assert [m["job_id"] for m in rec["members"]] == [f"{array}_{i}" for i in range(4)]
+    code = sw / "code" / source_hash() / "hpctrain"  # one code snapshot for the sweep's runs
+    assert f"code: {code} (source {source_hash()})" in r.stdout and rec["code"] == str(code)
     # member 3 starts last, when no element is pending: while some are, `scancel --signal=USR2 <array>_<i>`
     # (or the raw id, which scancel turns into that) is answered "Job can not be altered now" although
     # the element got the signal, and scancel retries, signalling again after the requeue (measured)
@@ -130,3 +133,7 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     best = [x["top1_best"] for x in js]
     assert all(b is not None for b in best) and best == sorted(best, reverse=True)
     assert all(x["step"] == steps for x in js)
+    envs = [json.loads((Path(m["run_dir"]) / "env.json").read_text()) for m in rec["members"]]
+    assert {e["source"]["snapshot"]["path"] for e in envs} == {str(code)}  # runtime none: first on PYTHONPATH
+    assert {e["source"]["running"] for e in envs} == {source_hash()}
+    assert {e["git_commit"] for e in envs} == {commit_of(ROOT / "src" / "hpctrain")}  # the submitting checkout's

@@ -137,6 +137,8 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     print(f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
           f"{plan.tasks_per_node} tasks (cluster {profile.name})")
     print_outputs(out)
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the log: {sub.log_hint}   state: squeue -j {sub.job_id}", flush=True)
     if not args.wait:
         return 0
@@ -171,6 +173,8 @@ def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
     sub = submit_eval_local(cfg, weights, args.ema, out, tasks)
     print(f"submitted local job {sub.job_id}: evaluation of {weights} on {tasks} processes")
     print_outputs(out)
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the log: {sub.log_hint}", flush=True)
     print(summary_text(wait_local(sub)[0]))
     return 0

@@ -89,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
           f"(cluster {profile.name})")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
     if not args.wait:
         return 0
@@ -199,6 +201,8 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     sub = submit_local(cfg, tasks=args.local_tasks)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the logs: {sub.log_hint}", flush=True)
     from hpctrain.config import to_dict
     from hpctrain.launch.progress import watch

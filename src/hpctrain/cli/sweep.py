@@ -97,9 +97,11 @@ def main(args: argparse.Namespace) -> int:
     for root in {m.cfg.data.root: m for m in members}.values():
         ensure_dataset(root.cfg)
     record = sweep.new_record(name, config, base_overrides, members, "slurm")
-    array = sweep.submit_array(members, plan, sweep_dir, record)
+    array, snap = sweep.submit_array(members, plan, sweep_dir, record)
     print(f"submitted Slurm job array {array}: {len(members)} runs, {plan.array.split('%')[1]} at a time, "
           f"{plan.nodes} node(s) × {plan.tasks_per_node} tasks each (cluster {plan.profile.name})")
+    for line in snap.lines() if snap else []:
+        print(line)
     print(f"sweep directory: {shlex.quote(str(sweep_dir))}   status: hpctrain status {shlex.quote(str(sweep_dir))}")
     return 0
 

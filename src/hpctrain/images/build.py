@@ -27,8 +27,7 @@ from pathlib import Path
 from hpctrain import __version__
 from hpctrain.images import ImageError
 from hpctrain.shipped import recipe as find_recipe
-from hpctrain.source import package_dir, source_hash
-from hpctrain.version import checkout_root
+from hpctrain.source import checkout_root, package_dir, source_hash
 
 GIB = 1024**3
 # File system types (as /proc/mounts names them) that cannot do fakeroot's uid mapping.

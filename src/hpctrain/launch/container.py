@@ -102,10 +102,12 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
                  stage_to: str = "") -> list[str]:
     """Define the bash array $HPCTRAIN_PYTHON: the command that starts Python in every task.
 
-    In the image: a clean environment plus the allow-list, the job's binds, and `source` (the
-    submitting hpctrain package, a shell word) bound at `container.source_mount` first on
-    PYTHONPATH, so the tasks run the code that submitted the job (hpctrain.source); `stage_to`:
-    data.stage_to, bound per node at run time (cleanenv_wrapper)."""
+    `source` (a shell word, exported as HPCTRAIN_SOURCE) is the hpctrain package the tasks run:
+    the snapshot taken at submission (hpctrain.source), so that every attempt runs the code that
+    submitted the job. In the image: a clean environment plus the allow-list, the job's binds, and
+    `source` bound at `container.source_mount` first on PYTHONPATH; on the host (CONTAINER=none):
+    `source`'s parent first on PYTHONPATH. `stage_to`: data.stage_to, bound per node at run time
+    (cleanenv_wrapper)."""
     q = shlex.quote
     apptainer = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", "apptainer", "exec", "--nv", "--cleanenv"]
     for b in binds:
@@ -115,18 +117,25 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
         f"HPCTRAIN_IMAGE=${{HPCTRAIN_IMAGE-{q(container.image)}}}",
         f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
+        "export HPCTRAIN_SOURCE",
+        'if [ -n "$HPCTRAIN_SOURCE" ] && [ ! -d "$HPCTRAIN_SOURCE" ]; then echo "hpctrain: HPCTRAIN_SOURCE='
+        '$HPCTRAIN_SOURCE is not a directory on this node (the job\'s directory must be on a file system the '
+        'nodes see; HPCTRAIN_SOURCE= runs the hpctrain that the tasks\' Python finds)" >&2; exit 1; fi',
         'if [ "$CONTAINER" = none ]; then',
         f"  {PY_VAR}=({host_python})",
+        '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, first on the tasks\' PYTHONPATH',
+        '    if [ "$(basename "$HPCTRAIN_SOURCE")" != hpctrain ] || [[ "$(dirname "$HPCTRAIN_SOURCE")" == *:* ]]; then '
+        'echo "hpctrain: HPCTRAIN_SOURCE=$HPCTRAIN_SOURCE must be a package directory named hpctrain in a path '
+        'without \':\' (PYTHONPATH separates with it)" >&2; exit 1; fi',
+        '    export PYTHONPATH="$(dirname "$HPCTRAIN_SOURCE")${PYTHONPATH:+:$PYTHONPATH}"',
+        "  fi",
         "else",
         '  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '
         '(set HPCTRAIN_IMAGE, or CONTAINER=none)" >&2; exit 1; fi',
         f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env, stage_to))}",
         f"  {PY_VAR}=({' '.join(apptainer)})",
         "  export APPTAINERENV_PYTHONNOUSERSITE=1",
-        '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitting hpctrain, ahead of the image\'s copy',
-        '    if [ ! -d "$HPCTRAIN_SOURCE" ]; then echo "hpctrain: HPCTRAIN_SOURCE=$HPCTRAIN_SOURCE is not a '
-        'directory on this node (put the checkout on a shared file system, or HPCTRAIN_SOURCE= to run the '
-        'image\'s copy)" >&2; exit 1; fi',
+        '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
         f'    {PY_VAR}+=(--bind "$HPCTRAIN_SOURCE:{mount}/hpctrain:ro")',
         f"    export APPTAINERENV_PYTHONPATH={q(mount)}",
         "  fi",

@@ -143,8 +143,8 @@ class ContainerSection:
     image: str = opt("", "path of the .sif image (runtime apptainer)")
     binds: list[str] = opt([], "extra bind mounts (src[:dst[:opts]]); data root and run dir are added")
     python: str = opt("python3", "Python inside the image (or on the host when runtime is none)")
-    bind_source: bool = opt(True, "run the submitting hpctrain: bind its package into the image, first on "
-                                  "PYTHONPATH (the image supplies torch, DALI, NCCL)")
+    bind_source: bool = opt(True, "run the submitting hpctrain: a snapshot of its package, taken at submission, "
+                                  "bound into the image first on PYTHONPATH (the image supplies torch, DALI, NCCL)")
     source_mount: str = opt("/opt/hpctrain-src", "where the bound package appears in the image "
                                                  "(<source_mount>/hpctrain)")
     pass_env: list[str] = opt([], "more host variables for the task (names or NAME_* prefixes); the image "

@@ -176,7 +176,8 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
                   f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
     lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>, HPCTRAIN_SOURCE=",
-              "# the hpctrain package bound into the image (empty: the image's own copy).",
+              "# the hpctrain package the tasks run, bound into the image or first on PYTHONPATH (empty: the",
+              "# one the tasks' Python finds).",
               *python_lines(prof.container, p.binds, host_python, source, p.stage_to), ""]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:

@@ -15,6 +15,7 @@ from typing import Any
 
 from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import LaunchError
+from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
            "submit_local", "submit_slurm"]
@@ -27,6 +28,7 @@ class Submission:
     executor: str  # slurm | local
     log_hint: str
     job: Any = None
+    snapshot: Snapshot | None = None  # the code the tasks run (Slurm jobs; hpctrain.source)
 
 
 def slurm_available() -> bool:
@@ -272,21 +274,37 @@ def submitit_command(folder: Path, job: str = "%j") -> str:
             f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
 
 
-def slurm_script(plan, folder: Path, job: str = "%j") -> str:
+def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = None) -> str:
     """The batch script `hpctrain submit` (and `hpctrain eval --nodes`) hands to sbatch (what
-    --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`."""
+    --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`.
+    `snap`: the code snapshot the tasks run (take_snapshot); None (a dry run, which writes nothing):
+    the path a snapshot of this package would have, beside `folder`."""
     import shlex
     import sys
 
     import submitit
 
     from hpctrain.launch.sbatch import render
-    from hpctrain.source import package_dir, source_hash
 
+    bind = plan.profile.container.bind_source
+    digest = snap.hash if snap else source_hash()
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
-           "HPCTRAIN_SOURCE_HASH": source_hash(), "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
-    source = shlex.quote(str(package_dir())) if plan.profile.container.bind_source else "''"
+           "HPCTRAIN_SOURCE_HASH": digest, "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
+    path = snap.path if snap else snapshot_path(folder.parent, digest)
+    source = shlex.quote(str(path)) if bind else "''"
     return render(plan, submitit_command(folder, job), shlex.quote(sys.executable), False, env, source)
+
+
+def job_snapshot(plan, folder: Path) -> Snapshot | None:
+    """The code snapshot of a job whose submitit folder is `folder`, in `folder`'s parent (the run,
+    sweep or evaluation directory); None when the profile runs the image's own copy
+    (container.bind_source: false). Taken once per submission: a requeue reruns the same script."""
+    if not plan.profile.container.bind_source:
+        return None
+    if ":" in str(folder.parent):
+        raise LaunchError(f"{folder.parent} holds ':', which separates entries of PYTHONPATH and Apptainer's "
+                          "--bind: the job could not use its code snapshot there; choose a run.dir without ':'")
+    return take_snapshot(folder.parent)
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
@@ -336,23 +354,25 @@ def check_image(profile) -> None:
 
 
 def slurm_job(plan, folder: Path, fn, *args):
-    """Submit `fn(*args)` through submitit's Slurm executor with our batch script."""
+    """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
+    snapshot of this package (job_snapshot). Returns (job, snapshot)."""
     import submitit
 
     from hpctrain.launch.profile import time_minutes
 
     check_image(plan.profile)
     folder.mkdir(parents=True, exist_ok=True)
+    snap = job_snapshot(plan, folder)
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return slurm_script(plan, folder)
+            return slurm_script(plan, folder, snap=snap)
 
     ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
     ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
                          time=time_minutes(plan.time), job_name=plan.job_name)
     try:
-        return ex.submit(fn, *args)
+        return ex.submit(fn, *args), snap
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
         raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
 
@@ -364,12 +384,12 @@ def submit_slurm(cfg: Config, plan) -> Submission:
     cfg = absolute_paths(cfg)
     run_dir = cfg.run_dir
     folder = run_dir / "submitit"
-    job = slurm_job(plan, folder, train_task, to_dict(cfg))
+    job, snap = slurm_job(plan, folder, train_task, to_dict(cfg))
     write_job_record(run_dir, {"job_id": str(job.job_id), "executor": "slurm", "cluster": plan.profile.name,
                                "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
-                               "submitit": str(folder)})
+                               "submitit": str(folder), "code": str(snap.path) if snap else None})
     return Submission(str(job.job_id), run_dir, "slurm", shlex.join(["hpctrain", "logs", str(run_dir), "-f"]),
-                      job)
+                      job, snap)
 
 
 def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) -> Submission:
@@ -377,6 +397,6 @@ def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) ->
     from hpctrain.launch.task import eval_task
 
     folder = out / "submitit"
-    job = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
+    job, snap = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
     return Submission(str(job.job_id), out, "slurm",
-                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
+                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job, snap)

@@ -177,9 +177,12 @@ def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name
         output=str(sweep_dir / "submitit" / "%A_%a_0_log.out"))
 
 
-def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict) -> str:
+def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict):
     """Submit the array through submitit (its `map_array`, with our batch script); write each
-    member's job.json and the sweep record. Returns the array's job id."""
+    member's job.json and the sweep record. Returns the array's job id and the code snapshot.
+
+    One snapshot for the sweep (`<sweep>/code/<hash>`), shared by its elements: they are one
+    array job with one batch script, so they run the same code by construction."""
     import subprocess
     import uuid
 
@@ -187,13 +190,21 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     from submitit.slurm.slurm import SlurmJob
 
     from hpctrain.launch.profile import time_minutes
-    from hpctrain.launch.submit import PYTHON_HOOK, absolute_paths, check_image, slurm_script, write_job_record
+    from hpctrain.launch.submit import (
+        PYTHON_HOOK,
+        absolute_paths,
+        check_image,
+        job_snapshot,
+        slurm_script,
+        write_job_record,
+    )
     from hpctrain.launch.task import train_task
 
     check_image(plan.profile)
     folder = sweep_dir / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    script = slurm_script(plan, folder, "%A_%a")
+    snap = job_snapshot(plan, folder)
+    script = slurm_script(plan, folder, "%A_%a", snap)
     max_requeues = plan.profile.slurm.max_requeues
 
     class ArrayExecutor(submitit.SlurmExecutor):
@@ -232,13 +243,14 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
         raise LaunchError(f"sbatch refused the sweep: {str(e).strip().splitlines()[-1]}") from None
     array_id = jobs[0].job_id.split("_")[0]
     record["job_id"] = array_id
+    record["code"] = str(snap.path) if snap else None
     for m, job, rec in zip(members, jobs, record["members"]):
         rec["job_id"] = job.job_id
         write_job_record(m.cfg.run_dir, {"job_id": job.job_id, "executor": "slurm", "cluster": plan.profile.name,
                                          "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
-                                         "submitit": str(folder), "sweep": str(sweep_dir)})
+                                         "submitit": str(folder), "sweep": str(sweep_dir), "code": record["code"]})
     write_record(sweep_dir, record)
-    return array_id
+    return array_id, snap
 
 
 def run_local(members: Sequence[Member], sweep_dir: Path, record: dict, tasks: int, out) -> list[str]:

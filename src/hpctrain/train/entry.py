@@ -10,13 +10,12 @@ import logging
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__
+from hpctrain import __version__, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
 from hpctrain.train import watchdog
@@ -50,13 +49,10 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
 
 
 def _git_commit() -> str | None:
-    try:
-        here = Path(__file__).resolve().parent
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                           timeout=5)
-        return r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    snap = source.manifest()
+    if snap is not None:  # a snapshot under the run directory: the commit it was taken from, at submission
+        return snap.get("git_commit")
+    return source.commit_of(source.package_dir())
 
 
 def _dali_version() -> str | None:
@@ -155,8 +151,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     stop.log_new()
     if fr_env:
         log.info("NCCL flight recorder on: %s", " ".join(f"{k}={v}" for k, v in fr_env.items()))
-    from hpctrain import source
-
     try:
         code = source.check(os.environ)  # every rank: the code that submitted the job, or no training
     except source.LaunchError as e:
