@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import PY_VAR, bind_list, python_lines, stage_word
 from hpctrain.launch.profile import ContainerSection
+from tests.launch.jobs import digits_sets, metrics, submit
 
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
 
@@ -103,3 +105,27 @@ def test_stage_to_on_node_local_tmpdir_is_bound_at_run_time(tmp_path):
                      env={"FAKE_APPTAINER_HIDE": str(scratch), "TMPDIR": str(job_tmp)})
     assert r.returncode == 0, r.stderr
     assert (job_tmp / "stage" / "ok").read_text() == "1"
+
+
+@pytest.mark.slurm
+def test_job_whose_run_is_under_a_destination_mapped_bind_trains(slurm_cluster, digits_root, tmp_path):
+    """Site property: the profile binds the project file system elsewhere (/lustre/proj:/data) and
+    the image has no /lustre of its own. A 2-node job with its run dir under /lustre/proj trains, and
+    its metrics and checkpoints reach the host."""
+    lustre, img = tmp_path / "lustre", tmp_path / "img"
+    (lustre / "proj").mkdir(parents=True)
+    (img / "bin").mkdir(parents=True)
+    (img / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
+    (img / "image.sif").write_bytes(b"fake")
+    prof = tmp_path / "site.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "20"},
+        "container": {"runtime": "apptainer", "image": str(img / "image.sif"), "source_mount": str(tmp_path / "mnt"),
+                      "binds": [f"{lustre / 'proj'}:{tmp_path / 'data'}"]}}))
+    env = {"PATH": f"{img / 'bin'}:/usr/local/bin:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
+           "FAKE_APPTAINER_HIDE": str(lustre)}
+    runs = lustre / "proj" / "runs"
+    job = submit(slurm_cluster, "--cluster", str(prof), "--nodes", "2",
+                 *digits_sets(digits_root, runs, "mapped", "train.max_steps=3", "train.eval_every=0"), env=env)
+    assert slurm_cluster.wait_done(job, 240) == "COMPLETED"
+    assert len(metrics(runs / "mapped", "train")) > 0 and (runs / "mapped" / "checkpoints").is_dir()
