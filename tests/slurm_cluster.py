@@ -82,6 +82,10 @@ class SlurmCluster:
     procs: list[subprocess.Popen] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     slurmd: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # Site shapes (issue 21): extra `NodeName` keys per node (e.g. {"n1": "CoreSpecCount=1"}) and
+    # extra slurm.conf lines (e.g. "AccountingStorageEnforce=limits,qos").
+    node_options: dict[str, str] = field(default_factory=dict)
+    conf_extra: str = ""
 
     @property
     def conf(self) -> Path:
@@ -165,7 +169,8 @@ class SlurmCluster:
         preempt = f"PreemptMode=REQUEUE GraceTime={GRACE_TIME}"
         gres = {GPU_NODE: f" Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE}"}
         nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
-                          f"RealMemory=4000{gres.get(n, '')} State=UNKNOWN" for n in NODES)
+                          f"RealMemory=4000{gres.get(n, '')} {self.node_options.get(n, '')} State=UNKNOWN"
+                          for n in NODES)
         (r / "dev").mkdir(exist_ok=True)
         for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
             with contextlib.suppress(FileExistsError):
@@ -216,6 +221,7 @@ PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP Priorit
 PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP PreemptMode=OFF
 PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
+{self.conf_extra}
 """)
         dbd = r / "etc" / "slurmdbd.conf"
         dbd.write_text(f"""\

@@ -64,7 +64,7 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
              *[sbatch_value(k, v) for k, v in opts], "",
              "set -eo pipefail", "",
              "# Python for the task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif> (as for training).",
-             *python_lines(profile.container, bind_list(profile.container, [root, str(out)]),
+             *python_lines(profile.container, bind_list(profile.container, [root, str(out)], writable=[str(out)]),
                            q(sys.executable), source), ""]
     mods = job_module_lines(profile.modules, profile.container_modules, profile.module_use, profile.module_purge)
     if mods:

@@ -38,6 +38,7 @@ class JobPlan:
     output: str = ""  # #SBATCH --output (batch shell's own log)
     chdir: str = ""
     binds: list[str] = field(default_factory=list)
+    stage_to: str = ""  # data.stage_to: a node-local dir bound per node at run time (container.cleanenv_wrapper)
     config: str = ""  # HPCTRAIN_CONFIG default of the stand-alone script
     overrides: list[str] = field(default_factory=list)  # HPCTRAIN_SET default (stand-alone)
     header: list[str] = field(default_factory=list)  # comment lines under the shebang
@@ -194,7 +195,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>, HPCTRAIN_SOURCE=",
               "# the hpctrain package the tasks run, bound into the image or first on PYTHONPATH (empty: the",
               "# one the tasks' Python finds).",
-              *python_lines(prof.container, p.binds, host_python, source), ""]
+              *python_lines(prof.container, p.binds, host_python, source, p.stage_to), ""]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:
         lines += ["# Site modules: HPCTRAIN_MODULES for the host's Python, HPCTRAIN_CONTAINER_MODULES in the",

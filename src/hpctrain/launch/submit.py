@@ -202,7 +202,45 @@ def check_request(profile, req: Request) -> tuple[int, int, str]:
         time_minutes(time)
     except ConfigError as e:
         raise LaunchError(f"--time: {e}") from None
+    check_limits(profile, req, nodes, gpn, time)
     return nodes, gpn, time
+
+
+def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None:
+    """Refuse a request over a limit the profile knows (slurm.limits, read by `cluster init`): sbatch
+    would refuse it ("Requested time limit is invalid", DenyOnLimit QOS) or, worse, accept it and the
+    job pends for ever (reason QOSMaxWallDurationPerJobLimit, QOSMaxGRESPerJob...)."""
+    from hpctrain.launch.profile import parse_tres, time_minutes
+
+    s, lim = profile.slurm, profile.slurm.limits
+    part = s.partition if req.partition is None else req.partition
+    qos = s.qos if req.qos is None else req.qos
+    where = f"cluster profile {profile.name!r}, slurm.limits"
+    checks = []
+    if lim.max_time and lim.partition and part == lim.partition:
+        checks.append((lim.max_time, f"partition {part}'s MaxTime={lim.max_time} (`scontrol show partition "
+                                     f"{part}`; {where}.max_time)", "another --partition"))
+    if lim.qos_max_wall and lim.qos and qos == lim.qos:
+        checks.append((lim.qos_max_wall, f"QOS {qos}'s MaxWall={lim.qos_max_wall} (`sacctmgr show qos {qos}`; "
+                                         f"{where}.qos_max_wall)", "another --qos"))
+    for limit, what, other in checks:
+        if time_minutes(time) > time_minutes(limit):
+            raise LaunchError(f"--time={time} is over {what}: use --time {limit} or less, or {other}")
+    if not (lim.qos and qos == lim.qos):
+        return
+    cpus = (s.cpus_per_node // gpn) * gpn if s.cpus_per_node else 0
+    asked = {"node": (nodes, 1), "gres/gpu": (nodes * gpn if s.request_gpus else 0, gpn), "cpu": (nodes * cpus, cpus)}
+    for key, label in (("qos_max_tres_per_job", "MaxTRESPerJob"), ("qos_max_tres_per_user", "MaxTRESPerUser")):
+        for name, limit in parse_tres(getattr(lim, key)).items():
+            base = "gres/gpu" if name.startswith("gres/gpu") else name
+            total, per_node = asked.get(base, (0, 0))
+            if per_node and total > limit:
+                fix = (f"--nodes {limit // per_node} or fewer" if limit >= per_node else
+                       f"--nodes 1 --gpus-per-node {limit}" if base == "gres/gpu" else
+                       f"--cluster-set slurm.cpus_per_node={limit}")
+                raise LaunchError(
+                    f"--nodes={nodes} x {gpn} tasks asks {base}={total}, over QOS {qos}'s {label} {name}={limit} "
+                    f"(`sacctmgr show qos {qos}`; {where}.{key}): use {fix}, or another --qos")
 
 
 def job_plan(profile, req: Request, nodes: int, gpn: int, time: str, job_name: str, folder: Path | None,
@@ -236,14 +274,15 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     check_batch(cfg, nodes * gpn)
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
         binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
-                                              if p and Path(p).is_absolute()])
+                                              if p and Path(p).is_absolute()], writable=[cfg.run.dir])
         folder = None
     else:
         cfg = absolute_paths(cfg)
         check_resolved_paths(cfg)
-        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
+        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir], writable=[cfg.run.dir])
         folder = cfg.run_dir / "submitit"
-    return job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+    plan = job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
 
 
 def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
@@ -259,8 +298,9 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
     check_text(str(out), f"the output folder {str(out)!r}")
     header = [f"hpctrain eval: hpctrain.launch.task.eval_task of {weights}",
               f"outputs: {out}/summary.json, {out}/per_class.csv"]
-    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)])
-    return job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)], writable=[str(out)])
+    plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
 
 
 def submitit_command(folder: Path, job: str = "%j") -> str:
