@@ -618,20 +618,29 @@ class Trainer:
             log.info("attention kernel: %s", kind)
 
     def _settle_ddp_buckets(self) -> None:
-        """One throwaway backward before the first real step, at every start or resume.
+        """Throwaway backwards before the first real step, at every start or resume, until DDP has
+        rebuilt its gradient buckets.
 
-        DDP re-orders its gradient buckets after the first backward it sees. Without this, a
-        resumed run would reduce its first step in the initial layout, the uninterrupted run in
-        the settled one, and with more than 2 ranks the order of the sums (their last bits) would
-        differ. The gradients are discarded; nothing else (RNG, optimizer, step) changes.
+        DDP starts with all parameters in one bucket and re-lays them out (in gradient-ready order,
+        a small first bucket) once, after the first backward that records that order: the 1st
+        without static_graph, the 2nd with it (its 1st only counts hooks and all-reduces at the
+        end). With more than 2 ranks the layout decides the order of each sum (its last bits), so
+        every real step, resumed or not, must see the rebuilt layout (docs/checkpoints.md). The
+        gradients are discarded; nothing else (RNG, optimizer, step) changes.
         """
         rng = torch.get_rng_state()
         b = self.cfg.per_rank_batch(self.dist.world_size)
         x = torch.zeros(b, 3, self.cfg.model.img_size, self.cfg.model.img_size, device=self.device)
-        with autocast_ctx(self.cfg.train.amp, self.device):
-            out = self.fwd_model(x)
-        (out.float().sum() * 0.0).backward()
-        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(3):  # 1 or 2 are needed; a 3rd that still rebuilds nothing is reported below
+            with autocast_ctx(self.cfg.train.amp, self.device):
+                out = self.fwd_model(x)
+            (out.float().sum() * 0.0).backward()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.ddp.reducer._rebuild_buckets():  # what DDP's next forward would do; True once
+                break
+        else:
+            log.warning("DDP did not rebuild its gradient buckets in 3 throwaway backwards: a resume "
+                        "with more than 2 ranks may not be bit-exact")
         torch.set_rng_state(rng)
         if self.reduce_hook:
             self.reduce_hook.take()  # its buckets are not a step's
