@@ -114,6 +114,18 @@ def stop_lines() -> list[str]:
         "hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)",
         '  local t; t=$(hpctrain_job_field PreemptTime); [ -n "$t" ] && [ "$t" != None ]',
         "}",
+        "# Slurm >= 24.05 requeues a preempted --requeue job itself when its batch shell ends inside the",
+        "# GraceTime under PreemptMode=REQUEUE; a `scontrol requeue` of ours then would leave Slurm's",
+        "# preemption mark on the job, and its next run, even a finished one, would be requeued again",
+        "# (PREEMPTED): leave that requeue to Slurm (docs/slurm-versions.md).",
+        "hpctrain_slurm_requeues_preempted() {",
+        '  local v major minor; v=$(scontrol --version 2>/dev/null) || return 1; v=${v##* }',
+        '  major=${v%%.*} minor=${v#*.}; minor=${minor%%.*}',
+        '  { [ "$major" -gt 24 ] || { [ "$major" = 24 ] && [ "$minor" -ge 5 ]; }; } 2>/dev/null || return 1',
+        '  [ "$(hpctrain_job_field Requeue)" = 1 ] || return 1',
+        '  scontrol show partition -o "${SLURM_JOB_PARTITION:-}" 2>/dev/null | tr " " "\\n" |',
+        '    grep -q "^PreemptMode=.*REQUEUE"',
+        "}",
     ]
 
 
@@ -143,6 +155,11 @@ REQUEUE_LINES = [
     "      exit 0",
     "    fi",
     '    echo "hpctrain: $hpctrain_why"',
+    "    if hpctrain_preempted && hpctrain_slurm_requeues_preempted; then",
+    '      echo "hpctrain: preempted under PreemptMode=REQUEUE: Slurm $(scontrol --version | sed \'s/.* //\') requeues '
+    'the job itself as this shell ends"',
+    "      exit 0",
+    "    fi",
     '    scontrol requeue "$hpctrain_job" && exit 0',
     '    echo "hpctrain: scontrol requeue $hpctrain_job failed; the checkpoint is saved: resubmit the same job '
     'to resume" >&2',
