@@ -55,6 +55,12 @@ SYSROOT_BINDS = ("/proc", "/dev", "/sys", "/tmp")
 CLIENTS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "scancel", "squeue", "sinfo",
            "sstat", "sprio", "sshare", "sreport", "sattach", "sbcast", "sdiag")
 CHECKOUT = Path(__file__).resolve().parents[1]
+# Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
+# submitting environment is enough, no cluster change. A site that announces preemption with the
+# job's --signal (USR2) instead of SIGTERM: Slurm 22.05 spells it SlurmctldParameters (slurm.conf(5);
+# later releases PreemptParameters=send_user_signal); `SlurmCluster.reconfigured(**SEND_USER_SIGNAL)`.
+EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
+SEND_USER_SIGNAL = {"SlurmctldParameters": "preempt_send_user_signal"}
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -94,6 +100,10 @@ class SlurmCluster:
     env: dict[str, str] = field(default_factory=dict)
     slurmd: dict[str, subprocess.Popen] = field(default_factory=dict)
     sysroot: Path | None = None  # run Slurm and munge from this root (another Slurm version), see above
+    # Site shapes (issue 21): extra `NodeName` keys per node (e.g. {"n1": "CoreSpecCount=1"}) and
+    # extra slurm.conf lines (e.g. "AccountingStorageEnforce=limits,qos").
+    node_options: dict[str, str] = field(default_factory=dict)
+    conf_extra: str = ""
 
     @property
     def conf(self) -> Path:
@@ -182,7 +192,8 @@ class SlurmCluster:
         preempt = f"PreemptMode=REQUEUE GraceTime={GRACE_TIME}"
         gres = {GPU_NODE: f" Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE}"}
         nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
-                          f"RealMemory=4000{gres.get(n, '')} State=UNKNOWN" for n in NODES)
+                          f"RealMemory=4000{gres.get(n, '')} {self.node_options.get(n, '')} State=UNKNOWN"
+                          for n in NODES)
         (r / "dev").mkdir(exist_ok=True)
         for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
             with contextlib.suppress(FileExistsError):
@@ -233,6 +244,7 @@ PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP Priorit
 PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP PreemptMode=OFF
 PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
+{self.conf_extra}
 """)
         dbd = r / "etc" / "slurmdbd.conf"
         dbd.write_text(f"""\
@@ -340,6 +352,24 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
                 return st
             time.sleep(1)
         raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s")
+
+    @contextlib.contextmanager
+    def reconfigured(self, **settings: str):
+        """The cluster in another site's shape for a while: these slurm.conf keys set (replacing the
+        same keys) and `scontrol reconfigure`d; the file as it was, reconfigured again, afterwards.
+        Cheaper than a second cluster; slurmctld 22.05 applies SlurmctldParameters this way
+        (`scontrol show config` shows it, and the preemption signal follows it: measured)."""
+        before = self.conf.read_text()
+        kept = [line for line in before.splitlines() if line.split("=", 1)[0] not in settings]
+        at = next(i for i, line in enumerate(kept) if line.startswith("NodeName="))
+        kept[at:at] = [f"{k}={v}" for k, v in settings.items()]
+        self.conf.write_text("\n".join(kept) + "\n")
+        try:
+            self.run("scontrol", "reconfigure")
+            yield self
+        finally:
+            self.conf.write_text(before)
+            self.run("scontrol", "reconfigure")
 
     # -------------------------------------------------------------- faults
 

@@ -47,10 +47,44 @@ def test_bad_values_name_the_key(overrides, message):
 
 
 def test_batch_must_split_over_world_and_accumulation():
-    cfg = load(DIGITS, ["data.batch_size=64", "train.accum_steps=3"])
+    with pytest.raises(ConfigError, match="data.batch_size=64 is not divisible by train.accum_steps=3"):
+        load(DIGITS, ["data.batch_size=64", "train.accum_steps=3"])  # known at load: no world size needed
+    cfg = load(DIGITS, ["data.batch_size=66", "train.accum_steps=3"])
     with pytest.raises(ConfigError, match="not divisible by world size 2 × train.accum_steps 3 = 6"):
-        cfg.per_rank_batch(2)
+        load(DIGITS, ["data.batch_size=63", "train.accum_steps=3"]).per_rank_batch(2)
+    assert cfg.per_rank_batch(2) == 11
     assert load(DIGITS, ["train.accum_steps=2"]).per_rank_batch(2) == 16
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["model.img_size=30"], "model.img_size=30 is not a multiple of model.patch_size=8 (the image is cut into "
+                            "patch_size × patch_size patches): use model.img_size=24 or 32"),
+    (["model.heads=5"], "model width 128 is not divisible by model.heads=5 (each head takes width/heads channels): "
+                        "set model.heads=4"),
+    (["model.width=null", "model.heads=5"], "model width 192 is not divisible by model.heads=5"),  # vit_tiny's
+    (["model.width=130", "model.heads=2"], "model.pos_embed=sincos needs a width divisible by 4"),
+    (["model.width=4", "model.heads=1", "model.pos_embed=sincos_big_vision"], "and at least 8"),
+    (["model.mlp_ratio=0.001"], "gives an MLP of 0 units"),
+    (["data.mean=[0.5]"], "data.mean has 1 values; images have 3 channels"),
+    (["data.std=[0.5,0,0.5]"], "every value must be > 0"),
+    (["optim.betas=[0.9]"], "optim.betas=[0.9]: expected two values in [0, 1)"),
+])
+def test_shape_rules_fail_when_the_config_loads(sets, message):
+    """What models/vit.py and the loaders would refuse in the job's first step is refused here."""
+    with pytest.raises(ConfigError) as e:
+        load(DIGITS, sets)
+    assert message in str(e.value)
+
+
+def test_img_size_not_a_multiple_of_the_patch_fails_in_plan_and_dry_run(tmp_path, digits_root):
+    base = ["--config", str(DIGITS), "--set", "model.img_size=30", "--set", f"run.dir={tmp_path}/runs"]
+    for argv in (["plan", *base, "--nodes", "1"], ["submit", *base, "--dry-run"]):
+        r = subprocess.run([sys.executable, "-m", "hpctrain", *argv], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+        assert r.returncode == 2 and r.stdout == "", (argv, r.stdout, r.stderr)
+        assert r.stderr.startswith("hpctrain: error: model.img_size=30 is not a multiple of model.patch_size=8")
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -69,6 +103,9 @@ def test_every_field_has_a_doc():
     (["optim.lrr=1"], "did you mean optim.'lr'"),
     (["optim.lr=-1"], "must be > 0"),
     (["data.batch_size=63"], "not divisible by world size"),
+    (["model.img_size=30"], "not a multiple of model.patch_size=8"),
+    (["data.root=/nonexistent/digts"], "data.root=/nonexistent/digts does not exist"),
+    (["data.prepare=none", "model.init_from=/nonexistent/w.pt"], "model.init_from=/nonexistent/w.pt does not exist"),
 ])
 def test_cli_bad_config_is_one_line_and_runs_nothing(tmp_path, digits_root, sets, message):
     args = [sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS), "--set",

@@ -438,3 +438,15 @@ def test_allreduce_needs_ranks_and_sizes(capsys):
     assert main(["doctor", "--allreduce", "--sizes", "12Q"]) == 2
     assert "bad size '12Q'" in capsys.readouterr().err
     assert parse_size("64K") == 65536 and parse_size("1.5M") == 1572864 and parse_size("2G") == 2 << 30
+
+
+def test_locked_memory_limit_of_a_login_node_warns_on_rdma_nodes():
+    import resource
+
+    inf = resource.RLIM_INFINITY
+    assert doctor.memlock_check(inf, inf, rdma=True).status == "ok"
+    c = doctor.memlock_check(64 * 1024, 64 * 1024, rdma=True)
+    assert c.status == "warn" and c.value == "64 KiB (hard limit 64 KiB)" and "PropagateResourceLimits" in c.hint
+    assert doctor.memlock_check(64 * 1024, inf, rdma=True).status == "info"  # the batch script raises it
+    assert doctor.memlock_check(64 * 1024, 64 * 1024, rdma=False).status == "info"
+    assert any(c.name == "locked memory" for c in doctor.run().checks)

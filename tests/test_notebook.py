@@ -107,6 +107,8 @@ def test_bad_values_and_no_sbatch(monkeypatch, tmp_path, capsys):
         batch_script(NotebookJob(time="4h"))
     with pytest.raises(NotebookError, match="--port 80"):
         batch_script(NotebookJob(port=80))
+    with pytest.raises(NotebookError, match=r"--qos 'a\\nb' contains a control character \(\\n\)"):
+        batch_script(NotebookJob(qos="a\nb"))  # would end the #SBATCH line
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(NotebookError, match="sbatch is not on the PATH: run this on a Slurm login node"):
         submit(NotebookJob())
@@ -125,6 +127,14 @@ def test_cluster_profile_supplies_site_defaults(capsys, tmp_path, monkeypatch):
     # flags still win over the profile
     assert main(["notebook", "--cluster", "example-ib", "--partition", "debug", "--dry-run"]) == 0
     assert "#SBATCH --partition=debug" in capsys.readouterr().out
+    # the profile's QOS and node features too (a site's interactive QOS; GPUs of one kind)
+    site = tmp_path / "site.yaml"
+    site.write_text("name: site\nslurm:\n  qos: interactive\n  constraint: a100\n")
+    assert main(["notebook", "--cluster", str(site), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --qos=interactive" in out and "#SBATCH --constraint=a100" in out
+    assert main(["notebook", "--cluster", str(site), "--qos", "debug", "--dry-run"]) == 0
+    assert "#SBATCH --qos=debug" in capsys.readouterr().out
 
 
 # --- the token and the port: nothing another user of the node can read or guess ------------------

@@ -26,6 +26,7 @@ import yaml
 from hpctrain import shipped
 from hpctrain.data.randaug_spec import parse_randaugment
 from hpctrain.errors import UserError
+from hpctrain.models.arch import arch_dims
 
 CONFIG_DIR = shipped.CONFIG_DIR
 
@@ -91,7 +92,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     root: str = opt("", "dataset folder: root/train/<class>/*, root/val/<class>/* (or shards)")
-    prepare: str = opt("none", "make the dataset at data.root when it is missing (digits: the demo set)",
+    prepare: str = opt("none", "digits: write the demo set when data.root is the demo's own folder data/digits "
+                       "(under the working directory) and it is missing; any other missing root is an error",
                        choices=("none", "digits"))
     loader: str = opt("auto", "auto = DALI when importable, else torch (PIL)",
                       choices=("auto", "dali", "torch", "synthetic"))
@@ -294,6 +296,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": "the training loop"})
     run: RunConfig = field(default_factory=RunConfig, metadata={"doc": "where results go"})
 
+    def validate(self) -> None:
+        check_shapes(self)
+
     @property
     def run_dir(self) -> Path:
         return Path(self.run.dir) / self.run.name
@@ -321,6 +326,59 @@ def check_batch(cfg: Config, world_size: int) -> None:
             f"data.batch_size={cfg.data.batch_size} is not divisible by world size {world_size} × "
             f"train.accum_steps {cfg.train.accum_steps} = {div}; pick a multiple of {div} "
             f"(e.g. {max(div, cfg.data.batch_size // div * div)}) or change the number of ranks")
+
+
+# --------------------------------------------------------------------------- shape rules
+
+def check_shapes(cfg: Config) -> None:
+    """The model's and the loaders' shape rules, checked when the config loads: a value that would
+    make training die in its first step (after the job waited in the queue and wrote its run
+    directory) fails here, on the login node, naming the keys and a value that works. Plain
+    arithmetic on the config (models/vit.py and the loaders enforce the same rules again)."""
+    for problem in shape_problems(cfg):
+        raise ConfigError(problem)
+
+
+def shape_problems(cfg: Config) -> list[str]:
+    """Every broken shape rule as a one-line message with its fix (empty: all hold)."""
+    m, d, t = cfg.model, cfg.data, cfg.train
+    _, width, heads = arch_dims(m)
+    out = []
+    if m.img_size % m.patch_size:
+        near = sorted({max(m.patch_size, m.img_size // m.patch_size * m.patch_size),
+                       -(-m.img_size // m.patch_size) * m.patch_size})
+        out.append(f"model.img_size={m.img_size} is not a multiple of model.patch_size={m.patch_size} (the image "
+                   f"is cut into patch_size × patch_size patches): use model.img_size="
+                   f"{' or '.join(map(str, near))}, or another patch size")
+    if width % heads:
+        fits = [h for h in range(1, min(width, 64) + 1) if width % h == 0]
+        near = min(fits, key=lambda h: (abs(h - heads), h))
+        out.append(f"model width {width} is not divisible by model.heads={heads} (each head takes width/heads "
+                   f"channels): set model.heads={near}, or a model.width that is a multiple of {heads}")
+    if m.pos_embed.startswith("sincos"):
+        need = 8 if m.pos_embed == "sincos_big_vision" else 4
+        if width % 4 or width < need:
+            out.append(f"model.pos_embed={m.pos_embed} needs a width divisible by 4 (sin and cos of both axes)"
+                       f"{' and at least 8' if need == 8 else ''}; the width is {width}: set model.width="
+                       f"{max(need, -(-width // 4) * 4)} or model.pos_embed=learn")
+    if int(width * m.mlp_ratio) < 1:
+        out.append(f"model.mlp_ratio={m.mlp_ratio:g} gives an MLP of {int(width * m.mlp_ratio)} units at width "
+                   f"{width}: raise model.mlp_ratio (ViTs use 4)")
+    for key, values in (("data.mean", d.mean), ("data.std", d.std)):
+        if len(values) != 3:
+            out.append(f"{key} has {len(values)} values; images have 3 channels: give one per channel, e.g. "
+                       f"{key}=[0.5,0.5,0.5]")
+    if any(s <= 0 for s in d.std):
+        out.append(f"data.std={list(d.std)}: every value must be > 0 (images are divided by it)")
+    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
+        out.append(f"optim.betas={list(cfg.optim.betas)}: expected two values in [0, 1), e.g. "
+                   "optim.betas=[0.9,0.999]")
+    if d.batch_size % t.accum_steps:
+        fit = max(t.accum_steps, d.batch_size // t.accum_steps * t.accum_steps)
+        out.append(f"data.batch_size={d.batch_size} is not divisible by train.accum_steps={t.accum_steps} (each "
+                   f"optimizer step sums equal micro-batches): use data.batch_size={fit} or another "
+                   "train.accum_steps")
+    return out
 
 
 # --------------------------------------------------------------------------- generic machinery

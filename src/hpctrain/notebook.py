@@ -22,7 +22,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from hpctrain.config import control_char
 from hpctrain.errors import UserError
+from hpctrain.launch.enclosing import outside_job
 
 # Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
 # Linux's ephemeral ports (32768-60999), where outgoing connections would take them.
@@ -47,6 +49,8 @@ class NotebookJob:
     time: str = "04:00:00"  # wall-clock limit
     partition: str = ""  # Slurm partition; empty: the default
     account: str = ""  # Slurm account; empty: the default
+    qos: str = ""  # Slurm QOS; empty: the default (a site may require one, e.g. for interactive jobs)
+    constraint: str = ""  # node features (--constraint), e.g. "a100"; empty: any node of the partition
     image: str = ""  # SIF to run Jupyter in (apptainer exec --nv); empty: the host's python3
     port: int = field(default_factory=random_port)  # Jupyter port on the node: random per job
     workdir: str = field(default_factory=os.getcwd)  # notebook root directory and log location
@@ -61,6 +65,10 @@ def check(job: NotebookJob) -> None:
         raise NotebookError(f"--port {job.port}: pick a port between 1025 and 65535")
     if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d\d){0,2}", job.time):
         raise NotebookError(f"--time {job.time!r}: use Slurm's format, e.g. 04:00:00 or 1-00:00:00")
+    for key in ("mem", "partition", "account", "qos", "constraint"):  # each becomes an #SBATCH line
+        bad = control_char(getattr(job, key))
+        if bad:
+            raise NotebookError(f"--{key} {getattr(job, key)!r} contains a control character ({bad}): remove it")
 
 
 def token_file(job: NotebookJob, job_id: str = "<job id>") -> str:
@@ -99,7 +107,8 @@ def batch_script(job: NotebookJob) -> str:
         sb.append(f"--gpus-per-node={job.gpus_per_node}")
     sb += [
         f"--{k}={v}"
-        for k, v in (("mem", job.mem), ("partition", job.partition), ("account", job.account))
+        for k, v in (("mem", job.mem), ("partition", job.partition), ("account", job.account), ("qos", job.qos),
+                     ("constraint", job.constraint))
         if v
     ]
     jupyter = [
@@ -155,7 +164,8 @@ def submit(job: NotebookJob) -> str:
             "sbatch is not on the PATH: run this on a Slurm login node "
             "(or use --dry-run to print the batch script)"
         )
-    r = subprocess.run(["sbatch", "--parsable"], input=batch_script(job), capture_output=True, text=True)
+    r = subprocess.run(outside_job(["sbatch", "--parsable"]), input=batch_script(job), capture_output=True,
+                       text=True)
     if r.returncode != 0:
         raise NotebookError(f"sbatch failed: {r.stderr.strip() or r.stdout.strip()}")
     return r.stdout.strip().split(";")[0]

@@ -1,22 +1,35 @@
-"""Which hpctrain a task runs: the code that submitted the job, not a copy frozen in the image.
+"""Which hpctrain a task runs: the code that submitted the job, frozen at submission.
 
 The recipes install hpctrain into the image, and submitit pickles `train_task` by reference, so
 without care every task imports the image's copy: a new config key fails on every rank, a fix
-is silently absent, and both report the same version. The batch script binds the submitting
-package into the container (`container.source_mount`) ahead of the image's copy on PYTHONPATH
-and passes the submitter's source hash; every rank hashes the package it imported and refuses
-to train when the two differ. No torch here: the login node hashes too.
+is silently absent, and both report the same version. Nor may a task import the live checkout:
+users edit or `git pull` it while a job waits in the queue or between requeues. So submission
+copies the package into the job's directory (`snapshot`: `<root>/code/<hash>/hpctrain`, read-only,
+named by its source hash); the batch script binds that copy into the container
+(`container.source_mount`) ahead of the image's copy, or puts it first on PYTHONPATH without a
+container, in every attempt; every rank hashes the package it imported and refuses to train when
+it differs from the submitted hash. No torch here: the login node hashes too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import LaunchError
 
 SUFFIXES = (".py", ".yaml", ".yml")
+CODE_DIR = "code"  # <root>/code/<hash>/hpctrain: the snapshots of a run (or sweep, or evaluation)
+LATEST = "latest"  # <root>/code/latest: the hash of the last submission's snapshot
+MANIFEST = "_snapshot.json"  # inside a snapshot's package: where it came from (not hashed, not code)
 
 
 def package_dir() -> Path:
@@ -24,26 +37,147 @@ def package_dir() -> Path:
     return Path(__file__).resolve().parent
 
 
+def source_files(pkg: Path) -> list[Path]:
+    """The files that make the package's code: Python and YAML, no bytecode caches; sorted."""
+    return sorted(q for q in pkg.rglob("*")
+                  if q.suffix in SUFFIXES and "__pycache__" not in q.relative_to(pkg).parts and q.is_file())
+
+
 def source_hash(pkg: Path | None = None) -> str:
     """sha256 over the package's Python and YAML files (relative path + bytes), first 16 hex digits.
     Bytecode caches and other files do not count, so the same sources hash alike everywhere."""
     pkg = pkg or package_dir()
     h = hashlib.sha256()
-    for p in sorted(q for q in pkg.rglob("*") if q.suffix in SUFFIXES and "__pycache__" not in q.parts):
+    for p in source_files(pkg):
         h.update(p.relative_to(pkg).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
-def check(env: Mapping[str, str]) -> dict[str, str | None]:
+@dataclass(frozen=True)
+class Snapshot:
+    """A copy of the submitting package under a job's directory."""
+
+    path: Path  # <root>/code/<hash>/hpctrain: the package the tasks import
+    hash: str  # its source hash (the directory's name)
+    previous: str | None = None  # the hash of this root's last snapshot when it differs (the code changed)
+
+    def lines(self) -> list[str]:
+        """What `submit` prints about it: where, and a change since the root's last submission."""
+        out = [f"code: {self.path} (source {self.hash})"]
+        if self.previous:
+            out.append(f"hpctrain: the code changed since this directory's last submission: source {self.previous} "
+                       f"→ {self.hash}; this job runs the new snapshot")
+        return out
+
+
+def snapshot_path(root: Path, digest: str) -> Path:
+    return root / CODE_DIR / digest / "hpctrain"
+
+
+def checkout_root(pkg: Path | None = None) -> Path | None:
+    """The checkout that holds this package (`<root>/src/hpctrain` with `<root>/pyproject.toml`),
+    or None for an installed copy (a wheel in site-packages, a snapshot)."""
+    pkg = pkg or package_dir()
+    root = pkg.parent.parent
+    if pkg.parent.name == "src" and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+def commit_of(pkg: Path) -> str | None:
+    """The git commit of the checkout whose `src/hpctrain` is `pkg`; None for an installed copy."""
+    root = checkout_root(pkg)
+    return git_commit(root) if root else None
+
+
+def git_commit(root: Path) -> str | None:
+    """`<commit>` or `<commit>+modified` (tracked files changed) of the checkout at `root`; None when
+    git is missing, `root` is not the top of a git work tree, or git fails."""
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != root.resolve():  # an installed copy inside someone else's repository
+        return None
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return f"{commit}+modified" if changed else commit
+
+
+def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
+    """Copy `pkg` (this process's package) to `<root>/code/<hash>/hpctrain`, once per content.
+
+    The copy is made first and hashed afterwards, so its name is the hash of what it holds even
+    when the checkout changes during the copy. It is written under a temporary name and renamed
+    into place, its files read-only; an identical snapshot already there is kept (idempotent).
+    Old snapshots stay: a few hundred kB each, and a queued job may still need one.
+    """
+    pkg = (pkg or package_dir()).resolve()
+    code = root / CODE_DIR
+    code.mkdir(parents=True, exist_ok=True)
+    latest = code / LATEST
+    before = latest.read_text().strip() if latest.is_file() else None
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=code))
+    try:
+        for src in source_files(pkg):
+            dst = tmp / "hpctrain" / src.relative_to(pkg)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        digest = source_hash(tmp / "hpctrain")
+        manifest = {"hash": digest, "from": str(pkg), "git_commit": commit_of(pkg),
+                    "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / "hpctrain" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        for p in (tmp / "hpctrain").rglob("*"):
+            if p.is_file():
+                p.chmod(0o444)
+        tmp.chmod(0o755)
+        final = code / digest
+        if not snapshot_path(root, digest).is_dir():
+            try:
+                tmp.rename(final)  # atomic: the snapshot appears whole or not at all
+            except OSError:  # another submission renamed the same content first
+                if not snapshot_path(root, digest).is_dir():
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if source_hash(snapshot_path(root, digest)) != digest:
+        raise LaunchError(f"the code snapshot {snapshot_path(root, digest)} does not hash to {digest}: it was "
+                          f"changed after it was written; remove {code / digest} and submit again")
+    tmp_latest = code / f".{LATEST}.{os.getpid()}"
+    tmp_latest.write_text(digest + "\n")
+    tmp_latest.replace(latest)
+    return Snapshot(snapshot_path(root, digest), digest, before if before and before != digest else None)
+
+
+def manifest(pkg: Path | None = None) -> dict | None:
+    """The snapshot record of the imported package; None when it is not a snapshot."""
+    p = (pkg or package_dir()) / MANIFEST
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check(env: Mapping[str, str]) -> dict:
     """Compare this process's hpctrain with the submitter's (HPCTRAIN_SOURCE_HASH); the record
-    for env.json. Raises LaunchError, before any training, when they differ."""
+    for env.json (`snapshot`: the host path given as HPCTRAIN_SOURCE and where the copy came
+    from, when the package is a snapshot). Raises LaunchError, before any training, when they differ."""
     running = source_hash()
     submitted = env.get("HPCTRAIN_SOURCE_HASH") or None
-    rec = {"running": running, "submitted": submitted, "path": str(package_dir())}
+    rec: dict = {"running": running, "submitted": submitted, "path": str(package_dir()), "snapshot": None}
+    snap = manifest()
+    if snap is not None:
+        rec["snapshot"] = {**snap, "path": env.get("HPCTRAIN_SOURCE") or str(package_dir())}
     if submitted and submitted != running:
         raise LaunchError(
             f"this task runs hpctrain from {package_dir()} (source {running}), not the code that submitted "
-            f"the job (source {submitted}): the image's copy shadows it, or the checkout changed since "
-            "submission; keep container.bind_source on (and the checkout on a file system the nodes "
+            f"the job (source {submitted}): the image's copy shadows it, or the bound copy changed since "
+            "submission; keep container.bind_source on (and the run directory on a file system the nodes "
             "see), then resubmit")
     return rec

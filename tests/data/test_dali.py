@@ -22,7 +22,8 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def cfg_for(root: Path, **kw) -> object:
     sets = {"data.root": str(root), "data.loader": "dali", "data.batch_size": 6, "data.workers": 2,
-            "model.img_size": 24, "model.num_classes": 36, "data.scale_min": 0.3, "train.seed": 3}
+            "model.img_size": 24, "model.patch_size": 8, "model.num_classes": 36, "data.scale_min": 0.3,
+            "train.seed": 3}
     sets.update(kw)
     return load(None, [f"{k}={v}" for k, v in sets.items()])
 
@@ -175,6 +176,33 @@ def test_decode_error_names_the_file(ident_root, tmp_path, kind):
     excl.write_text("train/c05/zz_bad.jpg\n")
     train, _ = loaders(root, **{"data.batch_size": 36, "data.exclude_file": str(excl)})
     assert len(epoch(train, 0)) == 1
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not_an_image"])
+def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp_path, kind):
+    """Shards packed around `data pack`'s check (its shard writer called directly): DALI's error names
+    neither file nor shard; the loader's names the sample's key and its tar."""
+    from hpctrain.data import pack as pk
+
+    root = tmp_path / "ds"
+    shutil.copytree(ident_root, root)
+    bad = root / "train" / "c05" / "zz_bad.jpg"
+    if kind == "truncated":
+        bad.write_bytes((root / "train" / "c05" / "t005.jpg").read_bytes()[:400])
+    else:
+        bad.write_text("this is a text file, not a JPEG\n" * 20)
+    plan = pk.plan_pack(root, tmp_path / "shards", 10, log=lambda *_: None)
+    plan.out.mkdir()
+    for job in plan.shards:
+        pk.pack_shard(job, plan.out)
+    pk.write_meta(plan)
+    key, shard = next((f"{i:08d}", plan.out / f"{job.name}.tar") for job in plan.shards
+                      for i, rel, _ in job.samples if rel.endswith("zz_bad.jpg"))
+    train, _ = loaders(plan.out, **{"data.format": "wds", "data.batch_size": 37})
+    with pytest.raises(DataError) as e:
+        epoch(train, 0)
+    assert str(e.value).startswith(f"cannot decode sample {key} ({key}.jpg) in shard {shard} (DALI: ")
+    assert "hpctrain data pack ROOT OUT` checks every image" in str(e.value)
 
 
 def test_bad_randaugment_spec_is_a_config_error(ident_root):

@@ -3,6 +3,8 @@ the array job itself)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +67,39 @@ def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root
     bad = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "group 3 does not exist" in bad.stderr
+
+
+def test_pack_refuses_an_undecodable_image_or_leaves_it_out_with_exclude_bad(ident_root, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(ident_root, root)
+    bad = root / "train" / "c05" / "zz_bad.jpg"
+    bad.write_text("this is a text file, not a JPEG\n" * 20)
+    out = tmp_path / "shards"
+    r = hpctrain("data", "pack", str(root), str(out), "--shard-size", "10", timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"bad image: {bad}: UnidentifiedImageError" in r.stdout
+    assert r.stderr == ("hpctrain: error: 1 image(s) do not decode (listed above; the first: train/c05/zz_bad.jpg), "
+                        "so nothing was packed: leave them out with --exclude-bad FILE (which lists them), or replace "
+                        "them\n")
+    assert not out.exists()
+    listed = tmp_path / "bad.txt"
+    r = hpctrain("data", "pack", str(root), str(out), "--shard-size", "10", "--exclude-bad", str(listed),
+                 "--workers", "2", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "train with --set data.format=wds --set data.loader=dali --set data.root=" in r.stdout
+    assert "train/c05/zz_bad.jpg  # UnidentifiedImageError" in listed.read_text()
+    assert json.loads((out / "meta.json").read_text())["train"]["size"] == 36  # the 36 good ones
+
+
+def test_an_array_task_refuses_a_group_with_an_undecodable_image(ident_root, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(ident_root, root)
+    (root / "val" / "c01" / "empty.jpg").write_bytes(b"")
+    out = tmp_path / "arr"
+    out.mkdir()
+    plan = pk.plan_pack(root, out, 5, groups=2, log=quiet)
+    pk.write_plan(plan)
+    pk.run_group(out, 0, log=quiet)  # train only: packed
+    with pytest.raises(pk.BadImages, match=r"1 image\(s\) do not decode \(listed above; the first: val/c01/empty"):
+        pk.run_group(out, 1, log=quiet)
+    assert pk.missing_groups(plan, pk.load_plan(out)[1]) == [1] and not (out / "meta.json").exists()

@@ -31,7 +31,7 @@ def packed(ident_root, tmp_path_factory):
 
 def wds_loaders(root, rank=0, world=1, **kw):
     sets = {"data.root": str(root), "data.loader": "dali", "data.format": "wds", "data.batch_size": 6,
-            "data.workers": 1, "model.img_size": 24, "model.num_classes": 36, "train.seed": 5}
+            "data.workers": 1, "model.img_size": 24, "model.patch_size": 8, "model.num_classes": 36, "train.seed": 5}
     sets.update(kw)
     return build_loaders(load(None, [f"{k}={v}" for k, v in sets.items()]), rank, world, CPU)
 

@@ -67,3 +67,18 @@ def test_one_signalled_rank_stops_all_with_its_kind(sig, kind, digits_root, tmp_
     assert [r["step"] for r in run_metrics(run, "checkpoint")] == [stops[0]["step"]]
     assert f"received {signal.Signals(sig).name}" in (run / "logs" / "rank-1.log").read_text()
     assert f"received {signal.Signals(sig).name}" not in (run / "logs" / "rank-0.log").read_text()
+
+
+def test_ctrl_c_of_train_checkpoints_at_the_stop_step_and_exits_130(digits_root, tmp_path):
+    """SIGINT (a terminal's Ctrl-C) to `hpctrain train`: a stop at the next step of kind
+    `interrupt`, its checkpoint and stop record, then exit 130 (not a KeyboardInterrupt)."""
+    run = tmp_path / "int"
+    (proc,) = start_ranks(1, digits_root, tmp_path, "int", *SETS)
+    wait_for_step(run, 3, [proc])
+    os.kill(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    (stop,) = run_metrics(run, "stop")
+    assert stop["stop_kind"] == "interrupt" and 3 <= stop["step"] < 40, stop
+    assert [r["step"] for r in run_metrics(run, "checkpoint")] == [stop["step"]]
+    assert f"interrupted: stopped at step {stop['step']}, checkpoint" in out and "Traceback" not in out, out

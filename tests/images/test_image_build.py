@@ -129,3 +129,33 @@ def test_unknown_recipe_lists_the_shipped_ones(tmp_path):
     assert r.returncode == 2 and r.stderr == (
         "hpctrain: error: recipe 'ngc-pytorch' not found: give a definition file or a shipped recipe: Dockerfile, "
         "ngc-pytorch-23.12.def, pytorch-cuda.def (`hpctrain image list`)\n")
+
+
+def mount_table(tmp_path: Path, **fs: str) -> Path:
+    """A /proc/mounts-format table: / on ext4, and tmp_path/<name> on the given file system type."""
+    t = tmp_path / "mounts"
+    t.write_text("/dev/sda1 / ext4 rw 0 0\n" + "".join(f"srv:/{n} {tmp_path / n} {k} rw 0 0\n" for n, k in fs.items()))
+    return t
+
+
+def test_fakeroot_temp_dir_leaves_lustre_scratch_for_local_disk(tmp_path, monkeypatch):
+    """Site property: $SCRATCH is Lustre, which refuses fakeroot's uid mapping; the unpacked layers go
+    to the local $TMPDIR instead (the cache, plain files, stays on scratch)."""
+    mounts = mount_table(tmp_path, lustre="lustre")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "local"))
+    monkeypatch.delenv("APPTAINER_TMPDIR", raising=False)
+    plan = plan_build(RECIPE, tmp_path / "a.sif", tmp_path / "lustre" / "me", fakeroot=True, mounts=mounts)
+    assert plan.env["APPTAINER_TMPDIR"] == str(tmp_path / "local" / f"apptainer-{os.getuid()}")
+    assert plan.env["APPTAINER_CACHEDIR"] == str(tmp_path / "lustre" / "me" / "apptainer" / "cache")
+    plain = plan_build(RECIPE, tmp_path / "a.sif", tmp_path / "lustre" / "me", fakeroot=False, mounts=mounts)
+    assert plain.env["APPTAINER_TMPDIR"] == str(tmp_path / "lustre" / "me" / "apptainer" / "tmp")
+
+
+@pytest.mark.parametrize("kind", ["lustre", "gpfs", "nfs4", "beegfs"])
+def test_fakeroot_temp_dir_on_a_network_file_system_is_refused(tmp_path, monkeypatch, kind):
+    mounts = mount_table(tmp_path, net=kind)
+    monkeypatch.setenv("APPTAINER_TMPDIR", str(tmp_path / "net" / "tmp"))
+    with pytest.raises(ImageError) as e:
+        plan_build(RECIPE, tmp_path / "a.sif", tmp_path / "scratch", fakeroot=True, mounts=mounts)
+    msg = str(e.value)
+    assert "\n" not in msg and f"is on {kind}, a network file system" in msg and "set APPTAINER_TMPDIR" in msg

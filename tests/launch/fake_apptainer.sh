@@ -6,6 +6,10 @@
 # - Apptainer's environment rules: its own PATH; the host environment passes unless --cleanenv;
 #   APPTAINERENV_X=v becomes X=v inside, even with --cleanenv; --env K=V sets K;
 # - --bind SRC[:DST[:ro]] makes SRC visible at DST (a bind mount in that namespace);
+# - a host directory the image does not show unless bound: $FAKE_APPTAINER_HIDE (colon-separated, e.g.
+#   a site's /lustre) is covered by an empty tmpfs before the binds are made (Apptainer shows only
+#   its default binds - $HOME, /tmp, /var/tmp, $PWD... - and the --bind ones);
+# - inside, APPTAINER_CONTAINER is the image's path (Apptainer sets it; `hpctrain doctor` reads it);
 # - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
 #   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
 # Usage (as the batch script calls it): apptainer exec [--nv] [--cleanenv] [--env K=V] [--bind X] IMAGE CMD...
@@ -16,14 +20,20 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
     # every copy on PATH (a test cluster's client wrappers come first, the real clients after them)
     for p in $(type -ap "$c"); do mount --bind /dev/null "$p"; done
   done
-  while IFS= read -r b; do
+  fds=() dsts=() ros=()
+  while IFS= read -r b; do  # hold each source open: a hidden one stays reachable through its fd
     [ -n "$b" ] || continue
     IFS=: read -r src dst opts <<< "$b"
-    dst=${dst:-$src}
-    mkdir -p "$dst"  # Apptainer creates missing mount points (underlay)
-    mount --bind "$src" "$dst"
-    if [ "${opts:-}" = ro ]; then mount -o remount,bind,ro "$dst"; fi
+    exec {fd}< "$src"
+    fds+=("$fd") dsts+=("${dst:-$src}") ros+=("${opts:-}")
   done <<< "$FAKE_BINDS"
+  IFS=: read -r -a hidden <<< "${FAKE_APPTAINER_HIDE:-}"
+  for h in "${hidden[@]}"; do [ -z "$h" ] || mount -t tmpfs fake-apptainer-hide "$h"; done
+  for i in "${!fds[@]}"; do
+    mkdir -p "${dsts[$i]}"  # Apptainer creates missing mount points (underlay)
+    mount -c --bind "/proc/self/fd/${fds[$i]}" "${dsts[$i]}"
+    if [ "${ros[$i]}" = ro ]; then mount -o remount,bind,ro "${dsts[$i]}"; fi
+  done
   envs=()
   while IFS= read -r -d '' kv; do
     case "$kv" in
@@ -41,7 +51,7 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   pypath=${pypath:+$pypath${site:+:}}$site
   cmd=("$@")
   [ "${cmd[0]}" = python3 ] && cmd[0]=$FAKE_APPTAINER_PYTHON
-  exec env -i "${envs[@]}" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  exec env -i "${envs[@]}" APPTAINER_CONTAINER="$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
 [ "${1:-}" = exec ] || { echo "fake apptainer: only 'exec' is supported" >&2; exit 2; }
@@ -58,6 +68,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -f "$1" ] || { echo "fake apptainer: image $1 not found" >&2; exit 255; }
+export FAKE_IMAGE=$1
 shift
 : "${FAKE_APPTAINER_PYTHON:?the image python}"
 exec unshare --mount "$0" --inside "$@"

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from hpctrain.source import source_hash
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 from tests.launch.test_sbatch import BLOCKED, blocked_cli
 
@@ -89,9 +90,12 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
     assert f"--bind {weights} --bind {tmp_path / 'ev'}" in ev.stdout
     run_dir = str(tmp_path / "runs" / "digits_vit")
     differ = ("# hpctrain eval", "# outputs:", "#SBATCH --job-name", "#SBATCH --output", "#SBATCH --chdir",
-              "  HPCTRAIN_PYTHON=(bash", "srun ")
+              "  HPCTRAIN_PYTHON=(bash", "srun ", "HPCTRAIN_SOURCE=${")
     same = lambda s: [ln for ln in s.splitlines() if not ln.startswith(differ)]
     assert same(ev.stdout) == same(tr.stdout)
+    code = f"code/{source_hash()}/hpctrain}}\n"  # each job's code snapshot in its own directory
+    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{tmp_path / 'ev'}/{code}" in ev.stdout
+    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{run_dir}/{code}" in tr.stdout
     for line in ("module load $hpctrain_modules", "export TORCH_NCCL_ASYNC_ERROR_HANDLING=",
                  "apptainer exec --nv --cleanenv", "trap 'hpctrain_pass TERM' TERM"):
         assert line in ev.stdout, line

@@ -3,9 +3,12 @@ torch; values from configs and profiles are quoted."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from hpctrain.source import source_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 EMIT = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib", "--nodes", "16",
@@ -47,7 +50,7 @@ def test_dry_run_16_nodes_without_torch():
     assert r.returncode == 0, r.stderr
     s = r.stdout
     for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR2@300", "module load $hpctrain_modules",
+                 "#SBATCH --signal=B:USR2@300", "module load $hpctrain_modules",
                  "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
                  "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
                  "apptainer exec --nv --cleanenv --bind /datasets", "export APPTAINERENV_PYTHONNOUSERSITE=1",
@@ -85,6 +88,10 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     assert r.returncode == 0, r.stderr
     script = r.stdout
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    snap = run_dir / HOSTILE / "code" / source_hash() / "hpctrain"  # where a submission puts the code
+    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{shlex.quote(str(snap))}}}" in script
+    assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
+    snap.mkdir(parents=True)
     setup = script.split("\nsrun ")[0]  # the script up to the task launch
     probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
@@ -93,6 +100,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     values = (tmp_path / "values.bin").read_text().split("\0")
     assert values[0] == HOSTILE
     assert f"/data/{HOSTILE}" in values and __file__ in values
+    assert f"{snap}:/opt/hpctrain-src/hpctrain:ro" in values
     assert not list(tmp_path.glob("PWNED*"))
     assert f"#SBATCH --job-name={HOSTILE}" not in script  # quoted for sbatch's own parser
 
@@ -127,3 +135,18 @@ def test_sbatch_template_writes_the_shipped_script_anywhere(tmp_path):
     assert hpctrain("sbatch-template", "jobs", cwd=tmp_path).returncode == 0
     assert (tmp_path / "jobs" / "vit.sbatch").is_file()
     assert hpctrain("sbatch-template", "-").stdout == (ROOT / "slurm" / "vit.sbatch").read_text()
+
+
+def test_login_nodes_small_locked_memory_limit_is_raised_to_the_nodes_hard_limit():
+    """Slurm applies the submitting shell's soft `ulimit -l` to the job (PropagateResourceLimits);
+    the script's lines raise it as far as the node's hard limit allows (real bash, real limits)."""
+    import subprocess
+
+    from hpctrain.launch.sbatch import MEMLOCK_LINES
+
+    lines = "\n".join(MEMLOCK_LINES)
+    node = subprocess.run(["bash", "-c", "ulimit -H -l"], capture_output=True, text=True).stdout.strip()
+    for hard in (node, "1024"):  # this machine's hard limit (unlimited or not), and a lower one
+        r = subprocess.run(["bash", "-c", f"set -eo pipefail; ulimit -S -l 64; ulimit -H -l {hard}\n{lines}\n"
+                                          "ulimit -S -l"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == hard, (hard, r.stdout, r.stderr)

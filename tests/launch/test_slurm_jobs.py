@@ -101,3 +101,38 @@ def test_hostile_names_and_values_arrive_intact(slurm_cluster, digits_root, tmp_
     shown = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
     assert re.search(r"JobName=(.*) UserId=", shown).group(1) == HOSTILE
     assert not [p for p in tmp_path.rglob("PWNED*")] and not list(ROOT.glob("PWNED*"))
+
+
+def test_a_failing_job_under_submit_wait_says_why_in_one_line(slurm_cluster, digits_root, tmp_path):
+    """The task's UserError travels back from the nodes as its one line (no traceback), with the
+    failing rank's log; the job itself is FAILED for Slurm."""
+    r = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", "--nodes", "2", "--gpus-per-node", "1",
+           "--wait", *digits_sets(digits_root, tmp_path, "bad", "run.resume=/nonexistent/ckpt.pt"), timeout=300)
+    job = re.search(r"submitted Slurm job (\d+)", r.stdout).group(1)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    log = tmp_path / "bad" / "submitit" / f"{job}_0_log.err"
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"hpctrain: error: checkpoint /nonexistent/ckpt.pt does not exist (Slurm job {job}, rank 0; log: {log})")
+    assert "FAILED" in r.stdout
+
+
+def test_ctrl_c_of_submit_wait_leaves_the_slurm_job_running_and_says_how_to_stop_it(
+        slurm_cluster, digits_root, tmp_path):
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in slurm_cluster.env.items() if k != "HPCTRAIN_CLUSTER"}
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--wait",
+         *digits_sets(digits_root, tmp_path, "goes-on", "train.max_steps=2000")],
+        cwd=ROOT, env={**e, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    wait_for_step(tmp_path / "goes-on", 1, 180)
+    job = json.loads((tmp_path / "goes-on" / "job.json").read_text())["job_id"]
+    os.killpg(waiter.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 130, out + err
+    assert (f"Slurm job {job} goes on. Follow it: hpctrain logs {tmp_path / 'goes-on'} -f   stop it (checkpoint "
+            f"first): scancel --signal=USR2 {job}   end it now: scancel {job}") in err, err
+    assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
+    slurm_cluster.run("scancel", job)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from hpctrain.source import source_hash
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.dist import port_from_job_id
 from tests.helpers import digits_args, run_ranks
@@ -154,6 +156,52 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
         assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
     st = hp(slurm_cluster, "status", jobs["scancel USR2 --batch"]).stdout
     assert "requeues       1 (0 after preemption, 1 after a time limit" in st, st
+
+
+@pytest.mark.slow
+def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
+        slurm_cluster, container, digits_root, tmp_path, reference):
+    """Submit from a copy of the package (the user's checkout); while the job trains, edit a module
+    the tasks import (it now raises on import) and add a new one, then stop the job with USR2. The
+    requeued attempt runs the snapshot taken at submission: it resumes where it stopped and ends
+    with the uninterrupted run's weights. (Before snapshots every rank of that attempt refused: the
+    live checkout's hash differed from the submitted one.) A new submission of the same run takes a
+    new snapshot, says so, and runs the edited code."""
+    checkout = tmp_path / "checkout" / "src"
+    shutil.copytree(ROOT / "src" / "hpctrain", checkout / "hpctrain", ignore=shutil.ignore_patterns("__pycache__"))
+    submitted = source_hash(checkout / "hpctrain")
+    prof, env = container
+    env = {**env, "PYTHONPATH": str(checkout)}  # the CLI runs the checkout's hpctrain
+    args = ("--cluster", str(prof), "--nodes", "2", *digits_sets(digits_root, tmp_path, "moved", *SETS))
+    job = submit(slurm_cluster, *args, env=env)
+    run = tmp_path / "moved"
+    wait_for_step(run, 5, 300)
+    loop = checkout / "hpctrain" / "train" / "loop.py"
+    loop.write_text(loop.read_text() + "\nraise ImportError('edited after submission')\n")
+    (checkout / "hpctrain" / "added_later.py").write_text("X = 1\n")
+    slurm_cluster.run("scancel", "--signal=USR2", job)
+    assert slurm_cluster.wait_done(job, 300) == "COMPLETED", sacct_states(slurm_cluster, job)
+    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    (stop,) = metrics(run, "stop")
+    assert resumed_at(run) == [stop["step"]]
+    assert_same_weights(run, reference)
+    rec = json.loads((run / "env.json").read_text())
+    snap = run / "code" / submitted / "hpctrain"
+    assert rec["env"]["SLURM_RESTART_COUNT"] == "1"  # written by the requeued attempt
+    assert rec["source"]["running"] == rec["source"]["submitted"] == submitted != source_hash(checkout / "hpctrain")
+    assert rec["source"]["snapshot"]["path"] == str(snap) and rec["source"]["snapshot"]["hash"] == submitted
+    assert rec["source"]["snapshot"]["from"] == str(checkout / "hpctrain")
+    assert not (snap / "added_later.py").exists() and source_hash(snap) == submitted
+    again = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    new = source_hash(checkout / "hpctrain")
+    assert (f"the code changed since this directory's last submission: source {submitted} → {new}"
+            in again.stdout), again.stdout
+    job2 = re.search(r"submitted Slurm job (\d+)", again.stdout).group(1)
+    assert slurm_cluster.wait_done(job2, 120) == "FAILED"
+    err = "".join(p.read_text() for p in (run / "submitit").glob(f"{job2}_*_log.err"))
+    assert "ImportError: edited after submission" in err, err
+    assert (run / "code" / new / "hpctrain" / "added_later.py").is_file()
 
 
 def test_partition_preemption_with_grace_time_resumes_exactly(

@@ -13,6 +13,7 @@ import pytest
 
 from hpctrain.config import ConfigError
 from hpctrain.launch import sweep
+from hpctrain.source import commit_of, source_hash
 from tests.helpers import hpctrain
 from tests.launch.jobs import ROOT, hp, metrics, sacct_states, wait_for_step
 
@@ -60,10 +61,13 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     """No Slurm controller: both members through the local executor, then the table."""
     r = hpctrain("sweep", "--config", DIGITS, "--set", f"data.root={digits_root}", "--set", f"run.dir={tmp_path}",
                  "--set", "train.max_steps=2", "--set", "train.eval_every=0", "--grid", "optim.lr=1e-3,5e-4",
-                 "--name", "loc", "--local-tasks", "1", env={"SLURM_CONF": str(tmp_path / "none.conf"),
-                                                               "HPCTRAIN_CLUSTER": ""}, timeout=300)
+                 "--name", "loc", "--local-tasks", "1", "--max-parallel", "2", "--cluster-set", "slurm.qos=x",
+                 env={"SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no Slurm: 2 runs one after another" in r.stdout
+    assert ("hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+            "run one after another on this machine, so --max-parallel, --cluster-set (for a Slurm sweep) are "
+            "ignored\n") in r.stderr
     rec = json.loads((tmp_path / "loc" / "sweep.json").read_text())
     assert rec["executor"] == "local" and [m["name"] for m in rec["members"]] == ["00-lr1e-3", "01-lr5e-4"]
     ends = [metrics(tmp_path / "loc" / m["name"], "end")[-1] for m in rec["members"]]
@@ -72,6 +76,10 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     first_end = ends[0]["time"]
     assert min(x["time"] for x in metrics(tmp_path / "loc" / "01-lr5e-4")) >= first_end
     assert re.search(r"00-lr1e-3 +optim.lr=1e-3 +COMPLETED", r.stdout), r.stdout
+    logs = hpctrain("logs", str(tmp_path / "loc"))  # a sweep has no log of its own: name a member
+    assert logs.returncode == 2 and logs.stderr == (
+        f"hpctrain: error: {tmp_path / 'loc'} is a sweep of 2 runs, each with its own logs: name one, e.g. hpctrain "
+        f"logs {tmp_path / 'loc' / '00-lr1e-3'} (all of them: hpctrain status {tmp_path / 'loc'})\n"), logs.stderr
 
 
 @pytest.mark.slurm
@@ -101,6 +109,8 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     sw = tmp_path / "sw"
     rec = json.loads((sw / "sweep.json").read_text())
     assert [m["job_id"] for m in rec["members"]] == [f"{array}_{i}" for i in range(4)]
+    code = sw / "code" / source_hash() / "hpctrain"  # one code snapshot for the sweep's runs
+    assert f"code: {code} (source {source_hash()})" in r.stdout and rec["code"] == str(code)
     # member 3 starts last, when no element is pending: while some are, `scancel --signal=USR2 <array>_<i>`
     # (or the raw id, which scancel turns into that) is answered "Job can not be altered now" although
     # the element got the signal, and scancel retries, signalling again after the requeue (measured)
@@ -130,3 +140,7 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     best = [x["top1_best"] for x in js]
     assert all(b is not None for b in best) and best == sorted(best, reverse=True)
     assert all(x["step"] == steps for x in js)
+    envs = [json.loads((Path(m["run_dir"]) / "env.json").read_text()) for m in rec["members"]]
+    assert {e["source"]["snapshot"]["path"] for e in envs} == {str(code)}  # runtime none: first on PYTHONPATH
+    assert {e["source"]["running"] for e in envs} == {source_hash()}
+    assert {e["git_commit"] for e in envs} == {commit_of(ROOT / "src" / "hpctrain")}  # the submitting checkout's

@@ -109,3 +109,22 @@ def test_both_formats_in_one_directory(tmp_path, caplog, monkeypatch):
     assert path.name == "step-00000002" and st["step"] == 2 and "no DCP .metadata" in caplog.text
     sharded.save(tmp_path, 4, {"model": {"w": torch.zeros(3)}}, {"step": 4}, keep=2, is_main=True)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000004", "step-00000003"]
+
+
+@pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
+                    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
+def test_one_step_is_never_on_disk_in_two_formats(tmp_path):
+    """Both formats of one step (what older releases left after rerunning a finished run with another
+    world size) list as one, `latest`'s; saving that step again replaces the other; pruning takes both."""
+    from hpctrain.train import sharded
+
+    d = ckpt.ckpt_dir(tmp_path)
+    sharded.save(tmp_path, 5, {"model": {"w": torch.ones(3)}}, {"step": 5}, keep=3, is_main=True)
+    (d / "step-00000005.pt").write_bytes(b"")  # an older release's second copy, then `latest` back on the first
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000005"]
+    ckpt.save(tmp_path, 5, {"model": {"w": torch.zeros(3)}, "step": 5}, keep=3)  # the step saved again
+    assert sorted(p.name for p in d.iterdir()) == ["latest", "step-00000005.pt"]
+    (d / "step-00000005").mkdir()  # and once more in the other format, then two newer steps
+    for step in (6, 7):
+        ckpt.save(tmp_path, step, {"model": {}, "step": step}, keep=2)
+    assert sorted(p.name for p in d.iterdir()) == ["latest", "step-00000006.pt", "step-00000007.pt"]

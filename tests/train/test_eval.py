@@ -2,25 +2,37 @@
 
 from __future__ import annotations
 
-import shutil
+import json
 
-from tests.helpers import digits_args, run_metrics, run_ranks
+import torch
 
-
-def last_eval(run_dir) -> dict:
-    return run_metrics(run_dir, "eval")[-1]
+from hpctrain.config import load
+from hpctrain.models.vit import build_vit
+from tests.helpers import DIGITS, digits_args, hpctrain, run_ranks
 
 
 def test_eval_same_for_world_1_and_2(digits_root, tmp_path):
-    sets = ["train.max_steps=8"]
-    run_ranks(1, digits_args(digits_root, tmp_path, "trained", *sets))
-    for name in ("w1", "w2"):  # resume the finished run: it only evaluates the same weights
-        shutil.copytree(tmp_path / "trained", tmp_path / name)
-        (tmp_path / name / "metrics.jsonl").unlink()
-    run_ranks(1, digits_args(digits_root, tmp_path, "w1", *sets))
-    run_ranks(2, digits_args(digits_root, tmp_path, "w2", *sets))
-    e1, e2 = last_eval(tmp_path / "w1"), last_eval(tmp_path / "w2")
+    run_ranks(1, digits_args(digits_root, tmp_path, "trained", "train.max_steps=8"))
+    out = {}
+    for world in (1, 2):  # the trained weights evaluated by 1 and by 2 ranks (a finished run is not resumed)
+        run_ranks(world, ["-m", "hpctrain", "eval", str(tmp_path / "trained"), "-o", str(tmp_path / f"w{world}")])
+        out[world] = json.loads((tmp_path / f"w{world}" / "summary.json").read_text())
+    e1, e2 = out[1], out[2]
     assert e1["count"] == e2["count"] == 359  # not divisible by 2: no sample dropped or doubled
     assert e1["top1"] == e2["top1"] and e1["top5"] == e2["top5"]
     assert 10.0 < e1["top1"] < 100.0
     assert abs(e1["loss"] - e2["loss"]) < 1e-6
+
+
+def test_eval_of_a_weights_file_writes_beside_it_not_into_the_working_directory(digits_root, tmp_path):
+    weights = tmp_path / "w" / "digits.pt"
+    weights.parent.mkdir()
+    torch.manual_seed(0)
+    torch.save(build_vit(load(DIGITS).model).state_dict(), weights)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    r = hpctrain("eval", "--weights", str(weights), "--config", str(DIGITS), "--data", str(digits_root),
+                 "--set", "train.threads=1", cwd=cwd, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "w" / "digits.pt.eval" / "summary.json").read_text())["count"] == 359
+    assert list(cwd.iterdir()) == []

@@ -51,7 +51,8 @@ def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     assert f"initialised the model from {weights}; {resampled}" in out
     top1 = run_metrics(d / "ft48", "eval")[-1]["top1"]
     assert top1 >= 95.0, out[-3000:]
-    again = run_ranks(1, digits_args(digits_root, d, "ft48", *sets))[0].stdout  # the run's checkpoint wins
+    # one step more (a finished run is not resumed): the run's checkpoint wins over model.init_from
+    again = run_ranks(1, digits_args(digits_root, d, "ft48", *sets, "train.max_steps=89"))[0].stdout
     assert f"model.init_from={weights} ignored: this run resumes from" in again
     assert "initialised the model from" not in again
 

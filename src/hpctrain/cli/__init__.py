@@ -64,5 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print("hpctrain: interrupted", file=sys.stderr)
         return 130
     except UserError as e:  # the library's errors for the user: one line, no traceback
+        detail = getattr(e, "detail", None)  # a failed job's crash: the task's traceback above the line
+        if detail:
+            print(detail, file=sys.stderr)
         print(f"hpctrain: error: {e}", file=sys.stderr)
         return 2

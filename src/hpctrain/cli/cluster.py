@@ -1,8 +1,9 @@
 """`hpctrain cluster init NAME`: write a cluster profile from what Slurm, slurmdbd and Lmod say.
 
 Reads partitions, time limits, GPUs (GRES), CPUs and memory of the nodes (scontrol), your accounts
-and QOS (sacctmgr), the apptainer/cuda/nccl modules (Lmod); with --probe, runs `hpctrain doctor
---json` on one node of the partition (srun) for the fabric. Writes
+and QOS and the QOS's limits (sacctmgr), the apptainer/cuda/nccl modules (Lmod); with --probe, runs
+`hpctrain doctor --json` on one node of the partition (srun, under the chosen account and QOS, inside
+--image when given) for the fabric. Writes
 $XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml (default ~/.config/…; `--cluster NAME` finds it) or
 -o PATH, each value commented with its source; prints the choices to review. Imports no torch.
 """
@@ -24,7 +25,8 @@ def add_parser(sub) -> None:
                                        "else the first with GPUs)")
     q.add_argument("--image", help="Apptainer image (.sif) the tasks run in (default: the host's Python)")
     q.add_argument("--probe", action="store_true",
-                   help="run `hpctrain doctor --json` on one node of the partition (srun) for the fabric")
+                   help="run `hpctrain doctor --json` on one node of the partition (srun, with the account and QOS "
+                        "chosen; inside --image when given) for the fabric")
     q.add_argument("--force", action="store_true", help="overwrite an existing profile")
     q.set_defaults(func=init)
 
@@ -45,7 +47,9 @@ def init(args: argparse.Namespace) -> int:
         raise CLIError(f"{out} exists: pass --force to overwrite it, or -o another path")
     facts = ci.gather()
     part = ci.choose_partition(facts.partitions, args.partition)
-    fabric = ci.fabric_from_doctor(ci.probe(part)) if args.probe else None
+    account, qos = ci.account_and_qos(facts)
+    fabric = ci.fabric_from_doctor(ci.probe(part, account=account, qos=qos, image=args.image or "")) \
+        if args.probe else None
     text, notes = ci.render(args.name, facts, part, fabric, args.image or "")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

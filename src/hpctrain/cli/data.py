@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from hpctrain.cli import CLIError
@@ -24,7 +25,9 @@ def add_parser(sub) -> None:
     k = dsub.add_parser("pack", help="write WebDataset tar shards + DALI index files from an ImageNet folder",
                         description="Pack ROOT/{train,val}/<class>/* into OUT/{split}-NNNNN.tar with "
                                     "DALI index files and OUT/meta.json (the shard index, written last); "
-                                    "train with data.format=wds data.root=OUT. The shards are packed in "
+                                    "train with data.format=wds data.loader=dali data.root=OUT. Every image "
+                                    "is decoded first (DALI cannot skip a bad one in training). The shards "
+                                    "are packed in "
                                     "groups, by --workers processes here or, with --slurm, by the tasks "
                                     "of a Slurm array job; the files are the same either way.")
     k.add_argument("root", help="ImageNet-layout folder")
@@ -32,6 +35,9 @@ def add_parser(sub) -> None:
     k.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
     k.add_argument("--exclude-file", default="",
                    help="files to leave out (from prepare-imagenet --exclude-bad)")
+    k.add_argument("--exclude-bad", metavar="FILE", default="",
+                   help="leave out the images that do not decode and list them in FILE (without it, any "
+                        "such image refuses the pack: every image is decoded first)")
     k.add_argument("--seed", type=int, default=0, help="seed of the train sample order (default 0)")
     k.add_argument("--workers", type=int, default=None,
                    help="shard groups packed in parallel: processes here (default 1), or array tasks "
@@ -75,6 +81,10 @@ def digits(args: argparse.Namespace) -> int:
 
 def pack(args: argparse.Namespace) -> int:
     if args.slurm:
+        if args.exclude_bad:
+            raise CLIError("--exclude-bad is for a pack here: with --slurm, each task checks its own images and "
+                           "fails naming the bad ones; list them with `hpctrain data prepare-imagenet ROOT "
+                           "--exclude-bad FILE` and pack with --exclude-file FILE")
         return pack_slurm(args)
     given = [f"--{k.replace('_', '-')}" for k in SLURM_ONLY if getattr(args, k)] + \
         (["--cluster-set"] if args.cluster_overrides else [])
@@ -83,9 +93,14 @@ def pack(args: argparse.Namespace) -> int:
     from hpctrain.data.pack import pack as write
 
     write(args.root, args.out, args.shard_size, args.exclude_file, args.seed,
-          1 if args.workers is None else args.workers)
-    print(f"wrote shards to {args.out}; train with --set data.format=wds --set data.root={args.out}")
+          1 if args.workers is None else args.workers, exclude_bad=args.exclude_bad)
+    print(f"wrote shards to {args.out}; {train_hint(args.out)}")
     return 0
+
+
+def train_hint(out: str) -> str:
+    """How to train from the shards: DALI is the only loader that reads them."""
+    return f"train with --set data.format=wds --set data.loader=dali --set data.root={shlex.quote(out)}"
 
 
 def pack_slurm(args: argparse.Namespace) -> int:
@@ -143,8 +158,7 @@ def pack_slurm(args: argparse.Namespace) -> int:
 
 
 def _packed(args: argparse.Namespace, plan) -> int:
-    print(f"all {plan.groups} groups packed: {len(plan.shards)} shards in {args.out}; train with "
-          f"--set data.format=wds --set data.root={args.out}")
+    print(f"all {plan.groups} groups packed: {len(plan.shards)} shards in {args.out}; {train_hint(args.out)}")
     return 0
 
 

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--img-size", type=int, help="evaluate at this resolution (position embedding resampled)")
     p.add_argument("--crop-pct", type=float, help="val resize to img_size / crop_pct, then centre crop")
     p.add_argument("-o", "--output", help="folder for summary.json and per_class.csv (default RUN/eval, or "
-                                          "./eval with --weights); rank 0 writes it")
+                                          "FILE.eval beside the weights with --weights); rank 0 writes it")
     job = p.add_argument_group("as a job, through hpctrain submit's path (--nodes submits it)")
     add_job_args(job, "submit the evaluation as a job on N nodes: Slurm with --cluster, $HPCTRAIN_CLUSTER "
                       "or an answering controller; else this machine (--nodes 1, --local-tasks processes)")
@@ -70,7 +70,14 @@ def resolve(args: argparse.Namespace):
         return load_config(str(config), sets), str(run), out
     if not args.config:
         raise CLIError("--weights needs --config (the model and data the weights go with)")
-    return load_config(args.config, sets), args.weights, Path(args.output or "eval")
+    return load_config(args.config, sets), args.weights, Path(args.output) if args.output else beside(args.weights)
+
+
+def beside(weights: str) -> Path:
+    """--weights' default output folder: `<weights>.eval` next to the file (or folder), never the
+    working directory, where evaluations of different weights would overwrite each other."""
+    w = Path(weights)
+    return w.with_name(f"{w.name}.eval")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -137,15 +144,26 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     print(f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
           f"{plan.tasks_per_node} tasks (cluster {profile.name})")
     print_outputs(out)
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the log: {sub.log_hint}   state: squeue -j {sub.job_id}", flush=True)
     if not args.wait:
         return 0
     import json
 
+    from hpctrain.launch.failure import explain
     from hpctrain.launch.status import wait_job
     from hpctrain.train.evaluate import summary_text
 
-    state = wait_job(sub.job_id)
+    try:
+        state = wait_job(sub.job_id)
+    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
+        print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+              f"end it: scancel {sub.job_id}", file=sys.stderr)
+        return 130
+    failed = explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    if state != "COMPLETED" and failed:
+        raise failed
     if state != "COMPLETED" or not (out / "summary.json").is_file():
         print(f"hpctrain: job {sub.job_id} ended {state} without a summary: see {sub.log_hint.split()[-1]}",
               file=sys.stderr)
@@ -171,6 +189,8 @@ def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
     sub = submit_eval_local(cfg, weights, args.ema, out, tasks)
     print(f"submitted local job {sub.job_id}: evaluation of {weights} on {tasks} processes")
     print_outputs(out)
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the log: {sub.log_hint}", flush=True)
-    print(summary_text(wait_local(sub)[0]))
+    print(summary_text(wait_local(sub, what="finishes its evaluation (it has no checkpoint to stop at)")[0]))
     return 0

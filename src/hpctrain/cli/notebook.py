@@ -12,7 +12,8 @@ def add_parser(sub) -> None:
         "notebook", help="submit a Jupyter job and print the SSH tunnel command", description=__doc__
     )
     p.add_argument("--cluster", default=None,
-                   help="cluster profile for partition, account, modules and image (default $HPCTRAIN_CLUSTER)")
+                   help="cluster profile for partition, account, qos, constraint, modules and image "
+                        "(default $HPCTRAIN_CLUSTER)")
     p.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1; 0: none)")
     p.add_argument("--cpus", type=int, default=8, help="CPUs for the notebook (default 8)")
@@ -20,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--time", default="04:00:00", help="time limit (default 04:00:00)")
     p.add_argument("--partition", default="", help="Slurm partition")
     p.add_argument("--account", default="", help="Slurm account")
+    p.add_argument("--qos", default="", help="Slurm QOS (default: the profile's)")
+    p.add_argument("--constraint", default="", help="node features, e.g. a100 (default: the profile's)")
     p.add_argument("--image", default="", help="SIF image to run Jupyter in (default: the host's python3)")
     p.add_argument(
         "--port", type=int, default=None,
@@ -74,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
         time=args.time,
         partition=args.partition or (prof.slurm.partition if prof else ""),
         account=args.account or (prof.slurm.account if prof else ""),
+        qos=args.qos or (prof.slurm.qos if prof else ""),
+        constraint=args.constraint or (prof.slurm.constraint if prof else ""),
         image=image,
         setup=tuple(setup),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -71,11 +72,18 @@ def sweep_status(args: argparse.Namespace) -> int:
 
 def logs(args: argparse.Namespace) -> int:
     from hpctrain.cli import CLIError
-    from hpctrain.launch.status import follow, log_path, wait_for_run
+    from hpctrain.launch.status import RUNS, follow, has_ended, log_path, read_json, wait_for_run
+    from hpctrain.launch.sweep import SWEEP_FILE, is_sweep
 
+    for sweep in (Path(args.target), RUNS / args.target):
+        if is_sweep(sweep):  # one log per member: name one
+            members = [m["run_dir"] for m in read_json(sweep / SWEEP_FILE).get("members", []) if m.get("run_dir")]
+            raise CLIError(f"{args.target} is a sweep of {len(members)} runs, each with its own logs: name one, e.g. "
+                           f"hpctrain logs {members[0] if members else sweep / '<run>'} (all of them: hpctrain "
+                           f"status {args.target})")
     if args.follow:
-        run_dir, job_id = wait_for_run(args.target)
-        follow(log_path(str(run_dir) if run_dir else args.target, args.rank), job_id)
+        run_dir, job_id, executor = wait_for_run(args.target)
+        follow(log_path(str(run_dir) if run_dir else args.target, args.rank), has_ended(run_dir, job_id, executor))
         return 0
     path = log_path(args.target, args.rank)
     if not path.exists():

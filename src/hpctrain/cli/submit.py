@@ -60,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from hpctrain.launch.submit import plan_job, slurm_available
 
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
+    check_unfinished(cfg, args.dry_run or bool(args.emit_sbatch))
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     slurm = bool(cluster) or args.dry_run or bool(args.emit_sbatch) or slurm_available()
     if not slurm:
@@ -70,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
     report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
+    warn_inputs(cfg)
     if args.dry_run:
         from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
 
@@ -89,18 +91,55 @@ def main(args: argparse.Namespace) -> int:
     print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
           f"(cluster {profile.name})")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
     if not args.wait:
         return 0
     from hpctrain.config import to_dict
+    from hpctrain.launch.failure import explain
     from hpctrain.launch.progress import watch
     from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
 
-    watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(cfg), poll_s=2.0,
-          global_batch=cfg.data.batch_size)  # rank 0's progress line while it waits
-    state = wait_job(sub.job_id)
+    try:
+        watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(cfg), poll_s=2.0,
+              global_batch=cfg.data.batch_size)  # rank 0's progress line while it waits
+        state = wait_job(sub.job_id)
+    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
+        print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+              f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
+              file=sys.stderr)
+        return 130
     print(run_status(str(sub.run_dir)).text())
-    return 0 if state == "COMPLETED" else 1
+    if state == "COMPLETED":
+        return 0
+    failed = explain(sub.run_dir / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    if failed:  # a task's error; else the status above says why (a stop that was not requeued, a time limit)
+        raise failed
+    return 1
+
+
+def check_unfinished(cfg, note_only: bool) -> None:
+    """A finished run submitted again is refused before anything starts or waits in a queue (a dry run
+    or a written script only notes it: it may be for another machine's run directory)."""
+    from hpctrain.errors import LaunchError
+    from hpctrain.launch.finished import finished_run
+
+    text = finished_run(cfg)
+    if text and note_only:
+        print(f"hpctrain: note: {text}", file=sys.stderr)
+    elif text:
+        raise LaunchError(text)
+
+
+def warn_inputs(cfg) -> None:
+    """Slurm: a missing data.root or model.init_from is a note, not a refusal: the cluster's nodes may
+    see paths this machine does not (a dry run may even plan for another cluster), as check_image's."""
+    from hpctrain.data.prepare import input_problems
+
+    for problem in input_problems(cfg):
+        print(f"hpctrain: note: not on this machine (the job fails unless its nodes see it): {problem}",
+              file=sys.stderr)
 
 
 def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
@@ -181,10 +220,21 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     return 0
 
 
+def check_inputs(cfg) -> None:
+    """A local job reads this machine's files: refuse a missing input before anything starts."""
+    from hpctrain.config import ConfigError
+    from hpctrain.data.prepare import input_problems
+
+    problems = input_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def run_local(args: argparse.Namespace, cfg) -> int:
     from hpctrain.cli import CLIError
     from hpctrain.config import check_batch
     from hpctrain.data.prepare import ensure_dataset
+    from hpctrain.launch.localjob import HangupAsInterrupt, say
     from hpctrain.launch.submit import submit_local, wait_local
     from hpctrain.train.entry import summary_table
 
@@ -196,16 +246,28 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     print(f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(args.local_tasks)} per process × "
           f"{args.local_tasks} processes; lr: {lr_rule(cfg)}")
     ensure_dataset(cfg)
+    check_inputs(cfg)
     sub = submit_local(cfg, tasks=args.local_tasks)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
+    for line in sub.snapshot.lines() if sub.snapshot else []:
+        print(line)
     print(f"follow the logs: {sub.log_hint}", flush=True)
     from hpctrain.config import to_dict
     from hpctrain.launch.progress import watch
 
-    watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
-    results = wait_local(sub)
-    summary = results[0]
+    interrupted = False
+    try:
+        with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
+            watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
+    except KeyboardInterrupt:
+        interrupted = True
+    summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
+    if summary["status"] == "interrupted":
+        where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
+        say(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
+            "left. Run the same command again to resume")
+        return 130
     print(summary_table(summary))
     if summary.get("top1") is not None:
         print(f"final val top-1: {summary['top1']:.2f} % ({summary['val_count']} images)")

@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     slurm = bool(cluster) or args.dry_run or slurm_available()
     if not slurm:
+        note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
     plan = plan_array(args, members, cluster, sweep_dir, name)
     for m in members:
@@ -97,11 +98,28 @@ def main(args: argparse.Namespace) -> int:
     for root in {m.cfg.data.root: m for m in members}.values():
         ensure_dataset(root.cfg)
     record = sweep.new_record(name, config, base_overrides, members, "slurm")
-    array = sweep.submit_array(members, plan, sweep_dir, record)
+    array, snap = sweep.submit_array(members, plan, sweep_dir, record)
     print(f"submitted Slurm job array {array}: {len(members)} runs, {plan.array.split('%')[1]} at a time, "
           f"{plan.nodes} node(s) × {plan.tasks_per_node} tasks each (cluster {plan.profile.name})")
+    for line in snap.lines() if snap else []:
+        print(line)
     print(f"sweep directory: {shlex.quote(str(sweep_dir))}   status: hpctrain status {shlex.quote(str(sweep_dir))}")
     return 0
+
+
+SLURM_ONLY = ("max_parallel", "cluster_overrides", "nodes", "gpus_per_node", "time", "partition", "account", "qos",
+              "constraint", "exclusive", "gpu_mem_gb")
+
+
+def note_ignored(args: argparse.Namespace) -> None:
+    """A local sweep runs its members one after another on this machine: the flags of a Slurm array
+    (parallelism, profile values, resources) have nothing to act on; say so instead of dropping them."""
+    given = [f"--{k.replace('_overrides', '_set').replace('_', '-')}" for k in SLURM_ONLY
+             if getattr(args, k) not in (None, False, 0, [])]
+    if given:
+        print(f"hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+              f"run one after another on this machine, so {', '.join(given)} (for a Slurm sweep) "
+              f"{'is' if len(given) == 1 else 'are'} ignored", file=sys.stderr)
 
 
 def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir, name: str):
@@ -131,6 +149,7 @@ def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir
 
 def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     from hpctrain.cli import CLIError
+    from hpctrain.cli.submit import check_inputs
     from hpctrain.config import check_batch
     from hpctrain.launch import sweep
 
@@ -139,6 +158,7 @@ def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     for m in members:
         try:
             check_batch(m.cfg, args.local_tasks)
+            check_inputs(m.cfg)  # local runs read this machine's files
         except Exception as e:
             raise CLIError(f"sweep member {m.index} ({' '.join(m.overrides)}): {e}") from None
     sweep.check_new(sweep_dir)
@@ -147,4 +167,6 @@ def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     record = sweep.new_record(name, config, base_overrides, members, "local")
     statuses = sweep.run_local(members, sweep_dir, record, args.local_tasks, sys.stdout)
     print(sweep.sweep_table(sweep.sweep_status(sweep_dir), f"sweep {name}"))
+    if "interrupted" in statuses:  # Ctrl-C: that member stopped with a checkpoint, the rest never started
+        return 130
     return 0 if all(s == "finished" for s in statuses) else 1

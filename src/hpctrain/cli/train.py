@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hpctrain.cli import add_config_args
 
@@ -18,7 +19,7 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from hpctrain.train import stop as stopmod
 
-    stop = stopmod.install()  # first: a USR2/TERM from here on stops cleanly at a step boundary
+    stop = stopmod.install(interrupt=True)  # first: a USR2/TERM/Ctrl-C from here on stops at a step boundary
     from hpctrain.cli.common import load_config
     from hpctrain.data.prepare import ensure_dataset
     from hpctrain.train.entry import run
@@ -27,5 +28,11 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
     summary = run(cfg, stop)
+    if summary["status"] == "interrupted":
+        if summary["rank"] == 0:
+            print(f"hpctrain: interrupted: stopped at step {summary['step']}"
+                  + (f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "")
+                  + "; run the same command again to resume", file=sys.stderr)
+        return 130
     # stopped: the batch shell reads rank 0's decision (requeue or end) from $HPCTRAIN_STOP_FILE
     return 0 if summary["status"] in ("finished", "halted", "preempted") else 1

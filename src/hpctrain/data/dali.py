@@ -17,12 +17,14 @@ samples get label -1 and are not counted, so top-1 is exact for any world size.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -38,6 +40,8 @@ PREFETCH = 2  # batches decoded ahead
 IMAGE_EXTS_WDS = "jpg;jpeg;png;bmp;webp;tif;tiff"
 FIX_HINT = ("exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and "
             "data.exclude_file=FILE")
+WDS_FIX_HINT = ("pack the shards again: `hpctrain data pack ROOT OUT` checks every image and, with "
+                "--exclude-bad FILE, leaves the bad ones out")
 
 
 def pipeline_seed(*parts: int) -> int:
@@ -178,30 +182,85 @@ def _to_torch(out, device: torch.device) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- bad files
 
+class _CpuDecoder:
+    """DALI's CPU image decoder on one encoded image at a time: after a failed batch, to find the
+    sample that failed (a batch's error names none). Built once, rebuilt after a failure (a failed
+    run leaves a pipeline unusable)."""
+
+    def __init__(self):
+        self.pipe = None
+
+    @staticmethod
+    def _build():
+        from nvidia.dali import fn, pipeline_def
+
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
+                      prefetch_queue_depth=1)
+        def one():
+            return fn.decoders.image(fn.external_source(name="raw", dtype=None, ndim=1), device="cpu")
+
+        p = one()
+        p.build()
+        return p
+
+    def decodes(self, data: np.ndarray) -> bool:
+        if data.size == 0:
+            return False
+        try:
+            if self.pipe is None:
+                self.pipe = self._build()
+            self.pipe.feed_input("raw", [data])
+            self.pipe.run()
+            return True
+        except Exception:  # noqa: BLE001 - any decoder failure marks the sample
+            self.pipe = None
+            return False
+
+
 def first_undecodable(paths: list[Path]) -> Path | None:
     """The first file DALI cannot decode, tried one by one on the CPU (used only after a failure)."""
-    from nvidia.dali import fn, pipeline_def
-
-    @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
-                  prefetch_queue_depth=1)
-    def one():
-        return fn.decoders.image(fn.external_source(name="raw", dtype=None, ndim=1), device="cpu")
-
-    seen = set()
+    dec, seen = _CpuDecoder(), set()
     for path in paths:
         if path in seen:
             continue
         seen.add(path)
         try:
             data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-            if data.size == 0:
-                return path
-            p = one()
-            p.build()
-            p.feed_input("raw", [data])
-            p.run()
-        except Exception:  # noqa: BLE001 - any decoder failure marks the file
+        except OSError:
             return path
+        if not dec.decodes(data):
+            return path
+    return None
+
+
+def wds_samples(shards: WdsShards):
+    """(tar, key, image member, offset, size) of every sample, in the order DALI's webdataset reader
+    numbers them (tars in order, each in its index's order): DALI's shards are ranges of it."""
+    exts = set(IMAGE_EXTS_WDS.split(";"))
+    for tar, idx in zip(shards.tars, shards.indices):
+        for line in Path(idx).read_text().splitlines()[1:]:  # first line: `v1.2 <samples>`
+            parts = line.split()
+            comps = [parts[i:i + 4] for i in range(0, len(parts) - 3, 4)]  # ext offset size name
+            img = next((c for c in comps if c[0] in exts), None)
+            if img is not None:
+                yield tar, img[3].rsplit(".", 1)[0], img[3], int(img[1]), int(img[2])
+
+
+def first_undecodable_wds(shards: WdsShards, lo: int, hi: int) -> tuple[str, str, str] | None:
+    """(tar, key, member) of the first sample in DALI's sample range [lo, hi) that does not decode."""
+    dec = _CpuDecoder()
+    with contextlib.ExitStack() as stack:
+        handles: dict[str, BinaryIO] = {}
+        for i, (tar, key, member, off, size) in enumerate(wds_samples(shards)):
+            if i < lo:
+                continue
+            if i >= hi:
+                break
+            if tar not in handles:
+                handles[tar] = stack.enter_context(open(tar, "rb"))
+            handles[tar].seek(off)
+            if not dec.decodes(np.frombuffer(handles[tar].read(size), dtype=np.uint8)):
+                return tar, key, member
     return None
 
 
@@ -360,7 +419,7 @@ class DaliLoader:
                 try:
                     images, labels = ep.pipe.outputs()
                 except RuntimeError as e:
-                    raise self._decode_error(e, ep.files, b) from None
+                    raise self._decode_error(e, ep.files, b, epoch) from None
                 ep.schedule(n)
                 if self.train and b == n - 1:
                     self._prebuild(epoch + 1)
@@ -375,10 +434,20 @@ class DaliLoader:
         finally:
             del ep
 
-    def _decode_error(self, err: Exception, files, batch: int) -> DataError:
-        msg = next((ln.strip() for ln in str(err).splitlines()
-                    if "decode" in ln.lower() or "failure" in ln.lower() or "error" in ln.lower()),
-                   str(err).strip().splitlines()[-1] if str(err).strip() else repr(err))
+    def _decode_error(self, err: Exception, files, batch: int, epoch: int) -> DataError:
+        """The failing image named: DALI's batch error names no file (a WebDataset one not even the
+        shard), so the samples this rank reads are decoded one by one until one fails."""
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        msg = next((ln for words in (("failure", "failed"), ("decode",), ("error",)) for ln in lines
+                    if any(w in ln.lower() for w in words) and "in pipeline" not in ln.lower()),
+                   lines[-1] if lines else repr(err))
+        if self.shards is not None:
+            shard = (self.rank + epoch) % self.world if self.train else self.rank
+            found = first_undecodable_wds(self.shards, *shard_range(self.shards.size, shard, self.world))
+            if found is not None:
+                tar, key, member = found
+                return DataError(f"cannot decode sample {key} ({member}) in shard {tar} (DALI: {msg}); "
+                                 f"{WDS_FIX_HINT}")
         if files is not None:
             lo = batch * self.batch_size
             root = self.listing.root
@@ -386,8 +455,9 @@ class DaliLoader:
             bad = first_undecodable(cand)
             if bad is not None:
                 return DataError(f"cannot decode image {bad} (DALI: {msg}); {FIX_HINT}")
-        where = self.listing.root if self.listing is not None else ", ".join(self.shards.tars[:3])
-        return DataError(f"DALI failed to read {where}: {msg}; {FIX_HINT}")
+        if self.listing is not None:
+            return DataError(f"DALI failed to read {self.listing.root}: {msg}; {FIX_HINT}")
+        return DataError(f"DALI failed to read {', '.join(self.shards.tars[:3])}: {msg}; {WDS_FIX_HINT}")
 
 
 # ----------------------------------------------------------------------------- building

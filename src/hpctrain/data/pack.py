@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.folder import DataError, list_split, read_exclusions
+from hpctrain.data.imagenet import scan_images, write_exclusions
 from hpctrain.data.meter import Meter
 from hpctrain.data.wds import META, SPLITS
 
@@ -59,14 +60,15 @@ class PackPlan:
 
 
 def plan_pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
-              seed: int = 0, groups: int = 1, log=print) -> PackPlan:
+              seed: int = 0, groups: int = 1, log=print, leave_out: frozenset[str] = frozenset()) -> PackPlan:
     """Assign every sample to its shard. Train is shuffled across shards (seeded) so every shard
-    holds all classes; val keeps the sorted order of the folder listing."""
+    holds all classes; val keeps the sorted order of the folder listing. `leave_out`: more
+    `split/relative path`s to exclude (the images found bad)."""
     if shard_size < 1:
         raise DataError(f"--shard-size {shard_size} must be >= 1 (e.g. 1000 images per shard)")
     if groups < 1:
         raise DataError(f"--workers {groups} must be >= 1")
-    exclude = read_exclusions(exclude_file)
+    exclude = read_exclusions(exclude_file) | set(leave_out)
     root = Path(root).resolve()  # array tasks may start elsewhere
     train = list_split(root, "train", exclude)
     meta: dict = {"format": 1, "classes": list(train.classes), "source": str(root)}
@@ -120,6 +122,32 @@ def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
     return {f"{job.name}.{k}": (out / f"{job.name}.{k}").stat().st_size for k in ("tar", "idx")}
 
 
+class BadImages(DataError):
+    """Images that do not decode: packed, they would stop training (DALI cannot skip a sample)."""
+
+
+def bad_images(shards: tuple[ShardJob, ...], workers: int, log=print) -> list[tuple[str, str]]:
+    """(split/relative path, reason) of every image of these shards that does not decode, sorted;
+    each bad one logged by path. The check is `prepare-imagenet`'s (PIL decodes the whole file)."""
+    names, paths = [], []
+    for job in shards:
+        split = job.name.rsplit("-", 1)[0]
+        for _, rel, _ in job.samples:
+            names.append(f"{split}/{rel}")
+            paths.append(str(Path(job.split_root) / rel))
+    reasons = scan_images(paths, workers, "checking", log)
+    bad = sorted((n, r, p) for n, r, p in zip(names, reasons, paths) if r is not None)
+    for _, reason, path in bad:
+        log(f"bad image: {path}: {reason.splitlines()[0]}")
+    return [(n, r) for n, r, _ in bad]
+
+
+def refuse_bad(bad: list[tuple[str, str]], fix: str) -> BadImages:
+    first = bad[0][0]
+    return BadImages(f"{len(bad)} image(s) do not decode (listed above; the first: {first}), so nothing was "
+                     f"packed: {fix}")
+
+
 def write_meta(plan: PackPlan) -> None:
     """The shard index, written atomically: readers see no index or a whole one."""
     tmp = plan.out / f".{META}.{os.getpid()}.tmp"
@@ -144,11 +172,22 @@ def _pack_group(shards: tuple[ShardJob, ...], out: Path) -> None:
 
 
 def pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
-         seed: int = 0, workers: int = 1, log=print) -> dict:
+         seed: int = 0, workers: int = 1, log=print, exclude_bad: str = "") -> dict:
     """Write OUT/{split}-NNNNN.{tar,idx} and OUT/meta.json, with `workers` processes (one per
-    shard group); the same bytes for any number of workers. Returns meta.json's content."""
+    shard group); the same bytes for any number of workers. Returns meta.json's content.
+
+    Every image is decoded first: a bad one refuses the pack (nothing written), or, with
+    `exclude_bad`, is left out and listed in that file (prepare-imagenet's format)."""
     out = Path(out)
     plan = plan_pack(root, out, shard_size, exclude_file, seed, workers, log)
+    bad = bad_images(plan.shards, workers, log)
+    if exclude_bad:
+        write_exclusions(exclude_bad, bad, Path(root))
+        log(f"wrote {len(bad)} bad files to {exclude_bad}; they are left out of the shards")
+        if bad:
+            plan = plan_pack(root, out, shard_size, exclude_file, seed, workers, log, frozenset(n for n, _ in bad))
+    elif bad:
+        raise refuse_bad(bad, "leave them out with --exclude-bad FILE (which lists them), or replace them")
     out.mkdir(parents=True, exist_ok=True)
     (out / META).unlink(missing_ok=True)  # an interrupted pack must not look finished
     meter = Meter("packing", len(plan.shards), "shards", log=log)
@@ -277,6 +316,10 @@ def run_group(out: str | os.PathLike, g: int, log=print) -> int:
     if group_done(plan, d, g):
         log(f"group {g}: its {len(shards)} shards are packed already: skipped")
     else:
+        bad = bad_images(shards, 1, log)
+        if bad:
+            raise refuse_bad(bad, "list them in a file (`hpctrain data prepare-imagenet ROOT --exclude-bad FILE` "
+                                  "finds every one) and pack again with --exclude-file FILE")
         meter = Meter(f"group {g}", len(shards), "shards", log=log, tty=False)
         files: dict[str, int] = {}
         for job in shards:

@@ -3,6 +3,10 @@
 Apptainer unpacks every layer into APPTAINER_TMPDIR (default /tmp, often a small tmpfs on login
 nodes) and caches blobs in APPTAINER_CACHEDIR (default ~/.apptainer/cache, inside a home quota).
 An NGC PyTorch build needs ~30 GB there, so both go on scratch and free space is checked first.
+With --fakeroot the temp dir must be on a local disk: the build maps uids in a user namespace, which
+network file systems (NFS, Lustre, GPFS, BeeGFS...) refuse ("permission denied" mid-build; Apptainer's
+admin guide, "Fakeroot (sub)uid/gid mapping"); then it goes to $TMPDIR or /tmp, and a network one is
+refused with the fix (docs/sites.md).
 
 The shipped recipes copy the hpctrain sources in (`%files pyproject.toml … src …`), relative paths that
 Apptainer reads from the directory the build runs in: the checkout's root when this hpctrain is a
@@ -23,10 +27,12 @@ from pathlib import Path
 from hpctrain import __version__
 from hpctrain.images import ImageError
 from hpctrain.shipped import recipe as find_recipe
-from hpctrain.source import package_dir, source_hash
-from hpctrain.version import checkout_root
+from hpctrain.source import checkout_root, package_dir, source_hash
 
 GIB = 1024**3
+# File system types (as /proc/mounts names them) that cannot do fakeroot's uid mapping.
+NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.ceph", "glusterfs",
+              "fuse.glusterfs", "panfs", "wekafs", "9p", "fuse.sshfs")
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,45 @@ def default_scratch(env: dict[str, str] | None = None) -> Path:
     return Path("/tmp")
 
 
+def fs_type(path: Path, mounts: str | Path = "/proc/mounts") -> str:
+    """The type of the file system holding `path` (which may not exist yet): the mount table entry with
+    the longest mount point above it ('' when unknown)."""
+    p = Path(path).resolve()
+    best, kind = -1, ""
+    try:
+        table = Path(mounts).read_text()
+    except OSError:
+        return ""
+    for line in table.splitlines():
+        f = line.split()
+        if len(f) < 3:
+            continue
+        point = f[1].replace("\\040", " ")
+        if (str(p) == point or str(p).startswith(point.rstrip("/") + "/")) and len(point) > best:
+            best, kind = len(point), f[2]
+    return kind
+
+
+def build_tmpdir(scratch: Path, fakeroot: bool, env: dict[str, str] | None = None,
+                 mounts: str | Path = "/proc/mounts") -> Path:
+    """APPTAINER_TMPDIR: the user's own, else on scratch; with fakeroot on a local disk ($TMPDIR or
+    /tmp when scratch is a network file system). ImageError when fakeroot's would be on one."""
+    env = dict(os.environ) if env is None else env
+    if env.get("APPTAINER_TMPDIR"):
+        tmp, why = Path(env["APPTAINER_TMPDIR"]), "APPTAINER_TMPDIR"
+    else:
+        tmp, why = scratch / "apptainer" / "tmp", "the scratch dir"
+        if fakeroot and fs_type(scratch, mounts) in NETWORK_FS:
+            tmp, why = Path(env.get("TMPDIR") or "/tmp") / f"apptainer-{os.getuid()}", "$TMPDIR or /tmp"
+    kind = fs_type(tmp, mounts)
+    if fakeroot and kind in NETWORK_FS:
+        raise ImageError(
+            f"the build's temp dir {tmp} ({why}) is on {kind}, a network file system: --fakeroot maps uids "
+            "there, which it refuses; set APPTAINER_TMPDIR to a local disk (e.g. /tmp or node-local "
+            "/localscratch with ~30 GiB free), or build as root with --no-fakeroot")
+    return tmp
+
+
 def plan_build(
     recipe: str | Path,
     output: str | Path,
@@ -99,6 +144,7 @@ def plan_build(
     fakeroot: bool | None = None,
     force: bool = False,
     extra: list[str] | None = None,
+    mounts: str | Path = "/proc/mounts",
 ) -> BuildPlan:
     """Build the command; checks the recipe exists (a file, or a shipped recipe's name) and the
     output does not (unless `force`)."""
@@ -122,7 +168,7 @@ def plan_build(
         argv.append("--force")
     argv += list(extra or []) + [str(output), str(recipe)]
     env = {
-        "APPTAINER_TMPDIR": str(scratch / "apptainer" / "tmp"),
+        "APPTAINER_TMPDIR": str(build_tmpdir(scratch, fakeroot, mounts=mounts)),
         "APPTAINER_CACHEDIR": str(scratch / "apptainer" / "cache"),
     }
     return BuildPlan(argv, env, scratch, context, staged)
@@ -137,7 +183,9 @@ def free_bytes(path: Path) -> int:
 
 
 def check_space(plan: BuildPlan, output: Path, min_free_gib: float) -> None:
-    for what, path in (("scratch (APPTAINER_TMPDIR)", plan.scratch), ("the output directory", output.parent)):
+    tmp = Path(plan.env["APPTAINER_TMPDIR"])
+    for what, path in (("scratch (APPTAINER_TMPDIR)", plan.scratch if tmp.is_relative_to(plan.scratch) else tmp),
+                       ("the output directory", output.parent)):
         free = free_bytes(path)
         if free < min_free_gib * GIB:
             raise ImageError(

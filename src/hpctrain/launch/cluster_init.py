@@ -2,10 +2,13 @@
 
 Sources (docs/sweeps.md has the commands' documentation): `scontrol show partition -o` and
 `scontrol show node -o` (one record per line, `Key=Value` fields: partitions, default, MaxTime,
-OverSubscribe, nodes' CPUTot, RealMemory, Gres `gpu:<type>:<n>`), `sacctmgr show assoc` and
-`show user` (accounts, QOS, defaults), Lmod's `module -t avail` (apptainer, cuda, nccl), and with
---probe `srun -N1 … hpctrain doctor --json` on a node of the chosen partition (HCAs, link layer,
-the GPU-near ports NCCL would use). Every written value carries a comment naming its source.
+OverSubscribe, nodes' CPUEfctv - CPUTot less the cores kept for the system by CoreSpecCount/
+CpuSpecList, what a job can have - RealMemory, Gres `gpu:<type>:<n>`), `sacctmgr show assoc` and
+`show user` (accounts, QOS, defaults), `sacctmgr show qos` (MaxWall, MaxTRESPerJob, MaxTRESPerUser),
+Lmod's `module -t avail` (apptainer, cuda, nccl), and with --probe `srun -N1 … hpctrain doctor
+--json` on a node of the chosen partition, under the profile's account and QOS and inside its image
+when one is given (HCAs, link layer, the GPU-near ports NCCL would use, the image's NCCL). Every
+written value carries a comment naming its source.
 No torch: this runs where jobs are submitted.
 """
 
@@ -23,6 +26,8 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.launch.modules import LMOD_INIT
+from hpctrain.launch.profile import time_minutes
+from hpctrain.source import package_dir
 
 KV_RE = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
 
@@ -50,8 +55,9 @@ class Partition:
     exclusive: bool  # OverSubscribe=EXCLUSIVE: every job gets whole nodes
     gpus: int = 0  # the fewest GPUs a node of it declares
     gpu_type: str = ""
-    cpus: int = 0
+    cpus: int = 0  # CPUEfctv: what a job can be given (CPUTot less specialised cores)
     mem_mb: int = 0
+    cpus_total: int = 0  # CPUTot
 
 
 @dataclass
@@ -61,6 +67,7 @@ class Facts:
     default_account: str = ""
     modules: list[str] = field(default_factory=list)
     user: str = ""
+    qos_limits: dict[str, dict[str, str]] = field(default_factory=dict)  # QOS → {MaxWall, MaxTRESPerJob, …}
 
 
 def tool(*cmd: str, timeout: float = 30) -> str | None:
@@ -102,7 +109,8 @@ def read_partitions() -> list[Partition]:
             gres = [parse_gres(n.get("Gres", "")) for n in info]
             p.gpus = min(g[1] for g in gres)
             p.gpu_type = ",".join(sorted({g[0] for g in gres if g[0]}))
-            p.cpus = min(int(n.get("CPUTot") or 0) for n in info)
+            p.cpus = min(int(n.get("CPUEfctv") or n.get("CPUTot") or 0) for n in info)  # CPUEfctv: 22.05+
+            p.cpus_total = min(int(n.get("CPUTot") or 0) for n in info)
             p.mem_mb = min(int(n.get("RealMemory") or 0) for n in info)
         parts.append(p)
     return parts
@@ -121,6 +129,21 @@ def read_associations(user: str) -> tuple[dict[str, tuple[list[str], str]], str]
             assoc[acc] = (qos, old_dq or dq)
     default = (tool("sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount") or "").strip()
     return assoc, default
+
+
+QOS_FIELDS = ("MaxWall", "MaxTRESPerJob", "MaxTRESPerUser")
+
+
+def read_qos_limits() -> dict[str, dict[str, str]]:
+    """{QOS: {MaxWall, MaxTRESPerJob, MaxTRESPerUser}} from `sacctmgr show qos` (parsable; empty
+    fields: no limit); {} without accounting."""
+    text = tool("sacctmgr", "-n", "-P", "show", "qos", "format=Name," + ",".join(QOS_FIELDS))
+    out = {}
+    for line in (text or "").splitlines():
+        name, *values = line.split("|")
+        if name:
+            out[name] = {k: v for k, v in zip(QOS_FIELDS, values) if v}
+    return out
 
 
 def read_modules() -> list[str]:
@@ -154,16 +177,25 @@ def gather(user: str | None = None) -> Facts:
     user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
     parts = read_partitions()
     accounts, default_acc = read_associations(user)
-    return Facts(parts, accounts, default_acc, read_modules(), user)
+    return Facts(parts, accounts, default_acc, read_modules(), user, read_qos_limits())
 
 
 # --------------------------------------------------------------------------- probe
 
-def probe_command(partition: Partition, python: str = sys.executable) -> list[str]:
-    """One task on one node of the partition (with a GPU where it has them): the doctor's JSON."""
-    cmd = ["srun", "-N1", "-n1", f"--partition={partition.name}", "--time=5"]
+def probe_command(partition: Partition, python: str = sys.executable, account: str = "", qos: str = "",
+                  image: str = "", source_mount: str = "/opt/hpctrain-src") -> list[str]:
+    """One task on one node of the partition (with a GPU where it has them), charged as the profile's
+    jobs will be (account, QOS): the doctor's JSON. With `image`, the doctor runs in it (its NCCL,
+    its view of /dev/infiniband), as this hpctrain bound at `source_mount`, the way jobs run it."""
+    cmd = ["srun", "-N1", "-n1", f"--partition={partition.name}", "--time=5", "--job-name=hpctrain-probe"]
+    cmd += [f"--account={account}"] if account else []
+    cmd += [f"--qos={qos}"] if qos else []
     if partition.gpus:
         cmd.append("--gpus-per-node=1")
+    if image:
+        mount = source_mount.rstrip("/")
+        return [*cmd, "apptainer", "exec", "--nv", "--cleanenv", "--bind", f"{package_dir()}:{mount}/hpctrain:ro",
+                "--env", f"PYTHONPATH={mount}", image, "python3", "-m", "hpctrain", "doctor", "--json"]
     return [*cmd, python, "-m", "hpctrain", "doctor", "--json"]
 
 
@@ -183,12 +215,16 @@ def fabric_from_doctor(report: dict) -> tuple[str, list[str]]:
         notes.append("no InfiniBand/RoCE ports (/sys/class/infiniband is empty): NCCL uses TCP sockets")
     for k, v in sorted((report.get("suggested_env") or {}).items()):
         notes.append(f"doctor suggests {k}={v}")
+    v = report.get("versions") or {}
+    notes.insert(0, f"{'in the image' if report.get('in_container') else 'on the host Python'}: "
+                    f"NCCL {v.get('nccl') or 'none (no CUDA torch)'}, torch {v.get('torch') or 'none'}")
     return kind, notes
 
 
-def probe(partition: Partition, python: str = sys.executable) -> dict:
+def probe(partition: Partition, python: str = sys.executable, account: str = "", qos: str = "",
+          image: str = "") -> dict:
     """Run the doctor on a compute node; its JSON report (UserError with srun's words on failure)."""
-    cmd = probe_command(partition, python)
+    cmd = probe_command(partition, python, account, qos, image)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:
@@ -231,6 +267,14 @@ def slurm_time(max_time: str) -> str | None:
     return None if max_time.upper() in ("UNLIMITED", "INFINITE", "") else max_time
 
 
+def account_and_qos(facts: Facts) -> tuple[str, str]:
+    """The account (the user's default, else the first) and its QOS (DefaultQOS, else the first)."""
+    accs = facts.accounts
+    acc = facts.default_account if facts.default_account in accs else next(iter(accs), "")
+    qos_list, def_qos = accs.get(acc, ([], ""))
+    return acc, def_qos or (qos_list[0] if qos_list else "")
+
+
 def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str]] | None = None,
            image: str = "") -> tuple[str, list[str]]:
     """The profile's YAML text, every value with its source, and the review notes."""
@@ -251,22 +295,27 @@ def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str
                  f"{', '.join(p.name for p in others) or 'none'})")
     notes.append(f"partition {part.name} ({why}); others: {', '.join(p.name for p in others) or 'none'}")
     accs = facts.accounts
-    acc = facts.default_account if facts.default_account in accs else next(iter(accs), "")
+    acc, qos = account_and_qos(facts)
     acc_src = ("sacctmgr show user: DefaultAccount" if acc == facts.default_account and acc else
                "sacctmgr show assoc: first account" if acc else "sacctmgr: no association (Slurm's default)")
     lines.append(f"  account: {yaml_value(acc)}  # {acc_src}; associations: {', '.join(accs) or 'none'}; REVIEW")
     if len(accs) > 1:
         notes.append(f"account {acc}; also: {', '.join(a for a in accs if a != acc)}")
     qos_list, def_qos = accs.get(acc, ([], ""))
-    qos = def_qos or (qos_list[0] if qos_list else "")
     which = "DefaultQOS" if def_qos else "first QOS" if qos else "none"
     lines.append(f"  qos: {yaml_value(qos)}  # sacctmgr show assoc user={facts.user} account={acc or '-'}: "
                  f"{which} of QOS={','.join(qos_list) or '-'}; REVIEW")
     if len(qos_list) > 1:
         notes.append(f"qos {qos}; account {acc} may also use: {', '.join(q for q in qos_list if q != qos)}")
     t = slurm_time(part.max_time)
-    lines.append(f"  time: {yaml_value(t or '24:00:00')}  # {src_part}: MaxTime={part.max_time}"
-                 f"{'' if t else ' (no limit: 24 h chosen)'}")
+    qlim = facts.qos_limits.get(qos, {}) if qos else {}
+    wall = qlim.get("MaxWall", "")
+    if wall and (not t or time_minutes(wall) < time_minutes(t)):
+        lines.append(f"  time: {yaml_value(wall)}  # sacctmgr show qos {qos}: MaxWall={wall} (partition "
+                     f"MaxTime={part.max_time})")
+    else:
+        lines.append(f"  time: {yaml_value(t or '24:00:00')}  # {src_part}: MaxTime={part.max_time}"
+                     f"{'' if t else ' (no limit: 24 h chosen)'}")
     whole = "; whole 8-GPU nodes for multi-node runs" if part.gpus >= 8 and not part.exclusive else ""
     lines.append(f"  exclusive: {yaml_value(part.exclusive or part.gpus >= 8)}  # {src_part}: OverSubscribe"
                  f"{'=EXCLUSIVE' if part.exclusive else ' not EXCLUSIVE'}{whole}; REVIEW")
@@ -281,8 +330,20 @@ def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str
                   f"  max_gpus_per_node: {max(1, part.cpus)}  # tasks per node at most: CPUs ({src_node})",
                   f"  request_gpus: false  # {src_node}: no Gres=gpu"]
         notes.append(f"partition {part.name} declares no GPUs: CPU-only jobs (request_gpus false)")
-    lines.append(f"  cpus_per_node: {part.cpus}  # {src_node}: CPUTot (fewest in the partition)")
+    spec = f", CPUTot={part.cpus_total} less specialised cores" if part.cpus_total > part.cpus else ""
+    lines.append(f"  cpus_per_node: {part.cpus}  # {src_node}: CPUEfctv{spec} (fewest in the partition)")
     lines.append(f"  mem_per_node: \"0\"  # all of a node's memory; {src_node}: RealMemory={part.mem_mb} MB")
+    src_qos = f"sacctmgr show qos {qos or '-'}"
+    lines += ["  limits:  # submit refuses a request over these (empty: none known)",
+              f"    partition: {yaml_value(part.name)}  # {src_part}",
+              f"    max_time: {yaml_value(t or '')}  # {src_part}: MaxTime={part.max_time}",
+              f"    qos: {yaml_value(qos)}  # the QOS above",
+              *[f"    {key}: {yaml_value(qlim.get(field, ''))}  # {src_qos}: {field}="
+                f"{qlim.get(field) or 'none'}" for key, field in (("qos_max_wall", "MaxWall"),
+                                                                  ("qos_max_tres_per_job", "MaxTRESPerJob"),
+                                                                  ("qos_max_tres_per_user", "MaxTRESPerUser"))]]
+    if qlim:
+        notes.append(f"QOS {qos} limits: " + ", ".join(f"{k}={v}" for k, v in qlim.items()))
     mods = facts.modules
     app = pick_module(mods, "apptainer") or pick_module(mods, "singularity")
     cuda, nccl = pick_module(mods, "cuda"), pick_module(mods, "nccl")

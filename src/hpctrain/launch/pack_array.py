@@ -20,6 +20,7 @@ from hpctrain.config import check_text
 from hpctrain.data.pack import STATE, PackPlan, array_ranges
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import bind_list, python_lines
+from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.profile import ClusterProfile
 from hpctrain.launch.sbatch import sbatch_value
@@ -63,7 +64,7 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
              *[sbatch_value(k, v) for k, v in opts], "",
              "set -eo pipefail", "",
              "# Python for the task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif> (as for training).",
-             *python_lines(profile.container, bind_list(profile.container, [root, str(out)]),
+             *python_lines(profile.container, bind_list(profile.container, [root, str(out)], writable=[str(out)]),
                            q(sys.executable), source), ""]
     mods = job_module_lines(profile.modules, profile.container_modules, profile.module_use, profile.module_purge)
     if mods:
@@ -82,7 +83,7 @@ def submit(out: Path, script: str, groups: list[int] | None = None) -> str:
     if groups is not None:
         cmd.append(f"--array={array_ranges(groups)}")  # the command line wins over the #SBATCH line
     try:
-        r = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(outside_job([*cmd, str(path)]), capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
         raise LaunchError("sbatch is not on PATH: run `data pack --slurm` on a login node of the "
                           "cluster, or pack here with --workers N") from None

@@ -40,6 +40,42 @@ def time_minutes(value: str) -> int:
     return max(1, -(-secs // 60))
 
 
+def parse_tres(text: str) -> dict[str, int]:
+    """A TRES list as sacctmgr prints it (`cpu=64,gres/gpu=16,node=2,mem=512G`) → {name: count};
+    memory and billing are skipped (jobs here ask for whole nodes' memory)."""
+    out: dict[str, int] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            if name in ("mem", "billing") or name.startswith("fs/") or name.startswith("license/"):
+                continue
+            raise ConfigError(f"TRES {item!r} is not name=count (as `sacctmgr show qos` prints them, e.g. "
+                              "cpu=64,gres/gpu=16,node=2)")
+        out[name.removesuffix(":")] = int(value)
+    return out
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    """Limits the site enforces, as `hpctrain cluster init` read them: `submit` (and sweep, eval
+    --nodes) refuses a request over one before sbatch does, or before the job pends forever. Each
+    limit holds for the partition or QOS it was read from; empty: none known."""
+
+    partition: str = opt("", "the partition max_time was read from")
+    max_time: str = opt("", "that partition's MaxTime (scontrol show partition): the longest --time it takes")
+    qos: str = opt("", "the QOS the qos_* limits were read from")
+    qos_max_wall: str = opt("", "that QOS's MaxWall (sacctmgr show qos): the longest --time it lets run")
+    qos_max_tres_per_job: str = opt("", "that QOS's MaxTRESPerJob, e.g. cpu=256,gres/gpu=16,node=2")
+    qos_max_tres_per_user: str = opt("", "that QOS's MaxTRESPerUser: a job over it alone never starts")
+
+    def validate(self) -> None:
+        for key in ("max_time", "qos_max_wall"):
+            if getattr(self, key):
+                time_minutes(getattr(self, key))
+        parse_tres(self.qos_max_tres_per_job)
+        parse_tres(self.qos_max_tres_per_user)
+
+
 @dataclass(frozen=True)
 class SlurmSection:
     partition: str = opt("", "partition (--partition); empty: the cluster's default")
@@ -59,6 +95,8 @@ class SlurmSection:
                             lo=0)
     max_preemptions: int = opt(-1, "requeues after a preemption (SIGTERM) before the job gives up; "
                                    "-1: unlimited", lo=-1)
+    limits: LimitsSection = field(default_factory=LimitsSection,
+                                  metadata={"doc": "the partition's and QOS's limits (cluster init reads them)"})
 
     def validate(self) -> None:
         time_minutes(self.time)
@@ -105,8 +143,8 @@ class ContainerSection:
     image: str = opt("", "path of the .sif image (runtime apptainer)")
     binds: list[str] = opt([], "extra bind mounts (src[:dst[:opts]]); data root and run dir are added")
     python: str = opt("python3", "Python inside the image (or on the host when runtime is none)")
-    bind_source: bool = opt(True, "run the submitting hpctrain: bind its package into the image, first on "
-                                  "PYTHONPATH (the image supplies torch, DALI, NCCL)")
+    bind_source: bool = opt(True, "run the submitting hpctrain: a snapshot of its package, taken at submission, "
+                                  "bound into the image first on PYTHONPATH (the image supplies torch, DALI, NCCL)")
     source_mount: str = opt("/opt/hpctrain-src", "where the bound package appears in the image "
                                                  "(<source_mount>/hpctrain)")
     pass_env: list[str] = opt([], "more host variables for the task (names or NAME_* prefixes); the image "

@@ -38,6 +38,7 @@ class JobPlan:
     output: str = ""  # #SBATCH --output (batch shell's own log)
     chdir: str = ""
     binds: list[str] = field(default_factory=list)
+    stage_to: str = ""  # data.stage_to: a node-local dir bound per node at run time (container.cleanenv_wrapper)
     config: str = ""  # HPCTRAIN_CONFIG default of the stand-alone script
     overrides: list[str] = field(default_factory=list)  # HPCTRAIN_SET default (stand-alone)
     header: list[str] = field(default_factory=list)  # comment lines under the shebang
@@ -75,7 +76,9 @@ def sbatch_lines(p: JobPlan) -> list[str]:
     if p.array:
         opts.append(("array", p.array))
     requeue = "requeue" if p.profile.slurm.max_requeues > 0 else "no-requeue"  # node failures too
-    opts += [("signal", f"USR2@{p.profile.slurm.signal_lead_s}"), (requeue, ""), ("open-mode", "append")]
+    # B: the batch shell takes the USR2 and passes it on (stop_lines): it alone can tell a time limit
+    # from a preemption that Slurm announces with the same signal (preempt_send_user_signal)
+    opts += [("signal", f"B:USR2@{p.profile.slurm.signal_lead_s}"), (requeue, ""), ("open-mode", "append")]
     if p.output:
         opts.append(("output", p.output))
     if p.chdir:
@@ -89,8 +92,10 @@ def stop_lines() -> list[str]:
         "# Stops. The tasks checkpoint at the next step on USR2 (--signal, before the time limit) and",
         "# on SIGTERM (preemption); rank 0 then writes `requeue` or `end` (and why) to $HPCTRAIN_STOP_FILE",
         "# and this shell, outside any container, runs `scontrol requeue`: the task's Python never needs",
-        "# a Slurm client. USR2 or TERM sent to this shell (scancel --batch/--full, B:USR2) is passed",
-        "# to the tasks as USR2 (srun itself would turn a TERM into SIGKILL for them).",
+        "# a Slurm client. USR2 or TERM sent to this shell (--signal=B:USR2, scancel --batch/--full) is",
+        "# passed to the tasks as USR2 (srun itself would turn a TERM into SIGKILL for them); a USR2 that",
+        "# announces a preemption (PreemptTime set: a site with preempt_send_user_signal) as SIGTERM, so",
+        "# that the tasks count it as one (slurm.max_preemptions), not as a time limit.",
         'export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"',
         'export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"',
         'mkdir -p "$HPCTRAIN_CONTROL_DIR" || { echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job '
@@ -101,13 +106,6 @@ def stop_lines() -> list[str]:
         'hpctrain_job=${SLURM_JOB_ID:-none}',
         'if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi',
         'hpctrain_signal="" hpctrain_srun=""',
-        "hpctrain_pass() {",
-        '  hpctrain_signal=$1',
-        '  echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2',
-        '  if [ -n "$hpctrain_srun" ]; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi',
-        "}",
-        "trap 'hpctrain_pass USR2' USR2",
-        "trap 'hpctrain_pass TERM' TERM",
         "hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)",
         '  scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\\n" | sed -n "s/^$1=//p" | head -n 1',
         "}",
@@ -126,8 +124,28 @@ def stop_lines() -> list[str]:
         '  scontrol show partition -o "${SLURM_JOB_PARTITION:-}" 2>/dev/null | tr " " "\\n" |',
         '    grep -q "^PreemptMode=.*REQUEUE"',
         "}",
+        "hpctrain_pass() {",
+        '  hpctrain_signal=$1',
+        '  if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_preempted; then',
+        '    echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set): the '
+        'tasks get SIGTERM and checkpoint at the next step" >&2',
+        '    scancel --signal=TERM "$hpctrain_job" && return',
+        "  fi",
+        '  echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2',
+        '  if [ -n "$hpctrain_srun" ]; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi',
+        "}",
+        "trap 'hpctrain_pass USR2' USR2",
+        "trap 'hpctrain_pass TERM' TERM",
     ]
 
+
+# Slurm applies the submitting shell's soft limits to the job (slurm.conf(5), PropagateResourceLimits:
+# all by default): a login node's `ulimit -l` (often 64 KiB) is too little for RDMA, which locks its buffers.
+MEMLOCK_LINES = [
+    "# Locked memory: the login shell's soft limit came with the job (PropagateResourceLimits); NCCL over",
+    "# InfiniBand/RoCE locks its buffers: raise it as far as this node's hard limit allows.",
+    'ulimit -S -l unlimited 2>/dev/null || ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true',
+]
 
 # After srun: wait through trapped signals, then carry out rank 0's decision.
 REQUEUE_LINES = [
@@ -192,8 +210,9 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
                   f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
     lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>, HPCTRAIN_SOURCE=",
-              "# the hpctrain package bound into the image (empty: the image's own copy).",
-              *python_lines(prof.container, p.binds, host_python, source), ""]
+              "# the hpctrain package the tasks run, bound into the image or first on PYTHONPATH (empty: the",
+              "# one the tasks' Python finds).",
+              *python_lines(prof.container, p.binds, host_python, source, p.stage_to), ""]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:
         lines += ["# Site modules: HPCTRAIN_MODULES for the host's Python, HPCTRAIN_CONTAINER_MODULES in the",
@@ -205,9 +224,12 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
               f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
               f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
               *export_lines(extra_env or {}), ""]
-    lines += ["# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
+    lines += ["# Sites with SBATCH_EXPORT=NONE (or --export=NONE) give the job SLURM_EXPORT_ENV=NONE, and srun",
+              "# would pass only SLURM_* on to the tasks (sbatch(1), --export): this shell's environment goes.",
+              "export SLURM_EXPORT_ENV=ALL",
+              "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
               'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then',
-              "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", ""]
+              "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", *MEMLOCK_LINES, ""]
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]

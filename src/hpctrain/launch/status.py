@@ -7,15 +7,16 @@ progress from the run's metrics.jsonl. No torch: this runs on login nodes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.launch.localjob import alive
 from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 from hpctrain.launch.submit import LaunchError
 from hpctrain.train.metrics import read_metrics, table
@@ -100,13 +101,34 @@ def run_dir_of(workdir: Path, job_id: str) -> Path | None:
     return Path(rec["run_dir"]) if rec.get("run_dir") and Path(rec["run_dir"]).is_dir() else None
 
 
+RUNS = Path("runs")  # run.dir's default: where a bare run name or a local job id is looked up
+
+
+def local_job_run(job_id: str, runs: Path = RUNS) -> Path | None:
+    """The run under `runs` (or a sweep's member there) whose local job (`hpctrain submit` or
+    `sweep` without Slurm) has this id (its job.json: the id submit printed, on this host)."""
+    host = socket.gethostname()
+    for rec_path in sorted([*runs.glob("*/job.json"), *runs.glob("*/*/job.json")]):  # runs, sweeps' members
+        rec = read_json(rec_path)
+        if (rec.get("executor") == "local" and str(rec.get("job_id")) == job_id
+                and rec.get("host", host) == host):
+            return rec_path.parent
+    return None
+
+
 def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | None, str]:
-    """(run dir, job id, executor) for a run directory or a Slurm job id.
+    """(run dir, job id, executor) for a run directory, a run name under runs/, the id of a local
+    job that `hpctrain submit` printed, or a Slurm job id.
 
     In the first seconds after sbatch the job may be in neither sacct nor squeue yet: ask again
     for up to `settle_s` before calling the id unknown.
     """
     p = Path(target)
+    named = RUNS / target
+    if not p.is_dir() and not p.is_absolute() and any((named / f).is_file() for f in ("job.json", "metrics.jsonl")):
+        p = named  # a run's name under the default run.dir (a sweep's member: <sweep>/<member>)
+    if not p.is_dir() and target.isdigit():
+        p = local_job_run(target) or p
     if p.is_dir():
         job = read_json(p / "job.json")
         env = read_json(p / "env.json").get("env", {})
@@ -125,8 +147,8 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
             raise LaunchError(f"job {target} is unknown to Slurm (sacct, squeue): check the id, or give "
                               "the run directory instead (runs/<name>)")
         return run, target, "slurm"
-    raise LaunchError(f"{target!r} is neither a run directory nor a job id: give runs/<name> or the number "
-                      "sbatch printed")
+    raise LaunchError(f"{target!r} is neither a run directory, a run name under {RUNS}/ nor a job id: give "
+                      "runs/<name>, <name>, or the job id that `hpctrain submit` printed")
 
 
 # Slurm states of a job waiting for an allocation (squeue(1), JOB STATE CODES:
@@ -292,17 +314,22 @@ def metrics_summary(run_dir: Path) -> dict:
 
 
 def local_state(run_dir: Path) -> str | None:
-    """RUNNING while the process that holds the run's lock (train.rundir) lives on this host."""
-    holder = read_json(run_dir / ".lock")
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-        return None
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return None
-    except OSError:  # alive, another user's
-        pass
-    return "RUNNING"
+    """RUNNING while a process of the run lives on this host: the one that holds the run's lock
+    (train.rundir), or the controller of its local job (its id is the controller's pid), which
+    lives until every task has ended."""
+    host = socket.gethostname()
+    holder, job = read_json(run_dir / ".lock"), read_json(run_dir / "job.json")
+    pids = [holder.get("pid")] if holder.get("host") == host else []
+    if job.get("executor") == "local" and job.get("host") == host and str(job.get("job_id", "")).isdigit():
+        pids.append(int(job["job_id"]))
+    return "RUNNING" if any(isinstance(p, int) and alive(p) for p in pids) else None
+
+
+def stopped_state(metrics: dict) -> str | None:
+    """INTERRUPTED when the run's last word is a Ctrl-C's stop (train.stop: never requeued)."""
+    if metrics.get("stopped_at") is not None and metrics.get("stop_reason") == "interrupt":
+        return "INTERRUPTED"
+    return None
 
 
 def progress_of(run_dir: Path | None, records: list[dict], state: str, metrics: dict, now: float
@@ -313,6 +340,11 @@ def progress_of(run_dir: Path | None, records: list[dict], state: str, metrics: 
     rate = steps_per_s(records, (config.get("data") or {}).get("batch_size"))
     if state in TERMINAL and metrics.get("end") != "finished":
         return total, rate, Eta(None, None, f"none: the job ended ({state})")
+    if state == "INTERRUPTED":
+        return total, rate, Eta(None, None, f"none: interrupted at step {metrics.get('stopped_at')}; the same "
+                                            "command resumes it")
+    if state == "NOT RUNNING":
+        return total, rate, Eta(None, None, "none: no process of this run is alive (see its logs)")
     waiting = state in WAITING or (metrics.get("stopped_at") is not None and not metrics.get("not_requeued"))
     return total, rate, eta(records, total, now, waiting, rate)
 
@@ -337,17 +369,19 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     if rows:
         state, requeues, nodes = rows[-1]["State"], len(rows) - 1, rows[-1].get("NodeList", "")
     else:  # local runs, or no accounting: what the run itself wrote
-        state = {"finished": "COMPLETED"}.get(metrics.get("end")) or (run_dir and local_state(run_dir)) \
-            or ("UNKNOWN" if job_id else "NO JOB")
+        running = run_dir and local_state(run_dir)
+        state = (metrics.get("end") == "finished" and "COMPLETED") or running or stopped_state(metrics) \
+            or ("NOT RUNNING" if executor == "local" and metrics.get("stopped_at") is None  # crashed or killed
+                else "UNKNOWN" if job_id else "NO JOB")
         requeues, nodes = metrics.get("stops", 0), ""
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
     return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now)
 
 
-def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None]:
-    """(run dir, job id) for `logs -f`: a job started with plain sbatch names its run only once
-    rank 0 is up, so wait for that (saying so once) unless the job ends first."""
-    run_dir, job_id, _ = resolve(target)
+def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None, str]:
+    """(run dir, job id, executor) for `logs -f`: a job started with plain sbatch names its run
+    only once rank 0 is up, so wait for that (saying so once) unless the job ends first."""
+    run_dir, job_id, executor = resolve(target)
     said = False
     while run_dir is None and job_id and job_state(job_id) not in TERMINAL:
         if not said:
@@ -355,8 +389,8 @@ def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | N
                   flush=True)
             said = True
         time.sleep(poll_s)
-        run_dir, job_id, _ = resolve(target)
-    return run_dir, job_id
+        run_dir, job_id, executor = resolve(target)
+    return run_dir, job_id, executor
 
 
 def log_path(target: str, rank: int) -> Path:
@@ -372,8 +406,17 @@ def log_path(target: str, rank: int) -> Path:
     return p
 
 
-def follow(path: Path, job_id: str | None, poll_s: float = 0.5, out=sys.stdout) -> None:
-    """Print the file as it grows (like tail -f) until the job reaches a final state."""
+def has_ended(run_dir: Path | None, job_id: str | None, executor: str) -> Callable[[], bool]:
+    """Whether the run's job is over: Slurm's final state for a Slurm job; for a local run (or one
+    without a job), when no process of it lives on this host any more (finished, failed, stopped
+    or killed)."""
+    if executor == "slurm" and job_id:
+        return lambda: job_state(job_id) in TERMINAL
+    return lambda: run_dir is None or local_state(run_dir) is None
+
+
+def follow(path: Path, ended: Callable[[], bool], poll_s: float = 0.5, out=sys.stdout) -> None:
+    """Print the file as it grows (like tail -f) until `ended()` (checked every 2 s), then once more."""
     pos, last_check, done = 0, 0.0, False
     while True:
         if path.exists():
@@ -386,7 +429,7 @@ def follow(path: Path, job_id: str | None, poll_s: float = 0.5, out=sys.stdout) 
                 out.flush()
         if done:
             return
-        if job_id and time.monotonic() - last_check > 2:
+        if time.monotonic() - last_check > 2:
             last_check = time.monotonic()
-            done = job_state(job_id) in TERMINAL  # one more read after the end
+            done = ended()  # one more read after the end
         time.sleep(poll_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ from typing import Any
 
 from hpctrain.config import Config, check_text, to_dict
 from hpctrain.errors import LaunchError
+from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.private import private_dir
+from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
            "submit_local", "submit_slurm"]
@@ -27,6 +31,7 @@ class Submission:
     executor: str  # slurm | local
     log_hint: str
     job: Any = None
+    snapshot: Snapshot | None = None  # the code the tasks run (Slurm jobs; hpctrain.source)
 
 
 def slurm_available() -> bool:
@@ -58,13 +63,29 @@ def absolute_paths(cfg: Config) -> Config:
 
 
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
-    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`."""
+    """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
+    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
     import submitit
 
-    folder.mkdir(parents=True, exist_ok=True)
+    from hpctrain.launch.localjob import IgnoreSigint
+
+    private_dir(folder)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
-    return ex.submit(fn, *args)
+    with IgnoreSigint():
+        return ex.submit(fn, *args)
+
+
+def check_free(run_dir: Path) -> None:
+    """Refuse a local job in a run directory that a live process still trains (before anything is
+    submitted or written: its job.json keeps naming the job that trains)."""
+    from hpctrain.launch.status import local_state, read_json
+
+    if run_dir.is_dir() and local_state(run_dir):
+        job = read_json(run_dir / "job.json").get("job_id")
+        by = f"local job {job}" if job else "a running `hpctrain train`"
+        raise LaunchError(f"run directory {run_dir} is in use by {by}: wait for it (hpctrain logs {run_dir} -f), "
+                          "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name")
 
 
 def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
@@ -72,10 +93,11 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     from hpctrain.launch.task import train_task
 
     cfg = absolute_paths(cfg)
+    check_free(cfg.run_dir)
     folder = cfg.run_dir / "submitit"
     job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
     write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
-                                   "submitit": str(folder)})
+                                   "submitit": str(folder), "host": socket.gethostname()})
     return Submission(str(job.job_id), cfg.run_dir, "local",
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
@@ -93,11 +115,30 @@ def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: i
                       shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
 
 
-def wait_local(sub: Submission, poll_s: float = 1.0) -> list[dict]:
-    """Wait for every task's result (raises the task's error when one failed)."""
-    while not sub.job.done():
-        time.sleep(poll_s)
-    return sub.job.results()
+def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
+               what: str = "stops at the next step (checkpoint, stop record)") -> list[dict]:
+    """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
+    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
+    passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
+    import submitit
+
+    from hpctrain.launch.failure import explain, no_result
+    from hpctrain.launch.localjob import HangupAsInterrupt, stop_tasks
+
+    try:
+        with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
+            if interrupted:
+                raise KeyboardInterrupt
+            while not sub.job.done():
+                time.sleep(poll_s)
+    except KeyboardInterrupt:
+        stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
+    try:
+        return sub.job.results()
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError):
+        folder = sub.job.paths.folder
+        raise (explain(folder, sub.job_id, sub.job.num_tasks, "local job")
+               or no_result(folder, sub.job_id, "local job")) from None
 
 
 # --------------------------------------------------------------------------- Slurm
@@ -161,7 +202,45 @@ def check_request(profile, req: Request) -> tuple[int, int, str]:
         time_minutes(time)
     except ConfigError as e:
         raise LaunchError(f"--time: {e}") from None
+    check_limits(profile, req, nodes, gpn, time)
     return nodes, gpn, time
+
+
+def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None:
+    """Refuse a request over a limit the profile knows (slurm.limits, read by `cluster init`): sbatch
+    would refuse it ("Requested time limit is invalid", DenyOnLimit QOS) or, worse, accept it and the
+    job pends for ever (reason QOSMaxWallDurationPerJobLimit, QOSMaxGRESPerJob...)."""
+    from hpctrain.launch.profile import parse_tres, time_minutes
+
+    s, lim = profile.slurm, profile.slurm.limits
+    part = s.partition if req.partition is None else req.partition
+    qos = s.qos if req.qos is None else req.qos
+    where = f"cluster profile {profile.name!r}, slurm.limits"
+    checks = []
+    if lim.max_time and lim.partition and part == lim.partition:
+        checks.append((lim.max_time, f"partition {part}'s MaxTime={lim.max_time} (`scontrol show partition "
+                                     f"{part}`; {where}.max_time)", "another --partition"))
+    if lim.qos_max_wall and lim.qos and qos == lim.qos:
+        checks.append((lim.qos_max_wall, f"QOS {qos}'s MaxWall={lim.qos_max_wall} (`sacctmgr show qos {qos}`; "
+                                         f"{where}.qos_max_wall)", "another --qos"))
+    for limit, what, other in checks:
+        if time_minutes(time) > time_minutes(limit):
+            raise LaunchError(f"--time={time} is over {what}: use --time {limit} or less, or {other}")
+    if not (lim.qos and qos == lim.qos):
+        return
+    cpus = (s.cpus_per_node // gpn) * gpn if s.cpus_per_node else 0
+    asked = {"node": (nodes, 1), "gres/gpu": (nodes * gpn if s.request_gpus else 0, gpn), "cpu": (nodes * cpus, cpus)}
+    for key, label in (("qos_max_tres_per_job", "MaxTRESPerJob"), ("qos_max_tres_per_user", "MaxTRESPerUser")):
+        for name, limit in parse_tres(getattr(lim, key)).items():
+            base = "gres/gpu" if name.startswith("gres/gpu") else name
+            total, per_node = asked.get(base, (0, 0))
+            if per_node and total > limit:
+                fix = (f"--nodes {limit // per_node} or fewer" if limit >= per_node else
+                       f"--nodes 1 --gpus-per-node {limit}" if base == "gres/gpu" else
+                       f"--cluster-set slurm.cpus_per_node={limit}")
+                raise LaunchError(
+                    f"--nodes={nodes} x {gpn} tasks asks {base}={total}, over QOS {qos}'s {label} {name}={limit} "
+                    f"(`sacctmgr show qos {qos}`; {where}.{key}): use {fix}, or another --qos")
 
 
 def job_plan(profile, req: Request, nodes: int, gpn: int, time: str, job_name: str, folder: Path | None,
@@ -195,14 +274,15 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     check_batch(cfg, nodes * gpn)
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
         binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
-                                              if p and Path(p).is_absolute()])
+                                              if p and Path(p).is_absolute()], writable=[cfg.run.dir])
         folder = None
     else:
         cfg = absolute_paths(cfg)
         check_resolved_paths(cfg)
-        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir])
+        binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir], writable=[cfg.run.dir])
         folder = cfg.run_dir / "submitit"
-    return job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+    plan = job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
+    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
 
 
 def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
@@ -218,8 +298,9 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
     check_text(str(out), f"the output folder {str(out)!r}")
     header = [f"hpctrain eval: hpctrain.launch.task.eval_task of {weights}",
               f"outputs: {out}/summary.json, {out}/per_class.csv"]
-    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)])
-    return job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)], writable=[str(out)])
+    plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
 
 
 def submitit_command(folder: Path, job: str = "%j") -> str:
@@ -232,21 +313,37 @@ def submitit_command(folder: Path, job: str = "%j") -> str:
             f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
 
 
-def slurm_script(plan, folder: Path, job: str = "%j") -> str:
+def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = None) -> str:
     """The batch script `hpctrain submit` (and `hpctrain eval --nodes`) hands to sbatch (what
-    --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`."""
+    --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`.
+    `snap`: the code snapshot the tasks run (take_snapshot); None (a dry run, which writes nothing):
+    the path a snapshot of this package would have, beside `folder`."""
     import shlex
     import sys
 
     import submitit
 
     from hpctrain.launch.sbatch import render
-    from hpctrain.source import package_dir, source_hash
 
+    bind = plan.profile.container.bind_source
+    digest = snap.hash if snap else source_hash()
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
-           "HPCTRAIN_SOURCE_HASH": source_hash(), "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
-    source = shlex.quote(str(package_dir())) if plan.profile.container.bind_source else "''"
+           "HPCTRAIN_SOURCE_HASH": digest, "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
+    path = snap.path if snap else snapshot_path(folder.parent, digest)
+    source = shlex.quote(str(path)) if bind else "''"
     return render(plan, submitit_command(folder, job), shlex.quote(sys.executable), False, env, source)
+
+
+def job_snapshot(plan, folder: Path) -> Snapshot | None:
+    """The code snapshot of a job whose submitit folder is `folder`, in `folder`'s parent (the run,
+    sweep or evaluation directory); None when the profile runs the image's own copy
+    (container.bind_source: false). Taken once per submission: a requeue reruns the same script."""
+    if not plan.profile.container.bind_source:
+        return None
+    if ":" in str(folder.parent):
+        raise LaunchError(f"{folder.parent} holds ':', which separates entries of PYTHONPATH and Apptainer's "
+                          "--bind: the job could not use its code snapshot there; choose a run.dir without ':'")
+    return take_snapshot(folder.parent)
 
 
 def standalone_plan(cfg: Config, profile, req: Request, command: str, config: str, overrides: list[str]):
@@ -296,23 +393,28 @@ def check_image(profile) -> None:
 
 
 def slurm_job(plan, folder: Path, fn, *args):
-    """Submit `fn(*args)` through submitit's Slurm executor with our batch script."""
+    """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
+    snapshot of this package (job_snapshot). Returns (job, snapshot)."""
     import submitit
 
     from hpctrain.launch.profile import time_minutes
 
     check_image(plan.profile)
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
+    snap = job_snapshot(plan, folder)
 
     class Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return slurm_script(plan, folder)
+            return slurm_script(plan, folder, snap=snap)
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return outside_job(super()._make_submission_command(submission_file_path))
 
     ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
     ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
                          time=time_minutes(plan.time), job_name=plan.job_name)
     try:
-        return ex.submit(fn, *args)
+        return ex.submit(fn, *args), snap
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
         raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
 
@@ -324,12 +426,12 @@ def submit_slurm(cfg: Config, plan) -> Submission:
     cfg = absolute_paths(cfg)
     run_dir = cfg.run_dir
     folder = run_dir / "submitit"
-    job = slurm_job(plan, folder, train_task, to_dict(cfg))
+    job, snap = slurm_job(plan, folder, train_task, to_dict(cfg))
     write_job_record(run_dir, {"job_id": str(job.job_id), "executor": "slurm", "cluster": plan.profile.name,
                                "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
-                               "submitit": str(folder)})
+                               "submitit": str(folder), "code": str(snap.path) if snap else None})
     return Submission(str(job.job_id), run_dir, "slurm", shlex.join(["hpctrain", "logs", str(run_dir), "-f"]),
-                      job)
+                      job, snap)
 
 
 def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) -> Submission:
@@ -337,6 +439,6 @@ def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) ->
     from hpctrain.launch.task import eval_task
 
     folder = out / "submitit"
-    job = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
+    job, snap = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
     return Submission(str(job.job_id), out, "slurm",
-                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
+                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job, snap)

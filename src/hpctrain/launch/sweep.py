@@ -20,6 +20,8 @@ from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
 from hpctrain.errors import UserError
+from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.private import private_dir
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -177,9 +179,12 @@ def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name
         output=str(sweep_dir / "submitit" / "%A_%a_0_log.out"))
 
 
-def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict) -> str:
+def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict):
     """Submit the array through submitit (its `map_array`, with our batch script); write each
-    member's job.json and the sweep record. Returns the array's job id."""
+    member's job.json and the sweep record. Returns the array's job id and the code snapshot.
+
+    One snapshot for the sweep (`<sweep>/code/<hash>`), shared by its elements: they are one
+    array job with one batch script, so they run the same code by construction."""
     import subprocess
     import uuid
 
@@ -187,13 +192,20 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     from submitit.slurm.slurm import SlurmJob
 
     from hpctrain.launch.profile import time_minutes
-    from hpctrain.launch.submit import PYTHON_HOOK, absolute_paths, check_image, slurm_script, write_job_record
+    from hpctrain.launch.submit import (
+        PYTHON_HOOK,
+        absolute_paths,
+        check_image,
+        job_snapshot,
+        slurm_script,
+        write_job_record,
+    )
     from hpctrain.launch.task import train_task
 
     check_image(plan.profile)
-    folder = sweep_dir / "submitit"
-    folder.mkdir(parents=True, exist_ok=True)
-    script = slurm_script(plan, folder, "%A_%a")
+    folder = private_dir(sweep_dir / "submitit")
+    snap = job_snapshot(plan, folder)
+    script = slurm_script(plan, folder, "%A_%a", snap)
     max_requeues = plan.profile.slurm.max_requeues
 
     class ArrayExecutor(submitit.SlurmExecutor):
@@ -203,6 +215,9 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return script
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return outside_job(super()._make_submission_command(submission_file_path))
 
         def _internal_process_submissions(self, delayed):
             pickles = []
@@ -232,13 +247,14 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
         raise LaunchError(f"sbatch refused the sweep: {str(e).strip().splitlines()[-1]}") from None
     array_id = jobs[0].job_id.split("_")[0]
     record["job_id"] = array_id
+    record["code"] = str(snap.path) if snap else None
     for m, job, rec in zip(members, jobs, record["members"]):
         rec["job_id"] = job.job_id
         write_job_record(m.cfg.run_dir, {"job_id": job.job_id, "executor": "slurm", "cluster": plan.profile.name,
                                          "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
-                                         "submitit": str(folder), "sweep": str(sweep_dir)})
+                                         "submitit": str(folder), "sweep": str(sweep_dir), "code": record["code"]})
     write_record(sweep_dir, record)
-    return array_id
+    return array_id, snap
 
 
 def run_local(members: Sequence[Member], sweep_dir: Path, record: dict, tasks: int, out) -> list[str]:
@@ -259,6 +275,10 @@ def run_local(members: Sequence[Member], sweep_dir: Path, record: dict, tasks: i
         except Exception as e:  # a failed member does not stop the others
             status = f"failed ({type(e).__name__})"
         statuses.append(status)
+        if status == "interrupted":  # a Ctrl-C stopped this member (launch.localjob): the sweep ends here
+            print(f"sweep interrupted at member {m.index} ({m.name}); its later members did not start",
+                  file=out, flush=True)
+            break
     return statuses
 
 

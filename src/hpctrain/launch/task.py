@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from hpctrain.errors import LaunchError
+from hpctrain.launch import failure, localjob
+from hpctrain.launch.private import check_pickle
 from hpctrain.train import stop as stopmod
 
 
@@ -35,14 +39,27 @@ def export_job_env() -> None:
     })
 
 
+def task_started() -> tuple[Path, str, int]:
+    """(submitit folder, job id, global rank) of this task; a local job's task leaves its pid and
+    takes its own process group (launch.localjob). Call once the stop handlers are installed."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    where = (env.paths.folder, env.job_id, env.global_rank)
+    localjob.task_started(*where)
+    return where
+
+
 def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
     """Train; after a stop that the batch shell will requeue, exit without a result (the job
-    runs again). SystemExit is not an Exception, so submitit writes no result file for it."""
-    stop = stopmod.install()  # already installed by main() under Slurm; here for the local executor
-    export_job_env()
-    from hpctrain.train.entry import run
+    runs again). SystemExit is not an Exception, so submitit writes no result file for it. A
+    UserError leaves its record for the submitter's one-line report (launch.failure)."""
+    stop = stopmod.install(interrupt=True)  # main() did under Slurm; here for the local executor
+    with failure.recorded(*task_started()):
+        export_job_env()
+        from hpctrain.train.entry import run
 
-    summary = run(cfg, stop)
+        summary = run(cfg, stop)
     if summary.get("requeue"):
         raise SystemExit(0)
     return summary
@@ -53,18 +70,17 @@ def eval_task(cfg: dict[str, Any], weights: str, ema: bool, out: str) -> dict[st
     handlers are the training task's: an evaluation has no checkpoint, so a stop lets it finish
     (before the time limit's SIGKILL), and a preempted one is requeued by the batch shell and
     starts over."""
-    stopmod.install()  # already installed by main() under Slurm; here for the local executor
-    export_job_env()
-    from pathlib import Path
+    stopmod.install(interrupt=True)  # main() did under Slurm; here for the local executor
+    with failure.recorded(*task_started()):
+        export_job_env()
+        from hpctrain.config import Config, build
+        from hpctrain.train.evaluate import run
 
-    from hpctrain.config import Config, build
-    from hpctrain.train.evaluate import run
-
-    return run(build(Config, cfg), weights, ema, Path(out))
+        return run(build(Config, cfg), weights, ema, Path(out))
 
 
 def main(argv: list[str] | None = None) -> None:
-    stopmod.install()
+    stopmod.install(interrupt=True)
     from submitit.core import job_environment, submission
 
     # submitit's hook for a cluster's signals ("@plugin-dev: should be adapted"): keep ours.
@@ -78,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m hpctrain.launch.task <submitit folder>")
+    os.environ["SUBMITIT_FOLDER"] = args[0]  # as process_job sets it: this task's own pickle
+    try:
+        check_pickle(job_environment.JobEnvironment().paths.submitted_pickle)
+    except LaunchError as e:
+        raise SystemExit(f"hpctrain: {e}") from None
     submission.process_job(args[0])
 
 

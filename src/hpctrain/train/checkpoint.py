@@ -52,14 +52,52 @@ def is_sharded(path: str | Path) -> bool:
     return Path(path).is_dir()
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints of either format, newest first (by step)."""
+def _every_checkpoint(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint of either format, newest step first, both formats of a step
+    included (a run resumed at its last step by a launch of another size wrote the second, before
+    that was refused; a save replaces the other format of its step since)."""
     d = ckpt_dir(run_dir)
     if not d.is_dir():
         return []
     found = [(int(m.group(1)), p.name, p) for p in d.iterdir()
              if (m := PATTERN.match(p.name)) and (p.is_dir() == (m.group(2) is None))]
-    return [p for _, _, p in sorted(found, reverse=True)]
+    return [(step, p) for step, _, p in sorted(found, reverse=True)]
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoints of either format, newest first (by step), one per step: of two formats of one
+    step, the one `latest` names, else the newer file."""
+    latest = (ckpt_dir(run_dir) / "latest")
+    named = latest.read_text().strip() if latest.is_file() else ""
+    best: dict[int, Path] = {}
+    for step, p in _every_checkpoint(run_dir):
+        cur = best.get(step)
+        if cur is None or p.name == named or (cur.name != named and _mtime(p) > _mtime(cur)):
+            best[step] = p
+    return [best[step] for step in sorted(best, reverse=True)]
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:  # pruned while listed
+        return 0.0
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def drop_other_format(path: Path) -> None:
+    """After `path` (step n) is committed: the other format's checkpoint of step n goes, so a step is
+    never on disk twice (a later save of a step replaces what an earlier attempt wrote)."""
+    step = step_of(path)
+    for s, p in _every_checkpoint(path.parent.parent):
+        if s == step and p != path:
+            _remove(p)
 
 
 def fsync_dir(d: Path) -> None:
@@ -131,12 +169,11 @@ def point_latest(d: Path, path: Path) -> None:
 
 
 def prune(run_dir: str | Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints, of either format."""
-    for old in list_checkpoints(run_dir)[keep:]:
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
+    """Keep the newest `keep` checkpoints (steps), of either format."""
+    kept = {step_of(p) for p in list_checkpoints(run_dir)[:keep]}
+    for step, old in _every_checkpoint(run_dir):
+        if step not in kept:
+            _remove(old)
 
 
 def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -148,6 +185,7 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Pa
     try:
         atomic_write(path, lambda f: torch.save(state, f))
         point_latest(d, path)
+        drop_other_format(path)
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         raise write_error(run_dir, path, e) from e
     prune(run_dir, keep)

@@ -10,13 +10,12 @@ import logging
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__
+from hpctrain import __version__, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.train import dist as distmod
 from hpctrain.train import watchdog
@@ -50,13 +49,10 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
 
 
 def _git_commit() -> str | None:
-    try:
-        here = Path(__file__).resolve().parent
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                           timeout=5)
-        return r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    snap = source.manifest()
+    if snap is not None:  # a snapshot under the run directory: the commit it was taken from, at submission
+        return snap.get("git_commit")
+    return source.commit_of(source.package_dir())
 
 
 def _dali_version() -> str | None:
@@ -110,7 +106,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
     from hpctrain.train import compat
-    from hpctrain.train.loop import Trainer, check_compatible
+    from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)
@@ -155,8 +151,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     stop.log_new()
     if fr_env:
         log.info("NCCL flight recorder on: %s", " ".join(f"{k}={v}" for k, v in fr_env.items()))
-    from hpctrain import source
-
     try:
         code = source.check(os.environ)  # every rank: the code that submitted the job, or no training
     except source.LaunchError as e:
@@ -179,6 +173,14 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
     if resume:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
+    train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
+    if resume:
+        try:  # every rank reads the same checkpoint and data: all refuse alike
+            check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
+        except RunFinished:
+            lock.release()
+            distmod.shutdown()
+            raise
     resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
@@ -191,7 +193,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
              cfg.data.batch_size, resolved["per_rank_batch"], info.world_size, cfg.train.accum_steps,
              resolved["lr_rule"])
 
-    train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
     if cfg.model.init_from and resume:

@@ -19,6 +19,7 @@ import torch.distributed as td
 
 from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
+from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import comm, compat, fastpath, speed, straggler, tensorboard
 from hpctrain.train import stop as stopmod
@@ -36,10 +37,31 @@ class ResumeError(UserError, RuntimeError):
     """A checkpoint that does not fit this run's config; nothing has been overwritten."""
 
 
+class RunFinished(UserError, RuntimeError):
+    """The run's checkpoint is at its last step: nothing to train, and nothing is written."""
+
+
+def planned_steps(cfg: Config, batches_per_epoch: int) -> int:
+    """The run's length in optimizer steps: train.max_steps, else train.epochs of the loader's batches."""
+    return cfg.train.max_steps or cfg.train.epochs * (batches_per_epoch // cfg.train.accum_steps)
+
+
+def check_unfinished(cfg: Config, st: dict, path: Path, run_dir: Path, batches_per_epoch: int) -> None:
+    """Refuse to resume a run that has already trained all its steps. Resuming it would train
+    nothing, evaluate again and save its last step a second time (in this launch's checkpoint
+    format, beside the first); the summary would read "loss nan, 0 images/s"."""
+    if not cfg.train.max_steps and batches_per_epoch < cfg.train.accum_steps:
+        return  # no step in an epoch: the Trainer says so
+    total, step = planned_steps(cfg, batches_per_epoch), int(st["step"])
+    if step < total:
+        return
+    raise RunFinished(finished_text(run_dir, path.name, step, total, cfg.run.name))
+
+
 @dataclass
 class Outcome:
-    status: str = "running"  # finished | preempted | halted
-    stop_kind: str | None = None  # preemption | time_limit | halt (train.stop.kind_of)
+    status: str = "running"  # finished | preempted | halted | interrupted
+    stop_kind: str | None = None  # preemption | time_limit | halt | interrupt (train.stop.kind_of)
     step: int = 0
     total_steps: int = 0
     epoch: int = 0
@@ -151,7 +173,7 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ValueError("the train loader has fewer batches than train.accum_steps: lower "
                              "data.batch_size or train.accum_steps")
-        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.total_steps = planned_steps(cfg, len(train_loader))
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
         self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
         self.fsdp = t.parallel == "fsdp" and dist.world_size > 1
@@ -273,6 +295,7 @@ class Trainer:
         if self.ema and st.get("ema") and not ckpt.is_sharded(path):
             self.ema.load_state_dict(st["ema"])
         self.step = int(st["step"])
+        self.last_saved_step = self.step  # on disk already: never saved again (nor in another format)
         self.eval_pending = bool(st.get("eval_pending", False))  # absent in older checkpoints
         rngs = st.get("rng") or []
         if len(rngs) == self.dist.world_size:
@@ -553,7 +576,7 @@ class Trainer:
             self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
         self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
         out.stop_kind = stopmod.kind_of(bits)
-        out.status = "halted" if out.stop_kind == "halt" else "preempted"
+        out.status = {"halt": "halted", "interrupt": "interrupted"}.get(out.stop_kind, "preempted")
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
         self.metrics.write("stop", step=self.step, reason=out.status, stop_kind=out.stop_kind)

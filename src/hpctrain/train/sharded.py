@@ -84,6 +84,7 @@ def _finalize(run_dir: Path, step: int, meta: dict, keep: int) -> Path:
     os.replace(tmp, final)
     ckpt.fsync_dir(d)
     ckpt.point_latest(d, final)
+    ckpt.drop_other_format(final)
     ckpt.prune(run_dir, keep)
     return final
 

@@ -14,6 +14,12 @@ more step than a blocking check). `train.halt_at` needs no agreement and stops e
 Budget the warning time (`--signal=USR2@T`, a partition's GraceTime) for two steps plus a
 checkpoint (docs/communication.md).
 
+A Ctrl-C (SIGINT) is a third kind, `interrupt`, where a command takes it (`hpctrain train`, the
+tasks of a job; launch.localjob for a local `hpctrain submit`): the same stop at the next step
+with its checkpoint and stop record, never requeued, and the command exits 130. A second Ctrl-C
+raises KeyboardInterrupt at once (no checkpoint). Library callers of `install()` keep Python's
+own SIGINT behaviour.
+
 The handler only records the signal: logging from inside a handler can re-enter the logging
 machinery, so the record is logged by the loop at the next check. Nothing here imports torch:
 task entry points install the handlers before any heavy import, rendezvous or model build.
@@ -28,9 +34,11 @@ import time
 log = logging.getLogger("hpctrain")
 
 # signal → what it means for the requeue budget
-KINDS = {signal.SIGUSR2: "time_limit", signal.SIGTERM: "preemption"}
+KINDS = {signal.SIGUSR2: "time_limit", signal.SIGTERM: "preemption", signal.SIGINT: "interrupt"}
 # bits for the all-reduce that makes the stop decision unanimous (see train.loop)
-BITS = {"time_limit": 1, "preemption": 2, "halt": 4}
+BITS = {"time_limit": 1, "preemption": 2, "halt": 4, "interrupt": 8}
+# the agreed kind when several arrived: the user's Ctrl-C wins (no requeue), then a preemption
+PRIORITY = ("interrupt", "preemption", "time_limit", "halt")
 
 
 class StopFlag:
@@ -47,21 +55,25 @@ class StopFlag:
 
     @property
     def kind(self) -> str | None:
-        """'preemption' when a SIGTERM arrived (it wins), 'time_limit' for USR2 only, else None."""
+        """The kind of the signals received, by PRIORITY ('interrupt', 'preemption', 'time_limit'); None."""
         kinds = {KINDS.get(s, "time_limit") for s, _ in self.received}
-        return "preemption" if "preemption" in kinds else (kinds.pop() if kinds else None)
+        return next((k for k in PRIORITY if k in kinds), None)
 
     def bits(self) -> int:
         k = self.kind
         return BITS[k] if k else 0
 
     def handler(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and any(s == signal.SIGINT for s, _ in self.received):
+            raise KeyboardInterrupt  # the second Ctrl-C: out now
         self.received.append((signum, time.time()))
 
-    def install(self) -> StopFlag:
-        """Take over USR2 and TERM (replacing submitit's or Python's default handlers)."""
-        for s in KINDS:
-            signal.signal(s, self.handler)
+    def install(self, interrupt: bool = False) -> StopFlag:
+        """Take over USR2 and TERM (replacing submitit's or Python's default handlers), and SIGINT
+        with `interrupt`."""
+        for s, kind in KINDS.items():
+            if kind != "interrupt" or interrupt:
+                signal.signal(s, self.handler)
         self.installed = True
         return self
 
@@ -77,16 +89,19 @@ class StopFlag:
 STOP = StopFlag()
 
 
-def install() -> StopFlag:
-    """Install the process-wide handlers once; returns the flag every part of the run reads."""
+def install(interrupt: bool = False) -> StopFlag:
+    """Install the process-wide handlers once (SIGINT too with `interrupt`: a command's Ctrl-C);
+    returns the flag every part of the run reads."""
     if not STOP.installed:
-        STOP.install()
+        STOP.install(interrupt)
+    elif interrupt:
+        signal.signal(signal.SIGINT, STOP.handler)
     return STOP
 
 
 def kind_of(bits: int) -> str:
-    """The agreed reason of a stop from the OR of every rank's bits (preemption wins)."""
-    for k in ("preemption", "time_limit", "halt"):
+    """The agreed reason of a stop from the OR of every rank's bits (by PRIORITY)."""
+    for k in PRIORITY:
         if bits & BITS[k]:
             return k
     return "halt"

@@ -1,0 +1,104 @@
+"""Why a submitted job failed, said on the submitting machine in one line.
+
+submitit hands a task's exception back as a `FailedJobError` wrapping the task's traceback (two
+tracebacks, ~60 lines), even for a `UserError` — a missing checkpoint, a busy run directory —
+whose message is all the user needs. So the task (launch.task) writes what a UserError said (class
+and message, JSON) to `<submitit folder>/<job id>_<rank>_error.json` before re-raising it (the
+job still fails: Slurm marks it FAILED), and the submitter reads that record: nothing is
+unpickled, so the login node needs none of the task's (torch-bound) exception classes. A crash
+(any other exception) leaves no record: its traceback, which submitit pickles as a plain string
+in `<job id>_<rank>_result.pkl`, is shown with the log path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hpctrain.errors import UserError
+
+
+class JobFailed(UserError):
+    """A submitted job ended in an error; `detail` (a crash's traceback) is printed above the line."""
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail
+
+
+def record_path(folder: Path, job_id: str, rank: int) -> Path:
+    return Path(folder) / f"{job_id}_{rank}_error.json"
+
+
+def log_path(folder: Path, job_id: str, rank: int) -> Path:
+    """The task's stderr as submitit names it, locally and under srun (`%j_%t_log.err`)."""
+    return Path(folder) / f"{job_id}_{rank}_log.err"
+
+
+@contextmanager
+def recorded(folder: Path, job_id: str, rank: int) -> Iterator[None]:
+    """Around a task's work: a UserError leaves its record (then propagates); a stale record of an
+    earlier attempt of this job (a requeue) is removed first."""
+    path = record_path(folder, job_id, rank)
+    path.unlink(missing_ok=True)
+    try:
+        yield
+    except UserError as e:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"class": type(e).__name__, "message": str(e), "rank": rank}) + "\n")
+        os.replace(tmp, path)
+        raise
+
+
+def read_record(folder: Path, job_id: str) -> dict | None:
+    """The lowest rank's UserError record of this job, if any."""
+    found = []
+    for p in Path(folder).glob(f"{job_id}_*_error.json"):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("rank"), int) and rec.get("message"):
+            found.append(rec)
+    return min(found, key=lambda r: r["rank"]) if found else None
+
+
+def crash_trace(folder: Path, job_id: str, tasks: int) -> tuple[int, str] | None:
+    """(rank, traceback) of the lowest rank whose result is an error: submitit pickles
+    ("error", traceback text), a tuple of strings."""
+    for rank in range(tasks):
+        p = Path(folder) / f"{job_id}_{rank}_result.pkl"
+        try:
+            with open(p, "rb") as f:
+                outcome = pickle.load(f)
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            continue
+        if isinstance(outcome, tuple) and len(outcome) == 2 and outcome[0] == "error" and isinstance(outcome[1], str):
+            return rank, outcome[1].rstrip()
+    return None
+
+
+def explain(folder: Path, job_id: str, tasks: int, what: str) -> JobFailed | None:
+    """The error to raise for job `job_id` (`what`: e.g. "local job") that failed: the task's
+    UserError as its one line, else a crash's traceback (as detail); None when its tasks left
+    neither (killed, a stop that was not requeued: the caller says what it knows)."""
+    rec = read_record(folder, job_id)
+    if rec:
+        return JobFailed(f"{rec['message']} ({what} {job_id}, rank {rec['rank']}; log: "
+                         f"{log_path(folder, job_id, rec['rank'])})")
+    crash = crash_trace(folder, job_id, tasks)
+    if crash:
+        rank, trace = crash
+        return JobFailed(f"{what} {job_id} crashed on rank {rank} (traceback above; log: "
+                         f"{log_path(folder, job_id, rank)})", detail=trace)
+    return None
+
+
+def no_result(folder: Path, job_id: str, what: str) -> JobFailed:
+    """A job whose tasks left no result at all."""
+    return JobFailed(f"{what} {job_id} ended without a result (a task was killed, or died): see its log "
+                     f"{log_path(folder, job_id, 0)}")

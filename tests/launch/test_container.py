@@ -1,0 +1,131 @@
+"""What the image shows a task: each path it uses at the same path inside, writable where it writes.
+
+Bind computation (container.bind_list) as unit tests, then the script's own Python block run through
+the fake `apptainer` (tests/launch/fake_apptainer.sh), which reproduces the property the binds rely
+on: a host directory the image does not have (FAKE_APPTAINER_HIDE, like a site's /lustre or
+/localscratch) is visible inside only where a --bind puts it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpctrain.errors import LaunchError
+from hpctrain.launch.container import PY_VAR, bind_list, python_lines, stage_word
+from hpctrain.launch.profile import ContainerSection
+from tests.launch.jobs import digits_sets, metrics, submit
+
+FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
+
+
+def binds(*profile: str) -> ContainerSection:
+    return ContainerSection(runtime="apptainer", image="/img.sif", binds=list(profile))
+
+
+def test_destination_mapped_bind_gets_same_path_binds_for_the_jobs_paths():
+    """/lustre/proj:/data shows the project at /data only: the run dir and data root under
+    /lustre/proj need their own binds, at the paths the task uses."""
+    out = bind_list(binds("/lustre/proj:/data"), ["/lustre/proj/imagenet", "/lustre/proj/runs/a"],
+                    writable=["/lustre/proj/runs/a"])
+    assert out == ["/lustre/proj:/data", "/lustre/proj/imagenet", "/lustre/proj/runs/a"]
+    # a same-path bind covers what lies under it (no second bind)
+    assert bind_list(binds("/lustre:/lustre"), ["/lustre/proj/runs/a"], writable=["/lustre/proj/runs/a"]) == \
+        ["/lustre:/lustre"]
+
+
+def test_read_only_same_path_bind_refuses_a_run_dir_under_it():
+    c = binds("/datasets:/datasets:ro")
+    assert bind_list(c, ["/datasets/imagenet", "/scratch/runs/a"], writable=["/scratch/runs/a"]) == \
+        ["/datasets:/datasets:ro", "/scratch/runs/a"]  # reading under it is fine
+    with pytest.raises(LaunchError) as e:
+        bind_list(c, ["/datasets/imagenet", "/datasets/runs/a"], writable=["/datasets/runs/a"])
+    msg = str(e.value)
+    assert "\n" not in msg and "'/datasets:/datasets:ro'" in msg and "read-only" in msg and "run.dir" in msg
+
+
+def test_path_hidden_by_another_binds_destination_is_refused():
+    with pytest.raises(LaunchError, match=r"hidden in the image by the bind '/scratch/x:/lustre'"):
+        bind_list(binds("/scratch/x:/lustre"), ["/lustre/proj/runs/a"], writable=["/lustre/proj/runs/a"])
+
+
+def test_stage_to_word_expands_on_the_node():
+    assert stage_word("$TMPDIR/stage") == ('"${TMPDIR}"/stage', ["TMPDIR"])
+    assert stage_word("/local/${USER} x") == ("/local/\"${USER}\"' x'", ["USER"])
+    assert stage_word("~/s") == ('"${HOME}"/s', ["HOME"])
+
+
+def run_in_image(tmp_path: Path, container: ContainerSection, binds: list[str], code: str, *args: str,
+                 env: dict, stage_to: str = "") -> subprocess.CompletedProcess:
+    """The batch script's Python block, then one task (as srun would start it) running `code`."""
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"fake")
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    if not (tmp_path / "bin" / "apptainer").exists():
+        (tmp_path / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
+    c = ContainerSection(runtime="apptainer", image=str(image), binds=container.binds, bind_source=False)
+    script = "\n".join(["set -eo pipefail", *python_lines(c, binds, "python3", "''", stage_to),
+                        f'"${{{PY_VAR}[@]}}" -c "$@"'])
+    e = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", "-c", script, "job", code, *args], capture_output=True, text=True, env=e,
+                          timeout=60)
+
+
+WRITE = "import os, sys; os.makedirs(sys.argv[1], exist_ok=True); open(sys.argv[1] + '/ok', 'w').write('1')"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fake apptainer needs unshare --mount (root)")
+def test_run_under_a_destination_mapped_bind_writes_where_the_host_sees_it(tmp_path):
+    """Site property: the project file system is bound at another path (/lustre/proj:/data) and is
+    not in the image otherwise. The task writes its run dir by the host path: that must reach the host."""
+    lustre, data = tmp_path / "lustre", tmp_path / "data"
+    run = lustre / "proj" / "runs" / "a"
+    run.mkdir(parents=True)
+    c = binds(f"{lustre / 'proj'}:{data}")
+    r = run_in_image(tmp_path, c, bind_list(c, [str(run)], writable=[str(run)]), WRITE, str(run),
+                     env={"FAKE_APPTAINER_HIDE": str(lustre)})
+    assert r.returncode == 0, r.stderr
+    assert (run / "ok").read_text() == "1"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fake apptainer needs unshare --mount (root)")
+def test_stage_to_on_node_local_tmpdir_is_bound_at_run_time(tmp_path):
+    """Site property: $TMPDIR is on node-local /localscratch, which Apptainer does not bind by
+    default. data.stage_to=$TMPDIR/stage must land on that disk (the host's), not in the image."""
+    scratch = tmp_path / "localscratch"
+    job_tmp = scratch / "job42"
+    job_tmp.mkdir(parents=True)
+    r = run_in_image(tmp_path, binds(), [], "import os, sys; sys.argv[1] = os.path.expandvars(sys.argv[1]); "
+                     + WRITE.split("; ", 1)[1], "$TMPDIR/stage", stage_to="$TMPDIR/stage",
+                     env={"FAKE_APPTAINER_HIDE": str(scratch), "TMPDIR": str(job_tmp)})
+    assert r.returncode == 0, r.stderr
+    assert (job_tmp / "stage" / "ok").read_text() == "1"
+
+
+@pytest.mark.slurm
+def test_job_whose_run_is_under_a_destination_mapped_bind_trains(slurm_cluster, digits_root, tmp_path):
+    """Site property: the profile binds the project file system elsewhere (/lustre/proj:/data) and
+    the image has no /lustre of its own. A 2-node job with its run dir under /lustre/proj trains, and
+    its metrics and checkpoints reach the host."""
+    lustre, img = tmp_path / "lustre", tmp_path / "img"
+    (lustre / "proj").mkdir(parents=True)
+    (img / "bin").mkdir(parents=True)
+    (img / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
+    (img / "image.sif").write_bytes(b"fake")
+    prof = tmp_path / "site.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "20"},
+        "container": {"runtime": "apptainer", "image": str(img / "image.sif"), "source_mount": str(tmp_path / "mnt"),
+                      "binds": [f"{lustre / 'proj'}:{tmp_path / 'data'}"]}}))
+    env = {"PATH": f"{img / 'bin'}:/usr/local/bin:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
+           "FAKE_APPTAINER_HIDE": str(lustre)}
+    runs = lustre / "proj" / "runs"
+    job = submit(slurm_cluster, "--cluster", str(prof), "--nodes", "2",
+                 *digits_sets(digits_root, runs, "mapped", "train.max_steps=3", "train.eval_every=0"), env=env)
+    assert slurm_cluster.wait_done(job, 240) == "COMPLETED"
+    assert len(metrics(runs / "mapped", "train")) > 0 and (runs / "mapped" / "checkpoints").is_dir()

@@ -1,0 +1,87 @@
+"""Sites differ (README, "Sites differ"): each test puts the session's Slurm test cluster (or the
+submitting environment) in one site's shape and shows that a short digits job still trains and
+requeues as it should."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch.jobs import ROOT, digits_sets, hp, metrics, sacct_states, submit
+from tests.slurm_cluster import EXPORT_NONE, PREEMPTIBLE, SEND_USER_SIGNAL, URGENT
+
+pytestmark = pytest.mark.slurm
+SHORT = ("train.epochs=1", "train.max_steps=10", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0")
+
+
+def training(cluster, job: str, run: Path, step: int = 3, timeout: float = 180) -> None:
+    """Wait until the run has trained `step` steps; fail at once when the job ended before."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(r["step"] >= step for r in metrics(run, "train")):
+            return
+        state = cluster.state(job)
+        assert state in ("", "PENDING", "RUNNING", "REQUEUED"), f"job {job} is {state} before step {step}"
+        time.sleep(0.5)
+    raise TimeoutError(f"{run} did not reach step {step} in {timeout} s")
+
+
+def test_export_none_site_trains_and_requeues(slurm_cluster, digits_root, tmp_path):
+    """SBATCH_EXPORT=NONE in the submitting shell (a site default): the batch shell starts with only
+    SLURM_* and its srun would pass only SLURM_* on to the tasks (SLURM_EXPORT_ENV=NONE). The tasks
+    still get the script's SUBMITIT_*/HPCTRAIN_* and the submitting code, and a USR2 stop requeues."""
+    job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
+                 *digits_sets(digits_root, tmp_path, "xnone", *SHORT),
+                 env={**EXPORT_NONE, "HPCTRAIN_LOGIN_SHELL_MARK": "set at submission"})
+    run = tmp_path / "xnone"
+    training(slurm_cluster, job, run)
+    slurm_cluster.run("scancel", "--signal=USR2", job)
+    assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
+    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    (req,) = metrics(run, "requeue")
+    assert req["requeue"] and req["reason"] == "time_limit"
+    env = json.loads((run / "env.json").read_text())["env"]
+    assert "HPCTRAIN_LOGIN_SHELL_MARK" not in env  # the site's NONE did apply to the job
+    assert env["HPCTRAIN_STOP_FILE"].endswith(f"stop-{job}") and env["HPCTRAIN_LAUNCHER"] == "submitit-slurm"
+
+
+def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_cluster, digits_root, tmp_path):
+    """`hpctrain submit` run inside `salloc --mem-per-cpu` (a notebook terminal, a job chaining the
+    next): sbatch would copy SLURM_MEM_PER_CPU into the new job, whose srun then refuses to start
+    beside the job's own SLURM_MEM_PER_NODE (--mem, as sites set slurm.mem_per_node) as "mutually
+    exclusive"; the submission leaves the enclosing job's settings out."""
+    r = slurm_cluster.run("salloc", "-N1", "-n1", "--mem-per-cpu=100", sys.executable, "-m", "hpctrain", "submit",
+                          "--config", "configs/digits_vit.yaml", "--nodes", "2", "--gpus-per-node", "1",
+                          "--cluster-set", "slurm.mem_per_node=500M",
+                          *digits_sets(digits_root, tmp_path, "inner", *SHORT, "train.max_steps=4"), cwd=ROOT,
+                          env={"OMP_NUM_THREADS": "1"}, timeout=120)
+    job = r.stdout.split("submitted Slurm job ")[1].split()[0]
+    assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
+    assert "SLURM_MEM_PER_CPU" in r.stderr and "kept: SLURM_CONF" in r.stderr, r.stderr
+    assert metrics(tmp_path / "inner", "end")[-1]["status"] == "finished"
+
+
+def test_preempt_send_user_signal_site_counts_a_preemption(slurm_cluster, digits_root, tmp_path):
+    """SlurmctldParameters=preempt_send_user_signal (22.05; later PreemptParameters=send_user_signal):
+    a preempted job gets its --signal (USR2), as at a time limit, not SIGTERM. The batch shell sees
+    PreemptTime set and the stop is recorded as a preemption: slurm.max_requeues stays untouched."""
+    run = tmp_path / "usig"
+    with slurm_cluster.reconfigured(**SEND_USER_SIGNAL):
+        assert "preempt_send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
+        job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1", "--partition", PREEMPTIBLE,
+                     *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"))
+        training(slurm_cluster, job, run)
+        urgent = slurm_cluster.run("sbatch", "--parsable", f"--partition={URGENT}", "-N2", "--exclusive",
+                                   f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
+        assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
+    assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
+    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    (stop,) = metrics(run, "stop")
+    (req,) = metrics(run, "requeue")
+    assert stop["stop_kind"] == req["reason"] == "preemption" and req["requeue"], (stop, req)
+    st = hp(slurm_cluster, "status", job).stdout
+    assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st

@@ -1,0 +1,138 @@
+"""The code snapshot a job runs (hpctrain.source): named by its content, written whole or not at
+all, read-only, taken again only when the code changed — and then said so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from hpctrain import source
+from hpctrain.source import Snapshot, source_files, source_hash, take_snapshot
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
+
+
+@pytest.fixture()
+def checkout(tmp_path) -> Path:
+    """A copy of this package, standing in for the user's checkout (the worktree is never edited)."""
+    pkg = tmp_path / "checkout" / "src" / "hpctrain"
+    shutil.copytree(SRC, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    return pkg
+
+
+def tree(pkg: Path) -> dict[str, bytes]:
+    return {p.relative_to(pkg).as_posix(): p.read_bytes() for p in source_files(pkg)}
+
+
+def test_snapshot_is_named_by_its_content_and_read_only(checkout, tmp_path):
+    (checkout / "notes.txt").write_text("not code")
+    (checkout / "train" / "__pycache__").mkdir()
+    (checkout / "train" / "__pycache__" / "loop.cpython-311.pyc").write_bytes(b"\0")
+    run = tmp_path / "run"
+    snap = take_snapshot(run, checkout)
+    assert snap == Snapshot(run / "code" / source_hash(checkout) / "hpctrain", source_hash(checkout), None)
+    assert tree(snap.path) == tree(checkout) and "configs/digits_vit.yaml" in tree(snap.path)
+    assert not (snap.path / "notes.txt").exists() and not list(snap.path.rglob("__pycache__"))
+    files = [p for p in snap.path.rglob("*") if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o444 for p in files)
+    info = json.loads((snap.path / source.MANIFEST).read_text())
+    assert info["hash"] == snap.hash and info["from"] == str(checkout)
+    assert (run / "code" / "latest").read_text().strip() == snap.hash
+    assert sorted(p.name for p in (run / "code").iterdir()) == sorted([snap.hash, "latest"])
+
+
+def test_same_code_again_reuses_the_snapshot(checkout, tmp_path):
+    run = tmp_path / "run"
+    first = take_snapshot(run, checkout)
+    mtime = (first.path / "train" / "loop.py").stat().st_mtime_ns
+    again = take_snapshot(run, checkout)
+    assert again == first and again.previous is None and again.lines() == [f"code: {first.path} (source {first.hash})"]
+    assert (first.path / "train" / "loop.py").stat().st_mtime_ns == mtime  # not rewritten
+    assert sorted(p.name for p in (run / "code").iterdir()) == sorted([first.hash, "latest"])  # no temp left
+
+
+def test_resubmission_after_an_edit_takes_a_new_snapshot_and_says_so(checkout, tmp_path):
+    run = tmp_path / "run"
+    old = take_snapshot(run, checkout)
+    before = tree(old.path)
+    with open(checkout / "train" / "loop.py", "a") as f:
+        f.write("\n# edited after the first submission\n")
+    (checkout / "added.py").write_text("X = 1\n")
+    new = take_snapshot(run, checkout)
+    assert new.hash == source_hash(checkout) != old.hash and new.previous == old.hash
+    assert (new.path / "added.py").is_file() and "edited" in (new.path / "train" / "loop.py").read_text()
+    assert tree(old.path) == before and source_hash(old.path) == old.hash  # the queued job's copy is kept
+    assert new.lines()[1] == (f"hpctrain: the code changed since this directory's last submission: source "
+                              f"{old.hash} → {new.hash}; this job runs the new snapshot")
+
+
+def _take(args: tuple[str, str]) -> tuple[str, str]:
+    s = take_snapshot(Path(args[0]), Path(args[1]))
+    return str(s.path), s.hash
+
+
+def test_concurrent_submissions_of_the_same_code_make_one_whole_snapshot(checkout, tmp_path):
+    """Four processes race to rename their copies into place: one wins, the others drop theirs."""
+    run = tmp_path / "run"
+    with ProcessPoolExecutor(4) as pool:
+        got = set(pool.map(_take, [(str(run), str(checkout))] * 4))
+    ((path, digest),) = got
+    assert source_hash(Path(path)) == digest == source_hash(checkout)
+    assert sorted(p.name for p in (run / "code").iterdir()) == sorted([digest, "latest"])
+
+
+def test_a_half_written_copy_is_never_taken_for_the_snapshot(checkout, tmp_path):
+    """A submission killed while copying leaves only its temporary directory: the final name
+    appears by one rename, so the next submission writes the whole snapshot."""
+    run = tmp_path / "run"
+    half = run / "code" / ".tmp-killed" / "hpctrain"
+    half.mkdir(parents=True)
+    (half / "__init__.py").write_text("")
+    snap = take_snapshot(run, checkout)
+    assert tree(snap.path) == tree(checkout)
+
+
+def test_a_changed_snapshot_is_refused(checkout, tmp_path):
+    run = tmp_path / "run"
+    snap = take_snapshot(run, checkout)
+    p = snap.path / "train" / "loop.py"
+    p.chmod(0o644)
+    p.write_text(p.read_text() + "\n# edited in the run directory\n")
+    with pytest.raises(source.LaunchError, match=f"does not hash to {snap.hash}: it was changed"):
+        take_snapshot(run, checkout)
+
+
+def test_task_records_the_snapshot_it_runs(checkout, tmp_path):
+    """What env.json's `source` says from a snapshot: its path, hash, origin, and the hashes compared."""
+    snap = take_snapshot(tmp_path / "run", checkout)
+    code = ("import json, os; from hpctrain import source; "
+            "print(json.dumps(source.check(os.environ)))")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(snap.path.parent), "HPCTRAIN_SOURCE": str(snap.path),
+           "HPCTRAIN_SOURCE_HASH": snap.hash}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["running"] == rec["submitted"] == snap.hash and rec["path"] == str(snap.path)
+    assert rec["snapshot"]["path"] == str(snap.path) and rec["snapshot"]["hash"] == snap.hash
+    assert rec["snapshot"]["from"] == str(checkout)
+
+
+def test_snapshot_records_the_checkouts_commit(checkout, tmp_path):
+    """From a git checkout (`<root>/src/hpctrain`): its HEAD, which env.json reports as git_commit
+    (the run directory may lie in the checkout, whose HEAD has moved on since)."""
+    root = checkout.parent.parent
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], check=True, capture_output=True, text=True)
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    (root / "pyproject.toml").write_text("")
+    snap = take_snapshot(root / "runs" / "r", checkout)
+    assert json.loads((snap.path / source.MANIFEST).read_text())["git_commit"] == head
+    assert source.commit_of(snap.path) is None  # inside the checkout's work tree, but not its src/hpctrain
