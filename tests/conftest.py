@@ -31,17 +31,34 @@ def pytest_collection_modifyitems(config, items):
     - the Slurm tests, then the `slow` ones (minutes each) go first, so that one worker starts on
       them at once and no long test is left to run alone at the end.
     """
-    slurm = [item for item in items if "slurm_cluster" in getattr(item, "fixturenames", ())]
+    slurm = [item for item in items if _slurm_version(item) == "22.05"]
     for item in slurm:
         item.add_marker(pytest.mark.xdist_group("slurm"))
-    ids = {id(item) for item in slurm}
+    # the Slurm 24.11 cluster's tests: a worker of their own, after the slow tests (its root is built
+    # in the background meanwhile, .ci/run)
+    slurm24 = [item for item in items if _slurm_version(item) == "24.11"]
+    for item in slurm24:
+        item.add_marker(pytest.mark.xdist_group("slurm24"))
+    ids = {id(item) for item in slurm + slurm24}
     rest = [item for item in items if id(item) not in ids]
     for item in rest:
         if _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
     slow = [item for item in rest if item.get_closest_marker("slow")]
     ids |= {id(item) for item in slow}
-    items[:] = slurm + slow + [item for item in rest if id(item) not in ids]
+    items[:] = slurm + slow + slurm24 + [item for item in rest if id(item) not in ids]
+
+
+def _slurm_version(item) -> str | None:
+    """Which Slurm test cluster the test uses (None: none)."""
+    names = getattr(item, "fixturenames", ())
+    callspec = getattr(item, "callspec", None)
+    param = callspec.params.get("each_slurm_cluster") if callspec else None
+    if "slurm24_cluster" in names or param == "24.11":
+        return "24.11"
+    if "slurm_cluster" in names or param == "22.05":
+        return "22.05"
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +84,49 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm24_cluster(tmp_path_factory):
+    """A second test cluster on Slurm 24.11 (Debian 13's, from the root `.ci/slurm24 --prepare` builds;
+    waits for a build in progress), same API as `slurm_cluster`. Skipped without the root, except in
+    CI (CI set), where a missing root fails the test: the 24.11 tests must run there."""
+    from tests.slurm_cluster import SlurmCluster, missing, slurm24_root
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    root, why = slurm24_root()
+    if root is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {why} (.ci/run builds it: see .ci-slurm24-prepare.log)")
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm24"), sysroot=root).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["22.05", "24.11"], ids=["slurm22", "slurm24"])
+def each_slurm_cluster(request):
+    """The test runs on both Slurm versions: for behaviour that differs between them (signals,
+    preemption, requeue, export); the report's header says which Slurm each cluster ran."""
+    cluster = request.getfixturevalue("slurm_cluster" if request.param == "22.05" else "slurm24_cluster")
+    request.node.user_properties.append(("slurm", cluster.version()))
+    return cluster
+
+
+def pytest_runtest_logreport(report):
+    """Collect which Slurm versions the tests ran on (also from xdist workers)."""
+    for key, value in getattr(report, "user_properties", ()):
+        if key == "slurm" and report.when == "call":
+            _SLURM_VERSIONS.add(value)
+
+
+_SLURM_VERSIONS: set[str] = set()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SLURM_VERSIONS:
+        terminalreporter.write_line(f"Slurm test clusters: {', '.join(sorted(_SLURM_VERSIONS))}")

@@ -1,4 +1,4 @@
-"""A real Slurm 22.05 test cluster on this machine: munged, MariaDB + slurmdbd, slurmctld, 2× slurmd.
+"""A real Slurm test cluster on this machine: munged, MariaDB + slurmdbd, slurmctld, 2× slurmd.
 
 Everything lives under one temp directory and listens on loopback ports picked at random; each
 slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2) and a hosts file
@@ -6,18 +6,28 @@ bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` bega
 docs in /work/shared/DESIGN.md, "Verified facts"). For fault tests, `kill_node(n)` SIGKILLs every
 process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
 slurmd again; SlurmdTimeout=10 and ReturnToService=2 make Slurm notice both within seconds.
+
+The host's Slurm is Debian 12's 22.05. With `sysroot=` (a Debian 13 root from `.ci/slurm24`), every
+Slurm daemon and client, and munged, runs from that root instead (Slurm 24.11): chrooted, in a private
+mount namespace that binds the host paths a job uses at the same paths (`SYSROOT_BINDS`, the cluster's
+directory, the checkout, the host Python's prefix); `bin/` holds wrappers for the clients, first on
+the cluster's PATH, so `hpctrain` on the "login node" and the jobs' batch shells use 24.11's
+sbatch/scontrol/sacct. MariaDB stays the host's (slurmdbd talks to it over TCP on loopback).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +48,13 @@ PREEMPTIBLE, URGENT, GRACE_TIME = "low", "high", 30
 # CPU_PARTITION the node that declares none. Jobs asking for no GPUs schedule as before on both.
 GPU_PARTITION, CPU_PARTITION, GPU_NODE, CPU_NODE = "gpu", "cpu", "n2", "n1"
 GPU_TYPE, GPUS_PER_NODE = "tesla", 2
+# Host paths bound into a `sysroot` at the same paths (besides the cluster's own directory, the
+# checkout and the host Python's prefix): what a daemon, a job's batch shell and its tasks touch.
+SYSROOT_BINDS = ("/proc", "/dev", "/sys", "/tmp")
+# Slurm's clients, run from the sysroot through bin/<name> wrappers.
+CLIENTS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "scancel", "squeue", "sinfo",
+           "sstat", "sprio", "sshare", "sreport", "sattach", "sbcast", "sdiag")
+CHECKOUT = Path(__file__).resolve().parents[1]
 # Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
 # submitting environment is enough, no cluster change. A site that announces preemption with the
 # job's --signal (USR2) instead of SIGTERM: Slurm 22.05 spells it SlurmctldParameters (slurm.conf(5);
@@ -82,6 +99,7 @@ class SlurmCluster:
     procs: list[subprocess.Popen] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     slurmd: dict[str, subprocess.Popen] = field(default_factory=dict)
+    sysroot: Path | None = None  # run Slurm and munge from this root (another Slurm version), see above
     # Site shapes (issue 21): extra `NodeName` keys per node (e.g. {"n1": "CoreSpecCount=1"}) and
     # extra slurm.conf lines (e.g. "AccountingStorageEnforce=limits,qos").
     node_options: dict[str, str] = field(default_factory=dict)
@@ -101,17 +119,17 @@ class SlurmCluster:
         ports = {k: free_port() for k in ("ctld", "dbd", "db", *NODES)}
         munge_sock = r / "munge" / "munge.socket"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        if self.sysroot is not None:
+            self._enter_sysroot()
         try:
             self._start_munge(munge_sock)
             self._start_mariadb(ports["db"])
             self._write_conf(ports, munge_sock)
-            self._start("slurmdbd", ["/usr/sbin/slurmdbd", "-D"],
+            self._start("slurmdbd", self._cmd("/usr/sbin/slurmdbd", "-D"),
                         lambda: _port_open(ports["dbd"]), r / "log" / "slurmdbd.log")
-            self._start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
+            self._start("slurmctld", self._cmd("/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)),
                         lambda: self._scontrol_ok("ping"), r / "log" / "slurmctld.log")
-            hosts = r / "etc" / "hosts"
-            hosts.write_text("127.0.0.1 localhost " + " ".join(NODES) + f" {socket.gethostname()}\n"
-                             "::1 localhost ip6-localhost\n")
+            self._write_hosts()
             for n in NODES:
                 self._start_slurmd(n)
             _wait("the two slurmd nodes", self._nodes_idle, 40, log=r / "log" / "slurmctld.log")
@@ -120,10 +138,15 @@ class SlurmCluster:
             raise
         return self
 
+    def _write_hosts(self) -> None:
+        """The nodes' /etc/hosts (every name on loopback)."""
+        (self.root / "etc" / "hosts").write_text("127.0.0.1 localhost " + " ".join(NODES) +
+                                                 f" {socket.gethostname()}\n::1 localhost ip6-localhost\n")
+
     def _start_slurmd(self, node: str) -> subprocess.Popen:
         hosts = self.root / "etc" / "hosts"
         inner = (f"hostname {node} && mount --bind {hosts} /etc/hosts && "
-                 f"exec /usr/sbin/slurmd -D -N {node} -f {self.conf}")
+                 f"exec {' '.join(self._cmd('/usr/sbin/slurmd'))} -D -N {node} -f {self.conf}")
         p = self._start(f"slurmd {node}", ["unshare", "--uts", "--mount", "sh", "-c", inner],
                         lambda: True, self.root / "log" / f"slurmd-{node}.log")
         self.slurmd[node] = p
@@ -143,7 +166,7 @@ class SlurmCluster:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        cmd = ["/usr/sbin/munged", "-F", "--force", f"--socket={sock}", f"--key-file={key}",
+        cmd = [*self._cmd("/usr/sbin/munged"), "-F", "--force", f"--socket={sock}", f"--key-file={key}",
                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
                f"--log-file={self.root / 'log' / 'munged.log'}",
                f"--seed-file={self.root / 'munge' / 'seed'}"]
@@ -251,11 +274,66 @@ StorageLoc=slurm_{self.cluster_name}
         states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
         return all(states.get(n) == "idle" for n in NODES)
 
+    # -------------------------------------------------------------- another Slurm version
+
+    def _cmd(self, *cmd: str) -> list[str]:
+        """A daemon's command line: in the sysroot when there is one."""
+        return [str(self.root / "bin" / "enter"), *cmd] if self.sysroot is not None else list(cmd)
+
+    def _enter_sysroot(self) -> None:
+        """bin/enter (run a command in the sysroot, from the same working directory) and a wrapper
+        per Slurm client; the cluster's PATH finds the wrappers first."""
+        r, root = self.root, self.sysroot
+        assert root is not None
+        binds = [*SYSROOT_BINDS, str(r), str(CHECKOUT), sys.prefix, sys.base_prefix]
+        binds = sorted({b for b in binds if not any(Path(b).is_relative_to(o) and b != o for o in binds)})
+        for b in binds:  # mount points (a bind needs one; in the shared root, harmless)
+            (root / b.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        (root / "etc" / "hosts").touch()
+        self._write_hosts()  # bound over the sysroot's /etc/hosts by every command
+        (r / "bin").mkdir(exist_ok=True)
+        q = shlex.quote
+        mounts = "\n".join(f"mount --rbind {q(b)} {q(str(root) + b)}" for b in binds)
+        _script(r / "bin" / "enter-ns", f"""\
+#!/bin/sh
+# The second half of bin/enter, in its private mount namespace: bind, chroot, cd back.
+set -e
+cwd=$1; shift
+# the root a mount point of its own: `unshare --mount` in it (a job's fake apptainer) can then
+# make its mounts private
+mount --bind {q(str(root))} {q(str(root))}
+{mounts}
+mount --bind {q(str(r / 'etc' / 'hosts'))} {q(str(root / 'etc' / 'hosts'))}
+exec chroot {q(str(root))} /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$cwd" "$@"
+""")
+        _script(r / "bin" / "enter", f"""\
+#!/bin/sh
+# Run a command in the Slurm root {root} (already there: run it as it is).
+[ -f /etc/hpctrain-slurm24 ] && exec "$@"
+exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PWD" "$@"
+""")
+        for c in CLIENTS:
+            _script(r / "bin" / c, f'#!/bin/sh\nexec {q(str(r / "bin" / "enter"))} /usr/bin/{c} "$@"\n')
+        self.env["PATH"] = f"{r / 'bin'}{os.pathsep}{self.env.get('PATH', os.defpath)}"
+
+    def version(self) -> str:
+        """`scontrol --version` of this cluster, e.g. 'slurm-wlm 24.11.5'."""
+        return self.run("scontrol", "--version").stdout.strip()
+
     # -------------------------------------------------------------- use
+
+    def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The cluster's environment plus `extra`; with a sysroot, its client wrappers stay first on a
+        PATH that `extra` replaces (e.g. a fake `apptainer` directory before the host's PATH)."""
+        env = {**self.env, **(extra or {})}
+        wrappers = str(self.root / "bin")
+        if self.sysroot is not None and env.get("PATH", "").split(os.pathsep)[0] != wrappers:
+            env["PATH"] = f"{wrappers}{os.pathsep}{env.get('PATH', os.defpath)}"
+        return env
 
     def run(self, *cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         """A Slurm client command against this cluster."""
-        env = {**self.env, **kw.pop("env", {})}
+        env = self.environ(kw.pop("env", {}))
         return subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=check,
                               timeout=kw.pop("timeout", 60), **kw)
 
@@ -359,6 +437,36 @@ StorageLoc=slurm_{self.cluster_name}
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
         self.procs.clear()
+
+
+def slurm24_root(wait_s: float = 600) -> tuple[Path | None, str]:
+    """The Slurm 24.11 root that `.ci/slurm24 --prepare` builds, once built; waits while another
+    process builds it (its lock is held). (None, why) when it is not there."""
+    r = subprocess.run(["bash", str(CHECKOUT / ".ci" / "slurm24"), "--path"], capture_output=True, text=True,
+                       check=True)
+    root = Path(r.stdout.strip())
+    ready = root / "etc" / "hpctrain-slurm24"
+    lock = Path(f"{root}.lock")
+    if not ready.exists() and lock.exists():
+        with open(lock) as f:
+            end = time.monotonic() + wait_s
+            while True:  # a build in progress holds the lock: wait for it
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > end:
+                        return None, f"the Slurm 24.11 root at {root} is still being built after {wait_s:.0f} s"
+                    time.sleep(1)
+    if ready.exists():
+        return root, ""
+    return None, (f"no Slurm 24.11 root at {root}: build it with `bash .ci/slurm24 --prepare` "
+                  "(debootstrap of Debian 13, ~2 min, ~300 MB)")
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
 
 
 def _port_open(port: int) -> bool:

@@ -17,8 +17,8 @@ set -euo pipefail
 if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   shift
   for c in scontrol sbatch squeue sacct srun scancel sinfo salloc; do
-    p=$(command -v "$c" || true)
-    if [ -n "$p" ]; then mount --bind /dev/null "$p"; fi
+    # every copy on PATH (a test cluster's client wrappers come first, the real clients after them)
+    for p in $(type -ap "$c"); do mount --bind /dev/null "$p"; done
   done
   fds=() dsts=() ros=()
   while IFS= read -r b; do  # hold each source open: a hidden one stays reachable through its fd

@@ -16,8 +16,9 @@ metrics = run_metrics
 
 def hp(cluster, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 120):
     """`hpctrain …` against the test cluster ($SLURM_CONF set, no $HPCTRAIN_CLUSTER)."""
-    e = {k: v for k, v in cluster.env.items() if k != "HPCTRAIN_CLUSTER"}
-    e.update(OMP_NUM_THREADS="1", **(env or {}))
+    e = cluster.environ({"OMP_NUM_THREADS": "1", **(env or {})})
+    if "HPCTRAIN_CLUSTER" not in (env or {}):
+        e.pop("HPCTRAIN_CLUSTER", None)
     return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
                           cwd=cwd, env=e, timeout=timeout)
 

@@ -30,10 +30,12 @@ def training(cluster, job: str, run: Path, step: int = 3, timeout: float = 180) 
     raise TimeoutError(f"{run} did not reach step {step} in {timeout} s")
 
 
-def test_export_none_site_trains_and_requeues(slurm_cluster, digits_root, tmp_path):
+def test_export_none_site_trains_and_requeues(each_slurm_cluster, digits_root, tmp_path):
     """SBATCH_EXPORT=NONE in the submitting shell (a site default): the batch shell starts with only
     SLURM_* and its srun would pass only SLURM_* on to the tasks (SLURM_EXPORT_ENV=NONE). The tasks
-    still get the script's SUBMITIT_*/HPCTRAIN_* and the submitting code, and a USR2 stop requeues."""
+    still get the script's SUBMITIT_*/HPCTRAIN_* and the submitting code, and a USR2 stop requeues.
+    On Slurm 22.05 and 24.11 (srun's environment rules are version-dependent)."""
+    slurm_cluster = each_slurm_cluster
     job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
                  *digits_sets(digits_root, tmp_path, "xnone", *SHORT),
                  env={**EXPORT_NONE, "HPCTRAIN_LOGIN_SHELL_MARK": "set at submission"})

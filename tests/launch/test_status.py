@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from hpctrain.launch.progress import duration, iso
-from hpctrain.launch.status import run_status
+from hpctrain.launch.status import TERMINAL, job_state, run_status, sacct_rows
 from tests.helpers import digits_args, hpctrain, run_metrics, run_ranks
+from tests.launch.jobs import sacct_states
+from tests.slurm_cluster import PREEMPTIBLE, URGENT
 
 T0 = 1_700_000_000.0
 
@@ -86,3 +89,34 @@ def test_status_json_is_strict_json_with_a_diverged_loss(tmp_path, capsys):
     assert status(argparse.Namespace(target=str(tmp_path), json=True)) == 0
     out = capsys.readouterr().out
     assert json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))["loss"] is None
+
+
+@pytest.mark.slurm
+def test_a_preempted_job_that_slurm_requeues_is_not_reported_ended(slurm24_cluster, tmp_path, monkeypatch):
+    """A --requeue job in the preemptible partition ignores SIGTERM and is killed at the end of its
+    GraceTime; Slurm requeues it. Its last sacct row is PREEMPTED for seconds before the next run's
+    row appears, while squeue holds it: `job_state` (status, submit --wait) must not call that an
+    end. Same on 22.05 (measured); run on 24.11 only, where our batch shell leaves preempted jobs'
+    requeues to Slurm (docs/slurm-versions.md)."""
+    cluster = slurm24_cluster
+    for k, v in cluster.environ().items():  # job_state runs sacct/squeue from this environment
+        monkeypatch.setenv(k, v)
+    job = cluster.run("sbatch", "--parsable", f"--partition={PREEMPTIBLE}", "-N2", "--requeue",
+                      f"--output={tmp_path}/%j.out", "--wrap", "trap '' TERM; sleep 300", cwd=tmp_path).stdout.strip()
+    t0 = time.monotonic()
+    while cluster.state(job) != "RUNNING":
+        assert time.monotonic() - t0 < 60
+        time.sleep(0.2)
+    cluster.run("sbatch", f"--partition={URGENT}", "-N2", "--exclusive", f"--output={tmp_path}/%j.out",
+                "--wrap", "sleep 2", cwd=tmp_path)
+    seen, window = [], False
+    while not (seen and seen[-1] == "RUNNING" and len(sacct_states(cluster, job)) == 2):
+        assert time.monotonic() - t0 < 180, seen
+        rows = [r["State"] for r in sacct_rows(job)]
+        window |= rows[-1:] == ["PREEMPTED"]
+        st = job_state(job)
+        seen += [st] if not seen or seen[-1] != st else []
+        assert st not in TERMINAL, (seen, rows)
+        time.sleep(0.1)
+    cluster.run("scancel", job)
+    assert sacct_states(cluster, job)[0] == "PREEMPTED" and window, seen

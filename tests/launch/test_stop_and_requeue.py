@@ -103,27 +103,34 @@ PATHS = {
     "scontrol requeue": (["scontrol", "requeue"], "preemption"),
     "vit.sbatch, scancel USR2": (["scancel", "--signal=USR2"], "time_limit"),  # the script's own shell requeues
 }
+# On Slurm 24.11, the paths whose handling by Slurm differs in kind, not in the signal's route (the
+# others test our batch shell and srun, the same on both): USR2 to the batch shell, which requeues
+# itself and resumes exactly; an outside `scontrol requeue`, which Slurm requeues itself (the shell
+# must leave it alone: one REQUEUED row, not two).
+PATHS_24 = ("scancel USR2 --batch", "scontrol requeue")
 
 
 def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
-        slurm_cluster, container, digits_root, tmp_path, reference):
+        each_slurm_cluster, container, digits_root, tmp_path, reference):
     """Seven jobs at once (six through submitit, one through `sbatch slurm/vit.sbatch`), each
-    stopped one way mid-run; none can run a Slurm command in its tasks."""
+    stopped one way mid-run; none can run a Slurm command in its tasks. On 24.11: PATHS_24."""
+    slurm_cluster = each_slurm_cluster
+    paths = PATHS if "22.05" in slurm_cluster.version() else {k: PATHS[k] for k in PATHS_24}
     jobs = {label: (sbatch_job if label.startswith("vit.sbatch") else submit_job)(
                 slurm_cluster, container, digits_root, tmp_path, f"j{i}")
-            for i, label in enumerate(PATHS)}
-    runs = {label: tmp_path / f"j{i}" for i, label in enumerate(PATHS)}
+            for i, label in enumerate(paths)}
+    runs = {label: tmp_path / f"j{i}" for i, label in enumerate(paths)}
     sent = set()
     deadline = time.monotonic() + 400
-    while len(sent) < len(PATHS):  # signal each job once it has trained 12 steps (one checkpoint)
-        assert time.monotonic() < deadline, f"jobs never reached step 12: {set(PATHS) - sent}"
-        for label, (cmd, _) in PATHS.items():
+    while len(sent) < len(paths):  # signal each job once it has trained 12 steps (one checkpoint)
+        assert time.monotonic() < deadline, f"jobs never reached step 12: {set(paths) - sent}"
+        for label, (cmd, _) in paths.items():
             steps = [r["step"] for r in metrics(runs[label], "train")]
             if label not in sent and steps and steps[-1] >= 12:
                 slurm_cluster.run(*cmd, jobs[label])
                 sent.add(label)
         time.sleep(0.3)
-    for label, (_, kind) in PATHS.items():
+    for label, (_, kind) in paths.items():
         job, run = jobs[label], runs[label]
         assert slurm_cluster.wait_done(job, 400) == "COMPLETED", (label, sacct_states(slurm_cluster, job))
         assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"], label
@@ -137,15 +144,16 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
             assert req["requeue"] and req["reason"] == kind and req["job"] == job
         assert_same_weights(run, reference)
         script = label.startswith("vit.sbatch")
-        outs = ([tmp_path / f"j{list(PATHS).index(label)}-{job}.out"] if script
+        outs = ([tmp_path / f"j{list(paths).index(label)}-{job}.out"] if script
                 else (run / "submitit").glob(f"{job}_0_log.out"))
         out = "".join(p.read_text() for p in outs)
         assert out and ("scontrol requeue" not in out.lower() or "failed" not in out.lower()), out
         env = json.loads((run / "env.json").read_text())
         assert env["launcher"] == ("sbatch-script" if script else "submitit-slurm"), label
         assert env["env"]["SLURM_RESTART_COUNT"] == "1"
-    st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
-    assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
+    if "scancel TERM" in jobs:
+        st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
+        assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
     st = hp(slurm_cluster, "status", jobs["scancel USR2 --batch"]).stdout
     assert "requeues       1 (0 after preemption, 1 after a time limit" in st, st
 
@@ -197,10 +205,12 @@ def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
 
 
 def test_partition_preemption_with_grace_time_resumes_exactly(
-        slurm_cluster, container, digits_root, tmp_path, reference):
+        each_slurm_cluster, container, digits_root, tmp_path, reference):
     """A job in the urgent partition takes both nodes: ours gets SIGTERM, checkpoints within the
-    GraceTime, and — since a job that ends inside its grace time is COMPLETED, not requeued, by
-    Slurm — the batch shell requeues it; it resumes at that step once the urgent job is done."""
+    GraceTime, and is requeued once — by the batch shell on 22.05 (a job that ends inside its grace
+    time is COMPLETED there), by Slurm itself on 24.11 (since 24.05 it requeues such a job; the shell
+    then leaves it alone) — and resumes at that step once the urgent job is done."""
+    slurm_cluster = each_slurm_cluster
     job = submit_job(slurm_cluster, container, digits_root, tmp_path, "pre", "--partition", PREEMPTIBLE)
     run = tmp_path / "pre"
     wait_for_step(run, 12, 300)
@@ -209,9 +219,16 @@ def test_partition_preemption_with_grace_time_resumes_exactly(
                                f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
     assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
     assert slurm_cluster.wait_done(job, 400) == "COMPLETED"
-    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    # one requeue, whoever made it: never two. Slurm logs the run it requeued itself as PREEMPTED (24.11),
+    # one that our shell requeued as REQUEUED (22.05)
+    first = "PREEMPTED" if "24.11" in slurm_cluster.version() else "REQUEUED"
+    assert sacct_states(slurm_cluster, job) == [first, "COMPLETED"]
     (stop,) = metrics(run, "stop")
     assert stop["stop_kind"] == "preemption" and resumed_at(run) == [stop["step"]]
+    # who requeued: Slurm >= 24.05 itself (our shell's own `scontrol requeue` there left the job marked
+    # preempted, and its finished next run was requeued again: REQUEUED, PREEMPTED, COMPLETED)
+    shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*_log.out"))
+    assert ("requeues the job itself as this shell ends" in shell) == ("24.11" in slurm_cluster.version()), shell
     assert time.monotonic() - t0 < 400
     assert_same_weights(run, reference)
     # Slurm signals every task at once; the rank that had it by the agreeing step logged it (rank 0
@@ -227,7 +244,7 @@ def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(
         [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof),
          "--cluster-set", "slurm.max_requeues=0", "--nodes", "2", "--wait",
          *digits_sets(digits_root, tmp_path, "cap", *SETS)],
-        cwd=ROOT, env={**slurm_cluster.env, "OMP_NUM_THREADS": "1", **env}, stdout=subprocess.PIPE,
+        cwd=ROOT, env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "cap"
     wait_for_step(run, 5, 300)

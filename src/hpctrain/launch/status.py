@@ -43,14 +43,22 @@ def sacct_rows(job_id: str) -> list[dict[str, str]]:
 
 def job_state(job_id: str) -> str:
     rows = sacct_rows(job_id)
-    if rows:
+    # A preempted --requeue job is requeued by Slurm itself (PreemptMode=REQUEUE; since 24.05 also when
+    # it ends inside its GraceTime): its PREEMPTED row is the last one for a few seconds before the
+    # next run's row appears (measured, docs/slurm-versions.md), while squeue still holds it.
+    if rows and not (rows[-1]["State"] == "PREEMPTED" and _queue_state(job_id)):
         return rows[-1]["State"]
+    return _queue_state(job_id) or "UNKNOWN"
+
+
+def _queue_state(job_id: str) -> str:
+    """The job's state in squeue ('' when it is not in the queue)."""
     if shutil.which("squeue"):
         r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
                            timeout=30)
         if r.returncode == 0 and r.stdout.strip():
             return r.stdout.split()[0]
-    return "UNKNOWN"
+    return ""
 
 
 def wait_job(job_id: str, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
