@@ -120,18 +120,44 @@ def seed_step(seed: int, device: torch.device) -> None:
 
 
 @torch.no_grad()
+def eval_rounds(loader, device: torch.device) -> int:
+    """The most eval batches any rank has: every rank runs that many forwards. Under FSDP each
+    forward all-gathers, so a rank with one batch more than the others (12,812 images on 16 ranks
+    at 32: 25 or 26 batches) would wait forever on a collective the others never join."""
+    n = len(loader)
+    if not td.is_initialized() or td.get_world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    td.all_reduce(t, op=td.ReduceOp.MAX)
+    return int(t.item())
+
+
+def blank_input(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
+    """One black image the size `model` (a ViT) takes: the padding forward of a rank with no batch."""
+    pe = model.patch_embed
+    side = pe.grid * pe.proj.kernel_size[0]
+    return torch.zeros(1, 3, side, side, device=device)
+
+
 def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num_classes: int = 0) -> dict:
     """Exact top-1/top-5 and mean loss over the whole split, summed over every rank: padded samples
     (label < 0) never count. With `num_classes`, also the confusion matrix ("confusion": rows the
-    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it."""
+    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it.
+
+    Every rank runs the same number of forwards (`eval_rounds`): a rank whose shard has fewer
+    batches runs padding forwards on one image of its last batch, counted nowhere."""
     if loader is None:
         return {}
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, n, loss
     conf = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device) if num_classes else None
+    rounds = eval_rounds(loader, device)
     loader.set_epoch(0)
+    seen, last = 0, None
     for images, labels in loader:
+        seen += 1
+        last = images[:1]
         keep = labels >= 0
         with autocast_ctx(amp, device):
             logits = model(images)
@@ -143,6 +169,9 @@ def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num
                              ]).double()
         if conf is not None:
             conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
+    for _ in range(rounds - seen):  # padding forwards: the collectives of the others' last batches
+        with autocast_ctx(amp, device):
+            model(last if last is not None else blank_input(model, device))
     if td.is_initialized():
         td.all_reduce(sums)
         if conf is not None:
