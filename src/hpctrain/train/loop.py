@@ -473,6 +473,27 @@ class Trainer:
         finally:
             self.speed.close()
 
+    def close(self) -> None:
+        """End everything of this run that still talks to a process group or runs a thread, in
+        order, so that `destroy_process_group` (dist.shutdown, last) can free every group while the
+        interpreter is alive (docs/communication.md, "Exit"): the background checkpoint (a thread
+        with collectives on its own group), the stop round and the straggler round (async
+        all-reduces on the control group), the hang watchdog and NVML threads, the metrics files;
+        then the DDP/FSDP wrappers, optimizer and EMA, which hold the groups. A group a wrapper
+        still holds outlives `destroy_process_group` with its gloo threads, and is freed at
+        interpreter exit, where a gloo worker that drops the last reference to a Python tensor
+        needs the GIL and is ended mid-C++ (std::terminate: "terminate called without an active
+        exception", SIGABRT). Idempotent; the trainer cannot train afterwards."""
+        self._collect()
+        self.stop_round.result()
+        self.stragglers.settle()
+        self.watchdog.stop()
+        self.speed.close()
+        self.metrics.close()
+        self.ddp = self.fwd_model = self.model = self.optimizer = self.ema = None
+        self.reduce_hook = self.control_group = self.ckpt_group = None
+        self.stop_round = PendingBits(None)
+
     def _run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         t = self.cfg.train
         out = Outcome(total_steps=self.total_steps)
