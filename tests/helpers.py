@@ -6,7 +6,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits_vit.yaml"
@@ -51,8 +54,16 @@ def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | Non
         procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     results = []
+    deadline = time.monotonic() + timeout
     for p in procs:
-        out, _ = p.communicate(timeout=timeout)
+        try:
+            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # a hang fails the test and leaves no rank behind
+            for q in procs:
+                q.kill()
+            outs = [q.communicate()[0] for q in procs]
+            pytest.fail(f"ranks still running after {timeout} s (a hang):\n" +
+                        "\n".join(f"--- rank {i}\n{o[-2000:]}" for i, o in enumerate(outs)))
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
     for r in results:
         assert r.returncode == 0, f"rank failed ({r.returncode}):\n{r.stdout[-4000:]}"

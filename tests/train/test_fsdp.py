@@ -113,3 +113,14 @@ def test_fsdp_policy_follows_amp_and_grad_reduce_dtype():
     p = fsdp.mixed_precision("bf16")
     assert (p.param_dtype, p.reduce_dtype) == (torch.bfloat16, torch.float32)
     assert fsdp.mixed_precision("bf16", "bf16").reduce_dtype == torch.bfloat16
+
+
+def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path):
+    """Every FSDP forward all-gathers: 359 val images on 3 ranks at 17 a batch are 8, 8 and 7
+    batches, and rank 2 must run an eighth (padding) forward or ranks 0 and 1 wait on an all-gather
+    it never joins (before: a hang until the collective timeout). The padding counts nowhere."""
+    args = digits_args(digits_root, tmp_path, "uneven", "train.parallel=fsdp", "train.max_steps=2",
+                       "data.batch_size=48", "data.eval_batch_size=17", "train.pg_timeout_s=40")
+    run_ranks(3, args, timeout=150)
+    ev = run_metrics(tmp_path / "uneven", "eval")
+    assert len(ev) == 1 and ev[0]["count"] == 359, ev

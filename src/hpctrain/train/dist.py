@@ -7,6 +7,7 @@ host and MASTER_PORT is derived from the job id, so all tasks agree without talk
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 import re
@@ -189,9 +190,13 @@ def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> Rank
 
 
 def shutdown() -> None:
+    """Destroy every process group, last (docs/communication.md, "Exit"). The cyclic garbage is
+    collected first: a DDP/FSDP wrapper the caller dropped but a reference cycle keeps would hold
+    its group, and that group's gloo threads, past `destroy_process_group` into interpreter exit."""
     import torch.distributed as td
 
     if td.is_initialized():
+        gc.collect()
         td.destroy_process_group()
 
 

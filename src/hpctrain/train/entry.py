@@ -215,7 +215,9 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     }
     if out.status == "preempted":
         summary["requeue"] = requeue.after_stop(summary, trainer.metrics if info.is_main else None)
-    trainer.metrics.close()
+    trainer.close()  # its threads and collectives ended, its hold on the process groups dropped
+    del trainer, model
+    control = None
     if info.is_main:
         log.info("\n%s", summary_table(summary))
     lock.release()

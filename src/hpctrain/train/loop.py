@@ -120,18 +120,44 @@ def seed_step(seed: int, device: torch.device) -> None:
 
 
 @torch.no_grad()
+def eval_rounds(loader, device: torch.device) -> int:
+    """The most eval batches any rank has: every rank runs that many forwards. Under FSDP each
+    forward all-gathers, so a rank with one batch more than the others (12,812 images on 16 ranks
+    at 32: 25 or 26 batches) would wait forever on a collective the others never join."""
+    n = len(loader)
+    if not td.is_initialized() or td.get_world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    td.all_reduce(t, op=td.ReduceOp.MAX)
+    return int(t.item())
+
+
+def blank_input(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
+    """One black image the size `model` (a ViT) takes: the padding forward of a rank with no batch."""
+    pe = model.patch_embed
+    side = pe.grid * pe.proj.kernel_size[0]
+    return torch.zeros(1, 3, side, side, device=device)
+
+
 def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num_classes: int = 0) -> dict:
     """Exact top-1/top-5 and mean loss over the whole split, summed over every rank: padded samples
     (label < 0) never count. With `num_classes`, also the confusion matrix ("confusion": rows the
-    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it."""
+    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it.
+
+    Every rank runs the same number of forwards (`eval_rounds`): a rank whose shard has fewer
+    batches runs padding forwards on one image of its last batch, counted nowhere."""
     if loader is None:
         return {}
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, n, loss
     conf = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device) if num_classes else None
+    rounds = eval_rounds(loader, device)
     loader.set_epoch(0)
+    seen, last = 0, None
     for images, labels in loader:
+        seen += 1
+        last = images[:1]
         keep = labels >= 0
         with autocast_ctx(amp, device):
             logits = model(images)
@@ -143,6 +169,9 @@ def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num
                              ]).double()
         if conf is not None:
             conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
+    for _ in range(rounds - seen):  # padding forwards: the collectives of the others' last batches
+        with autocast_ctx(amp, device):
+            model(last if last is not None else blank_input(model, device))
     if td.is_initialized():
         td.all_reduce(sums)
         if conf is not None:
@@ -443,6 +472,27 @@ class Trainer:
             raise diagnose(e, self.dist.rank, self.dist.world_size, min(30.0, self.cfg.train.pg_timeout_s)) from e
         finally:
             self.speed.close()
+
+    def close(self) -> None:
+        """End everything of this run that still talks to a process group or runs a thread, in
+        order, so that `destroy_process_group` (dist.shutdown, last) can free every group while the
+        interpreter is alive (docs/communication.md, "Exit"): the background checkpoint (a thread
+        with collectives on its own group), the stop round and the straggler round (async
+        all-reduces on the control group), the hang watchdog and NVML threads, the metrics files;
+        then the DDP/FSDP wrappers, optimizer and EMA, which hold the groups. A group a wrapper
+        still holds outlives `destroy_process_group` with its gloo threads, and is freed at
+        interpreter exit, where a gloo worker that drops the last reference to a Python tensor
+        needs the GIL and is ended mid-C++ (std::terminate: "terminate called without an active
+        exception", SIGABRT). Idempotent; the trainer cannot train afterwards."""
+        self._collect()
+        self.stop_round.result()
+        self.stragglers.settle()
+        self.watchdog.stop()
+        self.speed.close()
+        self.metrics.close()
+        self.ddp = self.fwd_model = self.model = self.optimizer = self.ema = None
+        self.reduce_hook = self.control_group = self.ckpt_group = None
+        self.stop_round = PendingBits(None)
 
     def _run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         t = self.cfg.train
