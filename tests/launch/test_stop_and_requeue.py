@@ -192,7 +192,9 @@ def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
     assert rec["source"]["snapshot"]["path"] == str(snap) and rec["source"]["snapshot"]["hash"] == submitted
     assert rec["source"]["snapshot"]["from"] == str(checkout / "hpctrain")
     assert not (snap / "added_later.py").exists() and source_hash(snap) == submitted
-    again = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, env=env)
+    # the run has finished: a new submission trains it further (a finished run's rerun is refused)
+    again = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--set", "train.epochs=3",
+               env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     new = source_hash(checkout / "hpctrain")
     assert (f"the code changed since this directory's last submission: source {submitted} → {new}"

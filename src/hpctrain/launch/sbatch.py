@@ -227,7 +227,8 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ["# Sites with SBATCH_EXPORT=NONE (or --export=NONE) give the job SLURM_EXPORT_ENV=NONE, and srun",
               "# would pass only SLURM_* on to the tasks (sbatch(1), --export): this shell's environment goes.",
               "export SLURM_EXPORT_ENV=ALL",
-              "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation.",
+              "# srun 22.05-23.02 takes --cpus-per-task from SRUN_CPUS_PER_TASK only; 23.11 and later read",
+              "# SLURM_CPUS_PER_TASK (set by the allocation) and ignore SRUN_CPUS_PER_TASK: this covers both.",
               'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then',
               "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", *MEMLOCK_LINES, ""]
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
