@@ -218,6 +218,8 @@ class TrainConfig:
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
+    keep_best: bool = opt(False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside "
+                                 "the newest train.keep_ckpts")
     on_ckpt_error: str = opt("stop", "a checkpoint that cannot be written: stop or warn and go on",
                              choices=("stop", "continue"))
     ckpt_format: str = opt("auto", "checkpoint format: sharded (DCP: every rank writes and reads its part), "
@@ -229,7 +231,8 @@ class TrainConfig:
     on_nonfinite: str = opt("rollback", "a non-finite loss or gradient norm (or a loss spike): roll back to the "
                             "last good checkpoint and skip the batches that led there, or stop (non-zero exit)",
                             choices=("rollback", "stop"))
-    max_rollbacks: int = opt(3, "rollbacks per launch before the run stops with a non-zero exit", lo=0)
+    max_rollbacks: int = opt(3, "rollbacks per run (counted in its checkpoints) before it stops with a non-zero "
+                             "exit", lo=0)
     rollback_skip_batches: int = opt(0, "global batches skipped after a rollback, counted from the checkpoint's "
                                      "data position (0: those trained since it, through the bad step)", lo=0)
     spike_factor: float = opt(0.0, "a logged loss above this × the median of the last train.spike_window "

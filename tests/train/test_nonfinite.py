@@ -33,10 +33,14 @@ def assert_finite_checkpoints(run_dir) -> list[int]:
 
 
 def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_path):
-    run_ranks(2, digits_args(digits_root, tmp_path, "nan", *SETS), env={"HPCTRAIN_TEST_NAN": "1:12"})
+    run_ranks(2, digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every=1", "train.keep_best=true"),
+              env={"HPCTRAIN_TEST_NAN": "1:12"})
     run = tmp_path / "nan"
     steps = assert_finite_checkpoints(run)
     assert max(steps) == 25
+    evals = run_metrics(run, "eval")  # steps 22 (an epoch) and 25 (the end): the best one's checkpoint stays
+    assert [e["step"] for e in evals] == [22, 25]
+    assert max(evals, key=lambda e: (e["top1"], -e["step"]))["step"] in steps
     [bad] = run_metrics(run, "nonfinite")
     assert (bad["step"], bad["reason"]) == (15, "nonfinite")  # read before step 15's checkpoint
     [rb] = run_metrics(run, "rollback")
@@ -104,7 +108,7 @@ def test_spike_factor_at_most_one_is_refused():
 
 def test_prune_keeps_the_protected_good_checkpoint(tmp_path):
     for step in (5, 10, 15, 20):
-        ckpt.save(tmp_path, step, {"model": {}, "step": step}, keep=2, protect=5)
+        ckpt.save(tmp_path, step, {"model": {}, "step": step}, keep=2, protect=(5,))
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(tmp_path)] == [20, 15, 5]
 
 

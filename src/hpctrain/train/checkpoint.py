@@ -168,17 +168,18 @@ def point_latest(d: Path, path: Path) -> None:
     atomic_write(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
 
 
-def prune(run_dir: str | Path, keep: int, protect: int = -1) -> None:
-    """Keep the newest `keep` checkpoints (steps), of either format, and step `protect`: the last
-    one known good (train/guard.py), which a rollback needs after newer ones saw a spike."""
-    kept = {step_of(p) for p in list_checkpoints(run_dir)[:keep]} | {protect}
+def prune(run_dir: str | Path, keep: int, protect: tuple[int, ...] = ()) -> None:
+    """Keep the newest `keep` checkpoints (steps), of either format, and the steps in `protect`: the
+    last one known good (train/guard.py), which a rollback needs after newer ones saw a spike, and
+    the best-eval one (train.keep_best)."""
+    kept = {step_of(p) for p in list_checkpoints(run_dir)[:keep]} | set(protect)
     for step, old in _every_checkpoint(run_dir):
         if step not in kept:
             _remove(old)
 
 
-def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int, protect: int = -1) -> Path:
-    """Write step-<n>.pt atomically, point `latest` at it, keep the newest `keep` (and step `protect`)."""
+def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int, protect: tuple[int, ...] = ()) -> Path:
+    """Write step-<n>.pt atomically, point `latest` at it, keep the newest `keep` (and the steps in `protect`)."""
     d = ckpt_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True, mode=0o755)
     clear_stale(d)

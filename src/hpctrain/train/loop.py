@@ -212,6 +212,7 @@ class Trainer:
         self.nan_at, self.nan_always = guard.injected_nan(dist.rank)  # test-only (guard.injected_nan)
         self.rollbacks = 0  # in this run (kept in checkpoints, not reset by a rollback)
         self.good_step = -1  # newest checkpoint known good: a clean check came after it; never pruned
+        self.best: tuple[float, int] | None = None  # (top-1, step) of the best eval whose checkpoint is kept
         self.grad_norm: torch.Tensor | None = None  # the last step's, when optim.clip_grad computes it
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
@@ -265,6 +266,7 @@ class Trainer:
                        "batch": ((self.step + self.data_offset) % self.steps_per_epoch) * self.accum},
             "data_offset": self.data_offset,
             "rollbacks": self.rollbacks,
+            "best": list(self.best) if self.best else None,
             "rng": rngs,
             "world_size": self.dist.world_size,
             "global_batch": self.cfg.data.batch_size,
@@ -313,6 +315,7 @@ class Trainer:
         self.good_step = self.step  # it trained on, or it was resumed from: known good
         self.data_offset = int(st.get("data_offset", 0))  # absent before rollbacks existed
         self.rollbacks = int(st.get("rollbacks", 0))
+        self.best = tuple(st["best"]) if st.get("best") else None
         self.eval_pending = bool(st.get("eval_pending", False))  # absent in older checkpoints
         rngs = st.get("rng") or []
         if len(rngs) == self.dist.world_size:
@@ -346,7 +349,7 @@ class Trainer:
             path, err = None, None
             if self.dist.is_main and self.run_dir:
                 try:
-                    path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts, protect=self.good_step)
+                    path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts, protect=self._protected())
                 except ckpt.CheckpointError as e:
                     err = e
             return self._saved(self.step, path, err)
@@ -358,10 +361,10 @@ class Trainer:
 
         args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
         if background and t.ckpt_async:
-            self.pending = sharded.start(*args, group=self.ckpt_group, protect=self.good_step)
+            self.pending = sharded.start(*args, group=self.ckpt_group, protect=self._protected())
             self.last_saved_step = self.step  # in flight: this step is not saved again
             return previous
-        path, err = sharded.save(*args, group=self.ckpt_group or self.control_group, protect=self.good_step)
+        path, err = sharded.save(*args, group=self.ckpt_group or self.control_group, protect=self._protected())
         return self._saved(self.step, path, err)
 
     def _saved(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> str | None:
@@ -411,6 +414,10 @@ class Trainer:
                         self.step)
             return
         out.checkpoint = self.save(background=periodic) or out.checkpoint
+
+    def _protected(self) -> tuple[int, ...]:
+        """Checkpoint steps that pruning keeps beside the newest: the last known good, the best eval's."""
+        return (self.good_step, *((self.best[1],) if self.best and self.cfg.train.keep_best else ()))
 
     def _healthy(self, check_weights: bool = False) -> bool:
         """Every rank agrees that no loss or gradient norm since the last check was non-finite (and,
@@ -599,6 +606,9 @@ class Trainer:
                 gn_acc.zero_()
                 win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
                 last_eval_step = -1
+                if self.eval_pending:  # the checkpoint ended an epoch whose eval had not run when it was saved
+                    self._eval_and_log(out, progress)
+                    last_eval_step = self.step
         out.status, out.step = "finished", self.step
         out.epoch = self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
@@ -784,6 +794,10 @@ class Trainer:
             rec.update({f"ema_{k}": v for k, v in out.eval_ema.items()})
         self.metrics.write("eval", **rec)
         self.eval_pending = False
+        top1 = out.eval.get("top1")
+        if self.cfg.train.keep_best and top1 is not None and (self.best is None or top1 > self.best[0]):
+            self.best = (top1, self.step)  # every rank: the eval is summed over all of them
+            self._checkpoint(out)  # this step's state, kept by pruning until a better eval
         if self.dist.is_main and out.eval:
             log.info("eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, out.eval["top1"],
                      out.eval["top5"], out.eval["count"])

@@ -71,7 +71,7 @@ def _alone() -> bool:
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
-def _finalize(run_dir: Path, step: int, meta: dict, keep: int, protect: int = -1) -> Path:
+def _finalize(run_dir: Path, step: int, meta: dict, keep: int, protect: tuple[int, ...] = ()) -> Path:
     """Rank 0, once every rank's part is on disk: meta.pt, rename to the real name, `latest`, prune."""
     d = ckpt.ckpt_dir(run_dir)
     final = d / ckpt.name(step, "sharded")
@@ -106,7 +106,7 @@ def _failure(run_dir: Path, step: int, e: BaseException, is_main: bool) -> ckpt.
 
 
 def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None,
-         protect: int = -1) -> tuple[Path | None, ckpt.CheckpointError | None]:
+         protect: tuple[int, ...] = ()) -> tuple[Path | None, ckpt.CheckpointError | None]:
     """Write a sharded checkpoint now (a collective). Returns (path on rank 0, error)."""
     import torch.distributed.checkpoint as dcp
 
@@ -144,7 +144,7 @@ class Pending:
 
 
 def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None,
-          protect: int = -1) -> Pending:
+          protect: tuple[int, ...] = ()) -> Pending:
     """Copy the state to CPU memory now, write it in the background (a collective on `group`)."""
     import torch.distributed.checkpoint as dcp
 
