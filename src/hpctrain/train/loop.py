@@ -586,6 +586,10 @@ class Trainer:
                         if bits and self.step < self.total_steps:
                             progress.newline()
                             return self._stop(out, bits, start_wall, save=True)
+                        if self.eval_pending and (self.step + self.data_offset) % self.steps_per_epoch:
+                            # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
+                            self._eval_and_log(out, progress)
+                            last_eval_step = self.step
                     del it
                     if self.eval_pending:
                         self._eval_and_log(out, progress)
