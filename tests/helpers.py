@@ -40,9 +40,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | None = None
+def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | None = None, check: bool = True
               ) -> list[subprocess.CompletedProcess]:
-    """Run `python <argv>` as `world` ranks with torchrun-style variables; all must succeed."""
+    """Run `python <argv>` as `world` ranks with torchrun-style variables; all must succeed (with `check`)."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -65,7 +65,7 @@ def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | Non
             pytest.fail(f"ranks still running after {timeout} s (a hang):\n" +
                         "\n".join(f"--- rank {i}\n{o[-2000:]}" for i, o in enumerate(outs)))
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
-    for r in results:
+    for r in results if check else ():
         assert r.returncode == 0, f"rank failed ({r.returncode}):\n{r.stdout[-4000:]}"
     return results
 

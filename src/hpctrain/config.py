@@ -218,6 +218,8 @@ class TrainConfig:
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
+    keep_best: bool = opt(False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside "
+                                 "the newest train.keep_ckpts")
     on_ckpt_error: str = opt("stop", "a checkpoint that cannot be written: stop or warn and go on",
                              choices=("stop", "continue"))
     ckpt_format: str = opt("auto", "checkpoint format: sharded (DCP: every rank writes and reads its part), "
@@ -226,6 +228,17 @@ class TrainConfig:
     ckpt_async: bool = opt(False, "write sharded checkpoints in the background while training goes on "
                                   "(the next save waits for the previous; torch >= 2.4)")
     halt_at: int = opt(0, "checkpoint and stop at this step as if preempted (0: off)", lo=0)
+    on_nonfinite: str = opt("rollback", "a non-finite loss or gradient norm (or a loss spike): roll back to the "
+                            "last good checkpoint and skip the batches that led there, or stop (non-zero exit)",
+                            choices=("rollback", "stop"))
+    max_rollbacks: int = opt(3, "rollbacks per run (counted in its checkpoints) before it stops with a non-zero "
+                             "exit", lo=0)
+    rollback_skip_batches: int = opt(0, "global batches skipped after a rollback, counted from the checkpoint's "
+                                     "data position (0: those trained since it, through the bad step)", lo=0)
+    spike_factor: float = opt(0.0, "a logged loss above this × the median of the last train.spike_window "
+                              "logged losses is a spike, handled as train.on_nonfinite says (0: off)", lo=0)
+    spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)",
+                            lo=3)
     parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit",
                         choices=("ddp", "fsdp"))
     device: str = opt("auto", "auto = cuda when available", choices=("auto", "cuda", "cpu"))
@@ -253,6 +266,9 @@ class TrainConfig:
             raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
                               "no_sync breaks static_graph, pytorch/pytorch#143580): set "
                               "train.ddp_static_graph=auto or never")
+        if 0 < self.spike_factor <= 1:
+            raise ConfigError(f"train.spike_factor={self.spike_factor:g} would flag every loss at or above its "
+                              "median as a spike: use a factor > 1 (e.g. 2.0), or 0 to turn spike detection off")
         if self.hang_timeout_s and 2 * self.hang_timeout_s > self.pg_timeout_s:
             raise ConfigError(f"train.hang_timeout_s={self.hang_timeout_s} must be at most half of "
                               f"train.pg_timeout_s={self.pg_timeout_s}: the collective timeout would end the job "

@@ -190,6 +190,8 @@ class RunStatus:
             "steps_per_s": self.steps_per_s, "last_record_age_s": self.age(m.get("last_time")),
             "eta_s": self.eta.seconds, "eta_at": iso(self.eta.at), "eta_note": self.eta.note or None,
             "straggler": m.get("straggler"), "hang": m.get("hang"), "last_eval": m.get("last_eval"),
+            "nonfinite": m.get("nonfinite", 0), "rollbacks": m.get("rollbacks", 0),
+            "last_nonfinite": m.get("last_nonfinite"), "last_rollback": m.get("last_rollback"),
             "checkpoint": m.get("checkpoint"), "checkpoint_step": m.get("checkpoint_step"),
             "checkpoint_age_s": self.age(m.get("checkpoint_time")),
         }
@@ -228,6 +230,8 @@ class RunStatus:
             rows.append(("straggler", straggler_text(m["straggler"])))
         if m.get("hang"):
             rows.append(("hang", hang_text(m["hang"])))
+        if m.get("nonfinite"):
+            rows.append(("divergence", divergence_text(m)))
         ev = m.get("last_eval")
         if ev:
             text = f"top-1 {ev['top1']:.2f} %, top-5 {ev.get('top5', float('nan')):.2f} % at step {ev.get('step')}"
@@ -260,6 +264,15 @@ def straggler_text(s: dict) -> str:
             f" at step {s.get('step')}: {cause}")
 
 
+def divergence_text(m: dict) -> str:
+    """Non-finite losses and spikes, and what the run did about the last one (train/guard.py)."""
+    ev, rb = m["last_nonfinite"], m.get("last_rollback")
+    text = f"{m['nonfinite']} event(s), {m.get('rollbacks', 0)} rollback(s); last: {ev['reason']} at step {ev['step']}"
+    if rb and rb.get("from_step") == ev["step"]:
+        text += f", rolled back to step {rb['step']} ({rb['checkpoint']}), {rb['skip_batches']} batches skipped"
+    return text
+
+
 def hang_text(h: dict) -> str:
     ranks = h.get("ranks") or []
     where = h.get("where") or [None] * len(ranks)
@@ -289,6 +302,14 @@ def summarize(records: list[dict]) -> dict:
         elif kind == "stop":
             out["stops"] = out.get("stops", 0) + 1
             out["stopped_at"], out["stop_reason"] = rec.get("step"), rec.get("stop_kind") or rec.get("reason")
+            if rec.get("detail"):  # a divergence's stop: why it did not roll back
+                out["stop_reason"] += f" ({rec['detail']})"
+        elif kind == "nonfinite":
+            out["nonfinite"] = out.get("nonfinite", 0) + 1
+            out["last_nonfinite"] = {k: rec.get(k) for k in ("step", "reason", "loss", "median")}
+        elif kind == "rollback":
+            out["rollbacks"] = out.get("rollbacks", 0) + 1
+            out["last_rollback"] = {k: rec.get(k) for k in ("step", "from_step", "checkpoint", "skip_batches")}
         elif kind == "requeue":
             if rec.get("requeue"):
                 key = "preemptions" if rec.get("reason") == "preemption" else "time_limits"

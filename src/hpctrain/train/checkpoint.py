@@ -168,16 +168,18 @@ def point_latest(d: Path, path: Path) -> None:
     atomic_write(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
 
 
-def prune(run_dir: str | Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints (steps), of either format."""
-    kept = {step_of(p) for p in list_checkpoints(run_dir)[:keep]}
+def prune(run_dir: str | Path, keep: int, protect: tuple[int, ...] = ()) -> None:
+    """Keep the newest `keep` checkpoints (steps), of either format, and the steps in `protect`: the
+    last one known good (train/guard.py), which a rollback needs after newer ones saw a spike, and
+    the best-eval one (train.keep_best)."""
+    kept = {step_of(p) for p in list_checkpoints(run_dir)[:keep]} | set(protect)
     for step, old in _every_checkpoint(run_dir):
         if step not in kept:
             _remove(old)
 
 
-def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write step-<n>.pt atomically, point `latest` at it, keep the newest `keep`."""
+def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int, protect: tuple[int, ...] = ()) -> Path:
+    """Write step-<n>.pt atomically, point `latest` at it, keep the newest `keep` (and the steps in `protect`)."""
     d = ckpt_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True, mode=0o755)
     clear_stale(d)
@@ -188,7 +190,7 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Pa
         drop_other_format(path)
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError
         raise write_error(run_dir, path, e) from e
-    prune(run_dir, keep)
+    prune(run_dir, keep, protect)
     return path
 
 

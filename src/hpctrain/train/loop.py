@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import comm, compat, fastpath, speed, straggler, tensorboard
+from hpctrain.train import comm, compat, fastpath, guard, speed, straggler, tensorboard
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, diagnose
 from hpctrain.train.ema import EMA
@@ -35,6 +36,10 @@ log = logging.getLogger("hpctrain")
 
 class ResumeError(UserError, RuntimeError):
     """A checkpoint that does not fit this run's config; nothing has been overwritten."""
+
+
+class RunDiverged(UserError, RuntimeError):
+    """A non-finite loss or a spike that train.on_nonfinite says to stop on (or rollbacks used up)."""
 
 
 class RunFinished(UserError, RuntimeError):
@@ -230,6 +235,14 @@ class Trainer:
             self.ddp, self.reduce_hook = comm.wrap(self.fwd_model, device, t)
             self.fwd_model = self.ddp
         self.step = 0
+        self.data_offset = 0  # optimizer steps' worth of batches skipped by rollbacks (the loader runs ahead)
+        self.finite = guard.FiniteFlag(device)  # OR of "not finite" since the last clean check, on the device
+        self.spikes = guard.SpikeWatch(t.spike_factor, t.spike_window)
+        self.nan_at, self.nan_always = guard.injected_nan(dist.rank)  # test-only (guard.injected_nan)
+        self.rollbacks = 0  # in this run (kept in checkpoints, not reset by a rollback)
+        self.good_step = -1  # newest checkpoint known good: a clean check came after it; never pruned
+        self.best: tuple[float, int] | None = None  # (top-1, step) of the best eval whose checkpoint is kept
+        self.grad_norm: torch.Tensor | None = None  # the last step's, when optim.clip_grad computes it
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
         main_dir = run_dir if dist.is_main else None
@@ -278,8 +291,11 @@ class Trainer:
             "eval_pending": self.eval_pending,
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "schedule": {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps},
-            "loader": {"epoch": self.step // self.steps_per_epoch,
-                       "batch": (self.step % self.steps_per_epoch) * self.accum},
+            "loader": {"epoch": (self.step + self.data_offset) // self.steps_per_epoch,
+                       "batch": ((self.step + self.data_offset) % self.steps_per_epoch) * self.accum},
+            "data_offset": self.data_offset,
+            "rollbacks": self.rollbacks,
+            "best": list(self.best) if self.best else None,
             "rng": rngs,
             "world_size": self.dist.world_size,
             "global_batch": self.cfg.data.batch_size,
@@ -325,6 +341,10 @@ class Trainer:
             self.ema.load_state_dict(st["ema"])
         self.step = int(st["step"])
         self.last_saved_step = self.step  # on disk already: never saved again (nor in another format)
+        self.good_step = self.step  # it trained on, or it was resumed from: known good
+        self.data_offset = int(st.get("data_offset", 0))  # absent before rollbacks existed
+        self.rollbacks = int(st.get("rollbacks", 0))
+        self.best = tuple(st["best"]) if st.get("best") else None
         self.eval_pending = bool(st.get("eval_pending", False))  # absent in older checkpoints
         rngs = st.get("rng") or []
         if len(rngs) == self.dist.world_size:
@@ -358,7 +378,7 @@ class Trainer:
             path, err = None, None
             if self.dist.is_main and self.run_dir:
                 try:
-                    path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts)
+                    path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts, protect=self._protected())
                 except ckpt.CheckpointError as e:
                     err = e
             return self._saved(self.step, path, err)
@@ -370,10 +390,10 @@ class Trainer:
 
         args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
         if background and t.ckpt_async:
-            self.pending = sharded.start(*args, group=self.ckpt_group)
+            self.pending = sharded.start(*args, group=self.ckpt_group, protect=self._protected())
             self.last_saved_step = self.step  # in flight: this step is not saved again
             return previous
-        path, err = sharded.save(*args, group=self.ckpt_group or self.control_group)
+        path, err = sharded.save(*args, group=self.ckpt_group or self.control_group, protect=self._protected())
         return self._saved(self.step, path, err)
 
     def _saved(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> str | None:
@@ -405,13 +425,39 @@ class Trainer:
         pending, self.pending = self.pending, None
         return self._settle(pending.step, *pending.wait())[1]
 
-    def _checkpoint(self, out: Outcome) -> None:
+    def _checkpoint(self, out: Outcome, stopping: bool = False) -> None:
         """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file.
-        The `ckpt_every` saves may go to the background; the last one and a stop's never do."""
+        The `ckpt_every` saves may go to the background; the last one and a stop's never do.
+        Never from a state that saw a non-finite value: then a stop saves nothing (the run resumes
+        from its last good checkpoint), anything else raises guard.Diverged (roll back or stop)."""
         t = self.cfg.train
         periodic = bool(t.ckpt_every) and self.step % t.ckpt_every == 0 and self.step < self.total_steps
-        if self.last_saved_step != self.step:
-            out.checkpoint = self.save(background=periodic) or out.checkpoint
+        if self.last_saved_step == self.step:
+            return
+        if not self._healthy(check_weights=True):
+            if not stopping:
+                raise guard.Diverged(self.step, "nonfinite", {"where": "before a checkpoint"})
+            self.metrics.write("nonfinite", step=self.step, reason="nonfinite", where="before a stop's checkpoint",
+                               action="no checkpoint")
+            log.warning("step %d saw a non-finite value: no checkpoint at this stop (the last good one stays)",
+                        self.step)
+            return
+        out.checkpoint = self.save(background=periodic) or out.checkpoint
+
+    def _protected(self) -> tuple[int, ...]:
+        """Checkpoint steps that pruning keeps beside the newest: the last known good, the best eval's."""
+        return (self.good_step, *((self.best[1],) if self.best and self.cfg.train.keep_best else ()))
+
+    def _healthy(self, check_weights: bool = False) -> bool:
+        """Every rank agrees that no loss or gradient norm since the last check was non-finite (and,
+        with `check_weights`, no parameter is): one all-reduce of a flag, where the loop syncs anyway."""
+        bad = self.finite.bad
+        if check_weights:
+            bad = bad | ~guard.params_finite(self.model)
+        flag = bad.to(torch.int32).reshape(1)
+        if td.is_initialized():
+            td.all_reduce(flag, op=td.ReduceOp.MAX)
+        return not bool(flag.item())
 
     # ------------------------------------------------------------------ evaluation
 
@@ -438,12 +484,19 @@ class Trainer:
                     logits = self.fwd_model(images)
                     self.fwd_clock.stop()
                 loss = soft_cross_entropy(logits, targets) / self.accum
+                if self.nan_at == self.step + 1 and i == 0:  # test-only: guard.injected_nan
+                    loss = loss * float("nan")
+                    self.nan_at = self.nan_at if self.nan_always else 0
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
+        self.grad_norm = None
         if self.cfg.optim.clip_grad > 0:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+        # no host sync: a flag on the device, read at the log boundary and before a save (train/guard.py);
+        # under fp16 an infinite gradient norm is the GradScaler's to skip, so only the loss counts there
+        self.finite.update(total if self.grad_norm is None or self.scaler else total + self.grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -462,6 +515,8 @@ class Trainer:
             out.checkpoint = self._collect() or out.checkpoint  # a stop on a ckpt_every step: its save
             return out
         except (RuntimeError, td.DistError) as e:
+            if isinstance(e, RunDiverged):  # unanimous, and said in one line
+                raise
             if isinstance(e, ckpt.CheckpointError):  # unanimous (Trainer.save): every rank is here
                 self.stop_round.result()
                 self.stragglers.settle()
@@ -524,64 +579,90 @@ class Trainer:
         if self.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
-        while self.step < self.total_steps:
-            epoch, pos = divmod(self.step, self.steps_per_epoch)
-            self.train_loader.set_epoch(epoch, pos * self.accum)
-            it = iter(self.train_loader)
-            for _ in range(pos, self.steps_per_epoch):
-                if self.step >= self.total_steps:
-                    break
-                t0 = time.perf_counter()
-                batches = [next(it) for _ in range(self.accum)]
-                if self.data_delay:  # test-only (straggler.injected_delay)
-                    time.sleep(self.data_delay)
-                wait = time.perf_counter() - t0
-                win_wait += wait
-                tot_wait += wait
-                seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
-                loss_acc += self.train_step(batches)
-                self.step += 1
-                self.watchdog.beat(self.step)
-                self.eval_pending = self._eval_due()
-                win_steps += 1
-                tot_steps += 1
-                if self.step % t.log_every == 0 or self.step == self.total_steps:
-                    loss = self._mean_loss(loss_acc / win_steps)
-                    el = time.perf_counter() - win_t
-                    ips = g * win_steps / max(el, 1e-9)
-                    lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
-                    rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
-                               images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
-                               **self.speed.fields(ips, el / win_steps))
-                    self.stragglers.post(self.step, el / win_steps, win_wait / win_steps,
-                                         (win_wait + self.fwd_clock.take()) / win_steps)
-                    skipped = len(getattr(self.train_loader, "skipped", ()))
-                    if skipped:
-                        rec["skipped_samples"] = skipped
-                    if self.reduce_hook:  # per rank and step, in the dtype on the wire
-                        rec["grad_reduce_bytes"] = self.reduce_hook.take() // win_steps
-                    self.metrics.write("train", **rec)
-                    progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
-                                               f"data {100 * rec['data_wait']:.0f}%" + speed.progress_text(rec))
-                    out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
-                    loss_acc.zero_()
-                    win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-                if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
-                    self._checkpoint(out)
-                bits = self._stop_check(halt_at)
-                if bits and self.step < self.total_steps:
-                    progress.newline()
-                    return self._stop(out, bits, start_wall, save=True)
-            del it
-            if self.eval_pending:
-                self._eval_and_log(out, progress)
-                last_eval_step = self.step
-        progress.newline()
-        self.stop_round.result()  # nothing is in flight after the last step; never leave one behind
-        self.stragglers.settle()
-        if last_eval_step != self.step:
-            self._eval_and_log(out, progress)
-        self._checkpoint(out)
+        gn_acc = torch.zeros((), device=self.device)
+        while True:
+            try:
+                while self.step < self.total_steps:
+                    epoch, pos = divmod(self.step + self.data_offset, self.steps_per_epoch)
+                    self.train_loader.set_epoch(epoch, pos * self.accum)
+                    it = iter(self.train_loader)
+                    for _ in range(pos, self.steps_per_epoch):
+                        if self.step >= self.total_steps:
+                            break
+                        t0 = time.perf_counter()
+                        batches = [next(it) for _ in range(self.accum)]
+                        if self.data_delay:  # test-only (straggler.injected_delay)
+                            time.sleep(self.data_delay)
+                        wait = time.perf_counter() - t0
+                        win_wait += wait
+                        tot_wait += wait
+                        seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
+                        loss_acc += self.train_step(batches)
+                        if self.grad_norm is not None:
+                            gn_acc += self.grad_norm
+                        self.step += 1
+                        self.watchdog.beat(self.step)
+                        self.eval_pending = self._eval_due()
+                        win_steps += 1
+                        tot_steps += 1
+                        if self.step % t.log_every == 0 or self.step == self.total_steps:
+                            loss, grad_norm = self._window(loss_acc / win_steps, gn_acc / win_steps)
+                            el = time.perf_counter() - win_t
+                            ips = g * win_steps / max(el, 1e-9)
+                            lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
+                            rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
+                                       images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
+                                       **self.speed.fields(ips, el / win_steps))
+                            if self.grad_norm is not None:
+                                rec["grad_norm"] = grad_norm  # the window's mean, before clipping
+                            self.stragglers.post(self.step, el / win_steps, win_wait / win_steps,
+                                                 (win_wait + self.fwd_clock.take()) / win_steps)
+                            skipped = len(getattr(self.train_loader, "skipped", ()))
+                            if skipped:
+                                rec["skipped_samples"] = skipped
+                            if self.reduce_hook:  # per rank and step, in the dtype on the wire
+                                rec["grad_reduce_bytes"] = self.reduce_hook.take() // win_steps
+                            self.metrics.write("train", **rec)
+                            progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
+                                                       f"data {100 * rec['data_wait']:.0f}%"
+                                                       + speed.progress_text(rec))
+                            out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
+                            loss_acc.zero_()
+                            gn_acc.zero_()
+                            win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+                        if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
+                            self._checkpoint(out)
+                        bits = self._stop_check(halt_at)
+                        if bits and self.step < self.total_steps:
+                            progress.newline()
+                            return self._stop(out, bits, start_wall, save=True)
+                        if self.eval_pending and (self.step + self.data_offset) % self.steps_per_epoch:
+                            # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
+                            self._eval_and_log(out, progress)
+                            last_eval_step = self.step
+                    del it
+                    if self.eval_pending:
+                        self._eval_and_log(out, progress)
+                        last_eval_step = self.step
+                progress.newline()
+                self.stop_round.result()  # nothing is in flight after the last step; never leave one behind
+                self.stragglers.settle()
+                if not self._healthy():  # the last log boundary read it; a last check before eval and save
+                    raise guard.Diverged(self.step, "nonfinite", {"where": "at the end"})
+                if last_eval_step != self.step:
+                    self._eval_and_log(out, progress)
+                self._checkpoint(out)
+                break
+            except guard.Diverged as e:  # every rank, at the same step (an agreed value)
+                progress.newline()
+                self._rollback(e)
+                loss_acc.zero_()
+                gn_acc.zero_()
+                win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+                last_eval_step = -1
+                if self.eval_pending:  # the checkpoint ended an epoch whose eval had not run when it was saved
+                    self._eval_and_log(out, progress)
+                    last_eval_step = self.step
         out.status, out.step = "finished", self.step
         out.epoch = self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
@@ -623,7 +704,7 @@ class Trainer:
         self.stop_round.result()  # every path out waits for its round (none is in flight here)
         self.stragglers.settle()
         if save:
-            self._checkpoint(out)  # once per step; with eval_pending the resumed run evaluates first
+            self._checkpoint(out, stopping=True)  # once per step; with eval_pending the resumed run evaluates first
         self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
         out.stop_kind = stopmod.kind_of(bits)
         out.status = {"halt": "halted", "interrupt": "interrupted"}.get(out.stop_kind, "preempted")
@@ -647,8 +728,8 @@ class Trainer:
 
         def replayed(rec: dict) -> bool:
             step = rec.get("step")
-            if not isinstance(step, (int, float)):
-                return False
+            if not isinstance(step, (int, float)) or rec.get("kind") in ("nonfinite", "rollback"):
+                return False  # events, not the timeline: a later start keeps them
             return step > start or (pending and step == start and rec.get("kind") == "eval")
 
         moved = self.metrics.supersede(replayed)
@@ -695,12 +776,77 @@ class Trainer:
         if self.reduce_hook:
             self.reduce_hook.take()  # its buckets are not a step's
 
-    def _mean_loss(self, loss: torch.Tensor) -> float:
+    def _window(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+        """The log boundary's one sync: (mean loss over every rank, mean gradient norm) of the window.
+        The non-finite flag rides in the same all-reduce, so every rank raises guard.Diverged alike
+        on a non-finite value, or on a spike of the agreed loss (train.spike_factor)."""
+        v = torch.stack([loss.float(), grad_norm.float(), self.finite.bad.float()])
         if td.is_initialized():
-            loss = loss.clone()
-            td.all_reduce(loss)
-            loss /= self.dist.world_size
-        return float(loss.item())
+            td.all_reduce(v)
+            v[:2] /= self.dist.world_size
+        mean, gn, bad = v.tolist()
+        if bad or not math.isfinite(mean):
+            raise guard.Diverged(self.step, "nonfinite", {"loss": mean, "grad_norm": gn})
+        median = self.spikes.check(mean)
+        if median is not None:
+            raise guard.Diverged(self.step, "spike", {"loss": mean, "median": median,
+                                                      "factor": self.cfg.train.spike_factor})
+        self.good_step = self.last_saved_step  # a clean check after it: known good, kept by pruning
+        return mean, gn
+
+    def _rollback(self, e: guard.Diverged) -> None:
+        """Back to the last good checkpoint, skipping the batches that led to `e` (PaLM's remedy for
+        spikes), or stop with RunDiverged per train.on_nonfinite / train.max_rollbacks. Every rank
+        runs this at the same step; the checkpoint is rank 0's choice, broadcast."""
+        t = self.cfg.train
+        self.stop_round.result()  # the round posted at the last boundary: none may stay in flight
+        self.stragglers.settle()
+        self._collect()
+        self.rollbacks += 1
+        detail = {k: v for k, v in e.detail.items() if not (isinstance(v, float) and not math.isfinite(v))}
+        self.metrics.write("nonfinite", step=e.step, reason=e.reason, count=self.rollbacks, **detail)
+        # every checkpoint was saved from a state with no non-finite value (Trainer._checkpoint); one saved
+        # since the last clean log boundary may already be inside a spike: then only the known-good ones
+        path = self._good_checkpoint(self.step if e.reason == "nonfinite" else self.good_step)
+        why = None
+        if t.on_nonfinite == "stop":
+            why = "train.on_nonfinite=stop"
+        elif self.rollbacks > t.max_rollbacks:
+            why = f"train.max_rollbacks={t.max_rollbacks} used up"
+        elif path is None:
+            why = "no good checkpoint to roll back to (lower train.ckpt_every)"
+        if why:
+            self.metrics.write("stop", step=e.step, reason="diverged", stop_kind="nonfinite", detail=why)
+            self.metrics.close()
+            what = "a non-finite loss or gradient norm" if e.reason == "nonfinite" else "a loss spike"
+            kept = f"the last good checkpoint is {path.name}" if path else "no good checkpoint exists"
+            fix = {"train.on_nonfinite=stop": " (or train.on_nonfinite=rollback)"}.get(why, "")
+            raise RunDiverged(f"training stopped at step {e.step}: {what} ({why}); {kept}, nothing after it was "
+                              f"saved. Lower optim.lr or set optim.clip_grad{fix}, then resume")
+        count = self.rollbacks
+        self.load_state(ckpt.load_resume(path), path)
+        self.rollbacks = count  # the checkpoint's count is older
+        skip = t.rollback_skip_batches or max(1, e.step - self.step)
+        self.data_offset += skip
+        self.finite.clear()
+        self._supersede_records()
+        self.metrics.write("rollback", step=self.step, from_step=e.step, reason=e.reason, checkpoint=path.name,
+                           skip_batches=skip, data_offset=self.data_offset, count=count)
+        log.warning("%s at step %d: rolled back to %s (rollback %d of at most %d), skipping %d batches",
+                    e.reason, e.step, path.name, count, t.max_rollbacks, skip)
+        if self.step < self.total_steps:
+            self.stop_round.start(self.stop_flag.bits())
+
+    def _good_checkpoint(self, limit: int) -> Path | None:
+        """The newest checkpoint at or before step `limit` (rank 0 lists, every rank learns it)."""
+        choice: list = [None]
+        root = self.ckpt_root or self.run_dir
+        if self.dist.is_main and root and limit >= 0:
+            older = [p for p in ckpt.list_checkpoints(root) if ckpt.step_of(p) <= limit]
+            choice[0] = str(older[0]) if older else None
+        if td.is_initialized():
+            td.broadcast_object_list(choice, src=0, group=self.control_group)
+        return Path(choice[0]) if choice[0] else None
 
     def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
         progress.newline()
@@ -711,6 +857,10 @@ class Trainer:
             rec.update({f"ema_{k}": v for k, v in out.eval_ema.items()})
         self.metrics.write("eval", **rec)
         self.eval_pending = False
+        top1 = out.eval.get("top1")
+        if self.cfg.train.keep_best and top1 is not None and (self.best is None or top1 > self.best[0]):
+            self.best = (top1, self.step)  # every rank: the eval is summed over all of them
+            self._checkpoint(out)  # this step's state, kept by pruning until a better eval
         if self.dist.is_main and out.eval:
             log.info("eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, out.eval["top1"],
                      out.eval["top5"], out.eval["count"])

@@ -71,7 +71,7 @@ def _alone() -> bool:
     return not (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
-def _finalize(run_dir: Path, step: int, meta: dict, keep: int) -> Path:
+def _finalize(run_dir: Path, step: int, meta: dict, keep: int, protect: tuple[int, ...] = ()) -> Path:
     """Rank 0, once every rank's part is on disk: meta.pt, rename to the real name, `latest`, prune."""
     d = ckpt.ckpt_dir(run_dir)
     final = d / ckpt.name(step, "sharded")
@@ -85,7 +85,7 @@ def _finalize(run_dir: Path, step: int, meta: dict, keep: int) -> Path:
     ckpt.fsync_dir(d)
     ckpt.point_latest(d, final)
     ckpt.drop_other_format(final)
-    ckpt.prune(run_dir, keep)
+    ckpt.prune(run_dir, keep, protect)
     return final
 
 
@@ -105,8 +105,8 @@ def _failure(run_dir: Path, step: int, e: BaseException, is_main: bool) -> ckpt.
     return ckpt.write_error(run_dir, final, e)
 
 
-def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None
-         ) -> tuple[Path | None, ckpt.CheckpointError | None]:
+def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None,
+         protect: tuple[int, ...] = ()) -> tuple[Path | None, ckpt.CheckpointError | None]:
     """Write a sharded checkpoint now (a collective). Returns (path on rank 0, error)."""
     import torch.distributed.checkpoint as dcp
 
@@ -116,7 +116,7 @@ def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main
             if _alone():
                 warnings.simplefilter("ignore", UserWarning)
             dcp.save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
-        return (_finalize(run_dir, step, meta, keep) if is_main else None), None
+        return (_finalize(run_dir, step, meta, keep, protect) if is_main else None), None
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure
         return None, _failure(run_dir, step, e, is_main)
 
@@ -143,7 +143,8 @@ class Pending:
         return self.result
 
 
-def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None) -> Pending:
+def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None,
+          protect: tuple[int, ...] = ()) -> Pending:
     """Copy the state to CPU memory now, write it in the background (a collective on `group`)."""
     import torch.distributed.checkpoint as dcp
 
@@ -157,7 +158,7 @@ def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_mai
     def finish():
         try:
             future.result()
-            return (_finalize(run_dir, step, meta, keep) if is_main else None), None
+            return (_finalize(run_dir, step, meta, keep, protect) if is_main else None), None
         except (Exception, CheckpointException) as e:  # noqa: BLE001
             return None, _failure(run_dir, step, e, is_main)
 
