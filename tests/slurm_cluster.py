@@ -57,10 +57,9 @@ CLIENTS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "scancel
 CHECKOUT = Path(__file__).resolve().parents[1]
 # Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
 # submitting environment is enough, no cluster change. A site that announces preemption with the
-# job's --signal (USR2) instead of SIGTERM: Slurm 22.05 spells it SlurmctldParameters (slurm.conf(5);
-# later releases PreemptParameters=send_user_signal); `SlurmCluster.reconfigured(**SEND_USER_SIGNAL)`.
+# job's --signal (USR2) instead of SIGTERM: `SlurmCluster.reconfigured(**cluster.send_user_signal())`
+# (the key is version-dependent, see there).
 EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
-SEND_USER_SIGNAL = {"SlurmctldParameters": "preempt_send_user_signal"}
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -319,6 +318,14 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
     def version(self) -> str:
         """`scontrol --version` of this cluster, e.g. 'slurm-wlm 24.11.5'."""
         return self.run("scontrol", "--version").stdout.strip()
+
+    def send_user_signal(self) -> dict[str, str]:
+        """The slurm.conf setting that makes preemption send the job's --signal instead of SIGTERM:
+        22.05 spells it SlurmctldParameters=preempt_send_user_signal (and refuses the later key),
+        24.11 PreemptParameters=send_user_signal (slurm.conf(5) of each; docs/sites.md)."""
+        if "22.05" in self.version():
+            return {"SlurmctldParameters": "preempt_send_user_signal"}
+        return {"PreemptParameters": "send_user_signal"}
 
     # -------------------------------------------------------------- use
 

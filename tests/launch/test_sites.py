@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.jobs import ROOT, digits_sets, hp, metrics, sacct_states, submit
-from tests.slurm_cluster import EXPORT_NONE, PREEMPTIBLE, SEND_USER_SIGNAL, URGENT
+from tests.slurm_cluster import EXPORT_NONE, PREEMPTIBLE, URGENT
 
 pytestmark = pytest.mark.slurm
 SHORT = ("train.epochs=1", "train.max_steps=10", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0")
@@ -67,13 +67,16 @@ def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_
     assert metrics(tmp_path / "inner", "end")[-1]["status"] == "finished"
 
 
-def test_preempt_send_user_signal_site_counts_a_preemption(slurm_cluster, digits_root, tmp_path):
-    """SlurmctldParameters=preempt_send_user_signal (22.05; later PreemptParameters=send_user_signal):
+def test_preempt_send_user_signal_site_counts_a_preemption(each_slurm_cluster, digits_root, tmp_path):
+    """SlurmctldParameters=preempt_send_user_signal (22.05; 24.11: PreemptParameters=send_user_signal):
     a preempted job gets its --signal (USR2), as at a time limit, not SIGTERM. The batch shell sees
-    PreemptTime set and the stop is recorded as a preemption: slurm.max_requeues stays untouched."""
+    PreemptTime set and the stop is recorded as a preemption: slurm.max_requeues stays untouched.
+    The job is requeued once: by the batch shell on 22.05, by Slurm itself on 24.11 (as on SIGTERM)."""
+    slurm_cluster = each_slurm_cluster
     run = tmp_path / "usig"
-    with slurm_cluster.reconfigured(**SEND_USER_SIGNAL):
-        assert "preempt_send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
+    shape = slurm_cluster.send_user_signal()
+    with slurm_cluster.reconfigured(**shape):
+        assert "send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
         job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1", "--partition", PREEMPTIBLE,
                      *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"))
         training(slurm_cluster, job, run)
@@ -81,9 +84,14 @@ def test_preempt_send_user_signal_site_counts_a_preemption(slurm_cluster, digits
                                    f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
         assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
-    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    first = "PREEMPTED" if "24.11" in slurm_cluster.version() else "REQUEUED"
+    assert sacct_states(slurm_cluster, job) == [first, "COMPLETED"]
     (stop,) = metrics(run, "stop")
     (req,) = metrics(run, "requeue")
     assert stop["stop_kind"] == req["reason"] == "preemption" and req["requeue"], (stop, req)
     st = hp(slurm_cluster, "status", job).stdout
     assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
+    # the shape applied: the stop came as USR2 with PreemptTime set (not SIGTERM); who requeued
+    shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*_log.*"))
+    assert "received SIGUSR2" in shell and "for a preemption (PreemptTime set)" in shell, shell
+    assert ("requeues the job itself as this shell ends" in shell) == ("24.11" in slurm_cluster.version()), shell
