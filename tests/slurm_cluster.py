@@ -58,8 +58,11 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 # Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
 # submitting environment is enough, no cluster change. A site that announces preemption with the
 # job's --signal (USR2) instead of SIGTERM: `SlurmCluster.reconfigured(**cluster.send_user_signal())`
-# (the key is version-dependent, see there).
+# (the key is version-dependent, see there). A site with a default memory per CPU: every batch job
+# without --mem gets SLURM_MEM_PER_CPU in its environment (22.05, measured: a batch shell and its steps
+# do; an salloc's command and steps do not); `SlurmCluster.reconfigured(**DEF_MEM_PER_CPU)` applies it.
 EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
+DEF_MEM_PER_CPU = {"DefMemPerCPU": "100"}
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
