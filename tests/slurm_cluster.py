@@ -367,8 +367,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
     def reconfigured(self, **settings: str):
         """The cluster in another site's shape for a while: these slurm.conf keys set (replacing the
         same keys) and `scontrol reconfigure`d; the file as it was, reconfigured again, afterwards.
-        Cheaper than a second cluster; slurmctld 22.05 applies SlurmctldParameters this way
-        (`scontrol show config` shows it, and the preemption signal follows it: measured)."""
+        Cheaper than a second cluster; slurmctld applies this way (measured) SlurmctldParameters (22.05)
+        and PreemptParameters (24.11) (`scontrol show config` shows them, the preemption signal follows)
+        and DefMemPerCPU (22.05: the next job gets MinMemoryCPU and, in a batch job, SLURM_MEM_PER_CPU)."""
         before = self.conf.read_text()
         kept = [line for line in before.splitlines() if line.split("=", 1)[0] not in settings]
         at = next(i for i, line in enumerate(kept) if line.startswith("NodeName="))
