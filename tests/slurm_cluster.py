@@ -57,10 +57,12 @@ CLIENTS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "scancel
 CHECKOUT = Path(__file__).resolve().parents[1]
 # Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
 # submitting environment is enough, no cluster change. A site that announces preemption with the
-# job's --signal (USR2) instead of SIGTERM: Slurm 22.05 spells it SlurmctldParameters (slurm.conf(5);
-# later releases PreemptParameters=send_user_signal); `SlurmCluster.reconfigured(**SEND_USER_SIGNAL)`.
+# job's --signal (USR2) instead of SIGTERM: `SlurmCluster.reconfigured(**cluster.send_user_signal())`
+# (the key is version-dependent, see there). A site with a default memory per CPU: every batch job
+# without --mem gets SLURM_MEM_PER_CPU in its environment (22.05, measured: a batch shell and its steps
+# do; an salloc's command and steps do not); `SlurmCluster.reconfigured(**DEF_MEM_PER_CPU)` applies it.
 EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
-SEND_USER_SIGNAL = {"SlurmctldParameters": "preempt_send_user_signal"}
+DEF_MEM_PER_CPU = {"DefMemPerCPU": "100"}
 PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
             "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
 
@@ -320,6 +322,14 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
         """`scontrol --version` of this cluster, e.g. 'slurm-wlm 24.11.5'."""
         return self.run("scontrol", "--version").stdout.strip()
 
+    def send_user_signal(self) -> dict[str, str]:
+        """The slurm.conf setting that makes preemption send the job's --signal instead of SIGTERM:
+        22.05 spells it SlurmctldParameters=preempt_send_user_signal (and refuses the later key),
+        24.11 PreemptParameters=send_user_signal (slurm.conf(5) of each; docs/sites.md)."""
+        if "22.05" in self.version():
+            return {"SlurmctldParameters": "preempt_send_user_signal"}
+        return {"PreemptParameters": "send_user_signal"}
+
     # -------------------------------------------------------------- use
 
     def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -357,8 +367,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
     def reconfigured(self, **settings: str):
         """The cluster in another site's shape for a while: these slurm.conf keys set (replacing the
         same keys) and `scontrol reconfigure`d; the file as it was, reconfigured again, afterwards.
-        Cheaper than a second cluster; slurmctld 22.05 applies SlurmctldParameters this way
-        (`scontrol show config` shows it, and the preemption signal follows it: measured)."""
+        Cheaper than a second cluster; slurmctld applies this way (measured) SlurmctldParameters (22.05)
+        and PreemptParameters (24.11) (`scontrol show config` shows them, the preemption signal follows)
+        and DefMemPerCPU (22.05: the next job gets MinMemoryCPU and, in a batch job, SLURM_MEM_PER_CPU)."""
         before = self.conf.read_text()
         kept = [line for line in before.splitlines() if line.split("=", 1)[0] not in settings]
         at = next(i for i, line in enumerate(kept) if line.startswith("NodeName="))

@@ -5,6 +5,7 @@ requeues as it should."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.jobs import ROOT, digits_sets, hp, metrics, sacct_states, submit
-from tests.slurm_cluster import EXPORT_NONE, PREEMPTIBLE, SEND_USER_SIGNAL, URGENT
+from tests.slurm_cluster import DEF_MEM_PER_CPU, EXPORT_NONE, PREEMPTIBLE, URGENT
 
 pytestmark = pytest.mark.slurm
 SHORT = ("train.epochs=1", "train.max_steps=10", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0")
@@ -52,28 +53,38 @@ def test_export_none_site_trains_and_requeues(each_slurm_cluster, digits_root, t
 
 
 def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_cluster, digits_root, tmp_path):
-    """`hpctrain submit` run inside `salloc --mem-per-cpu` (a notebook terminal, a job chaining the
-    next): sbatch would copy SLURM_MEM_PER_CPU into the new job, whose srun then refuses to start
-    beside the job's own SLURM_MEM_PER_NODE (--mem, as sites set slurm.mem_per_node) as "mutually
-    exclusive"; the submission leaves the enclosing job's settings out."""
-    r = slurm_cluster.run("salloc", "-N1", "-n1", "--mem-per-cpu=100", sys.executable, "-m", "hpctrain", "submit",
-                          "--config", "configs/digits_vit.yaml", "--nodes", "2", "--gpus-per-node", "1",
-                          "--cluster-set", "slurm.mem_per_node=500M",
-                          *digits_sets(digits_root, tmp_path, "inner", *SHORT, "train.max_steps=4"), cwd=ROOT,
-                          env={"OMP_NUM_THREADS": "1"}, timeout=120)
-    job = r.stdout.split("submitted Slurm job ")[1].split()[0]
+    """`hpctrain submit` run inside a plain batch job (a job chaining the next) on a site with
+    DefMemPerCPU: the enclosing job has SLURM_MEM_PER_CPU from the site default, sbatch would copy it
+    into the new job, whose srun then refuses to start beside the job's own SLURM_MEM_PER_NODE (--mem,
+    as sites set slurm.mem_per_node) as "mutually exclusive"; the submission leaves the enclosing job's
+    settings out."""
+    cmd = [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml",
+           "--nodes", "2", "--gpus-per-node", "1", "--cluster-set", "slurm.mem_per_node=500M",
+           *digits_sets(digits_root, tmp_path, "inner", *SHORT, "train.max_steps=4")]
+    out, err = tmp_path / "outer.out", tmp_path / "outer.err"
+    with slurm_cluster.reconfigured(**DEF_MEM_PER_CPU):
+        outer = slurm_cluster.run("sbatch", "--parsable", "-N1", "-n1", f"--chdir={ROOT}", f"--output={out}",
+                                  f"--error={err}", "--wrap", f"env | grep '^SLURM_MEM_' >&2; {shlex.join(cmd)}",
+                                  env={"OMP_NUM_THREADS": "1"}).stdout.strip()
+        assert slurm_cluster.wait_done(outer, 120) == "COMPLETED", err.read_text()
+    assert "SLURM_MEM_PER_CPU=100" in err.read_text(), err.read_text()  # the site default reached the job
+    job = out.read_text().split("submitted Slurm job ")[1].split()[0]
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
-    assert "SLURM_MEM_PER_CPU" in r.stderr and "kept: SLURM_CONF" in r.stderr, r.stderr
+    (left_out,) = [line for line in err.read_text().splitlines() if "stay out of the new job" in line]
+    assert "SLURM_MEM_PER_CPU" in left_out and "kept: SLURM_CONF" in left_out, left_out
     assert metrics(tmp_path / "inner", "end")[-1]["status"] == "finished"
 
 
-def test_preempt_send_user_signal_site_counts_a_preemption(slurm_cluster, digits_root, tmp_path):
-    """SlurmctldParameters=preempt_send_user_signal (22.05; later PreemptParameters=send_user_signal):
+def test_preempt_send_user_signal_site_counts_a_preemption(each_slurm_cluster, digits_root, tmp_path):
+    """SlurmctldParameters=preempt_send_user_signal (22.05; 24.11: PreemptParameters=send_user_signal):
     a preempted job gets its --signal (USR2), as at a time limit, not SIGTERM. The batch shell sees
-    PreemptTime set and the stop is recorded as a preemption: slurm.max_requeues stays untouched."""
+    PreemptTime set and the stop is recorded as a preemption: slurm.max_requeues stays untouched.
+    The job is requeued once: by the batch shell on 22.05, by Slurm itself on 24.11 (as on SIGTERM)."""
+    slurm_cluster = each_slurm_cluster
     run = tmp_path / "usig"
-    with slurm_cluster.reconfigured(**SEND_USER_SIGNAL):
-        assert "preempt_send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
+    shape = slurm_cluster.send_user_signal()
+    with slurm_cluster.reconfigured(**shape):
+        assert "send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
         job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1", "--partition", PREEMPTIBLE,
                      *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"))
         training(slurm_cluster, job, run)
@@ -81,9 +92,14 @@ def test_preempt_send_user_signal_site_counts_a_preemption(slurm_cluster, digits
                                    f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
         assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
-    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    first = "PREEMPTED" if "24.11" in slurm_cluster.version() else "REQUEUED"
+    assert sacct_states(slurm_cluster, job) == [first, "COMPLETED"]
     (stop,) = metrics(run, "stop")
     (req,) = metrics(run, "requeue")
     assert stop["stop_kind"] == req["reason"] == "preemption" and req["requeue"], (stop, req)
     st = hp(slurm_cluster, "status", job).stdout
     assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
+    # the shape applied: the stop came as USR2 with PreemptTime set (not SIGTERM); who requeued
+    shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*_log.*"))
+    assert "received SIGUSR2" in shell and "for a preemption (PreemptTime set)" in shell, shell
+    assert ("requeues the job itself as this shell ends" in shell) == ("24.11" in slurm_cluster.version()), shell
