@@ -158,8 +158,8 @@ def test_randaugment_runs_and_changes_images(ident_root):
     assert x1.shape == x0.shape and torch.equal(y0, y1) and not torch.equal(x0, x1)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "not_an_image"])
-def test_decode_error_names_the_file(ident_root, tmp_path, kind):
+def with_bad_image(ident_root, tmp_path, kind: str):
+    """A copy of the dataset with `train/c05/zz_bad.jpg`: a truncated JPEG or a text file."""
     root = tmp_path / "ds"
     shutil.copytree(ident_root, root)
     bad = root / "train" / "c05" / "zz_bad.jpg"
@@ -167,6 +167,12 @@ def test_decode_error_names_the_file(ident_root, tmp_path, kind):
         bad.write_bytes((root / "train" / "c05" / "t005.jpg").read_bytes()[:400])
     else:
         bad.write_text("this is a text file, not a JPEG\n" * 20)
+    return root, bad
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not_an_image"])
+def test_decode_error_names_the_file(ident_root, tmp_path, kind):
+    root, bad = with_bad_image(ident_root, tmp_path, kind)
     # 37 train images → batch 37 holds every sample, so the bad one is read in batch 0
     train, _ = loaders(root, **{"data.batch_size": 37})
     with pytest.raises(DataError, match="zz_bad.jpg") as e:
@@ -184,13 +190,7 @@ def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp
     neither file nor shard; the loader's names the sample's key and its tar."""
     from hpctrain.data import pack as pk
 
-    root = tmp_path / "ds"
-    shutil.copytree(ident_root, root)
-    bad = root / "train" / "c05" / "zz_bad.jpg"
-    if kind == "truncated":
-        bad.write_bytes((root / "train" / "c05" / "t005.jpg").read_bytes()[:400])
-    else:
-        bad.write_text("this is a text file, not a JPEG\n" * 20)
+    root, bad = with_bad_image(ident_root, tmp_path, kind)
     plan = pk.plan_pack(root, tmp_path / "shards", 10, log=lambda *_: None)
     plan.out.mkdir()
     for job in plan.shards:
