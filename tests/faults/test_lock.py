@@ -31,10 +31,12 @@ def test_second_job_refused_first_unharmed(digits_root, tmp_path):
     out, _ = first[0].communicate(timeout=300)
     assert first[0].returncode == 0, out[-2000:]
     assert last_step(run) == 60 > step and re.search(r"status +finished", out)
-    # the lock dies with its holder: a later job may take the directory over
-    r = subprocess.run([sys.executable, *digits_args(digits_root, tmp_path, "shared", "train.max_steps=60")],
+    # the lock dies with its holder: a later job may take the directory over (and train it further:
+    # a finished run is not trained again)
+    r = subprocess.run([sys.executable, *digits_args(digits_root, tmp_path, "shared", "train.max_steps=70")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert last_step(run) == 70
 
 
 # --- shared file systems -------------------------------------------------------------------------

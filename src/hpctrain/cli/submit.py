@@ -71,10 +71,10 @@ def main(args: argparse.Namespace) -> int:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
     report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
-    warn_inputs(cfg)
     if args.dry_run:
         from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
 
+        warn_inputs(cfg)
         try:
             check_image(profile)
         except Exception as e:  # a dry run may plan for another machine: say so, print anyway
@@ -85,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
     from hpctrain.data.prepare import ensure_dataset
     from hpctrain.launch.submit import check_image, submit_slurm
 
-    check_image(profile)  # before anything is written or submitted
+    check_image(profile)  # before anything is written or submitted: a refusal is the only line printed
+    warn_inputs(cfg)
     ensure_dataset(cfg)
     sub = submit_slurm(cfg, plan)
     print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
