@@ -1,0 +1,62 @@
+"""Nodes the tasks found faulty, told to the batch shell that can keep them out.
+
+The task's Python has no Slurm client (DESIGN.md), so it cannot exclude a node itself. A rank that
+names a faulty node — preflight, the hang watchdog's silent rank, a persistent straggler, a rank
+that died — appends one line `NODE<TAB>REASON` to `$HPCTRAIN_BAD_NODES_FILE` (set by the batch
+shell, one file per job). After srun returns, the shell reads the names (`cut -f1`), starts the
+next step without them (hot spares) or adds them to the job's ExcNodeList before a requeue.
+
+Node names are Slurm's (`SLURMD_NODENAME`, which `NodeName=` sets and sites may make differ from
+the host name), falling back to the host name. Imports no torch: the login node reads it too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV = "HPCTRAIN_BAD_NODES_FILE"
+# What Slurm accepts in a node name, and nothing a shell line or the file's format could trip on.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def this_node(env: Mapping[str, str] | None = None) -> str:
+    """This task's Slurm node name (SLURMD_NODENAME), else the host name."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def report(node: str, reason: str, env: Mapping[str, str] | None = None) -> bool:
+    """Append `node` and why to the job's bad-node file; False when there is none (not under an
+    hpctrain batch script: nothing would read it). One write with O_APPEND: lines from several
+    ranks do not interleave."""
+    env = os.environ if env is None else env
+    path = env.get(ENV)
+    if not path:
+        return False
+    if not NODE_NAME.fullmatch(node):
+        raise ValueError(f"not a node name: {node!r}")
+    line = f"{node}\t{' '.join(reason.split())}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return True
+
+
+def read(path: str | Path) -> dict[str, str]:
+    """{node: first reason given}, in the order reported; malformed lines are skipped."""
+    out: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        node, _, why = line.partition("\t")
+        if NODE_NAME.fullmatch(node) and node not in out:
+            out[node] = why
+    return out

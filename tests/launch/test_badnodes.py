@@ -1,0 +1,34 @@
+"""The bad-node file the tasks write and the batch shell reads (launch.badnodes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.launch import badnodes
+
+
+def test_reports_from_several_processes_are_whole_lines_read_back_in_order(tmp_path):
+    f = tmp_path / "bad"
+    env = {badnodes.ENV: str(f)}
+    code = ("import sys; from hpctrain.launch import badnodes; "
+            "[badnodes.report(sys.argv[1], 'slow ' * 50) for _ in range(200)]")
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"n{i}"], env={**env, "PATH": "/usr/bin"})
+             for i in range(4)]
+    assert all(p.wait(60) == 0 for p in procs)
+    lines = f.read_text().splitlines()
+    assert len(lines) == 800 and all(line.split("\t")[1] == ("slow " * 50).strip() for line in lines)
+    assert sorted(badnodes.read(f)) == ["n0", "n1", "n2", "n3"]
+    # what the shell reads: the first field
+    out = subprocess.run(["sh", "-c", f"cut -f1 '{f}' | sort -u"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["n0", "n1", "n2", "n3"]
+
+
+def test_nothing_written_outside_a_batch_script_and_names_checked(tmp_path):
+    assert badnodes.report("n1", "x", env={}) is False
+    with pytest.raises(ValueError, match="not a node name"):
+        badnodes.report("n1;rm -rf /", "x", env={badnodes.ENV: str(tmp_path / "bad")})
+    assert badnodes.read(tmp_path / "missing") == {}
+    assert badnodes.this_node({"SLURMD_NODENAME": "gpu017"}) == "gpu017"
