@@ -3,8 +3,6 @@ nodes (SLURMD_NODENAME per rank) with one node slowed by the test-only delay hoo
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -141,11 +139,19 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
               rank_env=_nodes("n1", "n2"), timeout=120)
     assert not bad_file.exists()
     (rec,) = run_metrics(tmp_path / "r", "preflight")
-    assert rec["passed"] is True and rec["bad_nodes"] == {} and rec["shared"] == []
+    assert rec["passed"] is True and rec["bad_nodes"] == {} and rec["shared"] == [] and rec["notes"] == []
     assert all(d["images_per_s"] > 0 for d in rec["decode"]) and len(rec["pairs"]) == 1
-    assert len(run_metrics(tmp_path / "r", "train")) == 3
-    # the cost of the check on this CPU, every start (docs/preflight.md quotes it)
+    assert rec["nodes"] == ["n1", "n2"] and all(t > 0 for t in rec["matmul_tflops"])
+    assert [r["step"] for r in run_metrics(tmp_path / "r", "train")] == [1, 2, 3]
+    # the cost of the check on this CPU at each start (docs/preflight.md quotes it)
     print(f"preflight cost on CPU, 2 ranks on 2 nodes with the DALI decode: {rec['seconds']:.2f} s")
     assert rec["seconds"] < 30
-    assert json.loads(json.dumps(rec))  # plain JSON: status tools read it as is
-    assert Path(tmp_path / "r" / "metrics.jsonl").read_text().count('"kind": "preflight"') == 1
+
+
+def test_the_check_runs_again_when_a_run_resumes(digits_root, tmp_path):
+    for halt in (2, 0):  # halted at step 2 as if preempted, then resumed
+        run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", f"train.halt_at={halt}"),
+                  timeout=120)
+    recs = run_metrics(tmp_path / "r", "preflight")
+    assert len(recs) == 2 and all(r["passed"] and "one node: no node pair to time" in r["notes"] for r in recs)
+    assert [r["step"] for r in run_metrics(tmp_path / "r", "train")] == [1, 2, 3]

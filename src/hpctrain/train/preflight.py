@@ -239,7 +239,7 @@ def pair_allreduce(nodes_of_rank: Sequence[str], rank: int, device: torch.device
                 continue
             pair = next(p for p, m in zip(pairing, members) if rank in m)
             world = len(ranks_of[pair[0]]) + len(ranks_of[pair[1]])
-            t = torch.ones(sizes.allreduce_bytes // 4, dtype=torch.float32, device=device)
+            t = torch.zeros(sizes.allreduce_bytes // 4, dtype=torch.float32, device=device)
             for _ in range(sizes.warmup):
                 td.all_reduce(t, group=mine)
             _sync(device)
