@@ -3,6 +3,7 @@ nodes (SLURMD_NODENAME per rank) with one node slowed by the test-only delay hoo
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import torch
@@ -101,6 +102,14 @@ def test_16_node_recipes_turn_it_on():
     assert load("configs/vit_b16_imagenet_4k.yaml").train.preflight
     assert load("configs/vit_b16_imagenet_16k_lamb.yaml").train.preflight
     assert not load("configs/digits_vit.yaml").train.preflight
+
+
+def test_three_nodes_time_three_pairs_in_rounds_over_gloo():
+    out = run_ranks(3, ["-m", "tests.train.preflight_worker"], rank_env=_nodes("n0", "n1", "n2"), timeout=120)
+    led = [json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("PAIRS "))[6:]) for r in out]
+    # odd N: (n0,n1), then (n1,n2) and the third round (n2,n0); each pair reported once, by its lowest rank
+    assert [[p[:2] for p in r] for r in led] == [[["n0", "n1"], ["n2", "n0"]], [["n1", "n2"]], []]
+    assert all(p[2] > 0 for r in led for p in r)
 
 
 SETS = ("train.preflight=true", "train.max_steps=3", "data.batch_size=16")
