@@ -61,6 +61,17 @@ def test_gpu_figures_are_judged_against_the_peak_table_and_all_failing_names_no_
     assert line.startswith("preflight failed, naming no node:") and "\n" not in line
 
 
+def test_a_matmul_that_raises_names_its_node():
+    ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    peak, source = peak_tflops("NVIDIA H200")
+    refs = dict(REFS, peak=peak, peak_source=source)
+    v = preflight.judge(["a", "a", "b", "b"], [0, 1, 0, 1], [790.0, None, 785.0, 780.0], [], [], [None] * 4,
+                        errors=[None, ecc, None, None], **refs)
+    assert v.bad == {"a": f"matmul failed on rank 1 (GPU 1): {ecc}"} and not v.shared
+    v = preflight.judge(["a", "b"], [0, 0], [None, None], [], [], [None] * 2, errors=[ecc, ecc], **refs)
+    assert not v.bad and v.shared == [f"the matmul fails on every rank: {ecc}"]
+
+
 def test_decode_failure_names_the_node_unless_every_rank_fails():
     nodes = ["a", "b", "c"]
     ok, bad = {"images_per_s": 900.0}, {"error": "RuntimeError: nvImageCodec failure"}

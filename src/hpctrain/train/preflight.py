@@ -125,23 +125,32 @@ class Verdict:
         self.bad[node] = f"{self.bad[node]}; {why}" if node in self.bad else why
 
 
-def judge(nodes_of_rank: Sequence[str], gpu_of_rank: Sequence[int], tflops: Sequence[float],
+def judge(nodes_of_rank: Sequence[str], gpu_of_rank: Sequence[int], tflops: Sequence[float | None],
           pairs: Sequence[tuple[str, str]], busbw: Sequence[float], decode: Sequence[dict | None], *,
           peak: float | None, peak_source: str, fabric_gbps: float | None, fabric_source: str,
-          min_frac: float, tolerance: float) -> Verdict:
-    """The verdict from every rank's figures (the same inputs give the same verdict on every rank)."""
+          min_frac: float, tolerance: float, errors: Sequence[str | None] = ()) -> Verdict:
+    """The verdict from every rank's figures (the same inputs give the same verdict on every rank).
+    `errors[r]`: why rank r's matmul raised (its `tflops[r]` is None then)."""
     v = Verdict()
+    errors = list(errors) or [None] * len(tflops)
+    failed = [r for r, e in enumerate(errors) if e]
+    if failed and len(failed) == len(errors):
+        v.shared.append(f"the matmul fails on every rank: {errors[0]}")
+    for r in failed if len(failed) < len(errors) else ():
+        v.add(nodes_of_rank[r], f"matmul failed on rank {r} (GPU {gpu_of_rank[r]}): {errors[r]}")
 
+    ok = [r for r, e in enumerate(errors) if not e]
+    rates = [tflops[r] or 0.0 for r in ok]
     floor = min_frac * peak if peak else None
-    slow = below(tflops, floor, tolerance)
-    med = statistics.median(tflops) if tflops else 0.0
+    slow = [ok[i] for i in below(rates, floor, tolerance)]
+    med = statistics.median(rates) if rates else 0.0
     ref = f"{min_frac:g} x the {peak:g} TFLOP/s peak ({peak_source})" if peak else ""
-    if slow and len(slow) == len(tflops):
-        v.shared.append(f"every rank's matmul is slow ({min(tflops):.3g}-{max(tflops):.3g} TFLOP/s, under {ref}): "
+    if slow and len(slow) == len(rates):
+        v.shared.append(f"every rank's matmul is slow ({min(rates):.3g}-{max(rates):.3g} TFLOP/s, under {ref}): "
                         "set train.peak_tflops to this GPU's peak or lower train.preflight_min_frac")
-    for r in slow if len(slow) < len(tflops) else ():
+    for r in slow if len(slow) < len(rates) else ():
         v.add(nodes_of_rank[r], f"matmul on rank {r} (GPU {gpu_of_rank[r]}) "
-                                + _short(tflops[r], floor, med, tolerance, ref, "TFLOP/s"))
+                                + _short(tflops[r] or 0.0, floor, med, tolerance, ref, "TFLOP/s"))
 
     floor = min_frac * fabric_gbps if fabric_gbps else None
     slow = below(busbw, floor, tolerance)
@@ -283,10 +292,10 @@ def dali_decode(cfg, train_loader, device: torch.device) -> dict | None:
     is not DALI (nothing to check)."""
     if resolve_loader(cfg.data.loader) != "dali":
         return None
-    import numpy as np  # with DALI: both are there whenever the loader is DALI's
-    from nvidia.dali import fn, pipeline_def
-
     try:
+        import numpy as np  # with DALI: both are there whenever the loader is DALI's
+        from nvidia.dali import fn, pipeline_def
+
         data = [np.frombuffer(b, dtype=np.uint8) for b in decode_sample(train_loader)]
         gpu = device.type == "cuda"
 
@@ -309,8 +318,12 @@ def dali_decode(cfg, train_loader, device: torch.device) -> dict | None:
             runs.append(time.perf_counter() - t)
         return {"images_per_s": len(data) / min(runs[1:])}
     except Exception as e:  # noqa: BLE001 - any failure of the decoder on this node is the finding
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return {"error": f"{type(e).__name__}: {first[:200]}"}
+        return {"error": _first_line(e)}
+
+
+def _first_line(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:200]}"
 
 
 # ----------------------------------------------------------------------------- the check
@@ -347,11 +360,16 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     places = _gather((badnodes.this_node(), info.local_rank), group, world)
     nodes_of_rank, gpu_of_rank = [str(p[0]) for p in places], [int(p[1]) for p in places]
     delay, where = straggler.injected_delay(info.rank)
-    tf = matmul_tflops(device, sizes, delay if where == "preflight" else 0.0)
-    if td.is_initialized():
-        td.barrier(group=group)  # the all-reduces start when every matmul is done
-    led = pair_allreduce(nodes_of_rank, info.rank, device, sizes)
-    dec = dali_decode(cfg, train_loader, device)
+    try:
+        tf, err = matmul_tflops(device, sizes, delay if where == "preflight" else 0.0), None
+    except RuntimeError as e:  # a GPU that errors (an Xid, uncorrectable ECC) is this check's finding
+        tf, err = None, _first_line(e)
+    # every matmul done before the all-reduces start; after an error the device may be unusable for
+    # them, so the check ends there and names that node
+    errors = [e for _, e in _gather((tf, err), group, world)]
+    broken = any(errors)
+    led = [] if broken else pair_allreduce(nodes_of_rank, info.rank, device, sizes)
+    dec = None if broken else dali_decode(cfg, train_loader, device)
     peak, peak_source = (t.peak_tflops, "train.peak_tflops") if t.peak_tflops else (None, "")
     if device.type == "cuda" and not peak:
         peak, peak_source = flops.peak_tflops(torch.cuda.get_device_name(device))
@@ -362,21 +380,24 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     pairs = [(a, b) for row in rows for a, b, _ in row["pairs"]]
     busbw = [bw for row in rows for _, _, bw in row["pairs"]]
     tflops = [row["tflops"] for row in rows]
+    rates = [x for x in tflops if x is not None]
     decode = [row["decode"] for row in rows]
     v = judge(nodes_of_rank, gpu_of_rank, tflops, pairs, busbw, decode, peak=peak, peak_source=peak_source,
               fabric_gbps=fabric, fabric_source=fabric_source, min_frac=t.preflight_min_frac,
-              tolerance=t.preflight_tolerance)
+              tolerance=t.preflight_tolerance, errors=errors)
     if len(set(nodes_of_rank)) < 2:
         v.notes.append("one node: no node pair to time")
-    if decode[0] is None:
+    if broken:
+        v.notes.append("a matmul failed: no all-reduce or decode check after it")
+    elif decode[0] is None:
         v.notes.append(f"data.loader={resolve_loader(cfg.data.loader)}, not DALI: no decode check")
     rec = {
         "passed": v.passed, "seconds": round(time.perf_counter() - t0, 3), "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "nodes": list(dict.fromkeys(nodes_of_rank)), "node_of_rank": nodes_of_rank,
-        "gpu_of_rank": gpu_of_rank,
-        "matmul_tflops": tflops, "matmul_reference": {"peak_tflops": peak, "source": peak_source}
-        if peak else {"median_tflops": statistics.median(tflops), "tolerance": t.preflight_tolerance},
+        "gpu_of_rank": gpu_of_rank, "matmul_tflops": tflops, "matmul_errors": errors,
+        "matmul_reference": {"peak_tflops": peak, "source": peak_source} if peak
+        else {"median_tflops": statistics.median(rates) if rates else None, "tolerance": t.preflight_tolerance},
         "pairs": [{"nodes": list(p), "busbw_GBps": bw} for p, bw in zip(pairs, busbw)],
         "allreduce_reference": {"busbw_GBps": fabric, "source": fabric_source} if fabric
         else {"median_GBps": statistics.median(busbw) if busbw else None, "tolerance": t.preflight_tolerance},
@@ -393,10 +414,11 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         for note in v.notes:
             log.info("preflight: %s", note)
         log.info("preflight %s in %.1f s: matmul %.3g-%.3g TFLOP/s per rank; %d node pair(s)%s%s",
-                 "passed" if v.passed else "FAILED", rec["seconds"], min(tflops), max(tflops), len(pairs),
+                 "passed" if v.passed else "FAILED", rec["seconds"], min(rates, default=0), max(rates, default=0),
+                 len(pairs),
                  f" at {min(busbw):.3g}-{max(busbw):.3g} GB/s busbw" if busbw else "",
                  "" if decode[0] is None else "; DALI decode checked")
-    if device.type == "cuda":
+    if device.type == "cuda" and not broken:
         torch.cuda.empty_cache()  # the check's buffers (~0.7 GB) go back before the model is built
     if td.is_initialized():
         reported = bool(_gather(reported, group, world)[0])  # rank 0 wrote the file before anyone exits
