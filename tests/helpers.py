@@ -40,14 +40,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | None = None, check: bool = True
-              ) -> list[subprocess.CompletedProcess]:
-    """Run `python <argv>` as `world` ranks with torchrun-style variables; all must succeed (with `check`)."""
+def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | None = None, check: bool = True,
+              rank_env: list[dict] | None = None) -> list[subprocess.CompletedProcess]:
+    """Run `python <argv>` as `world` ranks with torchrun-style variables; all must succeed (with `check`).
+    `rank_env[r]`: more variables for rank r only (e.g. SLURMD_NODENAME: ranks on different "nodes")."""
     port = free_port()
     procs = []
     for rank in range(world):
         e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}),
+                 **(rank_env[rank] if rank_env else {}))
         if world == 1:
             for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
                 e.pop(k)

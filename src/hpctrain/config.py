@@ -213,6 +213,17 @@ class TrainConfig:
                              "known GPUs; unknown devices then log no MFU)", lo=0)
     straggler_pct: float = opt(15.0, "name a rank whose own time per step (data wait + forward) exceeds "
                                "the median's by more than this % of the step time", lo=0)
+    preflight: bool = opt(False, "before training, on every start: time a matmul per rank, an all-reduce per node "
+                                 "pair and a DALI decode; name failing nodes to the batch shell and fail the step "
+                                 "(~30 s on GPU; docs/preflight.md)")
+    preflight_min_frac: float = opt(0.5, "preflight on GPU: a rank fails below this fraction of its GPU's dense bf16 "
+                                    "peak, a node pair below this fraction of the fabric's all-reduce busbw",
+                                    lo=0, hi=1, lo_open=True)
+    preflight_tolerance: float = opt(0.3, "preflight without a reference figure (CPU, or a GPU/fabric not in the "
+                                     "tables): a rank or node pair fails more than this fraction below the median",
+                                     lo=0, hi=1, lo_open=True)
+    preflight_busbw_gbps: float = opt(0.0, "preflight: a node pair's expected all-reduce busbw in GB/s (0: the "
+                                      "figure of the fabric the batch shell exports as HPCTRAIN_FABRIC)", lo=0)
     tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
                                   "needs the tensorboard package, else one warning)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)

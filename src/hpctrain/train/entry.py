@@ -105,7 +105,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
-    from hpctrain.train import compat
+    from hpctrain.train import compat, preflight
     from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished
 
     if isinstance(cfg, dict):
@@ -193,6 +193,14 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
              cfg.data.batch_size, resolved["per_rank_batch"], info.world_size, cfg.train.accum_steps,
              resolved["lr_rule"])
 
+    if cfg.train.preflight:  # every start: the nodes of this attempt, before any step (docs/preflight.md)
+        try:
+            preflight.run(cfg, info, device, run_dir, train_loader, control)
+        except preflight.PreflightFailed as e:
+            log.error("%s", e)
+            lock.release()
+            distmod.shutdown()
+            raise
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
     if cfg.model.init_from and resume:

@@ -44,18 +44,19 @@ def find_straggler(own_s: list[float], data_s: list[float], step_s: float, pct: 
 
 
 def injected_delay(rank: int, env=None) -> tuple[float, str]:
-    """Test-only hook: HPCTRAIN_TEST_DELAY="rank:seconds:where" (where: data | compute) slows
-    that rank by `seconds` per step in its data wait or its forward; (0, "") otherwise."""
+    """Test-only hook: HPCTRAIN_TEST_DELAY="rank:seconds:where" (where: data | compute | preflight)
+    slows that rank by `seconds` per step in its data wait or its forward, or per timed repetition of
+    its preflight matmul (train.preflight); (0, "") otherwise."""
     spec = (os.environ if env is None else env).get(TEST_DELAY_ENV, "")
     if not spec:
         return 0.0, ""
     try:
         r, seconds, where = spec.split(":")
-        if where not in ("data", "compute"):
+        if where not in ("data", "compute", "preflight"):
             raise ValueError(where)
         return (float(seconds), where) if int(r) == rank else (0.0, "")
     except ValueError:
-        raise ValueError(f"{TEST_DELAY_ENV}={spec!r}: expected rank:seconds:data|compute") from None
+        raise ValueError(f"{TEST_DELAY_ENV}={spec!r}: expected rank:seconds:data|compute|preflight") from None
 
 
 class Clock:
