@@ -4,6 +4,8 @@ nodes (SLURMD_NODENAME per rank) with one node slowed by the test-only delay hoo
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -12,6 +14,7 @@ from hpctrain.config import load
 from hpctrain.data.folder import list_split
 from hpctrain.flops import peak_tflops
 from hpctrain.launch import badnodes
+from hpctrain.plan.tables import FABRICS
 from hpctrain.train import preflight
 from hpctrain.train.straggler import injected_delay
 from tests.helpers import digits_args, run_metrics, run_ranks
@@ -90,6 +93,12 @@ def test_fabric_figure_comes_from_the_batch_shells_fabric_kind(monkeypatch):
     monkeypatch.setenv(preflight.FABRIC_ENV, "carrier-pigeon")
     assert preflight._fabric_figure(t)[0] is None  # the median pair decides
     assert preflight._fabric_figure(SimpleNamespace(preflight_busbw_gbps=90.0)) == (90.0, "train.preflight_busbw_gbps")
+
+
+def test_the_shipped_batch_script_exports_a_fabric_the_check_knows():
+    script = (Path(__file__).parents[2] / "slurm" / "vit.sbatch").read_text()
+    (kind,) = re.findall(r"^export HPCTRAIN_FABRIC=(\S+)", script, re.M)
+    assert kind in FABRICS
 
 
 def test_delay_hook_takes_preflight():

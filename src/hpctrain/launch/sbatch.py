@@ -221,6 +221,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
               "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
               *left_to_nccl(prof),
               *export_lines(fabric_env(prof), env_wins=True),
+              f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # train.preflight's all-reduce figure",
               f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
               f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
               *export_lines(extra_env or {}), ""]
