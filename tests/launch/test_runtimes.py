@@ -4,6 +4,7 @@ on a node (stand-in `apptainer`/`singularity`/`srun` that answer as the real one
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -176,3 +177,68 @@ def test_doctor_lists_the_runtimes_on_this_node(tmp_path):
     r = hpctrain("doctor", env={"PATH": f"{bindir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"})
     line = next(x for x in r.stdout.splitlines() if "runtime singularity" in x)
     assert "OK" in line and "singularity --version: singularity-ce version 4.1.0" in line, r.stdout
+
+
+FAKE = Path(__file__).with_name("fake_apptainer.sh")  # called as `singularity`: SingularityCE's env rules
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fake image runtime needs unshare --mount (root)")
+@pytest.mark.parametrize("branch", ["singularity", "apptainer"])
+def test_singularityce_task_gets_the_allow_list_only_through_singularityenv(tmp_path, branch):
+    """SingularityCE (the fake `singularity`, which honours SINGULARITYENV_* and ignores APPTAINERENV_*):
+    the singularity branch's task sees the allow-listed SLURM_PROCID, PYTHONNOUSERSITE and the code
+    snapshot on PYTHONPATH, not the host module's PYTHONPATH. The same image started with the
+    apptainer branch's variables (a `singularity` module on an apptainer profile) would lose them all."""
+    from hpctrain.launch.container import PY_VAR, python_lines
+    from hpctrain.launch.profile import ContainerSection
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "singularity").symlink_to(FAKE)
+    if branch == "apptainer":  # the apptainer branch, but only SingularityCE installed under that name
+        (tmp_path / "bin" / "apptainer").write_text(f'#!/bin/bash\nexec {tmp_path / "bin" / "singularity"} "$@"\n')
+        (tmp_path / "bin" / "apptainer").chmod(0o755)
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"fake")
+    src = tmp_path / "snap" / "hpctrain"
+    src.mkdir(parents=True)
+    c = ContainerSection(runtime=branch, image=str(image), source_mount=str(tmp_path / "mnt"))
+    code = "import os, json; print(json.dumps(dict(os.environ)))"
+    script = "\n".join(["set -eo pipefail", *python_lines(c, [], "python3", str(src)), f'"${{{PY_VAR}[@]}}" -c "$1"'])
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
+           "SLURM_PROCID": "1", "PYTHONPATH": "/host/module/lib"}
+    r = subprocess.run(["bash", "-c", script, "job", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    inside = json.loads(r.stdout)
+    assert inside["SINGULARITY_CONTAINER"] == str(image) and "APPTAINER_CONTAINER" not in inside
+    if branch == "singularity":
+        assert inside["SLURM_PROCID"] == "1" and inside["PYTHONNOUSERSITE"] == "1"
+        assert inside["PYTHONPATH"].split(":")[0] == str(tmp_path / "mnt")
+    else:
+        assert "SLURM_PROCID" not in inside and "PYTHONNOUSERSITE" not in inside
+        assert str(tmp_path / "mnt") not in inside.get("PYTHONPATH", "")
+
+
+@pytest.mark.slurm
+def test_fake_pyxis_task_starts_in_the_image_named_by_srun_options(slurm_cluster, tmp_path):
+    """The property the pyxis launch relies on, through the test cluster's SPANK plugin: with
+    --container-image the task runs with the image's environment (its values win over the host's;
+    /etc/environment lists them), exactly the --container-mounts given (ro honoured), in
+    --container-workdir, and no Slurm client; without the option srun runs tasks as before."""
+    assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
+    image = tmp_path / "image.sqsh"
+    image.write_text("PATH=/usr/sbin:/usr/bin:/sbin:/bin\nFROM_IMAGE=1\nLANG=C.UTF-8\n")
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    out.mkdir()
+    probe = ('echo "path=$PATH image=$FROM_IMAGE lang=$LANG host=${FROM_HOST:-} conf=${SLURM_CONF:-}"; '
+             'grep -c FROM_IMAGE /etc/environment; pwd; touch /mnt/ro/x 2>/dev/null || echo ro; '
+             'touch /mnt/rw/y && echo rw; scontrol version >/dev/null 2>&1 || echo no-slurm')
+    r = slurm_cluster.run("srun", "-N1", "-n1", f"--container-image={image}", "--container-env=LANG",
+                          f"--container-mounts={data}:/mnt/ro:ro,{out}:/mnt/rw", f"--container-workdir={out}",
+                          "bash", "-c", probe, env={"FROM_HOST": "1", "LANG": "de_DE.UTF-8"}, cwd=tmp_path)
+    lines = r.stdout.split()
+    assert lines[:5] == ["path=/usr/sbin:/usr/bin:/sbin:/bin", "image=1", "lang=de_DE.UTF-8", "host=1", "conf="]
+    assert lines[5:] == ["1", str(out), "ro", "rw", "no-slurm"], r.stdout + r.stderr
+    assert (out / "y").exists() and not (data / "x").exists()
+    plain = slurm_cluster.run("srun", "-N1", "-n1", "bash", "-c", "scontrol version", cwd=tmp_path)
+    assert plain.stdout.startswith("slurm")
