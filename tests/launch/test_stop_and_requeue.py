@@ -185,6 +185,10 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
             assert not [k for k in env["env"] if k.endswith("_CONTAINER")], (label, env["env"])
         else:  # the image's own variable
             assert env["env"].get(f"{runtime.upper()}_CONTAINER"), (label, env["env"])
+        if not script:  # every runtime ran the submitted snapshot, mounted at container.source_mount
+            mount = yaml.safe_load(containers[runtime][0].read_text())["container"]["source_mount"]
+            assert env["source"]["path"] == f"{mount}/hpctrain", (label, env["source"])
+            assert env["source"]["running"] == env["source"]["submitted"], (label, env["source"])
     if "scancel TERM" in jobs:
         st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
         assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
