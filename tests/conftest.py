@@ -74,12 +74,15 @@ def digits_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """The session's Slurm test cluster: started once, stopped at the end; skipped without root/packages."""
+    from tests.launch.pyxis import build
     from tests.slurm_cluster import SlurmCluster, missing
 
     why = missing()
     if why:
         pytest.skip(why)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    root = tmp_path_factory.mktemp("slurm")
+    plugstack, _ = build(root / "spank")  # the fake pyxis: srun --container-image (tests that use it say why not)
+    cluster = SlurmCluster(root, plugstack=plugstack).start()
     try:
         yield cluster
     finally:

@@ -106,6 +106,7 @@ class SlurmCluster:
     # extra slurm.conf lines (e.g. "AccountingStorageEnforce=limits,qos").
     node_options: dict[str, str] = field(default_factory=dict)
     conf_extra: str = ""
+    plugstack: Path | None = None  # a plugstack.conf (SPANK plugins: the fake pyxis, tests/launch/pyxis.py)
 
     @property
     def conf(self) -> Path:
@@ -246,6 +247,7 @@ PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP Priorit
 PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP PreemptMode=OFF
 PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
+{f"PlugStackConfig={self.plugstack}" if self.plugstack else ""}
 {self.conf_extra}
 """)
         dbd = r / "etc" / "slurmdbd.conf"

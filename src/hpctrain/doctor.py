@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.launch import runtimes
 from hpctrain.launch.nccl import exact_hcas, hca_matches, ifname_matches, net_interfaces, split_spec
 
 # Minimum driver for a CUDA major version (CUDA minor-version compatibility).
@@ -764,6 +765,17 @@ def memlock_check(soft: int, hard: int, rdma: bool) -> Check:
                  "PropagateResourceLimitsExcept=MEMLOCK (Slurm FAQ, #memlock)")
 
 
+def runtime_checks() -> list[Check]:
+    """The container runtimes this node has (apptainer, SingularityCE, pyxis): what container.runtime
+    can be here (launch/runtimes.py says how each is told apart)."""
+    found = runtimes.detect()
+    if not found:
+        return [Check("container", "runtime", "info", "none of apptainer, singularity, pyxis on PATH",
+                      "tasks run on the host's Python (container.runtime none), or `module load` the "
+                      "site's apptainer/singularity first")]
+    return [Check("container", f"runtime {f.runtime}", "ok", f.evidence) for f in found]
+
+
 def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, root: str = "/") -> Report:
     env = os.environ if env is None else env
     v = versions()
@@ -775,6 +787,8 @@ def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, r
     checks = version_checks(v, gpu_names) + ib_checks
     checks += nccl_env_checks(env, ports, interfaces(sysfs_root), gpu_numa)
     checks += container_checks(env, ports, inside, root)
+    if not inside:  # inside an image no runtime starts another
+        checks += runtime_checks()
     checks.append(memlock_check(*resource.getrlimit(resource.RLIMIT_MEMLOCK), rdma=bool(ports)))
     return Report(v, gpu_names, ports, suggested, inside, checks, gpu_numa=gpu_numa)
 

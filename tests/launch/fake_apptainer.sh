@@ -12,8 +12,15 @@
 # - inside, APPTAINER_CONTAINER is the image's path (Apptainer sets it; `hpctrain doctor` reads it);
 # - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
 #   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
+# Called as `singularity` (a link named so), it is SingularityCE instead: SINGULARITYENV_X=v becomes X=v,
+# APPTAINERENV_* are plain host variables to it (dropped by --cleanenv: SingularityCE does not read
+# them, apptainer-userdocs "singularity_compatibility"), and inside SINGULARITY_CONTAINER is set.
 # Usage (as the batch script calls it): apptainer exec [--nv] [--cleanenv] [--env K=V] [--bind X] IMAGE CMD...
 set -euo pipefail
+case ${0##*/} in
+  singularity*) export FAKE_ENVP=SINGULARITYENV_ FAKE_CVAR=SINGULARITY_CONTAINER ;;
+  *) export FAKE_ENVP=APPTAINERENV_ FAKE_CVAR=APPTAINER_CONTAINER ;;
+esac
 if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   shift
   for c in scontrol sbatch squeue sacct srun scancel sinfo salloc; do
@@ -37,7 +44,7 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   envs=()
   while IFS= read -r -d '' kv; do
     case "$kv" in
-      APPTAINERENV_*) envs+=("${kv#APPTAINERENV_}") ;;
+      "$FAKE_ENVP"*) envs+=("${kv#"$FAKE_ENVP"}") ;;
       FAKE_*|SLURM_CONF=*|PATH=*|PYTHONPATH=*) ;;
       *) if [ "$FAKE_CLEANENV" = 0 ]; then envs+=("$kv"); fi ;;
     esac
@@ -51,17 +58,17 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   pypath=${pypath:+$pypath${site:+:}}$site
   cmd=("$@")
   [ "${cmd[0]}" = python3 ] && cmd[0]=$FAKE_APPTAINER_PYTHON
-  exec env -i "${envs[@]}" APPTAINER_CONTAINER="$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  exec env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
-[ "${1:-}" = exec ] || { echo "fake apptainer: only 'exec' is supported" >&2; exit 2; }
+[ "${1:-}" = exec ] || { echo "fake ${0##*/}: only 'exec' is supported" >&2; exit 2; }
 shift
 export FAKE_CLEANENV=0 FAKE_BINDS="" FAKE_HOST_PYTHONPATH="${PYTHONPATH:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --nv) shift ;;
     --cleanenv|-e) FAKE_CLEANENV=1; shift ;;
-    --env) export "APPTAINERENV_$2"; shift 2 ;;
+    --env) export "$FAKE_ENVP$2"; shift 2 ;;
     --bind|-B) FAKE_BINDS+="$2"$'\n'; shift 2 ;;
     -*) echo "fake apptainer: unknown option $1" >&2; exit 2 ;;
     *) break ;;

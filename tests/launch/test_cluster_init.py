@@ -75,9 +75,21 @@ def site(slurm_cluster):
 @pytest.mark.slurm
 def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
     mods = tmp_path / "modulefiles"
-    for name in ("apptainer/1.2.5", "apptainer/1.3.4", "cuda/12.4"):
+    # each runtime module puts a stand-in on PATH that answers --version as the real one does: the
+    # newest apptainer, and a SingularityCE whose module must not reach a profile that runs apptainer
+    tools = {"apptainer/1.2.5": ("apptainer", "apptainer version 1.2.5"),
+             "apptainer/1.3.4": ("apptainer", "apptainer version 1.3.4"),
+             "singularity/4.1.0": ("singularity", "singularity-ce version 4.1.0")}
+    for name in (*tools, "cuda/12.4"):
         (mods / name).parent.mkdir(parents=True, exist_ok=True)
-        (mods / f"{name}.lua").write_text('setenv("HPCTRAIN_TEST_MODULE", "1")\n')
+        lua = 'setenv("HPCTRAIN_TEST_MODULE", "1")\n'
+        if name in tools:
+            bindir = tmp_path / "tools" / name
+            bindir.mkdir(parents=True)
+            (bindir / tools[name][0]).write_text(f"#!/bin/sh\necho '{tools[name][1]}'\n")
+            (bindir / tools[name][0]).chmod(0o755)
+            lua += f'prepend_path("PATH", "{bindir}")\n'
+        (mods / f"{name}.lua").write_text(lua)
     env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "MODULEPATH": str(mods), "USER": "root"}
     r = hp(slurm_cluster, "cluster", "init", "site", "--probe", env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -90,6 +102,8 @@ def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
     assert s["cpus_per_node"] == 4 and "RealMemory=4000 MB" in text and s["time"] == "2-00:00:00"
     assert s["account"] == ACCOUNT and s["qos"] == QOS[0] and "QOS=hpc-long,hpc-normal" in text
     assert prof["container_modules"] == ["apptainer/1.3.4"] and prof["modules"] == ["cuda/12.4"]
+    assert prof["container"]["runtime"] == "none" and "found: apptainer --version: apptainer version 1.3.4" in text
+    assert "singularity --version: singularity-ce version 4.1.0 (module singularity/4.1.0)" in text
     assert re.search(rf"# Partitions seen: .*{CPU_PARTITION}: 1 nodes, no GPUs", text)
     assert prof["fabric"] == {"kind": "socket"} and "no InfiniBand/RoCE ports" in text  # --probe, srun on n2
     for line in text.splitlines():  # every value says where it came from

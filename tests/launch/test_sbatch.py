@@ -41,7 +41,8 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
     assert fresh == committed, ("slurm/vit.sbatch differs from the generator: regenerate it with "
                                 f"`hpctrain {' '.join(EMIT)}`")
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
-    assert "srun --kill-on-bad-exit=1 --unbuffered \"${HPCTRAIN_PYTHON[@]}\" -m hpctrain train" in fresh
+    assert ('srun --kill-on-bad-exit=1 --unbuffered "${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" '
+            "-m hpctrain train") in fresh
 
 
 def test_dry_run_16_nodes_without_torch():

@@ -60,6 +60,28 @@ def container(tmp_path_factory) -> tuple[Path, dict]:
     return prof, env
 
 
+@pytest.fixture(scope="module")
+def containers(container) -> dict[str, tuple[Path, dict]]:
+    """Profiles by container.runtime: `container`'s; the same through the fake SingularityCE
+    (fake_apptainer.sh called as `singularity`: SINGULARITYENV_* only, no `apptainer` for it); and
+    through the fake pyxis plugin of the test cluster (srun --container-image; tests/launch/fake_pyxis.c),
+    whose image is its /etc/environment: the image's PATH, where `python3` is this Python."""
+    prof, env = container
+    d = prof.parent
+    (d / "bin" / "singularity").symlink_to(FAKE_APPTAINER)
+    (d / "imgbin").mkdir()
+    (d / "imgbin" / "python3").symlink_to(sys.executable)
+    (d / "image.sqsh").write_text(f"PATH={d / 'imgbin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+                                  "HPCTRAIN_FAKE_IMAGE=pyxis\n")
+    out = {"apptainer": container}
+    for runtime, image in (("singularity", d / "image.sif"), ("pyxis", d / "image.sqsh")):
+        data = yaml.safe_load(prof.read_text())
+        data["container"].update(runtime=runtime, image=str(image))
+        (d / f"{runtime}.yaml").write_text(yaml.safe_dump(data))
+        out[runtime] = (d / f"{runtime}.yaml", env)
+    return out
+
+
 def submit_job(cluster, container, digits_root, tmp_path, name: str, *args: str) -> str:
     prof, env = container
     return submit(cluster, "--cluster", str(prof), "--nodes", "2", *args,
@@ -103,6 +125,9 @@ PATHS = {
     "scontrol requeue": (["scontrol", "requeue"], "preemption"),
     "vit.sbatch, scancel USR2": (["scancel", "--signal=USR2"], "time_limit"),  # the script's own shell requeues
 }
+# The runtime each path's tasks run in (apptainer otherwise): one path each for the others, so that
+# every runtime goes through a stop, the batch shell's requeue and an exact resume without another job.
+RUNTIME = {"scancel USR2 --batch": "singularity", "scancel USR2": "pyxis"}  # pyxis: 22.05 (the plugin's)
 # On Slurm 24.11, the paths whose handling by Slurm differs in kind, not in the signal's route (the
 # others test our batch shell and srun, the same on both): USR2 to the batch shell, which requeues
 # itself and resumes exactly; an outside `scontrol requeue`, which Slurm requeues itself (the shell
@@ -111,13 +136,16 @@ PATHS_24 = ("scancel USR2 --batch", "scontrol requeue")
 
 
 def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
-        each_slurm_cluster, container, digits_root, tmp_path, reference):
+        each_slurm_cluster, containers, digits_root, tmp_path, reference):
     """Seven jobs at once (six through submitit, one through `sbatch slurm/vit.sbatch`), each
-    stopped one way mid-run; none can run a Slurm command in its tasks. On 24.11: PATHS_24."""
+    stopped one way mid-run; none can run a Slurm command in its tasks. On 24.11: PATHS_24. The
+    tasks of the paths in RUNTIME run in that runtime (SingularityCE: the fake `singularity`)."""
     slurm_cluster = each_slurm_cluster
     paths = PATHS if "22.05" in slurm_cluster.version() else {k: PATHS[k] for k in PATHS_24}
+    if any(RUNTIME.get(label) == "pyxis" for label in paths):
+        assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
     jobs = {label: (sbatch_job if label.startswith("vit.sbatch") else submit_job)(
-                slurm_cluster, container, digits_root, tmp_path, f"j{i}")
+                slurm_cluster, containers[RUNTIME.get(label, "apptainer")], digits_root, tmp_path, f"j{i}")
             for i, label in enumerate(paths)}
     runs = {label: tmp_path / f"j{i}" for i, label in enumerate(paths)}
     sent = set()
@@ -151,6 +179,16 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
         env = json.loads((run / "env.json").read_text())
         assert env["launcher"] == ("sbatch-script" if script else "submitit-slurm"), label
         assert env["env"]["SLURM_RESTART_COUNT"] == "1"
+        runtime = RUNTIME.get(label, "apptainer")  # which runtime started the task
+        if runtime == "pyxis":  # the image's environment (its /etc/environment), none of Apptainer's
+            assert env["env"].get("HPCTRAIN_FAKE_IMAGE") == "pyxis", (label, env["env"])
+            assert not [k for k in env["env"] if k.endswith("_CONTAINER")], (label, env["env"])
+        else:  # the image's own variable
+            assert env["env"].get(f"{runtime.upper()}_CONTAINER"), (label, env["env"])
+        if not script:  # every runtime ran the submitted snapshot, mounted at container.source_mount
+            mount = yaml.safe_load(containers[runtime][0].read_text())["container"]["source_mount"]
+            assert env["source"]["path"] == f"{mount}/hpctrain", (label, env["source"])
+            assert env["source"]["running"] == env["source"]["submitted"], (label, env["source"])
     if "scancel TERM" in jobs:
         st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
         assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st

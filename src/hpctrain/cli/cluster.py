@@ -1,7 +1,8 @@
 """`hpctrain cluster init NAME`: write a cluster profile from what Slurm, slurmdbd and Lmod say.
 
 Reads partitions, time limits, GPUs (GRES), CPUs and memory of the nodes (scontrol), your accounts
-and QOS and the QOS's limits (sacctmgr), the apptainer/cuda/nccl modules (Lmod); with --probe, runs
+and QOS and the QOS's limits (sacctmgr), the apptainer/singularity/cuda/nccl modules (Lmod), the
+container runtime installed (apptainer, SingularityCE, pyxis); with --probe, runs
 `hpctrain doctor --json` on one node of the partition (srun, under the chosen account and QOS, inside
 --image when given) for the fabric. Writes
 $XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml (default ~/.config/…; `--cluster NAME` finds it) or
@@ -23,7 +24,8 @@ def add_parser(sub) -> None:
     q.add_argument("-o", "--output", help="write here instead of $XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml")
     q.add_argument("--partition", help="the partition jobs go to (default: the default one if it has GPUs, "
                                        "else the first with GPUs)")
-    q.add_argument("--image", help="Apptainer image (.sif) the tasks run in (default: the host's Python)")
+    q.add_argument("--image", help="image the tasks run in: a .sif (Apptainer/SingularityCE, whichever is installed) "
+                                   "or an enroot .sqsh/URI (pyxis); default: the host's Python")
     q.add_argument("--probe", action="store_true",
                    help="run `hpctrain doctor --json` on one node of the partition (srun, with the account and QOS "
                         "chosen; inside --image when given) for the fabric")
@@ -48,8 +50,9 @@ def init(args: argparse.Namespace) -> int:
     facts = ci.gather()
     part = ci.choose_partition(facts.partitions, args.partition)
     account, qos = ci.account_and_qos(facts)
-    fabric = ci.fabric_from_doctor(ci.probe(part, account=account, qos=qos, image=args.image or "")) \
-        if args.probe else None
+    runtime = ci.rt.choose(facts.runtimes, args.image or "")[0]
+    fabric = ci.fabric_from_doctor(ci.probe(part, account=account, qos=qos, image=args.image or "",
+                                            runtime=runtime)) if args.probe else None
     text, notes = ci.render(args.name, facts, part, fabric, args.image or "")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

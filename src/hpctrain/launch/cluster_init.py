@@ -5,10 +5,11 @@ Sources (docs/sweeps.md has the commands' documentation): `scontrol show partiti
 OverSubscribe, nodes' CPUEfctv - CPUTot less the cores kept for the system by CoreSpecCount/
 CpuSpecList, what a job can have - RealMemory, Gres `gpu:<type>:<n>`), `sacctmgr show assoc` and
 `show user` (accounts, QOS, defaults), `sacctmgr show qos` (MaxWall, MaxTRESPerJob, MaxTRESPerUser),
-Lmod's `module -t avail` (apptainer, cuda, nccl), and with --probe `srun -N1 … hpctrain doctor
---json` on a node of the chosen partition, under the profile's account and QOS and inside its image
-when one is given (HCAs, link layer, the GPU-near ports NCCL would use, the image's NCCL). Every
-written value carries a comment naming its source.
+Lmod's `module -t avail` (apptainer, singularity, cuda, nccl), the container runtimes installed
+(launch/runtimes.py: `apptainer`/`singularity --version`, `srun --help` for pyxis), and with --probe
+`srun -N1 … hpctrain doctor --json` on a node of the chosen partition, under the profile's account
+and QOS and inside its image when one is given (HCAs, link layer, the GPU-near ports NCCL would
+use, the image's NCCL). Every written value carries a comment naming its source.
 No torch: this runs where jobs are submitted.
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.launch import runtimes as rt
 from hpctrain.launch.modules import LMOD_INIT
 from hpctrain.launch.profile import time_minutes
 from hpctrain.source import package_dir
@@ -68,6 +70,7 @@ class Facts:
     modules: list[str] = field(default_factory=list)
     user: str = ""
     qos_limits: dict[str, dict[str, str]] = field(default_factory=dict)  # QOS → {MaxWall, MaxTRESPerJob, …}
+    runtimes: list[rt.Found] = field(default_factory=list)  # container runtimes installed (runtimes.detect)
 
 
 def tool(*cmd: str, timeout: float = 30) -> str | None:
@@ -146,12 +149,17 @@ def read_qos_limits() -> dict[str, dict[str, str]]:
     return out
 
 
+def module_init() -> str | None:
+    """The module system's bash init script ($LMOD_PKG's, $MODULESHOME's or Debian's Lmod), if any."""
+    return next((p for p in (os.environ.get("LMOD_PKG", "") and f"{os.environ['LMOD_PKG']}/init/bash",
+                             os.environ.get("MODULESHOME", "") and f"{os.environ['MODULESHOME']}/init/bash",
+                             LMOD_INIT) if p and Path(p).is_file()), None)
+
+
 def read_modules() -> list[str]:
     """`module -t avail` through Lmod's init (a plain shell lacks the `module` function); Lmod
     writes the list to stderr, one `name/version` per line under `path:` headers."""
-    init = next((p for p in (os.environ.get("LMOD_PKG", "") and f"{os.environ['LMOD_PKG']}/init/bash",
-                             os.environ.get("MODULESHOME", "") and f"{os.environ['MODULESHOME']}/init/bash",
-                             LMOD_INIT) if p and Path(p).is_file()), None)
+    init = module_init()
     if not init:
         return []
     try:
@@ -177,25 +185,35 @@ def gather(user: str | None = None) -> Facts:
     user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
     parts = read_partitions()
     accounts, default_acc = read_associations(user)
-    return Facts(parts, accounts, default_acc, read_modules(), user, read_qos_limits())
+    mods = read_modules()
+    cands = [m for m in (pick_module(mods, "apptainer"), pick_module(mods, "singularity")) if m]
+    found = rt.detect(module_init() or "", cands)
+    return Facts(parts, accounts, default_acc, mods, user, read_qos_limits(), found)
 
 
 # --------------------------------------------------------------------------- probe
 
 def probe_command(partition: Partition, python: str = sys.executable, account: str = "", qos: str = "",
-                  image: str = "", source_mount: str = "/opt/hpctrain-src") -> list[str]:
+                  image: str = "", source_mount: str = "/opt/hpctrain-src", runtime: str = "apptainer") -> list[str]:
     """One task on one node of the partition (with a GPU where it has them), charged as the profile's
     jobs will be (account, QOS): the doctor's JSON. With `image`, the doctor runs in it (its NCCL,
-    its view of /dev/infiniband), as this hpctrain bound at `source_mount`, the way jobs run it."""
+    its view of /dev/infiniband) through `runtime`, as this hpctrain bound at `source_mount`, the way
+    jobs run it."""
     cmd = ["srun", "-N1", "-n1", f"--partition={partition.name}", "--time=5", "--job-name=hpctrain-probe"]
     cmd += [f"--account={account}"] if account else []
     cmd += [f"--qos={qos}"] if qos else []
     if partition.gpus:
         cmd.append("--gpus-per-node=1")
+    doctor = ["python3", "-m", "hpctrain", "doctor", "--json"]
+    if image and runtime == "pyxis":
+        mount = source_mount.rstrip("/")
+        return [*cmd, f"--container-image={image}", f"--container-mounts={package_dir()}:{mount}/hpctrain:ro",
+                "env", f"PYTHONPATH={mount}", *doctor]
     if image:
         mount = source_mount.rstrip("/")
-        return [*cmd, "apptainer", "exec", "--nv", "--cleanenv", "--bind", f"{package_dir()}:{mount}/hpctrain:ro",
-                "--env", f"PYTHONPATH={mount}", image, "python3", "-m", "hpctrain", "doctor", "--json"]
+        tool = "singularity" if runtime == "singularity" else "apptainer"
+        return [*cmd, tool, "exec", "--nv", "--cleanenv", "--bind", f"{package_dir()}:{mount}/hpctrain:ro",
+                "--env", f"PYTHONPATH={mount}", image, *doctor]
     return [*cmd, python, "-m", "hpctrain", "doctor", "--json"]
 
 
@@ -222,9 +240,9 @@ def fabric_from_doctor(report: dict) -> tuple[str, list[str]]:
 
 
 def probe(partition: Partition, python: str = sys.executable, account: str = "", qos: str = "",
-          image: str = "") -> dict:
+          image: str = "", runtime: str = "apptainer") -> dict:
     """Run the doctor on a compute node; its JSON report (UserError with srun's words on failure)."""
-    cmd = probe_command(partition, python, account, qos, image)
+    cmd = probe_command(partition, python, account, qos, image, runtime=runtime)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:
@@ -345,14 +363,19 @@ def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str
     if qlim:
         notes.append(f"QOS {qos} limits: " + ", ".join(f"{k}={v}" for k, v in qlim.items()))
     mods = facts.modules
-    app = pick_module(mods, "apptainer") or pick_module(mods, "singularity")
+    runtime, found = rt.choose(facts.runtimes, image)
+    # the module of the runtime the profile uses (or, without an image yet, of the first one found):
+    # never one runtime's module for another's command (a SingularityCE module gives no `apptainer`)
+    starter = found or (facts.runtimes[0] if facts.runtimes and not image else None)
+    app = starter.module if starter else ""
     cuda, nccl = pick_module(mods, "cuda"), pick_module(mods, "nccl")
     host = [m for m in (cuda, nccl) if m]
     lines.append(f"modules: {yaml_value(host)}  # module -t avail: "
                  f"{cuda or 'no cuda'}, {nccl or 'no nccl'}"
                  " (tasks on the host's Python)")
-    lines.append(f"container_modules: {yaml_value([app] if app else [])}  # module -t avail: "
-                 f"{app or 'no apptainer/singularity module'} (what starts the image)")
+    lines.append(f"container_modules: {yaml_value([app] if app else [])}  # "
+                 + (f"{starter.evidence}: what starts the image" if app else
+                    f"{starter.runtime} needs no module here" if starter else "no container runtime found"))
     lines.append("module_purge: false  # a purge can remove apptainer (or slurm on Bright clusters)")
     if fabric:
         kind, fnotes = fabric
@@ -365,13 +388,19 @@ def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str
         lines += ["fabric:", "  kind: socket  # not probed: run `hpctrain cluster init NAME --probe --force` on the "
                   "login node (one srun of the doctor on a compute node); REVIEW"]
         notes.append("fabric not probed (--probe): kind socket until then")
-    if image:
-        lines += ["container:", "  runtime: apptainer  # --image", f"  image: {yaml_value(image)}  # --image"]
+    seen = "; ".join(f.evidence for f in facts.runtimes) or "no apptainer, singularity or pyxis found"
+    if image and found:
+        lines += ["container:", f"  runtime: {runtime}  # --image; {found.evidence}",
+                  f"  image: {yaml_value(image)}  # --image"]
+    elif image:
+        lines += ["container:", f"  runtime: {runtime}  # --image ({rt.image_kind(image)} image), but {seen} on "
+                                "this node; REVIEW", f"  image: {yaml_value(image)}  # --image"]
+        notes.append(f"container.runtime {runtime}: not found here ({seen}); check what the compute nodes have")
     else:
-        exists = f"; apptainer module {app} exists" if app else ""
-        lines += ["container:", f"  runtime: none  # no --image given{exists}: tasks run on the host's Python; REVIEW"]
-        if app:
-            notes.append(f"module {app} exists: pass --image PATH.sif (or set container.runtime and image) to "
-                         "train in an image")
+        lines += ["container:", f"  runtime: none  # no --image given; found: {seen}: tasks run on the host's "
+                                "Python; REVIEW"]
+        if facts.runtimes:
+            notes.append(f"{', '.join(f.runtime for f in facts.runtimes)} found: pass --image (a .sif, or an "
+                         "enroot .sqsh/URI for pyxis) to train in an image")
     return "\n".join(lines) + "\n", notes
 

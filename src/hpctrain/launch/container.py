@@ -1,8 +1,14 @@
-"""How each task starts Python: inside `apptainer exec --nv` or bare on the host.
+"""How each task starts Python: in an image (Apptainer, SingularityCE, pyxis/enroot) or bare on the host.
 
-The script picks at run time from `$CONTAINER` (apptainer | none), so the same batch script runs
-on a cluster with the image and on a test cluster without it. The host's ~/.local stays out of
-the image's Python (PYTHONNOUSERSITE=1).
+The script picks at run time from `$CONTAINER` (apptainer | singularity | pyxis | none), so the same
+batch script runs on a cluster with the image and on a test cluster without it. One function per
+runtime writes its branch (docs/launch.md, "Container runtimes", has the sources):
+- apptainer / singularity: `<tool> exec --nv --cleanenv` per task, the allow-listed variables passed
+  as APPTAINERENV_* / SINGULARITYENV_* (SingularityCE reads only the latter);
+- pyxis: no wrapper command; srun itself starts the task in the image from the options in the array
+  $HPCTRAIN_SRUN_CONTAINER (--container-image, --container-mounts, --container-workdir), which the
+  srun line expands; the allow-list is applied inside the image, against its /etc/environment.
+The host's ~/.local stays out of the image's Python (PYTHONNOUSERSITE=1).
 """
 
 from __future__ import annotations
@@ -15,6 +21,11 @@ from hpctrain.errors import LaunchError
 from hpctrain.launch.profile import ContainerSection
 
 PY_VAR = "HPCTRAIN_PYTHON"
+SRUN_VAR = "HPCTRAIN_SRUN_CONTAINER"  # srun options that start each task in the image (pyxis); empty otherwise
+RUNTIMES = ("apptainer", "singularity", "pyxis", "none")
+# the variables each Singularity flavour turns into X inside, even with --cleanenv; SingularityCE
+# ignores APPTAINERENV_* (apptainer-userdocs, singularity_compatibility: only Apptainer reads both)
+ENV_PREFIX = {"apptainer": "APPTAINERENV_", "singularity": "SINGULARITYENV_"}
 VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
@@ -82,46 +93,40 @@ PASS_ENV = ("SLURM_*", "SLURMD_NODENAME", "NCCL_*", "TORCH_*", "HPCTRAIN_*", "SU
             "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "TMPDIR", "USER", "LANG", "LC_*", "TZ")
 
 
-def cleanenv_wrapper(extra: list[str] = (), stage_to: str = "") -> str:
-    """A bash program run per task, on its node, just before `apptainer exec --cleanenv`: copy the
-    allowed variables into APPTAINERENV_* (which Apptainer passes even with --cleanenv). It must run
-    per task: slurmstepd sets SLURM_PROCID and friends only there. With `stage_to` (data.stage_to,
-    e.g. $TMPDIR on /localscratch) it also binds that node-local directory, expanded here with the
-    node's own variables: Apptainer binds only $HOME, /tmp, /var/tmp and $PWD by default."""
+def cleanenv_wrapper(extra: list[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_") -> str:
+    """A bash program run per task, on its node, just before `apptainer|singularity exec --cleanenv`:
+    copy the allowed variables into `prefix`* (APPTAINERENV_ or SINGULARITYENV_, passed even with
+    --cleanenv). It must run per task: slurmstepd sets SLURM_PROCID and friends only there. With
+    `stage_to` (data.stage_to, e.g. $TMPDIR on /localscratch) it also binds that node-local
+    directory, expanded here with the node's own variables: Apptainer binds only $HOME, /tmp,
+    /var/tmp and $PWD by default."""
     pats = "|".join((*PASS_ENV, *extra))
     stage = ""
     if stage_to:
         word, names = stage_word(stage_to)
         have = "".join(f'[ -n "${{{n}:-}}" ] && ' for n in names)
         stage = (f'{have}{{ d={word}; mkdir -p "$d" && set -- "$1" "$2" --bind "$d" "${{@:3}}"; }}; ')
-    return (stage + 'for v in $(compgen -e); do case $v in ' + pats + ') export "APPTAINERENV_$v=${!v}";; esac; '
+    return (stage + 'for v in $(compgen -e); do case $v in ' + pats + f') export "{prefix}$v=${{!v}}";; esac; '
             'done; exec "$@"')
 
 
-def python_lines(container: ContainerSection, binds: list[str], host_python: str, source: str = "",
-                 stage_to: str = "") -> list[str]:
-    """Define the bash array $HPCTRAIN_PYTHON: the command that starts Python in every task.
+def image_env_wrapper(extra: list[str], mount: str) -> str:
+    """A bash program run per task inside a pyxis/enroot image, before Python: keep the image's own
+    variables (enroot's image format lists them in /etc/environment) and the allow-list, drop the
+    rest of the host environment that pyxis passed in (a module's PYTHONPATH, CUDA_HOME...): the
+    same environment as `--cleanenv` plus APPTAINERENV_* gives. $HPCTRAIN_SOURCE set: the submitted
+    hpctrain, mounted at `mount`/hpctrain, first on PYTHONPATH."""
+    pats = "|".join((*PASS_ENV, *extra, "PATH", "HOME", "PWD", "SHLVL", "TERM", "HOSTNAME"))
+    return ('keep=" "; if [ -r /etc/environment ]; then while IFS= read -r l || [ -n "$l" ]; do l=${l#export }; '
+            'case $l in [A-Za-z_]*=*) keep+="${l%%=*} " ;; esac; done < /etc/environment; fi; '
+            'for v in $(compgen -e); do case $v in ' + pats + ') continue ;; esac; '
+            'case $keep in *" $v "*) ;; *) unset "$v" ;; esac; done; export PYTHONNOUSERSITE=1; '
+            f'if [ -n "${{HPCTRAIN_SOURCE:-}}" ]; then export PYTHONPATH={shlex.quote(mount)}; fi; exec "$@"')
 
-    `source` (a shell word, exported as HPCTRAIN_SOURCE) is the hpctrain package the tasks run:
-    the snapshot taken at submission (hpctrain.source), so that every attempt runs the code that
-    submitted the job. In the image: a clean environment plus the allow-list, the job's binds, and
-    `source` bound at `container.source_mount` first on PYTHONPATH; on the host (CONTAINER=none):
-    `source`'s parent first on PYTHONPATH. `stage_to`: data.stage_to, bound per node at run time
-    (cleanenv_wrapper)."""
-    q = shlex.quote
-    apptainer = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", "apptainer", "exec", "--nv", "--cleanenv"]
-    for b in binds:
-        apptainer += ["--bind", q(b)]
-    mount = container.source_mount.rstrip("/")
+
+def none_lines(host_python: str) -> list[str]:
+    """CONTAINER=none: the host's Python, the submitted hpctrain first on PYTHONPATH."""
     return [
-        f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
-        f"HPCTRAIN_IMAGE=${{HPCTRAIN_IMAGE-{q(container.image)}}}",
-        f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
-        "export HPCTRAIN_SOURCE",
-        'if [ -n "$HPCTRAIN_SOURCE" ] && [ ! -d "$HPCTRAIN_SOURCE" ]; then echo "hpctrain: HPCTRAIN_SOURCE='
-        '$HPCTRAIN_SOURCE is not a directory on this node (the job\'s directory must be on a file system the '
-        'nodes see; HPCTRAIN_SOURCE= runs the hpctrain that the tasks\' Python finds)" >&2; exit 1; fi',
-        'if [ "$CONTAINER" = none ]; then',
         f"  {PY_VAR}=({host_python})",
         "  # the submitted hpctrain first (not the submitting shell's PYTHONPATH, which an --export=NONE",
         "  # site drops); an installed copy's site-packages is the host Python's own already",
@@ -132,16 +137,117 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         '    case ${HPCTRAIN_SOURCE%/*} in */site-packages|*/dist-packages) ;;',
         '      *) export PYTHONPATH="${HPCTRAIN_SOURCE%/*}${PYTHONPATH:+:$PYTHONPATH}" ;; esac',
         "  fi",
-        "else",
-        '  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '
-        '(set HPCTRAIN_IMAGE, or CONTAINER=none)" >&2; exit 1; fi',
-        f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env, stage_to))}",
-        f"  {PY_VAR}=({' '.join(apptainer)})",
-        "  export APPTAINERENV_PYTHONNOUSERSITE=1",
+    ]
+
+
+IMAGE_MISSING = ('  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '
+                 '(set HPCTRAIN_IMAGE, or CONTAINER=none)" >&2; exit 1; fi')
+
+
+def singularity_family_lines(tool: str, container: ContainerSection, binds: list[str], stage_to: str) -> list[str]:
+    """`<tool> exec --nv --cleanenv --bind ... IMAGE python` behind the per-task env wrapper; `tool`
+    is apptainer or singularity, which differ only in the command and its ENV prefix."""
+    q, prefix = shlex.quote, ENV_PREFIX[tool]
+    cmd = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", tool, "exec", "--nv", "--cleanenv"]
+    for b in binds:
+        cmd += ["--bind", q(b)]
+    mount = container.source_mount.rstrip("/")
+    return [
+        IMAGE_MISSING,
+        f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env, stage_to, prefix))}",
+        f"  {PY_VAR}=({' '.join(cmd)})",
+        f"  export {prefix}PYTHONNOUSERSITE=1",
         '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
         f'    {PY_VAR}+=(--bind "$HPCTRAIN_SOURCE:{mount}/hpctrain:ro")',
-        f"    export APPTAINERENV_PYTHONPATH={q(mount)}",
+        f"    export {prefix}PYTHONPATH={q(mount)}",
         "  fi",
         f'  {PY_VAR}+=("$HPCTRAIN_IMAGE" {q(container.python)})',
-        "fi",
+    ]
+
+
+def apptainer_lines(container: ContainerSection, binds: list[str], stage_to: str = "") -> list[str]:
+    """Apptainer: `apptainer exec`, APPTAINERENV_* (it also reads SINGULARITYENV_*)."""
+    return singularity_family_lines("apptainer", container, binds, stage_to)
+
+
+def singularity_lines(container: ContainerSection, binds: list[str], stage_to: str = "") -> list[str]:
+    """SingularityCE (Sylabs): `singularity exec`, SINGULARITYENV_*; it has no `apptainer` command and
+    ignores APPTAINERENV_*. On an Apptainer site `singularity` is a link to apptainer, which reads both."""
+    return singularity_family_lines("singularity", container, binds, stage_to)
+
+
+def pyxis_mount(bind: str) -> str:
+    """A bind (src[:dst[:opts]]) as a --container-mounts entry SRC:DST[:ro]; pyxis separates entries
+    with ',' and mount flags with '+', so a path with ',' cannot be given (LaunchError)."""
+    src, dst, ro = split_bind(bind)
+    if "," in src or "," in dst:
+        raise LaunchError(f"bind {bind!r} holds ',', which separates pyxis's --container-mounts entries: "
+                          "move the path, or use container.runtime apptainer")
+    return f"{src}:{dst}" + (":ro" if ro else "")
+
+
+def check_pyxis(binds: list[str], stage_to: str = "") -> None:
+    """What pyxis cannot do here (LaunchError): a bind with ',' or a data.stage_to (its node-local
+    directory would have to exist on every node before srun; Apptainer's wrapper makes it per task)."""
+    for b in binds:
+        pyxis_mount(b)
+    if stage_to:
+        raise LaunchError(f"data.stage_to={stage_to!r} is not supported with container.runtime pyxis yet: "
+                          "leave data.stage_to empty, or use container.runtime apptainer or singularity")
+
+
+def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "") -> list[str]:
+    """pyxis/enroot: srun starts each task in the image ($HPCTRAIN_SRUN_CONTAINER on the srun line);
+    the mounts are the job's binds, the job's directory (the tasks' working directory, which
+    Apptainer binds itself) and the submitted hpctrain; no GPU flag (enroot's hooks add the GPUs)."""
+    q = shlex.quote
+    mount = container.source_mount.rstrip("/")
+    try:
+        check_pyxis(binds, stage_to)
+        mounts = ",".join(pyxis_mount(b) for b in binds)
+    except LaunchError as e:  # written for another runtime: this branch refuses, the others run
+        return [f"  echo {q(f'hpctrain: {e}')} >&2; exit 1"]
+    return [
+        '  case $HPCTRAIN_IMAGE in /*|./*|../*) if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image '
+        '$HPCTRAIN_IMAGE not found (a squashfs made by enroot import, or a registry URI)" >&2; exit 1; fi ;; esac',
+        '  case $PWD,${HPCTRAIN_SOURCE} in *,*,*|*:*) echo "hpctrain: $PWD or $HPCTRAIN_SOURCE holds \',\' or '
+        '\':\', which pyxis\'s --container-mounts cannot take: run the job from another directory" >&2; exit 1 ;; esac',
+        f"  hpctrain_mounts={q(mounts)}",
+        '  hpctrain_mounts+="${hpctrain_mounts:+,}$PWD"',
+        f'  if [ -n "$HPCTRAIN_SOURCE" ]; then hpctrain_mounts+=",$HPCTRAIN_SOURCE:{mount}/hpctrain:ro"; fi',
+        f'  {SRUN_VAR}=(--container-image="$HPCTRAIN_IMAGE" --container-mounts="$hpctrain_mounts" '
+        '--container-workdir="$PWD")',
+        f"  hpctrain_imageenv={q(image_env_wrapper(container.pass_env, mount))}",
+        f'  {PY_VAR}=(bash -c "$hpctrain_imageenv" hpctrain-task {q(container.python)})',
+    ]
+
+
+def python_lines(container: ContainerSection, binds: list[str], host_python: str, source: str = "",
+                 stage_to: str = "") -> list[str]:
+    """Define the bash arrays $HPCTRAIN_PYTHON (the command that starts Python in every task) and
+    $HPCTRAIN_SRUN_CONTAINER (srun options that put the task in the image: pyxis only).
+
+    `source` (a shell word, exported as HPCTRAIN_SOURCE) is the hpctrain package the tasks run:
+    the snapshot taken at submission (hpctrain.source), so that every attempt runs the code that
+    submitted the job. In the image: a clean environment plus the allow-list, the job's binds, and
+    `source` mounted at `container.source_mount` first on PYTHONPATH; on the host (CONTAINER=none):
+    `source`'s parent first on PYTHONPATH. `stage_to`: data.stage_to, bound per node at run time
+    (cleanenv_wrapper). Every runtime's branch is written, so CONTAINER= can switch at submission."""
+    q = shlex.quote
+    return [
+        f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
+        f"HPCTRAIN_IMAGE=${{HPCTRAIN_IMAGE-{q(container.image)}}}",
+        f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
+        "export HPCTRAIN_SOURCE",
+        'if [ -n "$HPCTRAIN_SOURCE" ] && [ ! -d "$HPCTRAIN_SOURCE" ]; then echo "hpctrain: HPCTRAIN_SOURCE='
+        '$HPCTRAIN_SOURCE is not a directory on this node (the job\'s directory must be on a file system the '
+        'nodes see; HPCTRAIN_SOURCE= runs the hpctrain that the tasks\' Python finds)" >&2; exit 1; fi',
+        f"{SRUN_VAR}=()",
+        'case $CONTAINER in',
+        "none)", *none_lines(host_python), "  ;;",
+        "apptainer)", *apptainer_lines(container, binds, stage_to), "  ;;",
+        "singularity)", *singularity_lines(container, binds, stage_to), "  ;;",
+        "pyxis)", *pyxis_lines(container, binds, stage_to), "  ;;",
+        f'*) echo "hpctrain: CONTAINER=$CONTAINER is not one of {", ".join(RUNTIMES)}" >&2; exit 1 ;;',
+        "esac",
     ]

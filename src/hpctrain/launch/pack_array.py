@@ -19,7 +19,7 @@ from pathlib import Path
 from hpctrain.config import check_text
 from hpctrain.data.pack import STATE, PackPlan, array_ranges
 from hpctrain.errors import LaunchError
-from hpctrain.launch.container import bind_list, python_lines
+from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.profile import ClusterProfile
@@ -63,7 +63,8 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
              "# that finds every group done writes OUT/meta.json, the shard index.",
              *[sbatch_value(k, v) for k, v in opts], "",
              "set -eo pipefail", "",
-             "# Python for the task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif> (as for training).",
+             "# Python for the task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image> (as for",
+             "# training; pyxis starts it through srun).",
              *python_lines(profile.container, bind_list(profile.container, [root, str(out)], writable=[str(out)]),
                            q(sys.executable), source), ""]
     mods = job_module_lines(profile.modules, profile.container_modules, profile.module_use, profile.module_purge)
@@ -71,7 +72,10 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         lines += [*mods, ""]
     lines += ['echo "hpctrain: pack group ${SLURM_ARRAY_TASK_ID:?not an array task} of '
               f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
-              f'"${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.pack {q(str(out))} "$SLURM_ARRAY_TASK_ID"', ""]
+              "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
+              f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
+              f'"${{hpctrain_run[@]}}" "${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.pack {q(str(out))} '
+              '"$SLURM_ARRAY_TASK_ID"', ""]
     return "\n".join(lines)
 
 

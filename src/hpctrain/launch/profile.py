@@ -138,9 +138,11 @@ class FabricSection:
 
 @dataclass(frozen=True)
 class ContainerSection:
-    runtime: str = opt("none", "run each task inside an Apptainer image, or on the host's Python",
-                       choices=("apptainer", "none"))
-    image: str = opt("", "path of the .sif image (runtime apptainer)")
+    runtime: str = opt("none", "what starts each task in the image: apptainer, singularity (SingularityCE), "
+                               "pyxis (srun --container-image, enroot), or none (the host's Python)",
+                       choices=("apptainer", "singularity", "pyxis", "none"))
+    image: str = opt("", "the image: a .sif (apptainer, singularity); an enroot .sqsh or a registry URI "
+                         "such as nvcr.io#nvidia/pytorch:23.12-py3 (pyxis)")
     binds: list[str] = opt([], "extra bind mounts (src[:dst[:opts]]); data root and run dir are added")
     python: str = opt("python3", "Python inside the image (or on the host when runtime is none)")
     bind_source: bool = opt(True, "run the submitting hpctrain: a snapshot of its package, taken at submission, "
@@ -179,9 +181,9 @@ class ClusterProfile:
         if not self.container.source_mount.startswith("/") or " " in self.container.source_mount:
             raise ConfigError(f"container.source_mount={self.container.source_mount!r}: use an absolute path "
                               "without spaces inside the image, e.g. /opt/hpctrain-src")
-        if self.container.runtime == "apptainer" and not self.container.image:
-            raise ConfigError("container.runtime is apptainer but container.image is empty: set the "
-                              ".sif path (container.image) or use container.runtime: none")
+        if self.container.runtime != "none" and not self.container.image:
+            raise ConfigError(f"container.runtime is {self.container.runtime} but container.image is empty: set "
+                              "the image (container.image) or use container.runtime: none")
 
 
 def user_cluster_dir() -> Path:

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from hpctrain.config import control_char, encode_overrides
-from hpctrain.launch.container import PY_VAR, python_lines
+from hpctrain.launch.container import PY_VAR, SRUN_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.nccl import export_lines, fabric_env, left_to_nccl
 from hpctrain.launch.profile import ClusterProfile
@@ -209,9 +209,9 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
                   f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
                   f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
                   "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
-    lines += ["# Python for every task: CONTAINER=apptainer|none, HPCTRAIN_IMAGE=<image.sif>, HPCTRAIN_SOURCE=",
-              "# the hpctrain package the tasks run, bound into the image or first on PYTHONPATH (empty: the",
-              "# one the tasks' Python finds).",
+    lines += ["# Python for every task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image.sif, or",
+              "# .sqsh/URI for pyxis>, HPCTRAIN_SOURCE= the hpctrain package the tasks run, bound into the image",
+              f"# or first on PYTHONPATH (empty: the one the tasks' Python finds). pyxis: srun's {SRUN_VAR} options.",
               *python_lines(prof.container, p.binds, host_python, source, p.stage_to), ""]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:
@@ -238,6 +238,6 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += [*stop_lines(), "",
               "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
               "# background so that this shell can take signals while it waits.",
-              f"srun --kill-on-bad-exit=1 --unbuffered {command} &",
+              f'srun --kill-on-bad-exit=1 --unbuffered "${{{SRUN_VAR}[@]}}" {command} &',
               *REQUEUE_LINES, ""]
     return "\n".join(lines)

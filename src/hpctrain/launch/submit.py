@@ -282,7 +282,16 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
         binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir], writable=[cfg.run.dir])
         folder = cfg.run_dir / "submitit"
     plan = job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
-    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
+    return with_stage(plan, cfg.data.stage_to)
+
+
+def with_stage(plan, stage_to: str):
+    """The plan with data.stage_to; refused (LaunchError) where the profile's runtime cannot do it."""
+    from hpctrain.launch.container import check_pyxis
+
+    if plan.profile.container.runtime == "pyxis":
+        check_pyxis(plan.binds, stage_to)
+    return dataclasses.replace(plan, stage_to=stage_to)
 
 
 def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
@@ -300,7 +309,7 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
               f"outputs: {out}/summary.json, {out}/per_class.csv"]
     binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)], writable=[str(out)])
     plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
-    return dataclasses.replace(plan, stage_to=cfg.data.stage_to)
+    return with_stage(plan, cfg.data.stage_to)
 
 
 def submitit_command(folder: Path, job: str = "%j") -> str:
@@ -385,7 +394,8 @@ def standalone_script(plan) -> str:
 def check_image(profile) -> None:
     """A job whose image is missing would fail on every node: refuse it before submission."""
     c = profile.container
-    if c.runtime == "apptainer" and not Path(c.image).is_file():
+    local = c.runtime in ("apptainer", "singularity") or c.image.startswith(("/", "./", "../"))  # pyxis: or a URI
+    if c.runtime != "none" and local and not Path(c.image).is_file():
         raise LaunchError(
             f"container.image {c.image!r} does not exist: build or copy the image there, point "
             "--cluster-set container.image=PATH at it, or run on the host's Python with "

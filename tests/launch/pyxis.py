@@ -1,0 +1,28 @@
+"""The fake pyxis SPANK plugin (tests/launch/fake_pyxis.c) for the Slurm test cluster: compiled against
+Debian's libslurm-dev (`slurm/spank.h`, the same Slurm release as slurmd: SPANK plugins must be) and
+loaded through a plugstack.conf that slurm.conf names (PlugStackConfig)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("fake_pyxis.c")
+SPANK_H = Path("/usr/include/slurm/spank.h")
+
+
+def build(dest: Path) -> tuple[Path | None, str]:
+    """Compile the plugin into `dest` and write `dest`/plugstack.conf naming it; (that file, "") or
+    (None, why not)."""
+    if not shutil.which("gcc") or not SPANK_H.is_file():
+        return None, "the fake pyxis plugin needs gcc and libslurm-dev (apt-get install gcc libslurm-dev)"
+    dest.mkdir(parents=True, exist_ok=True)
+    so = dest / "fake_pyxis.so"
+    r = subprocess.run(["gcc", "-Wall", "-Werror", "-Wno-unused-parameter", "-shared", "-fPIC", "-o", str(so),
+                        str(SOURCE)], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, f"gcc failed on {SOURCE.name}: {r.stderr.strip()[-500:]}"
+    conf = dest / "plugstack.conf"
+    conf.write_text(f"optional {so}\n")  # a plugin that fails to load must not stop the other tests
+    return conf, ""
