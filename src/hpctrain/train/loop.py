@@ -439,6 +439,8 @@ class Trainer:
         from its last good checkpoint), anything else raises guard.Diverged (roll back or stop)."""
         periodic = self._ckpt_due()
         if self.last_saved_step == self.step:
+            if periodic and self.auto:  # on disk already: the next auto save one interval on, not every step
+                self.auto.start(self.step)
             return
         if not self._healthy(check_weights=True):
             if not stopping:
