@@ -7,7 +7,9 @@ Two measures, both in this one process:
   the headline is the median of the per-repetition ratios. On a shared machine its noise (~1 %)
   is larger than the effect, so also:
 - isolated: the check alone (`isfinite`, `logical_or` into the device flag, and with clipping on
-  one add of the gradient norm) timed over many calls, as a fraction of the median step.
+  one add of the gradient norm) timed over many calls, as a fraction of the median step;
+- isolated: the total gradient norm that every step computes for its `grad_norm` record when
+  clipping is off (`compat.grad_total_norm`, clip_grad_norm_'s norm without the clip).
 
     PYTHONPATH=src python bench/finite_check.py [--reps 40] [--steps 5] [--threads 1] [--json]
 """
@@ -39,6 +41,7 @@ def main() -> int:
     from hpctrain.config import load
     from hpctrain.data.synthetic import SyntheticLoader
     from hpctrain.models.vit import build_vit
+    from hpctrain.train import compat
     from hpctrain.train.dist import DistInfo
     from hpctrain.train.guard import FiniteFlag
     from hpctrain.train.loop import Trainer
@@ -82,7 +85,15 @@ def main() -> int:
     for _ in range(n):
         flag.update(loss + norm)
     with_norm = (time.perf_counter() - t0) / n
-    result = {"step_ms": 1000 * step_s, "paired_ratio": paired, "check_us": 1e6 * loss_only,
+    trainer.model(loader.images).float().sum().backward()  # gradients of every parameter, as in a step
+    params = list(trainer.model.parameters())
+    m = 2_000
+    t0 = time.perf_counter()
+    for _ in range(m):
+        compat.grad_total_norm(params)
+    grad_norm = (time.perf_counter() - t0) / m
+    result = {"step_ms": 1000 * step_s, "grad_norm_us": 1e6 * grad_norm, "grad_norm_pct": 100 * grad_norm / step_s,
+              "paired_ratio": paired, "check_us": 1e6 * loss_only,
               "check_with_grad_norm_us": 1e6 * with_norm, "check_pct": 100 * loss_only / step_s,
               "check_with_grad_norm_pct": 100 * with_norm / step_s, "reps": args.reps,
               "steps_per_rep": args.steps, "threads": args.threads, "batch": b, "torch": torch.__version__}
@@ -96,6 +107,8 @@ def main() -> int:
         print(f"  the check alone          {result['check_us']:8.2f} µs = {result['check_pct']:.3f} % of a step")
         print(f"  with the grad norm added {result['check_with_grad_norm_us']:8.2f} µs = "
               f"{result['check_with_grad_norm_pct']:.3f} % of a step (target ≤ 1 %)")
+        print(f"  the gradient norm (no clipping) {result['grad_norm_us']:8.2f} µs = {result['grad_norm_pct']:.3f} % "
+              "of a step")
     return 0
 
 

@@ -227,7 +227,15 @@ class TrainConfig:
     tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
                                   "needs the tensorboard package, else one warning)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
-    ckpt_every: int = opt(500, "optimizer steps between checkpoints (0: only at the end)", lo=0)
+    ckpt_every: int | str = opt(500, "optimizer steps between checkpoints (0: only at the end), or auto: Young/Daly's "
+                                "sqrt(2 x save time x MTBF) from this run's measured save and step times and "
+                                "train.mtbf_h (docs/checkpoints.md)", lo=0)
+    ckpt_auto_first: int = opt(100, "ckpt_every=auto: the first checkpoint comes this many steps after the start "
+                               "(or a resume); its save time sets the interval", lo=1)
+    mtbf_h: float = opt(0.0, "ckpt_every=auto: the job's mean time between interruptions in hours; 0: resolved by "
+                        "hpctrain submit (the partition's sacct history, or slurm.node_mtbf_hours), else 24", lo=0)
+    mtbf_source: str = opt("", "where train.mtbf_h came from (hpctrain submit writes it; shown in the "
+                           "ckpt_interval record)")
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
     keep_best: bool = opt(False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside "
                                  "the newest train.keep_ckpts")
@@ -273,6 +281,9 @@ class TrainConfig:
     def validate(self) -> None:
         """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash.
         The hang watchdog must fire first, with time left to dump before the collectives time out."""
+        if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
+            raise ConfigError(f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
+                              "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)")
         if self.ddp_static_graph == "always" and self.accum_steps > 1:
             raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
                               "no_sync breaks static_graph, pytorch/pytorch#143580): set "

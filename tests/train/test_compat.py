@@ -124,6 +124,21 @@ def test_fp16_trains_and_its_scaler_checkpoints(tmp_path):
     assert again.scaler.state_dict() == tr.scaler.state_dict() and again.step == 3
 
 
+def test_grad_total_norm_is_clip_grad_norms_and_leaves_the_gradients():
+    """The gradient norm logged with clipping off: the value clip_grad_norm_ returns, computed
+    without writing to a gradient (same storage, same bits), so the trajectory cannot change."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    model(torch.randn(4, 8)).square().sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    before = [(g.data_ptr(), g.clone()) for g in grads]
+    norm = compat.grad_total_norm(model.parameters())
+    assert [p.grad.data_ptr() for p in model.parameters()] == [ptr for ptr, _ in before]
+    assert all(torch.equal(g, old) for g, (_, old) in zip(grads, before, strict=True))
+    want = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+    assert norm.shape == () and torch.equal(norm, want)
+
+
 def test_grad_scaler_without_torch_amp_scaler(monkeypatch):
     """What torch 2.2 gets (no torch.amp.GradScaler): the CUDA scaler on CUDA, a one-line refusal
     elsewhere."""

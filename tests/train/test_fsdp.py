@@ -57,6 +57,8 @@ def test_fsdp_trains_like_ddp(runs):
     # steps normalise every gradient entry, so a rounding-level difference in a near-zero entry
     # can flip that weight's update: losses agree to 1e-4 relative, weights to a few learning rates.
     assert fsdp == pytest.approx(ddp, rel=1e-4)
+    norms = [[r["grad_norm"] for r in run_metrics(runs / name, "train")] for name in ("straight", "ddp")]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-4)  # the full norm over FSDP's shards, not one shard's
     a, b = final(runs / "straight")["model"], final(runs / "ddp")["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-3)

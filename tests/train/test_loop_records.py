@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 
+import torch
+
 from hpctrain.train import checkpoint as ckpt
 from tests.helpers import digits_args, run_metrics, run_ranks
 
@@ -79,3 +81,17 @@ def test_rank_logs_carry_progress_lines(digits_root, tmp_path):
         assert [int(m.group(1)) for m in PROGRESS.finditer(text)] == [4, 8], text
     console = [int(m.group(1)) for m in PROGRESS.finditer(out[0].stdout)]
     assert console == [4, 8], out[0].stdout  # Progress prints there; the log line does not repeat it
+
+
+def test_grad_norm_in_every_train_record_with_clipping_off(digits_root, tmp_path):
+    """Clipping off logs the same total gradient norm that clip_grad_norm_ returns (a clip at 1e6
+    never clips: its factor is clamped to 1), and computing it leaves the trajectory as it was."""
+    sets = ["train.max_steps=6", "train.log_every=1"]
+    run_ranks(1, digits_args(digits_root, tmp_path, "noclip", *sets, "optim.clip_grad=0"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "clip", *sets, "optim.clip_grad=1e6"))
+    off, clip = run_metrics(tmp_path / "noclip", "train"), run_metrics(tmp_path / "clip", "train")
+    assert [r["step"] for r in off] == list(range(1, 7)) and all(r["grad_norm"] > 0 for r in off)
+    assert [r["grad_norm"] for r in off] == [r["grad_norm"] for r in clip]
+    assert [r["loss"] for r in off] == [r["loss"] for r in clip]
+    a, b = (ckpt.load(ckpt.list_checkpoints(tmp_path / name)[0])["model"] for name in ("noclip", "clip"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

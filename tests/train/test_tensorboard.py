@@ -58,8 +58,8 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
     assert [e.step for e in raw.Scalars("eval/top1")].count(EPOCH) == 2
 
     acc, want = read_tb(run / "tb"), expected(run)
-    assert {"train/loss", "train/lr", "train/images_per_s", "train/data_wait", "eval/top1", "eval/top5",
-            "eval/loss", "eval/ema_top1"} <= set(want)
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/images_per_s", "train/data_wait", "eval/top1",
+            "eval/top5", "eval/loss", "eval/ema_top1"} <= set(want)
     assert set(acc.Tags()["scalars"]) == set(want)
     jsonl_time = {r["step"]: r["time"] for r in run_metrics(run, "train")}
     for tag, points in want.items():

@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
             check_image(profile)
         except Exception as e:  # a dry run may plan for another machine: say so, print anyway
             print(f"hpctrain: note: {e}", file=sys.stderr)
+        checkpoint_plan(cfg, profile, plan, sys.stderr)
         print(slurm_script(plan, absolute_paths(cfg).run_dir / "submitit"), end="")
         print_plan(cfg, profile, plan.nodes, plan.tasks_per_node)
         return 0
@@ -87,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
 
     check_image(profile)  # before anything is written or submitted: a refusal is the only line printed
     warn_inputs(cfg)
+    cfg = checkpoint_plan(cfg, profile, plan, sys.stdout)
     ensure_dataset(cfg)
     sub = submit_slurm(cfg, plan)
     print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
@@ -131,6 +133,20 @@ def check_unfinished(cfg, note_only: bool) -> None:
         print(f"hpctrain: note: {text}", file=sys.stderr)
     elif text:
         raise LaunchError(text)
+
+
+def checkpoint_plan(cfg, profile, plan, out):
+    """Warn when a stop (the time-limit signal's lead, the partition's GraceTime) is shorter than two
+    steps plus a save; with train.ckpt_every=auto, the config with the job's MTBF resolved here (the
+    task has no Slurm client to read the partition's history) and one line on `out` saying so."""
+    from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
+
+    for problem in stop_problems(cfg, profile, plan.partition, plan.nodes, plan.tasks_per_node):
+        print(f"hpctrain: warning: {problem}", file=sys.stderr)
+    cfg, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)
+    if line:
+        print(line, file=out)
+    return cfg
 
 
 def warn_inputs(cfg) -> None:

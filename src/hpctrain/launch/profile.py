@@ -91,6 +91,13 @@ class SlurmSection:
     mem_per_node: str = opt("0", "memory per node for --mem (e.g. 480G; 0: all of it)")
     signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)",
                              lo=1)
+    node_mtbf_hours: float = opt(0.0, "train.ckpt_every=auto: node-hours between interruptions (preemption, node "
+                                      "failure, time limit) on this partition, divided by the job's nodes; 0: from "
+                                      "the partition's sacct history at submission", lo=0)
+    mtbf_window_days: float = opt(30.0, "days of sacct history that node_mtbf_hours is read from when it is 0",
+                                  lo=0, lo_open=True)
+    ckpt_write_gbps: float = opt(1.0, "GB/s a job's checkpoint is written at, for submit's check that a stop has "
+                                      "time to save (until a run has measured its own save)", lo=0, lo_open=True)
     max_requeues: int = opt(3, "requeues after a time limit (USR2) or a failure before the job gives up",
                             lo=0)
     max_preemptions: int = opt(-1, "requeues after a preemption (SIGTERM) before the job gives up; "

@@ -13,6 +13,7 @@ the callers read alike on every version and the gaps fail with one line naming t
 | FSDP2 `fully_shard` | absent | `torch.distributed._composable.fsdp` (2.4-2.5), `torch.distributed.fsdp` (2.6+) |
 | FSDP2 `MixedPrecisionPolicy` | absent | next to `fully_shard`, same modules |
 | sharded / async checkpoints | refused (one file, rank 0) | DCP `state_dict` API + `async_save` (2.4+) |
+| gradient norm, no clipping | `torch._foreach_norm` (as `clip_grad_norm_`) | `nn.utils.get_total_norm` (2.6+) |
 """
 
 from __future__ import annotations
@@ -156,3 +157,28 @@ def set_sdpa_backend(want: str, backends=None) -> None:
     backends.enable_math_sdp(want == "math")
     if has_cudnn:
         backends.enable_cudnn_sdp(want == "cudnn")
+
+
+def grad_total_norm(params) -> torch.Tensor:
+    """The total 2-norm of the gradients of `params`, as `clip_grad_norm_` computes it, without
+    clipping: the gradients are only read. A device scalar, no host sync; under FSDP2 (DTensor
+    gradients, each rank a shard) the full norm, through an all-reduce on the device."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # 2.6+: clip_grad_norm_'s own first half
+    if get_total_norm is not None:
+        norm = get_total_norm(grads, 2.0, False, None)
+    else:  # 2.2-2.5: clip_grad_norm_'s foreach path, per device and dtype
+        groups: dict = {}
+        for g in grads:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        norms = [n for group in groups.values() for n in torch._foreach_norm(group, 2.0)]
+        norm = torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]), 2.0)
+    return full_norm(norm)
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """A norm over FSDP2's sharded gradients is a DTensor (a partial sum per rank): its full value,
+    an all-reduce on the device; a plain tensor as it is."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

@@ -254,6 +254,19 @@ class PendingBits:
         return bits
 
 
+def agree_max(values: list[float], group=None) -> list[float]:
+    """The largest of each value over all ranks (one all-reduce of a CPU float64 tensor on `group`,
+    a gloo group: the GPU stream is not synchronised for it); as given with one process."""
+    import torch
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    td.all_reduce(t, op=td.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
 def agree(flag: bool, group=None) -> bool:
     """True on every rank when any rank says so (stop, save, fail): decisions are unanimous.
 

@@ -22,9 +22,10 @@ from hpctrain.config import Config, ConfigError, to_dict
 from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import ckpt_interval as interval
 from hpctrain.train import comm, compat, fastpath, guard, speed, straggler, tensorboard
 from hpctrain.train import stop as stopmod
-from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, diagnose
+from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
 from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
@@ -242,9 +243,15 @@ class Trainer:
         self.rollbacks = 0  # in this run (kept in checkpoints, not reset by a rollback)
         self.good_step = -1  # newest checkpoint known good: a clean check came after it; never pruned
         self.best: tuple[float, int] | None = None  # (top-1, step) of the best eval whose checkpoint is kept
-        self.grad_norm: torch.Tensor | None = None  # the last step's, when optim.clip_grad computes it
+        self.grad_norm = torch.zeros((), device=device)  # the last step's total gradient norm (before clipping)
         self.eval_pending = False  # this step ended an epoch whose eval has not run yet
         self.last_saved_step = -1
+        self.auto = (interval.AutoInterval(t.ckpt_auto_first, t.mtbf_h or interval.DEFAULT_MTBF_H,
+                                           t.mtbf_source or ("train.mtbf_h" if t.mtbf_h else "default"))
+                     if t.ckpt_every == "auto" else None)  # train.ckpt_every=auto: when the next save is due
+        self.clock = interval.StepClock()  # training seconds per step (saves and evals left out)
+        self.paused_s = 0.0  # seconds of saves and evals in the current log window
+        self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
         main_dir = run_dir if dist.is_main else None
         self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl",
                                      sink=tensorboard.open_sink(t.tensorboard, main_dir))
@@ -430,9 +437,10 @@ class Trainer:
         The `ckpt_every` saves may go to the background; the last one and a stop's never do.
         Never from a state that saw a non-finite value: then a stop saves nothing (the run resumes
         from its last good checkpoint), anything else raises guard.Diverged (roll back or stop)."""
-        t = self.cfg.train
-        periodic = bool(t.ckpt_every) and self.step % t.ckpt_every == 0 and self.step < self.total_steps
+        periodic = self._ckpt_due()
         if self.last_saved_step == self.step:
+            if periodic and self.auto:  # on disk already: the next auto save one interval on, not every step
+                self.auto.start(self.step)
             return
         if not self._healthy(check_weights=True):
             if not stopping:
@@ -442,7 +450,44 @@ class Trainer:
             log.warning("step %d saw a non-finite value: no checkpoint at this stop (the last good one stays)",
                         self.step)
             return
+        t0 = time.perf_counter()
         out.checkpoint = self.save(background=periodic) or out.checkpoint
+        save_s = time.perf_counter() - t0
+        self.paused_s += save_s
+        if periodic and self.auto:
+            self._auto_interval(save_s)
+
+    def _start_clock(self) -> None:
+        """Training (re)starts at this step (a start, a resume, a rollback): the step time is measured
+        anew, and ckpt_every=auto's next save comes train.ckpt_auto_first steps on (or one interval
+        on, once measured)."""
+        self.clock.reset()
+        self.paused_s = 0.0
+        self.started = (self.step, time.perf_counter())
+        if self.auto:
+            self.auto.start(self.step)
+
+    def _ckpt_due(self) -> bool:
+        """A periodic checkpoint is due at this step (train.ckpt_every: steps, or auto's next step)."""
+        every = self.cfg.train.ckpt_every
+        if self.step >= self.total_steps or not every:
+            return False
+        return self.auto.due(self.step) if self.auto else self.step % every == 0
+
+    def _auto_interval(self, save_s: float) -> None:
+        """train.ckpt_every=auto after a periodic save that took `save_s`: the next due step, from the
+        slowest rank's save and step times (every rank must save at the same steps); a new interval is
+        a `ckpt_interval` record and a line in rank 0's log."""
+        step_s = self.clock.step_s() or (time.perf_counter() - self.started[1]) / max(1, self.step - self.started[0])
+        save_s, step_s = agree_max([save_s, step_s], self.control_group)
+        rec = self.auto.saved(self.step, save_s, step_s)
+        if rec is None:
+            return
+        self.metrics.write("ckpt_interval", step=self.step, **rec)
+        if self.dist.is_main:
+            log.info("checkpoint interval: every %d steps (%.0f s) = sqrt(2 x save %.2f s x MTBF %.3g h, %s) / step "
+                     "%.3g s; next at step %d", rec["interval_steps"], rec["interval_s"], save_s, rec["mtbf_h"],
+                     rec["mtbf_source"], step_s, rec["next_step"])
 
     def _protected(self) -> tuple[int, ...]:
         """Checkpoint steps that pruning keeps beside the newest: the last known good, the best eval's."""
@@ -489,14 +534,19 @@ class Trainer:
                     self.nan_at = self.nan_at if self.nan_always else 0
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
-        self.grad_norm = None
+        # the total gradient norm of every step, before clipping: clip_grad_norm_'s, or the same norm read
+        # without clipping (the gradients untouched); a device scalar, read at the log boundary like the loss.
+        # Under fp16 the gradients are unscaled first (GradScaler.step then does not unscale them again)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
         if self.cfg.optim.clip_grad > 0:
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad)
+            self.grad_norm = compat.full_norm(norm)
+        else:
+            self.grad_norm = compat.grad_total_norm(self.model.parameters())
         # no host sync: a flag on the device, read at the log boundary and before a save (train/guard.py);
         # under fp16 an infinite gradient norm is the GradScaler's to skip, so only the loss counts there
-        self.finite.update(total if self.grad_norm is None or self.scaler else total + self.grad_norm)
+        self.finite.update(total if self.scaler else total + self.grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -580,6 +630,7 @@ class Trainer:
             self._eval_and_log(out, progress)
             last_eval_step = self.step
         gn_acc = torch.zeros((), device=self.device)
+        self._start_clock()
         while True:
             try:
                 while self.step < self.total_steps:
@@ -598,8 +649,7 @@ class Trainer:
                         tot_wait += wait
                         seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
                         loss_acc += self.train_step(batches)
-                        if self.grad_norm is not None:
-                            gn_acc += self.grad_norm
+                        gn_acc += self.grad_norm
                         self.step += 1
                         self.watchdog.beat(self.step)
                         self.eval_pending = self._eval_due()
@@ -608,13 +658,14 @@ class Trainer:
                         if self.step % t.log_every == 0 or self.step == self.total_steps:
                             loss, grad_norm = self._window(loss_acc / win_steps, gn_acc / win_steps)
                             el = time.perf_counter() - win_t
+                            self.clock.add(win_steps, max(0.0, el - self.paused_s))
+                            self.paused_s = 0.0
                             ips = g * win_steps / max(el, 1e-9)
                             lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
                             rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
                                        images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
                                        **self.speed.fields(ips, el / win_steps))
-                            if self.grad_norm is not None:
-                                rec["grad_norm"] = grad_norm  # the window's mean, before clipping
+                            rec["grad_norm"] = grad_norm  # the window's mean, before clipping
                             self.stragglers.post(self.step, el / win_steps, win_wait / win_steps,
                                                  (win_wait + self.fwd_clock.take()) / win_steps)
                             skipped = len(getattr(self.train_loader, "skipped", ()))
@@ -630,7 +681,7 @@ class Trainer:
                             loss_acc.zero_()
                             gn_acc.zero_()
                             win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-                        if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
+                        if self._ckpt_due():
                             self._checkpoint(out)
                         bits = self._stop_check(halt_at)
                         if bits and self.step < self.total_steps:
@@ -659,6 +710,7 @@ class Trainer:
                 loss_acc.zero_()
                 gn_acc.zero_()
                 win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+                self._start_clock()
                 last_eval_step = -1
                 if self.eval_pending:  # the checkpoint ended an epoch whose eval had not run when it was saved
                     self._eval_and_log(out, progress)
@@ -850,12 +902,14 @@ class Trainer:
 
     def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
         progress.newline()
+        t0 = time.perf_counter()
         out.eval = self.evaluate(self.model)
         rec = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **out.eval}
         if self.ema:
             out.eval_ema = self.evaluate(self.ema.module)
             rec.update({f"ema_{k}": v for k, v in out.eval_ema.items()})
         self.metrics.write("eval", **rec)
+        self.paused_s += time.perf_counter() - t0  # not training time (StepClock); a best-eval save counts itself
         self.eval_pending = False
         top1 = out.eval.get("top1")
         if self.cfg.train.keep_best and top1 is not None and (self.best is None or top1 > self.best[0]):

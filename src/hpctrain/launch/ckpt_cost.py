@@ -1,0 +1,183 @@
+"""What a checkpoint costs a job, resolved at submission (login node, no torch): the interruption
+rate that `train.ckpt_every: auto` needs, and whether a stop has time to save.
+
+The task has no Slurm client (DESIGN.md), so `hpctrain submit` reads the partition's history here
+and hands the job its MTBF as `train.mtbf_h` (with `train.mtbf_source` saying where it came from).
+Sources, best first: the config's own train.mtbf_h; the profile's slurm.node_mtbf_hours; the
+partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
+requeued job, `-a` all users, `-r` the partition: PREEMPTED, NODE_FAIL and TIMEOUT allocations per
+node-hour of all its allocations, sacct(1)); else train/ckpt_interval.DEFAULT_MTBF_H. A per-node
+figure is divided by the job's node count: any of its nodes interrupts it.
+
+The stop check: a stop (USR2 `slurm.signal_lead_s` before the time limit; SIGTERM `GraceTime`
+before SIGKILL on a partition that preempts by REQUEUE or CANCEL, `scontrol show partition -o`)
+must leave two steps (the step in flight, and the one the ranks agree to stop after) plus a save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain import flops
+from hpctrain.config import Config
+from hpctrain.errors import UserError
+from hpctrain.launch.cluster_init import parse_kv, tool
+from hpctrain.train.ckpt_interval import DEFAULT_MTBF_H
+from hpctrain.train.metrics import read_metrics
+
+# sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
+INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures", "TIMEOUT": "time limits"}
+OPTIMIZER_BYTES = {"adamw": 8, "lamb": 8, "sgd": 4}  # optimizer state per parameter (fp32 moments)
+
+
+@dataclass(frozen=True)
+class History:
+    """A partition's allocations over a window, from sacct."""
+
+    partition: str
+    days: float
+    node_hours: float
+    counts: dict[str, int] = field(default_factory=dict)  # INTERRUPTIONS state → allocations ending so
+
+    @property
+    def interruptions(self) -> int:
+        return sum(self.counts.values())
+
+    def node_mtbf_h(self) -> float | None:
+        """Node-hours per interruption (no interruption: the node-hours, a lower bound); None: no history."""
+        if self.node_hours <= 0:
+            return None
+        return self.node_hours / max(1, self.interruptions)
+
+    def text(self) -> str:
+        counts = ", ".join(f"{self.counts.get(s, 0)} {what}" for s, what in INTERRUPTIONS.items())
+        return (f"sacct: partition {self.partition}, last {self.days:g} days: {counts} in "
+                f"{self.node_hours:.3g} node-hours")
+
+
+def parse_history(text: str, partition: str, days: float) -> History:
+    """`sacct -n -P -o State,NNodes,ElapsedRaw` lines → History ('CANCELLED by 0': the first word)."""
+    node_s, counts = 0.0, {s: 0 for s in INTERRUPTIONS}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            continue
+        state = parts[0].split()[0] if parts[0].split() else ""
+        node_s += int(parts[1]) * int(parts[2])
+        if state in counts:
+            counts[state] += 1
+    return History(partition, days, node_s / 3600.0, counts)
+
+
+def read_history(partition: str, days: float, since: str | None = None) -> History | None:
+    """The partition's sacct history of the last `days` days (or since the sacct time `since`);
+    None when sacct does not answer (no accounting, no client)."""
+    start = since or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - days * 86400))
+    text = tool("sacct", "-X", "-D", "-a", "-n", "-P", "-S", start, "-E", "now", "-r", partition,
+                "-o", "State,NNodes,ElapsedRaw", timeout=60)
+    return None if text is None else parse_history(text, partition, days)
+
+
+def partition_record(name: str) -> dict[str, str]:
+    """`scontrol show partition -o` of `name` (empty: the default partition) as {key: value}; {}
+    when scontrol does not answer or has no such partition."""
+    for line in (tool("scontrol", "show", "partition", "-o") or "").splitlines():
+        kv = parse_kv(line)
+        if kv.get("PartitionName") and (kv["PartitionName"] == name or (not name and kv.get("Default") == "YES")):
+            return kv
+    return {}
+
+
+def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, str]:
+    """(the job's MTBF in hours, where it came from) for train.ckpt_every=auto."""
+    if cfg.train.mtbf_h > 0:
+        return cfg.train.mtbf_h, cfg.train.mtbf_source or "train.mtbf_h"
+    per = f" / {nodes} node{'s' if nodes > 1 else ''}"
+    s = profile.slurm
+    if s.node_mtbf_hours > 0:
+        return s.node_mtbf_hours / nodes, f"slurm.node_mtbf_hours={s.node_mtbf_hours:g} (profile {profile.name}){per}"
+    name = partition or partition_record("").get("PartitionName", "")
+    hist = read_history(name, s.mtbf_window_days) if name else None
+    node_h = hist.node_mtbf_h() if hist else None
+    if hist and node_h:
+        bound = "at least " if not hist.interruptions else ""
+        return node_h / nodes, f"{hist.text()}: {bound}{node_h:.3g} node-hours per interruption{per}"
+    why = f"no sacct history of partition {name}" if name else "no partition known"
+    return DEFAULT_MTBF_H, f"default {DEFAULT_MTBF_H:g} h ({why}; set slurm.node_mtbf_hours in the profile)"
+
+
+def with_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[Config, str | None]:
+    """`cfg` with train.mtbf_h/mtbf_source resolved for ckpt_every=auto, and the line that says so
+    (None and `cfg` as it is for a fixed interval)."""
+    if cfg.train.ckpt_every != "auto":
+        return cfg, None
+    hours, source = job_mtbf(cfg, profile, partition, nodes)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, mtbf_h=hours, mtbf_source=source))
+    return cfg, (f"checkpoints: train.ckpt_every=auto, every sqrt(2 x save time x MTBF): save time measured in the "
+                 f"run, job MTBF {hours:.3g} h ({source})")
+
+
+# --------------------------------------------------------------------------- the stop's time
+
+def measured(run_dir: Path) -> tuple[float | None, float | None]:
+    """(median step time of the last 20 train records, the newest measured save time) of an earlier
+    attempt of this run, from its metrics.jsonl; None where it has none."""
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r["step_time_s"] for r in recs if r.get("kind") == "train" and r.get("step_time_s")][-20:]
+    saves = [r["save_s"] for r in recs if r.get("kind") == "ckpt_interval" and r.get("save_s")]
+    return (statistics.median(steps) if steps else None), (saves[-1] if saves else None)
+
+
+def planned_step_s(cfg: Config, profile, nodes: int, gpus_per_node: int) -> float | None:
+    """The step time `hpctrain plan` predicts (public figures; GPU jobs only), None when it cannot."""
+    from hpctrain import plan
+
+    if not profile.slurm.request_gpus:
+        return None
+    try:
+        p = plan.build(cfg, plan.resolve(cfg, profile, nodes, gpus_per_node))
+    except UserError:
+        return None
+    return p.target.step.step_s if p.target else None
+
+
+def checkpoint_bytes(cfg: Config) -> float:
+    """Bytes of a checkpoint: fp32 weights, the optimizer's moments and the EMA copy."""
+    per = 4 + OPTIMIZER_BYTES.get(cfg.optim.name, 8) + (4 if cfg.train.ema > 0 else 0)
+    return float(flops.model_params(cfg.model) * per)
+
+
+def stop_problems(cfg: Config, profile, partition: str, nodes: int, gpus_per_node: int) -> list[str]:
+    """One line per stop that cannot save in time: the time-limit signal's lead, the partition's
+    GraceTime. Step time: measured by an earlier attempt of this run, else the plan's; save time:
+    measured, else the checkpoint's bytes at slurm.ckpt_write_gbps."""
+    step_m, save_m = measured(cfg.run_dir)
+    step = step_m if step_m else planned_step_s(cfg, profile, nodes, gpus_per_node)
+    step_src = "measured by this run" if step_m else "hpctrain plan's estimate"
+    if save_m and not cfg.train.ckpt_async:
+        save, save_src = save_m, "measured by this run"
+    else:
+        gb = checkpoint_bytes(cfg) / 1e9
+        save, save_src = gb / profile.slurm.ckpt_write_gbps, f"{gb:.2g} GB at slurm.ckpt_write_gbps=" \
+                                                             f"{profile.slurm.ckpt_write_gbps:g}"
+    need = 2 * (step or 0.0) + save
+    steps = f"2 x {step:.3g} s step, {step_src}" if step else "step time unknown"
+    what = f"two steps plus a save ({steps}; {save:.3g} s save, {save_src}) = {need:.0f} s"
+    advise = int(math.ceil(1.5 * need / 10.0) * 10)
+    out = []
+    lead = profile.slurm.signal_lead_s
+    if lead < need:
+        out.append(f"the time-limit stop signal comes slurm.signal_lead_s={lead} s before the limit, less than {what}: "
+                   f"the last checkpoint may not be written; raise it, e.g. --cluster-set slurm.signal_lead_s={advise}")
+    part = partition_record(partition)
+    mode, grace = part.get("PreemptMode", ""), part.get("GraceTime", "")
+    if ("REQUEUE" in mode or "CANCEL" in mode) and grace.isdigit() and int(grace) < need:
+        out.append(f"partition {part['PartitionName']} preempts (PreemptMode={mode}) with GraceTime={grace} s from "
+                   f"SIGTERM to SIGKILL, less than {what}: a preempted job is killed before its checkpoint is "
+                   f"written; ask the site for a GraceTime of at least {advise} s, or use another --partition")
+    return out

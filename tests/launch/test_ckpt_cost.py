@@ -1,0 +1,132 @@
+"""What a checkpoint costs a job, resolved at submission: the MTBF that train.ckpt_every=auto needs
+(from the partition's sacct history) and the check that a stop leaves time for a save."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import yaml
+
+from hpctrain.launch.ckpt_cost import parse_history, read_history
+from tests.launch.jobs import digits_sets, hp, metrics
+from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
+
+
+def test_parse_history_counts_interruptions_per_node_hour():
+    text = "PREEMPTED|2|3600\nNODE_FAIL|1|1800\nCANCELLED by 0|4|900\nTIMEOUT|1|3600\nCOMPLETED|2|0\n"
+    h = parse_history(text, "low", 30)
+    assert h.counts == {"PREEMPTED": 1, "NODE_FAIL": 1, "TIMEOUT": 1} and h.node_hours == pytest.approx(4.5)
+    assert h.node_mtbf_h() == pytest.approx(1.5) and parse_history("", "low", 30).node_mtbf_h() is None
+    assert parse_history("COMPLETED|1|7200\n", "low", 30).node_mtbf_h() == 2.0  # none seen: a lower bound
+
+
+def _sbatch(cluster, partition: str, nodes: int) -> str:
+    return cluster.run("sbatch", "--parsable", "-p", partition, f"-N{nodes}", "--exclusive", "--requeue",
+                       "-o", "/dev/null", "--wrap", "sleep 600").stdout.strip()
+
+
+def _running(cluster, job: str, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while cluster.state(job) != "RUNNING":
+        assert time.monotonic() < end, f"job {job} did not start: {cluster.state(job)}"
+        time.sleep(0.3)
+
+
+def _make_history(cluster) -> list[str]:
+    """A node failure and a preemption on the preemptible partition, in ~15 s: a job loses a node
+    (`scontrol update state=down`: NODE_FAIL), another is preempted with GraceTime 0 for the while."""
+    a = _sbatch(cluster, PREEMPTIBLE, 2)
+    _running(cluster, a)
+    time.sleep(2)  # some node-hours
+    cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=ckpt_cost test")
+    cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+    cluster.run("scancel", a)  # requeued, held back by BeginTime: gone
+    cluster.run("scontrol", "update", f"partitionname={PREEMPTIBLE}", "gracetime=0")
+    try:
+        b = _sbatch(cluster, PREEMPTIBLE, 1)
+        _running(cluster, b)
+        time.sleep(2)
+        urgent = cluster.run("sbatch", "--parsable", "-p", URGENT, "-N2", "--exclusive", "-o", "/dev/null",
+                             "--wrap", "true").stdout.strip()
+        cluster.wait_done(urgent, 60)
+        cluster.run("scancel", b)
+    finally:
+        cluster.run("scontrol", "update", f"partitionname={PREEMPTIBLE}", f"gracetime={GRACE_TIME}")
+    return [a, b]
+
+
+def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_path, monkeypatch):
+    for key, value in slurm_cluster.environ().items():  # read_history's sacct: this cluster's
+        monkeypatch.setenv(key, value)
+    t0 = time.time() - 1
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0))
+    jobs = _make_history(slurm_cluster)
+    hist = read_history(PREEMPTIBLE, 1, since=since)
+    assert hist.counts == {"PREEMPTED": 1, "NODE_FAIL": 1, "TIMEOUT": 0}, hist
+    rows = slurm_cluster.run("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "NNodes,ElapsedRaw").stdout
+    node_s = sum(int(n) * int(e) for n, e in (r.split("|") for r in rows.split()))
+    assert hist.node_hours == pytest.approx(node_s / 3600) and 4 <= node_s < 120  # only these jobs: one window
+    node_mtbf = hist.node_hours / 2
+    # the submission reads the same window (slurm.mtbf_window_days) and hands the job its MTBF: 2 nodes → half
+    days = f"slurm.mtbf_window_days={(time.time() - t0 + 1) / 86400:.8f}"
+    sets = digits_sets(digits_root, tmp_path, "auto", "train.ckpt_every=auto", "train.ckpt_auto_first=2",
+                       "train.max_steps=4", "train.log_every=1", "train.eval_every=0")
+    r = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", "--partition", PREEMPTIBLE, "--nodes", "2",
+           "--gpus-per-node", "1", "--cluster-set", days, *sets, "--wait", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: train.ckpt_every=auto"))
+    assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in line
+    assert "1 preemptions, 1 node failures, 0 time limits" in line and " / 2 nodes" in line, line
+    cfg = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
+    assert cfg["train"]["mtbf_h"] == pytest.approx(node_mtbf / 2) and cfg["train"]["mtbf_source"].startswith("sacct")
+    rec = metrics(tmp_path / "auto", "ckpt_interval")[0]
+    assert rec["step"] == 2 and rec["mtbf_h"] == cfg["train"]["mtbf_h"] and rec["mtbf_source"].startswith("sacct")
+
+
+LONG = ["--gpus-per-node", "1", "--set", "data.batch_size=32768", "--set", "train.accum_steps=256"]
+SHORT = ["--gpus-per-node", "1", "--set", "data.batch_size=256"]
+GRACE_LINE = re.compile(rf"hpctrain: warning: partition {PREEMPTIBLE} preempts \(PreemptMode=REQUEUE\) with "
+                        rf"GraceTime={GRACE_TIME} s from SIGTERM to SIGKILL, less than two steps plus a save "
+                        r"\(2 x (\S+) s step, hpctrain plan's estimate; (\S+) s save, [\d.]+ GB at "
+                        r"slurm\.ckpt_write_gbps=1\) = (\d+) s: .*ask the site for a GraceTime of at least \d+ s")
+
+
+def _dry(cluster, tmp_path, partition: str, *args: str, gpus: bool = True):
+    gpu = ["--cluster-set", "slurm.request_gpus=true"] if gpus else []  # the plan models GPU steps
+    return hp(cluster, "submit", "--config", "configs/vit_b16_imagenet.yaml", "--dry-run", "--partition", partition,
+              *gpu, "--set", "data.loader=synthetic", "--set", f"run.dir={tmp_path}", *args)
+
+
+def test_grace_time_shorter_than_two_steps_and_a_save_is_flagged(slurm_cluster, tmp_path):
+    """The test cluster's preemptible partition gives 30 s from SIGTERM to SIGKILL: a ViT-B step of
+    32,768 images on one GPU (~22 s by the plan) cannot stop and save in it; a step of 256 can, and
+    a partition that does not preempt has no GraceTime to check."""
+    r = _dry(slurm_cluster, tmp_path, PREEMPTIBLE, *LONG)
+    assert r.returncode == 0, r.stderr
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("hpctrain: warning:")]
+    assert len(warned) == 1 and GRACE_LINE.match(warned[0]), r.stderr
+    step, save, need = GRACE_LINE.match(warned[0]).groups()
+    assert int(need) == round(2 * float(step) + float(save)) > GRACE_TIME
+    for partition, args in ((PREEMPTIBLE, SHORT), (slurm_cluster.partition, LONG)):
+        r = _dry(slurm_cluster, tmp_path, partition, *args)
+        assert r.returncode == 0 and "hpctrain: warning" not in r.stderr, r.stderr
+
+
+def test_a_resumed_runs_measured_step_time_is_used(slurm_cluster, tmp_path):
+    """Resuming: the step and save times an earlier attempt measured (its metrics.jsonl) decide, on a
+    CPU cluster too (no plan there); 40 s steps leave neither the profile's 60 s signal lead nor
+    GraceTime 30 s enough."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [{"kind": "train", "step": s, "step_time_s": 40.0} for s in range(1, 4)]
+    recs.append({"kind": "ckpt_interval", "step": 2, "save_s": 5.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    r = _dry(slurm_cluster, tmp_path, PREEMPTIBLE, "--set", "run.name=run", gpus=False)
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("hpctrain: warning:")]
+    what = "two steps plus a save (2 x 40 s step, measured by this run; 5 s save, measured by this run) = 85 s"
+    assert len(warned) == 2 and all(what in ln for ln in warned), r.stderr
+    assert "slurm.signal_lead_s=60 s" in warned[0] and "--cluster-set slurm.signal_lead_s=130" in warned[0]
+    assert f"GraceTime={GRACE_TIME} s" in warned[1]
