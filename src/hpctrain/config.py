@@ -70,6 +70,11 @@ class ModelConfig:
                          "trunc_normal std 0.02 (timm's default)", choices=("zero", "trunc_normal"))
     init: str = opt("timm", "weight init: timm (trunc-normal 0.02) or big_vision's (Xavier-uniform blocks, "
                     "LeCun-normal patch embedding and pre-logits)", choices=("timm", "big_vision"))
+    class_token: bool | None = opt(None, "a class token in the sequence (timm class_token); null: only with "
+                                   "pool=token. pool=avg + class_token=true: the average leaves it out (timm "
+                                   "global_pool='avg', MAE's fine-tuning)")
+    fc_norm: bool | None = opt(None, "final LayerNorm after the pool (timm fc_norm) instead of on the tokens before "
+                               "it; null: timm's rule, true for pool=avg unless model.gap_norm=before")
     gap_norm: str = opt("after", "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
                         "token before it (big_vision encoder_norm)", choices=("after", "before"))
     init_from: str = opt("", "start from these weights (not on resume): a .pt/.pth/.safetensors state_dict with "
@@ -80,7 +85,22 @@ class ModelConfig:
     # keys that say where the first weights come from, not what the model is: a resume ignores them
     START_KEYS = ("init_from", "init_ema")
 
+    @property
+    def has_class_token(self) -> bool:
+        return self.pool == "token" if self.class_token is None else self.class_token
+
+    @property
+    def has_fc_norm(self) -> bool:
+        """The final norm on the pooled features (timm fc_norm), not on the tokens before the pool."""
+        return self.pool == "avg" and self.gap_norm == "after" if self.fc_norm is None else self.fc_norm
+
     def validate(self) -> None:
+        if self.pool == "token" and self.class_token is False:
+            raise ConfigError("model.pool=token reads the class token: set model.class_token=true (or null), or "
+                              "model.pool=avg")
+        if self.fc_norm is True and self.gap_norm == "before":
+            raise ConfigError("model.fc_norm=true puts the final norm after the pool, model.gap_norm=before on the "
+                              "tokens before it: drop one (fc_norm=false is gap_norm=before)")
         if self.gap_norm == "before" and self.pool != "avg":
             raise ConfigError("model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
                               "always on the tokens); set model.pool=avg or model.gap_norm=after")

@@ -245,3 +245,57 @@ def test_sincos_big_vision_equals_its_posemb_sincos_2d():
     torch.testing.assert_close(m.pos_embed.detach(), torch.from_numpy(want).float(), rtol=1e-5, atol=1e-5)
     plain = ViT(img_size=32, patch_size=8, depth=1, width=width, heads=2, pool="avg", pos_embed="sincos")
     assert (plain.pos_embed - m.pos_embed).abs().max() > 0.1  # the default keeps MoCo v3's frequencies
+
+
+def test_mae_global_pool_keeps_the_class_token_out_of_the_average_then_fc_norm():
+    """pool=avg + class_token + fc_norm is MAE's fine-tuning model (models_vit.py:46-48: the class token
+    stays in the sequence, x[:, 1:].mean(dim=1), then fc_norm) with timm's names (class_token=True,
+    global_pool='avg', fc_norm=True: cls_token, a 1 + 16 position table, fc_norm, no norm)."""
+    torch.manual_seed(0)
+    mc = load(None, ["model.img_size=32", "model.patch_size=8", "model.depth=2", "model.width=64", "model.heads=2",
+                     "model.num_classes=10", "model.pool=avg", "model.class_token=true", "model.fc_norm=true"]).model
+    m = build_vit(mc)
+    sd = m.state_dict()
+    assert sd["cls_token"].shape == (1, 1, 64) and sd["pos_embed"].shape == (1, 17, 64)
+    assert "fc_norm.weight" in sd and "norm.weight" not in sd
+    with torch.no_grad():  # non-trivial class token and affine, so a wrong pool shows
+        m.cls_token.normal_(std=3.0)
+        m.fc_norm.weight.normal_()
+        m.fc_norm.bias.normal_()
+    x = torch.randn(3, 3, 32, 32)
+    tokens = torch.cat([m.cls_token.expand(3, -1, -1), m.patch_embed(x)], dim=1) + m.pos_embed
+    tokens = m.blocks(tokens)
+    want = _layer_norm(tokens[:, 1:].mean(dim=1), m.fc_norm.weight, m.fc_norm.bias)
+    got = m.forward_features(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with_cls = _layer_norm(tokens.mean(dim=1), m.fc_norm.weight, m.fc_norm.bias)
+    assert (got - with_cls).abs().max() > 1e-3  # the class token is not averaged in
+    from hpctrain.flops import model_flops
+    from hpctrain.memory import param_count
+
+    assert sum(p.numel() for p in m.parameters()) == param_count(mc).trainable
+    assert model_flops(mc).fwd_macs > model_flops(load(None, [f"model.{k}={v}" for k, v in (
+        ("img_size", 32), ("patch_size", 8), ("depth", 2), ("width", 64), ("heads", 2), ("num_classes", 10),
+        ("pool", "avg"))]).model).fwd_macs  # one token more
+
+
+def test_class_token_and_fc_norm_defaults_keep_the_existing_models():
+    """null: pool=token → class token and the token norm (timm's default ViT); pool=avg → neither class
+    token nor token norm, fc_norm after the average (timm class_token=False, global_pool='avg')."""
+    token = build_vit(load(None, ["model.depth=1", "model.width=64", "model.heads=2", "model.img_size=32",
+                                  "model.patch_size=8"]).model).state_dict()
+    assert "cls_token" in token and "norm.weight" in token and "fc_norm.weight" not in token
+    avg = _tiny().state_dict()
+    assert "cls_token" not in avg and avg["pos_embed"].shape == (1, 16, 64) and "fc_norm.weight" in avg
+    assert "norm.weight" not in avg
+    off = _tiny(fc_norm=False).state_dict()  # fc_norm=false is gap_norm=before
+    assert list(off) == list(_tiny(gap_norm="before").state_dict())
+
+
+def test_class_token_and_fc_norm_refuse_what_timm_cannot_build():
+    from hpctrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.pool=token reads the class token"):
+        load(None, ["model.class_token=false"])
+    with pytest.raises(ConfigError, match="model.fc_norm=true puts the final norm after the pool"):
+        load(None, ["model.pool=avg", "model.gap_norm=before", "model.fc_norm=true"])

@@ -106,7 +106,8 @@ class ViT(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 16, depth: int = 12, width: int = 768,
                  heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
                  pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False,
-                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm"):
+                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm",
+                 class_token: bool | None = None, fc_norm: bool | None = None):
         super().__init__()
         self.pool = pool
         self.head_init = head_init
@@ -114,7 +115,8 @@ class ViT(nn.Module):
         self.grad_ckpt = grad_ckpt
         self.patch_embed = PatchEmbed(img_size, patch_size, width)
         n = self.patch_embed.grid ** 2
-        self.num_prefix = 1 if pool == "token" else 0
+        # timm's class_token / fc_norm defaults: a class token for pool=token only; fc_norm for pool=avg
+        self.num_prefix = int(pool == "token" if class_token is None else class_token)
         if self.num_prefix:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
         if pos_embed.startswith("sincos"):
@@ -127,8 +129,8 @@ class ViT(nn.Module):
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r) for r in rates])
         # timm: final norm before the token pool; fc_norm after the average pool. big_vision
-        # (gap_norm="before"): its encoder_norm on every token, then the average.
-        self.norm_first = pool == "token" or gap_norm == "before"
+        # (gap_norm="before", = fc_norm=False): its encoder_norm on every token, then the average.
+        self.norm_first = not (pool == "avg" and gap_norm == "after" if fc_norm is None else fc_norm)
         if self.norm_first:
             self.norm = nn.LayerNorm(width, eps=1e-6)
         else:
@@ -195,11 +197,11 @@ class ViT(nn.Module):
                 x = checkpoint(blk, x, use_reentrant=False)
             else:
                 x = blk(x)
-        if self.pool == "token":
-            return self.norm(x)[:, 0]
         if self.norm_first:
-            return self.norm(x).mean(dim=1)
-        return self.fc_norm(x.mean(dim=1))
+            x = self.norm(x)
+        # the average leaves the class token out (timm global_pool='avg'; MAE models_vit.py:47)
+        x = x[:, 0] if self.pool == "token" else x[:, self.num_prefix:].mean(dim=1)
+        return x if self.norm_first else self.fc_norm(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.pre_logits(self.forward_features(x)))
@@ -211,4 +213,5 @@ def build_vit(mc) -> ViT:
     return ViT(img_size=mc.img_size, patch_size=mc.patch_size, depth=depth, width=width, heads=heads,
                mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
                pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt,
-               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init)
+               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init,
+               class_token=mc.has_class_token, fc_norm=mc.has_fc_norm)
