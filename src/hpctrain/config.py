@@ -68,8 +68,12 @@ class ModelConfig:
                         "(true there = width); 0: off", lo=0)
     head_init: str = opt("zero", "classifier init: zero weight and bias (big_vision head_zeroinit) or "
                          "trunc_normal std 0.02 (timm's default)", choices=("zero", "trunc_normal"))
-    init: str = opt("timm", "weight init: timm (trunc-normal 0.02) or big_vision's (Xavier-uniform blocks, "
-                    "LeCun-normal patch embedding and pre-logits)", choices=("timm", "big_vision"))
+    init: str = opt("timm", "weight init: timm (trunc-normal 0.02), deit (timm 0.3.2 as DeiT builds it: class token "
+                    "and position embedding trunc-normal 0.02, PyTorch's default patch-embedding conv) or "
+                    "big_vision's (Xavier-uniform blocks, LeCun-normal patch embedding and pre-logits, zero "
+                    "patch-embedding bias)", choices=("timm", "deit", "big_vision"))
+    gelu: str = opt("auto", "MLP activation: exact (erf) GELU, or its tanh approximation (flax nn.gelu's default); "
+                    "auto: tanh with model.init=big_vision, else exact", choices=("auto", "exact", "tanh"))
     class_token: bool | None = opt(None, "a class token in the sequence (timm class_token); null: only with "
                                    "pool=token. pool=avg + class_token=true: the average leaves it out (timm "
                                    "global_pool='avg', MAE's fine-tuning)")
