@@ -128,6 +128,9 @@ class DataConfig:
     workers: int = opt(4, "loader worker processes (or DALI threads) per rank", lo=0)
     crop_pct: float = opt(0.875, "val: resize shorter side to img_size / crop_pct, centre crop",
                           lo=0, hi=1, lo_open=True)
+    eval_resize: str = opt("crop", "val: crop = short side to img_size / crop_pct, then the centre crop (timm); "
+                           "squash = the whole image to img_size × img_size, aspect not kept (vit_jax "
+                           "input_pipeline.py:213; crop_pct unused)", choices=("crop", "squash"))
     scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
     randaugment: str = opt("", "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
