@@ -4,11 +4,15 @@ missing gradients and uneven step counts; the state layout (and so old checkpoin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from hpctrain.train import compat
 from hpctrain.train.adamw import AdamWLowMu
 from hpctrain.train.lamb import Lamb
+from tests.helpers import run_ranks
 
 
 class PerTensor:
@@ -165,3 +169,14 @@ def test_a_state_dict_written_per_tensor_loads_and_continues_identically(cls):
     for p, q in zip(new, old):
         torch.testing.assert_close(p.detach(), q.detach())
         assert opt.state[p]["exp_avg"].dtype == ref.state[q]["exp_avg"].dtype
+
+
+@pytest.mark.skipif(compat.version_tuple() < compat.FSDP_MIN_TORCH,
+                    reason=f"FSDP2 needs torch >= 2.4; this is {torch.__version__}")
+def test_adamw_low_mu_steps_fsdp2_sharded_parameters(tmp_path):
+    """optim.mu_dtype=bf16 with train.parallel=fsdp: the parameters and moments are DTensors, for which
+    torch has no `_foreach_copy_` rule; 2 gloo ranks step like the per-tensor reference on whole tensors."""
+    run_ranks(2, ["-m", "tests.train.fsdp_optim_worker", str(tmp_path)], timeout=240)
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["kinds"] == ["DTensor"] and r["moments"] == ["torch.bfloat16"]
+    assert r["diff"] < 1e-6, r

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import torch
 
-from hpctrain.train.moments import AdamFamily, Bucket, as_fp32, bias_corrections
+from hpctrain.train.moments import AdamFamily, Bucket, as_fp32, bias_corrections, copy_
 
 
 class AdamWLowMu(AdamFamily):
@@ -56,4 +56,4 @@ class AdamWLowMu(AdamFamily):
             torch._foreach_mul_(b.params, 1 - lr * wd)
         torch._foreach_addcdiv_(b.params, m, denom, [-lr * math.sqrt(a) / c for a, c in zip(c2, c1)])
         if m is not b.exp_avgs:
-            torch._foreach_copy_(b.exp_avgs, m)  # round to nearest even, as jnp.astype
+            copy_(b.exp_avgs, m)  # round to nearest even, as jnp.astype

@@ -27,13 +27,23 @@ class Bucket:
     steps: list[float] = field(default_factory=list)
 
 
+def copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """dst[i].copy_(src[i]) (with dtype conversion) in one foreach call; one call per tensor for tensor
+    subclasses (FSDP2's DTensor: torch 2.13 has no sharding rule for `_foreach_copy_`)."""
+    if all(type(t) is torch.Tensor for t in dst):
+        torch._foreach_copy_(dst, src)
+    else:
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
 def as_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """fp32 copies of tensors stored in another dtype (one foreach copy); fp32 ones are returned as
-    they are, so callers that update in place update the originals."""
+    """fp32 copies of tensors stored in another dtype; fp32 ones are returned as they are, so callers
+    that update in place update the originals."""
     if all(t.dtype == torch.float32 for t in tensors):
         return tensors
     out = [torch.empty_like(t, dtype=torch.float32) for t in tensors]
-    torch._foreach_copy_(out, tensors)
+    copy_(out, tensors)
     return out
 
 
