@@ -86,8 +86,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("chunk", [0, 25])  # 25 values: the CPU's chunks split each group's bucket
 @pytest.mark.parametrize("case", list(CASES))
-def test_foreach_step_equals_the_per_tensor_update(case):
+def test_foreach_step_equals_the_per_tensor_update(case, chunk):
     kind, dtypes, mu = CASES[case]
     init = tensors(dtypes, 0)
     new = [torch.nn.Parameter(t.clone()) for t in init]
@@ -110,6 +111,7 @@ def test_foreach_step_equals_the_per_tensor_update(case):
         opt.param_groups.clear()
         for g in groups(new, 0.01):
             opt.add_param_group(g)
+    opt.cpu_chunk = chunk
     ref = PerTensor(groups(old, 0.01), kind, mu)
     for step in range(6):
         grads = tensors(dtypes, step + 1)
