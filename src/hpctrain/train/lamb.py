@@ -54,5 +54,7 @@ class Lamb(AdamFamily):
             w_norm = torch.stack(torch._foreach_norm(b.params))
             r_norm = torch.stack(torch._foreach_norm(r))
             ratio = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
-            torch._foreach_mul_(r, list(ratio.unbind()))  # 0-d tensors on the device: no sync
-        torch._foreach_add_(b.params, r, alpha=-lr)
+            # w -= lr · ratio · r in one pass; the ratios stay 0-d tensors on the device (no sync)
+            torch._foreach_addcmul_(b.params, r, list(ratio.unbind()), value=-lr)
+        else:
+            torch._foreach_add_(b.params, r, alpha=-lr)
