@@ -68,8 +68,17 @@ class ModelConfig:
                         "(true there = width); 0: off", lo=0)
     head_init: str = opt("zero", "classifier init: zero weight and bias (big_vision head_zeroinit) or "
                          "trunc_normal std 0.02 (timm's default)", choices=("zero", "trunc_normal"))
-    init: str = opt("timm", "weight init: timm (trunc-normal 0.02) or big_vision's (Xavier-uniform blocks, "
-                    "LeCun-normal patch embedding and pre-logits)", choices=("timm", "big_vision"))
+    init: str = opt("timm", "weight init: timm (trunc-normal 0.02), deit (timm 0.3.2 as DeiT builds it: class token "
+                    "and position embedding trunc-normal 0.02, PyTorch's default patch-embedding conv) or "
+                    "big_vision's (Xavier-uniform blocks, LeCun-normal patch embedding and pre-logits, zero "
+                    "patch-embedding bias)", choices=("timm", "deit", "big_vision"))
+    gelu: str = opt("auto", "MLP activation: exact (erf) GELU, or its tanh approximation (flax nn.gelu's default); "
+                    "auto: tanh with model.init=big_vision, else exact", choices=("auto", "exact", "tanh"))
+    class_token: bool | None = opt(None, "a class token in the sequence (timm class_token); null: only with "
+                                   "pool=token. pool=avg + class_token=true: the average leaves it out (timm "
+                                   "global_pool='avg', MAE's fine-tuning)")
+    fc_norm: bool | None = opt(None, "final LayerNorm after the pool (timm fc_norm) instead of on the tokens before "
+                               "it; null: timm's rule, true for pool=avg unless model.gap_norm=before")
     gap_norm: str = opt("after", "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
                         "token before it (big_vision encoder_norm)", choices=("after", "before"))
     init_from: str = opt("", "start from these weights (not on resume): a .pt/.pth/.safetensors state_dict with "
@@ -80,7 +89,22 @@ class ModelConfig:
     # keys that say where the first weights come from, not what the model is: a resume ignores them
     START_KEYS = ("init_from", "init_ema")
 
+    @property
+    def has_class_token(self) -> bool:
+        return self.pool == "token" if self.class_token is None else self.class_token
+
+    @property
+    def has_fc_norm(self) -> bool:
+        """The final norm on the pooled features (timm fc_norm), not on the tokens before the pool."""
+        return self.pool == "avg" and self.gap_norm == "after" if self.fc_norm is None else self.fc_norm
+
     def validate(self) -> None:
+        if self.pool == "token" and self.class_token is False:
+            raise ConfigError("model.pool=token reads the class token: set model.class_token=true (or null), or "
+                              "model.pool=avg")
+        if self.fc_norm is True and self.gap_norm == "before":
+            raise ConfigError("model.fc_norm=true puts the final norm after the pool, model.gap_norm=before on the "
+                              "tokens before it: drop one (fc_norm=false is gap_norm=before)")
         if self.gap_norm == "before" and self.pool != "avg":
             raise ConfigError("model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
                               "always on the tokens); set model.pool=avg or model.gap_norm=after")
@@ -104,6 +128,9 @@ class DataConfig:
     workers: int = opt(4, "loader worker processes (or DALI threads) per rank", lo=0)
     crop_pct: float = opt(0.875, "val: resize shorter side to img_size / crop_pct, centre crop",
                           lo=0, hi=1, lo_open=True)
+    eval_resize: str = opt("crop", "val: crop = short side to img_size / crop_pct, then the centre crop (timm); "
+                           "squash = the whole image to img_size × img_size, aspect not kept (vit_jax "
+                           "input_pipeline.py:213; crop_pct unused)", choices=("crop", "squash"))
     scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
     randaugment: str = opt("", "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "

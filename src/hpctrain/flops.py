@@ -86,7 +86,7 @@ def model_flops(mc) -> VitFlops:
 
     depth, width, _ = arch_dims(mc)
     return VitFlops(vit_macs(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
-                             class_token=mc.pool == "token", rep_size=mc.rep_size))
+                             class_token=mc.has_class_token, rep_size=mc.rep_size))
 
 
 def peak_tflops(device_name: str | None) -> tuple[float | None, str]:

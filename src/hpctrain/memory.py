@@ -89,7 +89,7 @@ class MemoryEstimate:
 
 def tokens(mc) -> int:
     grid = mc.img_size // mc.patch_size
-    return grid * grid + (1 if mc.pool == "token" else 0)
+    return grid * grid + (1 if mc.has_class_token else 0)
 
 
 def param_count(mc) -> ParamCount:
@@ -103,7 +103,7 @@ def param_count(mc) -> ParamCount:
     rep = mc.rep_size
     head = (rep or d) * mc.num_classes + mc.num_classes + (d * rep + rep if rep else 0)  # + pre_logits.fc
     pos = n * d
-    trainable = patch + depth * block + 2 * d + head + (d if mc.pool == "token" else 0)
+    trainable = patch + depth * block + 2 * d + head + (d if mc.has_class_token else 0)
     trainable += pos if mc.pos_embed == "learn" else 0
     matmul = patch + depth * (qkv + proj + fc1 + fc2) + head
     return ParamCount(trainable, 0 if mc.pos_embed == "learn" else pos, matmul, block)
@@ -137,9 +137,9 @@ def activation_bytes_per_image(mc, amp: str, sdpa_backend: str = "auto") -> int:
     block = block_activation_bytes(mc, amp, sdpa_backend)
     embed = a * 3 * mc.img_size ** 2  # the patch convolution keeps its (cast) input
     ln = 4 * d + 8
-    final = ln * (n if mc.pool == "token" else 1)  # final norm over all tokens, or fc_norm on the mean
+    final = ln * (1 if mc.has_fc_norm else n)  # final norm over all tokens, or fc_norm on the pooled features
     # head input: in fp32 the token pool's slice is a view that keeps the whole final-norm output alive
-    head_in = 4 * d * n if (a == 4 and mc.pool == "token") else a * d
+    head_in = 4 * d * n if (a == 4 and mc.pool == "token" and not mc.has_fc_norm) else a * d
     head = head_in + 2 * 4 * mc.num_classes  # and the logits and log-softmax of the loss
     # grad_ckpt: each block keeps its fp32 input; the backward pass recomputes one block at a time
     blocks = depth * 4 * d * n + block if mc.grad_ckpt else depth * block

@@ -87,3 +87,18 @@ def test_loop_overhead_reports_a_ratio():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["bare_ms"] > 0 and out["hpctrain_ms"] > 0 and out["ratio"] > 0
     assert out["ratio"] == out["hpctrain_ms"] / out["bare_ms"]
+
+
+def test_optim_step_reports_ratios_to_torch_adamw():
+    """bench/optim_step.py, one short repetition: every hpctrain optimizer timed beside torch's
+    AdamW(foreach=True) on ViT-S/16's 152 tensors, each ratio its median per-repetition ratio."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "optim_step.py"), "--reps", "1", "--steps", "1",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["tensors"] == 152 and 22e6 < out["values"] < 22.2e6
+    assert {k for k in out if k.endswith("_ratio")} == {"adamw_low_mu_ratio", "lamb_ratio"}
+    for name in ("adamw_low_mu", "lamb"):
+        assert out[f"{name}_ratio"] == out[f"{name}_ms"] / out["torch_adamw_ms"]  # one repetition
+        # foreach: a few dozen ATen calls per step, not ~13 per tensor (152 tensors) as the per-tensor loop made
+        assert out[f"{name}_aten_calls"] < 400, out

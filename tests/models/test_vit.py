@@ -198,6 +198,8 @@ def test_s16_recipe_builds_big_vision_model_and_counts_match():
     assert (mc.rep_size, mc.head_init, mc.gap_norm, mc.init) == (384, "zero", "before", "big_vision")
     assert (mc.pool, mc.pos_embed) == ("avg", "sincos_big_vision")
     m = build_vit(mc)
+    assert m.blocks[0].mlp.act.approximate == "tanh" and torch.equal(m.patch_embed.proj.bias, torch.zeros(384))
+    assert load("configs/vit_b16_imagenet.yaml").model.init == "deit"  # the DeiT recipe
     assert sum(p.numel() for p in m.parameters() if p.requires_grad) == param_count(mc).trainable
     # timm's vit_small (22,050,664) without the class token and its position, plus pre_logits.fc
     assert sum(p.numel() for p in m.parameters()) == 22_050_664 - 384 - 384 + (384 * 384 + 384)
@@ -245,3 +247,112 @@ def test_sincos_big_vision_equals_its_posemb_sincos_2d():
     torch.testing.assert_close(m.pos_embed.detach(), torch.from_numpy(want).float(), rtol=1e-5, atol=1e-5)
     plain = ViT(img_size=32, patch_size=8, depth=1, width=width, heads=2, pool="avg", pos_embed="sincos")
     assert (plain.pos_embed - m.pos_embed).abs().max() > 0.1  # the default keeps MoCo v3's frequencies
+
+
+def test_mae_global_pool_keeps_the_class_token_out_of_the_average_then_fc_norm():
+    """pool=avg + class_token + fc_norm is MAE's fine-tuning model (models_vit.py:46-48: the class token
+    stays in the sequence, x[:, 1:].mean(dim=1), then fc_norm) with timm's names (class_token=True,
+    global_pool='avg', fc_norm=True: cls_token, a 1 + 16 position table, fc_norm, no norm)."""
+    torch.manual_seed(0)
+    mc = load(None, ["model.img_size=32", "model.patch_size=8", "model.depth=2", "model.width=64", "model.heads=2",
+                     "model.num_classes=10", "model.pool=avg", "model.class_token=true", "model.fc_norm=true"]).model
+    m = build_vit(mc)
+    sd = m.state_dict()
+    assert sd["cls_token"].shape == (1, 1, 64) and sd["pos_embed"].shape == (1, 17, 64)
+    assert "fc_norm.weight" in sd and "norm.weight" not in sd
+    with torch.no_grad():  # non-trivial class token and affine, so a wrong pool shows
+        m.cls_token.normal_(std=3.0)
+        m.fc_norm.weight.normal_()
+        m.fc_norm.bias.normal_()
+    x = torch.randn(3, 3, 32, 32)
+    tokens = torch.cat([m.cls_token.expand(3, -1, -1), m.patch_embed(x)], dim=1) + m.pos_embed
+    tokens = m.blocks(tokens)
+    want = _layer_norm(tokens[:, 1:].mean(dim=1), m.fc_norm.weight, m.fc_norm.bias)
+    got = m.forward_features(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with_cls = _layer_norm(tokens.mean(dim=1), m.fc_norm.weight, m.fc_norm.bias)
+    assert (got - with_cls).abs().max() > 1e-3  # the class token is not averaged in
+    from hpctrain.flops import model_flops
+    from hpctrain.memory import param_count
+
+    assert sum(p.numel() for p in m.parameters()) == param_count(mc).trainable
+    assert model_flops(mc).fwd_macs > model_flops(load(None, [f"model.{k}={v}" for k, v in (
+        ("img_size", 32), ("patch_size", 8), ("depth", 2), ("width", 64), ("heads", 2), ("num_classes", 10),
+        ("pool", "avg"))]).model).fwd_macs  # one token more
+
+
+def test_class_token_and_fc_norm_defaults_keep_the_existing_models():
+    """null: pool=token → class token and the token norm (timm's default ViT); pool=avg → neither class
+    token nor token norm, fc_norm after the average (timm class_token=False, global_pool='avg')."""
+    token = build_vit(load(None, ["model.depth=1", "model.width=64", "model.heads=2", "model.img_size=32",
+                                  "model.patch_size=8"]).model).state_dict()
+    assert "cls_token" in token and "norm.weight" in token and "fc_norm.weight" not in token
+    avg = _tiny().state_dict()
+    assert "cls_token" not in avg and avg["pos_embed"].shape == (1, 16, 64) and "fc_norm.weight" in avg
+    assert "norm.weight" not in avg
+    off = _tiny(fc_norm=False).state_dict()  # fc_norm=false is gap_norm=before
+    assert list(off) == list(_tiny(gap_norm="before").state_dict())
+
+
+def test_class_token_and_fc_norm_refuse_what_timm_cannot_build():
+    from hpctrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.pool=token reads the class token"):
+        load(None, ["model.class_token=false"])
+    with pytest.raises(ConfigError, match="model.fc_norm=true puts the final norm after the pool"):
+        load(None, ["model.pool=avg", "model.gap_norm=before", "model.fc_norm=true"])
+
+
+def _init_model(init: str, **kw) -> ViT:
+    torch.manual_seed(0)
+    sets = ["model.img_size=64", "model.patch_size=16", "model.depth=1", "model.width=256", "model.heads=4",
+            "model.num_classes=10", f"model.init={init}", *(f"model.{k}={v}" for k, v in kw.items())]
+    return build_vit(load(None, sets).model)
+
+
+def test_deit_init_draws_class_token_and_position_embedding_trunc_normal_002():
+    """timm 0.3.2 (vision_transformer.py:241-242 at 6504a42): trunc_normal_(std=.02) on both; the
+    default `timm` init draws the class token N(0, 1e-6)."""
+    m = _init_model("deit")
+    for t in (m.cls_token, m.pos_embed):
+        assert t.std().item() == pytest.approx(0.02, rel=0.12)
+    big = ViT(img_size=224, patch_size=16, depth=1, width=768, heads=12, num_classes=10, init="deit")
+    assert big.cls_token.std().item() == pytest.approx(0.02, rel=0.1)  # 768 draws
+    assert _init_model("timm").cls_token.abs().max() < 1e-5
+
+
+def test_deit_init_keeps_pytorchs_default_patch_embedding_conv():
+    """timm 0.3.2's _init_weights (vision_transformer.py:245-252) touches Linear and LayerNorm only: the
+    nn.Conv2d patch embedding keeps kaiming_uniform(a=√5), U(±1/√fan_in) → std 1/√(3·768) ≈ 0.0208 at
+    patch 16, and a U(±1/√fan_in) bias; timm's current init is trunc_normal(std=√(1/fan_in)) ≈ 0.036, bias 0."""
+    fan_in = 3 * 16 * 16
+    bound = fan_in ** -0.5
+    w, b = (_init_model("deit").patch_embed.proj.weight, _init_model("deit").patch_embed.proj.bias)
+    assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound
+    assert w.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.02) == pytest.approx(0.0208, rel=0.02)
+    assert b.abs().max() <= bound and b.abs().max() > 0.5 * bound
+    timm_w = _init_model("timm").patch_embed.proj.weight
+    assert timm_w.std().item() == pytest.approx(bound, rel=0.1)
+
+
+def test_big_vision_init_zeroes_the_patch_embedding_bias():
+    """flax nn.Conv's bias_init defaults to zeros (flax linen/linear.py _Conv), and big_vision's
+    "embedding" Conv sets none (models/vit.py:212-214)."""
+    assert torch.equal(_init_model("big_vision").patch_embed.proj.bias, torch.zeros(256))
+    assert _init_model("timm").patch_embed.proj.bias.abs().max() > 0  # the other inits keep PyTorch's U(±1/√fan_in)
+
+
+def test_big_vision_gelu_is_the_tanh_approximation():
+    """big_vision's MlpBlock calls flax nn.gelu (models/vit.py:75) = jax.nn.gelu(approximate=True):
+    x/2 · (1 + tanh(√(2/π)(x + 0.044715 x³))); the timm and DeiT models keep the exact erf GELU."""
+    x = torch.linspace(-4, 4, 101)
+    jax_tanh = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)))
+    erf = 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
+    act = _init_model("big_vision").blocks[0].mlp.act
+    torch.testing.assert_close(act(x), jax_tanh, rtol=1e-6, atol=1e-6)
+    assert (act(x) - erf).abs().max() > 1e-4
+    for init in ("timm", "deit"):
+        torch.testing.assert_close(_init_model(init).blocks[0].mlp.act(x), erf, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(_init_model("big_vision", gelu="exact").blocks[0].mlp.act(x), erf)
+    torch.testing.assert_close(_init_model("timm", gelu="tanh").blocks[0].mlp.act(x), jax_tanh, rtol=1e-6,
+                               atol=1e-6)

@@ -143,3 +143,61 @@ def test_init_ema_takes_the_ema_weights_of_each_checkpoint_layout(base, digits_r
     torch.save({"model": sd, "epoch": 1}, tmp_path / "deit.pth")  # DeiT/MAE: no EMA entry
     with pytest.raises(finetune.InitError, match="has no EMA weights"):
         finetune.read_weights(tmp_path / "deit.pth", ema=True)
+
+
+def mae_pretrained(width: int = 64, depth: int = 2, seed: int = 0) -> dict:
+    """A checkpoint in the layout of MAE's released pre-trained encoders (mae_pretrain_vit_*.pth):
+    `{"model": state_dict}` of models_mae.py's encoder, keys written out from it (cls_token, a
+    1 + 14×14 = 197 position table, patch_embed, timm Blocks, norm; no head, no fc_norm)."""
+    gen = torch.Generator().manual_seed(seed)
+    d, h = width, 4 * width
+    shapes = {"cls_token": (1, 1, d), "pos_embed": (1, 197, d), "patch_embed.proj.weight": (d, 3, 16, 16),
+              "patch_embed.proj.bias": (d,)}
+    for i in range(depth):
+        for k, s in (("norm1.weight", (d,)), ("norm1.bias", (d,)), ("attn.qkv.weight", (3 * d, d)),
+                     ("attn.qkv.bias", (3 * d,)), ("attn.proj.weight", (d, d)), ("attn.proj.bias", (d,)),
+                     ("norm2.weight", (d,)), ("norm2.bias", (d,)), ("mlp.fc1.weight", (h, d)), ("mlp.fc1.bias", (h,)),
+                     ("mlp.fc2.weight", (d, h)), ("mlp.fc2.bias", (d,))):
+            shapes[f"blocks.{i}.{k}"] = s
+    shapes |= {"norm.weight": (d,), "norm.bias": (d,)}
+    return {"model": {k: torch.randn(s, generator=gen) for k, s in shapes.items()}}
+
+
+def mae_model(*sets: str) -> torch.nn.Module:
+    return build_vit(load(None, ["model.depth=2", "model.width=64", "model.heads=2", "model.num_classes=10",
+                                 "model.pool=avg", "model.class_token=true", "model.fc_norm=true", *sets]).model)
+
+
+def test_mae_pretrained_layout_loads_naming_what_starts_fresh(tmp_path, caplog, monkeypatch):
+    """MAE's pre-trained encoder into MAE's fine-tuning model (main_finetune.py:248-254: non-strict load,
+    missing exactly head and fc_norm): every encoder weight loaded, head and fc_norm as initialised, the
+    token norm unused, all named in one log line. Any other missing key is still refused with its shape."""
+    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
+    path = tmp_path / "mae_pretrain_vit_tiny.pth"
+    ckpt_obj = mae_pretrained()
+    torch.save(ckpt_obj, path)
+    model = mae_model()
+    with caplog.at_level(logging.INFO, logger="hpctrain"):
+        finetune.load_into(model, path)
+    lines = [r.getMessage() for r in caplog.records if "initialised the model from" in r.getMessage()]
+    assert lines == [f"initialised the model from {path}; not in the file, left as initialised: head.weight, "
+                     "head.bias, fc_norm.weight, fc_norm.bias; unused (the model normalises after the pool): "
+                     "norm.weight, norm.bias"]
+    got = model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in ckpt_obj["model"].items() if not k.startswith("norm."))
+    assert torch.count_nonzero(got["head.weight"]) == 0  # model.head_init=zero (MAE: trunc_normal 2e-5)
+    assert torch.equal(got["fc_norm.weight"], torch.ones(64)) and torch.equal(got["fc_norm.bias"], torch.zeros(64))
+    # MAE's --cls_token fine-tuning (global_pool off): only the head is missing, the token norm is used
+    token = build_vit(load(None, ["model.depth=2", "model.width=64", "model.heads=2", "model.num_classes=10"]).model)
+    assert finetune.load_into(token, path) == ["not in the file, left as initialised: head.weight, head.bias"]
+    assert torch.equal(token.state_dict()["norm.weight"], ckpt_obj["model"]["norm.weight"])
+    # evaluation never starts a head from nothing
+    with pytest.raises(finetune.InitError, match="missing from the file: fc_norm.weight 64, fc_norm.bias 64, "
+                                                 "head.weight 10×64, head.bias 10; not in the model: norm.weight 64"):
+        finetune.load_into(mae_model(), path, new_head=False)
+    # any other missing key is refused, named with its shape
+    del ckpt_obj["model"]["blocks.1.norm1.weight"]
+    torch.save(ckpt_obj, path)
+    with pytest.raises(finetune.InitError, match=r"does not fit this model: missing from the file: "
+                                                 r"blocks.1.norm1.weight 64\. Set the model"):
+        finetune.load_into(mae_model(), path)

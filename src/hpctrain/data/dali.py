@@ -67,6 +67,7 @@ class Augment:
     reprob: float = 0.0  # data.reprob/remode/recount: random erasing after normalisation
     remode: str = "pixel"
     recount: int = 1
+    eval_resize: str = "crop"  # data.eval_resize: crop (short side, centre crop) or squash (whole image)
 
     @property
     def interp(self):
@@ -138,11 +139,14 @@ def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+    norm = dict(mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
+    if aug.eval_resize == "squash":  # the whole image to img_size², as vit_jax's tf.image.resize
+        images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=True)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **norm), labels
     images = fn.resize(images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct),
                        interp_type=aug.interp, antialias=True)
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                      crop=[aug.img_size, aug.img_size], crop_pos_x=0.5, crop_pos_y=0.5,
-                                      mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
+                                      crop=[aug.img_size, aug.img_size], crop_pos_x=0.5, crop_pos_y=0.5, **norm)
     return images, labels
 
 
@@ -468,7 +472,7 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     d = cfg.data
     aug = Augment(cfg.model.img_size, d.crop_pct, d.scale_min, d.hflip, tuple(d.mean), tuple(d.std),
                   parse_randaugment(d.randaugment), interpolation=d.interpolation, reprob=d.reprob,
-                  remode=d.remode, recount=d.recount)
+                  remode=d.remode, recount=d.recount, eval_resize=d.eval_resize)
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":

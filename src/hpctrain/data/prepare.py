@@ -86,7 +86,7 @@ def input_problems(cfg: Config) -> list[str]:
 
 # what decides the shapes of the weights model.init_from gives (the position embedding's grid is
 # resampled and a head of another class count replaced: train/finetune.py)
-SHAPE_KEYS = ("patch_size", "mlp_ratio", "pool", "gap_norm", "rep_size")
+SHAPE_KEYS = ("patch_size", "mlp_ratio", "rep_size")
 
 
 def init_shape_problems(model: ModelConfig, src: Path) -> list[str]:
@@ -98,8 +98,11 @@ def init_shape_problems(model: ModelConfig, src: Path) -> list[str]:
         old = build(ModelConfig, read_yaml(run / "config.yaml").get("model") or {}, "model.")
     except (ConfigError, OSError, AttributeError):
         return []  # not an hpctrain run, or one of another release: the job's own check decides
-    diff = [f"model.{k}={getattr(old, k)} there, {getattr(model, k)} here" for k in SHAPE_KEYS
-            if getattr(old, k) != getattr(model, k) and not (k == "gap_norm" and model.pool == "token")]
+    pairs = [(k, getattr(old, k), getattr(model, k)) for k in SHAPE_KEYS]
+    pairs.append(("class_token", old.has_class_token, model.has_class_token))
+    if old.has_fc_norm and not model.has_fc_norm:  # the other way round is MAE's fine-tuning: fc_norm starts fresh
+        pairs.append(("fc_norm", True, False))
+    diff = [f"model.{k}={a} there, {b} here" for k, a, b in pairs if a != b]
     diff += [f"model {k} {a} there, {b} here" for k, a, b in zip(("depth", "width"), arch_dims(old),
                                                                  arch_dims(model)) if a != b]
     if not diff:

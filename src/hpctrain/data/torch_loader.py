@@ -71,7 +71,11 @@ def train_transform(img: Image.Image, size: int, rng: np.random.Generator, scale
     return np.asarray(out, dtype=np.uint8)
 
 
-def val_transform(img: Image.Image, size: int, crop_pct: float, interpolation: str = "bilinear") -> np.ndarray:
+def val_transform(img: Image.Image, size: int, crop_pct: float, interpolation: str = "bilinear",
+                  resize: str = "crop") -> np.ndarray:
+    """data.eval_resize: crop (short side, then centre crop) or squash (the whole image to size²)."""
+    if resize == "squash":
+        return np.asarray(img.resize((size, size), INTERP[interpolation]), dtype=np.uint8)
     short = val_resize_size(size, crop_pct)
     w, h = img.size
     if w <= h:
@@ -88,8 +92,9 @@ class FolderDataset(torch.utils.data.Dataset):
 
     def __init__(self, listing: Listing, train: bool, img_size: int, seed: int, crop_pct: float,
                  scale_min: float, hflip: float, skip_bad: bool = False, interpolation: str = "bilinear",
-                 reprob: float = 0.0, recount: int = 1):
+                 reprob: float = 0.0, recount: int = 1, eval_resize: str = "crop"):
         self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
+        self.eval_resize = eval_resize
         self.crop_pct, self.scale_min, self.hflip, self.skip_bad = crop_pct, scale_min, hflip, skip_bad
         self.interpolation, self.reprob, self.recount = interpolation, reprob, recount
 
@@ -118,7 +123,7 @@ class FolderDataset(torch.utils.data.Dataset):
                 boxes = erasing.erase_boxes(self.size, self.size, rng, self.reprob, self.recount)
                 noise_seed = int(rng.integers(0, 2**62))
         else:
-            arr = val_transform(img, self.size, self.crop_pct, self.interpolation)
+            arr = val_transform(img, self.size, self.crop_pct, self.interpolation, self.eval_resize)
         return torch.from_numpy(arr.copy()), label, bad, torch.from_numpy(boxes), noise_seed
 
 
@@ -165,11 +170,11 @@ class TorchLoader:
                  seed: int, workers: int, device: torch.device, img_size: int, crop_pct: float,
                  scale_min: float, hflip: float, mean, std, skip_bad: bool = False,
                  interpolation: str = "bilinear", reprob: float = 0.0, remode: str = "pixel", recount: int = 1,
-                 repeats: int = 0):
+                 repeats: int = 0, eval_resize: str = "crop"):
         self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
         self.epoch, self.start, self.repeats, self.remode = 0, 0, repeats, remode
         self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip, skip_bad,
-                                     interpolation, reprob if train else 0.0, recount)
+                                     interpolation, reprob if train else 0.0, recount, eval_resize)
         self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
         self.normalize = Normalizer(mean, std, device)
         self.device = device

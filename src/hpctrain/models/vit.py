@@ -64,10 +64,10 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, width: int, hidden: int):
+    def __init__(self, width: int, hidden: int, gelu: str = "exact"):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden)
-        self.act = nn.GELU()
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
         self.fc2 = nn.Linear(hidden, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,12 +75,12 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, mlp_ratio: float, drop_path: float):
+    def __init__(self, width: int, heads: int, mlp_ratio: float, drop_path: float, gelu: str = "exact"):
         super().__init__()
         self.norm1 = nn.LayerNorm(width, eps=1e-6)
         self.attn = Attention(width, heads)
         self.norm2 = nn.LayerNorm(width, eps=1e-6)
-        self.mlp = Mlp(width, int(width * mlp_ratio))
+        self.mlp = Mlp(width, int(width * mlp_ratio), gelu)
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,7 +106,8 @@ class ViT(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 16, depth: int = 12, width: int = 768,
                  heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
                  pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False,
-                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm"):
+                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm",
+                 class_token: bool | None = None, fc_norm: bool | None = None, gelu: str = "exact"):
         super().__init__()
         self.pool = pool
         self.head_init = head_init
@@ -114,7 +115,8 @@ class ViT(nn.Module):
         self.grad_ckpt = grad_ckpt
         self.patch_embed = PatchEmbed(img_size, patch_size, width)
         n = self.patch_embed.grid ** 2
-        self.num_prefix = 1 if pool == "token" else 0
+        # timm's class_token / fc_norm defaults: a class token for pool=token only; fc_norm for pool=avg
+        self.num_prefix = int(pool == "token" if class_token is None else class_token)
         if self.num_prefix:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
         if pos_embed.startswith("sincos"):
@@ -125,10 +127,10 @@ class ViT(nn.Module):
         else:
             self.pos_embed = nn.Parameter(torch.randn(1, n + self.num_prefix, width) * 0.02)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r) for r in rates])
+        self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r, gelu) for r in rates])
         # timm: final norm before the token pool; fc_norm after the average pool. big_vision
-        # (gap_norm="before"): its encoder_norm on every token, then the average.
-        self.norm_first = pool == "token" or gap_norm == "before"
+        # (gap_norm="before", = fc_norm=False): its encoder_norm on every token, then the average.
+        self.norm_first = not (pool == "avg" and gap_norm == "after" if fc_norm is None else fc_norm)
         if self.norm_first:
             self.norm = nn.LayerNorm(width, eps=1e-6)
         else:
@@ -149,19 +151,36 @@ class ViT(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
-        w = self.patch_embed.proj.weight
-        nn.init.trunc_normal_(w.view(w.shape[0], -1), std=math.sqrt(1.0 / w[0].numel()))
+        if self.init == "deit":
+            self._init_deit()
+        else:
+            w = self.patch_embed.proj.weight
+            nn.init.trunc_normal_(w.view(w.shape[0], -1), std=math.sqrt(1.0 / w[0].numel()))
         if self.init == "big_vision":
             self._init_big_vision()
         if self.head_init == "zero":  # big_vision head_zeroinit (bias is zero either way)
             nn.init.zeros_(self.head.weight)
 
     @torch.no_grad()
+    def _init_deit(self) -> None:
+        """timm 0.3.2's VisionTransformer, which DeiT builds (vision_transformer.py:241-252 at 6504a42):
+        position embedding and class token trunc_normal(std=.02), Linear layers as above; the patch
+        embedding is an nn.Conv2d its _init_weights never touches, so it keeps PyTorch's default
+        (kaiming_uniform(a=√5): U(±1/√fan_in), std ≈ 0.021 at ViT-B/16; bias U(±1/√fan_in))."""
+        if self.num_prefix:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.pos_embed.requires_grad:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.patch_embed.proj.reset_parameters()
+
+    @torch.no_grad()
     def _init_big_vision(self) -> None:
         """big_vision models/vit.py's initialisers (flax/jax semantics): blocks' kernels Xavier-uniform
         (q, k, v each its own d×d kernel in flax's attention), MLP biases N(0, 1e-6), attention biases
         zero; the patch embedding and pre-logits flax's default LeCun normal (truncated at ±2σ, σ
-        rescaled by 1/0.8796 for the truncation); a learned position embedding N(0, 1/width)."""
+        rescaled by 1/0.8796 for the truncation), its bias zero (flax's default bias_init, models/vit.py:
+        212-214); a learned position embedding N(0, 1/width). Its MLP's tanh GELU (nn.gelu, vit.py:75) is
+        model.gelu's auto choice (build_vit)."""
         def lecun_normal(w: torch.Tensor, fan_in: int) -> None:
             std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
             nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
@@ -175,6 +194,7 @@ class ViT(nn.Module):
                 nn.init.normal_(fc.bias, std=1e-6)
         w = self.patch_embed.proj.weight
         lecun_normal(w, w[0].numel())
+        nn.init.zeros_(self.patch_embed.proj.bias)  # flax nn.Conv's default bias_init: zeros
         if isinstance(self.pre_logits, nn.Sequential):
             lecun_normal(self.pre_logits.fc.weight, self.pre_logits.fc.in_features)
         if self.num_prefix:
@@ -195,11 +215,11 @@ class ViT(nn.Module):
                 x = checkpoint(blk, x, use_reentrant=False)
             else:
                 x = blk(x)
-        if self.pool == "token":
-            return self.norm(x)[:, 0]
         if self.norm_first:
-            return self.norm(x).mean(dim=1)
-        return self.fc_norm(x.mean(dim=1))
+            x = self.norm(x)
+        # the average leaves the class token out (timm global_pool='avg'; MAE models_vit.py:47)
+        x = x[:, 0] if self.pool == "token" else x[:, self.num_prefix:].mean(dim=1)
+        return x if self.norm_first else self.fc_norm(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.pre_logits(self.forward_features(x)))
@@ -211,4 +231,6 @@ def build_vit(mc) -> ViT:
     return ViT(img_size=mc.img_size, patch_size=mc.patch_size, depth=depth, width=width, heads=heads,
                mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
                pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt,
-               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init)
+               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init,
+               class_token=mc.has_class_token, fc_norm=mc.has_fc_norm,
+               gelu=("tanh" if mc.init == "big_vision" else "exact") if mc.gelu == "auto" else mc.gelu)

@@ -4,7 +4,8 @@
 torch's AdamW has no such option (its states follow the parameter's dtype), hence this small one,
 used only for `optim.mu_dtype=bf16`. Per tensor, as optax's `scale_by_adam` does it (optax/_src/
 transform.py): the new moment is computed in fp32 from the stored bf16 one, the step uses that fp32
-value, and only the stored copy is rounded to bf16:
+value, and only the stored copy is rounded to bf16 (each line one `torch._foreach_*` call over all
+tensors of a dtype and device, train/moments.py):
 
     m = β1·bf16(m_prev) + (1-β1)·g   (fp32)     v = β2·v + (1-β2)·g²   (fp32)
     w = w·(1 - lr·λ) - lr · (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + ε)
@@ -16,11 +17,12 @@ Weight decay is decoupled as in torch's AdamW (lr·λ); big_vision's wd·schedul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
-from hpctrain.train.moments import AdamFamily
+from hpctrain.train.moments import AdamFamily, Bucket, as_fp32, bias_corrections, copy_
 
 
 class AdamWLowMu(AdamFamily):
@@ -37,15 +39,21 @@ class AdamWLowMu(AdamFamily):
             if "exp_avg" in state:
                 state["exp_avg"] = state["exp_avg"].to(self.mu_dtype)
 
-    def update(self, p: torch.Tensor, state: dict, group: dict, t: float) -> None:
+    def update(self, b: Bucket, group: dict) -> None:
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        g = p.grad.float()
-        m = state["exp_avg"].float().mul_(beta1).add_(g, alpha=1 - beta1)
-        v = state["exp_avg_sq"]
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
+        g = as_fp32(b.grads)
+        m = as_fp32(b.exp_avgs)  # fp32 moments (mu_dtype=fp32) are updated in place
+        torch._foreach_lerp_(m, g, 1 - beta1)  # β1·m + (1-β1)·g
+        v = b.exp_avg_sqs
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, g, g, value=1 - beta2)
+        # m̂ / (sqrt(v̂) + ε) = m·sqrt(c2)/c1 / (sqrt(v) + ε·sqrt(c2)), c = 1 - β^t: two passes fewer
+        c1, c2 = bias_corrections(beta1, b.steps), bias_corrections(beta2, b.steps)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_add_(denom, [eps * math.sqrt(c) for c in c2])
         if wd:
-            p.mul_(1 - lr * wd)
-        p.add_((m / (1 - beta1 ** t)).div_(denom).to(p.dtype), alpha=-lr)
-        state["exp_avg"].copy_(m)  # round to nearest even, as jnp.astype
+            torch._foreach_mul_(b.params, 1 - lr * wd)
+        torch._foreach_addcdiv_(b.params, m, denom, [-lr * math.sqrt(a) / c for a, c in zip(c2, c1)])
+        if m is not b.exp_avgs:
+            copy_(b.exp_avgs, m)  # round to nearest even, as jnp.astype

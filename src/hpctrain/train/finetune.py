@@ -7,9 +7,11 @@ jobs run where there may be no network, and a download per rank would be 128 dow
 
 Adapted, as timm's `checkpoint_filter_fn` and the ViT paper's fine-tuning do, and always logged:
 the position embedding is resampled (bicubic, prefix tokens kept) to the model's patch grid, and a
-head of another class count is replaced by the model's freshly initialised one. Everything else
-that differs (missing or unexpected keys, other shapes) is refused with the keys and shapes, never
-dropped in silence. docs/finetune.md has the sources.
+head of another class count is replaced by the model's freshly initialised one. A pre-trained
+encoder without head (MAE's layout) starts the head, and with `model.fc_norm` the norm after the
+pool, as initialised; its final token norm is then unused (MAE main_finetune.py:248-254 loads it so,
+non-strictly). Everything else that differs (missing or unexpected keys, other shapes) is refused
+with the keys and shapes, never dropped in silence. docs/finetune.md has the sources.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from hpctrain.train import checkpoint as ckpt
 
 log = logging.getLogger("hpctrain")
 HEAD = ("head.weight", "head.bias")
+FC_NORM = ("fc_norm.weight", "fc_norm.bias")  # timm's norm after the pool (MAE's global_pool)
+TOKEN_NORM = ("norm.weight", "norm.bias")  # the norm on the tokens that fc_norm replaces
 PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's wrappers
 
 
@@ -144,7 +148,15 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str,
         head_init = getattr(model, "head_init", "")
         notes.append(f"new head: the checkpoint's has {hw.shape[0]} classes, model.num_classes={mhw.shape[0]}; "
                      f"re-initialised ({'model.head_init=' + head_init if head_init else 'fresh init'})")
-    missing = [k for k in want if k not in sd and k not in missing_head]
+    # a pre-trained encoder (MAE's layout: no head, no fc_norm; its token norm unused with fc_norm)
+    fresh = [k for k in (*HEAD, *FC_NORM) if new_head and k in want and k not in sd and k not in missing_head]
+    unused = [k for k in TOKEN_NORM if k in sd and k not in want and FC_NORM[0] in fresh]
+    if fresh:
+        notes.append(f"not in the file, left as initialised: {', '.join(fresh)}"
+                     + (f"; unused (the model normalises after the pool): {', '.join(unused)}" if unused else ""))
+    for k in unused:
+        sd.pop(k)
+    missing = [k for k in want if k not in sd and k not in missing_head and k not in fresh]
     unexpected = [k for k in sd if k not in want]
     shapes = [k for k in sd if k in want and sd[k].shape != want[k].shape]
     if missing or unexpected or shapes:
@@ -154,7 +166,7 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str,
             _listing("missing from the file", [f"{k} {_shape(want[k])}" for k in missing]),
             _listing("not in the model", [f"{k} {_shape(sd[k])}" for k in unexpected]),
         ])) + ". Set the model.* keys the weights were trained with (depth, width, heads, patch_size, pool, "
-              "rep_size: see the source run's config.yaml)")
+              "class_token, fc_norm, rep_size: see the source run's config.yaml)")
     return sd, notes
 
 

@@ -13,16 +13,18 @@ Tensors in a group without weight decay (norms, biases, position embedding, clas
 `optim.lamb_adapt: all`, the default here); NVIDIA's apex FusedLAMB and timm's Lamb skip the ratio
 there by default and take the plain Adam step (`optim.lamb_adapt: decayed`). On the digits ViT the
 paper's rule trained faster (docs/large-batch.md). The ratio is taken on the full tensor, so the
-parameters must not be sharded (no FSDP).
+parameters must not be sharded (no FSDP). Each line is one `torch._foreach_*` call over all tensors
+of a dtype and device (train/moments.py), the norms one `torch._foreach_norm` per list.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
-from hpctrain.train.moments import AdamFamily
+from hpctrain.train.moments import AdamFamily, Bucket, bias_corrections
 
 
 class Lamb(AdamFamily):
@@ -30,18 +32,29 @@ class Lamb(AdamFamily):
                  eps: float = 1e-6, weight_decay: float = 0.0, always_adapt: bool = False):
         super().__init__(params, lr, betas, eps, weight_decay, always_adapt=always_adapt)
 
-    def update(self, p: torch.Tensor, state: dict, group: dict, t: float) -> None:
+    def update(self, b: Bucket, group: dict) -> None:
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-        m.lerp_(g, 1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
-        r = (m / (1 - beta1 ** t)).div_(denom)
-        if wd:
-            r.add_(p, alpha=wd)
+        m, v, g = b.exp_avgs, b.exp_avg_sqs, b.grads
+        torch._foreach_lerp_(m, g, 1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, g, g, value=1 - beta2)
+        # m̂ / (sqrt(v̂) + ε) = m·sqrt(c2)/c1 / (sqrt(v) + ε·sqrt(c2)), c = 1 - β^t: two passes fewer
+        c1, c2 = bias_corrections(beta1, b.steps), bias_corrections(beta2, b.steps)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_add_(denom, [eps * math.sqrt(c) for c in c2])
+        scale = [math.sqrt(a) / c for a, c in zip(c2, c1)]
+        if wd:  # r = λ·w + m̂ / (sqrt(v̂) + ε)
+            r = torch._foreach_mul(b.params, wd)
+            torch._foreach_addcdiv_(r, m, denom, scale)
+        else:
+            r = torch._foreach_div(m, denom)
+            torch._foreach_mul_(r, scale)
         if wd != 0 or group["always_adapt"]:
-            w_norm, r_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(r)
-            one = torch.ones_like(w_norm)
-            r.mul_(torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, one))
-        p.add_(r, alpha=-lr)
+            w_norm = torch.stack(torch._foreach_norm(b.params))
+            r_norm = torch.stack(torch._foreach_norm(r))
+            ratio = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
+            # w -= lr · ratio · r in one pass; the ratios stay 0-d tensors on the device (no sync)
+            torch._foreach_addcmul_(b.params, r, list(ratio.unbind()), value=-lr)
+        else:
+            torch._foreach_add_(b.params, r, alpha=-lr)
