@@ -353,9 +353,10 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
                               timeout=kw.pop("timeout", 60), **kw)
 
     def state(self, job_id: str) -> str:
-        """The job's state from sacct (first line: the allocation), '' when unknown yet."""
+        """The job's state from sacct (first line: the allocation), '' when unknown yet. A `--no-kill`
+        job that lost a node has a RESIZING row first (its allocation before it shrank): skipped."""
         r = self.run("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State", check=False)
-        return (r.stdout.split() or [""])[0]
+        return ([s for s in r.stdout.split() if s != "RESIZING"] or [""])[0]
 
     def wait_done(self, job_id: str, timeout: float) -> str:
         end = time.monotonic() + timeout

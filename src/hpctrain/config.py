@@ -213,6 +213,9 @@ class TrainConfig:
                              "known GPUs; unknown devices then log no MFU)", lo=0)
     straggler_pct: float = opt(15.0, "name a rank whose own time per step (data wait + forward) exceeds "
                                "the median's by more than this % of the step time", lo=0)
+    exclude_straggler_pct: float = opt(0.0, "a straggler this % of a step slower for 3 log intervals in a row: "
+                                            "checkpoint, stop, and run on without its node (spares or a requeue "
+                                            "with the node excluded); 0: off", lo=0)
     tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
                                   "needs the tensorboard package, else one warning)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)

@@ -68,9 +68,15 @@ def budget(run_dir: Path, env: Mapping[str, str] | None = None) -> Budget | None
 
 
 def decide(kind: str, b: Budget) -> tuple[bool, str]:
-    """(requeue?, why) after a stop of `kind` (preemption | time_limit | halt)."""
+    """(requeue?, why) after a stop of `kind` (preemption | time_limit | exclude | halt)."""
     if kind == "halt":
         return False, "train.halt_at reached (a planned stop, not requeued)"
+    if kind == "exclude":  # the batch shell runs on without the named node: on spares, else by this requeue
+        if b.others >= b.max_requeues:
+            return False, (f"job {b.job_id} was requeued {b.others} times already for time limits or failures "
+                           f"(slurm.max_requeues={b.max_requeues}); a straggling node is left in")
+        return True, (f"requeueing job {b.job_id} without a straggling node, or restarting it on a spare "
+                      f"({b.others + 1}/{b.max_requeues})")
     if kind == "preemption":
         if 0 <= b.max_preemptions <= b.preemptions:
             return False, (f"job {b.job_id} was preempted and requeued {b.preemptions} times already "

@@ -38,7 +38,9 @@ def sacct_rows(job_id: str) -> list[dict[str, str]]:
     rows = [dict(zip(fields, line.split("|"))) for line in r.stdout.splitlines() if line.strip()]
     for row in rows:
         row["State"] = (row.get("State") or "UNKNOWN").split()[0]  # "CANCELLED by 0" → CANCELLED
-    return rows
+    # a --no-kill job that lost a node (hot spares) has a RESIZING row for its allocation before it
+    # shrank (measured, 22.05): the same run, not a requeue
+    return [row for row in rows if row["State"] != "RESIZING"]
 
 
 def job_state(job_id: str) -> str:
@@ -330,8 +332,9 @@ def summarize(records: list[dict]) -> dict:
             out["last_rollback"] = {k: rec.get(k) for k in ("step", "from_step", "checkpoint", "skip_batches")}
         elif kind == "requeue":
             if rec.get("requeue"):
-                key = "preemptions" if rec.get("reason") == "preemption" else "time_limits"
-                out[key] = out.get(key, 0) + 1
+                key = {"preemption": "preemptions", "exclude": None}.get(rec.get("reason"), "time_limits")
+                if key:  # a node excluded: an "other" requeue (or none: a restart on a spare)
+                    out[key] = out.get(key, 0) + 1
                 out["not_requeued"] = None
             else:
                 out["not_requeued"] = (rec.get("step"), rec.get("why"))
