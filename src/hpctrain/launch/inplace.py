@@ -50,7 +50,7 @@ def setup_lines(spares: int, tasks_per_node: int) -> list[str]:
         f"  grep -xE '{NODE_ERE}' || true",
         "}",
         "hpctrain_hosts() {  # a Slurm host list → node names, one per line",
-        '  scontrol show hostnames "$1" 2>/dev/null | hpctrain_names',
+        '  { scontrol show hostnames "$1" 2>/dev/null || true; } | hpctrain_names  # (set -o pipefail)',
         "}",
         'hpctrain_alloc=" $(hpctrain_hosts "${SLURM_JOB_NODELIST:-}" | tr "\\n" " ")"',
         'hpctrain_bad=" " hpctrain_attempt=0 hpctrain_step=()',
