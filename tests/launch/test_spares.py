@@ -37,8 +37,9 @@ STEPS = 44  # 2 epochs of digits at batch 64 on 2 ranks
 SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=5")
 PG_TIMEOUT = 15
 # kill → next step training: the survivor's step ends once Slurm declares the node DOWN (≤ ~2.6 ×
-# SlurmdTimeout: 24-26 s measured with 10 s), then probes (< 1 s), start-up and resume; 60 s slack
-RESTART_BOUND = 3 * SLURMD_TIMEOUT + PG_TIMEOUT + 60
+# SlurmdTimeout: 13-29 s measured with 10 s), then probes (< 1 s), start-up and resume (~40 s on the
+# loaded 2-core CI machine, most of it importing torch); 120 s slack
+RESTART_BOUND = 3 * SLURMD_TIMEOUT + PG_TIMEOUT + 120
 
 
 def test_spare_nodes_are_allocated_with_no_kill_and_the_shell_parses(tmp_path):
@@ -181,6 +182,8 @@ def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_clu
     assert victim not in slurm_cluster.run("scontrol", "show", "hostnames", nodes).stdout.split(), show
     (exclude,) = metrics(run, "exclude")
     assert exclude["nodes"] == [victim] and "rank 1 silent" in exclude["why"], exclude
-    assert metrics(run, "hang") and metrics(run, "end")[-1]["status"] == "finished"
+    # the hang record (step 7) went to metrics.superseded.jsonl when the requeued run resumed at step 5
+    hangs = [r for r in read_metrics(run / "metrics.superseded.jsonl") if r["kind"] == "hang"]
+    assert hangs and hangs[-1]["ranks"] == [1] and metrics(run, "end")[-1]["status"] == "finished"
     st = hp(slurm_cluster, "status", job).stdout
     assert re.search(rf"excluded nodes +{victim} \(rank 1 silent", st), st
