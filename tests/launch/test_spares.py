@@ -158,6 +158,7 @@ def test_dead_training_node_is_replaced_by_a_spare_in_the_same_job(slurm_cluster
 
 
 @pytest.mark.slurm
+@pytest.mark.slow
 def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_cluster, digits_root, tmp_path):
     """No spares: the hang watchdog names the stopped rank's node in $HPCTRAIN_BAD_NODES_FILE; the
     batch shell requeues the job with that node excluded (ExcNodeList), and the job finishes on
