@@ -112,6 +112,30 @@ def setup_lines(spares: int, tasks_per_node: int) -> list[str]:
     ]
 
 
+def guard_lines() -> list[str]:
+    """Spare mode: a step on another node that requeues the job when the batch host dies. Measured
+    (22.05): a --no-kill job whose batch host dies stays RUNNING on its other nodes without a batch
+    script, also after the node is back, until its time limit; a guard step there sees the node
+    DOWN/NOT_RESPONDING (~14 s with SlurmdTimeout 10) and requeues it (docs/spares.md)."""
+    return [
+        'hpctrain_batch_host=$(printf "%s\n" "${SLURMD_NODENAME:-}" | hpctrain_names)',
+        'hpctrain_guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$hpctrain_batch_host" ] || echo "$n"; done '
+        '| tail -n 1)',
+        'if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctrain_guard_node" ]; then',
+        '  srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" bash -c \'',
+        '    while sleep "${HPCTRAIN_GUARD_S:-10}"; do',
+        '      st=$(scontrol show node -o "$1" 2>/dev/null | tr " " "\\n" | sed -n "s/^State=//p")',
+        '      case "$st" in *DOWN*|*NOT_RESPONDING*|*FAIL*) ;; *) continue ;; esac',
+        '      echo "hpctrain: the batch host $1 is $st: its shell is gone; requeueing job $2 without it" >&2',
+        '      old=$(scontrol show job -o "$2" | tr " " "\\n" | sed -n "s/^ExcNodeList=//p")',
+        '      [ "$old" != "(null)" ] || old=""',
+        '      scontrol requeuehold "$2" || { scancel "$2"; exit 1; }',
+        '      scontrol update job="$2" ExcNodeList="${old:+$old,}$1"; scontrol release "$2"; exit 0',
+        '    done\' hpctrain-guard "$hpctrain_batch_host" "$hpctrain_job" &',
+        "fi",
+    ]
+
+
 def step_lines() -> list[str]:
     """At the top of each pass of the step loop: the step's nodes (spare mode) and a clean slate."""
     return [

@@ -256,7 +256,9 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]
-    lines += [*stop_lines(), "", *inplace.setup_lines(p.spare_nodes, p.tasks_per_node), "",
+    lines += [*stop_lines(), "", *inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
+              "# The batch host's death would leave a --no-kill job RUNNING without this shell: a guard on",
+              "# another node requeues it then (launch.inplace.guard_lines).", *inplace.guard_lines(), "",
               "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
               "# background so that this shell can take signals while it waits; a step that failed on",
               "# nodes it named runs again without them (launch.inplace).",
