@@ -7,8 +7,8 @@ job's NodeList; `scontrol show node` says DOWN/NOT_RESPONDING/DRAIN), a short pr
 of the allocation — and starts the next step on N healthy nodes without them: the ranks resume
 from the last checkpoint (`--resume auto`), with no requeue and no queue wait. A step that failed
 naming no node ends the job as before (never a retry loop). Fewer than N healthy nodes left, or no
-spares: the named nodes go into the job's ExcNodeList and the job is requeued (`requeuehold`,
-`update`, `release`: Slurm takes ExcNodeList only while the job is pending). Every restart and
+spares: the job is requeued and the named nodes go into its ExcNodeList at once (Slurm takes
+ExcNodeList only while the job is pending; a requeued job waits cred_expire). Every restart and
 exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0 turns into a metrics record
 (launch.faultlog). Facts and sources: docs/spares.md.
 """
@@ -100,14 +100,18 @@ def setup_lines(spares: int, tasks_per_node: int) -> list[str]:
         '"$hpctrain_attempt" "$1" "$(echo $hpctrain_new | tr " " ",")" "$hpctrain_fault" "$hpctrain_ended" \\',
         '    >> "$HPCTRAIN_FAULTS_FILE" || true',
         "}",
-        "hpctrain_requeue_excluding() {  # requeue with the named nodes added to ExcNodeList (pending jobs only)",
+        "# Requeue with the named nodes added to ExcNodeList, which Slurm takes on pending jobs only: right",
+        "# after the requeue (a requeued job may start only after cred_expire, 120 s by default; not held,",
+        "# which would leave the job held if this shell died before the release).",
+        "hpctrain_requeue_excluding() {",
         "  local old new",
         '  old=$(hpctrain_job_field ExcNodeList); [ "$old" != "(null)" ] || old=""',
         '  new=$(echo $old $hpctrain_bad | tr " " ",")',
-        '  scontrol requeuehold "$hpctrain_job" || return 1',
-        '  scontrol update job="$hpctrain_job" ExcNodeList="$new" ||',
-        '    echo "hpctrain: could not exclude $new from job $hpctrain_job; it may run there again" >&2',
-        '  scontrol release "$hpctrain_job" && echo "hpctrain: job $hpctrain_job requeued without $new"',
+        '  scontrol requeue "$hpctrain_job" || return 1',
+        '  if scontrol update job="$hpctrain_job" ExcNodeList="$new"; then',
+        '    echo "hpctrain: job $hpctrain_job requeued without $new"',
+        '  else echo "hpctrain: job $hpctrain_job requeued; $new could not be excluded: it may run there again" >&2',
+        "  fi",
         "}",
     ]
 
@@ -123,14 +127,15 @@ def guard_lines() -> list[str]:
         '| tail -n 1)',
         'if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctrain_guard_node" ]; then',
         '  srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" bash -c \'',
+        '    trap "" TERM  # the requeue below TERMs this step: finish the update first (KillWait)',
         '    while sleep "${HPCTRAIN_GUARD_S:-10}"; do',
         '      st=$(scontrol show node -o "$1" 2>/dev/null | tr " " "\\n" | sed -n "s/^State=//p")',
         '      case "$st" in *DOWN*|*NOT_RESPONDING*|*FAIL*) ;; *) continue ;; esac',
         '      echo "hpctrain: the batch host $1 is $st: its shell is gone; requeueing job $2 without it" >&2',
         '      old=$(scontrol show job -o "$2" | tr " " "\\n" | sed -n "s/^ExcNodeList=//p")',
         '      [ "$old" != "(null)" ] || old=""',
-        '      scontrol requeuehold "$2" || { scancel "$2"; exit 1; }',
-        '      scontrol update job="$2" ExcNodeList="${old:+$old,}$1"; scontrol release "$2"; exit 0',
+        '      scontrol requeue "$2" || { scancel "$2"; exit 1; }',
+        '      scontrol update job="$2" ExcNodeList="${old:+$old,}$1"; exit 0',
         '    done\' hpctrain-guard "$hpctrain_batch_host" "$hpctrain_job" &',
         "fi",
     ]
