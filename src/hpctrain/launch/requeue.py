@@ -13,8 +13,10 @@ Budgets, per Slurm job: preemptions (SIGTERM) count against `slurm.max_preemptio
 unlimited); every other restart — a time limit (USR2), a node failure, an outside requeue that
 left no checkpoint — against `slurm.max_requeues`. `SLURM_RESTART_COUNT` counts all restarts;
 the preemptions are the run's own `requeue` records for this job, so the rest is the difference.
-Nodes that die are left to Slurm (`--requeue`): the survivors cannot tell a dead node from a
-crashed rank, and rank 0 may be on the dead node.
+Nodes that die are left to Slurm (`--requeue`) and the batch shell: the survivors cannot tell a
+dead node from a crashed rank, and rank 0 may be on the dead node. With hot spares (`--no-kill`)
+the shell restarts the step on other nodes of the job instead (launch.inplace); a stop of kind
+`exclude` (a node the tasks named: a persistent straggler) is decided here like a time limit.
 """
 
 from __future__ import annotations
