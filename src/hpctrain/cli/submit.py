@@ -222,7 +222,8 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     plan = standalone_plan(cfg, profile, req, command, args.config, args.overrides)
     report_batch(args, cfg, plan, sys.stdout)
     Path(args.emit_sbatch).write_text(standalone_script(plan))
-    print(f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
+    spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
+    print(f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
           f"(cluster {profile.name})")
     return 0
 
@@ -247,6 +248,8 @@ def run_local(args: argparse.Namespace, cfg) -> int:
 
     if args.local_tasks < 1:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
+    if args.spare_nodes:
+        print("hpctrain: note: --spare-nodes applies to Slurm jobs only; this local run has none", file=sys.stderr)
     check_batch(cfg, args.local_tasks)
     from hpctrain.launch.batch import lr_rule
 
