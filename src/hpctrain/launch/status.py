@@ -218,10 +218,11 @@ class RunStatus:
             rows.append(("nodes", self.nodes))
         if m.get("restarts"):
             r = m["last_restart"]
-            rows.append(("in-job restarts", f"{m['restarts']} (last: attempt {r.get('attempt')} of job {r.get('job')} "
-                                            f"without {','.join(r.get('nodes') or []) or '-'}: {r.get('why')})"))
+            nodes = ",".join(r.get("nodes") or []) or "-"
+            rows.append(("restarts", f"{m['restarts']} in the job on spare nodes (last: attempt {r.get('attempt')} "
+                                     f"of job {r.get('job')} without {nodes}: {r.get('why')})"))
         if m.get("excluded"):
-            rows.append(("excluded nodes", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
+            rows.append(("excluded", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
         if m.get("step") is not None:
             total = f"/{self.total_steps} ({100 * m['step'] / self.total_steps:.0f} %)" if self.total_steps else ""
             ago = f", logged {duration(f['last_record_age_s'])} ago" if f["last_record_age_s"] is not None else ""
