@@ -1,7 +1,7 @@
-"""A real Slurm test cluster on this machine: munged, MariaDB + slurmdbd, slurmctld, 2× slurmd.
+"""A real Slurm test cluster on this machine: munged, MariaDB + slurmdbd, slurmctld, 3× slurmd.
 
 Everything lives under one temp directory and listens on loopback ports picked at random; each
-slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2) and a hosts file
+slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2, n3) and a hosts file
 bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` began (settings:
 docs in /work/shared/DESIGN.md, "Verified facts"). For fault tests, `kill_node(n)` SIGKILLs every
 process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
@@ -35,6 +35,10 @@ from pathlib import Path
 from tests.helpers import free_port
 
 NODES = ("n1", "n2")
+# A third node only in SPARE_PARTITION (issue 22, hot spares: a 3-node allocation training on 2): the
+# other partitions keep n1 and n2, so what every other test schedules on is unchanged.
+SPARE_NODE, SPARE_PARTITION = "n3", "spares"
+ALL_NODES = (*NODES, SPARE_NODE)
 CPUS_PER_NODE = 4
 # A node whose slurmd stops answering is DOWN after this many seconds (its jobs: NODE_FAIL and,
 # with --requeue, requeued); the controller pings every third of it. Default 300 s.
@@ -119,7 +123,7 @@ class SlurmCluster:
         for d in ("etc", "log", "state", "spool", "run", "munge", "db", "tmp"):
             (r / d).mkdir(parents=True, exist_ok=True)
         self.cluster_name = f"hpct{random.randrange(10**6)}"
-        ports = {k: free_port() for k in ("ctld", "dbd", "db", *NODES)}
+        ports = {k: free_port() for k in ("ctld", "dbd", "db", *ALL_NODES)}
         munge_sock = r / "munge" / "munge.socket"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         if self.sysroot is not None:
@@ -133,9 +137,9 @@ class SlurmCluster:
             self._start("slurmctld", self._cmd("/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)),
                         lambda: self._scontrol_ok("ping"), r / "log" / "slurmctld.log")
             self._write_hosts()
-            for n in NODES:
+            for n in ALL_NODES:
                 self._start_slurmd(n)
-            _wait("the two slurmd nodes", self._nodes_idle, 40, log=r / "log" / "slurmctld.log")
+            _wait("the slurmd nodes", self._nodes_idle, 40, log=r / "log" / "slurmctld.log")
         except BaseException:
             self.stop()
             raise
@@ -143,7 +147,7 @@ class SlurmCluster:
 
     def _write_hosts(self) -> None:
         """The nodes' /etc/hosts (every name on loopback)."""
-        (self.root / "etc" / "hosts").write_text("127.0.0.1 localhost " + " ".join(NODES) +
+        (self.root / "etc" / "hosts").write_text("127.0.0.1 localhost " + " ".join(ALL_NODES) +
                                                  f" {socket.gethostname()}\n::1 localhost ip6-localhost\n")
 
     def _start_slurmd(self, node: str) -> subprocess.Popen:
@@ -196,7 +200,7 @@ class SlurmCluster:
         gres = {GPU_NODE: f" Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE}"}
         nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
                           f"RealMemory=4000{gres.get(n, '')} {self.node_options.get(n, '')} State=UNKNOWN"
-                          for n in NODES)
+                          for n in ALL_NODES)
         (r / "dev").mkdir(exist_ok=True)
         for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
             with contextlib.suppress(FileExistsError):
@@ -247,6 +251,7 @@ PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP Priorit
 PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP PreemptMode=OFF
 PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
+PartitionName={SPARE_PARTITION} Nodes={",".join(ALL_NODES)} MaxTime=INFINITE State=UP PreemptMode=OFF
 {f"PlugStackConfig={self.plugstack}" if self.plugstack else ""}
 {self.conf_extra}
 """)
@@ -276,7 +281,7 @@ StorageLoc=slurm_{self.cluster_name}
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
                            env=self.env, timeout=20)
         states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
-        return all(states.get(n) == "idle" for n in NODES)
+        return all(states.get(n) == "idle" for n in ALL_NODES)
 
     # -------------------------------------------------------------- another Slurm version
 
@@ -350,9 +355,10 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
                               timeout=kw.pop("timeout", 60), **kw)
 
     def state(self, job_id: str) -> str:
-        """The job's state from sacct (first line: the allocation), '' when unknown yet."""
+        """The job's state from sacct (first line: the allocation), '' when unknown yet. A `--no-kill`
+        job that lost a node has a RESIZING row first (its allocation before it shrank): skipped."""
         r = self.run("sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State", check=False)
-        return (r.stdout.split() or [""])[0]
+        return ([s for s in r.stdout.split() if s != "RESIZING"] or [""])[0]
 
     def wait_done(self, job_id: str, timeout: float) -> str:
         end = time.monotonic() + timeout

@@ -251,6 +251,9 @@ class TrainConfig:
                                      lo=0, hi=1, lo_open=True)
     preflight_busbw_gbps: float = opt(0.0, "preflight: a node pair's expected all-reduce busbw in GB/s (0: the "
                                       "figure of the fabric the batch shell exports as HPCTRAIN_FABRIC)", lo=0)
+    exclude_straggler_pct: float = opt(0.0, "a straggler this % of a step slower for 3 log intervals in a row: "
+                                            "checkpoint, stop, and run on without its node (spares or a requeue "
+                                            "with the node excluded); 0: off", lo=0)
     tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
                                   "needs the tensorboard package, else one warning)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)

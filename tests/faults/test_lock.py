@@ -149,3 +149,16 @@ def test_requeued_run_of_the_same_job_takes_over_its_stale_lock(tmp_path):
         later.close()
     finally:
         stale.close()
+
+
+def test_a_later_attempt_of_the_same_job_run_takes_a_stale_lock_over():
+    """A step restarted on spare nodes (same job, same restart count, higher HPCTRAIN_ATTEMPT) is the
+    failed step's successor, like a requeued run; the same attempt is a second writer."""
+    from hpctrain.train.rundir import earlier_run_of_this_job
+
+    held = {"slurm_job": "7", "slurm_restart": 0, "attempt": 0}
+    assert earlier_run_of_this_job(held, {"slurm_job": "7", "slurm_restart": 0, "attempt": 1})
+    assert earlier_run_of_this_job({"slurm_job": "7", "slurm_restart": 0}, {"slurm_job": "7", "slurm_restart": 1})
+    assert not earlier_run_of_this_job(held, {"slurm_job": "7", "slurm_restart": 0, "attempt": 0})
+    assert not earlier_run_of_this_job({**held, "attempt": 2}, {"slurm_job": "7", "slurm_restart": 0, "attempt": 1})
+    assert not earlier_run_of_this_job(held, {"slurm_job": "8", "slurm_restart": 0, "attempt": 1})

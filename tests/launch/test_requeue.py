@@ -19,6 +19,15 @@ def test_time_limit_requeues_are_capped_by_max_requeues():
     assert not decide("halt", b)[0]  # train.halt_at is a planned stop
 
 
+def test_a_node_left_out_is_requeued_within_max_requeues():
+    """Stop kind `exclude` (train.exclude_straggler_pct named a node): the batch shell goes on without
+    it, on a spare or by a requeue, counted like a time limit."""
+    ok, why = decide("exclude", Budget("42", 0, 0, 2, -1))
+    assert ok and "without a straggling node" in why and "(1/2)" in why
+    ok, why = decide("exclude", Budget("42", 2, 0, 2, -1))
+    assert not ok and "max_requeues=2" in why and "left in" in why
+
+
 def test_preemptions_do_not_use_up_the_time_limit_budget():
     """A preemptible partition may preempt a long run many times: unlimited by default."""
     b = Budget("7", restarts=12, preemptions=12, max_requeues=1, max_preemptions=-1)

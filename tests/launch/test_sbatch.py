@@ -41,8 +41,8 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
     assert fresh == committed, ("slurm/vit.sbatch differs from the generator: regenerate it with "
                                 f"`hpctrain {' '.join(EMIT)}`")
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
-    assert ('srun --kill-on-bad-exit=1 --unbuffered "${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" '
-            "-m hpctrain train") in fresh
+    assert ('srun --kill-on-bad-exit=1 --unbuffered ${hpctrain_step[@]+"${hpctrain_step[@]}"} '
+            '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train &') in fresh
 
 
 def test_dry_run_16_nodes_without_torch():
@@ -93,7 +93,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{shlex.quote(str(snap))}}}" in script
     assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
     snap.mkdir(parents=True)
-    setup = script.split("\nsrun ")[0]  # the script up to the task launch
+    setup = script.split("\nwhile :; do\n")[0]  # the script up to the step loop (launch.inplace)
     probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                          env={"PATH": "/usr/bin:/bin", "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": __file__})

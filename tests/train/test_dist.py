@@ -57,6 +57,15 @@ def test_srun_task_ignores_rendezvous_variables_exported_from_the_login_shell():
     assert info.master_port == port_from_job_id("123456") != 29500
 
 
+def test_a_step_restarted_on_spares_follows_its_own_nodes_and_port():
+    """Hot spares: the next step of the same job runs on other nodes (SLURM_STEP_NODELIST, not the
+    job's) and moves the port on by the batch shell's attempt, away from the failed step's."""
+    again = dict(SRUN, SLURM_JOB_NODELIST="gpu[07-09]", SLURM_STEP_NODELIST="gpu[08-09]", HPCTRAIN_ATTEMPT="1")
+    info = detect(again)
+    assert info.master_addr == "gpu08"
+    assert info.master_port == port_from_job_id("123456", 1) == port_from_job_id("123456") + 1
+
+
 def test_array_elements_get_their_own_port():
     """Elements of one array share SLURM_ARRAY_JOB_ID but not SLURM_JOB_ID."""
     a = detect(dict(SRUN, SLURM_ARRAY_JOB_ID="900", SLURM_JOB_ID="901"))

@@ -56,3 +56,23 @@ def test_even_run_names_no_one(digits_root, tmp_path):
     run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS))
     assert len(run_metrics(tmp_path / "r", "train")) == 3
     assert run_metrics(tmp_path / "r", "straggler") == []
+
+
+def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops(digits_root, tmp_path):
+    """train.exclude_straggler_pct: after EXCLUDE_AFTER log intervals in a row the run checkpoints and
+    stops (kind `exclude`) at the same step on every rank, the node goes to the batch shell's bad-node
+    file, and rank 0 asks the shell for a requeue (which, with spares, becomes a restart in place)."""
+    bad, stop = tmp_path / "bad-nodes-9", tmp_path / "stop-9"
+    out = run_ranks(2, digits_args(digits_root, tmp_path, "x", "train.max_steps=20", "train.log_every=1",
+                                   "data.batch_size=48", "data.loader=synthetic", "train.exclude_straggler_pct=20"),
+                    env={"HPCTRAIN_TEST_DELAY": f"1:{DELAY}:data", "HPCTRAIN_BAD_NODES_FILE": str(bad),
+                         "HPCTRAIN_STOP_FILE": str(stop), "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node-7"})
+    run = tmp_path / "x"
+    (ex,) = run_metrics(run, "straggler_exclude")
+    assert ex["rank"] == 1 and ex["node"] == "node-7" and "3 log intervals in a row" in ex["why"]
+    (st,) = run_metrics(run, "stop")
+    assert st["stop_kind"] == "exclude" and st["step"] < 20
+    assert max(r["step"] for r in run_metrics(run, "checkpoint")) == st["step"]  # saved at the stop
+    assert bad.read_text().startswith("node-7\trank 1 a straggler for 3 log intervals")
+    assert stop.read_text().splitlines()[0] == "requeue"
+    assert "leaving node node-7 out" in out[0].stdout

@@ -28,6 +28,10 @@ def add_parser(sub) -> None:
                    help="write the stand-alone batch script (runs `python3 -m hpctrain train`) to PATH")
     p.add_argument("--wait", action="store_true", help="Slurm: wait for the job to end, print its status")
     p.add_argument("--local-tasks", type=int, default=2, help="processes for a local run (default 2)")
+    p.add_argument("--spare-nodes", type=int, metavar="K",
+                   help="Slurm: hold K nodes more than --nodes (--no-kill), idle until a node fails; the job then "
+                        "goes on without it, from the last checkpoint, with no requeue (default: the profile's "
+                        "slurm.spare_nodes)")
     p.set_defaults(func=main)
 
 
@@ -51,7 +55,8 @@ def request(args: argparse.Namespace):
 
     return Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
                    partition=args.partition, account=args.account, qos=args.qos,
-                   constraint=args.constraint, exclusive=args.exclusive)
+                   constraint=args.constraint, exclusive=args.exclusive,
+                   spare_nodes=getattr(args, "spare_nodes", None))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,7 +96,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = checkpoint_plan(cfg, profile, plan, sys.stdout)
     ensure_dataset(cfg)
     sub = submit_slurm(cfg, plan)
-    print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
+    spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
+    print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
           f"(cluster {profile.name})")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
     for line in sub.snapshot.lines() if sub.snapshot else []:
@@ -198,7 +204,7 @@ def emit_options(args: argparse.Namespace) -> list[tuple[str, str | None]]:
         opts.append(("--cluster", args.cluster))
     opts += [("--cluster-set", o) for o in args.cluster_overrides]
     opts += [("--set", o) for o in args.overrides]
-    for key in ("nodes", "gpus_per_node", "time", "partition", "account", "qos", "constraint"):
+    for key in ("nodes", "gpus_per_node", "spare_nodes", "time", "partition", "account", "qos", "constraint"):
         if getattr(args, key) is not None:
             opts.append((f"--{key.replace('_', '-')}", str(getattr(args, key))))
     if args.exclusive:
@@ -232,7 +238,8 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     plan = standalone_plan(cfg, profile, req, command, args.config, args.overrides)
     report_batch(args, cfg, plan, sys.stdout)
     Path(args.emit_sbatch).write_text(standalone_script(plan))
-    print(f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks "
+    spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
+    print(f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
           f"(cluster {profile.name})")
     return 0
 
@@ -257,6 +264,8 @@ def run_local(args: argparse.Namespace, cfg) -> int:
 
     if args.local_tasks < 1:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
+    if args.spare_nodes:
+        print("hpctrain: note: --spare-nodes applies to Slurm jobs only; this local run has none", file=sys.stderr)
     check_batch(cfg, args.local_tasks)
     from hpctrain.launch.batch import lr_rule
 

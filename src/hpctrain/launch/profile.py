@@ -102,6 +102,8 @@ class SlurmSection:
                             lo=0)
     max_preemptions: int = opt(-1, "requeues after a preemption (SIGTERM) before the job gives up; "
                                    "-1: unlimited", lo=-1)
+    spare_nodes: int = opt(0, "hot spares: allocate this many nodes more (--no-kill), idle while the job trains; "
+                              "a failed node is replaced in the same job without a requeue", lo=0)
     limits: LimitsSection = field(default_factory=LimitsSection,
                                   metadata={"doc": "the partition's and QOS's limits (cluster init reads them)"})
 

@@ -13,8 +13,10 @@ Budgets, per Slurm job: preemptions (SIGTERM) count against `slurm.max_preemptio
 unlimited); every other restart — a time limit (USR2), a node failure, an outside requeue that
 left no checkpoint — against `slurm.max_requeues`. `SLURM_RESTART_COUNT` counts all restarts;
 the preemptions are the run's own `requeue` records for this job, so the rest is the difference.
-Nodes that die are left to Slurm (`--requeue`): the survivors cannot tell a dead node from a
-crashed rank, and rank 0 may be on the dead node.
+Nodes that die are left to Slurm (`--requeue`) and the batch shell: the survivors cannot tell a
+dead node from a crashed rank, and rank 0 may be on the dead node. With hot spares (`--no-kill`)
+the shell restarts the step on other nodes of the job instead (launch.inplace); a stop of kind
+`exclude` (a node the tasks named: a persistent straggler) is decided here like a time limit.
 """
 
 from __future__ import annotations
@@ -68,9 +70,15 @@ def budget(run_dir: Path, env: Mapping[str, str] | None = None) -> Budget | None
 
 
 def decide(kind: str, b: Budget) -> tuple[bool, str]:
-    """(requeue?, why) after a stop of `kind` (preemption | time_limit | halt)."""
+    """(requeue?, why) after a stop of `kind` (preemption | time_limit | exclude | halt)."""
     if kind == "halt":
         return False, "train.halt_at reached (a planned stop, not requeued)"
+    if kind == "exclude":  # the batch shell runs on without the named node: on spares, else by this requeue
+        if b.others >= b.max_requeues:
+            return False, (f"job {b.job_id} was requeued {b.others} times already for time limits or failures "
+                           f"(slurm.max_requeues={b.max_requeues}); a straggling node is left in")
+        return True, (f"requeueing job {b.job_id} without a straggling node, or restarting it on a spare "
+                      f"({b.others + 1}/{b.max_requeues})")
     if kind == "preemption":
         if 0 <= b.max_preemptions <= b.preemptions:
             return False, (f"job {b.job_id} was preempted and requeued {b.preemptions} times already "

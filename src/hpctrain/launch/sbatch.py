@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from hpctrain.config import control_char, encode_overrides
+from hpctrain.launch import inplace
 from hpctrain.launch.container import PY_VAR, SRUN_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.nccl import export_lines, fabric_env, left_to_nccl
@@ -44,6 +45,7 @@ class JobPlan:
     header: list[str] = field(default_factory=list)  # comment lines under the shebang
     array: str = ""  # #SBATCH --array (a sweep: 0-(n-1)%K), empty for one run
     workdirs: list[str] = field(default_factory=list)  # a sweep: element i's run directory
+    spare_nodes: int = 0  # hot spares: allocated beside `nodes` (--no-kill), idle until a node fails
 
     @property
     def world_size(self) -> int:
@@ -61,7 +63,7 @@ def sbatch_value(key: str, value: object) -> str:
 
 
 def sbatch_lines(p: JobPlan) -> list[str]:
-    opts: list[tuple[str, object]] = [("job-name", p.job_name), ("nodes", p.nodes),
+    opts: list[tuple[str, object]] = [("job-name", p.job_name), ("nodes", p.nodes + p.spare_nodes),
                                       ("ntasks-per-node", p.tasks_per_node)]
     if p.gpus_per_node:
         opts.append(("gpus-per-node", p.gpus_per_node))
@@ -75,6 +77,8 @@ def sbatch_lines(p: JobPlan) -> list[str]:
         opts.append(("exclusive", ""))
     if p.array:
         opts.append(("array", p.array))
+    if p.spare_nodes:  # a failed node leaves the job instead of ending it (launch.inplace)
+        opts.append(("no-kill", ""))
     requeue = "requeue" if p.profile.slurm.max_requeues > 0 else "no-requeue"  # node failures too
     # B: the batch shell takes the USR2 and passes it on (stop_lines): it alone can tell a time limit
     # from a preemption that Slurm announces with the same signal (preempt_send_user_signal)
@@ -147,13 +151,11 @@ MEMLOCK_LINES = [
     'ulimit -S -l unlimited 2>/dev/null || ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true',
 ]
 
-# After srun: wait through trapped signals, then carry out rank 0's decision.
-REQUEUE_LINES = [
+# After srun: wait through trapped signals, then read rank 0's decision.
+WAIT_LINES = [
     "hpctrain_srun=$!",
-    "set +e",
     'while wait "$hpctrain_srun"; hpctrain_rc=$?; kill -0 "$hpctrain_srun" 2>/dev/null; do :; done',
     'wait "$hpctrain_srun" 2>/dev/null; hpctrain_w=$?; [ "$hpctrain_w" = 127 ] || hpctrain_rc=$hpctrain_w',
-    "set -e",
     'hpctrain_decision="" hpctrain_why=""',
     'if [ -f "$HPCTRAIN_STOP_FILE" ]; then',
     '  { read -r hpctrain_decision; read -r hpctrain_why; } < "$HPCTRAIN_STOP_FILE" || true',
@@ -162,6 +164,10 @@ REQUEUE_LINES = [
     '  hpctrain_why="the tasks ended (exit $hpctrain_rc) after a stop signal before their own checkpoint: '
     'resuming from the last one"',
     "fi",
+]
+
+# After the last step: carry out the decision.
+REQUEUE_LINES = [
     'case "$hpctrain_decision" in',
     "  requeue)",
     "    trap '' USR2 TERM  # scontrol requeue ends this shell with SIGTERM",
@@ -178,7 +184,9 @@ REQUEUE_LINES = [
     'the job itself as this shell ends"',
     "      exit 0",
     "    fi",
-    '    scontrol requeue "$hpctrain_job" && exit 0',
+    '    if [ -n "${hpctrain_bad// /}" ]; then hpctrain_requeue_excluding && exit 0',
+    '    else scontrol requeue "$hpctrain_job" && exit 0',
+    "    fi",
     '    echo "hpctrain: scontrol requeue $hpctrain_job failed; the checkpoint is saved: resubmit the same job '
     'to resume" >&2',
     "    exit 1 ;;",
@@ -188,6 +196,21 @@ REQUEUE_LINES = [
     "esac",
     'exit "$hpctrain_rc"',
 ]
+
+
+def step_loop(command: str) -> list[str]:
+    """srun steps until one ends without naming a faulty node (launch.inplace), then the decision."""
+    indent = lambda lines: [f"  {line}" for line in lines]  # noqa: E731
+    return ["set +e",
+            "while :; do",
+            *indent(inplace.step_lines()),
+            "  srun --kill-on-bad-exit=1 --unbuffered "
+            f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
+            *indent(WAIT_LINES),
+            *indent(inplace.after_step_lines()),
+            "done",
+            "set -e",
+            *REQUEUE_LINES]
 
 
 def render(p: JobPlan, command: str, host_python: str, standalone: bool,
@@ -235,9 +258,11 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]
-    lines += [*stop_lines(), "",
+    lines += [*stop_lines(), "", *inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
+              "# The batch host's death would leave a --no-kill job RUNNING without this shell: a guard on",
+              "# another node requeues it then (launch.inplace.guard_lines).", *inplace.guard_lines(), "",
               "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
-              "# background so that this shell can take signals while it waits.",
-              f'srun --kill-on-bad-exit=1 --unbuffered "${{{SRUN_VAR}[@]}}" {command} &',
-              *REQUEUE_LINES, ""]
+              "# background so that this shell can take signals while it waits; a step that failed on",
+              "# nodes it named runs again without them (launch.inplace).",
+              *step_loop(command), ""]
     return "\n".join(lines)

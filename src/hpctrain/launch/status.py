@@ -38,7 +38,9 @@ def sacct_rows(job_id: str) -> list[dict[str, str]]:
     rows = [dict(zip(fields, line.split("|"))) for line in r.stdout.splitlines() if line.strip()]
     for row in rows:
         row["State"] = (row.get("State") or "UNKNOWN").split()[0]  # "CANCELLED by 0" → CANCELLED
-    return rows
+    # a --no-kill job that lost a node (hot spares) has a RESIZING row for its allocation before it
+    # shrank (measured, 22.05): the same run, not a requeue
+    return [row for row in rows if row["State"] != "RESIZING"]
 
 
 def job_state(job_id: str) -> str:
@@ -194,6 +196,8 @@ class RunStatus:
             "last_nonfinite": m.get("last_nonfinite"), "last_rollback": m.get("last_rollback"),
             "checkpoint": m.get("checkpoint"), "checkpoint_step": m.get("checkpoint_step"),
             "checkpoint_age_s": self.age(m.get("checkpoint_time")),
+            "restarts_in_job": m.get("restarts", 0), "last_restart": m.get("last_restart"),
+            "excluded_nodes": m.get("excluded", {}),
         }
 
     def text(self) -> str:
@@ -212,6 +216,13 @@ class RunStatus:
                 ("run directory", str(self.run_dir or "-")), ("requeues", requeues)]
         if self.nodes:
             rows.append(("nodes", self.nodes))
+        if m.get("restarts"):
+            r = m["last_restart"]
+            nodes = ",".join(r.get("nodes") or []) or "-"
+            rows.append(("restarts", f"{m['restarts']} in the job on spare nodes (last: attempt {r.get('attempt')} "
+                                     f"of job {r.get('job')} without {nodes}: {r.get('why')})"))
+        if m.get("excluded"):
+            rows.append(("excluded", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
         if m.get("step") is not None:
             total = f"/{self.total_steps} ({100 * m['step'] / self.total_steps:.0f} %)" if self.total_steps else ""
             ago = f", logged {duration(f['last_record_age_s'])} ago" if f["last_record_age_s"] is not None else ""
@@ -283,6 +294,16 @@ def hang_text(h: dict) -> str:
             + (f"; dumps: {', '.join(files[:3])}{more}" if files else ""))
 
 
+def node_reasons(why: str) -> dict[str, str]:
+    """'n2: why; n3: why' (the batch shell's fault line) → {node: why}."""
+    out: dict[str, str] = {}
+    for part in why.split("; "):
+        node, sep, reason = part.partition(": ")
+        if sep and node not in out:
+            out[node] = reason
+    return out
+
+
 def summarize(records: list[dict]) -> dict:
     """The run's last word on each thing `hpctrain status` shows, from its metrics records."""
     out: dict = {}
@@ -312,8 +333,9 @@ def summarize(records: list[dict]) -> dict:
             out["last_rollback"] = {k: rec.get(k) for k in ("step", "from_step", "checkpoint", "skip_batches")}
         elif kind == "requeue":
             if rec.get("requeue"):
-                key = "preemptions" if rec.get("reason") == "preemption" else "time_limits"
-                out[key] = out.get(key, 0) + 1
+                key = {"preemption": "preemptions", "exclude": None}.get(rec.get("reason"), "time_limits")
+                if key:  # a node excluded: an "other" requeue (or none: a restart on a spare)
+                    out[key] = out.get(key, 0) + 1
                 out["not_requeued"] = None
             else:
                 out["not_requeued"] = (rec.get("step"), rec.get("why"))
@@ -322,6 +344,13 @@ def summarize(records: list[dict]) -> dict:
             out["stopped_at"] = None
         elif kind == "hang":
             out["hang"] = rec
+        elif kind in ("restart", "exclude"):  # the batch shell's, on spare nodes or before a requeue (launch.faultlog)
+            if kind == "restart":
+                out["restarts"] = out.get("restarts", 0) + 1
+                out["last_restart"] = {k: rec.get(k) for k in ("job", "attempt", "nodes", "why", "decided_at")}
+            why = node_reasons(str(rec.get("why") or ""))
+            for n in rec.get("nodes") or []:
+                out.setdefault("excluded", {})[n] = why.get(n) or rec.get("why")
         if kind == "train":
             out["hang"] = out["end"] = None  # steps after a diagnosed hang, or an end (resumed for more steps)
         if kind in ("train", "eval") and out.get("stopped_at") is not None and rec.get("step", 0) > out["stopped_at"]:

@@ -158,6 +158,7 @@ class Request:
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool | None = None
+    spare_nodes: int | None = None
 
     def check(self) -> None:
         """The text flags become `#SBATCH` lines: refuse control characters (a newline would end
@@ -202,8 +203,17 @@ def check_request(profile, req: Request) -> tuple[int, int, str]:
         time_minutes(time)
     except ConfigError as e:
         raise LaunchError(f"--time: {e}") from None
-    check_limits(profile, req, nodes, gpn, time)
+    spares = spare_nodes(profile, req)
+    check_limits(profile, req, nodes + spares, gpn, time)
     return nodes, gpn, time
+
+
+def spare_nodes(profile, req: Request) -> int:
+    """Hot spare nodes of the job (--spare-nodes, else slurm.spare_nodes); LaunchError below 0."""
+    k = profile.slurm.spare_nodes if req.spare_nodes is None else req.spare_nodes
+    if k < 0:
+        raise LaunchError(f"--spare-nodes={k}: use 0 (no spares) or more")
+    return k
 
 
 def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None:
@@ -259,7 +269,8 @@ def job_plan(profile, req: Request, nodes: int, gpn: int, time: str, job_name: s
         qos=pick(req.qos, s.qos), constraint=pick(req.constraint, s.constraint),
         exclusive=pick(req.exclusive, s.exclusive),
         output="" if folder is None else str(folder / "%j_0_log.out"),
-        chdir="" if folder is None else str(folder.parent), binds=binds, header=list(header))
+        chdir="" if folder is None else str(folder.parent), binds=binds, header=list(header),
+        spare_nodes=spare_nodes(profile, req))
 
 
 def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, header: list[str] = ()):

@@ -54,8 +54,11 @@ def expand_hostlist(hostlist: str) -> list[str]:
     return hosts
 
 
-def port_from_job_id(job_id: str | int) -> int:
+def port_from_job_id(job_id: str | int, attempt: int = 0) -> int:
     """The rendezvous port every task of a job computes alike, without talking: 15000-29999.
+
+    `attempt` (HPCTRAIN_ATTEMPT: a step started again in the same job on other nodes, hot spares)
+    moves it on, so a new rank 0 never waits for a port the failed step's rank 0 still holds.
 
     From SLURM_JOB_ID, which is unique per array element (SLURM_ARRAY_JOB_ID is shared by all
     of them), so two jobs whose rank 0 share a node get different ports unless their ids differ
@@ -63,16 +66,23 @@ def port_from_job_id(job_id: str | int) -> int:
     outgoing connections may hold.
     """
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return 15000 + int(digits) % 15000
+    return 15000 + (int(digits) + attempt) % 15000
+
+
+def attempt_of(env: Mapping[str, str]) -> int:
+    """The batch shell's step attempt in this job run (HPCTRAIN_ATTEMPT; 0 when unset)."""
+    a = env.get("HPCTRAIN_ATTEMPT", "")
+    return int(a) if a.isdigit() else 0
 
 
 def detect(env: Mapping[str, str] | None = None) -> DistInfo:
     """Read rank/world/local rank and the rendezvous address from the environment.
 
     Inside a Slurm step everything comes from Slurm (SLURM_PROCID, the step's first host, the job
-    id): sbatch exports the submitting shell's environment into the job, so RANK or MASTER_ADDR
-    left there from an earlier torchrun must not decide anything. torchrun (TORCHELASTIC_RUN_ID)
-    is trusted wherever it runs, also under srun. `source` names the launcher for env.json.
+    id; and the batch shell's attempt, when a step runs again on spare nodes): sbatch exports the
+    submitting shell's environment into the job, so RANK or MASTER_ADDR left there from an earlier
+    torchrun must not decide anything. torchrun (TORCHELASTIC_RUN_ID) is trusted wherever it runs,
+    also under srun. `source` names the launcher for env.json.
     """
     env = os.environ if env is None else env
     if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
@@ -83,7 +93,8 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
         hosts = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
         source = env.get("HPCTRAIN_LAUNCHER") or "srun"
         return DistInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
-                        hosts[0] if hosts else "127.0.0.1", port_from_job_id(env.get("SLURM_JOB_ID", "0")),
+                        hosts[0] if hosts else "127.0.0.1",
+                        port_from_job_id(env.get("SLURM_JOB_ID", "0"), attempt_of(env)),
                         source)
     if "RANK" in env and "WORLD_SIZE" in env:  # set by hand, or by submitit's local executor
         return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),

@@ -17,10 +17,11 @@ from typing import Any
 
 from hpctrain import __version__, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
+from hpctrain.launch import faultlog
 from hpctrain.train import dist as distmod
 from hpctrain.train import watchdog
 from hpctrain.train.dist import agree
-from hpctrain.train.metrics import progress_log
+from hpctrain.train.metrics import progress_log, read_metrics
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 
@@ -82,8 +83,9 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     rec["dali"] = _dali_version()
-    keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT",
-            "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
+    keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_NNODES",
+            "SLURM_NTASKS", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER",
+            "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
     keep += ("LOADEDMODULES", *sorted(k for k in os.environ if k.startswith("HPCTRAIN_")))
     rec["env"] = {k: os.environ[k] for k in keep
                   if k in os.environ and not any(w in k.upper() for w in SECRET_WORDS)}
@@ -184,8 +186,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
-        (run_dir / "env.json").write_text(json.dumps({**environment_record(info, device), "source": code,
-                                                      "resolved": resolved}, indent=1))
+        write_env(run_dir, {**environment_record(info, device), "source": code, "resolved": resolved})
         record_job(run_dir)
     log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
              device, info.source, info.rank, socket.gethostname())
@@ -211,6 +212,10 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
 
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
+    if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (launch.faultlog)
+        for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / "metrics.jsonl")):
+            log.warning("%s of job %s (restart %s, attempt %s) without %s: %s", r["kind"], r["job"],
+                        r["slurm_restart"], r["attempt"], ",".join(r["nodes"]) or "-", r["why"])
     out = trainer.run(resume, cfg.train.halt_at)
     summary = {
         "status": out.status, "run_dir": str(run_dir), "step": out.step, "total_steps": out.total_steps,
@@ -231,6 +236,21 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     lock.release()
     distmod.shutdown()
     return summary
+
+
+def write_env(run_dir: Path, rec: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    """env.json (this attempt's), and under an hpctrain batch script a copy per attempt that later
+    ones leave alone: `attempts/env-<job>-<restart>-<attempt>.json` (a step started again on spare
+    nodes runs elsewhere; each attempt's nodes and versions stay on record)."""
+    env = os.environ if env is None else env
+    text = json.dumps(rec, indent=1)
+    (run_dir / "env.json").write_text(text)
+    job = env.get("SLURM_JOB_ID")
+    if job and job.isdigit() and "HPCTRAIN_ATTEMPT" in env:
+        d = run_dir / "attempts"
+        d.mkdir(exist_ok=True)
+        name = f"env-{job}-{int(env.get('SLURM_RESTART_COUNT') or 0)}-{distmod.attempt_of(env)}.json"
+        (d / name).write_text(text)
 
 
 def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:

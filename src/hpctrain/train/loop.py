@@ -260,7 +260,7 @@ class Trainer:
         self.data_delay = delay if where == "data" else 0.0
         self.fwd_clock = straggler.Clock(device, dist.world_size > 1, delay if where == "compute" else 0.0)
         self.stragglers = straggler.StragglerWatch(dist.rank, dist.world_size, dist.local_rank, control_group,
-                                                   t.straggler_pct, self.metrics)
+                                                   t.straggler_pct, self.metrics, t.exclude_straggler_pct)
         self.watchdog = Watchdog(t.hang_s, dist.rank, dist.world_size, run_dir / "logs" if run_dir else None,
                                  nccl=td.is_initialized() and td.get_backend() == "nccl",
                                  report=lambda rec: self.metrics.write("hang", **rec))
@@ -747,6 +747,8 @@ class Trainer:
         bits = self.stop_round.result()
         if halt_at > 0 and self.step >= halt_at:
             bits |= stopmod.BITS["halt"]
+        if self.stragglers.exclude:  # settled at this boundary on every rank alike: no agreement needed
+            bits |= stopmod.BITS["exclude"]
         if not bits and self.step < self.total_steps:
             self.stop_round.start(self.stop_flag.bits())
         return bits

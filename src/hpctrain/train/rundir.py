@@ -12,7 +12,8 @@ Shared file systems bend both halves of that:
 - A network lock lives in a lock server: after a NODE_FAIL it outlives the dead node until the
   server notices (an NFS lease, a Lustre client eviction), while Slurm has already requeued the
   job. The lock file records its holder's Slurm job and restart count; a later run of the same
-  job (higher `SLURM_RESTART_COUNT`) takes the stale lock over instead of being refused.
+  job (higher `SLURM_RESTART_COUNT`) takes the stale lock over instead of being refused. So does
+  a later step of the same job run after a node failed (hot spares: higher `HPCTRAIN_ATTEMPT`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpctrain.errors import UserError
+from hpctrain.train.dist import attempt_of
 
 HELD = (errno.EAGAIN, errno.EACCES)  # POSIX allows either for a lock held by someone else
 NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # the file system refuses locks (ENOTSUP too)
@@ -44,7 +46,7 @@ def holder_record(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     job = env.get("SLURM_JOB_ID") or None
     return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": job,
             "slurm_restart": int(env.get("SLURM_RESTART_COUNT") or 0) if job else None,
-            "since": time.strftime("%FT%T")}
+            "attempt": attempt_of(env) if job else None, "since": time.strftime("%FT%T")}
 
 
 def parse_record(text: str) -> dict[str, Any]:
@@ -61,13 +63,15 @@ def earlier_run_of_this_job(holder: Mapping[str, Any], me: Mapping[str, Any]) ->
 
     Only a higher restart count says so: Slurm counts every requeue (node failure, time limit,
     preemption, `scontrol requeue`) in SLURM_RESTART_COUNT, so an earlier run always has a lower
-    one. Another step of the same run (same job, same count) is a second writer, and is refused.
+    one; within a run, the batch shell's attempt (a step started again on spare nodes). Another
+    step of the same run and attempt is a second writer, and is refused.
     """
     job = me.get("slurm_job")
     if not job or str(holder.get("slurm_job")) != str(job):
         return False
     try:
-        return int(me.get("slurm_restart") or 0) > int(holder.get("slurm_restart") or 0)
+        return ((int(me.get("slurm_restart") or 0), int(me.get("attempt") or 0))
+                > (int(holder.get("slurm_restart") or 0), int(holder.get("attempt") or 0)))
     except (TypeError, ValueError):
         return False
 

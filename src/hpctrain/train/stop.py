@@ -36,9 +36,11 @@ log = logging.getLogger("hpctrain")
 # signal → what it means for the requeue budget
 KINDS = {signal.SIGUSR2: "time_limit", signal.SIGTERM: "preemption", signal.SIGINT: "interrupt"}
 # bits for the all-reduce that makes the stop decision unanimous (see train.loop)
-BITS = {"time_limit": 1, "preemption": 2, "halt": 4, "interrupt": 8}
+# `exclude`: a node holds the job up (train.exclude_straggler_pct); every rank knows it at the same
+# step, so it is never posted, like `halt`
+BITS = {"time_limit": 1, "preemption": 2, "halt": 4, "interrupt": 8, "exclude": 16}
 # the agreed kind when several arrived: the user's Ctrl-C wins (no requeue), then a preemption
-PRIORITY = ("interrupt", "preemption", "time_limit", "halt")
+PRIORITY = ("interrupt", "preemption", "time_limit", "exclude", "halt")
 
 
 class StopFlag:

@@ -8,6 +8,12 @@ log interval each rank posts [wall step time, data wait, own time] per step in i
 world × 3 tensor, summed by a non-blocking all-reduce on the gloo control group; the sum is read
 at the next log boundary (or the end of the run), like the stop flags (dist.PendingBits), so the
 collective never sits on a step's critical path.
+
+With `train.exclude_straggler_pct` a rank that stays above it for EXCLUDE_AFTER log intervals in a
+row has its node named to the batch shell (launch.badnodes) and the run stops at that step with a
+checkpoint (stop kind `exclude`): every rank reads the same summed tensor, so every rank decides
+alike at the same step, with no extra collective. The shell goes on without the node: on a spare
+in the same job, else by a requeue with the node in ExcNodeList (launch.inplace).
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import statistics
 import time
 from typing import Any
 
+from hpctrain.launch import badnodes
+
 log = logging.getLogger("hpctrain")
 TEST_DELAY_ENV = "HPCTRAIN_TEST_DELAY"
+EXCLUDE_AFTER = 3  # log intervals in a row above train.exclude_straggler_pct before the node is left out
 
 
 def find_straggler(own_s: list[float], data_s: list[float], step_s: float, pct: float) -> dict | None:
@@ -118,10 +127,13 @@ class StragglerWatch:
     so the rounds match. Rank 0 logs and records a straggler; one process does nothing.
     """
 
-    def __init__(self, rank: int, world: int, local_rank: int, group, pct: float, metrics):
+    def __init__(self, rank: int, world: int, local_rank: int, group, pct: float, metrics,
+                 exclude_pct: float = 0.0):
         self.rank, self.world, self.local_rank = rank, world, local_rank
-        self.group, self.pct, self.metrics = group, pct, metrics
-        self.places: list[tuple[str, int]] | None = None  # (host, local rank) per rank
+        self.group, self.pct, self.metrics, self.exclude_pct = group, pct, metrics, exclude_pct
+        self.places: list[tuple[str, int, str]] | None = None  # (host, local rank, Slurm node) per rank
+        self.exclude: dict | None = None  # the straggler whose node is to be left out (set on every rank)
+        self._streak: tuple[int | None, int] = (None, 0)  # (rank, log intervals in a row over exclude_pct)
         self._work = None
         self._tensor = None
         self._step = 0
@@ -139,7 +151,7 @@ class StragglerWatch:
         import torch.distributed as td
 
         places: list[Any] = [None] * self.world
-        td.all_gather_object(places, (socket.gethostname(), self.local_rank), group=self.group)
+        td.all_gather_object(places, (socket.gethostname(), self.local_rank, badnodes.this_node()), group=self.group)
         self.places = [tuple(p) for p in places]
 
     def post(self, step: int, step_s: float, data_s: float, own_s: float) -> None:
@@ -163,9 +175,13 @@ class StragglerWatch:
         work.wait()
         rows = self._tensor.tolist()
         found = find_straggler([r[2] for r in rows], [r[1] for r in rows],
-                               statistics.median(r[0] for r in rows), self.pct)
+                               statistics.median(r[0] for r in rows), min(self.pct, self.exclude_pct or self.pct))
+        if found and found["slower_pct"] <= self.pct:  # over exclude_pct only (set below straggler_pct)
+            self.track(found)
+            return None
+        self.track(found)
         if found and self.rank == 0:
-            host, gpu = (self.places or [("?", -1)] * self.world)[found["rank"]]
+            host, gpu, _ = (self.places or [("?", -1, "")] * self.world)[found["rank"]]
             found = {"step": self._step, "rank": found["rank"], "host": host, "gpu": gpu,
                      **{k: v for k, v in found.items() if k != "rank"}}
             log.warning("straggler at step %d: rank %d (host %s, GPU %d) is %.0f%% of a step slower than "
@@ -175,3 +191,27 @@ class StragglerWatch:
                         found["data_wait_s"])
             self.metrics.write("straggler", **found)
         return found
+
+    def track(self, found: dict | None) -> dict | None:
+        """Count the log intervals in a row that the same rank is over exclude_pct; at EXCLUDE_AFTER,
+        set `exclude` (on every rank: `found` is the same everywhere) and, on rank 0, name its node
+        to the batch shell. Returns `exclude`."""
+        if not self.exclude_pct or self.exclude:
+            return self.exclude
+        rank = found["rank"] if found and found["slower_pct"] > self.exclude_pct else None
+        n = self._streak[1] + 1 if rank is not None and rank == self._streak[0] else int(rank is not None)
+        self._streak = (rank, n)
+        if n < EXCLUDE_AFTER:
+            return None
+        host, _, node = (self.places or [("?", -1, "")] * self.world)[rank]
+        why = (f"rank {rank} a straggler for {n} log intervals in a row, {found['slower_pct']:.0f} % of a step "
+               f"slower than the median (train.exclude_straggler_pct={self.exclude_pct:g})")
+        self.exclude = {"step": self._step, "rank": rank, "host": host, "node": node, "why": why}
+        if self.rank == 0:
+            log.warning("leaving node %s out: %s; checkpointing and stopping at this step", node or host, why)
+            self.metrics.write("straggler_exclude", **self.exclude)
+            try:
+                badnodes.report(node or host, why)
+            except (OSError, ValueError) as e:
+                log.warning("could not name node %r to the batch shell: %s", node or host, e)
+        return self.exclude

@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from hpctrain.launch import badnodes
+
 log = logging.getLogger("hpctrain")
 
 EXIT_STATUS = 2  # what the CLI returns for a UserError
@@ -279,7 +281,7 @@ class Watchdog:
         self.publish_s = min(5.0, max(0.1, self.timeout_s / 10))  # heartbeat period
         self.stale_s = 3 * self.publish_s + 1  # a heartbeat older than this: its process is not running
         self.peer_wait_s = min(60.0, max(self.timeout_s / 2, 3 * self.publish_s))
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid, self.node = socket.gethostname(), os.getpid(), badnodes.this_node()
         self.fired = threading.Event()
         self._step, self._t = -1, None
         self._state, self._files = "running", None
@@ -337,7 +339,7 @@ class Watchdog:
     def _publish(self, state: str, files: list[str] | None = None) -> None:
         self._state, self._files = state, files
         rec = {"rank": self.rank, "step": self._step, "time": round(time.time(), 3), "host": self.host,
-               "pid": self.pid, "state": state}
+               "node": self.node, "pid": self.pid, "state": state}
         if files:
             rec["files"] = files
         atomic_write(self.logs / HEARTBEAT.format(self.rank), json.dumps(rec))
@@ -355,6 +357,7 @@ class Watchdog:
                                     [str(p) for p in dump_files(self.logs) if p.name != TRIGGER])
             if self.report:
                 self.report(record)
+            self._name_silent_nodes(record)
             self._publish("reported", self._files)
             log.error("%s", line)
             if self.rank != 0:  # let rank 0 write the hang record before this exit ends the job step
@@ -366,6 +369,26 @@ class Watchdog:
                 h.flush()
             sys.stderr.flush()
             os._exit(EXIT_STATUS)
+
+    def _name_silent_nodes(self, record: dict) -> None:
+        """The lowest rank not named tells the batch shell (launch.badnodes) the nodes of the named
+        ranks that wrote no stack: dead, stopped or wedged processes, whose node the next step
+        (on spares) or the requeued job should not use. A rank with a stack that stands elsewhere
+        (a loader, a lock) names no node: its node answered."""
+        named = set(record.get("ranks") or [])
+        live = [r for r in range(self.world) if r not in named]
+        if not live or self.rank != live[0]:
+            return
+        heartbeats, stacks = read_heartbeats(self.logs, self.world), read_stacks(self.logs, self.world)
+        for r in sorted(named):
+            hb = heartbeats.get(r) or {}
+            node = hb.get("node") or hb.get("host")
+            if stacks.get(r) is None and node:
+                try:
+                    badnodes.report(str(node), f"rank {r} silent for {self.timeout_s:g} s at step {hb.get('step')} "
+                                               "(hang watchdog: no stack written)")
+                except (OSError, ValueError) as e:
+                    log.warning("hang watchdog: could not name node %r of rank %d: %s", node, r, e)
 
     def _dump(self) -> list[str]:
         """This rank's stacks (every thread; the training thread named in the header), then NCCL's."""

@@ -1,0 +1,59 @@
+"""The batch shell's in-job restarts and node exclusions, turned into metrics records by rank 0.
+
+The shell (launch.inplace) cannot write metrics.jsonl: it does not know the run directory, and
+only rank 0 writes that file. It appends one line per event to `$HPCTRAIN_FAULTS_FILE` (one file
+per Slurm job, kept across requeues): `time, restart count, attempt, action, nodes, why, step end`,
+tab-separated. At start-up rank 0 writes each line it has not recorded yet as a `restart` record
+(the job went on in place, on other nodes) or an `exclude` record (requeued without the nodes).
+Imports no torch: `hpctrain status` reads the records on a login node.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpctrain.launch.badnodes import NODE_NAME
+
+ENV = "HPCTRAIN_FAULTS_FILE"
+KINDS = {"restart": "restart", "requeue": "exclude"}  # the shell's action → the record's kind
+
+
+def parse(text: str, job: str) -> list[dict[str, Any]]:
+    """The records of the file's well-formed lines, oldest first."""
+    out = []
+    for line in text.splitlines():
+        f = line.split("\t")
+        if len(f) != 7 or f[3] not in KINDS or not (f[0].isdigit() and f[1].isdigit() and f[2].isdigit()):
+            continue
+        nodes = [n for n in f[4].split(",") if NODE_NAME.fullmatch(n)]
+        rec: dict[str, Any] = {"job": job, "slurm_restart": int(f[1]), "attempt": int(f[2]), "nodes": nodes,
+                               "why": f[5], "decided_at": int(f[0])}
+        if f[6].isdigit():
+            rec["step_ended_at"] = int(f[6])
+        out.append({"kind": KINDS[f[3]], **rec})
+    return out
+
+
+def key(rec: Mapping[str, Any]) -> tuple:
+    return rec.get("kind"), str(rec.get("job")), rec.get("slurm_restart"), rec.get("attempt")
+
+
+def record_new(metrics, records: list[dict], env: Mapping[str, str] | None = None) -> list[dict]:
+    """Write the shell's events that `records` (the run's metrics so far) lack; returns them."""
+    env = os.environ if env is None else env
+    path, job = env.get(ENV), env.get("SLURM_JOB_ID")
+    if not path or not job:
+        return []
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    seen = {key(r) for r in records if r.get("kind") in KINDS.values()}
+    new = [r for r in parse(text, job) if key(r) not in seen]
+    for r in new:
+        metrics.write(r["kind"], **{k: v for k, v in r.items() if k != "kind"})
+    return new
+

@@ -1,0 +1,191 @@
+"""Hot spare nodes and bad-node exclusion (issue 22 items 3-4): the batch shell's step loop
+(launch.inplace), its records (launch.faultlog) and `hpctrain status`.
+
+On the Slurm test cluster: a 3-node `--no-kill` allocation trains on 2 nodes; one training node
+(not the batch host) dies mid-run; the next step runs on the spare within the same job, resumes
+from the last checkpoint and ends with the weights of an uninterrupted 2-rank run. And a fault that
+names a node without spares (the hang watchdog's silent rank): the job is requeued with that node
+in its ExcNodeList and finishes elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from hpctrain.config import Config
+from hpctrain.launch import faultlog
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.sbatch import sbatch_lines
+from hpctrain.launch.status import summarize
+from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.metrics import MetricsWriter, read_metrics
+from tests.helpers import digits_args, run_ranks
+from tests.launch.jobs import digits_sets, hp, metrics, rank_hosts, sacct_states, submit, task_pid, wait_for_step
+from tests.slurm_cluster import SLURMD_TIMEOUT, SPARE_PARTITION
+
+STEPS = 44  # 2 epochs of digits at batch 64 on 2 ranks
+SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=5")
+PG_TIMEOUT = 15
+# kill → next step training: the survivor's step ends once Slurm declares the node DOWN (≤ ~2.6 ×
+# SlurmdTimeout: 13-29 s measured with 10 s), then probes (< 1 s), start-up and resume (~40 s on the
+# loaded 2-core CI machine, most of it importing torch); 120 s slack
+RESTART_BOUND = 3 * SLURMD_TIMEOUT + PG_TIMEOUT + 120
+
+
+def test_spare_nodes_are_allocated_with_no_kill_and_the_shell_parses(tmp_path):
+    prof = load_profile("local")
+    cfg = Config()
+    plain = plan_job(cfg, prof, Request(nodes=2, gpus_per_node=1))
+    assert "#SBATCH --nodes=2" in sbatch_lines(plain) and "#SBATCH --no-kill" not in sbatch_lines(plain)
+    spared = plan_job(cfg, prof, Request(nodes=2, gpus_per_node=1, spare_nodes=1))
+    assert "#SBATCH --nodes=3" in sbatch_lines(spared) and "#SBATCH --no-kill" in sbatch_lines(spared)
+    by_profile = dataclasses.replace(prof, slurm=dataclasses.replace(prof.slurm, spare_nodes=2))
+    assert plan_job(cfg, by_profile, Request(nodes=2, gpus_per_node=1)).spare_nodes == 2
+    with pytest.raises(LaunchError, match=r"--spare-nodes=-1: use 0"):
+        plan_job(cfg, prof, Request(nodes=2, gpus_per_node=1, spare_nodes=-1))
+    script = slurm_script(spared, tmp_path / "submitit")
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert "hpctrain_spares=${HPCTRAIN_SPARE_NODES-1}" in script
+    assert 'export HPCTRAIN_BAD_NODES_FILE="$HPCTRAIN_CONTROL_DIR/bad-nodes-${SLURM_JOB_ID:-none}"' in script
+
+
+def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
+    """HPCTRAIN_SPARE_NODES reaches shell arithmetic: anything but digits is refused first (an
+    arithmetic expansion would run `$(...)` inside it)."""
+    plan = plan_job(Config(), load_profile("local"), Request(nodes=1, gpus_per_node=1, spare_nodes=1))
+    script = slurm_script(plan, tmp_path / "submitit")
+    setup = script[:script.index("while :; do")]  # everything before the first srun
+    env = {**os.environ, "HPCTRAIN_SPARE_NODES": "a[$(touch PWNED)]", "SLURM_JOB_NUM_NODES": "2", "HPCTRAIN_SOURCE": ""}
+    r = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "must be whole numbers" in r.stderr, r.stderr
+    assert not (tmp_path / "PWNED").exists()
+    env["HPCTRAIN_SPARE_NODES"] = "2"
+    r = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "leave none of the job's 2 to train on" in r.stderr, r.stderr
+
+
+def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
+    faults = tmp_path / "faults-77"
+    faults.write_text("100\t0\t1\trestart\tn2\tn2: left the job's allocation (Slurm: node failure)\t99\n"
+                      "garbage line\n"
+                      "200\t0\t1\trequeue\tn3,bad name\tn3: no answer to a probe step\t199\n")
+    env = {"HPCTRAIN_FAULTS_FILE": str(faults), "SLURM_JOB_ID": "77"}
+    m = MetricsWriter(tmp_path / "metrics.jsonl")
+    new = faultlog.record_new(m, [], env)
+    assert [(r["kind"], r["nodes"], r["attempt"]) for r in new] == [("restart", ["n2"], 1), ("exclude", ["n3"], 1)]
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    assert faultlog.record_new(m, recs, env) == []  # a later attempt records nothing twice
+    s = summarize(read_metrics(tmp_path / "metrics.jsonl"))
+    assert s["restarts"] == 1 and s["excluded"] == {"n2": "left the job's allocation (Slurm: node failure)",
+                                                    "n3": "no answer to a probe step"}
+
+
+@pytest.fixture(scope="module")
+def reference(digits_root, tmp_path_factory) -> dict:
+    """The uninterrupted 2-rank run's final weights (local gloo ranks, same config, threads pinned)."""
+    d = tmp_path_factory.mktemp("ref")
+    run_ranks(2, digits_args(digits_root, d, "ref", *SETS, "train.ckpt_every=0"))
+    return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+
+
+def sacct_all(cluster, job: str) -> list[tuple[str, str]]:
+    """(JobID, State) of the allocation's rows and every step, every run of the job."""
+    r = cluster.run("sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State", check=False)
+    return [tuple(line.split("|")[:2]) for line in r.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_dead_training_node_is_replaced_by_a_spare_in_the_same_job(slurm_cluster, digits_root, tmp_path, reference):
+    run = tmp_path / "spare"
+    # rank 0 waits 0.3 s per step for data (a sleep: the arithmetic is unchanged), so that the kill
+    # lands mid-run however fast the machine is
+    job = submit(slurm_cluster, "--partition", SPARE_PARTITION, "--nodes", "2", "--spare-nodes", "1",
+                 "--gpus-per-node", "1", *digits_sets(digits_root, tmp_path, "spare", *SETS,
+                                                      f"train.pg_timeout_s={PG_TIMEOUT}"),
+                 env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"})
+    victim = None
+    try:
+        wait_for_step(run, 7, 180)
+        hosts = rank_hosts(run)
+        victim = hosts[1][1]
+        batch_host = slurm_cluster.run("scontrol", "show", "hostnames", slurm_cluster.run(
+            "squeue", "-h", "-j", job, "-o", "%N").stdout.strip()).stdout.split()[0]
+        assert victim != batch_host, (hosts, batch_host)  # rank 1 trains on a node that is not the batch host
+        assert slurm_cluster.kill_node(victim) >= 3  # slurmd, slurmstepd, the task (rank 1)
+        killed_at = time.time()
+        assert slurm_cluster.wait_done(job, RESTART_BOUND + 240) == "COMPLETED", sacct_all(slurm_cluster, job)
+    finally:
+        if victim and slurm_cluster.slurmd[victim].poll() is not None:
+            slurm_cluster.revive_node(victim)
+    # one run of the allocation, never requeued, no NODE_FAIL: the job lived through the node's death.
+    # sacct keeps the allocation before it shrank as a RESIZING row (with the batch step and the
+    # failed step 0 under it), then the shrunk one, COMPLETED, with the probes and the new step
+    assert sacct_states(slurm_cluster, job) == ["RESIZING", "COMPLETED"]
+    rows = sacct_all(slurm_cluster, job)
+    assert not [r for r in rows if r[1].split()[0] in ("REQUEUED", "NODE_FAIL")], rows
+    (restart,) = metrics(run, "restart")
+    assert restart["nodes"] == [victim] and restart["attempt"] == 1 and str(restart["job"]) == job
+    assert victim in restart["why"] and ("allocation" in restart["why"] or "DOWN" in restart["why"]), restart
+    final = ckpt.load(ckpt.list_checkpoints(run)[0])
+    assert final["step"] == STEPS
+    assert all(torch.equal(final["model"][k], v) for k, v in reference.items())
+    # the second step ran on the spare: every attempt's env.json kept
+    envs = {p.name: json.loads(p.read_text()) for p in (run / "attempts").glob("env-*.json")}
+    assert sorted(envs) == [f"env-{job}-0-0.json", f"env-{job}-0-1.json"], sorted(envs)
+    second = envs[f"env-{job}-0-1.json"]
+    assert victim not in second["env"]["SLURM_STEP_NODELIST"] and second["rendezvous"].startswith(batch_host)
+    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", (run / "logs" / "rank-0.log").read_text())]
+    assert len(resumed) == 1 and resumed[0] % 5 == 0 and resumed[0] >= 5, resumed
+    first = min(r["time"] for r in metrics(run, "train") if r["time"] > restart["time"])
+    took = first - killed_at
+    st = hp(slurm_cluster, "status", job).stdout
+    assert "COMPLETED" in st and re.search(r"requeues +0\n", st), st
+    assert re.search(rf"restarts +1 in the job on spare nodes \(last: attempt 1 of job {job} without {victim}", st), st
+    print(f"hot spare: node {victim} killed; the step ended and the shell restarted on the spare "
+          f"{restart['decided_at'] - killed_at:.1f} s later; training again (first step) {took:.1f} s after the "
+          f"kill (bound {RESTART_BOUND} s); resumed at step {resumed[0]}; sacct rows {rows}")
+    assert took < RESTART_BOUND
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_cluster, digits_root, tmp_path):
+    """No spares: the hang watchdog names the stopped rank's node in $HPCTRAIN_BAD_NODES_FILE; the
+    batch shell requeues the job with that node excluded (ExcNodeList), and the job finishes on
+    the other nodes of the partition."""
+    run = tmp_path / "silent"
+    job = submit(slurm_cluster, "--partition", SPARE_PARTITION, "--nodes", "2", "--gpus-per-node", "1",
+                 *digits_sets(digits_root, tmp_path, "silent", "train.epochs=2", "train.log_every=1",
+                              "train.eval_every=0", "train.ckpt_every=5", "train.hang_timeout_s=5",
+                              "train.pg_timeout_s=30"),
+                 env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"})
+    wait_for_step(run, 7, 180)
+    victim = rank_hosts(run)[1][1]
+    pid = task_pid(job, 1)
+    assert pid
+    os.kill(pid, signal.SIGSTOP)  # rank 1 goes silent: no step, no stack
+    assert slurm_cluster.wait_done(job, 300) == "COMPLETED", sacct_all(slurm_cluster, job)
+    assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
+    show = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
+    exc = re.search(r"\bExcNodeList=(\S+)", show).group(1)
+    nodes = re.search(r"\bNodeList=(\S+)", show).group(1)
+    assert victim in slurm_cluster.run("scontrol", "show", "hostnames", exc).stdout.split(), show
+    assert victim not in slurm_cluster.run("scontrol", "show", "hostnames", nodes).stdout.split(), show
+    (exclude,) = metrics(run, "exclude")
+    assert exclude["nodes"] == [victim] and "rank 1 silent" in exclude["why"], exclude
+    # the hang record (step 7) went to metrics.superseded.jsonl when the requeued run resumed at step 5
+    hangs = [r for r in read_metrics(run / "metrics.superseded.jsonl") if r["kind"] == "hang"]
+    assert hangs and hangs[-1]["ranks"] == [1] and metrics(run, "end")[-1]["status"] == "finished"
+    st = hp(slurm_cluster, "status", job).stdout
+    assert re.search(rf"excluded +{victim} \(rank 1 silent", st), st
