@@ -182,11 +182,14 @@ class SlurmCluster:
     def _start_mariadb(self, port: int) -> None:
         data = self.root / "db" / "data"
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
-                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                        "--auth-root-authentication-method=normal", "--skip-test-db",
+                        # its own temp directory: clusters started at once clashed on a temp table in /tmp
+                        f"--tmpdir={self.root / 'tmp'}"],
                        check=True, capture_output=True, env=self.env)
         sock = self.root / "db" / "mysqld.sock"
         cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
                f"--socket={sock}", f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables",
+               f"--tmpdir={self.root / 'tmp'}",
                f"--pid-file={self.root / 'db' / 'mysqld.pid'}",
                f"--log-error={self.root / 'log' / 'mariadb.log'}",
                "--innodb-buffer-pool-size=16M", "--skip-log-bin"]

@@ -90,7 +90,7 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
     assert f"--bind {weights} --bind {tmp_path / 'ev'}" in ev.stdout
     run_dir = str(tmp_path / "runs" / "digits_vit")
     differ = ("# hpctrain eval", "# outputs:", "#SBATCH --job-name", "#SBATCH --output", "#SBATCH --chdir",
-              "  HPCTRAIN_PYTHON=(bash", "  hpctrain_mounts=", "srun ", "HPCTRAIN_SOURCE=${")
+              "  HPCTRAIN_PYTHON=(bash", "  hpctrain_mounts=", "srun ", "  srun ", "HPCTRAIN_SOURCE=${")
     same = lambda s: [ln for ln in s.splitlines() if not ln.startswith(differ)]
     assert same(ev.stdout) == same(tr.stdout)
     code = f"code/{source_hash()}/hpctrain}}\n"  # each job's code snapshot in its own directory

@@ -56,15 +56,16 @@ def test_ckpt_every_takes_steps_or_auto():
 
 def test_auto_interval_follows_from_the_measured_inputs(digits_root, tmp_path):
     """2 ranks (they agree on the slowest save and step), a first save at step 4, then every
-    interval steps as the ckpt_interval records say; an MTBF of 7.2 s keeps the interval short."""
+    interval steps as the ckpt_interval records say; an MTBF of 0.72 s keeps the interval at a few steps however
+    loaded the machine."""
     out = run_ranks(2, digits_args(digits_root, tmp_path, "r", "train.max_steps=24", "train.log_every=2",
-                                   "train.ckpt_every=auto", "train.ckpt_auto_first=4", "train.mtbf_h=0.002",
+                                   "train.ckpt_every=auto", "train.ckpt_auto_first=4", "train.mtbf_h=0.0002",
                                    "train.keep_ckpts=20"), timeout=240)
     recs = run_metrics(tmp_path / "r", "ckpt_interval")
     assert recs and recs[0]["step"] == 4 and recs[0]["mtbf_source"] == "train.mtbf_h"
     for r in recs:
-        assert r["interval_steps"] == interval_steps(r["save_s"], r["step_s"], 0.002 * 3600)
-        assert r["interval_s"] == pytest.approx(math.sqrt(2 * r["save_s"] * 7.2))
+        assert r["interval_steps"] == interval_steps(r["save_s"], r["step_s"], 0.0002 * 3600)
+        assert r["interval_s"] == pytest.approx(math.sqrt(2 * r["save_s"] * 0.72))
         assert 0 < r["save_s"] < 10 and 0 < r["step_s"] < 10
     # every periodic save comes one interval (the one in force then) after the previous
     saved = [ckpt.step_of(p) for p in ckpt.list_checkpoints(tmp_path / "r")][::-1]
