@@ -38,7 +38,8 @@ def test_export_none_site_trains_and_requeues(each_slurm_cluster, digits_root, t
     On Slurm 22.05 and 24.11 (srun's environment rules are version-dependent)."""
     slurm_cluster = each_slurm_cluster
     job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
-                 *digits_sets(digits_root, tmp_path, "xnone", *SHORT),
+                 # 40 steps: the USR2 sent after step 3 must find it still training (10 steps took 7 s)
+                 *digits_sets(digits_root, tmp_path, "xnone", *SHORT, "train.max_steps=40"),
                  env={**EXPORT_NONE, "HPCTRAIN_LOGIN_SHELL_MARK": "set at submission"})
     run = tmp_path / "xnone"
     training(slurm_cluster, job, run)
@@ -46,7 +47,7 @@ def test_export_none_site_trains_and_requeues(each_slurm_cluster, digits_root, t
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
     assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
     (req,) = metrics(run, "requeue")
-    assert req["requeue"] and req["reason"] == "time_limit"
+    assert req["requeue"] and req["reason"] == "time_limit" and req["step"] < 40
     env = json.loads((run / "env.json").read_text())["env"]
     assert "HPCTRAIN_LOGIN_SHELL_MARK" not in env  # the site's NONE did apply to the job
     assert env["HPCTRAIN_STOP_FILE"].endswith(f"stop-{job}") and env["HPCTRAIN_LAUNCHER"] == "submitit-slurm"
