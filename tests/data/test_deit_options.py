@@ -14,7 +14,7 @@ from hpctrain.config import load
 from hpctrain.data import erasing, sampling
 from hpctrain.data.build import build_loaders
 from hpctrain.data.torch_loader import train_transform, val_transform
-from tests.data.dali_images import photo_crops
+from tests.data.dali_images import png_class_root
 
 CPU = torch.device("cpu")
 PIL_FILTER = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
@@ -23,13 +23,7 @@ PIL_FILTER = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 @pytest.fixture(scope="module")
 def png_root(tmp_path_factory) -> tuple[Path, list[np.ndarray]]:
     """8 lossless 160×120 photo crops (PNG: the decoders agree exactly), one per class, train = val."""
-    root = tmp_path_factory.mktemp("png")
-    imgs = photo_crops(8, seed=3, w=160, h=120)
-    for i, a in enumerate(imgs):
-        for split in ("train", "val"):
-            (root / split / f"c{i}").mkdir(parents=True)
-            Image.fromarray(a).save(root / split / f"c{i}" / f"{i}.png")
-    return root, imgs
+    return png_class_root(tmp_path_factory.mktemp("png"), seed=3)
 
 
 def loaders(root, loader, *sets, world=1, rank=0):

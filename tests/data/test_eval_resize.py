@@ -11,19 +11,13 @@ from PIL import Image
 
 from hpctrain.config import load
 from hpctrain.data.build import build_loaders
-from tests.data.dali_images import photo_crops
+from tests.data.dali_images import png_class_root
 
 
 @pytest.fixture(scope="module")
 def png_root(tmp_path_factory):
     """8 lossless 160×120 photo crops, one per class, train = val (4:3: a squash and a crop differ)."""
-    root = tmp_path_factory.mktemp("squash")
-    imgs = photo_crops(8, seed=5, w=160, h=120)
-    for i, a in enumerate(imgs):
-        for split in ("train", "val"):
-            (root / split / f"c{i}").mkdir(parents=True)
-            Image.fromarray(a).save(root / split / f"c{i}" / f"{i}.png")
-    return root, imgs
+    return png_class_root(tmp_path_factory.mktemp("squash"), seed=5)
 
 
 def first_val_batch(root, loader: str, *sets: str) -> np.ndarray:
