@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain import flops
+from hpctrain import flops, plan
 from hpctrain.config import Config
 from hpctrain.errors import UserError
 from hpctrain.launch.cluster_init import parse_kv, tool
@@ -135,8 +135,6 @@ def measured(run_dir: Path) -> tuple[float | None, float | None]:
 
 def planned_step_s(cfg: Config, profile, nodes: int, gpus_per_node: int) -> float | None:
     """The step time `hpctrain plan` predicts (public figures; GPU jobs only), None when it cannot."""
-    from hpctrain import plan
-
     if not profile.slurm.request_gpus:
         return None
     try:
