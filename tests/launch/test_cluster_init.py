@@ -1,6 +1,6 @@
 """`hpctrain cluster init NAME`: a profile read from the Slurm test cluster (GPU and CPU partitions,
 an account with two QOS, a test Lmod tree), a valid job from it, refusals, and `--probe`'s fabric
-section from the doctor's JSON on fake sysfs trees (tests/test_doctor.py's)."""
+section from the doctor's JSON on fake sysfs trees (tests/doctor/fake_sysfs.py, a plugin of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import yaml
 
 from hpctrain.launch import cluster_init as ci
 from hpctrain.launch.profile import load_profile
+from tests.doctor.fake_sysfs import DGX_COMPUTE, run_cli
 from tests.helpers import hpctrain
 from tests.launch.jobs import hp
 from tests.slurm_cluster import CPU_PARTITION, GPU_NODE, GPU_PARTITION, GPU_TYPE, GPUS_PER_NODE
-from tests.test_doctor import DGX_COMPUTE, dgx_h100, roce_node, run_cli  # noqa: F401  (fixtures)
 
 ACCOUNT, QOS = "hpcsite", ("hpc-normal", "hpc-long")
 

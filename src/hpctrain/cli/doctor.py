@@ -45,14 +45,14 @@ def profile_env(cluster: str | None, overrides: list[str]) -> dict[str, str]:
 def doctor(args: argparse.Namespace) -> int:
     import json
 
-    from hpctrain import doctor as doc
     from hpctrain.cli import CLIError
+    from hpctrain.doctor.report import format_report, run
     from hpctrain.train.dist import detect
 
     env = None
     if args.cluster or args.cluster_overrides:
         env = profile_env(args.cluster or os.environ.get("HPCTRAIN_CLUSTER"), args.cluster_overrides)
-    report = doc.run(args.sysfs_root, env=env)
+    report = run(args.sysfs_root, env=env)
     is_main = True
     if args.allreduce:
         from hpctrain import allreduce
@@ -73,5 +73,5 @@ def doctor(args: argparse.Namespace) -> int:
             raise CLIError("--allreduce needs several ranks: run under torchrun/srun, or pass --procs 2")
     if not is_main:
         return 0
-    print(json.dumps(report.to_dict(), indent=2) if args.json else doc.format_report(report))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return 0 if report.ok else 1

@@ -62,7 +62,7 @@ def _dali_version() -> str | None:
     dali = sys.modules.get("nvidia.dali")
     if dali is not None:
         return getattr(dali, "__version__", None)
-    from hpctrain.doctor import dist_versions
+    from hpctrain.doctor.versions import dist_versions
 
     return ", ".join(v for _, v in sorted(dist_versions("nvidia-dali").items())) or None
 
