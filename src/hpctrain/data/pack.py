@@ -28,8 +28,6 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from hpctrain.data.folder import DataError, list_split, read_exclusions
 from hpctrain.data.imagenet import scan_images, write_exclusions
 from hpctrain.data.meter import Meter
@@ -59,6 +57,13 @@ class PackPlan:
         return self.shards[g * n // self.groups:(g + 1) * n // self.groups]
 
 
+def shuffled(n: int, seed: int) -> list[int]:
+    """0..n-1 in a seeded random order, from the standard library alone: `data pack --slurm`
+    plans on a login node without numpy, and the order must not depend on the Python version
+    (`random.shuffle`'s algorithm is not promised to stay)."""
+    return sorted(range(n), key=lambda i: hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest())
+
+
 def plan_pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
               seed: int = 0, groups: int = 1, log=print, leave_out: frozenset[str] = frozenset()) -> PackPlan:
     """Assign every sample to its shard. Train is shuffled across shards (seeded) so every shard
@@ -77,8 +82,7 @@ def plan_pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, 
         if split == "val" and not (root / "val").is_dir():
             continue
         listing = train if split == "train" else list_split(root, "val", exclude, classes=train.classes)
-        order = (np.random.default_rng([seed, 0x9AC]).permutation(len(listing)) if split == "train"
-                 else np.arange(len(listing)))
+        order = shuffled(len(listing), seed) if split == "train" else list(range(len(listing)))
         records = []
         for s, lo in enumerate(range(0, len(order), shard_size)):
             name = f"{split}-{s:05d}"
@@ -109,7 +113,7 @@ def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
             key = f"{i:08d}"
             ext = rel.rsplit(".", 1)[-1].lower()
             parts = [(ext, (root / rel).read_bytes()), ("cls", str(label).encode()),
-                     ("lbl", np.int64(label).tobytes())]
+                     ("lbl", int(label).to_bytes(8, "little", signed=True))]
             comp = []
             for e, data in parts:
                 off, size = _add(tar, f"{key}.{e}", data)
