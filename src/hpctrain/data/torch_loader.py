@@ -65,11 +65,12 @@ INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}  # data.interpol
 
 def resize_no_antialias(img: Image.Image, box: tuple[int, int, int, int], size: int, interpolation: str) -> np.ndarray:
     """The box resized to size² without antialiasing, as tf.image.resize(antialias=False): PIL widens its
-    filter on every downscale, torch's interpolate with half-pixel centres (align_corners=False) does not."""
-    crop = torch.from_numpy(np.array(img.crop(box))).permute(2, 0, 1)[None].float()
+    filter on every downscale, torch's interpolate with half-pixel centres (align_corners=False) does not.
+    uint8 in, channels-last: torch's fixed-point kernel, ~8× faster here than float (within 1 of it)."""
+    crop = torch.from_numpy(np.array(img.crop(box)))[None].permute(0, 3, 1, 2)
     out = torch.nn.functional.interpolate(crop, size=(size, size), mode=interpolation, align_corners=False,
                                           antialias=False)
-    return out[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+    return out[0].permute(1, 2, 0).numpy()
 
 
 def train_transform(img: Image.Image, size: int, rng: np.random.Generator, scale_min: float,
