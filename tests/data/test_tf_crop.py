@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hpctrain.config import load
+from hpctrain.config import ConfigError, load
 from hpctrain.data.build import build_loaders
 from hpctrain.data.tf_crop import tf_inception_box
 from hpctrain.data.torch_loader import random_resized_crop_box, resize_no_antialias
@@ -115,8 +115,10 @@ def test_tf_inception_falls_back_to_the_whole_image_when_no_attempt_fits():
 
 
 def test_crop_options_are_validated_in_one_line():
-    with pytest.raises(Exception, match="data.crop"):
+    with pytest.raises(ConfigError, match="data.crop='inception' is not one of timm, tf_inception"):
         load(None, ["data.crop=inception"])
+    with pytest.raises(ConfigError, match="data.antialias: expected true or false"):
+        load(None, ["data.antialias=2"])
     assert load(None, []).data.crop == "timm" and load(None, []).data.antialias is True
 
 
