@@ -7,6 +7,9 @@ median images/s and the ratios. Targets (DESIGN.md): hpctrain DALI ≥ 1.5× PIL
 bare DALI.
 
     python bench/loader.py [--images 768] [--batch 64] [--threads 2] [--rounds 3] [--device cpu]
+                           [--set data.crop=tf_inception --set data.antialias=false]
+
+`--set` overrides apply to hpctrain's loaders (DALI and PIL); the bare DALI pipeline stays as it is.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (DALI mixed decoding)")
     ap.add_argument("--data", help="reuse/keep the JPEG set here (default: a temp folder)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for hpctrain's loaders, e.g. data.crop=tf_inception")
     args = ap.parse_args()
 
     import torch
@@ -89,7 +94,8 @@ def main() -> int:
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     cfg = load(None, [f"data.root={root}", "data.loader=dali", f"data.batch_size={args.batch}",
                       f"data.workers={args.threads}", f"model.img_size={args.size}",
-                      f"model.num_classes={len(listing.classes)}", "data.hflip=0.5", "data.scale_min=0.08"])
+                      f"model.num_classes={len(listing.classes)}", "data.hflip=0.5", "data.scale_min=0.08",
+                      *args.set])
     ours, _ = build_loaders(cfg, 0, 1, device)
     epoch = {"ours": 0, "pil": 0}
 
@@ -121,7 +127,8 @@ def main() -> int:
 
     pil = TorchLoader(listing, train=True, batch_size=args.batch, rank=0, world=1, seed=0,
                       workers=args.threads, device=device, img_size=args.size, crop_pct=0.875,
-                      scale_min=0.08, hflip=0.5, mean=mean, std=std)
+                      scale_min=cfg.data.scale_min, hflip=0.5, mean=mean, std=std, crop=cfg.data.crop,
+                      antialias=cfg.data.antialias)
 
     def pil_loader():
         epoch["pil"] += 1

@@ -132,6 +132,12 @@ class DataConfig:
                            "squash = the whole image to img_size × img_size, aspect not kept (vit_jax "
                            "input_pipeline.py:213; crop_pct unused)", choices=("crop", "squash"))
     scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
+    crop: str = opt("timm", "train crop sampler: timm = RandomResizedCrop (area uniform, aspect log-uniform in "
+                    "3/4-4/3, 10 tries); tf_inception = TensorFlow's sample_distorted_bounding_box as big_vision "
+                    "and vit_jax (aspect uniform in 0.75-1.33, height uniform and clipped, 100 tries)",
+                    choices=("timm", "tf_inception"))
+    antialias: bool = opt(True, "train crop resize antialiases a downscale (PIL's and DALI's default); false = "
+                          "plain bilinear/bicubic as tf.image.resize's default (big_vision, vit_jax)")
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
     randaugment: str = opt("", "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
                            "string, e.g. 'rand-m9-mstd0.5-inc1' (DeiT); empty = off (DALI loader)")

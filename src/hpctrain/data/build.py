@@ -52,7 +52,7 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
                   img_size=cfg.model.img_size, crop_pct=d.crop_pct, scale_min=d.scale_min,
                   hflip=d.hflip, mean=d.mean, std=d.std, skip_bad=d.on_bad_sample == "skip",
                   interpolation=d.interpolation, reprob=d.reprob, remode=d.remode, recount=d.recount,
-                  eval_resize=d.eval_resize)
+                  eval_resize=d.eval_resize, crop=d.crop, antialias=d.antialias)
     train = TorchLoader(train_list, train=True, batch_size=batch, repeats=d.repeated_aug, **common)
     val = None if val_list is None else TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
     return train, val

@@ -33,6 +33,7 @@ from hpctrain.config import Config, ConfigError
 from hpctrain.data import erasing, sampling
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_val_listings
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
+from hpctrain.data.tf_crop import dali_tf_inception_box
 from hpctrain.data.wds import WdsShards, find_shards
 
 log = logging.getLogger("hpctrain")
@@ -68,6 +69,8 @@ class Augment:
     remode: str = "pixel"
     recount: int = 1
     eval_resize: str = "crop"  # data.eval_resize: crop (short side, centre crop) or squash (whole image)
+    crop: str = "timm"  # data.crop: timm (DALI's fused random crop) or tf_inception (data/tf_crop.py)
+    antialias: bool = True  # data.antialias: of the train crop's resize
 
     @property
     def interp(self):
@@ -116,9 +119,14 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
     from nvidia.dali import fn, types
 
     jpegs, labels = _read(src, reader)
-    images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
-                                           **crop_args(aug.scale_min))
-    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=True)
+    if aug.crop == "tf_inception":  # DALI's sampler is timm's: TF's box drawn in the graph, ROI-decoded
+        anchor, size = dali_tf_inception_box(fn.peek_image_shape(jpegs), (aug.scale_min, 1.0))
+        images = fn.decoders.image_slice(jpegs, anchor, size, device=decoder, output_type=types.RGB,
+                                         axis_names="WH", normalized_anchor=False, normalized_shape=False)
+    else:
+        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
+                                               **crop_args(aug.scale_min))
+    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=aug.antialias)
     if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
         from hpctrain.data import randaug
 
@@ -472,7 +480,8 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     d = cfg.data
     aug = Augment(cfg.model.img_size, d.crop_pct, d.scale_min, d.hflip, tuple(d.mean), tuple(d.std),
                   parse_randaugment(d.randaugment), interpolation=d.interpolation, reprob=d.reprob,
-                  remode=d.remode, recount=d.recount, eval_resize=d.eval_resize)
+                  remode=d.remode, recount=d.recount, eval_resize=d.eval_resize, crop=d.crop,
+                  antialias=d.antialias)
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":
