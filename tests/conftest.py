@@ -42,6 +42,8 @@ def pytest_collection_modifyitems(config, items):
     for item in slurm24:
         item.add_marker(pytest.mark.xdist_group("slurm24"))
     ids = {id(item) for item in slurm + slurm24}
+    for item in slurm + slurm24:  # `-m "not slurm"` (the fast tier) leaves them out
+        item.add_marker(pytest.mark.slurm)
     rest = [item for item in items if id(item) not in ids]
     for item in rest:
         if _uses_module_fixture(item):
