@@ -53,23 +53,25 @@ def to_dict(cfg: Config, inputs: PlanInputs, plan: Plan) -> dict:
                 "epoch_s": r.epoch_s, "total_s": r.total_s, "gpu_hours": r.gpu_hours,
                 "efficiency": r.efficiency}
 
-    return {"nodes": inputs.nodes, "gpus_per_node": inputs.gpus_per_node,
+    return {"nodes": list(inputs.counts) if inputs.counts else inputs.nodes, "gpus_per_node": inputs.gpus_per_node,
             "global_batch": plan.work.global_batch, "grad_bytes": plan.work.grad_bytes,
             "train_flops_per_image": plan.work.train_flops_per_image,
             "images_per_epoch": plan.work.images_per_epoch, "total_steps": plan.work.total_steps,
-            "target": row(plan.target) if plan.target else None, "rows": [row(r) for r in plan.rows],
+            "target": row(plan.target) if plan.target and not inputs.counts else None,
+            "rows": [row(r) for r in plan.rows],
             "skipped_node_counts": plan.skipped, "inputs": {**asdict(inputs)},
             "assumptions": assumptions(cfg, inputs, plan)}
 
 
 def describe(cfg: Config, inputs: PlanInputs, plan: Plan) -> str:
     """The full printout: the target, the node-count table, the assumptions."""
+    nodes = ",".join(map(str, inputs.counts)) if inputs.counts else str(inputs.nodes)
     lines = [f"hpctrain plan: {cfg.model.arch} {cfg.model.img_size}²/{cfg.model.patch_size}, global batch "
-             f"{cfg.data.batch_size}, {inputs.nodes} node(s) x {inputs.gpus_per_node} GPUs"]
-    if plan.target is None:
+             f"{cfg.data.batch_size}, {nodes} node(s) x {inputs.gpus_per_node} GPUs"]
+    if plan.target is None and not inputs.counts:
         lines.append(f"  {inputs.nodes} node(s): data.batch_size={cfg.data.batch_size} does not split over "
                      f"{inputs.nodes * inputs.gpus_per_node} GPUs x train.accum_steps {cfg.train.accum_steps}")
-    else:
+    elif not inputs.counts:  # several node counts compared (--nodes 4,8,16): no one target
         lines += ["  " + ln for ln in summary_lines(plan)]
     head = (f"  {'nodes':>5} {'GPUs':>5} {'per GPU':>7} {'images/s':>10} {'step ms':>8} {'compute':>8} "
             f"{'comm':>7} {'exposed':>8} {'data':>6} {'epoch':>9} {'total':>9} {'GPU-h':>8} {'eff.':>6}")
@@ -77,7 +79,7 @@ def describe(cfg: Config, inputs: PlanInputs, plan: Plan) -> str:
     for r in plan.rows:
         st = r.step
         eff = f"{100 * r.efficiency:.1f}%" if r.efficiency is not None else "-"
-        mark = " <" if st.nodes == inputs.nodes else ""
+        mark = " <" if st.nodes == inputs.nodes and not inputs.counts else ""
         lines.append(f"  {st.nodes:>5} {st.gpus:>5} {st.per_gpu_batch:>7} {st.images_per_s:>10.0f} "
                      f"{1e3 * st.step_s:>8.1f} {1e3 * st.compute_s:>8.1f} {1e3 * st.comm_s:>7.2f} "
                      f"{1e3 * st.exposed_s:>8.2f} {1e3 * st.data_wait_s:>6.1f} {_dur(r.epoch_s):>9} "

@@ -32,6 +32,7 @@ class PlanInputs:
     images_source: str
     fabric: str
     overlap: bool = True  # DDP overlaps all-reduce with backward (False: reduce after backward)
+    counts: tuple[int, ...] = ()  # the node counts to compare (--nodes 4,8,16); empty: around `nodes`
 
 
 # --------------------------------------------------------------------------- the workload
@@ -167,13 +168,14 @@ def default_links(gpu: str, fabric: str) -> tuple[Link, Link]:
 
 def build(cfg: Config, inputs: PlanInputs) -> Plan:
     return make_plan(workload(cfg, inputs.images_per_epoch), inputs.nodes, inputs.gpus_per_node,
-                     inputs.compute, inputs.intra, inputs.inter, node_counts(inputs.nodes), inputs.overlap)
+                     inputs.compute, inputs.intra, inputs.inter, list(inputs.counts) or node_counts(inputs.nodes),
+                     inputs.overlap)
 
 
 def resolve(cfg: Config, profile, nodes: int, gpus_per_node: int, gpu: str = "H100",
             bench_results: str | None = None, allreduce_results: str | None = None,
             tflops: float | None = None, busbw: float | None = None, data_wait_ms: float | None = None,
-            images: int | None = None, overlap: bool = True) -> PlanInputs:
+            images: int | None = None, overlap: bool = True, counts=()) -> PlanInputs:
     """Every input of the model, from measurements where given, else the shipped figures."""
     if nodes < 1 or gpus_per_node < 1:
         raise PlanError(f"--nodes {nodes} --gpus-per-node {gpus_per_node}: both must be at least 1")
@@ -200,4 +202,4 @@ def resolve(cfg: Config, profile, nodes: int, gpus_per_node: int, gpu: str = "H1
             raise PlanError("--busbw must be a positive bus bandwidth in GB/s, e.g. --busbw 400")
         intra = inter = Link(busbw, "--busbw")
     n, src = images_per_epoch(cfg, images)
-    return PlanInputs(nodes, gpus_per_node, compute, intra, inter, n, src, fabric, overlap)
+    return PlanInputs(nodes, gpus_per_node, compute, intra, inter, n, src, fabric, overlap, tuple(counts))
