@@ -197,12 +197,14 @@ def to_json(opts: list[Option], ctx: Context) -> dict:
 def one_line(o: Option | None, ctx: Context, nodes: int) -> str:
     """`hpctrain submit`'s line for the request it submits."""
     if o is None:
-        q = Figure(None, f"unknown: {ctx.why}") if ctx.why else None
-        return f"queue: {nodes} node(s) on {ctx.partition or '?'}: " + (q.source if q else "unknown")
+        return queue_line(ctx, nodes)
     share_txt = f", {_share(o)} of the allocation left" if o.share is not None else ""
-    return (f"time to result: {o.nodes} node(s) on partition {ctx.partition or '?'}: queue {dur(o.queue.seconds)} "
-            f"({o.queue.source}) + train {dur(o.train_s)} + interruptions "
-            f"{'≤' if o.loss.upper_bound else ''}{dur(o.loss.seconds)} = {dur(o.result_s)}; "
+    loss = ("≤" if o.loss.upper_bound else "") + dur(o.loss.seconds)
+    if ctx.why:
+        return (f"time to result: unknown ({ctx.why}); {o.nodes} node(s): train {dur(o.train_s)}, "
+                f"{o.gpu_hours:,.0f} GPU-hours")
+    return (f"time to result: {o.nodes} node(s) on partition {ctx.partition}: queue {dur(o.queue.seconds)} "
+            f"({o.queue.source}) + train {dur(o.train_s)} + interruptions {loss} = {dur(o.result_s)}; "
             f"{o.gpu_hours:,.0f} GPU-hours{share_txt}")
 
 
