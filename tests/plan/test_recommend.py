@@ -26,15 +26,16 @@ SACCT = """\
 13|PREEMPTED|2|2026-12-01T10:00:00|2026-12-01T10:00:30|2026-12-01T10:30:30|1800
 13|COMPLETED|2|2026-12-01T10:31:00|2026-12-01T10:40:30|2026-12-01T11:40:30|3600
 14|CANCELLED by 0|3|2026-12-01T10:00:00|Unknown|2026-12-01T10:05:00|0
+16|CANCELLED by 0|1|2026-12-01T10:09:02|2026-12-01T10:08:52|2026-12-01T10:08:52|0
 15|NODE_FAIL|8|2026-12-01T09:00:00|2026-12-01T12:00:00|2026-12-01T13:00:00|3600
 """
 
 
 def test_sacct_rows_become_waits_per_power_of_two_size_class():
     allocs = parse_sacct(SACCT + "garbage line\n")
-    assert len(allocs) == 7 and allocs[5].state == "CANCELLED" and allocs[5].start is None
+    assert len(allocs) == 8 and allocs[5].state == "CANCELLED" and allocs[5].start is None
     assert [bucket(n) for n in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 2, 4, 4, 8, 8, 16]
-    hist = History("gpu", 14, tuple(allocs))
+    hist = History("gpu", 14, tuple(allocs))  # job 16: cancelled while pending (Start = End, 0 s): not a wait
     one = queue_wait(hist, 1, min_jobs=3)
     assert one.seconds == 60 and one.n == 3 and one.source.startswith("median of 3 jobs of 1 node that started")
     two = queue_wait(hist, 3, min_jobs=2)  # 2 and 3 nodes share a class; job 14 never started
@@ -55,7 +56,7 @@ def test_interruption_rate_and_expected_loss():
     rate = node_rate(History("gpu", 14, tuple(allocs)), profile)
     node_h = (3 * 3600 + 2 * 1800 + 2 * 3600 + 8 * 3600) / 3600  # Σ NNodes × ElapsedRaw
     assert rate.node_mtbf_h == pytest.approx(node_h / 3) and not rate.upper_bound  # TIMEOUT, PREEMPTED, NODE_FAIL
-    assert rate.source.startswith(f"1 preemptions, 1 node failures, 1 time limits in {node_h:g} node-hours of 7 "
+    assert rate.source.startswith(f"1 preemptions, 1 node failures, 1 time limits in {node_h:g} node-hours of 8 "
                                   "allocations (sacct, partition gpu, last 14 days): 4.67 node-hours per interruption")
     cfg = load(VIT_B, ["train.ckpt_every=auto"])
     requeue = Figure(600.0, "test")
@@ -128,7 +129,7 @@ def test_plan_without_slurm_keeps_the_training_columns_and_says_the_queue_is_unk
                  env={"PATH": str(tmp_path / "bin")})
     assert r.returncode == 0, r.stderr
     assert "per-GPU batch 16; predicted" in r.stdout and "time to result (no partition):" in r.stdout
-    assert "queue (1,2,4,8,16 nodes): unknown: no Slurm here (sacct and sinfo do not answer for partition gpu)" \
+    assert "queue at 1,2,4,8,16 node(s): unknown: no Slurm here (sacct and sinfo do not answer for partition gpu)" \
         in r.stdout, r.stdout
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "4,x")
     assert r.returncode == 2 and "invalid node count or comma-separated list (e.g. 4,8,16) value: '4,x'" in r.stderr

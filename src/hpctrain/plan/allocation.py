@@ -50,7 +50,7 @@ class Allocation:
                f"FairShare {self.fairshare or '?'}"
         if not self.limit:
             return head + "; no GrpTRESMins limit (sacctmgr show assoc)"
-        lims = ", ".join(f"{k}={v:g} min, {self.remaining(k):g} left" for k, v in self.limit.items())
+        lims = ", ".join(f"{k}={v:,.0f} min, {self.remaining(k):,.0f} left" for k, v in self.limit.items())
         return head + f"; GrpTRESMins of {self.limit_of} (sacctmgr show assoc): {lims}"
 
 

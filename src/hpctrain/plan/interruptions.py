@@ -88,9 +88,11 @@ def expected_loss(cfg: Config, profile, rate: Rate, nodes: int, train_s: float, 
     tau = min(tau, train_s)
     k = train_s / job_mtbf_s
     saves = train_s / tau * save if tau > 0 else 0.0
+    note = ("; the interval is longer than the job's MTBF: a first-order figure, the job may never finish"
+            if tau > job_mtbf_s else "")
     what = (f"{k:.2g} interruptions (job MTBF {job_mtbf_s / 3600:.3g} h = node MTBF / {nodes}) x (half of a "
             f"{tau / 3600:.2g} h checkpoint interval, {rule}; + requeue wait) + saves of {save:.3g} s "
-            f"({save_src}); rate: {rate.source}")
+            f"({save_src}); rate: {rate.source}{note}")
     if not requeue.known:
         if k * tau / 2 + saves == 0:
             return Loss(0.0, what, k, rate.upper_bound)

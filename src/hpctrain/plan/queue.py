@@ -128,10 +128,15 @@ def read_history(partition: str, days: float, since: str | None = None) -> Histo
     return History(partition, days, None if text is None else tuple(parse_sacct(text)))
 
 
+def started(a: Alloc) -> bool:
+    """The allocation ran. sacct gives a job cancelled while pending Start = End = the cancel time
+    (22.05, measured), with an Eligible that may even be later (a requeued attempt's BeginTime)."""
+    return bool(a.start and a.eligible and a.start >= a.eligible and not (a.state == "CANCELLED" and not a.elapsed_s))
+
+
 def waits(allocs, nodes: int) -> list[float]:
     """Start − Eligible, in seconds, of every allocation of `nodes`' size class that started."""
-    return [(a.start - a.eligible).total_seconds() for a in allocs
-            if a.start and a.eligible and bucket(a.nodes) == bucket(nodes)]
+    return [(a.start - a.eligible).total_seconds() for a in allocs if started(a) and bucket(a.nodes) == bucket(nodes)]
 
 
 def queue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
@@ -155,7 +160,7 @@ def requeue_waits(allocs) -> list[float]:
     for attempts in by_job.values():
         attempts.sort(key=lambda a: a.start or datetime.max)
         out += [(b.start - a.end).total_seconds() for a, b in zip(attempts, attempts[1:])
-                if a.end and b.start and b.start >= a.end]
+                if a.end and started(b) and b.start >= a.end]
     return out
 
 

@@ -108,7 +108,8 @@ def recommend(opts: list[Option]) -> tuple[Option | None, str]:
     ok = [o for o in opts if not o.excluded]
     known = [o for o in ok if o.result_s is not None]
     if not ok:
-        return None, "none of these node counts can run: " + "; ".join(f"{o.nodes}: {o.excluded}" for o in opts)
+        return None, "none of these node counts can run: " + "; ".join(
+            f"{counts}: {why}" for why, counts in _grouped(opts, lambda o: o.excluded))
     if not known:
         o = min(ok, key=lambda o: o.train_s)
         why = next((x.queue.source for x in ok if not x.queue.known), "") or o.loss.source
@@ -160,7 +161,7 @@ def table(opts: list[Option], ctx: Context) -> list[str]:
     for what, key in (("queue", lambda o: o.queue.source), ("interruptions", lambda o: o.loss.source),
                       ("allocation share", lambda o: o.share_source)):
         for src, counts in _grouped(opts, key):
-            lines.append(f"  {what} ({counts} nodes): {src}")
+            lines.append(f"  {what} at {counts} node(s): {src}")
     alloc = ctx.allocation.text() if ctx.allocation else f"unknown: {ctx.why or 'sshare does not answer'}"
     lines.append(f"  account: {alloc}")
     if not ctx.why:
