@@ -62,6 +62,8 @@ def main(args: argparse.Namespace) -> int:
     from hpctrain.launch.profile import load_profile
     from hpctrain.plan import recommend
 
+    if not args.history_days > 0:
+        raise planmod.PlanError(f"--history-days {args.history_days:g}: give a positive number of days, e.g. 14")
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local"
     profile = load_profile("local" if cluster == "none" else cluster, args.cluster_overrides)

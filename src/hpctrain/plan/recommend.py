@@ -86,8 +86,10 @@ def options(cfg: Config, profile, plan: Plan, ctx: Context, gpus_per_node: int) 
         else:
             q = queue_wait(ctx.history, n)
         loss = expected_loss(cfg, profile, ctx.rate, n, r.total_s, st.step_s, requeue_wait(ctx.history, n))
-        frac, how = share(ctx.allocation, n, gpus_per_node, cpus, r.total_s / 3600) if not ctx.why else \
-            (None, f"unknown: {ctx.why}")
+        if ctx.why:
+            frac, how = None, f"unknown: {ctx.why}"
+        else:
+            frac, how = share(ctx.allocation, n, gpus_per_node, cpus, r.total_s / 3600)
         excluded = q.source if q.source.startswith("never") else ""
         if frac is not None and frac > 1 and not excluded:
             excluded = f"needs {100 * frac:.0f}% of the allocation left ({how})"
@@ -166,8 +168,7 @@ def table(opts: list[Option], ctx: Context) -> list[str]:
     lines.append(f"  account: {alloc}")
     if not ctx.why:
         lines.append(f"  now: {ctx.now.text(opts[0].nodes if opts else 1)}")
-    rec, why = recommend(opts)
-    lines.append(f"recommend: {why}")
+    lines.append(f"recommend: {recommend(opts)[1]}")
     return lines
 
 
