@@ -1,5 +1,7 @@
 """`hpctrain plan`: per-GPU batch, images/s, step time split, epoch and total time, GPU-hours and
-scaling efficiency of a job before it is submitted (no torch: runs on login nodes)."""
+scaling efficiency of a job before it is submitted; then, from the cluster's own record, the queue
+wait, the work lost to interruptions, the time to result and the share of the allocation per node
+count, and the node count to ask for (no torch: runs on login nodes)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="predict images/s, step time, wall time and GPU-hours of a job",
                        description=__doc__)
     add_config_args(p, default=DEFAULT_CONFIG)
-    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    p.add_argument("--nodes", type=node_list, default=[1], metavar="N[,N...]",
+                   help="nodes, or the node counts to compare, e.g. 4,8,16 (default 1)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the profile's)")
-    p.add_argument("--cluster", help="cluster profile: its fabric.kind picks the network figure "
-                                     "(default $HPCTRAIN_CLUSTER, else local)")
+    p.add_argument("--cluster", help="cluster profile: its fabric.kind picks the network figure, its "
+                                     "partition the queue (default $HPCTRAIN_CLUSTER, else local; none: "
+                                     "read no queue)")
+    p.add_argument("--partition", help="partition whose queue is read (default: the profile's, else Slurm's default)")
+    p.add_argument("--account", help="account whose allocation is read (default: the profile's, else yours)")
+    p.add_argument("--history-days", type=float, default=14.0,
+                   help="days of sacct history for queue waits and interruptions (default 14)")
     p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override a profile value, e.g. fabric.kind=roce")
     p.add_argument("--gpu", default="H100", help="GPU model for the shipped figures (default H100)")
@@ -37,21 +45,42 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+def node_list(text: str) -> list[int]:
+    """`4` or `4,8,16` → node counts (argparse turns the ValueError into a one-line usage error)."""
+    counts = [int(x) for x in text.split(",") if x.strip()]
+    if not counts or min(counts) < 1:
+        raise ValueError(text)
+    return sorted(set(counts))
+
+
+node_list.__name__ = "node count or comma-separated list (e.g. 4,8,16)"  # argparse's "invalid <name> value"
+
+
 def main(args: argparse.Namespace) -> int:
     from hpctrain import plan as planmod
     from hpctrain.cli.common import load_config
     from hpctrain.launch.profile import load_profile
+    from hpctrain.plan import recommend
 
+    if not args.history_days > 0:
+        raise planmod.PlanError(f"--history-days {args.history_days:g}: give a positive number of days, e.g. 14")
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
-    profile = load_profile(args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local", args.cluster_overrides)
+    cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local"
+    profile = load_profile("local" if cluster == "none" else cluster, args.cluster_overrides)
     gpn = args.gpus_per_node if args.gpus_per_node is not None else profile.slurm.gpus_per_node
-    inputs = planmod.resolve(cfg, profile, args.nodes, gpn, gpu=args.gpu, bench_results=args.bench_results,
+    target = args.nodes[0] if len(args.nodes) == 1 else args.nodes[-1]
+    inputs = planmod.resolve(cfg, profile, target, gpn, gpu=args.gpu, bench_results=args.bench_results,
                              allreduce_results=args.allreduce_results, tflops=args.tflops, busbw=args.busbw,
                              data_wait_ms=args.data_wait_ms, images=args.images_per_epoch,
-                             overlap=args.overlap)
+                             overlap=args.overlap, counts=args.nodes if len(args.nodes) > 1 else ())
     plan = planmod.build(cfg, inputs)
+    ctx = (recommend.no_context("--cluster none") if cluster == "none" else
+           recommend.read_context(profile, args.partition or "", args.history_days, args.account or ""))
+    opts = recommend.options(cfg, profile, plan, ctx, gpn)
     if args.json:
-        print(json.dumps(planmod.to_dict(cfg, inputs, plan)))
+        print(json.dumps({**planmod.to_dict(cfg, inputs, plan), **recommend.to_json(opts, ctx)}))
     else:
         print(planmod.describe(cfg, inputs, plan))
+        print()
+        print("\n".join(recommend.table(opts, ctx)))
     return 0

@@ -87,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
         checkpoint_plan(cfg, profile, plan, sys.stderr)
         print(slurm_script(plan, absolute_paths(cfg).run_dir / "submitit"), end="")
         print_plan(cfg, profile, plan.nodes, plan.tasks_per_node)
+        print(f"hpctrain: {time_to_result(cfg, profile, plan)}", file=sys.stderr)
         return 0
     from hpctrain.data.prepare import ensure_dataset
     from hpctrain.launch.submit import check_image, submit_slurm
@@ -94,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
     check_image(profile)  # before anything is written or submitted: a refusal is the only line printed
     warn_inputs(cfg)
     cfg = checkpoint_plan(cfg, profile, plan, sys.stdout)
+    print(time_to_result(cfg, profile, plan), flush=True)
     ensure_dataset(cfg)
     sub = submit_slurm(cfg, plan)
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
@@ -178,6 +180,23 @@ def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
         lines = [f"plan: not available ({e})"]
     for line in lines:
         print(f"hpctrain: {line}", file=sys.stderr)
+
+
+def time_to_result(cfg, profile, plan) -> str:
+    """`hpctrain plan`'s one line for this request: queue wait (the partition's sacct history), and
+    for a GPU job the predicted training, interruption loss, time to result and allocation share."""
+    from hpctrain.errors import UserError
+    from hpctrain.plan import build, recommend, resolve
+
+    ctx = recommend.read_context(profile, plan.partition, account=plan.account)
+    if not profile.slurm.request_gpus:  # the step model is for GPUs: the queue alone
+        return recommend.queue_line(ctx, plan.nodes)
+    try:
+        train = build(cfg, resolve(cfg, profile, plan.nodes, plan.tasks_per_node, counts=[plan.nodes]))
+    except UserError as e:  # no training-time figure (an unknown GPU, no image count): the queue alone
+        return f"{recommend.queue_line(ctx, plan.nodes)}; training time: not available ({e})"
+    opts = recommend.options(cfg, profile, train, ctx, plan.tasks_per_node)
+    return recommend.one_line(opts[0] if opts else None, ctx, plan.nodes)
 
 
 def report_batch(args: argparse.Namespace, cfg, plan, out) -> None:

@@ -73,12 +73,14 @@ class Facts:
     runtimes: list[rt.Found] = field(default_factory=list)  # container runtimes installed (runtimes.detect)
 
 
-def tool(*cmd: str, timeout: float = 30) -> str | None:
-    """stdout of a Slurm client command; None when it is missing or fails."""
+def tool(*cmd: str, timeout: float = 30, env: dict[str, str] | None = None) -> str | None:
+    """stdout of a Slurm client command (with `env` added to the environment); None when it is
+    missing or fails."""
     if not shutil.which(cmd[0]):
         return None
     try:
-        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **env} if env else None)
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout if r.returncode == 0 else None

@@ -1,0 +1,194 @@
+"""How long a job of N nodes waits in the partition's queue, from the cluster's own record (login
+node: Slurm clients only). Sources (facts and man pages: docs/plan.md, "Queue"):
+
+- history: `sacct -X -D -a -r P -S … -E now` — one row per allocation (-X), every attempt of a
+  requeued job (-D), all users (-a); a job's wait is Start − Eligible. "Similar size" is the
+  same power-of-two node bucket (1; 2-3; 4-7; 8-15; …) on the same partition; the estimate is the
+  median over those that started, and "unknown" below MIN_JOBS of them. Jobs still pending are
+  not counted (their wait is not over), so a long backlog makes the median low: the squeue line
+  says how long the queue is now.
+- now: `squeue --start` (pending jobs of the partition, their nodes and Slurm's expected start,
+  which holds only under the backfill scheduler and is bounded by running jobs' time limits) and
+  `sinfo -o %F` (allocated/idle/other/total nodes).
+- requeue wait: a requeued job's next attempt starts (Start) after the previous one ended (End).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from hpctrain.launch.cluster_init import tool
+
+MIN_JOBS = 5  # fewer similar jobs than this in the window: the wait is "unknown", not a median of noise
+SACCT_FIELDS = ("JobIDRaw", "State", "NNodes", "Eligible", "Start", "End", "ElapsedRaw")
+STANDARD_TIME = {"SLURM_TIME_FORMAT": "standard"}  # YYYY-MM-DDTHH:MM:SS whatever the user's setting
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """One allocation (one attempt of a job) as sacct holds it."""
+
+    job: str
+    state: str  # first word: "CANCELLED by 0" → CANCELLED
+    nodes: int
+    eligible: datetime | None
+    start: datetime | None  # None: never started (still pending, or cancelled while pending)
+    end: datetime | None
+    elapsed_s: int
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number of seconds and where it comes from; `seconds` None: unknown (the source says why)."""
+
+    seconds: float | None
+    source: str
+    n: int = 0  # how many jobs (or events) it rests on
+
+    @property
+    def known(self) -> bool:
+        return self.seconds is not None
+
+
+@dataclass(frozen=True)
+class History:
+    """A partition's allocations over the last `days` (None: sacct did not answer)."""
+
+    partition: str
+    days: float
+    allocs: tuple[Alloc, ...] | None
+
+    def text(self) -> str:
+        return f"sacct, partition {self.partition}, last {self.days:g} days"
+
+
+@dataclass(frozen=True)
+class Now:
+    """The partition at this moment: sinfo's node counts and squeue's pending jobs."""
+
+    allocated: int | None = None
+    idle: int | None = None
+    other: int | None = None
+    total: int | None = None
+    pending: tuple[tuple[int, datetime | None], ...] | None = None  # (nodes, expected start) per pending job
+
+    def text(self, nodes: int) -> str:
+        parts = []
+        if self.total is not None:
+            parts.append(f"sinfo: {self.idle} of {self.total} nodes idle, {self.allocated} allocated"
+                         + (f", {self.other} other (down/drained)" if self.other else ""))
+        if self.pending is not None:
+            similar = [s for n, s in self.pending if bucket(n) == bucket(nodes)]
+            starts = [s for _, s in self.pending if s]
+            latest = f"; Slurm expects the last to start at {max(starts):%Y-%m-%d %H:%M}" if starts else ""
+            parts.append(f"squeue --start: {len(self.pending)} job(s) pending ({len(similar)} of "
+                         f"{bucket_text(nodes)}){latest}")
+        return "; ".join(parts) if parts else "sinfo/squeue: no answer"
+
+
+def bucket(nodes: int) -> int:
+    """The power-of-two size class of a node count: 1 → 1, 2-3 → 2, 4-7 → 4, 8-15 → 8, …"""
+    return 2 ** int(math.log2(max(1, nodes)))
+
+
+def bucket_text(nodes: int) -> str:
+    lo = bucket(nodes)
+    return f"{lo} node" if lo == 1 else f"{lo}-{2 * lo - 1} nodes"
+
+
+def _when(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:  # Unknown, None, N/A
+        return None
+
+
+def parse_sacct(text: str) -> list[Alloc]:
+    """`sacct -n -P -o JobIDRaw,State,NNodes,Eligible,Start,End,ElapsedRaw` lines → allocations."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != len(SACCT_FIELDS) or not parts[2].isdigit():
+            continue
+        job, state, nodes, eligible, start, end, elapsed = parts
+        out.append(Alloc(job, (state.split() or [""])[0], int(nodes), _when(eligible), _when(start), _when(end),
+                         int(elapsed) if elapsed.isdigit() else 0))
+    return out
+
+
+def read_history(partition: str, days: float, since: str | None = None) -> History:
+    """The partition's allocations of the last `days` (or since the sacct time `since`)."""
+    start = since or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - days * 86400))
+    text = tool("sacct", "-X", "-D", "-a", "-n", "-P", "-S", start, "-E", "now", "-r", partition,
+                "-o", ",".join(SACCT_FIELDS), timeout=60, env=STANDARD_TIME)
+    return History(partition, days, None if text is None else tuple(parse_sacct(text)))
+
+
+def started(a: Alloc) -> bool:
+    """The allocation ran. sacct gives a job cancelled while pending Start = End = the cancel time
+    (22.05, measured), with an Eligible that may even be later (a requeued attempt's BeginTime)."""
+    return bool(a.start and a.eligible and a.start >= a.eligible and not (a.state == "CANCELLED" and not a.elapsed_s))
+
+
+def waits(allocs, nodes: int) -> list[float]:
+    """Start − Eligible, in seconds, of every allocation of `nodes`' size class that started."""
+    return [(a.start - a.eligible).total_seconds() for a in allocs if started(a) and bucket(a.nodes) == bucket(nodes)]
+
+
+def queue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
+    """The median wait of similar jobs in the history, or unknown with the reason."""
+    if hist.allocs is None:
+        return Figure(None, f"unknown: sacct does not answer for partition {hist.partition} (no Slurm "
+                            "accounting here)")
+    w = waits(hist.allocs, nodes)
+    what = f"jobs of {bucket_text(nodes)} that started ({hist.text()})"
+    if len(w) < min_jobs:
+        return Figure(None, f"unknown: {len(w)} {what}, fewer than {min_jobs}", len(w))
+    return Figure(statistics.median(w), f"median of {len(w)} {what}", len(w))
+
+
+def requeue_waits(allocs) -> list[float]:
+    """For every requeued job, each later attempt's Start − the previous attempt's End (seconds)."""
+    by_job: dict[str, list[Alloc]] = {}
+    for a in allocs:
+        by_job.setdefault(a.job, []).append(a)
+    out = []
+    for attempts in by_job.values():
+        attempts.sort(key=lambda a: a.start or datetime.max)
+        out += [(b.start - a.end).total_seconds() for a, b in zip(attempts, attempts[1:])
+                if a.end and started(b) and b.start >= a.end]
+    return out
+
+
+def requeue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
+    """The median requeue wait of the partition (any size); with fewer than `min_jobs` requeues,
+    a requeued job is taken to wait as a new job of its size does."""
+    w = requeue_waits(hist.allocs or ())
+    if len(w) >= min_jobs:
+        return Figure(statistics.median(w), f"median of {len(w)} requeues, End to next Start ({hist.text()})",
+                      len(w))
+    q = queue_wait(hist, nodes, min_jobs)
+    if not q.known:
+        return Figure(None, f"unknown: {len(w)} requeue(s) in the history, and the queue wait is {q.source}", len(w))
+    return Figure(q.seconds, f"as a new job's queue wait ({len(w)} requeue(s) in the history, fewer than "
+                             f"{min_jobs})", q.n)
+
+
+def read_now(partition: str) -> Now:
+    """sinfo's allocated/idle/other/total and squeue's pending jobs of the partition now."""
+    counts: list[int] | None = None
+    for line in (tool("sinfo", "-h", "-p", partition, "-o", "%F") or "").split():
+        vals = line.split("/")
+        if len(vals) == 4 and all(v.isdigit() for v in vals):
+            counts = [c + int(v) for c, v in zip(counts or [0, 0, 0, 0], vals)]
+    text = tool("squeue", "--start", "-h", "-p", partition, "-o", "%i|%D|%S", env=STANDARD_TIME)
+    pending = None
+    if text is not None:
+        pending = tuple((int(n), _when(s)) for _, n, s in (ln.split("|") for ln in text.split() if ln.count("|") == 2)
+                        if n.isdigit())
+    a, i, o, t = counts or (None, None, None, None)
+    return Now(a, i, o, t, pending)
