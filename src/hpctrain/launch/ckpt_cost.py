@@ -23,10 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain import flops, plan
+from hpctrain import flops
 from hpctrain.config import Config
 from hpctrain.errors import UserError
 from hpctrain.launch.cluster_init import parse_kv, tool
+from hpctrain.plan import throughput
 from hpctrain.train.ckpt_interval import DEFAULT_MTBF_H
 from hpctrain.train.metrics import read_metrics
 
@@ -138,7 +139,7 @@ def planned_step_s(cfg: Config, profile, nodes: int, gpus_per_node: int) -> floa
     if not profile.slurm.request_gpus:
         return None
     try:
-        p = plan.build(cfg, plan.resolve(cfg, profile, nodes, gpus_per_node))
+        p = throughput.build(cfg, throughput.resolve(cfg, profile, nodes, gpus_per_node))
     except UserError:
         return None
     return p.target.step.step_s if p.target else None
