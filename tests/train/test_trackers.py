@@ -4,6 +4,7 @@ each step once, the values of metrics.jsonl, read back with the trackers' own re
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -19,14 +20,17 @@ from hpctrain.train.trackers import TrackerMissing, run_key, wandb_file
 mlflow = pytest.importorskip("mlflow", reason="the trackers extra (pip install 'hpctrain[trackers]')")
 pytest.importorskip("wandb", reason="the trackers extra (pip install 'hpctrain[trackers]')")
 
-HALT, STEPS = 4, 7  # stop at step 4 (a checkpoint there), resume to 7; eval at the end
-SETS = ["train.threads=1", "train.ckpt_every=0", "train.log_every=1", "train.eval_every=0",
+HALT, STEPS = 5, 7  # stop at step 5, resume from the checkpoint at 4 (5 replayed), to 7; eval at the end
+SETS = ["train.threads=1", "train.ckpt_every=2", "train.keep_ckpts=5", "train.log_every=1", "train.eval_every=0",
         f"train.max_steps={STEPS}", "train.tensorboard=false", "train.trackers=[mlflow,wandb]"]
 
 
 @pytest.fixture(scope="module")
 def run_dir(digits_root, tmp_path_factory):
-    """Trained in this process (a subprocess costs ~7 s of CPU to start): halted at HALT, resumed."""
+    """Trained in this process (a subprocess costs ~7 s of CPU to start): halted at step HALT, its
+    checkpoint there deleted (as if the job had died after logging step HALT, before saving it), resumed
+    from step HALT - 1: step HALT is trained and logged again."""
+    from hpctrain.train import checkpoint as ckpt
     from hpctrain.train.entry import run
 
     d = tmp_path_factory.mktemp("trackers")
@@ -36,16 +40,24 @@ def run_dir(digits_root, tmp_path_factory):
                                        "run.name=tr", *SETS, *sets]))
 
     assert train(f"train.halt_at={HALT}")["status"] == "halted"
+    newest, older = ckpt.list_checkpoints(d / "tr")[:2]
+    assert ckpt.step_of(newest) == HALT
+    shutil.rmtree(newest) if newest.is_dir() else newest.unlink()
+    ckpt.point_latest(newest.parent, older)
     out = train()
-    assert out["resumed_from"] == HALT and out["status"] == "finished"
+    assert out["resumed_from"] == HALT - 1 and out["status"] == "finished"
     return d / "tr"
 
 
 def expected(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """Metric → [(step, value)] of metrics.jsonl, as the trackers name them."""
+    """Metric → [(step, value)] as the trackers must hold it: metrics.jsonl's, except at the replayed
+    step, which keeps the first attempt's values (moved to metrics.superseded.jsonl): the trackers
+    append only, so they skip a step they logged already."""
+    first = {(r["kind"], r["step"]): r for r in read_metrics(run_dir / "metrics.superseded.jsonl")}
+    assert ("train", HALT) in first, "the resume replayed step HALT"
     out: dict[str, list[tuple[int, float]]] = {}
     for rec in read_metrics(run_dir / "metrics.jsonl"):
-        for k, v in scalars(rec).items():
+        for k, v in scalars(first.get((rec.get("kind"), rec.get("step")), rec)).items():
             out.setdefault(k, []).append((rec["step"], v))
     return out
 
@@ -90,10 +102,20 @@ def test_wandb_offline_files_have_each_step_once_with_the_values_of_metrics_json
 
 
 def test_report_from_the_mlflow_store_draws_the_data_of_metrics_jsonl(run_dir):
+    """The same points on the step axis; at the replayed step the loss of either attempt (equal: the
+    same seed and batches), the throughput of the first (MLflow's)."""
     a, b = report.load_run(run_dir), report.load_run(run_dir, source="mlflow")
+    drawn = 0
     for panel in report.PANELS:
         for s in panel.series:
-            assert report._points(a, s, "step", 1.0) == report._points(b, s, "step", 1.0), s.key
+            pa, pb = report._points(a, s, "step", 1.0), report._points(b, s, "step", 1.0)
+            assert pa[0] == pb[0], s.key
+            want = dict(expected(run_dir).get(f"{s.kind}/{s.key}", []))
+            assert pb[1] == [want[x] * s.scale for x in pb[0]], s.key
+            drawn += bool(pa[0])
+    loss = report.PANELS[0].series[0]
+    assert report._points(a, loss, "step", 1.0) == report._points(b, loss, "step", 1.0)
+    assert drawn >= 5
     assert len(report.figure([b], "step").axes) >= len(report.PANELS)
 
 
