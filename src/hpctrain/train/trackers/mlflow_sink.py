@@ -21,7 +21,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from hpctrain.config import to_dict
-from hpctrain.train.tensorboard import scalars
+from hpctrain.train.tensorboard import KINDS, scalars
 from hpctrain.train.trackers import flat, read_env, run_key
 
 KEY_TAG = "hpctrain.run_key"
@@ -87,7 +87,8 @@ class MLflowSink:
         """A resume: log what metrics.jsonl keeps that the store lacks (none, unless mlflow was added
         to train.trackers on this resume); the replayed steps come again through `record`."""
         for rec in kept:
-            self.record(rec)
+            if rec.get("kind") in KINDS:  # a kept stop or end record is history, not this attempt's state
+                self.record(rec)
 
     def record(self, rec: dict) -> None:
         step = rec.get("step")

@@ -20,7 +20,7 @@ from pathlib import Path
 import wandb
 
 from hpctrain.config import to_dict
-from hpctrain.train.tensorboard import scalars
+from hpctrain.train.tensorboard import KINDS, scalars
 from hpctrain.train.trackers import read_env, run_key, wandb_file
 
 
@@ -60,7 +60,8 @@ class WandbSink:
         """A resume: log what metrics.jsonl keeps above the floor (none, unless wandb was added to
         train.trackers on this resume); replayed steps come again through `record`."""
         for rec in kept:
-            self.record(rec)
+            if rec.get("kind") in KINDS:  # a kept stop or end record is history, not this attempt's state
+                self.record(rec)
 
     def record(self, rec: dict) -> None:
         step = rec.get("step")
