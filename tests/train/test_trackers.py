@@ -78,7 +78,7 @@ def test_mlflow_history_has_each_step_once_with_the_values_of_metrics_jsonl(run_
     env = json.loads((run_dir / "env.json").read_text())
     assert r.data.params["optim.lr"] == json.dumps(load(run_dir / "config.yaml").optim.lr)
     assert r.data.params["resolved.peak_lr"] == json.dumps(env["resolved"]["peak_lr"])
-    assert r.data.tags["env.hostname" if "hostname" in env else f"env.{next(iter(env))}"]
+    assert r.data.tags["env.host"] == env["host"] and r.data.tags["env.hpctrain"] == env["hpctrain"]
     assert r.data.tags["summary.status"] == "finished" and r.data.tags["summary.step"] == str(STEPS)
 
 
@@ -116,6 +116,8 @@ def test_report_from_the_mlflow_store_draws_the_data_of_metrics_jsonl(run_dir):
     loss = report.PANELS[0].series[0]
     assert report._points(a, loss, "step", 1.0) == report._points(b, loss, "step", 1.0)
     assert drawn >= 5
+    png = run_dir.parent / "mlflow.png"
+    assert main(["report", str(run_dir), "--source", "mlflow", "-o", str(png)]) == 0 and png.stat().st_size
     assert len(report.figure([b], "step").axes) >= len(report.PANELS)
 
 

@@ -91,6 +91,16 @@ class Fanout:
         self._each("close")
 
 
+def _open(name: str, cfg, run_dir: Path):
+    if name == "mlflow":
+        from hpctrain.train.trackers import mlflow_sink  # heavy optional package (~1.5 s import): only when chosen
+
+        return mlflow_sink.MLflowSink.open(cfg, run_dir)
+    from hpctrain.train.trackers import wandb_sink  # heavy optional package (a service process): only when chosen
+
+    return wandb_sink.WandbSink.open(cfg, run_dir)
+
+
 def open_sink(cfg, run_dir: Path | None) -> Fanout | None:
     """The trackers of `cfg.train.trackers` for rank 0 of a run with a directory, or None."""
     t = cfg.train
@@ -101,12 +111,10 @@ def open_sink(cfg, run_dir: Path | None) -> Fanout | None:
         tb = tensorboard.open_sink(t.tensorboard, run_dir)
         if tb is not None:
             sinks.append(tb)
-    if "mlflow" in t.trackers:
-        from hpctrain.train.trackers import mlflow_sink  # heavy optional package (~1.5 s import): only when chosen
-
-        sinks.append(mlflow_sink.MLflowSink.open(cfg, Path(run_dir)))
-    if "wandb" in t.trackers:
-        from hpctrain.train.trackers import wandb_sink  # heavy optional package (a service process): only when chosen
-
-        sinks.append(wandb_sink.WandbSink.open(cfg, Path(run_dir)))
+    for name in ("mlflow", "wandb"):
+        if name in t.trackers:
+            try:
+                sinks.append(_open(name, cfg, Path(run_dir)))
+            except Exception as e:  # an unreachable server, a store it cannot write: the run trains on
+                log.warning("no %s tracking (%s: %s); the run goes on without it", name, type(e).__name__, e)
     return Fanout(sinks) if sinks else None

@@ -12,6 +12,7 @@ metrics.superseded.jsonl); after a clean stop nothing is replayed. Sources in do
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -77,8 +78,8 @@ class MLflowSink:
         else:
             client.update_run(run.info.run_id, status="RUNNING")
             last = last_steps(client, run)
-        tags = [RunTag(k, v[:5000]) for k, v in sorted(flat({k: v for k, v in env.items() if k != "resolved"},
-                                                             "env.").items())]
+        env_tags = flat({k: v for k, v in env.items() if k != "resolved"}, "env.")
+        tags = [RunTag(re.sub(r"[^\w\-. /]", "_", k), v[:5000]) for k, v in sorted(env_tags.items())]
         for i in range(0, len(tags), BATCH):
             client.log_batch(run.info.run_id, tags=tags[i:i + BATCH])
         return cls(client, run.info.run_id, last)
