@@ -88,10 +88,14 @@ def test_wandb_offline_files_have_each_step_once_with_the_values_of_metrics_json
     logs = sorted((run_dir / "wandb").glob(f"offline-run-*-{key}/run-{key}.wandb"))
     assert len(logs) == 2, "one offline directory per attempt, one run id"
     got: dict[str, list[tuple[int, float]]] = {}
+    config, summary = {}, {}
     for f in logs:
         for rec in wandb_file.records(f):
             if rec.WhichOneof("record_type") == "run":
                 assert rec.run.run_id == key
+                config = {i.key: json.loads(i.value_json) for i in rec.run.config.update}
+            if rec.WhichOneof("record_type") == "summary":
+                summary.update({i.key: json.loads(i.value_json) for i in rec.summary.update if i.key})
             if rec.WhichOneof("record_type") != "history":
                 continue
             for item in rec.history.item:
@@ -99,6 +103,10 @@ def test_wandb_offline_files_have_each_step_once_with_the_values_of_metrics_json
                 if not name.startswith("_"):
                     got.setdefault(name, []).append((rec.history.step.num, json.loads(item.value_json)))
     assert got == expected(run_dir)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert config["optim"]["lr"] == load(run_dir / "config.yaml").optim.lr
+    assert config["resolved"] == env["resolved"] and config["env"]["host"] == env["host"]
+    assert summary["status"] == "finished" and summary["step"] == STEPS
 
 
 def test_report_from_the_mlflow_store_draws_the_data_of_metrics_jsonl(run_dir):
