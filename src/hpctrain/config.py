@@ -29,6 +29,7 @@ from hpctrain.errors import UserError
 from hpctrain.models.arch import arch_dims
 
 CONFIG_DIR = shipped.CONFIG_DIR
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # train.trackers: what hpctrain.train.trackers can feed
 
 
 class ConfigError(UserError, ValueError):
@@ -261,7 +262,17 @@ class TrainConfig:
                                             "checkpoint, stop, and run on without its node (spares or a requeue "
                                             "with the node excluded); 0: off", lo=0)
     tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
-                                  "needs the tensorboard package, else one warning)")
+                                  "needs the tensorboard package, else one warning); false: none even when "
+                                  "train.trackers lists tensorboard")
+    trackers: tuple[str, ...] = opt(("tensorboard",), "where rank 0 also sends the metrics.jsonl records: tensorboard "
+                                    "(<run>/tb), mlflow (<run>/mlruns or train.mlflow_uri), wandb (offline in "
+                                    "<run>/wandb; hpctrain sync RUN uploads); mlflow and wandb need "
+                                    "pip install 'hpctrain[trackers]' (docs/trackers.md)")
+    mlflow_uri: str = opt("", "MLflow tracking URI (empty: the file store <run>/mlruns)")
+    mlflow_experiment: str = opt("hpctrain", "MLflow experiment the run goes in")
+    wandb_project: str = opt("hpctrain", "W&B project")
+    wandb_mode: str = opt("offline", "W&B mode: offline (compute nodes have no network; hpctrain sync RUN uploads "
+                          "from the login node) or online", choices=("offline", "online"))
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int | str = opt(500, "optimizer steps between checkpoints (0: only at the end), or auto: Young/Daly's "
                                 "sqrt(2 x save time x MTBF) from this run's measured save and step times and "
@@ -317,6 +328,9 @@ class TrainConfig:
     def validate(self) -> None:
         """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash.
         The hang watchdog must fire first, with time left to dump before the collectives time out."""
+        bad = [n for n in self.trackers if n not in TRACKERS]
+        if bad:
+            raise ConfigError(f"train.trackers: unknown tracker {bad[0]!r}; allowed: {', '.join(TRACKERS)}")
         if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
             raise ConfigError(f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
                               "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)")

@@ -1,4 +1,4 @@
-"""`hpctrain report`: one figure of several runs' metrics.jsonl, as PNG or a self-contained HTML page.
+"""`hpctrain report`: one figure of several runs' metrics.jsonl (or MLflow runs), as PNG or a self-contained HTML page.
 
 Login-node code: reads JSON lines only (no torch); matplotlib (the `report` extra) is imported
 when a figure is drawn, with the Agg backend, so it runs without a display. Panels (loss, lr,
@@ -127,13 +127,46 @@ def expand_sweeps(targets: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-def load_run(target: str | Path, name: str | None = None) -> Run:
+def load_run(target: str | Path, name: str | None = None, source: str = "metrics") -> Run:
     path = find_metrics(target)
-    records = [r for r in read_metrics(path) if isinstance(r, dict)]
+    if source == "mlflow":
+        records = mlflow_records(path.parent)
+    else:
+        records = [r for r in read_metrics(path) if isinstance(r, dict)]
     if not records:
         raise ReportError(f"{path} holds no records yet")
     run_name = name or (path.parent.name if path.name == "metrics.jsonl" else path.stem)
     return Run(run_name, records, restart_marks(records))
+
+
+SOURCES = ("metrics", "mlflow")  # where `hpctrain report --source` reads a run's records
+
+
+def mlflow_records(run_dir: Path) -> list[dict]:
+    """The train and eval records of a run rebuilt from its MLflow run (`train.trackers: [mlflow]`):
+    one record per kind and step, a field per metric `<kind>/<field>`, the time from the metric's
+    timestamp. The store is the run's `train.mlflow_uri` (config.yaml), else `<run>/mlruns`. Stops
+    are not in MLflow: the wall axis marks only gaps (restart_marks)."""
+    from hpctrain.config import load
+    from hpctrain.train.trackers import mlflow_sink, run_key  # heavy optional package: only for --source mlflow
+
+    cfg_path = run_dir / "config.yaml"
+    t = load(cfg_path).train if cfg_path.is_file() else None
+    uri, experiment = (t.mlflow_uri, t.mlflow_experiment) if t else ("", "hpctrain")
+    client = mlflow_sink.MlflowClient(tracking_uri=mlflow_sink.store_uri(uri, run_dir))
+    run = mlflow_sink.find_run(client, experiment, run_key(run_dir))
+    if run is None:
+        raise ReportError(f"no MLflow run of {run_dir} in {client.tracking_uri}: was it trained with "
+                          "train.trackers listing mlflow? (or report with --source metrics)")
+    recs: dict[tuple[int, str], dict] = {}
+    for key in run.data.metrics:
+        kind, _, name = key.partition("/")
+        if kind not in ("train", "eval"):
+            continue  # per-GPU curves (gpu<i>/...) are not drawn
+        for m in client.get_metric_history(run.info.run_id, key):
+            rec = recs.setdefault((m.step, kind), {"kind": kind, "step": m.step, "time": m.timestamp / 1000})
+            rec[name] = m.value
+    return [recs[k] for k in sorted(recs, key=lambda k: (k[0], k[1] != "train"))]
 
 
 def _wall_unit(runs: list[Run]) -> tuple[str, float]:

@@ -16,7 +16,7 @@ from hpctrain.version import version_line
 
 # module name under hpctrain.cli for each command group, in --help order
 COMMANDS = ["train", "submit", "sweep", "plan", "status", "cluster", "data", "config_cmd", "image",
-            "sbatch_template", "doctor", "notebook", "bench", "export", "eval_cmd", "report"]
+            "sbatch_template", "doctor", "notebook", "bench", "export", "eval_cmd", "report", "sync"]
 
 
 class CLIError(UserError):

@@ -13,13 +13,16 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", default="report.png", help="report.png or report.html (default report.png)")
     p.add_argument("--x", choices=("step", "wall", "both"), default="both",
                    help="x axis: optimizer step, wall time since the run's start, or both (default)")
+    p.add_argument("--source", choices=("metrics", "mlflow"), default="metrics",
+                   help="read each run's metrics.jsonl (default) or its MLflow run (train.trackers: [mlflow]; "
+                        "needs pip install 'hpctrain[trackers]')")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from hpctrain.report import expand_sweeps, load_run, write
 
-    runs = [load_run(r, name) for r, name in expand_sweeps(args.runs)]
+    runs = [load_run(r, name, args.source) for r, name in expand_sweeps(args.runs)]
     out = write(runs, args.output, args.x)
     print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})")
     return 0

@@ -19,7 +19,7 @@ from hpctrain import __version__, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.launch import faultlog
 from hpctrain.train import dist as distmod
-from hpctrain.train import watchdog
+from hpctrain.train import trackers, watchdog
 from hpctrain.train.dist import agree
 from hpctrain.train.metrics import progress_log, read_metrics
 from hpctrain.train.rundir import RunDirBusy, RunLock
@@ -114,6 +114,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         cfg = build(Config, cfg)
     info = distmod.detect()
     check_batch(cfg, info.world_size)
+    trackers.check_packages(cfg.train.trackers)  # a missing package: one line, before anything starts
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     want = cfg.train.device

@@ -23,7 +23,7 @@ from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import ckpt_interval as interval
-from hpctrain.train import comm, compat, fastpath, guard, speed, straggler, tensorboard
+from hpctrain.train import comm, compat, fastpath, guard, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
@@ -254,7 +254,7 @@ class Trainer:
         self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
         main_dir = run_dir if dist.is_main else None
         self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl",
-                                     sink=tensorboard.open_sink(t.tensorboard, main_dir))
+                                     sink=trackers.open_sink(cfg, main_dir))
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
         delay, where = straggler.injected_delay(dist.rank)
         self.data_delay = delay if where == "data" else 0.0
