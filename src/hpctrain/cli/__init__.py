@@ -1,7 +1,9 @@
 """`hpctrain` command line: a thin layer over the library.
 
-Each sub-command lives in its own module with `add_parser(subparsers)`; heavy imports (torch,
-DALI) happen inside the command that needs them, so login nodes can plan and submit jobs.
+Each sub-command lives in its own module with `add_parser(subparsers)`. The dispatcher imports
+only the module of the command given (`COMMANDS`, the one table of lazy imports): `hpctrain status`
+does not load the submit path, and no command loads torch or DALI unless it needs them (login
+nodes have neither). Only `hpctrain --help` (or an unknown command) loads them all, to list them.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import sys
 from hpctrain.errors import UserError
 from hpctrain.version import version_line
 
-# module name under hpctrain.cli for each command group, in --help order
-COMMANDS = ["train", "submit", "sweep", "plan", "status", "cluster", "data", "config_cmd", "image",
-            "sbatch_template", "doctor", "notebook", "bench", "export", "eval_cmd", "report", "sync"]
+# command word → its module under hpctrain.cli (imported only when that command is run), in --help order
+COMMANDS = {"train": "train", "submit": "submit", "sweep": "sweep", "plan": "plan", "status": "status",
+            "logs": "status", "cluster": "cluster", "data": "data", "config": "config_cmd", "image": "image",
+            "sbatch-template": "sbatch_template", "doctor": "doctor", "notebook": "notebook", "bench": "bench",
+            "export": "export", "eval": "eval_cmd", "report": "report", "sync": "sync"}
 
 
 class CLIError(UserError):
@@ -42,18 +46,26 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_word(argv: list[str]) -> str | None:
+    """The sub-command named on the command line (the top level has only options without values)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`'s command alone when it names one, else for every command."""
     parser = argparse.ArgumentParser(prog="hpctrain", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=VersionAction,
                         help="print the version, the source hash and (from a checkout) the git commit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    word = command_word(sys.argv[1:] if argv is None else argv)
+    modules = [COMMANDS[word]] if word in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
         importlib.import_module(f"hpctrain.cli.{name}").add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
