@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
+from hpctrain.bench import measure, report
 from hpctrain.cli import CLIError, add_config_args
+from hpctrain.cli.common import load_config
+from hpctrain.config import ConfigError
+from hpctrain.train.dist import detect
 
 
 def add_parser(sub) -> None:
@@ -25,9 +30,6 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.bench import measure, report
-    from hpctrain.cli.common import load_config
-
     if args.steps < 1 or args.warmup < 0:
         raise CLIError("--steps must be >= 1 and --warmup >= 0")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
@@ -36,7 +38,6 @@ def main(args: argparse.Namespace) -> int:
     result = measure(cfg, steps=args.steps, warmup=args.warmup, use_loader=args.loader,
                      peak_tflops=args.peak_tflops, config_name=args.config or "default")
 
-    from hpctrain.train.dist import detect
 
     if detect().is_main:
         print(json.dumps(result) if args.json else report(result), flush=True)
@@ -46,10 +47,6 @@ def main(args: argparse.Namespace) -> int:
 def standalone(argv: list[str] | None = None) -> int:
     """`python -m hpctrain.cli.bench …`: this command alone, without importing the other commands
     (bench/gpu.sh runs it on GPU machines that have torch but not the launch dependencies)."""
-    import sys
-
-    from hpctrain.config import ConfigError
-
     parser = argparse.ArgumentParser(prog="hpctrain")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])

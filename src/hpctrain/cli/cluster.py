@@ -12,6 +12,13 @@ $XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml (default ~/.config/…; `--cluster 
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
+from pathlib import Path
+
+from hpctrain.cli import CLIError
+from hpctrain.launch import cluster_init as ci
+from hpctrain.launch.profile import load_profile, user_cluster_dir
 
 
 def add_parser(sub) -> None:
@@ -34,13 +41,6 @@ def add_parser(sub) -> None:
 
 
 def init(args: argparse.Namespace) -> int:
-    import re
-    import shlex
-    from pathlib import Path
-
-    from hpctrain.cli import CLIError
-    from hpctrain.launch import cluster_init as ci
-    from hpctrain.launch.profile import load_profile, user_cluster_dir
 
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", args.name):
         raise CLIError(f"cluster name {args.name!r}: use letters, digits, '.', '_' and '-' (e.g. mysite)")

@@ -7,7 +7,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import yaml
+
+from hpctrain import config, shipped
 from hpctrain.cli import CLIError, add_config_args
+from hpctrain.cli.common import load_config
 
 
 def add_parser(sub) -> None:
@@ -22,8 +26,6 @@ def add_parser(sub) -> None:
 
 
 def list_shipped() -> None:
-    from hpctrain import shipped
-
     print("configs (--config NAME; `hpctrain config show NAME > my.yaml` to copy and edit one):")
     for p in shipped.configs():
         print(f"  {p.stem:28s} {shipped.summary(p)}")
@@ -33,8 +35,6 @@ def list_shipped() -> None:
 
 
 def show_shipped(name: str) -> None:
-    from hpctrain import shipped
-
     path = shipped.lookup(name, shipped.CONFIG_DIR, (".yaml",)) or shipped.lookup(name, shipped.CLUSTER_DIR,
                                                                                   (".yaml",))
     if path is None:
@@ -44,10 +44,6 @@ def show_shipped(name: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import yaml
-
-    from hpctrain import config
-    from hpctrain.cli.common import load_config
 
     if args.action == "list":
         if args.name:

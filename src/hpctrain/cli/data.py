@@ -6,8 +6,15 @@ import argparse
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from hpctrain.cli import CLIError
+from hpctrain.data import pack as pk
+from hpctrain.data.imagenet import prepare, write_exclusions
+from hpctrain.data.pack import pack as write
+from hpctrain.launch import pack_array
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.submit import Request, check_image
 
 SLURM_GROUPS = 100  # default array size of `data pack --slurm`
 SLURM_ONLY = ("cluster", "time", "partition", "account", "qos", "constraint", "dry_run", "wait")
@@ -90,8 +97,6 @@ def pack(args: argparse.Namespace) -> int:
         (["--cluster-set"] if args.cluster_overrides else [])
     if given:
         raise CLIError(f"{', '.join(given)} only apply to a Slurm pack: add --slurm, or leave them out")
-    from hpctrain.data.pack import pack as write
-
     write(args.root, args.out, args.shard_size, args.exclude_file, args.seed,
           1 if args.workers is None else args.workers, exclude_bad=args.exclude_bad)
     print(f"wrote shards to {args.out}; {train_hint(args.out)}")
@@ -105,13 +110,6 @@ def train_hint(out: str) -> str:
 
 def pack_slurm(args: argparse.Namespace) -> int:
     """Plan, write the plan under OUT/.pack, submit the array (or only its unfinished groups)."""
-    from pathlib import Path
-
-    from hpctrain.data import pack as pk
-    from hpctrain.launch import pack_array
-    from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.submit import Request, check_image
-
     profile = load_profile(args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local",
                            args.cluster_overrides)
     req = Request(time=args.time, partition=args.partition, account=args.account, qos=args.qos,
@@ -163,9 +161,6 @@ def _packed(args: argparse.Namespace, plan) -> int:
 
 
 def prepare_imagenet(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hpctrain.data.imagenet import prepare, write_exclusions
 
     rep = prepare(args.root, args.val_map, args.workers, scan=not args.no_scan)
     for split in rep.images:

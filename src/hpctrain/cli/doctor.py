@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+
+from hpctrain import allreduce
+from hpctrain.cli import CLIError
+from hpctrain.doctor.report import format_report, run
+from hpctrain.launch.nccl import fabric_env
+from hpctrain.launch.profile import load_profile
+from hpctrain.train.dist import detect
 
 
 def add_parser(sub) -> None:
@@ -36,18 +44,10 @@ def add_parser(sub) -> None:
 def profile_env(cluster: str | None, overrides: list[str]) -> dict[str, str]:
     """The environment a task of this profile's jobs sees: the batch script exports the profile's
     fabric values unless the job's environment has them (`export K=${K-v}`)."""
-    from hpctrain.launch.nccl import fabric_env
-    from hpctrain.launch.profile import load_profile
-
     return {**fabric_env(load_profile(cluster, overrides)), **os.environ}
 
 
 def doctor(args: argparse.Namespace) -> int:
-    import json
-
-    from hpctrain.cli import CLIError
-    from hpctrain.doctor.report import format_report, run
-    from hpctrain.train.dist import detect
 
     env = None
     if args.cluster or args.cluster_overrides:
@@ -55,8 +55,6 @@ def doctor(args: argparse.Namespace) -> int:
     report = run(args.sysfs_root, env=env)
     is_main = True
     if args.allreduce:
-        from hpctrain import allreduce
-
         try:
             sizes = [allreduce.parse_size(s) for s in args.sizes.split(",") if s.strip()]
         except ValueError as e:

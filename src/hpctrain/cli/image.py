@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from hpctrain import shipped
+from hpctrain.images.build import plan_build, run_build
+from hpctrain.images.convert import convert_file
+from hpctrain.images.lint import lint_file
+from hpctrain.images.sif import format_info, read_sif
 from hpctrain.shipped import recipe
 
 
@@ -59,8 +65,6 @@ def add_parser(sub) -> None:
 
 
 def list_recipes(args: argparse.Namespace) -> int:
-    from hpctrain import shipped
-
     for p in shipped.recipes():
         print(f"  {p.name:24s} {shipped.summary(p)}")
     print(f"(in {shipped.RECIPE_DIR}; `hpctrain image build NAME -o IMAGE.sif` builds one)")
@@ -68,9 +72,6 @@ def list_recipes(args: argparse.Namespace) -> int:
 
 
 def build(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hpctrain.images.build import plan_build, run_build
 
     plan = plan_build(args.recipe, args.output, args.scratch, args.fakeroot, args.force)
     if args.dry_run:
@@ -83,9 +84,6 @@ def build(args: argparse.Namespace) -> int:
 
 
 def convert(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hpctrain.images.convert import convert_file
 
     conv = convert_file(recipe(args.dockerfile))
     for note in conv.notes:
@@ -99,8 +97,6 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def lint(args: argparse.Namespace) -> int:
-    from hpctrain.images.lint import lint_file
-
     bad = 0
     for name in args.recipes:
         path = recipe(name)
@@ -114,8 +110,6 @@ def lint(args: argparse.Namespace) -> int:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from hpctrain.images.sif import format_info, read_sif
-
     info = read_sif(args.image)
     print(json.dumps(info.to_dict(), indent=2) if args.json else format_info(info))
     return 0

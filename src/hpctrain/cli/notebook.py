@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import socket
+
+from hpctrain.launch.modules import module_lines
+from hpctrain.launch.profile import load_profile
+from hpctrain.notebook import (
+    NotebookJob,
+    batch_script,
+    submit,
+    tensorboard_hint,
+    token_file,
+    tunnel_command,
+    wait_for_node,
+)
 
 
 def add_parser(sub) -> None:
@@ -44,19 +57,6 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import os
-
-    from hpctrain.launch.modules import module_lines
-    from hpctrain.launch.profile import load_profile
-    from hpctrain.notebook import (
-        NotebookJob,
-        batch_script,
-        submit,
-        tensorboard_hint,
-        token_file,
-        tunnel_command,
-        wait_for_node,
-    )
 
     name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     prof = load_profile(name) if name else None

@@ -9,8 +9,11 @@ import argparse
 import json
 import os
 
+from hpctrain import plan as planmod
 from hpctrain.cli import add_config_args
-from hpctrain.cli.common import DEFAULT_CONFIG
+from hpctrain.cli.common import DEFAULT_CONFIG, load_config
+from hpctrain.launch.profile import load_profile
+from hpctrain.plan import recommend
 
 
 def add_parser(sub) -> None:
@@ -57,11 +60,6 @@ node_list.__name__ = "node count or comma-separated list (e.g. 4,8,16)"  # argpa
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain import plan as planmod
-    from hpctrain.cli.common import load_config
-    from hpctrain.launch.profile import load_profile
-    from hpctrain.plan import recommend
-
     if not args.history_days > 0:
         raise planmod.PlanError(f"--history-days {args.history_days:g}: give a positive number of days, e.g. 14")
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.report import expand_sweeps, load_run, write
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="plot runs' loss, lr, accuracy, speed and memory to a PNG or HTML file",
@@ -20,8 +22,6 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.report import expand_sweeps, load_run, write
-
     runs = [load_run(r, name, args.source) for r, name in expand_sweeps(args.runs)]
     out = write(runs, args.output, args.x)
     print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})")

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from pathlib import Path
+
+from hpctrain.cli import CLIError
+from hpctrain.launch.status import RUNS, follow, has_ended, log_path, read_json, run_status, wait_for_run
+from hpctrain.launch.sweep import SWEEP_FILE, is_sweep, sweep_table
+from hpctrain.launch.sweep import sweep_status as rows_of
 
 
 def add_parser(sub) -> None:
@@ -22,9 +29,6 @@ def add_parser(sub) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
-    from hpctrain.launch.status import run_status
-    from hpctrain.launch.sweep import is_sweep
-
     if not is_sweep(args.target) and not args.target.isdigit() and is_sweep(f"runs/{args.target}"):
         args.target = f"runs/{args.target}"  # a sweep's name under the default run.dir
     if is_sweep(args.target):
@@ -32,8 +36,6 @@ def status(args: argparse.Namespace) -> int:
 
     st = run_status(args.target)
     if args.json:
-        import json
-
         print(json.dumps(strict_json(st.facts()), indent=1))
     else:
         print(st.text())
@@ -42,8 +44,6 @@ def status(args: argparse.Namespace) -> int:
 
 def strict_json(v):
     """NaN and infinities (a diverged loss) as null: JSON has no such numbers, and jq refuses them."""
-    import math
-
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
@@ -55,12 +55,6 @@ def strict_json(v):
 
 def sweep_status(args: argparse.Namespace) -> int:
     """One row per member of a sweep (sweep.json), best val top-1 first."""
-    import json
-    from pathlib import Path
-
-    from hpctrain.launch.sweep import sweep_status as rows_of
-    from hpctrain.launch.sweep import sweep_table
-
     rows = rows_of(args.target)
     if args.json:
         print(json.dumps({"sweep": str(Path(args.target).resolve()), "runs": rows}, indent=1))
@@ -71,10 +65,6 @@ def sweep_status(args: argparse.Namespace) -> int:
 
 
 def logs(args: argparse.Namespace) -> int:
-    from hpctrain.cli import CLIError
-    from hpctrain.launch.status import RUNS, follow, has_ended, log_path, read_json, wait_for_run
-    from hpctrain.launch.sweep import SWEEP_FILE, is_sweep
-
     for sweep in (Path(args.target), RUNS / args.target):
         if is_sweep(sweep):  # one log per member: name one
             members = [m["run_dir"] for m in read_json(sweep / SWEEP_FILE).get("members", []) if m.get("run_dir")]

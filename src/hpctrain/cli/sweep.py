@@ -12,13 +12,23 @@ controller answering) the members run one after another through the local execut
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import shlex
 import sys
+from pathlib import Path
 
-from hpctrain.cli import add_config_args
-from hpctrain.cli.common import DEFAULT_CONFIG
+from hpctrain.cli import CLIError, add_config_args
+from hpctrain.cli.common import DEFAULT_CONFIG, load_config
+from hpctrain.cli.submit import check_inputs, report_batch
+from hpctrain.config import SET_ENV, check_batch, check_text, decode_overrides
+from hpctrain.data.prepare import ensure_dataset
+from hpctrain.errors import UserError
+from hpctrain.launch import sweep
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.submit import Request, check_image, plan_job, slurm_available, slurm_script
+from hpctrain.launch.sweep import array_plan
 
 
 def add_parser(sub) -> None:
@@ -48,13 +58,6 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hpctrain.cli import CLIError
-    from hpctrain.cli.common import load_config
-    from hpctrain.config import SET_ENV, check_text, decode_overrides
-    from hpctrain.launch import sweep
-    from hpctrain.launch.submit import slurm_available
 
     base = load_config(args.config, args.overrides, DEFAULT_CONFIG)  # the base itself must be valid
     config = args.config or os.environ.get("HPCTRAIN_CONFIG") or DEFAULT_CONFIG
@@ -85,15 +88,9 @@ def main(args: argparse.Namespace) -> int:
     for m in members:
         print(f"member {m.index}: {m.name}  {shlex.join(m.overrides)}", file=sys.stderr if args.dry_run else sys.stdout)
     if args.dry_run:
-        from hpctrain.launch.submit import slurm_script
-
         print(slurm_script(plan, sweep_dir / "submitit", "%A_%a"), end="")
         return 0
-    from hpctrain.data.prepare import ensure_dataset
-
     sweep.check_new(sweep_dir)
-    from hpctrain.launch.submit import check_image
-
     check_image(plan.profile)
     for root in {m.cfg.data.root: m for m in members}.values():
         ensure_dataset(root.cfg)
@@ -125,14 +122,6 @@ def note_ignored(args: argparse.Namespace) -> None:
 def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir, name: str):
     """Every member planned as `submit` plans a run (batch split, memory, request vs profile), named
     when it fails; then one plan for the array."""
-    import io
-
-    from hpctrain.cli.submit import report_batch
-    from hpctrain.errors import UserError
-    from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.submit import Request, plan_job
-    from hpctrain.launch.sweep import array_plan
-
     profile = load_profile(cluster or "local", args.cluster_overrides)
     req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
                   account=args.account, qos=args.qos, constraint=args.constraint, exclusive=args.exclusive)
@@ -148,11 +137,6 @@ def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir
 
 
 def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
-    from hpctrain.cli import CLIError
-    from hpctrain.cli.submit import check_inputs
-    from hpctrain.config import check_batch
-    from hpctrain.launch import sweep
-
     if args.local_tasks < 1:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
     for m in members:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpctrain.cli import CLIError
 from hpctrain.config import load
+from hpctrain.train.trackers import run_key
 
 
 def add_parser(sub) -> None:
@@ -35,8 +36,6 @@ def run_dir_of(target: str) -> Path:
 
 def wandb_command(run: Path, project: str) -> list[str] | None:
     """The `wandb sync` line for this run's offline attempts (None: the run has none)."""
-    from hpctrain.train.trackers import run_key  # light: the package's __init__ imports no tracker
-
     key = run_key(run)
     dirs = sorted((run / "wandb").glob(f"offline-run-*-{key}"))
     if not dirs:

@@ -6,6 +6,10 @@ import argparse
 import sys
 
 from hpctrain.cli import add_config_args
+from hpctrain.cli.common import load_config
+from hpctrain.data.prepare import ensure_dataset
+from hpctrain.train import stop as stopmod
+from hpctrain.train.entry import run
 
 
 def add_parser(sub) -> None:
@@ -17,13 +21,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.train import stop as stopmod
-
     stop = stopmod.install(interrupt=True)  # first: a USR2/TERM/Ctrl-C from here on stops at a step boundary
-    from hpctrain.cli.common import load_config
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.train.entry import run
-
     overrides = list(args.overrides) + ([f"run.resume={args.resume}"] if args.resume else [])
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
