@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
 
 
 def digits(args: argparse.Namespace) -> int:
-    from hpctrain.data.digits import write_digits
+    from hpctrain.data.digits import write_digits  # numpy: not on a login node until this command runs
 
     counts = write_digits(args.out, args.size)
     print(f"wrote {counts['train']} train and {counts['val']} val images to {args.out}")
