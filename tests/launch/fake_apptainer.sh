@@ -12,6 +12,8 @@
 # - inside, APPTAINER_CONTAINER is the image's path (Apptainer sets it; `hpctrain doctor` reads it);
 # - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
 #   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
+# - `exec` reads the image file (all of it: a real one reads the parts of the SIF the task touches), so a
+#   test can count the reads of a shared image (container.stage_image, tests/launch/test_stage_image.py);
 # Called as `singularity` (a link named so), it is SingularityCE instead: SINGULARITYENV_X=v becomes X=v,
 # APPTAINERENV_* are plain host variables to it (dropped by --cleanenv: SingularityCE does not read
 # them, apptainer-userdocs "singularity_compatibility"), and inside SINGULARITY_CONTAINER is set.
@@ -75,6 +77,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -f "$1" ] || { echo "fake apptainer: image $1 not found" >&2; exit 255; }
+cat -- "$1" > /dev/null  # the image is read, by the task's own apptainer
 export FAKE_IMAGE=$1
 shift
 : "${FAKE_APPTAINER_PYTHON:?the image python}"
