@@ -17,6 +17,7 @@
 # Called as `singularity` (a link named so), it is SingularityCE instead: SINGULARITYENV_X=v becomes X=v,
 # APPTAINERENV_* are plain host variables to it (dropped by --cleanenv: SingularityCE does not read
 # them, apptainer-userdocs "singularity_compatibility"), and inside SINGULARITY_CONTAINER is set.
+# `--version` answers as the real one (SingularityCE: singularity-ce version ...).
 # Usage (as the batch script calls it): apptainer exec [--nv] [--cleanenv] [--env K=V] [--bind X] IMAGE CMD...
 set -euo pipefail
 case ${0##*/} in
@@ -63,7 +64,11 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   exec env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
-[ "${1:-}" = exec ] || { echo "fake ${0##*/}: only 'exec' is supported" >&2; exit 2; }
+if [ "${1:-}" = --version ]; then  # what each prints (docs/runtimes.md: how runtimes.py tells them apart)
+  case ${0##*/} in singularity*) echo "singularity-ce version 4.1.0" ;; *) echo "apptainer version 1.3.4" ;; esac
+  exit 0
+fi
+[ "${1:-}" = exec ] || { echo "fake ${0##*/}: only 'exec' and --version are supported" >&2; exit 2; }
 shift
 export FAKE_CLEANENV=0 FAKE_BINDS="" FAKE_HOST_PYTHONPATH="${PYTHONPATH:-}"
 while [ $# -gt 0 ]; do
