@@ -12,9 +12,12 @@
 # - inside, APPTAINER_CONTAINER is the image's path (Apptainer sets it; `hpctrain doctor` reads it);
 # - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
 #   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
+# - `exec` reads the image file (all of it: a real one reads the parts of the SIF the task touches), so a
+#   test can count the reads of a shared image (container.stage_image, tests/launch/test_stage_image.py);
 # Called as `singularity` (a link named so), it is SingularityCE instead: SINGULARITYENV_X=v becomes X=v,
 # APPTAINERENV_* are plain host variables to it (dropped by --cleanenv: SingularityCE does not read
 # them, apptainer-userdocs "singularity_compatibility"), and inside SINGULARITY_CONTAINER is set.
+# `--version` answers as the real one (SingularityCE: singularity-ce version ...).
 # Usage (as the batch script calls it): apptainer exec [--nv] [--cleanenv] [--env K=V] [--bind X] IMAGE CMD...
 set -euo pipefail
 case ${0##*/} in
@@ -61,7 +64,11 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   exec env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
-[ "${1:-}" = exec ] || { echo "fake ${0##*/}: only 'exec' is supported" >&2; exit 2; }
+if [ "${1:-}" = --version ]; then  # what each prints (docs/runtimes.md: how runtimes.py tells them apart)
+  case ${0##*/} in singularity*) echo "singularity-ce version 4.1.0" ;; *) echo "apptainer version 1.3.4" ;; esac
+  exit 0
+fi
+[ "${1:-}" = exec ] || { echo "fake ${0##*/}: only 'exec' and --version are supported" >&2; exit 2; }
 shift
 export FAKE_CLEANENV=0 FAKE_BINDS="" FAKE_HOST_PYTHONPATH="${PYTHONPATH:-}"
 while [ $# -gt 0 ]; do
@@ -75,6 +82,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -f "$1" ] || { echo "fake apptainer: image $1 not found" >&2; exit 255; }
+cat -- "$1" > /dev/null  # the image is read, by the task's own apptainer
 export FAKE_IMAGE=$1
 shift
 : "${FAKE_APPTAINER_PYTHON:?the image python}"

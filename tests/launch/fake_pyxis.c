@@ -11,11 +11,18 @@
  *   precedence over the host's (pyxis: "their existing values in the image take precedence"),
  *   except the names given to --container-env; the rest of the host environment passes;
  * - --container-mounts SRC:DST[:FLAGS],... (flags separated by '+', "ro" read-only; DST defaults to
- *   SRC) are bind mounts, their targets created (pyxis's x-create); --container-workdir is the cwd.
+ *   SRC) are bind mounts, their targets created (pyxis's x-create); --container-workdir is the cwd;
+ * - the image is "unpacked" (read whole and copied under runtime_path=DIR, a plugstack.conf argument
+ *   as pyxis's own) once per node per step, in slurm_spank_user_init before the tasks start, as
+ *   pyxis runs enroot there; tasks read only the unpacked copy. With --container-name=NAME the copy
+ *   is kept under that name and a later step with the same name skips the import (pyxis: "If a
+ *   container with this name already exists, the existing container is used and the import is
+ *   skipped"); unnamed copies are removed when the step ends.
  * Built by tests/launch/pyxis.py against Debian's libslurm-dev; loaded through plugstack.conf.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +35,9 @@
 
 SPANK_PLUGIN(fake_pyxis, 1);
 
-static char *image, *mounts, *workdir, *host_env;
+static char *image, *mounts, *workdir, *host_env, *name;
+static char runtime_path[1024] = "/tmp/fake-pyxis";
+static char unpacked[4096]; /* this node's unpacked copy of the image (its /etc/environment) */
 
 static int set_str(char **dst, const char *optarg)
 {
@@ -43,13 +52,14 @@ static int opt_image(int val, const char *optarg, int remote) { return set_str(&
 static int opt_mounts(int val, const char *optarg, int remote) { return set_str(&mounts, optarg); }
 static int opt_workdir(int val, const char *optarg, int remote) { return set_str(&workdir, optarg); }
 static int opt_env(int val, const char *optarg, int remote) { return set_str(&host_env, optarg); }
+static int opt_name(int val, const char *optarg, int remote) { return set_str(&name, optarg); }
 static int opt_ignored(int val, const char *optarg, int remote) { return 0; }
 
 struct spank_option spank_options[] = {
 	{"container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH", "[fake pyxis] the image", 1, 0, opt_image},
 	{"container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]", "[fake pyxis] bind mounts", 1, 0, opt_mounts},
 	{"container-workdir", "PATH", "[fake pyxis] working directory inside", 1, 0, opt_workdir},
-	{"container-name", "NAME", "[fake pyxis] accepted, not used", 1, 0, opt_ignored},
+	{"container-name", "NAME", "[fake pyxis] keep the unpacked image under NAME, reuse it", 1, 0, opt_name},
 	{"container-env", "NAME[,NAME...]", "[fake pyxis] host values win for these", 1, 0, opt_env},
 	{"container-mount-home", NULL, "[fake pyxis] accepted, not used", 0, 1, opt_ignored},
 	{"no-container-mount-home", NULL, "[fake pyxis] accepted, not used", 0, 0, opt_ignored},
@@ -142,11 +152,72 @@ static int in_list(const char *name, const char *list)
 	return 0;
 }
 
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	for (int i = 0; i < ac; i++)
+		if (strncmp(av[i], "runtime_path=", 13) == 0)
+			snprintf(runtime_path, sizeof(runtime_path), "%s", av[i] + 13);
+	return 0;
+}
+
+static int copy_file(const char *src, const char *dst)
+{
+	char buf[65536];
+	ssize_t n = 0;
+	int in = open(src, O_RDONLY), out = in < 0 ? -1 : open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	while (out >= 0 && (n = read(in, buf, sizeof(buf))) > 0)
+		if (write(out, buf, n) != n)
+			n = -1;
+	int rc = (in < 0 || out < 0 || n < 0) ? -1 : 0;
+	if (in >= 0)
+		close(in);
+	if (out >= 0)
+		close(out);
+	return rc;
+}
+
+/* Once per node and step, before the tasks: the import (skipped when the named container exists). */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	if (!spank_remote(sp) || image == NULL)
+		return 0;
+	char host[256], dir[2048];
+	uint32_t job = 0, step = 0;
+	gethostname(host, sizeof(host));
+	spank_get_item(sp, S_JOB_ID, &job);
+	spank_get_item(sp, S_JOB_STEPID, &step);
+	snprintf(dir, sizeof(dir), "%s/%s", runtime_path, host);
+	if (mkdirs(dir) < 0) {
+		slurm_error("fake pyxis: cannot create %s", dir);
+		return -1;
+	}
+	if (name)
+		snprintf(unpacked, sizeof(unpacked), "%s/%s", dir, name);
+	else
+		snprintf(unpacked, sizeof(unpacked), "%s/.unnamed-%u.%u", dir, job, step);
+	if (name && access(unpacked, F_OK) == 0)
+		return 0;
+	char part[4200];
+	snprintf(part, sizeof(part), "%s.part", unpacked);
+	if (copy_file(image, part) < 0 || rename(part, unpacked) < 0) {
+		slurm_error("fake pyxis: import of %s: %s", image, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	if (spank_remote(sp) && image && !name && unpacked[0])
+		unlink(unpacked);
+	return 0;
+}
+
 static int image_env(spank_t sp)
 {
-	FILE *f = fopen(image, "r");
+	FILE *f = fopen(unpacked, "r");
 	if (f == NULL) {
-		slurm_error("fake pyxis: image %s: %s", image, strerror(errno));
+		slurm_error("fake pyxis: unpacked image %s: %s", unpacked, strerror(errno));
 		return -1;
 	}
 	char line[8192];
@@ -161,7 +232,7 @@ static int image_env(spank_t sp)
 	}
 	fclose(f);
 	spank_unsetenv(sp, "SLURM_CONF");
-	return bind_mount(image, "/etc/environment", 1);
+	return bind_mount(unpacked, "/etc/environment", 1);
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)

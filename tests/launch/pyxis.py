@@ -24,5 +24,6 @@ def build(dest: Path) -> tuple[Path | None, str]:
     if r.returncode != 0:
         return None, f"gcc failed on {SOURCE.name}: {r.stderr.strip()[-500:]}"
     conf = dest / "plugstack.conf"
-    conf.write_text(f"optional {so}\n")  # a plugin that fails to load must not stop the other tests
+    # a plugin that fails to load must not stop the other tests; runtime_path: where images are unpacked
+    conf.write_text(f"optional {so} runtime_path={dest / 'run'}\n")
     return conf, ""

@@ -242,3 +242,42 @@ def test_fake_pyxis_task_starts_in_the_image_named_by_srun_options(slurm_cluster
     assert (out / "y").exists() and not (data / "x").exists()
     plain = slurm_cluster.run("srun", "-N1", "-n1", "bash", "-c", "scontrol version", cwd=tmp_path)
     assert plain.stdout.startswith("slurm")
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("runtime", ["singularity", "pyxis"])
+def test_cluster_init_probe_finds_the_runtime_and_runs_the_doctor_in_the_image(slurm_cluster, tmp_path, runtime):
+    """`cluster init --probe --image` on the test cluster: SingularityCE (the fake `singularity`, whose
+    --version says singularity-ce; no `apptainer`) for a .sif, pyxis (the fake SPANK plugin, which
+    `srun --help` lists) for a .sqsh; the profile names that runtime and no module, and the probe's
+    doctor ran on a node through it (in the image: SINGULARITY_CONTAINER set; pyxis: its image's PATH,
+    where python3 is found)."""
+    if runtime == "pyxis":
+        assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
+    bindir, imgbin = tmp_path / "bin", tmp_path / "imgbin"
+    bindir.mkdir()
+    imgbin.mkdir()
+    (imgbin / "python3").symlink_to(sys.executable)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "MODULEPATH": str(tmp_path / "none"),
+           "FAKE_APPTAINER_PYTHON": sys.executable}
+    if runtime == "singularity":
+        (bindir / "singularity").symlink_to(FAKE)
+        image = tmp_path / "image.sif"
+        image.write_text("a fake SIF")
+        env["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    else:
+        image = tmp_path / "image.sqsh"
+        image.write_text(f"PATH={imgbin}:/usr/bin:/bin\n")
+    out = tmp_path / "site.yaml"
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "cluster", "init", "site", "--probe", "--image", str(image),
+                        "-o", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}))
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = out.read_text()
+    prof = yaml.safe_load(text)
+    assert prof["container"]["runtime"] == runtime and prof["container_modules"] == []
+    assert "# --probe: `hpctrain doctor --json` on a node of the partition saw:" in text
+    if runtime == "singularity":
+        assert "singularity --version: singularity-ce version 4.1.0" in text and "#   in the image: NCCL" in text
+    else:
+        assert "srun --help lists --container-image (the pyxis SPANK plugin)" in text

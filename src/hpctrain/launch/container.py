@@ -93,19 +93,42 @@ PASS_ENV = ("SLURM_*", "SLURMD_NODENAME", "NCCL_*", "TORCH_*", "HPCTRAIN_*", "SU
             "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "TMPDIR", "USER", "LANG", "LC_*", "TZ")
 
 
-def cleanenv_wrapper(extra: list[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_") -> str:
+def local_image_line(stage_image_to: str) -> str:
+    """A bash line, run on a node, that sets $hpctrain_local to where container.stage_image keeps that
+    node's copy of $HPCTRAIN_IMAGE: one file per image path under `stage_image_to` (expanded there,
+    like data.stage_to), so the copier (launch/stage_image.py) and each task agree on it."""
+    word, _ = stage_word(stage_image_to)
+    return (f'hpctrain_local={word}/hpctrain-"$(printf %s "$HPCTRAIN_IMAGE" | cksum | cut -d " " -f 1)-'
+            '${HPCTRAIN_IMAGE##*/}"')
+
+
+def local_image_swap(stage_image_to: str) -> str:
+    """Bash, run per task before `<tool> exec`: the image argument becomes this node's staged copy; a
+    node without one (the copy step never ran there) reads the shared image, and says so."""
+    return (local_image_line(stage_image_to) + '; if [ -f "$hpctrain_local" ]; then a=("$@") p=""; '
+            'for i in "${!a[@]}"; do if [ "$p" != --bind ] && [ "${a[i]}" = "$HPCTRAIN_IMAGE" ]; then '
+            'a[i]=$hpctrain_local; break; fi; p=${a[i]}; done; set -- "${a[@]}"; '
+            'else echo "hpctrain: no staged image $hpctrain_local on $(hostname): this task reads '
+            '$HPCTRAIN_IMAGE" >&2; fi; ')
+
+
+def cleanenv_wrapper(extra: list[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_",
+                     stage_image_to: str = "") -> str:
     """A bash program run per task, on its node, just before `apptainer|singularity exec --cleanenv`:
     copy the allowed variables into `prefix`* (APPTAINERENV_ or SINGULARITYENV_, passed even with
     --cleanenv). It must run per task: slurmstepd sets SLURM_PROCID and friends only there. With
     `stage_to` (data.stage_to, e.g. $TMPDIR on /localscratch) it also binds that node-local
     directory, expanded here with the node's own variables: Apptainer binds only $HOME, /tmp,
-    /var/tmp and $PWD by default."""
+    /var/tmp and $PWD by default. With `stage_image_to` (container.stage_image) the image argument
+    becomes the node's local copy (local_image_swap)."""
     pats = "|".join((*PASS_ENV, *extra))
     stage = ""
     if stage_to:
         word, names = stage_word(stage_to)
         have = "".join(f'[ -n "${{{n}:-}}" ] && ' for n in names)
         stage = (f'{have}{{ d={word}; mkdir -p "$d" && set -- "$1" "$2" --bind "$d" "${{@:3}}"; }}; ')
+    if stage_image_to:
+        stage += local_image_swap(stage_image_to)
     return (stage + 'for v in $(compgen -e); do case $v in ' + pats + f') export "{prefix}$v=${{!v}}";; esac; '
             'done; exec "$@"')
 
@@ -152,9 +175,11 @@ def singularity_family_lines(tool: str, container: ContainerSection, binds: list
     for b in binds:
         cmd += ["--bind", q(b)]
     mount = container.source_mount.rstrip("/")
+    local = container.stage_image_to if container.stage_image else ""
     return [
         IMAGE_MISSING,
-        f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env, stage_to, prefix))}",
+        *(["  export HPCTRAIN_IMAGE  # each task finds its node's staged copy by it"] if local else []),
+        f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env, stage_to, prefix, local))}",
         f"  {PY_VAR}=({' '.join(cmd)})",
         f"  export {prefix}PYTHONNOUSERSITE=1",
         '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
@@ -199,7 +224,9 @@ def check_pyxis(binds: list[str], stage_to: str = "") -> None:
 def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "") -> list[str]:
     """pyxis/enroot: srun starts each task in the image ($HPCTRAIN_SRUN_CONTAINER on the srun line);
     the mounts are the job's binds, the job's directory (the tasks' working directory, which
-    Apptainer binds itself) and the submitted hpctrain; no GPU flag (enroot's hooks add the GPUs)."""
+    Apptainer binds itself) and the submitted hpctrain; no GPU flag (enroot's hooks add the GPUs).
+    container.stage_image: --container-name, one per job, so each node unpacks the image for the
+    first step only and later steps (a spare's restart, eval) reuse it (pyxis: "the import is skipped")."""
     q = shlex.quote
     mount = container.source_mount.rstrip("/")
     try:
@@ -217,6 +244,8 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
         f'  if [ -n "$HPCTRAIN_SOURCE" ]; then hpctrain_mounts+=",$HPCTRAIN_SOURCE:{mount}/hpctrain:ro"; fi',
         f'  {SRUN_VAR}=(--container-image="$HPCTRAIN_IMAGE" --container-mounts="$hpctrain_mounts" '
         '--container-workdir="$PWD")',
+        *([f'  {SRUN_VAR}+=(--container-name="hpctrain-${{SLURM_JOB_ID:-$$}}")  # unpacked once per node '
+           '(container.stage_image)'] if container.stage_image else []),
         f"  hpctrain_imageenv={q(image_env_wrapper(container.pass_env, mount))}",
         f'  {PY_VAR}=(bash -c "$hpctrain_imageenv" hpctrain-task {q(container.python)})',
     ]

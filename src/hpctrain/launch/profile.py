@@ -160,6 +160,10 @@ class ContainerSection:
                                                  "(<source_mount>/hpctrain)")
     pass_env: list[str] = opt([], "more host variables for the task (names or NAME_* prefixes); the image "
                                   "starts from a clean environment (--cleanenv)")
+    stage_image: bool = opt(False, "start from a node-local image: apptainer/singularity copy the SIF once per node "
+                                   "to stage_image_to; pyxis names the container per job (unpacked once per node)")
+    stage_image_to: str = opt("/tmp", "node-local directory for the staged SIF; $NAME expands on each node "
+                                      "(as data.stage_to), e.g. $TMPDIR or /localscratch/$USER")
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,13 @@ class ClusterProfile:
         if not self.container.source_mount.startswith("/") or " " in self.container.source_mount:
             raise ConfigError(f"container.source_mount={self.container.source_mount!r}: use an absolute path "
                               "without spaces inside the image, e.g. /opt/hpctrain-src")
+        c = self.container
+        if c.stage_image and c.runtime == "none":
+            raise ConfigError("container.stage_image copies the image to each node, but container.runtime is none "
+                              "(no image): set container.stage_image false, or a runtime and its image")
+        if c.stage_image and not c.stage_image_to.startswith(("/", "$", "~")):
+            raise ConfigError(f"container.stage_image_to={c.stage_image_to!r}: give an absolute node-local "
+                              "directory, e.g. /tmp or $TMPDIR")
         if self.container.runtime != "none" and not self.container.image:
             raise ConfigError(f"container.runtime is {self.container.runtime} but container.image is empty: set "
                               "the image (container.image) or use container.runtime: none")

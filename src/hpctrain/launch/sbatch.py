@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from hpctrain.config import control_char, encode_overrides
-from hpctrain.launch import inplace
+from hpctrain.launch import inplace, stage_image
 from hpctrain.launch.container import PY_VAR, SRUN_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.nccl import export_lines, fabric_env, left_to_nccl
@@ -258,7 +258,10 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
               '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
               'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]
-    lines += [*stop_lines(), "", *inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
+    lines += [*stop_lines(), ""]
+    if prof.container.stage_image:
+        lines += [*stage_image.batch_lines(prof.container.stage_image_to), ""]
+    lines += [*inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
               "# The batch host's death would leave a --no-kill job RUNNING without this shell: a guard on",
               "# another node requeues it then (launch.inplace.guard_lines).", *inplace.guard_lines(), "",
               "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",

@@ -1,0 +1,189 @@
+"""container.stage_image: the tasks start from a node-local copy of the SIF (apptainer, singularity), or
+from one unpacked container per node for the job (pyxis --container-name), not each from the shared image.
+
+The reads are the kernel's count (tests/launch/reads.py: fanotify, every read-only open of the file
+by any process); the fake apptainer reads the image it is given, the fake pyxis unpacks (reads) the
+image once per node per step unless a container of that name is there already."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.sbatch import JobPlan, render
+from hpctrain.launch.stage_image import copy_program
+from tests.helpers import hpctrain
+from tests.launch import reads
+from tests.slurm_cluster import NODES
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
+SRUN = """#!/bin/bash
+# stand-in srun: record the arguments; run the image-staging step's and the training step's command here
+n=$(ls "$SRUN_DIR" | wc -l); printf '%s\\0' "$@" > "$SRUN_DIR/$n"
+for ((i = 1; i <= $#; i++)); do [ "${!i}" = bash ] && exec "${@:i}"; done
+"""
+
+
+def profile(path: Path, runtime: str, image: Path, **container) -> Path:
+    path.write_text(yaml.safe_dump({
+        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 2, "max_gpus_per_node": 2, "time": "10"},
+        "container": {"runtime": runtime, "image": str(image), **container}}))
+    return path
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "singularity", "pyxis"])
+def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_copy(tmp_path, runtime):
+    """A dry run's script run by bash with a stand-in srun that runs each step's command here: the
+    Apptainer/SingularityCE script first runs a one-task-per-node step that copies the SIF under
+    container.stage_image_to (expanded with the node's variables), and the task's `<tool> exec` gets
+    that copy in place of the shared image; pyxis gets a per-job --container-name and no copy step."""
+    image = tmp_path / ("image.sqsh" if runtime == "pyxis" else "image.sif")
+    image.write_bytes(os.urandom(3000))
+    prof = profile(tmp_path / "site.yaml", runtime, image, stage_image=True,
+                   stage_image_to=str(tmp_path / "local" / "${SLURMD_NODENAME}"))
+    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run", "--set",
+                 f"data.root={tmp_path}/data", "--set", f"run.dir={tmp_path}/runs", "--set", "run.name=r", cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    calls.mkdir()
+    (bindir / "srun").write_text(SRUN)
+    (bindir / runtime).write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$TOOL_ARGS"\n')
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2",
+           "SLURMD_NODENAME": "n1", "HPCTRAIN_SOURCE": "", "SRUN_DIR": str(calls),
+           "TOOL_ARGS": str(tmp_path / "tool_args")}
+    work = tmp_path / "work"
+    work.mkdir()
+    run = subprocess.run(["bash", "-c", r.stdout], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    args = [(calls / str(i)).read_text().split("\0")[:-1] for i in range(len(list(calls.iterdir())))]
+    if runtime == "pyxis":
+        assert len(args) == 1 and "--container-name=hpctrain-42" in args[0], run.stderr  # no copy step
+        return
+    assert run.returncode == 0, run.stdout + run.stderr
+    stage, train = args
+    assert stage[:5] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash"]
+    assert stage[5] == "-c" and stage[7:] == ["hpctrain-stage-image"]
+    [local] = (tmp_path / "local" / "n1").glob("hpctrain-*-image.sif")
+    assert local.read_bytes() == image.read_bytes() and int(local.stat().st_mtime) == int(image.stat().st_mtime)
+    assert f"hpctrain: staging {image} to {local} on n1: 3.0 kB" in run.stdout
+    tool = (tmp_path / "tool_args").read_text().splitlines()
+    assert tool[tool.index("python3") - 1] == str(local) and str(image) not in tool
+    assert train[train.index("python3") - 1] == str(image)  # the swap happens on the node, per task
+
+
+def test_stage_image_without_a_runtime_names_the_fix(tmp_path):
+    prof = profile(tmp_path / "site.yaml", "none", Path(""), stage_image=True)
+    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run", cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert ("container.stage_image copies the image to each node, but container.runtime is none (no image): set "
+            "container.stage_image false, or a runtime and its image") in r.stderr
+
+
+def test_image_staging_refuses_a_disk_too_small_before_copying(tmp_path):
+    """The copier checks the node-local file system's free space first (a 1 MiB tmpfs here) and says
+    how much it needs and the ways out, as data.stage_to does; nothing is left behind."""
+    image = tmp_path / "image.sif"
+    image.write_bytes(os.urandom(2 << 20))
+    small = tmp_path / "small"
+    small.mkdir()
+    prog = f"mount -t tmpfs -o size=1m stage-test {small} && bash -c \"$0\""
+    r = subprocess.run(["unshare", "--mount", "bash", "-c", prog, copy_program(str(small))], capture_output=True,
+                       text=True, env={**os.environ, "HPCTRAIN_IMAGE": str(image), "SLURMD_NODENAME": "n1"})
+    if "mount" in r.stderr and r.returncode == 32:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"hpctrain: container.stage_image on n1: {small} needs 2097152 bytes (2.1 MB) for {image} but its file "
+            "system has 1048576 bytes (1.0 MB) free: point container.stage_image_to at a larger node-local disk"
+            in r.stderr), r.stderr
+
+
+def sbatch(cluster, script: str, path: Path, env: dict) -> str:
+    path.write_text(script)
+    r = cluster.run("sbatch", "--parsable", f"--partition={cluster.partition}", f"--output={path}.out", str(path),
+                    env=env, cwd=path.parent)
+    job = r.stdout.strip()
+    assert cluster.wait_done(job, 120) == "COMPLETED", Path(f"{path}.out").read_text()
+    return Path(f"{path}.out").read_text()
+
+
+@pytest.mark.slurm
+def test_staged_image_is_read_from_the_shared_path_once_per_node_not_once_per_task(slurm_cluster, tmp_path):
+    """2 nodes × 2 tasks, each task in the (fake) `apptainer exec`: without staging the shared SIF is
+    read 4 times (once per task); with container.stage_image 2 (one copy per node) and each node's
+    two tasks read its local copy; a second job finds the copies up to date and reads the shared SIF
+    0 times. The batch script is the generated one; the tasks run `python3 -c pass`."""
+    why = reads.available()
+    if why:
+        pytest.skip(why)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
+    image = tmp_path / "shared" / "image.sif"
+    image.parent.mkdir()
+    image.write_bytes(os.urandom(1 << 20))
+    local = tmp_path / "local"
+    for n in NODES:
+        (local / n).mkdir(parents=True)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FAKE_APPTAINER_PYTHON": sys.executable}
+
+    def script(name: str, **container) -> str:
+        prof = load_profile(profile(tmp_path / f"{name}.yaml", "apptainer", image, **container))
+        plan = JobPlan(profile=prof, job_name=name, nodes=2, tasks_per_node=2, gpus_per_node=0, cpus_per_task=1,
+                       mem="0", time="10")
+        return render(plan, '"${HPCTRAIN_PYTHON[@]}" -c pass', sys.executable, standalone=False)
+
+    counter = reads.Reads(image, *(local / n for n in NODES))
+    try:
+        sbatch(slurm_cluster, script("plain"), tmp_path / "plain.sh", env)
+        shared = [counter.take(image)]
+        staged = script("staged", stage_image=True, stage_image_to=f"{local}/$SLURMD_NODENAME")
+        out = sbatch(slurm_cluster, staged, tmp_path / "staged.sh", env)
+        shared.append(counter.take(image))
+        copies = sorted(local.glob("*/hpctrain-*-image.sif"))
+        assert [c.parent.name for c in copies] == list(NODES), out
+        assert [counter.take(c) for c in copies] == [2, 2]  # each node's two tasks read its copy
+        assert out.count("hpctrain: staging ") == 2
+        again = sbatch(slurm_cluster, staged, tmp_path / "again.sh", env)
+        shared.append(counter.take(image))
+        assert [counter.take(c) for c in copies] == [2, 2]
+        assert again.count("hpctrain: image staging skipped on ") == 2, again
+    finally:
+        counter.close()
+    size = image.stat().st_size
+    print(f"shared SIF ({size} bytes) reads, 2 nodes x 2 tasks: without staging {shared[0]} "
+          f"({shared[0] * size} bytes), staged {shared[1]} ({shared[1] * size} bytes), staged again {shared[2]}")
+    assert shared == [4, 2, 0]
+    assert all(c.read_bytes() == image.read_bytes() for c in copies)  # read here after the count
+
+
+@pytest.mark.slurm
+def test_pyxis_container_name_unpacks_the_image_once_per_node_for_the_job(slurm_cluster, tmp_path):
+    """Through the fake pyxis plugin: an unnamed container is unpacked (the image read) on each node at
+    every step; with --container-name the first step unpacks it once per node and the second step
+    reuses it (0 reads), its tasks still in the image."""
+    assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
+    why = reads.available()
+    if why:
+        pytest.skip(why)
+    image = tmp_path / "image.sqsh"
+    image.write_text("PATH=/usr/sbin:/usr/bin:/sbin:/bin\nFROM_IMAGE=1\n")
+    counter = reads.Reads(image)
+    got = []
+    try:
+        named = [f"--container-name=hpctrain-{tmp_path.name}"]
+        for extra in ([], [], named, named):
+            r = slurm_cluster.run("srun", "-N2", "-n4", f"--container-image={image}", *extra, "bash", "-c",
+                                  'echo "$FROM_IMAGE"', cwd=tmp_path)
+            assert r.stdout.split() == ["1"] * 4, r.stdout + r.stderr
+            got.append(counter.take(image))
+    finally:
+        counter.close()
+    assert got == [2, 2, 2, 0]
