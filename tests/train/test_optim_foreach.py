@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpctrain.train import compat

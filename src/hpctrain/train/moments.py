@@ -68,9 +68,10 @@ def fusable(b: Bucket) -> bool:
     """Whether torch's fused Adam kernel can take the bucket: plain contiguous fp32 CPU tensors (it reads
     each tensor's CPU step count itself; on an accelerator it wants the counts on the device, and
     FSDP2's DTensors go through the foreach ops)."""
-    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
-               and t.is_contiguous() for ts in (b.params, b.grads, b.exp_avg_sqs) for t in ts) \
-        and all(t.is_contiguous() for t in b.exp_avgs)
+    fp32 = (t for ts in (b.params, b.grads, b.exp_avg_sqs) for t in ts)
+    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
+                and t.dtype == torch.float32 and t.is_contiguous() for t in fp32)
+            and all(t.is_contiguous() for t in b.exp_avgs))
 
 
 def fused_adam_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
