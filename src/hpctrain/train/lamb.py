@@ -14,7 +14,8 @@ Tensors in a group without weight decay (norms, biases, position embedding, clas
 there by default and take the plain Adam step (`optim.lamb_adapt: decayed`). On the digits ViT the
 paper's rule trained faster (docs/large-batch.md). The ratio is taken on the full tensor, so the
 parameters must not be sharded (no FSDP). Each line is one `torch._foreach_*` call over all tensors
-of a dtype and device (train/moments.py), the norms one `torch._foreach_norm` per list.
+of a dtype and device (train/moments.py), the norms one `torch._foreach_norm` per list; on the CPU
+the first three lines of fp32 tensors are one pass of torch's fused Adam kernel (see `update`).
 """
 
 from __future__ import annotations
