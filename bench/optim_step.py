@@ -8,7 +8,8 @@ on the CPU. The sides run interleaved (A B C, C B A, …) so load from elsewhere
 figure is the median over repetitions of the mean step time, each ratio the median of the
 per-repetition ratios to torch's AdamW (target ≤ 1.2, issue 24). Also counted: the ATen calls one
 step makes as an accelerator runs it (a `torch._foreach_*` call counts once: one launch per chunk of
-tensors on a GPU; on the CPU hpctrain's optimizers split each call into ~4 MB parts, train/moments.py).
+tensors on a GPU; on the CPU hpctrain's optimizers take torch's fused Adam kernel for fp32 tensors, in
+~4 MB parts, train/moments.py).
 
     PYTHONPATH=src python bench/optim_step.py [--reps 15] [--steps 5] [--threads 1] [--device cpu] [--json]
 """
@@ -78,12 +79,13 @@ def main() -> int:
     calls = {}
     for name, opt in opts.items():  # warm-up: state allocation, first touch
         timed(opt)
-        chunk = getattr(opt, "cpu_chunk", 0)
-        opt.cpu_chunk = 0  # counted as an accelerator runs it: one call per op for the whole bucket
+        chunk, fused = getattr(opt, "cpu_chunk", 0), getattr(opt, "cpu_fused", False)
+        # counted as an accelerator runs it: the foreach ops, one call per op for the whole bucket
+        opt.cpu_chunk, opt.cpu_fused = 0, False
         with Count() as count:
             opt.step()
         calls[name] = count.calls
-        opt.cpu_chunk = chunk
+        opt.cpu_chunk, opt.cpu_fused = chunk, fused
     times: dict[str, list[float]] = {name: [] for name in opts}
     for r in range(args.reps):
         order = list(opts.items())

@@ -102,3 +102,18 @@ def test_optim_step_reports_ratios_to_torch_adamw():
         assert out[f"{name}_ratio"] == out[f"{name}_ms"] / out["torch_adamw_ms"]  # one repetition
         # foreach: a few dozen ATen calls per step, not ~13 per tensor (152 tensors) as the per-tensor loop made
         assert out[f"{name}_aten_calls"] < 400, out
+
+
+def test_host_costs_reports_ema_and_erase_before_and_after():
+    """bench/host_costs.py, one short repetition without DALI: the EMA's cached lists and the batch's
+    vectorised erase boxes each timed beside the way they were drawn before (issue 24 item 7)."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "host_costs.py"), "--reps", "1", "--batch", "64",
+                        "--no-dali", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ("ema", "ema_lists", "erase"):
+        assert out[k]["before_ms"] > 0 and out[k]["after_ms"] > 0
+        assert out[k]["ratio"] == out[k]["after_ms"] / out[k]["before_ms"]  # one repetition
+    # the host-side parts shrink by far more than any load on the machine could hide
+    assert out["ema_lists"]["ratio"] < 0.2 and out["erase"]["ratio"] < 0.3, out
+    assert "dali_build" not in out

@@ -83,9 +83,8 @@ def test_dali_erases_the_boxes_of_each_sample_with_normal_noise(png_root):
         (p, _), = list(plain_loader)
         (x, _), = list(erased_loader)
         idx = erased_loader.epoch_indices(e)
-        for j in range(8):
-            key = [*sampling.sample_seed(erased_loader.seed, e, int(idx[j])), 0xE5A]
-            boxes = erasing.erase_boxes(64, 64, np.random.default_rng(key), 0.6, 2)
+        keys = [[1, erased_loader.seed, e, int(idx[j]), 0] for j in range(8)]  # (folder, seed, epoch, index, copy)
+        for j, boxes in enumerate(erasing.erase_boxes_batch(64, 64, np.array(keys), 0.6, 2)):
             m = torch.zeros(3, 64, 64, dtype=torch.bool)
             for t, lf, h, w in boxes.tolist():
                 m[:, t:t + h, lf:lf + w] = True

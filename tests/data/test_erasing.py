@@ -15,7 +15,7 @@ from scipy import stats
 
 from hpctrain.config import load
 from hpctrain.data.build import build_loaders
-from hpctrain.data.erasing import apply_erasing, erase_boxes
+from hpctrain.data.erasing import apply_erasing, erase_boxes, erase_boxes_batch
 from tests.helpers import DIGITS
 
 H = W = 224
@@ -76,6 +76,37 @@ def test_several_boxes_split_the_area():
     assert set(counts) == {1, 2, 3}
     three = [b for b, c in zip(boxes, counts) if c == 3]
     assert max(int((b[:, 2] * b[:, 3]).max()) for b in three) <= H * W / 9 + H
+
+
+def test_batch_sampler_draws_timms_distribution_per_sample_key(draws):
+    """erase_boxes_batch (the DALI loader's, one numpy draw per batch) against timm's sampler, as
+    erase_boxes is; and sample i's boxes depend on its key alone, not on the batch around it."""
+    _, ref, _ = draws
+    keys = np.stack([np.full(N, 1), np.full(N, 7), np.zeros(N), np.arange(N), np.zeros(N)], axis=1)
+    boxes = erase_boxes_batch(H, W, keys, 0.25, 1)[:, 0]
+    ours = boxes[boxes[:, 2] > 0]
+    assert abs(len(ours) / N - 0.25) < 5 * math.sqrt(0.25 * 0.75 / N)
+    top, left, h, w = ours.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= H).all() and (left + w <= W).all()
+    assert (h < H).all() and (w < W).all()
+    for col, name in [(2, "height"), (3, "width"), (0, "top"), (1, "left")]:
+        p = stats.ks_2samp(ours[:, col], ref[:, col]).pvalue
+        assert p > 1e-3, f"box {name}: KS p={p:.2g}"
+    p = stats.ks_2samp(ours[:, 2] * ours[:, 3], ref[:, 2] * ref[:, 3]).pvalue
+    assert p > 1e-3, f"box area: KS p={p:.2g}"
+    assert np.array_equal(erase_boxes_batch(H, W, keys[5:9], 0.25, 1)[:, 0], boxes[5:9])
+    assert np.array_equal(erase_boxes_batch(H, W, keys[[8, 3]], 0.25, 1)[:, 0], boxes[[8, 3]])
+
+
+def test_batch_sampler_splits_the_area_between_several_boxes_as_the_per_sample_one():
+    keys = np.stack([np.full(3000, 1), np.full(3000, 3), np.zeros(3000), np.arange(3000), np.zeros(3000)], axis=1)
+    batch = erase_boxes_batch(H, W, keys, 1.0, 3)
+    single = [erase_boxes(H, W, np.random.default_rng([3, i]), 1.0, 3) for i in range(3000)]
+    counts = [(b[..., 2] > 0).sum(axis=-1) for b in (batch, np.stack(single))]
+    assert set(counts[0].tolist()) == {1, 2, 3}
+    assert stats.chisquare(np.bincount(counts[0])[1:], np.bincount(counts[1])[1:]).pvalue > 1e-3
+    areas = [(b[..., 2] * b[..., 3])[b[..., 2] > 0] for b in (batch, np.stack(single))]
+    assert stats.ks_2samp(*areas).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("mode", ["pixel", "rand", "const"])

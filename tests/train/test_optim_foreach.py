@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpctrain.train import compat
 from hpctrain.train.adamw import AdamWLowMu
@@ -86,9 +87,10 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("fused", [True, False])  # the CPU's fused kernel (fp32 buckets), or foreach ops only
 @pytest.mark.parametrize("chunk", [0, 25])  # 25 values: the CPU's chunks split each group's bucket
 @pytest.mark.parametrize("case", list(CASES))
-def test_foreach_step_equals_the_per_tensor_update(case, chunk):
+def test_foreach_step_equals_the_per_tensor_update(case, chunk, fused):
     kind, dtypes, mu = CASES[case]
     init = tensors(dtypes, 0)
     new = [torch.nn.Parameter(t.clone()) for t in init]
@@ -111,7 +113,7 @@ def test_foreach_step_equals_the_per_tensor_update(case, chunk):
         opt.param_groups.clear()
         for g in groups(new, 0.01):
             opt.add_param_group(g)
-    opt.cpu_chunk = chunk
+    opt.cpu_chunk, opt.cpu_fused = chunk, fused
     ref = PerTensor(groups(old, 0.01), kind, mu)
     for step in range(6):
         grads = tensors(dtypes, step + 1)
@@ -137,6 +139,33 @@ def test_foreach_step_equals_the_per_tensor_update(case, chunk):
             torch.testing.assert_close(st[k], rt[k])
     assert float(opt.state[new[1]]["step"]) == 4  # the uneven counts were exercised
     assert not torch.equal(new[0].detach(), init[0])  # and the parameters moved
+
+
+class Calls(TorchDispatchMode):
+    """The ATen ops a step runs, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("cls", [AdamWLowMu, Lamb])
+def test_cpu_fp32_step_takes_torchs_fused_adam_kernel_once_per_chunk(cls):
+    """On the CPU the moments and the Adam direction of fp32 tensors come from one fused pass per chunk,
+    not from a foreach op per formula line (bench/optim_step.py: 0.4-0.6x torch's foreach AdamW)."""
+    params = [torch.nn.Parameter(t) for t in tensors([torch.float32] * 5, 0)]
+    opt = cls(params, lr=0.01, weight_decay=0.1)
+    opt.cpu_chunk = 25  # the 5 tensors (84 values) in 4 chunks
+    for p, g in zip(params, tensors([torch.float32] * 5, 1)):
+        p.grad = g
+    with Calls() as calls:
+        opt.step()
+    assert calls.names.count("_fused_adamw_.default") == 4, calls.names
+    assert not {"_foreach_sqrt.default", "_foreach_lerp_.Scalar"} & set(calls.names)
 
 
 @pytest.mark.parametrize("cls", [AdamWLowMu, Lamb])

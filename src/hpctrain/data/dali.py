@@ -340,23 +340,23 @@ class DaliLoader:
 
     def erase_source(self, epoch: int):
         """iteration → the batch's erase boxes (anchors, shapes as DALI's fn.erase takes them), drawn
-        per sample from (seed, epoch, sample index) in folder format, so they do not depend on the
-        world size or a resume; WebDataset (order unknown here): from (seed, epoch, rank, position)."""
-        a = self.aug
-        idx = self.epoch_indices(epoch) if self.listing is not None else None
+        per sample from (seed, epoch, sample index, copy) in folder format, so they do not depend on the
+        world size or a resume; WebDataset (order unknown here) and padding: from (seed, epoch, rank,
+        position). One vectorised draw per batch (erasing.erase_boxes_batch), no generator per sample."""
+        a, n = self.aug, self.batch_size
+        idx = np.asarray(self.epoch_indices(epoch)) if self.listing is not None else np.zeros(0, np.int64)
         copies = np.concatenate(sampling.train_copies(self.size, self.batch_size, self.rank, self.world,
-                                                      repeats=self.repeats)) if idx is not None else None
+                                                      repeats=self.repeats)) if len(idx) else idx
 
         def boxes(iteration: int):
-            anchors, shapes = [], []
-            for j in range(self.batch_size):
-                pos = iteration * self.batch_size + j
-                key = ([*sampling.sample_seed(self.seed, epoch, int(idx[pos]), int(copies[pos])), 0xE5A]
-                       if idx is not None and pos < len(idx) else [self.seed, epoch, self.rank, pos, 0xE5A])
-                b = erasing.erase_boxes(a.img_size, a.img_size, np.random.default_rng(key), a.reprob, a.recount)
-                anchors.append(b[:, :2].reshape(-1).astype(np.float32))
-                shapes.append(b[:, 2:].reshape(-1).astype(np.float32))
-            return anchors, shapes
+            pos = iteration * n + np.arange(n)
+            real = pos < len(idx)
+            at = np.minimum(pos, max(len(idx) - 1, 0))
+            keys = np.stack([np.where(real, 1, 2), np.full(n, self.seed), np.full(n, epoch),
+                             np.where(real, idx[at] if len(idx) else 0, self.rank),
+                             np.where(real, copies[at] if len(idx) else 0, pos)], axis=1)
+            b = erasing.erase_boxes_batch(a.img_size, a.img_size, keys, a.reprob, a.recount).astype(np.float32)
+            return list(b[..., :2].reshape(n, -1)), list(b[..., 2:].reshape(n, -1))
         return boxes
 
     def _reader(self, epoch: int) -> tuple[dict, list[tuple[str, int]] | None, int]:

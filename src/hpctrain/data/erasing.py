@@ -7,6 +7,12 @@ with probability `prob`, `count` boxes (1..max_count, timm's randint) each of ar
 U(0.02, 1/3)·H·W/count and aspect exp(U(log 0.3, log 1/0.3)) (height/width), h = round(√(area·aspect)),
 w = round(√(area/aspect)), kept when h < H and w < W (strict, as timm), top-left uniform; up to 10
 tries per box, none kept after 10 means no box.
+
+`erase_boxes` draws one sample's boxes from a numpy generator (the PIL loader's workers, where the
+sample's generator exists anyway); `erase_boxes_batch` draws the same distribution for a whole batch
+at once, for the DALI loader's main thread: each sample's uniforms come from a counter-based hash of
+its key (splitmix64), so a box still depends on the sample alone, not on the batch it lands in, and
+no generator is seeded per sample (a `default_rng(key)` costs ~0.1-0.4 ms: tens of ms per batch).
 """
 
 from __future__ import annotations
@@ -36,6 +42,50 @@ def erase_boxes(height: int, width: int, rng: np.random.Generator, prob: float, 
                 out[k] = (int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w)
                 break
     return out
+
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (Steele et al., "Fast splittable pseudorandom number generators", 2014),
+    element-wise on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def key_uniforms(keys: np.ndarray, count: int) -> np.ndarray:
+    """(n, count) uniforms in [0, 1), row i a function of keys[i] (n × k non-negative integers) alone."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    x = np.zeros(len(keys), dtype=np.uint64)
+    for col in keys.T:
+        x = _splitmix64(x + GOLDEN + col)
+    u = _splitmix64(x[:, None] + GOLDEN * np.arange(1, count + 1, dtype=np.uint64))
+    return (u >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def erase_boxes_batch(height: int, width: int, keys: np.ndarray, prob: float, max_count: int) -> np.ndarray:
+    """(n, max_count, 4) int64 boxes as `erase_boxes` draws them, sample i's from keys[i] alone."""
+    n = len(keys)
+    u = key_uniforms(keys, 2 + 4 * ATTEMPTS * max_count)
+    erased = u[:, 0] < prob
+    count = np.ones(n, dtype=np.int64) if max_count == 1 else 1 + np.minimum((u[:, 1] * max_count).astype(np.int64),
+                                                                          max_count - 1)
+    draws = u[:, 2:].reshape(n, max_count, ATTEMPTS, 4)
+    target = (MIN_AREA + (MAX_AREA - MIN_AREA) * draws[..., 0]) * (height * width) / count[:, None, None]
+    lo = math.log(MIN_ASPECT)
+    aspect = np.exp(lo + (-2 * lo) * draws[..., 1])
+    h = np.rint(np.sqrt(target * aspect)).astype(np.int64)
+    w = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+    ok = (w < width) & (h < height)
+    first = ok.argmax(axis=2)  # the first kept try of each box
+    pick = np.take_along_axis
+    h, w = pick(h, first[..., None], 2)[..., 0], pick(w, first[..., None], 2)[..., 0]
+    top = (pick(draws[..., 2], first[..., None], 2)[..., 0] * (height - h + 1)).astype(np.int64)
+    left = (pick(draws[..., 3], first[..., None], 2)[..., 0] * (width - w + 1)).astype(np.int64)
+    used = ok.any(axis=2) & erased[:, None] & (np.arange(max_count)[None, :] < count[:, None])
+    return np.where(used[..., None], np.stack([top, left, h, w], axis=-1), 0)
 
 
 def apply_erasing(x: torch.Tensor, boxes: torch.Tensor, seeds: torch.Tensor, mode: str) -> torch.Tensor:

@@ -4,8 +4,7 @@
 torch's AdamW has no such option (its states follow the parameter's dtype), hence this small one,
 used only for `optim.mu_dtype=bf16`. Per tensor, as optax's `scale_by_adam` does it (optax/_src/
 transform.py): the new moment is computed in fp32 from the stored bf16 one, the step uses that fp32
-value, and only the stored copy is rounded to bf16 (each line one `torch._foreach_*` call over all
-tensors of a dtype and device, train/moments.py):
+value, and only the stored copy is rounded to bf16:
 
     m = β1·bf16(m_prev) + (1-β1)·g   (fp32)     v = β2·v + (1-β2)·g²   (fp32)
     w = w·(1 - lr·λ) - lr · (m / (1-β1^t)) / (sqrt(v / (1-β2^t)) + ε)
@@ -13,6 +12,11 @@ tensors of a dtype and device, train/moments.py):
 
 Weight decay is decoupled as in torch's AdamW (lr·λ); big_vision's wd·schedule equals it with
 λ = wd / base lr (docs/recipes.md).
+
+On the CPU (fp32 parameters) the three lines are torch's fused AdamW kernel, one pass over each
+tensor, between a copy of the stored moment into a reused fp32 buffer and its rounding back; elsewhere
+each line is one `torch._foreach_*` call over all tensors of a dtype and device (train/moments.py).
+bench/optim_step.py has the cost of each.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Iterable
 
 import torch
 
-from hpctrain.train.moments import AdamFamily, Bucket, as_fp32, bias_corrections, copy_
+from hpctrain.train.moments import AdamFamily, Bucket, as_fp32, bias_corrections, copy_, fused_adam_
 
 
 class AdamWLowMu(AdamFamily):
@@ -40,6 +44,15 @@ class AdamWLowMu(AdamFamily):
                 state["exp_avg"] = state["exp_avg"].to(self.mu_dtype)
 
     def update(self, b: Bucket, group: dict) -> None:
+        if self.fused(b):  # one pass per tensor; a bf16 moment goes through a reused fp32 copy
+            m = b.exp_avgs if b.exp_avgs[0].dtype == torch.float32 else self.scratch.views(b.exp_avgs)
+            if m is not b.exp_avgs:
+                copy_(m, b.exp_avgs)
+            fused_adam_(b.params, b.grads, m, b.exp_avg_sqs, b.step_tensors, group, lr=group["lr"],
+                        weight_decay=group["weight_decay"])
+            if m is not b.exp_avgs:
+                copy_(b.exp_avgs, m)  # round to nearest even, as jnp.astype
+            return
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         g = as_fp32(b.grads)

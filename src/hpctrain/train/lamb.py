@@ -14,7 +14,8 @@ Tensors in a group without weight decay (norms, biases, position embedding, clas
 there by default and take the plain Adam step (`optim.lamb_adapt: decayed`). On the digits ViT the
 paper's rule trained faster (docs/large-batch.md). The ratio is taken on the full tensor, so the
 parameters must not be sharded (no FSDP). Each line is one `torch._foreach_*` call over all tensors
-of a dtype and device (train/moments.py), the norms one `torch._foreach_norm` per list.
+of a dtype and device (train/moments.py), the norms one `torch._foreach_norm` per list; on the CPU
+the first three lines of fp32 tensors are one pass of torch's fused Adam kernel (see `update`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 
 import torch
 
-from hpctrain.train.moments import AdamFamily, Bucket, bias_corrections
+from hpctrain.train.moments import AdamFamily, Bucket, bias_corrections, fused_adam_
 
 
 class Lamb(AdamFamily):
@@ -34,8 +35,16 @@ class Lamb(AdamFamily):
 
     def update(self, b: Bucket, group: dict) -> None:
         beta1, beta2 = group["betas"]
-        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        eps, wd = group["eps"], group["weight_decay"]
         m, v, g = b.exp_avgs, b.exp_avg_sqs, b.grads
+        if self.fused(b):
+            # Adam's step from zero with lr = -1 is r = m̂ / (sqrt(v̂) + ε), moments updated, in one pass
+            r = self.scratch.views(b.params, zero=True)
+            fused_adam_(r, g, m, v, b.step_tensors, group, lr=-1.0)
+            if wd:
+                torch._foreach_add_(r, b.params, alpha=wd)
+            self.apply(b, group, r)
+            return
         torch._foreach_lerp_(m, g, 1 - beta1)
         torch._foreach_mul_(v, beta2)
         torch._foreach_addcmul_(v, g, g, value=1 - beta2)
@@ -50,7 +59,13 @@ class Lamb(AdamFamily):
         else:
             r = torch._foreach_div(m, denom)
             torch._foreach_mul_(r, scale)
-        if wd != 0 or group["always_adapt"]:
+        self.apply(b, group, r)
+
+    @staticmethod
+    def apply(b: Bucket, group: dict, r: list[torch.Tensor]) -> None:
+        """w -= lr · ratio · r, the trust ratio where the group adapts."""
+        lr = group["lr"]
+        if group["weight_decay"] != 0 or group["always_adapt"]:
             w_norm = torch.stack(torch._foreach_norm(b.params))
             r_norm = torch.stack(torch._foreach_norm(r))
             ratio = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))

@@ -64,6 +64,47 @@ def as_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def fusable(b: Bucket) -> bool:
+    """Whether torch's fused Adam kernel can take the bucket: plain contiguous fp32 CPU tensors (it reads
+    each tensor's CPU step count itself; on an accelerator it wants the counts on the device, and
+    FSDP2's DTensors go through the foreach ops)."""
+    fp32 = (t for ts in (b.params, b.grads, b.exp_avg_sqs) for t in ts)
+    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
+                and t.dtype == torch.float32 and t.is_contiguous() for t in fp32)
+            and all(t.is_contiguous() for t in b.exp_avgs))
+
+
+def fused_adam_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], group: dict, *, lr: float,
+                weight_decay: float = 0.0) -> None:
+    """torch's fused (Adam)W kernel, one pass over each tensor: m = lerp(m, g, 1-β1), v = β2·v + (1-β2)·g²,
+    w = w·(1 - lr·λ) - lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + ε) with t the (already incremented) step."""
+    beta1, beta2 = group["betas"]
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+                        weight_decay=weight_decay, eps=group["eps"], amsgrad=False, maximize=False)
+
+
+class Scratch:
+    """One flat fp32 CPU buffer, reused step after step for a chunk's temporaries (fresh ones each step
+    cost page faults: large allocations are mapped and unmapped every time)."""
+
+    def __init__(self):
+        self.buf = torch.empty(0)
+
+    def views(self, like: list[torch.Tensor], zero: bool = False) -> list[torch.Tensor]:
+        """Contiguous fp32 views shaped as `like`, side by side in the buffer (grown when too small)."""
+        n = sum(t.numel() for t in like)
+        if self.buf.numel() < n:
+            self.buf = torch.empty(n)
+        if zero:
+            self.buf[:n].zero_()
+        out, off = [], 0
+        for t in like:
+            out.append(self.buf[off:off + t.numel()].view(t.shape))
+            off += t.numel()
+        return out
+
+
 def bias_corrections(beta: float, steps: list[float]) -> list[float]:
     """1 - β^t per tensor (the steps of one bucket are almost always all equal: computed once each)."""
     each = {t: 1 - beta ** t for t in set(steps)}
@@ -78,6 +119,13 @@ class AdamFamily(torch.optim.Optimizer):
     # with chunks off and on: 1.45× → 1.12-1.25× torch's AdamW on a shared 2-core machine).
     # Accelerators take the whole bucket in one call per op (0: no chunks).
     cpu_chunk: int = 1 << 20
+    # On the CPU, fp32 buckets take torch's fused Adam kernel (one pass per tensor instead of a pass per
+    # op: bench/optim_step.py); False: the foreach ops everywhere (as an accelerator runs them).
+    cpu_fused: bool = True
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.scratch = Scratch()
 
     def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, **extra):
@@ -86,6 +134,11 @@ class AdamFamily(torch.optim.Optimizer):
                              f"{weight_decay} >= 0, betas {betas} in [0, 1)")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                                   **extra})
+        self.scratch = Scratch()
+
+    def fused(self, b: Bucket) -> bool:
+        """Whether this bucket takes the fused kernel (`fusable` and `cpu_fused`)."""
+        return self.cpu_fused and fusable(b)
 
     def update(self, b: Bucket, group: dict) -> None:
         """Apply this step to every tensor of the bucket (moments and parameters in place)."""
