@@ -7,9 +7,13 @@ Runs over the job's ranks (torchrun or srun), or spawns `procs` local ones.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import re
 import socket
 import time
+
+from hpctrain.train import dist
 
 UNITS = {
     "": 1,
@@ -96,9 +100,6 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes, iters, warmup, queue) -> None:
-    import os
-
-    from hpctrain.train import dist
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     info = dist.DistInfo(rank, world, rank, "127.0.0.1", port, "local")
@@ -135,8 +136,6 @@ def run_local(
     timeout_s: float = 600,
 ) -> list[dict]:
     """Spawn `procs` ranks on this machine (loopback rendezvous) and return rank 0's rows."""
-    import multiprocessing as mp
-
     backend = backend or default_backend()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -163,8 +162,6 @@ def run_in_job(
     sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None
 ) -> list[dict] | None:
     """Inside torchrun/srun: join the job's process group; rank 0 gets the rows, others None."""
-    from hpctrain.train import dist
-
     info = dist.detect()
     backend = backend or default_backend()
     dist.init(info, backend, timeout_s=300)

@@ -10,14 +10,20 @@ ends of the timed window, so asynchronous execution is measured as it trains.
 from __future__ import annotations
 
 import dataclasses
+import platform
 import resource
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hpctrain import __version__
 from hpctrain import flops as flopsmod
 from hpctrain.config import Config
+from hpctrain.data.build import build_loaders, resolve_loader
+from hpctrain.data.prepare import ensure_dataset
+from hpctrain.train import dist as distmod
+from hpctrain.train.metrics import table
 
 # Every field of `hpctrain bench --json`, with what it means.
 FIELDS: dict[str, str] = {
@@ -126,8 +132,6 @@ def figures(images_per_s: float, world: int, train_flops: float, peak: float | N
 
 def device_peak(device, given: float | None) -> tuple[str, float | None, str]:
     """(device name, peak TFLOP/s, source)."""
-    import platform
-
     import torch
 
     if device.type == "cuda":
@@ -147,18 +151,13 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
     """Benchmark the training step `cfg` describes on this rank; the result dict has FIELDS."""
     import torch
 
-    from hpctrain import __version__
-    from hpctrain.data.build import build_loaders, resolve_loader
     from hpctrain.models.vit import arch_dims, build_vit
-    from hpctrain.train import dist as distmod
     from hpctrain.train.fastpath import sdpa_backend_used
     from hpctrain.train.loop import Trainer, autocast_ctx, seed_step, step_seed
 
     if not use_loader:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, loader="synthetic"))
     elif cfg.data.prepare != "none":
-        from hpctrain.data.prepare import ensure_dataset
-
         ensure_dataset(cfg)
     info = distmod.detect()
     cfg.per_rank_batch(info.world_size)  # the batch check, before anything starts
@@ -223,8 +222,6 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
 
 def report(r: dict[str, Any]) -> str:
     """The human-readable table of one result."""
-    from hpctrain.train.metrics import table
-
     mfu = "- (no peak: --peak-tflops)"
     if r["mfu"] is not None:
         mfu = f"{100 * r['mfu']:.1f} % of {r['peak_tflops']:g} TFLOP/s ({r['peak_source']})"

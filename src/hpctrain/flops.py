@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpctrain.memory import param_count
+from hpctrain.models.arch import arch_dims
+
 # Dense bf16 matrix peak in TFLOP/s per device, the figure MFU is defined against (PaLM
 # appendix B: the accelerator's theoretical peak), matched against torch.cuda.get_device_name()
 # in order (first hit wins, so specific names come before their family). Datasheets quote the
@@ -75,15 +78,11 @@ def vit_macs(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: 
 def model_params(mc) -> int:
     """Trainable parameters of a `ModelConfig` (what DDP all-reduces; no torch needed): a fixed
     sin-cos position embedding has no gradient, so it is left out."""
-    from hpctrain.memory import param_count
-
     return param_count(mc).trainable
 
 
 def model_flops(mc) -> VitFlops:
     """FLOPs of a `ModelConfig` (no torch needed)."""
-    from hpctrain.models.arch import arch_dims
-
     depth, width, _ = arch_dims(mc)
     return VitFlops(vit_macs(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
                              class_token=mc.has_class_token, rep_size=mc.rep_size))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from hpctrain.config import control_char
 from hpctrain.errors import UserError
 from hpctrain.launch.enclosing import outside_job
+from hpctrain.train.dist import expand_hostlist
 
 # Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
 # Linux's ephemeral ports (32768-60999), where outgoing connections would take them.
@@ -178,8 +179,6 @@ def wait_for_node(job_id: str, timeout_s: float, poll_s: float = 2.0) -> str | N
         r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %N"], capture_output=True, text=True)
         state, _, nodes = r.stdout.strip().partition(" ")
         if state == "RUNNING" and nodes:
-            from hpctrain.train.dist import expand_hostlist
-
             return expand_hostlist(nodes)[0]
         if r.returncode == 0 and not r.stdout.strip():
             raise NotebookError(f"job {job_id} left the queue before it started: see notebook-{job_id}.log")

@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.config import load
 from hpctrain.errors import UserError
 from hpctrain.train.metrics import read_metrics
 
@@ -111,8 +113,6 @@ def restart_marks(records: list[dict], gap_factor: float = 20.0, min_gap_s: floa
 def expand_sweeps(targets: list[str]) -> list[tuple[str, str | None]]:
     """(target, name) per run: a sweep directory (`hpctrain sweep`: its sweep.json, also as
     runs/<name>) stands for its members that have metrics yet, named as in the sweep's table."""
-    import json
-
     out: list[tuple[str, str | None]] = []
     for t in targets:
         sweep = next((d / "sweep.json" for d in (Path(t), Path("runs") / t) if (d / "sweep.json").is_file()), None)
@@ -147,7 +147,6 @@ def mlflow_records(run_dir: Path) -> list[dict]:
     one record per kind and step, a field per metric `<kind>/<field>`, the time from the metric's
     timestamp. The store is the run's `train.mlflow_uri` (config.yaml), else `<run>/mlruns`. Stops
     are not in MLflow: the wall axis marks only gaps (restart_marks)."""
-    from hpctrain.config import load
     from hpctrain.train.trackers import mlflow_sink, run_key  # heavy optional package: only for --source mlflow
 
     cfg_path = run_dir / "config.yaml"

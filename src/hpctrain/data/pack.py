@@ -32,6 +32,7 @@ from hpctrain.data.folder import DataError, list_split, read_exclusions
 from hpctrain.data.imagenet import scan_images, write_exclusions
 from hpctrain.data.meter import Meter
 from hpctrain.data.wds import META, SPLITS
+from hpctrain.errors import UserError
 
 STATE = ".pack"  # Slurm packing state under OUT
 PLAN = "plan.json"
@@ -353,8 +354,6 @@ def array_ranges(ids: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hpctrain.data.pack OUT GROUP`: what each array task runs."""
-    from hpctrain.errors import UserError
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or not args[1].isdigit():
         print("usage: python -m hpctrain.data.pack OUT GROUP", file=sys.stderr)

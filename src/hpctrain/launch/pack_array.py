@@ -25,6 +25,7 @@ from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.profile import ClusterProfile
 from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
+from hpctrain.source import package_dir
 
 SCRIPT = "pack.sbatch"
 JOB = "job"  # the last array job's id, under OUT/.pack
@@ -36,8 +37,6 @@ def script_path(out: Path) -> Path:
 
 def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> str:
     """The array job's batch script (one task per shard group)."""
-    from hpctrain.source import package_dir
-
     req.check()
     out = plan.out.resolve()
     root = str(Path(root).resolve())

@@ -14,10 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config import Config, build
 from hpctrain.errors import LaunchError
 from hpctrain.launch import failure, localjob
 from hpctrain.launch.private import check_pickle
+from hpctrain.train import entry, evaluate
 from hpctrain.train import stop as stopmod
+from hpctrain.train.dist import port_from_job_id
 
 
 def export_job_env() -> None:
@@ -26,7 +29,6 @@ def export_job_env() -> None:
     variables decide (train.dist.detect)."""
     import submitit
 
-    from hpctrain.train.dist import port_from_job_id
 
     if os.environ.get("SLURM_STEP_ID"):
         return
@@ -57,9 +59,7 @@ def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
     stop = stopmod.install(interrupt=True)  # main() did under Slurm; here for the local executor
     with failure.recorded(*task_started()):
         export_job_env()
-        from hpctrain.train.entry import run
-
-        summary = run(cfg, stop)
+        summary = entry.run(cfg, stop)
     if summary.get("requeue"):
         raise SystemExit(0)
     return summary
@@ -73,10 +73,7 @@ def eval_task(cfg: dict[str, Any], weights: str, ema: bool, out: str) -> dict[st
     stopmod.install(interrupt=True)  # main() did under Slurm; here for the local executor
     with failure.recorded(*task_started()):
         export_job_env()
-        from hpctrain.config import Config, build
-        from hpctrain.train.evaluate import run
-
-        return run(build(Config, cfg), weights, ema, Path(out))
+        return evaluate.run(build(Config, cfg), weights, ema, Path(out))
 
 
 def main(argv: list[str] | None = None) -> None:

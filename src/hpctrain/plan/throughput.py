@@ -12,6 +12,7 @@ from typing import Any
 
 from hpctrain import flops
 from hpctrain.config import Config
+from hpctrain.data.imagenet import IMAGENET
 from hpctrain.errors import UserError
 from hpctrain.plan import tables
 from hpctrain.plan.model import Compute, Link, Plan, Workload, make_plan, node_counts
@@ -54,8 +55,6 @@ def workload(cfg: Config, images_per_epoch: int) -> Workload:
 
 def images_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
     """(training images per epoch, where the count comes from)."""
-    from hpctrain.data.imagenet import IMAGENET
-
     if given:
         return given, "--images-per-epoch"
     if cfg.data.loader == "synthetic":

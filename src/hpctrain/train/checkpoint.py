@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.train import compat
 
 log = logging.getLogger("hpctrain")
 META = "meta.pt"  # a sharded checkpoint's non-tensor part (train/sharded.py)
@@ -212,8 +213,6 @@ def load_file(path: str | Path, map_location: Any = "cpu", need: tuple[str, ...]
 def load_meta(path: Path) -> dict:
     """The non-tensor state of a sharded checkpoint (weights_only), or CheckpointError; on a torch
     that cannot read one (< 2.4), a one-line ConfigError instead of falling back to an older one."""
-    from hpctrain.train import compat
-
     if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
         need = ".".join(map(str, compat.SHARDED_MIN_TORCH))
         raise compat.ConfigError(f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "

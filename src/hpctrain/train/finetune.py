@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from hpctrain.errors import UserError
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import export
 
 log = logging.getLogger("hpctrain")
 HEAD = ("head.weight", "head.bias")
@@ -70,8 +71,6 @@ def _unwrap(obj: dict, path: Path, ema: bool, what: str = "model.init_from") -> 
 def read_weights(source: str | Path, ema: bool = False, what: str = "model.init_from"
                  ) -> tuple[dict[str, torch.Tensor], str]:
     """(state_dict, where it came from) of an init_from / --weights source (`what` names it in errors)."""
-    from hpctrain.train import export
-
     p = Path(source)
     if not p.exists():
         raise InitError(f"{what}={source}: no such file or directory; give the path of a .safetensors/"

@@ -1,0 +1,75 @@
+"""The import graph as written at the top of each module (what a reader and a tool see) has no
+cycle, and every import left inside a function says why in a comment (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "hpctrain"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def top_level_imports(name: str, path: Path) -> set[str]:
+    """The hpctrain modules `name` imports at module level (`from a import b`: a.b when b is a module)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("hpctrain")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hpctrain"):
+            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                    for a in node.names}
+    return {m for m in out if m in MODULES and m != name}
+
+
+def function_level_imports(path: Path) -> list[tuple[int, str]]:
+    lines = path.read_text().splitlines()
+    out = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    out.append((node.lineno, lines[node.lineno - 1]))
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_module_level_imports_have_no_cycle():
+    graph = {name: top_level_imports(name, path) for name, path in MODULES.items()}
+    assert sum(map(len, graph.values())) > 200  # the graph was read
+    # a package's __init__ that re-exports its modules points down only
+    assert find_cycle(graph) is None, " → ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
