@@ -270,6 +270,9 @@ def run_local(args: argparse.Namespace, cfg) -> int:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
     if args.spare_nodes:
         print("hpctrain: note: --spare-nodes applies to Slurm jobs only; this local run has none", file=sys.stderr)
+    if args.nsys_ranks:
+        print("hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys",
+              file=sys.stderr)
     check_batch(cfg, args.local_tasks)
     from hpctrain.launch.batch import lr_rule
 

@@ -9,9 +9,9 @@ the graph, shapes and its own config besides, so the key only keeps unrelated en
 
 TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR are read when Inductor first needs them, at the first
 compiled call (torch 2.13: runtime/cache_dir_utils.cache_dir reads the variable on every call; older
-torch caches the first answer), so setting them before the model is built is early enough. The FX
-graph cache (the compiled graphs, the part that saves most) is on by default from torch 2.4 and off in
-2.2, where it is turned on here (docs/profiling.md has the sources).
+torch may keep the first answer), so setting them before the model is built is early enough. The FX
+graph cache (the compiled graphs, the part that saves most) is on by default in torch 2.13 and off in
+2.2 (it read TORCHINDUCTOR_FX_GRAPH_CACHE == "1"): it is turned on here (docs/profiling.md, sources).
 
 With `data.stage_to` (node-local disk) the cache is copied there at start, once per node, and the
 entries an attempt added are copied back by rank 0 at its end, finished or stopped for a requeue, so
