@@ -26,8 +26,8 @@ from hpctrain.config import TrainConfig, step_window
 log = logging.getLogger("hpctrain")
 
 NSYS_ENV = "HPCTRAIN_NSYS"  # set to 1 by the nsys wrapper of the task (launch.container.nsys_wrapper)
-COMM_MARKERS = ("nccl", "gloo", "c10d", "allreduce", "all_reduce", "reduce_scatter", "allgather", "all_gather",
-                "broadcast")
+# collectives by name: NCCL kernels (ncclDevKernel_*), gloo/c10d ops (gloo:all_reduce, c10d::allreduce_)
+COMM_MARKERS = ("nccl", "gloo", "c10d", "allreduce", "all_reduce", "reduce_scatter", "allgather", "all_gather")
 TOP_OPS = 10
 
 
