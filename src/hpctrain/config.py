@@ -224,6 +224,20 @@ class OptimConfig:
                               "the parameter dtype), which has no fused kernel; use optim.fused=auto")
 
 
+STEP_WINDOW_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def step_window(text: str, key: str) -> tuple[int, int] | None:
+    """`"A-B"` → (A, B), global optimizer steps 1 <= A <= B, inclusive; "" → None (off)."""
+    if not str(text).strip():
+        return None
+    m = STEP_WINDOW_RE.match(str(text))
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ConfigError(f"{key}={text!r} is not a step window: use A-B with 1 <= A <= B (global steps, "
+                          "inclusive), e.g. 20-25, or leave it empty to turn it off")
+    return int(m.group(1)), int(m.group(2))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = opt(300, "training epochs", lo=1)
@@ -235,6 +249,9 @@ class TrainConfig:
     compile_mode: str = opt("default", "torch.compile mode",
                             choices=("default", "reduce-overhead", "max-autotune",
                                      "max-autotune-no-cudagraphs"))
+    compile_cache: str = opt("", "train.compile: Inductor's and Triton's caches under this dir, in a subdir keyed by "
+                             "image digest + torch version + model config, so a requeue starts warm (empty: "
+                             "<run>/compile_cache; a sweep shares <sweep>/compile_cache; docs/profiling.md)")
     label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
     mixup: float = opt(0.0, "mixup alpha (0: off)", lo=0)
     cutmix: float = opt(0.0, "cutmix alpha (0: off)", lo=0)
@@ -273,6 +290,13 @@ class TrainConfig:
     wandb_project: str = opt("hpctrain", "W&B project")
     wandb_mode: str = opt("offline", "W&B mode: offline (compute nodes have no network; hpctrain sync RUN uploads "
                           "from the login node) or online", choices=("offline", "online"))
+    profile_steps: str = opt("", "torch.profiler window A-B (global steps, inclusive, e.g. 20-25): traces to "
+                             "<run>/profile/ and a summary in the rank log (empty: off, no profiler at all)")
+    profile_ranks: tuple[int, ...] = opt((), "ranks that profile train.profile_steps (and dump memory "
+                                         "snapshots), e.g. [0, 7]; empty: rank 0 and the last rank")
+    profile_with_stack: bool = opt(False, "train.profile_steps: record Python stacks too (larger traces, slower)")
+    memory_snapshot_steps: str = opt("", "CUDA only: record allocator history over steps A-B and dump "
+                                     "<run>/profile/memory-rank-<r>-step-<A>.pickle (pytorch.org/memory_viz)")
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int | str = opt(500, "optimizer steps between checkpoints (0: only at the end), or auto: Young/Daly's "
                                 "sqrt(2 x save time x MTBF) from this run's measured save and step times and "
@@ -334,6 +358,11 @@ class TrainConfig:
         if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
             raise ConfigError(f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
                               "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)")
+        for key in ("profile_steps", "memory_snapshot_steps"):
+            step_window(getattr(self, key), f"train.{key}")
+        if any(r < 0 for r in self.profile_ranks):
+            raise ConfigError(f"train.profile_ranks={self.profile_ranks!r}: give global ranks as whole numbers "
+                              ">= 0, e.g. [0, 7] (empty: rank 0 and the last rank)")
         if self.ddp_static_graph == "always" and self.accum_steps > 1:
             raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
                               "no_sync breaks static_graph, pytorch/pytorch#143580): set "

@@ -144,3 +144,14 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     assert {e["source"]["snapshot"]["path"] for e in envs} == {str(code)}  # runtime none: first on PYTHONPATH
     assert {e["source"]["running"] for e in envs} == {source_hash()}
     assert {e["git_commit"] for e in envs} == {commit_of(ROOT / "src" / "hpctrain")}  # the submitting checkout's
+
+
+def test_compiled_members_share_the_sweeps_compile_cache(tmp_path):
+    members = sweep.plan_members(DIGITS, ["train.compile=true"], [["optim.lr=1e-3"], ["optim.lr=5e-4"]],
+                                 tmp_path / "sw")
+    assert {m.cfg.train.compile_cache for m in members} == {str((tmp_path / "sw" / "compile_cache").resolve())}
+    mine = sweep.plan_members(DIGITS, ["train.compile=true", "train.compile_cache=/scratch/cc"], [["optim.lr=1e-3"]],
+                              tmp_path / "sw")
+    assert mine[0].cfg.train.compile_cache == "/scratch/cc"
+    plain = sweep.plan_members(DIGITS, [], [["optim.lr=1e-3"]], tmp_path / "sw")
+    assert plain[0].cfg.train.compile_cache == ""

@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
                    help="Slurm: hold K nodes more than --nodes (--no-kill), idle until a node fails; the job then "
                         "goes on without it, from the last checkpoint, with no requeue (default: the profile's "
                         "slurm.spare_nodes)")
+    p.add_argument("--nsys-ranks", metavar="R,R",
+                   help="Slurm: run these global ranks under the image's `nsys profile`, recording the steps of "
+                        "train.profile_steps (reports: <run>/profile/nsys-rank-<r>.nsys-rep)")
     p.set_defaults(func=main)
 
 
@@ -51,12 +54,13 @@ def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
 
 def request(args: argparse.Namespace):
     """The Request of add_job_args' flags."""
-    from hpctrain.launch.submit import Request
+    from hpctrain.launch.submit import Request, parse_ranks
 
+    nsys = getattr(args, "nsys_ranks", None)
     return Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
                    partition=args.partition, account=args.account, qos=args.qos,
                    constraint=args.constraint, exclusive=args.exclusive,
-                   spare_nodes=getattr(args, "spare_nodes", None))
+                   spare_nodes=getattr(args, "spare_nodes", None), nsys_ranks=parse_ranks(nsys) if nsys else ())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -285,6 +289,9 @@ def run_local(args: argparse.Namespace, cfg) -> int:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
     if args.spare_nodes:
         print("hpctrain: note: --spare-nodes applies to Slurm jobs only; this local run has none", file=sys.stderr)
+    if args.nsys_ranks:
+        print("hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys",
+              file=sys.stderr)
     check_batch(cfg, args.local_tasks)
     from hpctrain.launch.batch import lr_rule
 

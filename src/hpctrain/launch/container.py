@@ -251,8 +251,41 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
     ]
 
 
+# nsys profile's options (Nsight Systems user guide, "CLI Profile Command Switch Options"; docs/profiling.md):
+# record only between the task's cudaProfilerStart and cudaProfilerStop (train.profiling, around
+# train.profile_steps), keep the application running after the stop, overwrite a report a requeued
+# attempt left behind.
+NSYS_ARGS = ("profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--trace=cuda,nvtx,osrt",
+             "--force-overwrite=true")
+
+
+def nsys_wrapper(ranks: list[int], out_dir: str) -> str:
+    """A bash program run per task in the image, just before Python: the tasks whose global rank is in
+    `ranks` exec the image's `nsys profile ... -o <out_dir>/nsys-rank-<r> python ...` (HPCTRAIN_NSYS=1
+    tells the loop; torch.profiler stays off there, nsys owns CUPTI), the others exec Python as is."""
+    q = shlex.quote
+    words = " ".join(str(int(r)) for r in ranks)
+    return (f'r=${{SLURM_PROCID:-${{RANK:-}}}}; case " {words} " in *" $r "*) '
+            'command -v nsys >/dev/null || { echo "hpctrain: --nsys-ranks: rank $r finds no nsys on the '
+            'PATH in the image ($PATH): use an image with Nsight Systems (NGC pytorch images have it), '
+            'or drop --nsys-ranks" >&2; '
+            f'exit 1; }}; mkdir -p {q(out_dir)}; export HPCTRAIN_NSYS=1; exec nsys {" ".join(NSYS_ARGS)} '
+            f'--output={q(out_dir)}/nsys-rank-"$r" "$@" ;; esac; exec "$@"')
+
+
+def nsys_lines(ranks: list[int], out_dir: str) -> list[str]:
+    """Wrap the last word of $HPCTRAIN_PYTHON (the Python inside the image, or the host's) in nsys_wrapper;
+    nothing without `ranks`."""
+    if not ranks:
+        return []
+    return ["# --nsys-ranks: those tasks run their Python under the image's nsys (launch.container.nsys_wrapper)",
+            f"hpctrain_nsys={shlex.quote(nsys_wrapper(ranks, out_dir))}",
+            f'hpctrain_py=${{{PY_VAR}[-1]}}; unset "{PY_VAR}[-1]"',
+            f'{PY_VAR}+=(bash -c "$hpctrain_nsys" hpctrain-nsys "$hpctrain_py")']
+
+
 def python_lines(container: ContainerSection, binds: list[str], host_python: str, source: str = "",
-                 stage_to: str = "") -> list[str]:
+                 stage_to: str = "", nsys_ranks: list[int] = (), nsys_dir: str = "") -> list[str]:
     """Define the bash arrays $HPCTRAIN_PYTHON (the command that starts Python in every task) and
     $HPCTRAIN_SRUN_CONTAINER (srun options that put the task in the image: pyxis only).
 
@@ -261,7 +294,8 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
     submitted the job. In the image: a clean environment plus the allow-list, the job's binds, and
     `source` mounted at `container.source_mount` first on PYTHONPATH; on the host (CONTAINER=none):
     `source`'s parent first on PYTHONPATH. `stage_to`: data.stage_to, bound per node at run time
-    (cleanenv_wrapper). Every runtime's branch is written, so CONTAINER= can switch at submission."""
+    (cleanenv_wrapper). Every runtime's branch is written, so CONTAINER= can switch at submission.
+    `nsys_ranks`: those tasks run under nsys, reports in `nsys_dir` (nsys_lines)."""
     q = shlex.quote
     return [
         f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
@@ -279,4 +313,5 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         "pyxis)", *pyxis_lines(container, binds, stage_to), "  ;;",
         f'*) echo "hpctrain: CONTAINER=$CONTAINER is not one of {", ".join(RUNTIMES)}" >&2; exit 1 ;;',
         "esac",
+        *nsys_lines(list(nsys_ranks), nsys_dir),
     ]

@@ -46,6 +46,8 @@ class JobPlan:
     array: str = ""  # #SBATCH --array (a sweep: 0-(n-1)%K), empty for one run
     workdirs: list[str] = field(default_factory=list)  # a sweep: element i's run directory
     spare_nodes: int = 0  # hot spares: allocated beside `nodes` (--no-kill), idle until a node fails
+    nsys_ranks: list[int] = field(default_factory=list)  # --nsys-ranks: these tasks run under nsys
+    nsys_dir: str = ""  # where their reports go (<run>/profile)
 
     @property
     def world_size(self) -> int:
@@ -235,7 +237,7 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
     lines += ["# Python for every task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image.sif, or",
               "# .sqsh/URI for pyxis>, HPCTRAIN_SOURCE= the hpctrain package the tasks run, bound into the image",
               f"# or first on PYTHONPATH (empty: the one the tasks' Python finds). pyxis: srun's {SRUN_VAR} options.",
-              *python_lines(prof.container, p.binds, host_python, source, p.stage_to), ""]
+              *python_lines(prof.container, p.binds, host_python, source, p.stage_to, p.nsys_ranks, p.nsys_dir), ""]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:
         lines += ["# Site modules: HPCTRAIN_MODULES for the host's Python, HPCTRAIN_CONTAINER_MODULES in the",

@@ -159,6 +159,7 @@ class Request:
     constraint: str | None = None
     exclusive: bool | None = None
     spare_nodes: int | None = None
+    nsys_ranks: tuple[int, ...] = ()  # --nsys-ranks: global ranks that run under nsys
 
     def check(self) -> None:
         """The text flags become `#SBATCH` lines: refuse control characters (a newline would end
@@ -293,7 +294,32 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
         binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir], writable=[cfg.run.dir])
         folder = cfg.run_dir / "submitit"
     plan = job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
-    return with_stage(plan, cfg.data.stage_to)
+    return with_nsys(with_stage(plan, cfg.data.stage_to), cfg, req.nsys_ranks)
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """`--nsys-ranks 0,8` → (0, 8); LaunchError for anything but comma-separated whole numbers."""
+    try:
+        ranks = tuple(sorted({int(w) for w in text.split(",") if w.strip()}))
+    except ValueError:
+        ranks = ()
+    if not ranks or min(ranks) < 0:
+        raise LaunchError(f"--nsys-ranks {text!r}: give global ranks as comma-separated whole numbers, e.g. 0,8")
+    return ranks
+
+
+def with_nsys(plan, cfg: Config, ranks: tuple[int, ...]):
+    """The plan with --nsys-ranks: ranks inside the job, and a train.profile_steps window for nsys to
+    capture (--capture-range=cudaProfilerApi records nothing without it)."""
+    if not ranks:
+        return plan
+    if max(ranks) >= plan.world_size:
+        raise LaunchError(f"--nsys-ranks: rank {max(ranks)} is not in this job of {plan.world_size} tasks "
+                          f"(ranks 0-{plan.world_size - 1}): pick ranks below {plan.world_size}")
+    if not cfg.train.profile_steps.strip():
+        raise LaunchError("--nsys-ranks needs train.profile_steps (the steps nsys records, between "
+                          "cudaProfilerStart/Stop): add --set train.profile_steps=A-B, e.g. 20-25")
+    return dataclasses.replace(plan, nsys_ranks=list(ranks), nsys_dir=str(Path(cfg.run.dir) / cfg.run.name / "profile"))
 
 
 def with_stage(plan, stage_to: str):

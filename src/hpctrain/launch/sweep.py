@@ -10,6 +10,7 @@ sweep. Imports no torch (login nodes).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -139,6 +140,9 @@ def plan_members(config: str | None, base_overrides: Sequence[str], sets: Sequen
             cfg = load(config, [*base_overrides, *o, f"run.dir={sweep_dir}", f"run.name={name}"])
         except ConfigError as e:
             raise ConfigError(f"sweep member {i} ({' '.join(o)}): {e}") from None
+        if cfg.train.compile and not cfg.train.compile_cache:  # one for the sweep: members with one model share it
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+                cfg.train, compile_cache=str(Path(sweep_dir).resolve() / "compile_cache")))
         members.append(Member(i, name, list(o), cfg))
     return members
 

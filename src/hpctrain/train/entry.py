@@ -107,7 +107,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
-    from hpctrain.train import compat, preflight
+    from hpctrain.train import compat, compile_cache, preflight
     from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished
 
     if isinstance(cfg, dict):
@@ -203,6 +203,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
             lock.release()
             distmod.shutdown()
             raise
+    cache = compile_cache.setup(cfg, run_dir)  # train.compile: before anything is compiled
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
     if cfg.model.init_from and resume:
@@ -218,6 +219,9 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
             log.warning("%s of job %s (restart %s, attempt %s) without %s: %s", r["kind"], r["job"],
                         r["slurm_restart"], r["attempt"], ",".join(r["nodes"]) or "-", r["why"])
     out = trainer.run(resume, cfg.train.halt_at)
+    if cache:  # finished or stopped for a requeue: the next attempt starts warm
+        cache.report()
+        cache.save(info.is_main)
     summary = {
         "status": out.status, "run_dir": str(run_dir), "step": out.step, "total_steps": out.total_steps,
         "epoch": out.epoch, "top1": out.eval.get("top1"), "top5": out.eval.get("top5"),

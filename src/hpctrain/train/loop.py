@@ -23,7 +23,7 @@ from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import ckpt_interval as interval
-from hpctrain.train import comm, compat, fastpath, guard, speed, straggler, trackers
+from hpctrain.train import comm, compat, fastpath, guard, profiling, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
@@ -609,12 +609,9 @@ class Trainer:
         self._supersede_records()
         self.stragglers.open()
         self.speed.open(sample_gpus=self.dist.is_main)
-        g = self.cfg.data.batch_size
         progress = Progress(self.total_steps, self.dist.is_main)
         self.model.train()
         start_wall = time.perf_counter()
-        win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-        tot_wait, tot_steps = 0.0, 0
         loss_acc = torch.zeros((), device=self.device)
         last_eval_step = -1
         if self.ddp is not None and self.step < self.total_steps:
@@ -630,6 +627,21 @@ class Trainer:
             self._eval_and_log(out, progress)
             last_eval_step = self.step
         gn_acc = torch.zeros((), device=self.device)
+        # train.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
+        window = profiling.open_window(t, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step)
+        try:
+            return self._train(out, progress, halt_at, window, start_wall, loss_acc, gn_acc, last_eval_step)
+        finally:
+            if window:
+                window.close()
+
+    def _train(self, out: Outcome, progress: Progress, halt_at: int, window: profiling.Window | None,
+               start_wall: float, loss_acc: torch.Tensor, gn_acc: torch.Tensor, last_eval_step: int) -> Outcome:
+        """The step loop of `_run`, from its first step to the end (or a stop)."""
+        t = self.cfg.train
+        g = self.cfg.data.batch_size
+        win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+        tot_wait, tot_steps = 0.0, 0
         self._start_clock()
         while True:
             try:
@@ -640,6 +652,8 @@ class Trainer:
                     for _ in range(pos, self.steps_per_epoch):
                         if self.step >= self.total_steps:
                             break
+                        if window:
+                            window.before(self.step + 1)
                         t0 = time.perf_counter()
                         batches = [next(it) for _ in range(self.accum)]
                         if self.data_delay:  # test-only (straggler.injected_delay)
@@ -651,6 +665,8 @@ class Trainer:
                         loss_acc += self.train_step(batches)
                         gn_acc += self.grad_norm
                         self.step += 1
+                        if window:
+                            window.after(self.step, wait)
                         self.watchdog.beat(self.step)
                         self.eval_pending = self._eval_due()
                         win_steps += 1
@@ -686,6 +702,8 @@ class Trainer:
                         bits = self._stop_check(halt_at)
                         if bits and self.step < self.total_steps:
                             progress.newline()
+                            if window:  # its trace ends here, without the stop's checkpoint
+                                window.close()
                             return self._stop(out, bits, start_wall, save=True)
                         if self.eval_pending and (self.step + self.data_offset) % self.steps_per_epoch:
                             # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
