@@ -191,7 +191,9 @@ def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp
     from hpctrain.data import pack as pk
 
     root, bad = with_bad_image(ident_root, tmp_path, kind)
-    plan = pk.plan_pack(root, tmp_path / "shards", 10, log=lambda *_: None)
+    # seed 1: with other shard layouts (seeds 0 and 7 of data pack's order) DALI 2.4.0's CPU decoder
+    # crashes the process (SIGSEGV in pipe.outputs()) instead of raising: docs/data.md, "Bad images"
+    plan = pk.plan_pack(root, tmp_path / "shards", 10, seed=1, log=lambda *_: None)
     plan.out.mkdir()
     for job in plan.shards:
         pk.pack_shard(job, plan.out)
