@@ -62,6 +62,11 @@ class ModelConfig:
                          "big_vision's: i/(D/4-1))",
                          choices=("learn", "sincos", "sincos_big_vision"))
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
+    drop_rate: float = opt(0.0, "dropout after the position embedding, the attention output and both MLP layers (the "
+                           "ViT paper's dropout_rate; timm 0.3.2's drop_rate = timm's pos_drop_rate + proj_drop_rate, "
+                           "not its newer head-only drop_rate)", lo=0, hi=1)
+    attn_drop_rate: float = opt(0.0, "dropout on the attention probabilities, training only (timm attn_drop_rate, "
+                                "vit_jax attention_dropout_rate)", lo=0, hi=1)
     num_classes: int = opt(1000, "classifier outputs", lo=1)
     grad_ckpt: bool = opt(False, "activation checkpointing of every block (saves memory)")
     rep_size: int = opt(0, "pre-logits Dense(rep_size) + tanh before the head, as big_vision's rep_size "
@@ -99,6 +104,10 @@ class ModelConfig:
         return self.pool == "avg" and self.gap_norm == "after" if self.fc_norm is None else self.fc_norm
 
     def validate(self) -> None:
+        for key in ("drop_rate", "attn_drop_rate"):
+            if getattr(self, key) >= 1:
+                raise ConfigError(f"model.{key}=1 drops every activation: use a rate below 1 (the ViT paper: "
+                                  "model.drop_rate=0.1), or 0 for none")
         if self.pool == "token" and self.class_token is False:
             raise ConfigError("model.pool=token reads the class token: set model.class_token=true (or null), or "
                               "model.pool=avg")
