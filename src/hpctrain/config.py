@@ -164,8 +164,29 @@ class DataConfig:
     val_split: str = opt("val", "what to evaluate on: root/val, or minival = 1 % of root/train held out "
                          "(big_vision's train[99%:]; training then uses the other 99 %)",
                          choices=("val", "minival"))
+    eval_splits: tuple[str, ...] = opt((), "evaluate on each of these splits (val, minival) at every eval, as "
+                                       "big_vision's evals; the first is the run's headline (top1, top5, loss, "
+                                       "count as with one split), with several each is also logged as <split>/top1 "
+                                       "(TensorBoard eval/<split>/top1); empty: [data.val_split]")
+
+    EVAL_SPLITS = ("val", "minival")
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits every eval runs on, the headline first: data.eval_splits, else data.val_split."""
+        return self.eval_splits or (self.val_split,)
 
     def validate(self) -> None:
+        for s in self.eval_splits:
+            if s not in self.EVAL_SPLITS:
+                raise ConfigError(f"data.eval_splits: {s!r} is not a split; use val (root/val) or minival (1 % of "
+                                  "root/train held out), e.g. data.eval_splits=[val,minival]")
+        if len(set(self.eval_splits)) != len(self.eval_splits):
+            raise ConfigError(f"data.eval_splits={list(self.eval_splits)} names a split twice: list each once")
+        if self.eval_splits and self.val_split != "val" and self.val_split != self.eval_splits[0]:
+            raise ConfigError(f"data.val_split={self.val_split} and data.eval_splits={list(self.eval_splits)} both "
+                              "choose the eval split: drop data.val_split (the first of data.eval_splits is the "
+                              "headline one)")
         try:
             parse_randaugment(self.randaugment)
         except ValueError as e:
@@ -320,6 +341,10 @@ class TrainConfig:
     def validate(self) -> None:
         """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash.
         The hang watchdog must fire first, with time left to dump before the collectives time out."""
+        if self.ema > 0 and self.parallel == "fsdp":
+            raise ConfigError("train.ema does not work with train.parallel=fsdp: the EMA is a full fp32 copy of the "
+                              "model on every rank, the memory FSDP shards away; set train.ema=0, or use "
+                              "train.parallel=ddp if the model and its EMA fit on one GPU")
         if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
             raise ConfigError(f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
                               "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)")
