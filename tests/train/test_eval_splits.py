@@ -68,3 +68,10 @@ def test_one_split_keeps_its_names(digits_root, tmp_path):
 def test_bad_eval_splits_are_refused(sets, match):
     with pytest.raises(ConfigError, match=match):
         load(None, sets)
+
+
+def test_s16_recipe_evaluates_minival_and_val_as_big_vision():
+    """big_vision vit_s16_i1k.py:99-100: evals.minival (train[99%:]) and evals.val (validation); minival
+    is the headline (the recipe monitors it), trained on the other 99 %."""
+    d = load("configs/vit_s16_imagenet_90ep.yaml").data
+    assert d.splits == ("minival", "val")
