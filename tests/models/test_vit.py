@@ -456,6 +456,10 @@ def test_drop_rates_from_the_config_and_the_4k_recipe():
     assert m.pos_drop.p == 0.1 and m.blocks[0].mlp.drop2.p == 0.1 and m.blocks[0].attn.attn_drop == 0.0
     with pytest.raises(ValueError, match="model.drop_rate=1 drops every activation"):
         load(None, ["model.drop_rate=1"])
+    with pytest.raises(ValueError, match="did you mean 'model.drop_rate'"):  # vit_jax's and DeiT's names
+        load(None, ["model.dropout_rate=0.1"])
+    with pytest.raises(ValueError, match="did you mean 'model.drop_rate'"):
+        load(None, ["model.drop=0.1"])
 
 
 def test_a_checkpoint_from_before_the_dropout_keys_still_resumes(tmp_path):
