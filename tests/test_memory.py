@@ -54,6 +54,8 @@ def saved_bytes(model: torch.nn.Module, batch: int, amp: str, img: int) -> int:
     ["model.pool=avg", "train.amp=none"],
     ["model.pool=token", "train.amp=bf16"],
     ["model.pool=avg", "model.pos_embed=learn", "train.amp=bf16", "model.mlp_ratio=4.0"],
+    ["model.pool=token", "train.amp=bf16", "model.drop_rate=0.1"],  # + a bool mask per dropout
+    ["model.pool=token", "train.amp=none", "model.drop_rate=0.1"],
 ])
 def test_activations_per_image_match_what_autograd_saves(sets):
     cfg = load(DIGITS, sets)

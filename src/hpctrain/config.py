@@ -63,6 +63,11 @@ class ModelConfig:
                          "big_vision's: i/(D/4-1))",
                          choices=("learn", "sincos", "sincos_big_vision"))
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
+    drop_rate: float = opt(0.0, "dropout after the position embedding, the attention output and both MLP layers (the "
+                           "ViT paper's dropout_rate; timm 0.3.2's drop_rate = timm's pos_drop_rate + proj_drop_rate, "
+                           "not its newer head-only drop_rate)", lo=0, hi=1)
+    attn_drop_rate: float = opt(0.0, "dropout on the attention probabilities, training only (timm attn_drop_rate, "
+                                "vit_jax attention_dropout_rate)", lo=0, hi=1)
     num_classes: int = opt(1000, "classifier outputs", lo=1)
     grad_ckpt: bool = opt(False, "activation checkpointing of every block (saves memory)")
     rep_size: int = opt(0, "pre-logits Dense(rep_size) + tanh before the head, as big_vision's rep_size "
@@ -100,6 +105,10 @@ class ModelConfig:
         return self.pool == "avg" and self.gap_norm == "after" if self.fc_norm is None else self.fc_norm
 
     def validate(self) -> None:
+        for key in ("drop_rate", "attn_drop_rate"):
+            if getattr(self, key) >= 1:
+                raise ConfigError(f"model.{key}=1 drops every activation: use a rate below 1 (the ViT paper: "
+                                  "model.drop_rate=0.1), or 0 for none")
         if self.pool == "token" and self.class_token is False:
             raise ConfigError("model.pool=token reads the class token: set model.class_token=true (or null), or "
                               "model.pool=avg")
@@ -162,8 +171,29 @@ class DataConfig:
     val_split: str = opt("val", "what to evaluate on: root/val, or minival = 1 % of root/train held out "
                          "(big_vision's train[99%:]; training then uses the other 99 %)",
                          choices=("val", "minival"))
+    eval_splits: tuple[str, ...] = opt((), "evaluate on each of these splits (val, minival) at every eval, as "
+                                       "big_vision's evals; the first is the run's headline (top1, top5, loss, "
+                                       "count as with one split), with several each is also logged as <split>/top1 "
+                                       "(TensorBoard eval/<split>/top1); empty: [data.val_split]")
+
+    EVAL_SPLITS = ("val", "minival")
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits every eval runs on, the headline first: data.eval_splits, else data.val_split."""
+        return self.eval_splits or (self.val_split,)
 
     def validate(self) -> None:
+        for s in self.eval_splits:
+            if s not in self.EVAL_SPLITS:
+                raise ConfigError(f"data.eval_splits: {s!r} is not a split; use val (root/val) or minival (1 % of "
+                                  "root/train held out), e.g. data.eval_splits=[val,minival]")
+        if len(set(self.eval_splits)) != len(self.eval_splits):
+            raise ConfigError(f"data.eval_splits={list(self.eval_splits)} names a split twice: list each once")
+        if self.eval_splits and self.val_split != "val" and self.val_split != self.eval_splits[0]:
+            raise ConfigError(f"data.val_split={self.val_split} and data.eval_splits={list(self.eval_splits)} both "
+                              "choose the eval split: drop data.val_split (the first of data.eval_splits is the "
+                              "headline one)")
         try:
             parse_randaugment(self.randaugment)
         except ValueError as e:
@@ -355,6 +385,10 @@ class TrainConfig:
         bad = [n for n in self.trackers if n not in TRACKERS]
         if bad:
             raise ConfigError(f"train.trackers: unknown tracker {bad[0]!r}; allowed: {', '.join(TRACKERS)}")
+        if self.ema > 0 and self.parallel == "fsdp":
+            raise ConfigError("train.ema does not work with train.parallel=fsdp: the EMA is a full fp32 copy of the "
+                              "model on every rank, the memory FSDP shards away; set train.ema=0, or use "
+                              "train.parallel=ddp if the model and its EMA fit on one GPU")
         if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
             raise ConfigError(f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
                               "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)")
@@ -641,6 +675,10 @@ SYNONYMS = {
     "aa": "data.randaugment", "auto_augment": "data.randaugment",
     "input_size": "model.img_size", "image_size": "model.img_size", "img_size": "model.img_size",
     "patch": "model.patch_size", "drop_path_rate": "model.drop_path", "nb_classes": "model.num_classes",
+    "drop": "model.drop_rate", "drop_rate": "model.drop_rate", "dropout": "model.drop_rate",
+    "dropout_rate": "model.drop_rate", "proj_drop_rate": "model.drop_rate", "attn_drop": "model.attn_drop_rate",
+    "attention_dropout_rate": "model.attn_drop_rate", "attn_drop_rate": "model.attn_drop_rate",
+    "evals": "data.eval_splits", "eval_split": "data.eval_splits",
     "num_labels": "model.num_classes", "model": "model.arch", "finetune": "model.init_from",
     "output_dir": "run.dir", "save_steps": "train.ckpt_every", "checkpoint_every": "train.ckpt_every",
     "resume": "run.resume",

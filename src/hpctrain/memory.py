@@ -121,6 +121,8 @@ def block_activation_bytes(mc, amp: str, sdpa_backend: str = "auto") -> int:
                  + 3 * a * d  # q, k, v (views of one qkv tensor)
                  + 4 * heads  # log-sum-exp of the attention (fp32)
                  + 2 * a * h)  # GELU input (fc1 output) and fc2 input
+    if mc.drop_rate > 0:  # a mask per dropout (attention output, after the GELU, after fc2) in its input's
+        per_token += a * (2 * d + h)  # dtype, as ATen's unfused CPU dropout keeps it (CUDA's fused: bool, less)
     block = n * per_token
     if sdpa_backend == "math":  # the attention probabilities and scores per head
         block += 2 * heads * n * n * a
@@ -136,6 +138,7 @@ def activation_bytes_per_image(mc, amp: str, sdpa_backend: str = "auto") -> int:
     a = 2 if amp in ("bf16", "fp16") else 4
     block = block_activation_bytes(mc, amp, sdpa_backend)
     embed = a * 3 * mc.img_size ** 2  # the patch convolution keeps its (cast) input
+    embed += 4 * n * d if mc.drop_rate > 0 else 0  # the position-embedding dropout's mask (fp32 input)
     ln = 4 * d + 8
     final = ln * (1 if mc.has_fc_norm else n)  # final norm over all tokens, or fc_norm on the pooled features
     # head input: in fp32 the token pool's slice is a view that keeps the whole final-norm output alive

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpctrain.config import load
+from hpctrain.config import load, to_dict
 from hpctrain.models import vit as vitmod
 from hpctrain.models.vit import ViT, build_vit
+from hpctrain.train.loop import ResumeError, check_compatible
 
 # timm.create_model("vit_base_patch16_224").state_dict(): name → shape, in timm's order.
 TIMM_VIT_B16_HEAD = [
@@ -356,3 +357,119 @@ def test_big_vision_gelu_is_the_tanh_approximation():
     torch.testing.assert_close(_init_model("big_vision", gelu="exact").blocks[0].mlp.act(x), erf)
     torch.testing.assert_close(_init_model("timm", gelu="tanh").blocks[0].mlp.act(x), jax_tanh, rtol=1e-6,
                                atol=1e-6)
+
+
+# ----------------------------------------------------------------- dropout (issue 24 item 8)
+
+def _no_dropout_forward(m: ViT, x: torch.Tensor) -> torch.Tensor:
+    """The forward as it was before model.drop_rate existed (no dropout anywhere), written out op by op
+    with the model's parameters: the rate-0 model must compute exactly this, bit for bit."""
+    t = m.patch_embed.proj(x).flatten(2).transpose(1, 2)
+    t = torch.cat([m.cls_token.expand(t.shape[0], -1, -1), t], dim=1) + m.pos_embed
+    for blk in m.blocks:
+        b, n, d = t.shape
+        h = F.layer_norm(t, (d,), blk.norm1.weight, blk.norm1.bias, 1e-6)
+        qkv = F.linear(h, blk.attn.qkv.weight, blk.attn.qkv.bias)
+        qkv = qkv.reshape(b, n, 3, blk.attn.heads, d // blk.attn.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape(b, n, d)
+        t = t + F.linear(a, blk.attn.proj.weight, blk.attn.proj.bias)
+        h = F.layer_norm(t, (d,), blk.norm2.weight, blk.norm2.bias, 1e-6)
+        h = F.gelu(F.linear(h, blk.mlp.fc1.weight, blk.mlp.fc1.bias))
+        t = t + F.linear(h, blk.mlp.fc2.weight, blk.mlp.fc2.bias)
+    t = F.layer_norm(t, (t.shape[-1],), m.norm.weight, m.norm.bias, 1e-6)
+    return F.linear(t[:, 0], m.head.weight, m.head.bias)
+
+
+def _drop_model(**kw) -> ViT:
+    torch.manual_seed(0)
+    return ViT(img_size=32, patch_size=8, depth=2, width=64, heads=2, num_classes=5, head_init="trunc_normal", **kw)
+
+
+def test_drop_rate_zero_is_bit_identical_to_the_model_without_dropout():
+    """Defaults (drop_rate = attn_drop_rate = 0): no Dropout module, no random number drawn in a training
+    forward, logits equal bit for bit to the dropout-free forward; the init draws are unchanged too."""
+    m = _drop_model()
+    assert not any(isinstance(mod, torch.nn.Dropout) for mod in m.modules())
+    x = torch.randn(4, 3, 32, 32)
+    m.train()
+    state = torch.get_rng_state()
+    got = m(x)
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drawn: the seeds' streams are today's
+    assert torch.equal(got, _no_dropout_forward(m, x))
+    with_drop = _drop_model(drop_rate=0.1, attn_drop_rate=0.1)  # same seed: same weights, dropout adds none
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), with_drop.state_dict().values()))
+
+
+def test_dropout_is_active_in_training_and_off_in_eval():
+    x = torch.randn(4, 3, 32, 32)
+    for kw in ({"drop_rate": 0.2}, {"attn_drop_rate": 0.2}):
+        m = _drop_model(**kw)
+        m.train()
+        assert not torch.equal(m(x), m(x)), kw  # a fresh mask per forward
+        m.eval()
+        assert torch.equal(m(x), m(x)), kw
+        assert torch.equal(m(x), _no_dropout_forward(m, x)), kw  # eval: exactly the dropout-free model
+
+
+def test_drop_rate_places_dropout_as_the_vit_paper():
+    """vit_jax models_vit.py: after the position embedding, after the attention output, after both MLP
+    Dense layers (dropout_rate); attention probabilities (attention_dropout_rate) through SDPA."""
+    m = _drop_model(drop_rate=0.1, attn_drop_rate=0.05)
+    drops = sorted(n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Dropout))
+    assert drops == sorted(["pos_drop"] + [f"blocks.{i}.{s}" for i in range(2)
+                                           for s in ("attn.proj_drop", "mlp.drop1", "mlp.drop2")])
+    assert all(mod.p == 0.1 for mod in m.modules() if isinstance(mod, torch.nn.Dropout))
+    assert [b.attn.attn_drop for b in m.blocks] == [0.05, 0.05]
+
+
+def test_attention_dropout_reaches_sdpa_only_in_training(monkeypatch):
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        seen.append(k.get("dropout_p", 0.0))
+        return real(*a, **k)
+
+    monkeypatch.setattr(vitmod.F, "scaled_dot_product_attention", spy)
+    m = _drop_model(attn_drop_rate=0.3)
+    x = torch.randn(2, 3, 32, 32)
+    m.train()
+    m(x)
+    m.eval()
+    m(x)
+    assert seen == [0.3, 0.3, 0.0, 0.0]
+
+
+def test_timm_weights_load_into_a_model_with_dropout(vit_b16):
+    """Dropout has no parameters: timm's state_dict loads strictly into a ViT-B/16 with dropout on."""
+    m = ViT(drop_rate=0.1, attn_drop_rate=0.1)
+    timm_like = {k: torch.randn(s) for k, s in TIMM_VIT_B16}
+    m.load_state_dict(timm_like, strict=True)
+    assert [(k, tuple(v.shape)) for k, v in m.state_dict().items()] == \
+        [(k, tuple(v.shape)) for k, v in vit_b16.state_dict().items()]
+
+
+def test_drop_rates_from_the_config_and_the_4k_recipe():
+    cfg = load("vit_b16_imagenet_4k", ["model.arch=vit_tiny", "model.depth=1"])
+    assert (cfg.model.drop_rate, cfg.model.attn_drop_rate) == (0.1, 0.0)  # ViT paper Table 3, appendix B.1
+    m = build_vit(cfg.model)
+    assert m.pos_drop.p == 0.1 and m.blocks[0].mlp.drop2.p == 0.1 and m.blocks[0].attn.attn_drop == 0.0
+    with pytest.raises(ValueError, match="model.drop_rate=1 drops every activation"):
+        load(None, ["model.drop_rate=1"])
+    with pytest.raises(ValueError, match="did you mean 'model.drop_rate'"):  # vit_jax's and DeiT's names
+        load(None, ["model.dropout_rate=0.1"])
+    with pytest.raises(ValueError, match="did you mean 'model.drop_rate'"):
+        load(None, ["model.drop=0.1"])
+
+
+def test_a_checkpoint_from_before_the_dropout_keys_still_resumes(tmp_path):
+    """Its config has no model.drop_rate / attn_drop_rate: it built the rate-0 model, so a run at the
+    defaults resumes from it, and one with dropout on is refused naming the key."""
+    cfg = load("digits_vit")
+    old = to_dict(cfg)
+    for k in ("drop_rate", "attn_drop_rate"):
+        del old["model"][k]
+    st = {"config": old, "global_batch": cfg.data.batch_size}
+    check_compatible(cfg, st, tmp_path / "step-1.pt")
+    with pytest.raises(ResumeError, match=r"differs in model\.drop_rate"):
+        check_compatible(load("digits_vit", ["model.drop_rate=0.1"]), st, tmp_path / "step-1.pt")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.config import load
+from hpctrain.config import ConfigError, load
 from hpctrain.models.vit import build_vit
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat
@@ -126,3 +126,11 @@ def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path)
     run_ranks(3, args, timeout=150)
     ev = run_metrics(tmp_path / "uneven", "eval")
     assert len(ev) == 1 and ev[0]["count"] == 359, ev
+
+
+def test_ema_with_fsdp_is_refused_when_the_config_loads():
+    """The EMA is a whole fp32 copy of the model per rank, the memory FSDP exists to shard: refused on the
+    login node (config load), one line naming why and the fix, not after the job waited in the queue."""
+    with pytest.raises(ConfigError, match=r"train.ema does not work with train.parallel=fsdp: .* set train.ema=0"):
+        load("digits_vit", ["train.parallel=fsdp", "train.ema=0.999"])
+    assert load("digits_vit", ["train.parallel=fsdp"]).train.ema == 0

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from hpctrain.config import load
+from hpctrain.models.vit import ViT
 from hpctrain.train.lamb import Lamb
 from tests.helpers import digits_args, run_metrics, run_ranks
 
@@ -93,3 +95,36 @@ def test_lamb_trains_the_digits_vit(digits_root, tmp_path):
     assert resolved["per_rank_batch"] == 64 and "sqrt(64/16)" in resolved["lr_rule"]
     log = (tmp_path / "lamb" / "logs" / "rank-0.log").read_text()
     assert "batch 64 global = 64 per rank x 1 ranks x 1 accumulation steps; lr 0.03 (" in log
+
+
+def test_lamb_grows_a_zero_head_at_most_1_plus_lr_per_step():
+    """Why the LAMB recipe starts from a trunc-normal head (docs/recipes.md, LAMB): from zero the first
+    step sets ||w|| = lr_1·||r|| (ratio 1; ||r|| ≈ √numel), then the trust ratio caps each step at
+    lr_t·||w||: the norm grows at most (1 + lr_t)× per step. Under a linear warm-up lr_1 is tiny, so after
+    50 of 100 warm-up steps to lr 0.01 the zero head is still far below where a trunc-normal(0.02) head
+    starts (its first step alone reaches lr/0.02 of that at a constant lr: the warm-up is the problem)."""
+    peak, warm, steps = 0.01, 100, 50
+    norms = {}
+    for init in ("zero", "trunc_normal"):
+        torch.manual_seed(0)
+        m = ViT(img_size=16, patch_size=8, depth=1, width=32, heads=2, num_classes=10, head_init=init)
+        opt = Lamb([{"params": [m.head.weight], "weight_decay": WD}], lr=peak, always_adapt=True)
+        x, y = torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,))
+        seq = [m.head.weight.norm().item()]
+        for t in range(1, steps + 1):
+            opt.param_groups[0]["lr"] = peak * t / warm  # linear warm-up from 0, as optim.warmup_* does
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+            seq.append(m.head.weight.norm().item())
+        norms[init] = seq
+    zero = norms["zero"]
+    assert zero[0] == 0 and zero[1] > 0
+    assert all(b <= a * (1 + peak * t / warm) * (1 + 1e-5) for t, a, b in zip(range(2, steps + 1), zero[1:], zero[2:]))
+    assert zero[-1] < 0.02 * norms["trunc_normal"][0]  # under 2 % of a trunc-normal head's start, 50 steps in
+
+
+def test_lamb_recipe_builds_its_sources_model():
+    """[CAI] trains timm's vit_base_patch16_224 (trunc-normal head, timm 0.4.12 :305/:382) with drop_rate 0.1."""
+    m = load("vit_b16_imagenet_16k_lamb").model
+    assert (m.head_init, m.drop_rate, m.attn_drop_rate) == ("trunc_normal", 0.1, 0.0)

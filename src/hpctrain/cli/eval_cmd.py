@@ -56,7 +56,7 @@ def resolve(args: argparse.Namespace):
                        "(hpctrain eval --weights FILE --config C), not both or neither")
     sets = list(args.overrides)
     sets += [f"data.root={args.data}"] if args.data else []
-    sets += [f"data.val_split={args.split}"] if args.split else []
+    sets += [f"data.val_split={args.split}", f"data.eval_splits=[{args.split}]"] if args.split else []
     sets += [f"model.img_size={args.img_size}"] if args.img_size else []
     sets += [f"data.crop_pct={args.crop_pct}"] if args.crop_pct else []
     sets += ["model.init_from="]  # evaluation loads the weights given here, never the config's start

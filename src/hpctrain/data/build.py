@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from hpctrain.config import Config, ConfigError
-from hpctrain.data.folder import read_exclusions, train_val_listings
+from hpctrain.data.folder import read_exclusions, train_eval_listings
 
 
 def resolve_loader(name: str) -> str:
@@ -16,7 +16,15 @@ def resolve_loader(name: str) -> str:
 
 
 def build_loaders(cfg: Config, rank: int, world: int, device):
-    """(train, val) loaders for this rank; val is None when there is no val split."""
+    """(train, val) loaders for this rank; val is the headline eval split's (the first of
+    `DataConfig.splits` the data has), None when it has none."""
+    train, evals = build_eval_loaders(cfg, rank, world, device)
+    return train, next(iter(evals.values()), None)
+
+
+def build_eval_loaders(cfg: Config, rank: int, world: int, device):
+    """(train, {split: eval loader}) for this rank, in `data.eval_splits`' order; a split the data lacks
+    (no root/val) is left out."""
     d = cfg.data
     batch = cfg.per_rank_batch(world)
     eval_batch = d.eval_batch_size or batch
@@ -24,11 +32,14 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
     if kind == "synthetic":
         from hpctrain.data.synthetic import SyntheticLoader
 
+        if len(d.splits) > 1:
+            raise ConfigError(f"data.loader=synthetic has one eval set, not data.eval_splits={list(d.splits)}: "
+                              "give one split, or a real dataset (data.root)")
         common = dict(world=world, rank=rank, img_size=cfg.model.img_size,
                       num_classes=cfg.model.num_classes, seed=cfg.train.seed, device=device)
         return (SyntheticLoader(train=True, batch_size=batch, size=d.synthetic_size, **common),
-                SyntheticLoader(train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10),
-                                **common))
+                {d.splits[0]: SyntheticLoader(train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10),
+                                              **common)})
     if not d.root:
         raise ConfigError("data.root is empty: point it at an ImageNet-layout folder "
                           "(or use data.loader=synthetic)")
@@ -43,7 +54,7 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
     if d.randaugment:
         raise ConfigError(f"data.randaugment={d.randaugment!r} needs the DALI loader (the torch loader has no "
                           "RandAugment): set data.loader=dali, or clear data.randaugment")
-    train_list, val_list = train_val_listings(d.root, d.val_split, read_exclusions(d.exclude_file))
+    train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
     if len(train_list.classes) != cfg.model.num_classes:
         raise ConfigError(f"{train_list.root} has {len(train_list.classes)} classes but "
                           f"model.num_classes={cfg.model.num_classes}; set "
@@ -54,5 +65,5 @@ def build_loaders(cfg: Config, rank: int, world: int, device):
                   interpolation=d.interpolation, reprob=d.reprob, remode=d.remode, recount=d.recount,
                   eval_resize=d.eval_resize, crop=d.crop, antialias=d.antialias)
     train = TorchLoader(train_list, train=True, batch_size=batch, repeats=d.repeated_aug, **common)
-    val = None if val_list is None else TorchLoader(val_list, train=False, batch_size=eval_batch, **common)
-    return train, val
+    return train, {split: TorchLoader(lst, train=False, batch_size=eval_batch, **common)
+                   for split, lst in eval_lists.items()}

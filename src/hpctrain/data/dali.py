@@ -31,7 +31,7 @@ import torch
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import erasing, sampling
-from hpctrain.data.folder import DataError, Listing, read_exclusions, train_val_listings
+from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval_listings
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
 from hpctrain.data.tf_crop import dali_tf_inception_box
 from hpctrain.data.wds import WdsShards, find_shards
@@ -476,7 +476,7 @@ class DaliLoader:
 
 def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device, batch: int,
                        eval_batch: int):
-    """(train, val) DALI loaders for this rank; val is None when there is no val split."""
+    """(train, {split: eval loader}) DALI loaders for this rank (data.build.build_eval_loaders)."""
     d = cfg.data
     aug = Augment(cfg.model.img_size, d.crop_pct, d.scale_min, d.hflip, tuple(d.mean), tuple(d.std),
                   parse_randaugment(d.randaugment), interpolation=d.interpolation, reprob=d.reprob,
@@ -485,9 +485,10 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
                   device=device)
     if d.format == "wds":
-        if d.val_split == "minival":
-            raise ConfigError("data.val_split=minival holds out train images from a folder; shards from "
-                              "`data pack` have no minival: use data.format=folder with data.val_split=minival")
+        if "minival" in d.splits:
+            raise ConfigError("data.val_split=minival (or data.eval_splits with minival) holds out train images from "
+                              "a folder; shards from `data pack` have no minival: use data.format=folder with "
+                              "data.val_split=minival, or evaluate on val only")
         if d.repeated_aug > 1:
             raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
                               "stream in shard order: set data.repeated_aug=0 or data.format=folder")
@@ -500,17 +501,16 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
         try:
             val_sh = find_shards(root, "val")
         except FileNotFoundError:
-            return train, None
-        return train, DaliLoader(train=False, batch_size=eval_batch, shards=val_sh, **common)
+            return train, {}
+        return train, {"val": DaliLoader(train=False, batch_size=eval_batch, shards=val_sh, **common)}
     if d.stage_to:
         raise ConfigError("data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
                           "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to")
-    train_list, val_list = train_val_listings(d.root, d.val_split, read_exclusions(d.exclude_file))
+    train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
     _check_classes(len(train_list.classes), cfg, train_list.root)
     train = DaliLoader(train=True, batch_size=batch, listing=train_list, repeats=d.repeated_aug, **common)
-    if val_list is None:
-        return train, None
-    return train, DaliLoader(train=False, batch_size=eval_batch, listing=val_list, **common)
+    return train, {split: DaliLoader(train=False, batch_size=eval_batch, listing=lst, **common)
+                   for split, lst in eval_lists.items()}
 
 
 def _check_classes(n: int, cfg: Config, where) -> None:

@@ -110,9 +110,22 @@ def train_val_listings(root: str | os.PathLike, val_split: str,
                        exclude: set[str] | frozenset = frozenset()) -> tuple[Listing, Listing | None]:
     """The (train, eval) listings every folder loader uses: root/train and root/val (None when root
     has no val/), or, for `val_split="minival"`, root/train split by `minival_split`."""
+    train, evals = train_eval_listings(root, (val_split,), exclude)
+    return train, evals.get(val_split)
+
+
+def train_eval_listings(root: str | os.PathLike, splits: tuple[str, ...] | list[str],
+                        exclude: set[str] | frozenset = frozenset()) -> tuple[Listing, dict[str, Listing]]:
+    """(train, {split: listing}) for the eval splits named (`data.eval_splits`, in that order): `val` is
+    root/val (left out when root has no val/), `minival` the 1 % `minival_split` holds out of root/train,
+    which train then lacks whatever else is evaluated."""
     train = list_split(root, "train", exclude)
-    if val_split == "minival":
-        return minival_split(train)
-    if not (Path(root) / "val").is_dir():
-        return train, None
-    return train, list_split(root, "val", exclude, classes=train.classes)
+    evals: dict[str, Listing] = {}
+    if "minival" in splits:
+        train, mini = minival_split(train)
+    for split in splits:
+        if split == "minival":
+            evals[split] = mini
+        elif (Path(root) / split).is_dir():
+            evals[split] = list_split(root, split, exclude, classes=train.classes)
+    return train, evals

@@ -6,6 +6,12 @@ in both directions without a renaming table. big_vision's extras are options wit
 own, off by default: a pre-logits Dense + tanh (`pre_logits.fc`, timm's old name for it), the final
 LayerNorm on every token before the average pool (`norm`, as timm's `fc_norm=False`), the head's
 init (docs/recipes.md).
+
+Dropout sits where the ViT paper puts it (vit_jax models_vit.py at c6de1e5: after the position
+embedding :195, after the attention output :147, after both MLP Dense layers :91, :99-101) and where
+timm 0.3.2's `drop_rate` puts it; `attn_drop` drops attention probabilities (:144, timm attn_drop_rate).
+At rate 0 the modules are Identity and SDPA gets dropout_p=0: the rate-0 model draws no random numbers
+and computes what it did before the options existed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ class DropPath(nn.Module):
         return x * mask / keep
 
 
+def dropout(p: float) -> nn.Module:
+    """nn.Dropout(p), or Identity at p = 0 (no RNG draw, no kernel: the defaults path unchanged)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class PatchEmbed(nn.Module):
     def __init__(self, img_size: int, patch_size: int, width: int):
         super().__init__()
@@ -48,39 +59,46 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int):
+    def __init__(self, width: int, heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()
         if width % heads:
             raise ValueError(f"model width {width} is not divisible by heads {heads}")
         self.heads = heads
+        self.attn_drop = attn_drop
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
+        self.proj_drop = dropout(proj_drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        x = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
-        return self.proj(x.transpose(1, 2).reshape(b, n, d))
+        # SDPA's dropout_p applies whenever it is > 0, in eval too: only a training forward passes it
+        x = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2],
+                                           dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(b, n, d)))
 
 
 class Mlp(nn.Module):
-    def __init__(self, width: int, hidden: int, gelu: str = "exact"):
+    def __init__(self, width: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden)
         self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.drop1 = dropout(drop)
         self.fc2 = nn.Linear(hidden, width)
+        self.drop2 = dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, mlp_ratio: float, drop_path: float, gelu: str = "exact"):
+    def __init__(self, width: int, heads: int, mlp_ratio: float, drop_path: float, gelu: str = "exact",
+                 drop: float = 0.0, attn_drop: float = 0.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(width, eps=1e-6)
-        self.attn = Attention(width, heads)
+        self.attn = Attention(width, heads, attn_drop, drop)
         self.norm2 = nn.LayerNorm(width, eps=1e-6)
-        self.mlp = Mlp(width, int(width * mlp_ratio), gelu)
+        self.mlp = Mlp(width, int(width * mlp_ratio), gelu, drop)
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +125,8 @@ class ViT(nn.Module):
                  heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
                  pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False,
                  rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm",
-                 class_token: bool | None = None, fc_norm: bool | None = None, gelu: str = "exact"):
+                 class_token: bool | None = None, fc_norm: bool | None = None, gelu: str = "exact",
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0):
         super().__init__()
         self.pool = pool
         self.head_init = head_init
@@ -126,8 +145,10 @@ class ViT(nn.Module):
             self.pos_embed = nn.Parameter(pe, requires_grad=False)
         else:
             self.pos_embed = nn.Parameter(torch.randn(1, n + self.num_prefix, width) * 0.02)
+        self.pos_drop = dropout(drop_rate)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r, gelu) for r in rates])
+        self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r, gelu, drop_rate, attn_drop_rate)
+                                      for r in rates])
         # timm: final norm before the token pool; fc_norm after the average pool. big_vision
         # (gap_norm="before", = fc_norm=False): its encoder_norm on every token, then the average.
         self.norm_first = not (pool == "avg" and gap_norm == "after" if fc_norm is None else fc_norm)
@@ -209,7 +230,7 @@ class ViT(nn.Module):
         x = self.patch_embed(x)
         if self.num_prefix:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = x + self.pos_embed
+        x = self.pos_drop(x + self.pos_embed)
         for blk in self.blocks:
             if self.grad_ckpt and self.training and torch.is_grad_enabled():
                 x = checkpoint(blk, x, use_reentrant=False)
@@ -232,5 +253,6 @@ def build_vit(mc) -> ViT:
                mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
                pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt,
                rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init,
-               class_token=mc.has_class_token, fc_norm=mc.has_fc_norm,
+               class_token=mc.has_class_token, fc_norm=mc.has_fc_norm, drop_rate=mc.drop_rate,
+               attn_drop_rate=mc.attn_drop_rate,
                gelu=("tanh" if mc.init == "big_vision" else "exact") if mc.gelu == "auto" else mc.gelu)

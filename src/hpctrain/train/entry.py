@@ -104,7 +104,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     stop = stop or stopmod.install()
     import torch
 
-    from hpctrain.data.build import build_loaders
+    from hpctrain.data.build import build_eval_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train import checkpoint as ckpt
     from hpctrain.train import compat, compile_cache, preflight
@@ -176,7 +176,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
     if resume:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
-    train_loader, val_loader = build_loaders(cfg, info.rank, info.world_size, device)
+    train_loader, val_loader = build_eval_loaders(cfg, info.rank, info.world_size, device)  # {split: loader}
     if resume:
         try:  # every rank reads the same checkpoint and data: all refuse alike
             check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))

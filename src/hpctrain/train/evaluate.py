@@ -114,7 +114,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
     conf = res.pop("confusion")
     names = class_names(cfg, loader)
     rows = per_class(conf, names)
-    summary = {"weights": str(weights), "ema": ema, "split": cfg.data.val_split, "data_root": cfg.data.root,
+    summary = {"weights": str(weights), "ema": ema, "split": cfg.data.splits[0], "data_root": cfg.data.root,
                "img_size": cfg.model.img_size, "crop_pct": cfg.data.crop_pct, "interpolation": cfg.data.interpolation,
                **res, "world_size": info.world_size, "adapted": notes,
                "most_confused": most_confused(conf, names)}

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as td
 
-from hpctrain.config import Config, ConfigError, to_dict
+from hpctrain.config import Config, ModelConfig, to_dict
 from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
 from hpctrain.train import checkpoint as ckpt
@@ -86,7 +86,9 @@ def check_compatible(cfg: Config, st: dict, path: Path) -> None:
     old = st.get("config", {})
     problems = []
     now = {k: v for k, v in to_dict(cfg.model).items() if k not in cfg.model.START_KEYS}  # not the model
-    diff = [k for k, v in now.items() if old.get("model") and old["model"].get(k) != v]
+    # a key newer than the checkpoint (model.drop_rate...) counts as its default there: the model it built
+    default = to_dict(ModelConfig())
+    diff = [k for k, v in now.items() if old.get("model") and old["model"].get(k, default[k]) != v]
     if diff:
         problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
     if st.get("global_batch") not in (None, cfg.data.batch_size):
@@ -196,7 +198,11 @@ class Trainer:
                  train_loader, val_loader, model: torch.nn.Module, control_group=None,
                  stop_flag=None):
         self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
-        self.train_loader, self.val_loader = train_loader, val_loader
+        self.train_loader = train_loader
+        # {split: loader} (data.build.build_eval_loaders), or one loader / None for the headline split alone
+        self.eval_loaders = dict(val_loader) if isinstance(val_loader, dict) else \
+            ({} if val_loader is None else {cfg.data.splits[0]: val_loader})
+        self.val_loader = next(iter(self.eval_loaders.values()), None)  # the headline split's (listed first)
         self.model = model.to(device)
         fastpath.apply(cfg.train, device)
         self.control_group = control_group
@@ -212,10 +218,7 @@ class Trainer:
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
         self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
         self.fsdp = t.parallel == "fsdp" and dist.world_size > 1
-        if self.fsdp:
-            if t.ema > 0:
-                raise ConfigError("train.ema is not supported with train.parallel=fsdp; set train.ema=0 "
-                                  "or use train.parallel=ddp")
+        if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
             from hpctrain.train import fsdp
 
             fsdp.shard(self.model, device, t.fsdp_reshard, t.amp, t.grad_reduce_dtype)
@@ -509,6 +512,19 @@ class Trainer:
     def evaluate(self, model: torch.nn.Module) -> dict:
         """Exact top-1/top-5 over the whole val set (`evaluate` above, shared with `hpctrain eval`)."""
         return evaluate(model, self.val_loader, self.cfg.train.amp, self.device)
+
+    def eval_record(self, model: torch.nn.Module, prefix: str = "") -> tuple[dict, dict]:
+        """(the headline split's results, the record fields): with one split its results under their
+        names (`top1`...), as ever; with several, also every split's under `<split>/<prefix><name>`
+        (TensorBoard `eval/<split>/top1`), each split evaluated once."""
+        results = {split: evaluate(model, loader, self.cfg.train.amp, self.device)
+                   for split, loader in self.eval_loaders.items()}
+        head = next(iter(results.values()), {})
+        fields = {f"{prefix}{k}": v for k, v in head.items()}
+        if len(self.cfg.data.splits) > 1:
+            for split, res in results.items():
+                fields.update({f"{split}/{prefix}{k}": v for k, v in res.items()})
+        return head, fields
 
     # ------------------------------------------------------------------ training
 
@@ -923,11 +939,11 @@ class Trainer:
     def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
         progress.newline()
         t0 = time.perf_counter()
-        out.eval = self.evaluate(self.model)
-        rec = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **out.eval}
+        out.eval, fields = self.eval_record(self.model)
+        rec = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **fields}
         if self.ema:
-            out.eval_ema = self.evaluate(self.ema.module)
-            rec.update({f"ema_{k}": v for k, v in out.eval_ema.items()})
+            out.eval_ema, fields = self.eval_record(self.ema.module, "ema_")
+            rec.update(fields)
         self.metrics.write("eval", **rec)
         self.paused_s += time.perf_counter() - t0  # not training time (StepClock); a best-eval save counts itself
         self.eval_pending = False
@@ -935,6 +951,10 @@ class Trainer:
         if self.cfg.train.keep_best and top1 is not None and (self.best is None or top1 > self.best[0]):
             self.best = (top1, self.step)  # every rank: the eval is summed over all of them
             self._checkpoint(out)  # this step's state, kept by pruning until a better eval
-        if self.dist.is_main and out.eval:
+        if self.dist.is_main and len(self.eval_loaders) > 1:
+            for split in self.eval_loaders:
+                log.info("eval step %d on %s: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, split,
+                         rec[f"{split}/top1"], rec[f"{split}/top5"], rec[f"{split}/count"])
+        elif self.dist.is_main and out.eval:
             log.info("eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, out.eval["top1"],
                      out.eval["top5"], out.eval["count"])
