@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -137,3 +138,11 @@ _SLURM_VERSIONS: set[str] = set()
 def pytest_terminal_summary(terminalreporter):
     if _SLURM_VERSIONS:
         terminalreporter.write_line(f"Slurm test clusters: {', '.join(sorted(_SLURM_VERSIONS))}")
+
+
+@pytest.fixture
+def hpctrain_log(caplog, monkeypatch):
+    """caplog that sees the `hpctrain` logger's records: setup_logging (entry.run, an in-process
+    run) turns that logger's propagation off, so caplog's root handler would see nothing."""
+    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
+    return caplog

@@ -52,7 +52,7 @@ def test_doctor_checks_a_profile_against_the_node(dgx_h100, capsys, monkeypatch)
         {"NCCL_SOCKET_IFNAME": "ok", "GLOO_SOCKET_IFNAME": "ok", "NCCL_IB_HCA": "ok"}
 
 
-def test_ipoib_named_ibp24s0_not_ib0(dgx_h100, monkeypatch, caplog):
+def test_ipoib_named_ibp24s0_not_ib0(dgx_h100, hpctrain_log):
     """IPoIB is ibp24s0 here: ib0 fails NCCL; the profile's NCCL pattern reaches NCCL only, and
     each task derives a plain gloo name from it on its own node."""
     ifaces = interfaces(dgx_h100)
@@ -76,11 +76,10 @@ def test_ipoib_named_ibp24s0_not_ib0(dgx_h100, monkeypatch, caplog):
     assert set_gloo_ifname({**env, "GLOO_SOCKET_IFNAME": "eno3"}, dgx_h100) is None  # set already: kept
     netif(dgx_h100, "ibp24s0", "down")
     assert set_gloo_ifname({"NCCL_SOCKET_IFNAME": "ibp"}, dgx_h100) == "ibp64s0"  # an up one
-    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
     task = {"NCCL_SOCKET_IFNAME": "=ib0"}
-    with caplog.at_level(logging.WARNING, logger="hpctrain"):
+    with hpctrain_log.at_level(logging.WARNING, logger="hpctrain"):
         assert set_gloo_ifname(task, dgx_h100) is None and "GLOO_SOCKET_IFNAME" not in task
-    assert "GLOO_SOCKET_IFNAME left unset" in caplog.text and "NCCL_SOCKET_IFNAME==ib0" in caplog.text
+    assert "GLOO_SOCKET_IFNAME left unset" in hpctrain_log.text and "NCCL_SOCKET_IFNAME==ib0" in hpctrain_log.text
 
 
 def test_nccl_env_mistakes(ib_node, capsys, monkeypatch):

@@ -13,12 +13,9 @@ from pathlib import Path
 import torch
 
 from hpctrain.config import load
-from hpctrain.data.build import build_loaders
-from hpctrain.models.vit import build_vit
 from hpctrain.train import dist
-from hpctrain.train.entry import setup_logging
-from hpctrain.train.loop import Trainer
 from tests.helpers import DIGITS
+from tests.train.worker import cpu_trainer, join
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -29,12 +26,8 @@ def main(root: str, out: str, *sets: str) -> None:
     cfg = load(DIGITS, [f"data.root={root}", "train.threads=1", "train.log_every=1", "train.eval_every=0",
                         "train.ckpt_every=0", "train.parallel=fsdp", "train.amp=bf16", "train.max_steps=30",
                         *sets])
-    info = dist.detect()
-    dist.init(info, "gloo", 60)
-    torch.manual_seed(cfg.train.seed)
-    setup_logging(None, info.rank)
-    train, val = build_loaders(cfg, info.rank, info.world_size, torch.device("cpu"))
-    trainer = Trainer(cfg, info, torch.device("cpu"), None, train, val, build_vit(cfg.model))
+    info = join(cfg, 60)
+    trainer = cpu_trainer(cfg, info, None)
     seen: dict[str, set] = {"weight": set(), "input": set(), "output": set(), "grad": set(), "param": set()}
     fc = trainer.model.blocks[0].mlp.fc1
 

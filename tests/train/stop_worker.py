@@ -18,16 +18,12 @@ import signal
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as td
 
 from hpctrain.config import load
-from hpctrain.data.build import build_loaders
-from hpctrain.models.vit import build_vit
 from hpctrain.train import dist, stop
-from hpctrain.train.entry import setup_logging
-from hpctrain.train.loop import Trainer
 from tests.helpers import DIGITS
+from tests.train.worker import cpu_trainer, join
 
 OVERLAP, SIGNAL = 2, 4
 
@@ -36,17 +32,12 @@ def main(root: str, out: str) -> None:
     sets = [f"data.root={root}", f"run.dir={out}", "run.name=run", "train.threads=1", "train.log_every=1",
             "train.eval_every=0", "train.ckpt_every=3", "train.max_steps=12"]
     cfg = load(DIGITS, sets)
-    info = dist.detect()
     flag = stop.install()
-    dist.init(info, "gloo", 60)
-    torch.manual_seed(cfg.train.seed)
-    setup_logging(None, info.rank)
-    train, val = build_loaders(cfg, info.rank, info.world_size, torch.device("cpu"))
+    info = join(cfg, 60)
     run_dir = Path(out) / "run"
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, info, torch.device("cpu"), run_dir if info.is_main else None, train, val,
-                      build_vit(cfg.model), None, flag)
+    trainer = cpu_trainer(cfg, info, run_dir if info.is_main else None, None, flag)
     store = td.distributed_c10d._get_default_store()
     began = []
     step_fn, check_fn = trainer.train_step, trainer._stop_check

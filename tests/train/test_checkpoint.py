@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -48,17 +47,16 @@ def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
     assert not list(d.glob(".*.tmp-*"))
 
 
-def test_auto_resume_skips_a_corrupt_newest(tmp_path, caplog, monkeypatch):
+def test_auto_resume_skips_a_corrupt_newest(tmp_path, hpctrain_log):
     # a training run earlier in this process may have set up the "hpctrain" logger without propagation
-    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
     for step in (1, 2):
         ckpt.save(tmp_path, step, {"model": {"w": torch.full((1000,), float(step))}, "step": step}, keep=3)
     newest = ckpt.ckpt_dir(tmp_path) / "step-00000002.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    with caplog.at_level("WARNING", logger="hpctrain"):
+    with hpctrain_log.at_level("WARNING", logger="hpctrain"):
         path, state = ckpt.find_resume(tmp_path, "auto")
     assert state["step"] == 1 and path.name == "step-00000001.pt"
-    assert "step-00000002.pt" in caplog.text and "falling back" in caplog.text
+    assert "step-00000002.pt" in hpctrain_log.text and "falling back" in hpctrain_log.text
 
 
 def test_keep_last_k(tmp_path):
@@ -89,12 +87,10 @@ def test_none_and_missing(tmp_path):
 
 @pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
                     reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
-def test_both_formats_in_one_directory(tmp_path, caplog, monkeypatch):
+def test_both_formats_in_one_directory(tmp_path, hpctrain_log):
     """A run that changed format (1 rank, then 2) lists, resumes and prunes both kinds alike; a
     sharded checkpoint without DCP's .metadata (an incomplete copy) is skipped."""
     from hpctrain.train import sharded
-
-    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
     ckpt.save(tmp_path, 1, {"model": {"w": torch.ones(3)}, "step": 1}, keep=3)
     for step in (2, 3):  # one process, no process group: DCP writes all of it
         path, err = sharded.save(tmp_path, step, {"model": {"w": torch.full((3,), float(step))}}, {"step": step},
@@ -104,9 +100,9 @@ def test_both_formats_in_one_directory(tmp_path, caplog, monkeypatch):
     assert (ckpt.ckpt_dir(tmp_path) / "latest").read_text().strip() == "step-00000003"
     assert torch.equal(ckpt.load(ckpt.ckpt_dir(tmp_path) / "step-00000003")["model"]["w"], torch.full((3,), 3.0))
     (ckpt.ckpt_dir(tmp_path) / "step-00000003" / ".metadata").unlink()
-    with caplog.at_level("WARNING", logger="hpctrain"):
+    with hpctrain_log.at_level("WARNING", logger="hpctrain"):
         path, st = ckpt.find_resume(tmp_path, "auto")
-    assert path.name == "step-00000002" and st["step"] == 2 and "no DCP .metadata" in caplog.text
+    assert path.name == "step-00000002" and st["step"] == 2 and "no DCP .metadata" in hpctrain_log.text
     sharded.save(tmp_path, 4, {"model": {"w": torch.zeros(3)}}, {"step": 4}, keep=2, is_main=True)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000004", "step-00000003"]
 

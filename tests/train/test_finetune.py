@@ -57,14 +57,13 @@ def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     assert "initialised the model from" not in again
 
 
-def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, caplog, monkeypatch):
+def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, hpctrain_log):
     _, _, weights = base
-    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)  # an in-process entry.run turns it off
     model = build_vit(cfg_of(digits_root, "model.num_classes=7").model)
-    with caplog.at_level(logging.INFO, logger="hpctrain"):
+    with hpctrain_log.at_level(logging.INFO, logger="hpctrain"):
         finetune.load_into(model, weights)
     assert "new head: the checkpoint's has 10 classes, model.num_classes=7; re-initialised (model.head_init=zero)" \
-        in caplog.text
+        in hpctrain_log.text
     sd = finetune.read_weights(weights)[0]
     got = model.state_dict()
     assert torch.count_nonzero(got["head.weight"]) == 0 and got["head.weight"].shape == (7, 128)
@@ -168,18 +167,17 @@ def mae_model(*sets: str) -> torch.nn.Module:
                                  "model.pool=avg", "model.class_token=true", "model.fc_norm=true", *sets]).model)
 
 
-def test_mae_pretrained_layout_loads_naming_what_starts_fresh(tmp_path, caplog, monkeypatch):
+def test_mae_pretrained_layout_loads_naming_what_starts_fresh(tmp_path, hpctrain_log):
     """MAE's pre-trained encoder into MAE's fine-tuning model (main_finetune.py:248-254: non-strict load,
     missing exactly head and fc_norm): every encoder weight loaded, head and fc_norm as initialised, the
     token norm unused, all named in one log line. Any other missing key is still refused with its shape."""
-    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)
     path = tmp_path / "mae_pretrain_vit_tiny.pth"
     ckpt_obj = mae_pretrained()
     torch.save(ckpt_obj, path)
     model = mae_model()
-    with caplog.at_level(logging.INFO, logger="hpctrain"):
+    with hpctrain_log.at_level(logging.INFO, logger="hpctrain"):
         finetune.load_into(model, path)
-    lines = [r.getMessage() for r in caplog.records if "initialised the model from" in r.getMessage()]
+    lines = [r.getMessage() for r in hpctrain_log.records if "initialised the model from" in r.getMessage()]
     assert lines == [f"initialised the model from {path}; not in the file, left as initialised: head.weight, "
                      "head.bias, fc_norm.weight, fc_norm.bias; unused (the model normalises after the pool): "
                      "norm.weight, norm.bias"]

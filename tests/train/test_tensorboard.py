@@ -72,13 +72,12 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
     assert sorted(want["train/loss"]) == list(range(1, 27)) and sorted(want["eval/top1"]) == [EPOCH, 26]
 
 
-def test_without_tensorboard_one_warning_and_no_directory(tmp_path, monkeypatch, caplog):
+def test_without_tensorboard_one_warning_and_no_directory(tmp_path, monkeypatch, hpctrain_log):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what a missing package raises
-    monkeypatch.setattr(logging.getLogger("hpctrain"), "propagate", True)  # entry.run turns it off
-    with caplog.at_level(logging.WARNING, logger="hpctrain"):
+    with hpctrain_log.at_level(logging.WARNING, logger="hpctrain"):
         assert open_sink(True, tmp_path) is None
-    assert [r.levelno for r in caplog.records] == [logging.WARNING]
-    assert "pip install tensorboard" in caplog.text
+    assert [r.levelno for r in hpctrain_log.records] == [logging.WARNING]
+    assert "pip install tensorboard" in hpctrain_log.text
     assert open_sink(False, tmp_path) is None and not (tmp_path / "tb").exists()
 
 
