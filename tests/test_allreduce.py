@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hpctrain.allreduce import format_rows, parse_size
 from tests.doctor.fake_sysfs import run_cli
 
 
+@pytest.mark.slow
 def test_allreduce_two_gloo_processes(capsys):
     rc, out = run_cli(
         capsys, "doctor", "--allreduce", "--procs", "2", "--sizes", "4K,64K,1M", "--iters", "3", "--json"

@@ -14,6 +14,7 @@ from hpctrain.config import load
 from tests.helpers import DIGITS
 
 
+@pytest.mark.slow
 def test_bench_json_has_every_field():
     r = subprocess.run([sys.executable, "-m", "hpctrain", "bench", "--config", str(DIGITS), "--steps", "3",
                         "--warmup", "1", "--json", "--peak-tflops", "0.5"],

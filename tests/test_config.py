@@ -76,6 +76,7 @@ def test_shape_rules_fail_when_the_config_loads(sets, message):
     assert message in str(e.value)
 
 
+@pytest.mark.slow
 def test_img_size_not_a_multiple_of_the_patch_fails_in_plan_and_dry_run(tmp_path, digits_root):
     base = ["--config", str(DIGITS), "--set", "model.img_size=30", "--set", f"run.dir={tmp_path}/runs"]
     for argv in (["plan", *base, "--nodes", "1"], ["submit", *base, "--dry-run"]):

@@ -151,6 +151,7 @@ def test_checkout_folders_are_links_to_the_shipped_ones():
             assert f"hpctrain.version {__version__}\n" in recipe.read_text(), recipe.name
 
 
+@pytest.mark.slow
 def test_wheel_and_sdist_carry_configs_profiles_recipes_and_sbatch(wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = shipped_names() - names

@@ -13,6 +13,7 @@ from hpctrain.models.vit import build_vit
 from tests.helpers import DIGITS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config, sets", [
     ("configs/vit_b16_imagenet_4k.yaml", []),  # ViT-B/16: 86.6 M (timm's vit_base_patch16_224)
     ("configs/vit_s16_imagenet_90ep.yaml", []),  # average pool, fixed sin-cos position embedding

@@ -182,6 +182,7 @@ def test_token_goes_to_a_0600_file_and_to_jupyter_never_to_the_log(tmp_path):
     assert f"token in {stale}" in log  # where it is, not what it is
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None, reason="jupyterlab is not installed")
 def test_real_jupyter_takes_the_token_from_the_job_and_does_not_print_it(tmp_path):
     """Jupyter Server given JUPYTER_TOKEN treats it as not generated: its start-up URL shows

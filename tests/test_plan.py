@@ -196,6 +196,7 @@ def test_summary_for_submit_dry_run():
     assert "fabric ib" in lines[0]
 
 
+@pytest.mark.slow
 def test_cli_plan_json_and_text(tmp_path):
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "16", "--cluster", "example-ib", "--json")
     assert r.returncode == 0, r.stderr

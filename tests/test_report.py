@@ -46,6 +46,7 @@ def has_field(runs, panel) -> bool:
     return any(s.key in r for run in runs for s in panel.series for r in run.of(s.kind))
 
 
+@pytest.mark.slow
 def test_every_panel_has_data_or_says_no_data(runs):
     loaded = [report.load_run(r) for r in runs]
     assert [r.name for r in loaded] == ["base", "lr_x3"]
@@ -73,6 +74,7 @@ def test_every_panel_has_data_or_says_no_data(runs):
     assert wall == pytest.approx([(stop["time"] - loaded[0].t0) / unit])
 
 
+@pytest.mark.slow
 def test_png_from_the_login_node_cli_and_html(runs, tmp_path):
     import matplotlib.image
 
@@ -94,6 +96,7 @@ def test_png_from_the_login_node_cli_and_html(runs, tmp_path):
     assert "<tr><th>stops / requeues / restarts</th><td>1 / 0 / 0</td><td>0 / 0 / 0</td></tr>" in text
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(runs, tmp_path, monkeypatch, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert main(["report", str(runs[0]), "-o", str(tmp_path / "r.pdf")]) == 2
@@ -105,6 +108,7 @@ def test_errors_are_one_line(runs, tmp_path, monkeypatch, capsys):
     assert "pip install 'hpctrain[report]'" in err[2]
 
 
+@pytest.mark.slow
 def test_a_sweep_stands_for_its_runs(runs, tmp_path):
     """`hpctrain report SWEEP` overlays the members that have metrics (sweep.json of `hpctrain sweep`)."""
     import json

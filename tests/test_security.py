@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionari
                                                                                      max_size=3), max_leaves=6)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(KEYS + ["bogus.key", "model", "optim"]), values, max_size=6))
 def test_any_yaml_mapping_gives_a_config_or_a_config_error(flat):
@@ -54,6 +56,7 @@ def test_any_yaml_text_gives_a_config_or_a_config_error(text):
         assert str(e)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(KEYS + ["x", "train.", ".lr", "optim.lr.x"]), st.text(max_size=30))
 def test_cli_set_values_never_traceback(key, raw):
@@ -69,6 +72,7 @@ def test_cli_set_values_never_traceback(key, raw):
         assert len(err.getvalue().strip().splitlines()) <= 3  # argparse: usage + error; ours: one line
 
 
+@pytest.mark.slow
 def test_run_record_is_private_and_secret_free(digits_root, tmp_path):
     secrets = {"MY_API_TOKEN": "tok-123-secret", "AWS_SECRET_ACCESS_KEY": "aws-456-secret",
                "DB_PASSWORD": "pw-789-secret", "SLURM_JOB_ID": "4242"}

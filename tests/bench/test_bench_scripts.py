@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SH = ROOT / "bench" / "gpu.sh"
 
@@ -41,6 +43,7 @@ def test_gpu_sh_syntax_and_help():
     assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
 
 
+@pytest.mark.slow
 def test_gpu_sh_cpu_smoke_run(tmp_path):
     fake = tmp_path / "site"
     (fake / "timm").mkdir(parents=True)
@@ -80,6 +83,7 @@ def test_gpu_bench_plan_without_timm():
     assert all("skip" not in c for c in plan if c["impl"] == "hpctrain")
 
 
+@pytest.mark.slow
 def test_loop_overhead_reports_a_ratio():
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "loop_overhead.py"), "--reps", "2", "--steps", "1",
                         "--json"], capture_output=True, text=True, timeout=300)
@@ -89,6 +93,7 @@ def test_loop_overhead_reports_a_ratio():
     assert out["ratio"] == out["hpctrain_ms"] / out["bare_ms"]
 
 
+@pytest.mark.slow
 def test_optim_step_reports_ratios_to_torch_adamw():
     """bench/optim_step.py, one short repetition: every hpctrain optimizer timed beside torch's
     AdamW(foreach=True) on ViT-S/16's 152 tensors, each ratio its median per-repetition ratio."""
@@ -104,6 +109,7 @@ def test_optim_step_reports_ratios_to_torch_adamw():
         assert out[f"{name}_aten_calls"] < 400, out
 
 
+@pytest.mark.slow
 def test_host_costs_reports_ema_and_erase_before_and_after():
     """bench/host_costs.py, one short repetition without DALI: the EMA's cached lists and the batch's
     vectorised erase boxes each timed beside the way they were drawn before (issue 24 item 7)."""

@@ -29,6 +29,7 @@ def load_bench():
     return mod
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_bytes_and_prediction_within_2x():
     cm = load_bench()
     argv = ["--config", str(DIGITS), "--steps", "2", "--rounds", "2", "--warmup", "1", "--per-rank-batch", "16",

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_pack_bench_smoke_run():
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "pack.py"), "--images", "48", "--shard-size", "8",
                         "--workers", "2", "--rounds", "1"], capture_output=True, text=True, timeout=300)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from hpctrain.cli import COMMANDS, build_parser
 
 PROBE = r"""
@@ -30,6 +32,7 @@ def test_a_command_loads_its_own_module_only():
     assert [m for m in logs if m.startswith("hpctrain.cli.")] == ["hpctrain.cli.status"]
 
 
+@pytest.mark.slow
 def test_help_and_an_unknown_command_list_every_command_of_the_table():
     mods = loaded()
     assert {f"hpctrain.cli.{m}" for m in COMMANDS.values()} <= set(mods)

@@ -150,6 +150,7 @@ def test_same_seed_same_batches_and_exact_resume(ident_root):
     assert all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(ea, again))
 
 
+@pytest.mark.slow
 def test_randaugment_runs_and_changes_images(ident_root):
     plain, _ = loaders(ident_root)
     ra, _ = loaders(ident_root, **{"data.randaugment": "2,9"})

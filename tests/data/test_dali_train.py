@@ -21,6 +21,7 @@ def weights(summary) -> dict:
     return torch.load(summary["checkpoint"], map_location="cpu", weights_only=True)["model"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["dali", "torch"])
 def test_resume_is_exact(digits_root, tmp_path, loader):
     """14 steps straight vs 7 steps, halt, resume (mid-epoch: 11 steps per epoch) → equal weights."""

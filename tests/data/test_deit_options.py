@@ -106,6 +106,7 @@ def test_repeated_aug_on_fewer_than_256_images_is_refused(png_root):
         loaders(root, "dali", "data.repeated_aug=3")
 
 
+@pytest.mark.slow
 def test_resume_is_exact_with_deit_options_on(digits_root):
     """DALI and torch: epoch e from batch k equals the uninterrupted epoch's batches k.. with bicubic,
     erasing and repeated augmentation on (DALI rebuilds the epoch's pipeline and discards k batches),

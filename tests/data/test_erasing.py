@@ -43,6 +43,7 @@ def draws():
     return np.array([b for b in ours if b[2]]), np.array([b for b in ref if b]), len([b for b in ours if b[2]])
 
 
+@pytest.mark.slow
 def test_a_quarter_of_samples_get_one_box_inside_the_image(draws):
     ours, _, erased = draws
     assert abs(erased / N - 0.25) < 5 * math.sqrt(0.25 * 0.75 / N)  # 5 binomial sd = 0.015
@@ -131,6 +132,7 @@ def test_fill_values(mode):
             assert (box == box[:, :1]).all()
 
 
+@pytest.mark.slow
 def test_torch_loader_erases_after_normalisation(digits_root):
     def batch(*sets):
         cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", *sets])

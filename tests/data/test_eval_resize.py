@@ -28,6 +28,7 @@ def first_val_batch(root, loader: str, *sets: str) -> np.ndarray:
     return next(iter(val))[0].numpy() * 255.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["torch", "dali"])
 def test_squash_resizes_the_whole_image_to_img_size(png_root, loader):
     if loader == "dali":

@@ -38,6 +38,7 @@ def raw_imagenet(ident_root, tmp_path) -> tuple[Path, Path, list[Path]]:
     return root, vmap, [trunc, text]
 
 
+@pytest.mark.slow
 def test_prepare_sorts_val_reports_bad_files_and_training_honours_the_list(raw_imagenet, tmp_path):
     pytest.importorskip("nvidia.dali")
     root, vmap, bad = raw_imagenet

@@ -175,6 +175,7 @@ def whole_image_batch(root: Path, loader: str, antialias: bool) -> tuple[np.ndar
     return x.numpy() * 255.0, y.numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["torch", "dali"])
 def test_antialias_off_resizes_as_tensorflow_and_on_as_pil(board_root, loader):
     """160×120 → 64×64: antialias=false is tf.image.resize's bilinear (aliased: a checkerboard stays

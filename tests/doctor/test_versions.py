@@ -8,12 +8,15 @@ import subprocess
 import sys
 from importlib import metadata
 
+import pytest
+
 from hpctrain.doctor.report import format_report, run
 from hpctrain.doctor.versions import driver_version, version_checks
 from tests.doctor.fake_sysfs import write
 from tests.helpers import hpctrain
 
 
+@pytest.mark.slow
 def test_this_machine_no_gpu_no_ib_and_versions():
     import torch
 

@@ -10,6 +10,7 @@ from tests.faults.local import start_ranks, wait_for_step
 from tests.helpers import run_metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_files_vanish_mid_run(policy, digits_root, tmp_path):
     root = tmp_path / "data"

@@ -36,6 +36,7 @@ def fill(mnt):
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("policy", "mode"), [("stop", "single"), ("continue", "single"), ("stop", "async"),
                                             ("continue", "async")])
 def test_disk_full_keeps_previous_checkpoint(policy, mode, digits_root, small_fs):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from hpctrain.train.watchdog import NO_STACK, top_frame
 from tests.faults.local import start_ranks, wait_for_step
 from tests.helpers import run_metrics
@@ -18,6 +20,7 @@ HANG = 5
 PG_TIMEOUT = 8
 
 
+@pytest.mark.slow
 def test_watchdog_names_the_stopped_rank_and_the_others_write_their_stacks(digits_root, tmp_path):
     run, pg = tmp_path / "hang3", 6 * HANG  # the collectives would time out long after the watchdog
     procs = start_ranks(3, digits_root, tmp_path, "hang3", "train.max_steps=400", "data.batch_size=48",
@@ -47,6 +50,7 @@ def test_watchdog_names_the_stopped_rank_and_the_others_write_their_stacks(digit
     assert sorted(os.path.basename(f) for f in rec["files"]) == ["stack-rank-0.txt", "stack-rank-2.txt"]
 
 
+@pytest.mark.slow
 def test_without_watchdog_the_collective_timeout_names_the_stopped_rank(digits_root, tmp_path):
     procs = start_ranks(2, digits_root, tmp_path, "hang", "train.max_steps=400", f"train.pg_timeout_s={PG_TIMEOUT}",
                         "train.hang_timeout_s=0")

@@ -17,6 +17,7 @@ from tests.faults.local import last_step, start_ranks, wait_for_step
 from tests.helpers import digits_args
 
 
+@pytest.mark.slow
 def test_second_job_refused_first_unharmed(digits_root, tmp_path):
     first = start_ranks(1, digits_root, tmp_path, "shared", "train.max_steps=60")
     run = tmp_path / "shared"
@@ -103,6 +104,7 @@ def test_lock_refused_by_the_file_system_goes_on_and_says_why(tmp_path, refusal)
     assert json.loads((run / ".lock").read_text())["host"] == socket.gethostname()
 
 
+@pytest.mark.slow
 def test_job_on_a_file_system_without_locks_trains_and_warns_once(digits_root, tmp_path):
     """A whole training job whose run directory's lock file refuses locks (ENOLCK): it trains to
     the end, and its rank log says once that a second job would not be refused."""

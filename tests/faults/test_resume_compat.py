@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from hpctrain.train import checkpoint as ckpt
 from tests.helpers import digits_args, run_ranks
 
@@ -19,6 +21,7 @@ def snapshot(run):
     return {p.relative_to(run): p.read_bytes() for p in files}
 
 
+@pytest.mark.slow
 def test_incompatible_resume_is_refused_and_nothing_changes(digits_root, tmp_path):
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=4"))
     run = tmp_path / "r"
@@ -32,6 +35,7 @@ def test_incompatible_resume_is_refused_and_nothing_changes(digits_root, tmp_pat
         assert snapshot(run) == before  # config.yaml, metrics, checkpoints untouched
 
 
+@pytest.mark.slow
 def test_new_world_size_same_global_batch_resumes(digits_root, tmp_path):
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=4"))
     out = run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS))

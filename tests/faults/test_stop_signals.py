@@ -34,6 +34,7 @@ def finish(procs, timeout: float = 180) -> list[str]:
     return outs
 
 
+@pytest.mark.slow
 def test_sigterm_during_startup_stops_every_rank_cleanly(digits_root, tmp_path):
     """SIGTERM to both ranks as soon as their handlers exist (before torch, the rendezvous and the
     model): they meet, agree to stop before the first step, and exit 0 with a stop record."""
@@ -53,6 +54,7 @@ def test_sigterm_during_startup_stops_every_rank_cleanly(digits_root, tmp_path):
     assert "stopped at step 0 (preemption)" in outs[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, kind", [(signal.SIGTERM, "preemption"), (signal.SIGUSR2, "time_limit")])
 def test_one_signalled_rank_stops_all_with_its_kind(sig, kind, digits_root, tmp_path):
     """Only rank 1 gets the signal; rank 0, which records the stop and decides about the requeue,
@@ -69,6 +71,7 @@ def test_one_signalled_rank_stops_all_with_its_kind(sig, kind, digits_root, tmp_
     assert f"received {signal.Signals(sig).name}" not in (run / "logs" / "rank-0.log").read_text()
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_train_checkpoints_at_the_stop_step_and_exits_130(digits_root, tmp_path):
     """SIGINT (a terminal's Ctrl-C) to `hpctrain train`: a stop at the next step of kind
     `interrupt`, its checkpoint and stop record, then exit 130 (not a KeyboardInterrupt)."""

@@ -35,6 +35,7 @@ def test_small_per_gpu_batch_warns_once_with_the_choices():
     assert "#SBATCH --nodes=16" in r.stdout  # a warning, not a refusal
 
 
+@pytest.mark.slow
 def test_batch_that_cannot_fit_is_refused_with_the_fix(tmp_path):
     out = tmp_path / "job.sbatch"
     for mode in (("--dry-run",), ("--emit-sbatch", str(out))):

@@ -38,6 +38,7 @@ def no_slurm(tmp_path) -> dict:
     return {**env, "SLURM_CONF": str(conf), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_local_job_on_2_processes_equals_the_runs_last_eval(tiny_run, tmp_path):
     last = run_metrics(tiny_run, "eval")[-1]
     out = tmp_path / "ev"

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.faults.local import wait_for_step
 from tests.helpers import DIGITS, hpctrain, run_metrics
 
@@ -37,6 +39,7 @@ def submit(digits_root: Path, run_dir: Path, name: str, *sets: str) -> subproces
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_task_user_error_comes_back_as_one_line_with_the_log(digits_root, tmp_path):
     r = submit(digits_root, tmp_path, "missing", "run.resume=/nonexistent/ckpt.pt")
     assert r.returncode != 0
@@ -49,6 +52,7 @@ def test_a_task_user_error_comes_back_as_one_line_with_the_log(digits_root, tmp_
     assert "CheckpointError" in log.read_text()  # the log keeps the whole story
 
 
+@pytest.mark.slow
 def test_a_task_crash_still_shows_its_traceback_and_the_log(digits_root, tmp_path):
     """A checkpoint with the keys hpctrain checks for but no ViT weights: torch's load_state_dict
     raises RuntimeError inside the task (a crash, not a UserError)."""
@@ -73,6 +77,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root, tmp_path):
     """Ctrl-C (SIGINT to the terminal's whole process group: `submit`, submitit's controller and, by
     default, the ranks): every rank stops at one step with its checkpoint and stop record, no
@@ -107,6 +112,7 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
         "INTERRUPTED", stop["step"], "interrupt", None), st
 
 
+@pytest.mark.slow
 def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp_path):
     """From the directory a local submit ran in: `status NAME` (run.dir's default runs/) and
     `status/logs <the job id submit printed>` name the run; `logs NAME -f`, started while it
@@ -134,6 +140,7 @@ def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp
     assert logs.returncode == 0 and logs.stdout == (run / "logs" / "rank-0.log").read_text(), logs.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_local_eval_job_says_why_in_one_line(digits_root, tmp_path):
     """`hpctrain eval --nodes 1` (a local job): the task's UserError (weights that are a directory
     without checkpoints) comes back as its one line."""

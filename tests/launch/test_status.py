@@ -58,6 +58,7 @@ def test_status_of_a_stopped_run_waiting_for_its_requeue(tmp_path):
     assert "last step      60/200 (30 %), epoch 3.00" in text
 
 
+@pytest.mark.slow
 def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
     run_ranks(1, digits_args(digits_root, tmp_path, "st", "train.max_steps=6", "train.log_every=2",
                              "train.ckpt_every=3"))

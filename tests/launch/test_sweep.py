@@ -57,6 +57,7 @@ def test_bad_grid_flags_one_line():
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--grid" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     """No Slurm controller: both members through the local executor, then the table."""
     r = hpctrain("sweep", "--config", DIGITS, "--set", f"data.root={digits_root}", "--set", f"run.dir={tmp_path}",

@@ -48,6 +48,7 @@ def vit_b16():
     return build_vit(load("configs/vit_b16_imagenet.yaml").model)
 
 
+@pytest.mark.slow
 def test_vit_b16_state_dict_equals_timm(vit_b16):
     got = [(k, tuple(v.shape)) for k, v in vit_b16.state_dict().items()]
     assert got == TIMM_VIT_B16
@@ -58,12 +59,14 @@ def test_vit_b16_has_86_6m_parameters(vit_b16):
     assert sum(p.numel() for p in vit_b16.parameters()) == 86_567_656
 
 
+@pytest.mark.slow
 def test_timm_state_dict_loads_strictly(vit_b16):
     timm_like = {k: torch.randn(s) for k, s in TIMM_VIT_B16}
     vit_b16.load_state_dict(timm_like, strict=True)
     assert torch.equal(vit_b16.head.bias, timm_like["head.bias"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, params", [("vit_tiny", 5_717_416), ("vit_small", 22_050_664),
                                           ("vit_large", 304_326_632)])
 def test_sizes_match_timm_parameter_counts(arch, params):
@@ -440,6 +443,7 @@ def test_attention_dropout_reaches_sdpa_only_in_training(monkeypatch):
     assert seen == [0.3, 0.3, 0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_timm_weights_load_into_a_model_with_dropout(vit_b16):
     """Dropout has no parameters: timm's state_dict loads strictly into a ViT-B/16 with dropout on."""
     m = ViT(drop_rate=0.1, attn_drop_rate=0.1)

@@ -111,6 +111,7 @@ def test_allocation_share_against_grp_tres_mins():
     assert share(spent, 1, 8, 0, 1.0)[0] == math.inf
 
 
+@pytest.mark.slow
 def test_plan_without_slurm_keeps_the_training_columns_and_says_the_queue_is_unknown(tmp_path):
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "4,8,16", "--cluster", "none", "--json")
     assert r.returncode == 0, r.stderr

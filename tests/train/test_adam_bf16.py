@@ -93,6 +93,7 @@ def test_config_picks_it_and_refuses_what_it_cannot_do():
         load(DIGITS, ["optim.mu_dtype=bf16", "optim.fused=always"])
 
 
+@pytest.mark.slow
 def test_exact_resume_with_every_big_vision_option_on(digits_root, tmp_path):
     """2 ranks (sharded checkpoints where torch has them): halt at step 5, resume, equal the straight
     run bit for bit; the checkpointed first moment is bf16; eval runs on the 1 % minival."""

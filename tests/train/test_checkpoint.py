@@ -27,6 +27,7 @@ print("second saved", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigkill_during_write_leaves_previous_loadable(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "first saved"

@@ -54,6 +54,7 @@ def test_ckpt_every_takes_steps_or_auto():
         load(DIGITS, ["train.ckpt_every=often"])
 
 
+@pytest.mark.slow
 def test_auto_interval_follows_from_the_measured_inputs(digits_root, tmp_path):
     """2 ranks (they agree on the slowest save and step), a first save at step 4, then every
     interval steps as the ckpt_interval records say; an MTBF of 0.72 s keeps the interval at a few steps however

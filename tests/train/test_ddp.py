@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.helpers import DIGITS, run_metrics, run_ranks
@@ -25,6 +26,7 @@ def run(world, digits_root, out):
     return [torch.load(out / f"rank-{r}.pt", weights_only=True) for r in range(world)]
 
 
+@pytest.mark.slow
 def test_two_ranks_identical_weights_and_loss_matches_one(digits_root, tmp_path):
     two = run(2, digits_root, tmp_path / "two")
     for k, v in two[0]["model"].items():

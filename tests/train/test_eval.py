@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from hpctrain.config import load
@@ -11,6 +12,7 @@ from hpctrain.models.vit import build_vit
 from tests.helpers import DIGITS, digits_args, hpctrain, run_ranks
 
 
+@pytest.mark.slow
 def test_eval_same_for_world_1_and_3(digits_root, tmp_path):
     run_ranks(1, digits_args(digits_root, tmp_path, "trained", "train.max_steps=8"))
     out = {}
@@ -26,6 +28,7 @@ def test_eval_same_for_world_1_and_3(digits_root, tmp_path):
     assert abs(e1["loss"] - e3["loss"]) < 1e-6
 
 
+@pytest.mark.slow
 def test_eval_of_a_weights_file_writes_beside_it_not_into_the_working_directory(digits_root, tmp_path):
     weights = tmp_path / "w" / "digits.pt"
     weights.parent.mkdir()

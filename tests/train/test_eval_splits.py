@@ -16,6 +16,7 @@ from tests.train.test_tensorboard import EPOCH, digits, read_tb
 FIELDS = ("top1", "top5", "loss", "count")
 
 
+@pytest.mark.slow
 def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, tmp_path, monkeypatch):
     calls = []
     real = loop.evaluate

@@ -43,6 +43,7 @@ def start_pair(root, run_dir, name: str) -> list[subprocess.Popen]:
     return procs
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are counted in /proc/self/task (Linux)")
 def test_two_rank_exit_leaves_no_thread_and_never_aborts(digits_root, tmp_path):
     procs = [p for i in range(PAIRS) for p in start_pair(digits_root, tmp_path, f"pair{i}")]

@@ -17,6 +17,7 @@ from tests.helpers import DIGITS, digits_args, hpctrain, run_ranks
 SETS = ["train.max_steps=2", "train.ckpt_every=1", "train.ema=0.9", "train.mixup=0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["single", "sharded"])
 def test_export_both_formats(fmt, digits_root, tmp_path):
     if fmt == "sharded" and compat.version_tuple() < compat.SHARDED_MIN_TORCH:

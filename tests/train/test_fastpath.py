@@ -34,6 +34,7 @@ def losses(*sets: str, steps: int = 4) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_bf16_autocast_matches_fp32_within_tolerance():
     fp32, bf16 = losses("train.amp=none"), losses("train.amp=bf16")
     assert fp32[-1] < fp32[0]  # it learns
@@ -43,6 +44,7 @@ def test_bf16_autocast_matches_fp32_within_tolerance():
     assert bf16 != fp32  # autocast really ran in bf16
 
 
+@pytest.mark.slow
 def test_compiled_matches_eager():
     import torch._inductor.config as inductor
 

@@ -40,6 +40,7 @@ def cfg_of(digits_root, *sets: str):
     return load(DIGITS, [f"data.root={digits_root}", *MODEL, *sets])
 
 
+@pytest.mark.slow
 def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     d, run, weights = base
     base_top1 = run_metrics(run, "eval")[-1]["top1"]
@@ -57,6 +58,7 @@ def test_finetune_at_48_from_the_export_resamples_pos_embed(base, digits_root):
     assert "initialised the model from" not in again
 
 
+@pytest.mark.slow
 def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, hpctrain_log):
     _, _, weights = base
     model = build_vit(cfg_of(digits_root, "model.num_classes=7").model)
@@ -72,6 +74,7 @@ def test_other_class_count_gets_a_new_head_and_says_so(base, digits_root, hpctra
         finetune.load_into(build_vit(cfg_of(digits_root, "model.num_classes=7").model), weights, new_head=False)
 
 
+@pytest.mark.slow
 def test_mismatched_model_fails_listing_keys_and_shapes(base, digits_root):
     _, _, weights = base
     with pytest.raises(finetune.InitError) as e:
@@ -88,6 +91,7 @@ def test_mismatched_model_fails_listing_keys_and_shapes(base, digits_root):
         finetune.load_into(build_vit(cfg_of(digits_root).model), "timm/vit_base_patch16_224")
 
 
+@pytest.mark.slow
 def test_export_then_init_from_gives_the_same_logits(base, digits_root, tmp_path):
     _, run, weights = base
     cfg = cfg_of(digits_root)
@@ -104,6 +108,7 @@ def test_export_then_init_from_gives_the_same_logits(base, digits_root, tmp_path
         assert torch.equal(model.eval()(x), want), source
 
 
+@pytest.mark.slow
 def test_eval_equals_the_runs_last_eval_on_1_and_2_processes(base, digits_root, tmp_path):
     d, run, weights = base
     last = run_metrics(run, "eval")[-1]
@@ -125,6 +130,7 @@ def test_eval_equals_the_runs_last_eval_on_1_and_2_processes(base, digits_root, 
     assert one["world_size"] == 1 and two["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_init_ema_takes_the_ema_weights_of_each_checkpoint_layout(base, digits_root, tmp_path):
     _, _, weights = base
     sd = finetune.read_weights(weights)[0]

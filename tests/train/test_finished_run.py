@@ -20,6 +20,7 @@ def snapshot(run):
             for p in sorted(run.rglob("*")) if "logs" not in p.parts and p.name != ".lock"}  # the job's own
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
                     reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
 def test_rerun_of_a_finished_run_trains_and_writes_nothing(digits_root, tmp_path):

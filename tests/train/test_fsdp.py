@@ -50,6 +50,7 @@ def runs(digits_root, tmp_path_factory) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_fsdp_trains_like_ddp(runs):
     fsdp, ddp = losses(runs / "straight"), losses(runs / "ddp")
     assert len(fsdp) == len(ddp) == 6
@@ -64,6 +65,7 @@ def test_fsdp_trains_like_ddp(runs):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_fsdp_resume_is_exact(runs):
     a, b = final(runs / "straight"), final(runs / "split")
     assert a["step"] == b["step"] == 6
@@ -77,6 +79,7 @@ def test_fsdp_resume_is_exact(runs):
             assert torch.equal(sa[k][name], sb[k][name]), (k, name)
 
 
+@pytest.mark.slow
 def test_fsdp_checkpoint_has_the_ddp_format(runs):
     """Full, unsharded tensors keyed like a plain model and optimizer: loads without FSDP."""
     st = final(runs / "straight")
@@ -90,6 +93,7 @@ def test_fsdp_checkpoint_has_the_ddp_format(runs):
     assert st["optimizer"]["param_groups"] == ddp["optimizer"]["param_groups"]
 
 
+@pytest.mark.slow
 def test_fsdp_bf16_computes_in_bf16_and_keeps_fp32_parameters(digits_root, tmp_path):
     """train.amp=bf16 under FSDP is FSDP's mixed-precision policy (torchtitan's): weights gathered
     in bf16 for forward/backward, sharded parameters and the gradients the optimizer steps on in
@@ -117,6 +121,7 @@ def test_fsdp_policy_follows_amp_and_grad_reduce_dtype():
     assert fsdp.mixed_precision("bf16", "bf16").reduce_dtype == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path):
     """Every FSDP forward all-gathers: 359 val images on 3 ranks at 17 a batch are 8, 8 and 7
     batches, and rank 2 must run an eighth (padding) forward or ranks 0 and 1 wait on an all-gather

@@ -83,6 +83,7 @@ def test_lamb_state_round_trips_and_continues_identically():
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
+@pytest.mark.slow
 def test_lamb_trains_the_digits_vit(digits_root, tmp_path):
     """40 steps of the digits ViT with LAMB: the loss falls, and the resolved lr is logged and saved."""
     run_ranks(1, digits_args(digits_root, tmp_path, "lamb", "optim.name=lamb", "optim.lr=0.015",

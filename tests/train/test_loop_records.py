@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 
 from hpctrain.train import checkpoint as ckpt
@@ -21,6 +22,7 @@ def steps(run_dir, kind: str) -> list[int]:
     return [r["step"] for r in run_metrics(run_dir, kind)]
 
 
+@pytest.mark.slow
 def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
     sets = ["train.max_steps=24", "train.eval_every=1", "train.log_every=4"]
     run_ranks(1, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
@@ -33,6 +35,7 @@ def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
     assert [r["top1"] for r in split] == [r["top1"] for r in straight]
 
 
+@pytest.mark.slow
 def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path):
     sets = ["train.max_steps=6", "train.log_every=3"]
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, "train.halt_at=3"))
@@ -44,6 +47,7 @@ def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path
     assert steps(tmp_path / "r", "eval") == [6] and steps(tmp_path / "r", "end") == [6]
 
 
+@pytest.mark.slow
 def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
     run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "train.ckpt_every=2",
                              "train.halt_at=4"))
@@ -51,6 +55,7 @@ def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
     assert steps(tmp_path / "r", "stop") == [4]
 
 
+@pytest.mark.slow
 def test_resume_from_an_older_checkpoint_supersedes_later_records(digits_root, tmp_path):
     # The first attempt checkpoints at the epoch end (eval still due), evaluates, trains on and
     # finishes; resuming from that checkpoint replays everything after it, that eval included.
@@ -74,6 +79,7 @@ def test_resume_from_an_older_checkpoint_supersedes_later_records(digits_root, t
 PROGRESS = re.compile(r"step (\d+)/8 .*loss \d+\.\d+ lr \S+ \d+ img/s data \d+%")
 
 
+@pytest.mark.slow
 def test_rank_logs_carry_progress_lines(digits_root, tmp_path):
     out = run_ranks(2, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "train.log_every=4"))
     for rank in (0, 1):
@@ -83,6 +89,7 @@ def test_rank_logs_carry_progress_lines(digits_root, tmp_path):
     assert console == [4, 8], out[0].stdout  # Progress prints there; the log line does not repeat it
 
 
+@pytest.mark.slow
 def test_grad_norm_in_every_train_record_with_clipping_off(digits_root, tmp_path):
     """Clipping off logs the same total gradient norm that clip_grad_norm_ returns (a clip at 1e6
     never clips: its factor is clamped to 1), and computing it leaves the trajectory as it was."""

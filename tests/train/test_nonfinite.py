@@ -32,6 +32,7 @@ def assert_finite_checkpoints(run_dir) -> list[int]:
     return steps
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_path):
     run_ranks(2, digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every=1", "train.keep_best=true"),
               env={"HPCTRAIN_TEST_NAN": "1:12"})
@@ -53,6 +54,7 @@ def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_pat
     assert "1 event(s), 1 rollback(s); last: nonfinite at step 15, rolled back to step 10" in status.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nan,setting,why", [
     ("1:12", "train.on_nonfinite=stop", "train.on_nonfinite=stop"),
     ("1:12:always", "train.max_rollbacks=1", "train.max_rollbacks=1 used up"),
@@ -70,6 +72,7 @@ def test_nan_stops_with_the_reason_and_a_nonzero_exit(nan, setting, why, digits_
     assert not run_metrics(run, "end")
 
 
+@pytest.mark.slow
 def test_digits_at_lr_50_never_finishes_with_nan_weights(digits_root, tmp_path):
     """The demo diverged at optim.lr=50 to "finished" with NaN checkpoints: now it rolls back, and
     stops with the reason when the rollbacks are used up (it diverges again after each)."""

@@ -202,6 +202,7 @@ def test_a_state_dict_written_per_tensor_loads_and_continues_identically(cls):
         assert opt.state[p]["exp_avg"].dtype == ref.state[q]["exp_avg"].dtype
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(compat.version_tuple() < compat.FSDP_MIN_TORCH,
                     reason=f"FSDP2 needs torch >= 2.4; this is {torch.__version__}")
 def test_adamw_low_mu_steps_fsdp2_sharded_parameters(tmp_path):

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from hpctrain.config import load
@@ -124,6 +125,7 @@ def test_16_node_recipes_turn_it_on():
     assert not load("configs/digits_vit.yaml").train.preflight
 
 
+@pytest.mark.slow
 def test_three_nodes_time_three_pairs_in_rounds_over_gloo():
     out = run_ranks(3, ["-m", "tests.train.preflight_worker"], rank_env=_nodes("n0", "n1", "n2"), timeout=120)
     led = [json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("PAIRS "))[6:]) for r in out]
@@ -139,6 +141,7 @@ def _nodes(*names: str) -> list[dict]:
     return [{"SLURMD_NODENAME": n} for n in names]
 
 
+@pytest.mark.slow
 def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
     out = run_ranks(4, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch",
@@ -162,6 +165,7 @@ def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
     assert run_metrics(tmp_path / "r", "train") == []  # no step was taken
 
 
+@pytest.mark.slow
 def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
     run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=dali"), env={badnodes.ENV: str(bad_file)},
@@ -177,6 +181,7 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
     assert rec["seconds"] < 30
 
 
+@pytest.mark.slow
 def test_the_check_runs_again_when_a_run_resumes(digits_root, tmp_path):
     for halt in (2, 0):  # halted at step 2 as if preempted, then resumed
         run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", f"train.halt_at={halt}"),

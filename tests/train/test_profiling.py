@@ -21,6 +21,7 @@ def trace_steps(path) -> int:
     return sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X")
 
 
+@pytest.mark.slow
 def test_profile_window_writes_traces_and_summary_for_rank_0_and_the_last(digits_root, tmp_path):
     run_ranks(2, digits_args(digits_root, tmp_path, "prof", "train.max_steps=5", "train.profile_steps=3-4"))
     prof = tmp_path / "prof" / "profile"
@@ -34,12 +35,14 @@ def test_profile_window_writes_traces_and_summary_for_rank_0_and_the_last(digits
         assert "exposed communication" in text
 
 
+@pytest.mark.slow
 def test_profile_ranks_picks_the_ranks(digits_root, tmp_path):
     run_ranks(2, digits_args(digits_root, tmp_path, "prof", "train.max_steps=3", "train.profile_steps=2-2",
                              "train.profile_ranks=[1]"))
     assert [p.name for p in (tmp_path / "prof" / "profile").iterdir()] == ["rank-1-step-2.pt.trace.json.gz"]
 
 
+@pytest.mark.slow
 def test_no_profiler_is_built_when_profile_steps_is_empty(digits_root, tmp_path):
     """torch.profiler.profile raises if constructed: the run still trains, so none was."""
     code = ("import sys, torch.profiler\n"

@@ -47,11 +47,13 @@ def halt_and_resume(world: int, sets: list[str], root, tmp_path) -> None:
 
 
 # 4 ranks: with 2 a sum is order-free (a + b = b + a), with 4 DDP's bucket layout decides the order.
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_halt_and_resume_equals_uninterrupted(world, digits_root, tmp_path):
     halt_and_resume(world, SETS, digits_root, tmp_path)
 
 
+@pytest.mark.slow
 def test_halt_and_resume_equals_uninterrupted_with_accumulation(digits_root, tmp_path):
     """train.accum_steps=2: no_sync micro-steps, static_graph off (train.ddp_static_graph=auto)."""
     halt_and_resume(4, [*SETS, "train.accum_steps=2"], digits_root, tmp_path)
@@ -63,6 +65,7 @@ DEIT_SETS = ["data.repeated_aug=3", "data.reprob=0.25", "data.interpolation=bicu
              "optim.lr_update=epoch", "optim.cooldown_epochs=0.5", "train.epochs=2", "train.max_steps=22"]
 
 
+@pytest.mark.slow
 def test_halt_and_resume_equals_uninterrupted_with_deit_options(digits_root, tmp_path):
     sets = [*SETS, *DEIT_SETS]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))

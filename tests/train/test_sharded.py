@@ -33,6 +33,7 @@ def assert_tensors_equal(a, b, what: str) -> None:
         assert a == b, what
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [(2, 4), (4, 2)])
 def test_resume_at_another_world_size(before, after, digits_root, tmp_path):
     run_ranks(before, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=2"))

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import run_metrics, run_ranks
 from tests.train.stop_worker import OVERLAP, SIGNAL
 
 
+@pytest.mark.slow
 def test_boundary_does_not_wait_and_a_signal_stops_every_rank_one_step_later(digits_root, tmp_path):
     run_ranks(2, ["-m", "tests.train.stop_worker", str(digits_root), str(tmp_path)], timeout=180)
     r0, r1 = (json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1))

@@ -62,6 +62,7 @@ def expected(run_dir) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+@pytest.mark.slow
 def test_mlflow_history_has_each_step_once_with_the_values_of_metrics_jsonl(run_dir):
     client = mlflow.tracking.MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
     exp = client.get_experiment_by_name("hpctrain")
@@ -82,6 +83,7 @@ def test_mlflow_history_has_each_step_once_with_the_values_of_metrics_jsonl(run_
     assert r.data.tags["summary.status"] == "finished" and r.data.tags["summary.step"] == str(STEPS)
 
 
+@pytest.mark.slow
 def test_wandb_offline_files_have_each_step_once_with_the_values_of_metrics_jsonl(run_dir):
     """Read with wandb's own protobuf classes (wandb 0.31 ships no Python reader of the framing)."""
     key = run_key(run_dir)
@@ -109,6 +111,7 @@ def test_wandb_offline_files_have_each_step_once_with_the_values_of_metrics_json
     assert summary["status"] == "finished" and summary["step"] == STEPS
 
 
+@pytest.mark.slow
 def test_report_from_the_mlflow_store_draws_the_data_of_metrics_jsonl(run_dir):
     """The same points on the step axis; at the replayed step the loss of either attempt (equal: the
     same seed and batches), the throughput of the first (MLflow's)."""
@@ -129,6 +132,7 @@ def test_report_from_the_mlflow_store_draws_the_data_of_metrics_jsonl(run_dir):
     assert len(report.figure([b], "step").axes) >= len(report.PANELS)
 
 
+@pytest.mark.slow
 def test_sync_uploads_every_attempt_into_one_wandb_run_without_torch(run_dir):
     code = ("import sys; from hpctrain.cli import main; rc = main(['sync', sys.argv[1], '--dry-run']); "
             "assert not {'torch', 'numpy'} & set(sys.modules), 'heavy import'; sys.exit(rc)")
