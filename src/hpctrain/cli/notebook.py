@@ -7,17 +7,9 @@ import os
 import shlex
 import socket
 
+from hpctrain import notebook as nb
 from hpctrain.launch.modules import module_lines
 from hpctrain.launch.profile import load_profile
-from hpctrain.notebook import (
-    NotebookJob,
-    batch_script,
-    submit,
-    tensorboard_hint,
-    token_file,
-    tunnel_command,
-    wait_for_node,
-)
 
 
 def add_parser(sub) -> None:
@@ -84,23 +76,24 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.port is not None:
         kw["port"] = args.port
-    job = NotebookJob(**kw)
+    job = nb.NotebookJob(**kw)
     login = args.login_host or socket.getfqdn()
     if args.dry_run:
-        print(batch_script(job), end="")
-        print(f"# on your laptop, once the job runs on <node>:\n{tunnel_command(job, login=login)}")
-        print(f"# the token (the job writes it, mode 0600; never in the log): cat {shlex.quote(token_file(job))}")
-        print(f"# {tensorboard_hint(job)}")
+        print(nb.batch_script(job), end="")
+        print(f"# on your laptop, once the job runs on <node>:\n{nb.tunnel_command(job, login=login)}")
+        print(f"# the token (the job writes it, mode 0600; never in the log): cat {shlex.quote(nb.token_file(job))}")
+        print(f"# {nb.tensorboard_hint(job)}")
         return 0
-    job_id = submit(job)
+    job_id = nb.submit(job)
     log = shlex.quote(os.path.join(job.workdir, f"notebook-{job_id}.log"))  # pasteable as one word
     print(f"submitted notebook job {job_id}; log: {log}")
-    node = wait_for_node(job_id, args.wait)
+    node = nb.wait_for_node(job_id, args.wait)
     if node is None:
         print(f"not started after {args.wait:g} s; when it runs (squeue -j {job_id}), tunnel with:")
-        print(tunnel_command(job, login=login))
+        print(nb.tunnel_command(job, login=login))
     else:
-        print(f"running on {node}; on your laptop run:\n  {tunnel_command(job, node, login)}")
-    print(f"then open http://localhost:{job.port}/lab with the token from: cat {shlex.quote(token_file(job, job_id))}")
-    print(tensorboard_hint(job))
+        print(f"running on {node}; on your laptop run:\n  {nb.tunnel_command(job, node, login)}")
+    token = shlex.quote(nb.token_file(job, job_id))
+    print(f"then open http://localhost:{job.port}/lab with the token from: cat {token}")
+    print(nb.tensorboard_hint(job))
     return 0
