@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from hpctrain.config import Config, ConfigError
-from hpctrain.data import erasing, sampling
+from hpctrain.data import erasing, randaug, sampling
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval_listings
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
+from hpctrain.data.stage import stage
 from hpctrain.data.tf_crop import dali_tf_inception_box
 from hpctrain.data.wds import WdsShards, find_shards
 
@@ -128,8 +129,6 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
                                                **crop_args(aug.scale_min))
     images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=aug.antialias)
     if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
-        from hpctrain.data import randaug
-
         images = randaug.apply(images, aug.randaugment, aug.img_size)
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
@@ -492,8 +491,6 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
         if d.repeated_aug > 1:
             raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
                               "stream in shard order: set data.repeated_aug=0 or data.format=folder")
-        from hpctrain.data.stage import stage
-
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)
