@@ -22,8 +22,8 @@ from hpctrain import flops as flopsmod
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders, resolve_loader
 from hpctrain.data.prepare import ensure_dataset
+from hpctrain.metrics import table
 from hpctrain.train import dist as distmod
-from hpctrain.train.metrics import table
 
 # Every field of `hpctrain bench --json`, with what it means.
 FIELDS: dict[str, str] = {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpctrain.config import load
 from hpctrain.errors import UserError
-from hpctrain.train.metrics import read_metrics
+from hpctrain.metrics import read_metrics
 
 
 class ReportError(UserError):

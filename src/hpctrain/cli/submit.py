@@ -18,7 +18,7 @@ from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.config import ConfigError, check_batch, check_text, to_dict
 from hpctrain.data.prepare import ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
-from hpctrain.launch.batch import batch_report, check_optimizer, lr_rule
+from hpctrain.launch.batch import batch_report, check_optimizer
 from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
 from hpctrain.launch.failure import explain
 from hpctrain.launch.finished import finished_run
@@ -40,6 +40,7 @@ from hpctrain.launch.submit import (
     submit_slurm,
     wait_local,
 )
+from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
 from hpctrain.train.entry import summary_table
 

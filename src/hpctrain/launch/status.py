@@ -19,7 +19,7 @@ from pathlib import Path
 from hpctrain.errors import LaunchError
 from hpctrain.launch.localjob import alive
 from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
-from hpctrain.train.metrics import read_metrics, table
+from hpctrain.metrics import read_metrics, table
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}

@@ -43,7 +43,7 @@ from hpctrain.launch.submit import (
     write_job_record,
 )
 from hpctrain.launch.task import train_task
-from hpctrain.train.metrics import read_metrics
+from hpctrain.metrics import read_metrics
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"

@@ -16,17 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__, source
+from hpctrain import __version__, requeue, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.doctor.versions import dist_versions
-from hpctrain.launch import faultlog, requeue
-from hpctrain.launch.batch import lr_rule
+from hpctrain.launch import faultlog
+from hpctrain.lr_rule import lr_rule
+from hpctrain.metrics import progress_log, read_metrics, table
 from hpctrain.train import compile_cache, trackers, watchdog
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import agree
-from hpctrain.train.metrics import progress_log, read_metrics, table
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders
+from hpctrain.metrics import table
 from hpctrain.train import dist as distmod
 from hpctrain.train.entry import setup_logging
-from hpctrain.train.metrics import table
 
 log = logging.getLogger("hpctrain")
 TOP_PAIRS = 10

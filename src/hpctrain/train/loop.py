@@ -19,16 +19,16 @@ from pathlib import Path
 import torch
 import torch.distributed as td
 
+from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config, ModelConfig, to_dict
 from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
+from hpctrain.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import ckpt_interval as interval
 from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, sharded, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
-from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
 from hpctrain.train.watchdog import Watchdog

@@ -32,9 +32,9 @@ from hpctrain import flops
 from hpctrain.data.build import resolve_loader
 from hpctrain.errors import LaunchError
 from hpctrain.launch import badnodes
+from hpctrain.metrics import MetricsWriter
 from hpctrain.plan import tables
 from hpctrain.train import straggler
-from hpctrain.train.metrics import MetricsWriter
 
 log = logging.getLogger("hpctrain")
 FABRIC_ENV = "HPCTRAIN_FABRIC"  # the profile's fabric.kind, exported by the batch shell
