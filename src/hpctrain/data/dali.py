@@ -35,6 +35,7 @@ from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
 from hpctrain.data.stage import stage
 from hpctrain.data.tf_crop import dali_tf_inception_box
+from hpctrain.data.torch_loader import val_resize_size
 from hpctrain.data.wds import WdsShards, find_shards
 
 log = logging.getLogger("hpctrain")
@@ -141,8 +142,6 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
 
 def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
     from nvidia.dali import fn, types
-
-    from hpctrain.data.torch_loader import val_resize_size
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)

@@ -7,6 +7,7 @@ this runs on login nodes.
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import sys
@@ -191,8 +192,6 @@ class MetricsTail:
         self.path, self.records, self._pos, self._ino = Path(path), [], 0, None
 
     def poll(self) -> list[dict]:
-        import json
-
         try:
             st = self.path.stat()
         except OSError:

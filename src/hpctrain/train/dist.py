@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,8 +175,6 @@ def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> Rank
     A timed-out gloo/NCCL group is unusable, but the rendezvous store still works: every live
     rank checks in there, and rank 0 names those that do not within `wait_s`.
     """
-    import time
-
     import torch.distributed as td
 
     detail = ""
