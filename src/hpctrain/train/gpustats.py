@@ -68,7 +68,7 @@ class NvmlSampler:
         """A running sampler, or None when NVML is not there (no package, no driver, no GPU):
         said once at debug level, since a CPU run expects nothing else."""
         try:
-            import pynvml
+            import pynvml  # pynvml: optional (nvidia-ml-py), NVIDIA GPUs only
 
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
