@@ -100,7 +100,6 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes, iters, warmup, queue) -> None:
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     info = dist.DistInfo(rank, world, rank, "127.0.0.1", port, "local")
     dist.init(info, backend, timeout_s=300)

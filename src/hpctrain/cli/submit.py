@@ -249,7 +249,6 @@ def emit_command(args: argparse.Namespace) -> str:
 
 def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     """Write the stand-alone script. Paths stay as written: the file is for another machine."""
-
     command = emit_command(args)
     plan = standalone_plan(cfg, profile, req, command, args.config, args.overrides)
     report_batch(args, cfg, plan, sys.stdout)

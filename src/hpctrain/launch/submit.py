@@ -74,7 +74,6 @@ def absolute_paths(cfg: Config) -> Config:
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
     ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
-
     private_dir(folder)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
@@ -120,7 +119,6 @@ def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
     """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
     a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
     passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
-
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
             if interrupted:
@@ -344,7 +342,6 @@ def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = No
     --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`.
     `snap`: the code snapshot the tasks run (take_snapshot); None (a dry run, which writes nothing):
     the path a snapshot of this package would have, beside `folder`."""
-
     bind = plan.profile.container.bind_source
     digest = snap.hash if snap else source_hash()
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
@@ -414,7 +411,6 @@ def check_image(profile) -> None:
 def slurm_job(plan, folder: Path, fn, *args):
     """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
     snapshot of this package (job_snapshot). Returns (job, snapshot)."""
-
     check_image(plan.profile)
     private_dir(folder)
     snap = job_snapshot(plan, folder)

@@ -208,7 +208,6 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
     One snapshot for the sweep (`<sweep>/code/<hash>`), shared by its elements: they are one
     array job with one batch script, so they run the same code by construction."""
-
     check_image(plan.profile)
     folder = private_dir(sweep_dir / "submitit")
     snap = job_snapshot(plan, folder)
