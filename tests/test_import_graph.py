@@ -73,3 +73,24 @@ def test_module_level_imports_have_no_cycle():
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_function_level_import_says_why():
+    """An import left inside a function (a heavy optional package, an order the stop handlers need)
+    says why in a `#` comment: on its line, on the line above, or on the first import of its block
+    (consecutive import lines, blank lines between); anything else goes to the module's top."""
+    bare = []
+    for path in MODULES.values():
+        lines = path.read_text().splitlines()
+        said = set()  # line numbers of function-level imports whose reason is given
+        for lineno, line in sorted(function_level_imports(path)):
+            prev = lineno - 1
+            while prev > 0 and not lines[prev - 1].strip():
+                prev -= 1
+            above = lines[prev - 1].strip() if prev > 0 else ""
+            if "#" in line or (prev == lineno - 1 and above.startswith("#")) or prev in said:
+                said.add(lineno)
+            else:
+                bare.append(f"{path.relative_to(SRC)}:{lineno}: {line.strip()}")
+    assert len(MODULES) > 100  # the package was read
+    assert not bare, "function-level imports without a comment saying why:\n" + "\n".join(bare)

@@ -13,7 +13,7 @@ HEAVY = ("numpy", "torch", "nvidia.dali", "PIL", "matplotlib")
 # new module is checked the day it is added.
 LOGIN_PACKAGES = ("hpctrain.cli", "hpctrain.launch", "hpctrain.plan", "hpctrain.images", "hpctrain.doctor")
 LOGIN_MODULES = ("hpctrain.models.arch", "hpctrain.data.randaug_spec", "hpctrain.data.wds", "hpctrain.data.pack",
-                 "hpctrain.data.folder", "hpctrain.train.metrics")
+                 "hpctrain.data.folder")
 TASK_ONLY_TOP = ("hpctrain.__main__",)  # runs the CLI on import
 
 PROBE = r"""

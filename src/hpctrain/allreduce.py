@@ -46,7 +46,7 @@ def human(n: int) -> str:
 
 def measure(sizes: list[int], iters: int, warmup: int, device) -> list[dict]:
     """In an initialised process group: time `iters` all-reduces per size (slowest rank counts)."""
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
     import torch.distributed as td
 
     world = td.get_world_size()
@@ -100,7 +100,6 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes, iters, warmup, queue) -> None:
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     info = dist.DistInfo(rank, world, rank, "127.0.0.1", port, "local")
     dist.init(info, backend, timeout_s=300)
@@ -113,7 +112,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes, iters, warmup
 
 
 def _device(backend: str, local_rank: int):
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
 
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -122,7 +121,7 @@ def _device(backend: str, local_rank: int):
 
 
 def default_backend() -> str:
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
 
     return "nccl" if torch.cuda.is_available() else "gloo"
 

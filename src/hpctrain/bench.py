@@ -22,8 +22,8 @@ from hpctrain import flops as flopsmod
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders, resolve_loader
 from hpctrain.data.prepare import ensure_dataset
+from hpctrain.metrics import table
 from hpctrain.train import dist as distmod
-from hpctrain.train.metrics import table
 
 # Every field of `hpctrain bench --json`, with what it means.
 FIELDS: dict[str, str] = {
@@ -57,7 +57,7 @@ FIELDS: dict[str, str] = {
 
 
 def sync(device) -> None:
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -66,7 +66,7 @@ def sync(device) -> None:
 def time_steps(step: Callable[[Any], Any], next_batch: Callable[[], Any], steps: int, warmup: int,
                device) -> dict[str, Any]:
     """Run `warmup` untimed steps, then `steps` timed ones; wall time, data wait, last loss, memory."""
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
 
     for _ in range(warmup):
         step(next_batch())
@@ -132,7 +132,7 @@ def figures(images_per_s: float, world: int, train_flops: float, peak: float | N
 
 def device_peak(device, given: float | None) -> tuple[str, float | None, str]:
     """(device name, peak TFLOP/s, source)."""
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
 
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -149,7 +149,7 @@ def device_peak(device, given: float | None) -> tuple[str, float | None, str]:
 def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = False,
             peak_tflops: float | None = None, config_name: str = "inline") -> dict[str, Any]:
     """Benchmark the training step `cfg` describes on this rank; the result dict has FIELDS."""
-    import torch
+    import torch  # torch: a top-level module imports light (login node)
 
     from hpctrain.models.vit import arch_dims, build_vit
     from hpctrain.train.fastpath import sdpa_backend_used

@@ -8,6 +8,7 @@ This module imports nothing heavy: login nodes load configs without torch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import difflib
 import json
@@ -768,7 +769,6 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
     """Apply `--set` items to a nested mapping (copied); unknown keys are caught by `build`."""
-    import copy
     data = copy.deepcopy(data) if data else {}
     for item in overrides:
         path, value = parse_override(item)

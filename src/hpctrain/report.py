@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpctrain.config import load
 from hpctrain.errors import UserError
-from hpctrain.train.metrics import read_metrics
+from hpctrain.metrics import read_metrics
 
 
 class ReportError(UserError):
@@ -210,10 +210,10 @@ def figure(runs: list[Run], x: str = "both"):
     if x not in (*X_AXES, "both"):
         raise ReportError(f"--x {x}: use step, wall or both")
     try:
-        import matplotlib
+        import matplotlib  # matplotlib: optional (the report extra), only for figures
 
         matplotlib.use("Agg")
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # matplotlib: optional (the report extra), only for figures
         from matplotlib.lines import Line2D
     except ImportError as e:
         raise ReportError(f"hpctrain report needs matplotlib ({e}): pip install 'hpctrain[report]'") from e

@@ -101,9 +101,9 @@ def test_requeue_flag_follows_the_profile(tmp_path):
 
     from hpctrain.config import Config
     from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.requeue import budget, check_budget
     from hpctrain.launch.sbatch import sbatch_lines
     from hpctrain.launch.submit import LaunchError, Request, plan_job
+    from hpctrain.requeue import budget, check_budget
 
     prof = load_profile("local")
     plan = plan_job(Config(), prof, Request(nodes=2, gpus_per_node=1))

@@ -7,7 +7,8 @@ import pytest
 
 from hpctrain.config import load
 from hpctrain.errors import LaunchError
-from hpctrain.launch.batch import MIN_PER_GPU, batch_report, lr_rule
+from hpctrain.launch.batch import MIN_PER_GPU, batch_report
+from hpctrain.lr_rule import lr_rule
 from tests.launch.test_sbatch import blocked_cli
 
 IB16 = ("--cluster", "example-ib", "--nodes", "16", "--gpus-per-node", "8")

@@ -27,8 +27,8 @@ from hpctrain.launch.profile import load_profile
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.status import summarize
 from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
+from hpctrain.metrics import MetricsWriter, read_metrics
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.metrics import MetricsWriter, read_metrics
 from tests.helpers import digits_args, run_ranks
 from tests.launch.jobs import digits_sets, hp, metrics, rank_hosts, sacct_states, submit, task_pid, wait_for_step
 from tests.slurm_cluster import SLURMD_TIMEOUT, SPARE_PARTITION

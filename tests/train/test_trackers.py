@@ -13,7 +13,7 @@ import pytest
 from hpctrain import report
 from hpctrain.cli import main
 from hpctrain.config import ConfigError, load
-from hpctrain.train.metrics import read_metrics
+from hpctrain.metrics import read_metrics
 from hpctrain.train.tensorboard import scalars
 from hpctrain.train.trackers import TrackerMissing, run_key, wandb_file
 

@@ -6,13 +6,30 @@ Submitting imports no torch."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 from pathlib import Path
 
 from hpctrain.cli import CLIError
+from hpctrain.cli.common import load_config
 from hpctrain.cli.submit import add_job_args, request
+from hpctrain.data.prepare import ensure_dataset
+from hpctrain.launch.failure import explain
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.status import wait_job
+from hpctrain.launch.submit import (
+    check_image,
+    eval_plan,
+    slurm_available,
+    slurm_script,
+    submit_eval_local,
+    submit_eval_slurm,
+    wait_local,
+)
+from hpctrain.train import dist as distmod
+from hpctrain.train.evaluate import run, summary_text
 
 # flags that only a job (--nodes) takes
 JOB_FLAGS = ("cluster", "cluster_overrides", "gpus_per_node", "time", "partition", "account", "qos", "constraint",
@@ -49,8 +66,6 @@ def add_parser(sub) -> None:
 
 def resolve(args: argparse.Namespace):
     """(config, weights source, output folder) from the command line; no torch imported."""
-    from hpctrain.cli.common import load_config
-
     if bool(args.run) == bool(args.weights):
         raise CLIError("give a run directory (hpctrain eval RUN) or a weights file with its config "
                        "(hpctrain eval --weights FILE --config C), not both or neither")
@@ -88,10 +103,6 @@ def main(args: argparse.Namespace) -> int:
     if given:
         raise CLIError(f"--{given[0].replace('_', '-')} is for a job: add --nodes N to submit the evaluation "
                        "(without it, hpctrain eval runs in this process, or in every task of torchrun/srun)")
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.train import dist as distmod
-    from hpctrain.train.evaluate import run, summary_text
-
     ensure_dataset(cfg)
     summary = run(cfg, weights, args.ema, out)
     if distmod.detect().is_main:
@@ -112,8 +123,6 @@ def print_outputs(out: Path) -> None:
 
 def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     """`hpctrain eval --nodes N`: the evaluation as a job, the way `hpctrain submit` starts training."""
-    from hpctrain.launch.submit import slurm_available
-
     weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
     if not weights_path.exists():
         raise CLIError(f"{weights}: no such file or directory; give a run directory, a checkpoint or a weights file")
@@ -122,9 +131,6 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     if not (cluster or args.dry_run or slurm_available()):
         return run_local(args, cfg, weights_path, out)
-    from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.submit import check_image, eval_plan, slurm_script
-
     profile = load_profile(cluster or "local", args.cluster_overrides)
     plan = eval_plan(cfg, profile, request(args), weights_path, out)
     if args.dry_run:
@@ -134,9 +140,6 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
             print(f"hpctrain: note: {e}", file=sys.stderr)
         print(slurm_script(plan, out / "submitit"), end="")
         return 0
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.submit import submit_eval_slurm
-
     check_image(profile)  # before anything is written or submitted
     ensure_dataset(cfg)
     clear_outputs(out)
@@ -149,11 +152,6 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     print(f"follow the log: {sub.log_hint}   state: squeue -j {sub.job_id}", flush=True)
     if not args.wait:
         return 0
-    import json
-
-    from hpctrain.launch.failure import explain
-    from hpctrain.launch.status import wait_job
-    from hpctrain.train.evaluate import summary_text
 
     try:
         state = wait_job(sub.job_id)
@@ -174,10 +172,6 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
 
 def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
     """No Slurm: the job's processes on this machine (submitit's local executor, gloo), waited for."""
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.submit import submit_eval_local, wait_local
-    from hpctrain.train.evaluate import summary_text
-
     if args.nodes != 1:
         raise CLIError(f"--nodes={args.nodes}: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller "
                        "answers), so the job runs on this machine: use --nodes 1 with --local-tasks N processes")

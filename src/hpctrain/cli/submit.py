@@ -11,9 +11,38 @@ import argparse
 import os
 import shlex
 import sys
+from pathlib import Path
 
-from hpctrain.cli import add_config_args
-from hpctrain.cli.common import DEFAULT_CONFIG
+from hpctrain.cli import CLIError, add_config_args
+from hpctrain.cli.common import DEFAULT_CONFIG, load_config
+from hpctrain.config import ConfigError, check_batch, check_text, to_dict
+from hpctrain.data.prepare import ensure_dataset, input_problems
+from hpctrain.errors import LaunchError, UserError
+from hpctrain.launch.batch import batch_report, check_optimizer
+from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
+from hpctrain.launch.failure import explain
+from hpctrain.launch.finished import finished_run
+from hpctrain.launch.localjob import HangupAsInterrupt, say
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.progress import watch
+from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
+from hpctrain.launch.submit import (
+    Request,
+    absolute_paths,
+    check_image,
+    parse_ranks,
+    plan_job,
+    slurm_available,
+    slurm_script,
+    standalone_plan,
+    standalone_script,
+    submit_local,
+    submit_slurm,
+    wait_local,
+)
+from hpctrain.lr_rule import lr_rule
+from hpctrain.plan import build, recommend, resolve, summary
+from hpctrain.train.entry import summary_table
 
 
 def add_parser(sub) -> None:
@@ -54,8 +83,6 @@ def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
 
 def request(args: argparse.Namespace):
     """The Request of add_job_args' flags."""
-    from hpctrain.launch.submit import Request, parse_ranks
-
     nsys = getattr(args, "nsys_ranks", None)
     return Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
                    partition=args.partition, account=args.account, qos=args.qos,
@@ -64,10 +91,6 @@ def request(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.cli.common import load_config
-    from hpctrain.launch.profile import load_profile
-    from hpctrain.launch.submit import plan_job, slurm_available
-
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     check_unfinished(cfg, args.dry_run or bool(args.emit_sbatch))
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
@@ -81,8 +104,6 @@ def main(args: argparse.Namespace) -> int:
     plan = plan_job(cfg, profile, req)
     report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
     if args.dry_run:
-        from hpctrain.launch.submit import absolute_paths, check_image, slurm_script
-
         warn_inputs(cfg)
         try:
             check_image(profile)
@@ -93,9 +114,6 @@ def main(args: argparse.Namespace) -> int:
         print_plan(cfg, profile, plan.nodes, plan.tasks_per_node)
         print(f"hpctrain: {time_to_result(cfg, profile, plan)}", file=sys.stderr)
         return 0
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.submit import check_image, submit_slurm
-
     check_image(profile)  # before anything is written or submitted: a refusal is the only line printed
     warn_inputs(cfg)
     cfg = checkpoint_plan(cfg, profile, plan, sys.stdout)
@@ -111,11 +129,6 @@ def main(args: argparse.Namespace) -> int:
     print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
     if not args.wait:
         return 0
-    from hpctrain.config import to_dict
-    from hpctrain.launch.failure import explain
-    from hpctrain.launch.progress import watch
-    from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
-
     try:
         watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(cfg), poll_s=2.0,
               global_batch=cfg.data.batch_size)  # rank 0's progress line while it waits
@@ -137,9 +150,6 @@ def main(args: argparse.Namespace) -> int:
 def check_unfinished(cfg, note_only: bool) -> None:
     """A finished run submitted again is refused before anything starts or waits in a queue (a dry run
     or a written script only notes it: it may be for another machine's run directory)."""
-    from hpctrain.errors import LaunchError
-    from hpctrain.launch.finished import finished_run
-
     text = finished_run(cfg)
     if text and note_only:
         print(f"hpctrain: note: {text}", file=sys.stderr)
@@ -151,8 +161,6 @@ def checkpoint_plan(cfg, profile, plan, out):
     """Warn when a stop (the time-limit signal's lead, the partition's GraceTime) is shorter than two
     steps plus a save; with train.ckpt_every=auto, the config with the job's MTBF resolved here (the
     task has no Slurm client to read the partition's history) and one line on `out` saying so."""
-    from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
-
     for problem in stop_problems(cfg, profile, plan.partition, plan.nodes, plan.tasks_per_node):
         print(f"hpctrain: warning: {problem}", file=sys.stderr)
     cfg, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)
@@ -164,8 +172,6 @@ def checkpoint_plan(cfg, profile, plan, out):
 def warn_inputs(cfg) -> None:
     """Slurm: a missing data.root or model.init_from is a note, not a refusal: the cluster's nodes may
     see paths this machine does not (a dry run may even plan for another cluster), as check_image's."""
-    from hpctrain.data.prepare import input_problems
-
     for problem in input_problems(cfg):
         print(f"hpctrain: note: not on this machine (the job fails unless its nodes see it): {problem}",
               file=sys.stderr)
@@ -173,9 +179,6 @@ def warn_inputs(cfg) -> None:
 
 def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
     """`hpctrain plan`'s summary on stderr (stdout stays the batch script); GPU jobs only."""
-    from hpctrain.errors import UserError
-    from hpctrain.plan import summary
-
     if not profile.slurm.request_gpus:
         return
     try:
@@ -189,9 +192,6 @@ def print_plan(cfg, profile, nodes: int, gpus_per_node: int) -> None:
 def time_to_result(cfg, profile, plan) -> str:
     """`hpctrain plan`'s one line for this request: queue wait (the partition's sacct history), and
     for a GPU job the predicted training, interruption loss, time to result and allocation share."""
-    from hpctrain.errors import UserError
-    from hpctrain.plan import build, recommend, resolve
-
     ctx = recommend.read_context(profile, plan.partition, account=plan.account)
     if not profile.slurm.request_gpus:  # the step model is for GPUs: the queue alone
         return recommend.queue_line(ctx, plan.nodes)
@@ -206,8 +206,6 @@ def time_to_result(cfg, profile, plan) -> str:
 def report_batch(args: argparse.Namespace, cfg, plan, out) -> None:
     """Print the per-GPU batch, the memory estimate and the resolved lr; warn below 32 images per GPU;
     refuse a per-GPU batch that cannot fit (before anything is written or submitted)."""
-    from hpctrain.launch.batch import batch_report, check_optimizer, lr_rule
-
     check_optimizer(cfg)
     rep = batch_report(cfg, plan.nodes, plan.tasks_per_node, args.gpu_mem_gb,
                        gpus=plan.profile.slurm.request_gpus)
@@ -240,8 +238,6 @@ def emit_options(args: argparse.Namespace) -> list[tuple[str, str | None]]:
 def emit_command(args: argparse.Namespace) -> str:
     """The `Generated by` command, shell-quoted so that it can be pasted back as it was typed.
     Its values land in comment lines and a file name: control characters are refused first."""
-    from hpctrain.config import check_text
-
     argv = ["hpctrain", "submit"]
     for flag, value in emit_options(args):
         argv.append(flag)
@@ -253,10 +249,6 @@ def emit_command(args: argparse.Namespace) -> str:
 
 def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     """Write the stand-alone script. Paths stay as written: the file is for another machine."""
-    from pathlib import Path
-
-    from hpctrain.launch.submit import standalone_plan, standalone_script
-
     command = emit_command(args)
     plan = standalone_plan(cfg, profile, req, command, args.config, args.overrides)
     report_batch(args, cfg, plan, sys.stdout)
@@ -269,22 +261,12 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
 
 def check_inputs(cfg) -> None:
     """A local job reads this machine's files: refuse a missing input before anything starts."""
-    from hpctrain.config import ConfigError
-    from hpctrain.data.prepare import input_problems
-
     problems = input_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
 
 
 def run_local(args: argparse.Namespace, cfg) -> int:
-    from hpctrain.cli import CLIError
-    from hpctrain.config import check_batch
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.localjob import HangupAsInterrupt, say
-    from hpctrain.launch.submit import submit_local, wait_local
-    from hpctrain.train.entry import summary_table
-
     if args.local_tasks < 1:
         raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
     if args.spare_nodes:
@@ -293,8 +275,6 @@ def run_local(args: argparse.Namespace, cfg) -> int:
         print("hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys",
               file=sys.stderr)
     check_batch(cfg, args.local_tasks)
-    from hpctrain.launch.batch import lr_rule
-
     print(f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(args.local_tasks)} per process × "
           f"{args.local_tasks} processes; lr: {lr_rule(cfg)}")
     ensure_dataset(cfg)
@@ -305,9 +285,6 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
     print(f"follow the logs: {sub.log_hint}", flush=True)
-    from hpctrain.config import to_dict
-    from hpctrain.launch.progress import watch
-
     interrupted = False
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C

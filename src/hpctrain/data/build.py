@@ -30,6 +30,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device):
     eval_batch = d.eval_batch_size or batch
     kind = resolve_loader(d.loader)
     if kind == "synthetic":
+        # torch: the chosen loader's only (train.entry imports this module light)
         from hpctrain.data.synthetic import SyntheticLoader
 
         if len(d.splits) > 1:
@@ -44,11 +45,13 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device):
         raise ConfigError("data.root is empty: point it at an ImageNet-layout folder "
                           "(or use data.loader=synthetic)")
     if kind == "dali":
+        # DALI: optional (the torch loader, .ci/torch22 run without it)
         from hpctrain.data.dali import build_dali_loaders
 
         return build_dali_loaders(cfg, rank, world, device, batch, eval_batch)
     if d.format != "folder":
         raise ConfigError(f"data.format={d.format!r} needs data.loader=dali (the torch loader reads folders)")
+    # torch, PIL: the chosen loader's only (train.entry imports this module light)
     from hpctrain.data.torch_loader import TorchLoader
 
     if d.randaugment:

@@ -30,10 +30,12 @@ import numpy as np
 import torch
 
 from hpctrain.config import Config, ConfigError
-from hpctrain.data import erasing, sampling
+from hpctrain.data import erasing, randaug, sampling
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval_listings
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
+from hpctrain.data.stage import stage
 from hpctrain.data.tf_crop import dali_tf_inception_box
+from hpctrain.data.torch_loader import val_resize_size
 from hpctrain.data.wds import WdsShards, find_shards
 
 log = logging.getLogger("hpctrain")
@@ -74,7 +76,7 @@ class Augment:
 
     @property
     def interp(self):
-        from nvidia.dali import types
+        from nvidia.dali import types  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
         return types.INTERP_CUBIC if self.interpolation == "bicubic" else types.INTERP_LINEAR
 
@@ -82,7 +84,7 @@ class Augment:
 # ----------------------------------------------------------------------------- pipelines
 
 def _read(src, reader: dict):
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
     if src == "folder":
         return fn.readers.file(name="Reader", **reader)
@@ -103,7 +105,7 @@ def _erase(images, aug: Augment, boxes):
     """timm's RandomErasing on normalised CHW images. DALI's fn.erase fills a box with one constant, so
     it erases a mask of ones instead and the images take N(0,1) noise (fn.random.normal, per value for
     `pixel`, per channel for `rand`) where the mask is 0: x·keep + noise·(1 − keep), exact outside."""
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
     anchor, shape = boxes
     keep = fn.erase(images * 0.0 + 1.0, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
@@ -116,7 +118,7 @@ def _erase(images, aug: Augment, boxes):
 
 
 def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
     jpegs, labels = _read(src, reader)
     if aug.crop == "tf_inception":  # DALI's sampler is timm's: TF's box drawn in the graph, ROI-decoded
@@ -128,8 +130,6 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
                                                **crop_args(aug.scale_min))
     images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=aug.antialias)
     if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
-        from hpctrain.data import randaug
-
         images = randaug.apply(images, aug.randaugment, aug.img_size)
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
@@ -141,9 +141,7 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
 
 
 def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
-    from nvidia.dali import fn, types
-
-    from hpctrain.data.torch_loader import val_resize_size
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
@@ -162,7 +160,7 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
                    device: torch.device, seed: int, erase_source=None):
     """A built DALI pipeline: outputs (float CHW images, labels). erase_source: iteration → (anchors,
     shapes) of the batch's erase boxes (train with data.reprob > 0)."""
-    from nvidia.dali import pipeline_def
+    from nvidia.dali import pipeline_def  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
     gpu = device.type == "cuda"
     graph = _train_graph if train else _val_graph
@@ -183,6 +181,7 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
 def _to_torch(out, device: torch.device) -> torch.Tensor:
     """A DALI TensorList (dense batch) → torch tensor on `device`."""
     if device.type == "cuda":
+        # DALI: optional (the torch loader, .ci/torch22 run without it)
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
         t = out.as_tensor()
@@ -204,7 +203,7 @@ class _CpuDecoder:
 
     @staticmethod
     def _build():
-        from nvidia.dali import fn, pipeline_def
+        from nvidia.dali import fn, pipeline_def  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
         @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
                       prefetch_queue_depth=1)
@@ -492,8 +491,6 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
         if d.repeated_aug > 1:
             raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
                               "stream in shard order: set data.repeated_aug=0 or data.format=folder")
-        from hpctrain.data.stage import stage
-
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)

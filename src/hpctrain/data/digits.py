@@ -15,7 +15,7 @@ SPLIT_SEED = 20240601
 
 def write_digits(out: str | Path, size: int = 32) -> dict[str, int]:
     """Write out/{train,val}/<digit>/<n>.png (upscaled RGB); returns image counts per split."""
-    from PIL import Image
+    from PIL import Image  # PIL, scikit-learn (2 s): only to write the digits set
     from sklearn.datasets import load_digits
 
     digits = load_digits()

@@ -72,7 +72,7 @@ def sort_val(val: Path, mapping: dict[str, str], classes: set[str]) -> int:
 
 def check_image(path: str) -> str | None:
     """None when the file decodes completely, else the reason."""
-    from PIL import Image
+    from PIL import Image  # PIL: only the converter (`hpctrain data` imports this module on the login node)
 
     try:
         if os.path.getsize(path) == 0:

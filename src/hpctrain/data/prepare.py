@@ -46,7 +46,7 @@ def ensure_dataset(cfg: Config) -> None:
                           f"first with `hpctrain data digits {shlex.quote(d.root)}`")
 
     def make() -> str:
-        from hpctrain.data.digits import write_digits
+        from hpctrain.data.digits import write_digits  # numpy: data.prepare runs on the login node (ensure_dataset)
 
         counts = write_digits(root)
         print(f"wrote the digits dataset to {root}: {counts['train']} train, {counts['val']} val images")

@@ -57,7 +57,7 @@ def versions() -> dict[str, str | None]:
         "driver": driver_version(),
     }
     try:  # torch only where installed: a login node has none, and the import costs seconds
-        import torch
+        import torch  # torch: doctor runs on the login node too, where torch may be missing
     except ImportError:
         pass
     except Exception as e:  # a broken install (missing CUDA libraries, …) is itself a finding

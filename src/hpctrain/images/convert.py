@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spython.main.parse.parsers import DockerParser
+
 from hpctrain.images import ImageError
 
 DROPPED = {
@@ -184,8 +186,6 @@ def _prepare(
 
 
 def _spython_recipes(lines: list[str]) -> dict:
-    from spython.main.parse.parsers import DockerParser
-
     class Parser(DockerParser):
         def _env(self, line):  # ENV applies to later RUN steps: export it there, not a bare assignment
             environ = self.parse_env(self._setup("ENV", line))

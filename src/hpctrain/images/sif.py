@@ -13,7 +13,7 @@ import shutil
 import struct
 import subprocess
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -77,8 +77,6 @@ class SifInfo:
     labels: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         return asdict(self)
 
 

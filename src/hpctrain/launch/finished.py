@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, read_yaml
-from hpctrain.train.metrics import read_metrics
+from hpctrain.metrics import read_metrics
 
 
 def finished_text(run_dir: Path, checkpoint: str, step: int, total: int, name: str) -> str:

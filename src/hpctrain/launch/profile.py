@@ -7,6 +7,7 @@ by config.build, for every string) and quoted by the renderer; nothing in a prof
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -209,8 +210,6 @@ class ClusterProfile:
 def user_cluster_dir() -> Path:
     """Profiles written by `hpctrain cluster init`: $XDG_CONFIG_HOME/hpctrain/clusters (default
     ~/.config/hpctrain/clusters, the XDG base directory rule)."""
-    import os
-
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpctrain" / "clusters"
 
 

@@ -1,12 +1,13 @@
 """How far a run is and when it will end, from its metrics.jsonl records alone.
 
-Pure functions over the records (each has `kind` and `time`, see train/metrics.py), shared by
+Pure functions over the records (each has `kind` and `time`, see metrics.py), shared by
 `hpctrain status` and the progress line `hpctrain submit` prints while it waits. No torch:
 this runs on login nodes.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import sys
@@ -185,14 +186,12 @@ def progress_line(records: list[dict], total: int | None, now: float, global_bat
 
 class MetricsTail:
     """metrics.jsonl read as it grows: new complete lines only, and the whole file again when it was
-    replaced (a resumed run moves the records it will write again out: train.metrics.supersede)."""
+    replaced (a resumed run moves the records it will write again out: hpctrain.metrics.supersede)."""
 
     def __init__(self, path: Path):
         self.path, self.records, self._pos, self._ino = Path(path), [], 0, None
 
     def poll(self) -> list[dict]:
-        import json
-
         try:
             st = self.path.stat()
         except OSError:

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from hpctrain.errors import LaunchError
 from hpctrain.launch.localjob import alive
 from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
-from hpctrain.launch.submit import LaunchError
-from hpctrain.train.metrics import read_metrics, table
+from hpctrain.metrics import read_metrics, table
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
@@ -401,8 +403,6 @@ def progress_of(run_dir: Path | None, records: list[dict], state: str, metrics: 
 
 def read_config(run_dir: Path) -> dict:
     """The run's resolved config.yaml as plain data ({} when absent or unreadable)."""
-    import yaml
-
     try:
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):

@@ -5,19 +5,30 @@ modules, NCCL and stop lines; only the task (launch.task) and the job's folder d
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.config import Config, check_text, to_dict
+import submitit
+
+from hpctrain.config import Config, ConfigError, check_batch, check_text, to_dict
 from hpctrain.errors import LaunchError
+from hpctrain.launch.container import bind_list, check_pyxis
 from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.failure import explain, no_result
+from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
+from hpctrain.launch.profile import parse_tres, time_minutes
+from hpctrain.launch.sbatch import JobPlan, render
+from hpctrain.launch.status import local_state, read_json
+from hpctrain.launch.task import eval_task, train_task
 from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
@@ -47,8 +58,6 @@ def slurm_available() -> bool:
 
 def write_job_record(run_dir: Path, record: dict) -> None:
     """`<run>/job.json`: which job owns the run (read by `hpctrain status` / `logs`)."""
-    import json
-
     record = {**record, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (run_dir / "job.json").write_text(json.dumps(record, indent=1) + "\n")
 
@@ -65,10 +74,6 @@ def absolute_paths(cfg: Config) -> Config:
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
     ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
-    import submitit
-
-    from hpctrain.launch.localjob import IgnoreSigint
-
     private_dir(folder)
     ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
@@ -79,8 +84,6 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
 def check_free(run_dir: Path) -> None:
     """Refuse a local job in a run directory that a live process still trains (before anything is
     submitted or written: its job.json keeps naming the job that trains)."""
-    from hpctrain.launch.status import local_state, read_json
-
     if run_dir.is_dir() and local_state(run_dir):
         job = read_json(run_dir / "job.json").get("job_id")
         by = f"local job {job}" if job else "a running `hpctrain train`"
@@ -90,8 +93,6 @@ def check_free(run_dir: Path) -> None:
 
 def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
     """Run the job on this machine with submitit's local executor (`tasks` DDP processes, gloo)."""
-    from hpctrain.launch.task import train_task
-
     cfg = absolute_paths(cfg)
     check_free(cfg.run_dir)
     folder = cfg.run_dir / "submitit"
@@ -106,8 +107,6 @@ def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: i
                       timeout_min: int = 600) -> Submission:
     """`hpctrain eval` as `tasks` local processes (gloo); logs in `out`/submitit. `run_dir` is `out`:
     the evaluated run's own job.json (its training job) is left alone."""
-    from hpctrain.launch.task import eval_task
-
     cfg = absolute_paths(cfg)
     folder = out / "submitit"
     job = local_job(folder, tasks, timeout_min, eval_task, to_dict(cfg), str(weights), ema, str(out))
@@ -120,11 +119,6 @@ def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
     """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
     a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
     passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
-    import submitit
-
-    from hpctrain.launch.failure import explain, no_result
-    from hpctrain.launch.localjob import HangupAsInterrupt, stop_tasks
-
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
             if interrupted:
@@ -180,9 +174,6 @@ def check_resolved_paths(cfg: Config) -> None:
 
 def check_request(profile, req: Request) -> tuple[int, int, str]:
     """(nodes, GPUs = tasks per node, time limit) of `req` under `profile`; LaunchError with the fix."""
-    from hpctrain.config import ConfigError
-    from hpctrain.launch.profile import time_minutes
-
     req.check()
     s = profile.slurm
     nodes = 1 if req.nodes is None else req.nodes
@@ -221,8 +212,6 @@ def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None
     """Refuse a request over a limit the profile knows (slurm.limits, read by `cluster init`): sbatch
     would refuse it ("Requested time limit is invalid", DenyOnLimit QOS) or, worse, accept it and the
     job pends for ever (reason QOSMaxWallDurationPerJobLimit, QOSMaxGRESPerJob...)."""
-    from hpctrain.launch.profile import parse_tres, time_minutes
-
     s, lim = profile.slurm, profile.slurm.limits
     part = s.partition if req.partition is None else req.partition
     qos = s.qos if req.qos is None else req.qos
@@ -258,8 +247,6 @@ def job_plan(profile, req: Request, nodes: int, gpn: int, time: str, job_name: s
              binds: list[str], header: list[str] = ()):
     """The JobPlan from checked resources; `folder`: the submitit folder (batch log there, the job
     runs in its parent), None for a stand-alone script."""
-    from hpctrain.launch.sbatch import JobPlan
-
     s = profile.slurm
     pick = lambda a, b: b if a is None else a
     return JobPlan(
@@ -279,9 +266,6 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
 
     Imports no torch: runs on login nodes. Raises LaunchError (or ConfigError) with the fix.
     """
-    from hpctrain.config import check_batch
-    from hpctrain.launch.container import bind_list
-
     nodes, gpn, time = check_request(profile, req)
     check_batch(cfg, nodes * gpn)
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
@@ -324,8 +308,6 @@ def with_nsys(plan, cfg: Config, ranks: tuple[int, ...]):
 
 def with_stage(plan, stage_to: str):
     """The plan with data.stage_to; refused (LaunchError) where the profile's runtime cannot do it."""
-    from hpctrain.launch.container import check_pyxis
-
     if plan.profile.container.runtime == "pyxis":
         check_pyxis(plan.binds, stage_to)
     return dataclasses.replace(plan, stage_to=stage_to)
@@ -335,8 +317,6 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
     """The JobPlan of `hpctrain eval --nodes`: the training job's checks of the request and its
     script, without the batch checks (evaluation splits any batch, train/evaluate.eval_config);
     binds the data, the weights and the output folder (absolute paths: `resolve_eval_paths`)."""
-    from hpctrain.launch.container import bind_list
-
     nodes, gpn, time = check_request(profile, req)
     cfg = absolute_paths(cfg)
     check_resolved_paths(cfg)
@@ -352,8 +332,6 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
 def submitit_command(folder: Path, job: str = "%j") -> str:
     """srun arguments of a submitit job: per-task logs in the submitit folder, then its runner
     (`job`: `%A_%a` for an array element, as submitit names them)."""
-    import shlex
-
     out, err = folder / f"{job}_%t_log.out", folder / f"{job}_%t_log.err"
     return (f"--output {shlex.quote(str(out))} --error {shlex.quote(str(err))} "
             f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
@@ -364,13 +342,6 @@ def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = No
     --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`.
     `snap`: the code snapshot the tasks run (take_snapshot); None (a dry run, which writes nothing):
     the path a snapshot of this package would have, beside `folder`."""
-    import shlex
-    import sys
-
-    import submitit
-
-    from hpctrain.launch.sbatch import render
-
     bind = plan.profile.container.bind_source
     digest = snap.hash if snap else source_hash()
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
@@ -418,8 +389,6 @@ def standalone_plan(cfg: Config, profile, req: Request, command: str, config: st
 
 def standalone_script(plan) -> str:
     """`slurm/vit.sbatch`: the same script, running `python3 -m hpctrain train` under srun."""
-    from hpctrain.launch.sbatch import render
-
     # the checkout it is submitted from (the header says: from the repository root), if any
     # (`|| true`: under `set -e` a failing substitution in an assignment would end the script)
     source = ('$([ -d src/hpctrain ] && echo "$PWD/src/hpctrain" || true)' if plan.profile.container.bind_source
@@ -442,10 +411,6 @@ def check_image(profile) -> None:
 def slurm_job(plan, folder: Path, fn, *args):
     """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
     snapshot of this package (job_snapshot). Returns (job, snapshot)."""
-    import submitit
-
-    from hpctrain.launch.profile import time_minutes
-
     check_image(plan.profile)
     private_dir(folder)
     snap = job_snapshot(plan, folder)
@@ -468,8 +433,6 @@ def slurm_job(plan, folder: Path, fn, *args):
 
 def submit_slurm(cfg: Config, plan) -> Submission:
     """Submit through submitit's Slurm executor with our batch script; record the job in the run."""
-    from hpctrain.launch.task import train_task
-
     cfg = absolute_paths(cfg)
     run_dir = cfg.run_dir
     folder = run_dir / "submitit"
@@ -483,8 +446,6 @@ def submit_slurm(cfg: Config, plan) -> Submission:
 
 def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) -> Submission:
     """`hpctrain eval` as a Slurm job (plan: eval_plan); rank 0 writes `out`/summary.json."""
-    from hpctrain.launch.task import eval_task
-
     folder = out / "submitit"
     job, snap = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
     return Submission(str(job.job_id), out, "slurm",

@@ -14,15 +14,36 @@ import dataclasses
 import itertools
 import json
 import re
+import shutil
+import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import submitit
+from submitit.slurm.slurm import SlurmJob
+
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
-from hpctrain.errors import UserError
+from hpctrain.data.prepare import ensure_dataset
+from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.private import private_dir
+from hpctrain.launch.profile import time_minutes
+from hpctrain.launch.status import job_state, read_json, sacct_rows
+from hpctrain.launch.submit import (
+    PYTHON_HOOK,
+    absolute_paths,
+    check_image,
+    job_snapshot,
+    slurm_script,
+    submit_local,
+    wait_local,
+    write_job_record,
+)
+from hpctrain.launch.task import train_task
+from hpctrain.metrics import read_metrics
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -173,8 +194,6 @@ def check_new(sweep_dir: Path) -> None:
 def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name: str, max_parallel: int):
     """One JobPlan for the array: the members' shared resources, element i in member i's run dir,
     at most `max_parallel` elements at a time (`--array=0-(n-1)%K`)."""
-    import dataclasses
-
     first = plans[0]
     binds = list(dict.fromkeys(b for p in plans for b in p.binds))
     return dataclasses.replace(
@@ -189,23 +208,6 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
     One snapshot for the sweep (`<sweep>/code/<hash>`), shared by its elements: they are one
     array job with one batch script, so they run the same code by construction."""
-    import subprocess
-    import uuid
-
-    import submitit
-    from submitit.slurm.slurm import SlurmJob
-
-    from hpctrain.launch.profile import time_minutes
-    from hpctrain.launch.submit import (
-        PYTHON_HOOK,
-        absolute_paths,
-        check_image,
-        job_snapshot,
-        slurm_script,
-        write_job_record,
-    )
-    from hpctrain.launch.task import train_task
-
     check_image(plan.profile)
     folder = private_dir(sweep_dir / "submitit")
     snap = job_snapshot(plan, folder)
@@ -246,8 +248,6 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     try:
         jobs = ex.map_array(train_task, cfgs)
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
-        from hpctrain.errors import LaunchError
-
         raise LaunchError(f"sbatch refused the sweep: {str(e).strip().splitlines()[-1]}") from None
     array_id = jobs[0].job_id.split("_")[0]
     record["job_id"] = array_id
@@ -263,9 +263,6 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
 def run_local(members: Sequence[Member], sweep_dir: Path, record: dict, tasks: int, out) -> list[str]:
     """No Slurm: the members one after another through submitit's local executor. The statuses."""
-    from hpctrain.data.prepare import ensure_dataset
-    from hpctrain.launch.submit import submit_local, wait_local
-
     write_record(sweep_dir, record)
     statuses = []
     for m, rec in zip(members, record["members"]):
@@ -294,8 +291,6 @@ def is_sweep(target: str | Path) -> bool:
 
 def member_metrics(run_dir: Path) -> dict:
     """Last step, best and last val top-1, last images/s, and how the run ended (metrics.jsonl)."""
-    from hpctrain.train.metrics import read_metrics
-
     out: dict = {"step": None, "top1_best": None, "top1_last": None, "images_per_s": None, "end": None}
     for rec in read_metrics(run_dir / "metrics.jsonl"):
         kind = rec.get("kind")
@@ -312,9 +307,6 @@ def member_metrics(run_dir: Path) -> dict:
 
 def queue_state(job_id: str) -> str | None:
     """The state squeue gives a job still in the queue (None: not there)."""
-    import shutil
-    import subprocess
-
     if not shutil.which("squeue"):
         return None
     try:
@@ -327,8 +319,6 @@ def queue_state(job_id: str) -> str | None:
 def sweep_status(sweep_dir: str | Path) -> list[dict]:
     """One row per member: name, overrides, Slurm state (sacct; local runs: their end record),
     requeues, step, best and last top-1, images/s; sorted by best top-1 (runs without one last)."""
-    from hpctrain.launch.status import job_state, read_json, sacct_rows
-
     rec = read_json(Path(sweep_dir) / SWEEP_FILE)
     rows = []
     for m in rec.get("members", []):

@@ -27,7 +27,7 @@ def export_job_env() -> None:
     """Under submitit's local executor: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from its job
     environment (overwriting whatever the submitting shell had). Under Slurm, Slurm's own
     variables decide (train.dist.detect)."""
-    import submitit
+    import submitit  # submitit: after main's stopmod.install, not at module import
 
 
     if os.environ.get("SLURM_STEP_ID"):
@@ -44,7 +44,7 @@ def export_job_env() -> None:
 def task_started() -> tuple[Path, str, int]:
     """(submitit folder, job id, global rank) of this task; a local job's task leaves its pid and
     takes its own process group (launch.localjob). Call once the stop handlers are installed."""
-    import submitit
+    import submitit  # submitit: after main's stopmod.install, not at module import
 
     env = submitit.JobEnvironment()
     where = (env.paths.folder, env.job_id, env.global_rank)
@@ -78,12 +78,13 @@ def eval_task(cfg: dict[str, Any], weights: str, ema: bool, out: str) -> dict[st
 
 def main(argv: list[str] | None = None) -> None:
     stopmod.install(interrupt=True)
+    # submitit: after main's stopmod.install, not at module import
     from submitit.core import job_environment, submission
 
     # submitit's hook for a cluster's signals ("@plugin-dev: should be adapted"): keep ours.
     job_environment.JobEnvironment._handle_signals = lambda self, paths, delayed: None
     want = os.environ.get("HPCTRAIN_SUBMITIT_VERSION")
-    import submitit
+    import submitit  # submitit: after main's stopmod.install, not at module import
 
     if want and want != submitit.__version__:  # the pickled job is read by this process's submitit
         raise SystemExit(f"hpctrain: the job was submitted with submitit {want} but this task has "

@@ -7,7 +7,7 @@ times as often as one node. With none seen, the node-hours are a lower bound of 
 loss an upper bound ("≤").
 
 Loss over a training time T with job MTBF M = node MTBF / N, save time δ, checkpoint interval τ
-(`ckpt_every: auto`: Young/Daly's √(2δM), train/ckpt_interval.py; else ckpt_every × the step time;
+(`ckpt_every: auto`: Young/Daly's √(2δM), ckpt_interval.py; else ckpt_every × the step time;
 0: no checkpoint until the end, τ = T): the saves, T·δ/τ, plus T/M interruptions each losing on
 average τ/2 of training and the requeue wait.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpctrain.ckpt_interval import young_daly_s
 from hpctrain.config import Config
 from hpctrain.launch.ckpt_cost import INTERRUPTIONS, checkpoint_bytes
 from hpctrain.plan.queue import MIN_JOBS, Figure, History
-from hpctrain.train.ckpt_interval import young_daly_s
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def setup(cfg: Config, run_dir: Path) -> CompileCache | None:
     is compiled; the FX graph cache on (torch 2.2's default is off)."""
     if not cfg.train.compile:
         return None
-    import torch
+    import torch  # torch: this module imports light (launch.task → train.entry on the login node)
     import torch._inductor.config as inductor_config  # torch.compile imports it anyway
 
     shared = shared_dir(cfg, run_dir, torch.__version__)

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +154,7 @@ def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
 
 def init(info: DistInfo, backend: str, timeout_s: int) -> None:
     """Join the process group (no-op for one process)."""
-    import torch.distributed as td
+    import torch.distributed as td  # torch: this module imports light (launch.task → train.entry on the login node)
 
     if info.world_size == 1 or td.is_initialized():
         return
@@ -174,9 +175,7 @@ def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> Rank
     A timed-out gloo/NCCL group is unusable, but the rendezvous store still works: every live
     rank checks in there, and rank 0 names those that do not within `wait_s`.
     """
-    import time
-
-    import torch.distributed as td
+    import torch.distributed as td  # torch: this module imports light (launch.task → train.entry on the login node)
 
     detail = ""
     try:
@@ -204,7 +203,7 @@ def shutdown() -> None:
     """Destroy every process group, last (docs/communication.md, "Exit"). The cyclic garbage is
     collected first: a DDP/FSDP wrapper the caller dropped but a reference cycle keeps would hold
     its group, and that group's gloo threads, past `destroy_process_group` into interpreter exit."""
-    import torch.distributed as td
+    import torch.distributed as td  # torch: this module imports light (launch.task → train.entry on the login node)
 
     if td.is_initialized():
         gc.collect()
@@ -213,7 +212,7 @@ def shutdown() -> None:
 
 def agree_bits(bits: int, group=None) -> int:
     """The bitwise OR of a small non-negative int over all ranks (a MAX per bit; one all-reduce)."""
-    import torch
+    import torch  # torch: this module imports light (launch.task → train.entry on the login node)
     import torch.distributed as td
 
     if not td.is_initialized():
@@ -244,7 +243,7 @@ class PendingBits:
         return self._bits is not None or self._work is not None
 
     def start(self, bits: int) -> None:
-        import torch
+        import torch  # torch: this module imports light (launch.task → train.entry on the login node)
         import torch.distributed as td
 
         if self.pending:
@@ -268,7 +267,7 @@ class PendingBits:
 def agree_max(values: list[float], group=None) -> list[float]:
     """The largest of each value over all ranks (one all-reduce of a CPU float64 tensor on `group`,
     a gloo group: the GPU stream is not synchronised for it); as given with one process."""
-    import torch
+    import torch  # torch: this module imports light (launch.task → train.entry on the login node)
     import torch.distributed as td
 
     if not td.is_initialized():
@@ -284,7 +283,7 @@ def agree(flag: bool, group=None) -> bool:
     `group` must be a gloo group (the default one on CPU, the control group on GPU): the flag is a
     CPU tensor, so the GPU stream is never synchronised for it.
     """
-    import torch
+    import torch  # torch: this module imports light (launch.task → train.entry on the login node)
     import torch.distributed as td
 
     if not td.is_initialized():

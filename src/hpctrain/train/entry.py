@@ -5,6 +5,7 @@ The same entry serves `hpctrain train` (one process, torchrun or srun) and submi
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -15,13 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__, source
+from hpctrain import __version__, requeue, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
+from hpctrain.data.build import build_eval_loaders
+from hpctrain.doctor.versions import dist_versions
 from hpctrain.launch import faultlog
+from hpctrain.lr_rule import lr_rule
+from hpctrain.metrics import progress_log, read_metrics, table
+from hpctrain.train import compile_cache, trackers, watchdog
 from hpctrain.train import dist as distmod
-from hpctrain.train import trackers, watchdog
+from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import agree
-from hpctrain.train.metrics import progress_log, read_metrics
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 
@@ -62,14 +67,12 @@ def _dali_version() -> str | None:
     dali = sys.modules.get("nvidia.dali")
     if dali is not None:
         return getattr(dali, "__version__", None)
-    from hpctrain.doctor.versions import dist_versions
-
     return ", ".join(v for _, v in sorted(dist_versions("nvidia-dali").items())) or None
 
 
 def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
     """Versions, job and host facts for env.json; no secret-looking variables."""
-    import torch
+    import torch  # torch: this module imports light (launch.task imports it on the login node)
 
     rec: dict[str, Any] = {
         "hpctrain": __version__, "python": platform.python_version(), "torch": torch.__version__,
@@ -99,16 +102,15 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     build, so a signal during start-up is honoured at the first step boundary instead of
     killing the task. After a stop, `summary["requeue"]` says whether the batch shell requeues.
     """
-    from hpctrain.train import stop as stopmod
-
     stop = stop or stopmod.install()
-    import torch
+    # torch and what pulls it: imported after the stop handlers are installed (a signal during these
+    # seconds is then honoured), and never at import time (launch.task on the login node imports this module)
+    import torch  # torch: after stopmod.install (see above)
 
-    from hpctrain.data.build import build_eval_loaders
-    from hpctrain.models.vit import build_vit
-    from hpctrain.train import checkpoint as ckpt
-    from hpctrain.train import compat, compile_cache, preflight
-    from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished
+    from hpctrain.models.vit import build_vit  # torch: after stopmod.install
+    from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
+    from hpctrain.train import compat, finetune, preflight  # torch: after stopmod.install
+    from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished  # torch: as above
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)
@@ -132,9 +134,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     distmod.init(info, backend, cfg.train.pg_timeout_s)
     control = None
     if use_cuda and info.world_size > 1:
-        import datetime
-
-        import torch.distributed as td
+        import torch.distributed as td  # torch: after stopmod.install, as above
 
         control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.train.pg_timeout_s))
 
@@ -161,8 +161,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         lock.release()
         distmod.shutdown()
         raise
-    from hpctrain.launch import requeue
-
     over = None
     if info.is_main:
         try:
@@ -210,8 +208,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         log.info("model.init_from=%s ignored: this run resumes from %s (the run's checkpoint wins)",
                  cfg.model.init_from, resume[0])
     elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
-        from hpctrain.train import finetune
-
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
     if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (launch.faultlog)
@@ -261,8 +257,6 @@ def write_env(run_dir: Path, rec: dict[str, Any], env: dict[str, str] | None = N
 def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
     """Settings derived from the config and the job's size, kept in env.json ("resolved"): the
     learning rate the schedule peaks at, and the batch each rank takes."""
-    from hpctrain.launch.batch import lr_rule
-
     return {"peak_lr": cfg.peak_lr, "lr_rule": lr_rule(cfg), "optimizer": cfg.optim.name,
             "global_batch": cfg.data.batch_size, "per_rank_batch": cfg.per_rank_batch(world_size),
             "world_size": world_size, "accum_steps": cfg.train.accum_steps}
@@ -300,8 +294,6 @@ def fmt_pct(v: float | None) -> str:
 
 
 def summary_table(s: dict[str, Any]) -> str:
-    from hpctrain.train.metrics import table
-
     rows = [("status", s["status"]), ("run directory", s["run_dir"]),
             ("steps", f"{s['step']}/{s['total_steps']} (epoch {s['epoch']})"),
             ("val top-1", fmt_pct(s["top1"])), ("val top-5", fmt_pct(s["top5"])),

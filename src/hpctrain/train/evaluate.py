@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config import Config
+from hpctrain.data.build import build_loaders
+from hpctrain.metrics import table
+from hpctrain.train import dist as distmod
+from hpctrain.train.entry import setup_logging
 
 log = logging.getLogger("hpctrain")
 TOP_PAIRS = 10
@@ -78,14 +82,12 @@ def write_outputs(out_dir: Path, summary: dict, rows: list[dict]) -> None:
 def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = None) -> dict[str, Any]:
     """Evaluate `weights` (anything model.init_from takes) under `cfg` on this rank; rank 0 writes
     `out_dir`/summary.json and per_class.csv. Returns the summary (the same on every rank)."""
-    import torch
+    # torch: this module imports light (launch.task imports it on the login node)
+    import torch  # torch: see above
 
-    from hpctrain.data.build import build_loaders
-    from hpctrain.models.vit import build_vit
-    from hpctrain.train import dist as distmod
-    from hpctrain.train import finetune
-    from hpctrain.train.entry import setup_logging
-    from hpctrain.train.loop import evaluate
+    from hpctrain.models.vit import build_vit  # torch: see above
+    from hpctrain.train import finetune  # torch: see above
+    from hpctrain.train.loop import evaluate  # torch: see above
 
     info = distmod.detect()
     if cfg.train.threads:
@@ -126,8 +128,6 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
 
 
 def summary_text(s: dict[str, Any]) -> str:
-    from hpctrain.train.metrics import table
-
     rows = [("weights", s["weights"] + (" (EMA)" if s["ema"] else "")), ("split", f"{s['split']} of {s['data_root']}"),
             ("input", f"{s['img_size']}px, crop_pct {s['crop_pct']:g}, {s['interpolation']}"),
             ("top-1", f"{s['top1']:.4f} %"), ("top-5", f"{s['top5']:.4f} %"), ("loss", f"{s['loss']:.6f}"),

@@ -57,7 +57,7 @@ def export(run: str | Path, out: str | Path, step: int | None = None, ema: bool 
     sd, info = weights(path, ema)
     if out.suffix == ".safetensors":
         try:
-            from safetensors.torch import save as st_save
+            from safetensors.torch import save as st_save  # safetensors: only for `-o *.safetensors`
         except ImportError:
             raise UserError("writing .safetensors needs the safetensors package (pip install safetensors, "
                             "part of hpctrain[train]); or export to a .pt file") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpctrain.train import compat
 
@@ -42,8 +43,6 @@ def sdpa_backend_used(model: torch.nn.Module, images: torch.Tensor, autocast) ->
     that reach the dispatcher, so what is reported is what PyTorch chose for these shapes and
     dtypes, not what was asked for.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     seen: set[str] = set()
 
     class Record(TorchDispatchMode):

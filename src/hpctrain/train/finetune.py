@@ -84,7 +84,7 @@ def read_weights(source: str | Path, ema: bool = False, what: str = "model.init_
                         "a checkpoint (step-<n>.pt or step-<n>/) or a weights file")
     if p.suffix == ".safetensors":
         try:
-            from safetensors.torch import load_file
+            from safetensors.torch import load_file  # safetensors: only for .safetensors weights
         except ImportError:
             raise InitError("reading .safetensors needs the safetensors package (part of hpctrain[train])") from None
         if ema:

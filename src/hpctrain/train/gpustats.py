@@ -14,6 +14,8 @@ import os
 import threading
 from typing import Any
 
+import torch
+
 log = logging.getLogger("hpctrain")
 GIB = float(1 << 30)
 
@@ -33,8 +35,6 @@ def cuda_memory(device) -> dict[str, float]:
     peaks are reset here, so each record covers its own window); {} off CUDA."""
     if getattr(device, "type", None) != "cuda":
         return {}
-    import torch
-
     alloc = torch.cuda.max_memory_allocated(device)
     reserved = torch.cuda.max_memory_reserved(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -68,7 +68,7 @@ class NvmlSampler:
         """A running sampler, or None when NVML is not there (no package, no driver, no GPU):
         said once at debug level, since a CPU run expects nothing else."""
         try:
-            import pynvml
+            import pynvml  # pynvml: optional (nvidia-ml-py), NVIDIA GPUs only
 
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]

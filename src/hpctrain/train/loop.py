@@ -8,6 +8,7 @@ collective outside DDP's holds a step up: the stop flags are OR-ed by an all-red
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import math
 import random
@@ -18,16 +19,16 @@ from pathlib import Path
 import torch
 import torch.distributed as td
 
+from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config, ModelConfig, to_dict
 from hpctrain.errors import UserError
 from hpctrain.launch.finished import finished_text
+from hpctrain.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import ckpt_interval as interval
-from hpctrain.train import comm, compat, fastpath, guard, profiling, speed, straggler, trackers
+from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, sharded, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
-from hpctrain.train.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
 from hpctrain.train.watchdog import Watchdog
@@ -219,8 +220,6 @@ class Trainer:
         self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
         self.fsdp = t.parallel == "fsdp" and dist.world_size > 1
         if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
-            from hpctrain.train import fsdp
-
             fsdp.shard(self.model, device, t.fsdp_reshard, t.amp, t.grad_reduce_dtype)
         # bf16 under FSDP is FSDP's mixed-precision policy (train.fsdp), so no autocast in steps
         self.step_amp = "none" if self.fsdp and t.amp == "bf16" else t.amp
@@ -283,8 +282,6 @@ class Trainer:
             td.broadcast_object_list(root, src=0, group=self.control_group)
             self.ckpt_root = Path(root[0]) if root[0] else None
             if t.ckpt_async:
-                import datetime
-
                 self.ckpt_group = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=t.pg_timeout_s))
 
     def _meta(self) -> dict:
@@ -325,8 +322,6 @@ class Trainer:
     def sharded_state(self) -> tuple[dict, dict]:
         """(tensors for DCP: this rank's part of model, optimizer and EMA, by parameter name; the
         rest, which rank 0 writes as meta.pt)."""
-        from hpctrain.train import sharded
-
         model, optim, groups = sharded.model_optim_state(self.model, self.optimizer)
         tensors = {"model": model, "optim": optim}
         if self.ema:
@@ -335,8 +330,6 @@ class Trainer:
 
     def load_state(self, st: dict, path: Path) -> None:
         if ckpt.is_sharded(path):
-            from hpctrain.train import sharded
-
             ema = self.ema.module if self.ema and st.get("has_ema") else None
             sharded.load_into(path, self.model, self.optimizer, ema, st["param_groups"],
                               self.ckpt_group or self.control_group)
@@ -370,8 +363,6 @@ class Trainer:
 
     @staticmethod
     def _fsdp():
-        from hpctrain.train import fsdp
-
         return fsdp
 
     def save(self, background: bool = False) -> str | None:
@@ -396,8 +387,6 @@ class Trainer:
         if self.ckpt_root is None:  # nowhere to write (a test's trainer without a run directory)
             self.last_saved_step = self.step
             return None
-        from hpctrain.train import sharded
-
         args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
         if background and t.ckpt_async:
             self.pending = sharded.start(*args, group=self.ckpt_group, protect=self._protected())

@@ -7,6 +7,8 @@ import math
 import torch
 
 from hpctrain.config import Config, ConfigError
+from hpctrain.train.adamw import AdamWLowMu
+from hpctrain.train.lamb import Lamb
 
 
 def layer_id(name: str, depth: int) -> int:
@@ -59,13 +61,9 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -
         if cfg.train.parallel == "fsdp":
             raise ConfigError("optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
                               "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)")
-        from hpctrain.train.lamb import Lamb
-
         return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
                     always_adapt=o.lamb_adapt == "all")
     if o.mu_dtype == "bf16":
-        from hpctrain.train.adamw import AdamWLowMu
-
         return AdamWLowMu(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
                           mu_dtype=torch.bfloat16)
     fused = o.fused == "always" or (o.fused == "auto" and device.type == "cuda")

@@ -32,9 +32,9 @@ from hpctrain import flops
 from hpctrain.data.build import resolve_loader
 from hpctrain.errors import LaunchError
 from hpctrain.launch import badnodes
+from hpctrain.metrics import MetricsWriter
 from hpctrain.plan import tables
 from hpctrain.train import straggler
-from hpctrain.train.metrics import MetricsWriter
 
 log = logging.getLogger("hpctrain")
 FABRIC_ENV = "HPCTRAIN_FABRIC"  # the profile's fabric.kind, exported by the batch shell
@@ -274,7 +274,7 @@ def decode_sample(train_loader) -> list[bytes]:
     listing, shards = getattr(train_loader, "listing", None), getattr(train_loader, "shards", None)
     if listing is not None:
         return [(Path(listing.root) / rel).read_bytes() for rel, _ in listing.samples[:DECODE_IMAGES]]
-    from hpctrain.data.dali import wds_samples
+    from hpctrain.data.dali import wds_samples  # DALI: data.dali imports it at use (optional)
 
     out = []
     for tar, _key, _member, off, size in wds_samples(shards):

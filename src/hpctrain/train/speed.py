@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from hpctrain import flops
 from hpctrain.train import gpustats
 
@@ -44,8 +46,6 @@ class SpeedMeter:
         self.train_flops = flops.model_flops(cfg.model).train_flops
         self.peak: float | None = cfg.train.peak_tflops or None
         if self.peak is None and device.type == "cuda":
-            import torch
-
             self.peak = flops.peak_tflops(torch.cuda.get_device_name(device))[0]
         self.nvml: gpustats.NvmlSampler | None = None
 

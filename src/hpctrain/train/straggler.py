@@ -25,6 +25,9 @@ import statistics
 import time
 from typing import Any
 
+import torch
+import torch.distributed as td
+
 from hpctrain.launch import badnodes
 
 log = logging.getLogger("hpctrain")
@@ -86,8 +89,6 @@ class Clock:
     @staticmethod
     def _recorded_event():
         """A timing event recorded on the current stream (no wait for the device)."""
-        import torch
-
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
@@ -140,16 +141,12 @@ class StragglerWatch:
 
     @property
     def active(self) -> bool:
-        import torch.distributed as td
-
         return self.world > 1 and td.is_initialized()
 
     def open(self) -> None:
         """Learn every rank's host and GPU once (a blocking gather at start-up)."""
         if not self.active or self.places is not None:
             return
-        import torch.distributed as td
-
         places: list[Any] = [None] * self.world
         td.all_gather_object(places, (socket.gethostname(), self.local_rank, badnodes.this_node()), group=self.group)
         self.places = [tuple(p) for p in places]
@@ -159,9 +156,6 @@ class StragglerWatch:
         if not self.active:
             return
         self.settle()
-        import torch
-        import torch.distributed as td
-
         self._tensor = torch.zeros(self.world, 3, dtype=torch.float64)
         self._tensor[self.rank] = torch.tensor([step_s, data_s, own_s], dtype=torch.float64)
         self._work = td.all_reduce(self._tensor, group=self.group, async_op=True)

@@ -17,6 +17,9 @@ Nodes that die are left to Slurm (`--requeue`) and the batch shell: the survivor
 dead node from a crashed rank, and rank 0 may be on the dead node. With hot spares (`--no-kill`)
 the shell restarts the step on other nodes of the job instead (launch.inplace); a stop of kind
 `exclude` (a node the tasks named: a persistent straggler) is decided here like a time limit.
+
+The stop-file protocol, shared by the task (train.entry decides) and the batch shell (launch.sbatch
+reads the file): it lives below both launch and train.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import LaunchError
-from hpctrain.train.metrics import read_metrics
+from hpctrain.metrics import read_metrics
 
 log = logging.getLogger("hpctrain")
 DEFAULT_MAX_REQUEUES = 3

@@ -8,6 +8,8 @@ training waited for this run's own save, measured at a first checkpoint at a sma
 (`train.ckpt_auto_first`) and at every save after it, M is the job's MTBF (`train.mtbf_h`, which
 `hpctrain submit` resolves from the partition's sacct history or the profile: a task has no Slurm
 client), and τ becomes steps through the measured step time. Torch-free: plain arithmetic.
+
+The task applies it (train.loop); `hpctrain submit` prices it (launch.ckpt_cost): it lives below both.
 """
 
 from __future__ import annotations
