@@ -6,7 +6,7 @@ and hands the job its MTBF as `train.mtbf_h` (with `train.mtbf_source` saying wh
 Sources, best first: the config's own train.mtbf_h; the profile's slurm.node_mtbf_hours; the
 partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
 requeued job, `-a` all users, `-r` the partition: PREEMPTED, NODE_FAIL and TIMEOUT allocations per
-node-hour of all its allocations, sacct(1)); else train/ckpt_interval.DEFAULT_MTBF_H. A per-node
+node-hour of all its allocations, sacct(1)); else ckpt_interval.DEFAULT_MTBF_H. A per-node
 figure is divided by the job's node count: any of its nodes interrupts it.
 
 The stop check: a stop (USR2 `slurm.signal_lead_s` before the time limit; SIGTERM `GraceTime`
