@@ -26,6 +26,7 @@ from hpctrain.config import ConfigError
 
 MIN_TORCH = (2, 2)  # pyproject.toml's floor; .ci/torch22 tests it
 FSDP_MIN_TORCH = (2, 4)  # FSDP2 fully_shard and StateDictOptions(broadcast_from_rank0=...)
+CPU_FUSED_ADAM_MIN_TORCH = (2, 4)  # torch._fused_adamw_ on the CPU backend (2.2, 2.3: CUDA only)
 SHARDED_MIN_TORCH = (2, 4)  # DCP's get/set_*_state_dict by parameter name and dcp.async_save (docs/checkpoints.md)
 
 
@@ -35,6 +36,11 @@ def version_tuple(version: str | None = None) -> tuple[int, int]:
     if not m:
         raise ValueError(f"cannot read a torch version from {version!r}")
     return int(m.group(1)), int(m.group(2))
+
+
+def cpu_fused_adam(version: str | None = None) -> bool:
+    """Whether this torch has the fused Adam kernel on the CPU (AdamWLowMu/Lamb take it there)."""
+    return version_tuple(version) >= CPU_FUSED_ADAM_MIN_TORCH
 
 
 def check_parallel(parallel: str, version: str | None = None) -> None:

@@ -29,10 +29,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hpctrain.train import compat
 
-fully_shard = compat.fully_shard()  # torch >= 2.4 (ConfigError naming the version below that)
-MixedPrecisionPolicy = compat.fsdp_mixed_precision()
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-LOAD = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def load_options() -> StateDictOptions:
+    """Full state, broadcast from rank 0 (torch >= 2.4; built at use: the loop imports this module on 2.2 too)."""
+    return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
 def mixed_precision(amp: str, grad_reduce_dtype: str = "fp32"):
@@ -41,7 +43,8 @@ def mixed_precision(amp: str, grad_reduce_dtype: str = "fp32"):
     if amp != "bf16":
         return None
     reduce = torch.bfloat16 if grad_reduce_dtype == "bf16" else torch.float32
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+    # resolved at use: the loop imports this module on torch 2.2 too, where FSDP2 does not exist
+    return compat.fsdp_mixed_precision()(param_dtype=torch.bfloat16, reduce_dtype=reduce)
 
 
 def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool = True,
@@ -54,14 +57,15 @@ def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: b
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             td.broadcast(t.data, src=0)
+    shard = compat.fully_shard()  # at use: the loop imports this module on torch 2.2 too (no FSDP2 there)
     mesh = init_device_mesh(device.type, (td.get_world_size(),))
     kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     policy = mixed_precision(amp, grad_reduce_dtype)
     if policy is not None:
         kw["mp_policy"] = policy
     for block in getattr(model, "blocks", []):
-        fully_shard(block, **kw)
-    fully_shard(model, **kw)
+        shard(block, **kw)
+    shard(model, **kw)
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -87,9 +91,9 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
     """Load full state dicts into the sharded model and optimizer (rank 0's copy is broadcast)."""
-    set_model_state_dict(model, model_sd, options=LOAD)
+    set_model_state_dict(model, model_sd, options=load_options())
     names = _param_names(model, optimizer)
     osd = {"state": {names[int(i)]: v for i, v in optim_sd["state"].items()},
            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
                             for g in optim_sd["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, osd, options=LOAD)
+    set_optimizer_state_dict(model, optimizer, osd, options=load_options())

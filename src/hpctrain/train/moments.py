@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hpctrain.train import compat
+
 
 @dataclass
 class Bucket:
@@ -138,7 +140,7 @@ class AdamFamily(torch.optim.Optimizer):
 
     def fused(self, b: Bucket) -> bool:
         """Whether this bucket takes the fused kernel (`fusable` and `cpu_fused`)."""
-        return self.cpu_fused and fusable(b)
+        return self.cpu_fused and compat.cpu_fused_adam() and fusable(b)
 
     def update(self, b: Bucket, group: dict) -> None:
         """Apply this step to every tensor of the bucket (moments and parameters in place)."""
