@@ -427,6 +427,16 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
         r = self.run("sinfo", "-h", "-n", node, "-o", "%t", check=False)
         return r.stdout.strip()
 
+    def fail_node(self, node: str, reason: str, timeout: float = 30) -> None:
+        """Take `node` down under its jobs (they end NODE_FAIL) and wait until it serves again.
+        ReturnToService=2 may have put it back already (its slurmd answers): then resume is refused."""
+        self.run("scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}")
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        end = time.monotonic() + timeout
+        while self.node_state(node).rstrip("*~#") not in ("idle", "mix", "alloc"):
+            assert time.monotonic() < end, f"{node} did not come back: {self.node_state(node)}"
+            time.sleep(0.3)
+
     def revive_node(self, node: str, timeout: float = 60) -> None:
         """Boot the node again: a fresh slurmd as start() runs it; wait until Slurm uses it
         again (ReturnToService=2: it returns as soon as its slurmd registers)."""

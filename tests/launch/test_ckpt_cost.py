@@ -41,13 +41,7 @@ def _make_history(cluster) -> list[str]:
     a = _sbatch(cluster, PREEMPTIBLE, 2)
     _running(cluster, a)
     time.sleep(2)  # some node-hours
-    cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=ckpt_cost test")
-    # ReturnToService=2 may have put the node back already (its slurmd answers): then resume is refused
-    cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
-    end = time.monotonic() + 30
-    while cluster.node_state("n2").rstrip("*~#") not in ("idle", "mix", "alloc"):
-        assert time.monotonic() < end, f"n2 did not come back: {cluster.node_state('n2')}"
-        time.sleep(0.3)
+    cluster.fail_node("n2", "ckpt_cost test")
     cluster.run("scancel", a)  # requeued, held back by BeginTime: gone
     cluster.run("scontrol", "update", f"partitionname={PREEMPTIBLE}", "gracetime=0")
     try:

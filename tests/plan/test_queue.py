@@ -44,13 +44,7 @@ def _make_history(cluster, part: str) -> None:
     a = _sbatch(cluster, part, 2, "sleep 600", "--requeue")
     _running(cluster, a)
     time.sleep(1)
-    cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=plan test")
-    # ReturnToService=2 may have put the node back already (its slurmd answers): then resume is refused
-    cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
-    end = time.monotonic() + 30
-    while cluster.node_state("n2").rstrip("*~#") not in ("idle", "mix", "alloc"):
-        assert time.monotonic() < end, f"n2 did not come back: {cluster.node_state('n2')}"
-        time.sleep(0.3)
+    cluster.fail_node("n2", "plan test")
     cluster.run("scancel", a)  # requeued, held back by BeginTime: gone
     b = _sbatch(cluster, part, 1, "sleep 600", "--requeue")
     _running(cluster, b)
