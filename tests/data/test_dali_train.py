@@ -1,4 +1,4 @@
-"""Training through the DALI loaders: digits accuracy (folder and packed shards) and exact resume."""
+"""Training through the DALI loaders: digits accuracy (packed shards) and exact resume."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hpctrain.config import load
+from hpctrain.data.pack import pack
 from hpctrain.train.entry import run
 
 pytest.importorskip("nvidia.dali")
@@ -36,16 +37,14 @@ def test_resume_is_exact(digits_root, tmp_path, loader):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+# One accuracy run, on the path ImageNet takes (packed shards): the folder reader gives the torch
+# loader's labels and the PIL loader's validation images (tests/data/test_dali.py), so a second run
+# to 95 % from the folder would prove nothing more for 100 s of CI.
 @pytest.mark.slow
-def test_digits_trains_to_95_with_dali_from_folder_and_from_packed_shards(digits_root, tmp_path):
-    from hpctrain.data.pack import pack
-
+def test_digits_trains_to_95_with_dali_from_packed_shards(digits_root, tmp_path):
     sets = ["train.epochs=15", "train.eval_every=0", "train.ckpt_every=0"]
-    folder = run(digits_cfg(digits_root, tmp_path, "folder", *sets))
-    assert folder["val_count"] == 359
-    assert folder["top1"] >= 95.0, folder["top1"]
     shards = tmp_path / "shards"
     pack(digits_root, shards, shard_size=250, log=lambda *_: None)
     wds = run(digits_cfg(shards, tmp_path, "wds", *sets, "data.format=wds"))
     assert wds["val_count"] == 359
-    assert wds["top1"] >= 95.0 and abs(wds["top1"] - folder["top1"]) <= 2.0, (wds["top1"], folder["top1"])
+    assert wds["top1"] >= 95.0, wds["top1"]
