@@ -64,7 +64,8 @@ def run_in_image(tmp_path: Path, container: ContainerSection, binds: list[str], 
                  env: dict, stage_to: str = "") -> subprocess.CompletedProcess:
     """The batch script's Python block, then one task (as srun would start it) running `code`."""
     image = tmp_path / "image.sif"
-    image.write_bytes(b"fake")
+    if not image.exists():
+        image.write_bytes(b"fake")
     (tmp_path / "bin").mkdir(exist_ok=True)
     if not (tmp_path / "bin" / "apptainer").exists():
         (tmp_path / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
@@ -105,6 +106,26 @@ def test_stage_to_on_node_local_tmpdir_is_bound_at_run_time(tmp_path):
                      env={"FAKE_APPTAINER_HIDE": str(scratch), "TMPDIR": str(job_tmp)})
     assert r.returncode == 0, r.stderr
     assert (job_tmp / "stage" / "ok").read_text() == "1"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fake apptainer needs unshare --mount (root)")
+def test_task_sees_an_image_identity_that_changes_when_the_image_is_rebuilt(tmp_path):
+    """train.compile_cache keys its entries by $HPCTRAIN_IMAGE_DIGEST: the task inside the image must
+    get one (from the batch shell's stat of the image), the same for the same file, another once the
+    file at that path is rebuilt, and a site's own digest left alone."""
+    show = "import os; print(os.environ['HPCTRAIN_IMAGE_DIGEST'])"
+
+    def identity(**env) -> str:
+        r = run_in_image(tmp_path, binds(), [], show, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    first = identity()
+    assert first.startswith("img") and identity() == first
+    image = tmp_path / "image.sif"
+    os.utime(image, (1, 1))  # rebuilt in place: same path and size, another mtime
+    assert identity() != first
+    assert identity(HPCTRAIN_IMAGE_DIGEST="sha256:abc") == "sha256:abc"
 
 
 @pytest.mark.slurm

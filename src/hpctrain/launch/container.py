@@ -313,5 +313,19 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         "pyxis)", *pyxis_lines(container, binds, stage_to), "  ;;",
         f'*) echo "hpctrain: CONTAINER=$CONTAINER is not one of {", ".join(RUNTIMES)}" >&2; exit 1 ;;',
         "esac",
+        *image_identity_lines(),
         *nsys_lines(list(nsys_ranks), nsys_dir),
+    ]
+
+
+def image_identity_lines() -> list[str]:
+    """Export $HPCTRAIN_IMAGE_DIGEST (train.compile_cache keys its entries by it) unless the site set it:
+    a checksum of the image's path, size and mtime — a stat, not a hash of gigabytes on a shared file
+    system; a registry URI (pyxis) stands for itself. A rebuilt image at the same path gets a new key."""
+    return [
+        'if [ "$CONTAINER" != none ] && [ -z "${HPCTRAIN_IMAGE_DIGEST:-}" ]; then',
+        '  HPCTRAIN_IMAGE_DIGEST=img$(printf "%s %s" "$HPCTRAIN_IMAGE" "$(stat -Lc "%s %Y" "$HPCTRAIN_IMAGE" '
+        '2>/dev/null)" | cksum | cut -d " " -f 1)',
+        "  export HPCTRAIN_IMAGE_DIGEST",
+        "fi",
     ]
