@@ -27,6 +27,7 @@ from hpctrain.train import compile_cache, trackers, watchdog
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import agree
+from hpctrain.train.resume_checks import RunFinished, check_compatible, check_unfinished
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 
@@ -110,7 +111,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.models.vit import build_vit  # torch: after stopmod.install
     from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
     from hpctrain.train import compat, finetune, preflight  # torch: after stopmod.install
-    from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished  # torch: as above
+    from hpctrain.train.loop import Trainer  # torch: after stopmod.install
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)

@@ -20,49 +20,27 @@ import torch
 import torch.distributed as td
 
 from hpctrain import ckpt_interval as interval
-from hpctrain.config import Config, ModelConfig, to_dict
+from hpctrain.config import Config, to_dict
 from hpctrain.errors import UserError
-from hpctrain.launch.finished import finished_text
 from hpctrain.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, sharded, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
+from hpctrain.train.amp import autocast_ctx
 from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
+from hpctrain.train.eval_pass import evaluate
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
+from hpctrain.train.resume_checks import planned_steps
+from hpctrain.train.seeding import rng_state, seed_step, step_seed
 from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
 
 
-class ResumeError(UserError, RuntimeError):
-    """A checkpoint that does not fit this run's config; nothing has been overwritten."""
-
-
 class RunDiverged(UserError, RuntimeError):
     """A non-finite loss or a spike that train.on_nonfinite says to stop on (or rollbacks used up)."""
-
-
-class RunFinished(UserError, RuntimeError):
-    """The run's checkpoint is at its last step: nothing to train, and nothing is written."""
-
-
-def planned_steps(cfg: Config, batches_per_epoch: int) -> int:
-    """The run's length in optimizer steps: train.max_steps, else train.epochs of the loader's batches."""
-    return cfg.train.max_steps or cfg.train.epochs * (batches_per_epoch // cfg.train.accum_steps)
-
-
-def check_unfinished(cfg: Config, st: dict, path: Path, run_dir: Path, batches_per_epoch: int) -> None:
-    """Refuse to resume a run that has already trained all its steps. Resuming it would train
-    nothing, evaluate again and save its last step a second time (in this launch's checkpoint
-    format, beside the first); the summary would read "loss nan, 0 images/s"."""
-    if not cfg.train.max_steps and batches_per_epoch < cfg.train.accum_steps:
-        return  # no step in an epoch: the Trainer says so
-    total, step = planned_steps(cfg, batches_per_epoch), int(st["step"])
-    if step < total:
-        return
-    raise RunFinished(finished_text(run_dir, path.name, step, total, cfg.run.name))
 
 
 @dataclass
@@ -80,118 +58,6 @@ class Outcome:
     wall_s: float = 0.0
     resumed_from: int | None = None
     checkpoint: str | None = None
-
-
-def check_compatible(cfg: Config, st: dict, path: Path) -> None:
-    """Refuse a checkpoint of another model or global batch, before anything is overwritten."""
-    old = st.get("config", {})
-    problems = []
-    now = {k: v for k, v in to_dict(cfg.model).items() if k not in cfg.model.START_KEYS}  # not the model
-    # a key newer than the checkpoint (model.drop_rate...) counts as its default there: the model it built
-    default = to_dict(ModelConfig())
-    diff = [k for k, v in now.items() if old.get("model") and old["model"].get(k, default[k]) != v]
-    if diff:
-        problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
-    if st.get("global_batch") not in (None, cfg.data.batch_size):
-        problems.append(f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
-                        f"size, {st.get('world_size')} before, is fine when the global batch stays the same)")
-    if problems:
-        raise ResumeError(f"cannot resume from {path}: {'; '.join(problems)}. Resume with the original "
-                          "settings (see the run's config.yaml), or start a new run (another run.name, or "
-                          "--resume none)")
-
-
-def autocast_ctx(amp: str, device: torch.device):
-    if amp == "none":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def rng_state(device: torch.device) -> dict:
-    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        st["cuda"] = torch.cuda.get_rng_state(device)
-    return st
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Global RNG seed of one step on one rank (drop-path masks): resume-exact by construction."""
-    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63)
-
-
-def seed_step(seed: int, device: torch.device) -> None:
-    """`torch.manual_seed` for the generators a step draws from (CPU, this GPU), without the
-    ~0.3 ms it spends seeding every backend: measurable on small models (bench/loop_overhead.py)."""
-    torch.default_generator.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)
-
-
-@torch.no_grad()
-def eval_rounds(loader, device: torch.device) -> int:
-    """The most eval batches any rank has: every rank runs that many forwards. Under FSDP each
-    forward all-gathers, so a rank with one batch more than the others (12,812 images on 16 ranks
-    at 32: 25 or 26 batches) would wait forever on a collective the others never join."""
-    n = len(loader)
-    if not td.is_initialized() or td.get_world_size() == 1:
-        return n
-    t = torch.tensor([n], dtype=torch.int64, device=device)
-    td.all_reduce(t, op=td.ReduceOp.MAX)
-    return int(t.item())
-
-
-def blank_input(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
-    """One black image the size `model` (a ViT) takes: the padding forward of a rank with no batch."""
-    pe = model.patch_embed
-    side = pe.grid * pe.proj.kernel_size[0]
-    return torch.zeros(1, 3, side, side, device=device)
-
-
-def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num_classes: int = 0) -> dict:
-    """Exact top-1/top-5 and mean loss over the whole split, summed over every rank: padded samples
-    (label < 0) never count. With `num_classes`, also the confusion matrix ("confusion": rows the
-    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it.
-
-    Every rank runs the same number of forwards (`eval_rounds`): a rank whose shard has fewer
-    batches runs padding forwards on one image of its last batch, counted nowhere."""
-    if loader is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, n, loss
-    conf = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device) if num_classes else None
-    rounds = eval_rounds(loader, device)
-    loader.set_epoch(0)
-    seen, last = 0, None
-    for images, labels in loader:
-        seen += 1
-        last = images[:1]
-        keep = labels >= 0
-        with autocast_ctx(amp, device):
-            logits = model(images)
-        logits, labels = logits[keep].float(), labels[keep]
-        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        hit = top5 == labels[:, None]
-        sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
-                             torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-                             ]).double()
-        if conf is not None:
-            conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
-    for _ in range(rounds - seen):  # padding forwards: the collectives of the others' last batches
-        with autocast_ctx(amp, device):
-            model(last if last is not None else blank_input(model, device))
-    if td.is_initialized():
-        td.all_reduce(sums)
-        if conf is not None:
-            td.all_reduce(conf)
-    model.train(was_training)
-    c1, c5, n, loss = sums.tolist()
-    out = {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
-           "loss": loss / max(n, 1)}
-    if conf is not None:
-        out["confusion"] = conf.view(num_classes, num_classes).cpu()
-    return out
 
 
 class Trainer:
@@ -499,7 +365,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, model: torch.nn.Module) -> dict:
-        """Exact top-1/top-5 over the whole val set (`evaluate` above, shared with `hpctrain eval`)."""
+        """Exact top-1/top-5 over the whole val set (`train.eval_pass.evaluate`, shared with `hpctrain eval`)."""
         return evaluate(model, self.val_loader, self.cfg.train.amp, self.device)
 
     def eval_record(self, model: torch.nn.Module, prefix: str = "") -> tuple[dict, dict]:
