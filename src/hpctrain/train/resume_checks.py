@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hpctrain.config import Config, ModelConfig, to_dict
 from hpctrain.errors import UserError
-from hpctrain.launch.finished import finished_text
+from hpctrain.finished import finished_text
 
 
 class ResumeError(UserError, RuntimeError):
