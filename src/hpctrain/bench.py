@@ -152,8 +152,10 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
     import torch  # torch: a top-level module imports light (login node)
 
     from hpctrain.models.vit import arch_dims, build_vit
+    from hpctrain.train.amp import autocast_ctx
     from hpctrain.train.fastpath import sdpa_backend_used
-    from hpctrain.train.loop import Trainer, autocast_ctx, seed_step, step_seed
+    from hpctrain.train.loop import Trainer
+    from hpctrain.train.seeding import seed_step, step_seed
 
     if not use_loader:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, loader="synthetic"))

@@ -1,5 +1,5 @@
 """Hot spare nodes and bad-node exclusion (issue 22 items 3-4): the batch shell's step loop
-(launch.inplace), its records (launch.faultlog) and `hpctrain status`.
+(launch.inplace), its records (hpctrain.faultlog) and `hpctrain status`.
 
 On the Slurm test cluster: a 3-node `--no-kill` allocation trains on 2 nodes; one training node
 (not the batch host) dies mid-run; the next step runs on the spare within the same job, resumes
@@ -21,8 +21,8 @@ import time
 import pytest
 import torch
 
+from hpctrain import faultlog
 from hpctrain.config import Config
-from hpctrain.launch import faultlog
 from hpctrain.launch.profile import load_profile
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.status import summarize

@@ -23,7 +23,8 @@ from hpctrain.models.vit import build_vit
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat
 from hpctrain.train.dist import DistInfo
-from hpctrain.train.loop import Trainer, step_seed
+from hpctrain.train.loop import Trainer
+from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, ROOT, digits_args, free_port
 
 HAS_FSDP2 = compat.version_tuple() >= compat.FSDP_MIN_TORCH

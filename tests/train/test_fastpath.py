@@ -12,7 +12,8 @@ from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.fastpath import sdpa_backend_used
-from hpctrain.train.loop import Trainer, step_seed
+from hpctrain.train.loop import Trainer
+from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS
 
 BASE = ["data.loader=synthetic", "optim.warmup_steps=0", "optim.lr=1e-3", "train.threads=0"]

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hpctrain import badnodes
 from hpctrain.config import load
 from hpctrain.data.folder import list_split
 from hpctrain.flops import peak_tflops
-from hpctrain.launch import badnodes
 from hpctrain.plan.tables import FABRICS
 from hpctrain.train import preflight
 from hpctrain.train.straggler import injected_delay

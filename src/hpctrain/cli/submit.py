@@ -18,10 +18,10 @@ from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.config import ConfigError, check_batch, check_text, to_dict
 from hpctrain.data.prepare import ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
+from hpctrain.finished import finished_run
 from hpctrain.launch.batch import batch_report, check_optimizer
 from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
 from hpctrain.launch.failure import explain
-from hpctrain.launch.finished import finished_run
 from hpctrain.launch.localjob import HangupAsInterrupt, say
 from hpctrain.launch.profile import load_profile
 from hpctrain.launch.progress import watch

@@ -346,7 +346,7 @@ def summarize(records: list[dict]) -> dict:
             out["stopped_at"] = None
         elif kind == "hang":
             out["hang"] = rec
-        elif kind in ("restart", "exclude"):  # the batch shell's, on spare nodes or before a requeue (launch.faultlog)
+        elif kind in ("restart", "exclude"):  # the batch shell's, on spare nodes or before a requeue (faultlog.py)
             if kind == "restart":
                 out["restarts"] = out.get("restarts", 0) + 1
                 out["last_restart"] = {k: rec.get(k) for k in ("job", "attempt", "nodes", "why", "decided_at")}

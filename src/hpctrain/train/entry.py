@@ -16,17 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__, requeue, source
+from hpctrain import __version__, faultlog, requeue, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.doctor.versions import dist_versions
-from hpctrain.launch import faultlog
 from hpctrain.lr_rule import lr_rule
 from hpctrain.metrics import progress_log, read_metrics, table
 from hpctrain.train import compile_cache, trackers, watchdog
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import agree
+from hpctrain.train.resume_checks import RunFinished, check_compatible, check_unfinished
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 
@@ -110,7 +110,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     from hpctrain.models.vit import build_vit  # torch: after stopmod.install
     from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
     from hpctrain.train import compat, finetune, preflight  # torch: after stopmod.install
-    from hpctrain.train.loop import RunFinished, Trainer, check_compatible, check_unfinished  # torch: as above
+    from hpctrain.train.loop import Trainer  # torch: after stopmod.install
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)
@@ -210,7 +210,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
-    if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (launch.faultlog)
+    if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.faultlog)
         for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / "metrics.jsonl")):
             log.warning("%s of job %s (restart %s, attempt %s) without %s: %s", r["kind"], r["job"],
                         r["slurm_restart"], r["attempt"], ",".join(r["nodes"]) or "-", r["why"])

@@ -1,6 +1,6 @@
 """`hpctrain eval`: weights on a split, exactly, on one process or on every rank of a job.
 
-The numbers come from the training loop's own `evaluate` (train/loop.py): the split is sharded by
+The numbers come from the training loop's own `evaluate` (train/eval_pass.py): the split is sharded by
 global rank with padding that never counts, so top-1/top-5 are exact for any world size and equal
 the run's last eval at the same weights and preprocessing. On top: per-class accuracy and the most
 confused (true, predicted) pairs from the confusion matrix summed over ranks; rank 0 writes them.
@@ -87,7 +87,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
 
     from hpctrain.models.vit import build_vit  # torch: see above
     from hpctrain.train import finetune  # torch: see above
-    from hpctrain.train.loop import evaluate  # torch: see above
+    from hpctrain.train.eval_pass import evaluate  # torch: see above
 
     info = distmod.detect()
     if cfg.train.threads:

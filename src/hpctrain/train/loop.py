@@ -3,15 +3,18 @@
 Nothing in a step reads a value back to the host except every `log_every` steps, and no
 collective outside DDP's holds a step up: the stop flags are OR-ed by an all-reduce on a CPU
 (gloo) control group that is started at one step boundary and read at the next (train.stop).
+
+The Trainer's other parts live by concern in their own modules: what a checkpoint holds and how it
+is written and read (train.ckpt_state), the rollback after a non-finite value (train.rollback), the
+eval pass (train.eval_pass), the resume checks (train.resume_checks), seeds and RNG state
+(train.seeding) and autocast (train.amp).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,49 +23,24 @@ import torch
 import torch.distributed as td
 
 from hpctrain import ckpt_interval as interval
-from hpctrain.config import Config, ModelConfig, to_dict
-from hpctrain.errors import UserError
-from hpctrain.launch.finished import finished_text
+from hpctrain.config import Config
 from hpctrain.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, sharded, speed, straggler, trackers
+from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
-from hpctrain.train.dist import DistInfo, PendingBits, agree, agree_bits, agree_max, diagnose
+from hpctrain.train.amp import autocast_ctx
+from hpctrain.train.ckpt_state import CheckpointState
+from hpctrain.train.dist import DistInfo, PendingBits, agree_bits, agree_max, diagnose
 from hpctrain.train.ema import EMA
+from hpctrain.train.eval_pass import evaluate
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
+from hpctrain.train.resume_checks import planned_steps
+from hpctrain.train.rollback import Rollback, RunDiverged
+from hpctrain.train.seeding import seed_step, step_seed
 from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
-
-
-class ResumeError(UserError, RuntimeError):
-    """A checkpoint that does not fit this run's config; nothing has been overwritten."""
-
-
-class RunDiverged(UserError, RuntimeError):
-    """A non-finite loss or a spike that train.on_nonfinite says to stop on (or rollbacks used up)."""
-
-
-class RunFinished(UserError, RuntimeError):
-    """The run's checkpoint is at its last step: nothing to train, and nothing is written."""
-
-
-def planned_steps(cfg: Config, batches_per_epoch: int) -> int:
-    """The run's length in optimizer steps: train.max_steps, else train.epochs of the loader's batches."""
-    return cfg.train.max_steps or cfg.train.epochs * (batches_per_epoch // cfg.train.accum_steps)
-
-
-def check_unfinished(cfg: Config, st: dict, path: Path, run_dir: Path, batches_per_epoch: int) -> None:
-    """Refuse to resume a run that has already trained all its steps. Resuming it would train
-    nothing, evaluate again and save its last step a second time (in this launch's checkpoint
-    format, beside the first); the summary would read "loss nan, 0 images/s"."""
-    if not cfg.train.max_steps and batches_per_epoch < cfg.train.accum_steps:
-        return  # no step in an epoch: the Trainer says so
-    total, step = planned_steps(cfg, batches_per_epoch), int(st["step"])
-    if step < total:
-        return
-    raise RunFinished(finished_text(run_dir, path.name, step, total, cfg.run.name))
 
 
 @dataclass
@@ -82,119 +60,7 @@ class Outcome:
     checkpoint: str | None = None
 
 
-def check_compatible(cfg: Config, st: dict, path: Path) -> None:
-    """Refuse a checkpoint of another model or global batch, before anything is overwritten."""
-    old = st.get("config", {})
-    problems = []
-    now = {k: v for k, v in to_dict(cfg.model).items() if k not in cfg.model.START_KEYS}  # not the model
-    # a key newer than the checkpoint (model.drop_rate...) counts as its default there: the model it built
-    default = to_dict(ModelConfig())
-    diff = [k for k, v in now.items() if old.get("model") and old["model"].get(k, default[k]) != v]
-    if diff:
-        problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
-    if st.get("global_batch") not in (None, cfg.data.batch_size):
-        problems.append(f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
-                        f"size, {st.get('world_size')} before, is fine when the global batch stays the same)")
-    if problems:
-        raise ResumeError(f"cannot resume from {path}: {'; '.join(problems)}. Resume with the original "
-                          "settings (see the run's config.yaml), or start a new run (another run.name, or "
-                          "--resume none)")
-
-
-def autocast_ctx(amp: str, device: torch.device):
-    if amp == "none":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def rng_state(device: torch.device) -> dict:
-    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        st["cuda"] = torch.cuda.get_rng_state(device)
-    return st
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Global RNG seed of one step on one rank (drop-path masks): resume-exact by construction."""
-    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63)
-
-
-def seed_step(seed: int, device: torch.device) -> None:
-    """`torch.manual_seed` for the generators a step draws from (CPU, this GPU), without the
-    ~0.3 ms it spends seeding every backend: measurable on small models (bench/loop_overhead.py)."""
-    torch.default_generator.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)
-
-
-@torch.no_grad()
-def eval_rounds(loader, device: torch.device) -> int:
-    """The most eval batches any rank has: every rank runs that many forwards. Under FSDP each
-    forward all-gathers, so a rank with one batch more than the others (12,812 images on 16 ranks
-    at 32: 25 or 26 batches) would wait forever on a collective the others never join."""
-    n = len(loader)
-    if not td.is_initialized() or td.get_world_size() == 1:
-        return n
-    t = torch.tensor([n], dtype=torch.int64, device=device)
-    td.all_reduce(t, op=td.ReduceOp.MAX)
-    return int(t.item())
-
-
-def blank_input(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
-    """One black image the size `model` (a ViT) takes: the padding forward of a rank with no batch."""
-    pe = model.patch_embed
-    side = pe.grid * pe.proj.kernel_size[0]
-    return torch.zeros(1, 3, side, side, device=device)
-
-
-def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num_classes: int = 0) -> dict:
-    """Exact top-1/top-5 and mean loss over the whole split, summed over every rank: padded samples
-    (label < 0) never count. With `num_classes`, also the confusion matrix ("confusion": rows the
-    true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it.
-
-    Every rank runs the same number of forwards (`eval_rounds`): a rank whose shard has fewer
-    batches runs padding forwards on one image of its last batch, counted nowhere."""
-    if loader is None:
-        return {}
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, n, loss
-    conf = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device) if num_classes else None
-    rounds = eval_rounds(loader, device)
-    loader.set_epoch(0)
-    seen, last = 0, None
-    for images, labels in loader:
-        seen += 1
-        last = images[:1]
-        keep = labels >= 0
-        with autocast_ctx(amp, device):
-            logits = model(images)
-        logits, labels = logits[keep].float(), labels[keep]
-        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        hit = top5 == labels[:, None]
-        sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
-                             torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-                             ]).double()
-        if conf is not None:
-            conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
-    for _ in range(rounds - seen):  # padding forwards: the collectives of the others' last batches
-        with autocast_ctx(amp, device):
-            model(last if last is not None else blank_input(model, device))
-    if td.is_initialized():
-        td.all_reduce(sums)
-        if conf is not None:
-            td.all_reduce(conf)
-    model.train(was_training)
-    c1, c5, n, loss = sums.tolist()
-    out = {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
-           "loss": loss / max(n, 1)}
-    if conf is not None:
-        out["confusion"] = conf.view(num_classes, num_classes).cpu()
-    return out
-
-
-class Trainer:
+class Trainer(CheckpointState, Rollback):
     def __init__(self, cfg: Config, dist: DistInfo, device: torch.device, run_dir: Path | None,
                  train_loader, val_loader, model: torch.nn.Module, control_group=None,
                  stop_flag=None):
@@ -268,162 +134,6 @@ class Trainer:
                                  report=lambda rec: self.metrics.write("hang", **rec))
         self._init_checkpoints()
 
-    # ------------------------------------------------------------------ checkpoint state
-
-    def _init_checkpoints(self) -> None:
-        """The checkpoint format, and for sharded ones the directory every rank writes to (rank 0's
-        run directory) and the gloo group of background saves (their collectives run on another
-        thread than training's, so they must not share its groups, as torchtitan does)."""
-        t = self.cfg.train
-        self.ckpt_format = compat.ckpt_format(t, self.dist.world_size)
-        self.ckpt_root, self.ckpt_group, self.pending = self.run_dir, None, None
-        if self.ckpt_format == "sharded" and td.is_initialized():
-            root = [str(self.run_dir) if self.run_dir else None]
-            td.broadcast_object_list(root, src=0, group=self.control_group)
-            self.ckpt_root = Path(root[0]) if root[0] else None
-            if t.ckpt_async:
-                self.ckpt_group = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=t.pg_timeout_s))
-
-    def _meta(self) -> dict:
-        """Everything of a checkpoint but the model, optimizer and EMA tensors (a collective: every
-        rank's RNG state is gathered, since each rank draws its own)."""
-        rngs = [rng_state(self.device)]
-        if td.is_initialized():
-            rngs = [None] * self.dist.world_size
-            td.all_gather_object(rngs, rng_state(self.device), group=self.control_group)
-        return {
-            "format": 1,
-            "step": self.step,
-            "epoch": self.step // self.steps_per_epoch,
-            "eval_pending": self.eval_pending,
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "schedule": {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps},
-            "loader": {"epoch": (self.step + self.data_offset) // self.steps_per_epoch,
-                       "batch": ((self.step + self.data_offset) % self.steps_per_epoch) * self.accum},
-            "data_offset": self.data_offset,
-            "rollbacks": self.rollbacks,
-            "best": list(self.best) if self.best else None,
-            "rng": rngs,
-            "world_size": self.dist.world_size,
-            "global_batch": self.cfg.data.batch_size,
-            "config": to_dict(self.cfg),
-        }
-
-    def state(self) -> dict:
-        """The single-file checkpoint: full model and optimizer (gathered under FSDP) and the rest."""
-        return {
-            **self._meta(),
-            "model": self._fsdp().model_state(self.model) if self.fsdp else self.model.state_dict(),
-            "optimizer": (self._fsdp().optimizer_state(self.model, self.optimizer) if self.fsdp
-                          else self.optimizer.state_dict()),
-            "ema": self.ema.state_dict() if self.ema else None,
-        }
-
-    def sharded_state(self) -> tuple[dict, dict]:
-        """(tensors for DCP: this rank's part of model, optimizer and EMA, by parameter name; the
-        rest, which rank 0 writes as meta.pt)."""
-        model, optim, groups = sharded.model_optim_state(self.model, self.optimizer)
-        tensors = {"model": model, "optim": optim}
-        if self.ema:
-            tensors["ema"] = self.ema.state_dict()
-        return tensors, {**self._meta(), "param_groups": groups, "has_ema": self.ema is not None}
-
-    def load_state(self, st: dict, path: Path) -> None:
-        if ckpt.is_sharded(path):
-            ema = self.ema.module if self.ema and st.get("has_ema") else None
-            sharded.load_into(path, self.model, self.optimizer, ema, st["param_groups"],
-                              self.ckpt_group or self.control_group)
-        elif self.fsdp:
-            self._fsdp().load(self.model, self.optimizer, st["model"], st["optimizer"])
-        else:
-            self.model.load_state_dict(st["model"])
-            self.optimizer.load_state_dict(st["optimizer"])
-        if self.scaler and st.get("scaler"):
-            self.scaler.load_state_dict(st["scaler"])
-        if self.ema and st.get("ema") and not ckpt.is_sharded(path):
-            self.ema.load_state_dict(st["ema"])
-        self.step = int(st["step"])
-        self.last_saved_step = self.step  # on disk already: never saved again (nor in another format)
-        self.good_step = self.step  # it trained on, or it was resumed from: known good
-        self.data_offset = int(st.get("data_offset", 0))  # absent before rollbacks existed
-        self.rollbacks = int(st.get("rollbacks", 0))
-        self.best = tuple(st["best"]) if st.get("best") else None
-        self.eval_pending = bool(st.get("eval_pending", False))  # absent in older checkpoints
-        rngs = st.get("rng") or []
-        if len(rngs) == self.dist.world_size:
-            mine = rngs[self.dist.rank]
-            torch.set_rng_state(mine["torch"])
-            random.setstate(mine["python"])
-            if "cuda" in mine and self.device.type == "cuda":
-                torch.cuda.set_rng_state(mine["cuda"], self.device)
-        else:  # another world size: a fresh stream per rank, from the seed and the step
-            seed = step_seed(self.cfg.train.seed, self.step, self.dist.rank)
-            torch.manual_seed(seed)
-            random.seed(seed)
-
-    @staticmethod
-    def _fsdp():
-        return fsdp
-
-    def save(self, background: bool = False) -> str | None:
-        """Checkpoint this step; every rank learns whether it worked (a unanimous decision).
-
-        A background save (sharded, `train.ckpt_async`) returns at once, with the path of the one
-        before it if that completed; its own outcome is settled when the next save starts (which
-        waits for it) or the run ends (`_collect`).
-        """
-        previous = self._collect()
-        t = self.cfg.train
-        if self.ckpt_format == "single":
-            state = self.state()
-            path, err = None, None
-            if self.dist.is_main and self.run_dir:
-                try:
-                    path = ckpt.save(self.run_dir, self.step, state, t.keep_ckpts, protect=self._protected())
-                except ckpt.CheckpointError as e:
-                    err = e
-            return self._saved(self.step, path, err)
-        tensors, meta = self.sharded_state()
-        if self.ckpt_root is None:  # nowhere to write (a test's trainer without a run directory)
-            self.last_saved_step = self.step
-            return None
-        args = (self.ckpt_root, self.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
-        if background and t.ckpt_async:
-            self.pending = sharded.start(*args, group=self.ckpt_group, protect=self._protected())
-            self.last_saved_step = self.step  # in flight: this step is not saved again
-            return previous
-        path, err = sharded.save(*args, group=self.ckpt_group or self.control_group, protect=self._protected())
-        return self._saved(self.step, path, err)
-
-    def _saved(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> str | None:
-        """Settle a save made now: a step whose save failed may be saved again (at a stop)."""
-        failed, out = self._settle(step, path, err)
-        if not failed:
-            self.last_saved_step = step
-        return out
-
-    def _settle(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> tuple[bool, str | None]:
-        """Record a written checkpoint; on a failure anywhere, stop or warn per train.on_ckpt_error.
-        Returns (failed on some rank, the path on rank 0)."""
-        if path:
-            self.metrics.write("checkpoint", step=step, path=str(path))  # on disk now, whatever follows
-        failed = agree(err is not None, self.control_group)
-        if failed:
-            if self.cfg.train.on_ckpt_error == "stop":
-                raise err or ckpt.CheckpointError(f"the checkpoint of step {step} was not written on another "
-                                                  "rank (see its log)")
-            log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
-                        step, err or "see the other ranks' logs")
-            return True, None
-        return False, str(path) if path else None
-
-    def _collect(self) -> str | None:
-        """Wait for the background save in flight, if any, and settle it (every rank calls this)."""
-        if self.pending is None:
-            return None
-        pending, self.pending = self.pending, None
-        return self._settle(pending.step, *pending.wait())[1]
-
     def _checkpoint(self, out: Outcome, stopping: bool = False) -> None:
         """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file.
         The `ckpt_every` saves may go to the background; the last one and a stop's never do.
@@ -481,10 +191,6 @@ class Trainer:
                      "%.3g s; next at step %d", rec["interval_steps"], rec["interval_s"], save_s, rec["mtbf_h"],
                      rec["mtbf_source"], step_s, rec["next_step"])
 
-    def _protected(self) -> tuple[int, ...]:
-        """Checkpoint steps that pruning keeps beside the newest: the last known good, the best eval's."""
-        return (self.good_step, *((self.best[1],) if self.best and self.cfg.train.keep_best else ()))
-
     def _healthy(self, check_weights: bool = False) -> bool:
         """Every rank agrees that no loss or gradient norm since the last check was non-finite (and,
         with `check_weights`, no parameter is): one all-reduce of a flag, where the loop syncs anyway."""
@@ -499,7 +205,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, model: torch.nn.Module) -> dict:
-        """Exact top-1/top-5 over the whole val set (`evaluate` above, shared with `hpctrain eval`)."""
+        """Exact top-1/top-5 over the whole val set (`train.eval_pass.evaluate`, shared with `hpctrain eval`)."""
         return evaluate(model, self.val_loader, self.cfg.train.amp, self.device)
 
     def eval_record(self, model: torch.nn.Module, prefix: str = "") -> tuple[dict, dict]:
@@ -871,59 +577,6 @@ class Trainer:
         self.good_step = self.last_saved_step  # a clean check after it: known good, kept by pruning
         return mean, gn
 
-    def _rollback(self, e: guard.Diverged) -> None:
-        """Back to the last good checkpoint, skipping the batches that led to `e` (PaLM's remedy for
-        spikes), or stop with RunDiverged per train.on_nonfinite / train.max_rollbacks. Every rank
-        runs this at the same step; the checkpoint is rank 0's choice, broadcast."""
-        t = self.cfg.train
-        self.stop_round.result()  # the round posted at the last boundary: none may stay in flight
-        self.stragglers.settle()
-        self._collect()
-        self.rollbacks += 1
-        detail = {k: v for k, v in e.detail.items() if not (isinstance(v, float) and not math.isfinite(v))}
-        self.metrics.write("nonfinite", step=e.step, reason=e.reason, count=self.rollbacks, **detail)
-        # every checkpoint was saved from a state with no non-finite value (Trainer._checkpoint); one saved
-        # since the last clean log boundary may already be inside a spike: then only the known-good ones
-        path = self._good_checkpoint(self.step if e.reason == "nonfinite" else self.good_step)
-        why = None
-        if t.on_nonfinite == "stop":
-            why = "train.on_nonfinite=stop"
-        elif self.rollbacks > t.max_rollbacks:
-            why = f"train.max_rollbacks={t.max_rollbacks} used up"
-        elif path is None:
-            why = "no good checkpoint to roll back to (lower train.ckpt_every)"
-        if why:
-            self.metrics.write("stop", step=e.step, reason="diverged", stop_kind="nonfinite", detail=why)
-            self.metrics.close()
-            what = "a non-finite loss or gradient norm" if e.reason == "nonfinite" else "a loss spike"
-            kept = f"the last good checkpoint is {path.name}" if path else "no good checkpoint exists"
-            fix = {"train.on_nonfinite=stop": " (or train.on_nonfinite=rollback)"}.get(why, "")
-            raise RunDiverged(f"training stopped at step {e.step}: {what} ({why}); {kept}, nothing after it was "
-                              f"saved. Lower optim.lr or set optim.clip_grad{fix}, then resume")
-        count = self.rollbacks
-        self.load_state(ckpt.load_resume(path), path)
-        self.rollbacks = count  # the checkpoint's count is older
-        skip = t.rollback_skip_batches or max(1, e.step - self.step)
-        self.data_offset += skip
-        self.finite.clear()
-        self._supersede_records()
-        self.metrics.write("rollback", step=self.step, from_step=e.step, reason=e.reason, checkpoint=path.name,
-                           skip_batches=skip, data_offset=self.data_offset, count=count)
-        log.warning("%s at step %d: rolled back to %s (rollback %d of at most %d), skipping %d batches",
-                    e.reason, e.step, path.name, count, t.max_rollbacks, skip)
-        if self.step < self.total_steps:
-            self.stop_round.start(self.stop_flag.bits())
-
-    def _good_checkpoint(self, limit: int) -> Path | None:
-        """The newest checkpoint at or before step `limit` (rank 0 lists, every rank learns it)."""
-        choice: list = [None]
-        root = self.ckpt_root or self.run_dir
-        if self.dist.is_main and root and limit >= 0:
-            older = [p for p in ckpt.list_checkpoints(root) if ckpt.step_of(p) <= limit]
-            choice[0] = str(older[0]) if older else None
-        if td.is_initialized():
-            td.broadcast_object_list(choice, src=0, group=self.control_group)
-        return Path(choice[0]) if choice[0] else None
 
     def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
         progress.newline()

@@ -3,7 +3,7 @@
 A node with a slow GPU, a degraded link or a broken decoder holds every synchronous step of the job
 up, for its whole length. So before the first step every rank times a matmul, every node pair times
 an all-reduce and every rank decodes a few of the run's own images with DALI. A node that fails is
-named through `launch.badnodes` (rank 0, after the results are gathered) and every rank fails the
+named through `hpctrain.badnodes` (rank 0, after the results are gathered) and every rank fails the
 step with one line naming it: the batch shell starts the next step without it (hot spares) or adds
 it to the job's ExcNodeList before requeueing (docs/preflight.md).
 
@@ -28,10 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as td
 
-from hpctrain import flops
+from hpctrain import badnodes, flops
 from hpctrain.data.build import resolve_loader
 from hpctrain.errors import LaunchError
-from hpctrain.launch import badnodes
 from hpctrain.metrics import MetricsWriter
 from hpctrain.plan import tables
 from hpctrain.train import straggler

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.launch import badnodes
+from hpctrain import badnodes
 
 log = logging.getLogger("hpctrain")
 
@@ -371,7 +371,7 @@ class Watchdog:
             os._exit(EXIT_STATUS)
 
     def _name_silent_nodes(self, record: dict) -> None:
-        """The lowest rank not named tells the batch shell (launch.badnodes) the nodes of the named
+        """The lowest rank not named tells the batch shell (hpctrain.badnodes) the nodes of the named
         ranks that wrote no stack: dead, stopped or wedged processes, whose node the next step
         (on spares) or the requeued job should not use. A rank with a stack that stands elsewhere
         (a loader, a lock) names no node: its node answered."""

@@ -1,21 +1,24 @@
-"""The bad-node file the tasks write and the batch shell reads (launch.badnodes)."""
+"""The bad-node file the tasks write and the batch shell reads (hpctrain.badnodes)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from hpctrain.launch import badnodes
+from hpctrain import badnodes
 
 
 def test_reports_from_several_processes_are_whole_lines_read_back_in_order(tmp_path):
     f = tmp_path / "bad"
     env = {badnodes.ENV: str(f)}
-    code = ("import sys; from hpctrain.launch import badnodes; "
+    code = ("import sys; from hpctrain import badnodes; "
             "[badnodes.report(sys.argv[1], 'slow ' * 50) for _ in range(200)]")
-    procs = [subprocess.Popen([sys.executable, "-c", code, f"n{i}"], env={**env, "PATH": "/usr/bin"})
+    # PYTHONPATH: the checkout's package (conftest), not an installed one
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"n{i}"],
+                              env={**env, "PATH": "/usr/bin", "PYTHONPATH": os.environ["PYTHONPATH"]})
              for i in range(4)]
     assert all(p.wait(60) == 0 for p in procs)
     lines = f.read_text().splitlines()

@@ -8,6 +8,7 @@ next step without them (hot spares) or adds them to the job's ExcNodeList before
 
 Node names are Slurm's (`SLURMD_NODENAME`, which `NodeName=` sets and sites may make differ from
 the host name), falling back to the host name. Imports no torch: the login node reads it too.
+It lives below `launch/` and `train/`: the tasks (train) write the file, the batch shell (launch) reads it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ only rank 0 writes that file. It appends one line per event to `$HPCTRAIN_FAULTS
 per Slurm job, kept across requeues): `time, restart count, attempt, action, nodes, why, step end`,
 tab-separated. At start-up rank 0 writes each line it has not recorded yet as a `restart` record
 (the job went on in place, on other nodes) or an `exclude` record (requeued without the nodes).
-Imports no torch: `hpctrain status` reads the records on a login node.
+Imports no torch: `hpctrain status` reads the records on a login node. It lives below `launch/`
+(the shell's side and status) and `train/` (rank 0 records the lines).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.launch.badnodes import NODE_NAME
+from hpctrain.badnodes import NODE_NAME
 
 ENV = "HPCTRAIN_FAULTS_FILE"
 KINDS = {"restart": "restart", "requeue": "exclude"}  # the shell's action → the record's kind
