@@ -12,7 +12,11 @@ ratio the median of the per-repetition ratios after/before.
   (DaliLoader._open, epochs 1, 2, …; run in a thread during the last batch) on a small JPEG set, CPU,
   with DeiT's RandAugment and random erasing: the graph traced from Python for every epoch (before)
   against deserialised from the loader's one trace with the epoch's seed and file list (after; the one
-  trace, at epoch 0, is `after_trace_ms`). Then each side's first batch, untimed.
+  trace, at epoch 0, is `after_trace_ms`). Then each side's first batch, untimed;
+- dali_stall: what the training loop waits for at an epoch boundary, its next() on the first batch of
+  epochs 1 and 2, with a simulated 0.25 s step (batch 8 of the same JPEGs): before (traced per epoch,
+  the next epoch's build started at the last batch) against after (deserialised, started as many batches
+  early as its last build time needs, DaliLoader._lead); `mid_ms`: the median wait on other batches.
 
     PYTHONPATH=src python bench/host_costs.py [--reps 15] [--batch 128] [--json] [--no-dali]
 """
@@ -149,6 +153,34 @@ def main() -> int:
                                     "ratio": statistics.median(a / b for a, b in zip(ta, tb)),
                                     "after_trace_ms": trace_ms, "traces_after": after.traces, "per": "epoch",
                                     "epochs": len(ta), "images": 256, "batch": 32}
+            del before, after
+
+            class LastBatchStart(TracedEachEpoch):  # and the next epoch's build started at the last batch
+                def _lead(self, gap):
+                    return 0
+
+            stalls: dict = {"before": [], "after": [], "before_mid": [], "after_mid": []}
+            for r in range(2):
+                for side in ("before", "after") if r % 2 == 0 else ("after", "before"):
+                    loader = (LastBatchStart if side == "before" else DaliLoader)(**{**kw, "batch_size": 8})
+                    for e in range(3):
+                        loader.set_epoch(e)
+                        it, waits = iter(loader), []
+                        while True:
+                            t0 = time.perf_counter()
+                            if next(it, None) is None:
+                                break
+                            waits.append((time.perf_counter() - t0) * 1e3)
+                            time.sleep(0.25)  # the training step
+                        if e:
+                            stalls[side].append(waits[0])
+                            stalls[f"{side}_mid"] += waits[2:-1]
+                    del it, loader
+            result["dali_stall"] = {"before_ms": statistics.median(stalls["before"]),
+                                    "after_ms": statistics.median(stalls["after"]),
+                                    "before_mid_ms": statistics.median(stalls["before_mid"]),
+                                    "after_mid_ms": statistics.median(stalls["after_mid"]),
+                                    "boundaries": len(stalls["after"]), "step_s": 0.25, "batch": 8}
     if args.json:
         print(json.dumps(result))
     else:
@@ -162,6 +194,9 @@ def main() -> int:
             r = result["dali_epoch"]
             print(f"  {'DALI epoch boundary':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
                   f"ms/epoch  ratio {r['ratio']:.3f}  (after: one trace of {r['after_trace_ms']:.0f} ms per run)")
+            r = result["dali_stall"]
+            print(f"  {'  its wait in the loop':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
+                  f"ms/epoch  (other batches: {r['before_mid_ms']:.1f} / {r['after_mid_ms']:.1f} ms)")
     return 0
 
 

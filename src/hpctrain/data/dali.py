@@ -25,6 +25,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,6 +342,7 @@ class DaliLoader:
         self._graph: tuple[str, str] | None = None  # (reader arguments, serialised graph) last traced
         self._lists: tempfile.TemporaryDirectory | None = None  # the reader's file_list, rewritten per epoch
         self.traces = 0  # graphs traced from Python (the costly part of a build): 1 for a folder
+        self._build_s = 0.0  # the last deserialised pipeline's build: how early the next one starts
         if train and len(self) == 0:
             where = listing.root if listing is not None else shards.tars[0]
             raise DataError(f"{where}: {self.size} images make no full global batch of "
@@ -456,7 +458,10 @@ class DaliLoader:
         with warnings.catch_warnings():  # RandAugment's operators warn from inside DALI's own code
             warnings.simplefilter("ignore", DeprecationWarning)
             if self._graph is not None and self._graph[0] == key:
-                return Pipeline.deserialize(self._graph[1], **args)
+                t0 = time.perf_counter()
+                pipe = Pipeline.deserialize(self._graph[1], **args)
+                self._build_s = time.perf_counter() - t0
+                return pipe
             pipe = trace_pipeline(self.train, src, reader, self.aug, args)
             self.traces += 1
             self._graph = (key, pipe.serialize())
@@ -474,6 +479,11 @@ class DaliLoader:
         self._next_thread = threading.Thread(target=work, daemon=True)
         self._next_thread.start()
 
+    def _lead(self, gap: float | None) -> int:
+        """Batches before the epoch's last at which the next epoch's build starts: its last build time
+        over the batch interval, plus one (1 until both are measured)."""
+        return 1 if gap is None or gap <= 0 else math.ceil(self._build_s / gap) + 1
+
     def _take(self, epoch: int, start: int) -> _Epoch:
         if self._next_thread is not None:
             self._next_thread.join()
@@ -488,6 +498,7 @@ class DaliLoader:
         epoch, start = self.epoch, (self.start if self.train else 0)
         ep = self._take(epoch, start)
         n = len(self)
+        gap, last, ahead = None, None, False  # batch interval (moving average), last yield, next epoch started
         try:
             for b in range(n):
                 try:
@@ -495,10 +506,15 @@ class DaliLoader:
                 except RuntimeError as e:
                     raise self._decode_error(e, ep.files, b, epoch) from None
                 ep.schedule(n)
-                if self.train and b == n - 1:
+                if self.train and not ahead and b >= n - 1 - self._lead(gap):
                     self._prebuild(epoch + 1)
+                    ahead = True
                 if b < start:
                     continue
+                now = time.perf_counter()
+                if last is not None:
+                    gap = now - last if gap is None else 0.8 * gap + 0.2 * (now - last)
+                last = now
                 x = _to_torch(images, self.device)
                 y = torch.from_numpy(labels.as_array().reshape(-1).astype(np.int64))
                 pad = (b + 1) * self.batch_size - ep.real
