@@ -255,3 +255,24 @@ def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_r
     resumed, _ = loaders(ident_root, **sets)
     for (x, y), (xr, yr) in zip(got[2][3:], epoch(resumed, 2, start=3), strict=True):
         assert torch.equal(x, xr) and torch.equal(y, yr)
+
+
+def test_shards_trace_once_for_one_rank_and_equal_a_loader_started_at_each_epoch(ident_root, tmp_path):
+    """WebDataset, one rank: three epochs trace once and equal a new loader started at that epoch (the
+    reader's shuffle buffer is reseeded with the rest); two ranks move shards each epoch: one trace each."""
+    from hpctrain.data.pack import pack
+
+    pack(ident_root, tmp_path / "shards", shard_size=10, log=lambda *_: None)
+    sets = {"data.format": "wds", "data.reprob": 0.5}
+    train, _ = loaders(tmp_path / "shards", **sets)
+    got = [epoch(train, e) for e in range(3)]
+    assert train.traces == 1
+    assert not torch.equal(got[1][0][0], got[2][0][0])
+    for e in (1, 2):
+        fresh, _ = loaders(tmp_path / "shards", **sets)
+        for (x, y), (xf, yf) in zip(got[e], epoch(fresh, e), strict=True):
+            assert torch.equal(x, xf) and torch.equal(y, yf)
+    ranked, _ = loaders(tmp_path / "shards", rank=0, world=2, **sets)
+    for e in range(3):
+        epoch(ranked, e)
+    assert ranked.traces == 3
