@@ -139,8 +139,10 @@ def main() -> int:
                       device=torch.device("cpu"), listing=list_split(Path(tmp), "train"))
             before, after = TracedEachEpoch(**kw), DaliLoader(**kw)
             t0 = time.perf_counter()
-            after._open(0).pipe.outputs()  # the loader's one trace
+            first = after._open(0)  # the loader's one trace
             trace_ms = (time.perf_counter() - t0) * 1e3
+            first.pipe.outputs()
+            del first
             tb, ta = [], []
             for r in range(max(3, args.reps // 3)):
                 for side, out in ((before, tb), (after, ta)) if r % 2 == 0 else ((after, ta), (before, tb)):
