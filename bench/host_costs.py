@@ -8,9 +8,15 @@ ratio the median of the per-repetition ratios after/before.
 - erase: one batch's random-erasing boxes for the DALI loader: a seeded numpy generator and a Python
   loop per sample (before) against one vectorised draw for the batch (data/erasing.erase_boxes_batch);
   ema_lists: the host part alone (the lists the lerp takes);
-- dali_build (no after: the pipeline is still built once per epoch, docs/data.md says why): the time
-  to build and start one epoch's DALI pipeline (DaliLoader._open) on a small JPEG set, CPU, with DeiT's
-  RandAugment and random erasing.
+- dali_epoch: what an epoch boundary costs the DALI loader, the next epoch's pipeline built and started
+  (DaliLoader._open, epochs 1, 2, …; run in a thread during the last batch) on a small JPEG set, CPU,
+  with DeiT's RandAugment and random erasing: the graph traced from Python for every epoch (before)
+  against deserialised from the loader's one trace with the epoch's seed and file list (after; the one
+  trace, at epoch 0, is `after_trace_ms`). Then each side's first batch, untimed;
+- dali_stall: what the training loop waits for at an epoch boundary, its next() on the first batch of
+  epochs 1 and 2, with a simulated 0.25 s step (batch 8 of the same JPEGs): before (traced per epoch,
+  the next epoch's build started at the last batch) against after (deserialised, started as many batches
+  early as its last build time needs, DaliLoader._lead); `mid_ms`: the median wait on other batches.
 
     PYTHONPATH=src python bench/host_costs.py [--reps 15] [--batch 128] [--json] [--no-dali]
 """
@@ -109,26 +115,74 @@ def main() -> int:
         sys.path.insert(0, str(ROOT / "bench"))
         from loader import make_jpegs
 
-        from hpctrain.data.dali import Augment, DaliLoader
+        from hpctrain.data.dali import Augment, DaliLoader, _Epoch, build_pipeline, pipeline_seed
         from hpctrain.data.folder import list_split
         from hpctrain.data.randaug import parse_randaugment
+
+        class TracedEachEpoch(DaliLoader):  # data/dali.py's DaliLoader._open before item 7(c)
+            def _open(self, epoch: int):
+                reader, files, real = self._reader(epoch)
+                pipe = build_pipeline(True, "folder", reader, self.aug, batch_size=self.batch_size,
+                                      threads=self.threads, device=self.device,
+                                      seed=pipeline_seed(self.seed, epoch, self.rank, 1),
+                                      erase_source=self.erase_source(epoch))
+                ep = _Epoch(epoch, pipe, files, real)
+                ep.schedule(len(self))
+                return ep
 
         with tempfile.TemporaryDirectory() as tmp:
             make_jpegs(Path(tmp), 256)
             aug = Augment(img_size=224, crop_pct=0.875, scale_min=0.08, hflip=0.5, mean=(0.5,) * 3,
                           std=(0.5,) * 3, randaugment=parse_randaugment("rand-m9-mstd0.5-inc1"),
                           reprob=0.25)  # DeiT's recipe
-            loader = DaliLoader(train=True, aug=aug, batch_size=32, rank=0, world=1, seed=0, threads=2,
-                                device=torch.device("cpu"), listing=list_split(Path(tmp), "train"))
-            times = []
-            for e in range(max(3, args.reps // 3)):
-                t0 = time.perf_counter()
-                ep = loader._open(e)
-                times.append((time.perf_counter() - t0) * 1e3)
-                ep.pipe.outputs()
-                del ep
-            result["dali_build"] = {"before_ms": statistics.median(times), "after_ms": None,
-                                    "per": "epoch", "images": 256, "batch": 32}
+            kw = dict(train=True, aug=aug, batch_size=32, rank=0, world=1, seed=0, threads=2,
+                      device=torch.device("cpu"), listing=list_split(Path(tmp), "train"))
+            before, after = TracedEachEpoch(**kw), DaliLoader(**kw)
+            t0 = time.perf_counter()
+            first = after._open(0)  # the loader's one trace
+            trace_ms = (time.perf_counter() - t0) * 1e3
+            first.pipe.outputs()
+            del first
+            tb, ta = [], []
+            for r in range(max(3, args.reps // 3)):
+                for side, out in ((before, tb), (after, ta)) if r % 2 == 0 else ((after, ta), (before, tb)):
+                    t0 = time.perf_counter()
+                    ep = side._open(r + 1)
+                    out.append((time.perf_counter() - t0) * 1e3)
+                    ep.pipe.outputs()
+                    del ep
+            result["dali_epoch"] = {"before_ms": statistics.median(tb), "after_ms": statistics.median(ta),
+                                    "ratio": statistics.median(a / b for a, b in zip(ta, tb)),
+                                    "after_trace_ms": trace_ms, "traces_after": after.traces, "per": "epoch",
+                                    "epochs": len(ta), "images": 256, "batch": 32}
+            del before, after
+
+            class LastBatchStart(TracedEachEpoch):  # and the next epoch's build started at the last batch
+                def _lead(self, gap):
+                    return 0
+
+            stalls: dict = {"before": [], "after": [], "before_mid": [], "after_mid": []}
+            for r in range(2):
+                for side in ("before", "after") if r % 2 == 0 else ("after", "before"):
+                    loader = (LastBatchStart if side == "before" else DaliLoader)(**{**kw, "batch_size": 8})
+                    for e in range(3):
+                        loader.set_epoch(e)
+                        it, waits = iter(loader), []
+                        while True:
+                            t0 = time.perf_counter()
+                            if next(it, None) is None:
+                                break
+                            waits.append((time.perf_counter() - t0) * 1e3)
+                            time.sleep(0.25)  # the training step
+                        if e:
+                            stalls[side].append(waits[0])
+                            stalls[f"{side}_mid"] += waits[2:-1]
+                    del it, loader
+            result["dali_stall"] = {"before_ms": statistics.median(stalls["before"]),
+                                    "after_ms": statistics.median(stalls["after"]),
+                                    "before_mid_ms": statistics.median(stalls["before_mid"]),
+                                    "after_mid_ms": statistics.median(stalls["after_mid"]),
+                                    "boundaries": len(stalls["after"]), "step_s": 0.25, "batch": 8}
     if args.json:
         print(json.dumps(result))
     else:
@@ -138,9 +192,13 @@ def main() -> int:
             r = result[k]
             print(f"  {label:<26} before {r['before_ms']:8.3f} ms/{per}  after {r['after_ms']:8.3f} ms/{per}  "
                   f"ratio {r['ratio']:.3f}")
-        if "dali_build" in result:
-            print(f"  {'DALI pipeline build':<26} before {result['dali_build']['before_ms']:8.1f} ms/epoch  "
-                  "after: not changed (docs/data.md)")
+        if "dali_epoch" in result:
+            r = result["dali_epoch"]
+            print(f"  {'DALI epoch boundary':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
+                  f"ms/epoch  ratio {r['ratio']:.3f}  (after: one trace of {r['after_trace_ms']:.0f} ms per run)")
+            r = result["dali_stall"]
+            print(f"  {'  its wait in the loop':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
+                  f"ms/epoch  (other batches: {r['before_mid_ms']:.1f} / {r['after_mid_ms']:.1f} ms)")
     return 0
 
 

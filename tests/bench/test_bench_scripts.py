@@ -122,4 +122,4 @@ def test_host_costs_reports_ema_and_erase_before_and_after():
         assert out[k]["ratio"] == out[k]["after_ms"] / out[k]["before_ms"]  # one repetition
     # the host-side parts shrink by far more than any load on the machine could hide
     assert out["ema_lists"]["ratio"] < 0.2 and out["erase"]["ratio"] < 0.3, out
-    assert "dali_build" not in out
+    assert "dali_epoch" not in out

@@ -231,3 +231,48 @@ def test_every_loader_choice_keeps_the_contract(ident_root, kind):
     val.set_epoch(0)
     vb = list(val)
     assert len(vb) == len(val) and all(b[0].shape[1:] == (3, 24, 24) for b in vb)
+
+
+def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_root):
+    """Three epochs (RandAugment's conditional graph, erase boxes fed per run) trace the graph once, and
+    every batch equals the pipeline built the old way for that epoch (its own trace, `files=`, the boxes'
+    callback); a loader that starts at epoch 2, batch 3 (a resume) reads the same batches."""
+    from hpctrain.data.dali import build_pipeline, pipeline_seed
+
+    sets = {"data.randaugment": "2,9", "data.reprob": 0.5}
+    train, _ = loaders(ident_root, **sets)
+    got = {e: epoch(train, e) for e in range(3)}
+    assert train.traces == 1
+    for e in range(3):
+        reader, _, _ = train._reader(e)
+        ref = build_pipeline(True, "folder", reader, train.aug, batch_size=6, threads=2, device=CPU,
+                             seed=pipeline_seed(3, e, 0, 1), erase_source=train.erase_source(e))
+        for b, (x, y) in enumerate(got[e]):
+            images, labels = ref.run()
+            assert np.array_equal(x.numpy(), images.as_array()), (e, b)
+            assert np.array_equal(y.numpy(), labels.as_array().reshape(-1)), (e, b)
+        del ref
+    resumed, _ = loaders(ident_root, **sets)
+    for (x, y), (xr, yr) in zip(got[2][3:], epoch(resumed, 2, start=3), strict=True):
+        assert torch.equal(x, xr) and torch.equal(y, yr)
+
+
+def test_shards_trace_once_for_one_rank_and_equal_a_loader_started_at_each_epoch(ident_root, tmp_path):
+    """WebDataset, one rank: three epochs trace once and equal a new loader started at that epoch (the
+    reader's shuffle buffer is reseeded with the rest); two ranks move shards each epoch: one trace each."""
+    from hpctrain.data.pack import pack
+
+    pack(ident_root, tmp_path / "shards", shard_size=10, log=lambda *_: None)
+    sets = {"data.format": "wds", "data.reprob": 0.5}
+    train, _ = loaders(tmp_path / "shards", **sets)
+    got = [epoch(train, e) for e in range(3)]
+    assert train.traces == 1
+    assert not torch.equal(got[1][0][0], got[2][0][0])
+    for e in (1, 2):
+        fresh, _ = loaders(tmp_path / "shards", **sets)
+        for (x, y), (xf, yf) in zip(got[e], epoch(fresh, e), strict=True):
+            assert torch.equal(x, xf) and torch.equal(y, yf)
+    ranked, _ = loaders(tmp_path / "shards", rank=0, world=2, **sets)
+    for e in range(3):
+        epoch(ranked, e)
+    assert ranked.traces == 3

@@ -9,7 +9,9 @@ WebDataset shards (`data pack`) are read by `fn.readers.webdataset`, sharded by 
 One pipeline per epoch, seeded by (seed, epoch, rank): epochs do not depend on each other, so a
 resume at batch k of an epoch rebuilds that epoch's pipeline and discards its first k batches
 (decode cost at most one epoch of this rank's share, paid once per resume) and then continues
-bit for bit as the uninterrupted run would.
+bit for bit as the uninterrupted run would. The graph is traced from Python once per loader and
+each epoch's pipeline deserialised from it with the epoch's seed and file list (a built DALI
+pipeline cannot be reseeded; the trace is most of a build: docs/data.md).
 
 Evaluation shards the sorted val list by the global rank with `pad_last_batch`; the padded
 samples get label -1 and are not counted, so top-1 is exact for any world size.
@@ -20,7 +22,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +46,7 @@ from hpctrain.data.wds import WdsShards, find_shards
 log = logging.getLogger("hpctrain")
 PREFETCH = 2  # batches decoded ahead
 IMAGE_EXTS_WDS = "jpg;jpeg;png;bmp;webp;tif;tiff"
+ERASE_INPUTS = ("erase_anchor", "erase_shape")  # the erase boxes' external sources, fed per run
 FIX_HINT = ("exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and "
             "data.exclude_file=FILE")
 WDS_FIX_HINT = ("pack the shards again: `hpctrain data pack ROOT OUT` checks every image and, with "
@@ -135,7 +141,10 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
                                       mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
     if aug.reprob > 0:
-        boxes = fn.external_source(source=erase_source, num_outputs=2, batch=True, dtype=types.FLOAT)
+        if erase_source is None:  # fed before each run (a deserialised pipeline keeps no Python callback)
+            boxes = tuple(fn.external_source(name=n, batch=True, dtype=types.FLOAT) for n in ERASE_INPUTS)
+        else:
+            boxes = fn.external_source(source=erase_source, num_outputs=2, batch=True, dtype=types.FLOAT)
         images = _erase(images, aug, boxes)
     return images, labels
 
@@ -156,24 +165,42 @@ def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=
     return images, labels
 
 
+def pipeline_args(*, batch_size: int, threads: int, device: torch.device, seed: int) -> dict:
+    """The Pipeline's and Pipeline.deserialize's keyword arguments. The executor is named: DALI 2.4's
+    deserialize takes a missing exec_* as False (a synchronous, unpipelined pipeline), the constructor
+    as True (pipelined, asynchronous, dynamic)."""
+    gpu = device.type == "cuda"
+    device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
+    return dict(batch_size=batch_size, num_threads=max(1, threads), seed=seed, device_id=device_id,
+                prefetch_queue_depth=PREFETCH, exec_pipelined=True, exec_async=True, exec_dynamic=True)
+
+
+def trace_pipeline(train: bool, src: str, reader: dict, aug: Augment, args: dict, erase_source=None):
+    """The pipeline defined from Python, not built: with RandAugment (a conditional graph, traced by
+    DALI's autograph) this is most of a build's cost (docs/data.md). erase_source: as build_pipeline's;
+    None feeds the boxes through the ERASE_INPUTS external sources."""
+    from nvidia.dali import pipeline_def  # DALI: optional (the torch loader, .ci/torch22 run without it)
+
+    graph = _train_graph if train else _val_graph
+    decoder = "mixed" if args["device_id"] is not None else "cpu"
+
+    @pipeline_def(enable_conditionals=bool(train and aug.randaugment))
+    def pipe():
+        return graph(src, reader, aug, decoder, erase_source)
+
+    with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pipe(**args)
+
+
 def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_size: int, threads: int,
                    device: torch.device, seed: int, erase_source=None):
     """A built DALI pipeline: outputs (float CHW images, labels). erase_source: iteration → (anchors,
     shapes) of the batch's erase boxes (train with data.reprob > 0)."""
-    from nvidia.dali import pipeline_def  # DALI: optional (the torch loader, .ci/torch22 run without it)
-
-    gpu = device.type == "cuda"
-    graph = _train_graph if train else _val_graph
-    device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
-
-    @pipeline_def(enable_conditionals=bool(train and aug.randaugment))
-    def pipe():
-        return graph(src, reader, aug, "mixed" if gpu else "cpu", erase_source)
-
-    with warnings.catch_warnings():  # RandAugment warns from inside DALI's own code
+    p = trace_pipeline(train, src, reader, aug, pipeline_args(batch_size=batch_size, threads=threads,
+                                                              device=device, seed=seed), erase_source)
+    with warnings.catch_warnings():  # as in trace_pipeline
         warnings.simplefilter("ignore", DeprecationWarning)
-        p = pipe(batch_size=batch_size, num_threads=max(1, threads), seed=seed,
-                 device_id=device_id, prefetch_queue_depth=PREFETCH)
         p.build()
     return p
 
@@ -278,19 +305,23 @@ def first_undecodable_wds(shards: WdsShards, lo: int, hi: int) -> tuple[str, str
 # ----------------------------------------------------------------------------- the loader
 
 class _Epoch:
-    """One epoch's pipeline; runs are scheduled only up to the epoch's end (no wasted decode)."""
+    """One epoch's pipeline; runs are scheduled only up to the epoch's end (no wasted decode).
+    boxes: iteration → the erase boxes fed to the ERASE_INPUTS before that run (None: no erasing)."""
 
-    def __init__(self, epoch: int, pipe, files, real: int):
-        self.epoch, self.pipe, self.files, self.real = epoch, pipe, files, real
+    def __init__(self, epoch: int, pipe, files, real: int, boxes=None):
+        self.epoch, self.pipe, self.files, self.real, self.boxes = epoch, pipe, files, real, boxes
         self.scheduled = 0
 
     def schedule(self, n: int) -> None:
-        if self.scheduled == 0:
-            self.pipe.schedule_run()  # the first call fills the prefetch queue
-            self.scheduled = PREFETCH
-        elif self.scheduled < n:
-            self.pipe.schedule_run()
-            self.scheduled += 1
+        runs = PREFETCH if self.scheduled == 0 else int(self.scheduled < n)  # the first fills the queue
+        if not runs:
+            return
+        if self.boxes is not None:
+            for it in range(self.scheduled, self.scheduled + runs):
+                for name, data in zip(ERASE_INPUTS, self.boxes(it)):
+                    self.pipe.feed_input(name, data)
+        self.pipe.schedule_run()
+        self.scheduled += runs
 
 
 class DaliLoader:
@@ -308,6 +339,10 @@ class DaliLoader:
         self.epoch, self.start = 0, 0
         self._next: _Epoch | None = None  # the next epoch's pipeline, built ahead
         self._next_thread: threading.Thread | None = None
+        self._graph: tuple[str, str] | None = None  # (reader arguments, serialised graph) last traced
+        self._lists: tempfile.TemporaryDirectory | None = None  # the reader's file_list, rewritten per epoch
+        self.traces = 0  # graphs traced from Python (the costly part of a build): 1 for a folder
+        self._build_s = 0.0  # the last deserialised pipeline's build: how early the next one starts
         if train and len(self) == 0:
             where = listing.root if listing is not None else shards.tars[0]
             raise DataError(f"{where}: {self.size} images make no full global batch of "
@@ -386,19 +421,52 @@ class DaliLoader:
         """Build epoch `epoch`'s pipeline and start decoding its first batches."""
         reader, files, real = self._reader(epoch)
         src = "folder" if self.listing is not None else "wds"
-        pipe = build_pipeline(self.train, src, reader, self.aug, batch_size=self.batch_size,
-                              threads=self.threads, device=self.device,
-                              seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)),
-                              erase_source=self.erase_source(epoch) if self.train and self.aug.reprob > 0 else None)
+        args = pipeline_args(batch_size=self.batch_size, threads=self.threads, device=self.device,
+                             seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)))
+        pipe = self._pipeline(src, self._listed(reader), args)
         meta = pipe.reader_meta("Reader")
         if self.train and src == "folder" and meta["epoch_size"] != real:
             raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
         if src == "wds" and meta["epoch_size"] != self.size:
             raise DataError(f"the shard indices list {meta['epoch_size']} samples but meta.json says "
                             f"{self.size}: re-run `hpctrain data pack`")
-        ep = _Epoch(epoch, pipe, files, real)
+        ep = _Epoch(epoch, pipe, files, real, self.erase_source(epoch) if self.train and self.aug.reprob > 0 else None)
         ep.schedule(len(self))
         return ep
+
+    def _listed(self, reader: dict) -> dict:
+        """The folder reader's files and labels as a `file_list` at one path, rewritten each epoch, so
+        that the graph (which holds the path, not the list) stays the same. Names DALI's list format
+        cannot hold (a space at either end, a line break) stay in the graph: traced per epoch."""
+        if "files" not in reader or any(f != f.strip() or "\n" in f or "\r" in f for f in reader["files"]):
+            return reader
+        if self._lists is None:
+            self._lists = tempfile.TemporaryDirectory(prefix="hpctrain-dali-")
+        path = Path(self._lists.name) / "files.txt"
+        tmp = path.with_suffix(f".{threading.get_ident()}")
+        tmp.write_text("".join(f"{f} {lab}\n" for f, lab in zip(reader["files"], reader["labels"])))
+        os.replace(tmp, path)
+        rest = {k: v for k, v in reader.items() if k not in ("files", "labels")}
+        return {**rest, "file_list": str(path)}
+
+    def _pipeline(self, src: str, reader: dict, args: dict):
+        """A built pipeline for these reader arguments: deserialised from the graph traced last when
+        the arguments are the same (only the seed differs: fact and measure in docs/data.md)."""
+        from nvidia.dali import Pipeline  # DALI: optional (the torch loader, .ci/torch22 run without it)
+
+        key = repr(sorted(reader.items()))
+        with warnings.catch_warnings():  # RandAugment's operators warn from inside DALI's own code
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if self._graph is not None and self._graph[0] == key:
+                t0 = time.perf_counter()
+                pipe = Pipeline.deserialize(self._graph[1], **args)
+                self._build_s = time.perf_counter() - t0
+                return pipe
+            pipe = trace_pipeline(self.train, src, reader, self.aug, args)
+            self.traces += 1
+            self._graph = (key, pipe.serialize())
+            pipe.build()
+        return pipe
 
     def _prebuild(self, epoch: int) -> None:
         """Open the next epoch in a thread while this one's last batches are trained on."""
@@ -410,6 +478,11 @@ class DaliLoader:
 
         self._next_thread = threading.Thread(target=work, daemon=True)
         self._next_thread.start()
+
+    def _lead(self, gap: float | None) -> int:
+        """Batches before the epoch's last at which the next epoch's build starts: its last build time
+        over the batch interval, plus one (1 until both are measured)."""
+        return 1 if gap is None or gap <= 0 else math.ceil(self._build_s / gap) + 1
 
     def _take(self, epoch: int, start: int) -> _Epoch:
         if self._next_thread is not None:
@@ -425,6 +498,7 @@ class DaliLoader:
         epoch, start = self.epoch, (self.start if self.train else 0)
         ep = self._take(epoch, start)
         n = len(self)
+        gap, last, ahead = None, None, False  # batch interval (moving average), last yield, next epoch started
         try:
             for b in range(n):
                 try:
@@ -432,10 +506,15 @@ class DaliLoader:
                 except RuntimeError as e:
                     raise self._decode_error(e, ep.files, b, epoch) from None
                 ep.schedule(n)
-                if self.train and b == n - 1:
+                if self.train and not ahead and b >= n - 1 - self._lead(gap):
                     self._prebuild(epoch + 1)
+                    ahead = True
                 if b < start:
                     continue
+                now = time.perf_counter()
+                if last is not None:
+                    gap = now - last if gap is None else 0.8 * gap + 0.2 * (now - last)
+                last = now
                 x = _to_torch(images, self.device)
                 y = torch.from_numpy(labels.as_array().reshape(-1).astype(np.int64))
                 pad = (b + 1) * self.batch_size - ep.real
