@@ -10,6 +10,7 @@ import torch
 from hpctrain import memory
 from hpctrain.config import load
 from hpctrain.models.vit import build_vit
+from hpctrain.train.optim import build_optimizer
 from tests.helpers import DIGITS
 
 
@@ -99,3 +100,21 @@ def test_estimate_parts_follow_the_settings():
     cap = int(80 * memory.GB)
     fit = est.max_batch(cap)
     assert memory.estimate(cfg, fit).total <= cap < memory.estimate(cfg, fit + 1).total
+
+
+@pytest.mark.parametrize("sets", [[], ["optim.mu_dtype=bf16"], ["optim.name=lamb"], ["optim.name=sgd"],
+                                  ["optim.name=sgd", "optim.momentum=0"]])
+def test_optimizer_state_and_checkpoint_bytes_are_what_the_optimizer_keeps(sets):
+    """One rule, used by the memory plan and by the checkpoint-time checks of submit and plan: the
+    bytes of the state tensors the real optimizer holds after a step, and of a checkpoint's tensors."""
+    cfg = load(str(DIGITS), ["train.ema=0.99", *sets])
+    model = build_vit(cfg.model)
+    opt = build_optimizer(cfg, model, torch.device("cpu"))
+    model(torch.randn(2, 3, cfg.model.img_size, cfg.model.img_size)).sum().backward()
+    opt.step()
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.dim() > 0)  # not the 0-d step counters
+    pc = memory.param_count(cfg.model)
+    assert state == memory.optimizer_bytes_per_param(cfg.optim) * pc.trainable
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert memory.checkpoint_bytes(cfg) == 2 * weights + state  # weights, EMA copy, optimizer state

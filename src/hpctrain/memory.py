@@ -149,6 +149,22 @@ def activation_bytes_per_image(mc, amp: str, sdpa_backend: str = "auto") -> int:
     return int(embed + blocks + final + head)
 
 
+def optimizer_bytes_per_param(optim) -> int:
+    """Optimizer state per trainable parameter (an OptimConfig): Adam and LAMB keep two moments in
+    fp32 (the first in bf16 with optim.mu_dtype=bf16), SGD one momentum buffer, none without momentum."""
+    if optim.name == "sgd":
+        return 4 if optim.momentum > 0 else 0
+    return (2 if optim.mu_dtype == "bf16" else 4) + 4
+
+
+def checkpoint_bytes(cfg) -> int:
+    """Bytes of a full checkpoint of `cfg` (a Config): fp32 weights, the optimizer's state and the EMA copy
+    (what a save writes and a stop must have time for: launch.ckpt_cost, plan.interruptions)."""
+    pc = param_count(cfg.model)
+    weights = 4 * (pc.trainable + pc.frozen)
+    return weights + optimizer_bytes_per_param(cfg.optim) * pc.trainable + (weights if cfg.train.ema > 0 else 0)
+
+
 def estimate(cfg, per_gpu_batch: int, world_size: int = 1) -> MemoryEstimate:
     """Training memory per GPU of `cfg` (a Config) at `per_gpu_batch` images per micro-step."""
     mc, t = cfg.model, cfg.train
@@ -162,7 +178,8 @@ def estimate(cfg, per_gpu_batch: int, world_size: int = 1) -> MemoryEstimate:
     if shard > 1:
         gathered = 4 * (pc.trainable + pc.frozen) if not t.fsdp_reshard else 2 * 4 * pc.largest_block
     return MemoryEstimate(
-        batch=per_gpu_batch, weights=weights, grads=grads, optimizer=2 * 4 * pc.trainable // shard,
+        batch=per_gpu_batch, weights=weights, grads=grads,
+        optimizer=optimizer_bytes_per_param(cfg.optim) * pc.trainable // shard,
         ema=4 * (pc.trainable + pc.frozen) if t.ema > 0 else 0,
         amp_weights=(2 * pc.matmul // shard if t.amp in ("bf16", "fp16") else 0), fsdp_gathered=gathered,
         activations_per_image=activation_bytes_per_image(mc, t.amp, t.sdpa_backend),

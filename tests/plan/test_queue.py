@@ -16,8 +16,8 @@ from datetime import datetime
 import pytest
 
 from hpctrain.config import load
-from hpctrain.launch.ckpt_cost import checkpoint_bytes
 from hpctrain.launch.profile import load_profile
+from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan.recommend import dur
 from tests.launch.jobs import hp
 from tests.slurm_cluster import NODES, URGENT

@@ -23,17 +23,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain import flops
 from hpctrain.ckpt_interval import DEFAULT_MTBF_H
 from hpctrain.config import Config
 from hpctrain.errors import UserError
 from hpctrain.launch.cluster_init import parse_kv, tool
+from hpctrain.memory import checkpoint_bytes
 from hpctrain.metrics import read_metrics
 from hpctrain.plan import throughput
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
 INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures", "TIMEOUT": "time limits"}
-OPTIMIZER_BYTES = {"adamw": 8, "lamb": 8, "sgd": 4}  # optimizer state per parameter (fp32 moments)
 
 
 @dataclass(frozen=True)
@@ -143,12 +142,6 @@ def planned_step_s(cfg: Config, profile, nodes: int, gpus_per_node: int) -> floa
     except UserError:
         return None
     return p.target.step.step_s if p.target else None
-
-
-def checkpoint_bytes(cfg: Config) -> float:
-    """Bytes of a checkpoint: fp32 weights, the optimizer's moments and the EMA copy."""
-    per = 4 + OPTIMIZER_BYTES.get(cfg.optim.name, 8) + (4 if cfg.train.ema > 0 else 0)
-    return float(flops.model_params(cfg.model) * per)
 
 
 def stop_problems(cfg: Config, profile, partition: str, nodes: int, gpus_per_node: int) -> list[str]:
