@@ -27,6 +27,8 @@ from hpctrain.notebook import (
     tunnel_command,
 )
 from tests.helpers import free_port
+from tests.launch.jobs import hp
+from tests.launch.test_container import FAKE_APPTAINER
 
 
 def test_dry_run_prints_script_and_tunnel(capsys, tmp_path, monkeypatch):
@@ -241,3 +243,77 @@ def test_port_is_random_per_job_and_port_flag_wins(capsys, tmp_path, monkeypatch
     assert main(["notebook", "--dry-run", "--port", "23456"]) == 0
     out = capsys.readouterr().out
     assert "--port=23456 " in out and "-L 23456:127.0.0.1:23456" in out
+
+
+# --- the image's runtime: SingularityCE and pyxis sites, not Apptainer only -----------------------
+
+def stub_jupyter(bin_dir: Path) -> None:
+    """A `jupyter` in the image: whether it got the job's token, which container it runs in, where, and
+    whether a Slurm client works there (it must not: the image has none)."""
+    bin_dir.mkdir()
+    stub = bin_dir / "jupyter"
+    stub.write_text('#!/bin/sh\nif [ -n "$JUPYTER_TOKEN" ] && [ "$JUPYTER_TOKEN" = "$(cat .hpctrain/notebook-'
+                    '$SLURM_JOB_ID.token)" ]; then echo "jupyter got the token"; fi\n'
+                    'echo "in image: ${SINGULARITY_CONTAINER:-}${FROM_IMAGE:-} cwd: $(pwd) args: $*"\n'
+                    'scontrol version >/dev/null 2>&1 || echo "no slurm here"\n'
+                    'sleep "${STUB_SERVE_S:-0}"\n')  # serving, as long as the test needs the job to run
+    stub.chmod(0o755)
+
+
+def test_dry_run_starts_the_image_with_the_runtime_named(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["notebook", "--image", "/i/nb.sif", "--runtime", "singularity", "--dry-run", "--port", "23456"]) == 0
+    assert "exec singularity exec --nv /i/nb.sif jupyter lab --no-browser" in capsys.readouterr().out
+    assert main(["notebook", "--image", "/i/nb.sqsh", "--runtime", "pyxis", "--cpus", "4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (f"exec srun --nodes=1 --ntasks=1 --cpus-per-task=4 --container-image=/i/nb.sqsh "
+            f"--container-mounts={tmp_path}:{tmp_path} --container-workdir={tmp_path} jupyter lab") in out
+    site = tmp_path / "site.yaml"  # a SingularityCE site's profile: its runtime and image by default
+    site.write_text("name: site\ncontainer:\n  runtime: singularity\n  image: /shared/nb.sif\n")
+    assert main(["notebook", "--cluster", str(site), "--dry-run"]) == 0
+    assert "exec singularity exec --nv /shared/nb.sif jupyter lab" in capsys.readouterr().out
+    assert main(["notebook", "--cluster", str(site), "--runtime", "none", "--dry-run"]) == 0
+    assert "exec python3 -m jupyter lab" in capsys.readouterr().out
+    with pytest.raises(NotebookError, match="with --runtime none: name the runtime that starts it"):
+        batch_script(NotebookJob(image="/i/nb.sif", runtime="none", workdir=str(tmp_path)))
+    with pytest.raises(NotebookError, match="holds ',', which pyxis"):
+        batch_script(NotebookJob(image="/i/nb.sqsh", runtime="pyxis", workdir="/a,b"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fake singularity needs unshare --mount (root)")
+def test_notebook_on_a_singularityce_site_starts_jupyter_in_the_image_with_the_token(tmp_path):
+    """SingularityCE has no `apptainer` command: the job starts Jupyter through `singularity exec`, and
+    the token reaches it from the job's environment without a SINGULARITYENV_ copy."""
+    workdir, host_bin, image = tmp_path / "nb", tmp_path / "bin", tmp_path / "nb.sif"
+    workdir.mkdir()
+    host_bin.mkdir()
+    (host_bin / "singularity").symlink_to(FAKE_APPTAINER)
+    stub_jupyter(tmp_path / "imgbin")
+    image.write_bytes(b"sif")
+    job = NotebookJob(workdir=str(workdir), gpus_per_node=0, port=31234, image=str(image), runtime="singularity")
+    p = run_batch_script(batch_script(job), workdir, host_bin,
+                         env={"FAKE_APPTAINER_BIN": str(tmp_path / "imgbin"), "FAKE_APPTAINER_PYTHON": sys.executable})
+    assert p.wait(timeout=60) == 0, (workdir / f"notebook-{JOB_ID}.log").read_text()
+    log = (workdir / f"notebook-{JOB_ID}.log").read_text()
+    assert "jupyter got the token" in log and f"in image: {image} cwd: {workdir}" in log, log
+    assert "--port=31234" in log and "no slurm here" in log
+
+
+@pytest.mark.slurm
+def test_notebook_through_pyxis_runs_jupyter_in_the_image_on_the_test_cluster(slurm_cluster, tmp_path):
+    """pyxis (the test cluster's SPANK plugin): the batch script starts Jupyter as a step in the image
+    named by --container-image, in the notebook directory (mounted at its own path), with the token."""
+    assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
+    workdir = tmp_path / "nb"
+    workdir.mkdir()
+    stub_jupyter(tmp_path / "imgbin")
+    image = tmp_path / "nb.sqsh"  # the fake image: its environment, one variable a line
+    image.write_text(f"PATH={tmp_path / 'imgbin'}:/usr/bin:/bin\nFROM_IMAGE=pyxis\nSTUB_SERVE_S=6\n")
+    r = hp(slurm_cluster, "notebook", "--image", str(image), "--runtime", "pyxis", "--gpus-per-node", "0",
+           "--cpus", "1", "--port", "31235", "--wait", "60", cwd=workdir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = re.search(r"submitted notebook job (\d+)", r.stdout).group(1)
+    assert slurm_cluster.wait_done(job, 60) == "COMPLETED"
+    log = (workdir / f"notebook-{job}.log").read_text()
+    assert "jupyter got the token" in log and f"in image: pyxis cwd: {workdir}" in log, log
+    assert "--port=31235" in log and "no slurm here" in log

@@ -1,7 +1,7 @@
 """A Jupyter job on a compute node, reached through an SSH tunnel.
 
-Self-contained on purpose: it writes its own small batch script and does not read cluster
-profiles (the lead may rewire `NotebookJob` onto the shared profile/submit code later).
+It writes its own small batch script (the CLI fills `NotebookJob` from the cluster profile); the
+image starts through the site's runtime (`jupyter_command`): apptainer, SingularityCE or pyxis.
 Jupyter listens on 127.0.0.1 of the node, which every user of a shared node can reach, so the
 token is what keeps them out. The batch script draws it from /dev/urandom into a 0600 file
 (`token_file`, umask 077 while it is written) and hands it to Jupyter in JUPYTER_TOKEN, which
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from hpctrain.config import control_char
 from hpctrain.errors import UserError
+from hpctrain.launch.container import RUNTIMES, pyxis_mount
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.train.dist import expand_hostlist
 
@@ -52,7 +53,8 @@ class NotebookJob:
     account: str = ""  # Slurm account; empty: the default
     qos: str = ""  # Slurm QOS; empty: the default (a site may require one, e.g. for interactive jobs)
     constraint: str = ""  # node features (--constraint), e.g. "a100"; empty: any node of the partition
-    image: str = ""  # SIF to run Jupyter in (apptainer exec --nv); empty: the host's python3
+    image: str = ""  # image to run Jupyter in (a SIF; pyxis: a squashfs or registry URI); empty: the host's python3
+    runtime: str = "apptainer"  # what starts the image: apptainer/singularity exec --nv, or pyxis (srun)
     port: int = field(default_factory=random_port)  # Jupyter port on the node: random per job
     workdir: str = field(default_factory=os.getcwd)  # notebook root directory and log location
     setup: tuple[str, ...] = ()  # shell lines before Jupyter starts, e.g. "module load apptainer"
@@ -64,6 +66,14 @@ def check(job: NotebookJob) -> None:
         raise NotebookError("--nodes and --cpus must be ≥ 1 and --gpus-per-node ≥ 0")
     if not 1024 < job.port < 65536:
         raise NotebookError(f"--port {job.port}: pick a port between 1025 and 65535")
+    if job.runtime not in RUNTIMES:
+        raise NotebookError(f"--runtime {job.runtime!r}: use one of {', '.join(RUNTIMES)}")
+    if job.image and job.runtime == "none":
+        raise NotebookError(f"--image {job.image!r} with --runtime none: name the runtime that starts it "
+                            "(apptainer, singularity or pyxis), or drop --image to use the host's python3")
+    if job.image and job.runtime == "pyxis" and "," in job.workdir:
+        raise NotebookError(f"the notebook directory {job.workdir!r} holds ',', which pyxis's --container-mounts "
+                            "cannot take: start the notebook from another directory")
     if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d\d){0,2}", job.time):
         raise NotebookError(f"--time {job.time!r}: use Slurm's format, e.g. 04:00:00 or 1-00:00:00")
     for key in ("mem", "partition", "account", "qos", "constraint"):  # each becomes an #SBATCH line
@@ -121,10 +131,7 @@ def batch_script(job: NotebookJob) -> str:
         "--ServerApp.port_retries=0",  # a busy port fails in the log, not on a port the tunnel misses
         f"--ServerApp.root_dir={job.workdir}",
     ]
-    if job.image:
-        cmd = f"apptainer exec --nv {q(job.image)} {shlex.join(jupyter)}"
-    else:
-        cmd = f"python3 -m {shlex.join(jupyter)}"
+    cmd = jupyter_command(job, jupyter)
     lines = [
         "#!/bin/bash -l",
         *(f"#SBATCH {q(s)}" for s in sb),
@@ -137,6 +144,22 @@ def batch_script(job: NotebookJob) -> str:
         f"exec {cmd}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def jupyter_command(job: NotebookJob, jupyter: list[str]) -> str:
+    """The command that starts Jupyter: the host's python3, or the image through the job's runtime.
+    pyxis has no wrapper command: a step of one task in the image, the notebook directory mounted at
+    its own path and the working directory, with the job's CPUs (srun 23.11+ does not take
+    --cpus-per-task from the job); pyxis hands the step the exported JUPYTER_TOKEN (an image's own
+    value would win, and images do not set it). apptainer/singularity pass the environment as is."""
+    q = shlex.quote
+    if not job.image:
+        return f"python3 -m {shlex.join(jupyter)}"
+    if job.runtime == "pyxis":
+        return (f"srun --nodes=1 --ntasks=1 --cpus-per-task={job.cpus} --container-image={q(job.image)} "
+                f"--container-mounts={q(pyxis_mount(job.workdir))} --container-workdir={q(job.workdir)} "
+                f"{shlex.join(jupyter)}")
+    return f"{job.runtime} exec --nv {q(job.image)} {shlex.join(jupyter)}"
 
 
 def tensorboard_port(job: NotebookJob) -> int:

@@ -11,7 +11,8 @@
 #   its default binds - $HOME, /tmp, /var/tmp, $PWD... - and the --bind ones);
 # - inside, APPTAINER_CONTAINER is the image's path (Apptainer sets it; `hpctrain doctor` reads it);
 # - the image's own Python packages come after PYTHONPATH ($FAKE_APPTAINER_SITE, e.g. an older
-#   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON).
+#   hpctrain installed in the image); `python3` is the image's Python ($FAKE_APPTAINER_PYTHON), and
+#   $FAKE_APPTAINER_BIN (if set) holds the image's other programs, first on its PATH (e.g. `jupyter`).
 # - `exec` reads the image file (all of it: a real one reads the parts of the SIF the task touches), so a
 #   test can count the reads of a shared image (container.stage_image, tests/launch/test_stage_image.py);
 # Called as `singularity` (a link named so), it is SingularityCE instead: SINGULARITYENV_X=v becomes X=v,
@@ -61,7 +62,7 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   pypath=${pypath:+$pypath${site:+:}}$site
   cmd=("$@")
   [ "${cmd[0]}" = python3 ] && cmd[0]=$FAKE_APPTAINER_PYTHON
-  exec env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  exec env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=${FAKE_APPTAINER_BIN:+$FAKE_APPTAINER_BIN:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
 if [ "${1:-}" = --version ]; then  # what each prints (docs/runtimes.md: how runtimes.py tells them apart)

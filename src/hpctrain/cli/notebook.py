@@ -8,6 +8,7 @@ import shlex
 import socket
 
 from hpctrain import notebook as nb
+from hpctrain.launch.container import RUNTIMES
 from hpctrain.launch.modules import module_lines
 from hpctrain.launch.profile import load_profile
 
@@ -28,7 +29,11 @@ def add_parser(sub) -> None:
     p.add_argument("--account", default="", help="Slurm account")
     p.add_argument("--qos", default="", help="Slurm QOS (default: the profile's)")
     p.add_argument("--constraint", default="", help="node features, e.g. a100 (default: the profile's)")
-    p.add_argument("--image", default="", help="SIF image to run Jupyter in (default: the host's python3)")
+    p.add_argument("--image", default="",
+                   help="image to run Jupyter in: a SIF, or for pyxis a squashfs or registry URI "
+                        "(default: the profile's; without one, the host's python3)")
+    p.add_argument("--runtime", default=None, choices=RUNTIMES,
+                   help="what starts the image (default: the profile's container.runtime, else apptainer)")
     p.add_argument(
         "--port", type=int, default=None,
         help="Jupyter port on the node (default: drawn at random per job from 30000-32767)"
@@ -53,9 +58,10 @@ def main(args: argparse.Namespace) -> int:
     name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     prof = load_profile(name) if name else None
     image = args.image
+    runtime = args.runtime or (prof.container.runtime if prof else "apptainer")
     setup = list(args.setup)
     if prof:  # the site's defaults; the flags win
-        if not image and prof.container.runtime == "apptainer":
+        if not image and runtime == prof.container.runtime != "none":
             image = prof.container.image
         in_image = bool(image)  # Jupyter in the image: load what starts it, not cuda/nccl (see launch.modules)
         mods, var = (prof.container_modules, "HPCTRAIN_CONTAINER_MODULES") if in_image else (prof.modules,
@@ -72,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
         qos=args.qos or (prof.slurm.qos if prof else ""),
         constraint=args.constraint or (prof.slurm.constraint if prof else ""),
         image=image,
+        runtime=runtime,
         setup=tuple(setup),
     )
     if args.port is not None:
