@@ -59,6 +59,10 @@ def wait_final(cluster, job: str, timeout: float) -> str:
     raise AssertionError(f"job {job} still {st or 'unknown'} after {timeout:.0f} s")
 
 
+def queue_state(cluster, job: str) -> str:
+    return cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+
+
 def why_requeued(cluster, run, job: str) -> str:
     """What a failed assertion needs to say who requeued an attempt: the run's hang and fault records,
     the batch shells' own lines and the controller's lines on the job."""
@@ -87,8 +91,11 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
         k = ckpt.load(ckpt.list_checkpoints(run)[0])["step"]  # newest on disk: the resume point
         assert k == max(r["step"] for r in metrics(run, "checkpoint"))
         assert slurm_cluster.node_state("n2").startswith("down")
-        time.sleep(2)
-        assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING"
+        end = time.monotonic() + 60  # the survivor's processes end (KillWait) before the job is pending again
+        while queue_state(slurm_cluster, job) == "COMPLETING" and time.monotonic() < end:
+            time.sleep(0.5)
+        time.sleep(2)  # and it stays pending: it cannot start without n2
+        assert queue_state(slurm_cluster, job) == "PENDING"
         assert not metrics(run, "end")
     finally:
         if slurm_cluster.slurmd["n2"].poll() is not None:  # never leave the session's cluster short a node

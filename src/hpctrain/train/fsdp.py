@@ -18,23 +18,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as td
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
 
 from hpctrain.train import compat
 
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def load_options() -> StateDictOptions:
-    """Full state, broadcast from rank 0 (torch >= 2.4; built at use: the loop imports this module on 2.2 too)."""
-    return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+# torch.distributed.checkpoint (~1.3-2.4 s to import) and device_mesh (~0.6 s) are imported in the
+# functions that use them: every task imports this module with the loop; only FSDP runs pay for them.
 
 
 def mixed_precision(amp: str, grad_reduce_dtype: str = "fp32"):
@@ -58,6 +46,8 @@ def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: b
         for t in [*model.parameters(), *model.buffers()]:
             td.broadcast(t.data, src=0)
     shard = compat.fully_shard()  # at use: the loop imports this module on torch 2.2 too (no FSDP2 there)
+    from torch.distributed.device_mesh import init_device_mesh  # ~0.6 s to import: FSDP runs only
+
     mesh = init_device_mesh(device.type, (td.get_world_size(),))
     kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     policy = mixed_precision(amp, grad_reduce_dtype)
@@ -76,12 +66,19 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
 
 def model_state(model: torch.nn.Module) -> dict:
     """Full state_dict on CPU (a collective: every rank calls it; empty except on rank 0)."""
-    return get_model_state_dict(model, options=FULL)
+    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Full optimizer state in torch's index-keyed format (collective; empty except on rank 0)."""
-    osd = get_optimizer_state_dict(model, optimizer, options=FULL)
+    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    osd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                              cpu_offload=True))
     if not osd:
         return {}
     index = {n: i for i, n in enumerate(_param_names(model, optimizer))}
@@ -90,10 +87,15 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
-    """Load full state dicts into the sharded model and optimizer (rank 0's copy is broadcast)."""
-    set_model_state_dict(model, model_sd, options=load_options())
+    """Load full state dicts into the sharded model and optimizer (rank 0's copy is broadcast; the
+    option needs torch >= 2.4, as FSDP2 does)."""
+    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, model_sd, options=options)
     names = _param_names(model, optimizer)
     osd = {"state": {names[int(i)]: v for i, v in optim_sd["state"].items()},
            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
                             for g in optim_sd["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, osd, options=load_options())
+    set_optimizer_state_dict(model, optimizer, osd, options=options)

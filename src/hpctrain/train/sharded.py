@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
 from hpctrain.train import checkpoint as ckpt
 
@@ -110,6 +109,7 @@ def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main
          protect: tuple[int, ...] = ()) -> tuple[Path | None, ckpt.CheckpointError | None]:
     """Write a sharded checkpoint now (a collective). Returns (path on rank 0, error)."""
     import torch.distributed.checkpoint as dcp  # torch.distributed.checkpoint: 2 s to import; only sharded checkpoints
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
     tmp = _start_dir(run_dir, step, is_main)
     try:
@@ -148,6 +148,7 @@ def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_mai
           protect: tuple[int, ...] = ()) -> Pending:
     """Copy the state to CPU memory now, write it in the background (a collective on `group`)."""
     import torch.distributed.checkpoint as dcp  # torch.distributed.checkpoint: 2 s to import; only sharded checkpoints
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
     tmp = _start_dir(run_dir, step, is_main)
     try:
