@@ -146,7 +146,7 @@ def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
     out = run_ranks(4, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch",
                                    "train.preflight_tolerance=0.5"),
-                    env={badnodes.ENV: str(bad_file), "HPCTRAIN_TEST_DELAY": "2:0.2:preflight"},
+                    env={badnodes.ENV: str(bad_file), "HPCTRAIN_TEST_DELAY": "2:1.0:preflight"},
                     rank_env=_nodes("n1", "n1", "n2", "n2"), check=False, timeout=120)
     assert [r.returncode for r in out] == [2] * 4
     assert list(badnodes.read(bad_file)) == ["n2"]
