@@ -45,7 +45,7 @@ def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: b
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             td.broadcast(t.data, src=0)
-    shard = compat.fully_shard()  # at use: the loop imports this module on torch 2.2 too (no FSDP2 there)
+    fully_shard = compat.fully_shard()  # at use: the loop imports this module on torch 2.2 too (no FSDP2 there)
     from torch.distributed.device_mesh import init_device_mesh  # ~0.6 s to import: FSDP runs only
 
     mesh = init_device_mesh(device.type, (td.get_world_size(),))
@@ -54,8 +54,8 @@ def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: b
     if policy is not None:
         kw["mp_policy"] = policy
     for block in getattr(model, "blocks", []):
-        shard(block, **kw)
-    shard(model, **kw)
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -64,21 +64,26 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
     return [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
+def _full_options(**kw):
+    """StateDictOptions for a full (unsharded) state dict, with `kw` (cpu_offload, broadcast_from_rank0)."""
+    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
 def model_state(model: torch.nn.Module) -> dict:
     """Full state_dict on CPU (a collective: every rank calls it; empty except on rank 0)."""
-    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # DCP: as _full_options
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Full optimizer state in torch's index-keyed format (collective; empty except on rank 0)."""
-    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # DCP: as _full_options
 
-    osd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                              cpu_offload=True))
+    osd = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
     if not osd:
         return {}
     index = {n: i for i, n in enumerate(_param_names(model, optimizer))}
@@ -89,10 +94,9 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
     """Load full state dicts into the sharded model and optimizer (rank 0's copy is broadcast; the
     option needs torch >= 2.4, as FSDP2 does)."""
-    # torch.distributed.checkpoint: ~1.3-2.4 s to import; FSDP runs only
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict  # DCP
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    options = _full_options(broadcast_from_rank0=True)
     set_model_state_dict(model, model_sd, options=options)
     names = _param_names(model, optimizer)
     osd = {"state": {names[int(i)]: v for i, v in optim_sd["state"].items()},
