@@ -15,8 +15,9 @@ sys.path.insert(0, str(SRC))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
 # Bitwise comparisons on CPU need a fixed thread count (DESIGN.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Fake sysfs trees of real nodes: fixtures for the doctor and the `cluster init --probe` tests.
-pytest_plugins = ["tests.doctor.fake_sysfs"]
+# Fake sysfs trees of real nodes: fixtures for the doctor and the `cluster init --probe` tests; the
+# checkout guard: a test that writes into the checkout fails (tests/checkout_guard.py).
+pytest_plugins = ["tests.doctor.fake_sysfs", "tests.checkout_guard"]
 
 
 def _uses_module_fixture(item) -> bool:

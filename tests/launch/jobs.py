@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 metrics = run_metrics
 
 
-def hp(cluster, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 120):
+def hp(cluster, *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120):
     """`hpctrain …` against the test cluster ($SLURM_CONF set, no $HPCTRAIN_CLUSTER)."""
     e = cluster.environ({"OMP_NUM_THREADS": "1", **(env or {})})
     if "HPCTRAIN_CLUSTER" not in (env or {}):

@@ -40,7 +40,7 @@ def dry_run_srun_args(tmp_path: Path, runtime: str) -> tuple[list[str], dict[str
         "container": {"runtime": runtime, "image": str(image), "binds": ["/datasets:/datasets:ro"]}}))
     data, runs = tmp_path / "data", tmp_path / "runs"
     r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run",
-                 "--set", f"data.root={data}", "--set", f"run.dir={runs}", "--set", "run.name=r", cwd=ROOT)
+                 "--set", f"data.root={data}", "--set", f"run.dir={runs}", "--set", "run.name=r")
     assert r.returncode == 0, r.stderr
     snap = runs / "r" / "code" / source_hash() / "hpctrain"
     snap.mkdir(parents=True)  # where the submission would have put the code snapshot
@@ -119,7 +119,7 @@ def test_pyxis_env_wrapper_keeps_the_images_variables_and_the_allow_list(tmp_pat
 
 def test_unknown_runtime_names_the_allowed_values(tmp_path):
     r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster-set", "container.runtime=docker",
-                 "--dry-run", cwd=ROOT)
+                 "--dry-run")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "container.runtime='docker' is not one of apptainer, singularity, pyxis, none" in r.stderr
 
@@ -129,10 +129,10 @@ def test_pyxis_refuses_what_its_mounts_cannot_express(tmp_path):
     image.write_bytes(b"x")
     sets = ["--cluster-set", "container.runtime=pyxis", "--cluster-set", f"container.image={image}"]
     r = hpctrain("submit", "--config", "configs/digits_vit.yaml", *sets, "--set", "data.stage_to=$TMPDIR/s",
-                 "--set", f"run.dir={tmp_path}", "--dry-run", cwd=ROOT)
+                 "--set", f"run.dir={tmp_path}", "--dry-run")
     assert r.returncode == 2 and "data.stage_to='$TMPDIR/s' is not supported with container.runtime pyxis" in r.stderr
     r = hpctrain("submit", "--config", "configs/digits_vit.yaml", *sets, "--set", f"run.dir={tmp_path}/a,b",
-                 "--dry-run", cwd=ROOT)
+                 "--dry-run")
     assert r.returncode == 2 and "holds ','" in r.stderr, r.stderr
 
 
@@ -270,7 +270,7 @@ def test_cluster_init_probe_finds_the_runtime_and_runs_the_doctor_in_the_image(s
         image.write_text(f"PATH={imgbin}:/usr/bin:/bin\n")
     out = tmp_path / "site.yaml"
     r = subprocess.run([sys.executable, "-m", "hpctrain", "cluster", "init", "site", "--probe", "--image", str(image),
-                        "-o", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                        "-o", str(out)], capture_output=True, text=True, timeout=300,
                        env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}))
     assert r.returncode == 0, r.stdout + r.stderr
     text = out.read_text()

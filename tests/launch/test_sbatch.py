@@ -27,7 +27,7 @@ runpy.run_module('hpctrain', run_name='__main__')
 """
 
 
-def blocked_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def blocked_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", BLOCKED, *args], capture_output=True, text=True, cwd=cwd,
                           timeout=60)
 

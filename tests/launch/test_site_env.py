@@ -92,7 +92,7 @@ def test_container_modules_stay_out_of_the_image(slurm_cluster, digits_root, ima
     cmd = (f"module load apptainer && command -v apptainer && {sys.executable} -m hpctrain submit --config "
            f"configs/digits_vit.yaml --cluster {prof} --nodes 2 "
            + " ".join(digits_sets(digits_root, tmp_path, "mods", "train.max_steps=3", "train.eval_every=0")))
-    r = subprocess.run(["bash", "-lc", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", "-lc", cmd], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     job = r.stdout.split("submitted Slurm job ")[1].split(":")[0]
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED"

@@ -125,7 +125,7 @@ def test_ctrl_c_of_submit_wait_leaves_the_slurm_job_running_and_says_how_to_stop
     waiter = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--wait",
          *digits_sets(digits_root, tmp_path, "goes-on", "train.max_steps=2000")],
-        cwd=ROOT, env={**e, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**e, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     wait_for_step(tmp_path / "goes-on", 1, 180)
     job = json.loads((tmp_path / "goes-on" / "job.json").read_text())["job_id"]

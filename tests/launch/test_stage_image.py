@@ -49,7 +49,7 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
     prof = profile(tmp_path / "site.yaml", runtime, image, stage_image=True,
                    stage_image_to=str(tmp_path / "local" / "${SLURMD_NODENAME}"))
     r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run", "--set",
-                 f"data.root={tmp_path}/data", "--set", f"run.dir={tmp_path}/runs", "--set", "run.name=r", cwd=ROOT)
+                 f"data.root={tmp_path}/data", "--set", f"run.dir={tmp_path}/runs", "--set", "run.name=r")
     assert r.returncode == 0, r.stderr
     bindir, calls = tmp_path / "bin", tmp_path / "calls"
     bindir.mkdir()
@@ -82,7 +82,7 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
 
 def test_stage_image_without_a_runtime_names_the_fix(tmp_path):
     prof = profile(tmp_path / "site.yaml", "none", Path(""), stage_image=True)
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run", cwd=ROOT)
+    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert ("container.stage_image copies the image to each node, but container.runtime is none (no image): set "
             "container.stage_image false, or a runtime and its image") in r.stderr

@@ -334,7 +334,7 @@ def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(
         [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof),
          "--cluster-set", "slurm.max_requeues=0", "--nodes", "2", "--wait",
          *digits_sets(digits_root, tmp_path, "cap", *SETS)],
-        cwd=ROOT, env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}), stdout=subprocess.PIPE,
+        env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "cap"
     wait_for_step(run, 5, 300)

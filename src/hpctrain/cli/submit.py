@@ -92,7 +92,6 @@ def request(args: argparse.Namespace):
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
-    check_unfinished(cfg, args.dry_run or bool(args.emit_sbatch))
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
     slurm = bool(cluster) or args.dry_run or bool(args.emit_sbatch) or slurm_available()
     if not slurm:
@@ -102,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
     if args.emit_sbatch:
         return emit(args, cfg, profile, req)
     plan = plan_job(cfg, profile, req)
+    check_unfinished(cfg, args.dry_run)  # after the checks of the input: a refusal of it comes alone
     report_batch(args, cfg, plan, sys.stderr if args.dry_run else sys.stdout)  # stdout: the script
     if args.dry_run:
         warn_inputs(cfg)
@@ -251,6 +251,7 @@ def emit(args: argparse.Namespace, cfg, profile, req) -> int:
     """Write the stand-alone script. Paths stay as written: the file is for another machine."""
     command = emit_command(args)
     plan = standalone_plan(cfg, profile, req, command, args.config, args.overrides)
+    check_unfinished(cfg, note_only=True)
     report_batch(args, cfg, plan, sys.stdout)
     Path(args.emit_sbatch).write_text(standalone_script(plan))
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
@@ -275,6 +276,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
         print("hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys",
               file=sys.stderr)
     check_batch(cfg, args.local_tasks)
+    check_unfinished(cfg, note_only=False)
     print(f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(args.local_tasks)} per process × "
           f"{args.local_tasks} processes; lr: {lr_rule(cfg)}")
     ensure_dataset(cfg)

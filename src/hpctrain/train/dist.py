@@ -169,33 +169,83 @@ class RankFailure(UserError, RuntimeError):
     """A collective failed: a rank died or stopped responding. The message names it when known."""
 
 
+# What gloo and NCCL say when a peer stopped, died or its connection broke (docs/communication.md,
+# "When a rank stops"): the text differs with the transport, the torch version and where the
+# collective ran (a plain all-reduce, DDP's comm hook, an async work), so it is matched by these
+# words, anywhere in the error or the errors it was raised from.
+PEER_FAILURE = re.compile(
+    "|".join([
+        r"gloo", r"nccl",  # either library's own file names or messages
+        r"pair closure",  # gloo tcp/pair.cc: "Application timeout caused pair closure"
+        r"closed by peer", r"reset by peer", r"broken pipe",  # gloo tcp/pair.cc; the OS's socket errors
+        r"timed out waiting",  # gloo tcp/unbound_buffer.cc: "Timed out waiting Nms for recv operation"
+        r"collective operation timeout",  # NCCL watchdog: "Watchdog caught collective operation timeout"
+        r"communicator was aborted",  # NCCL: "NCCL communicator was aborted on rank N"
+        r"connection refused", r"socket timeout",  # the store or a transport's connect
+    ]),
+    re.IGNORECASE,
+)
+
+
+def peer_failure(error: BaseException) -> bool:
+    """Whether `error` (or one it was raised from) is a collective that failed for want of a peer."""
+    import torch.distributed as td  # torch: this module imports light (launch.task → train.entry on the login node)
+
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, td.DistError) or PEER_FAILURE.search(str(e)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def silent_ranks(store, rank: int, world: int, wait_s: float) -> list[int] | None:
+    """Check in at the rendezvous store; on rank 0, the ranks that did not within `wait_s` (None:
+    the store did not answer). A timed-out gloo/NCCL group is unusable, but the store still works."""
+    try:
+        store.set(f"hpctrain/alive/{rank}", "1")
+    except Exception:  # noqa: BLE001 - rank 0 still looks below; another rank: rank 0 is gone
+        if rank != 0:
+            return None
+    if rank != 0:
+        return []
+    deadline = time.monotonic() + wait_s
+    missing, answered = [r for r in range(world) if r != 0], False
+    while True:
+        try:
+            missing = [r for r in missing if not store.check([f"hpctrain/alive/{r}"])]
+            answered = True
+        except Exception:  # noqa: BLE001 - a busy store: ask again until the deadline
+            pass
+        if not missing or time.monotonic() >= deadline:
+            return missing if answered else None
+        time.sleep(0.2)
+
+
 def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> RankFailure:
     """After a failed collective, find the ranks that no longer answer.
 
-    A timed-out gloo/NCCL group is unusable, but the rendezvous store still works: every live
-    rank checks in there, and rank 0 names those that do not within `wait_s`.
+    Every live rank checks in at the rendezvous store, and rank 0 names those that do not within
+    `wait_s`: "rank(s) N stopped responding", whatever gloo or NCCL said (`PEER_FAILURE`).
     """
     import torch.distributed as td  # torch: this module imports light (launch.task → train.entry on the login node)
 
-    detail = ""
     try:
         store = td.distributed_c10d._get_default_store()
-        store.set(f"hpctrain/alive/{rank}", "1")
-        if rank == 0:
-            deadline = time.monotonic() + wait_s
-            missing = list(range(world))
-            while missing and time.monotonic() < deadline:
-                missing = [r for r in missing if not store.check([f"hpctrain/alive/{r}"])]
-                time.sleep(0.2)
-            if missing:
-                ranks = ", ".join(map(str, missing))
-                detail = f"rank(s) {ranks} stopped responding (no reply within the process-group timeout)"
-    except Exception:  # noqa: BLE001 - the store lives on rank 0: if it is gone, rank 0 is the one
-        if rank != 0:
-            detail = "rank 0 stopped responding (its rendezvous store is unreachable)"
+    except Exception:  # noqa: BLE001 - no default group (it was destroyed): nothing to ask
+        store = None
+    missing = silent_ranks(store, rank, world, wait_s) if store is not None else None
+    if missing:
+        detail = (f"rank(s) {', '.join(map(str, missing))} stopped responding (no reply within the "
+                  "process-group timeout)")
+    elif missing is None and rank != 0:
+        detail = "rank 0 stopped responding (its rendezvous store is unreachable)"
+    else:
+        detail = "a collective failed (a rank died or its node is gone)"
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    msg = detail or "a collective failed (a rank died or its node is gone)"
-    return RankFailure(f"{msg}: {first[:300]}. The job stops here; resume from the last checkpoint "
+    return RankFailure(f"{detail}: {first[:300]}. The job stops here; resume from the last checkpoint "
                        "with --resume auto (see each rank's log in <run>/logs/)")
 
 

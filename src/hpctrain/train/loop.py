@@ -30,7 +30,7 @@ from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, speed
 from hpctrain.train import stop as stopmod
 from hpctrain.train.amp import autocast_ctx
 from hpctrain.train.ckpt_state import CheckpointState
-from hpctrain.train.dist import DistInfo, PendingBits, agree_bits, agree_max, diagnose
+from hpctrain.train.dist import DistInfo, PendingBits, agree_bits, agree_max, diagnose, peer_failure
 from hpctrain.train.ema import EMA
 from hpctrain.train.eval_pass import evaluate
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
@@ -283,7 +283,7 @@ class Trainer(CheckpointState, Rollback):
                 self.stragglers.settle()
             if self.dist.world_size == 1 or not td.is_initialized() or isinstance(e, ckpt.CheckpointError):
                 raise
-            if not isinstance(e, td.DistError) and "gloo" not in str(e).lower() and "nccl" not in str(e).lower():
+            if not peer_failure(e):
                 raise
             raise diagnose(e, self.dist.rank, self.dist.world_size, min(30.0, self.cfg.train.pg_timeout_s)) from e
         finally:
