@@ -131,11 +131,12 @@ def test_gpu_accept_cpu_run(tmp_path):
     assert lines[-14].startswith("bench/gpu_accept.py — no CUDA device")
     assert lines[-1].split()[:3] == ["11", "dali", "SKIP"]
     assert (out / "table.txt").read_text().strip() == "\n".join(lines[-14:])
-    # hpctrain plan --bench-results reads the hpctrain records (timm's are left out)
+    # hpctrain plan --bench-results reads the hpctrain records (timm's are left out): the same model at two
+    # batches, so it takes the faster
     cfg = load("bench_vit_b16", TINY_SETS)
     got = compute_from_bench(str(out / "gpu_accept.json"), cfg)
-    assert got.tflops == pytest.approx(eager["record"]["images_per_s_per_device"]
-                                       * eager["record"]["train_gflops_per_image"] / 1e3)
+    assert got.tflops == pytest.approx(max(r["images_per_s_per_device"] * r["train_gflops_per_image"] / 1e3
+                                           for r in (eager["record"], small["record"])))
 
 
 @pytest.mark.slow
