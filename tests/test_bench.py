@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hpctrain import bench, flops
 from hpctrain.config import load
@@ -42,8 +43,29 @@ def test_bench_real_loader_and_text_report(digits_root):
     assert r["loader"] == "torch" and r["global_batch"] == 32
     assert r["data_wait"] > 0  # PIL decoding in this process (workers 0)
     assert r["mfu"] is None and "--peak-tflops" in r["peak_source"]
+    assert r["first_step_s"] > 0 and r["compile_s"] is None  # not compiled: no compile figure
     text = bench.report(r)
-    assert "images/s" in text and "MFU" in text and "data wait" in text
+    assert "images/s" in text and "MFU" in text and "data wait" in text and "; compile" not in text
+    text = bench.report(r | {"compile": True, "compile_s": 41.25})
+    assert "; compile 41.2 s" in text
+
+
+def test_time_steps_times_the_first_warmup_step_alone():
+    """The first warm-up step (where torch.compile compiles) is timed on its own; the timed window
+    holds only the later steps; without warm-up there is no first-step figure."""
+    calls = []
+
+    def step(batch):
+        calls.append(batch)
+        return torch.tensor(float(len(calls)))
+
+    out = bench.time_steps(step, lambda: len(calls), steps=3, warmup=2, device=torch.device("cpu"))
+    assert calls == [0, 1, 2, 3, 4] and out["loss"] == 5.0
+    assert out["first_step_s"] > 0 and out["host_syncs_per_step"] is None  # syncs are counted on CUDA only
+    assert bench.time_steps(step, lambda: 0, steps=1, warmup=0, device=torch.device("cpu"))["first_step_s"] is None
+    assert bench.compile_seconds(None, 0.1, True) is None and bench.compile_seconds(5.0, 0.1, False) is None
+    assert bench.compile_seconds(5.0, 0.25, True) == 4.75
+    assert bench.compile_seconds(0.1, 0.25, True) == 0.0  # a first step faster than the mean: no compile cost
 
 
 def test_bench_bad_arguments_fail_clearly():

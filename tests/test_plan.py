@@ -167,7 +167,7 @@ def test_bench_and_doctor_results_become_inputs(tmp_path):
     c = planmod.compute_from_bench(str(tmp_path / "bench.json"), cfg)
     assert c.tflops == pytest.approx(500.0 * fl / 1e12)
     assert c.data_wait_per_image_s == pytest.approx(0.25 * 0.128 / 64)
-    # bench/gpu.sh's results.json: a list with timm's cases and several hpctrain cases
+    # a list with timm's cases and several hpctrain cases (as gpu_accept.json's "results")
     listed = [{**bench, "case": "timm-compiled-b64", "images_per_s_per_device": 9e9},
               {**bench, "case": "hpctrain-eager-b64", "compile": False, "images_per_s_per_device": 400.0},
               {**bench, "case": "hpctrain-compiled-b64", "compile": True, "images_per_s_per_device": 600.0},

@@ -40,6 +40,8 @@ FIELDS: dict[str, str] = {
     "sdpa_backend": "attention kernel PyTorch dispatched to (profiled)",
     "host_syncs_per_step": "device→host synchronisations in one step (CUDA sync debug; None on CPU)",
     "warmup_steps": "untimed steps first", "steps": "timed steps", "elapsed_s": "timed wall time",
+    "first_step_s": "wall time of the first warm-up step, synchronised (None without warm-up)",
+    "compile_s": "train.compile: first_step_s less a timed step's mean, the cold compile's cost (else None)",
     "step_time_ms": "mean wall time per optimizer step", "images_per_s": "all ranks",
     "images_per_s_per_device": "per rank", "data_wait": "share of the timed window spent in next(loader)",
     "fwd_gmacs_per_image": "forward multiply-adds per image (10^9)",
@@ -65,11 +67,22 @@ def sync(device) -> None:
 
 def time_steps(step: Callable[[Any], Any], next_batch: Callable[[], Any], steps: int, warmup: int,
                device) -> dict[str, Any]:
-    """Run `warmup` untimed steps, then `steps` timed ones; wall time, data wait, last loss, memory."""
+    """Run `warmup` untimed steps, then `steps` timed ones; wall time, data wait, last loss, memory.
+
+    The first warm-up step is timed on its own (synchronised at both ends): under torch.compile it
+    holds the compilation, whose cost a GPU session needs to know to plan its time."""
     import torch  # torch: a top-level module imports light (login node)
 
-    for _ in range(warmup):
-        step(next_batch())
+    first = None
+    for i in range(warmup):
+        if i == 0:
+            sync(device)
+            t = time.perf_counter()
+            step(next_batch())
+            sync(device)
+            first = time.perf_counter() - t
+        else:
+            step(next_batch())
     syncs = None
     if device.type == "cuda":
         batch = next_batch()
@@ -97,8 +110,16 @@ def time_steps(step: Callable[[Any], Any], next_batch: Callable[[], Any], steps:
         mem, kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
     else:
         mem, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
-    return {"elapsed_s": elapsed, "data_wait_s": wait, "host_syncs_per_step": syncs,
+    return {"elapsed_s": elapsed, "data_wait_s": wait, "host_syncs_per_step": syncs, "first_step_s": first,
             "loss": float(loss) if loss is not None else None, "peak_mem_mb": mem, "peak_mem_kind": kind}
+
+
+def compile_seconds(first_step_s: float | None, step_s: float, compiled: bool) -> float | None:
+    """The cold compile's cost: the first step's time beyond a warm step's (None when not compiled
+    or no warm-up step was timed)."""
+    if not compiled or first_step_s is None:
+        return None
+    return max(0.0, first_step_s - step_s)
 
 
 def cycle(loader, accum: int) -> Callable[[], list]:
@@ -209,7 +230,8 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
         "tf32": bool(device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32),
         "sdpa_backend": backend, "host_syncs_per_step": timing["host_syncs_per_step"],
         "warmup_steps": warmup, "steps": steps, "elapsed_s": elapsed,
-        "step_time_ms": 1000 * elapsed / steps,
+        "step_time_ms": 1000 * elapsed / steps, "first_step_s": timing["first_step_s"],
+        "compile_s": compile_seconds(timing["first_step_s"], elapsed / steps, cfg.train.compile),
         **figures(images_per_s, info.world_size, fl.train_flops, peak),
         "data_wait": timing["data_wait_s"] / elapsed,
         "fwd_gmacs_per_image": fl.fwd_macs / 1e9, "train_gflops_per_image": fl.train_flops / 1e9,
@@ -239,7 +261,8 @@ def report(r: dict[str, Any]) -> str:
         ("fast path", f"fused AdamW {r['fused_adamw']}, TF32 {r['tf32']}, SDPA {r['sdpa_backend']}, "
                       f"host syncs/step {r['host_syncs_per_step']}"),
         ("throughput", f"{r['images_per_s']:.1f} images/s ({r['images_per_s_per_device']:.1f} per device)"),
-        ("step time", f"{r['step_time_ms']:.2f} ms (mean of {r['steps']} after {r['warmup_steps']} warm-up)"),
+        ("step time", f"{r['step_time_ms']:.2f} ms (mean of {r['steps']} after {r['warmup_steps']} warm-up)"
+                      + ("" if r["compile_s"] is None else f"; compile {r['compile_s']:.1f} s")),
         ("model FLOPs", f"{r['fwd_gmacs_per_image']:.3f} GMAC forward, {r['train_gflops_per_image']:.2f} "
                         f"GFLOP per trained image; {r['achieved_tflops_per_device']:.3f} TFLOP/s per device"),
         ("MFU", mfu),

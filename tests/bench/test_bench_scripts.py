@@ -1,8 +1,7 @@
-"""bench/gpu.sh (syntax, --help, CPU smoke run) and bench/loop_overhead.py run and report."""
+"""bench/gpu_accept.py (dry run, arguments, budget kill, CPU run) and the CPU bench scripts run and report."""
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import os
@@ -12,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.config import load
+from hpctrain.plan.throughput import compute_from_bench
+
 ROOT = Path(__file__).resolve().parents[2]
-GPU_SH = ROOT / "bench" / "gpu.sh"
+GPU_ACCEPT = ROOT / "bench" / "gpu_accept.py"
+TINY_SETS = ["model.depth=2", "model.width=64", "model.heads=2", "model.img_size=32", "model.patch_size=8",
+             "model.num_classes=10"]
 
 # timm is not installed here (it is on the GPU machine); this stand-in has timm's create_model
 # signature and builds hpctrain's ViT, whose modules and parameter names are timm's.
@@ -29,58 +33,110 @@ def create_model(name, pretrained=False, img_size=224, patch_size=16, embed_dim=
                heads=num_heads, num_classes=num_classes)
 '''
 
+# runs the script's --dry-run in this interpreter, then checks what it imported
+DRY_RUN_CHECK = """
+import runpy, sys
+script = sys.argv[1]
+sys.argv = [script, "--dry-run"]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+assert "torch" not in sys.modules, "the dry run imported torch"
+"""
 
-def test_gpu_sh_syntax_and_help():
-    subprocess.run(["bash", "-n", str(GPU_SH)], check=True)
-    r = subprocess.run(["bash", str(GPU_SH), "--help"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0
-    for word in ("--out", "--cpu-smoke", "--batches", "timm", "MFU"):
-        assert word in r.stdout
-    r = subprocess.run(["bash", str(GPU_SH)], capture_output=True, text=True, timeout=30)
+
+def load_gpu_accept():
+    spec = importlib.util.spec_from_file_location("gpu_accept", GPU_ACCEPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_accept"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_accept_dry_run_lists_every_step_within_480_s_without_torch(tmp_path):
+    """--dry-run lists the eleven steps with budgets adding to ≤ 480 s and imports no torch (it must
+    answer on a login node or a laptop)."""
+    check = tmp_path / "check.py"
+    check.write_text(DRY_RUN_CHECK)
+    r = subprocess.run([sys.executable, str(check), str(GPU_ACCEPT)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    mod = load_gpu_accept()
+    names = [s.name for s in mod.STEPS]
+    assert names == ["versions", "matmul", "attention", "bench_eager", "bench_compiled", "bench_b32", "timm", "fp16",
+                     "nccl", "train", "dali"]
+    listed = {}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[0].isdigit():
+            listed[parts[1]] = int(parts[2].rstrip("s"))
+    assert listed == {s.name: s.budget_s for s in mod.STEPS}
+    assert sum(listed.values()) <= 480 and r.stdout.rstrip().endswith(f"total budget {sum(listed.values())} s")
+    assert {s.name for s in mod.STEPS if not s.cuda_only} == {"versions", "bench_eager", "bench_b32", "timm"}
+
+
+def test_gpu_accept_arguments_and_a_step_past_its_budget(tmp_path):
+    """--out is required, unknown steps are named; a step past its budget is killed and FAILs (timeout),
+    and the script still writes its JSON and table."""
+    r = subprocess.run([sys.executable, str(GPU_ACCEPT)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--out DIR is required" in r.stderr
-    r = subprocess.run(["bash", str(GPU_SH), "--out", "x", "--bogus"], capture_output=True, text=True,
-                       timeout=30)
-    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+    r = subprocess.run([sys.executable, str(GPU_ACCEPT), "--out", str(tmp_path), "--only", "versions,bogus"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown step(s) ['bogus']" in r.stderr
+    # 0.02 s for the versions step: killed while it imports torch
+    r = subprocess.run([sys.executable, str(GPU_ACCEPT), "--out", str(tmp_path), "--only", "versions",
+                        "--budget-scale", "0.001"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "gpu_accept.json").read_text())
+    (row,) = doc["steps"]
+    assert row["status"] == "FAIL" and row["reason"].startswith("timeout: killed after")
+    assert (tmp_path / row["log"]).exists() and doc["results"] == []
+    assert r.stdout.rstrip().splitlines()[-1].split()[:3] == ["1", "versions", "FAIL"]
 
 
 @pytest.mark.slow
-def test_gpu_sh_cpu_smoke_run(tmp_path):
+def test_gpu_accept_cpu_run(tmp_path):
+    """Without CUDA: the device-independent steps PASS at tiny sizes (timm through the stand-in), the
+    CUDA ones SKIP with the reason, the JSON holds every figure and `hpctrain plan` reads its records."""
     fake = tmp_path / "site"
     (fake / "timm").mkdir(parents=True)
     (fake / "timm" / "__init__.py").write_text(STAND_IN)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), os.environ["PYTHONPATH"]]))
-    # run from elsewhere: the script finds the repo (and its src/) from its own path
-    r = subprocess.run(["bash", str(GPU_SH), "--out", str(out), "--batches", "8", "--steps", "1",
-                        "--warmup", "0"], capture_output=True, text=True, timeout=300, env=env,
-                       cwd=tmp_path)
+    # run from elsewhere: the script finds the repo (and its src/) from its own path; budgets × 4 on a loaded CI
+    r = subprocess.run([sys.executable, str(GPU_ACCEPT), "--out", str(out), "--budget-scale", "4"],
+                       capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "no CUDA device visible" in r.stderr
-    last = r.stdout.rstrip().splitlines()
-    assert last[-6].startswith("bench/gpu.sh — CPU smoke")  # the table is printed last
-    assert last[-1].startswith("hpctrain-eager-b8")
-    rows = {row["case"]: row for row in csv.DictReader((out / "results.csv").read_text().splitlines())}
-    assert set(rows) == {"hpctrain-compiled-b8", "timm-eager-b8", "hpctrain-eager-b8"}
-    assert rows["hpctrain-compiled-b8"]["status"].startswith("skipped (cpu smoke")
-    hp, tm = rows["hpctrain-eager-b8"], rows["timm-eager-b8"]
-    assert hp["status"] == tm["status"] == "ok"
-    assert float(hp["ratio_to_timm"]) == round(float(hp["images_per_s"]) / float(tm["images_per_s"]), 3)
-    assert hp["sdpa_backend"] == tm["sdpa_backend"] == "flash (cpu)"
-    env_rec = json.loads((out / "env.json").read_text())
-    assert env_rec["cpu_smoke"] is True and env_rec["timm"] == "0-stand-in" and env_rec["gpu"] is None
-    assert (out / "table.txt").read_text().strip() == "\n".join(last[-6:])
-
-
-def test_gpu_bench_plan_without_timm():
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "bench" / "gpu_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    plan = mod.cases([256, 512], smoke=False, have_timm=False)
-    assert [c["case"] for c in plan] == [
-        "hpctrain-compiled-b256", "timm-compiled-b256", "hpctrain-eager-b256",
-        "hpctrain-compiled-b512", "timm-compiled-b512", "hpctrain-eager-b512"]
-    assert [c.get("skip") for c in plan if c["impl"] == "timm"] == ["timm not installed"] * 2
-    assert all("skip" not in c for c in plan if c["impl"] == "hpctrain")
+    doc = json.loads((out / "gpu_accept.json").read_text())
+    rows = {row["step"]: row for row in doc["steps"]}
+    assert list(rows) == [s.name for s in load_gpu_accept().STEPS] and doc["cuda"] is False
+    for name in ("versions", "bench_eager", "bench_b32", "timm"):
+        assert rows[name]["status"] == "PASS", rows[name]
+        assert (out / rows[name]["log"]).exists()
+    no_dali = importlib.util.find_spec("nvidia.dali") is None
+    for name in ("matmul", "attention", "bench_compiled", "fp16", "nccl", "train", "dali"):
+        want = "DALI not installed" if name == "dali" and no_dali else "no CUDA device"
+        assert (rows[name]["status"], rows[name]["reason"]) == ("SKIP", want), rows[name]
+    v = rows["versions"]["figures"]
+    assert v["torch"] and v["cuda_available"] is False and v["timm"] == "0-stand-in"
+    assert set(v["dcp_no_dist"]) == {"save", "async_save", "load"}
+    assert v["dali_exec_dynamic"] is None if no_dali else isinstance(v["dali_exec_dynamic"], bool)
+    eager, small, timm = (rows[n]["figures"] for n in ("bench_eager", "bench_b32", "timm"))
+    assert (eager["batch"], small["batch"], eager["compile"]) == (8, 4, False)
+    assert eager["host_syncs_per_step"] is None and eager["compile_s"] is None and eager["first_step_s"] > 0
+    assert timm["hpctrain_over_timm"] == eager["images_per_s"] / timm["images_per_s"]
+    assert [x["case"] for x in doc["results"]] == ["hpctrain-eager-b8", "hpctrain-eager-b4", "timm-eager-b8"]
+    assert doc["results"][0]["images_per_s"] == eager["images_per_s"]
+    lines = r.stdout.rstrip().splitlines()  # the table is printed last
+    assert lines[-14].startswith("bench/gpu_accept.py — no CUDA device")
+    assert lines[-1].split()[:3] == ["11", "dali", "SKIP"]
+    assert (out / "table.txt").read_text().strip() == "\n".join(lines[-14:])
+    # hpctrain plan --bench-results reads the hpctrain records (timm's are left out): the same model at two
+    # batches, so it takes the faster
+    cfg = load("bench_vit_b16", TINY_SETS)
+    got = compute_from_bench(str(out / "gpu_accept.json"), cfg)
+    assert got.tflops == pytest.approx(max(r["images_per_s_per_device"] * r["train_gflops_per_image"] / 1e3
+                                           for r in (eager["record"], small["record"])))
 
 
 @pytest.mark.slow

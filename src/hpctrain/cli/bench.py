@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
 
 def standalone(argv: list[str] | None = None) -> int:
     """`python -m hpctrain.cli.bench …`: this command alone, without importing the other commands
-    (bench/gpu.sh runs it on GPU machines that have torch but not the launch dependencies)."""
+    (for GPU machines that have torch but not the launch dependencies)."""
     parser = argparse.ArgumentParser(prog="hpctrain")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -1,6 +1,6 @@
 """Public figures the planner falls back on when nothing was measured on the target machine.
 
-No GPU measurement exists in this project yet (bench/gpu.sh has not been run), so every value
+No GPU measurement exists in this project yet (bench/gpu_accept.py has not been run), so every value
 here is from a public source, named next to it (docs/plan.md has the details). Measured inputs
 (`hpctrain bench --json`, `hpctrain doctor --allreduce --json`) replace them.
 """

@@ -90,7 +90,7 @@ def _records(path: str) -> list[dict]:
 def compute_from_bench(path: str, cfg: Config) -> Compute:
     """Achieved TFLOP/s per device from `hpctrain bench --json` (the closest record to this model)."""
     recs = [r for r in _records(path) if r.get("images_per_s_per_device") and r.get("train_gflops_per_image")
-            and not str(r.get("case", "")).startswith("timm")]  # bench/gpu.sh's results.json holds timm's too
+            and not str(r.get("case", "")).startswith("timm")]  # gpu_accept.json's "results" hold timm's too
     if not recs:
         raise PlanError(f"{path} holds no `hpctrain bench --json` record (images_per_s_per_device, "
                         "train_gflops_per_image): run `hpctrain bench --config C --json > FILE` on the target GPU")
