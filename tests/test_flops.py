@@ -49,10 +49,26 @@ def test_mfu_arithmetic():
 @pytest.mark.parametrize(("name", "peak"), [
     ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-80GB", 312.0),
     ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0),
-    ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0),
+    ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA H100 NVL", 835.0),
 ])
 def test_peak_table_matches_device_names(name, peak):
     assert flops.peak_tflops(name)[0] == peak
+
+
+def test_h200_nvl_is_not_an_h200_sxm():
+    """The H200 NVL (a 600 W PCIe card) has a lower dense bf16 peak than the H200 SXM, though its
+    name contains "H200": exact product names first, each with its datasheet figure and source."""
+    sxm, sxm_source = flops.peak_tflops("NVIDIA H200")
+    nvl, nvl_source = flops.peak_tflops("NVIDIA H200 NVL")
+    assert (sxm, nvl) == (989.0, 835.0)
+    assert sxm_source.startswith("H200 SXM: ") and "1,979" in sxm_source and "h200 datasheet" in sxm_source
+    assert nvl_source.startswith("H200 NVL: ") and "1,671" in nvl_source
+    assert flops.achievable_tflops("NVIDIA H200") == 790.0 and flops.achievable_tflops("NVIDIA H200 NVL") is None
+    products = {p.product for p in flops.PEAKS}
+    assert {"H100 SXM", "H100 PCIe", "H100 NVL", "H200 SXM", "H200 NVL", "A100 SXM", "A100 PCIe"} <= products
+    # a name that is no exact product falls back to its most specific family, and says so
+    peak, source = flops.peak_tflops("NVIDIA H200 NVL 141GB")
+    assert peak == 835.0 and "not an exact name" in source and "--peak-tflops" in source
 
 
 def test_unknown_device_says_what_to_do():

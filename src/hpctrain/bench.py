@@ -35,7 +35,8 @@ FIELDS: dict[str, str] = {
     "world_size": "ranks", "global_batch": "images per optimizer step (all ranks)",
     "per_device_batch": "micro-batch per rank", "accum_steps": "micro-batches per step",
     "amp": "train.amp", "compile": "train.compile", "compile_mode": "train.compile_mode",
-    "parallel": "ddp or fsdp", "loader": "synthetic or the configured loader",
+    "parallel": "what the step ran: fsdp (FSDP2, on one rank too) or ddp",
+    "loader": "synthetic or the configured loader",
     "fused_adamw": "fused AdamW kernel in use", "tf32": "TF32 allowed (CUDA)",
     "sdpa_backend": "attention kernel PyTorch dispatched to (profiled)",
     "host_syncs_per_step": "device→host synchronisations in one step (CUDA sync debug; None on CPU)",
@@ -192,7 +193,8 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    distmod.init(info, "nccl" if device.type == "cuda" else "gloo", cfg.train.pg_timeout_s)
+    distmod.init(info, "nccl" if device.type == "cuda" else "gloo", cfg.train.pg_timeout_s,
+                 group_of_one=cfg.train.parallel == "fsdp")  # a one-GPU FSDP benchmark measures FSDP
     try:
         torch.manual_seed(cfg.train.seed)
         train_loader, _ = build_loaders(cfg, info.rank, info.world_size, device)
@@ -224,7 +226,7 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
         "device": str(device), "device_name": name, "world_size": info.world_size,
         "global_batch": cfg.data.batch_size, "per_device_batch": cfg.per_rank_batch(info.world_size),
         "accum_steps": cfg.train.accum_steps, "amp": cfg.train.amp, "compile": cfg.train.compile,
-        "compile_mode": cfg.train.compile_mode, "parallel": cfg.train.parallel,
+        "compile_mode": cfg.train.compile_mode, "parallel": "fsdp" if trainer.fsdp else "ddp",
         "loader": resolve_loader(cfg.data.loader),
         "fused_adamw": bool(trainer.optimizer.defaults.get("fused")),
         "tf32": bool(device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32),

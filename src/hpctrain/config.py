@@ -405,6 +405,11 @@ class TrainConfig:
         if 0 < self.spike_factor <= 1:
             raise ConfigError(f"train.spike_factor={self.spike_factor:g} would flag every loss at or above its "
                               "median as a spike: use a factor > 1 (e.g. 2.0), or 0 to turn spike detection off")
+        if self.sdpa_backend in ("flash", "cudnn") and self.amp == "none" and self.device != "cpu":
+            raise ConfigError(f"train.sdpa_backend={self.sdpa_backend} with train.amp=none cannot run: that "
+                              "kernel takes only fp16/bf16 and choosing it turns the others off (the first "
+                              "forward fails with 'No available kernel'); set train.amp=bf16, or "
+                              "train.sdpa_backend=efficient or auto for fp32")
         if self.hang_timeout_s and 2 * self.hang_timeout_s > self.pg_timeout_s:
             raise ConfigError(f"train.hang_timeout_s={self.hang_timeout_s} must be at most half of "
                               f"train.pg_timeout_s={self.pg_timeout_s}: the collective timeout would end the job "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -65,9 +66,9 @@ class MetricsWriter:
 
     def write(self, kind: str, **fields: Any) -> None:
         if self._f:
-            rec = {"kind": kind, "time": round(time.time(), 3), **fields}
+            rec = json_safe({"kind": kind, "time": round(time.time(), 3), **fields})
             try:
-                self._f.write(json.dumps(rec) + "\n")
+                self._f.write(json.dumps(rec, allow_nan=False) + "\n")
             except OSError as e:  # a full disk loses metric lines, not the run (checkpoints decide)
                 if not self.failed:
                     log.warning("cannot append to %s: %s; metrics are lost until there is space", self.path, e)
@@ -83,6 +84,37 @@ class MetricsWriter:
             with contextlib.suppress(OSError):
                 self._f.close()
             self._f = None
+
+
+NONFINITE_FIELDS = "nonfinite_fields"  # the record field that names the values written as null
+
+
+def json_safe(rec: dict) -> dict:
+    """`rec` with every non-finite float (inf, -inf, NaN; nested in dicts and lists too) as null,
+    and, when there were any, `nonfinite_fields`: {field path: "inf" | "-inf" | "nan"} (nested paths
+    joined by dots: `gpus.0.power_w`).
+
+    Python's json writes these as the bare words Infinity/NaN, which are not JSON (RFC 8259 has no
+    such numbers): strict readers (jq, JavaScript's JSON.parse, Go's encoding/json, pandas with
+    engine=pyarrow) reject the whole file. fp16 steps the GradScaler skips have an infinite gradient
+    norm, so a train record can carry one in a healthy run. Readers treat null as not measured.
+    """
+    flagged: dict[str, str] = {}
+
+    def clean(v: Any, path: str) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            flagged[path] = "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x, f"{path}.{i}") for i, x in enumerate(v)]
+        return v
+
+    out = clean(rec, "")
+    if flagged:
+        out[NONFINITE_FIELDS] = flagged
+    return out
 
 
 def superseded_path(path: Path) -> Path:

@@ -165,18 +165,20 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     cases = [
         ("train.parallel=fsdp", cuda, FSDP_LINE.pattern),
         ("train.amp=fp16", cpu, r"train\.amp=fp16 on cpu needs torch >= 2\.3 .*this is 2\.2\.2\+cu121"),
-        ("train.sdpa_backend=cudnn", cuda, r"train\.sdpa_backend=cudnn needs torch >= 2\.3; this is 2\.2\.2"),
+        ("train.sdpa_backend=cudnn train.amp=bf16", cuda,
+         r"train\.sdpa_backend=cudnn needs torch >= 2\.3; this is 2\.2\.2"),
     ]
     for setting, device, msg in cases:
         with pytest.raises(ConfigError, match=msg):
-            compat.check_train(load(DIGITS, [setting]).train, device)
+            compat.check_train(load(DIGITS, setting.split()).train, device)
     for setting, what in [("train.ckpt_format=sharded", "train.ckpt_format=sharded"),
                           ("train.ckpt_async=true", "train.ckpt_async=true")]:
         with pytest.raises(ConfigError, match=rf"{re.escape(what)} needs torch >= 2\.4 .*this is 2\.2\.2\+cu121: "
                                               r"use train\.ckpt_format=single"):
             compat.check_train(load(DIGITS, [setting]).train, cpu)
     compat.check_train(load(DIGITS, ["train.amp=fp16"]).train, cuda)  # CUDA has its scaler on 2.2
-    compat.check_train(load(DIGITS, ["train.sdpa_backend=cudnn"]).train, cpu)  # the switch is CUDA-only
+    cudnn = load(DIGITS, ["train.sdpa_backend=cudnn", "train.amp=bf16"]).train
+    compat.check_train(cudnn, cpu)  # the switch is CUDA-only
 
 
 @pytest.mark.parametrize("version, world, fmt, want", [

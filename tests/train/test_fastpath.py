@@ -7,9 +7,10 @@ import contextlib
 import pytest
 import torch
 
-from hpctrain.config import load
+from hpctrain.config import ConfigError, load
 from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
+from hpctrain.train import compat
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.fastpath import sdpa_backend_used
 from hpctrain.train.loop import Trainer
@@ -66,11 +67,51 @@ def test_sdpa_backend_is_reported():
     assert sdpa_backend_used(mlp, images, contextlib.nullcontext()) == "none"
 
 
+@pytest.fixture
+def math_sdpa():
+    """The math SDPA kernel forced through the run's own switch (the global flags hold on CPU too)."""
+    b = torch.backends.cuda
+    was = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+    compat.set_sdpa_backend("math")
+    yield
+    for enable, on in zip((b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_math_sdp,
+                           b.enable_cudnn_sdp), was):
+        enable(on)
+
+
+def test_math_sdpa_kernel_is_recognised(math_sdpa):
+    # the math kernel reaches the dispatcher only as bmm/softmax (CompositeImplicitAutograd)
+    model = build_vit(load(DIGITS).model)
+    assert sdpa_backend_used(model, torch.randn(2, 3, 32, 32), contextlib.nullcontext()) == "math"
+
+
+def test_math_sdpa_kernel_warns_at_start(math_sdpa, caplog):
+    cfg = load(DIGITS, BASE)
+    loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
+                             num_classes=10, seed=0, device=torch.device("cpu"))
+    tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
+    with caplog.at_level("INFO", logger="hpctrain"):
+        tr._log_attention_kernel()
+    assert [r.levelname for r in caplog.records if "math SDPA kernel" in r.getMessage()] == ["WARNING"]
+
+
 def test_switches_are_config_fields():
-    cfg = load(DIGITS, ["train.tf32=false", "train.sdpa_backend=cudnn", "train.ddp_bucket_mb=100",
+    cfg = load(DIGITS, ["train.tf32=false", "train.sdpa_backend=cudnn", "train.amp=bf16", "train.ddp_bucket_mb=100",
                         "train.ddp_bucket_view=false", "train.fsdp_reshard=false"])
     t = cfg.train
     assert (t.tf32, t.sdpa_backend, t.ddp_bucket_mb, t.ddp_bucket_view, t.fsdp_reshard) == (
         False, "cudnn", 100, False, False)
     with pytest.raises(ValueError, match="sdpa_backend"):
         load(DIGITS, ["train.sdpa_backend=flashy"])
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_half_precision_sdpa_kernel_without_amp_is_refused(backend):
+    # flash and cuDNN attention take fp16/bf16 only, and choosing one turns math off: fp32 q/k/v
+    # would fail the first forward with "No available kernel" (docs/observability.md)
+    with pytest.raises(ConfigError, match=rf"^train\.sdpa_backend={backend} with train\.amp=none cannot run: .*"
+                                          r"set train\.amp=bf16"):
+        load(DIGITS, ["train.amp=none", f"train.sdpa_backend={backend}"])
+    for ok in (["train.amp=bf16"], ["train.amp=fp16"], ["train.amp=none", "train.device=cpu"]):
+        assert load(DIGITS, [*ok, f"train.sdpa_backend={backend}"]).train.sdpa_backend == backend
+    assert load(DIGITS, ["train.amp=none", "train.sdpa_backend=efficient"]).train.amp == "none"  # fp32 kernel

@@ -8,12 +8,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as td
 
+from hpctrain import bench
 from hpctrain.config import ConfigError, load
+from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import compat
+from hpctrain.train import compat, dist
+from hpctrain.train.dist import DistInfo
+from hpctrain.train.loop import Trainer
 from hpctrain.train.optim import build_optimizer
+from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 
 # FSDP2 is in torch >= 2.4; below that train.parallel=fsdp is refused (tests/train/test_compat.py).
@@ -139,3 +145,43 @@ def test_ema_with_fsdp_is_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match=r"train.ema does not work with train.parallel=fsdp: .* set train.ema=0"):
         load("digits_vit", ["train.parallel=fsdp", "train.ema=0.999"])
     assert load("digits_vit", ["train.parallel=fsdp"]).train.ema == 0
+
+
+def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
+    """4 steps of the digits model on one process (a gloo group of one); the losses and the
+    kinds of the parameters the optimizer steps."""
+    cfg = load(DIGITS, ["data.loader=synthetic", "optim.warmup_steps=0", "optim.lr=1e-3", "train.threads=0",
+                        "model.depth=2", f"train.parallel={parallel}"])
+    dist.init(DistInfo(), "gloo", 60, group_of_one=parallel == "fsdp")
+    try:
+        torch.manual_seed(0)
+        loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
+                                 num_classes=10, seed=0, device=torch.device("cpu"))
+        tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
+        kinds = sorted({type(p).__name__ for g in tr.optimizer.param_groups for p in g["params"]})
+        out = []
+        for _ in range(4):
+            torch.manual_seed(step_seed(0, tr.step, 0))
+            out.append(float(tr.train_step([next(iter(loader))])))
+            tr.step += 1
+        tr.close()
+    finally:
+        dist.shutdown()
+    return out, kinds
+
+
+def test_fsdp_on_one_rank_shards_and_trains_like_unsharded():
+    """A one-GPU FSDP run (or benchmark) must measure FSDP: FSDP2 on a world of one, not the
+    plain model under an fsdp label. Same math as the unsharded model, to rounding."""
+    fsdp_losses, kinds = _one_rank_losses("fsdp")
+    plain_losses, plain_kinds = _one_rank_losses("ddp")
+    assert kinds == ["DTensor"] and plain_kinds == ["Parameter"]
+    assert fsdp_losses == pytest.approx(plain_losses, rel=1e-5)
+    assert not td.is_initialized()  # nothing left for the next test
+
+
+def test_bench_on_one_rank_measures_fsdp():
+    r = bench.measure(load(DIGITS, ["train.parallel=fsdp", "model.depth=1", "data.batch_size=16"]), steps=1,
+                      warmup=1)
+    assert r["parallel"] == "fsdp" and r["world_size"] == 1 and math.isfinite(r["loss"])
+    assert not td.is_initialized()

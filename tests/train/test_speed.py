@@ -121,3 +121,78 @@ def test_sampler_window_means_and_memory_peak():
     want = [{"index": 0, "util_pct": 80.0, "mem_used_gb": 60.0, "power_w": 500.0, "sm_clock_mhz": 1867.5}]
     assert s.take() == want
     assert s.take() == want  # no reading since: the last window's, not zeros
+
+
+class NoPermission(Exception):
+    """NVML's NVMLError_NoPermission, as str() gives it."""
+
+    def __str__(self):
+        return "Insufficient Permissions"
+
+
+class NodeNvml(FakeNvml):
+    """Stands in for a node's NVML: it counts `count` GPUs and refuses the handles of `refused`
+    (a Slurm device cgroup), as nvmlDeviceGetCount_v2 / nvmlDeviceGetHandleByIndex_v2 do."""
+
+    def __init__(self, count: int, refused: set[int]):
+        super().__init__(iter(lambda: (50, 10, 300, 1500), None))  # the same reading forever
+        self.count, self.refused, self.shut = count, refused, False
+
+    def nvmlInit(self):  # noqa: N802 - NVML's names
+        pass
+
+    def nvmlDeviceGetCount(self):  # noqa: N802
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
+        if i in self.refused:
+            raise NoPermission()
+        return f"gpu{i}"
+
+    def nvmlShutdown(self):  # noqa: N802
+        self.shut = True
+
+
+def test_gpu_nvml_cannot_open_is_skipped_alone_and_named_once(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pynvml", NodeNvml(4, refused={1, 3}))
+    with caplog.at_level("DEBUG", logger="hpctrain"):
+        s = gpustats.NvmlSampler.start(interval_s=0.01)
+    assert s is not None
+    try:
+        s.sample()
+        assert [g["index"] for g in s.take()] == [0, 2]  # NVML's own indices of the GPUs it opened
+    finally:
+        s.stop()
+    said = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO"
+    assert "GPU 1 (Insufficient Permissions), 3 (Insufficient Permissions) skipped" in said[0].getMessage()
+
+
+def test_gpu_nvml_opens_none_gives_no_sampler(monkeypatch, caplog):
+    nvml = NodeNvml(2, refused={0, 1})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with caplog.at_level("INFO", logger="hpctrain"):
+        assert gpustats.NvmlSampler.start() is None
+    assert nvml.shut and nvml_threads() == []
+    assert any("GPU 0 (Insufficient Permissions), 1 (Insufficient Permissions) skipped" in r.getMessage()
+               for r in caplog.records)
+
+
+class FlakyNvml(FakeNvml):
+    """GPU "bad" stops answering; the others read as FakeNvml does."""
+
+    def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
+        if h == "bad":
+            raise NoPermission()
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def test_gpu_reading_that_fails_drops_only_that_gpu_said_once(caplog):
+    s = gpustats.NvmlSampler(FlakyNvml([(90, 40, 600, 1980)] * 2), ["gpu0", "bad"], interval_s=1, indices=[4, 6])
+    with caplog.at_level("INFO", logger="hpctrain"):
+        s.sample()
+        s.sample()
+    assert s.take() == [{"index": 4, "util_pct": 90.0, "mem_used_gb": 40.0, "power_w": 600.0,
+                         "sm_clock_mhz": 1980.0}]
+    said = [r for r in caplog.records if "GPU 6 failed" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"

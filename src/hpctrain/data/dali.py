@@ -110,7 +110,9 @@ def crop_args(scale_min: float) -> dict:
 def _erase(images, aug: Augment, boxes):
     """timm's RandomErasing on normalised CHW images. DALI's fn.erase fills a box with one constant, so
     it erases a mask of ones instead and the images take N(0,1) noise (fn.random.normal, per value for
-    `pixel`, per channel for `rand`) where the mask is 0: x·keep + noise·(1 − keep), exact outside."""
+    `pixel`, per channel for `rand`) where the mask is 0: x·keep + noise·(1 − keep), exact outside.
+    The noise's shape is the configured one, not `images.shape()`: on GPU images that is a GPU→CPU
+    edge the executor orders after the batch's GPU work (docs/data.md); the draws are the same."""
     from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
     anchor, shape = boxes
@@ -118,7 +120,7 @@ def _erase(images, aug: Augment, boxes):
     if aug.remode == "const":
         return images * keep
     dev = "gpu" if images.device == "gpu" else "cpu"
-    size = images.shape(dtype=types.INT32) if aug.remode == "pixel" else [3, 1, 1]
+    size = [3, aug.img_size, aug.img_size] if aug.remode == "pixel" else [3, 1, 1]
     noise = fn.random.normal(device=dev, shape=size, dtype=types.FLOAT)
     return images * keep + noise * (1.0 - keep)
 
@@ -203,6 +205,16 @@ def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_s
         warnings.simplefilter("ignore", DeprecationWarning)
         p.build()
     return p
+
+
+def _outputs(pipe, device: torch.device):
+    """The next batch. On CUDA with DALI's dynamic executor it is bound to torch's current stream (the
+    copy in _to_torch is ordered after DALI's work on the GPU); outputs() without a stream waits on
+    the host for that work (DALI 2.4 pipeline.py, docs/data.md). The legacy executor (DALI 1.32) has
+    no stream-bound outputs."""
+    if device.type == "cuda" and getattr(pipe, "exec_dynamic", False):
+        return pipe.outputs(cuda_stream=torch.cuda.current_stream(device))
+    return pipe.outputs()
 
 
 def _to_torch(out, device: torch.device) -> torch.Tensor:
@@ -502,7 +514,7 @@ class DaliLoader:
         try:
             for b in range(n):
                 try:
-                    images, labels = ep.pipe.outputs()
+                    images, labels = _outputs(ep.pipe, self.device)
                 except RuntimeError as e:
                     raise self._decode_error(e, ep.files, b, epoch) from None
                 ep.schedule(n)

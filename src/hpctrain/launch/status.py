@@ -21,7 +21,7 @@ import yaml
 from hpctrain.errors import LaunchError
 from hpctrain.launch.localjob import alive
 from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
-from hpctrain.metrics import read_metrics, table
+from hpctrain.metrics import NONFINITE_FIELDS, read_metrics, table
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
@@ -231,6 +231,8 @@ class RunStatus:
             rows.append(("last step", f"{m['step']}{total}, epoch {m.get('epoch') or 0:.2f}{ago}"))
         if m.get("loss") is not None:
             rows.append(("train loss", f"{m['loss']:.4f}"))
+        elif m.get("loss_nonfinite"):
+            rows.append(("train loss", f"{m['loss_nonfinite']} (not finite)"))
         speed = [f"{m['images_per_s']:.0f} images/s"] if m.get("images_per_s") is not None else []
         if self.steps_per_s:
             speed.append(f"{self.steps_per_s:.3g} steps/s")
@@ -315,7 +317,9 @@ def summarize(records: list[dict]) -> dict:
             out["last_time"] = rec["time"]
         if kind == "train":
             out.update(step=rec.get("step"), epoch=rec.get("epoch", 0), loss=rec.get("loss"),
-                       images_per_s=rec.get("images_per_s"), mfu=rec.get("mfu"))
+                       images_per_s=rec.get("images_per_s"), mfu=rec.get("mfu"),
+                       # a non-finite value is written as null, its kind under nonfinite_fields (metrics.py)
+                       loss_nonfinite=(rec.get(NONFINITE_FIELDS) or {}).get("loss"))
         elif kind == "eval" and rec.get("top1") is not None:  # (a run without a val set records none)
             out.update(top1=rec.get("top1"), eval_step=rec.get("step"))
             out["last_eval"] = {k: rec[k] for k in ("step", "top1", "top5", "loss", "ema_top1", "ema_top5")

@@ -152,11 +152,18 @@ def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
     return name
 
 
-def init(info: DistInfo, backend: str, timeout_s: int) -> None:
-    """Join the process group (no-op for one process)."""
+def init(info: DistInfo, backend: str, timeout_s: int, group_of_one: bool = False) -> None:
+    """Join the process group (no-op for one process, unless `group_of_one`: FSDP2 shards over a
+    device mesh, which needs a default group, a world of 1 too; it lives in this process alone,
+    on an in-memory store, so it opens no port)."""
     import torch.distributed as td  # torch: this module imports light (launch.task → train.entry on the login node)
 
-    if info.world_size == 1 or td.is_initialized():
+    if td.is_initialized():
+        return
+    if info.world_size == 1:
+        if group_of_one:
+            td.init_process_group(backend=backend, store=td.HashStore(), rank=0, world_size=1,
+                                  timeout=datetime.timedelta(seconds=timeout_s))
         return
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     set_gloo_ifname()  # before any gloo group: the default one on CPU, the control group on GPU

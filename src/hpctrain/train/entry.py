@@ -131,7 +131,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
     fr_env = (watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / "logs")
               if info.world_size > 1 else {})
-    distmod.init(info, backend, cfg.train.pg_timeout_s)
+    distmod.init(info, backend, cfg.train.pg_timeout_s, group_of_one=cfg.train.parallel == "fsdp")
     control = None
     if use_cuda and info.world_size > 1:
         import torch.distributed as td  # torch: after stopmod.install, as above

@@ -8,6 +8,8 @@ import torch.distributed as td
 
 from hpctrain.train.amp import autocast_ctx
 
+IGNORE = -100  # cross_entropy's default ignore_index: a padded sample's target (no class, no loss)
+
 
 @torch.no_grad()
 def eval_rounds(loader, device: torch.device) -> int:
@@ -41,24 +43,28 @@ def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, n, loss
-    conf = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device) if num_classes else None
+    # the confusion counts, and one last cell the padded samples go to (dropped at the end)
+    conf = torch.zeros(num_classes * num_classes + 1, dtype=torch.int64, device=device) if num_classes else None
     rounds = eval_rounds(loader, device)
     loader.set_epoch(0)
     seen, last = 0, None
     for images, labels in loader:
         seen += 1
         last = images[:1]
+        # padded samples are masked, not indexed out: logits[keep] needs the count on the host (a
+        # device->host sync per batch on CUDA); every row is computed and the padded ones weigh 0
         keep = labels >= 0
         with autocast_ctx(amp, device):
             logits = model(images)
-        logits, labels = logits[keep].float(), labels[keep]
+        logits, target = logits.float(), labels.masked_fill(~keep, IGNORE)  # IGNORE: no class, no loss
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        hit = top5 == labels[:, None]
+        hit = top5 == target[:, None]
         sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
-                             torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+                             torch.nn.functional.cross_entropy(logits, target, reduction="sum", ignore_index=IGNORE)
                              ]).double()
-        if conf is not None:
-            conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
+        if conf is not None:  # index_add_ into a fixed size (bincount reads the max on the host); padding: last cell
+            cell = torch.where(keep, labels * num_classes + top5[:, 0], num_classes * num_classes)
+            conf.index_add_(0, cell, torch.ones_like(cell))
     for _ in range(rounds - seen):  # padding forwards: the collectives of the others' last batches
         with autocast_ctx(amp, device):
             model(last if last is not None else blank_input(model, device))
@@ -71,6 +77,6 @@ def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num
     out = {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
            "loss": loss / max(n, 1)}
     if conf is not None:
-        out["confusion"] = conf.view(num_classes, num_classes).cpu()
+        out["confusion"] = conf[:-1].view(num_classes, num_classes).cpu()
     return out
 

@@ -44,8 +44,14 @@ def cuda_memory(device) -> dict[str, float]:
 
 
 class NvmlSampler:
-    """Polls every GPU NVML sees on this node every `interval_s` in a daemon thread; `take()`
+    """Polls every GPU NVML can open on this node every `interval_s` in a daemon thread; `take()`
     returns the means since the last call (memory: the largest), one dict per GPU.
+
+    Each GPU stands alone: one NVML may not open (NVML_ERROR_NO_PERMISSION for a GPU outside the
+    task's Slurm device cgroup: nvmlDeviceGetCount_v2 counts every GPU of the node, the handle of
+    one the process may not touch is refused) or one that stops answering leaves out that GPU's
+    fields, never the others'; which were left out, and why, is said once (INFO when it cannot be
+    opened, WARNING when it stops answering).
 
     NVML numbers GPUs in PCI bus order, which is CUDA's order only with
     CUDA_DEVICE_ORDER=PCI_BUS_ID; the `index` in the records is NVML's.
@@ -54,33 +60,48 @@ class NvmlSampler:
     FIELDS = ("util_pct", "mem_used_gb", "power_w", "sm_clock_mhz")
     _said = False  # the reason for no readings is logged once per process
 
-    def __init__(self, nvml, handles: list, interval_s: float):
+    def __init__(self, nvml, handles: list, interval_s: float, indices: list[int] | None = None):
         self._nvml, self._handles, self.interval_s = nvml, handles, interval_s
+        self.indices = list(range(len(handles))) if indices is None else list(indices)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sums: list[dict[str, float]] = [{} for _ in handles]
-        self._count = 0
-        self._last: list[dict[str, Any]] | None = None
+        self._counts = [0] * len(handles)
+        self._last: list[dict[str, Any] | None] = [None] * len(handles)
+        self._failed: set[int] = set()  # GPUs whose failed reading was logged (once each)
         self._thread = threading.Thread(target=self._loop, name="hpctrain-nvml", daemon=True)
 
     @classmethod
     def start(cls, interval_s: float = 1.0) -> NvmlSampler | None:
-        """A running sampler, or None when NVML is not there (no package, no driver, no GPU):
-        said once at debug level, since a CPU run expects nothing else."""
+        """A running sampler over the GPUs NVML opens, or None when it opens none. No NVML at all
+        (no package, no driver) is said once at debug level, since a CPU run expects nothing else;
+        GPUs NVML counts but cannot open are named once at INFO."""
         try:
             import pynvml  # pynvml: optional (nvidia-ml-py), NVIDIA GPUs only
 
             pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            count = pynvml.nvmlDeviceGetCount()
         except Exception as e:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, driver errors
             if not NvmlSampler._said:
                 log.debug("no NVML GPU readings: %s", e)
                 NvmlSampler._said = True
             return None
+        handles, indices, skipped = [], [], []
+        for i in range(count):
+            try:
+                handles.append(pynvml.nvmlDeviceGetHandleByIndex(i))
+                indices.append(i)
+            except Exception as e:  # noqa: BLE001 - NVMLError_NoPermission (device cgroup), a GPU lost
+                skipped.append(f"{i} ({e})")
+        if skipped:
+            log.info("NVML readings: GPU %s skipped (NVML cannot open %s; normal for GPUs outside this "
+                     "job's device cgroup): their util/memory/power/clock fields are absent; read: %s",
+                     ", ".join(skipped), "it" if len(skipped) == 1 else "them",
+                     ", ".join(map(str, indices)) or "none")
         if not handles:
             pynvml.nvmlShutdown()
             return None
-        sampler = cls(pynvml, handles, interval_s)
+        sampler = cls(pynvml, handles, interval_s, indices)
         sampler._thread.start()
         return sampler
 
@@ -92,17 +113,26 @@ class NvmlSampler:
                 "sm_clock_mhz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))}
 
     def sample(self) -> None:
-        """One reading of every GPU, added to the window (the thread calls this)."""
-        try:
-            rows = [self._read(h) for h in self._handles]
-        except Exception as e:  # noqa: BLE001 - a GPU that stops answering must not end the run
-            log.debug("NVML reading failed: %s", e)
-            return
+        """One reading of every GPU, added to the window (the thread calls this); a GPU whose
+        reading fails is left out of this one (said once per GPU), the others are kept."""
+        rows: list[dict[str, float] | None] = []
+        for pos, h in enumerate(self._handles):
+            try:
+                rows.append(self._read(h))
+            except Exception as e:  # noqa: BLE001 - a GPU that stops answering must not end the run
+                rows.append(None)
+                if pos not in self._failed:
+                    self._failed.add(pos)
+                    log.warning("NVML reading of GPU %d failed (%s): its fields are absent while it fails; "
+                             "the other GPUs are still read", self.indices[pos], e)
         with self._lock:
-            for acc, row in zip(self._sums, rows):
+            for pos, row in enumerate(rows):
+                if row is None:
+                    continue
+                acc = self._sums[pos]
                 for k, v in row.items():
                     acc[k] = max(acc.get(k, 0.0), v) if k == "mem_used_gb" else acc.get(k, 0.0) + v
-            self._count += 1
+                self._counts[pos] += 1
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -111,14 +141,17 @@ class NvmlSampler:
 
     def take(self) -> list[dict[str, Any]] | None:
         """Per GPU {index, util_pct, mem_used_gb, power_w, sm_clock_mhz} over the window since the
-        last call (the previous window's when no reading came in since); None before any."""
+        last call (a GPU with no reading since: its previous window's, or nothing before its first);
+        None before any reading."""
         with self._lock:
-            sums, count = self._sums, self._count
-            self._sums, self._count = [{} for _ in self._handles], 0
-        if count:
-            self._last = [{"index": i, **{k: (v if k == "mem_used_gb" else v / count) for k, v in acc.items()}}
-                          for i, acc in enumerate(sums)]
-        return self._last
+            sums, counts = self._sums, self._counts
+            self._sums, self._counts = [{} for _ in self._handles], [0] * len(self._handles)
+        for pos, (acc, count) in enumerate(zip(sums, counts)):
+            if count:
+                self._last[pos] = {"index": self.indices[pos],
+                                   **{k: (v if k == "mem_used_gb" else v / count) for k, v in acc.items()}}
+        out = [row for row in self._last if row is not None]
+        return out or None
 
     def stop(self) -> None:
         self._stop.set()

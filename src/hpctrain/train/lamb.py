@@ -63,13 +63,25 @@ class Lamb(AdamFamily):
 
     @staticmethod
     def apply(b: Bucket, group: dict, r: list[torch.Tensor]) -> None:
-        """w -= lr · ratio · r, the trust ratio where the group adapts."""
+        """w -= lr · ratio · r, the trust ratio where the group adapts. The ratios stay on the device (no
+        sync). A foreach op takes CUDA's batched kernel only when its lists match tensor for tensor in
+        shape (docs/large-batch.md): 0-d ratios against the tensors ran one kernel per tensor, so each
+        shape's ratios are spread over a tensor of that shape (one kernel per distinct shape)."""
         lr = group["lr"]
-        if group["weight_decay"] != 0 or group["always_adapt"]:
-            w_norm = torch.stack(torch._foreach_norm(b.params))
-            r_norm = torch.stack(torch._foreach_norm(r))
-            ratio = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
-            # w -= lr · ratio · r in one pass; the ratios stay 0-d tensors on the device (no sync)
-            torch._foreach_addcmul_(b.params, r, list(ratio.unbind()), value=-lr)
-        else:
+        if not (group["weight_decay"] != 0 or group["always_adapt"]):
             torch._foreach_add_(b.params, r, alpha=-lr)
+            return
+        shapes: dict[torch.Size, list[int]] = {}
+        for i, t in enumerate(r):
+            shapes.setdefault(t.shape, []).append(i)
+        order = [i for idx in shapes.values() for i in idx]
+        params, r = [b.params[i] for i in order], [r[i] for i in order]
+        w_norm = torch.stack(torch._foreach_norm(params))
+        r_norm = torch.stack(torch._foreach_norm(r))
+        ratio = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
+        spread, at = [], 0
+        for shape, idx in shapes.items():
+            k = len(idx)
+            spread.extend(ratio[at:at + k].view(k, *[1] * len(shape)).expand(k, *shape).contiguous().unbind(0))
+            at += k
+        torch._foreach_addcmul_(params, r, spread, value=-lr)  # the same rounding as with the 0-d ratios

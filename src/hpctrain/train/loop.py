@@ -84,7 +84,10 @@ class Trainer(CheckpointState, Rollback):
         self.total_steps = planned_steps(cfg, len(train_loader))
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
         self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
-        self.fsdp = t.parallel == "fsdp" and dist.world_size > 1
+        self.fsdp = t.parallel == "fsdp"  # on one rank too: a one-GPU FSDP run (or benchmark) runs FSDP
+        if self.fsdp and not td.is_initialized():
+            raise RuntimeError("train.parallel=fsdp shards over a process group, a world of 1 too: "
+                               "call dist.init(..., group_of_one=True) before the Trainer")
         if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
             fsdp.shard(self.model, device, t.fsdp_reshard, t.amp, t.grad_reduce_dtype)
         # bf16 under FSDP is FSDP's mixed-precision policy (train.fsdp), so no autocast in steps
