@@ -21,6 +21,52 @@ def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedP
                           env={**os.environ, **(env or {})}, **kw)
 
 
+# How long a test waits for progress (a step, a job state) before it calls the job stuck: generous,
+# since a loaded machine (CI's 2 cores shared with another worker, a noisy neighbour) is slow, and the
+# waits end at the event, not at the cap. HPCTRAIN_TEST_WAIT_S changes it.
+WAIT_S = float(os.environ.get("HPCTRAIN_TEST_WAIT_S", "900"))
+
+
+def wait_for(event, what: str, cap_s: float | None = None, show=None, poll_s: float = 0.5):
+    """Poll `event()` until it returns something truthy (returned), for at most `cap_s` (WAIT_S).
+    On a miss the test fails with `what` and, from `show()`, what the job was doing then (its last
+    records, Slurm's rows, the logs' tails): a slow machine passes, a stuck job is explained."""
+    cap = WAIT_S if cap_s is None else cap_s
+    end = time.monotonic() + cap
+    while True:
+        got = event()
+        if got:
+            return got
+        if time.monotonic() >= end:
+            detail = ""
+            if show is not None:
+                try:
+                    detail = "\n" + str(show())
+                except Exception as e:  # noqa: BLE001 - the report must not hide the miss
+                    detail = f"\n(no report: {e!r})"
+            pytest.fail(f"{what}: not within {cap:.0f} s{detail}", pytrace=False)
+        time.sleep(poll_s)
+
+
+def tails(paths, lines: int = 15) -> str:
+    """The last `lines` lines of each file that exists, under its name."""
+    out = []
+    for p in paths:
+        p = Path(p)
+        if p.is_file():
+            text = p.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {p}\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def run_report(run_dir: Path, records: int = 8) -> str:
+    """What a run was doing: its last metrics records and the tails of its rank logs."""
+    run_dir = Path(run_dir)
+    last = run_metrics(run_dir)[-records:] if (run_dir / "metrics.jsonl").exists() else []
+    return (f"run {run_dir}: last records {last}\n" +
+            tails(sorted((run_dir / "logs").glob("rank-*.log")) if (run_dir / "logs").is_dir() else []))
+
+
 def dir_files(d: Path) -> dict[str, bytes]:
     """Every plain file directly in `d` by name, with its bytes (packed shards, their index)."""
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}

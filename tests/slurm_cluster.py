@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import free_port
+from tests.helpers import WAIT_S, free_port
 
 NODES = ("n1", "n2")
 # A third node only in SPARE_PARTITION (issue 22, hot spares: a 3-node allocation training on 2): the
@@ -364,6 +364,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
         return ([s for s in r.stdout.split() if s != "RESIZING"] or [""])[0]
 
     def wait_done(self, job_id: str, timeout: float) -> str:
+        """The job's final state: waits on sacct for at least `timeout` s and WAIT_S (a loaded machine
+        is slow; the wait ends at the state), then fails with Slurm's rows for the job."""
+        timeout = max(timeout, WAIT_S)
         end = time.monotonic() + timeout
         done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
         st = ""
@@ -372,7 +375,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
             if st.split()[0:1] and st.split()[0] in done:
                 return st
             time.sleep(1)
-        raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s")
+        rows = self.run("sacct", "-n", "-P", "-D", "-j", str(job_id), "-o", "JobID,State,ExitCode,NodeList",
+                        check=False).stdout.strip()
+        raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s; sacct: {rows}")
 
     @contextlib.contextmanager
     def reconfigured(self, **settings: str):

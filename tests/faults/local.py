@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.helpers import digits_args, free_port, run_metrics
+from tests.helpers import WAIT_S, digits_args, free_port, run_metrics, run_report, wait_for
 
 
 def start_ranks(world: int, digits_root: Path, run_dir: Path, name: str, *sets: str,
@@ -30,12 +29,15 @@ def last_step(run: Path) -> int:
 
 
 def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> int:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    """The run's last step once it is at `step` or beyond (waits on the records, for at least
+    `timeout` s and WAIT_S); a rank that exits first fails the test with every rank's output."""
+    def reached():
         s = last_step(run)
         if s >= step:
             return s
         if any(p.poll() is not None for p in procs):
             raise AssertionError("a rank exited early:\n" + "\n".join(p.communicate()[0][-3000:] for p in procs))
-        time.sleep(0.05)
-    raise AssertionError(f"no step {step} within {timeout} s")
+        return None
+
+    return wait_for(reached, f"{run} did not reach step {step}", max(timeout, WAIT_S), lambda: run_report(run),
+                    poll_s=0.05)

