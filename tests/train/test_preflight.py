@@ -168,9 +168,9 @@ def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
 @pytest.mark.slow
 def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
-    # two ranks sharing a loaded 2-core CI machine with another test differ by up to ~40 % in matmul rate (the
-    # default tolerance is 30 %): healthy here means within 90 %; the slowed rank above is under half
-    run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=dali", "train.preflight_tolerance=0.9"),
+    # the default tolerance (30 %): two ranks sharing a loaded 2-core machine differed by up to ~40 % at
+    # their median repetitions; the CPU rate is the fastest repetition's (contention only slows one)
+    run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=dali"),
               env={badnodes.ENV: str(bad_file)}, rank_env=_nodes("n1", "n2"), timeout=120)
     assert not bad_file.exists()
     (rec,) = run_metrics(tmp_path / "r", "preflight")

@@ -50,7 +50,7 @@ class Sizes:
 
     matmul_n: int  # square matmul side
     matmul_s: float  # seconds of timed matmuls per rank (long enough for clocks to settle under load)
-    rep_s: float  # one timed repetition; the rate is taken at the median repetition
+    rep_s: float  # one timed repetition; the rate is taken at the median (GPU) or fastest (CPU) one
     allreduce_bytes: int  # float32 message per all-reduce (large: busbw, not latency)
     allreduce_iters: int
     warmup: int
@@ -198,8 +198,13 @@ def _sync(device: torch.device) -> None:
 
 
 def matmul_tflops(device: torch.device, sizes: Sizes, delay_s: float = 0.0) -> float:
-    """This rank's matmul rate (TFLOP/s; bf16 on GPU, float32 on CPU) at the median of repetitions
-    timed with perf_counter after a warm-up; `delay_s` (test-only hook) is slept in each repetition."""
+    """This rank's matmul rate (TFLOP/s; bf16 on GPU, float32 on CPU) from repetitions timed with
+    perf_counter after a warm-up; `delay_s` (test-only hook) is slept in each repetition.
+
+    On a GPU the rate is the median repetition's: the device is the job's alone, and a slow median
+    is a slow GPU (clocks that drop under sustained load). On a CPU, ranks share cores with each
+    other and with whatever else runs there, which only ever slows a repetition: the fastest one is
+    the node's rate (as `timeit` takes the minimum), so a busy neighbour is not called a slow node."""
     n = sizes.matmul_n
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
@@ -226,7 +231,8 @@ def matmul_tflops(device: torch.device, sizes: Sizes, delay_s: float = 0.0) -> f
             time.sleep(delay_s)
         _sync(device)
         times.append(time.perf_counter() - t)
-    return 2.0 * n ** 3 * per_rep / statistics.median(times) / 1e12
+    rep = statistics.median(times) if device.type == "cuda" else min(times)
+    return 2.0 * n ** 3 * per_rep / rep / 1e12
 
 
 def pair_allreduce(nodes_of_rank: Sequence[str], rank: int, device: torch.device, sizes: Sizes
