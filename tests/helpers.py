@@ -102,6 +102,7 @@ def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | Non
         procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     results = []
+    timeout = max(timeout, WAIT_S)  # a bound for a hang, not a timing: a loaded machine is slow
     deadline = time.monotonic() + timeout
     for p in procs:
         try:

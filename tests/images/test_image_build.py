@@ -23,9 +23,9 @@ def test_dry_run_prints_exact_command(tmp_path):
         "image", "build", str(RECIPE), "-o", str(out), "--scratch", "/scratch/me", "--fakeroot", "--dry-run"
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout == (
-        f"APPTAINER_TMPDIR=/scratch/me/apptainer/tmp APPTAINER_CACHEDIR=/scratch/me/apptainer/cache "
-        f"apptainer build --fakeroot {out} {RECIPE}\n"
+    assert r.stdout == (  # from the test's own directory: apptainer runs in the checkout (the recipes' %files)
+        f"cd {RECIPE.parents[1]} && APPTAINER_TMPDIR=/scratch/me/apptainer/tmp "
+        f"APPTAINER_CACHEDIR=/scratch/me/apptainer/cache apptainer build --fakeroot {out} {RECIPE.resolve()}\n"
     )
     assert not out.exists()
 
@@ -40,7 +40,7 @@ def test_scratch_defaults_and_fakeroot_when_not_root(tmp_path):
         "--dry-run",
         env={"SCRATCH": "/lustre/u1"},
     )
-    assert r.stdout.startswith("APPTAINER_TMPDIR=/lustre/u1/apptainer/tmp APPTAINER_CACHEDIR=/lustre/u1/")
+    assert " && APPTAINER_TMPDIR=/lustre/u1/apptainer/tmp APPTAINER_CACHEDIR=/lustre/u1/" in r.stdout
     assert ("--fakeroot" in r.stdout) == (os.geteuid() != 0)
 
 
@@ -107,7 +107,7 @@ def test_build_runs_apptainer_with_scratch_env(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     s = tmp_path / "s" / "apptainer"
-    assert log.read_text() == f"{s}/tmp {s}/cache build {out} {RECIPE}\n"
+    assert log.read_text() == f"{s}/tmp {s}/cache build {out} {RECIPE.resolve()}\n"
     assert (s / "tmp").is_dir() and (s / "cache").is_dir()
 
 

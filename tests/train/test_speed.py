@@ -153,9 +153,9 @@ class NodeNvml(FakeNvml):
         self.shut = True
 
 
-def test_gpu_nvml_cannot_open_is_skipped_alone_and_named_once(monkeypatch, caplog):
+def test_gpu_nvml_cannot_open_is_skipped_alone_and_named_once(monkeypatch, hpctrain_log):
     monkeypatch.setitem(sys.modules, "pynvml", NodeNvml(4, refused={1, 3}))
-    with caplog.at_level("DEBUG", logger="hpctrain"):
+    with hpctrain_log.at_level("DEBUG", logger="hpctrain"):
         s = gpustats.NvmlSampler.start(interval_s=0.01)
     assert s is not None
     try:
@@ -163,19 +163,19 @@ def test_gpu_nvml_cannot_open_is_skipped_alone_and_named_once(monkeypatch, caplo
         assert [g["index"] for g in s.take()] == [0, 2]  # NVML's own indices of the GPUs it opened
     finally:
         s.stop()
-    said = [r for r in caplog.records if "skipped" in r.getMessage()]
+    said = [r for r in hpctrain_log.records if "skipped" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "INFO"
     assert "GPU 1 (Insufficient Permissions), 3 (Insufficient Permissions) skipped" in said[0].getMessage()
 
 
-def test_gpu_nvml_opens_none_gives_no_sampler(monkeypatch, caplog):
+def test_gpu_nvml_opens_none_gives_no_sampler(monkeypatch, hpctrain_log):
     nvml = NodeNvml(2, refused={0, 1})
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    with caplog.at_level("INFO", logger="hpctrain"):
+    with hpctrain_log.at_level("INFO", logger="hpctrain"):
         assert gpustats.NvmlSampler.start() is None
     assert nvml.shut and nvml_threads() == []
     assert any("GPU 0 (Insufficient Permissions), 1 (Insufficient Permissions) skipped" in r.getMessage()
-               for r in caplog.records)
+               for r in hpctrain_log.records)
 
 
 class FlakyNvml(FakeNvml):
@@ -187,12 +187,12 @@ class FlakyNvml(FakeNvml):
         return super().nvmlDeviceGetUtilizationRates(h)
 
 
-def test_gpu_reading_that_fails_drops_only_that_gpu_said_once(caplog):
+def test_gpu_reading_that_fails_drops_only_that_gpu_said_once(hpctrain_log):
     s = gpustats.NvmlSampler(FlakyNvml([(90, 40, 600, 1980)] * 2), ["gpu0", "bad"], interval_s=1, indices=[4, 6])
-    with caplog.at_level("INFO", logger="hpctrain"):
+    with hpctrain_log.at_level("INFO", logger="hpctrain"):
         s.sample()
         s.sample()
     assert s.take() == [{"index": 4, "util_pct": 90.0, "mem_used_gb": 40.0, "power_w": 600.0,
                          "sm_clock_mhz": 1980.0}]
-    said = [r for r in caplog.records if "GPU 6 failed" in r.getMessage()]
+    said = [r for r in hpctrain_log.records if "GPU 6 failed" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"
