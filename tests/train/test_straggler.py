@@ -37,7 +37,6 @@ def test_delay_hook_is_parsed_once_and_checked():
 # synthetic batches: no image decoding, whose time varies with the machine's load
 SETS = ("train.max_steps=6", "train.log_every=2", "data.batch_size=48", "data.loader=synthetic")
 DELAY = 0.4
-DELAY_PCT = 1000  # DELAY over a synthetic step of < 40 ms: the slowed rank's excess, in % of a step
 
 
 @pytest.mark.parametrize("where", ["data", "compute"])
@@ -53,19 +52,17 @@ def test_slowed_rank_is_named_with_its_cause(digits_root, tmp_path, where):
     assert f"rank 2 (host {r['host']}, GPU 2)" in out[0].stdout and f"goes to {where}" in out[0].stdout
 
 
-def test_even_run_names_no_one(digits_root, tmp_path):
-    """The bar comes from the noise measured here: 3 ranks on 2 shared cores take turns, so an even
-    run's slowest rank is some % over the median by chance (~20 % of a 25 ms step, more under load).
-    A first even run at a bar of 0 records that noise (every interval's slowest rank); the second,
-    at twice the largest noise seen (and at least the default 15 %), must name no one. The slowed
-    rank of the test above is 0.4 s per step (> 1000 %) over."""
-    run_ranks(3, digits_args(digits_root, tmp_path, "noise", *SETS, "train.straggler_pct=0"))
-    noise = max((r["slower_pct"] for r in run_metrics(tmp_path / "noise", "straggler")), default=0.0)
-    bar = max(15.0, 2 * noise)
-    run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS, f"train.straggler_pct={bar}"))
-    assert len(run_metrics(tmp_path / "r", "train")) == 3
-    assert run_metrics(tmp_path / "r", "straggler") == [], f"noise {noise:.0f} %, bar {bar:.0f} %"
-    assert noise < DELAY_PCT, f"the even run's noise ({noise:.0f} %) reaches the slowed rank's excess"
+def test_even_run_has_no_persistent_straggler(digits_root, tmp_path):
+    """An even run's slowest rank changes from interval to interval: no rank is singled out by the
+    loop itself (rank 0's metrics, the stop round). At a bar of 0 every log interval records its
+    slowest rank and by how much: the noise, measured here, not a fixed percentage (3 ranks taking
+    turns on 2 loaded cores: 0–32 % of a 25 ms step measured, which no fixed bar separates from a
+    real straggler under load; the slowed rank of the test above is slowest in every interval)."""
+    run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS, "train.max_steps=24", "train.straggler_pct=0"))
+    recs = run_metrics(tmp_path / "r", "straggler")
+    assert len(recs) >= 6, recs  # most intervals have a slowest rank (an exact tie records none)
+    noise = [round(r["slower_pct"]) for r in recs]
+    assert len({r["rank"] for r in recs}) > 1, f"rank {recs[0]['rank']} slowest in every interval: {noise} %"
 
 
 def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops(digits_root, tmp_path):
