@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 sys.path.insert(0, str(SRC))
-os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+# ROOT too: the rank workers (`python -m tests.train.…`) start in each test's empty directory
+os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 # Bitwise comparisons on CPU need a fixed thread count (DESIGN.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fake sysfs trees of real nodes: fixtures for the doctor and the `cluster init --probe` tests; the

@@ -4,12 +4,10 @@ are bit-for-bit those of a run without the warm-up (the code before it)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from tests.helpers import DIGITS, ROOT, run_ranks
+from tests.helpers import DIGITS, run_ranks
 
 WORKER = ["-m", "tests.train.compile_worker"]
 SETS = ["train.max_steps=3", "train.compile=true", "model.depth=1", "train.threads=1", "train.log_every=1",
@@ -20,8 +18,7 @@ PG_TIMEOUT_S, SLOW_S = 8, 12  # rank 1's first compile sleeps past the collectiv
 def run(digits_root, tmp_path, name: str, *sets: str, slow: bool = False, check: bool = True):
     out = tmp_path / name
     out.mkdir()
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # shared: only the first run compiles cold
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ["PYTHONPATH"]])}  # the worker is in tests/
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # shared: only the first run compiles cold
     if slow:
         env |= {"SLOW_COMPILE_RANK": "1", "SLOW_COMPILE_S": str(SLOW_S)}
     results = run_ranks(2, [*WORKER, str(DIGITS), str(out), f"data.root={digits_root}", f"run.dir={out}",
