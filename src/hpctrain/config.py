@@ -283,6 +283,11 @@ class TrainConfig:
     compile_cache: str = opt("", "train.compile: Inductor's and Triton's caches under this dir, in a subdir keyed by "
                              "image digest + torch version + model config, so a requeue starts warm (empty: "
                              "<run>/compile_cache; a sweep shares <sweep>/compile_cache; docs/profiling.md)")
+    compile_warmup: bool = opt(True, "train.compile under DDP: compile (one forward + backward, no collective) "
+                               "before the first collective, then wait for every rank on the gloo control group "
+                               "up to train.compile_timeout_s (docs/communication.md)")
+    compile_timeout_s: int = opt(1800, "train.compile_warmup: how long the ranks wait for the slowest rank's "
+                                 "first compile (a cold max-autotune compile can take many minutes)", lo=1)
     label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
     mixup: float = opt(0.0, "mixup alpha (0: off)", lo=0)
     cutmix: float = opt(0.0, "cutmix alpha (0: off)", lo=0)

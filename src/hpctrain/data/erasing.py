@@ -13,6 +13,10 @@ sample's generator exists anyway); `erase_boxes_batch` draws the same distributi
 at once, for the DALI loader's main thread: each sample's uniforms come from a counter-based hash of
 its key (splitmix64), so a box still depends on the sample alone, not on the batch it lands in, and
 no generator is seeded per sample (a `default_rng(key)` costs ~0.1-0.4 ms: tens of ms per batch).
+
+The torch loader fills the boxes per batch, not per box: `erase_fill` composes a sample's mask and
+values on the CPU in its worker, `pack` puts a batch's into one buffer, and `fill_packed` makes one
+copy to the device and one masked_scatter_ (docs/data.md).
 """
 
 from __future__ import annotations
@@ -88,23 +92,50 @@ def erase_boxes_batch(height: int, width: int, keys: np.ndarray, prob: float, ma
     return np.where(used[..., None], np.stack([top, left, h, w], axis=-1), 0)
 
 
+def erase_fill(boxes: torch.Tensor, seed: int, mode: str, channels: int, height: int,
+               width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sample's erasing on the CPU, for a batch to apply in one go (`pack`, `fill_packed`): the
+    (H, W) bool mask of erased pixels and the (channels × n,) float32 values they take, channel by
+    channel in row-major order (masked_scatter_'s), a later box over an earlier one. `pixel` = N(0,1)
+    per value, `rand` = one N(0,1) per channel, `const` = 0; box k's noise from a generator seeded
+    `seed + k`, so it is fixed by the sample."""
+    mask = torch.zeros(height, width, dtype=torch.bool)
+    canvas, gen = None, None
+    for k, (top, left, h, w) in enumerate(boxes.tolist()):
+        if h == 0:
+            continue
+        if canvas is None:
+            canvas = torch.zeros(channels, height, width)
+        if mode != "const":
+            gen = gen or torch.Generator()
+            gen.manual_seed(int(seed) + k)
+            shape = (channels, h, w) if mode == "pixel" else (channels, 1, 1)
+            canvas[:, top:top + h, left:left + w] = torch.randn(shape, generator=gen, dtype=torch.float32)
+        else:
+            canvas[:, top:top + h, left:left + w] = 0.0
+        mask[top:top + h, left:left + w] = True
+    return mask, (canvas[:, mask].reshape(-1) if canvas is not None else torch.zeros(0))
+
+
+def pack(masks: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A batch's erasing as one uint8 buffer (one host-to-device copy): the float32 values, then the
+    (B, H, W) masks; `fill_packed` splits it again."""
+    return torch.cat([values.view(torch.uint8), masks.view(torch.uint8).reshape(-1)])
+
+
+def fill_packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """Erase the normalised batch `x` (B, C, H, W) in place from `pack`'s buffer: one copy to x's
+    device and one masked_scatter_, however many boxes and samples."""
+    b, c, h, w = x.shape
+    n = packed.numel() - b * h * w  # bytes of values
+    packed = packed.to(x.device, non_blocking=True)
+    mask = packed[n:].view(torch.bool).view(b, 1, h, w).expand(b, c, h, w)
+    return x.masked_scatter_(mask, packed[:n].view(torch.float32).to(x.dtype))
+
+
 def apply_erasing(x: torch.Tensor, boxes: torch.Tensor, seeds: torch.Tensor, mode: str) -> torch.Tensor:
-    """Fill `boxes` (B, K, 4) of the normalised batch `x` (B, C, H, W) in place: `pixel` = N(0,1) per
-    value, `rand` = one N(0,1) per channel, `const` = 0. The noise of sample i comes from a generator
-    seeded with seeds[i] on x's device, so it too is fixed by the sample."""
-    boxes_l, seeds_l = boxes.tolist(), seeds.tolist()
-    gen = None
-    for i, rows in enumerate(boxes_l):
-        for k, (top, left, h, w) in enumerate(rows):
-            if h == 0:
-                continue
-            shape = (x.shape[1], h, w) if mode == "pixel" else (x.shape[1], 1, 1)
-            if mode == "const":
-                fill = torch.zeros(shape, dtype=x.dtype, device=x.device)
-            else:
-                if gen is None:
-                    gen = torch.Generator(device=x.device)
-                gen.manual_seed(int(seeds_l[i]) + k)
-                fill = torch.randn(shape, generator=gen, dtype=torch.float32, device=x.device).to(x.dtype)
-            x[i, :, top:top + h, left:left + w] = fill
-    return x
+    """Fill `boxes` (B, K, 4) of the normalised batch `x` (B, C, H, W) in place (erase_fill's values,
+    sample i's noise seeded by seeds[i]); the torch loader does erase_fill in its workers instead."""
+    _, c, h, w = x.shape
+    fills = [erase_fill(bx, s, mode, c, h, w) for bx, s in zip(boxes, seeds.tolist())]
+    return fill_packed(x, pack(torch.stack([m for m, _ in fills]), torch.cat([v for _, v in fills])))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from torch.utils.data import default_collate
 
 from hpctrain.data import erasing, sampling
 from hpctrain.data.folder import DataError, Listing
@@ -107,23 +108,23 @@ def val_transform(img: Image.Image, size: int, crop_pct: float, interpolation: s
 
 
 class FolderDataset(torch.utils.data.Dataset):
-    """Items are (index, epoch) pairs → (uint8 HWC array, label, bad path, erase boxes, noise seed)."""
+    """Items are (index, epoch) pairs → (uint8 HWC array, label, bad path, erased-pixel mask, their values)."""
 
     def __init__(self, listing: Listing, train: bool, img_size: int, seed: int, crop_pct: float,
                  scale_min: float, hflip: float, skip_bad: bool = False, interpolation: str = "bilinear",
                  reprob: float = 0.0, recount: int = 1, eval_resize: str = "crop", crop: str = "timm",
-                 antialias: bool = True):
+                 antialias: bool = True, remode: str = "pixel"):
         self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
         self.eval_resize, self.crop, self.antialias = eval_resize, crop, antialias
         self.crop_pct, self.scale_min, self.hflip, self.skip_bad = crop_pct, scale_min, hflip, skip_bad
-        self.interpolation, self.reprob, self.recount = interpolation, reprob, recount
+        self.interpolation, self.reprob, self.recount, self.remode = interpolation, reprob, recount, remode
 
     def __len__(self) -> int:
         return len(self.listing)
 
-    def __getitem__(self, item: tuple[int, int, int]) -> tuple[torch.Tensor, int, str, torch.Tensor, int]:
-        """(index, epoch, repeat) → (image, label, path of a bad file skipped for it or '', erase boxes,
-        noise seed)."""
+    def __getitem__(self, item: tuple[int, int, int]) -> tuple[torch.Tensor, int, str, torch.Tensor, torch.Tensor]:
+        """(index, epoch, repeat) → (image, label, path of a bad file skipped for it or '', the (H, W) mask
+        of erased pixels and their values: erasing.erase_fill, here in the worker, not per box on the device)."""
         index, epoch, copy = item
         bad = ""
         for attempt in range(len(self.listing)):
@@ -135,7 +136,7 @@ class FolderDataset(torch.utils.data.Dataset):
                 if not self.skip_bad:
                     raise
                 bad = bad or str(self.listing.root / rel)  # stand in the next sample, deterministically
-        boxes, noise_seed = np.zeros((0, 4), dtype=np.int64), 0
+        mask, values = torch.zeros(0, 0, dtype=torch.bool), torch.zeros(0)
         if self.train:
             rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index, copy))
             arr = train_transform(img, self.size, rng, self.scale_min, self.hflip, self.interpolation,
@@ -143,9 +144,21 @@ class FolderDataset(torch.utils.data.Dataset):
             if self.reprob > 0:  # drawn after the crop/flip: reprob=0 leaves those draws as they were
                 boxes = erasing.erase_boxes(self.size, self.size, rng, self.reprob, self.recount)
                 noise_seed = int(rng.integers(0, 2**62))
+                mask, values = erasing.erase_fill(torch.from_numpy(boxes), noise_seed, self.remode, 3, self.size,
+                                                  self.size)
         else:
             arr = val_transform(img, self.size, self.crop_pct, self.interpolation, self.eval_resize)
-        return torch.from_numpy(arr.copy()), label, bad, torch.from_numpy(boxes), noise_seed
+        return torch.from_numpy(arr.copy()), label, bad, mask, values
+
+
+def collate(items: list[tuple]) -> list:
+    """[images, labels, bad paths] as default_collate makes them, and the batch's erasing packed into one
+    buffer (erasing.pack; empty without erasing), so the main thread makes one copy of it to the device."""
+    out = default_collate([item[:3] for item in items])
+    masks = [item[3] for item in items]
+    packed = (erasing.pack(torch.stack(masks), torch.cat([item[4] for item in items])) if masks[0].numel()
+              else torch.zeros(0, dtype=torch.uint8))
+    return [*out, packed]
 
 
 class _BatchSampler:
@@ -196,14 +209,14 @@ class TorchLoader:
         self.epoch, self.start, self.repeats, self.remode = 0, 0, repeats, remode
         self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip, skip_bad,
                                      interpolation, reprob if train else 0.0, recount, eval_resize, crop,
-                                     antialias)
+                                     antialias, remode)
         self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
         self.normalize = Normalizer(mean, std, device)
         self.device = device
         gen = torch.Generator().manual_seed(seed)  # iterators must not draw from the global RNG
         self._dl = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=_BatchSampler(self), num_workers=workers,
-            pin_memory=device.type == "cuda", persistent_workers=workers > 0, generator=gen,
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0, generator=gen, collate_fn=collate,
             prefetch_factor=4 if workers > 0 else None)
         if train and len(self) == 0:
             raise DataError(f"{listing.root}: {len(listing)} images make no full global batch of "
@@ -220,12 +233,12 @@ class TorchLoader:
         self.epoch, self.start = epoch, start
 
     def __iter__(self):
-        for images, labels, bad, boxes, noise_seeds in self._dl:
+        for images, labels, bad, packed in self._dl:
             for path in filter(None, bad):
                 self.skipped.append(path)
                 log.warning("skipped unreadable image %s (%d skipped so far; data.on_bad_sample=skip)",
                             path, len(self.skipped))
             x = self.normalize(images)
-            if boxes.shape[1]:
-                erasing.apply_erasing(x, boxes, noise_seeds, self.remode)
+            if packed.numel():
+                erasing.fill_packed(x, packed)
             yield x, labels.to(self.device, non_blocking=True)

@@ -13,6 +13,7 @@ eval pass (train.eval_pass), the resume checks (train.resume_checks), seeds and 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import math
 import time
@@ -37,7 +38,7 @@ from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
 from hpctrain.train.resume_checks import planned_steps
 from hpctrain.train.rollback import Rollback, RunDiverged
-from hpctrain.train.seeding import seed_step, step_seed
+from hpctrain.train.seeding import rng_state, seed_step, set_rng_state, step_seed
 from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
@@ -329,6 +330,8 @@ class Trainer(CheckpointState, Rollback):
         loss_acc = torch.zeros((), device=self.device)
         last_eval_step = -1
         if self.ddp is not None and self.step < self.total_steps:
+            if t.compile and t.compile_warmup:
+                self._warm_compile()
             self._settle_ddp_buckets()
         if self.device.type == "cuda" and self.step < self.total_steps:
             self._log_attention_kernel()
@@ -534,6 +537,54 @@ class Trainer(CheckpointState, Rollback):
         else:
             log.info("attention kernel: %s", kind)
 
+    def _warm_compile(self) -> None:
+        """train.compile under DDP: compile before the first collective, then wait for every rank.
+
+        Inductor compiles at the first call, and the backward at the first backward (AOTAutograd
+        lowers it lazily): unwarmed, that is inside DDP's first backward, whose all-reduces hold the
+        fast ranks until the slowest rank's compile ends, past train.pg_timeout_s on many cold ranks.
+        So one forward + backward runs here under `no_sync` (inside DDP's forward, so DDPOptimizer
+        splits the graph as in a step; no all-reduce, no bucket rebuild), on the input
+        `_settle_ddp_buckets` uses, with every RNG stream, every gradient and the optimizer left as
+        they were; then a `monitored_barrier` on the gloo control group waits up to
+        train.compile_timeout_s, not the process-group timeout (docs/communication.md).
+        """
+        if self.ddp.static_graph:  # no_sync breaks static_graph (pytorch/pytorch#143580): compile in a step
+            log.warning("train.compile_warmup skipped: DDP static_graph is on (train.ddp_static_graph=always)")
+            return
+        t0 = time.perf_counter()
+        rng = rng_state(self.device)
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params]
+        for p in params:  # a backward accumulates into an existing gradient: start from none
+            p.grad = None
+        with self.ddp.no_sync():
+            with autocast_ctx(self.step_amp, self.device):
+                out = self.fwd_model(self._throwaway_input())
+            (out.float().sum() * 0.0).backward()
+        for p, g in zip(params, grads):
+            p.grad = g
+        set_rng_state(rng, self.device)
+        warm_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        timeout = self.cfg.train.compile_timeout_s
+        if td.get_backend(self.control_group) != "gloo":  # no gloo control group (not from train.entry)
+            log.warning("train.compile_warmup: no gloo control group to wait on; the first step waits instead")
+            return
+        try:
+            td.monitored_barrier(self.control_group, timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:
+            raise RuntimeError(f"a rank did not finish its first torch.compile within train.compile_timeout_s="
+                               f"{timeout} ({str(e).splitlines()[0]}): raise train.compile_timeout_s, or warm "
+                               "train.compile_cache with a short run") from e
+        log.info("torch.compile warm-up: %.1f s here, then %.1f s waiting for the other ranks", warm_s,
+                 time.perf_counter() - t1)
+
+    def _throwaway_input(self) -> torch.Tensor:
+        """Zeros shaped like one micro-batch of this rank: what the warm-up and bucket settling run on."""
+        b = self.cfg.per_rank_batch(self.dist.world_size)
+        return torch.zeros(b, 3, self.cfg.model.img_size, self.cfg.model.img_size, device=self.device)
+
     def _settle_ddp_buckets(self) -> None:
         """Throwaway backwards before the first real step, at every start or resume, until DDP has
         rebuilt its gradient buckets.
@@ -546,8 +597,7 @@ class Trainer(CheckpointState, Rollback):
         gradients are discarded; nothing else (RNG, optimizer, step) changes.
         """
         rng = torch.get_rng_state()
-        b = self.cfg.per_rank_batch(self.dist.world_size)
-        x = torch.zeros(b, 3, self.cfg.model.img_size, self.cfg.model.img_size, device=self.device)
+        x = self._throwaway_input()
         for _ in range(3):  # 1 or 2 are needed; a 3rd that still rebuilds nothing is reported below
             with autocast_ctx(self.cfg.train.amp, self.device):
                 out = self.fwd_model(x)

@@ -15,6 +15,14 @@ def rng_state(device: torch.device) -> dict:
     return st
 
 
+def set_rng_state(st: dict, device: torch.device) -> None:
+    """Put back what `rng_state` read (on the same device)."""
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    if "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
 def step_seed(seed: int, step: int, rank: int) -> int:
     """Global RNG seed of one step on one rank (drop-path masks): resume-exact by construction."""
     return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63)

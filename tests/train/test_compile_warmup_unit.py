@@ -1,0 +1,61 @@
+"""Trainer._warm_compile in one process (a gloo group of one): it compiles the forward and the
+backward through DDP, and leaves RNG streams, gradients and weights as they were."""
+
+from __future__ import annotations
+
+import functools
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as td
+from torch._dynamo.utils import counters
+
+from hpctrain.train.loop import Trainer
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def group_of_one():
+    td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
+    yield
+    td.destroy_process_group()
+
+
+def fake_trainer(model: torch.nn.Module, ddp) -> SimpleNamespace:
+    """What _warm_compile reads of a Trainer: its config, model, DDP wrapper and groups."""
+    cfg = SimpleNamespace(per_rank_batch=lambda world: 4, model=SimpleNamespace(img_size=4),
+                          train=SimpleNamespace(compile_timeout_s=60))
+    t = SimpleNamespace(cfg=cfg, model=model, ddp=ddp, fwd_model=ddp, device=CPU, step_amp="none",
+                        dist=SimpleNamespace(world_size=1), control_group=None)
+    t._throwaway_input = functools.partial(Trainer._throwaway_input, t)
+    return t
+
+
+@pytest.mark.slow  # a cold compile: ~10 s on 2 cores
+def test_warm_compile_compiles_forward_and_backward_and_changes_nothing(group_of_one):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 16), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.compile(model))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    first = next(model.parameters())
+    first.grad = torch.full_like(first, 3.0)  # a backward would add to it
+    grad = first.grad
+    torch.manual_seed(123)
+    random.seed(7)
+    rng, py = torch.get_rng_state(), random.getstate()
+    counters.clear()
+    Trainer._warm_compile(fake_trainer(model, ddp))
+    assert counters["aot_autograd"]["total"] >= 1  # the forward was compiled here
+    assert torch.equal(torch.get_rng_state(), rng) and random.getstate() == py  # dropout drew, then restored
+    assert first.grad is grad and torch.equal(grad, torch.full_like(first, 3.0))
+    assert all(p.grad is None for p in list(model.parameters())[1:])
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    # a step after it compiles nothing more: the backward was lowered in the warm-up too
+    first.grad = None
+    compiled = dict(counters["inductor"])
+    ddp(torch.zeros(4, 3, 4, 4)).sum().backward()
+    assert dict(counters["inductor"]) == compiled
