@@ -1,7 +1,7 @@
 """What differs between the supported torch versions: each API is picked by what the running torch
 has, and FSDP on a torch without FSDP2 fails with one line before anything starts.
 
-Runs in both CI passes: the main one (newest torch) and .ci/torch22 (torch 2.2.2, the default
+Runs in the main CI pass (newest torch) and in every image-stack pass (.ci/stack: torch 2.2.2 for the default
 image's PyTorch); the tests that only mean something on one side say so when they skip.
 """
 
@@ -74,7 +74,7 @@ def test_fsdp_refused_before_anything_starts(digits_root, tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(HAS_FSDP2, reason=f"torch {torch.__version__} has FSDP2: tests/train/test_fsdp.py trains "
-                                      "with it (the refusal runs in the torch 2.2 pass, .ci/torch22)")
+                                      "with it (the refusal runs in the NGC 23.12 stack pass, .ci/stack)")
 def test_fsdp_on_this_torch_fails_in_one_line(digits_root, tmp_path):
     """2 ranks as torchrun starts them: both exit 2 with the one line, without waiting for each
     other at the rendezvous, and leave no run directory."""
@@ -240,18 +240,6 @@ def test_sdpa_backend_switch_on_this_torch():
     finally:
         for n, on in before.items():
             getattr(b, f"enable_{n}_sdp")(on)
-
-
-def test_declared_floor_is_the_tested_torch():
-    """pyproject's `torch>=X.Y` is what .ci/torch22 installs and what compat assumes: a floor that
-    CI does not run is not a floor."""
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    floor = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
-    assert floor, "pyproject.toml: the train extra names no torch floor"
-    ci = re.search(r"^TORCH_VERSION=(\d+)\.(\d+)\.\d+$", (ROOT / ".ci" / "torch22").read_text(), re.M)
-    assert ci, ".ci/torch22 sets no TORCH_VERSION"
-    assert tuple(map(int, floor.groups())) == tuple(map(int, ci.groups())) == compat.MIN_TORCH
-    assert "bash .ci/torch22" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_tested_torch_is_the_ngc_image_torch():
