@@ -14,6 +14,11 @@ the callers read alike on every version and the gaps fail with one line naming t
 | FSDP2 `MixedPrecisionPolicy` | absent | next to `fully_shard`, same modules |
 | sharded / async checkpoints | refused (one file, rank 0) | DCP `state_dict` API + `async_save` (2.4+) |
 | gradient norm, no clipping | `torch._foreach_norm` (as `clip_grad_norm_`) | `nn.utils.get_total_norm` (2.6+) |
+| DCP `save`/`async_save`/`load` alone | no `no_dist` keyword (2.4, 2.5: a TypeError) | `no_dist=` (2.13) |
+
+DCP's `no_dist` keyword is never passed: every torch from 2.4 infers it, true when no process group
+is initialised (`no_dist = no_dist or not dist.is_initialized()` in 2.13's state_dict_saver and
+_loader; 2.5.1 infers it the same way and has no keyword, read in its wheel).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 
 from hpctrain.config import ConfigError
 
-MIN_TORCH = (2, 2)  # pyproject.toml's floor; .ci/torch22 tests it
+MIN_TORCH = (2, 2)  # pyproject.toml's floor: the NGC 23.12 image's torch, tested by .ci/stack on its recipe
 FSDP_MIN_TORCH = (2, 4)  # FSDP2 fully_shard and StateDictOptions(broadcast_from_rank0=...)
 CPU_FUSED_ADAM_MIN_TORCH = (2, 4)  # torch._fused_adamw_ on the CPU backend (2.2, 2.3: CUDA only)
 SHARDED_MIN_TORCH = (2, 4)  # DCP's get/set_*_state_dict by parameter name and dcp.async_save (docs/checkpoints.md)
