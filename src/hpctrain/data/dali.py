@@ -118,7 +118,7 @@ def _erase(images, aug: Augment, boxes):
     if aug.remode == "const":
         return images * keep
     dev = "gpu" if images.device == "gpu" else "cpu"
-    size = images.shape(dtype=types.INT32) if aug.remode == "pixel" else [3, 1, 1]
+    size = fn.shapes(images, dtype=types.INT32) if aug.remode == "pixel" else [3, 1, 1]  # 1.32: no .shape()
     noise = fn.random.normal(device=dev, shape=size, dtype=types.FLOAT)
     return images * keep + noise * (1.0 - keep)
 
@@ -450,13 +450,14 @@ class DaliLoader:
 
     def _pipeline(self, src: str, reader: dict, args: dict):
         """A built pipeline for these reader arguments: deserialised from the graph traced last when
-        the arguments are the same (only the seed differs: fact and measure in docs/data.md)."""
+        the arguments are the same (only the seed differs: fact and measure in docs/data.md), and the
+        DALI's deserialize takes the seed (dali_compat: not 1.32)."""
         from nvidia.dali import Pipeline  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
         key = repr(sorted(reader.items()))
         with warnings.catch_warnings():  # RandAugment's operators warn from inside DALI's own code
             warnings.simplefilter("ignore", DeprecationWarning)
-            if self._graph is not None and self._graph[0] == key:
+            if self._graph is not None and self._graph[0] == key and dali_compat.deserialize_takes_seed():
                 t0 = time.perf_counter()
                 pipe = Pipeline.deserialize(self._graph[1], **args)
                 self._build_s = time.perf_counter() - t0
