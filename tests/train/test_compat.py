@@ -28,7 +28,9 @@ from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, ROOT, digits_args, free_port
 
 HAS_FSDP2 = compat.version_tuple() >= compat.FSDP_MIN_TORCH
-FSDP_LINE = re.compile(r"train\.parallel=fsdp needs torch >= 2\.4; this is \S+: use train\.parallel=ddp")
+HAS_CPU_FSDP = compat.version_tuple() >= compat.FSDP_CPU_MIN_TORCH  # FSDP2 on the CPU, where these tests run
+FSDP_LINE = re.compile(r"train\.parallel=fsdp (on the CPU )?needs torch >= 2\.[46][^;]*; this is \S+: use "
+                       r"train\.parallel=ddp")
 
 
 @pytest.mark.parametrize("version, refused", [
@@ -73,12 +75,30 @@ def test_fsdp_refused_before_anything_starts(digits_root, tmp_path, monkeypatch)
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.skipif(HAS_FSDP2, reason=f"torch {torch.__version__} has FSDP2: tests/train/test_fsdp.py trains "
-                                      "with it (the refusal runs in the NGC 23.12 stack pass, .ci/stack)")
+@pytest.mark.parametrize(("version", "device", "refused"), [
+    ("2.2.0a0+81ea7a4", "cuda", "needs torch >= 2.4"), ("2.5.1+cu124", "cuda", None),
+    ("2.5.1+cu124", "cpu", "on the CPU needs torch >= 2.6"), ("2.4.0", "cpu", "on the CPU needs torch >= 2.6"),
+    ("2.6.0", "cpu", None), ("2.13.0+cpu", "cpu", None)])
+def test_fsdp_refusal_by_version_and_device(version, device, refused):
+    def check():
+        compat.check_parallel("fsdp", version)
+        compat.check_fsdp_device("fsdp", torch.device(device), version)
+
+    if refused is None:
+        check()
+    else:
+        with pytest.raises(ConfigError, match=refused) as e:
+            check()
+        assert FSDP_LINE.search(str(e.value)) and f"this is {version}:" in str(e.value)
+    compat.check_fsdp_device("ddp", torch.device("cpu"), "2.5.1")  # DDP: never refused
+
+
+@pytest.mark.skipif(HAS_CPU_FSDP, reason=f"torch {torch.__version__} has FSDP2 on the CPU: tests/train/test_fsdp.py "
+                                         "trains with it (the refusal runs in the 2.2 and 2.5 stack passes)")
 def test_fsdp_on_this_torch_fails_in_one_line(digits_root, tmp_path):
     """2 ranks as torchrun starts them: both exit 2 with the one line, without waiting for each
     other at the rendezvous, and leave no run directory."""
-    port = free_port()
+    port = free_port()  # (torch 2.2: no FSDP2; 2.4, 2.5: none on the CPU, the pytorch-cuda stack pass)
     procs = [subprocess.Popen([sys.executable, *digits_args(digits_root, tmp_path, "r", "train.parallel=fsdp")],
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
                                    "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
