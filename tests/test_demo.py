@@ -53,3 +53,22 @@ def test_demo_trains_digits_to_95_percent(tmp_path):
     assert {"step", "epoch", "loss", "lr", "images_per_s", "data_wait"} <= set(train[0])
     assert train[-1]["loss"] < train[0]["loss"]
     assert lines[-1]["kind"] == "end" and abs(lines[-1]["top1"] - top1) < 0.01
+
+
+@pytest.mark.slow
+def test_demo_with_the_dali_loader_saves_evaluates_and_ends(tmp_path):
+    """The demo with data.loader=dali, 2 epochs: both local ranks trace the pipelines, rebuild the
+    second epoch's through Pipeline.deserialize, evaluate, save and end (on the NGC 23.12 stack,
+    DALI 1.32, both ranks once died tracing: an exec_dynamic keyword that DALI lacks)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    sets = ["data.loader=dali", "train.epochs=2", "optim.warmup_epochs=1", "train.eval_every=1"]
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS),
+                        *[a for s in sets for a in ("--set", s)]],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"final val top-1: [\d.]+ % \(359 images\)", r.stdout), r.stdout[-3000:]
+    run = tmp_path / "runs" / "digits_vit"
+    env_rec = json.loads((run / "env.json").read_text())
+    assert env_rec["world_size"] == 2
+    assert [x["kind"] for x in run_metrics(run)][-1] == "end"
+    assert any((run / "checkpoints").iterdir())

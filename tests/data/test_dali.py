@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hpctrain.config import load
+from hpctrain.data import dali_compat
 from hpctrain.data.build import build_loaders
 from hpctrain.data.folder import DataError
 from tests.data.dali_images import write_jpeg
@@ -233,6 +234,15 @@ def test_every_loader_choice_keeps_the_contract(ident_root, kind):
     assert len(vb) == len(val) and all(b[0].shape[1:] == (3, 24, 24) for b in vb)
 
 
+def assert_traced_once(loader) -> None:
+    """One trace for every epoch where DALI's deserialize takes the seed; else one trace per epoch
+    opened (DALI 1.32 would repeat epoch 0's draws: data/dali_compat.py)."""
+    if dali_compat.deserialize_takes_seed():
+        assert loader.traces == 1
+    else:
+        assert loader.traces >= 3
+
+
 def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_root):
     """Three epochs (RandAugment's conditional graph, erase boxes fed per run) trace the graph once, and
     every batch equals the pipeline built the old way for that epoch (its own trace, `files=`, the boxes'
@@ -242,7 +252,7 @@ def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_r
     sets = {"data.randaugment": "2,9", "data.reprob": 0.5}
     train, _ = loaders(ident_root, **sets)
     got = {e: epoch(train, e) for e in range(3)}
-    assert train.traces == 1
+    assert_traced_once(train)
     for e in range(3):
         reader, _, _ = train._reader(e)
         ref = build_pipeline(True, "folder", reader, train.aug, batch_size=6, threads=2, device=CPU,
@@ -267,7 +277,7 @@ def test_shards_trace_once_for_one_rank_and_equal_a_loader_started_at_each_epoch
     sets = {"data.format": "wds", "data.reprob": 0.5}
     train, _ = loaders(tmp_path / "shards", **sets)
     got = [epoch(train, e) for e in range(3)]
-    assert train.traces == 1
+    assert_traced_once(train)
     assert not torch.equal(got[1][0][0], got[2][0][0])
     for e in (1, 2):
         fresh, _ = loaders(tmp_path / "shards", **sets)

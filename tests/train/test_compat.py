@@ -1,7 +1,7 @@
 """What differs between the supported torch versions: each API is picked by what the running torch
 has, and FSDP on a torch without FSDP2 fails with one line before anything starts.
 
-Runs in both CI passes: the main one (newest torch) and .ci/torch22 (torch 2.2.2, the default
+Runs in the main CI pass (newest torch) and in every image-stack pass (.ci/stack: torch 2.2.2 for the default
 image's PyTorch); the tests that only mean something on one side say so when they skip.
 """
 
@@ -28,7 +28,9 @@ from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, ROOT, digits_args, free_port
 
 HAS_FSDP2 = compat.version_tuple() >= compat.FSDP_MIN_TORCH
-FSDP_LINE = re.compile(r"train\.parallel=fsdp needs torch >= 2\.4; this is \S+: use train\.parallel=ddp")
+HAS_CPU_FSDP = compat.version_tuple() >= compat.FSDP_CPU_MIN_TORCH  # FSDP2 on the CPU, where these tests run
+FSDP_LINE = re.compile(r"train\.parallel=fsdp (on the CPU )?needs torch >= 2\.[46][^;]*; this is \S+: use "
+                       r"train\.parallel=ddp")
 
 
 @pytest.mark.parametrize("version, refused", [
@@ -73,12 +75,30 @@ def test_fsdp_refused_before_anything_starts(digits_root, tmp_path, monkeypatch)
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.skipif(HAS_FSDP2, reason=f"torch {torch.__version__} has FSDP2: tests/train/test_fsdp.py trains "
-                                      "with it (the refusal runs in the torch 2.2 pass, .ci/torch22)")
+@pytest.mark.parametrize(("version", "device", "refused"), [
+    ("2.2.0a0+81ea7a4", "cuda", "needs torch >= 2.4"), ("2.5.1+cu124", "cuda", None),
+    ("2.5.1+cu124", "cpu", "on the CPU needs torch >= 2.6"), ("2.4.0", "cpu", "on the CPU needs torch >= 2.6"),
+    ("2.6.0", "cpu", None), ("2.13.0+cpu", "cpu", None)])
+def test_fsdp_refusal_by_version_and_device(version, device, refused):
+    def check():
+        compat.check_parallel("fsdp", version)
+        compat.check_fsdp_device("fsdp", torch.device(device), version)
+
+    if refused is None:
+        check()
+    else:
+        with pytest.raises(ConfigError, match=refused) as e:
+            check()
+        assert FSDP_LINE.search(str(e.value)) and f"this is {version}:" in str(e.value)
+    compat.check_fsdp_device("ddp", torch.device("cpu"), "2.5.1")  # DDP: never refused
+
+
+@pytest.mark.skipif(HAS_CPU_FSDP, reason=f"torch {torch.__version__} has FSDP2 on the CPU: tests/train/test_fsdp.py "
+                                         "trains with it (the refusal runs in the 2.2 and 2.5 stack passes)")
 def test_fsdp_on_this_torch_fails_in_one_line(digits_root, tmp_path):
     """2 ranks as torchrun starts them: both exit 2 with the one line, without waiting for each
     other at the rendezvous, and leave no run directory."""
-    port = free_port()
+    port = free_port()  # (torch 2.2: no FSDP2; 2.4, 2.5: none on the CPU, the pytorch-cuda stack pass)
     procs = [subprocess.Popen([sys.executable, *digits_args(digits_root, tmp_path, "r", "train.parallel=fsdp")],
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
                                    "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
@@ -242,18 +262,6 @@ def test_sdpa_backend_switch_on_this_torch():
     finally:
         for n, on in before.items():
             getattr(b, f"enable_{n}_sdp")(on)
-
-
-def test_declared_floor_is_the_tested_torch():
-    """pyproject's `torch>=X.Y` is what .ci/torch22 installs and what compat assumes: a floor that
-    CI does not run is not a floor."""
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    floor = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
-    assert floor, "pyproject.toml: the train extra names no torch floor"
-    ci = re.search(r"^TORCH_VERSION=(\d+)\.(\d+)\.\d+$", (ROOT / ".ci" / "torch22").read_text(), re.M)
-    assert ci, ".ci/torch22 sets no TORCH_VERSION"
-    assert tuple(map(int, floor.groups())) == tuple(map(int, ci.groups())) == compat.MIN_TORCH
-    assert "bash .ci/torch22" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_tested_torch_is_the_ngc_image_torch():

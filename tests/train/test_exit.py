@@ -5,7 +5,7 @@ active exception"): the DDP wrapper still held the gloo group after `destroy_pro
 group's C++ threads lived on into interpreter exit, where a gloo worker that needs the GIL is ended
 mid-C++. The property checked: once `entry.run` returns, the process has one thread (its main
 one), so interpreter exit has nothing left to tear down; and under load, every rank of several
-2-rank runs at once exits 0 without "terminate called" (in the torch 2.2 pass, .ci/torch22).
+2-rank runs at once exits 0 without "terminate called" (in the NGC 23.12 stack pass, .ci/stack).
 """
 
 from __future__ import annotations

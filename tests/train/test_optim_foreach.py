@@ -205,8 +205,8 @@ def test_a_state_dict_written_per_tensor_loads_and_continues_identically(cls):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(compat.version_tuple() < compat.FSDP_MIN_TORCH,
-                    reason=f"FSDP2 needs torch >= 2.4; this is {torch.__version__}")
+@pytest.mark.skipif(compat.version_tuple() < compat.FSDP_CPU_MIN_TORCH,
+                    reason=f"FSDP2 on the CPU needs torch >= 2.6; this is {torch.__version__}")
 def test_adamw_low_mu_steps_fsdp2_sharded_parameters(tmp_path):
     """optim.mu_dtype=bf16 with train.parallel=fsdp: the parameters and moments are DTensors, for which
     torch has no `_foreach_copy_` rule; 2 gloo ranks step like the per-tensor reference on whole tensors."""

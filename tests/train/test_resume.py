@@ -73,3 +73,20 @@ def test_halt_and_resume_equals_uninterrupted_with_deit_options(digits_root, tmp
     out = run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets))
     assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
+
+
+@pytest.mark.slow
+def test_resume_from_a_background_save_equals_uninterrupted(digits_root, tmp_path):
+    """train.ckpt_async=true, 2 ranks: step 10's checkpoint, written in the background by
+    dcp.async_save on a gloo group of its own, resumes (run.resume=<its path>) to the final state
+    of the run straight through, tensor for tensor."""
+    if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
+        pytest.skip(f"background saves need torch >= 2.4; this is {torch.__version__}")
+    sets = [*SETS, "train.ckpt_async=true", "train.ckpt_every=10"]
+    run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=13"))
+    (step10,) = [p for p in ckpt.list_checkpoints(tmp_path / "split") if ckpt.step_of(p) == 10]
+    assert ckpt.is_sharded(step10)
+    out = run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, f"run.resume={step10}"))
+    assert "resumed from" in out[0].stdout and "at step 10" in out[0].stdout
+    assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from hpctrain.config import Config, ConfigError
-from hpctrain.data import erasing, randaug, sampling
+from hpctrain.data import dali_compat, erasing, randaug, sampling
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval_listings
 from hpctrain.data.randaug import RandAugSpec, parse_randaugment
 from hpctrain.data.stage import stage
@@ -168,13 +168,12 @@ def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=
 
 
 def pipeline_args(*, batch_size: int, threads: int, device: torch.device, seed: int) -> dict:
-    """The Pipeline's and Pipeline.deserialize's keyword arguments. The executor is named: DALI 2.4's
-    deserialize takes a missing exec_* as False (a synchronous, unpipelined pipeline), the constructor
-    as True (pipelined, asynchronous, dynamic)."""
+    """The Pipeline's and Pipeline.deserialize's keyword arguments; the executor's are named by this
+    DALI's version (dali_compat.executor_args: 1.32 has no exec_dynamic)."""
     gpu = device.type == "cuda"
     device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
     return dict(batch_size=batch_size, num_threads=max(1, threads), seed=seed, device_id=device_id,
-                prefetch_queue_depth=PREFETCH, exec_pipelined=True, exec_async=True, exec_dynamic=True)
+                prefetch_queue_depth=PREFETCH, **dali_compat.executor_args())
 
 
 def trace_pipeline(train: bool, src: str, reader: dict, aug: Augment, args: dict, erase_source=None):
@@ -463,13 +462,14 @@ class DaliLoader:
 
     def _pipeline(self, src: str, reader: dict, args: dict):
         """A built pipeline for these reader arguments: deserialised from the graph traced last when
-        the arguments are the same (only the seed differs: fact and measure in docs/data.md)."""
+        the arguments are the same (only the seed differs: fact and measure in docs/data.md), and the
+        DALI's deserialize takes the seed (dali_compat: not 1.32)."""
         from nvidia.dali import Pipeline  # DALI: optional (the torch loader, .ci/torch22 run without it)
 
         key = repr(sorted(reader.items()))
         with warnings.catch_warnings():  # RandAugment's operators warn from inside DALI's own code
             warnings.simplefilter("ignore", DeprecationWarning)
-            if self._graph is not None and self._graph[0] == key:
+            if self._graph is not None and self._graph[0] == key and dali_compat.deserialize_takes_seed():
                 t0 = time.perf_counter()
                 pipe = Pipeline.deserialize(self._graph[1], **args)
                 self._build_s = time.perf_counter() - t0

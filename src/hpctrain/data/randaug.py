@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpctrain.data import dali_compat
 from hpctrain.data.randaug_spec import LEVEL_DENOM, RandAugSpec, parse_randaugment  # noqa: F401 (re-exported)
 
 QUANT = 100  # magnitude bins per unit of M
@@ -91,7 +92,6 @@ def _sharpness_kernel(factor: float) -> np.ndarray:
 def dali_suite(inc: bool = True) -> dict:
     """name → DALI augmentation whose parameter table is timm's level function at every 0.01 of M."""
     from nvidia.dali.auto_aug import augmentations as a  # DALI: optional (the torch loader, .ci/torch22 run without it)
-    from nvidia.dali.pipeline import do_not_convert
 
     mags = np.arange(BINS, dtype=np.float64) / QUANT  # custom magnitudes: exact multiples of 0.01
 
@@ -99,8 +99,8 @@ def dali_suite(inc: bool = True) -> dict:
         return np.array(x, dtype=np.float32)
 
     def aug(base, negate, to_param, name=None):
-        return base.augmentation(mag_range=mags, randomly_negate=negate, mag_to_param=do_not_convert(to_param),
-                                 **({"name": name} if name else {}))
+        return base.augmentation(mag_range=mags, randomly_negate=negate,
+                                 mag_to_param=dali_compat.do_not_convert(to_param), **({"name": name} if name else {}))
 
     return {
         "auto_contrast": a.auto_contrast,
@@ -136,12 +136,11 @@ def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128,
     from nvidia.dali import math as dmath
     from nvidia.dali.auto_aug import augmentations as a
     from nvidia.dali.auto_aug.core import select, signed_bin
-    from nvidia.dali.pipeline import do_not_convert
 
     # AutoGraph (DALI conditionals) would trace every entry of the ops' 2002-entry parameter tables
     # (minutes per pipeline build); the tables and the ops' bodies have no data-dependent `if`
-    suite = do_not_convert(dali_suite)(spec.inc)
-    chosen = [do_not_convert(op.__call__) for op in
+    suite = dali_compat.do_not_convert(dali_suite)(spec.inc)
+    chosen = [dali_compat.do_not_convert(op.__call__) for op in
               [suite[k] for k in (ops or tuple(TIMM_OPS.values()))] + [a.identity]]
     skip = len(chosen) - 1
     shape = (spec.n,) if spec.n > 1 else ()

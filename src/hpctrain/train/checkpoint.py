@@ -244,7 +244,7 @@ def load_full(path: Path, parts: tuple[str, ...] = PARTS) -> dict:
         d[where[-1]] = torch.empty(item.size, dtype=item.properties.dtype)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(skeleton, checkpoint_id=str(path), no_dist=True)
+        dcp.load(skeleton, checkpoint_id=str(path))  # no process group: one process
     return {**meta, **skeleton}
 
 

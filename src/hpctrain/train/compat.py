@@ -12,8 +12,19 @@ the callers read alike on every version and the gaps fail with one line naming t
 | CPU flash attention op | `_scaled_dot_product_flash_attention` | `..._for_cpu` (2.3+) |
 | FSDP2 `fully_shard` | absent | `torch.distributed._composable.fsdp` (2.4-2.5), `torch.distributed.fsdp` (2.6+) |
 | FSDP2 `MixedPrecisionPolicy` | absent | next to `fully_shard`, same modules |
+| FSDP2 on the CPU (gloo) | absent | refused on 2.4-2.5 (CUDA streams only); runs on 2.13 |
 | sharded / async checkpoints | refused (one file, rank 0) | DCP `state_dict` API + `async_save` (2.4+) |
 | gradient norm, no clipping | `torch._foreach_norm` (as `clip_grad_norm_`) | `nn.utils.get_total_norm` (2.6+) |
+| DCP `save`/`async_save`/`load` alone | no `no_dist` keyword (2.4, 2.5: a TypeError) | `no_dist=` (2.13) |
+
+DCP's `no_dist` keyword is never passed: every torch from 2.4 infers it, true when no process group
+is initialised (`no_dist = no_dist or not dist.is_initialized()` in 2.13's state_dict_saver and
+_loader; 2.5.1 infers it the same way and has no keyword, read in its wheel).
+
+FSDP2 on the CPU: 2.5.1's `FSDPCommContext.lazy_init` (`torch.distributed._composable.fsdp`) raises
+"FSDP requires CUDA for streams" at the first forward without CUDA (read in its wheel; measured by
+the pytorch-cuda stack pass; 2.4's is reported the same, pytorch/pytorch#132471). 2.6 moved FSDP2 to
+`torch.distributed.fsdp`; CPU runs are tested on 2.13 (the main pass), 2.6-2.12 are not tested here.
 """
 
 from __future__ import annotations
@@ -24,8 +35,9 @@ import torch
 
 from hpctrain.config import ConfigError
 
-MIN_TORCH = (2, 2)  # pyproject.toml's floor; .ci/torch22 tests it
+MIN_TORCH = (2, 2)  # pyproject.toml's floor: the NGC 23.12 image's torch, tested by .ci/stack on its recipe
 FSDP_MIN_TORCH = (2, 4)  # FSDP2 fully_shard and StateDictOptions(broadcast_from_rank0=...)
+FSDP_CPU_MIN_TORCH = (2, 6)  # FSDP2 without CUDA (2.4, 2.5: "FSDP requires CUDA for streams")
 CPU_FUSED_ADAM_MIN_TORCH = (2, 4)  # torch._fused_adamw_ on the CPU backend (2.2, 2.3: CUDA only)
 SHARDED_MIN_TORCH = (2, 4)  # DCP's get/set_*_state_dict by parameter name and dcp.async_save (docs/checkpoints.md)
 
@@ -97,10 +109,20 @@ def ckpt_format(train_cfg, world_size: int, version: str | None = None) -> str:
     return fmt
 
 
+def check_fsdp_device(parallel: str, device: torch.device, version: str | None = None) -> None:
+    """Refuse train.parallel=fsdp on the CPU where FSDP2 needs CUDA (torch 2.4, 2.5)."""
+    version = version or torch.__version__
+    if parallel == "fsdp" and device.type == "cpu" and version_tuple(version) < FSDP_CPU_MIN_TORCH:
+        need = ".".join(map(str, FSDP_CPU_MIN_TORCH))
+        raise ConfigError(f"train.parallel=fsdp on the CPU needs torch >= {need} (2.4 and 2.5's FSDP2 needs CUDA "
+                          f"streams); this is {version}: use train.parallel=ddp on the CPU, or GPUs")
+
+
 def check_train(train_cfg, device: torch.device) -> None:
     """Every train.* setting this torch cannot run on `device`, refused in one line: called by
     every rank before the rendezvous, so no rank waits for another and nothing is written."""
     check_parallel(train_cfg.parallel)
+    check_fsdp_device(train_cfg.parallel, device)
     ckpt_format(train_cfg, 1)
     if train_cfg.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
         raise _fp16_error(device)

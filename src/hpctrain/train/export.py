@@ -2,7 +2,7 @@
 
 The model's parameter names are timm's (models/vit.py), so the exported file loads into
 `timm.create_model("vit_base_patch16_224")` as into `build_vit`. A sharded checkpoint is read in
-this one process without a process group (DCP's `no_dist` load); no GPU and no job needed.
+this one process without a process group (DCP loads alone when none is initialised); no GPU and no job needed.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main
         with warnings.catch_warnings():  # alone: "assuming the intent is to save in a single process"
             if _alone():
                 warnings.simplefilter("ignore", UserWarning)
-            dcp.save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+            dcp.save(tensors, checkpoint_id=str(tmp), process_group=group)  # no_dist: compat.py, DCP table
         return (_finalize(run_dir, step, meta, keep, protect) if is_main else None), None
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP gathers every rank's failure
         return None, _failure(run_dir, step, e, is_main)
@@ -152,7 +152,7 @@ def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_mai
 
     tmp = _start_dir(run_dir, step, is_main)
     try:
-        future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group, no_dist=_alone())
+        future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. no memory for the CPU copy
         failed = (None, _failure(run_dir, step, e, is_main))
         return Pending(step, lambda: failed)
