@@ -45,7 +45,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device):
         raise ConfigError("data.root is empty: point it at an ImageNet-layout folder "
                           "(or use data.loader=synthetic)")
     if kind == "dali":
-        # DALI: optional (the torch loader, .ci/torch22 run without it)
+        # DALI: optional (the torch loader runs without it)
         from hpctrain.data.dali import build_dali_loaders
 
         return build_dali_loaders(cfg, rank, world, device, batch, eval_batch)

@@ -82,7 +82,7 @@ class Augment:
 
     @property
     def interp(self):
-        from nvidia.dali import types  # DALI: optional (the torch loader, .ci/torch22 run without it)
+        from nvidia.dali import types  # DALI: optional (the torch loader runs without it)
 
         return types.INTERP_CUBIC if self.interpolation == "bicubic" else types.INTERP_LINEAR
 
@@ -90,7 +90,7 @@ class Augment:
 # ----------------------------------------------------------------------------- pipelines
 
 def _read(src, reader: dict):
-    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     if src == "folder":
         return fn.readers.file(name="Reader", **reader)
@@ -113,7 +113,7 @@ def _erase(images, aug: Augment, boxes):
     `pixel`, per channel for `rand`) where the mask is 0: x·keep + noise·(1 − keep), exact outside.
     The noise's shape is the configured one, not `images.shape()`: on GPU images that is a GPU→CPU
     edge the executor orders after the batch's GPU work (docs/data.md); the draws are the same."""
-    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     anchor, shape = boxes
     keep = fn.erase(images * 0.0 + 1.0, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
@@ -126,7 +126,7 @@ def _erase(images, aug: Augment, boxes):
 
 
 def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
-    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     jpegs, labels = _read(src, reader)
     if aug.crop == "tf_inception":  # DALI's sampler is timm's: TF's box drawn in the graph, ROI-decoded
@@ -152,7 +152,7 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
 
 
 def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
-    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
@@ -180,7 +180,7 @@ def trace_pipeline(train: bool, src: str, reader: dict, aug: Augment, args: dict
     """The pipeline defined from Python, not built: with RandAugment (a conditional graph, traced by
     DALI's autograph) this is most of a build's cost (docs/data.md). erase_source: as build_pipeline's;
     None feeds the boxes through the ERASE_INPUTS external sources."""
-    from nvidia.dali import pipeline_def  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali import pipeline_def  # DALI: optional (the torch loader runs without it)
 
     graph = _train_graph if train else _val_graph
     decoder = "mixed" if args["device_id"] is not None else "cpu"
@@ -219,7 +219,7 @@ def _outputs(pipe, device: torch.device):
 def _to_torch(out, device: torch.device) -> torch.Tensor:
     """A DALI TensorList (dense batch) → torch tensor on `device`."""
     if device.type == "cuda":
-        # DALI: optional (the torch loader, .ci/torch22 run without it)
+        # DALI: optional (the torch loader runs without it)
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
         t = out.as_tensor()
@@ -241,7 +241,7 @@ class _CpuDecoder:
 
     @staticmethod
     def _build():
-        from nvidia.dali import fn, pipeline_def  # DALI: optional (the torch loader, .ci/torch22 run without it)
+        from nvidia.dali import fn, pipeline_def  # DALI: optional (the torch loader runs without it)
 
         @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
                       prefetch_queue_depth=1)
@@ -464,7 +464,7 @@ class DaliLoader:
         """A built pipeline for these reader arguments: deserialised from the graph traced last when
         the arguments are the same (only the seed differs: fact and measure in docs/data.md), and the
         DALI's deserialize takes the seed (dali_compat: not 1.32)."""
-        from nvidia.dali import Pipeline  # DALI: optional (the torch loader, .ci/torch22 run without it)
+        from nvidia.dali import Pipeline  # DALI: optional (the torch loader runs without it)
 
         key = repr(sorted(reader.items()))
         with warnings.catch_warnings():  # RandAugment's operators warn from inside DALI's own code

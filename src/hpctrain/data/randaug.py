@@ -91,7 +91,7 @@ def _sharpness_kernel(factor: float) -> np.ndarray:
 
 def dali_suite(inc: bool = True) -> dict:
     """name → DALI augmentation whose parameter table is timm's level function at every 0.01 of M."""
-    from nvidia.dali.auto_aug import augmentations as a  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali.auto_aug import augmentations as a  # DALI: optional (the torch loader runs without it)
 
     mags = np.arange(BINS, dtype=np.float64) / QUANT  # custom magnitudes: exact multiples of 0.01
 
@@ -132,7 +132,7 @@ def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128,
     Each of `spec.n` layers picks one op uniformly (with replacement, as timm) and applies it with
     probability `spec.p` at magnitude M, or M + N(0, mstd) clipped to [0, 10] drawn per layer.
     """
-    from nvidia.dali import fn, types  # DALI: optional (the torch loader, .ci/torch22 run without it)
+    from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
     from nvidia.dali import math as dmath
     from nvidia.dali.auto_aug import augmentations as a
     from nvidia.dali.auto_aug.core import select, signed_bin
