@@ -74,5 +74,5 @@ def do_not_convert(fn):
     try:
         from nvidia.dali.pipeline import do_not_convert as dnc  # DALI: optional
     except ImportError:  # DALI 1.32
-        from nvidia.dali._autograph import do_not_convert as dnc
+        from nvidia.dali._autograph import do_not_convert as dnc  # DALI: optional
     return dnc(fn)
