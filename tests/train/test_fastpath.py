@@ -71,12 +71,12 @@ def test_sdpa_backend_is_reported():
 def math_sdpa():
     """The math SDPA kernel forced through the run's own switch (the global flags hold on CPU too)."""
     b = torch.backends.cuda
-    was = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+    names = [n for n in ("flash", "mem_efficient", "math", "cudnn") if hasattr(b, f"{n}_sdp_enabled")]  # 2.2: no cudnn
+    was = {n: getattr(b, f"{n}_sdp_enabled")() for n in names}
     compat.set_sdpa_backend("math")
     yield
-    for enable, on in zip((b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_math_sdp,
-                           b.enable_cudnn_sdp), was):
-        enable(on)
+    for n, on in was.items():
+        getattr(b, f"enable_{n}_sdp")(on)
 
 
 def test_math_sdpa_kernel_is_recognised(math_sdpa):
@@ -85,7 +85,8 @@ def test_math_sdpa_kernel_is_recognised(math_sdpa):
     assert sdpa_backend_used(model, torch.randn(2, 3, 32, 32), contextlib.nullcontext()) == "math"
 
 
-def test_math_sdpa_kernel_warns_at_start(math_sdpa, caplog):
+def test_math_sdpa_kernel_warns_at_start(math_sdpa, hpctrain_log):
+    caplog = hpctrain_log
     cfg = load(DIGITS, BASE)
     loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
                              num_classes=10, seed=0, device=torch.device("cpu"))

@@ -210,9 +210,10 @@ def peer_failure(error: BaseException) -> bool:
 
 def silent_ranks(store, rank: int, world: int, wait_s: float) -> list[int] | None:
     """Check in at the rendezvous store; on rank 0, the ranks that did not within `wait_s` (None:
-    the store did not answer). A timed-out gloo/NCCL group is unusable, but the store still works."""
+    the store did not answer). A timed-out gloo/NCCL group is unusable, but the store still works.
+    A check-in is a counter (`add`, in every torch: 2.2's TCPStore has no `check`), read with `add(0)`."""
     try:
-        store.set(f"hpctrain/alive/{rank}", "1")
+        store.add(f"hpctrain/alive/{rank}", 1)
     except Exception:  # noqa: BLE001 - rank 0 still looks below; another rank: rank 0 is gone
         if rank != 0:
             return None
@@ -222,7 +223,7 @@ def silent_ranks(store, rank: int, world: int, wait_s: float) -> list[int] | Non
     missing, answered = [r for r in range(world) if r != 0], False
     while True:
         try:
-            missing = [r for r in missing if not store.check([f"hpctrain/alive/{r}"])]
+            missing = [r for r in missing if store.add(f"hpctrain/alive/{r}", 0) == 0]
             answered = True
         except Exception:  # noqa: BLE001 - a busy store: ask again until the deadline
             pass
