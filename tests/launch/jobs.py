@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import WAIT_S, run_metrics, run_report, wait_for
+from tests.helpers import WAIT_S, run_metrics, run_report, tails, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 metrics = run_metrics
@@ -57,7 +57,8 @@ def job_report(cluster, job: str, run_dir: Path) -> str:
     squeue = cluster.run("squeue", "-h", "-j", job, "-o", "%i %T %r %N", check=False).stdout.strip()
     sacct = cluster.run("sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State,ExitCode,NodeList",
                         check=False).stdout.strip()
-    return f"job {job}: squeue [{squeue}] sacct [{sacct}]\n{run_report(run_dir)}"
+    outs = [*Path(run_dir).parent.glob(f"*{job}*.out"), *(Path(run_dir) / "submitit").glob(f"{job}_*_log.*")]
+    return f"job {job}: squeue [{squeue}] sacct [{sacct}]\n{run_report(run_dir)}\n{tails(sorted(outs), 25)}"
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float = 0, cluster=None, job: str | None = None) -> int:
