@@ -106,8 +106,24 @@ def submit_job(cluster, container, digits_root, tmp_path, name: str, *args: str,
                   *digits_sets(digits_root, tmp_path, name, *SETS), env=env)
 
 
+@pytest.fixture
+def site_datasets():
+    """The site directory the committed vit.sbatch binds into the image (`--bind /datasets`, the
+    example-ib profile's): a site that runs the script as it is has it; Apptainer, and the fake one,
+    refuse a bind whose source is missing (every task exited 1 on a fresh machine). Made for the
+    test when the machine lacks it, and removed after."""
+    path = Path("/datasets")
+    made = not path.exists()
+    if made:
+        path.mkdir()
+    yield path
+    if made:
+        path.rmdir()
+
+
 def sbatch_job(cluster, container, digits_root, tmp_path, name: str) -> str:
-    """The same job through `sbatch slurm/vit.sbatch` as committed, its tasks in the (fake) image."""
+    """The same job through `sbatch slurm/vit.sbatch` as committed, its tasks in the (fake) image
+    (the site's /datasets must exist: the `site_datasets` fixture)."""
     prof, env = container
     image = yaml.safe_load(prof.read_text())["container"]["image"]
     sets = [f"data.root={digits_root}", f"run.dir={tmp_path}", f"run.name={name}", "train.threads=1", *SETS]
@@ -176,7 +192,7 @@ TWO_PER_NODE = ("scontrol requeue",)
 
 
 def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
-        each_slurm_cluster, containers, digits_root, tmp_path, reference, reference4):
+        each_slurm_cluster, containers, digits_root, tmp_path, reference, reference4, site_datasets):
     """Seven jobs at once (six through submitit, one through `sbatch slurm/vit.sbatch`), each
     stopped one way mid-run; none can run a Slurm command in its tasks. On 24.11: PATHS_24. The
     tasks of the paths in RUNTIME run in that runtime (SingularityCE: the fake `singularity`). The
