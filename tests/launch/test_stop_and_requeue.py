@@ -192,7 +192,7 @@ TWO_PER_NODE = ("scontrol requeue",)
 
 
 def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
-        each_slurm_cluster, containers, digits_root, tmp_path, reference, reference4, site_datasets):
+        each_slurm_cluster, containers, digits_root, tmp_path, reference, reference4, site_datasets, request):
     """Seven jobs at once (six through submitit, one through `sbatch slurm/vit.sbatch`), each
     stopped one way mid-run; none can run a Slurm command in its tasks. On 24.11: PATHS_24. The
     tasks of the paths in RUNTIME run in that runtime (SingularityCE: the fake `singularity`). The
@@ -207,6 +207,8 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
             submit_job(slurm_cluster, containers[RUNTIME.get(label, "apptainer")], digits_root, tmp_path, f"j{i}",
                        tasks_per_node=2 if label in TWO_PER_NODE else 1)
             for i, label in enumerate(paths)}
+    # a failure leaves no job training beside the next tests (they would run on a loaded machine)
+    request.addfinalizer(lambda: [slurm_cluster.run("scancel", job, check=False) for job in jobs.values()])
     runs = {label: tmp_path / f"j{i}" for i, label in enumerate(paths)}
     sent = set()
 
