@@ -61,15 +61,14 @@ def job_report(cluster, job: str, run_dir: Path) -> str:
     return f"job {job}: squeue [{squeue}] sacct [{sacct}]\n{run_report(run_dir)}\n{tails(sorted(outs), 25)}"
 
 
-def wait_for_step(run_dir: Path, step: int, timeout: float = 0, cluster=None, job: str | None = None) -> int:
+def wait_for_step(run_dir: Path, step: int, timeout: float = 0) -> int:
     """The run's last train step once it is at `step` or beyond; waits on the records, for at least
-    `timeout` s and WAIT_S, and on a miss says what the run (and its job, given one) was doing."""
+    `timeout` s and WAIT_S, and on a miss says what the run was doing."""
     def reached():
         steps = [r["step"] for r in metrics(run_dir, "train")]
         return steps[-1] if steps and steps[-1] >= step else None
 
-    show = (lambda: job_report(cluster, job, run_dir)) if cluster is not None and job else (lambda: run_report(run_dir))
-    return wait_for(reached, f"{run_dir} did not reach step {step}", max(timeout, WAIT_S), show)
+    return wait_for(reached, f"{run_dir} did not reach step {step}", max(timeout, WAIT_S), lambda: run_report(run_dir))
 
 
 def check_run_dir(run_dir: Path, world: int) -> None:
