@@ -63,6 +63,13 @@ def assign_program(name: str, prog: str) -> str:
     return f"{name}={shlex.quote(prog)}"
 
 
-def array(name: str, values: list[object]) -> str:
-    """`name=(v1 v2 ...)`, each value one quoted word."""
-    return f"{name}=({' '.join(word(v) for v in values)})"
+def array(name: str, values: list[object], width: int = 100) -> str:
+    """`name=(v1 v2 ...)`, each value one quoted word; a long one goes on over lines of `width`."""
+    lines, line = [], f"{name}=("
+    for i, w in enumerate(map(word, values)):
+        if i and len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = "  " + w
+        else:
+            line += f" {w}" if i else w
+    return "\n".join([*lines, line + ")"])

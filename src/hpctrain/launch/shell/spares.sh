@@ -7,7 +7,8 @@ for hpctrain_v in "$hpctrain_spares" "$hpctrain_tpn" "${SLURM_JOB_NUM_NODES:-1}"
 done
 hpctrain_train_nodes=$(( ${SLURM_JOB_NUM_NODES:-1} - hpctrain_spares ))
 if [ "$hpctrain_train_nodes" -lt 1 ]; then
-  echo "hpctrain: $hpctrain_spares spare node(s) leave none of the job's ${SLURM_JOB_NUM_NODES:-1} to train on: ask for more nodes or fewer spares (HPCTRAIN_SPARE_NODES)" >&2
+  echo "hpctrain: $hpctrain_spares spare node(s) leave none of the job's ${SLURM_JOB_NUM_NODES:-1} to train on:" \
+    "ask for more nodes or fewer spares (HPCTRAIN_SPARE_NODES)" >&2
   exit 1
 fi
 export HPCTRAIN_BAD_NODES_FILE="$HPCTRAIN_CONTROL_DIR/bad-nodes-${SLURM_JOB_ID:-none}"
@@ -62,8 +63,8 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
   done <<< "$(hpctrain_faults)"
 }
 hpctrain_record() {  # a line of $HPCTRAIN_FAULTS_FILE: time, restart, attempt, action, nodes, why, step end
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" "$(echo $hpctrain_new | tr " " ",")" "$hpctrain_fault" "$hpctrain_ended" \
-    >> "$HPCTRAIN_FAULTS_FILE" || true
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" \
+    "$(echo $hpctrain_new | tr " " ",")" "$hpctrain_fault" "$hpctrain_ended" >> "$HPCTRAIN_FAULTS_FILE" || true
 }
 # Requeue with the named nodes added to ExcNodeList, which Slurm takes on pending jobs only: right
 # after the requeue (a requeued job may start only after cred_expire, 120 s by default; not held,

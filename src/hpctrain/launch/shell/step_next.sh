@@ -12,11 +12,13 @@ hpctrain_left=$(hpctrain_healthy | wc -l)
 if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
   hpctrain_attempt=$((hpctrain_attempt + 1))
   hpctrain_record restart
-  echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt in this job on $hpctrain_train_nodes of $hpctrain_left healthy nodes, from the last checkpoint" >&2
+  echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
+    "in this job on $hpctrain_train_nodes of $hpctrain_left healthy nodes, from the last checkpoint" >&2
   # shellcheck disable=SC2105  # continue starts the next step (this file is the loop body)
   continue
 fi
-echo "hpctrain: faulty: $hpctrain_fault; $hpctrain_left healthy node(s) left of the $hpctrain_train_nodes needed: requeueing without them" >&2
+echo "hpctrain: faulty: $hpctrain_fault; $hpctrain_left healthy node(s) left of the $hpctrain_train_nodes needed:" \
+  "requeueing without them" >&2
 if [ "$hpctrain_decision" != requeue ]; then
   hpctrain_decision=requeue
   hpctrain_why="the step failed (exit $hpctrain_rc) on faulty node(s): $hpctrain_fault"

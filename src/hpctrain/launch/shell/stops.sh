@@ -8,7 +8,10 @@
 # that the tasks count it as one (slurm.max_preemptions), not as a time limit.
 export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"
 export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"
-mkdir -p "$HPCTRAIN_CONTROL_DIR" || { echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job from a writable directory" >&2; exit 1; }
+mkdir -p "$HPCTRAIN_CONTROL_DIR" || {
+  echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job from a writable directory" >&2
+  exit 1
+}
 rm -f "$HPCTRAIN_STOP_FILE"
 # This job for scontrol: an array element by <array>_<index>, since the element whose own id is the
 # array's id would otherwise name (and requeue) the whole array.
@@ -36,7 +39,8 @@ hpctrain_slurm_requeues_preempted() {
 hpctrain_pass() {
   hpctrain_signal=$1
   if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_preempted; then
-    echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set): the tasks get SIGTERM and checkpoint at the next step" >&2
+    echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set):" \
+      "the tasks get SIGTERM and checkpoint at the next step" >&2
     scancel --signal=TERM "$hpctrain_job" && return
   fi
   echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2
