@@ -133,8 +133,9 @@ class Login:
 
 
 def shipped_names() -> set[str]:
-    """Every file the CLI serves by name, as a path inside the package."""
-    files = [*shipped.configs(), *shipped.profiles(), *shipped.recipes(), shipped.SBATCH_TEMPLATE]
+    """Every file the CLI serves by name, and the batch shell's files, as a path inside the package."""
+    files = [*shipped.configs(), *shipped.profiles(), *shipped.recipes(), shipped.SBATCH_TEMPLATE,
+             *(PKG / "launch" / "shell").glob("*.sh")]
     return {f"hpctrain/{p.relative_to(PKG).as_posix()}" for p in files}
 
 

@@ -80,7 +80,8 @@ def test_dry_run_starts_each_task_with_its_runtimes_command_line(tmp_path, runti
         assert args[2:] == [*logs, "bash", "-c", wrapper, "hpctrain-task", runtime, "exec", "--nv", "--cleanenv",
                             *[x for b in binds for x in ("--bind", b)],
                             "--bind", f"{p['snap']}:/opt/hpctrain-src/hpctrain:ro", p["image"], "python3", *task]
-        assert f'export "{prefix}$v=${{!v}}"' in wrapper and "SLURM_*|" in wrapper
+        assert f"hpctrain_prefix={prefix}\n" in wrapper and '"SLURM_*" ' in wrapper  # values, then cleanenv.sh
+        assert 'export "$hpctrain_prefix$v=${!v}"' in wrapper
         assert env[f"{prefix}PYTHONPATH"] == "/opt/hpctrain-src" and env[f"{prefix}PYTHONNOUSERSITE"] == "1"
         other = "SINGULARITYENV_" if runtime == "apptainer" else "APPTAINERENV_"
         assert not [k for k in env if k.startswith(other)]
@@ -91,7 +92,8 @@ def test_dry_run_starts_each_task_with_its_runtimes_command_line(tmp_path, runti
         assert args[2:] == [f"--container-image={p['image']}", f"--container-mounts={mounts}",
                             f"--container-workdir={p['work']}", *logs, "bash", "-c", wrapper, "hpctrain-task",
                             "python3", *task]
-        assert "--nv" not in args and "/etc/environment" in wrapper and "export PYTHONPATH=/opt/hpctrain-src" in wrapper
+        assert "--nv" not in args and "/etc/environment" in wrapper and "hpctrain_mount=/opt/hpctrain-src\n" in wrapper
+        assert "export PYTHONPATH=$hpctrain_mount" in wrapper
     else:
         assert args[2:] == [*logs, sys.executable, *task]
         assert env["PYTHONPATH"] == f"{Path(p['snap']).parent}:/a/module/site-packages"

@@ -18,6 +18,7 @@ import shlex
 from pathlib import Path
 
 from hpctrain.errors import LaunchError
+from hpctrain.launch import shellfile
 from hpctrain.launch.profile import ContainerSection
 
 PY_VAR = "HPCTRAIN_PYTHON"
@@ -93,78 +94,48 @@ PASS_ENV = ("SLURM_*", "SLURMD_NODENAME", "NCCL_*", "TORCH_*", "HPCTRAIN_*", "SU
             "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "TMPDIR", "USER", "LANG", "LC_*", "TZ")
 
 
-def local_image_line(stage_image_to: str) -> str:
-    """A bash line, run on a node, that sets $hpctrain_local to where container.stage_image keeps that
-    node's copy of $HPCTRAIN_IMAGE: one file per image path under `stage_image_to` (expanded there,
-    like data.stage_to), so the copier (launch/stage_image.py) and each task agree on it."""
-    word, _ = stage_word(stage_image_to)
-    return (f'hpctrain_local={word}/hpctrain-"$(printf %s "$HPCTRAIN_IMAGE" | cksum | cut -d " " -f 1)-'
-            '${HPCTRAIN_IMAGE##*/}"')
-
-
-def local_image_swap(stage_image_to: str) -> str:
-    """Bash, run per task before `<tool> exec`: the image argument becomes this node's staged copy; a
-    node without one (the copy step never ran there) reads the shared image, and says so."""
-    return (local_image_line(stage_image_to) + '; if [ -f "$hpctrain_local" ]; then a=("$@") p=""; '
-            'for i in "${!a[@]}"; do if [ "$p" != --bind ] && [ "${a[i]}" = "$HPCTRAIN_IMAGE" ]; then '
-            'a[i]=$hpctrain_local; break; fi; p=${a[i]}; done; set -- "${a[@]}"; '
-            'else echo "hpctrain: no staged image $hpctrain_local on $(hostname): this task reads '
-            '$HPCTRAIN_IMAGE" >&2; fi; ')
+def image_dir_line(stage_image_to: str) -> str:
+    """A value of a per-node program: $hpctrain_image_dir, where container.stage_image keeps that
+    node's copy of $HPCTRAIN_IMAGE (`stage_image_to` expanded there, like data.stage_to);
+    shell/local_image.sh names the copy in it, so the copier and each task agree on it."""
+    return f"hpctrain_image_dir={stage_word(stage_image_to)[0]}"
 
 
 def cleanenv_wrapper(extra: list[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_",
                      stage_image_to: str = "") -> str:
     """A bash program run per task, on its node, just before `apptainer|singularity exec --cleanenv`:
     copy the allowed variables into `prefix`* (APPTAINERENV_ or SINGULARITYENV_, passed even with
-    --cleanenv). It must run per task: slurmstepd sets SLURM_PROCID and friends only there. With
-    `stage_to` (data.stage_to, e.g. $TMPDIR on /localscratch) it also binds that node-local
-    directory, expanded here with the node's own variables: Apptainer binds only $HOME, /tmp,
-    /var/tmp and $PWD by default. With `stage_image_to` (container.stage_image) the image argument
-    becomes the node's local copy (local_image_swap)."""
-    pats = "|".join((*PASS_ENV, *extra))
-    stage = ""
+    --cleanenv; shell/cleanenv.sh). It must run per task: slurmstepd sets SLURM_PROCID and friends
+    only there. With `stage_to` (data.stage_to, e.g. $TMPDIR on /localscratch) it also binds that
+    node-local directory, expanded there with the node's own variables (shell/stage_bind.sh). With
+    `stage_image_to` (container.stage_image) the image argument becomes the node's local copy
+    (shell/image_swap.sh)."""
+    values = [shellfile.assign("hpctrain_prefix", prefix), shellfile.array("hpctrain_pass", [*PASS_ENV, *extra])]
+    files = []
     if stage_to:
         word, names = stage_word(stage_to)
-        have = "".join(f'[ -n "${{{n}:-}}" ] && ' for n in names)
-        stage = (f'{have}{{ d={word}; mkdir -p "$d" && set -- "$1" "$2" --bind "$d" "${{@:3}}"; }}; ')
+        values += [f"hpctrain_stage_dir={word}", shellfile.array("hpctrain_stage_dir_needs", names)]
+        files.append("stage_bind.sh")
     if stage_image_to:
-        stage += local_image_swap(stage_image_to)
-    return (stage + 'for v in $(compgen -e); do case $v in ' + pats + f') export "{prefix}$v=${{!v}}";; esac; '
-            'done; exec "$@"')
+        values.append(image_dir_line(stage_image_to))
+        files += ["local_image.sh", "image_swap.sh"]
+    return shellfile.program([*files, "cleanenv.sh"], values)
 
 
 def image_env_wrapper(extra: list[str], mount: str) -> str:
-    """A bash program run per task inside a pyxis/enroot image, before Python: keep the image's own
-    variables (enroot's image format lists them in /etc/environment) and the allow-list, drop the
-    rest of the host environment that pyxis passed in (a module's PYTHONPATH, CUDA_HOME...): the
-    same environment as `--cleanenv` plus APPTAINERENV_* gives. $HPCTRAIN_SOURCE set: the submitted
-    hpctrain, mounted at `mount`/hpctrain, first on PYTHONPATH."""
-    pats = "|".join((*PASS_ENV, *extra, "PATH", "HOME", "PWD", "SHLVL", "TERM", "HOSTNAME"))
-    return ('keep=" "; if [ -r /etc/environment ]; then while IFS= read -r l || [ -n "$l" ]; do l=${l#export }; '
-            'case $l in [A-Za-z_]*=*) keep+="${l%%=*} " ;; esac; done < /etc/environment; fi; '
-            'for v in $(compgen -e); do case $v in ' + pats + ') continue ;; esac; '
-            'case $keep in *" $v "*) ;; *) unset "$v" ;; esac; done; export PYTHONNOUSERSITE=1; '
-            f'if [ -n "${{HPCTRAIN_SOURCE:-}}" ]; then export PYTHONPATH={shlex.quote(mount)}; fi; exec "$@"')
+    """A bash program run per task inside a pyxis/enroot image, before Python (shell/image_env.sh):
+    keep the image's own variables (/etc/environment) and the allow-list, drop the rest of the host
+    environment that pyxis passed in (a module's PYTHONPATH, CUDA_HOME...): the same environment as
+    `--cleanenv` plus APPTAINERENV_* gives. $HPCTRAIN_SOURCE set: the submitted hpctrain, mounted at
+    `mount`/hpctrain, first on PYTHONPATH."""
+    pats = [*PASS_ENV, *extra, "PATH", "HOME", "PWD", "SHLVL", "TERM", "HOSTNAME"]
+    return shellfile.program(["image_env.sh"], [shellfile.array("hpctrain_pass", pats),
+                                                shellfile.assign("hpctrain_mount", mount)])
 
 
 def none_lines(host_python: str) -> list[str]:
-    """CONTAINER=none: the host's Python, the submitted hpctrain first on PYTHONPATH."""
-    return [
-        f"  {PY_VAR}=({host_python})",
-        "  # the submitted hpctrain first (not the submitting shell's PYTHONPATH, which an --export=NONE",
-        "  # site drops); an installed copy's site-packages is the host Python's own already",
-        '  if [ -n "$HPCTRAIN_SOURCE" ]; then',
-        '    if [ "$(basename "$HPCTRAIN_SOURCE")" != hpctrain ] || [[ "$(dirname "$HPCTRAIN_SOURCE")" == *:* ]]; then '
-        'echo "hpctrain: HPCTRAIN_SOURCE=$HPCTRAIN_SOURCE must be a package directory named hpctrain in a path '
-        'without \':\' (PYTHONPATH separates with it)" >&2; exit 1; fi',
-        '    case ${HPCTRAIN_SOURCE%/*} in */site-packages|*/dist-packages) ;;',
-        '      *) export PYTHONPATH="${HPCTRAIN_SOURCE%/*}${PYTHONPATH:+:$PYTHONPATH}" ;; esac',
-        "  fi",
-    ]
-
-
-IMAGE_MISSING = ('  if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image $HPCTRAIN_IMAGE not found '
-                 '(set HPCTRAIN_IMAGE, or CONTAINER=none)" >&2; exit 1; fi')
+    """CONTAINER=none: the host's Python, the submitted hpctrain first on PYTHONPATH (shell/none.sh)."""
+    return [f"  {PY_VAR}=({host_python})", *shellfile.lines("none.sh", "  ")]
 
 
 def singularity_family_lines(tool: str, container: ContainerSection, binds: list[str], stage_to: str) -> list[str]:
@@ -173,13 +144,14 @@ def singularity_family_lines(tool: str, container: ContainerSection, binds: list
     q, prefix = shlex.quote, ENV_PREFIX[tool]
     cmd = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", tool, "exec", "--nv", "--cleanenv"]
     for b in binds:
-        cmd += ["--bind", q(b)]
+        cmd += ["--bind", shellfile.word(b)]
     mount = container.source_mount.rstrip("/")
     local = container.stage_image_to if container.stage_image else ""
     return [
-        IMAGE_MISSING,
+        *shellfile.lines("sif.sh", "  "),
         *(["  export HPCTRAIN_IMAGE  # each task finds its node's staged copy by it"] if local else []),
-        f"  hpctrain_cleanenv={q(cleanenv_wrapper(container.pass_env, stage_to, prefix, local))}",
+        "  " + shellfile.assign_program("hpctrain_cleanenv",
+                                        cleanenv_wrapper(container.pass_env, stage_to, prefix, local)),
         f"  {PY_VAR}=({' '.join(cmd)})",
         f"  export {prefix}PYTHONNOUSERSITE=1",
         '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
@@ -235,10 +207,7 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
     except LaunchError as e:  # written for another runtime: this branch refuses, the others run
         return [f"  echo {q(f'hpctrain: {e}')} >&2; exit 1"]
     return [
-        '  case $HPCTRAIN_IMAGE in /*|./*|../*) if [ ! -f "$HPCTRAIN_IMAGE" ]; then echo "hpctrain: image '
-        '$HPCTRAIN_IMAGE not found (a squashfs made by enroot import, or a registry URI)" >&2; exit 1; fi ;; esac',
-        '  case $PWD,${HPCTRAIN_SOURCE} in *,*,*|*:*) echo "hpctrain: $PWD or $HPCTRAIN_SOURCE holds \',\' or '
-        '\':\', which pyxis\'s --container-mounts cannot take: run the job from another directory" >&2; exit 1 ;; esac',
+        *shellfile.lines("pyxis.sh", "  "),
         f"  hpctrain_mounts={q(mounts)}",
         '  hpctrain_mounts+="${hpctrain_mounts:+,}$PWD"',
         f'  if [ -n "$HPCTRAIN_SOURCE" ]; then hpctrain_mounts+=",$HPCTRAIN_SOURCE:{mount}/hpctrain:ro"; fi',
@@ -246,7 +215,7 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
         '--container-workdir="$PWD")',
         *([f'  {SRUN_VAR}+=(--container-name="hpctrain-${{SLURM_JOB_ID:-$$}}")  # unpacked once per node '
            '(container.stage_image)'] if container.stage_image else []),
-        f"  hpctrain_imageenv={q(image_env_wrapper(container.pass_env, mount))}",
+        "  " + shellfile.assign_program("hpctrain_imageenv", image_env_wrapper(container.pass_env, mount)),
         f'  {PY_VAR}=(bash -c "$hpctrain_imageenv" hpctrain-task {q(container.python)})',
     ]
 
@@ -260,17 +229,13 @@ NSYS_ARGS = ("profile", "--capture-range=cudaProfilerApi", "--capture-range-end=
 
 
 def nsys_wrapper(ranks: list[int], out_dir: str) -> str:
-    """A bash program run per task in the image, just before Python: the tasks whose global rank is in
-    `ranks` exec the image's `nsys profile ... -o <out_dir>/nsys-rank-<r> python ...` (HPCTRAIN_NSYS=1
-    tells the loop; torch.profiler stays off there, nsys owns CUPTI), the others exec Python as is."""
-    q = shlex.quote
-    words = " ".join(str(int(r)) for r in ranks)
-    return (f'r=${{SLURM_PROCID:-${{RANK:-}}}}; case " {words} " in *" $r "*) '
-            'command -v nsys >/dev/null || { echo "hpctrain: --nsys-ranks: rank $r finds no nsys on the '
-            'PATH in the image ($PATH): use an image with Nsight Systems (NGC pytorch images have it), '
-            'or drop --nsys-ranks" >&2; '
-            f'exit 1; }}; mkdir -p {q(out_dir)}; export HPCTRAIN_NSYS=1; exec nsys {" ".join(NSYS_ARGS)} '
-            f'--output={q(out_dir)}/nsys-rank-"$r" "$@" ;; esac; exec "$@"')
+    """A bash program run per task in the image, just before Python (shell/nsys.sh): the tasks whose
+    global rank is in `ranks` exec the image's `nsys profile ... -o <out_dir>/nsys-rank-<r> python ...`
+    (HPCTRAIN_NSYS=1 tells the loop; torch.profiler stays off there, nsys owns CUPTI), the others
+    exec Python as is."""
+    return shellfile.program(["nsys.sh"], [
+        shellfile.array("hpctrain_ranks", [int(r) for r in ranks]),
+        shellfile.assign("hpctrain_nsys_dir", out_dir), shellfile.array("hpctrain_nsys_args", list(NSYS_ARGS))])
 
 
 def nsys_lines(ranks: list[int], out_dir: str) -> list[str]:
@@ -278,10 +243,7 @@ def nsys_lines(ranks: list[int], out_dir: str) -> list[str]:
     nothing without `ranks`."""
     if not ranks:
         return []
-    return ["# --nsys-ranks: those tasks run their Python under the image's nsys (launch.container.nsys_wrapper)",
-            f"hpctrain_nsys={shlex.quote(nsys_wrapper(ranks, out_dir))}",
-            f'hpctrain_py=${{{PY_VAR}[-1]}}; unset "{PY_VAR}[-1]"',
-            f'{PY_VAR}+=(bash -c "$hpctrain_nsys" hpctrain-nsys "$hpctrain_py")']
+    return [shellfile.assign_program("hpctrain_nsys", nsys_wrapper(ranks, out_dir)), *shellfile.lines("nsys_wrap.sh")]
 
 
 def python_lines(container: ContainerSection, binds: list[str], host_python: str, source: str = "",
@@ -301,10 +263,7 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
         f"HPCTRAIN_IMAGE=${{HPCTRAIN_IMAGE-{q(container.image)}}}",
         f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
-        "export HPCTRAIN_SOURCE",
-        'if [ -n "$HPCTRAIN_SOURCE" ] && [ ! -d "$HPCTRAIN_SOURCE" ]; then echo "hpctrain: HPCTRAIN_SOURCE='
-        '$HPCTRAIN_SOURCE is not a directory on this node (the job\'s directory must be on a file system the '
-        'nodes see; HPCTRAIN_SOURCE= runs the hpctrain that the tasks\' Python finds)" >&2; exit 1; fi',
+        *shellfile.lines("source.sh"),
         f"{SRUN_VAR}=()",
         'case $CONTAINER in',
         "none)", *none_lines(host_python), "  ;;",
@@ -319,13 +278,5 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
 
 
 def image_identity_lines() -> list[str]:
-    """Export $HPCTRAIN_IMAGE_DIGEST (train.compile_cache keys its entries by it) unless the site set it:
-    a checksum of the image's path, size and mtime — a stat, not a hash of gigabytes on a shared file
-    system; a registry URI (pyxis) stands for itself. A rebuilt image at the same path gets a new key."""
-    return [
-        'if [ "$CONTAINER" != none ] && [ -z "${HPCTRAIN_IMAGE_DIGEST:-}" ]; then',
-        '  HPCTRAIN_IMAGE_DIGEST=img$(printf "%s %s" "$HPCTRAIN_IMAGE" "$(stat -Lc "%s %Y" "$HPCTRAIN_IMAGE" '
-        '2>/dev/null)" | cksum | cut -d " " -f 1)',
-        "  export HPCTRAIN_IMAGE_DIGEST",
-        "fi",
-    ]
+    """Export $HPCTRAIN_IMAGE_DIGEST (train.compile_cache's key) unless the site set it (shell/image_identity.sh)."""
+    return shellfile.lines("image_identity.sh")

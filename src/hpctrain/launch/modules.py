@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import shlex
 
+from hpctrain.launch import shellfile
+
 LMOD_INIT = "/usr/share/lmod/lmod/init/bash"  # Debian's; sites: $LMOD_PKG/init/bash, $MODULESHOME/init/bash
-INIT_CANDIDATES = '"${LMOD_PKG:+$LMOD_PKG/init/bash}" "${MODULESHOME:+$MODULESHOME/init/bash}" ' + LMOD_INIT
 
 
 def load_lines(names: str, module_use: list[str] = (), purge: bool = False, indent: str = "  ") -> list[str]:
     """Source the module system's init when `module` is missing (a plain `bash script` lacks the
-    login shell's function), then [purge and] load `names` (a shell word list, split on purpose)."""
-    lines = [f"{indent}if ! type module >/dev/null 2>&1; then",
-             f"{indent}  for f in {INIT_CANDIDATES}; do",
-             f'{indent}    if [ -n "$f" ] && [ -r "$f" ]; then . "$f"; break; fi',
-             f"{indent}  done",
-             f"{indent}fi"]
+    login shell's function: shell/module_init.sh), then [purge and] load `names` (a shell word list,
+    split on purpose)."""
+    lines = shellfile.lines("module_init.sh", indent)
     lines += [f"{indent}module use {shlex.quote(p)}" for p in module_use]
     if purge:
         lines.append(f"{indent}module purge")

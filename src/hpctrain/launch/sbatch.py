@@ -12,8 +12,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from hpctrain.config import control_char, encode_overrides
-from hpctrain.launch import inplace, stage_image
-from hpctrain.launch.container import PY_VAR, SRUN_VAR, python_lines
+from hpctrain.launch import inplace, shellfile, stage_image
+from hpctrain.launch.container import SRUN_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.nccl import export_lines, fabric_env, left_to_nccl
 from hpctrain.launch.profile import ClusterProfile
@@ -94,125 +94,27 @@ def sbatch_lines(p: JobPlan) -> list[str]:
 
 def stop_lines() -> list[str]:
     """Signals and the stop file: what the tasks and this shell agree on before srun starts."""
-    return [
-        "# Stops. The tasks checkpoint at the next step on USR2 (--signal, before the time limit) and",
-        "# on SIGTERM (preemption); rank 0 then writes `requeue` or `end` (and why) to $HPCTRAIN_STOP_FILE",
-        "# and this shell, outside any container, runs `scontrol requeue`: the task's Python never needs",
-        "# a Slurm client. USR2 or TERM sent to this shell (--signal=B:USR2, scancel --batch/--full) is",
-        "# passed to the tasks as USR2 (srun itself would turn a TERM into SIGKILL for them); a USR2 that",
-        "# announces a preemption (PreemptTime set: a site with preempt_send_user_signal) as SIGTERM, so",
-        "# that the tasks count it as one (slurm.max_preemptions), not as a time limit.",
-        'export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"',
-        'export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"',
-        'mkdir -p "$HPCTRAIN_CONTROL_DIR" || { echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job '
-        'from a writable directory" >&2; exit 1; }',
-        'rm -f "$HPCTRAIN_STOP_FILE"',
-        "# This job for scontrol: an array element by <array>_<index>, since the element whose own id is the",
-        "# array's id would otherwise name (and requeue) the whole array.",
-        'hpctrain_job=${SLURM_JOB_ID:-none}',
-        'if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi',
-        'hpctrain_signal="" hpctrain_srun=""',
-        "hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)",
-        '  scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\\n" | sed -n "s/^$1=//p" | head -n 1',
-        "}",
-        "hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)",
-        '  local t; t=$(hpctrain_job_field PreemptTime); [ -n "$t" ] && [ "$t" != None ]',
-        "}",
-        "# Slurm >= 24.05 requeues a preempted --requeue job itself when its batch shell ends inside the",
-        "# GraceTime under PreemptMode=REQUEUE; a `scontrol requeue` of ours then would leave Slurm's",
-        "# preemption mark on the job, and its next run, even a finished one, would be requeued again",
-        "# (PREEMPTED): leave that requeue to Slurm (docs/slurm-versions.md).",
-        "hpctrain_slurm_requeues_preempted() {",
-        '  local v major minor; v=$(scontrol --version 2>/dev/null) || return 1; v=${v##* }',
-        '  major=${v%%.*} minor=${v#*.}; minor=${minor%%.*}',
-        '  { [ "$major" -gt 24 ] || { [ "$major" = 24 ] && [ "$minor" -ge 5 ]; }; } 2>/dev/null || return 1',
-        '  [ "$(hpctrain_job_field Requeue)" = 1 ] || return 1',
-        '  scontrol show partition -o "${SLURM_JOB_PARTITION:-}" 2>/dev/null | tr " " "\\n" |',
-        '    grep -q "^PreemptMode=.*REQUEUE"',
-        "}",
-        "hpctrain_pass() {",
-        '  hpctrain_signal=$1',
-        '  if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_preempted; then',
-        '    echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set): the '
-        'tasks get SIGTERM and checkpoint at the next step" >&2',
-        '    scancel --signal=TERM "$hpctrain_job" && return',
-        "  fi",
-        '  echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2',
-        '  if [ -n "$hpctrain_srun" ]; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi',
-        "}",
-        "trap 'hpctrain_pass USR2' USR2",
-        "trap 'hpctrain_pass TERM' TERM",
-    ]
+    return shellfile.lines("stops.sh")
 
 
 # Slurm applies the submitting shell's soft limits to the job (slurm.conf(5), PropagateResourceLimits:
 # all by default): a login node's `ulimit -l` (often 64 KiB) is too little for RDMA, which locks its buffers.
-MEMLOCK_LINES = [
-    "# Locked memory: the login shell's soft limit came with the job (PropagateResourceLimits); NCCL over",
-    "# InfiniBand/RoCE locks its buffers: raise it as far as this node's hard limit allows.",
-    'ulimit -S -l unlimited 2>/dev/null || ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true',
-]
-
-# After srun: wait through trapped signals, then read rank 0's decision.
-WAIT_LINES = [
-    "hpctrain_srun=$!",
-    'while wait "$hpctrain_srun"; hpctrain_rc=$?; kill -0 "$hpctrain_srun" 2>/dev/null; do :; done',
-    'wait "$hpctrain_srun" 2>/dev/null; hpctrain_w=$?; [ "$hpctrain_w" = 127 ] || hpctrain_rc=$hpctrain_w',
-    'hpctrain_decision="" hpctrain_why=""',
-    'if [ -f "$HPCTRAIN_STOP_FILE" ]; then',
-    '  { read -r hpctrain_decision; read -r hpctrain_why; } < "$HPCTRAIN_STOP_FILE" || true',
-    'elif [ "$hpctrain_rc" != 0 ] && { [ -n "$hpctrain_signal" ] || hpctrain_preempted; }; then',
-    "  hpctrain_decision=requeue",
-    '  hpctrain_why="the tasks ended (exit $hpctrain_rc) after a stop signal before their own checkpoint: '
-    'resuming from the last one"',
-    "fi",
-]
-
-# After the last step: carry out the decision.
-REQUEUE_LINES = [
-    'case "$hpctrain_decision" in',
-    "  requeue)",
-    "    trap '' USR2 TERM  # scontrol requeue ends this shell with SIGTERM",
-    '    hpctrain_state=$(hpctrain_job_field JobState) hpctrain_restarts=$(hpctrain_job_field Restarts)',
-    "    # only this attempt's own allocation: a job Slurm requeued already (same id, a later restart) is not ours",
-    '    if [ "$hpctrain_state" != RUNNING ] || [ "${hpctrain_restarts:-0}" != "${SLURM_RESTART_COUNT:-0}" ]; then',
-    '      echo "hpctrain: job ${hpctrain_job} is ${hpctrain_state:-gone} (restart ${hpctrain_restarts:-?}) already: '
-    'Slurm requeues or ends it itself"',
-    "      exit 0",
-    "    fi",
-    '    echo "hpctrain: $hpctrain_why"',
-    "    if hpctrain_preempted && hpctrain_slurm_requeues_preempted; then",
-    '      echo "hpctrain: preempted under PreemptMode=REQUEUE: Slurm $(scontrol --version | sed \'s/.* //\') requeues '
-    'the job itself as this shell ends"',
-    "      exit 0",
-    "    fi",
-    '    if [ -n "${hpctrain_bad// /}" ]; then hpctrain_requeue_excluding && exit 0',
-    '    else scontrol requeue "$hpctrain_job" && exit 0',
-    "    fi",
-    '    echo "hpctrain: scontrol requeue $hpctrain_job failed; the checkpoint is saved: resubmit the same job '
-    'to resume" >&2',
-    "    exit 1 ;;",
-    "  end)",
-    '    echo "hpctrain: stopped and not requeued: $hpctrain_why" >&2',
-    "    exit 3 ;;",
-    "esac",
-    'exit "$hpctrain_rc"',
-]
+MEMLOCK_LINES = shellfile.lines("memlock.sh")
 
 
 def step_loop(command: str) -> list[str]:
-    """srun steps until one ends without naming a faulty node (launch.inplace), then the decision."""
-    indent = lambda lines: [f"  {line}" for line in lines]  # noqa: E731
+    """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
+    after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh)."""
     return ["set +e",
             "while :; do",
-            *indent(inplace.step_lines()),
+            *shellfile.lines("step_start.sh", "  "),
             "  srun --kill-on-bad-exit=1 --unbuffered "
             f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
-            *indent(WAIT_LINES),
-            *indent(inplace.after_step_lines()),
+            *shellfile.lines("step_wait.sh", "  "),
+            *shellfile.lines("step_next.sh", "  "),
             "done",
             "set -e",
-            *REQUEUE_LINES]
+            *shellfile.lines("requeue.sh")]
 
 
 def render(p: JobPlan, command: str, host_python: str, standalone: bool,
@@ -250,22 +152,13 @@ def render(p: JobPlan, command: str, host_python: str, standalone: bool,
               f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
               f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
               *export_lines(extra_env or {}), ""]
-    lines += ["# Sites with SBATCH_EXPORT=NONE (or --export=NONE) give the job SLURM_EXPORT_ENV=NONE, and srun",
-              "# would pass only SLURM_* on to the tasks (sbatch(1), --export): this shell's environment goes.",
-              "export SLURM_EXPORT_ENV=ALL",
-              "# srun 22.05-23.02 takes --cpus-per-task from SRUN_CPUS_PER_TASK only; 23.11 and later read",
-              "# SLURM_CPUS_PER_TASK (set by the allocation) and ignore SRUN_CPUS_PER_TASK: this covers both.",
-              'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then',
-              "  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK", "fi", *MEMLOCK_LINES, ""]
-    lines += ['echo "hpctrain: job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on '
-              '${SLURM_JOB_NODELIST:-?}: ${SLURM_NNODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks; '
-              'modules: ${LOADEDMODULES:-none}; python: ${' + PY_VAR + '[*]}"', ""]
+    lines += [*shellfile.lines("srun_env.sh"), *MEMLOCK_LINES, ""]
+    lines += [*shellfile.lines("banner.sh"), ""]
     lines += [*stop_lines(), ""]
     if prof.container.stage_image:
         lines += [*stage_image.batch_lines(prof.container.stage_image_to), ""]
     lines += [*inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
-              "# The batch host's death would leave a --no-kill job RUNNING without this shell: a guard on",
-              "# another node requeues it then (launch.inplace.guard_lines).", *inplace.guard_lines(), "",
+              *inplace.guard_lines(), "",
               "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
               "# background so that this shell can take signals while it waits; a step that failed on",
               "# nodes it named runs again without them (launch.inplace).",

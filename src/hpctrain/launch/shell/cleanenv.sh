@@ -1,0 +1,9 @@
+# shellcheck shell=bash disable=SC2154  # a per-task program: its values come before it (launch/container.py)
+# the allowed variables as $hpctrain_prefix* (APPTAINERENV_, SINGULARITYENV_): passed even with --cleanenv
+for v in $(compgen -e); do
+  for p in "${hpctrain_pass[@]}"; do
+    # shellcheck disable=SC2254  # a glob on purpose: container.pass_env names NAME_* prefixes
+    case $v in $p) export "$hpctrain_prefix$v=${!v}"; break ;; esac
+  done
+done
+exec "$@"

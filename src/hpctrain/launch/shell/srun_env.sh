@@ -1,0 +1,9 @@
+# shellcheck shell=bash
+# Sites with SBATCH_EXPORT=NONE (or --export=NONE) give the job SLURM_EXPORT_ENV=NONE, and srun
+# would pass only SLURM_* on to the tasks (sbatch(1), --export): this shell's environment goes.
+export SLURM_EXPORT_ENV=ALL
+# srun 22.05-23.02 takes --cpus-per-task from SRUN_CPUS_PER_TASK only; 23.11 and later read
+# SLURM_CPUS_PER_TASK (set by the allocation) and ignore SRUN_CPUS_PER_TASK: this covers both.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+fi

@@ -1,0 +1,27 @@
+# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+hpctrain_ended=$(date +%s) hpctrain_new=""
+# a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
+if [ "$hpctrain_decision" != end ] &&
+   { [ "$hpctrain_rc" != 0 ] || [ "$hpctrain_decision" = requeue ]; }; then
+  hpctrain_name_faults
+fi
+# shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
+[ -n "$hpctrain_new" ] || break
+hpctrain_bad="$hpctrain_bad$hpctrain_new"
+hpctrain_left=$(hpctrain_healthy | wc -l)
+if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
+  hpctrain_attempt=$((hpctrain_attempt + 1))
+  hpctrain_record restart
+  echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
+    "in this job on $hpctrain_train_nodes of $hpctrain_left healthy nodes, from the last checkpoint" >&2
+  # shellcheck disable=SC2105  # continue starts the next step (this file is the loop body)
+  continue
+fi
+echo "hpctrain: faulty: $hpctrain_fault; $hpctrain_left healthy node(s) left of the $hpctrain_train_nodes needed:" \
+  "requeueing without them" >&2
+if [ "$hpctrain_decision" != requeue ]; then
+  hpctrain_decision=requeue
+  hpctrain_why="the step failed (exit $hpctrain_rc) on faulty node(s): $hpctrain_fault"
+fi
+# shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
+break

@@ -1,0 +1,11 @@
+# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+hpctrain_step_hosts=$hpctrain_alloc
+if [ "$hpctrain_spares" -gt 0 ]; then
+  hpctrain_step_hosts=" $(hpctrain_healthy | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
+  # --overlap: a failed step stays RUNNING in slurmctld while its lost node cannot confirm its end,
+  # holding its CPUs and GPUs on the healthy nodes too (measured); its tasks are gone, so share them
+  hpctrain_step=(--nodes="$hpctrain_train_nodes" --ntasks=$((hpctrain_train_nodes * hpctrain_tpn))
+                 --nodelist="$(echo $hpctrain_step_hosts | tr " " ",")" --overlap --open-mode=append)
+fi
+export HPCTRAIN_ATTEMPT=$hpctrain_attempt
+rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_BAD_NODES_FILE"

@@ -1,0 +1,11 @@
+# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+hpctrain_srun=$!
+while wait "$hpctrain_srun"; hpctrain_rc=$?; kill -0 "$hpctrain_srun" 2>/dev/null; do :; done
+wait "$hpctrain_srun" 2>/dev/null; hpctrain_w=$?; [ "$hpctrain_w" = 127 ] || hpctrain_rc=$hpctrain_w
+hpctrain_decision="" hpctrain_why=""
+if [ -f "$HPCTRAIN_STOP_FILE" ]; then
+  { read -r hpctrain_decision; read -r hpctrain_why; } < "$HPCTRAIN_STOP_FILE" || true
+elif [ "$hpctrain_rc" != 0 ] && { [ -n "$hpctrain_signal" ] || hpctrain_preempted; }; then
+  hpctrain_decision=requeue
+  hpctrain_why="the tasks ended (exit $hpctrain_rc) after a stop signal before their own checkpoint: resuming from the last one"
+fi

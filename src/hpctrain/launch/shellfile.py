@@ -1,0 +1,75 @@
+"""The batch shell's code: bash files under launch/shell/, shipped as package data and inlined by the
+renderers (launch/sbatch.py, inplace.py, container.py, stage_image.py) after a header of values.
+
+Bash, not Python strings, so that `bash -n` and shellcheck read it (tests/launch/test_shell_files.py).
+A file's leading `# shellcheck` lines are for the file checked alone (its dialect, and the variables
+the other parts set): they are not inlined. Values reach the script only through `assign` (refused
+with a control character, shell-quoted).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from functools import cache
+from importlib import resources
+
+from hpctrain.config import control_char
+
+DIRECTIVE = "# shellcheck "
+GLOB_WORD = re.compile(r"[\w@%+=:,./*-]+", re.ASCII)  # nothing in it is special inside double quotes
+
+
+@cache
+def text(name: str) -> str:
+    """A file of launch/shell/ as shipped."""
+    return resources.files("hpctrain.launch").joinpath("shell", name).read_text()
+
+
+def lines(name: str, indent: str = "") -> list[str]:
+    """The file's lines to inline, without its leading shellcheck directives; `indent` for a block."""
+    out = text(name).splitlines()
+    while out and out[0].startswith(DIRECTIVE):
+        out.pop(0)
+    return [f"{indent}{line}" if line else line for line in out]
+
+
+def program(names: list[str], values: list[str] = ()) -> str:
+    """A bash program run by `bash -c` (per task, per node): the value lines, then the files."""
+    return "\n".join([*values, *(line for n in names for line in lines(n))]) + "\n"
+
+
+def word(value: object) -> str:
+    """One shell word holding `value` exactly; a control character is a bug upstream (config.check_text)."""
+    s = str(value)
+    if control_char(s):
+        raise ValueError(f"shell value {s!r} contains a control character")
+    if GLOB_WORD.fullmatch(s) and "*" in s:
+        return f'"{s}"'  # a pattern such as NAME_*: double quotes read better inside a quoted program
+    q = shlex.quote(s)
+    return f"'{s}'" if q == s and "," in s else q  # quoted, so that no one reads a,b as a list (SC2054)
+
+
+def assign(name: str, value: object) -> str:
+    """`name=value`, the value one quoted word."""
+    return f"{name}={word(value)}"
+
+
+def assign_program(name: str, prog: str) -> str:
+    """`name='<program>'`: a bash program (`program`) as one quoted word for `bash -c "$name"`; its
+    lines are the files and the value lines `word` checked, so a newline is its only control character."""
+    if control_char(prog.replace("\n", "")):
+        raise ValueError(f"program {name}: a control character other than a newline")
+    return f"{name}={shlex.quote(prog)}"
+
+
+def array(name: str, values: list[object], width: int = 100) -> str:
+    """`name=(v1 v2 ...)`, each value one quoted word; a long one goes on over lines of `width`."""
+    lines, line = [], f"{name}=("
+    for i, w in enumerate(map(word, values)):
+        if i and len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = "  " + w
+        else:
+            line += f" {w}" if i else w
+    return "\n".join([*lines, line + ")"])

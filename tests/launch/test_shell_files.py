@@ -1,0 +1,132 @@
+"""The batch shell is bash in files (src/hpctrain/launch/shell/): `bash -n` and `shellcheck -S warning`
+pass on every file and on the scripts rendered from them for several site shapes, the committed
+slurm/vit.sbatch included. A finding is fixed, or silenced on its line with the reason:
+`# shellcheck disable=SCxxxx  # why`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpctrain.badnodes import NODE_NAME
+from hpctrain.launch import container, shellfile, stage_image
+from hpctrain.launch.modules import LMOD_INIT
+from hpctrain.launch.profile import load_profile
+from hpctrain.launch.sbatch import JobPlan, render
+
+ROOT = Path(__file__).resolve().parents[2]
+SHELL = ROOT / "src" / "hpctrain" / "launch" / "shell"
+FILES = sorted(SHELL.glob("*.sh"))
+IMAGE = ["container.image=/images/x.sif"]
+STAGE = ["container.stage_image=true", "container.stage_image_to=/local/${SLURMD_NODENAME}/$USER"]
+COMMAND = '--output /r/%j_%t.out "${HPCTRAIN_PYTHON[@]}" -u -m hpctrain.launch.task /r/submitit'
+
+
+def plan(profile: str, sets: list[str], **kw) -> JobPlan:
+    base = dict(profile=load_profile(profile, sets), job_name="j", nodes=2, tasks_per_node=4, gpus_per_node=4,
+                cpus_per_task=8, mem="0", time="01:00:00", binds=["/datasets", "/r/a,b"])
+    return JobPlan(**{**base, **kw})
+
+
+# site shapes: each runtime, image staging, data staging, spares, a sweep's array, nsys, modules
+SHAPES = {
+    "local-none": plan("local", []),
+    "ib-apptainer-staged-spares": plan("example-ib", ["container.runtime=apptainer", *IMAGE, *STAGE],
+                                       stage_to="$TMPDIR/stage", spare_nodes=1),
+    "roce-singularity-array": plan("example-roce", ["container.runtime=singularity", *IMAGE],
+                                   array="0-2%2", workdirs=["/r/a", "/r/b b", "/r/c'"]),
+    "ib-pyxis-staged-nsys": plan("example-ib", ["container.runtime=pyxis", "container.image=/images/x.sqsh", *STAGE,
+                                                "slurm.max_requeues=0"], binds=["/datasets"],
+                                 nsys_ranks=[0, 5], nsys_dir="/r/run dir/profile"),
+}
+
+
+@pytest.fixture(scope="module")
+def shellcheck() -> str:
+    path = shutil.which("shellcheck")
+    assert path, "shellcheck is not installed: apt-get install shellcheck (.ci/run installs it)"
+    return path
+
+
+def findings(shellcheck: str, *paths: Path) -> str:
+    r = subprocess.run([shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", *map(str, paths)],
+                       capture_output=True, text=True, timeout=120)
+    return r.stdout + r.stderr
+
+
+def unparsed(paths: list[Path]) -> list[str]:
+    """`bash -n`'s complaint about each path that does not parse."""
+    out = []
+    for p in paths:
+        r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True, timeout=30)
+        if r.returncode:
+            out.append(f"{p.name}: {r.stderr}")
+    return out
+
+
+def test_every_shell_file_parses_and_has_no_shellcheck_findings(shellcheck):
+    assert len(FILES) >= 20, [f.name for f in FILES]
+    assert not unparsed(FILES)
+    out = findings(shellcheck, *FILES)
+    assert out == "", f"shellcheck -S warning on launch/shell/:\n{out}"
+
+
+def test_every_shell_file_is_inlined_by_a_renderer():
+    code = "\n".join(p.read_text() for p in (ROOT / "src" / "hpctrain" / "launch").glob("*.py"))
+    assert not [f.name for f in FILES if f'"{f.name}"' not in code]
+
+
+def test_every_silenced_finding_says_why():
+    """A directive that disables a check carries its reason after `  # `."""
+    bare = [f"{f.name}:{i}: {line.strip()}" for f in FILES for i, line in enumerate(f.read_text().splitlines(), 1)
+            if re.search(r"#\s*shellcheck\s.*disable=", line) and not re.search(r"disable=\S+\s+#\s*\S", line)]
+    assert not bare, bare
+
+
+def test_rendered_scripts_parse_and_have_no_shellcheck_findings(tmp_path, shellcheck):
+    """Each site shape as `hpctrain submit` renders it and as a stand-alone script, and vit.sbatch."""
+    paths = [ROOT / "slurm" / "vit.sbatch"]
+    for name, p in SHAPES.items():
+        standalone = dataclasses.replace(p, config="configs/x.yaml", overrides=["a=1"])
+        for suffix, plan_, alone in (("", p, False), (".standalone", standalone, True)):
+            paths.append(tmp_path / f"{name}{suffix}.sbatch")
+            paths[-1].write_text(render(plan_, COMMAND, "/usr/bin/python3", alone, {"HPCTRAIN_LAUNCHER": "x"},
+                                        "/r/code/hpctrain"))
+    assert not unparsed(paths)
+    out = findings(shellcheck, *paths)
+    assert out == "", f"shellcheck -S warning on the rendered scripts:\n{out}"
+
+
+def test_per_node_and_per_task_programs_have_no_shellcheck_findings(tmp_path, shellcheck):
+    """The programs the batch shell runs with `bash -c` on each node or for each task, values included."""
+    programs = {
+        "cleanenv": container.cleanenv_wrapper(["FOO", "BAR_*"], "~/stage/${SLURM_JOB_ID}", "SINGULARITYENV_",
+                                                "/local/$USER"),
+        "image_env": container.image_env_wrapper(["FOO"], "/opt/hpctrain-src"),
+        "nsys": container.nsys_wrapper([0, 8], "/r/run dir/profile"),
+        "stage_copy": stage_image.copy_program("/local/${SLURMD_NODENAME}"),
+    }
+    for name, text in programs.items():
+        (tmp_path / f"{name}.sh").write_text(text)
+    paths = sorted(tmp_path.glob("*.sh"))
+    assert not unparsed(paths)
+    out = findings(shellcheck, *paths)
+    assert out == "", f"shellcheck -S warning on the per-task programs:\n{out}"
+
+
+def test_values_reach_the_shell_as_the_python_side_has_them():
+    """The constants a file repeats, and the header's quoting: control characters never reach a script."""
+    assert LMOD_INIT in shellfile.text("module_init.sh")
+    script = render(SHAPES["local-none"], "true", "python3", False)
+    assert f"\n{shellfile.assign('hpctrain_node_name', NODE_NAME.pattern)}  # " in script
+    assert shellfile.word("NAME_*") == '"NAME_*"' and shellfile.word("/a,b") == "'/a,b'"
+    assert shellfile.word("it's $(x)") == "'it'\"'\"'s $(x)'"
+    with pytest.raises(ValueError, match="control character"):
+        shellfile.assign("x", "a\nb")
+    with pytest.raises(ValueError, match="control character"):
+        shellfile.assign_program("x", "a\x1b")
