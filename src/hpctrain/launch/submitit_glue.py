@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core import job_environment, submission
+from submitit.core import job_environment
 from submitit.core.utils import DelayedSubmission, FailedJobError, UncompletedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
@@ -138,4 +138,7 @@ def submitted_pickle() -> Path:
 
 def run_pickled(folder: str) -> None:
     """Load and run this task's pickled call; write its result file."""
+    # the task's runner only: submitit.core.submission imports numpy (absent on login nodes)
+    from submitit.core import submission
+
     submission.process_job(folder)
