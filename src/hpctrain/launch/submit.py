@@ -7,9 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -41,17 +39,6 @@ class Submission:
     log_hint: str
     job: Any = None
     snapshot: Snapshot | None = None  # the code the tasks run (Slurm jobs; hpctrain.source)
-
-
-def slurm_available() -> bool:
-    """A controller answers `scontrol ping` (sbatch merely being installed is not enough)."""
-    if not shutil.which("scontrol"):
-        return False
-    try:
-        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and " is UP" in r.stdout
 
 
 def write_job_record(run_dir: Path, record: dict) -> None:
