@@ -190,6 +190,8 @@ def prepare(cfg: Config | None, profile: ClusterProfile | None, req: Request, ki
 
 def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Train | Member,
            dry_run: bool) -> Prepared:
+    """A training run: on this machine (no profile) its batch split and inputs; on Slurm the
+    request, the batch, the image, the stop's time and the MTBF the task cannot read itself."""
     member = isinstance(kind, Member)
     if profile is None:  # this machine's processes read its files
         if kind.tasks < 1:
