@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from hpctrain.cli import COMMANDS
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "hpctrain"
 
@@ -94,3 +96,39 @@ def test_every_function_level_import_says_why():
                 bare.append(f"{path.relative_to(SRC)}:{lineno}: {line.strip()}")
     assert len(MODULES) > 100  # the package was read
     assert not bare, "function-level imports without a comment saying why:\n" + "\n".join(bare)
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module `path` imports, at any level (`from a import b`: a and a.b)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+SUBMITIT_GLUE = "hpctrain.launch.submitit_glue"
+
+
+def test_submitit_is_imported_by_one_module_only():
+    """submitit's private API is pinned and checked in one place (tests/launch/test_submitit_contract.py)."""
+    importers = sorted(name for name, path in MODULES.items()
+                       if any(m == "submitit" or m.startswith("submitit.") for m in all_imports(path)))
+    assert importers == [SUBMITIT_GLUE]
+
+
+def test_no_cli_command_imports_another():
+    """`cli/` parses and prints; what a command does lives in the library (launch.prepare for the
+    submission), so one command module never reaches into another. What commands share (the
+    package's __init__, cli.common, cli.job) imports no command either."""
+    commands = {f"hpctrain.cli.{m}" for m in COMMANDS.values()}
+    assert len(commands) > 10 and commands <= set(MODULES)  # the dispatcher's table was read
+    shared = {n for n in MODULES if n.startswith("hpctrain.cli.") and n not in commands} | {"hpctrain.cli"}
+    crossing = [f"{name} imports {m}" for name in sorted(commands) for m in sorted(all_imports(MODULES[name]))
+                if m in commands and m != name]
+    assert not crossing, "\n".join(crossing)
+    leaning = [f"{name} imports {m}" for name in sorted(shared) for m in sorted(all_imports(MODULES[name]))
+               if m in commands]
+    assert not leaning, "\n".join(leaning)

@@ -235,19 +235,6 @@ class FakeJob:
                  "data_wait": 0.0, "wall_s": 0.0, "world_size": 2}]
 
 
-class FakeExecutor:
-    """Stands in for submitit's executors: the job is never started, only its id is handed back."""
-
-    def __init__(self, folder, **kw) -> None:
-        self.folder = folder
-
-    def update_parameters(self, **kw) -> None:
-        pass
-
-    def submit(self, fn, *args) -> FakeJob:
-        return FakeJob()
-
-
 def printed(out: str, prefix: str) -> str:
     line = next(x for x in out.splitlines() if x.startswith(prefix))
     return line[len(prefix):].split("   status: ")[0]
@@ -255,13 +242,12 @@ def printed(out: str, prefix: str) -> str:
 
 @pytest.mark.parametrize("executor", ["slurm", "local"])
 def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, executor):
-    import submitit
+    from hpctrain.launch import prepare, submitit_glue
 
-    import hpctrain.launch.submit as launch_submit
-
-    monkeypatch.setattr(submitit, "SlurmExecutor", FakeExecutor)
-    monkeypatch.setattr(submitit, "LocalExecutor", FakeExecutor)
-    monkeypatch.setattr(launch_submit, "slurm_available", lambda: False)
+    # stand-ins for submitit (launch.submitit_glue): the job is never started, only its id is handed back
+    monkeypatch.setattr(submitit_glue, "slurm_job", lambda spec, fn, *args: FakeJob())
+    monkeypatch.setattr(submitit_glue, "local_job", lambda folder, tasks, timeout_min, fn, *args: FakeJob())
+    monkeypatch.setattr(prepare, "slurm_available", lambda: False)
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
     monkeypatch.delenv("HPCTRAIN_SET", raising=False)
     runs = tmp_path / "my runs 'x' \"y\""

@@ -7,27 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
-from hpctrain.cli.submit import add_job_args, request
+from hpctrain.cli.job import add_job_args, request, show
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
-from hpctrain.launch.profile import load_profile
+from hpctrain.launch.prepare import Eval, prepare, slurm_profile, start
 from hpctrain.launch.status import wait_job
-from hpctrain.launch.submit import (
-    check_image,
-    eval_plan,
-    slurm_available,
-    slurm_script,
-    submit_eval_local,
-    submit_eval_slurm,
-    wait_local,
-)
+from hpctrain.launch.submit import wait_local
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
 
@@ -110,12 +101,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def clear_outputs(out: Path) -> None:
-    """A previous evaluation's files go before a job starts: a stale summary is never this job's."""
-    for name in ("summary.json", "per_class.csv"):
-        (out / name).unlink(missing_ok=True)
-
-
 def print_outputs(out: Path) -> None:
     print(f"outputs (rank 0 writes them at the end): {shlex.quote(str(out / 'summary.json'))}, "
           f"{shlex.quote(str(out / 'per_class.csv'))}", flush=True)
@@ -124,26 +109,19 @@ def print_outputs(out: Path) -> None:
 def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     """`hpctrain eval --nodes N`: the evaluation as a job, the way `hpctrain submit` starts training."""
     weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
-    if not weights_path.exists():
-        raise CLIError(f"{weights}: no such file or directory; give a run directory, a checkpoint or a weights file")
     if args.dry_run and args.wait:
         raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
-    cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
-    if not (cluster or args.dry_run or slurm_available()):
-        return run_local(args, cfg, weights_path, out)
-    profile = load_profile(cluster or "local", args.cluster_overrides)
-    plan = eval_plan(cfg, profile, request(args), weights_path, out)
+    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run)
+    tasks = args.local_tasks or args.gpus_per_node or 2
+    p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=args.dry_run)
+    if p.local:
+        return run_local(p)
+    show(p.messages, sys.stderr)
     if args.dry_run:
-        try:
-            check_image(profile)
-        except Exception as e:  # a dry run may plan for another machine: say so, print anyway
-            print(f"hpctrain: note: {e}", file=sys.stderr)
-        print(slurm_script(plan, out / "submitit"), end="")
+        print(p.script(), end="")
         return 0
-    check_image(profile)  # before anything is written or submitted
-    ensure_dataset(cfg)
-    clear_outputs(out)
-    sub = submit_eval_slurm(cfg, plan, weights_path, args.ema, out)
+    sub = start(p)
+    plan = p.plan
     print(f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
           f"{plan.tasks_per_node} tasks (cluster {profile.name})")
     print_outputs(out)
@@ -170,19 +148,11 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     return 0
 
 
-def run_local(args: argparse.Namespace, cfg, weights: Path, out: Path) -> int:
+def run_local(p) -> int:
     """No Slurm: the job's processes on this machine (submitit's local executor, gloo), waited for."""
-    if args.nodes != 1:
-        raise CLIError(f"--nodes={args.nodes}: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller "
-                       "answers), so the job runs on this machine: use --nodes 1 with --local-tasks N processes")
-    tasks = args.local_tasks or args.gpus_per_node or 2
-    if tasks < 1:
-        raise CLIError(f"--local-tasks={tasks}: need at least 1 process")
-    ensure_dataset(cfg)
-    clear_outputs(out)
-    sub = submit_eval_local(cfg, weights, args.ema, out, tasks)
-    print(f"submitted local job {sub.job_id}: evaluation of {weights} on {tasks} processes")
-    print_outputs(out)
+    sub = start(p)
+    print(f"submitted local job {sub.job_id}: evaluation of {p.kind.weights} on {p.kind.tasks} processes")
+    print_outputs(p.kind.out)
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
     print(f"follow the log: {sub.log_hint}", flush=True)

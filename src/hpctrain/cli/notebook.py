@@ -9,8 +9,9 @@ import socket
 
 from hpctrain import notebook as nb
 from hpctrain.launch.container import RUNTIMES
-from hpctrain.launch.modules import module_lines
+from hpctrain.launch.prepare import Notebook, prepare
 from hpctrain.launch.profile import load_profile
+from hpctrain.launch.submit import Request
 
 
 def add_parser(sub) -> None:
@@ -54,36 +55,12 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-
     name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
-    prof = load_profile(name) if name else None
-    image = args.image
-    runtime = args.runtime or (prof.container.runtime if prof else "apptainer")
-    setup = list(args.setup)
-    if prof:  # the site's defaults; the flags win
-        if not image and runtime == prof.container.runtime != "none":
-            image = prof.container.image
-        in_image = bool(image)  # Jupyter in the image: load what starts it, not cuda/nccl (see launch.modules)
-        mods, var = (prof.container_modules, "HPCTRAIN_CONTAINER_MODULES") if in_image else (prof.modules,
-                                                                                              "HPCTRAIN_MODULES")
-        setup = module_lines(mods, prof.module_use, var, prof.module_purge) + setup
-    kw = dict(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        cpus=args.cpus,
-        mem=args.mem,
-        time=args.time,
-        partition=args.partition or (prof.slurm.partition if prof else ""),
-        account=args.account or (prof.slurm.account if prof else ""),
-        qos=args.qos or (prof.slurm.qos if prof else ""),
-        constraint=args.constraint or (prof.slurm.constraint if prof else ""),
-        image=image,
-        runtime=runtime,
-        setup=tuple(setup),
-    )
-    if args.port is not None:
-        kw["port"] = args.port
-    job = nb.NotebookJob(**kw)
+    req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
+                  account=args.account, qos=args.qos, constraint=args.constraint)
+    kind = Notebook(cpus=args.cpus, mem=args.mem, image=args.image, runtime=args.runtime, port=args.port,
+                    setup=tuple(args.setup))
+    job = prepare(None, load_profile(name) if name else None, req, kind, dry_run=args.dry_run).plan
     login = args.login_host or socket.getfqdn()
     if args.dry_run:
         print(nb.batch_script(job), end="")

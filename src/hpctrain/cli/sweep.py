@@ -12,7 +12,6 @@ controller answering) the members run one after another through the local execut
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 import shlex
@@ -21,14 +20,10 @@ from pathlib import Path
 
 from hpctrain.cli import CLIError, add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
-from hpctrain.cli.submit import check_inputs, report_batch
-from hpctrain.config import SET_ENV, check_batch, check_text, decode_overrides
-from hpctrain.data.prepare import ensure_dataset
-from hpctrain.errors import UserError
+from hpctrain.cli.job import request, show
+from hpctrain.config import SET_ENV, check_text, decode_overrides
 from hpctrain.launch import sweep
-from hpctrain.launch.profile import load_profile
-from hpctrain.launch.submit import Request, check_image, plan_job, slurm_available, slurm_script
-from hpctrain.launch.sweep import array_plan
+from hpctrain.launch.prepare import prepare_sweep, slurm_profile, start_sweep
 
 
 def add_parser(sub) -> None:
@@ -79,23 +74,20 @@ def main(args: argparse.Namespace) -> int:
     sweep_dir = Path(base.run.dir).expanduser().resolve() / name
     members = sweep.plan_members(config, base_overrides, sweep.expand(grid, runs), sweep_dir,
                                  args.max_runs or sweep.DEFAULT_MAX_RUNS)
-    cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
-    slurm = bool(cluster) or args.dry_run or slurm_available()
-    if not slurm:
+    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run)
+    if profile is None:
         note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
-    plan = plan_array(args, members, cluster, sweep_dir, name)
-    for m in members:
+    p = prepare_sweep(members, profile, request(args), sweep_dir, name, args.max_parallel, args.gpu_mem_gb,
+                      dry_run=args.dry_run)
+    show(p.messages, sys.stderr)
+    for m in p.members:
         print(f"member {m.index}: {m.name}  {shlex.join(m.overrides)}", file=sys.stderr if args.dry_run else sys.stdout)
     if args.dry_run:
-        print(slurm_script(plan, sweep_dir / "submitit", "%A_%a"), end="")
+        print(p.script(), end="")
         return 0
-    sweep.check_new(sweep_dir)
-    check_image(plan.profile)
-    for root in {m.cfg.data.root: m for m in members}.values():
-        ensure_dataset(root.cfg)
-    record = sweep.new_record(name, config, base_overrides, members, "slurm")
-    array, snap = sweep.submit_array(members, plan, sweep_dir, record)
+    array, snap = start_sweep(p, name, config, base_overrides)
+    plan = p.plan
     print(f"submitted Slurm job array {array}: {len(members)} runs, {plan.array.split('%')[1]} at a time, "
           f"{plan.nodes} node(s) × {plan.tasks_per_node} tasks each (cluster {plan.profile.name})")
     for line in snap.lines() if snap else []:
@@ -119,32 +111,8 @@ def note_ignored(args: argparse.Namespace) -> None:
               f"{'is' if len(given) == 1 else 'are'} ignored", file=sys.stderr)
 
 
-def plan_array(args: argparse.Namespace, members, cluster: str | None, sweep_dir, name: str):
-    """Every member planned as `submit` plans a run (batch split, memory, request vs profile), named
-    when it fails; then one plan for the array."""
-    profile = load_profile(cluster or "local", args.cluster_overrides)
-    req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
-                  account=args.account, qos=args.qos, constraint=args.constraint, exclusive=args.exclusive)
-    plans = []
-    for m in members:
-        try:
-            plan = plan_job(m.cfg, profile, req)
-            report_batch(args, m.cfg, plan, io.StringIO() if m.index else sys.stderr)
-        except UserError as e:
-            raise type(e)(f"sweep member {m.index} ({' '.join(m.overrides)}): {e}") from None
-        plans.append(plan)
-    return array_plan(plans, members, sweep_dir, name, args.max_parallel or len(members))
-
-
 def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
-    if args.local_tasks < 1:
-        raise CLIError(f"--local-tasks={args.local_tasks}: need at least 1 process")
-    for m in members:
-        try:
-            check_batch(m.cfg, args.local_tasks)
-            check_inputs(m.cfg)  # local runs read this machine's files
-        except Exception as e:
-            raise CLIError(f"sweep member {m.index} ({' '.join(m.overrides)}): {e}") from None
+    members = prepare_sweep(members, None, request(args), sweep_dir, name, tasks=args.local_tasks).members
     sweep.check_new(sweep_dir)
     print(f"no Slurm: {len(members)} runs one after another, {args.local_tasks} processes each "
           f"(sweep directory {shlex.quote(str(sweep_dir))})", flush=True)

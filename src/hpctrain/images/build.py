@@ -58,7 +58,7 @@ build-backend = "setuptools.build_meta"
 name = "hpctrain"
 version = "{version}"
 requires-python = ">=3.10"
-dependencies = ["submitit>=1.5", "pyyaml>=6", "spython>=0.3"]
+dependencies = ["submitit==1.5.4", "pyyaml>=6", "spython>=0.3"]
 
 [project.scripts]
 hpctrain = "hpctrain.cli:main"

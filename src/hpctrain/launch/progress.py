@@ -213,10 +213,12 @@ class MetricsTail:
         return self.records
 
 
-def watch(run_dir: Path, done: Callable[[], bool], config: dict, out: TextIO = sys.stdout,
+def watch(run_dir: Path, done: Callable[[], bool], config: dict, out: TextIO | None = None,
           every_s: float = 10.0, poll_s: float = 1.0, global_batch: int | None = None) -> None:
     """Print the run's progress line until `done()`: rewritten in place on a terminal, else a plain
-    line when the step moved and `every_s` has passed (CI logs keep a trace); a last one at the end."""
+    line when the step moved and `every_s` has passed (CI logs keep a trace); a last one at the end.
+    `out`: sys.stdout as it is at the call (a default bound at import would keep a replaced one)."""
+    out = sys.stdout if out is None else out
     tail = MetricsTail(Path(run_dir) / "metrics.jsonl")
     tty = out.isatty()
     shown, shown_at = "", 0.0

@@ -7,21 +7,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import submitit
-
 from hpctrain.config import Config, ConfigError, check_batch, check_text, to_dict
 from hpctrain.errors import LaunchError
+from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.container import bind_list, check_pyxis
-from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.failure import explain, no_result
 from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
@@ -45,17 +41,6 @@ class Submission:
     snapshot: Snapshot | None = None  # the code the tasks run (Slurm jobs; hpctrain.source)
 
 
-def slurm_available() -> bool:
-    """A controller answers `scontrol ping` (sbatch merely being installed is not enough)."""
-    if not shutil.which("scontrol"):
-        return False
-    try:
-        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and " is UP" in r.stdout
-
-
 def write_job_record(run_dir: Path, record: dict) -> None:
     """`<run>/job.json`: which job owns the run (read by `hpctrain status` / `logs`)."""
     record = {**record, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -75,10 +60,8 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
     ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
     private_dir(folder)
-    ex = submitit.LocalExecutor(folder=folder)
-    ex.update_parameters(tasks_per_node=tasks, nodes=1, timeout_min=timeout_min)
     with IgnoreSigint():
-        return ex.submit(fn, *args)
+        return glue.local_job(folder, tasks, timeout_min, fn, *args)
 
 
 def check_free(run_dir: Path) -> None:
@@ -129,7 +112,7 @@ def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
         stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
     try:
         return sub.job.results()
-    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError):
+    except glue.RESULT_ERRORS:
         folder = sub.job.paths.folder
         raise (explain(folder, sub.job_id, sub.job.num_tasks, "local job")
                or no_result(folder, sub.job_id, "local job")) from None
@@ -345,7 +328,7 @@ def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = No
     bind = plan.profile.container.bind_source
     digest = snap.hash if snap else source_hash()
     env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
-           "HPCTRAIN_SOURCE_HASH": digest, "HPCTRAIN_SUBMITIT_VERSION": submitit.__version__}
+           "HPCTRAIN_SOURCE_HASH": digest, "HPCTRAIN_SUBMITIT_VERSION": glue.VERSION}
     path = snap.path if snap else snapshot_path(folder.parent, digest)
     source = shlex.quote(str(path)) if bind else "''"
     return render(plan, submitit_command(folder, job), shlex.quote(sys.executable), False, env, source)
@@ -408,26 +391,22 @@ def check_image(profile) -> None:
             "--cluster-set container.runtime=none")
 
 
+def slurm_spec(plan, folder: Path, script: str) -> glue.SlurmSpec:
+    """What submitit's executor needs of `plan`'s job, its batch script `script`."""
+    return glue.SlurmSpec(folder=folder, script=script, nodes=plan.nodes, tasks_per_node=plan.tasks_per_node,
+                          time_min=time_minutes(plan.time), job_name=plan.job_name,
+                          max_requeues=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
+
+
 def slurm_job(plan, folder: Path, fn, *args):
     """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
-    snapshot of this package (job_snapshot). Returns (job, snapshot)."""
-    check_image(plan.profile)
+    snapshot of this package (job_snapshot). Returns (job, snapshot). The image was checked by
+    launch.prepare, before anything was written."""
     private_dir(folder)
     snap = job_snapshot(plan, folder)
-
-    class Executor(submitit.SlurmExecutor):
-        def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return slurm_script(plan, folder, snap=snap)
-
-        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return outside_job(super()._make_submission_command(submission_file_path))
-
-    ex = Executor(folder=folder, max_num_timeout=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
-    ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
-                         time=time_minutes(plan.time), job_name=plan.job_name)
     try:
-        return ex.submit(fn, *args), snap
-    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
+        return glue.slurm_job(slurm_spec(plan, folder, slurm_script(plan, folder, snap=snap)), fn, *args), snap
+    except glue.SUBMIT_ERRORS as e:
         raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
 
 

@@ -17,27 +17,21 @@ import re
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import submitit
-from submitit.slurm.slurm import SlurmJob
-
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.errors import LaunchError, UserError
-from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.private import private_dir
-from hpctrain.launch.profile import time_minutes
 from hpctrain.launch.status import job_state, read_json, sacct_rows
 from hpctrain.launch.submit import (
-    PYTHON_HOOK,
     absolute_paths,
-    check_image,
     job_snapshot,
     slurm_script,
+    slurm_spec,
     submit_local,
     wait_local,
     write_job_record,
@@ -203,51 +197,19 @@ def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name
 
 
 def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict):
-    """Submit the array through submitit (its `map_array`, with our batch script); write each
-    member's job.json and the sweep record. Returns the array's job id and the code snapshot.
+    """Submit the array through submitit (its `map_array`, with our batch script: launch.submitit_glue);
+    write each member's job.json and the sweep record. Returns the array's job id and the code snapshot.
 
     One snapshot for the sweep (`<sweep>/code/<hash>`), shared by its elements: they are one
     array job with one batch script, so they run the same code by construction."""
-    check_image(plan.profile)
     folder = private_dir(sweep_dir / "submitit")
     snap = job_snapshot(plan, folder)
-    script = slurm_script(plan, folder, "%A_%a", snap)
-    max_requeues = plan.profile.slurm.max_requeues
-
-    class ArrayExecutor(submitit.SlurmExecutor):
-        """submitit's array submission (SlurmExecutor._internal_process_submissions: one pickle
-        per element, renamed to `<array>_<i>_submitted.pkl` after sbatch) with our batch script,
-        which submitit's own path would replace by its default one."""
-
-        def _make_submission_file_text(self, command: str, uid: str) -> str:
-            return script
-
-        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return outside_job(super()._make_submission_command(submission_file_path))
-
-        def _internal_process_submissions(self, delayed):
-            pickles = []
-            for d in delayed:
-                path = folder / f"{uuid.uuid4().hex}.pkl"
-                d.set_timeout(time_minutes(plan.time), max_requeues)
-                d.dump(path)
-                pickles.append(path)
-            first = self._submit_command("")  # the script is ours: no command to pass
-            jobs = [SlurmJob(folder=folder, job_id=f"{first.job_id}_{i}", tasks=list(range(first.num_tasks)))
-                    for i in range(len(delayed))]
-            for job, path in zip(jobs, pickles):
-                job.paths.move_temporary_file(path, "submitted_pickle")
-            return jobs
-
-    ex = ArrayExecutor(folder=folder, max_num_timeout=max_requeues, python=PYTHON_HOOK)
-    ex.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node, time=time_minutes(plan.time),
-                         job_name=plan.job_name)
     cfgs = [to_dict(absolute_paths(m.cfg)) for m in members]
     for m in members:
         m.cfg.run_dir.mkdir(parents=True, exist_ok=True)  # element i starts there (cd in the script)
     try:
-        jobs = ex.map_array(train_task, cfgs)
-    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError) as e:
+        jobs = glue.slurm_array(slurm_spec(plan, folder, slurm_script(plan, folder, "%A_%a", snap)), train_task, cfgs)
+    except glue.SUBMIT_ERRORS as e:
         raise LaunchError(f"sbatch refused the sweep: {str(e).strip().splitlines()[-1]}") from None
     array_id = jobs[0].job_id.split("_")[0]
     record["job_id"] = array_id

@@ -4,7 +4,9 @@ submitit's own runner (`submitit.core._submit`) installs handlers that would fig
 checkpoint-and-requeue of the pickled call through `scontrol` (absent inside the container) and
 SIGTERM → ignored (so a preempted task would train on until SIGKILL). This entry installs
 hpctrain's stop handlers first, before any heavy import, tells submitit to leave the signals
-alone, then lets submitit load and run the pickled `train_task` (or `eval_task`).
+alone, then lets submitit load and run the pickled `train_task` (or `eval_task`). submitit is
+reached through launch.submitit_glue, imported inside the functions below: not at module import,
+so never before the stop handlers are installed.
 """
 
 from __future__ import annotations
@@ -27,12 +29,11 @@ def export_job_env() -> None:
     """Under submitit's local executor: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from its job
     environment (overwriting whatever the submitting shell had). Under Slurm, Slurm's own
     variables decide (train.dist.detect)."""
-    import submitit  # submitit: after main's stopmod.install, not at module import
-
-
     if os.environ.get("SLURM_STEP_ID"):
         return
-    env = submitit.JobEnvironment()
+    from hpctrain.launch import submitit_glue  # submitit: after the stop handlers, not at module import
+
+    env = submitit_glue.job_env()
     os.environ.update({
         "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks), "LOCAL_RANK": str(env.local_rank),
         "LOCAL_WORLD_SIZE": str(env.num_tasks // max(1, env.num_nodes)),
@@ -44,9 +45,9 @@ def export_job_env() -> None:
 def task_started() -> tuple[Path, str, int]:
     """(submitit folder, job id, global rank) of this task; a local job's task leaves its pid and
     takes its own process group (launch.localjob). Call once the stop handlers are installed."""
-    import submitit  # submitit: after main's stopmod.install, not at module import
+    from hpctrain.launch import submitit_glue  # submitit: after the stop handlers, not at module import
 
-    env = submitit.JobEnvironment()
+    env = submitit_glue.job_env()
     where = (env.paths.folder, env.job_id, env.global_rank)
     localjob.task_started(*where)
     return where
@@ -78,26 +79,22 @@ def eval_task(cfg: dict[str, Any], weights: str, ema: bool, out: str) -> dict[st
 
 def main(argv: list[str] | None = None) -> None:
     stopmod.install(interrupt=True)
-    # submitit: after main's stopmod.install, not at module import
-    from submitit.core import job_environment, submission
+    from hpctrain.launch import submitit_glue  # submitit: after stopmod.install, not at module import
 
-    # submitit's hook for a cluster's signals ("@plugin-dev: should be adapted"): keep ours.
-    job_environment.JobEnvironment._handle_signals = lambda self, paths, delayed: None
+    submitit_glue.leave_signals_alone()
     want = os.environ.get("HPCTRAIN_SUBMITIT_VERSION")
-    import submitit  # submitit: after main's stopmod.install, not at module import
-
-    if want and want != submitit.__version__:  # the pickled job is read by this process's submitit
+    if want and want != submitit_glue.VERSION:  # the pickled job is read by this process's submitit
         raise SystemExit(f"hpctrain: the job was submitted with submitit {want} but this task has "
-                         f"{submitit.__version__}: install submitit=={want} in the image (the recipes pin it)")
+                         f"{submitit_glue.VERSION}: install submitit=={want} in the image (the recipes pin it)")
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m hpctrain.launch.task <submitit folder>")
     os.environ["SUBMITIT_FOLDER"] = args[0]  # as process_job sets it: this task's own pickle
     try:
-        check_pickle(job_environment.JobEnvironment().paths.submitted_pickle)
+        check_pickle(submitit_glue.submitted_pickle())
     except LaunchError as e:
         raise SystemExit(f"hpctrain: {e}") from None
-    submission.process_job(args[0])
+    submitit_glue.run_pickled(args[0])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""What the commands that submit a job share (`submit`, `sweep`, `eval --nodes`): the job flags,
+their Request, and printing a prepared job's lines. A module of its own, so that the commands
+that submit nothing (cli.common's users: `train`, `plan`, ...) do not load the submission path.
+No command module imports another (tests/test_import_graph.py): what they share is here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from typing import TextIO
+
+from hpctrain.launch.prepare import Message
+from hpctrain.launch.submit import Request, parse_ranks
+
+
+def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
+    """The job's resources and cluster profile (an argument group is as good as the parser)."""
+    p.add_argument("--cluster", help="cluster profile: a path or a name in configs/clusters "
+                                     "(default $HPCTRAIN_CLUSTER)")
+    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override a profile value, e.g. container.runtime=none")
+    p.add_argument("--nodes", type=int, help=nodes_help)
+    p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
+    p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")
+    for opt in ("partition", "account", "qos", "constraint"):
+        p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
+    p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
+
+
+def request(args: argparse.Namespace) -> Request:
+    """The Request of the job flags (add_job_args', or a sweep's own)."""
+    nsys = getattr(args, "nsys_ranks", None)
+    return Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+                   partition=args.partition, account=args.account, qos=args.qos,
+                   constraint=args.constraint, exclusive=args.exclusive,
+                   spare_nodes=getattr(args, "spare_nodes", None), nsys_ranks=parse_ranks(nsys) if nsys else ())
+
+
+def show(messages: Iterable[Message], out: TextIO) -> None:
+    """A prepared job's lines: `info` on `out`, notes and warnings on stderr with their prefix."""
+    for m in messages:
+        if m.level == "info":
+            print(m.text, file=out)
+        else:
+            print(f"hpctrain: {m.level}: {m.text}", file=sys.stderr)
+    out.flush()
