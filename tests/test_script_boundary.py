@@ -18,7 +18,7 @@ import yaml
 from hpctrain import config
 from hpctrain.cli import main as cli_main
 from hpctrain.config import ConfigError
-from hpctrain.launch.profile import load_profile
+from hpctrain.site.profile import load_profile
 from tests.helpers import DIGITS
 
 ROOT = Path(__file__).resolve().parents[1]

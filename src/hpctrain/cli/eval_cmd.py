@@ -17,7 +17,6 @@ from hpctrain.cli.common import load_config
 from hpctrain.cli.submit import add_job_args, request
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.status import wait_job
 from hpctrain.launch.submit import (
     check_image,
@@ -28,6 +27,7 @@ from hpctrain.launch.submit import (
     submit_eval_slurm,
     wait_local,
 )
+from hpctrain.site.profile import load_profile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
 

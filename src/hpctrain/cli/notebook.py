@@ -9,8 +9,8 @@ import socket
 
 from hpctrain import notebook as nb
 from hpctrain.launch.container import RUNTIMES
-from hpctrain.launch.modules import module_lines
-from hpctrain.launch.profile import load_profile
+from hpctrain.site.modules import module_lines
+from hpctrain.site.profile import load_profile
 
 
 def add_parser(sub) -> None:

@@ -20,10 +20,8 @@ from hpctrain.data.prepare import ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.finished import finished_run
 from hpctrain.launch.batch import batch_report, check_optimizer
-from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
 from hpctrain.launch.failure import explain
 from hpctrain.launch.localjob import HangupAsInterrupt, say
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.progress import watch
 from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
 from hpctrain.launch.submit import (
@@ -42,6 +40,8 @@ from hpctrain.launch.submit import (
 )
 from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
+from hpctrain.plan.ckpt_cost import stop_problems, with_mtbf
+from hpctrain.site.profile import load_profile
 from hpctrain.train.entry import summary_table
 
 

@@ -26,9 +26,9 @@ from hpctrain.config import SET_ENV, check_batch, check_text, decode_overrides
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.errors import UserError
 from hpctrain.launch import sweep
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.submit import Request, check_image, plan_job, slurm_available, slurm_script
 from hpctrain.launch.sweep import array_plan
+from hpctrain.site.profile import load_profile
 
 
 def add_parser(sub) -> None:

@@ -30,7 +30,6 @@ from hpctrain.data.prepare import ensure_dataset
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.private import private_dir
-from hpctrain.launch.profile import time_minutes
 from hpctrain.launch.status import job_state, read_json, sacct_rows
 from hpctrain.launch.submit import (
     PYTHON_HOOK,
@@ -44,6 +43,7 @@ from hpctrain.launch.submit import (
 )
 from hpctrain.launch.task import train_task
 from hpctrain.metrics import read_metrics
+from hpctrain.site.profile import time_minutes
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"

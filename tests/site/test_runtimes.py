@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.launch import cluster_init as ci
-from hpctrain.launch import runtimes as rt
+from hpctrain.site import cluster_init as ci
+from hpctrain.site import runtimes as rt
 from hpctrain.source import source_hash
 from tests.helpers import hpctrain
 
@@ -166,7 +166,7 @@ def test_cluster_init_writes_the_runtime_found_and_only_its_module(tmp_path, ima
     assert prof["container"]["runtime"] == runtime
     assert prof["container_modules"] == (["singularity/4.1.0"] if runtime in ("singularity", "none") else [])
     (tmp_path / "p.yaml").write_text(text)
-    from hpctrain.launch.profile import load_profile
+    from hpctrain.site.profile import load_profile
 
     assert load_profile(tmp_path / "p.yaml").container.runtime == runtime
 
@@ -190,7 +190,7 @@ def test_singularityce_task_gets_the_allow_list_only_through_singularityenv(tmp_
     snapshot on PYTHONPATH, not the host module's PYTHONPATH. The same image started with the
     apptainer branch's variables (a `singularity` module on an apptainer profile) would lose them all."""
     from hpctrain.launch.container import PY_VAR, python_lines
-    from hpctrain.launch.profile import ContainerSection
+    from hpctrain.site.profile import ContainerSection
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "singularity").symlink_to(FAKE)
