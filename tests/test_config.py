@@ -185,7 +185,7 @@ def test_every_synonym_names_a_real_key():
      "while scanning for the next token"),
 ])
 def test_invalid_yaml_names_line_and_column(tmp_path, text, where, problem):
-    from hpctrain.launch.profile import load_profile
+    from hpctrain.site.profile import load_profile
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -207,7 +207,7 @@ def test_unknown_config_name_lists_the_shipped_ones(tmp_path):
 
 def test_validation_imports_no_numpy():
     """Config validation runs on login nodes (base dependencies: no numpy): data.randaugment is parsed
-    by hpctrain.data.randaug_spec, not by the DALI module."""
+    by hpctrain.randaug_spec, not by the DALI module."""
     code = ("import sys; sys.modules['numpy'] = None\n"
             "from hpctrain.config import ConfigError, load\n"
             "assert load(None, ['data.randaugment=rand-m9-mstd0.5-inc1']).data.randaugment\n"

@@ -132,3 +132,57 @@ def test_no_cli_command_imports_another():
     leaning = [f"{name} imports {m}" for name in sorted(shared) for m in sorted(all_imports(MODULES[name]))
                if m in commands]
     assert not leaning, "\n".join(leaning)
+
+
+# The layers of the package, bottom first (docs/architecture.md, "Packages and layers"). A module
+# imports its own package, the base modules, and the layers below its own; two packages of one
+# layer never import each other. A top-level module not named here is a base module.
+LAYERS: list[tuple[str, ...]] = [
+    ("models",),  # ViT shapes (torch-free) and the model
+    ("<base>",),  # config, errors, metrics, memory, flops, source, version, …: one concern each
+    ("site", "images", "data"),  # what a cluster is; container images; datasets and loaders
+    ("plan",),  # estimates and public figures, torch-free: the planner and the task's checks read them
+    ("train",),  # the task's training core
+    ("allreduce", "bench", "report"),  # measurements and figures built on the core
+    ("launch", "doctor"),  # jobs (login node, batch shell, task entry, the notebook job); site checks
+    ("cli",),
+    ("__main__",),
+]
+
+
+def unit_of(module: str) -> str:
+    """A subpackage's name, a top-level module's own name, or <base>."""
+    parts = module.split(".")
+    named = {u for layer in LAYERS for u in layer}
+    if len(parts) > 2 or (len(parts) == 2 and (PKG / parts[1]).is_dir()):
+        return parts[1]
+    unit = parts[-1] if len(parts) == 2 else "<base>"
+    return unit if unit in named else "<base>"
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    rank = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    out = []
+    for m, deps in sorted(graph.items()):
+        a = unit_of(m)
+        for n in sorted(deps):
+            b = unit_of(n)
+            if a == b or (rank[b] < rank[a]):
+                continue
+            out.append(f"{m} → {n} ({a} may not import {b})")
+    return out
+
+
+def test_packages_import_only_their_own_layer_or_below():
+    graph = {name: top_level_imports(name, path) for name, path in MODULES.items()}
+    units = {unit_of(m) for m in MODULES}
+    assert units <= {u for layer in LAYERS for u in layer}, f"packages without a layer: {units}"
+    breaks = layer_breaks(graph)
+    assert not breaks, "imports against the layers (move the code down, or the import up):\n" + "\n".join(breaks)
+
+
+def test_the_layer_rule_refuses_an_import_up_and_across():
+    assert layer_breaks({"hpctrain.config": {"hpctrain.data.randaug"}}) == [
+        "hpctrain.config → hpctrain.data.randaug (<base> may not import data)"]
+    assert layer_breaks({"hpctrain.site.fabric": {"hpctrain.data.build"}})  # across one layer
+    assert not layer_breaks({"hpctrain.train.loop": {"hpctrain.data.build", "hpctrain.config"}})

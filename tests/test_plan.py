@@ -10,7 +10,6 @@ import pytest
 from hpctrain import flops
 from hpctrain import plan as planmod
 from hpctrain.config import ModelConfig, load
-from hpctrain.launch.profile import load_profile
 from hpctrain.plan import tables
 from hpctrain.plan.model import (
     Compute,
@@ -23,6 +22,7 @@ from hpctrain.plan.model import (
     ring_allreduce_s,
     step_time,
 )
+from hpctrain.site.profile import load_profile
 from tests.helpers import DIGITS, ROOT, hpctrain
 
 VIT_B = str(ROOT / "configs" / "vit_b16_imagenet.yaml")

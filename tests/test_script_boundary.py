@@ -18,7 +18,7 @@ import yaml
 from hpctrain import config
 from hpctrain.cli import main as cli_main
 from hpctrain.config import ConfigError
-from hpctrain.launch.profile import load_profile
+from hpctrain.site.profile import load_profile
 from tests.helpers import DIGITS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,7 +267,7 @@ def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, ex
 
 
 def test_notebook_log_path_is_shell_quoted(tmp_path, monkeypatch, capsys):
-    import hpctrain.notebook as nb
+    import hpctrain.launch.notebook as nb
 
     work = tmp_path / "my 'nb' dir"
     work.mkdir()

@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 
 from hpctrain import shipped
-from hpctrain.data.randaug_spec import parse_randaugment
 from hpctrain.errors import UserError
 from hpctrain.models.arch import arch_dims
+from hpctrain.randaug_spec import parse_randaugment
 
 CONFIG_DIR = shipped.CONFIG_DIR
 TRACKERS = ("tensorboard", "mlflow", "wandb")  # train.trackers: what hpctrain.train.trackers can feed

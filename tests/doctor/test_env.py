@@ -8,9 +8,8 @@ import logging
 from hpctrain.doctor.env import hca_check, interfaces, nccl_env_checks
 from hpctrain.doctor.fabric import ib_ports
 from hpctrain.doctor.gpus import gpu_numa_nodes
-from hpctrain.launch.nccl import fabric_env, hca_matches
-from hpctrain.launch.profile import load_profile
-from hpctrain.train.dist import set_gloo_ifname
+from hpctrain.site.fabric import fabric_env, hca_matches, set_gloo_ifname
+from hpctrain.site.profile import load_profile
 from tests.doctor.fake_sysfs import DGX_COMPUTE, netif, run_cli
 
 

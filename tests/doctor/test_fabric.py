@@ -7,8 +7,8 @@ import json
 from hpctrain.doctor.env import nccl_env_checks
 from hpctrain.doctor.fabric import ib_ports, suggest_nccl
 from hpctrain.doctor.report import run
-from hpctrain.launch.nccl import fabric_env
-from hpctrain.launch.profile import load_profile
+from hpctrain.site.fabric import fabric_env
+from hpctrain.site.profile import load_profile
 from tests.doctor.fake_sysfs import DGX_COMPUTE, DGX_STORAGE, IPV4, LINK_LOCAL, port, run_cli
 
 

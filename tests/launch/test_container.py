@@ -18,7 +18,7 @@ import yaml
 
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import PY_VAR, bind_list, python_lines, stage_word
-from hpctrain.launch.profile import ContainerSection
+from hpctrain.site.profile import ContainerSection
 from tests.launch.jobs import digits_sets, metrics, submit
 
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")

@@ -15,8 +15,8 @@ import pytest
 from hpctrain.config import load
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import PY_VAR, python_lines
-from hpctrain.launch.profile import ContainerSection, load_profile
 from hpctrain.launch.submit import Request, parse_ranks, plan_job
+from hpctrain.site.profile import ContainerSection, load_profile
 from tests.helpers import hpctrain
 
 HERE = Path(__file__).parent

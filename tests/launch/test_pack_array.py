@@ -11,8 +11,8 @@ import yaml
 
 from hpctrain.data import pack as pk
 from hpctrain.launch.pack_array import render
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.submit import Request
+from hpctrain.site.profile import load_profile
 from tests.helpers import dir_files, hpctrain
 from tests.launch.jobs import hp
 

@@ -15,9 +15,9 @@ import pytest
 
 from hpctrain.badnodes import NODE_NAME
 from hpctrain.launch import container, shellfile, stage_image
-from hpctrain.launch.modules import LMOD_INIT
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.sbatch import JobPlan, render
+from hpctrain.site.cluster_init import LMOD_INIT
+from hpctrain.site.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELL = ROOT / "src" / "hpctrain" / "launch" / "shell"

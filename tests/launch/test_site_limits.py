@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from hpctrain.errors import LaunchError
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.submit import Request, check_request
+from hpctrain.site.profile import load_profile
 from tests.launch.jobs import hp
 from tests.slurm_cluster import CPU_NODE, CPU_PARTITION, SlurmCluster, missing
 

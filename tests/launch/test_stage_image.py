@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.stage_image import copy_program
+from hpctrain.site.profile import load_profile
 from tests.helpers import hpctrain
 from tests.launch import reads
 from tests.slurm_cluster import NODES

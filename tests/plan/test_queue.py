@@ -16,9 +16,9 @@ from datetime import datetime
 import pytest
 
 from hpctrain.config import load
-from hpctrain.launch.profile import load_profile
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan.recommend import dur
+from hpctrain.site.profile import load_profile
 from tests.launch.jobs import hp
 from tests.slurm_cluster import NODES, URGENT
 

@@ -10,12 +10,12 @@ import pytest
 
 from hpctrain.ckpt_interval import young_daly_s
 from hpctrain.config import load
-from hpctrain.launch.profile import load_profile
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan.allocation import Allocation, share, tres
 from hpctrain.plan.interruptions import Loss, Rate, expected_loss, node_rate
 from hpctrain.plan.queue import Figure, History, bucket, parse_sacct, queue_wait, requeue_wait, requeue_waits
 from hpctrain.plan.recommend import Option, recommend
+from hpctrain.site.profile import load_profile
 from tests.helpers import ROOT, hpctrain
 
 VIT_B = str(ROOT / "configs" / "vit_b16_imagenet.yaml")

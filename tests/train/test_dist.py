@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hpctrain.train.dist import DistInfo, detect, expand_hostlist, gloo_ifname, init, port_from_job_id
+from hpctrain.train.dist import DistInfo, detect, expand_hostlist, init, port_from_job_id
 
 
 @pytest.mark.parametrize("hostlist, hosts", [
@@ -78,23 +78,6 @@ def test_array_elements_get_their_own_port():
 def test_batch_script_itself_is_not_a_rank():
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "32", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}
     assert detect(env).source == "single"
-
-
-@pytest.mark.parametrize("pattern, name", [
-    ("ibp", "ibp24s0"),  # an NCCL prefix → the plain name gloo needs
-    ("^docker,lo", "ibp24s0"),  # an exclude list → a name not excluded (ib* first, as NCCL)
-    ("=ib0", None),  # absent: leave gloo to its default
-    ("ib0", None),
-    ("=eno1", "eno1"),
-    ("eno,ibp", "eno1"),  # the site's order
-])
-def test_gloo_ifname_from_an_nccl_pattern(pattern, name):
-    assert gloo_ifname(pattern, ["lo", "eno1", "ibp24s0"]) == name
-
-
-def test_gloo_ifname_never_loopback_or_docker_from_an_exclude_list():
-    assert gloo_ifname("^eno", ["lo", "docker0", "eno1"]) is None
-    assert gloo_ifname("=lo", ["lo", "eno1"]) == "lo"  # named: the site's choice
 
 
 def test_init_sets_gloo_ifname_before_the_process_group(monkeypatch):

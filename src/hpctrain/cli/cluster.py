@@ -17,8 +17,8 @@ import shlex
 from pathlib import Path
 
 from hpctrain.cli import CLIError
-from hpctrain.launch import cluster_init as ci
-from hpctrain.launch.profile import load_profile, user_cluster_dir
+from hpctrain.site import cluster_init as ci
+from hpctrain.site.profile import load_profile, user_cluster_dir
 
 
 def add_parser(sub) -> None:

@@ -13,8 +13,8 @@ from hpctrain.data import pack as pk
 from hpctrain.data.imagenet import prepare, write_exclusions
 from hpctrain.data.pack import pack as write
 from hpctrain.launch import pack_array
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.submit import Request, check_image
+from hpctrain.site.profile import load_profile
 
 SLURM_GROUPS = 100  # default array size of `data pack --slurm`
 SLURM_ONLY = ("cluster", "time", "partition", "account", "qos", "constraint", "dry_run", "wait")

@@ -9,8 +9,8 @@ import os
 from hpctrain import allreduce
 from hpctrain.cli import CLIError
 from hpctrain.doctor.report import format_report, run
-from hpctrain.launch.nccl import fabric_env
-from hpctrain.launch.profile import load_profile
+from hpctrain.site.fabric import fabric_env
+from hpctrain.site.profile import load_profile
 from hpctrain.train.dist import detect
 
 

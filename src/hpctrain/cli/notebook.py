@@ -7,11 +7,11 @@ import os
 import shlex
 import socket
 
-from hpctrain import notebook as nb
+from hpctrain.launch import notebook as nb
 from hpctrain.launch.container import RUNTIMES
 from hpctrain.launch.prepare import Notebook, prepare
-from hpctrain.launch.profile import load_profile
 from hpctrain.launch.submit import Request
+from hpctrain.site.profile import load_profile
 
 
 def add_parser(sub) -> None:

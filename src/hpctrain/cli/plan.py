@@ -12,8 +12,8 @@ import os
 from hpctrain import plan as planmod
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
-from hpctrain.launch.profile import load_profile
 from hpctrain.plan import recommend
+from hpctrain.site.profile import load_profile
 
 
 def add_parser(sub) -> None:

@@ -10,7 +10,7 @@ and the magnitude noise `mstd` is a per-op, per-sample Gaussian clipped to [0, 1
 DALI looks parameters up by integer bin, so magnitudes are quantised to 1/QUANT (0.01): each op's
 table holds its timm parameter at every 0.01 of magnitude. Without noise, M hits a bin exactly.
 
-The parsing half is `hpctrain.data.randaug_spec` (no numpy: config validation runs on login nodes).
+The parsing half is `hpctrain.randaug_spec` (no numpy: config validation runs on login nodes).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpctrain.data import dali_compat
-from hpctrain.data.randaug_spec import LEVEL_DENOM, RandAugSpec, parse_randaugment  # noqa: F401 (re-exported)
+from hpctrain.randaug_spec import LEVEL_DENOM, RandAugSpec, parse_randaugment  # noqa: F401 (re-exported)
 
 QUANT = 100  # magnitude bins per unit of M
 BINS = int(LEVEL_DENOM) * QUANT + 1

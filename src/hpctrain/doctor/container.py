@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hpctrain.doctor.checks import Check
 from hpctrain.doctor.fabric import IBPort
-from hpctrain.launch import runtimes
+from hpctrain.site import runtimes
 
 
 def in_container(env: Mapping[str, str]) -> bool:
@@ -99,7 +99,7 @@ def container_checks(
 
 def runtime_checks() -> list[Check]:
     """The container runtimes this node has (apptainer, SingularityCE, pyxis): what container.runtime
-    can be here (launch/runtimes.py says how each is told apart)."""
+    can be here (site/runtimes.py says how each is told apart)."""
     found = runtimes.detect()
     if not found:
         return [Check("container", "runtime", "info", "none of apptainer, singularity, pyxis on PATH",

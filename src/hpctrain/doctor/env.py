@@ -7,8 +7,7 @@ from pathlib import Path
 
 from hpctrain.doctor.checks import Check
 from hpctrain.doctor.fabric import IBPort, numa_split
-from hpctrain.launch.nccl import exact_hcas, hca_matches, ifname_matches, net_interfaces, split_spec
-from hpctrain.train.dist import gloo_ifname
+from hpctrain.site.fabric import exact_hcas, gloo_ifname, hca_matches, ifname_matches, net_interfaces, split_spec
 
 
 def interfaces(sysfs_root: str | Path = "/sys") -> list[str]:
@@ -70,7 +69,7 @@ def nccl_env_checks(
 
 def gloo_checks(env: Mapping[str, str], ifaces: list[str]) -> list[Check]:
     """GLOO_SOCKET_IFNAME takes plain interface names (no NCCL `^`/`=`/prefix syntax); unset, a
-    task derives it from NCCL_SOCKET_IFNAME (train.dist.set_gloo_ifname): say what it would get."""
+    task derives it from NCCL_SOCKET_IFNAME (site.fabric.set_gloo_ifname): say what it would get."""
     given = env.get("GLOO_SOCKET_IFNAME")
     if given:
         bad = [n for n in given.split(",") if n not in ifaces]

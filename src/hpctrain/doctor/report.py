@@ -58,7 +58,7 @@ def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, r
 
 
 def profile_lines(suggested: Mapping[str, str]) -> list[str]:
-    """The suggested NCCL_* values as the profile keys that export them (launch/nccl.py)."""
+    """The suggested NCCL_* values as the profile keys that export them (site/fabric.py)."""
     out = []
     if "NCCL_IB_HCA" in suggested:
         out.append(f"    hcas: [{', '.join(suggested['NCCL_IB_HCA'].lstrip('=').split(','))}]")

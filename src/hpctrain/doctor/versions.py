@@ -10,25 +10,15 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
-from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.doctor.checks import Check
+from hpctrain.version import dist_versions
 
 # Minimum driver for a CUDA major version (CUDA minor-version compatibility).
 MIN_DRIVER = {12: (525, 60), 11: (450, 80)}
-
-
-def dist_versions(prefix: str) -> dict[str, str]:
-    """Installed distributions whose name starts with `prefix` → version (no import of them)."""
-    out = {}
-    for d in metadata.distributions():
-        name = (d.metadata["Name"] or "").lower()
-        if name.startswith(prefix):
-            out[name] = d.version
-    return out
 
 
 def driver_version(proc_root: str = "/proc") -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpctrain.errors import LaunchError
 from hpctrain.launch import shellfile
-from hpctrain.launch.profile import ContainerSection
+from hpctrain.site.profile import ContainerSection
 
 PY_VAR = "HPCTRAIN_PYTHON"
 SRUN_VAR = "HPCTRAIN_SRUN_CONTAINER"  # srun options that start each task in the image (pyxis); empty otherwise

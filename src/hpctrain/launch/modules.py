@@ -12,8 +12,6 @@ import shlex
 
 from hpctrain.launch import shellfile
 
-LMOD_INIT = "/usr/share/lmod/lmod/init/bash"  # Debian's; sites: $LMOD_PKG/init/bash, $MODULESHOME/init/bash
-
 
 def load_lines(names: str, module_use: list[str] = (), purge: bool = False, indent: str = "  ") -> list[str]:
     """Source the module system's init when `module` is missing (a plain `bash script` lacks the

@@ -22,9 +22,9 @@ from hpctrain.errors import LaunchError
 from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
-from hpctrain.launch.profile import ClusterProfile
 from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
+from hpctrain.site.profile import ClusterProfile
 from hpctrain.source import package_dir
 
 SCRIPT = "pack.sbatch"

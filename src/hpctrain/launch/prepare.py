@@ -21,16 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from hpctrain import notebook as nb
 from hpctrain.config import Config, ConfigError, check_batch
 from hpctrain.data.prepare import ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.finished import finished_run
+from hpctrain.launch import notebook as nb
 from hpctrain.launch import sweep
 from hpctrain.launch.batch import batch_report, check_optimizer
-from hpctrain.launch.ckpt_cost import stop_problems, with_mtbf
 from hpctrain.launch.modules import module_lines
-from hpctrain.launch.profile import ClusterProfile, load_profile
 from hpctrain.launch.submit import (
     Request,
     Submission,
@@ -48,6 +46,8 @@ from hpctrain.launch.submit import (
 )
 from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
+from hpctrain.plan.ckpt_cost import stop_problems, with_mtbf
+from hpctrain.site.profile import ClusterProfile, load_profile
 
 # --------------------------------------------------------------------------- kinds of job
 

@@ -15,8 +15,8 @@ from hpctrain.config import control_char, encode_overrides
 from hpctrain.launch import inplace, shellfile, stage_image
 from hpctrain.launch.container import SRUN_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
-from hpctrain.launch.nccl import export_lines, fabric_env, left_to_nccl
-from hpctrain.launch.profile import ClusterProfile
+from hpctrain.site.fabric import export_lines, fabric_env, left_to_nccl
+from hpctrain.site.profile import ClusterProfile
 
 
 @dataclass(frozen=True)

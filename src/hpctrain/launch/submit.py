@@ -21,10 +21,10 @@ from hpctrain.launch.container import bind_list, check_pyxis
 from hpctrain.launch.failure import explain, no_result
 from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
-from hpctrain.launch.profile import parse_tres, time_minutes
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.status import local_state, read_json
 from hpctrain.launch.task import eval_task, train_task
+from hpctrain.site.profile import parse_tres, time_minutes
 from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
 
 __all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from hpctrain.launch.cluster_init import tool
+from hpctrain.site.cluster_init import tool
 
 
 def tres(text: str) -> dict[str, float]:

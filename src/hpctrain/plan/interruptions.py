@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from hpctrain.ckpt_interval import young_daly_s
 from hpctrain.config import Config
-from hpctrain.launch.ckpt_cost import INTERRUPTIONS
 from hpctrain.memory import checkpoint_bytes
+from hpctrain.plan.ckpt_cost import INTERRUPTIONS
 from hpctrain.plan.queue import MIN_JOBS, Figure, History
 
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from hpctrain.launch.cluster_init import tool
+from hpctrain.site.cluster_init import tool
 
 MIN_JOBS = 5  # fewer similar jobs than this in the window: the wait is "unknown", not a median of noise
 SACCT_FIELDS = ("JobIDRaw", "State", "NNodes", "Eligible", "Start", "End", "ElapsedRaw")

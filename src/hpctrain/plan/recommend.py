@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.config import Config
-from hpctrain.launch.ckpt_cost import partition_record
 from hpctrain.plan.allocation import Allocation, read_allocation, share
+from hpctrain.plan.ckpt_cost import partition_record
 from hpctrain.plan.interruptions import Loss, Rate, expected_loss, node_rate
 from hpctrain.plan.model import Plan
 from hpctrain.plan.queue import Figure, History, Now, bucket_text, queue_wait, read_history, read_now, requeue_wait

@@ -12,12 +12,11 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.launch.nccl import ifname_matches, net_interfaces, split_spec
+from hpctrain.site.fabric import set_gloo_ifname
 
 log = logging.getLogger("hpctrain")
 
@@ -102,54 +101,6 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
                         env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
                         env.get("HPCTRAIN_LAUNCHER") or "env")
     return DistInfo()
-
-
-def gloo_ifname(pattern: str, interfaces: Iterable[str]) -> str | None:
-    """One plain interface name for GLOO_SOCKET_IFNAME that the NCCL_SOCKET_IFNAME `pattern`
-    selects among `interfaces`, or None (leave gloo to its default).
-
-    gloo takes plain names only: no `^`, `=` or prefixes, and a comma list means "round-robin
-    over these", which every rank must give with the same length (PyTorch's distributed docs,
-    "Choosing the network interface to use"). So each node picks exactly one: for an include
-    list, the first token's first match (the site's order); for an exclude list, like NCCL's own
-    choice, `ib*` first and never `lo`/`docker*` (reachable from no other node).
-    """
-    names = sorted(set(interfaces))
-    exclude, exact, tokens = split_spec(pattern)
-    hits = ifname_matches(pattern, names)
-    if exclude:
-        hits = [n for n in hits if n != "lo" and not n.startswith("docker")]
-        hits.sort(key=lambda n: (not n.startswith("ib"), n))
-        return hits[0] if hits else None
-    for t in tokens:  # include list: the order the site wrote
-        for n in hits:
-            if (n == t) if exact else n.startswith(t):
-                return n
-    return None
-
-
-def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
-                    sysfs_root: str | Path = "/sys") -> str | None:
-    """Set GLOO_SOCKET_IFNAME from NCCL_SOCKET_IFNAME and this node's interfaces that are up,
-    unless it is set already (a site's or a user's choice wins). Returns the name set.
-
-    Runs in every task, on its own node: interface names differ between nodes (ibp24s0 here,
-    ibp26s0 there), which one exported value cannot express.
-    """
-    env = os.environ if env is None else env
-    pattern = env.get("NCCL_SOCKET_IFNAME", "")
-    if not pattern or env.get("GLOO_SOCKET_IFNAME"):
-        return None
-    up = net_interfaces(sysfs_root, up_only=True)
-    name = gloo_ifname(pattern, up)
-    if name is None:
-        log.warning("GLOO_SOCKET_IFNAME left unset: no interface that is up here (%s) matches "
-                    "NCCL_SOCKET_IFNAME=%s; gloo uses the address of the host name",
-                    ", ".join(up) or "none", pattern)
-        return None
-    env["GLOO_SOCKET_IFNAME"] = name
-    log.info("GLOO_SOCKET_IFNAME=%s (from NCCL_SOCKET_IFNAME=%s)", name, pattern)
-    return name
 
 
 def init(info: DistInfo, backend: str, timeout_s: int, group_of_one: bool = False) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 from hpctrain import __version__, faultlog, requeue, source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
-from hpctrain.doctor.versions import dist_versions
 from hpctrain.lr_rule import lr_rule
 from hpctrain.metrics import progress_log, read_metrics, table
 from hpctrain.train import compile_cache, trackers, watchdog
@@ -29,6 +28,7 @@ from hpctrain.train.dist import agree
 from hpctrain.train.resume_checks import RunFinished, check_compatible, check_unfinished
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
+from hpctrain.version import dist_versions
 
 log = logging.getLogger("hpctrain")
 SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET", "CREDENTIAL", "PASSWD")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.notebook import (
+from hpctrain.launch.notebook import (
     PORT_RANGE,
     NotebookError,
     NotebookJob,

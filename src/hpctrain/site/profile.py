@@ -118,7 +118,7 @@ class SlurmSection:
 @dataclass(frozen=True)
 class FabricSection:
     """What NCCL is told about the node's network. Everything the site does not name stays
-    unset, so that NCCL chooses (launch/nccl.py says why each default is "unset")."""
+    unset, so that NCCL chooses (site/fabric.py says why each default is "unset")."""
 
     kind: str = opt("socket", "interconnect for NCCL: InfiniBand, RoCE, or plain TCP sockets",
                     choices=("ib", "roce", "socket"))

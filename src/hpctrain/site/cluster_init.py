@@ -6,7 +6,7 @@ OverSubscribe, nodes' CPUEfctv - CPUTot less the cores kept for the system by Co
 CpuSpecList, what a job can have - RealMemory, Gres `gpu:<type>:<n>`), `sacctmgr show assoc` and
 `show user` (accounts, QOS, defaults), `sacctmgr show qos` (MaxWall, MaxTRESPerJob, MaxTRESPerUser),
 Lmod's `module -t avail` (apptainer, singularity, cuda, nccl), the container runtimes installed
-(launch/runtimes.py: `apptainer`/`singularity --version`, `srun --help` for pyxis), and with --probe
+(site/runtimes.py: `apptainer`/`singularity --version`, `srun --help` for pyxis), and with --probe
 `srun -N1 … hpctrain doctor --json` on a node of the chosen partition, under the profile's account
 and QOS and inside its image when one is given (HCAs, link layer, the GPU-near ports NCCL would
 use, the image's NCCL). Every written value carries a comment naming its source.
@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.launch import runtimes as rt
-from hpctrain.launch.modules import LMOD_INIT
-from hpctrain.launch.profile import time_minutes
+from hpctrain.site import runtimes as rt
+from hpctrain.site.profile import time_minutes
 from hpctrain.source import package_dir
 
 KV_RE = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
+
+LMOD_INIT = "/usr/share/lmod/lmod/init/bash"  # Debian's; sites: $LMOD_PKG/init/bash, $MODULESHOME/init/bash
 
 
 def parse_kv(line: str) -> dict[str, str]:

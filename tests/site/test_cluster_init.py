@@ -10,8 +10,8 @@ import re
 import pytest
 import yaml
 
-from hpctrain.launch import cluster_init as ci
-from hpctrain.launch.profile import load_profile
+from hpctrain.site import cluster_init as ci
+from hpctrain.site.profile import load_profile
 from tests.doctor.fake_sysfs import DGX_COMPUTE, run_cli
 from tests.helpers import hpctrain
 from tests.launch.jobs import hp

@@ -13,7 +13,7 @@ https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html):
   `ib0` (DGX H100: `ibp24s0` …). `GLOO_SOCKET_IFNAME` takes plain names only, a comma list
   being a round-robin that every rank must give alike (https://pytorch.org/docs/stable/
   distributed.html#choosing-the-network-interface-to-use), so it is never given the NCCL
-  pattern: each task derives one name from it at start-up (`hpctrain.train.dist.gloo_ifname`).
+  pattern: each task derives one name from it at start-up (`gloo_ifname` below).
 - `NCCL_IB_GID_INDEX`: since NCCL 2.21 the default (-1) picks the RoCE v2 GID of the configured
   address family itself (`ncclIbGetGidIndex`, https://github.com/NVIDIA/nccl/blob/master/src/
   transport/net_ib/connect.cc); a forced 3 is an IPv6 or VLAN GID on many tables. Exported only
@@ -22,11 +22,15 @@ https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html):
 
 from __future__ import annotations
 
+import logging
+import os
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from pathlib import Path
 
-from hpctrain.launch.profile import ClusterProfile
+from hpctrain.site.profile import ClusterProfile
+
+log = logging.getLogger("hpctrain")
 
 
 def exact_hcas(hcas: Sequence[str]) -> str:
@@ -129,3 +133,51 @@ def net_interfaces(sysfs_root: str | Path = "/sys", up_only: bool = False) -> li
                 continue
         names.append(p.name)
     return names
+
+
+def gloo_ifname(pattern: str, interfaces: Iterable[str]) -> str | None:
+    """One plain interface name for GLOO_SOCKET_IFNAME that the NCCL_SOCKET_IFNAME `pattern`
+    selects among `interfaces`, or None (leave gloo to its default).
+
+    gloo takes plain names only: no `^`, `=` or prefixes, and a comma list means "round-robin
+    over these", which every rank must give with the same length (PyTorch's distributed docs,
+    "Choosing the network interface to use"). So each node picks exactly one: for an include
+    list, the first token's first match (the site's order); for an exclude list, like NCCL's own
+    choice, `ib*` first and never `lo`/`docker*` (reachable from no other node).
+    """
+    names = sorted(set(interfaces))
+    exclude, exact, tokens = split_spec(pattern)
+    hits = ifname_matches(pattern, names)
+    if exclude:
+        hits = [n for n in hits if n != "lo" and not n.startswith("docker")]
+        hits.sort(key=lambda n: (not n.startswith("ib"), n))
+        return hits[0] if hits else None
+    for t in tokens:  # include list: the order the site wrote
+        for n in hits:
+            if (n == t) if exact else n.startswith(t):
+                return n
+    return None
+
+
+def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
+                    sysfs_root: str | Path = "/sys") -> str | None:
+    """Set GLOO_SOCKET_IFNAME from NCCL_SOCKET_IFNAME and this node's interfaces that are up,
+    unless it is set already (a site's or a user's choice wins). Returns the name set.
+
+    Runs in every task, on its own node: interface names differ between nodes (ibp24s0 here,
+    ibp26s0 there), which one exported value cannot express.
+    """
+    env = os.environ if env is None else env
+    pattern = env.get("NCCL_SOCKET_IFNAME", "")
+    if not pattern or env.get("GLOO_SOCKET_IFNAME"):
+        return None
+    up = net_interfaces(sysfs_root, up_only=True)
+    name = gloo_ifname(pattern, up)
+    if name is None:
+        log.warning("GLOO_SOCKET_IFNAME left unset: no interface that is up here (%s) matches "
+                    "NCCL_SOCKET_IFNAME=%s; gloo uses the address of the host name",
+                    ", ".join(up) or "none", pattern)
+        return None
+    env["GLOO_SOCKET_IFNAME"] = name
+    log.info("GLOO_SOCKET_IFNAME=%s (from NCCL_SOCKET_IFNAME=%s)", name, pattern)
+    return name

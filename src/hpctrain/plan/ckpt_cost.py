@@ -26,10 +26,10 @@ from pathlib import Path
 from hpctrain.ckpt_interval import DEFAULT_MTBF_H
 from hpctrain.config import Config
 from hpctrain.errors import UserError
-from hpctrain.launch.cluster_init import parse_kv, tool
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.metrics import read_metrics
 from hpctrain.plan import throughput
+from hpctrain.site.cluster_init import parse_kv, tool
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
 INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures", "TIMEOUT": "time limits"}

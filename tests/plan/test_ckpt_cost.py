@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from hpctrain.launch.ckpt_cost import parse_history, read_history
+from hpctrain.plan.ckpt_cost import parse_history, read_history
 from tests.launch.jobs import digits_sets, hp, metrics
 from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.launch import cluster_init as ci
-from hpctrain.launch import runtimes as rt
+from hpctrain.site import cluster_init as ci
+from hpctrain.site import runtimes as rt
 from hpctrain.source import source_hash
 from tests.helpers import hpctrain
 
@@ -168,7 +168,7 @@ def test_cluster_init_writes_the_runtime_found_and_only_its_module(tmp_path, ima
     assert prof["container"]["runtime"] == runtime
     assert prof["container_modules"] == (["singularity/4.1.0"] if runtime in ("singularity", "none") else [])
     (tmp_path / "p.yaml").write_text(text)
-    from hpctrain.launch.profile import load_profile
+    from hpctrain.site.profile import load_profile
 
     assert load_profile(tmp_path / "p.yaml").container.runtime == runtime
 
@@ -181,7 +181,7 @@ def test_doctor_lists_the_runtimes_on_this_node(tmp_path):
     assert "OK" in line and "singularity --version: singularity-ce version 4.1.0" in line, r.stdout
 
 
-FAKE = Path(__file__).with_name("fake_apptainer.sh")  # called as `singularity`: SingularityCE's env rules
+FAKE = Path(__file__).parents[1] / "launch" / "fake_apptainer.sh"  # called as `singularity`: SingularityCE's env rules
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fake image runtime needs unshare --mount (root)")
@@ -192,7 +192,7 @@ def test_singularityce_task_gets_the_allow_list_only_through_singularityenv(tmp_
     snapshot on PYTHONPATH, not the host module's PYTHONPATH. The same image started with the
     apptainer branch's variables (a `singularity` module on an apptainer profile) would lose them all."""
     from hpctrain.launch.container import PY_VAR, python_lines
-    from hpctrain.launch.profile import ContainerSection
+    from hpctrain.site.profile import ContainerSection
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "singularity").symlink_to(FAKE)

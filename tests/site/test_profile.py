@@ -9,9 +9,9 @@ import pytest
 
 from hpctrain.config import ConfigError, load
 from hpctrain.launch.modules import job_module_lines, module_lines
-from hpctrain.launch.nccl import fabric_env
-from hpctrain.launch.profile import CLUSTER_DIR, load_profile, time_minutes
 from hpctrain.launch.submit import LaunchError, Request, plan_job
+from hpctrain.site.fabric import fabric_env
+from hpctrain.site.profile import CLUSTER_DIR, load_profile, time_minutes
 
 
 def test_shipped_profiles_load():
