@@ -37,6 +37,7 @@ from hpctrain.train.dist import DistInfo, agree_max, diagnose, peer_failure
 from hpctrain.train.ema import EMA
 from hpctrain.train.eval_pass import evaluate
 from hpctrain.train.faults import Faults
+from hpctrain.train.log_window import LogWindow
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
 from hpctrain.train.resume_checks import planned_steps
@@ -64,6 +65,19 @@ class Outcome:
     wall_s: float = 0.0
     resumed_from: int | None = None
     checkpoint: str | None = None
+
+
+@dataclass
+class Loop:
+    """What one `Trainer.run`'s step loop carries between its parts (`_train`, `_epoch`, `_log_window`)."""
+
+    out: Outcome
+    progress: Progress
+    halt_at: int
+    profile: profiling.Window | None  # train.profile_steps' window, or None
+    start_wall: float
+    win: LogWindow
+    last_eval_step: int = -1  # the step of the last eval: the end evaluates unless it is this one
 
 
 class Trainer:
@@ -352,7 +366,6 @@ class Trainer:
         progress = Progress(self.total_steps, self.dist.is_main)
         self.model.train()
         start_wall = time.perf_counter()
-        loss_acc = torch.zeros((), device=self.device)
         last_eval_step = -1
         if self.ddp is not None and self.step < self.total_steps:
             if t.compile and t.compile_warmup:
@@ -368,118 +381,123 @@ class Trainer:
         if self.train_state.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
-        gn_acc = torch.zeros((), device=self.device)
         # train.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
         window = profiling.open_window(t, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step)
         try:
-            return self._train(out, progress, halt_at, window, start_wall, loss_acc, gn_acc, last_eval_step)
+            return self._train(Loop(out, progress, halt_at, window, start_wall, LogWindow(self.device),
+                                    last_eval_step))
         finally:
             if window:
                 window.close()
 
-    def _train(self, out: Outcome, progress: Progress, halt_at: int, window: profiling.Window | None,
-               start_wall: float, loss_acc: torch.Tensor, gn_acc: torch.Tensor, last_eval_step: int) -> Outcome:
-        """The step loop of `_run`, from its first step to the end (or a stop)."""
-        t = self.cfg.train
-        g = self.cfg.data.batch_size
-        win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-        tot_wait, tot_steps = 0.0, 0
+    def _train(self, lp: Loop) -> Outcome:
+        """The step loop of `_run`, from its first step to the end (or a stop): epochs of steps, and
+        after a rollback the same again from the checkpoint's step."""
+        lp.win.reset()
         self._start_clock()
         while True:
             try:
                 while self.step < self.total_steps:
-                    epoch, pos = self.train_state.loader_position(self.steps_per_epoch)
-                    self.train_loader.set_epoch(epoch, pos * self.accum)
-                    it = iter(self.train_loader)
-                    for _ in range(pos, self.steps_per_epoch):
-                        if self.step >= self.total_steps:
-                            break
-                        if window:
-                            window.before(self.step + 1)
-                        t0 = time.perf_counter()
-                        batches = [next(it) for _ in range(self.accum)]
-                        self.faults.data_wait()  # returns at once, unless a slow data path is injected
-                        wait = time.perf_counter() - t0
-                        win_wait += wait
-                        tot_wait += wait
-                        seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
-                        loss_acc += self.train_step(batches)
-                        gn_acc += self.grad_norm
-                        self.step += 1
-                        if window:
-                            window.after(self.step, wait)
-                        self.watchdog.beat(self.step)
-                        self.train_state.eval_pending = self._eval_due()
-                        win_steps += 1
-                        tot_steps += 1
-                        if self.step % t.log_every == 0 or self.step == self.total_steps:
-                            loss, grad_norm = self._window(loss_acc / win_steps, gn_acc / win_steps)
-                            el = time.perf_counter() - win_t
-                            self.clock.add(win_steps, max(0.0, el - self.paused_s))
-                            self.paused_s = 0.0
-                            ips = g * win_steps / max(el, 1e-9)
-                            lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
-                            rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
-                                       images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
-                                       **self.speed.fields(ips, el / win_steps))
-                            rec["grad_norm"] = grad_norm  # the window's mean, before clipping
-                            self.stragglers.post(self.step, el / win_steps, win_wait / win_steps,
-                                                 (win_wait + self.fwd_clock.take()) / win_steps)
-                            skipped = len(getattr(self.train_loader, "skipped", ()))
-                            if skipped:
-                                rec["skipped_samples"] = skipped
-                            if self.reduce_hook:  # per rank and step, in the dtype on the wire
-                                rec["grad_reduce_bytes"] = self.reduce_hook.take() // win_steps
-                            self.metrics.write("train", **rec)
-                            progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
-                                                       f"data {100 * rec['data_wait']:.0f}%"
-                                                       + speed.progress_text(rec))
-                            out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
-                            loss_acc.zero_()
-                            gn_acc.zero_()
-                            win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-                        if self._ckpt_due():
-                            self._checkpoint(out)
-                        bits = self.stops.at_boundary(self.step, self.total_steps, halt_at,
-                                                      bool(self.stragglers.exclude))
-                        if bits and self.step < self.total_steps:
-                            progress.newline()
-                            if window:  # its trace ends here, without the stop's checkpoint
-                                window.close()
-                            return self._stop(out, bits, start_wall, save=True)
-                        if self.train_state.eval_pending and self.train_state.loader_position(self.steps_per_epoch)[1]:
-                            # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
-                            self._eval_and_log(out, progress)
-                            last_eval_step = self.step
-                    del it
-                    if self.train_state.eval_pending:
-                        self._eval_and_log(out, progress)
-                        last_eval_step = self.step
-                progress.newline()
+                    stopped = self._epoch(lp)
+                    if stopped:
+                        return stopped
+                lp.progress.newline()
                 self.stops.settle()  # nothing is in flight after the last step; never leave one behind
                 self.stragglers.settle()
                 if not self._healthy():  # the last log boundary read it; a last check before eval and save
                     raise guard.Diverged(self.step, "nonfinite", {"where": "at the end"})
-                if last_eval_step != self.step:
-                    self._eval_and_log(out, progress)
-                self._checkpoint(out)
+                if lp.last_eval_step != self.step:
+                    self._eval_and_log(lp.out, lp.progress)
+                self._checkpoint(lp.out)
                 break
             except guard.Diverged as e:  # every rank, at the same step (an agreed value)
-                progress.newline()
+                lp.progress.newline()
                 self._rollback(e)
-                loss_acc.zero_()
-                gn_acc.zero_()
-                win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+                lp.win.reset()
                 self._start_clock()
-                last_eval_step = -1
+                lp.last_eval_step = -1
                 if self.train_state.eval_pending:  # the checkpoint ended an epoch whose eval had not run then
-                    self._eval_and_log(out, progress)
-                    last_eval_step = self.step
+                    self._eval_and_log(lp.out, lp.progress)
+                    lp.last_eval_step = self.step
+        return self._finish(lp)
+
+    def _epoch(self, lp: Loop) -> Outcome | None:
+        """The steps left in the loader's current epoch (the state says where it is); the Outcome of a
+        stop, else None."""
+        t = self.cfg.train
+        epoch, pos = self.train_state.loader_position(self.steps_per_epoch)
+        self.train_loader.set_epoch(epoch, pos * self.accum)
+        it = iter(self.train_loader)
+        for _ in range(pos, self.steps_per_epoch):
+            if self.step >= self.total_steps:
+                break
+            if lp.profile:
+                lp.profile.before(self.step + 1)
+            t0 = time.perf_counter()
+            batches = [next(it) for _ in range(self.accum)]
+            self.faults.data_wait()  # returns at once, unless a slow data path is injected
+            wait = time.perf_counter() - t0
+            seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
+            lp.win.add(self.train_step(batches), self.grad_norm, wait)
+            self.step += 1
+            if lp.profile:
+                lp.profile.after(self.step, wait)
+            self.watchdog.beat(self.step)
+            self.train_state.eval_pending = self._eval_due()
+            if self.step % t.log_every == 0 or self.step == self.total_steps:
+                self._log_window(lp)
+            if self._ckpt_due():
+                self._checkpoint(lp.out)
+            bits = self.stops.at_boundary(self.step, self.total_steps, lp.halt_at, bool(self.stragglers.exclude))
+            if bits and self.step < self.total_steps:
+                lp.progress.newline()
+                if lp.profile:  # its trace ends here, without the stop's checkpoint
+                    lp.profile.close()
+                return self._stop(lp.out, bits, lp.start_wall, save=True)
+            if self.train_state.eval_pending and self.train_state.loader_position(self.steps_per_epoch)[1]:
+                # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
+                self._eval_and_log(lp.out, lp.progress)
+                lp.last_eval_step = self.step
+        del it
+        if self.train_state.eval_pending:
+            self._eval_and_log(lp.out, lp.progress)
+            lp.last_eval_step = self.step
+        return None
+
+    def _log_window(self, lp: Loop) -> None:
+        """A log boundary: the window's one sync (`_window`), its `train` record and progress line,
+        then a new window."""
+        win, out = lp.win, lp.out
+        loss, grad_norm = self._window(*win.means())
+        el = win.elapsed()
+        self.clock.add(win.steps, max(0.0, el - self.paused_s))
+        self.paused_s = 0.0
+        ips = self.cfg.data.batch_size * win.steps / max(el, 1e-9)
+        lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
+        rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
+                   images_per_s=ips, data_wait=win.wait / max(el, 1e-9), **self.speed.fields(ips, el / win.steps))
+        rec["grad_norm"] = grad_norm  # the window's mean, before clipping
+        self.stragglers.post(self.step, el / win.steps, win.wait / win.steps,
+                             (win.wait + self.fwd_clock.take()) / win.steps)
+        skipped = len(getattr(self.train_loader, "skipped", ()))
+        if skipped:
+            rec["skipped_samples"] = skipped
+        if self.reduce_hook:  # per rank and step, in the dtype on the wire
+            rec["grad_reduce_bytes"] = self.reduce_hook.take() // win.steps
+        self.metrics.write("train", **rec)
+        lp.progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
+                                      f"data {100 * rec['data_wait']:.0f}%" + speed.progress_text(rec))
+        out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
+        win.reset()
+
+    def _finish(self, lp: Loop) -> Outcome:
+        """The run reached its last step: the Outcome, and the `end` record."""
+        out = lp.out
         out.status, out.step = "finished", self.step
         out.epoch = self.step // self.steps_per_epoch
-        out.wall_s = time.perf_counter() - start_wall
-        if tot_steps:
-            out.data_wait = tot_wait / max(out.wall_s, 1e-9)
+        out.wall_s = time.perf_counter() - lp.start_wall
+        if lp.win.total_steps:
+            out.data_wait = lp.win.total_wait / max(out.wall_s, 1e-9)
         self.metrics.write("end", step=self.step, status=out.status, wall_s=out.wall_s,
                            top1=out.eval.get("top1"), top5=out.eval.get("top5"))
         self.metrics.close()
