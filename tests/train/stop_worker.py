@@ -22,6 +22,7 @@ import torch.distributed as td
 
 from hpctrain.config import load
 from hpctrain.train import dist, stop
+from hpctrain.train.stop_rounds import StopRounds
 from tests.helpers import DIGITS
 from tests.train.worker import cpu_trainer, join
 
@@ -37,10 +38,19 @@ def main(root: str, out: str) -> None:
     run_dir = Path(out) / "run"
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = cpu_trainer(cfg, info, run_dir if info.is_main else None, None, flag)
     store = td.distributed_c10d._get_default_store()
     began = []
-    step_fn, check_fn = trainer.train_step, trainer._stop_check
+
+    class LateRank1(StopRounds):
+        """The stop policy, with rank 1 late to read its round at boundary OVERLAP."""
+
+        def at_boundary(self, step: int, total: int, halt_at: int, exclude: bool) -> int:
+            if info.rank == 1 and step == OVERLAP:
+                store.wait(["rank0_began_next_step"], datetime.timedelta(seconds=30))
+            return super().at_boundary(step, total, halt_at, exclude)
+
+    trainer = cpu_trainer(cfg, info, run_dir if info.is_main else None, None, flag, LateRank1(flag, None))
+    step_fn = trainer.train_step
 
     def train_step(batches):
         began.append(trainer.step)
@@ -50,12 +60,7 @@ def main(root: str, out: str) -> None:
             os.kill(os.getpid(), signal.SIGUSR2)
         return step_fn(batches)
 
-    def stop_check(halt_at):
-        if info.rank == 1 and trainer.step == OVERLAP:
-            store.wait(["rank0_began_next_step"], datetime.timedelta(seconds=30))
-        return check_fn(halt_at)
-
-    trainer.train_step, trainer._stop_check = train_step, stop_check
+    trainer.train_step = train_step
     result = trainer.run()
     Path(out, f"result-{info.rank}.json").write_text(json.dumps(
         {"status": result.status, "step": result.step, "stop_kind": result.stop_kind, "began": began}))

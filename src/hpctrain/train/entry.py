@@ -5,6 +5,7 @@ The same entry serves `hpctrain train` (one process, torchrun or srun) and submi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -13,6 +14,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from hpctrain.train import compile_cache, trackers, watchdog
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import agree
-from hpctrain.train.resume_checks import RunFinished, check_compatible, check_unfinished
+from hpctrain.train.resume_checks import check_compatible, check_unfinished
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 from hpctrain.version import dist_versions
@@ -107,10 +109,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     # seconds is then honoured), and never at import time (launch.task on the login node imports this module)
     import torch  # torch: after stopmod.install (see above)
 
-    from hpctrain.models.vit import build_vit  # torch: after stopmod.install
-    from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
-    from hpctrain.train import compat, finetune, preflight  # torch: after stopmod.install
-    from hpctrain.train.loop import Trainer  # torch: after stopmod.install
+    from hpctrain.train import compat  # torch: after stopmod.install
 
     if isinstance(cfg, dict):
         cfg = build(Config, cfg)
@@ -131,7 +130,37 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
     fr_env = (watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / "logs")
               if info.world_size > 1 else {})
-    distmod.init(info, backend, cfg.train.pg_timeout_s, group_of_one=cfg.train.parallel == "fsdp")
+    with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
+        distmod.init(info, backend, cfg.train.pg_timeout_s, group_of_one=cfg.train.parallel == "fsdp")
+        stack.push(unless_broken(distmod.shutdown))
+        summary = _run(cfg, stop, info, device, use_cuda, fr_env, stack)
+    return summary
+
+
+def unless_broken(close: Callable[[], object]) -> Callable[..., bool]:
+    """An exit callback for `ExitStack.push` that calls `close` on a return and after an error
+    every rank meets alike, but not after a failed collective or an interrupt: a group a peer left
+    is unusable (no orderly shutdown, as train.dist.diagnose's callers do), and a second Ctrl-C means
+    now. Never swallows the exception."""
+    def exit_(exc_type, exc, tb) -> bool:
+        if exc is None or (isinstance(exc, Exception) and not distmod.peer_failure(exc)):
+            close()
+        return False
+    return exit_
+
+
+def _run(cfg: Config, stop: StopFlag, info: distmod.DistInfo, device, use_cuda: bool, fr_env: dict[str, str],
+         stack: contextlib.ExitStack) -> dict[str, Any]:
+    """`run` once the process group exists: what it opens (the run lock, the trainer) goes on
+    `stack`, so every way out releases it; the trainer and model go out of scope on return, before
+    the stack destroys the process group (docs/communication.md, "Exit")."""
+    import torch  # torch: after stopmod.install (see run)
+
+    from hpctrain.models.vit import build_vit  # torch: after stopmod.install
+    from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
+    from hpctrain.train import finetune, preflight  # torch: after stopmod.install
+    from hpctrain.train.loop import Trainer  # torch: after stopmod.install
+
     control = None
     if use_cuda and info.world_size > 1:
         import torch.distributed as td  # torch: after stopmod.install, as above
@@ -144,8 +173,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     lock = RunLock(run_dir)
     holder = lock.acquire() if info.is_main else None
+    stack.callback(lock.release)  # a no-op where it was not taken
     if agree(holder is not None, control):
-        distmod.shutdown()
         raise RunDirBusy(f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
                          "wait for that job to end, or give this run another run.name")
     setup_logging(run_dir, info.rank)
@@ -158,8 +187,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         code = source.check(os.environ)  # every rank: the code that submitted the job, or no training
     except source.LaunchError as e:
         log.error("%s", e)
-        lock.release()
-        distmod.shutdown()
         raise
     over = None
     if info.is_main:
@@ -168,20 +195,13 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         except requeue.LaunchError as e:
             over = e
     if agree(over is not None, control):
-        lock.release()
-        distmod.shutdown()
         raise over or requeue.LaunchError("this job is past its requeue budget (see rank 0's log)")
     resume = ckpt.find_resume(run_dir, cfg.run.resume)
     if resume:
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
     train_loader, val_loader = build_eval_loaders(cfg, info.rank, info.world_size, device)  # {split: loader}
-    if resume:
-        try:  # every rank reads the same checkpoint and data: all refuse alike
-            check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
-        except RunFinished:
-            lock.release()
-            distmod.shutdown()
-            raise
+    if resume:  # every rank reads the same checkpoint and data: all refuse alike (RunFinished)
+        check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
     resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
         save(cfg, run_dir / "config.yaml")
@@ -198,8 +218,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
             preflight.run(cfg, info, device, run_dir, train_loader, control)
         except preflight.PreflightFailed as e:
             log.error("%s", e)
-            lock.release()
-            distmod.shutdown()
             raise
     cache = compile_cache.setup(cfg, run_dir)  # train.compile: before anything is compiled
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
@@ -210,6 +228,9 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
+    # its threads and collectives ended, its hold on the process groups dropped (Trainer.close):
+    # at once on a return (below), by the stack after an error
+    stack.push(unless_broken(trainer.close))
     if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.faultlog)
         for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / "metrics.jsonl")):
             log.warning("%s of job %s (restart %s, attempt %s) without %s: %s", r["kind"], r["job"],
@@ -229,13 +250,9 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     }
     if out.status == "preempted":
         summary["requeue"] = requeue.after_stop(summary, trainer.metrics if info.is_main else None)
-    trainer.close()  # its threads and collectives ended, its hold on the process groups dropped
-    del trainer, model
-    control = None
+    trainer.close()  # idempotent: the stack's call later does nothing more
     if info.is_main:
         log.info("\n%s", summary_table(summary))
-    lock.release()
-    distmod.shutdown()
     return summary
 
 

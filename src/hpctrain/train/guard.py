@@ -6,7 +6,7 @@ The flag is read where the loop syncs anyway: at the log boundary it travels in 
 all-reduce (one more element), and before every checkpoint it is all-reduced with the weights'
 own finiteness, so no checkpoint is written from a state that saw a non-finite value. A spike is
 judged on the agreed logged loss (`SpikeWatch`): the same number on every rank, so no collective.
-What follows (rollback or stop) is `Trainer._rollback` in train/rollback.py.
+What follows (rollback or stop) is `rollback.restore` in train/rollback.py.
 """
 
 from __future__ import annotations

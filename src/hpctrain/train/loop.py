@@ -4,10 +4,12 @@ Nothing in a step reads a value back to the host except every `log_every` steps,
 collective outside DDP's holds a step up: the stop flags are OR-ed by an all-reduce on a CPU
 (gloo) control group that is started at one step boundary and read at the next (train.stop).
 
-The Trainer's other parts live by concern in their own modules: what a checkpoint holds and how it
-is written and read (train.ckpt_state), the rollback after a non-finite value (train.rollback), the
-eval pass (train.eval_pass), the resume checks (train.resume_checks), seeds and RNG state
-(train.seeding) and autocast (train.amp).
+The Trainer's other parts live by concern in their own modules: the counters a checkpoint restores
+(train.state), what a checkpoint holds and how it is written and read (train.checkpointer), the
+rollback after a non-finite value (train.rollback), the stop decision (train.stop_rounds) and the
+injected faults (train.faults), both policies a caller may pass in, the eval pass
+(train.eval_pass), the resume checks (train.resume_checks), seeds and RNG state (train.seeding)
+and autocast (train.amp).
 """
 
 from __future__ import annotations
@@ -27,18 +29,22 @@ from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config
 from hpctrain.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, speed, straggler, trackers
+from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, rollback, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
 from hpctrain.train.amp import autocast_ctx
-from hpctrain.train.ckpt_state import CheckpointState
-from hpctrain.train.dist import DistInfo, PendingBits, agree_bits, agree_max, diagnose, peer_failure
+from hpctrain.train.checkpointer import Checkpointer, Layout, Parts
+from hpctrain.train.dist import DistInfo, agree_max, diagnose, peer_failure
 from hpctrain.train.ema import EMA
 from hpctrain.train.eval_pass import evaluate
+from hpctrain.train.faults import Faults
+from hpctrain.train.log_window import LogWindow
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
 from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
 from hpctrain.train.resume_checks import planned_steps
-from hpctrain.train.rollback import Rollback, RunDiverged
+from hpctrain.train.rollback import RunDiverged
 from hpctrain.train.seeding import rng_state, seed_step, set_rng_state, step_seed
+from hpctrain.train.state import TrainState
+from hpctrain.train.stop_rounds import StopRounds
 from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
@@ -61,10 +67,27 @@ class Outcome:
     checkpoint: str | None = None
 
 
-class Trainer(CheckpointState, Rollback):
+@dataclass
+class Loop:
+    """What one `Trainer.run`'s step loop carries between its parts (`_train`, `_epoch`, `_log_window`)."""
+
+    out: Outcome
+    progress: Progress
+    halt_at: int
+    profile: profiling.Window | None  # train.profile_steps' window, or None
+    start_wall: float
+    win: LogWindow
+    last_eval_step: int = -1  # the step of the last eval: the end evaluates unless it is this one
+
+
+class Trainer:
+    """One rank's training run. `stops` (when to stop) and `faults` (what to break, for the fault
+    tests) are policies: by default from `stop_flag` and from the environment."""
+
     def __init__(self, cfg: Config, dist: DistInfo, device: torch.device, run_dir: Path | None,
                  train_loader, val_loader, model: torch.nn.Module, control_group=None,
-                 stop_flag=None):
+                 stop_flag: stopmod.StopFlag | None = None, stops: StopRounds | None = None,
+                 faults: Faults | None = None):
         self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
         self.train_loader = train_loader
         # {split: loader} (data.build.build_eval_loaders), or one loader / None for the headline split alone
@@ -74,8 +97,9 @@ class Trainer(CheckpointState, Rollback):
         self.model = model.to(device)
         fastpath.apply(cfg.train, device)
         self.control_group = control_group
-        self.stop_flag = stop_flag or stopmod.StopFlag()  # not installed: never set unless a caller's is
-        self.stop_round = PendingBits(control_group)  # this rank's stop bits, agreed one step later
+        # a StopFlag not installed is never set unless a caller's is
+        self.stops = stops or StopRounds(stop_flag or stopmod.StopFlag(), control_group)
+        self.faults = faults or Faults.from_env(dist.rank)
         t = cfg.train
         self.accum = t.accum_steps
         self.steps_per_epoch = len(train_loader) // self.accum
@@ -107,17 +131,10 @@ class Trainer(CheckpointState, Rollback):
         if dist.world_size > 1 and t.parallel == "ddp":
             self.ddp, self.reduce_hook = comm.wrap(self.fwd_model, device, t)
             self.fwd_model = self.ddp
-        self.step = 0
-        self.data_offset = 0  # optimizer steps' worth of batches skipped by rollbacks (the loader runs ahead)
+        self.train_state = TrainState()
         self.finite = guard.FiniteFlag(device)  # OR of "not finite" since the last clean check, on the device
         self.spikes = guard.SpikeWatch(t.spike_factor, t.spike_window)
-        self.nan_at, self.nan_always = guard.injected_nan(dist.rank)  # test-only (guard.injected_nan)
-        self.rollbacks = 0  # in this run (kept in checkpoints, not reset by a rollback)
-        self.good_step = -1  # newest checkpoint known good: a clean check came after it; never pruned
-        self.best: tuple[float, int] | None = None  # (top-1, step) of the best eval whose checkpoint is kept
         self.grad_norm = torch.zeros((), device=device)  # the last step's total gradient norm (before clipping)
-        self.eval_pending = False  # this step ended an epoch whose eval has not run yet
-        self.last_saved_step = -1
         self.auto = (interval.AutoInterval(t.ckpt_auto_first, t.mtbf_h or interval.DEFAULT_MTBF_H,
                                            t.mtbf_source or ("train.mtbf_h" if t.mtbf_h else "default"))
                      if t.ckpt_every == "auto" else None)  # train.ckpt_every=auto: when the next save is due
@@ -128,15 +145,40 @@ class Trainer(CheckpointState, Rollback):
         self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl",
                                      sink=trackers.open_sink(cfg, main_dir))
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
-        delay, where = straggler.injected_delay(dist.rank)
-        self.data_delay = delay if where == "data" else 0.0
-        self.fwd_clock = straggler.Clock(device, dist.world_size > 1, delay if where == "compute" else 0.0)
+        self.fwd_clock = straggler.Clock(device, dist.world_size > 1, self.faults.compute_delay)
         self.stragglers = straggler.StragglerWatch(dist.rank, dist.world_size, dist.local_rank, control_group,
                                                    t.straggler_pct, self.metrics, t.exclude_straggler_pct)
         self.watchdog = Watchdog(t.hang_s, dist.rank, dist.world_size, run_dir / "logs" if run_dir else None,
                                  nccl=td.is_initialized() and td.get_backend() == "nccl",
                                  report=lambda rec: self.metrics.write("hang", **rec))
-        self._init_checkpoints()
+        self.ckpts = Checkpointer(cfg, dist, device, run_dir, control_group, self.metrics,
+                                  Parts(self.model, self.optimizer, self.ema, self.scaler, self.train_state),
+                                  Layout(self.steps_per_epoch, self.accum, self.fsdp), self._schedule)
+
+    @property
+    def step(self) -> int:
+        """The optimizer steps taken (`train_state.step`; benchmarks and tests step it by hand)."""
+        return self.train_state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.train_state.step = value
+
+    def _schedule(self) -> dict:
+        """The learning-rate schedule as a checkpoint records it."""
+        return {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps}
+
+    def state(self) -> dict:
+        """The single-file checkpoint of this step (train.checkpointer)."""
+        return self.ckpts.full_state()
+
+    def load_state(self, st: dict, path: Path) -> None:
+        """Restore a checkpoint read from `path` (train.checkpointer)."""
+        self.ckpts.load(st, path)
+
+    def save(self, background: bool = False) -> str | None:
+        """Checkpoint this step, on every rank (train.checkpointer)."""
+        return self.ckpts.save(background)
 
     def _checkpoint(self, out: Outcome, stopping: bool = False) -> None:
         """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file.
@@ -144,7 +186,7 @@ class Trainer(CheckpointState, Rollback):
         Never from a state that saw a non-finite value: then a stop saves nothing (the run resumes
         from its last good checkpoint), anything else raises guard.Diverged (roll back or stop)."""
         periodic = self._ckpt_due()
-        if self.last_saved_step == self.step:
+        if self.train_state.last_saved_step == self.step:
             if periodic and self.auto:  # on disk already: the next auto save one interval on, not every step
                 self.auto.start(self.step)
             return
@@ -244,9 +286,7 @@ class Trainer(CheckpointState, Rollback):
                     logits = self.fwd_model(images)
                     self.fwd_clock.stop()
                 loss = soft_cross_entropy(logits, targets) / self.accum
-                if self.nan_at == self.step + 1 and i == 0:  # test-only: guard.injected_nan
-                    loss = loss * float("nan")
-                    self.nan_at = self.nan_at if self.nan_always else 0
+                loss = self.faults.loss(loss, self.step, i)  # as it is, unless a fault is injected
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         # the total gradient norm of every step, before clipping: clip_grad_norm_'s, or the same norm read
@@ -277,13 +317,13 @@ class Trainer(CheckpointState, Rollback):
         try:
             with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.watchdog)
                 out = self._run(resume, halt_at)
-            out.checkpoint = self._collect() or out.checkpoint  # a stop on a ckpt_every step: its save
+            out.checkpoint = self.ckpts.collect() or out.checkpoint  # a stop on a ckpt_every step: its save
             return out
         except (RuntimeError, td.DistError) as e:
             if isinstance(e, RunDiverged):  # unanimous, and said in one line
                 raise
             if isinstance(e, ckpt.CheckpointError):  # unanimous (Trainer.save): every rank is here
-                self.stop_round.result()
+                self.stops.settle()
                 self.stragglers.settle()
             if self.dist.world_size == 1 or not td.is_initialized() or isinstance(e, ckpt.CheckpointError):
                 raise
@@ -304,15 +344,14 @@ class Trainer(CheckpointState, Rollback):
         interpreter exit, where a gloo worker that drops the last reference to a Python tensor
         needs the GIL and is ended mid-C++ (std::terminate: "terminate called without an active
         exception", SIGABRT). Idempotent; the trainer cannot train afterwards."""
-        self._collect()
-        self.stop_round.result()
+        self.ckpts.close()
+        self.stops.close()
         self.stragglers.settle()
         self.watchdog.stop()
         self.speed.close()
         self.metrics.close()
         self.ddp = self.fwd_model = self.model = self.optimizer = self.ema = None
-        self.reduce_hook = self.control_group = self.ckpt_group = None
-        self.stop_round = PendingBits(None)
+        self.reduce_hook = self.control_group = None
 
     def _run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
         t = self.cfg.train
@@ -327,7 +366,6 @@ class Trainer(CheckpointState, Rollback):
         progress = Progress(self.total_steps, self.dist.is_main)
         self.model.train()
         start_wall = time.perf_counter()
-        loss_acc = torch.zeros((), device=self.device)
         last_eval_step = -1
         if self.ddp is not None and self.step < self.total_steps:
             if t.compile and t.compile_warmup:
@@ -335,166 +373,143 @@ class Trainer(CheckpointState, Rollback):
             self._settle_ddp_buckets()
         if self.device.type == "cuda" and self.step < self.total_steps:
             self._log_attention_kernel()
-        bits = self._stop_bits(halt_at) if self.step < self.total_steps else 0
+        bits = self.stops.at_start(self.step, halt_at) if self.step < self.total_steps else 0
         if bits:  # a signal during start-up: nothing trained since the checkpoint we resumed from
             return self._stop(out, bits, start_wall, save=False)
         if self.step < self.total_steps:  # the first round, read after the first step
-            self.stop_round.start(self.stop_flag.bits())
-        if self.eval_pending:  # the last attempt stopped where an epoch's eval was due
+            self.stops.start()
+        if self.train_state.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
-        gn_acc = torch.zeros((), device=self.device)
         # train.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
         window = profiling.open_window(t, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step)
         try:
-            return self._train(out, progress, halt_at, window, start_wall, loss_acc, gn_acc, last_eval_step)
+            return self._train(Loop(out, progress, halt_at, window, start_wall, LogWindow(self.device),
+                                    last_eval_step))
         finally:
             if window:
                 window.close()
 
-    def _train(self, out: Outcome, progress: Progress, halt_at: int, window: profiling.Window | None,
-               start_wall: float, loss_acc: torch.Tensor, gn_acc: torch.Tensor, last_eval_step: int) -> Outcome:
-        """The step loop of `_run`, from its first step to the end (or a stop)."""
-        t = self.cfg.train
-        g = self.cfg.data.batch_size
-        win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-        tot_wait, tot_steps = 0.0, 0
+    def _train(self, lp: Loop) -> Outcome:
+        """The step loop of `_run`, from its first step to the end (or a stop): epochs of steps, and
+        after a rollback the same again from the checkpoint's step."""
+        lp.win.reset()
         self._start_clock()
         while True:
             try:
                 while self.step < self.total_steps:
-                    epoch, pos = divmod(self.step + self.data_offset, self.steps_per_epoch)
-                    self.train_loader.set_epoch(epoch, pos * self.accum)
-                    it = iter(self.train_loader)
-                    for _ in range(pos, self.steps_per_epoch):
-                        if self.step >= self.total_steps:
-                            break
-                        if window:
-                            window.before(self.step + 1)
-                        t0 = time.perf_counter()
-                        batches = [next(it) for _ in range(self.accum)]
-                        if self.data_delay:  # test-only (straggler.injected_delay)
-                            time.sleep(self.data_delay)
-                        wait = time.perf_counter() - t0
-                        win_wait += wait
-                        tot_wait += wait
-                        seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
-                        loss_acc += self.train_step(batches)
-                        gn_acc += self.grad_norm
-                        self.step += 1
-                        if window:
-                            window.after(self.step, wait)
-                        self.watchdog.beat(self.step)
-                        self.eval_pending = self._eval_due()
-                        win_steps += 1
-                        tot_steps += 1
-                        if self.step % t.log_every == 0 or self.step == self.total_steps:
-                            loss, grad_norm = self._window(loss_acc / win_steps, gn_acc / win_steps)
-                            el = time.perf_counter() - win_t
-                            self.clock.add(win_steps, max(0.0, el - self.paused_s))
-                            self.paused_s = 0.0
-                            ips = g * win_steps / max(el, 1e-9)
-                            lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
-                            rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
-                                       images_per_s=ips, data_wait=win_wait / max(el, 1e-9),
-                                       **self.speed.fields(ips, el / win_steps))
-                            rec["grad_norm"] = grad_norm  # the window's mean, before clipping
-                            self.stragglers.post(self.step, el / win_steps, win_wait / win_steps,
-                                                 (win_wait + self.fwd_clock.take()) / win_steps)
-                            skipped = len(getattr(self.train_loader, "skipped", ()))
-                            if skipped:
-                                rec["skipped_samples"] = skipped
-                            if self.reduce_hook:  # per rank and step, in the dtype on the wire
-                                rec["grad_reduce_bytes"] = self.reduce_hook.take() // win_steps
-                            self.metrics.write("train", **rec)
-                            progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
-                                                       f"data {100 * rec['data_wait']:.0f}%"
-                                                       + speed.progress_text(rec))
-                            out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
-                            loss_acc.zero_()
-                            gn_acc.zero_()
-                            win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
-                        if self._ckpt_due():
-                            self._checkpoint(out)
-                        bits = self._stop_check(halt_at)
-                        if bits and self.step < self.total_steps:
-                            progress.newline()
-                            if window:  # its trace ends here, without the stop's checkpoint
-                                window.close()
-                            return self._stop(out, bits, start_wall, save=True)
-                        if self.eval_pending and (self.step + self.data_offset) % self.steps_per_epoch:
-                            # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
-                            self._eval_and_log(out, progress)
-                            last_eval_step = self.step
-                    del it
-                    if self.eval_pending:
-                        self._eval_and_log(out, progress)
-                        last_eval_step = self.step
-                progress.newline()
-                self.stop_round.result()  # nothing is in flight after the last step; never leave one behind
+                    stopped = self._epoch(lp)
+                    if stopped:
+                        return stopped
+                lp.progress.newline()
+                self.stops.settle()  # nothing is in flight after the last step; never leave one behind
                 self.stragglers.settle()
                 if not self._healthy():  # the last log boundary read it; a last check before eval and save
                     raise guard.Diverged(self.step, "nonfinite", {"where": "at the end"})
-                if last_eval_step != self.step:
-                    self._eval_and_log(out, progress)
-                self._checkpoint(out)
+                if lp.last_eval_step != self.step:
+                    self._eval_and_log(lp.out, lp.progress)
+                self._checkpoint(lp.out)
                 break
             except guard.Diverged as e:  # every rank, at the same step (an agreed value)
-                progress.newline()
+                lp.progress.newline()
                 self._rollback(e)
-                loss_acc.zero_()
-                gn_acc.zero_()
-                win_t, win_wait, win_steps = time.perf_counter(), 0.0, 0
+                lp.win.reset()
                 self._start_clock()
-                last_eval_step = -1
-                if self.eval_pending:  # the checkpoint ended an epoch whose eval had not run when it was saved
-                    self._eval_and_log(out, progress)
-                    last_eval_step = self.step
+                lp.last_eval_step = -1
+                if self.train_state.eval_pending:  # the checkpoint ended an epoch whose eval had not run then
+                    self._eval_and_log(lp.out, lp.progress)
+                    lp.last_eval_step = self.step
+        return self._finish(lp)
+
+    def _epoch(self, lp: Loop) -> Outcome | None:
+        """The steps left in the loader's current epoch (the state says where it is); the Outcome of a
+        stop, else None."""
+        t = self.cfg.train
+        epoch, pos = self.train_state.loader_position(self.steps_per_epoch)
+        self.train_loader.set_epoch(epoch, pos * self.accum)
+        it = iter(self.train_loader)
+        for _ in range(pos, self.steps_per_epoch):
+            if self.step >= self.total_steps:
+                break
+            if lp.profile:
+                lp.profile.before(self.step + 1)
+            t0 = time.perf_counter()
+            batches = [next(it) for _ in range(self.accum)]
+            self.faults.data_wait()  # returns at once, unless a slow data path is injected
+            wait = time.perf_counter() - t0
+            seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
+            lp.win.add(self.train_step(batches), self.grad_norm, wait)
+            self.step += 1
+            if lp.profile:
+                lp.profile.after(self.step, wait)
+            self.watchdog.beat(self.step)
+            self.train_state.eval_pending = self._eval_due()
+            if self.step % t.log_every == 0 or self.step == self.total_steps:
+                self._log_window(lp)
+            if self._ckpt_due():
+                self._checkpoint(lp.out)
+            bits = self.stops.at_boundary(self.step, self.total_steps, lp.halt_at, bool(self.stragglers.exclude))
+            if bits and self.step < self.total_steps:
+                lp.progress.newline()
+                if lp.profile:  # its trace ends here, without the stop's checkpoint
+                    lp.profile.close()
+                return self._stop(lp.out, bits, lp.start_wall, save=True)
+            if self.train_state.eval_pending and self.train_state.loader_position(self.steps_per_epoch)[1]:
+                # an epoch of steps ended inside the loader's epoch (a rollback skipped batches)
+                self._eval_and_log(lp.out, lp.progress)
+                lp.last_eval_step = self.step
+        del it
+        if self.train_state.eval_pending:
+            self._eval_and_log(lp.out, lp.progress)
+            lp.last_eval_step = self.step
+        return None
+
+    def _log_window(self, lp: Loop) -> None:
+        """A log boundary: the window's one sync (`_window`), its `train` record and progress line,
+        then a new window."""
+        win, out = lp.win, lp.out
+        loss, grad_norm = self._window(*win.means())
+        el = win.elapsed()
+        self.clock.add(win.steps, max(0.0, el - self.paused_s))
+        self.paused_s = 0.0
+        ips = self.cfg.data.batch_size * win.steps / max(el, 1e-9)
+        lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
+        rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
+                   images_per_s=ips, data_wait=win.wait / max(el, 1e-9), **self.speed.fields(ips, el / win.steps))
+        rec["grad_norm"] = grad_norm  # the window's mean, before clipping
+        self.stragglers.post(self.step, el / win.steps, win.wait / win.steps,
+                             (win.wait + self.fwd_clock.take()) / win.steps)
+        skipped = len(getattr(self.train_loader, "skipped", ()))
+        if skipped:
+            rec["skipped_samples"] = skipped
+        if self.reduce_hook:  # per rank and step, in the dtype on the wire
+            rec["grad_reduce_bytes"] = self.reduce_hook.take() // win.steps
+        self.metrics.write("train", **rec)
+        lp.progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
+                                      f"data {100 * rec['data_wait']:.0f}%" + speed.progress_text(rec))
+        out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
+        win.reset()
+
+    def _finish(self, lp: Loop) -> Outcome:
+        """The run reached its last step: the Outcome, and the `end` record."""
+        out = lp.out
         out.status, out.step = "finished", self.step
         out.epoch = self.step // self.steps_per_epoch
-        out.wall_s = time.perf_counter() - start_wall
-        if tot_steps:
-            out.data_wait = tot_wait / max(out.wall_s, 1e-9)
+        out.wall_s = time.perf_counter() - lp.start_wall
+        if lp.win.total_steps:
+            out.data_wait = lp.win.total_wait / max(out.wall_s, 1e-9)
         self.metrics.write("end", step=self.step, status=out.status, wall_s=out.wall_s,
                            top1=out.eval.get("top1"), top5=out.eval.get("top5"))
         self.metrics.close()
         return out
 
-    def _stop_bits(self, halt_at: int) -> int:
-        """At start-up, once: every rank's stop request OR-ed together (a blocking all-reduce on the
-        control group), so a signal that came during start-up stops every rank before a step."""
-        self.stop_flag.log_new()
-        bits = self.stop_flag.bits()
-        if halt_at > 0 and self.step >= halt_at:
-            bits |= stopmod.BITS["halt"]
-        return agree_bits(bits, self.control_group)
-
-    def _stop_check(self, halt_at: int) -> int:
-        """At a step boundary: the stop bits to act on now, without waiting for the other ranks.
-
-        The OR read here was started at the previous boundary and had a whole step to complete;
-        every rank reads the same round, so all stop at this same step (and rank 0 learns the
-        kind when only another rank was signalled). halt_at needs no agreement: every rank
-        knows it. A new round starts unless this boundary stops or ends the run, so nothing is
-        in flight when the loop is left.
-        """
-        self.stop_flag.log_new()
-        bits = self.stop_round.result()
-        if halt_at > 0 and self.step >= halt_at:
-            bits |= stopmod.BITS["halt"]
-        if self.stragglers.exclude:  # settled at this boundary on every rank alike: no agreement needed
-            bits |= stopmod.BITS["exclude"]
-        if not bits and self.step < self.total_steps:
-            self.stop_round.start(self.stop_flag.bits())
-        return bits
-
     def _stop(self, out: Outcome, bits: int, start_wall: float, save: bool) -> Outcome:
         """Checkpoint at this step (every rank takes part) and end the run as stopped."""
-        self.stop_round.result()  # every path out waits for its round (none is in flight here)
+        self.stops.settle()  # every path out waits for its round (none is in flight here)
         self.stragglers.settle()
         if save:
             self._checkpoint(out, stopping=True)  # once per step; with eval_pending the resumed run evaluates first
-        self.stop_flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
+        self.stops.flag.log_new()  # a signal that reached this rank after another rank's stop was agreed
         out.stop_kind = stopmod.kind_of(bits)
         out.status = {"halt": "halted", "interrupt": "interrupted"}.get(out.stop_kind, "preempted")
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
@@ -503,6 +518,19 @@ class Trainer(CheckpointState, Rollback):
         log.warning("stopped at step %d (%s)%s", self.step, out.stop_kind,
                     f"; checkpoint {out.checkpoint}" if save and out.checkpoint else "")
         return out
+
+    def _rollback(self, e: guard.Diverged) -> None:
+        """Back to the last good checkpoint, or stop with RunDiverged (train.rollback): the rounds in
+        flight settled first, the non-finite flag cleared and the replayed records moved after."""
+        t = self.cfg.train
+        self.stops.settle()  # the round posted at the last boundary: none may stay in flight
+        self.stragglers.settle()
+        path, skip = rollback.restore(e, self.ckpts, self.train_state, t, self.metrics)
+        self.finite.clear()
+        self._supersede_records()
+        rollback.report(e, path, skip, self.train_state, t, self.metrics)
+        if self.step < self.total_steps:
+            self.stops.start()
 
     def _eval_due(self) -> bool:
         """This step ends an epoch that `train.eval_every` evaluates (the last step has its own)."""
@@ -513,7 +541,7 @@ class Trainer(CheckpointState, Rollback):
     def _supersede_records(self) -> None:
         """Rank 0: move what an earlier attempt logged past this start out of metrics.jsonl, since
         this run logs it again (the pending eval at this step included); one timeline per file."""
-        start, pending = self.step, self.eval_pending
+        start, pending = self.step, self.train_state.eval_pending
 
         def replayed(rec: dict) -> bool:
             step = rec.get("step")
@@ -627,7 +655,8 @@ class Trainer(CheckpointState, Rollback):
         if median is not None:
             raise guard.Diverged(self.step, "spike", {"loss": mean, "median": median,
                                                       "factor": self.cfg.train.spike_factor})
-        self.good_step = self.last_saved_step  # a clean check after it: known good, kept by pruning
+        st = self.train_state
+        st.good_step = st.last_saved_step  # a clean check after it: known good, kept by pruning
         return mean, gn
 
 
@@ -641,10 +670,11 @@ class Trainer(CheckpointState, Rollback):
             rec.update(fields)
         self.metrics.write("eval", **rec)
         self.paused_s += time.perf_counter() - t0  # not training time (StepClock); a best-eval save counts itself
-        self.eval_pending = False
+        st = self.train_state
+        st.eval_pending = False
         top1 = out.eval.get("top1")
-        if self.cfg.train.keep_best and top1 is not None and (self.best is None or top1 > self.best[0]):
-            self.best = (top1, self.step)  # every rank: the eval is summed over all of them
+        if self.cfg.train.keep_best and top1 is not None and (st.best is None or top1 > st.best[0]):
+            st.best = (top1, self.step)  # every rank: the eval is summed over all of them
             self._checkpoint(out)  # this step's state, kept by pruning until a better eval
         if self.dist.is_main and len(self.eval_loaders) > 1:
             for split in self.eval_loaders:

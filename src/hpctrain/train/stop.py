@@ -7,7 +7,7 @@ told apart only to count requeues (`slurm.max_requeues` vs `slurm.max_preemption
 
 Every rank must stop at the same step, so the ranks agree on it: the OR of their stop bits is
 an all-reduce on the gloo control group, started (non-blocking) at one step boundary and read at
-the next (`Trainer._stop_check`), so it never holds a step up. The price is latency: a signal
+the next (`StopRounds.at_boundary`), so it never holds a step up. The price is latency: a signal
 that arrives while step n runs is posted at the end of step n and acted on at the end of step
 n+1, where every rank checkpoints and exits: at most two step boundaries after the signal (one
 more step than a blocking check). `train.halt_at` needs no agreement and stops exactly there.
