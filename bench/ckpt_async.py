@@ -103,12 +103,16 @@ def rank_main(rank: int, world: int, port: int, args, out_dir: str, results) -> 
         else:
             end_wait = 0.0
         td.barrier()
-        rows[mode] = {"blocked_s": statistics.median(blocked), "waited_s": statistics.median(waited),
-                      "end_wait_s": end_wait,
-                      "save_wall_s": statistics.median(walls),
-                      "steps_in_flight": statistics.median(during), "step_s": statistics.median(step_t),
-                      "busy_step_s": statistics.median(busy_t) if busy_t else None,
-                      "per_save": {"blocked_s": blocked, "save_wall_s": walls, "steps_in_flight": during}}
+        rows[mode] = {
+            "blocked_s": statistics.median(blocked),
+            "waited_s": statistics.median(waited),
+            "end_wait_s": end_wait,
+            "save_wall_s": statistics.median(walls),
+            "steps_in_flight": statistics.median(during),
+            "step_s": statistics.median(step_t),
+            "busy_step_s": statistics.median(busy_t) if busy_t else None,
+            "per_save": {"blocked_s": blocked, "save_wall_s": walls, "steps_in_flight": during},
+        }
     if rank == 0:
         newest = max((Path(out_dir) / "async" / "checkpoints").glob("step-*"))
         size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
@@ -139,21 +143,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         ctx = mp.get_context("spawn")
         results = ctx.SimpleQueue()
-        mp.start_processes(rank_main, args=(args.world, port, args, d, results), nprocs=args.world,
-                           start_method="spawn")
+        mp.start_processes(
+            rank_main, args=(args.world, port, args, d, results), nprocs=args.world, start_method="spawn"
+        )
         r = results.get()
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"ViT-S ({r['params'] / 1e6:.1f} M parameters), checkpoint {r['ckpt_mb']:.0f} MB (weights, AdamW, "
-          f"EMA), {r['world']} gloo ranks, {args.every} steps between saves, medians of {args.saves} saves")
-    print(f"{'mode':<6} {'blocked/save':>13} {'of it waiting':>14} {'save wall':>10} {'steps during save':>18} "
-          f"{'step':>8} {'step, save in flight':>21}")
+    print(
+        f"ViT-S ({r['params'] / 1e6:.1f} M parameters), checkpoint {r['ckpt_mb']:.0f} MB (weights, AdamW, "
+        f"EMA), {r['world']} gloo ranks, {args.every} steps between saves, medians of {args.saves} saves"
+    )
+    print(
+        f"{'mode':<6} {'blocked/save':>13} {'of it waiting':>14} {'save wall':>10} {'steps during save':>18} "
+        f"{'step':>8} {'step, save in flight':>21}"
+    )
     for mode in ("sync", "async"):
         x = r[mode]
         busy = f"{x['busy_step_s']:.3f}s" if x["busy_step_s"] is not None else "-"
-        print(f"{mode:<6} {x['blocked_s']:>12.3f}s {x['waited_s']:>13.3f}s {x['save_wall_s']:>9.3f}s "
-              f"{x['steps_in_flight']:>18.1f} {x['step_s']:>7.3f}s {busy:>21}")
+        print(
+            f"{mode:<6} {x['blocked_s']:>12.3f}s {x['waited_s']:>13.3f}s {x['save_wall_s']:>9.3f}s "
+            f"{x['steps_in_flight']:>18.1f} {x['step_s']:>7.3f}s {busy:>21}"
+        )
     print(f"end of run waiting for the last background save: {r['async']['end_wait_s']:.3f}s")
     print(f"blocked per save, async / sync: {r['async']['blocked_s'] / r['sync']['blocked_s']:.2f}")
     return 0

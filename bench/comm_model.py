@@ -37,8 +37,14 @@ DEFAULT_CONFIG = ROOT / "configs" / "digits_vit.yaml"
 def config(args, world: int):
     from hpctrain.config import load
 
-    sets = ["data.loader=synthetic", f"data.batch_size={args.per_rank_batch * world}", "train.compile=false",
-            f"train.threads={args.threads}", "train.ema=0", *args.overrides]
+    sets = [
+        "data.loader=synthetic",
+        f"data.batch_size={args.per_rank_batch * world}",
+        "train.compile=false",
+        f"train.threads={args.threads}",
+        "train.ema=0",
+        *args.overrides,
+    ]
     return load(args.config, sets)
 
 
@@ -90,8 +96,10 @@ def worker(args) -> None:
         buckets = None
         if trainer.ddp is not None:  # DDP's own buckets after its rebuild (private API: bench only)
             try:
-                buckets = [b.buffer().numel() * b.buffer().element_size()
-                           for b in trainer.ddp.reducer._get_zeros_like_grad_buckets()]
+                buckets = [
+                    b.buffer().numel() * b.buffer().element_size()
+                    for b in trainer.ddp.reducer._get_zeros_like_grad_buckets()
+                ]
             except (AttributeError, RuntimeError):
                 buckets = None
         # the slowest rank sets the pace: max over ranks of every round's mean
@@ -100,8 +108,8 @@ def worker(args) -> None:
         if td.is_initialized():
             td.all_reduce(vec, op=td.ReduceOp.MAX)
         vals = vec.tolist()
-        out = {k: vals[i * args.rounds:(i + 1) * args.rounds] for i, k in enumerate(keys)}
-        wait = vals[len(keys) * args.rounds:]
+        out = {k: vals[i * args.rounds : (i + 1) * args.rounds] for i, k in enumerate(keys)}
+        wait = vals[len(keys) * args.rounds :]
         rows = None
         if info.world_size > 1:
             bucket = min(grad_bytes, cfg.train.ddp_bucket_mb * 2**20)
@@ -109,15 +117,27 @@ def worker(args) -> None:
     finally:
         distmod.shutdown()
     if info.is_main:
-        print(json.dumps({
-            "world": info.world_size, "per_rank_batch": args.per_rank_batch, "steps": args.steps,
-            "rounds": args.rounds, "threads": args.threads,
-            "sync_s": statistics.median(out["sync"]), "sync_rounds_s": out["sync"],
-            "no_sync_s": statistics.median(out["no_sync"]) if "no_sync" in out else None,
-            "no_sync_rounds_s": out.get("no_sync"), "data_wait_s": statistics.median(wait),
-            "grad_bytes": grad_bytes, "bucket_sizes": buckets, "ddp_bucket_mb": cfg.train.ddp_bucket_mb,
-            "allreduce": rows,
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "world": info.world_size,
+                    "per_rank_batch": args.per_rank_batch,
+                    "steps": args.steps,
+                    "rounds": args.rounds,
+                    "threads": args.threads,
+                    "sync_s": statistics.median(out["sync"]),
+                    "sync_rounds_s": out["sync"],
+                    "no_sync_s": statistics.median(out["no_sync"]) if "no_sync" in out else None,
+                    "no_sync_rounds_s": out.get("no_sync"),
+                    "data_wait_s": statistics.median(wait),
+                    "grad_bytes": grad_bytes,
+                    "bucket_sizes": buckets,
+                    "ddp_bucket_mb": cfg.train.ddp_bucket_mb,
+                    "allreduce": rows,
+                }
+            ),
+            flush=True,
+        )
 
 
 def free_port() -> int:
@@ -131,10 +151,24 @@ def run_world(world: int, argv: list[str], timeout: float) -> dict:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *argv], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", *argv],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
     for rank, (p, out) in enumerate(zip(procs, outs)):
         if p.returncode:
@@ -162,11 +196,17 @@ def predict(cfg, one: dict, two: dict) -> dict:
     the 2-rank no_sync compute (same load on the cores: isolates the all-reduce and overlap model)."""
     p2, compute, link = predict_two(cfg, two, one["sync_s"] - one["data_wait_s"], one["data_wait_s"])
     same, _, _ = predict_two(cfg, two, two["no_sync_s"] - two["data_wait_s"], two["data_wait_s"])
-    return {"tflops": compute.tflops, "busbw_GBps": link.busbw_gbps, "predicted_1_s": one["sync_s"],
-            "predicted_2_s": p2.step_s, "predicted_allreduce_s": p2.comm_s,
-            "predicted_exposed_s": p2.exposed_s, "ratio_measured_over_predicted": two["sync_s"] / p2.step_s,
-            "predicted_2_from_no_sync_s": same.step_s,
-            "ratio_measured_over_predicted_from_no_sync": two["sync_s"] / same.step_s}
+    return {
+        "tflops": compute.tflops,
+        "busbw_GBps": link.busbw_gbps,
+        "predicted_1_s": one["sync_s"],
+        "predicted_2_s": p2.step_s,
+        "predicted_allreduce_s": p2.comm_s,
+        "predicted_exposed_s": p2.exposed_s,
+        "ratio_measured_over_predicted": two["sync_s"] / p2.step_s,
+        "predicted_2_from_no_sync_s": same.step_s,
+        "ratio_measured_over_predicted_from_no_sync": two["sync_s"] / same.step_s,
+    }
 
 
 def table(r: dict) -> str:
@@ -178,17 +218,25 @@ def table(r: dict) -> str:
         ("compute (1-rank step − data wait)", ms(r["compute_s"]), ""),
         ("exposed comm = 2-rank − 1-rank", ms(r["exposed_vs_1_s"]), "same per-rank batch"),
         ("exposed comm = sync − no_sync", ms(r["exposed_vs_nosync_s"]), "2 ranks, measured directly"),
-        ("gradient bytes all-reduced / step", f"{two['grad_bytes']:,}",
-         f"{len(two['bucket_sizes'] or [])} DDP bucket(s)"),
+        (
+            "gradient bytes all-reduced / step",
+            f"{two['grad_bytes']:,}",
+            f"{len(two['bucket_sizes'] or [])} DDP bucket(s)",
+        ),
         ("all-reduce busbw (gloo, bucket size)", f"{p['busbw_GBps']:.3f} GB/s", ""),
         ("plan: predicted 1-rank step", ms(p["predicted_1_s"]), "= compute + data wait, by construction"),
-        ("plan: predicted 2-rank step", ms(p["predicted_2_s"]),
-         f"from 1-rank compute; all-reduce {ms(p['predicted_allreduce_s'])}, exposed "
-         f"{ms(p['predicted_exposed_s'])}"),
+        (
+            "plan: predicted 2-rank step",
+            ms(p["predicted_2_s"]),
+            f"from 1-rank compute; all-reduce {ms(p['predicted_allreduce_s'])}, exposed {ms(p['predicted_exposed_s'])}",
+        ),
         ("measured / predicted (2 ranks)", f"{p['ratio_measured_over_predicted']:.2f}", ""),
         ("plan: predicted 2-rank step", ms(p["predicted_2_from_no_sync_s"]), "from 2-rank no_sync compute"),
-        ("measured / predicted (2 ranks)", f"{p['ratio_measured_over_predicted_from_no_sync']:.2f}",
-         "same load on the cores"),
+        (
+            "measured / predicted (2 ranks)",
+            f"{p['ratio_measured_over_predicted_from_no_sync']:.2f}",
+            "same load on the cores",
+        ),
     ]
     w = max(len(a) for a, _, _ in rows)
     head = f"comm model: {r['config']} ({r['model']}), {one['per_rank_batch']} images per rank, gloo, CPU"
@@ -216,7 +264,7 @@ def main() -> int:
     argv = [a for a in sys.argv[1:] if a not in ("--json",)]
     if "--out" in argv:
         i = argv.index("--out")
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     started = time.time()
     one = run_world(1, argv, args.timeout)
     two = run_world(2, argv, args.timeout)
@@ -224,11 +272,19 @@ def main() -> int:
     from hpctrain import flops
 
     record = {
-        "config": str(args.config), "overrides": args.overrides, "model": cfg.model.arch,
-        "params": flops.model_params(cfg.model), "one_rank": one, "two_ranks": two,
-        "compute_s": one["sync_s"] - one["data_wait_s"], "exposed_vs_1_s": two["sync_s"] - one["sync_s"],
-        "exposed_vs_nosync_s": two["sync_s"] - two["no_sync_s"], "plan": predict(cfg, one, two),
-        "load_average": os.getloadavg(), "cpus": os.cpu_count(), "wall_s": time.time() - started,
+        "config": str(args.config),
+        "overrides": args.overrides,
+        "model": cfg.model.arch,
+        "params": flops.model_params(cfg.model),
+        "one_rank": one,
+        "two_ranks": two,
+        "compute_s": one["sync_s"] - one["data_wait_s"],
+        "exposed_vs_1_s": two["sync_s"] - one["sync_s"],
+        "exposed_vs_nosync_s": two["sync_s"] - two["no_sync_s"],
+        "plan": predict(cfg, one, two),
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "wall_s": time.time() - started,
         "command": "PYTHONPATH=src python bench/comm_model.py " + " ".join(argv),
     }
     text = json.dumps(record, indent=1)

@@ -31,9 +31,20 @@ CONFIG = ROOT / "src" / "hpctrain" / "configs" / "digits_vit.yaml"
 
 def first_step_s(digits: Path, runs: Path, name: str, cache: Path, threads: int) -> tuple[float, list[int]]:
     """Seconds from process start to the step-1 record; (hits, misses) of the FX graph cache."""
-    sets = [f"data.root={digits}", f"run.dir={runs}", f"run.name={name}", f"train.threads={threads}",
-            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.tensorboard=false",
-            "train.max_steps=1", "train.compile=true", f"train.compile_cache={cache}", "run.resume=none"]
+    sets = [
+        f"data.root={digits}",
+        f"run.dir={runs}",
+        f"run.name={name}",
+        f"train.threads={threads}",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.ckpt_every=0",
+        "train.tensorboard=false",
+        "train.max_steps=1",
+        "train.compile=true",
+        f"train.compile_cache={cache}",
+        "run.resume=none",
+    ]
     args = [sys.executable, "-m", "hpctrain", "train", "--config", str(CONFIG)]
     for s in sets:
         args += ["--set", s]
@@ -72,21 +83,35 @@ def main() -> None:
             cache = tmp / f"cache-{i}"
             cold, cold_c = first_step_s(tmp / "digits", tmp / "runs", f"cold-{i}", cache, args.threads)
             warm, warm_c = first_step_s(tmp / "digits", tmp / "runs", f"warm-{i}", cache, args.threads)
-            rows.append({"pair": i, "cold_s": round(cold, 2), "warm_s": round(warm, 2), "cold_fxgraph": cold_c,
-                         "warm_fxgraph": warm_c})
-    out = {"what": "process start to end of step 1, digits ViT, train.compile=true, CPU",
-           "threads": args.threads, "pairs": rows,
-           "median_cold_s": statistics.median(r["cold_s"] for r in rows),
-           "median_warm_s": statistics.median(r["warm_s"] for r in rows)}
+            rows.append(
+                {
+                    "pair": i,
+                    "cold_s": round(cold, 2),
+                    "warm_s": round(warm, 2),
+                    "cold_fxgraph": cold_c,
+                    "warm_fxgraph": warm_c,
+                }
+            )
+    out = {
+        "what": "process start to end of step 1, digits ViT, train.compile=true, CPU",
+        "threads": args.threads,
+        "pairs": rows,
+        "median_cold_s": statistics.median(r["cold_s"] for r in rows),
+        "median_warm_s": statistics.median(r["warm_s"] for r in rows),
+    }
     out["speedup"] = round(out["median_cold_s"] / max(out["median_warm_s"], 1e-9), 2)
     if args.json:
         print(json.dumps(out, indent=1))
         return
     for r in rows:
-        print(f"pair {r['pair']}: cold {r['cold_s']:.1f} s (FX graph hits/misses {r['cold_fxgraph']}), "
-              f"warm {r['warm_s']:.1f} s ({r['warm_fxgraph']})")
-    print(f"median: cold {out['median_cold_s']:.1f} s, warm {out['median_warm_s']:.1f} s: "
-          f"{out['speedup']:.2f}x faster to the first step")
+        print(
+            f"pair {r['pair']}: cold {r['cold_s']:.1f} s (FX graph hits/misses {r['cold_fxgraph']}), "
+            f"warm {r['warm_s']:.1f} s ({r['warm_fxgraph']})"
+        )
+    print(
+        f"median: cold {out['median_cold_s']:.1f} s, warm {out['median_warm_s']:.1f} s: "
+        f"{out['speedup']:.2f}x faster to the first step"
+    )
 
 
 if __name__ == "__main__":

@@ -47,13 +47,31 @@ def main() -> int:
     from hpctrain.train.loop import Trainer
 
     torch.set_num_threads(args.threads)
-    sets = ["data.loader=synthetic", "train.amp=none", "train.compile=false", "train.ema=0", "train.mixup=0",
-            "train.cutmix=0", "train.threads=0", "train.tensorboard=false", *args.overrides]
+    sets = [
+        "data.loader=synthetic",
+        "train.amp=none",
+        "train.compile=false",
+        "train.ema=0",
+        "train.mixup=0",
+        "train.cutmix=0",
+        "train.threads=0",
+        "train.tensorboard=false",
+        *args.overrides,
+    ]
     cfg = load(args.config, sets)
     device = torch.device("cpu")
     b = cfg.data.batch_size
-    loader = SyntheticLoader(train=True, batch_size=b, world=1, rank=0, size=b * 2, img_size=cfg.model.img_size,
-                             num_classes=cfg.model.num_classes, seed=0, device=device)
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=b,
+        world=1,
+        rank=0,
+        size=b * 2,
+        img_size=cfg.model.img_size,
+        num_classes=cfg.model.num_classes,
+        seed=0,
+        device=device,
+    )
     torch.manual_seed(0)
     trainer = Trainer(cfg, DistInfo(), device, None, loader, None, build_vit(cfg.model))
     batches = [(loader.images, loader.labels)]
@@ -92,23 +110,39 @@ def main() -> int:
     for _ in range(m):
         compat.grad_total_norm(params)
     grad_norm = (time.perf_counter() - t0) / m
-    result = {"step_ms": 1000 * step_s, "grad_norm_us": 1e6 * grad_norm, "grad_norm_pct": 100 * grad_norm / step_s,
-              "paired_ratio": paired, "check_us": 1e6 * loss_only,
-              "check_with_grad_norm_us": 1e6 * with_norm, "check_pct": 100 * loss_only / step_s,
-              "check_with_grad_norm_pct": 100 * with_norm / step_s, "reps": args.reps,
-              "steps_per_rep": args.steps, "threads": args.threads, "batch": b, "torch": torch.__version__}
+    result = {
+        "step_ms": 1000 * step_s,
+        "grad_norm_us": 1e6 * grad_norm,
+        "grad_norm_pct": 100 * grad_norm / step_s,
+        "paired_ratio": paired,
+        "check_us": 1e6 * loss_only,
+        "check_with_grad_norm_us": 1e6 * with_norm,
+        "check_pct": 100 * loss_only / step_s,
+        "check_with_grad_norm_pct": 100 * with_norm / step_s,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "threads": args.threads,
+        "batch": b,
+        "torch": torch.__version__,
+    }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"finite check on a digits step (batch {b}, {args.threads} thread(s), {args.reps} interleaved reps "
-              f"× {args.steps} steps)")
+        print(
+            f"finite check on a digits step (batch {b}, {args.threads} thread(s), {args.reps} interleaved reps "
+            f"× {args.steps} steps)"
+        )
         print(f"  step without the check   {result['step_ms']:8.2f} ms (median)")
         print(f"  paired ratio with/without {paired:8.4f}  (median of per-repetition ratios; noise ~1 %)")
         print(f"  the check alone          {result['check_us']:8.2f} µs = {result['check_pct']:.3f} % of a step")
-        print(f"  with the grad norm added {result['check_with_grad_norm_us']:8.2f} µs = "
-              f"{result['check_with_grad_norm_pct']:.3f} % of a step (target ≤ 1 %)")
-        print(f"  the gradient norm (no clipping) {result['grad_norm_us']:8.2f} µs = {result['grad_norm_pct']:.3f} % "
-              "of a step")
+        print(
+            f"  with the grad norm added {result['check_with_grad_norm_us']:8.2f} µs = "
+            f"{result['check_with_grad_norm_pct']:.3f} % of a step (target ≤ 1 %)"
+        )
+        print(
+            f"  the gradient norm (no clipping) {result['grad_norm_us']:8.2f} µs = {result['grad_norm_pct']:.3f} % "
+            "of a step"
+        )
     return 0
 
 

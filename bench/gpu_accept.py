@@ -42,8 +42,14 @@ RESULT = "gpu_accept.json"
 NO_CUDA = "no CUDA device"
 NO_DALI = "DALI not installed"
 # the tiny model of the CPU run (the same as bench/timm_step.py --tiny)
-TINY = ["model.depth=2", "model.width=64", "model.heads=2", "model.img_size=32", "model.patch_size=8",
-        "model.num_classes=10"]
+TINY = [
+    "model.depth=2",
+    "model.width=64",
+    "model.heads=2",
+    "model.img_size=32",
+    "model.patch_size=8",
+    "model.num_classes=10",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,22 +62,47 @@ class Step:
 
 # In the order they run; the budgets add up to 480 s (tests/bench/test_bench_scripts.py checks).
 STEPS = [
-    Step("versions", 20, False, "torch/CUDA/cuDNN/NCCL/triton/timm/DALI versions, GPU, driver; whether DALI's "
-                                "Pipeline takes exec_dynamic and DCP save/async_save/load take no_dist"),
+    Step(
+        "versions",
+        20,
+        False,
+        "torch/CUDA/cuDNN/NCCL/triton/timm/DALI versions, GPU, driver; whether DALI's "
+        "Pipeline takes exec_dynamic and DCP save/async_save/load take no_dist",
+    ),
     Step("matmul", 15, True, "bf16 8192² matmul TFLOP/s (CUDA events) against the spec peak; PASS at ≥ 50 %"),
-    Step("attention", 20, True, "SDPA fwd+bwd at ViT-B/16's shape (256×12×197×64 bf16): flash, efficient, cuDNN, "
-                                "math, and the kernel auto picks; flash must refuse fp32"),
-    Step("bench_eager", 35, False, "hpctrain bench ViT-B/16 bf16 batch 256 eager: images/s, MFU, memory, "
-                                   "syncs/step (must be 0)"),
+    Step(
+        "attention",
+        20,
+        True,
+        "SDPA fwd+bwd at ViT-B/16's shape (256×12×197×64 bf16): flash, efficient, cuDNN, "
+        "math, and the kernel auto picks; flash must refuse fp32",
+    ),
+    Step(
+        "bench_eager",
+        35,
+        False,
+        "hpctrain bench ViT-B/16 bf16 batch 256 eager: images/s, MFU, memory, syncs/step (must be 0)",
+    ),
     Step("bench_compiled", 130, True, "the same, torch.compile'd: images/s, MFU, memory, syncs/step, compile s"),
     Step("bench_b32", 25, False, "hpctrain bench ViT-B/16 bf16 batch 32 eager (launch-bound)"),
     Step("timm", 90, False, "timm vit_base_patch16_224 at the same shape with its best flags; hpctrain/timm"),
-    Step("fp16", 35, True, "fp16 + GradScaler with fused AdamW, AdamWLowMu, Lamb: skipped steps, syncs, "
-                           "CUDA vs CPU update on the same inputs"),
-    Step("nccl", 30, True, "one-rank NCCL group: DDP with fp32/bf16 comm hooks, FSDP2 sharded sync/async "
-                           "save and reload"),
-    Step("train", 60, True, "hpctrain train digits on CUDA: EMA, erasing, async sharded checkpoints, halt + "
-                            "resume vs two straight runs, profiler window, memory snapshot, NVML, kernel line"),
+    Step(
+        "fp16",
+        35,
+        True,
+        "fp16 + GradScaler with fused AdamW, AdamWLowMu, Lamb: skipped steps, syncs, "
+        "CUDA vs CPU update on the same inputs",
+    ),
+    Step(
+        "nccl", 30, True, "one-rank NCCL group: DDP with fp32/bf16 comm hooks, FSDP2 sharded sync/async save and reload"
+    ),
+    Step(
+        "train",
+        60,
+        True,
+        "hpctrain train digits on CUDA: EMA, erasing, async sharded checkpoints, halt + "
+        "resume vs two straight runs, profiler window, memory snapshot, NVML, kernel line",
+    ),
     Step("dali", 20, True, "the DALI GPU loader: one epoch of digits, batches on the GPU"),
 ]
 BY_NAME = {s.name: s for s in STEPS}
@@ -79,9 +110,12 @@ BY_NAME = {s.name: s for s in STEPS}
 
 # =========================================================================== driver (no torch here)
 
+
 def dry_run(scale: float) -> str:
-    lines = [f"bench/gpu_accept.py: {len(STEPS)} steps, each in its own process under its budget",
-             f"{'#':>2}  {'step':<15}{'budget':>7}  {'needs':<5}  what"]
+    lines = [
+        f"bench/gpu_accept.py: {len(STEPS)} steps, each in its own process under its budget",
+        f"{'#':>2}  {'step':<15}{'budget':>7}  {'needs':<5}  what",
+    ]
     for i, s in enumerate(STEPS, 1):
         needs = "CUDA" if s.cuda_only else "any"
         lines.append(f"{i:>2}  {s.name:<15}{s.budget_s * scale:>6.0f}s  {needs:<5}  {s.what}")
@@ -97,8 +131,17 @@ def run_step(step: Step, a: argparse.Namespace, tiny: bool) -> dict:
     res_file = a.out / "steps" / f"{step.name}.json"
     res_file.parent.mkdir(parents=True, exist_ok=True)
     res_file.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", step.name, "--out", str(a.out),
-           "--result", str(res_file), *(["--tiny"] if tiny else [])]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--step",
+        step.name,
+        "--out",
+        str(a.out),
+        "--result",
+        str(res_file),
+        *(["--tiny"] if tiny else []),
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
     if tiny:
         env.setdefault("OMP_NUM_THREADS", "1")  # tiny sizes: a check that everything runs, not a measurement
@@ -144,9 +187,16 @@ def probe_cuda() -> tuple[bool, bool]:
 
 def table(rows: list[dict], title: str) -> str:
     heads = ["#", "step", "status", "s / budget", "figures or reason"]
-    cells = [[str(i), r["step"], r["status"], f"{r.get('wall_s', 0):.0f} / {r['budget_s']:.0f}",
-              r.get("summary") if r["status"] == "PASS" else (r.get("reason") or r.get("summary") or "")]
-             for i, r in enumerate(rows, 1)]
+    cells = [
+        [
+            str(i),
+            r["step"],
+            r["status"],
+            f"{r.get('wall_s', 0):.0f} / {r['budget_s']:.0f}",
+            r.get("summary") if r["status"] == "PASS" else (r.get("reason") or r.get("summary") or ""),
+        ]
+        for i, r in enumerate(rows, 1)
+    ]
     w = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     lines = [title, "  ".join(h.ljust(w[i]) for i, h in enumerate(heads)).rstrip(), "  ".join("-" * x for x in w)]
     lines += ["  ".join(c[i].ljust(w[i]) for i in range(len(heads))).rstrip() for c in cells]
@@ -155,8 +205,12 @@ def table(rows: list[dict], title: str) -> str:
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -172,8 +226,14 @@ def drive(a: argparse.Namespace) -> int:
             cuda, dali = probe_cuda()
         why = skip_reason(step, bool(cuda), bool(dali)) if cuda is not None else None
         if why:
-            row = {"step": step.name, "budget_s": step.budget_s * a.budget_scale, "wall_s": 0.0, "status": "SKIP",
-                   "reason": why, "figures": {}}
+            row = {
+                "step": step.name,
+                "budget_s": step.budget_s * a.budget_scale,
+                "wall_s": 0.0,
+                "status": "SKIP",
+                "reason": why,
+                "figures": {},
+            }
         else:
             row = run_step(step, a, tiny=not cuda if cuda is not None else False)
         if step.name == "versions" and row["status"] == "PASS":
@@ -182,16 +242,29 @@ def drive(a: argparse.Namespace) -> int:
         rows.append(row)
     by = {r["step"]: r for r in rows}
     ratio_to_timm(by)
-    results = [r["figures"]["record"] | {"case": r["figures"]["case"]} for r in rows
-               if r["status"] == "PASS" and "record" in r["figures"]]
+    results = [
+        r["figures"]["record"] | {"case": r["figures"]["case"]}
+        for r in rows
+        if r["status"] == "PASS" and "record" in r["figures"]
+    ]
     versions = by.get("versions", {}).get("figures", {})
-    doc = {"script": "bench/gpu_accept.py", "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-               "%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(), "git_commit": git_commit(), "cuda": bool(cuda),
-           "gpu": versions.get("gpu_name"), "budget_s": sum(s.budget_s for s in chosen) * a.budget_scale,
-           "wall_s": round(time.perf_counter() - start, 1), "steps": rows, "results": results}
+    doc = {
+        "script": "bench/gpu_accept.py",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": platform.node(),
+        "git_commit": git_commit(),
+        "cuda": bool(cuda),
+        "gpu": versions.get("gpu_name"),
+        "budget_s": sum(s.budget_s for s in chosen) * a.budget_scale,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "steps": rows,
+        "results": results,
+    }
     (a.out / RESULT).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    title = (f"bench/gpu_accept.py — {doc['gpu'] or 'no CUDA device (tiny sizes)'}; {doc['wall_s']:.0f} s of "
-             f"{doc['budget_s']:.0f} s budget; {doc['date']}")
+    title = (
+        f"bench/gpu_accept.py — {doc['gpu'] or 'no CUDA device (tiny sizes)'}; {doc['wall_s']:.0f} s of "
+        f"{doc['budget_s']:.0f} s budget; {doc['date']}"
+    )
     text = table(rows, title)
     (a.out / "table.txt").write_text(text + "\n")
     print(f"\nwrote {a.out / RESULT}, table.txt and logs/\n\n{text}", flush=True)
@@ -214,6 +287,7 @@ def ratio_to_timm(by: dict) -> None:
 # =========================================================================== workers (one per step)
 # Workers import torch, and hpctrain (from src/, put on the path by `work`), inside their functions:
 # the driver and --dry-run run on any machine without torch.
+
 
 def passed(summary: str, **figures) -> dict:
     return {"status": "PASS", "summary": summary, "figures": figures}
@@ -243,35 +317,56 @@ def w_versions(tiny: bool, out: Path) -> dict:
     import torch  # heavy: workers only (the driver and --dry-run import no torch)
 
     cuda = torch.cuda.is_available()
-    f = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-         "nccl": None, "triton": version_of("triton"), "timm": version_of("timm"), "dali": version_of("nvidia.dali"),
-         "cuda_available": cuda, "gpu_count": torch.cuda.device_count() if cuda else 0,
-         "gpu_name": torch.cuda.get_device_name(0) if cuda else None, "driver": None,
-         "hpctrain": version_of("hpctrain")}
+    f = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None,
+        "triton": version_of("triton"),
+        "timm": version_of("timm"),
+        "dali": version_of("nvidia.dali"),
+        "cuda_available": cuda,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
+        "driver": None,
+        "hpctrain": version_of("hpctrain"),
+    }
     with contextlib.suppress(Exception):  # a CPU build has no NCCL
         v = torch.cuda.nccl.version()
         f["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     if shutil.which("nvidia-smi"):
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total,power.limit,clocks.max.sm",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,memory.total,power.limit,clocks.max.sm",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         first = r.stdout.strip().splitlines()[:1]
         if first:
-            f["driver"], f["memory_total"], f["power_limit"], f["max_sm_clock"] = \
-                [x.strip() for x in first[0].split(",")] + [None] * (4 - len(first[0].split(",")))
+            f["driver"], f["memory_total"], f["power_limit"], f["max_sm_clock"] = [
+                x.strip() for x in first[0].split(",")
+            ] + [None] * (4 - len(first[0].split(",")))
     import torch.distributed.checkpoint as dcp  # heavy (~2 s): this step only
 
-    f["dcp_no_dist"] = {fn: takes(getattr(dcp, fn), "no_dist") if hasattr(dcp, fn) else None
-                        for fn in ("save", "async_save", "load")}
+    f["dcp_no_dist"] = {
+        fn: takes(getattr(dcp, fn), "no_dist") if hasattr(dcp, fn) else None for fn in ("save", "async_save", "load")
+    }
     f["dali_exec_dynamic"] = None
     if f["dali"] is not None:
         from nvidia.dali import Pipeline  # DALI: optional, only when installed
 
         f["dali_exec_dynamic"] = takes(Pipeline.__init__, "exec_dynamic")
     nd = ", ".join(f"{k} {'yes' if v else 'no' if v is False else '-'}" for k, v in f["dcp_no_dist"].items())
-    summary = (f"torch {f['torch']}, CUDA {f['cuda']}, cuDNN {f['cudnn']}, NCCL {f['nccl']}, triton {f['triton']}, "
-               f"timm {f['timm']}, DALI {f['dali']}; {f['gpu_name'] or 'no GPU'} (driver {f['driver']}); "
-               f"no_dist: {nd}; exec_dynamic: {f['dali_exec_dynamic']}")
+    summary = (
+        f"torch {f['torch']}, CUDA {f['cuda']}, cuDNN {f['cudnn']}, NCCL {f['nccl']}, triton {f['triton']}, "
+        f"timm {f['timm']}, DALI {f['dali']}; {f['gpu_name'] or 'no GPU'} (driver {f['driver']}); "
+        f"no_dist: {nd}; exec_dynamic: {f['dali_exec_dynamic']}"
+    )
     return passed(summary, **f)
 
 
@@ -305,8 +400,16 @@ def w_matmul(tiny: bool, out: Path) -> dict:
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
     peak, source = flops.peak_tflops(name) if cuda else (None, "cpu")
     frac = tflops / peak if peak else None
-    f = {"n": n, "iters": iters, "ms_per_matmul": ms / iters, "tflops": tflops, "peak_tflops": peak,
-         "peak_source": source, "of_peak": frac, "achievable_table": flops.achievable_tflops(name)}
+    f = {
+        "n": n,
+        "iters": iters,
+        "ms_per_matmul": ms / iters,
+        "tflops": tflops,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "of_peak": frac,
+        "achievable_table": flops.achievable_tflops(name),
+    }
     summary = f"{tflops:.3g} TFLOP/s bf16 {n}²" + (f" = {100 * frac:.0f} % of {peak:g} spec" if frac else "")
     if frac is not None and frac < 0.5:
         return failed(f"{summary}: under half the spec peak (clocks, power cap, another process?)", summary, **f)
@@ -401,15 +504,28 @@ def bench_case(tiny: bool, batch: int, compiled: bool) -> dict:
     steps, warmup = (2, 1) if tiny else (30 if batch >= 128 else 50, 5)
     r = measure(load("bench_vit_b16", sets), steps=steps, warmup=warmup, config_name="bench_vit_b16")
     case = f"hpctrain-{'compiled' if compiled else 'eager'}-b{batch}"
-    f = {"case": case, "batch": batch, "compile": compiled, "images_per_s": r["images_per_s"], "mfu": r["mfu"],
-         "mfu_of_achievable": r["mfu_of_achievable"], "peak_mem_mb": r["peak_mem_mb"],
-         "host_syncs_per_step": r["host_syncs_per_step"], "compile_s": r["compile_s"],
-         "first_step_s": r["first_step_s"], "sdpa_backend": r["sdpa_backend"], "fused_adamw": r["fused_adamw"],
-         "loss": r["loss"], "record": r}
+    f = {
+        "case": case,
+        "batch": batch,
+        "compile": compiled,
+        "images_per_s": r["images_per_s"],
+        "mfu": r["mfu"],
+        "mfu_of_achievable": r["mfu_of_achievable"],
+        "peak_mem_mb": r["peak_mem_mb"],
+        "host_syncs_per_step": r["host_syncs_per_step"],
+        "compile_s": r["compile_s"],
+        "first_step_s": r["first_step_s"],
+        "sdpa_backend": r["sdpa_backend"],
+        "fused_adamw": r["fused_adamw"],
+        "loss": r["loss"],
+        "record": r,
+    }
     mfu = f", MFU {100 * r['mfu']:.1f} %" if r["mfu"] is not None else ""
     comp = f", compile {r['compile_s']:.0f} s" if r["compile_s"] is not None else ""
-    summary = (f"b{batch}: {r['images_per_s']:.0f} img/s{mfu}, {r['peak_mem_mb'] / 1024:.1f} GB, "
-               f"syncs/step {r['host_syncs_per_step']}{comp}, SDPA {r['sdpa_backend']}")
+    summary = (
+        f"b{batch}: {r['images_per_s']:.0f} img/s{mfu}, {r['peak_mem_mb'] / 1024:.1f} GB, "
+        f"syncs/step {r['host_syncs_per_step']}{comp}, SDPA {r['sdpa_backend']}"
+    )
     if r["host_syncs_per_step"]:
         return failed(f"{summary}: host syncs in the step (must be 0)", summary, **f)
     if r["loss"] is None or not math.isfinite(r["loss"]):
@@ -437,12 +553,21 @@ def w_timm(tiny: bool, out: Path) -> dict:
     spec.loader.exec_module(mod)
     batch = 8 if tiny else 256
     r = mod.measure(batch=batch, steps=2 if tiny else 30, warmup=1 if tiny else 5, compile=not tiny, tiny=tiny)
-    f = {"case": f"timm-{'compiled' if r['compile'] else 'eager'}-b{batch}", "compile": r["compile"],
-         "images_per_s": r["images_per_s"], "mfu": r["mfu"], "peak_mem_mb": r["peak_mem_mb"],
-         "compile_s": r["compile_s"], "sdpa_backend": r["sdpa_backend"], "timm": r["timm"], "record": r}
+    f = {
+        "case": f"timm-{'compiled' if r['compile'] else 'eager'}-b{batch}",
+        "compile": r["compile"],
+        "images_per_s": r["images_per_s"],
+        "mfu": r["mfu"],
+        "peak_mem_mb": r["peak_mem_mb"],
+        "compile_s": r["compile_s"],
+        "sdpa_backend": r["sdpa_backend"],
+        "timm": r["timm"],
+        "record": r,
+    }
     mfu = f", MFU {100 * r['mfu']:.1f} %" if r["mfu"] is not None else ""
-    return passed(f"timm {r['timm']} b{batch} {'compiled' if r['compile'] else 'eager'}: "
-                  f"{r['images_per_s']:.0f} img/s{mfu}", **f)
+    return passed(
+        f"timm {r['timm']} b{batch} {'compiled' if r['compile'] else 'eager'}: {r['images_per_s']:.0f} img/s{mfu}", **f
+    )
 
 
 def make_trainer(cfg, device):
@@ -482,13 +607,29 @@ def w_fp16(tiny: bool, out: Path) -> dict:
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     # small enough that three CPU steps per optimizer fit the budget (CPU fp16 matmuls are slow)
-    model = ["model.depth=4", "model.width=192", "model.heads=3", "model.img_size=32", "model.patch_size=4",
-             "model.num_classes=100"]
-    base = ["data.loader=synthetic", "data.batch_size=32", "data.synthetic_size=4096", "train.amp=fp16",
-            "train.compile=false", "optim.warmup_steps=0", "optim.lr=1e-3", *(TINY if tiny else model)]
-    optims = {"adamw_fused": ["optim.name=adamw", "optim.fused=always"],
-              "adamw_low_mu": ["optim.name=adamw", "optim.mu_dtype=bf16"],
-              "lamb": ["optim.name=lamb"]}
+    model = [
+        "model.depth=4",
+        "model.width=192",
+        "model.heads=3",
+        "model.img_size=32",
+        "model.patch_size=4",
+        "model.num_classes=100",
+    ]
+    base = [
+        "data.loader=synthetic",
+        "data.batch_size=32",
+        "data.synthetic_size=4096",
+        "train.amp=fp16",
+        "train.compile=false",
+        "optim.warmup_steps=0",
+        "optim.lr=1e-3",
+        *(TINY if tiny else model),
+    ]
+    optims = {
+        "adamw_fused": ["optim.name=adamw", "optim.fused=always"],
+        "adamw_low_mu": ["optim.name=adamw", "optim.mu_dtype=bf16"],
+        "lamb": ["optim.name=lamb"],
+    }
     n_steps = 3 if tiny else 20
     f: dict = {}
     for name, sets in optims.items():
@@ -503,18 +644,27 @@ def w_fp16(tiny: bool, out: Path) -> dict:
         loss = float(tr.train_step(batches))
         # the scale halves at every skipped step and grows only after 2000 clean ones
         skipped = round(math.log2(init / tr.scaler.get_scale()))
-        f[name] = {"skipped_steps": skipped, "of_steps": n_steps + 1 + int(cuda), "host_syncs_per_step": syncs,
-                   "loss": loss, "fused": bool(tr.optimizer.defaults.get("fused"))}
+        f[name] = {
+            "skipped_steps": skipped,
+            "of_steps": n_steps + 1 + int(cuda),
+            "host_syncs_per_step": syncs,
+            "loss": loss,
+            "fused": bool(tr.optimizer.defaults.get("fused")),
+        }
         try:
             f[name]["update_rel_diff_vs_cpu"] = update_vs_cpu(cfg, dev, batches)
         except Exception as e:  # noqa: BLE001 - e.g. no fp16 autocast on this torch's CPU: a figure, not a crash
             f[name]["update_rel_diff_vs_cpu"], f[name]["cpu_error"] = None, f"{type(e).__name__}: {e}"[:200]
     diff = {k: v["update_rel_diff_vs_cpu"] for k, v in f.items()}
-    summary = "; ".join(f"{k}: skipped {v['skipped_steps']}/{v['of_steps']}, syncs {v['host_syncs_per_step']}, "
-                        f"Δ vs CPU {'-' if diff[k] is None else f'{diff[k]:.1e}'}" for k, v in f.items())
+    summary = "; ".join(
+        f"{k}: skipped {v['skipped_steps']}/{v['of_steps']}, syncs {v['host_syncs_per_step']}, "
+        f"Δ vs CPU {'-' if diff[k] is None else f'{diff[k]:.1e}'}"
+        for k, v in f.items()
+    )
     problems = [f"{k}: loss {v['loss']}" for k, v in f.items() if not math.isfinite(v["loss"])]
-    problems += [f"{k}: update differs from the CPU's by {d:.2f} (> 0.1)" for k, d in diff.items()
-                 if d is not None and d > 0.1]
+    problems += [
+        f"{k}: update differs from the CPU's by {d:.2f} (> 0.1)" for k, d in diff.items() if d is not None and d > 0.1
+    ]
     return failed("; ".join(problems), summary, **f) if problems else passed(summary, **f)
 
 
@@ -532,8 +682,9 @@ def update_vs_cpu(cfg, dev, batches) -> float:
         for _ in range(3):
             t.train_step(bs)
             t.step += 1
-        deltas.append(torch.cat([(p.detach().float().cpu() - b).flatten()
-                                 for p, b in zip(t.model.parameters(), before)]))
+        deltas.append(
+            torch.cat([(p.detach().float().cpu() - b).flatten() for p, b in zip(t.model.parameters(), before)])
+        )
     return float((deltas[0] - deltas[1]).norm() / deltas[1].norm().clamp_min(1e-30))
 
 
@@ -561,8 +712,13 @@ def w_nccl(tiny: bool, out: Path) -> dict:
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(dev)
-    td.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                          world_size=1, timeout=datetime.timedelta(seconds=60))
+    td.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
     f: dict = {"backend": td.get_backend()}
     try:
         cfg = load("digits_vit", ["train.amp=bf16"])
@@ -629,8 +785,10 @@ def w_nccl(tiny: bool, out: Path) -> dict:
             sharded.load_into(path, m2, o2, None, groups)
             f.setdefault("load_s", []).append(time.perf_counter() - t)
             after.append((m2, o2))
-        f["reload_max_abs_diff"] = [max(float((full(p) - s).abs().max()) for p, s in zip(m2.parameters(), snap))
-                                    for (m2, _), snap in zip(after, snaps)]
+        f["reload_max_abs_diff"] = [
+            max(float((full(p) - s).abs().max()) for p, s in zip(m2.parameters(), snap))
+            for (m2, _), snap in zip(after, snaps)
+        ]
         # the step-2 checkpoint plus the step the original took: the optimizer state came back too
         train_step(*after[0])
         num = sum(float((full(p) - s).norm() ** 2) for p, s in zip(after[0][0].parameters(), snaps[1])) ** 0.5
@@ -638,10 +796,12 @@ def w_nccl(tiny: bool, out: Path) -> dict:
         f["resumed_step_rel_diff"] = num / max(den, 1e-30)
     finally:
         shutdown()
-    summary = (f"{f['backend']}: DDP grads Δ fp32 {f['ddp_fp32']['grad_rel_diff']:.1e}, bf16 "
-               f"{f['ddp_bf16']['grad_rel_diff']:.1e} (bytes ×{f['bf16_bytes_ratio']:.2f}); FSDP2 save "
-               f"{f['sync_save_s']:.2f} s, async {f['async_blocking_s']:.2f}/{f['async_total_s']:.2f} s, "
-               f"reload Δ {max(f['reload_max_abs_diff']):.1e}, resumed step Δ {f['resumed_step_rel_diff']:.1e}")
+    summary = (
+        f"{f['backend']}: DDP grads Δ fp32 {f['ddp_fp32']['grad_rel_diff']:.1e}, bf16 "
+        f"{f['ddp_bf16']['grad_rel_diff']:.1e} (bytes ×{f['bf16_bytes_ratio']:.2f}); FSDP2 save "
+        f"{f['sync_save_s']:.2f} s, async {f['async_blocking_s']:.2f}/{f['async_total_s']:.2f} s, "
+        f"reload Δ {max(f['reload_max_abs_diff']):.1e}, resumed step Δ {f['resumed_step_rel_diff']:.1e}"
+    )
     problems = []
     if f["ddp_fp32"]["grad_rel_diff"] > 1e-5:
         problems.append("DDP fp32 gradients differ from the model's own")
@@ -678,13 +838,28 @@ def w_train(tiny: bool, out: Path) -> dict:
     hp = [sys.executable, "-m", "hpctrain"]
     subprocess.run([*hp, "data", "digits", str(data)], check=True, env=env, capture_output=True, timeout=120)
     steps, halt = (6, 3) if tiny else (60, 30)
-    common = [f"data.root={data}", "data.prepare=none", f"run.dir={runs}", f"train.max_steps={steps}",
-              "train.log_every=2" if tiny else "train.log_every=10", "train.eval_every=0", "train.ema=0.99",
-              "data.reprob=0.25", "train.ckpt_async=true", f"train.ckpt_every={halt // 2 or 1}",
-              "train.tensorboard=false", f"train.amp={'bf16' if cuda else 'none'}"]
-    runs_sets = {"a": ["train.profile_steps=2-3" if tiny else "train.profile_steps=5-7",
-                       "train.memory_snapshot_steps=4-4" if tiny else "train.memory_snapshot_steps=8-9"],
-                 "b": [], "h": [f"train.halt_at={halt}"]}
+    common = [
+        f"data.root={data}",
+        "data.prepare=none",
+        f"run.dir={runs}",
+        f"train.max_steps={steps}",
+        "train.log_every=2" if tiny else "train.log_every=10",
+        "train.eval_every=0",
+        "train.ema=0.99",
+        "data.reprob=0.25",
+        "train.ckpt_async=true",
+        f"train.ckpt_every={halt // 2 or 1}",
+        "train.tensorboard=false",
+        f"train.amp={'bf16' if cuda else 'none'}",
+    ]
+    runs_sets = {
+        "a": [
+            "train.profile_steps=2-3" if tiny else "train.profile_steps=5-7",
+            "train.memory_snapshot_steps=4-4" if tiny else "train.memory_snapshot_steps=8-9",
+        ],
+        "b": [],
+        "h": [f"train.halt_at={halt}"],
+    }
 
     def cmd(name: str, sets: list[str]) -> list[str]:
         c = [*hp, "train", "--config", "digits_vit"]
@@ -693,8 +868,10 @@ def w_train(tiny: bool, out: Path) -> dict:
         return c
 
     t = time.perf_counter()
-    procs = {n: subprocess.Popen(cmd(n, s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for n, s in runs_sets.items()}  # three small runs share the GPU: the step's budget is short
+    procs = {
+        n: subprocess.Popen(cmd(n, s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for n, s in runs_sets.items()
+    }  # three small runs share the GPU: the step's budget is short
     outs = {n: p.communicate() for n, p in procs.items()}
     rcs = {n: p.returncode for n, p in procs.items()}
     resumed = subprocess.run(cmd("h", []), capture_output=True, text=True, env=env)
@@ -708,8 +885,13 @@ def w_train(tiny: bool, out: Path) -> dict:
     recs = {n: read_metrics(runs / n / "metrics.jsonl") for n in ("a", "b", "h")}
     final = {n: last_train(r) for n, r in recs.items()}
     loss = {n: final[n].get("loss") for n in final}
-    f: dict = {"steps": steps, "halt_at": halt, "wall_s": wall, "final_step": {n: final[n].get("step") for n in final},
-               "final_loss": loss}
+    f: dict = {
+        "steps": steps,
+        "halt_at": halt,
+        "wall_s": wall,
+        "final_step": {n: final[n].get("step") for n in final},
+        "final_loss": loss,
+    }
     problems = []
     if len({final[n].get("step") for n in final}) != 1 or final["a"].get("step") != steps:
         problems.append(f"runs ended at steps {f['final_step']}, not all at {steps}")
@@ -747,10 +929,15 @@ def w_train(tiny: bool, out: Path) -> dict:
         missing = {"util_pct", "mem_used_gb", "power_w", "sm_clock_mhz"} - set(f["nvml_fields"])
         if missing:
             problems.append(f"NVML fields missing from the train records: {sorted(missing)} (pynvml installed?)")
-    summary = (f"loss straight {loss['a']:.4f}/{loss['b']:.4f}, resumed {loss['h']:.4f} (gap {gap:.1e}, noise "
-               f"{noise:.1e}); kernel {f['kernel_line']}; trace {f['trace_bytes'] / 1e6:.1f} MB, snapshot "
-               f"{f['snapshot_bytes'] / 1e6:.1f} MB; NVML {','.join(f['nvml_fields']) or '-'}") \
-        if None not in (gap, noise) else f"losses {loss}"
+    summary = (
+        (
+            f"loss straight {loss['a']:.4f}/{loss['b']:.4f}, resumed {loss['h']:.4f} (gap {gap:.1e}, noise "
+            f"{noise:.1e}); kernel {f['kernel_line']}; trace {f['trace_bytes'] / 1e6:.1f} MB, snapshot "
+            f"{f['snapshot_bytes'] / 1e6:.1f} MB; NVML {','.join(f['nvml_fields']) or '-'}"
+        )
+        if None not in (gap, noise)
+        else f"losses {loss}"
+    )
     return failed("; ".join(problems), summary, **f) if problems else passed(summary, **f)
 
 
@@ -762,8 +949,12 @@ def w_dali(tiny: bool, out: Path) -> dict:
 
     data = out / "dali" / "digits"
     if not (data / "train").is_dir():
-        subprocess.run([sys.executable, "-m", "hpctrain", "data", "digits", str(data)], check=True,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "hpctrain", "data", "digits", str(data)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     cfg = load("digits_vit", [f"data.root={data}", "data.prepare=none", "data.loader=dali", "data.workers=2"])
@@ -776,18 +967,33 @@ def w_dali(tiny: bool, out: Path) -> dict:
     t = time.perf_counter()
     for images, labels in train:
         if first is None:
-            first = {"images": [str(images.device), str(images.dtype), list(images.shape)],
-                     "labels": [str(labels.device), str(labels.dtype)],
-                     "label_range": [int(labels.min()), int(labels.max())]}
+            first = {
+                "images": [str(images.device), str(images.dtype), list(images.shape)],
+                "labels": [str(labels.device), str(labels.dtype)],
+                "label_range": [int(labels.min()), int(labels.max())],
+            }
         n += images.shape[0]
         batches += 1
     if cuda:
         torch.cuda.synchronize()
     epoch_s = time.perf_counter() - t
-    f = {"build_s": build_s, "epoch_s": epoch_s, "batches": batches, "len": len(train), "images": n,
-         "images_per_s": n / epoch_s, "first_batch": first}
-    seen = (f"batch {'×'.join(map(str, first['images'][2]))} {first['images'][1]} on {first['images'][0]}, "
-            f"labels {first['labels'][1]}") if first else "no batch"
+    f = {
+        "build_s": build_s,
+        "epoch_s": epoch_s,
+        "batches": batches,
+        "len": len(train),
+        "images": n,
+        "images_per_s": n / epoch_s,
+        "first_batch": first,
+    }
+    seen = (
+        (
+            f"batch {'×'.join(map(str, first['images'][2]))} {first['images'][1]} on {first['images'][0]}, "
+            f"labels {first['labels'][1]}"
+        )
+        if first
+        else "no batch"
+    )
     summary = f"{n} images in {batches} batches, {n / epoch_s:.0f} img/s; {seen}"
     problems = []
     if batches != len(train):
@@ -799,9 +1005,19 @@ def w_dali(tiny: bool, out: Path) -> dict:
     return failed("; ".join(problems), summary, **f) if problems else passed(summary, **f)
 
 
-WORKERS = {"versions": w_versions, "matmul": w_matmul, "attention": w_attention, "bench_eager": w_bench_eager,
-           "bench_compiled": w_bench_compiled, "bench_b32": w_bench_b32, "timm": w_timm, "fp16": w_fp16,
-           "nccl": w_nccl, "train": w_train, "dali": w_dali}
+WORKERS = {
+    "versions": w_versions,
+    "matmul": w_matmul,
+    "attention": w_attention,
+    "bench_eager": w_bench_eager,
+    "bench_compiled": w_bench_compiled,
+    "bench_b32": w_bench_b32,
+    "timm": w_timm,
+    "fp16": w_fp16,
+    "nccl": w_nccl,
+    "train": w_train,
+    "dali": w_dali,
+}
 
 
 def work(a: argparse.Namespace) -> int:
@@ -821,10 +1037,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="where gpu_accept.json, table.txt and logs/ go")
     ap.add_argument("--dry-run", action="store_true", help="list the steps and budgets; run nothing")
-    ap.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=None,
-                    help="comma-separated step names (default: all)")
-    ap.add_argument("--budget-scale", type=float, default=1.0,
-                    help="multiply every budget (a slow or shared machine); default 1")
+    ap.add_argument(
+        "--only",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        default=None,
+        help="comma-separated step names (default: all)",
+    )
+    ap.add_argument(
+        "--budget-scale", type=float, default=1.0, help="multiply every budget (a slow or shared machine); default 1"
+    )
     ap.add_argument("--step", choices=list(WORKERS), help=argparse.SUPPRESS)  # a worker: one step
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)

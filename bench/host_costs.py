@@ -47,8 +47,11 @@ def paired(before, after, reps: int, inner: int) -> dict:
             for _ in range(inner):
                 side()
             out.append((time.perf_counter() - t0) / inner * 1e3)
-    return {"before_ms": statistics.median(tb), "after_ms": statistics.median(ta),
-            "ratio": statistics.median(a / b for a, b in zip(ta, tb))}
+    return {
+        "before_ms": statistics.median(tb),
+        "after_ms": statistics.median(ta),
+        "ratio": statistics.median(a / b for a, b in zip(ta, tb)),
+    }
 
 
 def main() -> int:
@@ -104,8 +107,16 @@ def main() -> int:
 
     def erase_after():
         i = next(it) % 500
-        keys = np.stack([np.ones(n, np.int64), np.zeros(n, np.int64), np.full(n, 3), idx[i * n:(i + 1) * n],
-                         np.zeros(n, np.int64)], axis=1)
+        keys = np.stack(
+            [
+                np.ones(n, np.int64),
+                np.zeros(n, np.int64),
+                np.full(n, 3),
+                idx[i * n : (i + 1) * n],
+                np.zeros(n, np.int64),
+            ],
+            axis=1,
+        )
         erasing.erase_boxes_batch(size, size, keys, prob, count)
 
     result["erase"] = {**paired(erase_before, erase_after, args.reps, 3), "batch": n}
@@ -122,21 +133,44 @@ def main() -> int:
         class TracedEachEpoch(DaliLoader):  # data/dali.py's DaliLoader._open before item 7(c)
             def _open(self, epoch: int):
                 reader, files, real = self._reader(epoch)
-                pipe = build_pipeline(True, "folder", reader, self.aug, batch_size=self.batch_size,
-                                      threads=self.threads, device=self.device,
-                                      seed=pipeline_seed(self.seed, epoch, self.rank, 1),
-                                      erase_source=self.erase_source(epoch))
+                pipe = build_pipeline(
+                    True,
+                    "folder",
+                    reader,
+                    self.aug,
+                    batch_size=self.batch_size,
+                    threads=self.threads,
+                    device=self.device,
+                    seed=pipeline_seed(self.seed, epoch, self.rank, 1),
+                    erase_source=self.erase_source(epoch),
+                )
                 ep = _Epoch(epoch, pipe, files, real)
                 ep.schedule(len(self))
                 return ep
 
         with tempfile.TemporaryDirectory() as tmp:
             make_jpegs(Path(tmp), 256)
-            aug = Augment(img_size=224, crop_pct=0.875, scale_min=0.08, hflip=0.5, mean=(0.5,) * 3,
-                          std=(0.5,) * 3, randaugment=parse_randaugment("rand-m9-mstd0.5-inc1"),
-                          reprob=0.25)  # DeiT's recipe
-            kw = dict(train=True, aug=aug, batch_size=32, rank=0, world=1, seed=0, threads=2,
-                      device=torch.device("cpu"), listing=list_split(Path(tmp), "train"))
+            aug = Augment(
+                img_size=224,
+                crop_pct=0.875,
+                scale_min=0.08,
+                hflip=0.5,
+                mean=(0.5,) * 3,
+                std=(0.5,) * 3,
+                randaugment=parse_randaugment("rand-m9-mstd0.5-inc1"),
+                reprob=0.25,
+            )  # DeiT's recipe
+            kw = dict(
+                train=True,
+                aug=aug,
+                batch_size=32,
+                rank=0,
+                world=1,
+                seed=0,
+                threads=2,
+                device=torch.device("cpu"),
+                listing=list_split(Path(tmp), "train"),
+            )
             before, after = TracedEachEpoch(**kw), DaliLoader(**kw)
             t0 = time.perf_counter()
             first = after._open(0)  # the loader's one trace
@@ -151,10 +185,17 @@ def main() -> int:
                     out.append((time.perf_counter() - t0) * 1e3)
                     ep.pipe.outputs()
                     del ep
-            result["dali_epoch"] = {"before_ms": statistics.median(tb), "after_ms": statistics.median(ta),
-                                    "ratio": statistics.median(a / b for a, b in zip(ta, tb)),
-                                    "after_trace_ms": trace_ms, "traces_after": after.traces, "per": "epoch",
-                                    "epochs": len(ta), "images": 256, "batch": 32}
+            result["dali_epoch"] = {
+                "before_ms": statistics.median(tb),
+                "after_ms": statistics.median(ta),
+                "ratio": statistics.median(a / b for a, b in zip(ta, tb)),
+                "after_trace_ms": trace_ms,
+                "traces_after": after.traces,
+                "per": "epoch",
+                "epochs": len(ta),
+                "images": 256,
+                "batch": 32,
+            }
             del before, after
 
             class LastBatchStart(TracedEachEpoch):  # and the next epoch's build started at the last batch
@@ -178,27 +219,40 @@ def main() -> int:
                             stalls[side].append(waits[0])
                             stalls[f"{side}_mid"] += waits[2:-1]
                     del it, loader
-            result["dali_stall"] = {"before_ms": statistics.median(stalls["before"]),
-                                    "after_ms": statistics.median(stalls["after"]),
-                                    "before_mid_ms": statistics.median(stalls["before_mid"]),
-                                    "after_mid_ms": statistics.median(stalls["after_mid"]),
-                                    "boundaries": len(stalls["after"]), "step_s": 0.25, "batch": 8}
+            result["dali_stall"] = {
+                "before_ms": statistics.median(stalls["before"]),
+                "after_ms": statistics.median(stalls["after"]),
+                "before_mid_ms": statistics.median(stalls["before_mid"]),
+                "after_mid_ms": statistics.median(stalls["after_mid"]),
+                "boundaries": len(stalls["after"]),
+                "step_s": 0.25,
+                "batch": 8,
+            }
     if args.json:
         print(json.dumps(result))
     else:
         print(f"host costs on the step path (median of {args.reps} interleaved reps; ratio after/before)")
-        for k, label, per in (("ema", "EMA update, ViT-S/16", "step"), ("ema_lists", "  its tensor lists", "step"),
-                              ("erase", f"erase boxes, batch {n}", "batch")):
+        for k, label, per in (
+            ("ema", "EMA update, ViT-S/16", "step"),
+            ("ema_lists", "  its tensor lists", "step"),
+            ("erase", f"erase boxes, batch {n}", "batch"),
+        ):
             r = result[k]
-            print(f"  {label:<26} before {r['before_ms']:8.3f} ms/{per}  after {r['after_ms']:8.3f} ms/{per}  "
-                  f"ratio {r['ratio']:.3f}")
+            print(
+                f"  {label:<26} before {r['before_ms']:8.3f} ms/{per}  after {r['after_ms']:8.3f} ms/{per}  "
+                f"ratio {r['ratio']:.3f}"
+            )
         if "dali_epoch" in result:
             r = result["dali_epoch"]
-            print(f"  {'DALI epoch boundary':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
-                  f"ms/epoch  ratio {r['ratio']:.3f}  (after: one trace of {r['after_trace_ms']:.0f} ms per run)")
+            print(
+                f"  {'DALI epoch boundary':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
+                f"ms/epoch  ratio {r['ratio']:.3f}  (after: one trace of {r['after_trace_ms']:.0f} ms per run)"
+            )
             r = result["dali_stall"]
-            print(f"  {'  its wait in the loop':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
-                  f"ms/epoch  (other batches: {r['before_mid_ms']:.1f} / {r['after_mid_ms']:.1f} ms)")
+            print(
+                f"  {'  its wait in the loop':<26} before {r['before_ms']:8.1f} ms/epoch  after {r['after_ms']:8.1f} "
+                f"ms/epoch  (other batches: {r['before_mid_ms']:.1f} / {r['after_mid_ms']:.1f} ms)"
+            )
     return 0
 
 

@@ -39,7 +39,7 @@ def make_jpegs(out: Path, n: int, classes: int = 8, seed: int = 0) -> None:
         ch, cw = int(h * rng.uniform(0.6, 1.0)), int(w * rng.uniform(0.6, 1.0))
         y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
         size = (500, 375) if i % 4 else (375, 500)  # a quarter portrait
-        img = Image.fromarray(p[y:y + ch, x:x + cw]).convert("RGB").resize(size, Image.BICUBIC)
+        img = Image.fromarray(p[y : y + ch, x : x + cw]).convert("RGB").resize(size, Image.BICUBIC)
         d = out / "train" / f"class{i % classes:02d}"
         d.mkdir(parents=True, exist_ok=True)
         img.save(d / f"img{i:05d}.jpg", quality=90)
@@ -64,8 +64,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (DALI mixed decoding)")
     ap.add_argument("--data", help="reuse/keep the JPEG set here (default: a temp folder)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for hpctrain's loaders, e.g. data.crop=tf_inception")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for hpctrain's loaders, e.g. data.crop=tf_inception",
+    )
     args = ap.parse_args()
 
     import torch
@@ -92,10 +97,20 @@ def main() -> int:
     device = torch.device(args.device)
     gpu = device.type == "cuda"
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    cfg = load(None, [f"data.root={root}", "data.loader=dali", f"data.batch_size={args.batch}",
-                      f"data.workers={args.threads}", f"model.img_size={args.size}",
-                      f"model.num_classes={len(listing.classes)}", "data.hflip=0.5", "data.scale_min=0.08",
-                      *args.set])
+    cfg = load(
+        None,
+        [
+            f"data.root={root}",
+            "data.loader=dali",
+            f"data.batch_size={args.batch}",
+            f"data.workers={args.threads}",
+            f"model.img_size={args.size}",
+            f"model.num_classes={len(listing.classes)}",
+            "data.hflip=0.5",
+            "data.scale_min=0.08",
+            *args.set,
+        ],
+    )
     ours, _ = build_loaders(cfg, 0, 1, device)
     epoch = {"ours": 0, "pil": 0}
 
@@ -104,31 +119,58 @@ def main() -> int:
         ours.set_epoch(epoch["ours"])
         return iter(ours)
 
-    @pipeline_def(batch_size=args.batch, num_threads=args.threads, seed=1,
-                  device_id=(device.index or 0) if gpu else None)
+    @pipeline_def(
+        batch_size=args.batch, num_threads=args.threads, seed=1, device_id=(device.index or 0) if gpu else None
+    )
     def bare():
-        jpegs, labels = fn.readers.file(file_root=str(listing.root), random_shuffle=True, name="Reader",
-                                        pad_last_batch=True)
-        imgs = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                                             random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        jpegs, labels = fn.readers.file(
+            file_root=str(listing.root), random_shuffle=True, name="Reader", pad_last_batch=True
+        )
+        imgs = fn.decoders.image_random_crop(
+            jpegs,
+            device="mixed" if gpu else "cpu",
+            output_type=types.RGB,
+            random_area=[0.08, 1.0],
+            random_aspect_ratio=[3 / 4, 4 / 3],
+        )
         imgs = fn.resize(imgs, size=[args.size, args.size])
-        imgs = fn.crop_mirror_normalize(imgs, dtype=types.FLOAT, output_layout="CHW",
-                                        mirror=fn.random.coin_flip(), mean=[255 * m for m in mean],
-                                        std=[255 * s for s in std])
+        imgs = fn.crop_mirror_normalize(
+            imgs,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mirror=fn.random.coin_flip(),
+            mean=[255 * m for m in mean],
+            std=[255 * s for s in std],
+        )
         return imgs, labels
 
     bare_pipe = bare()
     bare_pipe.build()
-    bare_it = DALIGenericIterator([bare_pipe], ["x", "y"], reader_name="Reader",
-                                  last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+    bare_it = DALIGenericIterator(
+        [bare_pipe], ["x", "y"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
 
     def bare_dali():  # one epoch of the DALI iterator (it resets itself at the end)
         return ((b[0]["x"], b[0]["y"]) for b in bare_it)
 
-    pil = TorchLoader(listing, train=True, batch_size=args.batch, rank=0, world=1, seed=0,
-                      workers=args.threads, device=device, img_size=args.size, crop_pct=0.875,
-                      scale_min=cfg.data.scale_min, hflip=0.5, mean=mean, std=std, crop=cfg.data.crop,
-                      antialias=cfg.data.antialias)
+    pil = TorchLoader(
+        listing,
+        train=True,
+        batch_size=args.batch,
+        rank=0,
+        world=1,
+        seed=0,
+        workers=args.threads,
+        device=device,
+        img_size=args.size,
+        crop_pct=0.875,
+        scale_min=cfg.data.scale_min,
+        hflip=0.5,
+        mean=mean,
+        std=std,
+        crop=cfg.data.crop,
+        antialias=cfg.data.antialias,
+    )
 
     def pil_loader():
         epoch["pil"] += 1
@@ -148,20 +190,25 @@ def main() -> int:
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in res.items()), flush=True)
     med = {k: statistics.median(v) for k, v in res.items()}
     load1 = os.getloadavg()[0]
-    print(f"\n{len(listing)} JPEGs ~500×375 q90 → {args.size}² float NCHW, batch {args.batch}, "
-          f"{args.threads} DALI threads / PIL workers, device {device}, median of {args.rounds} rounds")
-    print(f"  (load average {load1:.1f} on {os.cpu_count()} CPUs: other processes share them when it "
-          "exceeds the thread count)")
+    print(
+        f"\n{len(listing)} JPEGs ~500×375 q90 → {args.size}² float NCHW, batch {args.batch}, "
+        f"{args.threads} DALI threads / PIL workers, device {device}, median of {args.rounds} rounds"
+    )
+    print(
+        f"  (load average {load1:.1f} on {os.cpu_count()} CPUs: other processes share them when it "
+        "exceeds the thread count)"
+    )
     for k, v in med.items():
-        extra = (f"   {statistics.median(cpu[k]):.2f} CPU ms/image in this process" if "DALI" in k
-                 else "   (decodes in worker processes)")
+        extra = (
+            f"   {statistics.median(cpu[k]):.2f} CPU ms/image in this process"
+            if "DALI" in k
+            else "   (decodes in worker processes)"
+        )
         print(f"  {k:15s} {v:8.0f} images/s{extra}")
     r_pil = med["hpctrain DALI"] / med["PIL DataLoader"]
     r_bare = med["hpctrain DALI"] / med["bare DALI"]
-    print(f"  hpctrain DALI / PIL DataLoader = {r_pil:.2f}×  (target ≥ 1.5×)  "
-          f"{'OK' if r_pil >= 1.5 else 'MISSED'}")
-    print(f"  hpctrain DALI / bare DALI      = {r_bare:.2f}×  (target ≥ 0.90×) "
-          f"{'OK' if r_bare >= 0.9 else 'MISSED'}")
+    print(f"  hpctrain DALI / PIL DataLoader = {r_pil:.2f}×  (target ≥ 1.5×)  {'OK' if r_pil >= 1.5 else 'MISSED'}")
+    print(f"  hpctrain DALI / bare DALI      = {r_bare:.2f}×  (target ≥ 0.90×) {'OK' if r_bare >= 0.9 else 'MISSED'}")
     if tmp:
         tmp.cleanup()
     return 0

@@ -30,8 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "digits_vit.yaml"),
-                    help="model and batch (default: the digits demo's tiny ViT, batch 64)")
+    ap.add_argument(
+        "--config",
+        default=str(ROOT / "configs" / "digits_vit.yaml"),
+        help="model and batch (default: the digits demo's tiny ViT, batch 64)",
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions per side (default 30)")
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps per repetition (default 5)")
@@ -52,21 +55,42 @@ def main() -> int:
     from hpctrain.train.loop import Trainer
 
     torch.set_num_threads(args.threads)
-    sets = ["data.loader=synthetic", "train.amp=none", "train.compile=false", "train.ema=0",
-            "train.mixup=0", "train.cutmix=0", f"train.log_every={args.steps}", "train.threads=0",
-            *args.overrides]
+    sets = [
+        "data.loader=synthetic",
+        "train.amp=none",
+        "train.compile=false",
+        "train.ema=0",
+        "train.mixup=0",
+        "train.cutmix=0",
+        f"train.log_every={args.steps}",
+        "train.threads=0",
+        *args.overrides,
+    ]
     cfg = load(args.config, sets)
     device = torch.device("cpu")
     batch = cfg.data.batch_size
-    loader = SyntheticLoader(train=True, batch_size=batch, world=1, rank=0,
-                             size=batch * args.steps * (args.reps + 2), img_size=cfg.model.img_size,
-                             num_classes=cfg.model.num_classes, seed=0, device=device)
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=batch,
+        world=1,
+        rank=0,
+        size=batch * args.steps * (args.reps + 2),
+        img_size=cfg.model.img_size,
+        num_classes=cfg.model.num_classes,
+        seed=0,
+        device=device,
+    )
     torch.manual_seed(0)
     model = build_vit(cfg.model)
     bare_model = copy.deepcopy(model)
     trainer = Trainer(cfg, DistInfo(), device, None, loader, None, model)
-    opt = torch.optim.AdamW(bare_model.parameters(), lr=cfg.peak_lr, betas=tuple(cfg.optim.betas),
-                            eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(
+        bare_model.parameters(),
+        lr=cfg.peak_lr,
+        betas=tuple(cfg.optim.betas),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+    )
     x, y = loader.images, loader.labels
     smoothing = cfg.train.label_smoothing
 
@@ -98,16 +122,27 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     pair = statistics.median(h / b for h, b in zip(times["hpctrain"], times["bare"]))
     best = min(times["hpctrain"]) / min(times["bare"])
-    result = {"model": f"depth {cfg.model.depth} width {cfg.model.width} img {cfg.model.img_size} "
-                       f"patch {cfg.model.patch_size}", "batch": batch, "threads": args.threads,
-              "reps": args.reps, "steps_per_rep": args.steps, "bare_ms": 1000 * med["bare"],
-              "hpctrain_ms": 1000 * med["hpctrain"], "ratio": med["hpctrain"] / med["bare"],
-              "ratio_paired_median": pair, "ratio_of_minima": best, "torch": torch.__version__}
+    result = {
+        "model": f"depth {cfg.model.depth} width {cfg.model.width} img {cfg.model.img_size} "
+        f"patch {cfg.model.patch_size}",
+        "batch": batch,
+        "threads": args.threads,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "bare_ms": 1000 * med["bare"],
+        "hpctrain_ms": 1000 * med["hpctrain"],
+        "ratio": med["hpctrain"] / med["bare"],
+        "ratio_paired_median": pair,
+        "ratio_of_minima": best,
+        "torch": torch.__version__,
+    }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"loop overhead ({result['model']}, batch {batch}, {args.threads} thread(s), "
-              f"{args.reps} interleaved reps × {args.steps} steps)")
+        print(
+            f"loop overhead ({result['model']}, batch {batch}, {args.threads} thread(s), "
+            f"{args.reps} interleaved reps × {args.steps} steps)"
+        )
         print(f"  bare PyTorch loop   {result['bare_ms']:8.2f} ms/step (median)")
         print(f"  hpctrain Trainer    {result['hpctrain_ms']:8.2f} ms/step (median)")
         print(f"  ratio of medians    {result['ratio']:8.3f}")

@@ -31,8 +31,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15, help="timed repetitions per optimizer (default 15)")
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps per repetition (default 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: on a GPU the time is the host's "
-                    "to issue the step, synchronised once per repetition")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda: on a GPU the time is the host's "
+        "to issue the step, synchronised once per repetition",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
 
@@ -53,9 +57,11 @@ def main() -> int:
         p.grad = torch.randn_like(p) * 1e-2
     hp = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
     groups = param_groups(model, 0.05)
-    opts = {"torch_adamw": torch.optim.AdamW(groups, **hp, foreach=True),
-            "adamw_low_mu": AdamWLowMu(param_groups(model, 0.05), **hp, mu_dtype=torch.bfloat16),
-            "lamb": Lamb(param_groups(model, 0.05), **hp, always_adapt=True)}
+    opts = {
+        "torch_adamw": torch.optim.AdamW(groups, **hp, foreach=True),
+        "adamw_low_mu": AdamWLowMu(param_groups(model, 0.05), **hp, mu_dtype=torch.bfloat16),
+        "lamb": Lamb(param_groups(model, 0.05), **hp, always_adapt=True),
+    }
 
     class Count(TorchDispatchMode):
         """Counts the ATen calls an optimizer step makes: a foreach call is one, whatever the tensor count."""
@@ -91,9 +97,16 @@ def main() -> int:
         order = list(opts.items())
         for name, opt in order if r % 2 == 0 else order[::-1]:
             times[name].append(timed(opt))
-    result = {"model": "vit_small patch 16 img 224", "tensors": sum(1 for _ in model.parameters()),
-              "values": sum(p.numel() for p in model.parameters()), "threads": args.threads, "device": str(device),
-              "reps": args.reps, "steps_per_rep": args.steps, "torch": torch.__version__}
+    result = {
+        "model": "vit_small patch 16 img 224",
+        "tensors": sum(1 for _ in model.parameters()),
+        "values": sum(p.numel() for p in model.parameters()),
+        "threads": args.threads,
+        "device": str(device),
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "torch": torch.__version__,
+    }
     for name, ts in times.items():
         result[f"{name}_ms"] = 1000 * statistics.median(ts)
         result[f"{name}_aten_calls"] = calls[name]
@@ -103,15 +116,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"optimizer step, host time ({result['model']}: {result['tensors']} tensors, "
-              f"{result['values'] / 1e6:.1f} M values on {device}; {args.threads} thread(s), "
-              f"{args.reps} interleaved reps × {args.steps} steps)")
-        print(f"  torch AdamW(foreach=True)  {result['torch_adamw_ms']:8.2f} ms/step   "
-              f"{calls['torch_adamw']:4d} ATen calls/step")
+        print(
+            f"optimizer step, host time ({result['model']}: {result['tensors']} tensors, "
+            f"{result['values'] / 1e6:.1f} M values on {device}; {args.threads} thread(s), "
+            f"{args.reps} interleaved reps × {args.steps} steps)"
+        )
+        print(
+            f"  torch AdamW(foreach=True)  {result['torch_adamw_ms']:8.2f} ms/step   "
+            f"{calls['torch_adamw']:4d} ATen calls/step"
+        )
         for name, label in (("adamw_low_mu", "AdamWLowMu (bf16 mu)"), ("lamb", "Lamb")):
-            print(f"  {label:<26} {result[f'{name}_ms']:8.2f} ms/step   {calls[name]:4d} ATen calls/step   "
-                  f"ratio {result[f'{name}_ratio']:.3f} (of minima {result[f'{name}_ratio_of_minima']:.3f}; "
-                  "target ≤ 1.2)")
+            print(
+                f"  {label:<26} {result[f'{name}_ms']:8.2f} ms/step   {calls[name]:4d} ATen calls/step   "
+                f"ratio {result[f'{name}_ratio']:.3f} (of minima {result[f'{name}_ratio_of_minima']:.3f}; "
+                "target ≤ 1.2)"
+            )
     return 0
 
 

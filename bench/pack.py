@@ -53,8 +53,12 @@ def main() -> int:
         make_jpegs(tmp / "set", args.images)
         paths = [str(p) for p in _files(tmp / "set" / "train")]
         mb = sum(os.path.getsize(p) for p in paths) / 1e6
-        times: dict[str, list[float]] = {"pack 1": [], f"pack {args.workers}": [], "decode 1": [],
-                                         f"decode {args.workers}": []}
+        times: dict[str, list[float]] = {
+            "pack 1": [],
+            f"pack {args.workers}": [],
+            "decode 1": [],
+            f"decode {args.workers}": [],
+        }
         for _ in range(args.rounds):
             for w in (1, args.workers):
                 out = tmp / f"p{w}"
@@ -66,12 +70,16 @@ def main() -> int:
         lines: list[str] = []
         stage(tmp / "p1", str(tmp / "local"), log=lines.append)
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{args.images} JPEGs ({mb:.1f} MB), shards of {args.shard_size}, {args.rounds} rounds, "
-              f"{os.cpu_count()} CPUs; packs identical: {same}")
+        print(
+            f"{args.images} JPEGs ({mb:.1f} MB), shards of {args.shard_size}, {args.rounds} rounds, "
+            f"{os.cpu_count()} CPUs; packs identical: {same}"
+        )
         for k, v in med.items():
             print(f"  {k:>10} process(es): {v:6.2f} s  ({args.images / v:7.0f} images/s)")
-        print(f"  pack speed-up {args.workers} vs 1: {med['pack 1'] / med[f'pack {args.workers}']:.2f}x; "
-              f"decode check: {med['decode 1'] / med[f'decode {args.workers}']:.2f}x")
+        print(
+            f"  pack speed-up {args.workers} vs 1: {med['pack 1'] / med[f'pack {args.workers}']:.2f}x; "
+            f"decode check: {med['decode 1'] / med[f'decode {args.workers}']:.2f}x"
+        )
         print(f"  {lines[-1]}")
         return 0 if same else 1
 

@@ -53,9 +53,12 @@ def main() -> int:
     model = build_vit(cfg.model)
     sides = {}
     for name, static in (("static", True), ("plain", False)):
-        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), static_graph=static,
-                                                        bucket_cap_mb=cfg.train.ddp_bucket_mb,
-                                                        gradient_as_bucket_view=cfg.train.ddp_bucket_view)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(model),
+            static_graph=static,
+            bucket_cap_mb=cfg.train.ddp_bucket_mb,
+            gradient_as_bucket_view=cfg.train.ddp_bucket_view,
+        )
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         sides[name] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))
 
@@ -78,15 +81,24 @@ def main() -> int:
             times[name].append(run(name, args.steps))
     med = {k: 1000 * statistics.median(v) for k, v in times.items()}
     pair = statistics.median(s / p for s, p in zip(times["static"], times["plain"]))
-    result = {"world": world, "per_rank_batch": b, "reps": args.reps, "steps_per_rep": args.steps,
-              "static_ms": med["static"], "plain_ms": med["plain"], "ratio_paired_median": pair,
-              "torch": torch.__version__}
+    result = {
+        "world": world,
+        "per_rank_batch": b,
+        "reps": args.reps,
+        "steps_per_rep": args.steps,
+        "static_ms": med["static"],
+        "plain_ms": med["plain"],
+        "ratio_paired_median": pair,
+        "torch": torch.__version__,
+    }
     if rank == 0:
         if args.json:
             print(json.dumps(result))
         else:
-            print(f"DDP static_graph on CPU/gloo: {world} ranks, batch {b} a rank, {args.reps} interleaved "
-                  f"reps × {args.steps} steps")
+            print(
+                f"DDP static_graph on CPU/gloo: {world} ranks, batch {b} a rank, {args.reps} interleaved "
+                f"reps × {args.steps} steps"
+            )
             print(f"  static_graph=True   {med['static']:8.2f} ms/step (median)")
             print(f"  static_graph=False  {med['plain']:8.2f} ms/step (median)")
             print(f"  paired median       {pair:8.3f}  (static / plain)")

@@ -32,17 +32,21 @@ def main() -> int:
 
     w, h, n = 500, 375, args.draws
     rng, rnd = np.random.default_rng(0), random.Random(0)
-    runs = {"TF transcription (test)": sizes([tf_reference_box(w, h, rnd) for _ in range(n)]),
-            "tf_inception, numpy (PIL loader)": sizes([tf_inception_box(w, h, rng, (0.05, 1)) for _ in range(n)]),
-            "tf_inception, DALI graph": dali_sizes((h, w, 3), n)[1],
-            "timm RandomResizedCrop": sizes([random_resized_crop_box(w, h, rng, (0.05, 1)) for _ in range(n)])}
+    runs = {
+        "TF transcription (test)": sizes([tf_reference_box(w, h, rnd) for _ in range(n)]),
+        "tf_inception, numpy (PIL loader)": sizes([tf_inception_box(w, h, rng, (0.05, 1)) for _ in range(n)]),
+        "tf_inception, DALI graph": dali_sizes((h, w, 3), n)[1],
+        "timm RandomResizedCrop": sizes([random_resized_crop_box(w, h, rng, (0.05, 1)) for _ in range(n)]),
+    }
     ref = reference_sizes(w, h)
     print(f"{w}×{h}, area 5-100 %, {n} draws each; KS against the transcription at 2000 draws")
     for name, s in runs.items():
         a = s.prod(1) / (w * h)
         ka, kr = ks_area_aspect(s[:2000], ref, w, h)
-        print(f"  {name:34s} mean area {a.mean():.3f}  share < 25 % {(a < 0.25).mean():.3f}  "
-              f"KS area {ka:.3f} aspect {kr:.3f}")
+        print(
+            f"  {name:34s} mean area {a.mean():.3f}  share < 25 % {(a < 0.25).mean():.3f}  "
+            f"KS area {ka:.3f} aspect {kr:.3f}"
+        )
     return 0
 
 

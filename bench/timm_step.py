@@ -16,8 +16,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(batch: int = 256, steps: int = 30, warmup: int = 5, compile: bool = True, tiny: bool = False,
-            peak_tflops: float | None = None) -> dict:
+def measure(
+    batch: int = 256,
+    steps: int = 30,
+    warmup: int = 5,
+    compile: bool = True,
+    tiny: bool = False,
+    peak_tflops: float | None = None,
+) -> dict:
     """One timm training step, timed; the record has the fields of `hpctrain bench --json` it shares."""
     import timm  # timm and torch: GPU machines only, and `--help` must answer without them
     import torch
@@ -55,20 +61,37 @@ def measure(batch: int = 256, steps: int = 30, warmup: int = 5, compile: bool = 
         return loss.detach()
 
     timing = time_steps(step, lambda: (x, y), steps, warmup, device)
-    macs = flops.vit_macs(dims["img_size"], dims["patch_size"], dims["depth"], dims["embed_dim"], 4.0,
-                          dims["num_classes"])
+    macs = flops.vit_macs(
+        dims["img_size"], dims["patch_size"], dims["depth"], dims["embed_dim"], 4.0, dims["num_classes"]
+    )
     train_flops = flops.VitFlops(macs).train_flops
     name, peak, source = device_peak(device, peak_tflops)
     elapsed = timing["elapsed_s"]
-    return {"impl": "timm", "timm": timm.__version__, "torch": torch.__version__, "device_name": name,
-            "global_batch": batch, "compile": compile, "amp": "bf16", "fused_adamw": cuda,
-            "sdpa_backend": backend, "steps": steps, "warmup_steps": warmup,
-            "elapsed_s": elapsed, "step_time_ms": 1000 * elapsed / steps,
-            **figures(batch * steps / elapsed, 1, train_flops, peak),
-            "fwd_gmacs_per_image": macs / 1e9, "peak_tflops": peak, "peak_source": source,
-            "peak_mem_mb": timing["peak_mem_mb"], "peak_mem_kind": timing["peak_mem_kind"],
-            "host_syncs_per_step": timing["host_syncs_per_step"], "first_step_s": timing["first_step_s"],
-            "compile_s": compile_seconds(timing["first_step_s"], elapsed / steps, compile), "loss": timing["loss"]}
+    return {
+        "impl": "timm",
+        "timm": timm.__version__,
+        "torch": torch.__version__,
+        "device_name": name,
+        "global_batch": batch,
+        "compile": compile,
+        "amp": "bf16",
+        "fused_adamw": cuda,
+        "sdpa_backend": backend,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "elapsed_s": elapsed,
+        "step_time_ms": 1000 * elapsed / steps,
+        **figures(batch * steps / elapsed, 1, train_flops, peak),
+        "fwd_gmacs_per_image": macs / 1e9,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "peak_mem_mb": timing["peak_mem_mb"],
+        "peak_mem_kind": timing["peak_mem_kind"],
+        "host_syncs_per_step": timing["host_syncs_per_step"],
+        "first_step_s": timing["first_step_s"],
+        "compile_s": compile_seconds(timing["first_step_s"], elapsed / steps, compile),
+        "loss": timing["loss"],
+    }
 
 
 def main() -> int:

@@ -27,8 +27,11 @@ DIRS_ONLY = {ROOT / "data"}
 
 
 def _ignored(name: str) -> bool:
-    return (name in IGNORED_DIRS or name.endswith(IGNORED_SUFFIXES)
-            or (name.startswith(CI_LOGS[0]) and name.endswith(CI_LOGS[1])))
+    return (
+        name in IGNORED_DIRS
+        or name.endswith(IGNORED_SUFFIXES)
+        or (name.startswith(CI_LOGS[0]) and name.endswith(CI_LOGS[1]))
+    )
 
 
 def snapshot(root: Path = ROOT) -> dict[str, tuple[int, int]]:
@@ -63,8 +66,9 @@ def changes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]
     """'added X', 'removed X', 'changed X' (under runs/ or data/) for each difference, sorted."""
     out = [f"added {p}" for p in after.keys() - before.keys()]
     out += [f"removed {p}" for p in before.keys() - after.keys()]
-    out += [f"changed {p}" for p in before.keys() & after.keys()
-            if before[p] != after[p] and p.startswith(WRITTEN_BY_RUNS)]
+    out += [
+        f"changed {p}" for p in before.keys() & after.keys() if before[p] != after[p] and p.startswith(WRITTEN_BY_RUNS)
+    ]
     return sorted(out)
 
 
@@ -83,9 +87,11 @@ def checkout_unchanged(request):
     diff = changes(before, snapshot())
     if diff:
         shown = "; ".join(diff[:8]) + (f"; … {len(diff) - 8} more" if len(diff) > 8 else "")
-        pytest.fail(f"{request.node.nodeid} wrote into the checkout {ROOT} (or a test running beside it in "
-                    f"another worker did): {shown}. Run commands in tmp_path, or pass run.dir/data.root",
-                    pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} wrote into the checkout {ROOT} (or a test running beside it in "
+            f"another worker did): {shown}. Run commands in tmp_path, or pass run.dir/data.root",
+            pytrace=False,
+        )
 
 
 def pytest_sessionstart(session):

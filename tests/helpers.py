@@ -17,8 +17,13 @@ DIGITS = ROOT / "configs" / "digits_vit.yaml"
 
 def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """Run this checkout's CLI in a subprocess (text output captured)."""
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
 
 
 # How long a test waits for progress (a step, a job state) before it calls the job stuck: generous,
@@ -63,8 +68,9 @@ def run_report(run_dir: Path, records: int = 8) -> str:
     """What a run was doing: its last metrics records and the tails of its rank logs."""
     run_dir = Path(run_dir)
     last = run_metrics(run_dir)[-records:] if (run_dir / "metrics.jsonl").exists() else []
-    return (f"run {run_dir}: last records {last}\n" +
-            tails(sorted((run_dir / "logs").glob("rank-*.log")) if (run_dir / "logs").is_dir() else []))
+    return f"run {run_dir}: last records {last}\n" + tails(
+        sorted((run_dir / "logs").glob("rank-*.log")) if (run_dir / "logs").is_dir() else []
+    )
 
 
 def dir_files(d: Path) -> dict[str, bytes]:
@@ -86,21 +92,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | None = None, check: bool = True,
-              rank_env: list[dict] | None = None) -> list[subprocess.CompletedProcess]:
+def run_ranks(
+    world: int,
+    argv: list[str],
+    timeout: float = 300,
+    env: dict | None = None,
+    check: bool = True,
+    rank_env: list[dict] | None = None,
+) -> list[subprocess.CompletedProcess]:
     """Run `python <argv>` as `world` ranks with torchrun-style variables; all must succeed (with `check`).
     `rank_env[r]`: more variables for rank r only (e.g. SLURMD_NODENAME: ranks on different "nodes")."""
     port = free_port()
     procs = []
     for rank in range(world):
-        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}),
-                 **(rank_env[rank] if rank_env else {}))
+        e = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            **(env or {}),
+            **(rank_env[rank] if rank_env else {}),
+        )
         if world == 1:
             for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
                 e.pop(k)
-        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *argv], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     results = []
     timeout = max(timeout, WAIT_S)  # a bound for a hang, not a timing: a loaded machine is slow
     deadline = time.monotonic() + timeout
@@ -111,8 +134,10 @@ def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | Non
             for q in procs:
                 q.kill()
             outs = [q.communicate()[0] for q in procs]
-            pytest.fail(f"ranks still running after {timeout} s (a hang):\n" +
-                        "\n".join(f"--- rank {i}\n{o[-2000:]}" for i, o in enumerate(outs)))
+            pytest.fail(
+                f"ranks still running after {timeout} s (a hang):\n"
+                + "\n".join(f"--- rank {i}\n{o[-2000:]}" for i, o in enumerate(outs))
+            )
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
     for r in results if check else ():
         assert r.returncode == 0, f"rank failed ({r.returncode}):\n{r.stdout[-4000:]}"
@@ -121,9 +146,16 @@ def run_ranks(world: int, argv: list[str], timeout: float = 300, env: dict | Non
 
 def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
     """`-m hpctrain train` on the digits config with a tiny, fast schedule."""
-    base = [f"data.root={root}", f"run.dir={run_dir}", f"run.name={name}", "train.threads=1",
-            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0",
-            "train.tensorboard=false"]  # importing it costs ~0.5 s CPU per run; its own tests turn it on
+    base = [
+        f"data.root={root}",
+        f"run.dir={run_dir}",
+        f"run.name={name}",
+        "train.threads=1",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.ckpt_every=0",
+        "train.tensorboard=false",
+    ]  # importing it costs ~0.5 s CPU per run; its own tests turn it on
     args = ["-m", "hpctrain", "train", "--config", str(DIGITS)]
     for s in (*base, *sets):
         args += ["--set", s]

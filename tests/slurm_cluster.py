@@ -56,8 +56,24 @@ GPU_TYPE, GPUS_PER_NODE = "tesla", 2
 # checkout and the host Python's prefix): what a daemon, a job's batch shell and its tasks touch.
 SYSROOT_BINDS = ("/proc", "/dev", "/sys", "/tmp")
 # Slurm's clients, run from the sysroot through bin/<name> wrappers.
-CLIENTS = ("sbatch", "srun", "salloc", "scontrol", "sacct", "sacctmgr", "scancel", "squeue", "sinfo",
-           "sstat", "sprio", "sshare", "sreport", "sattach", "sbcast", "sdiag")
+CLIENTS = (
+    "sbatch",
+    "srun",
+    "salloc",
+    "scontrol",
+    "sacct",
+    "sacctmgr",
+    "scancel",
+    "squeue",
+    "sinfo",
+    "sstat",
+    "sprio",
+    "sshare",
+    "sreport",
+    "sattach",
+    "sbcast",
+    "sdiag",
+)
 CHECKOUT = Path(__file__).resolve().parents[1]
 # Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
 # submitting environment is enough, no cluster change. A site that announces preemption with the
@@ -67,16 +83,22 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 # do; an salloc's command and steps do not); `SlurmCluster.reconfigured(**DEF_MEM_PER_CPU)` applies it.
 EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
 DEF_MEM_PER_CPU = {"DefMemPerCPU": "100"}
-PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "slurmdbd": "slurmdbd", "munged": "munge",
-            "mariadbd": "mariadb-server", "sbatch": "slurm-client", "unshare": "util-linux"}
+PACKAGES = {
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "slurmdbd": "slurmdbd",
+    "munged": "munge",
+    "mariadbd": "mariadb-server",
+    "sbatch": "slurm-client",
+    "unshare": "util-linux",
+}
 
 
 def missing() -> str | None:
     """Why this machine cannot run the cluster (None: it can)."""
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (slurmd, unshare --uts --mount)"
-    gone = sorted({pkg for exe, pkg in PACKAGES.items()
-                   if not (shutil.which(exe) or Path("/usr/sbin", exe).exists())})
+    gone = sorted({pkg for exe, pkg in PACKAGES.items() if not (shutil.which(exe) or Path("/usr/sbin", exe).exists())})
     if gone:
         return f"missing Debian packages: {' '.join(gone)} (apt-get install them, see .ci/run)"
     r = subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True, text=True)
@@ -85,8 +107,9 @@ def missing() -> str | None:
     return None
 
 
-def _wait(what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None,
-          log: Path | None = None) -> None:
+def _wait(
+    what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None, log: Path | None = None
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if check():
@@ -132,10 +155,18 @@ class SlurmCluster:
             self._start_munge(munge_sock)
             self._start_mariadb(ports["db"])
             self._write_conf(ports, munge_sock)
-            self._start("slurmdbd", self._cmd("/usr/sbin/slurmdbd", "-D"),
-                        lambda: _port_open(ports["dbd"]), r / "log" / "slurmdbd.log")
-            self._start("slurmctld", self._cmd("/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)),
-                        lambda: self._scontrol_ok("ping"), r / "log" / "slurmctld.log")
+            self._start(
+                "slurmdbd",
+                self._cmd("/usr/sbin/slurmdbd", "-D"),
+                lambda: _port_open(ports["dbd"]),
+                r / "log" / "slurmdbd.log",
+            )
+            self._start(
+                "slurmctld",
+                self._cmd("/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)),
+                lambda: self._scontrol_ok("ping"),
+                r / "log" / "slurmctld.log",
+            )
             self._write_hosts()
             for n in ALL_NODES:
                 self._start_slurmd(n)
@@ -147,22 +178,28 @@ class SlurmCluster:
 
     def _write_hosts(self) -> None:
         """The nodes' /etc/hosts (every name on loopback)."""
-        (self.root / "etc" / "hosts").write_text("127.0.0.1 localhost " + " ".join(ALL_NODES) +
-                                                 f" {socket.gethostname()}\n::1 localhost ip6-localhost\n")
+        (self.root / "etc" / "hosts").write_text(
+            "127.0.0.1 localhost " + " ".join(ALL_NODES) + f" {socket.gethostname()}\n::1 localhost ip6-localhost\n"
+        )
 
     def _start_slurmd(self, node: str) -> subprocess.Popen:
         hosts = self.root / "etc" / "hosts"
-        inner = (f"hostname {node} && mount --bind {hosts} /etc/hosts && "
-                 f"exec {' '.join(self._cmd('/usr/sbin/slurmd'))} -D -N {node} -f {self.conf}")
-        p = self._start(f"slurmd {node}", ["unshare", "--uts", "--mount", "sh", "-c", inner],
-                        lambda: True, self.root / "log" / f"slurmd-{node}.log")
+        inner = (
+            f"hostname {node} && mount --bind {hosts} /etc/hosts && "
+            f"exec {' '.join(self._cmd('/usr/sbin/slurmd'))} -D -N {node} -f {self.conf}"
+        )
+        p = self._start(
+            f"slurmd {node}",
+            ["unshare", "--uts", "--mount", "sh", "-c", inner],
+            lambda: True,
+            self.root / "log" / f"slurmd-{node}.log",
+        )
         self.slurmd[node] = p
         return p
 
     def _start(self, name: str, cmd: list[str], ready, log: Path) -> subprocess.Popen:
         with open(self.root / "log" / f"{name.replace(' ', '-')}.stdout", "wb") as out:
-            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                 start_new_session=True)
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.procs.append(p)
         _wait(name, ready, 30, p, log)
         if p.poll() is not None:
@@ -173,26 +210,51 @@ class SlurmCluster:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        cmd = [*self._cmd("/usr/sbin/munged"), "-F", "--force", f"--socket={sock}", f"--key-file={key}",
-               f"--pid-file={self.root / 'munge' / 'munged.pid'}",
-               f"--log-file={self.root / 'log' / 'munged.log'}",
-               f"--seed-file={self.root / 'munge' / 'seed'}"]
+        cmd = [
+            *self._cmd("/usr/sbin/munged"),
+            "-F",
+            "--force",
+            f"--socket={sock}",
+            f"--key-file={key}",
+            f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+            f"--log-file={self.root / 'log' / 'munged.log'}",
+            f"--seed-file={self.root / 'munge' / 'seed'}",
+        ]
         self._start("munged", cmd, sock.exists, self.root / "log" / "munged.log")
 
     def _start_mariadb(self, port: int) -> None:
         data = self.root / "db" / "data"
-        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
-                        "--auth-root-authentication-method=normal", "--skip-test-db",
-                        # its own temp directory: clusters started at once clashed on a temp table in /tmp
-                        f"--tmpdir={self.root / 'tmp'}"],
-                       check=True, capture_output=True, env=self.env)
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={data}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                # its own temp directory: clusters started at once clashed on a temp table in /tmp
+                f"--tmpdir={self.root / 'tmp'}",
+            ],
+            check=True,
+            capture_output=True,
+            env=self.env,
+        )
         sock = self.root / "db" / "mysqld.sock"
-        cmd = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
-               f"--socket={sock}", f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables",
-               f"--tmpdir={self.root / 'tmp'}",
-               f"--pid-file={self.root / 'db' / 'mysqld.pid'}",
-               f"--log-error={self.root / 'log' / 'mariadb.log'}",
-               "--innodb-buffer-pool-size=16M", "--skip-log-bin"]
+        cmd = [
+            "/usr/sbin/mariadbd",
+            "--no-defaults",
+            f"--datadir={data}",
+            "--user=root",
+            f"--socket={sock}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            "--skip-grant-tables",
+            f"--tmpdir={self.root / 'tmp'}",
+            f"--pid-file={self.root / 'db' / 'mysqld.pid'}",
+            f"--log-error={self.root / 'log' / 'mariadb.log'}",
+            "--innodb-buffer-pool-size=16M",
+            "--skip-log-bin",
+        ]
         self._start("mariadbd", cmd, lambda: _port_open(port), self.root / "log" / "mariadb.log")
 
     def _write_conf(self, ports: dict[str, int], munge_sock: Path) -> None:
@@ -201,19 +263,22 @@ class SlurmCluster:
         nodes_list = ",".join(NODES)
         preempt = f"PreemptMode=REQUEUE GraceTime={GRACE_TIME}"
         gres = {GPU_NODE: f" Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE}"}
-        nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
-                          f"RealMemory=4000{gres.get(n, '')} {self.node_options.get(n, '')} State=UNKNOWN"
-                          for n in ALL_NODES)
+        nodes = "\n".join(
+            f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
+            f"RealMemory=4000{gres.get(n, '')} {self.node_options.get(n, '')} State=UNKNOWN"
+            for n in ALL_NODES
+        )
         (r / "dev").mkdir(exist_ok=True)
         for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
             with contextlib.suppress(FileExistsError):
                 os.mknod(r / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
         (r / "etc" / "gres.conf").write_text(
-            f"AutoDetect=off\nNodeName={GPU_NODE} Name=gpu Type={GPU_TYPE} File={r}/dev/gpu[0-{GPUS_PER_NODE - 1}]\n")
+            f"AutoDetect=off\nNodeName={GPU_NODE} Name=gpu Type={GPU_TYPE} File={r}/dev/gpu[0-{GPUS_PER_NODE - 1}]\n"
+        )
         self.conf.write_text(f"""\
 ClusterName={self.cluster_name}
 SlurmctldHost={socket.gethostname()}(127.0.0.1)
-SlurmctldPort={ports['ctld']}
+SlurmctldPort={ports["ctld"]}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -244,7 +309,7 @@ JobAcctGatherType=jobacct_gather/none
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
-AccountingStoragePort={ports['dbd']}
+AccountingStoragePort={ports["dbd"]}
 AccountingStoragePass={munge_sock}
 {nodes}
 PreemptType=preempt/partition_prio
@@ -264,13 +329,13 @@ AuthType=auth/munge
 AuthInfo=socket={munge_sock}
 DbdHost=localhost
 DbdAddr=127.0.0.1
-DbdPort={ports['dbd']}
+DbdPort={ports["dbd"]}
 SlurmUser=root
 PidFile={r}/run/slurmdbd.pid
 LogFile={r}/log/slurmdbd.log
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort={ports['db']}
+StoragePort={ports["db"]}
 StorageUser=root
 StorageLoc=slurm_{self.cluster_name}
 """)
@@ -281,8 +346,9 @@ StorageLoc=slurm_{self.cluster_name}
         return r.returncode == 0
 
     def _nodes_idle(self) -> bool:
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
-                           env=self.env, timeout=20)
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env, timeout=20
+        )
         states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
         return all(states.get(n) == "idle" for n in ALL_NODES)
 
@@ -306,7 +372,9 @@ StorageLoc=slurm_{self.cluster_name}
         (r / "bin").mkdir(exist_ok=True)
         q = shlex.quote
         mounts = "\n".join(f"mount --rbind {q(b)} {q(str(root) + b)}" for b in binds)
-        _script(r / "bin" / "enter-ns", f"""\
+        _script(
+            r / "bin" / "enter-ns",
+            f"""\
 #!/bin/sh
 # The second half of bin/enter, in its private mount namespace: bind, chroot, cd back.
 set -e
@@ -315,15 +383,19 @@ cwd=$1; shift
 # make its mounts private
 mount --bind {q(str(root))} {q(str(root))}
 {mounts}
-mount --bind {q(str(r / 'etc' / 'hosts'))} {q(str(root / 'etc' / 'hosts'))}
+mount --bind {q(str(r / "etc" / "hosts"))} {q(str(root / "etc" / "hosts"))}
 exec chroot {q(str(root))} /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$cwd" "$@"
-""")
-        _script(r / "bin" / "enter", f"""\
+""",
+        )
+        _script(
+            r / "bin" / "enter",
+            f"""\
 #!/bin/sh
 # Run a command in the Slurm root {root} (already there: run it as it is).
 [ -f /etc/hpctrain-slurm24 ] && exec "$@"
-exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PWD" "$@"
-""")
+exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PWD" "$@"
+""",
+        )
         for c in CLIENTS:
             _script(r / "bin" / c, f'#!/bin/sh\nexec {q(str(r / "bin" / "enter"))} /usr/bin/{c} "$@"\n')
         self.env["PATH"] = f"{r / 'bin'}{os.pathsep}{self.env.get('PATH', os.defpath)}"
@@ -354,8 +426,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
     def run(self, *cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
         """A Slurm client command against this cluster."""
         env = self.environ(kw.pop("env", {}))
-        return subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=check,
-                              timeout=kw.pop("timeout", 60), **kw)
+        return subprocess.run(
+            list(cmd), capture_output=True, text=True, env=env, check=check, timeout=kw.pop("timeout", 60), **kw
+        )
 
     def state(self, job_id: str) -> str:
         """The job's state from sacct (first line: the allocation), '' when unknown yet. A `--no-kill`
@@ -375,8 +448,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
             if st.split()[0:1] and st.split()[0] in done:
                 return st
             time.sleep(1)
-        rows = self.run("sacct", "-n", "-P", "-D", "-j", str(job_id), "-o", "JobID,State,ExitCode,NodeList",
-                        check=False).stdout.strip()
+        rows = self.run(
+            "sacct", "-n", "-P", "-D", "-j", str(job_id), "-o", "JobID,State,ExitCode,NodeList", check=False
+        ).stdout.strip()
         raise TimeoutError(f"job {job_id} still {st or 'unknown'} after {timeout:.0f} s; sacct: {rows}")
 
     @contextlib.contextmanager
@@ -449,8 +523,12 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
         if old in self.procs:
             self.procs.remove(old)
         self._start_slurmd(node)
-        _wait(f"node {node} back in service", lambda: self.node_state(node).rstrip("*") in
-              ("idle", "mix", "alloc"), timeout, log=self.root / "log" / "slurmctld.log")
+        _wait(
+            f"node {node} back in service",
+            lambda: self.node_state(node).rstrip("*") in ("idle", "mix", "alloc"),
+            timeout,
+            log=self.root / "log" / "slurmctld.log",
+        )
 
     # -------------------------------------------------------------- stop
 
@@ -479,8 +557,9 @@ exec unshare --mount --propagation private {q(str(r / 'bin' / 'enter-ns'))} "$PW
 def slurm24_root(wait_s: float = 600) -> tuple[Path | None, str]:
     """The Slurm 24.11 root that `.ci/slurm24 --prepare` builds, once built; waits while another
     process builds it (its lock is held). (None, why) when it is not there."""
-    r = subprocess.run(["bash", str(CHECKOUT / ".ci" / "slurm24"), "--path"], capture_output=True, text=True,
-                       check=True)
+    r = subprocess.run(
+        ["bash", str(CHECKOUT / ".ci" / "slurm24"), "--path"], capture_output=True, text=True, check=True
+    )
     root = Path(r.stdout.strip())
     ready = root / "etc" / "hpctrain-slurm24"
     lock = Path(f"{root}.lock")
@@ -497,8 +576,10 @@ def slurm24_root(wait_s: float = 600) -> tuple[Path | None, str]:
                     time.sleep(1)
     if ready.exists():
         return root, ""
-    return None, (f"no Slurm 24.11 root at {root}: build it with `bash .ci/slurm24 --prepare` "
-                  "(debootstrap of Debian 13, ~2 min, ~300 MB)")
+    return None, (
+        f"no Slurm 24.11 root at {root}: build it with `bash .ci/slurm24 --prepare` "
+        "(debootstrap of Debian 13, ~2 min, ~300 MB)"
+    )
 
 
 def _script(path: Path, text: str) -> None:

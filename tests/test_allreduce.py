@@ -12,9 +12,7 @@ from tests.doctor.fake_sysfs import run_cli
 
 @pytest.mark.slow
 def test_allreduce_two_gloo_processes(capsys):
-    rc, out = run_cli(
-        capsys, "doctor", "--allreduce", "--procs", "2", "--sizes", "4K,64K,1M", "--iters", "3", "--json"
-    )
+    rc, out = run_cli(capsys, "doctor", "--allreduce", "--procs", "2", "--sizes", "4K,64K,1M", "--iters", "3", "--json")
     assert rc == 0
     rep = json.loads(out)
     rows = rep["allreduce"]

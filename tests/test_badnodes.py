@@ -14,12 +14,15 @@ from hpctrain import badnodes
 def test_reports_from_several_processes_are_whole_lines_read_back_in_order(tmp_path):
     f = tmp_path / "bad"
     env = {badnodes.ENV: str(f)}
-    code = ("import sys; from hpctrain import badnodes; "
-            "[badnodes.report(sys.argv[1], 'slow ' * 50) for _ in range(200)]")
+    code = "import sys; from hpctrain import badnodes; [badnodes.report(sys.argv[1], 'slow ' * 50) for _ in range(200)]"
     # PYTHONPATH: the checkout's package (conftest), not an installed one
-    procs = [subprocess.Popen([sys.executable, "-c", code, f"n{i}"],
-                              env={**env, "PATH": "/usr/bin", "PYTHONPATH": os.environ["PYTHONPATH"]})
-             for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, f"n{i}"],
+            env={**env, "PATH": "/usr/bin", "PYTHONPATH": os.environ["PYTHONPATH"]},
+        )
+        for i in range(4)
+    ]
     assert all(p.wait(60) == 0 for p in procs)
     lines = f.read_text().splitlines()
     assert len(lines) == 800 and all(line.split("\t")[1] == ("slow " * 50).strip() for line in lines)

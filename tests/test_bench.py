@@ -17,9 +17,26 @@ from tests.helpers import DIGITS
 
 @pytest.mark.slow
 def test_bench_json_has_every_field():
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "bench", "--config", str(DIGITS), "--steps", "3",
-                        "--warmup", "1", "--json", "--peak-tflops", "0.5"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "bench",
+            "--config",
+            str(DIGITS),
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            "--peak-tflops",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(out) == set(bench.FIELDS)
@@ -69,7 +86,11 @@ def test_time_steps_times_the_first_warmup_step_alone():
 
 
 def test_bench_bad_arguments_fail_clearly():
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "bench", "--config", str(DIGITS),
-                        "--peak-tflops", "-3"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "bench", "--config", str(DIGITS), "--peak-tflops", "-3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--peak-tflops must be a positive" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -28,7 +28,8 @@ def test_config_keys_change_only_with_the_version():
     if added or removed:
         assert __version__ != lock["version"], (
             f"config keys changed (added {added}, removed {removed}) under the same version {__version__}: "
-            "bump hpctrain.__version__, add its CHANGELOG.md section, then `python -m tests.test_changelog --write`")
+            "bump hpctrain.__version__, add its CHANGELOG.md section, then `python -m tests.test_changelog --write`"
+        )
 
 
 def test_changelog_has_a_section_for_this_version():

@@ -28,8 +28,13 @@ IMAGE_RECIPES = [r for r in RECIPES if "pytorch.version" in r.read_text()]  # th
 
 def show(recipe: Path) -> dict[str, str]:
     """`.ci/stack RECIPE --show`: the headline and the requirements, venv and key it would build."""
-    r = subprocess.run([sys.executable, str(STACK), str(recipe), "--show"], capture_output=True, text=True,
-                       timeout=60, env=dict(os.environ, HPCTRAIN_STACK_VENVS="/nonexistent/venvs"))
+    r = subprocess.run(
+        [sys.executable, str(STACK), str(recipe), "--show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, HPCTRAIN_STACK_VENVS="/nonexistent/venvs"),
+    )
     assert r.returncode == 0, r.stderr
     head, *rest = r.stdout.splitlines()
     return {"headline": head, **dict(line.split(": ", 1) for line in rest)}
@@ -38,17 +43,20 @@ def show(recipe: Path) -> dict[str, str]:
 def test_stack_comes_from_the_recipe_labels(tmp_path):
     ngc = ROOT / "recipes" / "ngc-pytorch-23.12.def"
     got = show(ngc)
-    assert got["headline"].startswith("stack ngc-pytorch-23.12: torch 2.2.2 (label 2.2.0a0+81ea7a4), DALI 1.32.0, "
-                                      "numpy<2, Python 3.11")
+    assert got["headline"].startswith(
+        "stack ngc-pytorch-23.12: torch 2.2.2 (label 2.2.0a0+81ea7a4), DALI 1.32.0, numpy<2, Python 3.11"
+    )
     reqs = got["requirements"].split()
     assert {"torch==2.2.2", "nvidia-dali-cuda120==1.32.0", "numpy>=1,<2"} <= set(reqs)
     assert got["venv"] == "/nonexistent/venvs/ngc-pytorch-23.12"
     # a copy with another DALI, torch and NumPy: other requirements, another key (the venv is rebuilt)
     copy = tmp_path / "ngc-pytorch-23.12.def"
     text = ngc.read_text()
-    copy.write_text(text.replace("dali.version 1.32.0", "dali.version 1.33.0")
-                    .replace("pytorch.version 2.2.0a0+81ea7a4", "pytorch.version 2.5.1")
-                    .replace("numpy.version 1.x", "numpy.version 2.1"))
+    copy.write_text(
+        text.replace("dali.version 1.32.0", "dali.version 1.33.0")
+        .replace("pytorch.version 2.2.0a0+81ea7a4", "pytorch.version 2.5.1")
+        .replace("numpy.version 1.x", "numpy.version 2.1")
+    )
     moved = show(copy)
     assert {"torch==2.5.1", "nvidia-dali-cuda120==1.33.0", "numpy>=2,<3"} <= set(moved["requirements"].split())
     assert moved["key"] != got["key"] and moved["venv"] == got["venv"]
@@ -79,16 +87,19 @@ def test_floors_are_the_oldest_stack_tested():
     torch_floor = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
     dali_floor = re.search(r'"nvidia-dali-cuda120>=(\d+)\.(\d+)"', pyproject)
     assert torch_floor and dali_floor
-    torches = [compat.version_tuple(re.search(r"pytorch\.version (\S+)", r.read_text()).group(1))
-               for r in IMAGE_RECIPES]
-    dalis = [dali_compat.version_tuple(re.search(r"dali\.version (\S+)", r.read_text()).group(1))
-             for r in IMAGE_RECIPES]
+    torches = [
+        compat.version_tuple(re.search(r"pytorch\.version (\S+)", r.read_text()).group(1)) for r in IMAGE_RECIPES
+    ]
+    dalis = [
+        dali_compat.version_tuple(re.search(r"dali\.version (\S+)", r.read_text()).group(1)) for r in IMAGE_RECIPES
+    ]
     assert tuple(map(int, torch_floor.groups())) == min(torches) == compat.MIN_TORCH
     assert tuple(map(int, dali_floor.groups())) == min(dalis) == dali_compat.MIN_DALI
 
 
-@pytest.mark.parametrize(("version", "dynamic"), [("1.32.0", False), ("1.43.0", False), ("1.44.0", True),
-                                                  ("1.53.0", True), ("2.4.0", True)])
+@pytest.mark.parametrize(
+    ("version", "dynamic"), [("1.32.0", False), ("1.43.0", False), ("1.44.0", True), ("1.53.0", True), ("2.4.0", True)]
+)
 def test_executor_arguments_by_dali_version(version, dynamic):
     args = dali_compat.executor_args(version)
     assert args["exec_pipelined"] and args["exec_async"]

@@ -49,8 +49,11 @@ def test_step_clock_leaves_out_the_first_window():
 def test_ckpt_every_takes_steps_or_auto():
     assert load(DIGITS, ["train.ckpt_every=auto"]).train.ckpt_every == "auto"
     assert load(DIGITS, ["train.ckpt_every=50"]).train.ckpt_every == 50
-    with pytest.raises(ConfigError, match=r"train\.ckpt_every='often' is not allowed: use a number of optimizer "
-                                          r"steps \(0: only at the end\) or auto"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.ckpt_every='often' is not allowed: use a number of optimizer "
+        r"steps \(0: only at the end\) or auto",
+    ):
         load(DIGITS, ["train.ckpt_every=often"])
 
 
@@ -59,9 +62,21 @@ def test_auto_interval_follows_from_the_measured_inputs(digits_root, tmp_path):
     """2 ranks (they agree on the slowest save and step), a first save at step 4, then every
     interval steps as the ckpt_interval records say; an MTBF of 0.72 s keeps the interval at a few steps however
     loaded the machine."""
-    out = run_ranks(2, digits_args(digits_root, tmp_path, "r", "train.max_steps=24", "train.log_every=2",
-                                   "train.ckpt_every=auto", "train.ckpt_auto_first=4", "train.mtbf_h=0.0002",
-                                   "train.keep_ckpts=20"), timeout=240)
+    out = run_ranks(
+        2,
+        digits_args(
+            digits_root,
+            tmp_path,
+            "r",
+            "train.max_steps=24",
+            "train.log_every=2",
+            "train.ckpt_every=auto",
+            "train.ckpt_auto_first=4",
+            "train.mtbf_h=0.0002",
+            "train.keep_ckpts=20",
+        ),
+        timeout=240,
+    )
     recs = run_metrics(tmp_path / "r", "ckpt_interval")
     assert recs and recs[0]["step"] == 4 and recs[0]["mtbf_source"] == "train.mtbf_h"
     for r in recs:

@@ -31,15 +31,18 @@ def test_overrides_apply_and_parse_types():
     assert cfg.data.mean == (0.1, 0.2, 0.3)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["optim.lrr=1"], "unknown config key optim.'lrr': did you mean optim.'lr'"),
-    (["optimm.lr=1"], "did you mean 'optim'"),
-    (["train.epochs=ten"], "train.epochs: expected an integer, got 'ten'"),
-    (["optim.lr=-0.1"], "optim.lr=-0.1 is out of range: must be > 0"),
-    (["train.amp=bf61"], "train.amp='bf61' is not one of none, bf16, fp16 (did you mean 'bf16'?)"),
-    (["train.compile=3"], "train.compile: expected true or false"),
-    (["lr"], "expected section.key=value"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.lrr=1"], "unknown config key optim.'lrr': did you mean optim.'lr'"),
+        (["optimm.lr=1"], "did you mean 'optim'"),
+        (["train.epochs=ten"], "train.epochs: expected an integer, got 'ten'"),
+        (["optim.lr=-0.1"], "optim.lr=-0.1 is out of range: must be > 0"),
+        (["train.amp=bf61"], "train.amp='bf61' is not one of none, bf16, fp16 (did you mean 'bf16'?)"),
+        (["train.compile=3"], "train.compile: expected true or false"),
+        (["lr"], "expected section.key=value"),
+    ],
+)
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
         load(DIGITS, overrides)
@@ -56,19 +59,28 @@ def test_batch_must_split_over_world_and_accumulation():
     assert load(DIGITS, ["train.accum_steps=2"]).per_rank_batch(2) == 16
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["model.img_size=30"], "model.img_size=30 is not a multiple of model.patch_size=8 (the image is cut into "
-                            "patch_size × patch_size patches): use model.img_size=24 or 32"),
-    (["model.heads=5"], "model width 128 is not divisible by model.heads=5 (each head takes width/heads channels): "
-                        "set model.heads=4"),
-    (["model.width=null", "model.heads=5"], "model width 192 is not divisible by model.heads=5"),  # vit_tiny's
-    (["model.width=130", "model.heads=2"], "model.pos_embed=sincos needs a width divisible by 4"),
-    (["model.width=4", "model.heads=1", "model.pos_embed=sincos_big_vision"], "and at least 8"),
-    (["model.mlp_ratio=0.001"], "gives an MLP of 0 units"),
-    (["data.mean=[0.5]"], "data.mean has 1 values; images have 3 channels"),
-    (["data.std=[0.5,0,0.5]"], "every value must be > 0"),
-    (["optim.betas=[0.9]"], "optim.betas=[0.9]: expected two values in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (
+            ["model.img_size=30"],
+            "model.img_size=30 is not a multiple of model.patch_size=8 (the image is cut into "
+            "patch_size × patch_size patches): use model.img_size=24 or 32",
+        ),
+        (
+            ["model.heads=5"],
+            "model width 128 is not divisible by model.heads=5 (each head takes width/heads channels): "
+            "set model.heads=4",
+        ),
+        (["model.width=null", "model.heads=5"], "model width 192 is not divisible by model.heads=5"),  # vit_tiny's
+        (["model.width=130", "model.heads=2"], "model.pos_embed=sincos needs a width divisible by 4"),
+        (["model.width=4", "model.heads=1", "model.pos_embed=sincos_big_vision"], "and at least 8"),
+        (["model.mlp_ratio=0.001"], "gives an MLP of 0 units"),
+        (["data.mean=[0.5]"], "data.mean has 1 values; images have 3 channels"),
+        (["data.std=[0.5,0,0.5]"], "every value must be > 0"),
+        (["optim.betas=[0.9]"], "optim.betas=[0.9]: expected two values in [0, 1)"),
+    ],
+)
 def test_shape_rules_fail_when_the_config_loads(sets, message):
     """What models/vit.py and the loaders would refuse in the job's first step is refused here."""
     with pytest.raises(ConfigError) as e:
@@ -80,8 +92,9 @@ def test_shape_rules_fail_when_the_config_loads(sets, message):
 def test_img_size_not_a_multiple_of_the_patch_fails_in_plan_and_dry_run(tmp_path, digits_root):
     base = ["--config", str(DIGITS), "--set", "model.img_size=30", "--set", f"run.dir={tmp_path}/runs"]
     for argv in (["plan", *base, "--nodes", "1"], ["submit", *base, "--dry-run"]):
-        r = subprocess.run([sys.executable, "-m", "hpctrain", *argv], capture_output=True, text=True,
-                           cwd=tmp_path, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "hpctrain", *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        )
         assert r.returncode == 2 and r.stdout == "", (argv, r.stdout, r.stderr)
         assert r.stderr.startswith("hpctrain: error: model.img_size=30 is not a multiple of model.patch_size=8")
         assert len(r.stderr.strip().splitlines()) == 1
@@ -100,17 +113,33 @@ def test_every_field_has_a_doc():
     assert all(doc for _, _, doc in rows), [k for k, _, d in rows if not d]
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["optim.lrr=1"], "did you mean optim.'lr'"),
-    (["optim.lr=-1"], "must be > 0"),
-    (["data.batch_size=63"], "not divisible by world size"),
-    (["model.img_size=30"], "not a multiple of model.patch_size=8"),
-    (["data.root=/nonexistent/digts"], "data.root=/nonexistent/digts does not exist"),
-    (["data.prepare=none", "model.init_from=/nonexistent/w.pt"], "model.init_from=/nonexistent/w.pt does not exist"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["optim.lrr=1"], "did you mean optim.'lr'"),
+        (["optim.lr=-1"], "must be > 0"),
+        (["data.batch_size=63"], "not divisible by world size"),
+        (["model.img_size=30"], "not a multiple of model.patch_size=8"),
+        (["data.root=/nonexistent/digts"], "data.root=/nonexistent/digts does not exist"),
+        (
+            ["data.prepare=none", "model.init_from=/nonexistent/w.pt"],
+            "model.init_from=/nonexistent/w.pt does not exist",
+        ),
+    ],
+)
 def test_cli_bad_config_is_one_line_and_runs_nothing(tmp_path, digits_root, sets, message):
-    args = [sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS), "--set",
-            f"data.root={digits_root}", "--set", f"run.dir={tmp_path}/runs"]
+    args = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "submit",
+        "--config",
+        str(DIGITS),
+        "--set",
+        f"data.root={digits_root}",
+        "--set",
+        f"run.dir={tmp_path}/runs",
+    ]
     for s in sets:
         args += ["--set", s]
     r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -132,8 +161,7 @@ def test_large_batch_recipes_resolve_their_lr():
     assert load("configs/vit_b16_imagenet_16k_lamb.yaml", ["data.batch_size=8192"]).peak_lr == pytest.approx(9e-3)
 
 
-@pytest.mark.parametrize("scaling, expected", [("linear", 5e-4 * 4096 / 512), ("sqrt", 5e-4 * 8 ** 0.5),
-                                               ("none", 5e-4)])
+@pytest.mark.parametrize("scaling, expected", [("linear", 5e-4 * 4096 / 512), ("sqrt", 5e-4 * 8**0.5), ("none", 5e-4)])
 def test_lr_follows_the_global_batch_by_the_rule(scaling, expected):
     cfg = load("configs/vit_b16_imagenet.yaml", ["data.batch_size=4096", f"optim.lr_scaling={scaling}"])
     assert cfg.peak_lr == pytest.approx(expected)
@@ -147,29 +175,43 @@ def test_default_scaling_keeps_existing_configs_as_they_were():
     assert load(DIGITS, ["data.batch_size=128"]).peak_lr == load(DIGITS).optim.lr  # no reference batch
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["optim.lr_scaling=sqrt", "optim.lr_ref_batch=0"], "optim.lr_scaling=sqrt needs optim.lr_ref_batch"),
-    (["optim.lr_scaling=square"], "optim.lr_scaling='square' is not one of linear, sqrt, none"),
-    (["optim.name=lamb", "optim.fused=always"], "optim.fused=always is for AdamW"),
-    (["optim.name=lars"], "optim.name='lars' is not one of adamw, lamb"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["optim.lr_scaling=sqrt", "optim.lr_ref_batch=0"], "optim.lr_scaling=sqrt needs optim.lr_ref_batch"),
+        (["optim.lr_scaling=square"], "optim.lr_scaling='square' is not one of linear, sqrt, none"),
+        (["optim.name=lamb", "optim.fused=always"], "optim.fused=always is for AdamW"),
+        (["optim.name=lars"], "optim.name='lars' is not one of adamw, lamb"),
+    ],
+)
 def test_bad_scaling_and_optimizer_are_refused(sets, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load(DIGITS, sets)
 
 
-@pytest.mark.parametrize("key, ours", [
-    ("learning_rate", "optim.lr"), ("lr", "optim.lr"), ("weight_decay", "optim.weight_decay"),
-    ("epochs", "train.epochs"), ("batch_size", "data.batch_size"), ("warmup_epochs", "optim.warmup_epochs"),
-    ("optim.learning_rate", "optim.lr"), ("train.lr", "optim.lr"), ("optim.epochs", "train.epochs"),
-    ("data.img_size", "model.img_size"), ("train.num_workers", "data.workers"),
-])
+@pytest.mark.parametrize(
+    "key, ours",
+    [
+        ("learning_rate", "optim.lr"),
+        ("lr", "optim.lr"),
+        ("weight_decay", "optim.weight_decay"),
+        ("epochs", "train.epochs"),
+        ("batch_size", "data.batch_size"),
+        ("warmup_epochs", "optim.warmup_epochs"),
+        ("optim.learning_rate", "optim.lr"),
+        ("train.lr", "optim.lr"),
+        ("optim.epochs", "train.epochs"),
+        ("data.img_size", "model.img_size"),
+        ("train.num_workers", "data.workers"),
+    ],
+)
 def test_keys_named_as_other_tools_name_them_point_at_ours(key, ours):
     with pytest.raises(ConfigError) as e:
         load(None, [f"{key}=1"])
     section, name = ours.split(".")
-    assert f"did you mean {ours!r} (`{section}: {{{name}: …}}` in a file, --set {ours}=… on the command line)?" \
-        in str(e.value)
+    assert f"did you mean {ours!r} (`{section}: {{{name}: …}}` in a file, --set {ours}=… on the command line)?" in str(
+        e.value
+    )
 
 
 def test_every_synonym_names_a_real_key():
@@ -177,13 +219,22 @@ def test_every_synonym_names_a_real_key():
     assert not {v for v in config.SYNONYMS.values() if v not in keys}
 
 
-@pytest.mark.parametrize("text, where, problem", [
-    ("optim:\n  lr: 1\n name: adamw\n", ":3:2: not valid YAML: expected <block end>, but found", "block mapping"),
-    ("optim:\n  lr: [1,\n  name: x\n", ":4:1: not valid YAML: expected ',' or ']'",
-     "while parsing a flow sequence that starts at line 2, column 7"),
-    ("model:\n\tarch: vit_tiny\n", ":2:1: not valid YAML: found character '\\t' that cannot start any token",
-     "while scanning for the next token"),
-])
+@pytest.mark.parametrize(
+    "text, where, problem",
+    [
+        ("optim:\n  lr: 1\n name: adamw\n", ":3:2: not valid YAML: expected <block end>, but found", "block mapping"),
+        (
+            "optim:\n  lr: [1,\n  name: x\n",
+            ":4:1: not valid YAML: expected ',' or ']'",
+            "while parsing a flow sequence that starts at line 2, column 7",
+        ),
+        (
+            "model:\n\tarch: vit_tiny\n",
+            ":2:1: not valid YAML: found character '\\t' that cannot start any token",
+            "while scanning for the next token",
+        ),
+    ],
+)
 def test_invalid_yaml_names_line_and_column(tmp_path, text, where, problem):
     from hpctrain.site.profile import load_profile
 
@@ -199,8 +250,9 @@ def test_invalid_yaml_names_line_and_column(tmp_path, text, where, problem):
 def test_unknown_config_name_lists_the_shipped_ones(tmp_path):
     with pytest.raises(ConfigError) as e:
         load("vit_b16_imagenet_4kk")
-    assert str(e.value).startswith("config 'vit_b16_imagenet_4kk' not found: give a YAML file or a shipped config: "
-                                   "bench_vit_b16, digits_vit, ")
+    assert str(e.value).startswith(
+        "config 'vit_b16_imagenet_4kk' not found: give a YAML file or a shipped config: bench_vit_b16, digits_vit, "
+    )
     assert "vit_b16_imagenet_4k, " in str(e.value) and "`hpctrain config show NAME`" in str(e.value)
     assert load("vit_b16_imagenet_4k") == load("configs/vit_b16_imagenet_4k.yaml")  # a name from any directory
 
@@ -208,10 +260,12 @@ def test_unknown_config_name_lists_the_shipped_ones(tmp_path):
 def test_validation_imports_no_numpy():
     """Config validation runs on login nodes (base dependencies: no numpy): data.randaugment is parsed
     by hpctrain.randaug_spec, not by the DALI module."""
-    code = ("import sys; sys.modules['numpy'] = None\n"
-            "from hpctrain.config import ConfigError, load\n"
-            "assert load(None, ['data.randaugment=rand-m9-mstd0.5-inc1']).data.randaugment\n"
-            "try:\n    load(None, ['data.randaugment=rand-m11'])\nexcept ConfigError as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "from hpctrain.config import ConfigError, load\n"
+        "assert load(None, ['data.randaugment=rand-m9-mstd0.5-inc1']).data.randaugment\n"
+        "try:\n    load(None, ['data.randaugment=rand-m11'])\nexcept ConfigError as e:\n    print(e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "M=11 is outside 0..10" in r.stdout

@@ -24,8 +24,14 @@ def readme_demo(tmp_path: Path) -> tuple[str, Path]:
     if out:
         return Path(out).read_text(), Path(os.environ["HPCTRAIN_README_DEMO_DIR"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}  # no cluster: local run
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r.stdout, tmp_path
 
@@ -62,9 +68,14 @@ def test_demo_with_the_dali_loader_saves_evaluates_and_ends(tmp_path):
     DALI 1.32, both ranks once died tracing: an exec_dynamic keyword that DALI lacks)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     sets = ["data.loader=dali", "train.epochs=2", "optim.warmup_epochs=1", "train.eval_every=1"]
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS),
-                        *[a for s in sets for a in ("--set", s)]],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS), *[a for s in sets for a in ("--set", s)]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"final val top-1: [\d.]+ % \(359 images\)", r.stdout), r.stdout[-3000:]
     run = tmp_path / "runs" / "digits_vit"

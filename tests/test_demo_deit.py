@@ -13,8 +13,14 @@ import pytest
 
 from tests.helpers import digits_args, run_metrics, run_ranks
 
-DEIT = ["data.reprob=0.25", "data.remode=pixel", "data.repeated_aug=3", "data.interpolation=bicubic",
-        "optim.warmup_lr=1e-6", "train.log_every=50"]
+DEIT = [
+    "data.reprob=0.25",
+    "data.remode=pixel",
+    "data.repeated_aug=3",
+    "data.interpolation=bicubic",
+    "optim.warmup_lr=1e-6",
+    "train.log_every=50",
+]
 
 
 @pytest.mark.slow

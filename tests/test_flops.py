@@ -46,11 +46,21 @@ def test_mfu_arithmetic():
     assert flops.mfu(100, train, None) is None
 
 
-@pytest.mark.parametrize(("name", "peak"), [
-    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0),
-    ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA H100 NVL", 835.0),
-])
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA H100 NVL", 835.0),
+    ],
+)
 def test_peak_table_matches_device_names(name, peak):
     assert flops.peak_tflops(name)[0] == peak
 

@@ -27,8 +27,9 @@ def top_level_imports(name: str, path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("hpctrain")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hpctrain"):
-            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                    for a in node.names}
+            out |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            }
     return {m for m in out if m in MODULES and m != name}
 
 
@@ -52,7 +53,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return path[path.index(n):] + [n]
+                return path[path.index(n) :] + [n]
             if n not in state and (cycle := visit(n)):
                 return cycle
         path.pop()
@@ -114,8 +115,11 @@ SUBMITIT_GLUE = "hpctrain.launch.submitit_glue"
 
 def test_submitit_is_imported_by_one_module_only():
     """submitit's private API is pinned and checked in one place (tests/launch/test_submitit_contract.py)."""
-    importers = sorted(name for name, path in MODULES.items()
-                       if any(m == "submitit" or m.startswith("submitit.") for m in all_imports(path)))
+    importers = sorted(
+        name
+        for name, path in MODULES.items()
+        if any(m == "submitit" or m.startswith("submitit.") for m in all_imports(path))
+    )
     assert importers == [SUBMITIT_GLUE]
 
 
@@ -126,11 +130,16 @@ def test_no_cli_command_imports_another():
     commands = {f"hpctrain.cli.{m}" for m in COMMANDS.values()}
     assert len(commands) > 10 and commands <= set(MODULES)  # the dispatcher's table was read
     shared = {n for n in MODULES if n.startswith("hpctrain.cli.") and n not in commands} | {"hpctrain.cli"}
-    crossing = [f"{name} imports {m}" for name in sorted(commands) for m in sorted(all_imports(MODULES[name]))
-                if m in commands and m != name]
+    crossing = [
+        f"{name} imports {m}"
+        for name in sorted(commands)
+        for m in sorted(all_imports(MODULES[name]))
+        if m in commands and m != name
+    ]
     assert not crossing, "\n".join(crossing)
-    leaning = [f"{name} imports {m}" for name in sorted(shared) for m in sorted(all_imports(MODULES[name]))
-               if m in commands]
+    leaning = [
+        f"{name} imports {m}" for name in sorted(shared) for m in sorted(all_imports(MODULES[name])) if m in commands
+    ]
     assert not leaning, "\n".join(leaning)
 
 
@@ -183,6 +192,7 @@ def test_packages_import_only_their_own_layer_or_below():
 
 def test_the_layer_rule_refuses_an_import_up_and_across():
     assert layer_breaks({"hpctrain.config": {"hpctrain.data.randaug"}}) == [
-        "hpctrain.config → hpctrain.data.randaug (<base> may not import data)"]
+        "hpctrain.config → hpctrain.data.randaug (<base> may not import data)"
+    ]
     assert layer_breaks({"hpctrain.site.fabric": {"hpctrain.data.build"}})  # across one layer
     assert not layer_breaks({"hpctrain.train.loop": {"hpctrain.data.build", "hpctrain.config"}})

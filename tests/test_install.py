@@ -27,7 +27,7 @@ HEAVY = ("numpy", "torch", "nvidia", "PIL")
 # Loaded by a .pth file at every start of the venv's Python. mode "block": every heavy import raises;
 # mode "record": they load, and the log names the module that asked (numpy for matplotlib is fine,
 # numpy for hpctrain is not).
-HOOK = '''
+HOOK = """
 import os, sys
 HEAVY = {heavy!r}
 MODE = {mode!r}
@@ -51,19 +51,19 @@ class HeavyImportHook:
 
 
 sys.meta_path.insert(0, HeavyImportHook())
-'''
+"""
 
 
 # `apptainer build [--fakeroot] OUT DEF`, reduced to the property the build relies on: each %files
 # source is found relative to the directory the build runs in.
-FAKE_APPTAINER = r'''#!/bin/bash
+FAKE_APPTAINER = r"""#!/bin/bash
 set -euo pipefail
 out=${@: -2:1}; def=${@: -1}
 awk '/^%files/{f=1; next} /^%/{f=0} f && NF {print $1}' "$def" | while read -r src; do
   [ -e "$src" ] || { echo "FATAL: $src: no such file or directory (in $PWD)" >&2; exit 255; }
 done
 echo "built in $PWD" > "$out"
-'''
+"""
 
 
 def copy_sources(dest: Path) -> Path:
@@ -85,8 +85,12 @@ def clean_env(**extra: str) -> dict[str, str]:
 def wheel(tmp_path_factory) -> Path:
     src = copy_sources(tmp_path_factory.mktemp("release") / "hpctrain")
     out = src.parent / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
-                   check=True, env=clean_env(), timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+        check=True,
+        env=clean_env(),
+        timeout=300,
+    )
     (whl,) = out.glob("hpctrain-*.whl")
     return whl
 
@@ -96,8 +100,14 @@ def make_venv(where: Path, requirement: str, mode: str) -> Path:
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(where)
     py = where / "bin" / "python"
     subprocess.run([str(py), "-m", "pip", "install", "-q", requirement], check=True, env=clean_env(), timeout=600)
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     (site / "heavy_import_hook.py").write_text(HOOK.format(heavy=HEAVY, mode=mode))
     (site / "heavy_import_hook.pth").write_text("import heavy_import_hook\n")
     return where
@@ -124,8 +134,14 @@ class Login:
 
     def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
         path = os.pathsep.join(filter(None, [self.path_prefix, os.environ["PATH"]]))
-        r = subprocess.run([str(self.bin / "hpctrain"), *args], cwd=self.cwd, capture_output=True, text=True,
-                           timeout=120, env=clean_env(HEAVY_IMPORT_LOG=str(self.log), PATH=path))
+        r = subprocess.run(
+            [str(self.bin / "hpctrain"), *args],
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(HEAVY_IMPORT_LOG=str(self.log), PATH=path),
+        )
         if ok:
             assert r.returncode == 0, f"hpctrain {' '.join(args)}: {r.stderr[-3000:]}"
         assert not self.log.exists(), f"hpctrain {' '.join(args)} imported: {self.log.read_text()}"
@@ -134,8 +150,13 @@ class Login:
 
 def shipped_names() -> set[str]:
     """Every file the CLI serves by name, and the batch shell's files, as a path inside the package."""
-    files = [*shipped.configs(), *shipped.profiles(), *shipped.recipes(), shipped.SBATCH_TEMPLATE,
-             *(PKG / "launch" / "shell").glob("*.sh")]
+    files = [
+        *shipped.configs(),
+        *shipped.profiles(),
+        *shipped.recipes(),
+        shipped.SBATCH_TEMPLATE,
+        *(PKG / "launch" / "shell").glob("*.sh"),
+    ]
     return {f"hpctrain/{p.relative_to(PKG).as_posix()}" for p in files}
 
 
@@ -160,8 +181,9 @@ def test_wheel_and_sdist_carry_configs_profiles_recipes_and_sbatch(wheel, tmp_pa
     assert wheel.name == f"hpctrain-{__version__}-py3-none-any.whl"
     src = copy_sources(tmp_path / "hpctrain")
     code = "from setuptools import build_meta as b; print(b.build_sdist('dist'))"
-    r = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, env=clean_env(),
-                       timeout=300, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, env=clean_env(), timeout=300, check=True
+    )
     sdist = src / "dist" / r.stdout.strip().splitlines()[-1]
     prefix = f"hpctrain-{__version__}/src/"
     with tarfile.open(sdist) as tar:
@@ -176,8 +198,9 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     here.mkdir()
     fake = tmp_path / "bin"  # sbatch that accepts the job, as Slurm's prints its id: the submission path
     fake.mkdir()
-    (fake / "sbatch").write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/sbatch.args"\n'
-                                 'echo "Submitted batch job 4242"\n')
+    (fake / "sbatch").write_text(
+        '#!/bin/sh\necho "$@" >> "$(dirname "$0")/sbatch.args"\necho "Submitted batch job 4242"\n'
+    )
     (fake / "sbatch").chmod(0o755)
     hp = Login(login_venv, here, tmp_path / "heavy.log", str(fake))
 
@@ -185,8 +208,9 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     assert out[:4] == ["hpctrain", __version__, "(source", f"{source_hash(PKG)})"]  # the wheel is these sources
     assert "site-packages" in out[-1] and "git" not in out  # an installed copy: no commit to name
 
-    dry = hp("submit", "--config", "vit_b16_imagenet_4k", "--cluster", "example-ib", "--nodes", "16",
-             "--dry-run").stdout
+    dry = hp(
+        "submit", "--config", "vit_b16_imagenet_4k", "--cluster", "example-ib", "--nodes", "16", "--dry-run"
+    ).stdout
     assert "#SBATCH --nodes=16" in dry and "#SBATCH --ntasks-per-node=8" in dry and "srun --kill-on-bad-exit=1" in dry
     plan = hp("plan", "--config", "vit_b16_imagenet_4k", "--cluster", "example-ib", "--nodes", "16").stdout
     assert "16" in plan and "images/s" in plan
@@ -214,11 +238,21 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
 
     assert "wrote vit.sbatch" in hp("sbatch-template").stdout
     assert (here / "vit.sbatch").read_text() == shipped.SBATCH_TEMPLATE.read_text()
-    hp("submit", "--config", "vit_b16_imagenet_4k", "--cluster", "example-ib", "--nodes", "16", "--gpus-per-node",
-       "8", "--emit-sbatch", "mine.sbatch")
+    hp(
+        "submit",
+        "--config",
+        "vit_b16_imagenet_4k",
+        "--cluster",
+        "example-ib",
+        "--nodes",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--emit-sbatch",
+        "mine.sbatch",
+    )
     assert (here / "mine.sbatch").read_text().startswith("#!/bin/bash\n")
-    hp("sweep", "--config", "vit_b16_imagenet_4k", "--cluster", "local", "--grid", "optim.lr=1e-3,2e-3",
-       "--dry-run")
+    hp("sweep", "--config", "vit_b16_imagenet_4k", "--cluster", "local", "--grid", "optim.lr=1e-3,2e-3", "--dry-run")
     init = hp("cluster", "init", "site", "-o", "site.yaml", ok=False)  # no Slurm client here: its one line
     assert init.returncode == 2 and init.stderr.startswith("hpctrain: error: no Slurm here"), init.stderr
 
@@ -227,13 +261,26 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     # checks they are there, as `apptainer build` would
     (fake / "apptainer").write_text(FAKE_APPTAINER)
     (fake / "apptainer").chmod(0o755)
-    built = hp("image", "build", "ngc-pytorch-23.12", "-o", "x.sif", "--scratch", str(tmp_path / "scratch"),
-               "--min-free-gib", "0")
+    built = hp(
+        "image",
+        "build",
+        "ngc-pytorch-23.12",
+        "-o",
+        "x.sif",
+        "--scratch",
+        str(tmp_path / "scratch"),
+        "--min-free-gib",
+        "0",
+    )
     assert (here / "x.sif").is_file(), built.stderr
     (context,) = (tmp_path / "scratch" / "apptainer").glob("context-*")
     assert (here / "x.sif").read_text() == f"built in {context}\n"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"), str(context)],
-                   check=True, env=clean_env(), timeout=300)  # what the recipe's `pip install /opt/hpctrain` builds
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"), str(context)],
+        check=True,
+        env=clean_env(),
+        timeout=300,
+    )  # what the recipe's `pip install /opt/hpctrain` builds
     (staged,) = (tmp_path / "w").glob("*.whl")
     assert not shipped_names() - set(zipfile.ZipFile(staged).namelist())
 
@@ -241,8 +288,18 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     sets = ["--set", f"data.root={here}", "--set", f"run.dir={here / 'runs'}"]
     sub = hp("submit", "--config", "vit_b16_imagenet_4k", "--cluster", "local", "--nodes", "2", *sets).stdout
     assert "submitted Slurm job 4242" in sub and (here / "runs" / "vit_b16_4k" / "job.json").is_file()
-    hp("sweep", "--config", "vit_b16_imagenet_4k", "--cluster", "local", "--grid", "optim.lr=1e-3,2e-3",
-       "--name", "sw", *sets)
+    hp(
+        "sweep",
+        "--config",
+        "vit_b16_imagenet_4k",
+        "--cluster",
+        "local",
+        "--grid",
+        "optim.lr=1e-3,2e-3",
+        "--name",
+        "sw",
+        *sets,
+    )
     assert len((fake / "sbatch.args").read_text().splitlines()) == 2
 
 
@@ -253,9 +310,14 @@ def test_report_imports_numpy_and_pil_only_through_matplotlib(wheel, finished_ru
     env_dir = make_venv(tmp_path / "report", f"hpctrain[report] @ {wheel.as_uri()}", "record")
     (tmp_path / "empty").mkdir()
     log = tmp_path / "heavy.log"
-    r = subprocess.run([str(env_dir / "bin" / "hpctrain"), "report", str(finished_run), "-o", "r.png"],
-                       cwd=tmp_path / "empty", capture_output=True, text=True, timeout=300,
-                       env=clean_env(HEAVY_IMPORT_LOG=str(log)))
+    r = subprocess.run(
+        [str(env_dir / "bin" / "hpctrain"), "report", str(finished_run), "-o", "r.png"],
+        cwd=tmp_path / "empty",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(HEAVY_IMPORT_LOG=str(log)),
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "empty" / "r.png").stat().st_size > 1000
     seen = [line.split(" <- ") for line in log.read_text().splitlines()]

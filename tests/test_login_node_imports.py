@@ -12,8 +12,13 @@ HEAVY = ("numpy", "torch", "nvidia.dali", "PIL", "matplotlib")
 # Packages and modules the login node runs (the CLI and the library under it), walked so that a
 # new module is checked the day it is added.
 LOGIN_PACKAGES = ("hpctrain.cli", "hpctrain.launch", "hpctrain.plan", "hpctrain.images", "hpctrain.doctor")
-LOGIN_MODULES = ("hpctrain.models.arch", "hpctrain.randaug_spec", "hpctrain.data.wds", "hpctrain.data.pack",
-                 "hpctrain.data.folder")
+LOGIN_MODULES = (
+    "hpctrain.models.arch",
+    "hpctrain.randaug_spec",
+    "hpctrain.data.wds",
+    "hpctrain.data.pack",
+    "hpctrain.data.folder",
+)
 TASK_ONLY_TOP = ("hpctrain.__main__",)  # runs the CLI on import
 
 PROBE = r"""

@@ -15,11 +15,14 @@ from tests.helpers import DIGITS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config, sets", [
-    ("configs/vit_b16_imagenet_4k.yaml", []),  # ViT-B/16: 86.6 M (timm's vit_base_patch16_224)
-    ("configs/vit_s16_imagenet_90ep.yaml", []),  # average pool, fixed sin-cos position embedding
-    (DIGITS, ["model.pool=token", "model.mlp_ratio=3.0", "model.patch_size=4"]),
-])
+@pytest.mark.parametrize(
+    "config, sets",
+    [
+        ("configs/vit_b16_imagenet_4k.yaml", []),  # ViT-B/16: 86.6 M (timm's vit_base_patch16_224)
+        ("configs/vit_s16_imagenet_90ep.yaml", []),  # average pool, fixed sin-cos position embedding
+        (DIGITS, ["model.pool=token", "model.mlp_ratio=3.0", "model.patch_size=4"]),
+    ],
+)
 def test_parameter_count_is_the_models(config, sets):
     cfg = load(config, sets)
     model = build_vit(cfg.model)
@@ -51,20 +54,25 @@ def saved_bytes(model: torch.nn.Module, batch: int, amp: str, img: int) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("sets", [
-    ["model.pool=token", "train.amp=none"],
-    ["model.pool=avg", "train.amp=none"],
-    ["model.pool=token", "train.amp=bf16"],
-    ["model.pool=avg", "model.pos_embed=learn", "train.amp=bf16", "model.mlp_ratio=4.0"],
-    ["model.pool=token", "train.amp=bf16", "model.drop_rate=0.1"],  # + a bool mask per dropout
-    ["model.pool=token", "train.amp=none", "model.drop_rate=0.1"],
-])
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["model.pool=token", "train.amp=none"],
+        ["model.pool=avg", "train.amp=none"],
+        ["model.pool=token", "train.amp=bf16"],
+        ["model.pool=avg", "model.pos_embed=learn", "train.amp=bf16", "model.mlp_ratio=4.0"],
+        ["model.pool=token", "train.amp=bf16", "model.drop_rate=0.1"],  # + a bool mask per dropout
+        ["model.pool=token", "train.amp=none", "model.drop_rate=0.1"],
+    ],
+)
 def test_activations_per_image_match_what_autograd_saves(sets):
     cfg = load(DIGITS, sets)
     torch.manual_seed(0)
     model = build_vit(cfg.model).train()
-    per_image = (saved_bytes(model, 12, cfg.train.amp, cfg.model.img_size)
-                 - saved_bytes(model, 4, cfg.train.amp, cfg.model.img_size)) / 8
+    per_image = (
+        saved_bytes(model, 12, cfg.train.amp, cfg.model.img_size)
+        - saved_bytes(model, 4, cfg.train.amp, cfg.model.img_size)
+    ) / 8
     estimate = memory.activation_bytes_per_image(cfg.model, cfg.train.amp)
     assert estimate == pytest.approx(per_image, rel=0.02)
 
@@ -85,11 +93,13 @@ def test_estimate_parts_follow_the_settings():
     cfg = load("configs/vit_b16_imagenet_4k.yaml")
     pc = memory.param_count(cfg.model)
     est = memory.estimate(cfg, 32)
-    assert (est.weights, est.grads, est.optimizer, est.ema) == (4 * pc.trainable, 4 * pc.trainable,
-                                                                8 * pc.trainable, 0)
+    assert (est.weights, est.grads, est.optimizer, est.ema) == (4 * pc.trainable, 4 * pc.trainable, 8 * pc.trainable, 0)
     assert est.amp_weights == 2 * pc.matmul and est.activations == 32 * est.activations_per_image
-    assert est.total == sum(v for k, v in est.parts().items() if k in (
-        "weights", "grads", "optimizer", "ema", "amp_weights", "fsdp_gathered", "activations", "overhead"))
+    assert est.total == sum(
+        v
+        for k, v in est.parts().items()
+        if k in ("weights", "grads", "optimizer", "ema", "amp_weights", "fsdp_gathered", "activations", "overhead")
+    )
     with_ema = memory.estimate(load("configs/vit_b16_imagenet_4k.yaml", ["train.ema=0.9999"]), 32)
     assert with_ema.ema == 4 * pc.trainable
     fp32 = memory.estimate(load("configs/vit_b16_imagenet_4k.yaml", ["train.amp=none"]), 32)
@@ -102,8 +112,10 @@ def test_estimate_parts_follow_the_settings():
     assert memory.estimate(cfg, fit).total <= cap < memory.estimate(cfg, fit + 1).total
 
 
-@pytest.mark.parametrize("sets", [[], ["optim.mu_dtype=bf16"], ["optim.name=lamb"], ["optim.name=sgd"],
-                                  ["optim.name=sgd", "optim.momentum=0"]])
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["optim.mu_dtype=bf16"], ["optim.name=lamb"], ["optim.name=sgd"], ["optim.name=sgd", "optim.momentum=0"]],
+)
 def test_optimizer_state_and_checkpoint_bytes_are_what_the_optimizer_keeps(sets):
     """One rule, used by the memory plan and by the checkpoint-time checks of submit and plan: the
     bytes of the state tensors the real optimizer holds after a step, and of a checkpoint's tensors."""
@@ -112,8 +124,12 @@ def test_optimizer_state_and_checkpoint_bytes_are_what_the_optimizer_keeps(sets)
     opt = build_optimizer(cfg, model, torch.device("cpu"))
     model(torch.randn(2, 3, cfg.model.img_size, cfg.model.img_size)).sum().backward()
     opt.step()
-    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                if torch.is_tensor(t) and t.dim() > 0)  # not the 0-d step counters
+    state = sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )  # not the 0-d step counters
     pc = memory.param_count(cfg.model)
     assert state == memory.optimizer_bytes_per_param(cfg.optim) * pc.trainable
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())

@@ -46,13 +46,33 @@ def test_nonfinite_numbers_are_written_as_null_and_named(tmp_path):
 def test_fp16_skipped_steps_write_strict_json(tmp_path):
     """The GradScaler skips steps whose fp16 gradients overflow (here: its first scale, 2^30, overflows
     fp16 for every step run): their gradient norm is not finite, and the train records stay JSON."""
-    cfg = load(DIGITS, ["data.loader=synthetic", "data.batch_size=16", "train.max_steps=4", "train.amp=fp16",
-                        "model.depth=1", "train.log_every=2", "train.eval_every=0", "train.ckpt_every=0"])
-    loader = SyntheticLoader(train=True, batch_size=16, world=1, rank=0, size=64, img_size=cfg.model.img_size,
-                             num_classes=cfg.model.num_classes, seed=0, device=torch.device("cpu"))
+    cfg = load(
+        DIGITS,
+        [
+            "data.loader=synthetic",
+            "data.batch_size=16",
+            "train.max_steps=4",
+            "train.amp=fp16",
+            "model.depth=1",
+            "train.log_every=2",
+            "train.eval_every=0",
+            "train.ckpt_every=0",
+        ],
+    )
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=16,
+        world=1,
+        rank=0,
+        size=64,
+        img_size=cfg.model.img_size,
+        num_classes=cfg.model.num_classes,
+        seed=0,
+        device=torch.device("cpu"),
+    )
     torch.manual_seed(0)
     tr = Trainer(cfg, DistInfo(), torch.device("cpu"), tmp_path, loader, None, build_vit(cfg.model))
-    tr.scaler._init_scale = 2.0 ** 30  # the real scaler, started where fp16 gradients overflow
+    tr.scaler._init_scale = 2.0**30  # the real scaler, started where fp16 gradients overflow
     tr.run()
     trains = [r for r in strict_lines(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
     assert len(trains) == 2

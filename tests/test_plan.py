@@ -86,8 +86,14 @@ def test_grad_bytes_are_the_trainable_parameters_in_fp32():
 
 
 def test_step_epoch_total_and_gpu_hours():
-    work = Workload(train_flops_per_image=100e9, grad_bytes=400e6, bucket_bytes=100e6, global_batch=1024,
-                    images_per_epoch=102_400, epochs=10)
+    work = Workload(
+        train_flops_per_image=100e9,
+        grad_bytes=400e6,
+        bucket_bytes=100e6,
+        global_batch=1024,
+        images_per_epoch=102_400,
+        epochs=10,
+    )
     compute = Compute(100.0, "test")  # 100 TFLOP/s: 1 ms per image
     link = Link(100.0, "test")
     plan = make_plan(work, 2, 8, compute, link, link, counts=[1, 2])
@@ -148,8 +154,9 @@ def test_nemo_vit_g14_scaling_neighbourhood():
     eff = {}
     for overlap in (True, False):
         one = step_time(Workload(6 * macs, 4 * params, 25 * 2**20, 64 * 8), 1, 8, compute, intra, inter, overlap)
-        sixteen = step_time(Workload(6 * macs, 4 * params, 25 * 2**20, 64 * 8 * 16), 16, 8, compute, intra, inter,
-                            overlap)
+        sixteen = step_time(
+            Workload(6 * macs, 4 * params, 25 * 2**20, 64 * 8 * 16), 16, 8, compute, intra, inter, overlap
+        )
         eff[overlap] = sixteen.images_per_s / (16 * one.images_per_s)
     measured = 21561 / (16 * 1428)
     assert measured == pytest.approx(0.944, abs=0.001)
@@ -160,24 +167,37 @@ def test_nemo_vit_g14_scaling_neighbourhood():
 def test_bench_and_doctor_results_become_inputs(tmp_path):
     cfg = load(DIGITS)
     fl = flops.model_flops(cfg.model).train_flops
-    bench = {"images_per_s_per_device": 500.0, "train_gflops_per_image": fl / 1e9, "world_size": 1,
-             "per_device_batch": 64, "accum_steps": 1, "step_time_ms": 128.0, "data_wait": 0.25,
-             "device_name": "cpu", "arch": "vit_tiny"}
+    bench = {
+        "images_per_s_per_device": 500.0,
+        "train_gflops_per_image": fl / 1e9,
+        "world_size": 1,
+        "per_device_batch": 64,
+        "accum_steps": 1,
+        "step_time_ms": 128.0,
+        "data_wait": 0.25,
+        "device_name": "cpu",
+        "arch": "vit_tiny",
+    }
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     c = planmod.compute_from_bench(str(tmp_path / "bench.json"), cfg)
     assert c.tflops == pytest.approx(500.0 * fl / 1e12)
     assert c.data_wait_per_image_s == pytest.approx(0.25 * 0.128 / 64)
     # a list with timm's cases and several hpctrain cases (as gpu_accept.json's "results")
-    listed = [{**bench, "case": "timm-compiled-b64", "images_per_s_per_device": 9e9},
-              {**bench, "case": "hpctrain-eager-b64", "compile": False, "images_per_s_per_device": 400.0},
-              {**bench, "case": "hpctrain-compiled-b64", "compile": True, "images_per_s_per_device": 600.0},
-              {"case": "hpctrain-eager-b512", "status": "oom"}]
+    listed = [
+        {**bench, "case": "timm-compiled-b64", "images_per_s_per_device": 9e9},
+        {**bench, "case": "hpctrain-eager-b64", "compile": False, "images_per_s_per_device": 400.0},
+        {**bench, "case": "hpctrain-compiled-b64", "compile": True, "images_per_s_per_device": 600.0},
+        {"case": "hpctrain-eager-b512", "status": "oom"},
+    ]
     (tmp_path / "results.json").write_text(json.dumps(listed))
     assert planmod.compute_from_bench(str(tmp_path / "results.json"), cfg).tflops == pytest.approx(400.0 * fl / 1e12)
     compiled = load(DIGITS, ["train.compile=true"])
     assert planmod.compute_from_bench(str(tmp_path / "results.json"), compiled).tflops == pytest.approx(600 * fl / 1e12)
-    rows = [{"bytes": 2**20, "ranks": 2, "busbw_GBps": 0.5}, {"bytes": 16 * 2**20, "ranks": 2, "busbw_GBps": 0.9},
-            {"bytes": 256 * 2**20, "ranks": 2, "busbw_GBps": 1.1}]
+    rows = [
+        {"bytes": 2**20, "ranks": 2, "busbw_GBps": 0.5},
+        {"bytes": 16 * 2**20, "ranks": 2, "busbw_GBps": 0.9},
+        {"bytes": 256 * 2**20, "ranks": 2, "busbw_GBps": 1.1},
+    ]
     (tmp_path / "doctor.json").write_text(json.dumps({"ok": True, "allreduce": rows}))
     link = planmod.link_from_doctor(str(tmp_path / "doctor.json"), 25 * 2**20)
     assert link.busbw_gbps == 0.9 and not link.nccl  # nearest to one 25 MiB bucket
@@ -215,8 +235,7 @@ def test_cli_plan_json_and_text(tmp_path):
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "2", "--gpu", "MI300X")
     assert r.returncode == 2 and "no public training figure for GPU 'MI300X'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = hpctrain("plan", "--config", str(DIGITS), "--set", "data.root=" + str(tmp_path / "none"),
-                 "--nodes", "1")
+    r = hpctrain("plan", "--config", str(DIGITS), "--set", "data.root=" + str(tmp_path / "none"), "--nodes", "1")
     assert r.returncode == 2 and "--images-per-epoch" in r.stderr
 
 
@@ -224,17 +243,31 @@ def test_plan_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from hpctrain.cli import main\n"
-            f"raise SystemExit(main(['plan', '--config', {VIT_B!r}, '--nodes', '2', '--cluster', 'example-ib']))")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from hpctrain.cli import main\n"
+        f"raise SystemExit(main(['plan', '--config', {VIT_B!r}, '--nodes', '2', '--cluster', 'example-ib']))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert math.isfinite(float(r.stdout.split("predicted ")[1].split(" ")[0].replace(",", "")))
 
 
 def test_submit_dry_run_prints_the_plan_summary_on_stderr():
-    r = hpctrain("submit", "--config", VIT_B, "--nodes", "16", "--gpus-per-node", "8", "--cluster", "example-ib",
-                 "--set", "data.batch_size=4096", "--dry-run")
+    r = hpctrain(
+        "submit",
+        "--config",
+        VIT_B,
+        "--nodes",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--cluster",
+        "example-ib",
+        "--set",
+        "data.batch_size=4096",
+        "--dry-run",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!") and "per-GPU batch" not in r.stdout  # stdout stays the batch script
     assert "hpctrain: plan (H100, fabric ib" in r.stderr

@@ -25,9 +25,22 @@ def runs(digits_root, tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
 
     def train(name: str, *sets: str) -> dict:
-        return run(load("digits_vit", [f"data.root={digits_root}", "data.prepare=none", f"run.dir={d}",
-                                       f"run.name={name}", "train.threads=1", "train.ckpt_every=0",
-                                       "train.tensorboard=false", *SETS, *sets]))
+        return run(
+            load(
+                "digits_vit",
+                [
+                    f"data.root={digits_root}",
+                    "data.prepare=none",
+                    f"run.dir={d}",
+                    f"run.name={name}",
+                    "train.threads=1",
+                    "train.ckpt_every=0",
+                    "train.tensorboard=false",
+                    *SETS,
+                    *sets,
+                ],
+            )
+        )
 
     assert train("base", f"train.halt_at={HALT}")["status"] == "halted"
     assert train("base")["resumed_from"] == HALT
@@ -39,7 +52,7 @@ def panel_axes(fig, block: int) -> list:
     """The axes of PANELS in one block of rows (0: against step, 1: against wall time)."""
     titled = [ax for ax in fig.axes if ax.get_title()]
     n = len(report.PANELS)
-    return titled[block * n:(block + 1) * n]
+    return titled[block * n : (block + 1) * n]
 
 
 def has_field(runs, panel) -> bool:
@@ -54,8 +67,11 @@ def test_every_panel_has_data_or_says_no_data(runs):
     for block in (0, 1):
         for ax, panel in zip(panel_axes(fig, block), report.PANELS, strict=True):
             assert ax.get_title() == panel.title
-            curves = [ln for ln in ax.get_lines() if len(ln.get_xdata()) and ln.get_linestyle() != "None"
-                      and ln.get_label().startswith(("base", "lr_x3"))]
+            curves = [
+                ln
+                for ln in ax.get_lines()
+                if len(ln.get_xdata()) and ln.get_linestyle() != "None" and ln.get_label().startswith(("base", "lr_x3"))
+            ]
             if has_field(loaded, panel):
                 assert {ln.get_label().split()[0] for ln in curves} == {"base", "lr_x3"}, panel.title
                 assert all(len(ln.get_xdata()) > 0 for ln in curves)
@@ -79,10 +95,13 @@ def test_png_from_the_login_node_cli_and_html(runs, tmp_path):
     import matplotlib.image
 
     png = tmp_path / "r.png"
-    code = ("import sys; from hpctrain.cli import main; rc = main(['report', *sys.argv[1:]]); "
-            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, *map(str, runs), "-o", str(png)],
-                       capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; from hpctrain.cli import main; rc = main(['report', *sys.argv[1:]]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, *map(str, runs), "-o", str(png)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     w, h = report.figure_inches("both")
     assert matplotlib.image.imread(str(png)).shape[:2] == (round(h * report.DPI), round(w * report.DPI))
@@ -115,10 +134,16 @@ def test_a_sweep_stands_for_its_runs(runs, tmp_path):
 
     sweep = tmp_path / "lr-sweep"
     sweep.mkdir()
-    members = [{"name": "00-a", "run_dir": str(runs[0])}, {"name": "01-b", "run_dir": str(runs[1])},
-               {"name": "02-pending", "run_dir": str(tmp_path / "not-started")}]
+    members = [
+        {"name": "00-a", "run_dir": str(runs[0])},
+        {"name": "01-b", "run_dir": str(runs[1])},
+        {"name": "02-pending", "run_dir": str(tmp_path / "not-started")},
+    ]
     (sweep / "sweep.json").write_text(json.dumps({"members": members}))
     assert report.expand_sweeps([str(sweep), str(runs[1])]) == [
-        (str(runs[0]), "00-a"), (str(runs[1]), "01-b"), (str(runs[1]), None)]
+        (str(runs[0]), "00-a"),
+        (str(runs[1]), "01-b"),
+        (str(runs[1]), None),
+    ]
     assert main(["report", str(sweep), "-o", str(tmp_path / "s.html"), "--x", "step"]) == 0
     assert "<th>00-a</th><th>01-b</th>" in (tmp_path / "s.html").read_text()

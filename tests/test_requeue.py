@@ -45,10 +45,12 @@ def test_preemptions_do_not_use_up_the_time_limit_budget():
 
 
 def test_budget_counts_this_jobs_preemption_requeues_from_the_run(tmp_path):
-    recs = [{"kind": "requeue", "job": "5", "reason": "preemption", "requeue": True, "step": 3},
-            {"kind": "requeue", "job": "5", "reason": "time_limit", "requeue": True, "step": 6},
-            {"kind": "requeue", "job": "4", "reason": "preemption", "requeue": True, "step": 1},  # another job
-            {"kind": "requeue", "job": "5", "reason": "preemption", "requeue": False, "step": 9}]
+    recs = [
+        {"kind": "requeue", "job": "5", "reason": "preemption", "requeue": True, "step": 3},
+        {"kind": "requeue", "job": "5", "reason": "time_limit", "requeue": True, "step": 6},
+        {"kind": "requeue", "job": "4", "reason": "preemption", "requeue": True, "step": 1},  # another job
+        {"kind": "requeue", "job": "5", "reason": "preemption", "requeue": False, "step": 9},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     b = budget(tmp_path, {"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "3", "HPCTRAIN_MAX_REQUEUES": "4"})
     assert (b.restarts, b.preemptions, b.others, b.max_requeues, b.max_preemptions) == (3, 1, 2, 4, -1)
@@ -74,9 +76,11 @@ def test_status_reads_a_stopped_run(tmp_path):
     """A run whose last record is a stop says so; once resumed past it, it no longer does."""
     from hpctrain.launch.status import run_status
 
-    recs = [{"kind": "train", "step": 4, "epoch": 0.2, "loss": 2.0},
-            {"kind": "checkpoint", "step": 4, "path": "ck/step-4.pt"},
-            {"kind": "stop", "step": 4, "reason": "preempted", "stop_kind": "preemption"}]
+    recs = [
+        {"kind": "train", "step": 4, "epoch": 0.2, "loss": 2.0},
+        {"kind": "checkpoint", "step": 4, "path": "ck/step-4.pt"},
+        {"kind": "stop", "step": 4, "reason": "preempted", "stop_kind": "preemption"},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "job.json").write_text(json.dumps({"job_id": "7", "executor": "local"}))
     text = run_status(str(tmp_path)).text()
@@ -98,8 +102,7 @@ def test_task_refuses_a_submitit_other_than_the_submitters(monkeypatch):
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
     monkeypatch.setenv("HPCTRAIN_SUBMITIT_VERSION", "0.0.1")
     try:
-        with pytest.raises(SystemExit, match=f"submitted with submitit 0.0.1 but this task has "
-                                             f"{submitit.__version__}"):
+        with pytest.raises(SystemExit, match=f"submitted with submitit 0.0.1 but this task has {submitit.__version__}"):
             task.main(["/nonexistent"])
     finally:  # task.main installs the stop handlers: give pytest its own back
         for s, h in saved.items():

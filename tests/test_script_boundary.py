@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, message: str) -> None:
@@ -37,31 +38,38 @@ def assert_one_line_error(r: subprocess.CompletedProcess, message: str) -> None:
 
 # --------------------------------------------------------------------------- 1. control characters
 
-@pytest.mark.parametrize("data, message", [
-    ({"run": {"name": "a\nb"}}, r"run.name: contains a control character (\n)"),
-    ({"run": {"dir": "runs\x00"}}, r"run.dir: contains a control character (\x00)"),
-    ({"run": {"resume": "x\x7f"}}, r"run.resume: contains a control character (\x7f)"),
-    ({"data": {"root": "/d\r"}}, r"data.root: contains a control character (\r)"),
-    ({"data": {"randaugment": "2,10\t"}}, r"data.randaugment: contains a control character (\t)"),
-    ({"data": {"stage_to": "\x1b[31m/tmp"}}, r"data.stage_to: contains a control character (\x1b)"),
-    ({"data": {"exclude_file": "x\x85y"}}, r"data.exclude_file: contains a control character (\x85)"),
-])
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"run": {"name": "a\nb"}}, r"run.name: contains a control character (\n)"),
+        ({"run": {"dir": "runs\x00"}}, r"run.dir: contains a control character (\x00)"),
+        ({"run": {"resume": "x\x7f"}}, r"run.resume: contains a control character (\x7f)"),
+        ({"data": {"root": "/d\r"}}, r"data.root: contains a control character (\r)"),
+        ({"data": {"randaugment": "2,10\t"}}, r"data.randaugment: contains a control character (\t)"),
+        ({"data": {"stage_to": "\x1b[31m/tmp"}}, r"data.stage_to: contains a control character (\x1b)"),
+        ({"data": {"exclude_file": "x\x85y"}}, r"data.exclude_file: contains a control character (\x85)"),
+    ],
+)
 def test_config_strings_refuse_control_characters(data, message):
     with pytest.raises(ConfigError) as e:
         config.load(data=data)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"name": "site\x1b"}, r"name: contains a control character (\x1b)"),
-    ({"slurm": {"mem_per_node": "480G\n"}}, r"slurm.mem_per_node: contains a control character (\n)"),
-    ({"slurm": {"partition": "gpu\n#SBATCH --wrap=x"}}, r"slurm.partition: contains a control character"),
-    ({"modules": ["cuda/12.4", "nccl\n"]}, r"modules[1]: contains a control character (\n)"),
-    ({"container": {"binds": ["/ok", "/a\tb"]}}, r"container.binds[1]: contains a control character (\t)"),
-    ({"container": {"image": "/i.sif\r"}}, r"container.image: contains a control character (\r)"),
-    ({"env": {"SITE_X": "1\ntouch /tmp/x"}}, r"env.SITE_X: contains a control character (\n)"),
-    ({"env": {"SITE\x01X": "1"}}, r"contains a control character (\x01)"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"name": "site\x1b"}, r"name: contains a control character (\x1b)"),
+        ({"slurm": {"mem_per_node": "480G\n"}}, r"slurm.mem_per_node: contains a control character (\n)"),
+        ({"slurm": {"partition": "gpu\n#SBATCH --wrap=x"}}, r"slurm.partition: contains a control character"),
+        ({"modules": ["cuda/12.4", "nccl\n"]}, r"modules[1]: contains a control character (\n)"),
+        ({"container": {"binds": ["/ok", "/a\tb"]}}, r"container.binds[1]: contains a control character (\t)"),
+        ({"container": {"image": "/i.sif\r"}}, r"container.image: contains a control character (\r)"),
+        ({"env": {"SITE_X": "1\ntouch /tmp/x"}}, r"env.SITE_X: contains a control character (\n)"),
+        ({"env": {"SITE\x01X": "1"}}, r"contains a control character (\x01)"),
+    ],
+)
 def test_profile_strings_refuse_control_characters(tmp_path, data, message):
     prof = tmp_path / "site.yaml"
     prof.write_text(yaml.safe_dump(data))
@@ -70,16 +78,19 @@ def test_profile_strings_refuse_control_characters(tmp_path, data, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--partition", "gpu\n#SBATCH --wrap=touch PWNED"], r"--partition: contains a control character (\n)"),
-    (["--account", "acct\tx"], r"--account: contains a control character (\t)"),
-    (["--qos", "normal\r"], r"--qos: contains a control character (\r)"),
-    (["--constraint", "h100\x1b[0m"], r"--constraint: contains a control character (\x1b)"),
-    (["--time", "60\n"], r"--time: contains a control character (\n)"),
-    (["--set", "train.epochs=\n5"], r"--set: contains a control character (\n)"),
-    (["--cluster-set", "name=\ntouch PWNED"], r"--cluster-set: contains a control character (\n)"),
-    (["--config", "CONFIG_WITH_NEWLINE"], r"--config: contains a control character (\n)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--partition", "gpu\n#SBATCH --wrap=touch PWNED"], r"--partition: contains a control character (\n)"),
+        (["--account", "acct\tx"], r"--account: contains a control character (\t)"),
+        (["--qos", "normal\r"], r"--qos: contains a control character (\r)"),
+        (["--constraint", "h100\x1b[0m"], r"--constraint: contains a control character (\x1b)"),
+        (["--time", "60\n"], r"--time: contains a control character (\n)"),
+        (["--set", "train.epochs=\n5"], r"--set: contains a control character (\n)"),
+        (["--cluster-set", "name=\ntouch PWNED"], r"--cluster-set: contains a control character (\n)"),
+        (["--config", "CONFIG_WITH_NEWLINE"], r"--config: contains a control character (\n)"),
+    ],
+)
 def test_cli_values_with_control_characters_write_nothing(tmp_path, args, message):
     """Each of these reaches the emitted script (an #SBATCH line or the `Generated by` header)."""
     if "CONFIG_WITH_NEWLINE" in args:
@@ -113,10 +124,24 @@ def test_resolved_run_dir_with_control_character_is_refused(tmp_path):
 
 def test_generated_by_header_is_shell_quoted(tmp_path):
     """The `Generated by` command, split as a shell would, gives back the exact arguments."""
-    sets = ["data.root=/d/it's \"here\" $(touch PWNED)", "run.name=`touch PWNED2`"]
-    args = ["submit", "--config", str(DIGITS), "--cluster", "local", "--cluster-set",
-            "slurm.partition=a b", "--set", sets[0], "--set", sets[1], "--partition", "gpu;x",
-            "--emit-sbatch", "my job.sbatch"]
+    sets = ['data.root=/d/it\'s "here" $(touch PWNED)', "run.name=`touch PWNED2`"]
+    args = [
+        "submit",
+        "--config",
+        str(DIGITS),
+        "--cluster",
+        "local",
+        "--cluster-set",
+        "slurm.partition=a b",
+        "--set",
+        sets[0],
+        "--set",
+        sets[1],
+        "--partition",
+        "gpu;x",
+        "--emit-sbatch",
+        "my job.sbatch",
+    ]
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     script = (tmp_path / "my job.sbatch").read_text()
@@ -151,10 +176,20 @@ def test_hpctrain_set_round_trips_through_the_emitted_script(tmp_path, monkeypat
     lines = script.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith("HPCTRAIN_CONFIG="))
     end = lines.index("export HPCTRAIN_CONFIG HPCTRAIN_SET")
-    probe = "\n".join([*lines[start:end + 1], 'printf "%s" "$HPCTRAIN_CONFIG" > config.txt',
-                       'printf "%s" "$HPCTRAIN_SET" > set.txt'])
-    out = subprocess.run(["bash", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    probe = "\n".join(
+        [
+            *lines[start : end + 1],
+            'printf "%s" "$HPCTRAIN_CONFIG" > config.txt',
+            'printf "%s" "$HPCTRAIN_SET" > set.txt',
+        ]
+    )
+    out = subprocess.run(
+        ["bash", "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+    )
     assert out.returncode == 0, out.stderr
     assert not list(tmp_path.glob("X")) and not list(tmp_path.glob("Y"))
     monkeypatch.setenv("HPCTRAIN_CONFIG", (tmp_path / "config.txt").read_text(encoding="utf-8"))
@@ -177,13 +212,18 @@ def test_hpctrain_set_takes_one_override_per_line(monkeypatch):
     assert (cfg.train.epochs, cfg.data.root) == (7, "x;train.epochs=1")
 
 
-@pytest.mark.parametrize("value, message", [
-    ("data.root=/data/digits;train.epochs=5", "HPCTRAIN_SET: 'data.root=/data/digits;train.epochs=5' looks "
-                                              "like ';'-separated overrides"),
-    ("run.name=a; optim.lr = 1e-3", "use a JSON list"),
-    ('["train.epochs=5", 3]', "HPCTRAIN_SET: expected a JSON list of \"key=value\" strings"),
-    ('["train.epochs=5"', "HPCTRAIN_SET: not a JSON list"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            "data.root=/data/digits;train.epochs=5",
+            "HPCTRAIN_SET: 'data.root=/data/digits;train.epochs=5' looks like ';'-separated overrides",
+        ),
+        ("run.name=a; optim.lr = 1e-3", "use a JSON list"),
+        ('["train.epochs=5", 3]', 'HPCTRAIN_SET: expected a JSON list of "key=value" strings'),
+        ('["train.epochs=5"', "HPCTRAIN_SET: not a JSON list"),
+    ],
+)
 def test_hpctrain_set_legacy_or_bad_format_is_one_line_error(tmp_path, value, message):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCTRAIN")}
     r = cli("config", "--config", str(DIGITS), cwd=tmp_path, env={**env, "HPCTRAIN_SET": value})
@@ -192,16 +232,20 @@ def test_hpctrain_set_legacy_or_bad_format_is_one_line_error(tmp_path, value, me
 
 # --------------------------------------------------------------------------- 3. run names
 
-@pytest.mark.parametrize("name, rule", [
-    ("", "run.name is empty"),
-    ("  ", "run.name is empty"),
-    ("a/b", "must be one path component"),
-    ("../escape", "must be one path component"),
-    ("a\\b", "must be one path component"),
-    ("..", "must not start with '.'"),
-    (".", "must not start with '.'"),
-    (".hidden", "must not start with '.'"),
-])
+
+@pytest.mark.parametrize(
+    "name, rule",
+    [
+        ("", "run.name is empty"),
+        ("  ", "run.name is empty"),
+        ("a/b", "must be one path component"),
+        ("../escape", "must be one path component"),
+        ("a\\b", "must be one path component"),
+        ("..", "must not start with '.'"),
+        (".", "must not start with '.'"),
+        (".hidden", "must not start with '.'"),
+    ],
+)
 def test_run_name_is_one_plain_path_component(name, rule):
     with pytest.raises(ConfigError, match=re.escape(rule)):
         config.load(data={"run": {"name": name}})
@@ -210,8 +254,7 @@ def test_run_name_is_one_plain_path_component(name, rule):
 
 
 def test_empty_run_name_writes_no_script(tmp_path):
-    r = cli("submit", "--config", str(DIGITS), "--set", "run.name=", "--emit-sbatch", "job.sbatch",
-            cwd=tmp_path)
+    r = cli("submit", "--config", str(DIGITS), "--set", "run.name=", "--emit-sbatch", "job.sbatch", cwd=tmp_path)
     assert_one_line_error(r, "run.name is empty")
     assert not any(tmp_path.iterdir())
 
@@ -223,6 +266,7 @@ def test_good_run_names_still_load():
 
 # --------------------------------------------------------------------------- 4. printed commands
 
+
 class FakeJob:
     job_id = "4242"
 
@@ -230,14 +274,28 @@ class FakeJob:
         return True
 
     def results(self) -> list[dict]:
-        return [{"status": "finished", "run_dir": "-", "step": 1, "total_steps": 1, "epoch": 0,
-                 "top1": None, "top5": None, "val_count": 0, "train_loss": 0.0, "images_per_s": 0.0,
-                 "data_wait": 0.0, "wall_s": 0.0, "world_size": 2}]
+        return [
+            {
+                "status": "finished",
+                "run_dir": "-",
+                "step": 1,
+                "total_steps": 1,
+                "epoch": 0,
+                "top1": None,
+                "top5": None,
+                "val_count": 0,
+                "train_loss": 0.0,
+                "images_per_s": 0.0,
+                "data_wait": 0.0,
+                "wall_s": 0.0,
+                "world_size": 2,
+            }
+        ]
 
 
 def printed(out: str, prefix: str) -> str:
     line = next(x for x in out.splitlines() if x.startswith(prefix))
-    return line[len(prefix):].split("   status: ")[0]
+    return line[len(prefix) :].split("   status: ")[0]
 
 
 @pytest.mark.parametrize("executor", ["slurm", "local"])
@@ -251,8 +309,17 @@ def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, ex
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
     monkeypatch.delenv("HPCTRAIN_SET", raising=False)
     runs = tmp_path / "my runs 'x' \"y\""
-    args = ["submit", "--config", str(DIGITS), "--set", f"run.dir={runs}", "--set", "run.name=demo",
-            "--set", "data.loader=synthetic"]
+    args = [
+        "submit",
+        "--config",
+        str(DIGITS),
+        "--set",
+        f"run.dir={runs}",
+        "--set",
+        "run.name=demo",
+        "--set",
+        "data.loader=synthetic",
+    ]
     if executor == "slurm":
         args += ["--cluster", "local"]
     assert cli_main(args) == 0

@@ -19,10 +19,12 @@ from hpctrain.cli import main as cli_main
 from tests.helpers import DIGITS, digits_args
 
 KEYS = [k for k, _, _ in config.describe()]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=20))
-values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c,
-                                                                                     max_size=3), max_leaves=6)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=True), st.text(max_size=20)
+)
+values = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3), max_leaves=6
+)
 
 
 @pytest.mark.slow
@@ -74,13 +76,21 @@ def test_cli_set_values_never_traceback(key, raw):
 
 @pytest.mark.slow
 def test_run_record_is_private_and_secret_free(digits_root, tmp_path):
-    secrets = {"MY_API_TOKEN": "tok-123-secret", "AWS_SECRET_ACCESS_KEY": "aws-456-secret",
-               "DB_PASSWORD": "pw-789-secret", "SLURM_JOB_ID": "4242"}
+    secrets = {
+        "MY_API_TOKEN": "tok-123-secret",
+        "AWS_SECRET_ACCESS_KEY": "aws-456-secret",
+        "DB_PASSWORD": "pw-789-secret",
+        "SLURM_JOB_ID": "4242",
+    }
     env = dict(os.environ, OMP_NUM_THREADS="1", **secrets)
-    r = subprocess.run([sys.executable, *digits_args(digits_root, tmp_path, "sec", "train.max_steps=3",
-                                                      "train.ckpt_every=2")],
-                       env=env, capture_output=True, text=True, timeout=300,
-                       preexec_fn=lambda: os.umask(0))  # a careless umask must not leak write access
+    r = subprocess.run(
+        [sys.executable, *digits_args(digits_root, tmp_path, "sec", "train.max_steps=3", "train.ckpt_every=2")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.umask(0),
+    )  # a careless umask must not leak write access
     assert r.returncode == 0, r.stderr[-2000:]
     run = tmp_path / "sec"
     files = list(run.rglob("*"))

@@ -69,8 +69,10 @@ def test_resubmission_after_an_edit_takes_a_new_snapshot_and_says_so(checkout, t
     assert new.hash == source_hash(checkout) != old.hash and new.previous == old.hash
     assert (new.path / "added.py").is_file() and "edited" in (new.path / "train" / "loop.py").read_text()
     assert tree(old.path) == before and source_hash(old.path) == old.hash  # the queued job's copy is kept
-    assert new.lines()[1] == (f"hpctrain: the code changed since this directory's last submission: source "
-                              f"{old.hash} → {new.hash}; this job runs the new snapshot")
+    assert new.lines()[1] == (
+        f"hpctrain: the code changed since this directory's last submission: source "
+        f"{old.hash} → {new.hash}; this job runs the new snapshot"
+    )
 
 
 def _take(args: tuple[str, str]) -> tuple[str, str]:
@@ -112,10 +114,13 @@ def test_a_changed_snapshot_is_refused(checkout, tmp_path):
 def test_task_records_the_snapshot_it_runs(checkout, tmp_path):
     """What env.json's `source` says from a snapshot: its path, hash, origin, and the hashes compared."""
     snap = take_snapshot(tmp_path / "run", checkout)
-    code = ("import json, os; from hpctrain import source; "
-            "print(json.dumps(source.check(os.environ)))")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(snap.path.parent), "HPCTRAIN_SOURCE": str(snap.path),
-           "HPCTRAIN_SOURCE_HASH": snap.hash}
+    code = "import json, os; from hpctrain import source; print(json.dumps(source.check(os.environ)))"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(snap.path.parent),
+        "HPCTRAIN_SOURCE": str(snap.path),
+        "HPCTRAIN_SOURCE_HASH": snap.hash,
+    }
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)

@@ -21,12 +21,17 @@ FINDING = re.compile(r"^(?P<file>[^:]+):\d+: error: (?P<msg>.*?)\s+\[(?P<code>[a
 
 
 def findings(cache_dir: Path) -> Counter[str]:
-    out = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache_dir), "--no-error-summary"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(cache_dir), "--no-error-summary"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode not in (0, 1):
         raise RuntimeError(f"mypy failed to run (exit {out.returncode}): {out.stderr or out.stdout}")
-    return Counter(f"{m['file']}: [{m['code']}] {m['msg']}" for line in out.stdout.splitlines()
-                   if (m := FINDING.match(line)))
+    return Counter(
+        f"{m['file']}: [{m['code']}] {m['msg']}" for line in out.stdout.splitlines() if (m := FINDING.match(line))
+    )
 
 
 def read_baseline() -> Counter[str]:
@@ -38,13 +43,17 @@ def test_mypy_finds_nothing_new_and_the_baseline_only_shrinks(tmp_path):
     now, baseline = findings(tmp_path / "mypy-cache"), read_baseline()
     new, fixed = now - baseline, baseline - now
     assert not new, "mypy finds what the baseline does not have (fix it):\n" + "\n".join(sorted(new.elements()))
-    assert not fixed, ("fixed, still in tests/mypy_baseline.txt (run `python -m tests.test_types --write`):\n"
-                       + "\n".join(sorted(fixed.elements())))
+    assert not fixed, (
+        "fixed, still in tests/mypy_baseline.txt (run `python -m tests.test_types --write`):\n"
+        + "\n".join(sorted(fixed.elements()))
+    )
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     with tempfile.TemporaryDirectory() as cache:
         found = findings(Path(cache))
-    BASELINE.write_text("# mypy findings on src/ accepted when the checker came in; this list only shrinks.\n"
-                        + "".join(f"{line}\n" for line in sorted(found.elements())))
+    BASELINE.write_text(
+        "# mypy findings on src/ accepted when the checker came in; this list only shrinks.\n"
+        + "".join(f"{line}\n" for line in sorted(found.elements()))
+    )
     print(f"{sum(found.values())} findings in {len({k.split(':')[0] for k in found})} files")

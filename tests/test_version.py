@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(not shutil.which("git") or not (ROOT / ".git").exists(), reason="needs git and a checkout")
 def test_version_from_a_checkout_names_source_hash_and_commit(tmp_path):
     r = hpctrain("--version", cwd=tmp_path)  # any directory: the package's own checkout counts
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"hpctrain {__version__} (source {source_hash()}, git {head}")
     assert r.stdout.rstrip().endswith(f") from {ROOT / 'src' / 'hpctrain'}")

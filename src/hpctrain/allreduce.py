@@ -87,8 +87,7 @@ def format_rows(rows: list[dict]) -> str:
     lines = [head, f"  {'size':>8}  {'time (us)':>12}  {'algbw (GB/s)':>12}  {'busbw (GB/s)':>12}"]
     for r in rows:
         lines.append(
-            f"  {human(r['bytes']):>8}  {r['time_us']:>12.1f}  {r['algbw_GBps']:>12.3f}  "
-            f"{r['busbw_GBps']:>12.3f}"
+            f"  {human(r['bytes']):>8}  {r['time_us']:>12.1f}  {r['algbw_GBps']:>12.3f}  {r['busbw_GBps']:>12.3f}"
         )
     return "\n".join(lines)
 
@@ -140,8 +139,7 @@ def run_local(
     queue = ctx.SimpleQueue()
     port = _free_port()
     ps = [
-        ctx.Process(target=_worker, args=(r, procs, port, backend, sizes, iters, warmup, queue))
-        for r in range(procs)
+        ctx.Process(target=_worker, args=(r, procs, port, backend, sizes, iters, warmup, queue)) for r in range(procs)
     ]
     for p in ps:
         p.start()
@@ -157,9 +155,7 @@ def run_local(
     return queue.get()
 
 
-def run_in_job(
-    sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None
-) -> list[dict] | None:
+def run_in_job(sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None) -> list[dict] | None:
     """Inside torchrun/srun: join the job's process group; rank 0 gets the rows, others None."""
     info = dist.detect()
     backend = backend or default_backend()

@@ -28,23 +28,37 @@ from hpctrain.train import dist as distmod
 # Every field of `hpctrain bench --json`, with what it means.
 FIELDS: dict[str, str] = {
     "config": "config file (or 'inline')",
-    "arch": "model.arch", "depth": "transformer blocks", "width": "embedding dimension",
-    "heads": "attention heads", "img_size": "input side", "patch_size": "patch side",
+    "arch": "model.arch",
+    "depth": "transformer blocks",
+    "width": "embedding dimension",
+    "heads": "attention heads",
+    "img_size": "input side",
+    "patch_size": "patch side",
     "params_m": "parameters (millions)",
-    "device": "torch device", "device_name": "accelerator (or CPU) name",
-    "world_size": "ranks", "global_batch": "images per optimizer step (all ranks)",
-    "per_device_batch": "micro-batch per rank", "accum_steps": "micro-batches per step",
-    "amp": "train.amp", "compile": "train.compile", "compile_mode": "train.compile_mode",
+    "device": "torch device",
+    "device_name": "accelerator (or CPU) name",
+    "world_size": "ranks",
+    "global_batch": "images per optimizer step (all ranks)",
+    "per_device_batch": "micro-batch per rank",
+    "accum_steps": "micro-batches per step",
+    "amp": "train.amp",
+    "compile": "train.compile",
+    "compile_mode": "train.compile_mode",
     "parallel": "what the step ran: fsdp (FSDP2, on one rank too) or ddp",
     "loader": "synthetic or the configured loader",
-    "fused_adamw": "fused AdamW kernel in use", "tf32": "TF32 allowed (CUDA)",
+    "fused_adamw": "fused AdamW kernel in use",
+    "tf32": "TF32 allowed (CUDA)",
     "sdpa_backend": "attention kernel PyTorch dispatched to (profiled)",
     "host_syncs_per_step": "device→host synchronisations in one step (CUDA sync debug; None on CPU)",
-    "warmup_steps": "untimed steps first", "steps": "timed steps", "elapsed_s": "timed wall time",
+    "warmup_steps": "untimed steps first",
+    "steps": "timed steps",
+    "elapsed_s": "timed wall time",
     "first_step_s": "wall time of the first warm-up step, synchronised (None without warm-up)",
     "compile_s": "train.compile: first_step_s less a timed step's mean, the cold compile's cost (else None)",
-    "step_time_ms": "mean wall time per optimizer step", "images_per_s": "all ranks",
-    "images_per_s_per_device": "per rank", "data_wait": "share of the timed window spent in next(loader)",
+    "step_time_ms": "mean wall time per optimizer step",
+    "images_per_s": "all ranks",
+    "images_per_s_per_device": "per rank",
+    "data_wait": "share of the timed window spent in next(loader)",
     "fwd_gmacs_per_image": "forward multiply-adds per image (10^9)",
     "train_gflops_per_image": "model FLOPs per trained image, 3 × forward (10^9)",
     "achieved_tflops_per_device": "model TFLOP/s per device",
@@ -54,8 +68,10 @@ FIELDS: dict[str, str] = {
     "achievable_tflops": "measured large-matmul bf16 rate of this GPU (None: not measured)",
     "mfu_of_achievable": "model FLOP/s over achievable_tflops, 0-1 (None: not measured)",
     "peak_mem_mb": "peak memory (CUDA: max allocated in the timed window; CPU: process max RSS)",
-    "peak_mem_kind": "cuda_max_allocated or cpu_max_rss", "loss": "loss of the last timed step",
-    "torch": "torch version", "hpctrain": "hpctrain version",
+    "peak_mem_kind": "cuda_max_allocated or cpu_max_rss",
+    "loss": "loss of the last timed step",
+    "torch": "torch version",
+    "hpctrain": "hpctrain version",
 }
 
 
@@ -66,8 +82,9 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(step: Callable[[Any], Any], next_batch: Callable[[], Any], steps: int, warmup: int,
-               device) -> dict[str, Any]:
+def time_steps(
+    step: Callable[[Any], Any], next_batch: Callable[[], Any], steps: int, warmup: int, device
+) -> dict[str, Any]:
     """Run `warmup` untimed steps, then `steps` timed ones; wall time, data wait, last loss, memory.
 
     The first warm-up step is timed on its own (synchronised at both ends): under torch.compile it
@@ -111,8 +128,15 @@ def time_steps(step: Callable[[Any], Any], next_batch: Callable[[], Any], steps:
         mem, kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
     else:
         mem, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
-    return {"elapsed_s": elapsed, "data_wait_s": wait, "host_syncs_per_step": syncs, "first_step_s": first,
-            "loss": float(loss) if loss is not None else None, "peak_mem_mb": mem, "peak_mem_kind": kind}
+    return {
+        "elapsed_s": elapsed,
+        "data_wait_s": wait,
+        "host_syncs_per_step": syncs,
+        "first_step_s": first,
+        "loss": float(loss) if loss is not None else None,
+        "peak_mem_mb": mem,
+        "peak_mem_kind": kind,
+    }
 
 
 def compile_seconds(first_step_s: float | None, step_s: float, compiled: bool) -> float | None:
@@ -147,9 +171,12 @@ def cycle(loader, accum: int) -> Callable[[], list]:
 
 
 def figures(images_per_s: float, world: int, train_flops: float, peak: float | None) -> dict[str, Any]:
-    return {"images_per_s": images_per_s, "images_per_s_per_device": images_per_s / world,
-            "achieved_tflops_per_device": images_per_s * train_flops / world / 1e12,
-            "mfu": flopsmod.mfu(images_per_s, train_flops, peak, world)}
+    return {
+        "images_per_s": images_per_s,
+        "images_per_s_per_device": images_per_s / world,
+        "achieved_tflops_per_device": images_per_s * train_flops / world / 1e12,
+        "mfu": flopsmod.mfu(images_per_s, train_flops, peak, world),
+    }
 
 
 def device_peak(device, given: float | None) -> tuple[str, float | None, str]:
@@ -168,8 +195,14 @@ def device_peak(device, given: float | None) -> tuple[str, float | None, str]:
     return name, peak, source
 
 
-def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = False,
-            peak_tflops: float | None = None, config_name: str = "inline") -> dict[str, Any]:
+def measure(
+    cfg: Config,
+    steps: int = 20,
+    warmup: int = 3,
+    use_loader: bool = False,
+    peak_tflops: float | None = None,
+    config_name: str = "inline",
+) -> dict[str, Any]:
     """Benchmark the training step `cfg` describes on this rank; the result dict has FIELDS."""
     import torch  # torch: a top-level module imports light (login node)
 
@@ -193,8 +226,12 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    distmod.init(info, "nccl" if device.type == "cuda" else "gloo", cfg.train.pg_timeout_s,
-                 group_of_one=cfg.train.parallel == "fsdp")  # a one-GPU FSDP benchmark measures FSDP
+    distmod.init(
+        info,
+        "nccl" if device.type == "cuda" else "gloo",
+        cfg.train.pg_timeout_s,
+        group_of_one=cfg.train.parallel == "fsdp",
+    )  # a one-GPU FSDP benchmark measures FSDP
     try:
         torch.manual_seed(cfg.train.seed)
         train_loader, _ = build_loaders(cfg, info.rank, info.world_size, device)
@@ -221,26 +258,48 @@ def measure(cfg: Config, steps: int = 20, warmup: int = 3, use_loader: bool = Fa
     elapsed = timing["elapsed_s"]
     images_per_s = cfg.data.batch_size * steps / elapsed
     out = {
-        "config": config_name, "arch": cfg.model.arch, "depth": depth, "width": width, "heads": heads,
-        "img_size": cfg.model.img_size, "patch_size": cfg.model.patch_size, "params_m": params / 1e6,
-        "device": str(device), "device_name": name, "world_size": info.world_size,
-        "global_batch": cfg.data.batch_size, "per_device_batch": cfg.per_rank_batch(info.world_size),
-        "accum_steps": cfg.train.accum_steps, "amp": cfg.train.amp, "compile": cfg.train.compile,
-        "compile_mode": cfg.train.compile_mode, "parallel": "fsdp" if trainer.fsdp else "ddp",
+        "config": config_name,
+        "arch": cfg.model.arch,
+        "depth": depth,
+        "width": width,
+        "heads": heads,
+        "img_size": cfg.model.img_size,
+        "patch_size": cfg.model.patch_size,
+        "params_m": params / 1e6,
+        "device": str(device),
+        "device_name": name,
+        "world_size": info.world_size,
+        "global_batch": cfg.data.batch_size,
+        "per_device_batch": cfg.per_rank_batch(info.world_size),
+        "accum_steps": cfg.train.accum_steps,
+        "amp": cfg.train.amp,
+        "compile": cfg.train.compile,
+        "compile_mode": cfg.train.compile_mode,
+        "parallel": "fsdp" if trainer.fsdp else "ddp",
         "loader": resolve_loader(cfg.data.loader),
         "fused_adamw": bool(trainer.optimizer.defaults.get("fused")),
         "tf32": bool(device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32),
-        "sdpa_backend": backend, "host_syncs_per_step": timing["host_syncs_per_step"],
-        "warmup_steps": warmup, "steps": steps, "elapsed_s": elapsed,
-        "step_time_ms": 1000 * elapsed / steps, "first_step_s": timing["first_step_s"],
+        "sdpa_backend": backend,
+        "host_syncs_per_step": timing["host_syncs_per_step"],
+        "warmup_steps": warmup,
+        "steps": steps,
+        "elapsed_s": elapsed,
+        "step_time_ms": 1000 * elapsed / steps,
+        "first_step_s": timing["first_step_s"],
         "compile_s": compile_seconds(timing["first_step_s"], elapsed / steps, cfg.train.compile),
         **figures(images_per_s, info.world_size, fl.train_flops, peak),
         "data_wait": timing["data_wait_s"] / elapsed,
-        "fwd_gmacs_per_image": fl.fwd_macs / 1e9, "train_gflops_per_image": fl.train_flops / 1e9,
-        "peak_tflops": peak, "peak_source": source, "achievable_tflops": achievable,
+        "fwd_gmacs_per_image": fl.fwd_macs / 1e9,
+        "train_gflops_per_image": fl.train_flops / 1e9,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "achievable_tflops": achievable,
         "mfu_of_achievable": flopsmod.mfu(images_per_s, fl.train_flops, achievable, info.world_size),
-        "peak_mem_mb": timing["peak_mem_mb"], "peak_mem_kind": timing["peak_mem_kind"],
-        "loss": timing["loss"], "torch": torch.__version__, "hpctrain": __version__,
+        "peak_mem_mb": timing["peak_mem_mb"],
+        "peak_mem_kind": timing["peak_mem_kind"],
+        "loss": timing["loss"],
+        "torch": torch.__version__,
+        "hpctrain": __version__,
     }
     assert set(out) == set(FIELDS), set(out) ^ set(FIELDS)
     return out
@@ -254,19 +313,34 @@ def report(r: dict[str, Any]) -> str:
     if r.get("mfu_of_achievable") is not None:
         mfu += f"; {100 * r['mfu_of_achievable']:.1f} % of {r['achievable_tflops']:g} achievable"
     rows = [
-        ("model", f"{r['arch']} depth {r['depth']} width {r['width']} heads {r['heads']}, "
-                  f"{r['img_size']}² / patch {r['patch_size']}, {r['params_m']:.1f} M params"),
+        (
+            "model",
+            f"{r['arch']} depth {r['depth']} width {r['width']} heads {r['heads']}, "
+            f"{r['img_size']}² / patch {r['patch_size']}, {r['params_m']:.1f} M params",
+        ),
         ("device", f"{r['device']} ({r['device_name']}) × {r['world_size']}"),
-        ("step", f"batch {r['global_batch']} (per device {r['per_device_batch']} × accum "
-                 f"{r['accum_steps']}), amp {r['amp']}, compile {r['compile']}, {r['parallel']}, "
-                 f"loader {r['loader']}"),
-        ("fast path", f"fused AdamW {r['fused_adamw']}, TF32 {r['tf32']}, SDPA {r['sdpa_backend']}, "
-                      f"host syncs/step {r['host_syncs_per_step']}"),
+        (
+            "step",
+            f"batch {r['global_batch']} (per device {r['per_device_batch']} × accum "
+            f"{r['accum_steps']}), amp {r['amp']}, compile {r['compile']}, {r['parallel']}, "
+            f"loader {r['loader']}",
+        ),
+        (
+            "fast path",
+            f"fused AdamW {r['fused_adamw']}, TF32 {r['tf32']}, SDPA {r['sdpa_backend']}, "
+            f"host syncs/step {r['host_syncs_per_step']}",
+        ),
         ("throughput", f"{r['images_per_s']:.1f} images/s ({r['images_per_s_per_device']:.1f} per device)"),
-        ("step time", f"{r['step_time_ms']:.2f} ms (mean of {r['steps']} after {r['warmup_steps']} warm-up)"
-                      + ("" if r["compile_s"] is None else f"; compile {r['compile_s']:.1f} s")),
-        ("model FLOPs", f"{r['fwd_gmacs_per_image']:.3f} GMAC forward, {r['train_gflops_per_image']:.2f} "
-                        f"GFLOP per trained image; {r['achieved_tflops_per_device']:.3f} TFLOP/s per device"),
+        (
+            "step time",
+            f"{r['step_time_ms']:.2f} ms (mean of {r['steps']} after {r['warmup_steps']} warm-up)"
+            + ("" if r["compile_s"] is None else f"; compile {r['compile_s']:.1f} s"),
+        ),
+        (
+            "model FLOPs",
+            f"{r['fwd_gmacs_per_image']:.3f} GMAC forward, {r['train_gflops_per_image']:.2f} "
+            f"GFLOP per trained image; {r['achieved_tflops_per_device']:.3f} TFLOP/s per device",
+        ),
         ("MFU", mfu),
         ("data wait", f"{100 * r['data_wait']:.1f} %"),
         ("peak memory", f"{r['peak_mem_mb']:.0f} MB ({r['peak_mem_kind']})"),

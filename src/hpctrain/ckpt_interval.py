@@ -90,8 +90,7 @@ class AutoInterval:
     def saved(self, step: int, save_s: float, step_s: float) -> dict | None:
         """A periodic save at `step` took `save_s`: the next due step; the new interval's record
         (the `ckpt_interval` metrics fields) when it was (re)computed, else None."""
-        changed = (not self.steps or save_s > RECOMPUTE_FACTOR * self.save_s
-                   or save_s * RECOMPUTE_FACTOR < self.save_s)
+        changed = not self.steps or save_s > RECOMPUTE_FACTOR * self.save_s or save_s * RECOMPUTE_FACTOR < self.save_s
         if changed:
             before = self.steps
             self.steps = interval_steps(save_s, step_s, self.mtbf_h * 3600.0)
@@ -100,6 +99,14 @@ class AutoInterval:
         if not changed:
             return None
         interval = young_daly_s(save_s, self.mtbf_h * 3600.0)
-        return {"interval_steps": self.steps, "interval_s": interval, "save_s": save_s, "step_s": step_s,
-                "mtbf_h": self.mtbf_h, "mtbf_source": self.mtbf_source, "next_step": self.next_step,
-                "previous_steps": before or None, "formula": "sqrt(2 * save_s * mtbf_s) (Young 1974, Daly 2006)"}
+        return {
+            "interval_steps": self.steps,
+            "interval_s": interval,
+            "save_s": save_s,
+            "step_s": step_s,
+            "mtbf_h": self.mtbf_h,
+            "mtbf_source": self.mtbf_source,
+            "next_step": self.next_step,
+            "previous_steps": before or None,
+            "formula": "sqrt(2 * save_s * mtbf_s) (Young 1974, Daly 2006)",
+        }

@@ -37,8 +37,15 @@ class ConfigError(UserError, ValueError):
     """A config problem, phrased for the person who wrote the config."""
 
 
-def opt(default: Any, doc: str, *, choices: tuple | None = None, lo: float | None = None,
-        hi: float | None = None, lo_open: bool = False) -> Any:
+def opt(
+    default: Any,
+    doc: str,
+    *,
+    choices: tuple | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+) -> Any:
     """A config field: default, one-line doc, allowed choices and numeric bounds."""
     meta = {"doc": doc, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open}
     if isinstance(default, (list, dict)):
@@ -48,49 +55,90 @@ def opt(default: Any, doc: str, *, choices: tuple | None = None, lo: float | Non
 
 # --------------------------------------------------------------------------- sections
 
+
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str = opt("vit_base", "ViT size; depth/width/heads below override it",
-                    choices=("vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge"))
+    arch: str = opt(
+        "vit_base",
+        "ViT size; depth/width/heads below override it",
+        choices=("vit_tiny", "vit_small", "vit_base", "vit_large", "vit_huge"),
+    )
     patch_size: int = opt(16, "patch side in pixels", lo=1)
     img_size: int = opt(224, "input side in pixels (training crop)", lo=1)
     depth: int | None = opt(None, "transformer blocks (None: from arch)", lo=1)
     width: int | None = opt(None, "embedding dimension (None: from arch)", lo=1)
     heads: int | None = opt(None, "attention heads (None: from arch)", lo=1)
     mlp_ratio: float = opt(4.0, "MLP hidden size / width", lo=0, lo_open=True)
-    pool: str = opt("token", "classifier input: class token or global average pool",
-                    choices=("token", "avg"))
-    pos_embed: str = opt("learn", "position embedding: learned or fixed 2-D sin-cos (MoCo v3's frequencies, or "
-                         "big_vision's: i/(D/4-1))",
-                         choices=("learn", "sincos", "sincos_big_vision"))
+    pool: str = opt("token", "classifier input: class token or global average pool", choices=("token", "avg"))
+    pos_embed: str = opt(
+        "learn",
+        "position embedding: learned or fixed 2-D sin-cos (MoCo v3's frequencies, or big_vision's: i/(D/4-1))",
+        choices=("learn", "sincos", "sincos_big_vision"),
+    )
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
-    drop_rate: float = opt(0.0, "dropout after the position embedding, the attention output and both MLP layers (the "
-                           "ViT paper's dropout_rate; timm 0.3.2's drop_rate = timm's pos_drop_rate + proj_drop_rate, "
-                           "not its newer head-only drop_rate)", lo=0, hi=1)
-    attn_drop_rate: float = opt(0.0, "dropout on the attention probabilities, training only (timm attn_drop_rate, "
-                                "vit_jax attention_dropout_rate)", lo=0, hi=1)
+    drop_rate: float = opt(
+        0.0,
+        "dropout after the position embedding, the attention output and both MLP layers (the "
+        "ViT paper's dropout_rate; timm 0.3.2's drop_rate = timm's pos_drop_rate + proj_drop_rate, "
+        "not its newer head-only drop_rate)",
+        lo=0,
+        hi=1,
+    )
+    attn_drop_rate: float = opt(
+        0.0,
+        "dropout on the attention probabilities, training only (timm attn_drop_rate, vit_jax attention_dropout_rate)",
+        lo=0,
+        hi=1,
+    )
     num_classes: int = opt(1000, "classifier outputs", lo=1)
     grad_ckpt: bool = opt(False, "activation checkpointing of every block (saves memory)")
-    rep_size: int = opt(0, "pre-logits Dense(rep_size) + tanh before the head, as big_vision's rep_size "
-                        "(true there = width); 0: off", lo=0)
-    head_init: str = opt("zero", "classifier init: zero weight and bias (big_vision head_zeroinit) or "
-                         "trunc_normal std 0.02 (timm's default)", choices=("zero", "trunc_normal"))
-    init: str = opt("timm", "weight init: timm (trunc-normal 0.02), deit (timm 0.3.2 as DeiT builds it: class token "
-                    "and position embedding trunc-normal 0.02, PyTorch's default patch-embedding conv) or "
-                    "big_vision's (Xavier-uniform blocks, LeCun-normal patch embedding and pre-logits, zero "
-                    "patch-embedding bias)", choices=("timm", "deit", "big_vision"))
-    gelu: str = opt("auto", "MLP activation: exact (erf) GELU, or its tanh approximation (flax nn.gelu's default); "
-                    "auto: tanh with model.init=big_vision, else exact", choices=("auto", "exact", "tanh"))
-    class_token: bool | None = opt(None, "a class token in the sequence (timm class_token); null: only with "
-                                   "pool=token. pool=avg + class_token=true: the average leaves it out (timm "
-                                   "global_pool='avg', MAE's fine-tuning)")
-    fc_norm: bool | None = opt(None, "final LayerNorm after the pool (timm fc_norm) instead of on the tokens before "
-                               "it; null: timm's rule, true for pool=avg unless model.gap_norm=before")
-    gap_norm: str = opt("after", "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
-                        "token before it (big_vision encoder_norm)", choices=("after", "before"))
-    init_from: str = opt("", "start from these weights (not on resume): a .pt/.pth/.safetensors state_dict with "
-                         "timm's names (e.g. from `hpctrain export`), an hpctrain checkpoint or run directory; "
-                         "a file path, read by every rank (docs/finetune.md)")
+    rep_size: int = opt(
+        0,
+        "pre-logits Dense(rep_size) + tanh before the head, as big_vision's rep_size (true there = width); 0: off",
+        lo=0,
+    )
+    head_init: str = opt(
+        "zero",
+        "classifier init: zero weight and bias (big_vision head_zeroinit) or trunc_normal std 0.02 (timm's default)",
+        choices=("zero", "trunc_normal"),
+    )
+    init: str = opt(
+        "timm",
+        "weight init: timm (trunc-normal 0.02), deit (timm 0.3.2 as DeiT builds it: class token "
+        "and position embedding trunc-normal 0.02, PyTorch's default patch-embedding conv) or "
+        "big_vision's (Xavier-uniform blocks, LeCun-normal patch embedding and pre-logits, zero "
+        "patch-embedding bias)",
+        choices=("timm", "deit", "big_vision"),
+    )
+    gelu: str = opt(
+        "auto",
+        "MLP activation: exact (erf) GELU, or its tanh approximation (flax nn.gelu's default); "
+        "auto: tanh with model.init=big_vision, else exact",
+        choices=("auto", "exact", "tanh"),
+    )
+    class_token: bool | None = opt(
+        None,
+        "a class token in the sequence (timm class_token); null: only with "
+        "pool=token. pool=avg + class_token=true: the average leaves it out (timm "
+        "global_pool='avg', MAE's fine-tuning)",
+    )
+    fc_norm: bool | None = opt(
+        None,
+        "final LayerNorm after the pool (timm fc_norm) instead of on the tokens before "
+        "it; null: timm's rule, true for pool=avg unless model.gap_norm=before",
+    )
+    gap_norm: str = opt(
+        "after",
+        "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
+        "token before it (big_vision encoder_norm)",
+        choices=("after", "before"),
+    )
+    init_from: str = opt(
+        "",
+        "start from these weights (not on resume): a .pt/.pth/.safetensors state_dict with "
+        "timm's names (e.g. from `hpctrain export`), an hpctrain checkpoint or run directory; "
+        "a file path, read by every rank (docs/finetune.md)",
+    )
     init_ema: bool = opt(False, "model.init_from is a checkpoint with EMA weights: start from those")
 
     # keys that say where the first weights come from, not what the model is: a resume ignores them
@@ -108,74 +156,127 @@ class ModelConfig:
     def validate(self) -> None:
         for key in ("drop_rate", "attn_drop_rate"):
             if getattr(self, key) >= 1:
-                raise ConfigError(f"model.{key}=1 drops every activation: use a rate below 1 (the ViT paper: "
-                                  "model.drop_rate=0.1), or 0 for none")
+                raise ConfigError(
+                    f"model.{key}=1 drops every activation: use a rate below 1 (the ViT paper: "
+                    "model.drop_rate=0.1), or 0 for none"
+                )
         if self.pool == "token" and self.class_token is False:
-            raise ConfigError("model.pool=token reads the class token: set model.class_token=true (or null), or "
-                              "model.pool=avg")
+            raise ConfigError(
+                "model.pool=token reads the class token: set model.class_token=true (or null), or model.pool=avg"
+            )
         if self.fc_norm is True and self.gap_norm == "before":
-            raise ConfigError("model.fc_norm=true puts the final norm after the pool, model.gap_norm=before on the "
-                              "tokens before it: drop one (fc_norm=false is gap_norm=before)")
+            raise ConfigError(
+                "model.fc_norm=true puts the final norm after the pool, model.gap_norm=before on the "
+                "tokens before it: drop one (fc_norm=false is gap_norm=before)"
+            )
         if self.gap_norm == "before" and self.pool != "avg":
-            raise ConfigError("model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
-                              "always on the tokens); set model.pool=avg or model.gap_norm=after")
+            raise ConfigError(
+                "model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
+                "always on the tokens); set model.pool=avg or model.gap_norm=after"
+            )
         if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://|^(hf[-_]hub|timm):|^timm/", self.init_from):
-            raise ConfigError(f"model.init_from={self.init_from!r}: hpctrain reads no network at run time; download "
-                              "the weights first (e.g. a timm model's model.safetensors) and give the file's path")
+            raise ConfigError(
+                f"model.init_from={self.init_from!r}: hpctrain reads no network at run time; download "
+                "the weights first (e.g. a timm model's model.safetensors) and give the file's path"
+            )
 
 
 @dataclass(frozen=True)
 class DataConfig:
     root: str = opt("", "dataset folder: root/train/<class>/*, root/val/<class>/* (or shards)")
-    prepare: str = opt("none", "digits: write the demo set when data.root is the demo's own folder data/digits "
-                       "(under the working directory) and it is missing; any other missing root is an error",
-                       choices=("none", "digits"))
-    loader: str = opt("auto", "auto = DALI when importable, else torch (PIL)",
-                      choices=("auto", "dali", "torch", "synthetic"))
-    format: str = opt("folder", "folder = ImageNet layout; wds = WebDataset shards from `data pack`",
-                      choices=("folder", "wds"))
+    prepare: str = opt(
+        "none",
+        "digits: write the demo set when data.root is the demo's own folder data/digits "
+        "(under the working directory) and it is missing; any other missing root is an error",
+        choices=("none", "digits"),
+    )
+    loader: str = opt(
+        "auto", "auto = DALI when importable, else torch (PIL)", choices=("auto", "dali", "torch", "synthetic")
+    )
+    format: str = opt(
+        "folder", "folder = ImageNet layout; wds = WebDataset shards from `data pack`", choices=("folder", "wds")
+    )
     batch_size: int = opt(1024, "global batch per optimizer step (all ranks, all micro-steps)", lo=1)
     eval_batch_size: int = opt(0, "per-rank eval batch (0: same as the per-rank train batch)", lo=0)
     workers: int = opt(4, "loader worker processes (or DALI threads) per rank", lo=0)
-    crop_pct: float = opt(0.875, "val: resize shorter side to img_size / crop_pct, centre crop",
-                          lo=0, hi=1, lo_open=True)
-    eval_resize: str = opt("crop", "val: crop = short side to img_size / crop_pct, then the centre crop (timm); "
-                           "squash = the whole image to img_size × img_size, aspect not kept (vit_jax "
-                           "input_pipeline.py:213; crop_pct unused)", choices=("crop", "squash"))
+    crop_pct: float = opt(
+        0.875, "val: resize shorter side to img_size / crop_pct, centre crop", lo=0, hi=1, lo_open=True
+    )
+    eval_resize: str = opt(
+        "crop",
+        "val: crop = short side to img_size / crop_pct, then the centre crop (timm); "
+        "squash = the whole image to img_size × img_size, aspect not kept (vit_jax "
+        "input_pipeline.py:213; crop_pct unused)",
+        choices=("crop", "squash"),
+    )
     scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
-    crop: str = opt("timm", "train crop sampler: timm = RandomResizedCrop (area uniform, aspect log-uniform in "
-                    "3/4-4/3, 10 tries); tf_inception = TensorFlow's sample_distorted_bounding_box as big_vision "
-                    "and vit_jax (aspect uniform in 0.75-1.33, height uniform and clipped, 100 tries)",
-                    choices=("timm", "tf_inception"))
-    antialias: bool = opt(True, "train crop resize antialiases a downscale (PIL's and DALI's default); false = "
-                          "plain bilinear/bicubic as tf.image.resize's default (big_vision, vit_jax)")
+    crop: str = opt(
+        "timm",
+        "train crop sampler: timm = RandomResizedCrop (area uniform, aspect log-uniform in "
+        "3/4-4/3, 10 tries); tf_inception = TensorFlow's sample_distorted_bounding_box as big_vision "
+        "and vit_jax (aspect uniform in 0.75-1.33, height uniform and clipped, 100 tries)",
+        choices=("timm", "tf_inception"),
+    )
+    antialias: bool = opt(
+        True,
+        "train crop resize antialiases a downscale (PIL's and DALI's default); false = "
+        "plain bilinear/bicubic as tf.image.resize's default (big_vision, vit_jax)",
+    )
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
-    randaugment: str = opt("", "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
-                           "string, e.g. 'rand-m9-mstd0.5-inc1' (DeiT); empty = off (DALI loader)")
-    interpolation: str = opt("bilinear", "resize filter, train crop and val resize (DeiT: bicubic)",
-                             choices=("bilinear", "bicubic"))
-    reprob: float = opt(0.0, "random erasing: probability per training sample, after normalisation "
-                        "(timm RandomErasing; DeiT: 0.25)", lo=0, hi=1)
-    remode: str = opt("pixel", "random erasing fill: pixel = per-pixel N(0,1) noise, rand = one N(0,1) "
-                      "colour per channel, const = 0 (normalised values)", choices=("pixel", "rand", "const"))
+    randaugment: str = opt(
+        "",
+        "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
+        "string, e.g. 'rand-m9-mstd0.5-inc1' (DeiT); empty = off (DALI loader)",
+    )
+    interpolation: str = opt(
+        "bilinear", "resize filter, train crop and val resize (DeiT: bicubic)", choices=("bilinear", "bicubic")
+    )
+    reprob: float = opt(
+        0.0,
+        "random erasing: probability per training sample, after normalisation (timm RandomErasing; DeiT: 0.25)",
+        lo=0,
+        hi=1,
+    )
+    remode: str = opt(
+        "pixel",
+        "random erasing fill: pixel = per-pixel N(0,1) noise, rand = one N(0,1) "
+        "colour per channel, const = 0 (normalised values)",
+        choices=("pixel", "rand", "const"),
+    )
     recount: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
-    repeated_aug: int = opt(0, "repeated augmentation (DeiT RASampler): each drawn sample this many times in "
-                            "an epoch, spread over ranks; 0 or 1 = off (DeiT: 3)", lo=0)
+    repeated_aug: int = opt(
+        0,
+        "repeated augmentation (DeiT RASampler): each drawn sample this many times in "
+        "an epoch, spread over ranks; 0 or 1 = off (DeiT: 3)",
+        lo=0,
+    )
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
     std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
     exclude_file: str = opt("", "file listing images to skip (from `prepare-imagenet --exclude-bad`)")
-    on_bad_sample: str = opt("stop", "an image that vanished or went bad mid-run: stop naming it, or skip "
-                             "and count it (torch loader)", choices=("stop", "skip"))
-    stage_to: str = opt("", "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR: "
-                            "once per node, free space checked, skipped when a complete copy is there")
+    on_bad_sample: str = opt(
+        "stop",
+        "an image that vanished or went bad mid-run: stop naming it, or skip and count it (torch loader)",
+        choices=("stop", "skip"),
+    )
+    stage_to: str = opt(
+        "",
+        "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR: "
+        "once per node, free space checked, skipped when a complete copy is there",
+    )
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
-    val_split: str = opt("val", "what to evaluate on: root/val, or minival = 1 % of root/train held out "
-                         "(big_vision's train[99%:]; training then uses the other 99 %)",
-                         choices=("val", "minival"))
-    eval_splits: tuple[str, ...] = opt((), "evaluate on each of these splits (val, minival) at every eval, as "
-                                       "big_vision's evals; the first is the run's headline (top1, top5, loss, "
-                                       "count as with one split), with several each is also logged as <split>/top1 "
-                                       "(TensorBoard eval/<split>/top1); empty: [data.val_split]")
+    val_split: str = opt(
+        "val",
+        "what to evaluate on: root/val, or minival = 1 % of root/train held out "
+        "(big_vision's train[99%:]; training then uses the other 99 %)",
+        choices=("val", "minival"),
+    )
+    eval_splits: tuple[str, ...] = opt(
+        (),
+        "evaluate on each of these splits (val, minival) at every eval, as "
+        "big_vision's evals; the first is the run's headline (top1, top5, loss, "
+        "count as with one split), with several each is also logged as <split>/top1 "
+        "(TensorBoard eval/<split>/top1); empty: [data.val_split]",
+    )
 
     EVAL_SPLITS = ("val", "minival")
 
@@ -187,72 +288,114 @@ class DataConfig:
     def validate(self) -> None:
         for s in self.eval_splits:
             if s not in self.EVAL_SPLITS:
-                raise ConfigError(f"data.eval_splits: {s!r} is not a split; use val (root/val) or minival (1 % of "
-                                  "root/train held out), e.g. data.eval_splits=[val,minival]")
+                raise ConfigError(
+                    f"data.eval_splits: {s!r} is not a split; use val (root/val) or minival (1 % of "
+                    "root/train held out), e.g. data.eval_splits=[val,minival]"
+                )
         if len(set(self.eval_splits)) != len(self.eval_splits):
             raise ConfigError(f"data.eval_splits={list(self.eval_splits)} names a split twice: list each once")
         if self.eval_splits and self.val_split != "val" and self.val_split != self.eval_splits[0]:
-            raise ConfigError(f"data.val_split={self.val_split} and data.eval_splits={list(self.eval_splits)} both "
-                              "choose the eval split: drop data.val_split (the first of data.eval_splits is the "
-                              "headline one)")
+            raise ConfigError(
+                f"data.val_split={self.val_split} and data.eval_splits={list(self.eval_splits)} both "
+                "choose the eval split: drop data.val_split (the first of data.eval_splits is the "
+                "headline one)"
+            )
         try:
             parse_randaugment(self.randaugment)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         if self.randaugment.strip() and self.loader == "torch":
-            raise ConfigError(f"data.randaugment={self.randaugment!r} needs the DALI loader (the torch loader "
-                              "has no RandAugment): set data.loader=dali, or clear data.randaugment")
+            raise ConfigError(
+                f"data.randaugment={self.randaugment!r} needs the DALI loader (the torch loader "
+                "has no RandAugment): set data.loader=dali, or clear data.randaugment"
+            )
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = opt("adamw", "optimizer: AdamW, LAMB (layer-wise trust ratio, for 8k-32k global batches), or SGD "
-                    "with momentum (the ViT paper's fine-tuning)", choices=("adamw", "lamb", "sgd"))
+    name: str = opt(
+        "adamw",
+        "optimizer: AdamW, LAMB (layer-wise trust ratio, for 8k-32k global batches), or SGD "
+        "with momentum (the ViT paper's fine-tuning)",
+        choices=("adamw", "lamb", "sgd"),
+    )
     lr: float = opt(5e-4, "peak learning rate at lr_ref_batch (before batch scaling)", lo=0, lo_open=True)
     lr_ref_batch: int = opt(0, "global batch that optim.lr is tuned for (0: lr is used as is)", lo=0)
-    lr_scaling: str = opt("linear", "how lr follows data.batch_size / lr_ref_batch: linear (AdamW, Goyal "
-                          "et al.), sqrt (LAMB, You et al.) or none", choices=("linear", "sqrt", "none"))
-    weight_decay: float = opt(0.05, "weight decay, not on norms/biases/tokens (AdamW: decoupled, lr·wd; "
-                              "LAMB: inside the trust-ratio update)", lo=0)
+    lr_scaling: str = opt(
+        "linear",
+        "how lr follows data.batch_size / lr_ref_batch: linear (AdamW, Goyal et al.), sqrt (LAMB, You et al.) or none",
+        choices=("linear", "sqrt", "none"),
+    )
+    weight_decay: float = opt(
+        0.05,
+        "weight decay, not on norms/biases/tokens (AdamW: decoupled, lr·wd; LAMB: inside the trust-ratio update)",
+        lo=0,
+    )
     betas: tuple[float, ...] = opt((0.9, 0.999), "Adam/LAMB betas")
     momentum: float = opt(0.9, "SGD momentum (optim.name=sgd)", lo=0, hi=1)
-    layer_decay: float = opt(1.0, "layer-wise lr decay (BEiT/MAE): block i's lr x decay^(depth-i), patch/position "
-                             "embedding and class token x decay^(depth+1), final norm and head x 1; 1 = off "
-                             "(MAE ViT-B fine-tuning: 0.65)", lo=0, hi=1, lo_open=True)
-    head_lr_mult: float = opt(1.0, "learning-rate multiplier of the classifier head (head.*), on top of "
-                              "layer_decay", lo=0, lo_open=True)
+    layer_decay: float = opt(
+        1.0,
+        "layer-wise lr decay (BEiT/MAE): block i's lr x decay^(depth-i), patch/position "
+        "embedding and class token x decay^(depth+1), final norm and head x 1; 1 = off "
+        "(MAE ViT-B fine-tuning: 0.65)",
+        lo=0,
+        hi=1,
+        lo_open=True,
+    )
+    head_lr_mult: float = opt(
+        1.0, "learning-rate multiplier of the classifier head (head.*), on top of layer_decay", lo=0, lo_open=True
+    )
     eps: float = opt(1e-8, "Adam/LAMB epsilon", lo=0, lo_open=True)
     warmup_epochs: float = opt(0.0, "linear warm-up length in epochs", lo=0)
     warmup_steps: int = opt(0, "linear warm-up length in steps (overrides warmup_epochs)", lo=0)
     min_lr: float = opt(1e-6, "cosine floor", lo=0)
-    warmup_lr: float = opt(0.0, "learning rate the linear warm-up starts from (timm warmup_lr_init; DeiT: 1e-6)",
-                           lo=0)
-    cooldown_epochs: float = opt(0.0, "last epochs of train.epochs held at min_lr after the cosine ends "
-                                 "(timm cooldown_epochs)", lo=0)
-    lr_update: str = opt("step", "learning rate set every optimizer step, or once per epoch as DeiT's main.py "
-                         "(timm t_in_epochs; epoch e trains at timm's lr(e-1))", choices=("step", "epoch"))
+    warmup_lr: float = opt(0.0, "learning rate the linear warm-up starts from (timm warmup_lr_init; DeiT: 1e-6)", lo=0)
+    cooldown_epochs: float = opt(
+        0.0, "last epochs of train.epochs held at min_lr after the cosine ends (timm cooldown_epochs)", lo=0
+    )
+    lr_update: str = opt(
+        "step",
+        "learning rate set every optimizer step, or once per epoch as DeiT's main.py "
+        "(timm t_in_epochs; epoch e trains at timm's lr(e-1))",
+        choices=("step", "epoch"),
+    )
     schedule: str = opt("cosine", "learning-rate schedule after warm-up", choices=("cosine", "constant"))
     clip_grad: float = opt(0.0, "clip the global gradient norm to this (0: off)", lo=0)
-    lamb_adapt: str = opt("all", "LAMB trust ratio on every tensor (the paper) or only on those with weight "
-                          "decay (apex/timm default)", choices=("all", "decayed"))
-    fused: str = opt("auto", "fused AdamW: auto = on CUDA (LAMB has no fused kernel here)",
-                     choices=("auto", "always", "never"))
-    mu_dtype: str = opt("fp32", "dtype Adam's first moment is stored in: bf16 as big_vision's scale_by_adam("
-                        "mu_dtype='bfloat16') (hpctrain's own AdamW, not fused)", choices=("fp32", "bf16"))
+    lamb_adapt: str = opt(
+        "all",
+        "LAMB trust ratio on every tensor (the paper) or only on those with weight decay (apex/timm default)",
+        choices=("all", "decayed"),
+    )
+    fused: str = opt(
+        "auto", "fused AdamW: auto = on CUDA (LAMB has no fused kernel here)", choices=("auto", "always", "never")
+    )
+    mu_dtype: str = opt(
+        "fp32",
+        "dtype Adam's first moment is stored in: bf16 as big_vision's scale_by_adam("
+        "mu_dtype='bfloat16') (hpctrain's own AdamW, not fused)",
+        choices=("fp32", "bf16"),
+    )
 
     def validate(self) -> None:
         if self.lr_scaling == "sqrt" and not self.lr_ref_batch:
-            raise ConfigError("optim.lr_scaling=sqrt needs optim.lr_ref_batch (the global batch optim.lr was "
-                              "tuned for), e.g. optim.lr_ref_batch=4096")
+            raise ConfigError(
+                "optim.lr_scaling=sqrt needs optim.lr_ref_batch (the global batch optim.lr was "
+                "tuned for), e.g. optim.lr_ref_batch=4096"
+            )
         if self.name != "adamw" and self.fused == "always":
-            raise ConfigError(f"optim.fused=always is for AdamW: {self.name} has no fused kernel here; use "
-                              "optim.fused=auto")
+            raise ConfigError(
+                f"optim.fused=always is for AdamW: {self.name} has no fused kernel here; use optim.fused=auto"
+            )
         if self.mu_dtype == "bf16" and self.name != "adamw":
-            raise ConfigError(f"optim.mu_dtype=bf16 is for optim.name=adamw; {self.name} keeps its moments in "
-                              "fp32: use optim.mu_dtype=fp32")
+            raise ConfigError(
+                f"optim.mu_dtype=bf16 is for optim.name=adamw; {self.name} keeps its moments in "
+                "fp32: use optim.mu_dtype=fp32"
+            )
         if self.mu_dtype == "bf16" and self.fused == "always":
-            raise ConfigError("optim.mu_dtype=bf16 runs hpctrain's own AdamW (torch's keeps Adam's moments in "
-                              "the parameter dtype), which has no fused kernel; use optim.fused=auto")
+            raise ConfigError(
+                "optim.mu_dtype=bf16 runs hpctrain's own AdamW (torch's keeps Adam's moments in "
+                "the parameter dtype), which has no fused kernel; use optim.fused=auto"
+            )
 
 
 STEP_WINDOW_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -264,8 +407,10 @@ def step_window(text: str, key: str) -> tuple[int, int] | None:
         return None
     m = STEP_WINDOW_RE.match(str(text))
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise ConfigError(f"{key}={text!r} is not a step window: use A-B with 1 <= A <= B (global steps, "
-                          "inclusive), e.g. 20-25, or leave it empty to turn it off")
+        raise ConfigError(
+            f"{key}={text!r} is not a step window: use A-B with 1 <= A <= B (global steps, "
+            "inclusive), e.g. 20-25, or leave it empty to turn it off"
+        )
     return int(m.group(1)), int(m.group(2))
 
 
@@ -274,20 +419,33 @@ class TrainConfig:
     epochs: int = opt(300, "training epochs", lo=1)
     max_steps: int = opt(0, "stop after this many optimizer steps (0: epochs decide)", lo=0)
     accum_steps: int = opt(1, "micro-batches per optimizer step (gradient accumulation)", lo=1)
-    amp: str = opt("bf16", "mixed precision: bf16 autocast, fp16 + GradScaler, or none",
-                   choices=("none", "bf16", "fp16"))
+    amp: str = opt(
+        "bf16", "mixed precision: bf16 autocast, fp16 + GradScaler, or none", choices=("none", "bf16", "fp16")
+    )
     compile: bool = opt(False, "torch.compile the model")
-    compile_mode: str = opt("default", "torch.compile mode",
-                            choices=("default", "reduce-overhead", "max-autotune",
-                                     "max-autotune-no-cudagraphs"))
-    compile_cache: str = opt("", "train.compile: Inductor's and Triton's caches under this dir, in a subdir keyed by "
-                             "image digest + torch version + model config, so a requeue starts warm (empty: "
-                             "<run>/compile_cache; a sweep shares <sweep>/compile_cache; docs/profiling.md)")
-    compile_warmup: bool = opt(True, "train.compile under DDP: compile (one forward + backward, no collective) "
-                               "before the first collective, then wait for every rank on the gloo control group "
-                               "up to train.compile_timeout_s (docs/communication.md)")
-    compile_timeout_s: int = opt(1800, "train.compile_warmup: how long the ranks wait for the slowest rank's "
-                                 "first compile (a cold max-autotune compile can take many minutes)", lo=1)
+    compile_mode: str = opt(
+        "default",
+        "torch.compile mode",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    )
+    compile_cache: str = opt(
+        "",
+        "train.compile: Inductor's and Triton's caches under this dir, in a subdir keyed by "
+        "image digest + torch version + model config, so a requeue starts warm (empty: "
+        "<run>/compile_cache; a sweep shares <sweep>/compile_cache; docs/profiling.md)",
+    )
+    compile_warmup: bool = opt(
+        True,
+        "train.compile under DDP: compile (one forward + backward, no collective) "
+        "before the first collective, then wait for every rank on the gloo control group "
+        "up to train.compile_timeout_s (docs/communication.md)",
+    )
+    compile_timeout_s: int = opt(
+        1800,
+        "train.compile_warmup: how long the ranks wait for the slowest rank's "
+        "first compile (a cold max-autotune compile can take many minutes)",
+        lo=1,
+    )
     label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
     mixup: float = opt(0.0, "mixup alpha (0: off)", lo=0)
     cutmix: float = opt(0.0, "cutmix alpha (0: off)", lo=0)
@@ -296,94 +454,183 @@ class TrainConfig:
     ema: float = opt(0.0, "EMA decay of the weights (0: off)", lo=0, hi=1)
     seed: int = opt(0, "seed of everything random", lo=0)
     log_every: int = opt(10, "optimizer steps between metric lines", lo=1)
-    peak_tflops: float = opt(0.0, "dense bf16 peak TFLOP/s per device for MFU (0: from the table of "
-                             "known GPUs; unknown devices then log no MFU)", lo=0)
-    straggler_pct: float = opt(15.0, "name a rank whose own time per step (data wait + forward) exceeds "
-                               "the median's by more than this % of the step time", lo=0)
-    preflight: bool = opt(False, "before training, on every start: time a matmul per rank, an all-reduce per node "
-                                 "pair and a DALI decode; name failing nodes to the batch shell and fail the step "
-                                 "(~30 s on GPU; docs/preflight.md)")
-    preflight_min_frac: float = opt(0.5, "preflight on GPU: a rank fails below this fraction of its GPU's dense bf16 "
-                                    "peak, a node pair below this fraction of the fabric's all-reduce busbw",
-                                    lo=0, hi=1, lo_open=True)
-    preflight_tolerance: float = opt(0.3, "preflight without a reference figure (CPU, or a GPU/fabric not in the "
-                                     "tables): a rank or node pair fails more than this fraction below the median",
-                                     lo=0, hi=1, lo_open=True)
-    preflight_busbw_gbps: float = opt(0.0, "preflight: a node pair's expected all-reduce busbw in GB/s (0: the "
-                                      "figure of the fabric the batch shell exports as HPCTRAIN_FABRIC)", lo=0)
-    exclude_straggler_pct: float = opt(0.0, "a straggler this % of a step slower for 3 log intervals in a row: "
-                                            "checkpoint, stop, and run on without its node (spares or a requeue "
-                                            "with the node excluded); 0: off", lo=0)
-    tensorboard: bool = opt(True, "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
-                                  "needs the tensorboard package, else one warning); false: none even when "
-                                  "train.trackers lists tensorboard")
-    trackers: tuple[str, ...] = opt(("tensorboard",), "where rank 0 also sends the metrics.jsonl records: tensorboard "
-                                    "(<run>/tb), mlflow (<run>/mlruns or train.mlflow_uri), wandb (offline in "
-                                    "<run>/wandb; hpctrain sync RUN uploads); mlflow and wandb need "
-                                    "pip install 'hpctrain[trackers]' (docs/trackers.md)")
+    peak_tflops: float = opt(
+        0.0,
+        "dense bf16 peak TFLOP/s per device for MFU (0: from the table of known GPUs; unknown devices then log no MFU)",
+        lo=0,
+    )
+    straggler_pct: float = opt(
+        15.0,
+        "name a rank whose own time per step (data wait + forward) exceeds "
+        "the median's by more than this % of the step time",
+        lo=0,
+    )
+    preflight: bool = opt(
+        False,
+        "before training, on every start: time a matmul per rank, an all-reduce per node "
+        "pair and a DALI decode; name failing nodes to the batch shell and fail the step "
+        "(~30 s on GPU; docs/preflight.md)",
+    )
+    preflight_min_frac: float = opt(
+        0.5,
+        "preflight on GPU: a rank fails below this fraction of its GPU's dense bf16 "
+        "peak, a node pair below this fraction of the fabric's all-reduce busbw",
+        lo=0,
+        hi=1,
+        lo_open=True,
+    )
+    preflight_tolerance: float = opt(
+        0.3,
+        "preflight without a reference figure (CPU, or a GPU/fabric not in the "
+        "tables): a rank or node pair fails more than this fraction below the median",
+        lo=0,
+        hi=1,
+        lo_open=True,
+    )
+    preflight_busbw_gbps: float = opt(
+        0.0,
+        "preflight: a node pair's expected all-reduce busbw in GB/s (0: the "
+        "figure of the fabric the batch shell exports as HPCTRAIN_FABRIC)",
+        lo=0,
+    )
+    exclude_straggler_pct: float = opt(
+        0.0,
+        "a straggler this % of a step slower for 3 log intervals in a row: "
+        "checkpoint, stop, and run on without its node (spares or a requeue "
+        "with the node excluded); 0: off",
+        lo=0,
+    )
+    tensorboard: bool = opt(
+        True,
+        "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
+        "needs the tensorboard package, else one warning); false: none even when "
+        "train.trackers lists tensorboard",
+    )
+    trackers: tuple[str, ...] = opt(
+        ("tensorboard",),
+        "where rank 0 also sends the metrics.jsonl records: tensorboard "
+        "(<run>/tb), mlflow (<run>/mlruns or train.mlflow_uri), wandb (offline in "
+        "<run>/wandb; hpctrain sync RUN uploads); mlflow and wandb need "
+        "pip install 'hpctrain[trackers]' (docs/trackers.md)",
+    )
     mlflow_uri: str = opt("", "MLflow tracking URI (empty: the file store <run>/mlruns)")
     mlflow_experiment: str = opt("hpctrain", "MLflow experiment the run goes in")
     wandb_project: str = opt("hpctrain", "W&B project")
-    wandb_mode: str = opt("offline", "W&B mode: offline (compute nodes have no network; hpctrain sync RUN uploads "
-                          "from the login node) or online", choices=("offline", "online"))
-    profile_steps: str = opt("", "torch.profiler window A-B (global steps, inclusive, e.g. 20-25): traces to "
-                             "<run>/profile/ and a summary in the rank log (empty: off, no profiler at all)")
-    profile_ranks: tuple[int, ...] = opt((), "ranks that profile train.profile_steps (and dump memory "
-                                         "snapshots), e.g. [0, 7]; empty: rank 0 and the last rank")
+    wandb_mode: str = opt(
+        "offline",
+        "W&B mode: offline (compute nodes have no network; hpctrain sync RUN uploads from the login node) or online",
+        choices=("offline", "online"),
+    )
+    profile_steps: str = opt(
+        "",
+        "torch.profiler window A-B (global steps, inclusive, e.g. 20-25): traces to "
+        "<run>/profile/ and a summary in the rank log (empty: off, no profiler at all)",
+    )
+    profile_ranks: tuple[int, ...] = opt(
+        (),
+        "ranks that profile train.profile_steps (and dump memory "
+        "snapshots), e.g. [0, 7]; empty: rank 0 and the last rank",
+    )
     profile_with_stack: bool = opt(False, "train.profile_steps: record Python stacks too (larger traces, slower)")
-    memory_snapshot_steps: str = opt("", "CUDA only: record allocator history over steps A-B and dump "
-                                     "<run>/profile/memory-rank-<r>-step-<A>.pickle (pytorch.org/memory_viz)")
+    memory_snapshot_steps: str = opt(
+        "",
+        "CUDA only: record allocator history over steps A-B and dump "
+        "<run>/profile/memory-rank-<r>-step-<A>.pickle (pytorch.org/memory_viz)",
+    )
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
-    ckpt_every: int | str = opt(500, "optimizer steps between checkpoints (0: only at the end), or auto: Young/Daly's "
-                                "sqrt(2 x save time x MTBF) from this run's measured save and step times and "
-                                "train.mtbf_h (docs/checkpoints.md)", lo=0)
-    ckpt_auto_first: int = opt(100, "ckpt_every=auto: the first checkpoint comes this many steps after the start "
-                               "(or a resume); its save time sets the interval", lo=1)
-    mtbf_h: float = opt(0.0, "ckpt_every=auto: the job's mean time between interruptions in hours; 0: resolved by "
-                        "hpctrain submit (the partition's sacct history, or slurm.node_mtbf_hours), else 24", lo=0)
-    mtbf_source: str = opt("", "where train.mtbf_h came from (hpctrain submit writes it; shown in the "
-                           "ckpt_interval record)")
+    ckpt_every: int | str = opt(
+        500,
+        "optimizer steps between checkpoints (0: only at the end), or auto: Young/Daly's "
+        "sqrt(2 x save time x MTBF) from this run's measured save and step times and "
+        "train.mtbf_h (docs/checkpoints.md)",
+        lo=0,
+    )
+    ckpt_auto_first: int = opt(
+        100,
+        "ckpt_every=auto: the first checkpoint comes this many steps after the start "
+        "(or a resume); its save time sets the interval",
+        lo=1,
+    )
+    mtbf_h: float = opt(
+        0.0,
+        "ckpt_every=auto: the job's mean time between interruptions in hours; 0: resolved by "
+        "hpctrain submit (the partition's sacct history, or slurm.node_mtbf_hours), else 24",
+        lo=0,
+    )
+    mtbf_source: str = opt(
+        "", "where train.mtbf_h came from (hpctrain submit writes it; shown in the ckpt_interval record)"
+    )
     keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
-    keep_best: bool = opt(False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside "
-                                 "the newest train.keep_ckpts")
-    on_ckpt_error: str = opt("stop", "a checkpoint that cannot be written: stop or warn and go on",
-                             choices=("stop", "continue"))
-    ckpt_format: str = opt("auto", "checkpoint format: sharded (DCP: every rank writes and reads its part), "
-                           "single (one file rank 0 writes); auto = sharded with >1 rank or ckpt_async "
-                           "on torch >= 2.4, else single", choices=("auto", "sharded", "single"))
-    ckpt_async: bool = opt(False, "write sharded checkpoints in the background while training goes on "
-                                  "(the next save waits for the previous; torch >= 2.4)")
+    keep_best: bool = opt(
+        False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside the newest train.keep_ckpts"
+    )
+    on_ckpt_error: str = opt(
+        "stop", "a checkpoint that cannot be written: stop or warn and go on", choices=("stop", "continue")
+    )
+    ckpt_format: str = opt(
+        "auto",
+        "checkpoint format: sharded (DCP: every rank writes and reads its part), "
+        "single (one file rank 0 writes); auto = sharded with >1 rank or ckpt_async "
+        "on torch >= 2.4, else single",
+        choices=("auto", "sharded", "single"),
+    )
+    ckpt_async: bool = opt(
+        False,
+        "write sharded checkpoints in the background while training goes on "
+        "(the next save waits for the previous; torch >= 2.4)",
+    )
     halt_at: int = opt(0, "checkpoint and stop at this step as if preempted (0: off)", lo=0)
-    on_nonfinite: str = opt("rollback", "a non-finite loss or gradient norm (or a loss spike): roll back to the "
-                            "last good checkpoint and skip the batches that led there, or stop (non-zero exit)",
-                            choices=("rollback", "stop"))
-    max_rollbacks: int = opt(3, "rollbacks per run (counted in its checkpoints) before it stops with a non-zero "
-                             "exit", lo=0)
-    rollback_skip_batches: int = opt(0, "global batches skipped after a rollback, counted from the checkpoint's "
-                                     "data position (0: those trained since it, through the bad step)", lo=0)
-    spike_factor: float = opt(0.0, "a logged loss above this × the median of the last train.spike_window "
-                              "logged losses is a spike, handled as train.on_nonfinite says (0: off)", lo=0)
-    spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)",
-                            lo=3)
-    parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit",
-                        choices=("ddp", "fsdp"))
+    on_nonfinite: str = opt(
+        "rollback",
+        "a non-finite loss or gradient norm (or a loss spike): roll back to the "
+        "last good checkpoint and skip the batches that led there, or stop (non-zero exit)",
+        choices=("rollback", "stop"),
+    )
+    max_rollbacks: int = opt(
+        3, "rollbacks per run (counted in its checkpoints) before it stops with a non-zero exit", lo=0
+    )
+    rollback_skip_batches: int = opt(
+        0,
+        "global batches skipped after a rollback, counted from the checkpoint's "
+        "data position (0: those trained since it, through the bad step)",
+        lo=0,
+    )
+    spike_factor: float = opt(
+        0.0,
+        "a logged loss above this × the median of the last train.spike_window "
+        "logged losses is a spike, handled as train.on_nonfinite says (0: off)",
+        lo=0,
+    )
+    spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)", lo=3)
+    parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit", choices=("ddp", "fsdp"))
     device: str = opt("auto", "auto = cuda when available", choices=("auto", "cuda", "cpu"))
     threads: int = opt(0, "torch intra-op threads per rank (0: leave as is)", lo=0)
-    pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this",
-                            lo=1)
-    hang_timeout_s: int | None = opt(None, "no step for this long: every rank writes its stacks to <run>/logs/ "
-                                     "and the job fails naming the stuck ranks (null: pg_timeout_s / 2; 0: off)",
-                                     lo=0)
+    pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this", lo=1)
+    hang_timeout_s: int | None = opt(
+        None,
+        "no step for this long: every rank writes its stacks to <run>/logs/ "
+        "and the job fails naming the stuck ranks (null: pg_timeout_s / 2; 0: off)",
+        lo=0,
+    )
     tf32: bool = opt(True, "TF32 matmuls/convolutions for the fp32 parts on Ampere+ GPUs (~1e-3 rel.)")
-    sdpa_backend: str = opt("auto", "attention kernel: auto = PyTorch picks (flash/cuDNN on GPUs)",
-                            choices=("auto", "flash", "cudnn", "efficient", "math"))
+    sdpa_backend: str = opt(
+        "auto",
+        "attention kernel: auto = PyTorch picks (flash/cuDNN on GPUs)",
+        choices=("auto", "flash", "cudnn", "efficient", "math"),
+    )
     ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
     ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
     fsdp_reshard: bool = opt(True, "FSDP: free gathered weights after forward (less memory, more comms)")
-    grad_reduce_dtype: str = opt("fp32", "dtype gradients are all-reduced in (DDP comm hook; FSDP "
-                                 "reduce_dtype): bf16 halves the bytes", choices=("fp32", "bf16"))
-    ddp_static_graph: str = opt("auto", "DDP static_graph: auto = on unless train.accum_steps > 1 or "
-                                "train.compile (docs/communication.md)", choices=("auto", "always", "never"))
+    grad_reduce_dtype: str = opt(
+        "fp32",
+        "dtype gradients are all-reduced in (DDP comm hook; FSDP reduce_dtype): bf16 halves the bytes",
+        choices=("fp32", "bf16"),
+    )
+    ddp_static_graph: str = opt(
+        "auto",
+        "DDP static_graph: auto = on unless train.accum_steps > 1 or train.compile (docs/communication.md)",
+        choices=("auto", "always", "never"),
+    )
 
     def validate(self) -> None:
         """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash.
@@ -392,34 +639,48 @@ class TrainConfig:
         if bad:
             raise ConfigError(f"train.trackers: unknown tracker {bad[0]!r}; allowed: {', '.join(TRACKERS)}")
         if self.ema > 0 and self.parallel == "fsdp":
-            raise ConfigError("train.ema does not work with train.parallel=fsdp: the EMA is a full fp32 copy of the "
-                              "model on every rank, the memory FSDP shards away; set train.ema=0, or use "
-                              "train.parallel=ddp if the model and its EMA fit on one GPU")
+            raise ConfigError(
+                "train.ema does not work with train.parallel=fsdp: the EMA is a full fp32 copy of the "
+                "model on every rank, the memory FSDP shards away; set train.ema=0, or use "
+                "train.parallel=ddp if the model and its EMA fit on one GPU"
+            )
         if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
-            raise ConfigError(f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
-                              "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)")
+            raise ConfigError(
+                f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
+                "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)"
+            )
         for key in ("profile_steps", "memory_snapshot_steps"):
             step_window(getattr(self, key), f"train.{key}")
         if any(r < 0 for r in self.profile_ranks):
-            raise ConfigError(f"train.profile_ranks={self.profile_ranks!r}: give global ranks as whole numbers "
-                              ">= 0, e.g. [0, 7] (empty: rank 0 and the last rank)")
+            raise ConfigError(
+                f"train.profile_ranks={self.profile_ranks!r}: give global ranks as whole numbers "
+                ">= 0, e.g. [0, 7] (empty: rank 0 and the last rank)"
+            )
         if self.ddp_static_graph == "always" and self.accum_steps > 1:
-            raise ConfigError("train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
-                              "no_sync breaks static_graph, pytorch/pytorch#143580): set "
-                              "train.ddp_static_graph=auto or never")
+            raise ConfigError(
+                "train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
+                "no_sync breaks static_graph, pytorch/pytorch#143580): set "
+                "train.ddp_static_graph=auto or never"
+            )
         if 0 < self.spike_factor <= 1:
-            raise ConfigError(f"train.spike_factor={self.spike_factor:g} would flag every loss at or above its "
-                              "median as a spike: use a factor > 1 (e.g. 2.0), or 0 to turn spike detection off")
+            raise ConfigError(
+                f"train.spike_factor={self.spike_factor:g} would flag every loss at or above its "
+                "median as a spike: use a factor > 1 (e.g. 2.0), or 0 to turn spike detection off"
+            )
         if self.sdpa_backend in ("flash", "cudnn") and self.amp == "none" and self.device != "cpu":
-            raise ConfigError(f"train.sdpa_backend={self.sdpa_backend} with train.amp=none cannot run: that "
-                              "kernel takes only fp16/bf16 and choosing it turns the others off (the first "
-                              "forward fails with 'No available kernel'); set train.amp=bf16, or "
-                              "train.sdpa_backend=efficient or auto for fp32")
+            raise ConfigError(
+                f"train.sdpa_backend={self.sdpa_backend} with train.amp=none cannot run: that "
+                "kernel takes only fp16/bf16 and choosing it turns the others off (the first "
+                "forward fails with 'No available kernel'); set train.amp=bf16, or "
+                "train.sdpa_backend=efficient or auto for fp32"
+            )
         if self.hang_timeout_s and 2 * self.hang_timeout_s > self.pg_timeout_s:
-            raise ConfigError(f"train.hang_timeout_s={self.hang_timeout_s} must be at most half of "
-                              f"train.pg_timeout_s={self.pg_timeout_s}: the collective timeout would end the job "
-                              "before the stacks are written; raise train.pg_timeout_s or lower "
-                              "train.hang_timeout_s (null: half of it, 0: off)")
+            raise ConfigError(
+                f"train.hang_timeout_s={self.hang_timeout_s} must be at most half of "
+                f"train.pg_timeout_s={self.pg_timeout_s}: the collective timeout would end the job "
+                "before the stacks are written; raise train.pg_timeout_s or lower "
+                "train.hang_timeout_s (null: half of it, 0: off)"
+            )
 
     @property
     def hang_s(self) -> float:
@@ -439,15 +700,21 @@ class RunConfig:
         `\\` or a leading dot make nested, hidden or escaping (`..`) run directories."""
         name = self.name
         if not name.strip():
-            raise ConfigError("run.name is empty: it names the run directory (run.dir/run.name) and the "
-                              "Slurm job; set one, e.g. run.name=vit_b16")
+            raise ConfigError(
+                "run.name is empty: it names the run directory (run.dir/run.name) and the "
+                "Slurm job; set one, e.g. run.name=vit_b16"
+            )
         if "/" in name or "\\" in name:
-            raise ConfigError(f"run.name={name!r}: must be one path component, without '/' or '\\' (the "
-                              "run directory is run.dir/run.name); put parent folders in run.dir")
+            raise ConfigError(
+                f"run.name={name!r}: must be one path component, without '/' or '\\' (the "
+                "run directory is run.dir/run.name); put parent folders in run.dir"
+            )
         if name.startswith("."):
             fix = name.lstrip(".") or "run"
-            raise ConfigError(f"run.name={name!r}: must not start with '.' ('..' leaves run.dir, '.' is "
-                              f"run.dir itself, others hide the run directory); e.g. run.name={fix!r}")
+            raise ConfigError(
+                f"run.name={name!r}: must not start with '.' ('..' leaves run.dir, '.' is "
+                f"run.dir itself, others hide the run directory); e.g. run.name={fix!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -487,10 +754,12 @@ def check_batch(cfg: Config, world_size: int) -> None:
         raise ConfigError(
             f"data.batch_size={cfg.data.batch_size} is not divisible by world size {world_size} × "
             f"train.accum_steps {cfg.train.accum_steps} = {div}; pick a multiple of {div} "
-            f"(e.g. {max(div, cfg.data.batch_size // div * div)}) or change the number of ranks")
+            f"(e.g. {max(div, cfg.data.batch_size // div * div)}) or change the number of ranks"
+        )
 
 
 # --------------------------------------------------------------------------- shape rules
+
 
 def check_shapes(cfg: Config) -> None:
     """The model's and the loaders' shape rules, checked when the config loads: a value that would
@@ -507,43 +776,59 @@ def shape_problems(cfg: Config) -> list[str]:
     _, width, heads = arch_dims(m)
     out = []
     if m.img_size % m.patch_size:
-        near = sorted({max(m.patch_size, m.img_size // m.patch_size * m.patch_size),
-                       -(-m.img_size // m.patch_size) * m.patch_size})
-        out.append(f"model.img_size={m.img_size} is not a multiple of model.patch_size={m.patch_size} (the image "
-                   f"is cut into patch_size × patch_size patches): use model.img_size="
-                   f"{' or '.join(map(str, near))}, or another patch size")
+        near = sorted(
+            {
+                max(m.patch_size, m.img_size // m.patch_size * m.patch_size),
+                -(-m.img_size // m.patch_size) * m.patch_size,
+            }
+        )
+        out.append(
+            f"model.img_size={m.img_size} is not a multiple of model.patch_size={m.patch_size} (the image "
+            f"is cut into patch_size × patch_size patches): use model.img_size="
+            f"{' or '.join(map(str, near))}, or another patch size"
+        )
     if width % heads:
         fits = [h for h in range(1, min(width, 64) + 1) if width % h == 0]
         near = min(fits, key=lambda h: (abs(h - heads), h))
-        out.append(f"model width {width} is not divisible by model.heads={heads} (each head takes width/heads "
-                   f"channels): set model.heads={near}, or a model.width that is a multiple of {heads}")
+        out.append(
+            f"model width {width} is not divisible by model.heads={heads} (each head takes width/heads "
+            f"channels): set model.heads={near}, or a model.width that is a multiple of {heads}"
+        )
     if m.pos_embed.startswith("sincos"):
         need = 8 if m.pos_embed == "sincos_big_vision" else 4
         if width % 4 or width < need:
-            out.append(f"model.pos_embed={m.pos_embed} needs a width divisible by 4 (sin and cos of both axes)"
-                       f"{' and at least 8' if need == 8 else ''}; the width is {width}: set model.width="
-                       f"{max(need, -(-width // 4) * 4)} or model.pos_embed=learn")
+            out.append(
+                f"model.pos_embed={m.pos_embed} needs a width divisible by 4 (sin and cos of both axes)"
+                f"{' and at least 8' if need == 8 else ''}; the width is {width}: set model.width="
+                f"{max(need, -(-width // 4) * 4)} or model.pos_embed=learn"
+            )
     if int(width * m.mlp_ratio) < 1:
-        out.append(f"model.mlp_ratio={m.mlp_ratio:g} gives an MLP of {int(width * m.mlp_ratio)} units at width "
-                   f"{width}: raise model.mlp_ratio (ViTs use 4)")
+        out.append(
+            f"model.mlp_ratio={m.mlp_ratio:g} gives an MLP of {int(width * m.mlp_ratio)} units at width "
+            f"{width}: raise model.mlp_ratio (ViTs use 4)"
+        )
     for key, values in (("data.mean", d.mean), ("data.std", d.std)):
         if len(values) != 3:
-            out.append(f"{key} has {len(values)} values; images have 3 channels: give one per channel, e.g. "
-                       f"{key}=[0.5,0.5,0.5]")
+            out.append(
+                f"{key} has {len(values)} values; images have 3 channels: give one per channel, e.g. "
+                f"{key}=[0.5,0.5,0.5]"
+            )
     if any(s <= 0 for s in d.std):
         out.append(f"data.std={list(d.std)}: every value must be > 0 (images are divided by it)")
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
-        out.append(f"optim.betas={list(cfg.optim.betas)}: expected two values in [0, 1), e.g. "
-                   "optim.betas=[0.9,0.999]")
+        out.append(f"optim.betas={list(cfg.optim.betas)}: expected two values in [0, 1), e.g. optim.betas=[0.9,0.999]")
     if d.batch_size % t.accum_steps:
         fit = max(t.accum_steps, d.batch_size // t.accum_steps * t.accum_steps)
-        out.append(f"data.batch_size={d.batch_size} is not divisible by train.accum_steps={t.accum_steps} (each "
-                   f"optimizer step sums equal micro-batches): use data.batch_size={fit} or another "
-                   "train.accum_steps")
+        out.append(
+            f"data.batch_size={d.batch_size} is not divisible by train.accum_steps={t.accum_steps} (each "
+            f"optimizer step sums equal micro-batches): use data.batch_size={fit} or another "
+            "train.accum_steps"
+        )
     return out
 
 
 # --------------------------------------------------------------------------- generic machinery
+
 
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -555,8 +840,9 @@ def _describe(tp: Any) -> str:
         return f"a list of {_describe(typing.get_args(tp)[0])}"
     if origin is dict:
         return "a mapping"
-    return {type(None): "null", bool: "true/false", int: "an integer", float: "a number",
-            str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {type(None): "null", bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -642,8 +928,10 @@ def check_text(text: str, key: str) -> None:
     and the others garble or hide what is written."""
     ch = control_char(text)
     if ch:
-        raise ConfigError(f"{key}: contains a control character ({ch}); remove it: values reach the "
-                          "batch script and file names, where it would break the line")
+        raise ConfigError(
+            f"{key}: contains a control character ({ch}); remove it: values reach the "
+            "batch script and file names, where it would break the line"
+        )
 
 
 def _check_strings(value: Any, key: str) -> None:
@@ -662,36 +950,80 @@ def _check_strings(value: Any, key: str) -> None:
 # Names other tools give our keys (timm/DeiT arguments, Hugging Face TrainingArguments, Lightning,
 # big_vision): an unknown key found here points at ours. Keyed by the last part of the key.
 SYNONYMS = {
-    "learning_rate": "optim.lr", "lr": "optim.lr", "base_lr": "optim.lr", "blr": "optim.lr",
-    "weight_decay": "optim.weight_decay", "wd": "optim.weight_decay",
-    "optimizer": "optim.name", "opt": "optim.name",
-    "warmup_epochs": "optim.warmup_epochs", "warmup": "optim.warmup_epochs",
-    "warmup_steps": "optim.warmup_steps", "lr_warmup_steps": "optim.warmup_steps",
-    "min_learning_rate": "optim.min_lr", "min_lr": "optim.min_lr",
-    "sched": "optim.schedule", "lr_scheduler_type": "optim.schedule", "scheduler": "optim.schedule",
-    "clip_grad_norm": "optim.clip_grad", "max_grad_norm": "optim.clip_grad", "gradient_clip_val": "optim.clip_grad",
-    "layer_decay": "optim.layer_decay", "momentum": "optim.momentum",
-    "epochs": "train.epochs", "num_epochs": "train.epochs", "num_train_epochs": "train.epochs",
-    "max_epochs": "train.epochs", "total_epochs": "train.epochs",
-    "max_steps": "train.max_steps", "total_steps": "train.max_steps",
-    "gradient_accumulation_steps": "train.accum_steps", "accumulate_grad_batches": "train.accum_steps",
+    "learning_rate": "optim.lr",
+    "lr": "optim.lr",
+    "base_lr": "optim.lr",
+    "blr": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "wd": "optim.weight_decay",
+    "optimizer": "optim.name",
+    "opt": "optim.name",
+    "warmup_epochs": "optim.warmup_epochs",
+    "warmup": "optim.warmup_epochs",
+    "warmup_steps": "optim.warmup_steps",
+    "lr_warmup_steps": "optim.warmup_steps",
+    "min_learning_rate": "optim.min_lr",
+    "min_lr": "optim.min_lr",
+    "sched": "optim.schedule",
+    "lr_scheduler_type": "optim.schedule",
+    "scheduler": "optim.schedule",
+    "clip_grad_norm": "optim.clip_grad",
+    "max_grad_norm": "optim.clip_grad",
+    "gradient_clip_val": "optim.clip_grad",
+    "layer_decay": "optim.layer_decay",
+    "momentum": "optim.momentum",
+    "epochs": "train.epochs",
+    "num_epochs": "train.epochs",
+    "num_train_epochs": "train.epochs",
+    "max_epochs": "train.epochs",
+    "total_epochs": "train.epochs",
+    "max_steps": "train.max_steps",
+    "total_steps": "train.max_steps",
+    "gradient_accumulation_steps": "train.accum_steps",
+    "accumulate_grad_batches": "train.accum_steps",
     "accum_iter": "train.accum_steps",
-    "precision": "train.amp", "mixed_precision": "train.amp", "fp16": "train.amp", "bf16": "train.amp",
-    "seed": "train.seed", "smoothing": "train.label_smoothing", "label_smoothing": "train.label_smoothing",
-    "model_ema_decay": "train.ema", "ema_decay": "train.ema",
-    "batch_size": "data.batch_size", "global_batch_size": "data.batch_size", "train_batch_size": "data.batch_size",
+    "precision": "train.amp",
+    "mixed_precision": "train.amp",
+    "fp16": "train.amp",
+    "bf16": "train.amp",
+    "seed": "train.seed",
+    "smoothing": "train.label_smoothing",
+    "label_smoothing": "train.label_smoothing",
+    "model_ema_decay": "train.ema",
+    "ema_decay": "train.ema",
+    "batch_size": "data.batch_size",
+    "global_batch_size": "data.batch_size",
+    "train_batch_size": "data.batch_size",
     "per_device_train_batch_size": "data.batch_size",
-    "num_workers": "data.workers", "dataloader_num_workers": "data.workers",
-    "data_path": "data.root", "data_dir": "data.root", "dataset_path": "data.root",
-    "aa": "data.randaugment", "auto_augment": "data.randaugment",
-    "input_size": "model.img_size", "image_size": "model.img_size", "img_size": "model.img_size",
-    "patch": "model.patch_size", "drop_path_rate": "model.drop_path", "nb_classes": "model.num_classes",
-    "drop": "model.drop_rate", "drop_rate": "model.drop_rate", "dropout": "model.drop_rate",
-    "dropout_rate": "model.drop_rate", "proj_drop_rate": "model.drop_rate", "attn_drop": "model.attn_drop_rate",
-    "attention_dropout_rate": "model.attn_drop_rate", "attn_drop_rate": "model.attn_drop_rate",
-    "evals": "data.eval_splits", "eval_split": "data.eval_splits",
-    "num_labels": "model.num_classes", "model": "model.arch", "finetune": "model.init_from",
-    "output_dir": "run.dir", "save_steps": "train.ckpt_every", "checkpoint_every": "train.ckpt_every",
+    "num_workers": "data.workers",
+    "dataloader_num_workers": "data.workers",
+    "data_path": "data.root",
+    "data_dir": "data.root",
+    "dataset_path": "data.root",
+    "aa": "data.randaugment",
+    "auto_augment": "data.randaugment",
+    "input_size": "model.img_size",
+    "image_size": "model.img_size",
+    "img_size": "model.img_size",
+    "patch": "model.patch_size",
+    "drop_path_rate": "model.drop_path",
+    "nb_classes": "model.num_classes",
+    "drop": "model.drop_rate",
+    "drop_rate": "model.drop_rate",
+    "dropout": "model.drop_rate",
+    "dropout_rate": "model.drop_rate",
+    "proj_drop_rate": "model.drop_rate",
+    "attn_drop": "model.attn_drop_rate",
+    "attention_dropout_rate": "model.attn_drop_rate",
+    "attn_drop_rate": "model.attn_drop_rate",
+    "evals": "data.eval_splits",
+    "eval_split": "data.eval_splits",
+    "num_labels": "model.num_classes",
+    "model": "model.arch",
+    "finetune": "model.init_from",
+    "output_dir": "run.dir",
+    "save_steps": "train.ckpt_every",
+    "checkpoint_every": "train.ckpt_every",
     "resume": "run.resume",
 }
 
@@ -747,6 +1079,7 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
 
 def to_dict(obj: Any) -> dict:
     """Plain nested dict (lists for tuples): YAML-, JSON- and checkpoint-safe."""
+
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
@@ -755,6 +1088,7 @@ def to_dict(obj: Any) -> dict:
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         return v
+
     return plain(obj)
 
 
@@ -817,19 +1151,25 @@ def decode_overrides(text: str) -> list[str]:
         try:
             items = json.loads(stripped)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{SET_ENV}: not a JSON list ({e.msg} at character {e.pos}); write it as "
-                              f"{SET_ENV}='[\"optim.lr=1e-3\", \"train.epochs=5\"]'") from None
+            raise ConfigError(
+                f"{SET_ENV}: not a JSON list ({e.msg} at character {e.pos}); write it as "
+                f'{SET_ENV}=\'["optim.lr=1e-3", "train.epochs=5"]\''
+            ) from None
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{SET_ENV}: expected a JSON list of \"key=value\" strings, got {stripped!r}; "
-                              f"e.g. {SET_ENV}='[\"optim.lr=1e-3\", \"train.epochs=5\"]'")
+            raise ConfigError(
+                f'{SET_ENV}: expected a JSON list of "key=value" strings, got {stripped!r}; '
+                f'e.g. {SET_ENV}=\'["optim.lr=1e-3", "train.epochs=5"]\''
+            )
         return items
     items = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
     for line in items:
         if _legacy_joined(line):
             fix = json.dumps([p.strip() for p in line.split(";") if p.strip()])  # ASCII: one line
-            raise ConfigError(f"{SET_ENV}: {line!r} looks like ';'-separated overrides, which are no "
-                              f"longer split (a value may contain ';'); use a JSON list: "
-                              f"{SET_ENV}={shlex.quote(fix)} (or one override per line)")
+            raise ConfigError(
+                f"{SET_ENV}: {line!r} looks like ';'-separated overrides, which are no "
+                f"longer split (a value may contain ';'); use a JSON list: "
+                f"{SET_ENV}={shlex.quote(fix)} (or one override per line)"
+            )
     return items
 
 
@@ -869,13 +1209,14 @@ def find_config(name: str | Path) -> Path:
         return p
     found = shipped.lookup(p, CONFIG_DIR, (".yaml",))
     if found is None:
-        raise ConfigError(f"config {str(name)!r} not found: give a YAML file or a shipped config: "
-                          f"{shipped.names(shipped.configs())} (`hpctrain config show NAME` prints one)")
+        raise ConfigError(
+            f"config {str(name)!r} not found: give a YAML file or a shipped config: "
+            f"{shipped.names(shipped.configs())} (`hpctrain config show NAME` prints one)"
+        )
     return found
 
 
-def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (),
-         data: dict | None = None) -> Config:
+def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (), data: dict | None = None) -> Config:
     """Load a config file (or a mapping), apply overrides, validate."""
     raw = data if data is not None else (read_yaml(find_config(path)) if path else {})
     return build(Config, apply_overrides(raw, overrides))

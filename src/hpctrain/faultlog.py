@@ -30,8 +30,14 @@ def parse(text: str, job: str) -> list[dict[str, Any]]:
         if len(f) != 7 or f[3] not in KINDS or not (f[0].isdigit() and f[1].isdigit() and f[2].isdigit()):
             continue
         nodes = [n for n in f[4].split(",") if NODE_NAME.fullmatch(n)]
-        rec: dict[str, Any] = {"job": job, "slurm_restart": int(f[1]), "attempt": int(f[2]), "nodes": nodes,
-                               "why": f[5], "decided_at": int(f[0])}
+        rec: dict[str, Any] = {
+            "job": job,
+            "slurm_restart": int(f[1]),
+            "attempt": int(f[2]),
+            "nodes": nodes,
+            "why": f[5],
+            "decided_at": int(f[0]),
+        }
         if f[6].isdigit():
             rec["step_ended_at"] = int(f[6])
         out.append({"kind": KINDS[f[3]], **rec})
@@ -57,4 +63,3 @@ def record_new(metrics, records: list[dict], env: Mapping[str, str] | None = Non
     for r in new:
         metrics.write(r["kind"], **{k: v for k, v in r.items() if k != "kind"})
     return new
-

@@ -15,10 +15,12 @@ from hpctrain.metrics import read_metrics
 
 
 def finished_text(run_dir: Path, checkpoint: str, step: int, total: int, name: str) -> str:
-    return (f"run {run_dir} has finished: its checkpoint {checkpoint} is at step {step} of {total}, so there is "
-            f"nothing to train (nothing was written). Start another run with --set run.name={name}_2, train this "
-            "one again from step 0 with --set run.resume=none, or raise train.epochs (train.max_steps) to train it "
-            "further")
+    return (
+        f"run {run_dir} has finished: its checkpoint {checkpoint} is at step {step} of {total}, so there is "
+        f"nothing to train (nothing was written). Start another run with --set run.name={name}_2, train this "
+        "one again from step 0 with --set run.resume=none, or raise train.epochs (train.max_steps) to train it "
+        "further"
+    )
 
 
 def finished_run(cfg: Config) -> str | None:
@@ -32,12 +34,18 @@ def finished_run(cfg: Config) -> str | None:
         return None
     step = ends[-1].get("step")
     try:
-        old = (read_yaml(run / "config.yaml").get("train") or {})
+        old = read_yaml(run / "config.yaml").get("train") or {}
     except ConfigError:
         return None
     t = cfg.train
     if not isinstance(step, int) or (old.get("epochs"), old.get("max_steps")) != (t.epochs, t.max_steps):
         return None
-    ckpt = next((p.name for p in sorted((run / "checkpoints").glob(f"step-{step:08d}*"))
-                 if p.name in (f"step-{step:08d}", f"step-{step:08d}.pt")), None)
+    ckpt = next(
+        (
+            p.name
+            for p in sorted((run / "checkpoints").glob(f"step-{step:08d}*"))
+            if p.name in (f"step-{step:08d}", f"step-{step:08d}.pt")
+        ),
+        None,
+    )
     return ckpt and finished_text(run, ckpt, step, step, cfg.run.name)

@@ -99,8 +99,16 @@ class VitFlops:
         return 3.0 * self.fwd_flops
 
 
-def vit_macs(img_size: int, patch_size: int, depth: int, width: int, mlp_ratio: float,
-             num_classes: int, class_token: bool = True, rep_size: int = 0) -> float:
+def vit_macs(
+    img_size: int,
+    patch_size: int,
+    depth: int,
+    width: int,
+    mlp_ratio: float,
+    num_classes: int,
+    class_token: bool = True,
+    rep_size: int = 0,
+) -> float:
     """Forward multiply-adds of one image through a ViT (patch conv, blocks, head)."""
     grid = img_size // patch_size
     patches = grid * grid
@@ -124,8 +132,18 @@ def model_params(mc) -> int:
 def model_flops(mc) -> VitFlops:
     """FLOPs of a `ModelConfig` (no torch needed)."""
     depth, width, _ = arch_dims(mc)
-    return VitFlops(vit_macs(mc.img_size, mc.patch_size, depth, width, mc.mlp_ratio, mc.num_classes,
-                             class_token=mc.has_class_token, rep_size=mc.rep_size))
+    return VitFlops(
+        vit_macs(
+            mc.img_size,
+            mc.patch_size,
+            depth,
+            width,
+            mc.mlp_ratio,
+            mc.num_classes,
+            class_token=mc.has_class_token,
+            rep_size=mc.rep_size,
+        )
+    )
 
 
 def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
@@ -140,8 +158,10 @@ def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
             return p.tflops, f"{p.product}: {p.source}"
     for key, tflops, source in FAMILY_BF16_TFLOPS:
         if key.lower() in name:
-            return tflops, (f"{key} family: {source}; {device_name!r} is not an exact name in the table: "
-                            "check its datasheet or pass --peak-tflops (train.peak_tflops)")
+            return tflops, (
+                f"{key} family: {source}; {device_name!r} is not an exact name in the table: "
+                "check its datasheet or pass --peak-tflops (train.peak_tflops)"
+            )
     return None, f"{device_name!r} is not in the table: pass --peak-tflops (train.peak_tflops in training)"
 
 
@@ -154,8 +174,9 @@ def achievable_tflops(device_name: str | None) -> float | None:
     return None
 
 
-def mfu(images_per_s: float, train_flops_per_image: float, peak_tflops_per_device: float | None,
-        devices: int = 1) -> float | None:
+def mfu(
+    images_per_s: float, train_flops_per_image: float, peak_tflops_per_device: float | None, devices: int = 1
+) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak (0-1); None without
     a peak. Pass the spec peak for MFU proper, an achievable rate for 'of achievable'."""
     if not peak_tflops_per_device or peak_tflops_per_device <= 0:

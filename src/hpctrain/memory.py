@@ -78,8 +78,12 @@ class MemoryEstimate:
         return self.static + self.activations + self.overhead
 
     def parts(self) -> dict[str, int]:
-        return {**{k: v for k, v in asdict(self).items() if k != "batch"},
-                "activations": self.activations, "overhead": self.overhead, "total": self.total}
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "batch"},
+            "activations": self.activations,
+            "overhead": self.overhead,
+            "total": self.total,
+        }
 
     def max_batch(self, capacity: int) -> int:
         """The largest per-GPU batch that fits in `capacity` bytes (0: not even one image)."""
@@ -97,7 +101,7 @@ def param_count(mc) -> ParamCount:
     depth, d, _ = arch_dims(mc)
     h = int(d * mc.mlp_ratio)
     n = tokens(mc)
-    patch = 3 * mc.patch_size ** 2 * d + d
+    patch = 3 * mc.patch_size**2 * d + d
     qkv, proj, fc1, fc2 = 3 * d * d + 3 * d, d * d + d, d * h + h, h * d + d
     block = 4 * d + qkv + proj + fc1 + fc2  # two LayerNorms (weight + bias) and four Linear layers
     rep = mc.rep_size
@@ -116,11 +120,13 @@ def block_activation_bytes(mc, amp: str, sdpa_backend: str = "auto") -> int:
     n = tokens(mc)
     a = 2 if amp in ("bf16", "fp16") else 4  # matmul inputs/outputs under autocast
     ln = 4 * d + 8  # fp32 LayerNorm input (the residual stream), mean and rstd
-    per_token = (2 * ln  # norm1, norm2
-                 + 3 * a * d  # inputs of qkv and fc1; the attention output, which is proj's input
-                 + 3 * a * d  # q, k, v (views of one qkv tensor)
-                 + 4 * heads  # log-sum-exp of the attention (fp32)
-                 + 2 * a * h)  # GELU input (fc1 output) and fc2 input
+    per_token = (
+        2 * ln  # norm1, norm2
+        + 3 * a * d  # inputs of qkv and fc1; the attention output, which is proj's input
+        + 3 * a * d  # q, k, v (views of one qkv tensor)
+        + 4 * heads  # log-sum-exp of the attention (fp32)
+        + 2 * a * h
+    )  # GELU input (fc1 output) and fc2 input
     if mc.drop_rate > 0:  # a mask per dropout (attention output, after the GELU, after fc2) in its input's
         per_token += a * (2 * d + h)  # dtype, as ATen's unfused CPU dropout keeps it (CUDA's fused: bool, less)
     block = n * per_token
@@ -137,7 +143,7 @@ def activation_bytes_per_image(mc, amp: str, sdpa_backend: str = "auto") -> int:
     n = tokens(mc)
     a = 2 if amp in ("bf16", "fp16") else 4
     block = block_activation_bytes(mc, amp, sdpa_backend)
-    embed = a * 3 * mc.img_size ** 2  # the patch convolution keeps its (cast) input
+    embed = a * 3 * mc.img_size**2  # the patch convolution keeps its (cast) input
     embed += 4 * n * d if mc.drop_rate > 0 else 0  # the position-embedding dropout's mask (fp32 input)
     ln = 4 * d + 8
     final = ln * (1 if mc.has_fc_norm else n)  # final norm over all tokens, or fc_norm on the pooled features
@@ -178,12 +184,16 @@ def estimate(cfg, per_gpu_batch: int, world_size: int = 1) -> MemoryEstimate:
     if shard > 1:
         gathered = 4 * (pc.trainable + pc.frozen) if not t.fsdp_reshard else 2 * 4 * pc.largest_block
     return MemoryEstimate(
-        batch=per_gpu_batch, weights=weights, grads=grads,
+        batch=per_gpu_batch,
+        weights=weights,
+        grads=grads,
         optimizer=optimizer_bytes_per_param(cfg.optim) * pc.trainable // shard,
         ema=4 * (pc.trainable + pc.frozen) if t.ema > 0 else 0,
-        amp_weights=(2 * pc.matmul // shard if t.amp in ("bf16", "fp16") else 0), fsdp_gathered=gathered,
+        amp_weights=(2 * pc.matmul // shard if t.amp in ("bf16", "fp16") else 0),
+        fsdp_gathered=gathered,
         activations_per_image=activation_bytes_per_image(mc, t.amp, t.sdpa_backend),
-        overhead_fixed=CONTEXT_BYTES)
+        overhead_fixed=CONTEXT_BYTES,
+    )
 
 
 def gb(n: float) -> str:

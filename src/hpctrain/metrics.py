@@ -43,8 +43,7 @@ class MetricsWriter:
         try:
             getattr(self.sink, method)(*args)
         except Exception as e:  # e.g. a full disk under the event files
-            log.warning("%s failed (%s: %s); it gets no more records", type(self.sink).__name__,
-                        type(e).__name__, e)
+            log.warning("%s failed (%s: %s); it gets no more records", type(self.sink).__name__, type(e).__name__, e)
             self.sink = None
 
     def _open(self):

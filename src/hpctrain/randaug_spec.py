@@ -28,8 +28,9 @@ def parse_randaugment(spec: str) -> RandAugSpec | None:
     s = spec.strip()
     if not s:
         return None
-    hint = ("give 'N,M' (e.g. '2,9') or timm's string (e.g. 'rand-m9-mstd0.5-inc1'); leave it empty "
-            "to turn RandAugment off")
+    hint = (
+        "give 'N,M' (e.g. '2,9') or timm's string (e.g. 'rand-m9-mstd0.5-inc1'); leave it empty to turn RandAugment off"
+    )
     if s.startswith("rand"):
         parts = s.split("-")
         if parts[0] != "rand":
@@ -38,8 +39,9 @@ def parse_randaugment(spec: str) -> RandAugSpec | None:
         for part in parts[1:]:
             key, val = re.match(r"([a-z]*)(.*)", part).groups()
             if key not in ("m", "n", "mstd", "inc", "p"):
-                raise ValueError(f"data.randaugment={spec!r}: section {part!r} is not supported "
-                                 "(m, n, mstd, inc, p are); drop it")
+                raise ValueError(
+                    f"data.randaugment={spec!r}: section {part!r} is not supported (m, n, mstd, inc, p are); drop it"
+                )
             try:
                 num = float(val)
             except ValueError:
@@ -63,8 +65,10 @@ def parse_randaugment(spec: str) -> RandAugSpec | None:
     if n < 1:
         raise ValueError(f"data.randaugment={spec!r}: N (ops per image) must be >= 1; leave it empty for none")
     if not 0 <= m <= LEVEL_DENOM:
-        raise ValueError(f"data.randaugment={spec!r}: M={m:g} is outside 0..10 (timm's scale: M9 rotates "
-                          "by up to 27°, M10 is the strongest); e.g. '2,9'")
+        raise ValueError(
+            f"data.randaugment={spec!r}: M={m:g} is outside 0..10 (timm's scale: M9 rotates "
+            "by up to 27°, M10 is the strongest); e.g. '2,9'"
+        )
     if not 0 <= mstd <= 100:
         raise ValueError(f"data.randaugment={spec!r}: mstd must be in 0..100 (e.g. mstd0.5)")
     if not 0 < prob <= 1:

@@ -48,15 +48,25 @@ class Panel:
 PANELS = (
     Panel("train loss", (Series("train", "loss", ""),)),
     Panel("learning rate", (Series("train", "lr", ""),)),
-    Panel("val accuracy (%): top-1 —, top-5 ··, EMA top-1 --",
-          (Series("eval", "top1", "top-1"), Series("eval", "top5", "top-5", ":"),
-           Series("eval", "ema_top1", "EMA top-1", "--"))),
+    Panel(
+        "val accuracy (%): top-1 —, top-5 ··, EMA top-1 --",
+        (
+            Series("eval", "top1", "top-1"),
+            Series("eval", "top5", "top-5", ":"),
+            Series("eval", "ema_top1", "EMA top-1", "--"),
+        ),
+    ),
     Panel("throughput (images/s)", (Series("train", "images_per_s", ""),)),
     Panel("MFU (% of peak)", (Series("train", "mfu", "", scale=100.0),)),
     Panel("data wait (% of time)", (Series("train", "data_wait", "", scale=100.0),)),
-    Panel("memory (GB): host RSS —, CUDA reserved --, allocated ··",
-          (Series("train", "host_rss_gb", "host RSS"), Series("train", "mem_reserved_gb", "CUDA reserved", "--"),
-           Series("train", "mem_alloc_gb", "CUDA allocated", ":"))),
+    Panel(
+        "memory (GB): host RSS —, CUDA reserved --, allocated ··",
+        (
+            Series("train", "host_rss_gb", "host RSS"),
+            Series("train", "mem_reserved_gb", "CUDA reserved", "--"),
+            Series("train", "mem_alloc_gb", "CUDA allocated", ":"),
+        ),
+    ),
     Panel("step time (s)", (Series("train", "step_time_s", ""),)),
 )
 COLUMNS = 4
@@ -92,13 +102,17 @@ def find_metrics(target: str | Path) -> Path:
     raise ReportError(f"no metrics.jsonl for {target}: give a run directory (runs/<name>) or its metrics.jsonl")
 
 
-def restart_marks(records: list[dict], gap_factor: float = 20.0, min_gap_s: float = 60.0
-                  ) -> list[tuple[str, int, float]]:
+def restart_marks(
+    records: list[dict], gap_factor: float = 20.0, min_gap_s: float = 60.0
+) -> list[tuple[str, int, float]]:
     """(kind, step, time) of each stop and requeue record, and of each wall-clock gap between
     consecutive train records longer than `gap_factor` × their median spacing (and `min_gap_s`)
     that no stop explains: a restart after a crash or a lost node."""
-    marks = [(r["kind"], int(r.get("step") or 0), r["time"]) for r in records
-             if r.get("kind") in ("stop", "requeue") and _num(r.get("time"))]
+    marks = [
+        (r["kind"], int(r.get("step") or 0), r["time"])
+        for r in records
+        if r.get("kind") in ("stop", "requeue") and _num(r.get("time"))
+    ]
     trains = [r for r in records if r.get("kind") == "train" and _num(r.get("time"))]
     dts = [b["time"] - a["time"] for a, b in zip(trains, trains[1:])]
     if dts:
@@ -155,8 +169,10 @@ def mlflow_records(run_dir: Path) -> list[dict]:
     client = mlflow_sink.MlflowClient(tracking_uri=mlflow_sink.store_uri(uri, run_dir))
     run = mlflow_sink.find_run(client, experiment, run_key(run_dir))
     if run is None:
-        raise ReportError(f"no MLflow run of {run_dir} in {client.tracking_uri}: was it trained with "
-                          "train.trackers listing mlflow? (or report with --source metrics)")
+        raise ReportError(
+            f"no MLflow run of {run_dir} in {client.tracking_uri}: was it trained with "
+            "train.trackers listing mlflow? (or report with --source metrics)"
+        )
     recs: dict[tuple[int, str], dict] = {}
     for key in run.data.metrics:
         kind, _, name = key.partition("/")
@@ -193,8 +209,14 @@ def _points(run: Run, s: Series, x: str, unit: float) -> tuple[list[float], list
 
 def _resumed_at(run: Run, t: float) -> float | None:
     """Wall time of the first train or eval record after `t` (None: the run did not go on)."""
-    return min((r["time"] for r in run.records if r.get("kind") in ("train", "eval") and _num(r.get("time"))
-                and r["time"] > t), default=None)
+    return min(
+        (
+            r["time"]
+            for r in run.records
+            if r.get("kind") in ("train", "eval") and _num(r.get("time")) and r["time"] > t
+        ),
+        default=None,
+    )
 
 
 def figure_inches(x: str) -> tuple[float, float]:
@@ -239,9 +261,16 @@ def figure(runs: list[Run], x: str = "both"):
                 for s in panel.series:
                     xs, ys = _points(run, s, xa, unit)
                     if xs:
-                        ax.plot(xs, ys, s.style, color=colour[i], lw=1.2,
-                                marker="o" if len(xs) < 30 else None, ms=2.5,
-                                label=f"{run.name} {s.label}".strip())
+                        ax.plot(
+                            xs,
+                            ys,
+                            s.style,
+                            color=colour[i],
+                            lw=1.2,
+                            marker="o" if len(xs) < 30 else None,
+                            ms=2.5,
+                            label=f"{run.name} {s.label}".strip(),
+                        )
                         drawn = True
             if not drawn:
                 ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5")
@@ -250,13 +279,18 @@ def figure(runs: list[Run], x: str = "both"):
                 continue
             for i, run in enumerate(runs):
                 for kind, step, t in run.marks:
-                    ax.axvline(step if xa == "step" else (t - run.t0) / unit, color=colour[i],
-                               ls=MARK_STYLE[kind], lw=1.0, alpha=0.8)
+                    ax.axvline(
+                        step if xa == "step" else (t - run.t0) / unit,
+                        color=colour[i],
+                        ls=MARK_STYLE[kind],
+                        lw=1.0,
+                        alpha=0.8,
+                    )
                     used_marks.add(kind)
                     back = _resumed_at(run, t) if xa == "wall" else None
                     if back is not None:  # the time between the stop and the next record
                         ax.axvspan((t - run.t0) / unit, (back - run.t0) / unit, color=colour[i], alpha=0.12, lw=0)
-        for ax in cells[len(PANELS):]:
+        for ax in cells[len(PANELS) :]:
             ax.set_axis_off()
     handles = [Line2D([], [], color=colour[i], lw=2, label=r.name) for i, r in enumerate(runs)]
     handles += [Line2D([], [], color="0.3", ls=MARK_STYLE[k], label=k) for k in MARK_STYLE if k in used_marks]
@@ -269,8 +303,11 @@ def summary(run: Run) -> list[tuple[str, str]]:
     trains, evals = run.of("train"), run.of("eval")
     last = run.records[-1]
     end = run.of("end")
-    status = end[-1].get("status", "?") if end else ("stopped" if last.get("kind") in ("stop", "requeue")
-                                                      else "running or cut")
+    status = (
+        end[-1].get("status", "?")
+        if end
+        else ("stopped" if last.get("kind") in ("stop", "requeue") else "running or cut")
+    )
 
     def med(key: str, scale: float = 1.0) -> str:
         vals = [r[key] * scale for r in trains if _num(r.get(key))]
@@ -279,14 +316,18 @@ def summary(run: Run) -> list[tuple[str, str]]:
     top1 = [r["top1"] for r in evals if _num(r.get("top1"))]
     steps = [r["step"] for r in run.records if _num(r.get("step"))]
     span = max(r["time"] for r in run.records if _num(r.get("time"))) - run.t0
-    return [("status", status), ("last step", str(max(steps, default=0))),
-            ("final val top-1 (%)", f"{top1[-1]:.2f}" if top1 else "–"),
-            ("best val top-1 (%)", f"{max(top1):.2f}" if top1 else "–"),
-            ("final train loss", f"{trains[-1]['loss']:.4f}" if trains and _num(trains[-1].get("loss")) else "–"),
-            ("median images/s", med("images_per_s")), ("median MFU (%)", med("mfu", 100.0)),
-            ("median data wait (%)", med("data_wait", 100.0)),
-            ("stops / requeues / restarts", " / ".join(str(sum(m[0] == k for m in run.marks)) for k in MARK_STYLE)),
-            ("wall time, first to last record", _duration(span))]
+    return [
+        ("status", status),
+        ("last step", str(max(steps, default=0))),
+        ("final val top-1 (%)", f"{top1[-1]:.2f}" if top1 else "–"),
+        ("best val top-1 (%)", f"{max(top1):.2f}" if top1 else "–"),
+        ("final train loss", f"{trains[-1]['loss']:.4f}" if trains and _num(trains[-1].get("loss")) else "–"),
+        ("median images/s", med("images_per_s")),
+        ("median MFU (%)", med("mfu", 100.0)),
+        ("median data wait (%)", med("data_wait", 100.0)),
+        ("stops / requeues / restarts", " / ".join(str(sum(m[0] == k for m in run.marks)) for k in MARK_STYLE)),
+        ("wall time, first to last record", _duration(span)),
+    ]
 
 
 def _duration(s: float) -> str:
@@ -303,16 +344,19 @@ def html_page(runs: list[Run], png: bytes) -> str:
     """One self-contained page: the figure inline (base64) and a summary table per run."""
     heads = "".join(f"<th>{html.escape(r.name)}</th>" for r in runs)
     sums = [summary(r) for r in runs]
-    rows = "".join("<tr><th>" + html.escape(label) + "</th>" +
-                   "".join(f"<td>{html.escape(s[i][1])}</td>" for s in sums) + "</tr>"
-                   for i, (label, _) in enumerate(sums[0]))
+    rows = "".join(
+        "<tr><th>" + html.escape(label) + "</th>" + "".join(f"<td>{html.escape(s[i][1])}</td>" for s in sums) + "</tr>"
+        for i, (label, _) in enumerate(sums[0])
+    )
     img = base64.b64encode(png).decode("ascii")
-    return ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>hpctrain report</title>\n"
-            "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}</style>"
-            "</head><body>\n<h1>hpctrain report</h1>\n"
-            f"<table><tr><th>run</th>{heads}</tr>{rows}</table>\n"
-            f"<p><img alt=\"metrics\" src=\"data:image/png;base64,{img}\"></p>\n</body></html>\n")
+    return (
+        '<!doctype html>\n<html><head><meta charset="utf-8"><title>hpctrain report</title>\n'
+        "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}</style>"
+        "</head><body>\n<h1>hpctrain report</h1>\n"
+        f"<table><tr><th>run</th>{heads}</tr>{rows}</table>\n"
+        f'<p><img alt="metrics" src="data:image/png;base64,{img}"></p>\n</body></html>\n'
+    )
 
 
 def write(runs: list[Run], out: str | Path, x: str = "both") -> Path:

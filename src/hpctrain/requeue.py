@@ -56,9 +56,14 @@ class Budget:
 
 def preemptions(run_dir: Path, job_id: str) -> int:
     """Requeues after preemption already taken by this job (rank 0's `requeue` records)."""
-    return sum(1 for r in read_metrics(run_dir / "metrics.jsonl")
-               if r.get("kind") == "requeue" and str(r.get("job")) == job_id
-               and r.get("reason") == "preemption" and r.get("requeue"))
+    return sum(
+        1
+        for r in read_metrics(run_dir / "metrics.jsonl")
+        if r.get("kind") == "requeue"
+        and str(r.get("job")) == job_id
+        and r.get("reason") == "preemption"
+        and r.get("requeue")
+    )
 
 
 def budget(run_dir: Path, env: Mapping[str, str] | None = None) -> Budget | None:
@@ -67,9 +72,13 @@ def budget(run_dir: Path, env: Mapping[str, str] | None = None) -> Budget | None
     job = env.get("SLURM_JOB_ID")
     if not job:
         return None
-    return Budget(job, int(env.get("SLURM_RESTART_COUNT") or 0), preemptions(run_dir, job),
-                  int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES),
-                  int(env.get("HPCTRAIN_MAX_PREEMPTIONS") or UNLIMITED))
+    return Budget(
+        job,
+        int(env.get("SLURM_RESTART_COUNT") or 0),
+        preemptions(run_dir, job),
+        int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES),
+        int(env.get("HPCTRAIN_MAX_PREEMPTIONS") or UNLIMITED),
+    )
 
 
 def decide(kind: str, b: Budget) -> tuple[bool, str]:
@@ -78,19 +87,27 @@ def decide(kind: str, b: Budget) -> tuple[bool, str]:
         return False, "train.halt_at reached (a planned stop, not requeued)"
     if kind == "exclude":  # the batch shell runs on without the named node: on spares, else by this requeue
         if b.others >= b.max_requeues:
-            return False, (f"job {b.job_id} was requeued {b.others} times already for time limits or failures "
-                           f"(slurm.max_requeues={b.max_requeues}); a straggling node is left in")
-        return True, (f"requeueing job {b.job_id} without a straggling node, or restarting it on a spare "
-                      f"({b.others + 1}/{b.max_requeues})")
+            return False, (
+                f"job {b.job_id} was requeued {b.others} times already for time limits or failures "
+                f"(slurm.max_requeues={b.max_requeues}); a straggling node is left in"
+            )
+        return True, (
+            f"requeueing job {b.job_id} without a straggling node, or restarting it on a spare "
+            f"({b.others + 1}/{b.max_requeues})"
+        )
     if kind == "preemption":
         if 0 <= b.max_preemptions <= b.preemptions:
-            return False, (f"job {b.job_id} was preempted and requeued {b.preemptions} times already "
-                           f"(slurm.max_preemptions={b.max_preemptions})")
+            return False, (
+                f"job {b.job_id} was preempted and requeued {b.preemptions} times already "
+                f"(slurm.max_preemptions={b.max_preemptions})"
+            )
         cap = "" if b.max_preemptions < 0 else f"/{b.max_preemptions}"
         return True, f"requeueing job {b.job_id} after preemption {b.preemptions + 1}{cap}"
     if b.others >= b.max_requeues:
-        return False, (f"job {b.job_id} was requeued {b.others} times already for time limits or failures "
-                       f"(slurm.max_requeues={b.max_requeues})")
+        return False, (
+            f"job {b.job_id} was requeued {b.others} times already for time limits or failures "
+            f"(slurm.max_requeues={b.max_requeues})"
+        )
     return True, f"requeueing job {b.job_id} after its time limit ({b.others + 1}/{b.max_requeues})"
 
 
@@ -103,11 +120,13 @@ def check_budget(b: Budget | None) -> None:
         raise LaunchError(
             f"job {b.job_id} was restarted {b.others} times for time limits or failures "
             f"(slurm.max_requeues={b.max_requeues}); giving up here: find out why its nodes fail, then "
-            "resubmit to resume from the last checkpoint")
+            "resubmit to resume from the last checkpoint"
+        )
     if 0 <= b.max_preemptions < b.preemptions:
         raise LaunchError(
             f"job {b.job_id} was preempted {b.preemptions} times (slurm.max_preemptions={b.max_preemptions}); "
-            "giving up here: resubmit to a partition that is not preempted, or raise the cap")
+            "giving up here: resubmit to a partition that is not preempted, or raise the cap"
+        )
 
 
 def write_decision(path: str | Path, requeue: bool, why: str) -> None:
@@ -129,15 +148,20 @@ def after_stop(summary: Mapping, metrics=None, env: Mapping[str, str] | None = N
     kind = summary.get("stop_kind") or "time_limit"
     if not stop_file or not env.get("SLURM_JOB_ID"):
         if summary.get("rank") == 0:
-            log.warning("stopped at step %s (%s); not under an hpctrain batch script, so nothing requeues "
-                        "it: run the same command again to resume (--resume auto)", summary.get("step"), kind)
+            log.warning(
+                "stopped at step %s (%s); not under an hpctrain batch script, so nothing requeues "
+                "it: run the same command again to resume (--resume auto)",
+                summary.get("step"),
+                kind,
+            )
         return False
     b = budget(Path(summary["run_dir"]), env)
     ok, why = decide(kind, b)
     if summary.get("rank") == 0:
         (log.warning if ok else log.error)("stopped at step %s (%s): %s", summary.get("step"), kind, why)
         if metrics is not None:
-            metrics.write("requeue", step=summary.get("step"), job=b.job_id, reason=kind, requeue=ok, why=why,
-                          restarts=b.restarts)
+            metrics.write(
+                "requeue", step=summary.get("step"), job=b.job_id, reason=kind, requeue=ok, why=why, restarts=b.restarts
+            )
         write_decision(stop_file, ok, why)
     return ok

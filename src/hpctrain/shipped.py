@@ -71,6 +71,8 @@ def recipe(name: str | Path) -> Path:
         return p
     found = lookup(p, RECIPE_DIR, (".def",))
     if found is None:
-        raise NotShipped(f"recipe {str(name)!r} not found: give a definition file or a shipped recipe: "
-                         f"{names(recipes(), keep_suffix=True)} (`hpctrain image list`)")
+        raise NotShipped(
+            f"recipe {str(name)!r} not found: give a definition file or a shipped recipe: "
+            f"{names(recipes(), keep_suffix=True)} (`hpctrain image list`)"
+        )
     return found

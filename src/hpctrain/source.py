@@ -39,8 +39,11 @@ def package_dir() -> Path:
 
 def source_files(pkg: Path) -> list[Path]:
     """The files that make the package's code: Python and YAML, no bytecode caches; sorted."""
-    return sorted(q for q in pkg.rglob("*")
-                  if q.suffix in SUFFIXES and "__pycache__" not in q.relative_to(pkg).parts and q.is_file())
+    return sorted(
+        q
+        for q in pkg.rglob("*")
+        if q.suffix in SUFFIXES and "__pycache__" not in q.relative_to(pkg).parts and q.is_file()
+    )
 
 
 def source_hash(pkg: Path | None = None) -> str:
@@ -65,8 +68,10 @@ class Snapshot:
         """What `submit` prints about it: where, and a change since the root's last submission."""
         out = [f"code: {self.path} (source {self.hash})"]
         if self.previous:
-            out.append(f"hpctrain: the code changed since this directory's last submission: source {self.previous} "
-                       f"→ {self.hash}; this job runs the new snapshot")
+            out.append(
+                f"hpctrain: the code changed since this directory's last submission: source {self.previous} "
+                f"→ {self.hash}; this job runs the new snapshot"
+            )
         return out
 
 
@@ -93,6 +98,7 @@ def commit_of(pkg: Path) -> str | None:
 def git_commit(root: Path) -> str | None:
     """`<commit>` or `<commit>+modified` (tracked files changed) of the checkout at `root`; None when
     git is missing, `root` is not the top of a git work tree, or git fails."""
+
     def git(*args: str) -> str | None:
         try:
             r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
@@ -130,8 +136,12 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
         digest = source_hash(tmp / "hpctrain")
-        manifest = {"hash": digest, "from": str(pkg), "git_commit": commit_of(pkg),
-                    "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        manifest = {
+            "hash": digest,
+            "from": str(pkg),
+            "git_commit": commit_of(pkg),
+            "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         (tmp / "hpctrain" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         for p in (tmp / "hpctrain").rglob("*"):
             if p.is_file():
@@ -147,8 +157,10 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if source_hash(snapshot_path(root, digest)) != digest:
-        raise LaunchError(f"the code snapshot {snapshot_path(root, digest)} does not hash to {digest}: it was "
-                          f"changed after it was written; remove {code / digest} and submit again")
+        raise LaunchError(
+            f"the code snapshot {snapshot_path(root, digest)} does not hash to {digest}: it was "
+            f"changed after it was written; remove {code / digest} and submit again"
+        )
     tmp_latest = code / f".{LATEST}.{os.getpid()}"
     tmp_latest.write_text(digest + "\n")
     tmp_latest.replace(latest)
@@ -179,5 +191,6 @@ def check(env: Mapping[str, str]) -> dict:
             f"this task runs hpctrain from {package_dir()} (source {running}), not the code that submitted "
             f"the job (source {submitted}): the image's copy shadows it, or the bound copy changed since "
             "submission; keep container.bind_source on (and the run directory on a file system the nodes "
-            "see), then resubmit")
+            "see), then resubmit"
+        )
     return rec

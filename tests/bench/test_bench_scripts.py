@@ -16,12 +16,18 @@ from hpctrain.plan.throughput import compute_from_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_ACCEPT = ROOT / "bench" / "gpu_accept.py"
-TINY_SETS = ["model.depth=2", "model.width=64", "model.heads=2", "model.img_size=32", "model.patch_size=8",
-             "model.num_classes=10"]
+TINY_SETS = [
+    "model.depth=2",
+    "model.width=64",
+    "model.heads=2",
+    "model.img_size=32",
+    "model.patch_size=8",
+    "model.num_classes=10",
+]
 
 # timm is not installed here (it is on the GPU machine); this stand-in has timm's create_model
 # signature and builds hpctrain's ViT, whose modules and parameter names are timm's.
-STAND_IN = '''
+STAND_IN = """
 __version__ = "0-stand-in"
 
 
@@ -31,7 +37,7 @@ def create_model(name, pretrained=False, img_size=224, patch_size=16, embed_dim=
     from hpctrain.models.vit import ViT
     return ViT(img_size=img_size, patch_size=patch_size, depth=depth, width=embed_dim,
                heads=num_heads, num_classes=num_classes)
-'''
+"""
 
 # runs the script's --dry-run in this interpreter, then checks what it imported
 DRY_RUN_CHECK = """
@@ -63,8 +69,19 @@ def test_gpu_accept_dry_run_lists_every_step_within_480_s_without_torch(tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     mod = load_gpu_accept()
     names = [s.name for s in mod.STEPS]
-    assert names == ["versions", "matmul", "attention", "bench_eager", "bench_compiled", "bench_b32", "timm", "fp16",
-                     "nccl", "train", "dali"]
+    assert names == [
+        "versions",
+        "matmul",
+        "attention",
+        "bench_eager",
+        "bench_compiled",
+        "bench_b32",
+        "timm",
+        "fp16",
+        "nccl",
+        "train",
+        "dali",
+    ]
     listed = {}
     for line in r.stdout.splitlines():
         parts = line.split()
@@ -80,12 +97,20 @@ def test_gpu_accept_arguments_and_a_step_past_its_budget(tmp_path):
     and the script still writes its JSON and table."""
     r = subprocess.run([sys.executable, str(GPU_ACCEPT)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--out DIR is required" in r.stderr
-    r = subprocess.run([sys.executable, str(GPU_ACCEPT), "--out", str(tmp_path), "--only", "versions,bogus"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(GPU_ACCEPT), "--out", str(tmp_path), "--only", "versions,bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "unknown step(s) ['bogus']" in r.stderr
     # 0.02 s for the versions step: killed while it imports torch
-    r = subprocess.run([sys.executable, str(GPU_ACCEPT), "--out", str(tmp_path), "--only", "versions",
-                        "--budget-scale", "0.001"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(GPU_ACCEPT), "--out", str(tmp_path), "--only", "versions", "--budget-scale", "0.001"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     doc = json.loads((tmp_path / "gpu_accept.json").read_text())
     (row,) = doc["steps"]
@@ -104,8 +129,14 @@ def test_gpu_accept_cpu_run(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), os.environ["PYTHONPATH"]]))
     # run from elsewhere: the script finds the repo (and its src/) from its own path; budgets × 4 on a loaded CI
-    r = subprocess.run([sys.executable, str(GPU_ACCEPT), "--out", str(out), "--budget-scale", "4"],
-                       capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(GPU_ACCEPT), "--out", str(out), "--budget-scale", "4"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "gpu_accept.json").read_text())
     rows = {row["step"]: row for row in doc["steps"]}
@@ -135,14 +166,21 @@ def test_gpu_accept_cpu_run(tmp_path):
     # batches, so it takes the faster
     cfg = load("bench_vit_b16", TINY_SETS)
     got = compute_from_bench(str(out / "gpu_accept.json"), cfg)
-    assert got.tflops == pytest.approx(max(r["images_per_s_per_device"] * r["train_gflops_per_image"] / 1e3
-                                           for r in (eager["record"], small["record"])))
+    assert got.tflops == pytest.approx(
+        max(
+            r["images_per_s_per_device"] * r["train_gflops_per_image"] / 1e3 for r in (eager["record"], small["record"])
+        )
+    )
 
 
 @pytest.mark.slow
 def test_loop_overhead_reports_a_ratio():
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "loop_overhead.py"), "--reps", "2", "--steps", "1",
-                        "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "loop_overhead.py"), "--reps", "2", "--steps", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["bare_ms"] > 0 and out["hpctrain_ms"] > 0 and out["ratio"] > 0
@@ -153,8 +191,12 @@ def test_loop_overhead_reports_a_ratio():
 def test_optim_step_reports_ratios_to_torch_adamw():
     """bench/optim_step.py, one short repetition: every hpctrain optimizer timed beside torch's
     AdamW(foreach=True) on ViT-S/16's 152 tensors, each ratio its median per-repetition ratio."""
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "optim_step.py"), "--reps", "1", "--steps", "1",
-                        "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "optim_step.py"), "--reps", "1", "--steps", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["tensors"] == 152 and 22e6 < out["values"] < 22.2e6
@@ -169,8 +211,12 @@ def test_optim_step_reports_ratios_to_torch_adamw():
 def test_host_costs_reports_ema_and_erase_before_and_after():
     """bench/host_costs.py, one short repetition without DALI: the EMA's cached lists and the batch's
     vectorised erase boxes each timed beside the way they were drawn before (issue 24 item 7)."""
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "host_costs.py"), "--reps", "1", "--batch", "64",
-                        "--no-dali", "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "host_costs.py"), "--reps", "1", "--batch", "64", "--no-dali", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for k in ("ema", "ema_lists", "erase"):

@@ -32,8 +32,20 @@ def load_bench():
 @pytest.mark.slow
 def test_two_gloo_ranks_bytes_and_prediction_within_2x():
     cm = load_bench()
-    argv = ["--config", str(DIGITS), "--steps", "2", "--rounds", "2", "--warmup", "1", "--per-rank-batch", "16",
-            "--ar-iters", "3"]
+    argv = [
+        "--config",
+        str(DIGITS),
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--per-rank-batch",
+        "16",
+        "--ar-iters",
+        "3",
+    ]
     two = cm.run_world(2, argv, timeout=240)
     cfg = load(DIGITS)
     assert two["world"] == 2 and two["per_rank_batch"] == 16

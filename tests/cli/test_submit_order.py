@@ -19,8 +19,12 @@ def finished_demo_run(cwd: Path) -> Path:
     """What README command 1 leaves in `cwd`: runs/digits_vit ended `finished`, its checkpoint there."""
     run = cwd / "runs" / "digits_vit"
     (run / "checkpoints").mkdir(parents=True)
-    cfg = subprocess.run([sys.executable, "-m", "hpctrain", "config", "--config", str(DIGITS)], capture_output=True,
-                         text=True, check=True).stdout
+    cfg = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "config", "--config", str(DIGITS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (run / "config.yaml").write_text(cfg)
     (run / "checkpoints" / "step-00000660.pt").write_bytes(b"x")
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "end", "status": "finished", "step": 660}) + "\n")
@@ -31,7 +35,14 @@ def test_a_bad_profile_is_refused_alone_beside_a_finished_run(tmp_path):
     finished_demo_run(tmp_path)
     ok = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--dry-run", cwd=tmp_path)
     assert ok.returncode == 0 and "note: " in ok.stderr and "finished" in ok.stderr, ok.stderr  # the state is seen
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster-set", "container.runtime=docker",
-                 "--dry-run", cwd=tmp_path)
+    r = hpctrain(
+        "submit",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--cluster-set",
+        "container.runtime=docker",
+        "--dry-run",
+        cwd=tmp_path,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "container.runtime='docker' is not one of" in r.stderr

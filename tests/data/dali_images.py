@@ -25,7 +25,7 @@ def photo_crops(n: int, seed: int, w: int = 40, h: int = 30) -> list[np.ndarray]
     for i in range(n):
         p = photos[i % len(photos)]
         y, x = int(rng.integers(0, p.shape[0] - 120)), int(rng.integers(0, p.shape[1] - 160))
-        out.append(np.asarray(Image.fromarray(p[y:y + 120, x:x + 160]).resize((w, h), Image.BILINEAR)))
+        out.append(np.asarray(Image.fromarray(p[y : y + 120, x : x + 160]).resize((w, h), Image.BILINEAR)))
     return out
 
 

@@ -22,9 +22,17 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def cfg_for(root: Path, **kw) -> object:
-    sets = {"data.root": str(root), "data.loader": "dali", "data.batch_size": 6, "data.workers": 2,
-            "model.img_size": 24, "model.patch_size": 8, "model.num_classes": 36, "data.scale_min": 0.3,
-            "train.seed": 3}
+    sets = {
+        "data.root": str(root),
+        "data.loader": "dali",
+        "data.batch_size": 6,
+        "data.workers": 2,
+        "model.img_size": 24,
+        "model.patch_size": 8,
+        "model.num_classes": 36,
+        "data.scale_min": 0.3,
+        "train.seed": 3,
+    }
     sets.update(kw)
     return load(None, [f"{k}={v}" for k, v in sets.items()])
 
@@ -62,8 +70,9 @@ def test_normalisation_of_a_flat_colour(tmp_path):
         write_jpeg(tmp_path / "train" / "a" / f"{i}.jpg", np.full((30, 40, 3), (200, 100, 50), np.uint8), 100)
         write_jpeg(tmp_path / "val" / "a" / f"{i}.jpg", np.full((30, 40, 3), (200, 100, 50), np.uint8), 100)
     train, val = loaders(tmp_path, **{"model.num_classes": 1})
-    want = torch.tensor([(200 / 255 - MEAN[0]) / STD[0], (100 / 255 - MEAN[1]) / STD[1],
-                         (50 / 255 - MEAN[2]) / STD[2]]).view(1, 3, 1, 1)
+    want = torch.tensor(
+        [(200 / 255 - MEAN[0]) / STD[0], (100 / 255 - MEAN[1]) / STD[1], (50 / 255 - MEAN[2]) / STD[2]]
+    ).view(1, 3, 1, 1)
     for loader in (train, val):
         x, _ = epoch(loader, 0)[0]
         assert (x - want).abs().max() < 2.5 / 255 / min(STD)  # JPEG keeps a flat colour within ±2
@@ -97,9 +106,12 @@ def test_shards_disjoint_and_cover_the_dataset_each_epoch(ident_root, world):
     The torch loader takes the same samples in the same optimizer steps.
     """
     ranks = [loaders(ident_root, r, world, **{"data.batch_size": 6 * world // 2 * 2}) for r in range(world)]
-    torch_ranks = [loaders(ident_root, r, world, **{"data.batch_size": 6 * world // 2 * 2,
-                                                    "data.loader": "torch", "data.workers": 0})
-                   for r in range(world)]
+    torch_ranks = [
+        loaders(
+            ident_root, r, world, **{"data.batch_size": 6 * world // 2 * 2, "data.loader": "torch", "data.workers": 0}
+        )
+        for r in range(world)
+    ]
     seen_epochs = []
     for e in (0, 1):
         per_rank = []
@@ -200,8 +212,12 @@ def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp
     for job in plan.shards:
         pk.pack_shard(job, plan.out)
     pk.write_meta(plan)
-    key, shard = next((f"{i:08d}", plan.out / f"{job.name}.tar") for job in plan.shards
-                      for i, rel, _ in job.samples if rel.endswith("zz_bad.jpg"))
+    key, shard = next(
+        (f"{i:08d}", plan.out / f"{job.name}.tar")
+        for job in plan.shards
+        for i, rel, _ in job.samples
+        if rel.endswith("zz_bad.jpg")
+    )
     train, _ = loaders(plan.out, **{"data.format": "wds", "data.batch_size": 37})
     with pytest.raises(DataError) as e:
         epoch(train, 0)
@@ -219,8 +235,7 @@ def test_bad_randaugment_spec_is_a_config_error(ident_root):
 @pytest.mark.parametrize("kind", ["auto", "dali", "torch", "synthetic"])
 def test_every_loader_choice_keeps_the_contract(ident_root, kind):
     workers = 0 if kind == "torch" else 2
-    train, val = loaders(ident_root, **{"data.loader": kind, "data.synthetic_size": 36,
-                                        "data.workers": workers})
+    train, val = loaders(ident_root, **{"data.loader": kind, "data.synthetic_size": 36, "data.workers": workers})
     if kind == "auto":
         assert type(train).__name__ == "DaliLoader"  # DALI is importable here
     assert len(train) == 6
@@ -255,8 +270,17 @@ def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_r
     assert_traced_once(train)
     for e in range(3):
         reader, _, _ = train._reader(e)
-        ref = build_pipeline(True, "folder", reader, train.aug, batch_size=6, threads=2, device=CPU,
-                             seed=pipeline_seed(3, e, 0, 1), erase_source=train.erase_source(e))
+        ref = build_pipeline(
+            True,
+            "folder",
+            reader,
+            train.aug,
+            batch_size=6,
+            threads=2,
+            device=CPU,
+            seed=pipeline_seed(3, e, 0, 1),
+            erase_source=train.erase_source(e),
+        )
         for b, (x, y) in enumerate(got[e]):
             images, labels = ref.run()
             assert np.array_equal(x.numpy(), images.as_array()), (e, b)

@@ -30,16 +30,40 @@ def test_pixel_erasing_reads_no_shape_and_draws_the_same_noise(ident_root, monke
     """The graph holds no shape operator (on GPU images it is a GPU→CPU edge each batch) and its
     batches equal, bit for bit, the graph that read the shape (DALI seeds its random operators in
     graph order: the noise operator keeps its place)."""
-    cfg = load(None, [f"{k}={v}" for k, v in {
-        "data.root": ident_root, "data.loader": "dali", "data.batch_size": 6, "data.workers": 2,
-        "model.img_size": 24, "model.patch_size": 8, "model.num_classes": 36, "train.seed": 3,
-        "data.reprob": 0.9, "data.recount": 2, "data.remode": "pixel"}.items()])
+    cfg = load(
+        None,
+        [
+            f"{k}={v}"
+            for k, v in {
+                "data.root": ident_root,
+                "data.loader": "dali",
+                "data.batch_size": 6,
+                "data.workers": 2,
+                "model.img_size": 24,
+                "model.patch_size": 8,
+                "model.num_classes": 36,
+                "train.seed": 3,
+                "data.reprob": 0.9,
+                "data.recount": 2,
+                "data.remode": "pixel",
+            }.items()
+        ],
+    )
     train, _ = build_loaders(cfg, 0, 1, CPU)
     reader, _, _ = train._reader(1)
 
     def pipe():
-        return dali.build_pipeline(True, "folder", reader, train.aug, batch_size=6, threads=2, device=CPU,
-                                   seed=dali.pipeline_seed(3, 1, 0, 1), erase_source=train.erase_source(1))
+        return dali.build_pipeline(
+            True,
+            "folder",
+            reader,
+            train.aug,
+            batch_size=6,
+            threads=2,
+            device=CPU,
+            seed=dali.pipeline_seed(3, 1, 0, 1),
+            erase_source=train.erase_source(1),
+        )
 
     new = pipe()
     with monkeypatch.context() as m:

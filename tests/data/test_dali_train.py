@@ -13,8 +13,15 @@ pytest.importorskip("nvidia.dali")
 
 
 def digits_cfg(root, tmp_path, name: str, *sets: str):
-    base = [f"data.root={root}", "data.prepare=none", "data.loader=dali", "data.workers=1",
-            f"run.dir={tmp_path}", f"run.name={name}", "run.resume=auto"]
+    base = [
+        f"data.root={root}",
+        "data.prepare=none",
+        "data.loader=dali",
+        "data.workers=1",
+        f"run.dir={tmp_path}",
+        f"run.name={name}",
+        "run.resume=auto",
+    ]
     return load("digits_vit", base + list(sets))
 
 
@@ -26,8 +33,13 @@ def weights(summary) -> dict:
 @pytest.mark.parametrize("loader", ["dali", "torch"])
 def test_resume_is_exact(digits_root, tmp_path, loader):
     """14 steps straight vs 7 steps, halt, resume (mid-epoch: 11 steps per epoch) → equal weights."""
-    sets = [f"data.loader={loader}", "data.batch_size=128", "train.max_steps=14", "train.eval_every=0",
-            "train.ckpt_every=0"]
+    sets = [
+        f"data.loader={loader}",
+        "data.batch_size=128",
+        "train.max_steps=14",
+        "train.eval_every=0",
+        "train.ckpt_every=0",
+    ]
     full = run(digits_cfg(digits_root, tmp_path, "full", *sets))
     half = run(digits_cfg(digits_root, tmp_path, "split", *sets, "train.halt_at=7"))
     assert half["status"] == "halted" and half["step"] == 7

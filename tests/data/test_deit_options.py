@@ -29,9 +29,21 @@ def png_root(tmp_path_factory) -> tuple[Path, list[np.ndarray]]:
 def loaders(root, loader, *sets, world=1, rank=0):
     # val: shorter side floor(64 / 0.888) = 72, so 160×120 → 96×72 and even margins: the centre crop
     # has no half-pixel to round, which DALI and PIL would round differently
-    cfg = load(None, [f"data.root={root}", f"data.loader={loader}", "data.batch_size=8", "model.img_size=64",
-                      "data.crop_pct=0.888", "model.num_classes=8", "data.mean=[0,0,0]", "data.std=[1,1,1]",
-                      "data.workers=1", *sets])
+    cfg = load(
+        None,
+        [
+            f"data.root={root}",
+            f"data.loader={loader}",
+            "data.batch_size=8",
+            "model.img_size=64",
+            "data.crop_pct=0.888",
+            "model.num_classes=8",
+            "data.mean=[0,0,0]",
+            "data.std=[1,1,1]",
+            "data.workers=1",
+            *sets,
+        ],
+    )
     return build_loaders(cfg, rank, world, CPU)
 
 
@@ -80,14 +92,14 @@ def test_dali_erases_the_boxes_of_each_sample_with_normal_noise(png_root):
     for e in range(6):
         plain_loader.set_epoch(e)
         erased_loader.set_epoch(e)
-        (p, _), = list(plain_loader)
-        (x, _), = list(erased_loader)
+        ((p, _),) = list(plain_loader)
+        ((x, _),) = list(erased_loader)
         idx = erased_loader.epoch_indices(e)
         keys = [[1, erased_loader.seed, e, int(idx[j]), 0] for j in range(8)]  # (folder, seed, epoch, index, copy)
         for j, boxes in enumerate(erasing.erase_boxes_batch(64, 64, np.array(keys), 0.6, 2)):
             m = torch.zeros(3, 64, 64, dtype=torch.bool)
             for t, lf, h, w in boxes.tolist():
-                m[:, t:t + h, lf:lf + w] = True
+                m[:, t : t + h, lf : lf + w] = True
             assert torch.equal(x[j][~m], p[j][~m])  # untouched outside the boxes (the crop is the same)
             if m.any():
                 assert (x[j][m] != p[j][m]).float().mean() > 0.99

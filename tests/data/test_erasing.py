@@ -113,12 +113,11 @@ def test_batch_sampler_splits_the_area_between_several_boxes_as_the_per_sample_o
 @pytest.mark.parametrize("mode", ["pixel", "rand", "const"])
 def test_fill_values(mode):
     x = torch.full((64, 3, 32, 32), 7.0)
-    boxes = torch.from_numpy(np.stack([erase_boxes(32, 32, np.random.default_rng([1, i]), 1.0, 1)
-                                       for i in range(64)]))
+    boxes = torch.from_numpy(np.stack([erase_boxes(32, 32, np.random.default_rng([1, i]), 1.0, 1) for i in range(64)]))
     apply_erasing(x, boxes, torch.arange(64) * 1000, mode)
     inside = torch.zeros_like(x, dtype=torch.bool)
     for i, (t, lf, h, w) in enumerate(boxes[:, 0].tolist()):
-        inside[i, :, t:t + h, lf:lf + w] = True
+        inside[i, :, t : t + h, lf : lf + w] = True
     assert (x[~inside] == 7.0).all()
     vals = x[inside]
     if mode == "const":
@@ -128,7 +127,7 @@ def test_fill_values(mode):
         assert stats.kstest(vals.numpy(), "norm").pvalue > 1e-3
     else:  # one colour per channel and box
         for i, (t, lf, h, w) in enumerate(boxes[:, 0].tolist()):
-            box = x[i, :, t:t + h, lf:lf + w].reshape(3, -1)
+            box = x[i, :, t : t + h, lf : lf + w].reshape(3, -1)
             assert (box == box[:, :1]).all()
 
 

@@ -31,7 +31,7 @@ def per_box_erasing(x: torch.Tensor, boxes: torch.Tensor, seeds: torch.Tensor, m
                     gen = torch.Generator(device=x.device)
                 gen.manual_seed(int(seeds_l[i]) + k)
                 fill = torch.randn(shape, generator=gen, dtype=torch.float32, device=x.device).to(x.dtype)
-            x[i, :, top:top + h, left:left + w] = fill
+            x[i, :, top : top + h, left : left + w] = fill
     return x
 
 
@@ -39,8 +39,9 @@ def batch(n: int, count: int, size: int = 32, seed: int = 0):
     """A normalised channels_last batch (as the torch loader's Normalizer gives) and its boxes, seeds."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, size, size, 3, generator=g).permute(0, 3, 1, 2)
-    boxes = torch.from_numpy(np.stack([erase_boxes(size, size, np.random.default_rng([seed, i]), 0.8, count)
-                                       for i in range(n)]))
+    boxes = torch.from_numpy(
+        np.stack([erase_boxes(size, size, np.random.default_rng([seed, i]), 0.8, count) for i in range(n)])
+    )
     return x, boxes, torch.arange(n) * 7919 + 11
 
 
@@ -83,9 +84,18 @@ def test_ops_per_batch_do_not_grow_with_boxes_and_samples():
 def test_torch_loader_erases_the_same_in_worker_processes(digits_root):
     """The erasing is composed in the workers and packed by the loader's collate: the batch is the
     same with 2 worker processes as in the main process, and erased where reprob=0 is not."""
+
     def first_batch(workers: int, reprob: float) -> torch.Tensor:
-        cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", f"data.workers={workers}",
-                            f"data.reprob={reprob}", "data.recount=3"])
+        cfg = load(
+            DIGITS,
+            [
+                f"data.root={digits_root}",
+                "data.loader=torch",
+                f"data.workers={workers}",
+                f"data.reprob={reprob}",
+                "data.recount=3",
+            ],
+        )
         train, _ = build_loaders(cfg, 0, 1, torch.device("cpu"))
         train.set_epoch(1, start=2)
         return next(iter(train))[0]

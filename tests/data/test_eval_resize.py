@@ -21,8 +21,20 @@ def png_root(tmp_path_factory):
 
 
 def first_val_batch(root, loader: str, *sets: str) -> np.ndarray:
-    cfg = load(None, [f"data.root={root}", f"data.loader={loader}", "data.batch_size=8", "model.img_size=64",
-                      "model.num_classes=8", "data.mean=[0,0,0]", "data.std=[1,1,1]", "data.workers=1", *sets])
+    cfg = load(
+        None,
+        [
+            f"data.root={root}",
+            f"data.loader={loader}",
+            "data.batch_size=8",
+            "model.img_size=64",
+            "model.num_classes=8",
+            "data.mean=[0,0,0]",
+            "data.std=[1,1,1]",
+            "data.workers=1",
+            *sets,
+        ],
+    )
     _, val = build_loaders(cfg, 0, 1, torch.device("cpu"))
     val.set_epoch(0)
     return next(iter(val))[0].numpy() * 255.0
@@ -34,8 +46,9 @@ def test_squash_resizes_the_whole_image_to_img_size(png_root, loader):
     if loader == "dali":
         pytest.importorskip("nvidia.dali")
     root, imgs = png_root
-    whole = np.stack([np.asarray(Image.fromarray(a).resize((64, 64), Image.BILINEAR)).transpose(2, 0, 1)
-                      for a in imgs]).astype(np.float64)
+    whole = np.stack(
+        [np.asarray(Image.fromarray(a).resize((64, 64), Image.BILINEAR)).transpose(2, 0, 1) for a in imgs]
+    ).astype(np.float64)
     got = first_val_batch(root, loader, "data.eval_resize=squash")
     diff = np.abs(got - whole)
     if loader == "torch":  # the same PIL call

@@ -59,9 +59,20 @@ def _jpeg_folder(root: Path, n_per_class: int) -> None:
 
 
 def _cfg(root: Path, loader: str, *extra: str):
-    return load(None, [f"data.root={root}", f"data.loader={loader}", "data.batch_size=8", "data.workers=0",
-                       "model.img_size=8", "model.patch_size=8", "model.num_classes=2", "data.val_split=minival",
-                       *extra])
+    return load(
+        None,
+        [
+            f"data.root={root}",
+            f"data.loader={loader}",
+            "data.batch_size=8",
+            "data.workers=0",
+            "model.img_size=8",
+            "model.patch_size=8",
+            "model.num_classes=2",
+            "data.val_split=minival",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.parametrize("loader", ["torch", "dali"])

@@ -28,8 +28,19 @@ def serial(ident_root, tmp_path_factory) -> Path:
 
 
 def test_three_workers_write_the_same_bytes_as_one(ident_root, serial, tmp_path):
-    r = hpctrain("data", "pack", str(ident_root), str(tmp_path / "w3"), "--shard-size", "5", "--seed", "7",
-                 "--workers", "3", timeout=120)
+    r = hpctrain(
+        "data",
+        "pack",
+        str(ident_root),
+        str(tmp_path / "w3"),
+        "--shard-size",
+        "5",
+        "--seed",
+        "7",
+        "--workers",
+        "3",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "packed 16 shards in 3 group(s)" in r.stdout and "MB/s" in r.stdout
     ref = dir_files(serial)
@@ -57,15 +68,17 @@ def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root
     cut = out / plan.group(2)[0].name
     cut.with_suffix(".tar").write_bytes(b"")  # a shard lost after its group was done
     assert pk.missing_groups(plan, digest) == [1, 2]
-    r = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "1"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain.data.pack", str(out), "1"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "meta.json is written when they are" in r.stdout, r.stdout + r.stderr
     assert not (out / "meta.json").exists()
     pk.run_group(out, 2, log=logs.append)  # repacked; the last group done writes the index
     assert "all 3 groups packed: wrote the shard index" in logs[-1]
     assert dir_files(out) == dir_files(serial)
-    bad = subprocess.run([sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "group 3 does not exist" in bad.stderr
 
 
@@ -78,13 +91,26 @@ def test_pack_refuses_an_undecodable_image_or_leaves_it_out_with_exclude_bad(ide
     r = hpctrain("data", "pack", str(root), str(out), "--shard-size", "10", timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"bad image: {bad}: UnidentifiedImageError" in r.stdout
-    assert r.stderr == ("hpctrain: error: 1 image(s) do not decode (listed above; the first: train/c05/zz_bad.jpg), "
-                        "so nothing was packed: leave them out with --exclude-bad FILE (which lists them), or replace "
-                        "them\n")
+    assert r.stderr == (
+        "hpctrain: error: 1 image(s) do not decode (listed above; the first: train/c05/zz_bad.jpg), "
+        "so nothing was packed: leave them out with --exclude-bad FILE (which lists them), or replace "
+        "them\n"
+    )
     assert not out.exists()
     listed = tmp_path / "bad.txt"
-    r = hpctrain("data", "pack", str(root), str(out), "--shard-size", "10", "--exclude-bad", str(listed),
-                 "--workers", "2", timeout=120)
+    r = hpctrain(
+        "data",
+        "pack",
+        str(root),
+        str(out),
+        "--shard-size",
+        "10",
+        "--exclude-bad",
+        str(listed),
+        "--workers",
+        "2",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "train with --set data.format=wds --set data.loader=dali --set data.root=" in r.stdout
     assert "train/c05/zz_bad.jpg  # UnidentifiedImageError" in listed.read_text()

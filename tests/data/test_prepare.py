@@ -12,11 +12,22 @@ from tests.helpers import DIGITS, hpctrain
 
 def test_typo_in_data_root_writes_nothing_and_errors_in_one_line(tmp_path):
     typo = tmp_path / "x" / "digts_bda"
-    r = hpctrain("train", "--config", str(DIGITS), "--set", f"data.root={typo}", "--set", "run.dir=runs",
-                 cwd=tmp_path, timeout=120)
+    r = hpctrain(
+        "train",
+        "--config",
+        str(DIGITS),
+        "--set",
+        f"data.root={typo}",
+        "--set",
+        "run.dir=runs",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.startswith(f"hpctrain: error: data.root={typo} does not exist; data.prepare=digits writes "
-                               f"only the demo's own folder {DEMO_ROOT}")
+    assert r.stderr.startswith(
+        f"hpctrain: error: data.root={typo} does not exist; data.prepare=digits writes "
+        f"only the demo's own folder {DEMO_ROOT}"
+    )
     assert f"`hpctrain data digits {typo}`" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # no dataset, no run directory
 
@@ -26,8 +37,11 @@ def test_a_shard_folder_never_gets_images_written_into_it(tmp_path):
     shards.mkdir()
     (shards / "train-00000.tar").write_bytes(b"")  # a pack that never finished: no meta.json
     cfg = load(DIGITS, [f"data.root={shards}", "data.format=wds", "data.loader=dali"])
-    with pytest.raises(ConfigError, match=r"holds no shards \(no meta.json\); data.prepare=digits writes an image "
-                                          "folder, never shards"):
+    with pytest.raises(
+        ConfigError,
+        match=r"holds no shards \(no meta.json\); data.prepare=digits writes an image "
+        "folder, never shards",
+    ):
         ensure_dataset(cfg)
     (shards / "meta.json").write_text("{}")
     ensure_dataset(cfg)  # a finished pack: nothing to make
@@ -54,8 +68,19 @@ def test_init_from_a_run_whose_weights_cannot_fit_is_known_before_the_job(tmp_pa
     save(load(DIGITS, ["model.patch_size=4", "model.width=64"]), src / "config.yaml")
     sets = [f"data.root={digits_root}", "data.prepare=none"]
     [problem] = input_problems(load(DIGITS, [*sets, f"model.init_from={src}/checkpoints/step-00000010.pt"]))
-    assert problem.startswith(f"model.init_from={src}/checkpoints/step-00000010.pt: its weights do not fit this "
-                              "model (model.patch_size=4 there, 8 here; model width 64 there, 128 here; ")
-    fits = load(DIGITS, [*sets, f"model.init_from={src}", "model.patch_size=4", "model.width=64",
-                         "model.img_size=48", "model.num_classes=5"])
+    assert problem.startswith(
+        f"model.init_from={src}/checkpoints/step-00000010.pt: its weights do not fit this "
+        "model (model.patch_size=4 there, 8 here; model width 64 there, 128 here; "
+    )
+    fits = load(
+        DIGITS,
+        [
+            *sets,
+            f"model.init_from={src}",
+            "model.patch_size=4",
+            "model.width=64",
+            "model.img_size=48",
+            "model.num_classes=5",
+        ],
+    )
     assert input_problems(fits) == []

@@ -13,8 +13,7 @@ from hpctrain.data.imagenet import prepare
 
 
 def cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -43,8 +42,7 @@ def test_prepare_sorts_val_reports_bad_files_and_training_honours_the_list(raw_i
     pytest.importorskip("nvidia.dali")
     root, vmap, bad = raw_imagenet
     excl = tmp_path / "bad.txt"
-    r = cli("data", "prepare-imagenet", str(root), "--val-map", str(vmap), "--exclude-bad", str(excl),
-            "--workers", "2")
+    r = cli("data", "prepare-imagenet", str(root), "--val-map", str(vmap), "--exclude-bad", str(excl), "--workers", "2")
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "sorted 37 val images" in out and (root / "val" / "c00" / "v000.jpg").is_file()
@@ -52,15 +50,36 @@ def test_prepare_sorts_val_reports_bad_files_and_training_honours_the_list(raw_i
     assert "ImageNet-1k has 1,281,167" in out and "ImageNet-1k has 50,000" in out
     for p in bad:
         assert f"bad image: {p}" in out
-    assert sorted(ln.split("#")[0].strip() for ln in excl.read_text().splitlines()
-                  if ln.strip() and not ln.startswith("#")) == ["train/c05/broken.jpg",
-                                                                "train/c07/n0000_notes.JPEG"]
+    assert sorted(
+        ln.split("#")[0].strip() for ln in excl.read_text().splitlines() if ln.strip() and not ln.startswith("#")
+    ) == ["train/c05/broken.jpg", "train/c07/n0000_notes.JPEG"]
 
     # one optimizer step reads all 38 (or, excluded, 36) train images, then val is evaluated
-    train = ["train", "-c", "digits_vit", "--set", f"data.root={root}", "--set", "data.prepare=none",
-             "--set", "data.loader=dali", "--set", "data.workers=1", "--set", "model.num_classes=36",
-             "--set", "model.img_size=24", "--set", "train.epochs=1", "--set", "data.batch_size=36",
-             "--set", f"run.dir={tmp_path / 'runs'}", "--set", "train.eval_every=1"]
+    train = [
+        "train",
+        "-c",
+        "digits_vit",
+        "--set",
+        f"data.root={root}",
+        "--set",
+        "data.prepare=none",
+        "--set",
+        "data.loader=dali",
+        "--set",
+        "data.workers=1",
+        "--set",
+        "model.num_classes=36",
+        "--set",
+        "model.img_size=24",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.batch_size=36",
+        "--set",
+        f"run.dir={tmp_path / 'runs'}",
+        "--set",
+        "train.eval_every=1",
+    ]
     ok = cli(*train, "--set", "run.name=excl", "--set", f"data.exclude_file={excl}")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "val top-1" in ok.stderr and "37" in ok.stderr
@@ -113,5 +132,6 @@ def test_parallel_decode_check_finds_the_same_bad_files_in_the_same_order(raw_im
     assert len(serial.bad) == 6 and parallel.bad == serial.bad
     assert [rel for rel, _ in serial.bad] == sorted(rel for rel, _ in serial.bad)
     assert ("val/v005.jpg", "empty file") in serial.bad
-    assert any(s.startswith("decoding train: 41/41 images") and "(3 worker(s)): 5 do not decode" in s
-               for s in logs[1]), logs[1]
+    assert any(
+        s.startswith("decoding train: 41/41 images") and "(3 worker(s)): 5 do not decode" in s for s in logs[1]
+    ), logs[1]

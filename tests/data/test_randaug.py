@@ -23,10 +23,19 @@ def test_specs_parse_as_timm_reads_them():
     assert parse_randaugment("rand-n2-m10-p1").p == 1.0  # big_vision's randaug(2,10): every op applies
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("2,11", r"M=11 is outside 0\.\.10"), ("2,-1", "outside 0..10"), ("rand-m30", "outside 0..10"),
-    ("two", "is not 'N,M'"), ("rand-m9-w0", "'w0' is not supported"), ("rand-m-n2", "has no number"),
-    ("0,9", "N .* must be >= 1"), ("rand-m9-p0", "p must be in")])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("2,11", r"M=11 is outside 0\.\.10"),
+        ("2,-1", "outside 0..10"),
+        ("rand-m30", "outside 0..10"),
+        ("two", "is not 'N,M'"),
+        ("rand-m9-w0", "'w0' is not supported"),
+        ("rand-m-n2", "has no number"),
+        ("0,9", "N .* must be >= 1"),
+        ("rand-m9-p0", "p must be in"),
+    ],
+)
 def test_bad_specs_are_one_line_config_errors(spec, match):
     with pytest.raises(ConfigError, match=match) as e:
         load(None, [f"data.randaugment={spec}"])
@@ -57,10 +66,13 @@ def kernel_factor(k) -> float:
 
 
 # timm's values (auto_augment.py level functions, _LEVEL_DENOM 10, translate_pct 0.45) at M9 / M10
-@pytest.mark.parametrize("m, rot, shr, trans, bits, thresh, add, enh", [
-    (9, 27.0, 0.27, 0.405, 1, 26, 99, 0.81),
-    (10, 30.0, 0.30, 0.45, 0, 0, 110, 0.9),
-])
+@pytest.mark.parametrize(
+    "m, rot, shr, trans, bits, thresh, add, enh",
+    [
+        (9, 27.0, 0.27, 0.405, 1, 26, 99, 0.81),
+        (10, 30.0, 0.30, 0.45, 0, 0, 110, 0.9),
+    ],
+)
 def test_largest_parameter_equals_timms(m, rot, shr, trans, bits, thresh, add, enh):
     for s in (1, -1):
         assert applied("rotate", m, s) == pytest.approx(s * rot)
@@ -93,7 +105,7 @@ def test_non_increasing_variants():
 
 def bar_image(size: int = 96) -> np.ndarray:
     img = np.zeros((size, size, 3), np.uint8)
-    img[size // 2 - 3: size // 2 + 3, 12: size - 12] = 255  # a horizontal bar through the centre
+    img[size // 2 - 3 : size // 2 + 3, 12 : size - 12] = 255  # a horizontal bar through the centre
     return img
 
 
@@ -158,7 +170,8 @@ def dali_rrc_boxes(w: int, h: int, n: int, scale_min: float = 0.08) -> np.ndarra
 
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
-        buf, format="JPEG", quality=30)
+        buf, format="JPEG", quality=30
+    )
     data = np.frombuffer(buf.getvalue(), np.uint8)
     batch = 500
 
@@ -179,8 +192,14 @@ def dali_rrc_boxes(w: int, h: int, n: int, scale_min: float = 0.08) -> np.ndarra
 def ks(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sample Kolmogorov-Smirnov statistic."""
     grid = np.sort(np.concatenate([a, b]))
-    return float(np.max(np.abs(np.searchsorted(np.sort(a), grid, "right") / len(a)
-                               - np.searchsorted(np.sort(b), grid, "right") / len(b))))
+    return float(
+        np.max(
+            np.abs(
+                np.searchsorted(np.sort(a), grid, "right") / len(a)
+                - np.searchsorted(np.sort(b), grid, "right") / len(b)
+            )
+        )
+    )
 
 
 @pytest.mark.parametrize("w, h", [(300, 300), (400, 200)])

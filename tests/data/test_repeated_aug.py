@@ -25,9 +25,9 @@ def rasampler(perm: np.ndarray, rank: int, world: int, repeats: int) -> list[int
     num_samples = int(math.ceil(n * repeats / world))
     total = num_samples * world
     indices = np.repeat(perm, repeats).tolist()
-    indices += indices[:total - len(indices)]
+    indices += indices[: total - len(indices)]
     indices = indices[rank:total:world]
-    return indices[:int(math.floor(n // 256 * 256 / world))]
+    return indices[: int(math.floor(n // 256 * 256 / world))]
 
 
 @pytest.mark.parametrize(("n", "batch", "world"), [(1438, 32, 2), (5000, 16, 8), (1000, 7, 3), (777, 64, 1)])
@@ -39,7 +39,7 @@ def test_rank_batches_are_rasampler_with_drop_last(n, batch, world):
         for r in range(world):
             ours = sampling.train_batches(n, batch, r, world, 5, epoch, repeats=3)
             ref = rasampler(perm, r, world, 3)
-            ref = [ref[i * batch:(i + 1) * batch] for i in range(len(ref) // batch)]  # drop_last
+            ref = [ref[i * batch : (i + 1) * batch] for i in range(len(ref) // batch)]  # drop_last
             assert len(ours) == len(ref) == steps
             assert [b.tolist() for b in ours] == ref
 
@@ -63,14 +63,16 @@ def test_global_batches_do_not_depend_on_world_size_and_resume_is_a_suffix(world
     for t, full in enumerate(one):
         assert sorted(np.concatenate([rb[t] for rb in ranks]).tolist()) == sorted(full.tolist())
     for r in range(world):
-        assert [b.tolist() for b in sampling.train_batches(n, g // world, r, world, 2, 7, start=3, repeats=3)] \
-            == [b.tolist() for b in ranks[r][3:]]
+        assert [b.tolist() for b in sampling.train_batches(n, g // world, r, world, 2, 7, start=3, repeats=3)] == [
+            b.tolist() for b in ranks[r][3:]
+        ]
 
 
 def test_off_is_the_plain_rule():
     for k in (0, 1):
-        assert [b.tolist() for b in sampling.train_batches(500, 10, 1, 2, 0, 0, repeats=k)] == \
-            [b.tolist() for b in sampling.train_batches(500, 10, 1, 2, 0, 0)]
+        assert [b.tolist() for b in sampling.train_batches(500, 10, 1, 2, 0, 0, repeats=k)] == [
+            b.tolist() for b in sampling.train_batches(500, 10, 1, 2, 0, 0)
+        ]
 
 
 def test_torch_loader_reads_the_repeated_list(digits_root):
@@ -78,15 +80,14 @@ def test_torch_loader_reads_the_repeated_list(digits_root):
     train, _ = build_loaders(cfg, 1, 2, torch.device("cpu"))
     assert len(train) == 1438 // 256 * 256 // 64 == 20
     train.set_epoch(2, start=19)
-    (x, y), = list(train)
+    ((x, y),) = list(train)
     want = sampling.train_batches(1438, 32, 1, 2, cfg.train.seed, 2, repeats=3)[19]
     assert torch.equal(y, torch.tensor([train.dataset.listing.samples[i][1] for i in want]))
 
 
 def test_copies_of_a_sample_are_augmented_differently(digits_root):
     """Each repeat is its own augmentation (DeiT reads the sample again): same label, other pixels."""
-    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3",
-                        "data.reprob=0.25"])
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3", "data.reprob=0.25"])
     train, _ = build_loaders(cfg, 0, 1, torch.device("cpu"))
     x, y = next(iter(train))
     idx = sampling.train_batches(1438, 64, 0, 1, cfg.train.seed, 0, repeats=3)[0]

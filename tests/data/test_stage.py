@@ -55,12 +55,10 @@ def test_ranks_of_one_node_copy_once_while_the_others_wait(shards, tmp_path):
     """Three ranks arrive while the lock is taken (they show as blocked in /proc/locks); once it is
     free one copies, the other two wait for it and then trust its check of the source."""
     lock = tmp_path / f".{staged_root(shards.resolve(), tmp_path).name}.lock"
-    code = ("from hpctrain.data.stage import stage; "
-            f"print('ROOT', stage({str(shards)!r}, {str(tmp_path)!r}))")
+    code = f"from hpctrain.data.stage import stage; print('ROOT', stage({str(shards)!r}, {str(tmp_path)!r}))"
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-                 for _ in range(3)]
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)]
         inode = f":{os.stat(lock).st_ino} "
         end = time.monotonic() + 60
         while sum("->" in ln and inode in ln for ln in Path("/proc/locks").read_text().splitlines()) < 3:
@@ -80,11 +78,13 @@ def test_too_little_free_space_is_refused_before_copying(shards, tmp_path):
         pytest.skip("mounting a small tmpfs needs root and unshare")
     dest = tmp_path / "small"
     dest.mkdir()
-    code = ("import sys\nfrom hpctrain.data.stage import stage\nfrom hpctrain.errors import UserError\n"
-            f"try:\n    stage({str(shards)!r}, {str(dest)!r})\n"
-            "except UserError as e:\n    print(e, file=sys.stderr)\n    sys.exit(2)\n"
-            f"import os; print(sorted(os.listdir({str(dest)!r})))\n")
-    sh = f"mount -t tmpfs -o size=64k tmpfs {dest} && exec {sys.executable} -c \"$0\""
+    code = (
+        "import sys\nfrom hpctrain.data.stage import stage\nfrom hpctrain.errors import UserError\n"
+        f"try:\n    stage({str(shards)!r}, {str(dest)!r})\n"
+        "except UserError as e:\n    print(e, file=sys.stderr)\n    sys.exit(2)\n"
+        f"import os; print(sorted(os.listdir({str(dest)!r})))\n"
+    )
+    sh = f'mount -t tmpfs -o size=64k tmpfs {dest} && exec {sys.executable} -c "$0"'
     r = subprocess.run(["unshare", "--mount", "sh", "-c", sh, code], capture_output=True, text=True, timeout=60)
     if r.returncode != 2 and "mount" in r.stderr:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")

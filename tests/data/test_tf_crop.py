@@ -23,8 +23,9 @@ N = 2000
 KS_2000 = 0.0704
 
 
-def tf_reference_box(w: int, h: int, rnd: random.Random, area_range=(0.05, 1.0), aspect=(0.75, 1.33),
-                     attempts: int = 100) -> tuple[int, int, int, int]:
+def tf_reference_box(
+    w: int, h: int, rnd: random.Random, area_range=(0.05, 1.0), aspect=(0.75, 1.33), attempts: int = 100
+) -> tuple[int, int, int, int]:
     """A line-by-line transcription of TensorFlow's SampleDistortedBoundingBox with no boxes,
     min_object_covered=0 and use_image_if_no_bounding_boxes=True (sample_distorted_bounding_box_op.cc:
     DoCompute's attempt loop, GenerateRandomCrop; lrintf → round, half to even; Uniform(n) in [0, n))."""
@@ -66,8 +67,14 @@ def tf_reference_box(w: int, h: int, rnd: random.Random, area_range=(0.05, 1.0),
 def ks(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sample Kolmogorov-Smirnov statistic."""
     grid = np.sort(np.concatenate([a, b]))
-    return float(np.max(np.abs(np.searchsorted(np.sort(a), grid, "right") / len(a)
-                               - np.searchsorted(np.sort(b), grid, "right") / len(b))))
+    return float(
+        np.max(
+            np.abs(
+                np.searchsorted(np.sort(a), grid, "right") / len(a)
+                - np.searchsorted(np.sort(b), grid, "right") / len(b)
+            )
+        )
+    )
 
 
 def sizes(boxes) -> np.ndarray:
@@ -82,8 +89,10 @@ def reference_sizes(w: int, h: int, n: int = N, scale_min: float = 0.05, seed: i
 
 
 def ks_area_aspect(got: np.ndarray, ref: np.ndarray, w: int, h: int) -> tuple[float, float]:
-    return (ks(got[:, 0] * got[:, 1] / (w * h), ref[:, 0] * ref[:, 1] / (w * h)),
-            ks(got[:, 0] / got[:, 1], ref[:, 0] / ref[:, 1]))
+    return (
+        ks(got[:, 0] * got[:, 1] / (w * h), ref[:, 0] * ref[:, 1] / (w * h)),
+        ks(got[:, 0] / got[:, 1], ref[:, 0] / ref[:, 1]),
+    )
 
 
 @pytest.mark.parametrize("w, h, scale_min", [(500, 375, 0.05), (300, 300, 0.05), (120, 400, 0.3)])
@@ -124,9 +133,11 @@ def test_crop_options_are_validated_in_one_line():
 
 # --------------------------------------------------------------------------- antialias, both loaders
 
+
 def tf_resize_bilinear(a: np.ndarray, size: int) -> np.ndarray:
     """tf.image.resize(method='bilinear', antialias=False): half-pixel centres, source index clamped
     to the image (resize_bilinear_op.cc with half_pixel_centers=True)."""
+
     def axis(n_in: int):
         src = np.maximum((np.arange(size) + 0.5) * n_in / size - 0.5, 0.0)
         lo = np.floor(src).astype(int)
@@ -166,9 +177,23 @@ def board_root(tmp_path_factory) -> Path:
 def whole_image_batch(root: Path, loader: str, antialias: bool) -> tuple[np.ndarray, np.ndarray]:
     """A train batch (0-255 floats, NCHW) and its labels. scale_min=1 on a 4:3 image: TF's crop is
     the whole image (only a draw at aspect ≥ 1.329 fits, else all attempts fail and it falls back)."""
-    cfg = load(None, [f"data.root={root}", f"data.loader={loader}", "data.batch_size=8", "model.img_size=64",
-                      "model.num_classes=8", "data.mean=[0,0,0]", "data.std=[1,1,1]", "data.workers=1",
-                      "data.hflip=0", "data.scale_min=1.0", "data.crop=tf_inception", f"data.antialias={antialias}"])
+    cfg = load(
+        None,
+        [
+            f"data.root={root}",
+            f"data.loader={loader}",
+            "data.batch_size=8",
+            "model.img_size=64",
+            "model.num_classes=8",
+            "data.mean=[0,0,0]",
+            "data.std=[1,1,1]",
+            "data.workers=1",
+            "data.hflip=0",
+            "data.scale_min=1.0",
+            "data.crop=tf_inception",
+            f"data.antialias={antialias}",
+        ],
+    )
     train, _ = build_loaders(cfg, 0, 1, CPU)
     train.set_epoch(0)
     x, y = next(iter(train))
@@ -187,8 +212,9 @@ def test_antialias_off_resizes_as_tensorflow_and_on_as_pil(board_root, loader):
     assert np.array_equal(y, y_on)
     boards = [checkerboard(phase=int(c)) for c in y]
     tf = np.stack([tf_resize_bilinear(b, 64).transpose(2, 0, 1) for b in boards])
-    pil = np.stack([np.asarray(Image.fromarray(b).resize((64, 64), Image.BILINEAR)).transpose(2, 0, 1)
-                    for b in boards]).astype(float)
+    pil = np.stack(
+        [np.asarray(Image.fromarray(b).resize((64, 64), Image.BILINEAR)).transpose(2, 0, 1) for b in boards]
+    ).astype(float)
     tol = 1.0 if loader == "torch" else 2.0  # uint8 outputs of each loader's own fixed-point kernel
     assert np.abs(off - tf).max() <= tol, np.abs(off - tf).max()
     if loader == "torch":
@@ -199,6 +225,7 @@ def test_antialias_off_resizes_as_tensorflow_and_on_as_pil(board_root, loader):
 
 
 # --------------------------------------------------------------------------- DALI's in-graph sampler
+
 
 def dali_sizes(hwc: tuple[int, int, int], n: int, scale_min: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """(anchors, sizes) of n boxes from dali_tf_inception_box on a CPU pipeline (device_id=None)."""
@@ -248,10 +275,10 @@ def test_dali_pipeline_crops_the_box_it_draws(tmp_path):
     w, h, s = 250, 200, 32
     yy, xx = np.mgrid[:h, :w]
     Image.fromarray(np.stack([xx, yy, 0 * xx], 2).astype(np.uint8)).save(tmp_path / "xy.png")
-    aug = Augment(s, 0.875, 0.05, 0.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), None, crop="tf_inception",
-                  antialias=False)
-    reader = dict(file_root=str(tmp_path), files=["xy.png"] * 500, labels=[0] * 500, pad_last_batch=True,
-                  random_shuffle=False)
+    aug = Augment(s, 0.875, 0.05, 0.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), None, crop="tf_inception", antialias=False)
+    reader = dict(
+        file_root=str(tmp_path), files=["xy.png"] * 500, labels=[0] * 500, pad_last_batch=True, random_shuffle=False
+    )
     p = build_pipeline(True, "folder", reader, aug, batch_size=250, threads=1, device=CPU, seed=4)
     j = np.arange(s) + 0.5
     boxes = []

@@ -31,9 +31,19 @@ def test_black_and_white_images_become_exactly_minus_one_and_one(tmp_path, loade
     _flat_pngs(tmp_path)
     s16 = load("configs/vit_s16_imagenet_90ep.yaml").data
     assert (s16.mean, s16.std) == ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # the big_vision recipe uses it
-    cfg = load(None, [f"data.root={tmp_path}", f"data.loader={loader}", "data.batch_size=8",
-                      "data.workers=0", "model.img_size=16", "model.num_classes=2",
-                      "data.mean=[0.5,0.5,0.5]", "data.std=[0.5,0.5,0.5]"])
+    cfg = load(
+        None,
+        [
+            f"data.root={tmp_path}",
+            f"data.loader={loader}",
+            "data.batch_size=8",
+            "data.workers=0",
+            "model.img_size=16",
+            "model.num_classes=2",
+            "data.mean=[0.5,0.5,0.5]",
+            "data.std=[0.5,0.5,0.5]",
+        ],
+    )
     train, val = build_loaders(cfg, 0, 1, torch.device("cpu"))
     for ld in (train, val):
         ld.set_epoch(0)

@@ -23,15 +23,28 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def packed(ident_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("shards")
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "data", "pack", str(ident_root), str(out),
-                        "--shard-size", "10"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "data", "pack", str(ident_root), str(out), "--shard-size", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
 
 def wds_loaders(root, rank=0, world=1, **kw):
-    sets = {"data.root": str(root), "data.loader": "dali", "data.format": "wds", "data.batch_size": 6,
-            "data.workers": 1, "model.img_size": 24, "model.patch_size": 8, "model.num_classes": 36, "train.seed": 5}
+    sets = {
+        "data.root": str(root),
+        "data.loader": "dali",
+        "data.format": "wds",
+        "data.batch_size": 6,
+        "data.workers": 1,
+        "model.img_size": 24,
+        "model.patch_size": 8,
+        "model.num_classes": 36,
+        "train.seed": 5,
+    }
     sets.update(kw)
     return build_loaders(load(None, [f"{k}={v}" for k, v in sets.items()]), rank, world, CPU)
 

@@ -90,8 +90,14 @@ def roce_ipv6_node(tmp_path) -> Path:
     """RoCE v2 with a global IPv6 address: index 3 is the IPv6 RoCE v2 GID, the IPv4-mapped RoCE v2
     GID is index 5 (a forced NCCL_IB_GID_INDEX=3 would pick IPv6)."""
     root = tmp_path / "sys"
-    table = [(LINK_LOCAL, "IB/RoCE v1"), (LINK_LOCAL, "RoCE v2"), (IPV6, "IB/RoCE v1"), (IPV6, "RoCE v2"),
-             (IPV4, "IB/RoCE v1"), (IPV4, "RoCE v2")]
+    table = [
+        (LINK_LOCAL, "IB/RoCE v1"),
+        (LINK_LOCAL, "RoCE v2"),
+        (IPV6, "IB/RoCE v1"),
+        (IPV6, "RoCE v2"),
+        (IPV4, "IB/RoCE v1"),
+        (IPV4, "RoCE v2"),
+    ]
     port(root, "mlx5_0", 1, "4: ACTIVE", "100 Gb/sec (2X HDR)", "Ethernet", table, numa=0)
     pci(root, "0000:18:00.0", "0x10de", "0x030200", 0)
     for name in ("lo", "ens1f0np0"):

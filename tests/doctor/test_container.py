@@ -20,9 +20,7 @@ def test_container_checks(tmp_path, ib_node):
     by_name = {c.name: c for c in container_checks(env, ports, inside=True, root=str(bare))}
     assert by_name["~/.local"].status == "warn" and "numpy" in by_name["~/.local"].value
     assert by_name["/dev/infiniband"].status == "warn"
-    assert (
-        by_name["verbs provider"].status == "fail" and "falls back to TCP" in by_name["verbs provider"].hint
-    )
+    assert by_name["verbs provider"].status == "fail" and "falls back to TCP" in by_name["verbs provider"].hint
     node = tmp_path / "node"
     (node / "dev/infiniband").mkdir(parents=True)
     (node / "dev/infiniband/uverbs0").touch()

@@ -34,6 +34,7 @@ def test_doctor_checks_a_profile_against_the_node(dgx_h100, capsys, monkeypatch)
     mlx5_0..7: a prefix of mlx5_10/11 and two storage rails on a DGX H100)."""
     for k in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_GID_INDEX"):
         monkeypatch.delenv(k, raising=False)
+
     def nccl_checks(*args: str) -> dict[str, dict]:
         out = run_cli(capsys, "doctor", "--json", "--sysfs-root", str(dgx_h100), "--cluster", "example-ib", *args)[1]
         return {c["name"]: c for c in json.loads(out)["checks"] if c["section"] == "nccl"}
@@ -47,8 +48,11 @@ def test_doctor_checks_a_profile_against_the_node(dgx_h100, capsys, monkeypatch)
     assert c["NCCL_SOCKET_IFNAME"]["status"] == "fail" and "ibp24s0" in c["NCCL_SOCKET_IFNAME"]["hint"]
     compute = "fabric.hcas=[" + ",".join(DGX_COMPUTE) + "]"
     c = nccl_checks("--cluster-set", compute, "--cluster-set", "fabric.ifname=ibp")
-    assert {n: v["status"] for n, v in c.items()} == \
-        {"NCCL_SOCKET_IFNAME": "ok", "GLOO_SOCKET_IFNAME": "ok", "NCCL_IB_HCA": "ok"}
+    assert {n: v["status"] for n, v in c.items()} == {
+        "NCCL_SOCKET_IFNAME": "ok",
+        "GLOO_SOCKET_IFNAME": "ok",
+        "NCCL_IB_HCA": "ok",
+    }
 
 
 def test_ipoib_named_ibp24s0_not_ib0(dgx_h100, hpctrain_log):

@@ -62,8 +62,7 @@ def test_dgx_h100_suggests_only_the_gpu_near_compute_rails(dgx_h100):
     hcas = rep.suggested_env["NCCL_IB_HCA"].lstrip("=")
     env = fabric_env(load_profile("example-ib", [f"fabric.hcas=[{hcas}]"]))
     assert env["NCCL_IB_HCA"] == rep.suggested_env["NCCL_IB_HCA"]
-    assert [c.status for c in nccl_env_checks(env, rep.ports, [], rep.gpu_numa) if c.name == "NCCL_IB_HCA"] \
-        == ["ok"]
+    assert [c.status for c in nccl_env_checks(env, rep.ports, [], rep.gpu_numa) if c.name == "NCCL_IB_HCA"] == ["ok"]
 
 
 def test_roce_ipv6_gid_at_index_3_gets_its_own_index(roce_ipv6_node):

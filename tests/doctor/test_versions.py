@@ -26,9 +26,7 @@ def test_this_machine_no_gpu_no_ib_and_versions():
     assert rep["gpus"] == [] and rep["ports"] == [] and rep["suggested_env"] == {} and rep["ok"] is True
     v = rep["versions"]
     assert v["python"] == platform.python_version() and v["torch"] == torch.__version__
-    assert (
-        v["cuda"] is None and v["nccl"] is None and v["cudnn"] is None and v["torch_cuda_available"] is False
-    )
+    assert v["cuda"] is None and v["nccl"] is None and v["cudnn"] is None and v["torch_cuda_available"] is False
     assert v["dali"] == metadata.version("nvidia-dali-cuda120") and v["dali_package"] == "nvidia-dali-cuda120"
     text = format_report(run())
     assert "INFO  gpus" in text and "none visible" in text
@@ -65,9 +63,7 @@ def test_version_fit_rules(tmp_path):
     }
     st = {c.name: c for c in version_checks(base, ["NVIDIA H100"])}
     assert st["driver"].status == "fail" and "needs driver ≥ 525.60" in st["driver"].hint
-    st = {
-        c.name: c for c in version_checks({**base, "driver": "535.104.05", "cuda": "11.8"}, ["A100"])
-    }
+    st = {c.name: c for c in version_checks({**base, "driver": "535.104.05", "cuda": "11.8"}, ["A100"])}
     assert st["driver"].status == "ok" and st["dali"].status == "warn" and "CUDA 12" in st["dali"].hint
     st = {c.name: c for c in version_checks({**base, "cuda": None}, ["A100"])}
     assert st["torch"].status == "fail" and "CPU build" in st["torch"].hint

@@ -10,17 +10,30 @@ from pathlib import Path
 from tests.helpers import WAIT_S, digits_args, free_port, run_metrics, run_report, wait_for
 
 
-def start_ranks(world: int, digits_root: Path, run_dir: Path, name: str, *sets: str,
-                env: dict | None = None) -> list[subprocess.Popen]:
+def start_ranks(
+    world: int, digits_root: Path, run_dir: Path, name: str, *sets: str, env: dict | None = None
+) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
         e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
         if world > 1:
-            e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, *digits_args(digits_root, run_dir, name, *sets)], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            e.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *digits_args(digits_root, run_dir, name, *sets)],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -31,6 +44,7 @@ def last_step(run: Path) -> int:
 def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> int:
     """The run's last step once it is at `step` or beyond (waits on the records, for at least
     `timeout` s and WAIT_S); a rank that exits first fails the test with every rank's output."""
+
     def reached():
         s = last_step(run)
         if s >= step:
@@ -39,5 +53,6 @@ def wait_for_step(run: Path, step: int, procs, timeout: float = 120) -> int:
             raise AssertionError("a rank exited early:\n" + "\n".join(p.communicate()[0][-3000:] for p in procs))
         return None
 
-    return wait_for(reached, f"{run} did not reach step {step}", max(timeout, WAIT_S), lambda: run_report(run),
-                    poll_s=0.05)
+    return wait_for(
+        reached, f"{run} did not reach step {step}", max(timeout, WAIT_S), lambda: run_report(run), poll_s=0.05
+    )

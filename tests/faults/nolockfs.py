@@ -41,8 +41,26 @@ INIT_OUT = struct.Struct("<IIIIHHIIHHII24x")  # fuse_init_out, 64 bytes
 FUSE_POSIX_LOCKS = 1 << 1
 FOPEN_DIRECT_IO = 1 << 0
 FATTR_SIZE = 1 << 3
-(LOOKUP, FORGET, GETATTR, SETATTR, OPEN, READ, WRITE, RELEASE, FSYNC, FLUSH, INIT, GETLK, SETLK, SETLKW,
- ACCESS, INTERRUPT, DESTROY, BATCH_FORGET) = (1, 2, 3, 4, 14, 15, 16, 18, 20, 25, 26, 31, 32, 33, 34, 36, 38, 42)
+(
+    LOOKUP,
+    FORGET,
+    GETATTR,
+    SETATTR,
+    OPEN,
+    READ,
+    WRITE,
+    RELEASE,
+    FSYNC,
+    FLUSH,
+    INIT,
+    GETLK,
+    SETLK,
+    SETLKW,
+    ACCESS,
+    INTERRUPT,
+    DESTROY,
+    BATCH_FORGET,
+) = (1, 2, 3, 4, 14, 15, 16, 18, 20, 25, 26, 31, 32, 33, 34, 36, 38, 42)
 NO_REPLY = (FORGET, BATCH_FORGET, INTERRUPT)
 ROOT = 1
 
@@ -55,8 +73,12 @@ def unavailable() -> str | None:
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse"
     with tempfile.TemporaryDirectory() as d:
-        r = subprocess.run([sys.executable, __file__, os.path.join(d, "probe"), "--", "true"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, __file__, os.path.join(d, "probe"), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     return None if r.returncode == 0 else f"cannot mount a FUSE file system here: {r.stderr.strip()[-300:]}"
 
 
@@ -71,8 +93,24 @@ class NoLockFS:
 
     def attr(self) -> bytes:
         t = int(self.mtime)
-        return ATTR.pack(ROOT, len(self.data), (len(self.data) + 511) // 512, t, t, t, 0, 0, 0,
-                         stat.S_IFREG | 0o644, 1, os.getuid(), os.getgid(), 0, 4096, 0)
+        return ATTR.pack(
+            ROOT,
+            len(self.data),
+            (len(self.data) + 511) // 512,
+            t,
+            t,
+            t,
+            0,
+            0,
+            0,
+            stat.S_IFREG | 0o644,
+            1,
+            os.getuid(),
+            os.getgid(),
+            0,
+            4096,
+            0,
+        )
 
     def attr_out(self) -> bytes:
         return struct.pack("<QII", 0, 0, 0) + self.attr()  # attr_valid 0: the kernel always asks
@@ -95,12 +133,12 @@ class NoLockFS:
             return 0, struct.pack("<QIi", 1, FOPEN_DIRECT_IO, 0)
         if opcode == READ:
             _, offset, size = struct.unpack_from("<QQI", body)
-            return 0, bytes(self.data[offset:offset + size])
+            return 0, bytes(self.data[offset : offset + size])
         if opcode == WRITE:
             _, offset, size = struct.unpack_from("<QQI", body)
-            chunk = body[40:40 + size]
+            chunk = body[40 : 40 + size]
             self.data.extend(b"\0" * max(0, offset - len(self.data)))
-            self.data[offset:offset + len(chunk)] = chunk
+            self.data[offset : offset + len(chunk)] = chunk
             self.mtime = time.time()
             return 0, struct.pack("<II", len(chunk), 0)
         if opcode in (GETLK, SETLK, SETLKW):
@@ -124,7 +162,7 @@ class NoLockFS:
             _, opcode, unique, *_ = IN_HEADER.unpack_from(req)
             if opcode in NO_REPLY:
                 continue
-            err, out = self.handle(opcode, req[IN_HEADER.size:])
+            err, out = self.handle(opcode, req[IN_HEADER.size :])
             if err:
                 out = b""
             with contextlib.suppress(OSError):  # OSError: the request was interrupted meanwhile

@@ -37,16 +37,24 @@ def fill(mnt):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("policy", "mode"), [("stop", "single"), ("continue", "single"), ("stop", "async"),
-                                            ("continue", "async")])
+@pytest.mark.parametrize(
+    ("policy", "mode"), [("stop", "single"), ("continue", "single"), ("stop", "async"), ("continue", "async")]
+)
 def test_disk_full_keeps_previous_checkpoint(policy, mode, digits_root, small_fs):
     """`async`: sharded checkpoints saved in the background; the save of step 20 fails there and the
     failure is settled when the next save starts (step 30), on every rank alike."""
     if mode == "async" and compat.version_tuple() < compat.SHARDED_MIN_TORCH:
         pytest.skip(f"background saves need torch >= 2.4; this is {compat.torch.__version__}")
     fmt = "single" if mode == "single" else "sharded"
-    sets = ["train.max_steps=40", "train.ckpt_every=10", "train.log_every=1", f"train.on_ckpt_error={policy}",
-            "train.keep_ckpts=2", f"train.ckpt_format={fmt}", f"train.ckpt_async={mode == 'async'}"]
+    sets = [
+        "train.max_steps=40",
+        "train.ckpt_every=10",
+        "train.log_every=1",
+        f"train.on_ckpt_error={policy}",
+        "train.keep_ckpts=2",
+        f"train.ckpt_format={fmt}",
+        f"train.ckpt_async={mode == 'async'}",
+    ]
     procs = start_ranks(1, digits_root, small_fs, "full", *sets)
     run = small_fs / "full"
     wait_for_step(run, 12, procs)  # step-10 checkpoint written (a background one: settled at the next)

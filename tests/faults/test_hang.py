@@ -23,8 +23,16 @@ PG_TIMEOUT = 8
 @pytest.mark.slow
 def test_watchdog_names_the_stopped_rank_and_the_others_write_their_stacks(digits_root, tmp_path):
     run, pg = tmp_path / "hang3", 6 * HANG  # the collectives would time out long after the watchdog
-    procs = start_ranks(3, digits_root, tmp_path, "hang3", "train.max_steps=400", "data.batch_size=48",
-                        f"train.hang_timeout_s={HANG}", f"train.pg_timeout_s={pg}")
+    procs = start_ranks(
+        3,
+        digits_root,
+        tmp_path,
+        "hang3",
+        "train.max_steps=400",
+        "data.batch_size=48",
+        f"train.hang_timeout_s={HANG}",
+        f"train.pg_timeout_s={pg}",
+    )
     try:
         wait_for_step(run, 3, procs)
         os.kill(procs[1].pid, signal.SIGSTOP)
@@ -52,8 +60,15 @@ def test_watchdog_names_the_stopped_rank_and_the_others_write_their_stacks(digit
 
 @pytest.mark.slow
 def test_without_watchdog_the_collective_timeout_names_the_stopped_rank(digits_root, tmp_path):
-    procs = start_ranks(2, digits_root, tmp_path, "hang", "train.max_steps=400", f"train.pg_timeout_s={PG_TIMEOUT}",
-                        "train.hang_timeout_s=0")
+    procs = start_ranks(
+        2,
+        digits_root,
+        tmp_path,
+        "hang",
+        "train.max_steps=400",
+        f"train.pg_timeout_s={PG_TIMEOUT}",
+        "train.hang_timeout_s=0",
+    )
     try:
         wait_for_step(tmp_path / "hang", 3, procs)
         os.kill(procs[1].pid, signal.SIGSTOP)

@@ -23,8 +23,12 @@ def test_second_job_refused_first_unharmed(digits_root, tmp_path):
     run = tmp_path / "shared"
     wait_for_step(run, 3, first)
     config_before = (run / "config.yaml").read_bytes()
-    r = subprocess.run([sys.executable, *digits_args(digits_root, tmp_path, "shared", "train.max_steps=60",
-                                                      "optim.lr=0.5")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, *digits_args(digits_root, tmp_path, "shared", "train.max_steps=60", "optim.lr=0.5")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert f"run directory {run} is in use by" in r.stderr and f'"pid": {first[0].pid}' in r.stderr
     assert (run / "config.yaml").read_bytes() == config_before
@@ -34,8 +38,12 @@ def test_second_job_refused_first_unharmed(digits_root, tmp_path):
     assert last_step(run) == 60 > step and re.search(r"status +finished", out)
     # the lock dies with its holder: a later job may take the directory over (and train it further:
     # a finished run is not trained again)
-    r = subprocess.run([sys.executable, *digits_args(digits_root, tmp_path, "shared", "train.max_steps=70")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, *digits_args(digits_root, tmp_path, "shared", "train.max_steps=70")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert last_step(run) == 70
 
@@ -63,8 +71,13 @@ class Locker:
     """A live process that tries RunLock on a run directory and, if it gets it, holds it."""
 
     def __init__(self, run: Path, **env: str):
-        self.proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(run)], env=clean_env(**env),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(run)],
+            env=clean_env(**env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         assert line, f"the locker died: rc {self.proc.wait(timeout=30)}"
         r = json.loads(line)
@@ -93,9 +106,25 @@ def test_lock_refused_by_the_file_system_goes_on_and_says_why(tmp_path, refusal)
     nolockfs_skip()
     run = tmp_path / "run"
     run.mkdir()
-    r = subprocess.run([sys.executable, str(NOLOCKFS), "--errno", refusal, str(run / ".lock"), "--",
-                        sys.executable, "-c", LOCKER, str(run)], env=clean_env(), stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(NOLOCKFS),
+            "--errno",
+            refusal,
+            str(run / ".lock"),
+            "--",
+            sys.executable,
+            "-c",
+            LOCKER,
+            str(run),
+        ],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"1 lock request(s) refused with {refusal}" in r.stderr  # lockf reached the file system
     out = json.loads(r.stdout)
@@ -111,9 +140,22 @@ def test_job_on_a_file_system_without_locks_trains_and_warns_once(digits_root, t
     nolockfs_skip()
     run = tmp_path / "nolocks"
     run.mkdir()
-    r = subprocess.run([sys.executable, str(NOLOCKFS), "--errno", "ENOLCK", str(run / ".lock"), "--",
-                        sys.executable, *digits_args(digits_root, tmp_path, "nolocks", "train.max_steps=4")],
-                       env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(NOLOCKFS),
+            "--errno",
+            "ENOLCK",
+            str(run / ".lock"),
+            "--",
+            sys.executable,
+            *digits_args(digits_root, tmp_path, "nolocks", "train.max_steps=4"),
+        ],
+        env=clean_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 lock request(s) refused with ENOLCK" in r.stderr
     assert re.search(r"status +finished", r.stdout + r.stderr)

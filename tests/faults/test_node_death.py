@@ -67,18 +67,35 @@ def why_requeued(cluster, run, job: str) -> str:
     """What a failed assertion needs to say who requeued an attempt: the run's hang and fault records,
     the batch shells' own lines and the controller's lines on the job."""
     recs = [r for r in metrics(run) if r.get("kind") in ("hang", "restart", "exclude", "stop", "straggler_exclude")]
-    shell = [ln for f in sorted((run / "submitit").glob(f"{job}_*_log.*")) for ln in f.read_text().splitlines()
-             if ln.startswith("hpctrain:")]
+    shell = [
+        ln
+        for f in sorted((run / "submitit").glob(f"{job}_*_log.*"))
+        for ln in f.read_text().splitlines()
+        if ln.startswith("hpctrain:")
+    ]
     ctld = [ln for ln in (cluster.root / "log" / "slurmctld.log").read_text().splitlines() if f"JobId={job}" in ln]
     return "\n".join(["records:", *map(str, recs), "batch shells:", *shell, "slurmctld:", *ctld[-30:]])
 
 
 def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm_cluster, digits_root, tmp_path):
     run = tmp_path / "nodedeath"
-    job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
-                 *digits_sets(digits_root, tmp_path, "nodedeath", "train.epochs=8", "train.log_every=1",
-                              "train.eval_every=0", f"train.ckpt_every={CKPT_EVERY}",
-                              f"train.pg_timeout_s={PG_TIMEOUT}"))
+    job = submit(
+        slurm_cluster,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(
+            digits_root,
+            tmp_path,
+            "nodedeath",
+            "train.epochs=8",
+            "train.log_every=1",
+            "train.eval_every=0",
+            f"train.ckpt_every={CKPT_EVERY}",
+            f"train.pg_timeout_s={PG_TIMEOUT}",
+        ),
+    )
     try:
         wait_for_step(run, CKPT_EVERY + 2, 180)
         assert slurm_cluster.kill_node("n2") >= 3  # slurmd, slurmstepd, the task (rank 1)
@@ -105,8 +122,9 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
     lost = last - k
     assert 0 < k <= last and lost <= CKPT_EVERY, (k, last)
     log0 = (run / "logs" / "rank-0.log").read_text()
-    assert re.search(rf"resumed from {re.escape(str(run))}/checkpoints/step-{k:08d}(\.pt)? at step {k}\b", log0), \
-        log0[-2000:]
+    assert re.search(rf"resumed from {re.escape(str(run))}/checkpoints/step-{k:08d}(\.pt)? at step {k}\b", log0), log0[
+        -2000:
+    ]
     assert metrics(run, "end")[-1]["status"] == "finished"
     # (the batch output file may be truncated by the requeued run: sacct is the record of both attempts)
     rows = slurm_cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State").stdout.split()
@@ -115,9 +133,11 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
     assert st.returncode == 0 and "COMPLETED" in st.stdout and "requeues       1" in st.stdout, st.stdout
     err = (run / "submitit" / f"{job}_0_log.err").read_text()
     named = "rank(s) 1 stopped responding" in err
-    print(f"node death: first attempt ended {ended_after:.1f} s after the kill (bound {FIRST_ATTEMPT_BOUND} s); "
-          f"killed at step {last}, resumed at checkpoint {k}: {lost} step(s) lost; "
-          f"rank 0 named rank 1: {named}")
+    print(
+        f"node death: first attempt ended {ended_after:.1f} s after the kill (bound {FIRST_ATTEMPT_BOUND} s); "
+        f"killed at step {last}, resumed at checkpoint {k}: {lost} step(s) lost; "
+        f"rank 0 named rank 1: {named}"
+    )
 
 
 def test_requeue_flag_follows_the_profile(tmp_path):

@@ -26,10 +26,16 @@ def test_incompatible_resume_is_refused_and_nothing_changes(digits_root, tmp_pat
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=4"))
     run = tmp_path / "r"
     before = snapshot(run)
-    for bad, why in [("model.depth=5", "the model differs in model.depth"),
-                     ("data.batch_size=32", "the global batch was 64, now 32")]:
-        r = subprocess.run([sys.executable, *digits_args(digits_root, tmp_path, "r", *SETS, bad)],
-                           capture_output=True, text=True, timeout=120)
+    for bad, why in [
+        ("model.depth=5", "the model differs in model.depth"),
+        ("data.batch_size=32", "the global batch was 64, now 32"),
+    ]:
+        r = subprocess.run(
+            [sys.executable, *digits_args(digits_root, tmp_path, "r", *SETS, bad)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2, r.stdout + r.stderr
         assert "cannot resume from" in r.stderr and why in r.stderr, r.stderr
         assert snapshot(run) == before  # config.yaml, metrics, checkpoints untouched

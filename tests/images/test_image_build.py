@@ -15,13 +15,9 @@ from tests.helpers import hpctrain
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ngc-pytorch-23.12.def"
 
 
-
-
 def test_dry_run_prints_exact_command(tmp_path):
     out = tmp_path / "ngc.sif"
-    r = hpctrain(
-        "image", "build", str(RECIPE), "-o", str(out), "--scratch", "/scratch/me", "--fakeroot", "--dry-run"
-    )
+    r = hpctrain("image", "build", str(RECIPE), "-o", str(out), "--scratch", "/scratch/me", "--fakeroot", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert r.stdout == (  # from the test's own directory: apptainer runs in the checkout (the recipes' %files)
         f"cd {RECIPE.parents[1]} && APPTAINER_TMPDIR=/scratch/me/apptainer/tmp "
@@ -118,8 +114,10 @@ def test_shipped_recipe_by_name_builds_from_the_checkout_root(tmp_path):
     shipped = root / "src" / "hpctrain" / "recipes" / RECIPE.name
     r = hpctrain("image", "build", "ngc-pytorch-23.12", "-o", "ngc.sif", "--scratch", "/s", "--dry-run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout == (f"cd {root} && APPTAINER_TMPDIR=/s/apptainer/tmp APPTAINER_CACHEDIR=/s/apptainer/cache "
-                        f"apptainer build {'--fakeroot ' if os.geteuid() else ''}{tmp_path / 'ngc.sif'} {shipped}\n")
+    assert r.stdout == (
+        f"cd {root} && APPTAINER_TMPDIR=/s/apptainer/tmp APPTAINER_CACHEDIR=/s/apptainer/cache "
+        f"apptainer build {'--fakeroot ' if os.geteuid() else ''}{tmp_path / 'ngc.sif'} {shipped}\n"
+    )
     for src in ("pyproject.toml", "README.md", "src"):
         assert f"\n    {src} /opt/hpctrain/" in RECIPE.read_text() and (root / src).exists()
 
@@ -128,7 +126,8 @@ def test_unknown_recipe_lists_the_shipped_ones(tmp_path):
     r = hpctrain("image", "lint", "ngc-pytorch", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr == (
         "hpctrain: error: recipe 'ngc-pytorch' not found: give a definition file or a shipped recipe: Dockerfile, "
-        "ngc-pytorch-23.12.def, pytorch-cuda.def (`hpctrain image list`)\n")
+        "ngc-pytorch-23.12.def, pytorch-cuda.def (`hpctrain image list`)\n"
+    )
 
 
 def mount_table(tmp_path: Path, **fs: str) -> Path:

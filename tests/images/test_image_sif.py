@@ -23,8 +23,22 @@ pytestmark = pytest.mark.skipif(
 
 def add_rootfs(run) -> None:
     """Add root.sqfs as the image's system partition (squashfs, amd64), as apptainer build does."""
-    run("siftool", "add", "image.sif", "root.sqfs", "--datatype", "4", "--parttype", "2", "--partfs", "1",
-        "--partarch", "2", "--groupid", "1")
+    run(
+        "siftool",
+        "add",
+        "image.sif",
+        "root.sqfs",
+        "--datatype",
+        "4",
+        "--parttype",
+        "2",
+        "--partfs",
+        "1",
+        "--partarch",
+        "2",
+        "--groupid",
+        "1",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +66,7 @@ def test_read_matches_siftool(sif):
         assert f"{d.offset}-{d.offset + d.size}" in listing
     assert info.descriptors[2].extra == "Squashfs/PrimSys/amd64"
     assert info.definition == DEF and info.labels == LABELS
-    header = subprocess.run(
-        ["siftool", "header", str(sif)], capture_output=True, text=True, check=True
-    ).stdout
+    header = subprocess.run(["siftool", "header", str(sif)], capture_output=True, text=True, check=True).stdout
     assert f"ID:                   {info.uuid}" in header
 
 
@@ -64,9 +76,7 @@ def test_inspect_cli_shows_definition_and_labels(sif):
     )
     assert out.returncode == 0, out.stderr
     assert "From: nvcr.io/nvidia/pytorch:23.12-py3" in out.stdout
-    assert (
-        "hpctrain.version: 0.1.0" in out.stdout and "org.opencontainers.image.title: test image" in out.stdout
-    )
+    assert "hpctrain.version: 0.1.0" in out.stdout and "org.opencontainers.image.title: test image" in out.stdout
     js = subprocess.run(
         [sys.executable, "-m", "hpctrain", "image", "inspect", "--json", str(sif)],
         capture_output=True,

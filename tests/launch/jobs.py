@@ -18,8 +18,9 @@ def hp(cluster, *args: str, cwd: Path | None = None, env: dict | None = None, ti
     e = cluster.environ({"OMP_NUM_THREADS": "1", **(env or {})})
     if "HPCTRAIN_CLUSTER" not in (env or {}):
         e.pop("HPCTRAIN_CLUSTER", None)
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                          cwd=cwd, env=e, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=cwd, env=e, timeout=timeout
+    )
 
 
 def digits_sets(root: Path, run_dir: Path, name: str, *extra: str) -> list[str]:
@@ -51,12 +52,12 @@ def rank_hosts(run_dir: Path) -> dict[int, tuple[int, str]]:
     return out
 
 
-
 def job_report(cluster, job: str, run_dir: Path) -> str:
     """What a job was doing: Slurm's rows for it, its run's last records and rank logs' tails."""
     squeue = cluster.run("squeue", "-h", "-j", job, "-o", "%i %T %r %N", check=False).stdout.strip()
-    sacct = cluster.run("sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State,ExitCode,NodeList",
-                        check=False).stdout.strip()
+    sacct = cluster.run(
+        "sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State,ExitCode,NodeList", check=False
+    ).stdout.strip()
     outs = [*Path(run_dir).parent.glob(f"*{job}*.out"), *(Path(run_dir) / "submitit").glob(f"{job}_*_log.*")]
     return f"job {job}: squeue [{squeue}] sacct [{sacct}]\n{run_report(run_dir)}\n{tails(sorted(outs), 25)}"
 
@@ -64,6 +65,7 @@ def job_report(cluster, job: str, run_dir: Path) -> str:
 def wait_for_step(run_dir: Path, step: int, timeout: float = 0) -> int:
     """The run's last train step once it is at `step` or beyond; waits on the records, for at least
     `timeout` s and WAIT_S, and on a miss says what the run was doing."""
+
     def reached():
         steps = [r["step"] for r in metrics(run_dir, "train")]
         return steps[-1] if steps and steps[-1] >= step else None
@@ -91,7 +93,11 @@ def task_pid(job: str, rank: int) -> int | None:
             argv0 = (d / "cmdline").read_text().split("\0")[0]
         except OSError:
             continue
-        if (env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env
-                and Path(argv0).name.startswith("python")):
+        if (
+            env.get("SLURM_JOB_ID") == job
+            and env.get("SLURM_PROCID") == str(rank)
+            and "SLURM_STEP_ID" in env
+            and Path(argv0).name.startswith("python")
+        ):
             return int(d.name)
     return None

@@ -19,8 +19,12 @@ def build(dest: Path) -> tuple[Path | None, str]:
         return None, "the fake pyxis plugin needs gcc and libslurm-dev (apt-get install gcc libslurm-dev)"
     dest.mkdir(parents=True, exist_ok=True)
     so = dest / "fake_pyxis.so"
-    r = subprocess.run(["gcc", "-Wall", "-Werror", "-Wno-unused-parameter", "-shared", "-fPIC", "-o", str(so),
-                        str(SOURCE)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["gcc", "-Wall", "-Werror", "-Wno-unused-parameter", "-shared", "-fPIC", "-o", str(so), str(SOURCE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if r.returncode != 0:
         return None, f"gcc failed on {SOURCE.name}: {r.stderr.strip()[-500:]}"
     conf = dest / "plugstack.conf"

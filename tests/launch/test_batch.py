@@ -40,8 +40,18 @@ def test_small_per_gpu_batch_warns_once_with_the_choices():
 def test_batch_that_cannot_fit_is_refused_with_the_fix(tmp_path):
     out = tmp_path / "job.sbatch"
     for mode in (("--dry-run",), ("--emit-sbatch", str(out))):
-        r = blocked_cli("submit", "--config", "configs/vit_b16_imagenet_16k_lamb.yaml", "--cluster", "example-ib",
-                        "--nodes", "1", "--gpus-per-node", "8", *mode)
+        r = blocked_cli(
+            "submit",
+            "--config",
+            "configs/vit_b16_imagenet_16k_lamb.yaml",
+            "--cluster",
+            "example-ib",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+            *mode,
+        )
         assert r.returncode == 2 and r.stdout == "", r.stdout
         err = r.stderr.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("hpctrain: error: 2048 images per GPU need about"), r.stderr
@@ -49,8 +59,19 @@ def test_batch_that_cannot_fit_is_refused_with_the_fix(tmp_path):
     assert not out.exists()
     # the same job fits on GPUs with more memory, or with activation checkpointing
     for fix in (("--gpu-mem-gb", "240"), ("--set", "model.grad_ckpt=true")):  # dropout masks: ~204 GB
-        r = blocked_cli("submit", "--config", "configs/vit_b16_imagenet_16k_lamb.yaml", "--cluster", "example-ib",
-                        "--nodes", "1", "--gpus-per-node", "8", "--dry-run", *fix)
+        r = blocked_cli(
+            "submit",
+            "--config",
+            "configs/vit_b16_imagenet_16k_lamb.yaml",
+            "--cluster",
+            "example-ib",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+            "--dry-run",
+            *fix,
+        )
         assert r.returncode == 0, r.stderr
         assert "2048 per GPU × 8 GPUs" in r.stderr
 
@@ -67,17 +88,28 @@ def test_suggested_accumulation_fits():
 
 def test_cpu_tasks_skip_the_gpu_checks():
     """The local profile asks Slurm for no GPUs: the batch is shown, nothing is estimated or warned."""
-    r = blocked_cli("submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "local", "--dry-run",
-                    "--set", "data.batch_size=64")
+    r = blocked_cli(
+        "submit",
+        "--config",
+        "configs/vit_b16_imagenet_4k.yaml",
+        "--cluster",
+        "local",
+        "--dry-run",
+        "--set",
+        "data.batch_size=64",
+    )
     assert r.returncode == 0, r.stderr
     assert "batch: 64 global = 32 per GPU × 2 GPUs" in r.stderr
     assert "memory per GPU" not in r.stderr and "warning" not in r.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--gpu-mem-gb", "0"), "--gpu-mem-gb=0: give the memory of one GPU in GB"),
-    (("--set", "optim.name=lamb", "--set", "train.parallel=fsdp"), "optim.name=lamb takes each tensor's norm"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--gpu-mem-gb", "0"), "--gpu-mem-gb=0: give the memory of one GPU in GB"),
+        (("--set", "optim.name=lamb", "--set", "train.parallel=fsdp"), "optim.name=lamb takes each tensor's norm"),
+    ],
+)
 def test_bad_requests_are_one_line(args, message):
     r = blocked_cli("submit", "--config", "configs/vit_b16_imagenet_4k.yaml", *IB16, "--dry-run", *args)
     assert r.returncode == 2 and r.stdout == ""
@@ -86,8 +118,16 @@ def test_bad_requests_are_one_line(args, message):
 
 def test_emit_shows_the_batch_and_keeps_the_gpu_memory_in_its_command(tmp_path):
     out = tmp_path / "vit.sbatch"
-    r = blocked_cli("submit", "--config", "configs/vit_b16_imagenet_16k_lamb.yaml", *IB16, "--gpu-mem-gb", "141",
-                    "--emit-sbatch", str(out))
+    r = blocked_cli(
+        "submit",
+        "--config",
+        "configs/vit_b16_imagenet_16k_lamb.yaml",
+        *IB16,
+        "--gpu-mem-gb",
+        "141",
+        "--emit-sbatch",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "batch: 16384 global = 128 per GPU × 128 GPUs" in r.stdout
     assert "lr: 0.01273 (optim.lr 0.018 × sqrt(16384/32768), sqrt scaling); lamb" in r.stdout
@@ -106,10 +146,15 @@ def test_model_too_large_for_one_gpu_suggests_fsdp():
     cfg = load("configs/vit_b16_imagenet_4k.yaml", ["model.arch=vit_huge", "model.depth=400"])
     rep = batch_report(cfg, 16, 8)
     assert rep.memory.max_batch(rep.gpu_mem_bytes) == 0
-    with pytest.raises(LaunchError, match=r"\(0 images fit\): use --set model.grad_ckpt=true, or --set "
-                                          r"train.parallel=fsdp") as e:
+    with pytest.raises(
+        LaunchError,
+        match=r"\(0 images fit\): use --set model.grad_ckpt=true, or --set "
+        r"train.parallel=fsdp",
+    ) as e:
         rep.check(cfg)
     assert "accum_steps" not in str(e.value)
-    sharded = load("configs/vit_b16_imagenet_4k.yaml", ["model.arch=vit_huge", "model.depth=400",
-                                                        "train.parallel=fsdp", "model.grad_ckpt=true"])
+    sharded = load(
+        "configs/vit_b16_imagenet_4k.yaml",
+        ["model.arch=vit_huge", "model.depth=400", "train.parallel=fsdp", "model.grad_ckpt=true"],
+    )
     batch_report(sharded, 16, 8).check(sharded)  # sharded over 128 GPUs it fits

@@ -31,18 +31,22 @@ def binds(*profile: str) -> ContainerSection:
 def test_destination_mapped_bind_gets_same_path_binds_for_the_jobs_paths():
     """/lustre/proj:/data shows the project at /data only: the run dir and data root under
     /lustre/proj need their own binds, at the paths the task uses."""
-    out = bind_list(binds("/lustre/proj:/data"), ["/lustre/proj/imagenet", "/lustre/proj/runs/a"],
-                    writable=["/lustre/proj/runs/a"])
+    out = bind_list(
+        binds("/lustre/proj:/data"), ["/lustre/proj/imagenet", "/lustre/proj/runs/a"], writable=["/lustre/proj/runs/a"]
+    )
     assert out == ["/lustre/proj:/data", "/lustre/proj/imagenet", "/lustre/proj/runs/a"]
     # a same-path bind covers what lies under it (no second bind)
-    assert bind_list(binds("/lustre:/lustre"), ["/lustre/proj/runs/a"], writable=["/lustre/proj/runs/a"]) == \
-        ["/lustre:/lustre"]
+    assert bind_list(binds("/lustre:/lustre"), ["/lustre/proj/runs/a"], writable=["/lustre/proj/runs/a"]) == [
+        "/lustre:/lustre"
+    ]
 
 
 def test_read_only_same_path_bind_refuses_a_run_dir_under_it():
     c = binds("/datasets:/datasets:ro")
-    assert bind_list(c, ["/datasets/imagenet", "/scratch/runs/a"], writable=["/scratch/runs/a"]) == \
-        ["/datasets:/datasets:ro", "/scratch/runs/a"]  # reading under it is fine
+    assert bind_list(c, ["/datasets/imagenet", "/scratch/runs/a"], writable=["/scratch/runs/a"]) == [
+        "/datasets:/datasets:ro",
+        "/scratch/runs/a",
+    ]  # reading under it is fine
     with pytest.raises(LaunchError) as e:
         bind_list(c, ["/datasets/imagenet", "/datasets/runs/a"], writable=["/datasets/runs/a"])
     msg = str(e.value)
@@ -60,8 +64,9 @@ def test_stage_to_word_expands_on_the_node():
     assert stage_word("~/s") == ('"${HOME}"/s', ["HOME"])
 
 
-def run_in_image(tmp_path: Path, container: ContainerSection, binds: list[str], code: str, *args: str,
-                 env: dict, stage_to: str = "") -> subprocess.CompletedProcess:
+def run_in_image(
+    tmp_path: Path, container: ContainerSection, binds: list[str], code: str, *args: str, env: dict, stage_to: str = ""
+) -> subprocess.CompletedProcess:
     """The batch script's Python block, then one task (as srun would start it) running `code`."""
     image = tmp_path / "image.sif"
     if not image.exists():
@@ -70,11 +75,11 @@ def run_in_image(tmp_path: Path, container: ContainerSection, binds: list[str], 
     if not (tmp_path / "bin" / "apptainer").exists():
         (tmp_path / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     c = ContainerSection(runtime="apptainer", image=str(image), binds=container.binds, bind_source=False)
-    script = "\n".join(["set -eo pipefail", *python_lines(c, binds, "python3", "''", stage_to),
-                        f'"${{{PY_VAR}[@]}}" -c "$@"'])
+    script = "\n".join(
+        ["set -eo pipefail", *python_lines(c, binds, "python3", "''", stage_to), f'"${{{PY_VAR}[@]}}" -c "$@"']
+    )
     e = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable, **env}
-    return subprocess.run(["bash", "-c", script, "job", code, *args], capture_output=True, text=True, env=e,
-                          timeout=60)
+    return subprocess.run(["bash", "-c", script, "job", code, *args], capture_output=True, text=True, env=e, timeout=60)
 
 
 WRITE = "import os, sys; os.makedirs(sys.argv[1], exist_ok=True); open(sys.argv[1] + '/ok', 'w').write('1')"
@@ -88,8 +93,14 @@ def test_run_under_a_destination_mapped_bind_writes_where_the_host_sees_it(tmp_p
     run = lustre / "proj" / "runs" / "a"
     run.mkdir(parents=True)
     c = binds(f"{lustre / 'proj'}:{data}")
-    r = run_in_image(tmp_path, c, bind_list(c, [str(run)], writable=[str(run)]), WRITE, str(run),
-                     env={"FAKE_APPTAINER_HIDE": str(lustre)})
+    r = run_in_image(
+        tmp_path,
+        c,
+        bind_list(c, [str(run)], writable=[str(run)]),
+        WRITE,
+        str(run),
+        env={"FAKE_APPTAINER_HIDE": str(lustre)},
+    )
     assert r.returncode == 0, r.stderr
     assert (run / "ok").read_text() == "1"
 
@@ -101,9 +112,15 @@ def test_stage_to_on_node_local_tmpdir_is_bound_at_run_time(tmp_path):
     scratch = tmp_path / "localscratch"
     job_tmp = scratch / "job42"
     job_tmp.mkdir(parents=True)
-    r = run_in_image(tmp_path, binds(), [], "import os, sys; sys.argv[1] = os.path.expandvars(sys.argv[1]); "
-                     + WRITE.split("; ", 1)[1], "$TMPDIR/stage", stage_to="$TMPDIR/stage",
-                     env={"FAKE_APPTAINER_HIDE": str(scratch), "TMPDIR": str(job_tmp)})
+    r = run_in_image(
+        tmp_path,
+        binds(),
+        [],
+        "import os, sys; sys.argv[1] = os.path.expandvars(sys.argv[1]); " + WRITE.split("; ", 1)[1],
+        "$TMPDIR/stage",
+        stage_to="$TMPDIR/stage",
+        env={"FAKE_APPTAINER_HIDE": str(scratch), "TMPDIR": str(job_tmp)},
+    )
     assert r.returncode == 0, r.stderr
     assert (job_tmp / "stage" / "ok").read_text() == "1"
 
@@ -139,14 +156,34 @@ def test_job_whose_run_is_under_a_destination_mapped_bind_trains(slurm_cluster, 
     (img / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     (img / "image.sif").write_bytes(b"fake")
     prof = tmp_path / "site.yaml"
-    prof.write_text(yaml.safe_dump({
-        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "20"},
-        "container": {"runtime": "apptainer", "image": str(img / "image.sif"), "source_mount": str(tmp_path / "mnt"),
-                      "binds": [f"{lustre / 'proj'}:{tmp_path / 'data'}"]}}))
-    env = {"PATH": f"{img / 'bin'}:/usr/local/bin:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
-           "FAKE_APPTAINER_HIDE": str(lustre)}
+    prof.write_text(
+        yaml.safe_dump(
+            {
+                "name": "site",
+                "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "20"},
+                "container": {
+                    "runtime": "apptainer",
+                    "image": str(img / "image.sif"),
+                    "source_mount": str(tmp_path / "mnt"),
+                    "binds": [f"{lustre / 'proj'}:{tmp_path / 'data'}"],
+                },
+            }
+        )
+    )
+    env = {
+        "PATH": f"{img / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+        "FAKE_APPTAINER_HIDE": str(lustre),
+    }
     runs = lustre / "proj" / "runs"
-    job = submit(slurm_cluster, "--cluster", str(prof), "--nodes", "2",
-                 *digits_sets(digits_root, runs, "mapped", "train.max_steps=3", "train.eval_every=0"), env=env)
+    job = submit(
+        slurm_cluster,
+        "--cluster",
+        str(prof),
+        "--nodes",
+        "2",
+        *digits_sets(digits_root, runs, "mapped", "train.max_steps=3", "train.eval_every=0"),
+        env=env,
+    )
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED"
     assert len(metrics(runs / "mapped", "train")) > 0 and (runs / "mapped" / "checkpoints").is_dir()

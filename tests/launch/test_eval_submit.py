@@ -17,8 +17,14 @@ from tests.launch.test_sbatch import BLOCKED, blocked_cli
 
 # 20 steps of a 1-block ViT: little accuracy (~13 %), but its loss (2.2925) is far from the zero-initialised
 # head's ln 10 = 2.3026, so the trained weights are what the job evaluates
-TINY = ["model.depth=1", "model.width=32", "model.heads=2", "train.max_steps=20", "optim.lr=3e-3",
-        "optim.warmup_epochs=0"]
+TINY = [
+    "model.depth=1",
+    "model.width=32",
+    "model.heads=2",
+    "train.max_steps=20",
+    "optim.lr=3e-3",
+    "optim.warmup_epochs=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +49,13 @@ def test_local_job_on_2_processes_equals_the_runs_last_eval(tiny_run, tmp_path):
     last = run_metrics(tiny_run, "eval")[-1]
     out = tmp_path / "ev"
     # the submitting process as on a login node (torch blocked); the job's processes import it
-    r = subprocess.run([sys.executable, "-c", BLOCKED, "eval", str(tiny_run), "--nodes", "1", "--local-tasks", "2",
-                        "-o", str(out)], capture_output=True, text=True, env=no_slurm(tmp_path), timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", BLOCKED, "eval", str(tiny_run), "--nodes", "1", "--local-tasks", "2", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        env=no_slurm(tmp_path),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted local job" in r.stdout and f"{out / 'summary.json'}" in r.stdout
     s = json.loads((out / "summary.json").read_text())
@@ -64,12 +75,14 @@ def test_bad_combinations_fail_in_one_line(tmp_path, monkeypatch, capsys):
     for k, v in no_slurm(tmp_path).items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
-    for args, msg in (([str(run), "--nodes", "2"], "--nodes=2: no Slurm here"),
-                      ([str(run), "--local-tasks", "2"], "--local-tasks is for a job: add --nodes N"),
-                      ([str(run), "--cluster", "example-ib"], "--cluster is for a job: add --nodes N"),
-                      ([str(run), "--nodes", "1", "--dry-run", "--wait"], "--dry-run submits nothing"),
-                      ([str(run / "none"), "--config", str(DIGITS), "--nodes", "1"], "none: no such file"),
-                      (["--weights", str(run), "--nodes", "2"], "--weights needs --config")):
+    for args, msg in (
+        ([str(run), "--nodes", "2"], "--nodes=2: no Slurm here"),
+        ([str(run), "--local-tasks", "2"], "--local-tasks is for a job: add --nodes N"),
+        ([str(run), "--cluster", "example-ib"], "--cluster is for a job: add --nodes N"),
+        ([str(run), "--nodes", "1", "--dry-run", "--wait"], "--dry-run submits nothing"),
+        ([str(run / "none"), "--config", str(DIGITS), "--nodes", "1"], "none: no such file"),
+        (["--weights", str(run), "--nodes", "2"], "--weights needs --config"),
+    ):
         assert main(["eval", *args]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and msg in err, err
@@ -80,8 +93,7 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
     only the job's name, folders and binds differ."""
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"")
-    common = ["--config", str(DIGITS), "--nodes", "2", "--gpus-per-node", "4", "--cluster", "example-ib",
-              "--dry-run"]
+    common = ["--config", str(DIGITS), "--nodes", "2", "--gpus-per-node", "4", "--cluster", "example-ib", "--dry-run"]
     ev = blocked_cli("eval", "--weights", str(weights), "-o", str(tmp_path / "ev"), *common, cwd=tmp_path)
     tr = blocked_cli("submit", *common, cwd=tmp_path)
     assert ev.returncode == 0 and tr.returncode == 0, ev.stderr + tr.stderr
@@ -90,14 +102,28 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
     assert "#SBATCH --nodes=2" in ev.stdout and "#SBATCH --ntasks-per-node=4" in ev.stdout
     assert f"--bind {weights} --bind {tmp_path / 'ev'}" in ev.stdout
     run_dir = str(tmp_path / "runs" / "digits_vit")
-    differ = ("# hpctrain eval", "# outputs:", "#SBATCH --job-name", "#SBATCH --output", "#SBATCH --chdir",
-              "  HPCTRAIN_PYTHON=(bash", "  hpctrain_mounts=", "srun ", "  srun ", "HPCTRAIN_SOURCE=${")
+    differ = (
+        "# hpctrain eval",
+        "# outputs:",
+        "#SBATCH --job-name",
+        "#SBATCH --output",
+        "#SBATCH --chdir",
+        "  HPCTRAIN_PYTHON=(bash",
+        "  hpctrain_mounts=",
+        "srun ",
+        "  srun ",
+        "HPCTRAIN_SOURCE=${",
+    )
     same = lambda s: [ln for ln in s.splitlines() if not ln.startswith(differ)]
     assert same(ev.stdout) == same(tr.stdout)
     code = f"code/{source_hash()}/hpctrain}}\n"  # each job's code snapshot in its own directory
     assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{tmp_path / 'ev'}/{code}" in ev.stdout
     assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{run_dir}/{code}" in tr.stdout
-    for line in ("module load $hpctrain_modules", "export TORCH_NCCL_ASYNC_ERROR_HANDLING=",
-                 "apptainer exec --nv --cleanenv", "trap 'hpctrain_pass TERM' TERM"):
+    for line in (
+        "module load $hpctrain_modules",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=",
+        "apptainer exec --nv --cleanenv",
+        "trap 'hpctrain_pass TERM' TERM",
+    ):
         assert line in ev.stdout, line
     assert run_dir not in ev.stdout and run_dir in tr.stdout

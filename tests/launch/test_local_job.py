@@ -35,8 +35,13 @@ def submit_args(digits_root: Path, run_dir: Path, name: str, *sets: str) -> list
 
 
 def submit(digits_root: Path, run_dir: Path, name: str, *sets: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *submit_args(digits_root, run_dir, name, *sets)], env=local_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *submit_args(digits_root, run_dir, name, *sets)],
+        env=local_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -47,8 +52,9 @@ def test_a_task_user_error_comes_back_as_one_line_with_the_log(digits_root, tmp_
     assert "Traceback" not in r.stderr and len(err) == 1, r.stderr
     job = json.loads((tmp_path / "missing" / "job.json").read_text())["job_id"]
     log = tmp_path / "missing" / "submitit" / f"{job}_0_log.err"
-    assert err[0] == (f"hpctrain: error: checkpoint /nonexistent/ckpt.pt does not exist (local job {job}, rank 0; "
-                      f"log: {log})")
+    assert err[0] == (
+        f"hpctrain: error: checkpoint /nonexistent/ckpt.pt does not exist (local job {job}, rank 0; log: {log})"
+    )
     assert "CheckpointError" in log.read_text()  # the log keeps the whole story
 
 
@@ -66,7 +72,8 @@ def test_a_task_crash_still_shows_its_traceback_and_the_log(digits_root, tmp_pat
     assert r.stderr.count("Traceback") == 1 and "load_state_dict" in r.stderr, r.stderr  # the task's, not ours
     assert r.stderr.strip().splitlines()[-1] == (
         f"hpctrain: error: local job {job} crashed on rank 0 (traceback above; log: "
-        f"{tmp_path / 'crash' / 'submitit' / f'{job}_0_log.err'})"), r.stderr
+        f"{tmp_path / 'crash' / 'submitit' / f'{job}_0_log.err'})"
+    ), r.stderr
 
 
 def gone(pid: int) -> bool:
@@ -86,15 +93,21 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
     run = tmp_path / "cc"
     # long enough that the Ctrl-C below comes while it trains, however slow the refused second submit is
     # on a loaded machine (400 steps ended first there once): the stop, not the length, is the test
-    p = subprocess.Popen([sys.executable, *submit_args(digits_root, tmp_path, "cc", "train.max_steps=4000")],
-                         env=local_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)  # its own group, as a shell gives a foreground job
+    p = subprocess.Popen(
+        [sys.executable, *submit_args(digits_root, tmp_path, "cc", "train.max_steps=4000")],
+        env=local_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own group, as a shell gives a foreground job
     wait_for_step(run, 3, [p])
     job = json.loads((run / "job.json").read_text())["job_id"]
     again = submit(digits_root, tmp_path, "cc")  # the same run while it trains: refused before anything
     assert again.returncode == 2 and again.stderr == (
         f"hpctrain: error: run directory {run} is in use by local job {job}: wait for it (hpctrain logs {run} -f), "
-        "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name\n"), again.stderr
+        "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name\n"
+    ), again.stderr
     assert json.loads((run / "job.json").read_text())["job_id"] == job
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=WAIT_S)
@@ -109,7 +122,11 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
     wait_for(lambda: all(gone(pid) for pid in [int(job), *tasks]), "a process of the job is still alive", poll_s=0.1)
     st = json.loads(hpctrain("status", str(run), "--json").stdout)
     assert (st["state"], st["stopped_at"], st["stop_reason"], st["eta_s"]) == (
-        "INTERRUPTED", stop["step"], "interrupt", None), st
+        "INTERRUPTED",
+        stop["step"],
+        "interrupt",
+        None,
+    ), st
 
 
 @pytest.mark.slow
@@ -117,12 +134,24 @@ def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp
     """From the directory a local submit ran in: `status NAME` (run.dir's default runs/) and
     `status/logs <the job id submit printed>` name the run; `logs NAME -f`, started while it
     trains, returns once the run has ended, its summary printed."""
-    p = subprocess.Popen([sys.executable, *submit_args(digits_root, Path("runs"), "named", "train.max_steps=12")],
-                         cwd=tmp_path, env=local_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, *submit_args(digits_root, Path("runs"), "named", "train.max_steps=12")],
+        cwd=tmp_path,
+        env=local_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     run = tmp_path / "runs" / "named"
     wait_for_step(run, 1, [p])
-    follow = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", "named", "-f"], cwd=tmp_path,
-                              env=local_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "logs", "named", "-f"],
+        cwd=tmp_path,
+        env=local_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, out[-2000:] + err[-2000:]
     ended = time.monotonic()
@@ -145,8 +174,22 @@ def test_a_failing_local_eval_job_says_why_in_one_line(digits_root, tmp_path):
     """`hpctrain eval --nodes 1` (a local job): the task's UserError (weights that are a directory
     without checkpoints) comes back as its one line."""
     (tmp_path / "empty").mkdir()
-    r = hpctrain("eval", str(tmp_path / "empty"), "--config", str(DIGITS), "--set", f"data.root={digits_root}",
-                 "--nodes", "1", "--local-tasks", "1", "-o", str(tmp_path / "ev"), env=local_env(), timeout=300)
+    r = hpctrain(
+        "eval",
+        str(tmp_path / "empty"),
+        "--config",
+        str(DIGITS),
+        "--set",
+        f"data.root={digits_root}",
+        "--nodes",
+        "1",
+        "--local-tasks",
+        "1",
+        "-o",
+        str(tmp_path / "ev"),
+        env=local_env(),
+        timeout=300,
+    )
     job = re.search(r"submitted local job (\d+)", r.stdout).group(1)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith(f"hpctrain: error: weights={tmp_path / 'empty'} is a directory without checkpoints/")

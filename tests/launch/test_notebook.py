@@ -77,13 +77,18 @@ def test_dry_run_prints_script_and_tunnel(capsys, tmp_path, monkeypatch):
         "exec apptainer exec --nv /scratch/me/ngc.sif jupyter lab --no-browser --ip=127.0.0.1 --port=23456 "
         f"--ServerApp.port_retries=0 --ServerApp.root_dir={tmp_path}",
     ]
-    assert tail.splitlines()[1] == ("ssh -N -J login.example.org -L 23456:127.0.0.1:23456 "
-                                    "-L 23457:127.0.0.1:23457 <node>")  # Jupyter, TensorBoard
+    assert tail.splitlines()[1] == (
+        "ssh -N -J login.example.org -L 23456:127.0.0.1:23456 -L 23457:127.0.0.1:23457 <node>"
+    )  # Jupyter, TensorBoard
     # where the token will be, and that it is not printed
-    assert tail.splitlines()[2] == (f"# the token (the job writes it, mode 0600; never in the log): "
-                                    f"cat '{tmp_path}/.hpctrain/notebook-<job id>.token'")
-    assert tail.splitlines()[3] == ("# TensorBoard: in a Jupyter terminal run `tensorboard --logdir runs --port 23457` "
-                                    "(or runs/<name>/tb for one run), then open http://localhost:23457/")
+    assert tail.splitlines()[2] == (
+        f"# the token (the job writes it, mode 0600; never in the log): "
+        f"cat '{tmp_path}/.hpctrain/notebook-<job id>.token'"
+    )
+    assert tail.splitlines()[3] == (
+        "# TensorBoard: in a Jupyter terminal run `tensorboard --logdir runs --port 23457` "
+        "(or runs/<name>/tb for one run), then open http://localhost:23457/"
+    )
     (tmp_path / "nb.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "nb.sh")]).returncode == 0
 
@@ -97,8 +102,9 @@ def test_without_image_and_quoting(tmp_path):
         f"exec python3 -m jupyter lab --no-browser --ip=127.0.0.1 --port=30000 --ServerApp.port_retries=0 "
         f"'--ServerApp.root_dir={tmp_path}/my notebooks'"
     )
-    assert tunnel_command(job, "gpu017", "me@login") == ("ssh -N -J me@login -L 30000:127.0.0.1:30000 "
-                                                         "-L 30001:127.0.0.1:30001 gpu017")
+    assert tunnel_command(job, "gpu017", "me@login") == (
+        "ssh -N -J me@login -L 30000:127.0.0.1:30000 -L 30001:127.0.0.1:30001 gpu017"
+    )
     # the TensorBoard forward stays a valid port, off Jupyter's, at the range's ends
     assert tensorboard_port(NotebookJob(port=PORT_RANGE[1] - 1)) == PORT_RANGE[1] - 2
     assert tensorboard_port(NotebookJob(port=65535)) == 65534
@@ -144,15 +150,23 @@ def test_cluster_profile_supplies_site_defaults(capsys, tmp_path, monkeypatch):
 JOB_ID = "4242"
 
 
-def run_batch_script(script: str, workdir: Path, path_dir: Path, env: dict[str, str] | None = None,
-                     timeout: float = 30) -> subprocess.Popen:
+def run_batch_script(
+    script: str, workdir: Path, path_dir: Path, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.Popen:
     """Run the batch script as Slurm would: bash, SLURM_JOB_ID set, stdout and stderr into the job's
     log under the usual umask 022 (Slurm creates the log with the submitter's umask)."""
     (workdir / "nb.sh").write_text(script)
     log = open(workdir / f"notebook-{JOB_ID}.log", "w")  # noqa: SIM115 - closed when the job ends
     e = {**os.environ, "SLURM_JOB_ID": JOB_ID, "PATH": f"{path_dir}:{os.environ['PATH']}", **(env or {})}
-    return subprocess.Popen(["bash", str(workdir / "nb.sh")], cwd=workdir, env=e, stdout=log, stderr=log,
-                            start_new_session=True, preexec_fn=lambda: os.umask(0o022))
+    return subprocess.Popen(
+        ["bash", str(workdir / "nb.sh")],
+        cwd=workdir,
+        env=e,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        preexec_fn=lambda: os.umask(0o022),
+    )
 
 
 def stub_python3(bin_dir: Path) -> None:
@@ -160,8 +174,10 @@ def stub_python3(bin_dir: Path) -> None:
     content, without printing either."""
     bin_dir.mkdir()
     stub = bin_dir / "python3"
-    stub.write_text('#!/bin/sh\nif [ -n "$JUPYTER_TOKEN" ] && [ "$JUPYTER_TOKEN" = "$(cat .hpctrain/notebook-'
-                    '$SLURM_JOB_ID.token)" ]; then echo "jupyter got the token"; fi\necho "jupyter args: $*"\n')
+    stub.write_text(
+        '#!/bin/sh\nif [ -n "$JUPYTER_TOKEN" ] && [ "$JUPYTER_TOKEN" = "$(cat .hpctrain/notebook-'
+        '$SLURM_JOB_ID.token)" ]; then echo "jupyter got the token"; fi\necho "jupyter args: $*"\n'
+    )
     stub.chmod(0o755)
 
 
@@ -198,10 +214,16 @@ def test_real_jupyter_takes_the_token_from_the_job_and_does_not_print_it(tmp_pat
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)  # the interpreter that has jupyterlab
     port = free_port()
-    env = {"HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / "cfg"), "JUPYTER_DATA_DIR": str(home / "data"),
-           "JUPYTER_RUNTIME_DIR": str(home / "rt"), "JUPYTER_PLATFORM_DIRS": "1"}
-    p = run_batch_script(batch_script(NotebookJob(workdir=str(workdir), gpus_per_node=0, port=port)), workdir,
-                         bin_dir, env)
+    env = {
+        "HOME": str(home),
+        "JUPYTER_CONFIG_DIR": str(home / "cfg"),
+        "JUPYTER_DATA_DIR": str(home / "data"),
+        "JUPYTER_RUNTIME_DIR": str(home / "rt"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+    p = run_batch_script(
+        batch_script(NotebookJob(workdir=str(workdir), gpus_per_node=0, port=port)), workdir, bin_dir, env
+    )
     try:
         token_path = workdir / ".hpctrain" / f"notebook-{JOB_ID}.token"
         status = api_status(port, None, p)
@@ -218,8 +240,9 @@ def test_real_jupyter_takes_the_token_from_the_job_and_does_not_print_it(tmp_pat
 
 def api_status(port: int, token: str | None, proc: subprocess.Popen, timeout: float = 90) -> int:
     """HTTP status of Jupyter's /api/status, once the server listens."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/status",
-                                 headers={"Authorization": f"token {token}"} if token else {})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/status", headers={"Authorization": f"token {token}"} if token else {}
+    )
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -247,16 +270,19 @@ def test_port_is_random_per_job_and_port_flag_wins(capsys, tmp_path, monkeypatch
 
 # --- the image's runtime: SingularityCE and pyxis sites, not Apptainer only -----------------------
 
+
 def stub_jupyter(bin_dir: Path) -> None:
     """A `jupyter` in the image: whether it got the job's token, which container it runs in, where, and
     whether a Slurm client works there (it must not: the image has none)."""
     bin_dir.mkdir()
     stub = bin_dir / "jupyter"
-    stub.write_text('#!/bin/sh\nif [ -n "$JUPYTER_TOKEN" ] && [ "$JUPYTER_TOKEN" = "$(cat .hpctrain/notebook-'
-                    '$SLURM_JOB_ID.token)" ]; then echo "jupyter got the token"; fi\n'
-                    'echo "in image: ${SINGULARITY_CONTAINER:-}${FROM_IMAGE:-} cwd: $(pwd) args: $*"\n'
-                    'scontrol version >/dev/null 2>&1 || echo "no slurm here"\n'
-                    'sleep "${STUB_SERVE_S:-0}"\n')  # serving, as long as the test needs the job to run
+    stub.write_text(
+        '#!/bin/sh\nif [ -n "$JUPYTER_TOKEN" ] && [ "$JUPYTER_TOKEN" = "$(cat .hpctrain/notebook-'
+        '$SLURM_JOB_ID.token)" ]; then echo "jupyter got the token"; fi\n'
+        'echo "in image: ${SINGULARITY_CONTAINER:-}${FROM_IMAGE:-} cwd: $(pwd) args: $*"\n'
+        'scontrol version >/dev/null 2>&1 || echo "no slurm here"\n'
+        'sleep "${STUB_SERVE_S:-0}"\n'
+    )  # serving, as long as the test needs the job to run
     stub.chmod(0o755)
 
 
@@ -266,8 +292,10 @@ def test_dry_run_starts_the_image_with_the_runtime_named(capsys, tmp_path, monke
     assert "exec singularity exec --nv /i/nb.sif jupyter lab --no-browser" in capsys.readouterr().out
     assert main(["notebook", "--image", "/i/nb.sqsh", "--runtime", "pyxis", "--cpus", "4", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert (f"exec srun --nodes=1 --ntasks=1 --cpus-per-task=4 --container-image=/i/nb.sqsh "
-            f"--container-mounts={tmp_path}:{tmp_path} --container-workdir={tmp_path} jupyter lab") in out
+    assert (
+        f"exec srun --nodes=1 --ntasks=1 --cpus-per-task=4 --container-image=/i/nb.sqsh "
+        f"--container-mounts={tmp_path}:{tmp_path} --container-workdir={tmp_path} jupyter lab"
+    ) in out
     site = tmp_path / "site.yaml"  # a SingularityCE site's profile: its runtime and image by default
     site.write_text("name: site\ncontainer:\n  runtime: singularity\n  image: /shared/nb.sif\n")
     assert main(["notebook", "--cluster", str(site), "--dry-run"]) == 0
@@ -291,8 +319,12 @@ def test_notebook_on_a_singularityce_site_starts_jupyter_in_the_image_with_the_t
     stub_jupyter(tmp_path / "imgbin")
     image.write_bytes(b"sif")
     job = NotebookJob(workdir=str(workdir), gpus_per_node=0, port=31234, image=str(image), runtime="singularity")
-    p = run_batch_script(batch_script(job), workdir, host_bin,
-                         env={"FAKE_APPTAINER_BIN": str(tmp_path / "imgbin"), "FAKE_APPTAINER_PYTHON": sys.executable})
+    p = run_batch_script(
+        batch_script(job),
+        workdir,
+        host_bin,
+        env={"FAKE_APPTAINER_BIN": str(tmp_path / "imgbin"), "FAKE_APPTAINER_PYTHON": sys.executable},
+    )
     assert p.wait(timeout=60) == 0, (workdir / f"notebook-{JOB_ID}.log").read_text()
     log = (workdir / f"notebook-{JOB_ID}.log").read_text()
     assert "jupyter got the token" in log and f"in image: {image} cwd: {workdir}" in log, log
@@ -309,8 +341,23 @@ def test_notebook_through_pyxis_runs_jupyter_in_the_image_on_the_test_cluster(sl
     stub_jupyter(tmp_path / "imgbin")
     image = tmp_path / "nb.sqsh"  # the fake image: its environment, one variable a line
     image.write_text(f"PATH={tmp_path / 'imgbin'}:/usr/bin:/bin\nFROM_IMAGE=pyxis\nSTUB_SERVE_S=6\n")
-    r = hp(slurm_cluster, "notebook", "--image", str(image), "--runtime", "pyxis", "--gpus-per-node", "0",
-           "--cpus", "1", "--port", "31235", "--wait", "60", cwd=workdir)
+    r = hp(
+        slurm_cluster,
+        "notebook",
+        "--image",
+        str(image),
+        "--runtime",
+        "pyxis",
+        "--gpus-per-node",
+        "0",
+        "--cpus",
+        "1",
+        "--port",
+        "31235",
+        "--wait",
+        "60",
+        cwd=workdir,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     job = re.search(r"submitted notebook job (\d+)", r.stdout).group(1)
     assert slurm_cluster.wait_done(job, 60) == "COMPLETED"

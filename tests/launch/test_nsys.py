@@ -35,8 +35,13 @@ def task(tmp_path: Path, runtime: str, rank: int, extra_path: str = "") -> subpr
     c = ContainerSection(runtime=runtime, image=str(image), bind_source=False)
     lines = python_lines(c, [], sys.executable, "''", "", [0, 2], str(tmp_path / "run dir" / "profile"))
     script = "\n".join(["set -eo pipefail", *lines, f'"${{{PY_VAR}[@]}}" -c "$1"'])
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable, "SLURM_PROCID": str(rank),
-           "FAKE_NSYS_LOG": str(tmp_path / "nsys.log"), "HOME": str(tmp_path)}
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+        "SLURM_PROCID": str(rank),
+        "FAKE_NSYS_LOG": str(tmp_path / "nsys.log"),
+        "HOME": str(tmp_path),
+    }
     return subprocess.run(["bash", "-c", script, "job", SHOW], capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -86,8 +91,20 @@ def test_nsys_ranks_checks():
 
 
 def test_submit_dry_run_script_wraps_the_tasks(tmp_path):
-    r = hpctrain("submit", "--dry-run", "--cluster", "local", "--nsys-ranks", "0", "--set", f"run.dir={tmp_path}",
-                 "--set", "train.profile_steps=3-4", "--config", "digits_vit")
+    r = hpctrain(
+        "submit",
+        "--dry-run",
+        "--cluster",
+        "local",
+        "--nsys-ranks",
+        "0",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "train.profile_steps=3-4",
+        "--config",
+        "digits_vit",
+    )
     assert r.returncode == 0, r.stderr
     assert "hpctrain_nsys=" in r.stdout and "--capture-range=cudaProfilerApi" in r.stdout
     r = hpctrain("submit", "--dry-run", "--cluster", "local", "--set", f"run.dir={tmp_path}", "--config", "digits_vit")

@@ -47,11 +47,14 @@ def test_array_script_follows_the_profile(digits_root, tmp_path):
     assert r.returncode == 2 and "--partition: contains a control character" in r.stderr
     r = hpctrain("data", "pack", str(digits_root), str(out), "--partition", "x", timeout=120)
     assert r.returncode == 2 and "--partition only apply to a Slurm pack: add --slurm" in r.stderr
-    login = ("import sys, runpy; sys.argv = ['hpctrain', 'data', 'pack', sys.argv[1], sys.argv[2], '--slurm', "
-             "'--dry-run']\ntry:\n    runpy.run_module('hpctrain', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
-    r = subprocess.run([sys.executable, "-c", login, str(digits_root), str(out)], capture_output=True, text=True,
-                       timeout=60)
+    login = (
+        "import sys, runpy; sys.argv = ['hpctrain', 'data', 'pack', sys.argv[1], sys.argv[2], '--slurm', "
+        "'--dry-run']\ntry:\n    runpy.run_module('hpctrain', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", login, str(digits_root), str(out)], capture_output=True, text=True, timeout=60
+    )
     assert "#SBATCH --array=0-2\n" in r.stdout and "torch imported: False" in r.stderr, r.stderr
 
 
@@ -66,14 +69,41 @@ def test_slurm_array_pack_in_the_image_equals_the_local_pack(slurm_cluster, digi
     (image / "site").mkdir()  # the image's Python says where it runs
     (image / "site" / "sitecustomize.py").write_text("import sys; print('python in the image', file=sys.stderr)\n")
     prof = tmp_path / "site.yaml"
-    prof.write_text(yaml.safe_dump({"name": "site", "slurm": {"time": "10"},
-                                    "container": {"runtime": "apptainer", "image": str(image / "image.sif"),
-                                                  "source_mount": str(tmp_path / "mnt")}}))
-    env = {"PATH": f"{image / 'bin'}:/usr/local/bin:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
-           "FAKE_APPTAINER_SITE": str(image / "site")}
+    prof.write_text(
+        yaml.safe_dump(
+            {
+                "name": "site",
+                "slurm": {"time": "10"},
+                "container": {
+                    "runtime": "apptainer",
+                    "image": str(image / "image.sif"),
+                    "source_mount": str(tmp_path / "mnt"),
+                },
+            }
+        )
+    )
+    env = {
+        "PATH": f"{image / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+        "FAKE_APPTAINER_SITE": str(image / "site"),
+    }
     out = tmp_path / "shards"
-    args = ("data", "pack", str(digits_root), str(out), "--shard-size", "250", "--seed", "7", "--workers", "3",
-            "--slurm", "--cluster", str(prof), "--wait")
+    args = (
+        "data",
+        "pack",
+        str(digits_root),
+        str(out),
+        "--shard-size",
+        "250",
+        "--seed",
+        "7",
+        "--workers",
+        "3",
+        "--slurm",
+        "--cluster",
+        str(prof),
+        "--wait",
+    )
     r = hp(slurm_cluster, *args, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 tasks pack 8 shards" in r.stdout and "all 3 groups packed" in r.stdout

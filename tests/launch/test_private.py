@@ -14,8 +14,15 @@ from hpctrain.launch import task
 from hpctrain.launch.private import private_dir, writable_by_others
 from hpctrain.train import stop
 
-SLURM_TASK = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
-              "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"}
+SLURM_TASK = {
+    "SUBMITIT_EXECUTOR": "slurm",
+    "SLURM_JOB_ID": "5",
+    "SLURM_PROCID": "0",
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_NUM_NODES": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_LOCALID": "0",
+}
 
 
 def mode(p) -> int:
@@ -63,8 +70,11 @@ def test_task_refuses_to_start_from_a_pickle_its_group_can_write(tmp_path, monke
     monkeypatch.delenv("HPCTRAIN_SUBMITIT_VERSION", raising=False)
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
     try:
-        with pytest.raises(SystemExit, match=r"hpctrain: refusing to load 5_submitted.pkl: .* writable by its "
-                                             r"group or others \(mode 2775\).*chmod 700"):
+        with pytest.raises(
+            SystemExit,
+            match=r"hpctrain: refusing to load 5_submitted.pkl: .* writable by its "
+            r"group or others \(mode 2775\).*chmod 700",
+        ):
             task.main([str(folder)])
     finally:  # task.main installs the stop handlers: give pytest its own back
         for s, h in saved.items():

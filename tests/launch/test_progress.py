@@ -23,8 +23,7 @@ T0 = 1_700_000_000.0
 
 
 def train(step: int, t: float, spe: int = 20, **extra) -> dict:
-    return {"kind": "train", "time": t, "step": step, "epoch": step / spe, "loss": 1.0, "images_per_s": 64.0,
-            **extra}
+    return {"kind": "train", "time": t, "step": step, "epoch": step / spe, "loss": 1.0, "images_per_s": 64.0, **extra}
 
 
 def attempt(first: int, last: int, every: int, t0: float, step_s: float) -> list[dict]:
@@ -66,8 +65,9 @@ def test_eta_while_running_counts_from_the_last_record():
     e = eta(recs, 300, now, waiting=False, rate=steps_per_s(recs))
     assert e.at == pytest.approx(recs[-1]["time"] + 200 * 0.5)
     assert e.seconds == pytest.approx(e.at - now)
-    assert eta([*recs, {"kind": "end", "time": now, "step": 300, "status": "finished"}], 300, now + 9, False,
-               2.0) == type(e)(0.0, now, "finished")
+    assert eta(
+        [*recs, {"kind": "end", "time": now, "step": 300, "status": "finished"}], 300, now + 9, False, 2.0
+    ) == type(e)(0.0, now, "finished")
     assert eta(recs, None, now, False, 2.0).seconds is None
     more = [*recs, {"kind": "end", "time": now, "step": 100, "status": "finished"}, train(110, now + 30)]
     assert eta(more, 300, now + 30, False, 2.0).seconds == pytest.approx(190 / 2.0)  # resumed for more steps
@@ -105,8 +105,19 @@ def test_eta_while_pending_without_a_past_requeue_says_after_it_starts():
 
 def test_straggler_shown_only_while_recent():
     recs = attempt(10, 50, 10, T0, 0.5)
-    strag = {"kind": "straggler", "time": T0, "step": 40, "rank": 3, "host": "n2", "gpu": 1,
-             "step_time_s": 0.7, "median_s": 0.5, "slower_pct": 40.0, "cause": "data", "data_wait_s": 0.2}
+    strag = {
+        "kind": "straggler",
+        "time": T0,
+        "step": 40,
+        "rank": 3,
+        "host": "n2",
+        "gpu": 1,
+        "step_time_s": 0.7,
+        "median_s": 0.5,
+        "slower_pct": 40.0,
+        "cause": "data",
+        "data_wait_s": 0.2,
+    }
     assert recent_straggler([*recs[:4], strag, recs[4]]) == strag
     assert recent_straggler([*recs[:4], strag, *attempt(60, 80, 10, T0 + 100, 0.5)]) is None
     assert recent_straggler(recs) is None
@@ -154,8 +165,11 @@ def test_watch_prints_a_line_per_new_record_until_done(tmp_path):
 
     out = io.StringIO()
     watch(tmp_path, done, {"train": {"max_steps": 30}}, out, every_s=0, poll_s=0)
-    assert [line.split(" · ")[0] for line in out.getvalue().splitlines()] == \
-        ["step 10/30 (33%)", "step 20/30 (67%)", "step 30/30 (100%)"]
+    assert [line.split(" · ")[0] for line in out.getvalue().splitlines()] == [
+        "step 10/30 (33%)",
+        "step 20/30 (67%)",
+        "step 30/30 (100%)",
+    ]
 
 
 def test_watch_on_a_terminal_rewrites_one_line(tmp_path):

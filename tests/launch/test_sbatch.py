@@ -11,8 +11,19 @@ from pathlib import Path
 from hpctrain.source import source_hash
 
 ROOT = Path(__file__).resolve().parents[2]
-EMIT = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib", "--nodes", "16",
-        "--gpus-per-node", "8", "--emit-sbatch", "slurm/vit.sbatch"]
+EMIT = [
+    "submit",
+    "--config",
+    "configs/vit_b16_imagenet_4k.yaml",
+    "--cluster",
+    "example-ib",
+    "--nodes",
+    "16",
+    "--gpus-per-node",
+    "8",
+    "--emit-sbatch",
+    "slurm/vit.sbatch",
+]
 
 # Run the CLI where `import torch` (or DALI, numpy, PIL) raises, as on a login node without them.
 BLOCKED = """
@@ -28,8 +39,7 @@ runpy.run_module('hpctrain', run_name='__main__')
 
 
 def blocked_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKED, *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-c", BLOCKED, *args], capture_output=True, text=True, cwd=cwd, timeout=60)
 
 
 def test_committed_sbatch_is_the_generators_output(tmp_path):
@@ -38,40 +48,56 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
     assert r.returncode == 0, r.stderr
     fresh = (tmp_path / "slurm" / "vit.sbatch").read_text()
     committed = (ROOT / "slurm" / "vit.sbatch").read_text()
-    assert fresh == committed, ("slurm/vit.sbatch differs from the generator: regenerate it with "
-                                f"`hpctrain {' '.join(EMIT)}`")
+    assert fresh == committed, (
+        f"slurm/vit.sbatch differs from the generator: regenerate it with `hpctrain {' '.join(EMIT)}`"
+    )
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
-    assert ('srun --kill-on-bad-exit=1 --unbuffered ${hpctrain_step[@]+"${hpctrain_step[@]}"} '
-            '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train &') in fresh
+    assert (
+        'srun --kill-on-bad-exit=1 --unbuffered ${hpctrain_step[@]+"${hpctrain_step[@]}"} '
+        '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train &'
+    ) in fresh
 
 
 def test_dry_run_16_nodes_without_torch():
-    r = blocked_cli("submit", "--nodes", "16", "--gpus-per-node", "8", "--cluster",
-                    "configs/clusters/example-ib.yaml", "--dry-run")
+    r = blocked_cli(
+        "submit", "--nodes", "16", "--gpus-per-node", "8", "--cluster", "configs/clusters/example-ib.yaml", "--dry-run"
+    )
     assert r.returncode == 0, r.stderr
     s = r.stdout
-    for line in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=B:USR2@300", "module load $hpctrain_modules",
-                 "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
-                 "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
-                 "apptainer exec --nv --cleanenv --bind /datasets", "export APPTAINERENV_PYTHONNOUSERSITE=1",
-                 'HPCTRAIN_PYTHON+=(--bind "$HPCTRAIN_SOURCE:/opt/hpctrain-src/hpctrain:ro")',
-                 "export HPCTRAIN_SOURCE_HASH=", "export HPCTRAIN_SUBMITIT_VERSION=",
-                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
-                 "srun --kill-on-bad-exit=1", "-u -m hpctrain.launch.task",
-                 "export HPCTRAIN_MAX_PREEMPTIONS=-1", "trap 'hpctrain_pass TERM' TERM",
-                 'scontrol requeue "$hpctrain_job"'):
+    for line in (
+        "#SBATCH --nodes=16",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --signal=B:USR2@300",
+        "module load $hpctrain_modules",
+        "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
+        "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
+        "apptainer exec --nv --cleanenv --bind /datasets",
+        "export APPTAINERENV_PYTHONNOUSERSITE=1",
+        'HPCTRAIN_PYTHON+=(--bind "$HPCTRAIN_SOURCE:/opt/hpctrain-src/hpctrain:ro")',
+        "export HPCTRAIN_SOURCE_HASH=",
+        "export HPCTRAIN_SUBMITIT_VERSION=",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
+        "srun --kill-on-bad-exit=1",
+        "-u -m hpctrain.launch.task",
+        "export HPCTRAIN_MAX_PREEMPTIONS=-1",
+        "trap 'hpctrain_pass TERM' TERM",
+        'scontrol requeue "$hpctrain_job"',
+    ):
         assert line in s, line
     assert "module purge" not in s
     # left to NCCL: the GPU-near HCAs, an interface, the RoCE GID (profiles name them when needed)
-    assert not [ln for ln in s.splitlines() if ln.startswith("export ") and
-                any(v in ln for v in ("NCCL_IB_HCA", "SOCKET_IFNAME", "NCCL_IB_GID_INDEX"))]
+    assert not [
+        ln
+        for ln in s.splitlines()
+        if ln.startswith("export ") and any(v in ln for v in ("NCCL_IB_HCA", "SOCKET_IFNAME", "NCCL_IB_GID_INDEX"))
+    ]
     assert "# Unset, so NCCL chooses: NCCL_IB_HCA, NCCL_SOCKET_IFNAME, NCCL_IB_GID_INDEX." in s
     assert "image '/shared/images/hpctrain-pytorch-23.12.sif' does not exist" in r.stderr  # a note only
     assert subprocess.run(["bash", "-n"], input=s, text=True).returncode == 0
 
 
-HOSTILE = "it's a \"run\" $(touch PWNED) `touch PWNED2`; touch PWNED3 & x"
+HOSTILE = 'it\'s a "run" $(touch PWNED) `touch PWNED2`; touch PWNED3 & x'
 
 
 def test_hostile_values_are_quoted_in_the_script(tmp_path):
@@ -80,12 +106,29 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     prof = tmp_path / "evil.yaml"
     import yaml
 
-    prof.write_text(yaml.safe_dump({"slurm": {"request_gpus": False, "gpus_per_node": 1},
-                                    "env": {"HPCTRAIN_EVIL": HOSTILE},
-                                    "container": {"binds": [f"/data/{HOSTILE}"]}}))
+    prof.write_text(
+        yaml.safe_dump(
+            {
+                "slurm": {"request_gpus": False, "gpus_per_node": 1},
+                "env": {"HPCTRAIN_EVIL": HOSTILE},
+                "container": {"binds": [f"/data/{HOSTILE}"]},
+            }
+        )
+    )
     run_dir = tmp_path / HOSTILE
-    r = blocked_cli("submit", "--config", "digits_vit.yaml", "--cluster", str(prof), "--dry-run",
-                    "--set", f"run.dir={run_dir}", "--set", f"run.name={HOSTILE}", cwd=tmp_path)
+    r = blocked_cli(
+        "submit",
+        "--config",
+        "digits_vit.yaml",
+        "--cluster",
+        str(prof),
+        "--dry-run",
+        "--set",
+        f"run.dir={run_dir}",
+        "--set",
+        f"run.name={HOSTILE}",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     script = r.stdout
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
@@ -95,8 +138,13 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     snap.mkdir(parents=True)
     setup = script.split("\nwhile :; do\n")[0]  # the script up to the step loop (launch.inplace)
     probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
-    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PATH": "/usr/bin:/bin", "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": __file__})
+    out = subprocess.run(
+        ["bash", "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": __file__},
+    )
     assert out.returncode == 0, out.stderr
     values = (tmp_path / "values.bin").read_text().split("\0")
     assert values[0] == HOSTILE
@@ -113,10 +161,16 @@ def test_committed_script_reaches_srun_from_any_directory(tmp_path):
     bindir.mkdir()
     (bindir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
     (bindir / "srun").chmod(0o755)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "CONTAINER": "none", "HPCTRAIN_MODULES": "",
-           "SRUN_ARGS": str(tmp_path / "srun.args")}
-    r = subprocess.run(["bash", str(ROOT / "slurm" / "vit.sbatch")], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=60)
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "42",
+        "CONTAINER": "none",
+        "HPCTRAIN_MODULES": "",
+        "SRUN_ARGS": str(tmp_path / "srun.args"),
+    }
+    r = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "vit.sbatch")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args[:2] == ["--kill-on-bad-exit=1", "--unbuffered"] and args[-3:] == ["-m", "hpctrain", "train"]
@@ -131,7 +185,8 @@ def test_sbatch_template_writes_the_shipped_script_anywhere(tmp_path):
     assert (tmp_path / "vit.sbatch").read_bytes() == (ROOT / "slurm" / "vit.sbatch").read_bytes()
     again = hpctrain("sbatch-template", cwd=tmp_path)
     assert again.returncode == 2 and again.stderr == (
-        "hpctrain: error: vit.sbatch already exists: pass --force to overwrite it, or give another path\n")
+        "hpctrain: error: vit.sbatch already exists: pass --force to overwrite it, or give another path\n"
+    )
     (tmp_path / "jobs").mkdir()
     assert hpctrain("sbatch-template", "jobs", cwd=tmp_path).returncode == 0
     assert (tmp_path / "jobs" / "vit.sbatch").is_file()
@@ -148,6 +203,9 @@ def test_login_nodes_small_locked_memory_limit_is_raised_to_the_nodes_hard_limit
     lines = "\n".join(MEMLOCK_LINES)
     node = subprocess.run(["bash", "-c", "ulimit -H -l"], capture_output=True, text=True).stdout.strip()
     for hard in (node, "1024"):  # this machine's hard limit (unlimited or not), and a lower one
-        r = subprocess.run(["bash", "-c", f"set -eo pipefail; ulimit -S -l 64; ulimit -H -l {hard}\n{lines}\n"
-                                          "ulimit -S -l"], capture_output=True, text=True)
+        r = subprocess.run(
+            ["bash", "-c", f"set -eo pipefail; ulimit -S -l 64; ulimit -H -l {hard}\n{lines}\nulimit -S -l"],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0 and r.stdout.strip() == hard, (hard, r.stdout, r.stderr)

@@ -28,21 +28,36 @@ COMMAND = '--output /r/%j_%t.out "${HPCTRAIN_PYTHON[@]}" -u -m hpctrain.launch.t
 
 
 def plan(profile: str, sets: list[str], **kw) -> JobPlan:
-    base = dict(profile=load_profile(profile, sets), job_name="j", nodes=2, tasks_per_node=4, gpus_per_node=4,
-                cpus_per_task=8, mem="0", time="01:00:00", binds=["/datasets", "/r/a,b"])
+    base = dict(
+        profile=load_profile(profile, sets),
+        job_name="j",
+        nodes=2,
+        tasks_per_node=4,
+        gpus_per_node=4,
+        cpus_per_task=8,
+        mem="0",
+        time="01:00:00",
+        binds=["/datasets", "/r/a,b"],
+    )
     return JobPlan(**{**base, **kw})
 
 
 # site shapes: each runtime, image staging, data staging, spares, a sweep's array, nsys, modules
 SHAPES = {
     "local-none": plan("local", []),
-    "ib-apptainer-staged-spares": plan("example-ib", ["container.runtime=apptainer", *IMAGE, *STAGE],
-                                       stage_to="$TMPDIR/stage", spare_nodes=1),
-    "roce-singularity-array": plan("example-roce", ["container.runtime=singularity", *IMAGE],
-                                   array="0-2%2", workdirs=["/r/a", "/r/b b", "/r/c'"]),
-    "ib-pyxis-staged-nsys": plan("example-ib", ["container.runtime=pyxis", "container.image=/images/x.sqsh", *STAGE,
-                                                "slurm.max_requeues=0"], binds=["/datasets"],
-                                 nsys_ranks=[0, 5], nsys_dir="/r/run dir/profile"),
+    "ib-apptainer-staged-spares": plan(
+        "example-ib", ["container.runtime=apptainer", *IMAGE, *STAGE], stage_to="$TMPDIR/stage", spare_nodes=1
+    ),
+    "roce-singularity-array": plan(
+        "example-roce", ["container.runtime=singularity", *IMAGE], array="0-2%2", workdirs=["/r/a", "/r/b b", "/r/c'"]
+    ),
+    "ib-pyxis-staged-nsys": plan(
+        "example-ib",
+        ["container.runtime=pyxis", "container.image=/images/x.sqsh", *STAGE, "slurm.max_requeues=0"],
+        binds=["/datasets"],
+        nsys_ranks=[0, 5],
+        nsys_dir="/r/run dir/profile",
+    ),
 }
 
 
@@ -54,8 +69,12 @@ def shellcheck() -> str:
 
 
 def findings(shellcheck: str, *paths: Path) -> str:
-    r = subprocess.run([shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", *map(str, paths)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.stdout + r.stderr
 
 
@@ -83,8 +102,12 @@ def test_every_shell_file_is_inlined_by_a_renderer():
 
 def test_every_silenced_finding_says_why():
     """A directive that disables a check carries its reason after `  # `."""
-    bare = [f"{f.name}:{i}: {line.strip()}" for f in FILES for i, line in enumerate(f.read_text().splitlines(), 1)
-            if re.search(r"#\s*shellcheck\s.*disable=", line) and not re.search(r"disable=\S+\s+#\s*\S", line)]
+    bare = [
+        f"{f.name}:{i}: {line.strip()}"
+        for f in FILES
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if re.search(r"#\s*shellcheck\s.*disable=", line) and not re.search(r"disable=\S+\s+#\s*\S", line)
+    ]
     assert not bare, bare
 
 
@@ -95,8 +118,9 @@ def test_rendered_scripts_parse_and_have_no_shellcheck_findings(tmp_path, shellc
         standalone = dataclasses.replace(p, config="configs/x.yaml", overrides=["a=1"])
         for suffix, plan_, alone in (("", p, False), (".standalone", standalone, True)):
             paths.append(tmp_path / f"{name}{suffix}.sbatch")
-            paths[-1].write_text(render(plan_, COMMAND, "/usr/bin/python3", alone, {"HPCTRAIN_LAUNCHER": "x"},
-                                        "/r/code/hpctrain"))
+            paths[-1].write_text(
+                render(plan_, COMMAND, "/usr/bin/python3", alone, {"HPCTRAIN_LAUNCHER": "x"}, "/r/code/hpctrain")
+            )
     assert not unparsed(paths)
     out = findings(shellcheck, *paths)
     assert out == "", f"shellcheck -S warning on the rendered scripts:\n{out}"
@@ -105,8 +129,9 @@ def test_rendered_scripts_parse_and_have_no_shellcheck_findings(tmp_path, shellc
 def test_per_node_and_per_task_programs_have_no_shellcheck_findings(tmp_path, shellcheck):
     """The programs the batch shell runs with `bash -c` on each node or for each task, values included."""
     programs = {
-        "cleanenv": container.cleanenv_wrapper(["FOO", "BAR_*"], "~/stage/${SLURM_JOB_ID}", "SINGULARITYENV_",
-                                                "/local/$USER"),
+        "cleanenv": container.cleanenv_wrapper(
+            ["FOO", "BAR_*"], "~/stage/${SLURM_JOB_ID}", "SINGULARITYENV_", "/local/$USER"
+        ),
         "image_env": container.image_env_wrapper(["FOO"], "/opt/hpctrain-src"),
         "nsys": container.nsys_wrapper([0, 8], "/r/run dir/profile"),
         "stage_copy": stage_image.copy_program("/local/${SLURMD_NODENAME}"),

@@ -37,22 +37,41 @@ def image(tmp_path_factory) -> Path:
 
 def profile(image: Path, tmp_path: Path, **container) -> Path:
     p = tmp_path / "site.yaml"
-    p.write_text(yaml.safe_dump({
-        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "20"},
-        "container": {"runtime": "apptainer", "image": str(image / "image.sif"),
-                      "source_mount": str(tmp_path / "mnt"), **container}}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "name": "site",
+                "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "20"},
+                "container": {
+                    "runtime": "apptainer",
+                    "image": str(image / "image.sif"),
+                    "source_mount": str(tmp_path / "mnt"),
+                    **container,
+                },
+            }
+        )
+    )
     return p
 
 
 def image_env(image: Path) -> dict:
-    return {"PATH": f"{image / 'bin'}:/usr/local/bin:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
-            "FAKE_APPTAINER_SITE": str(image / "site")}
+    return {
+        "PATH": f"{image / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+        "FAKE_APPTAINER_SITE": str(image / "site"),
+    }
 
 
 def test_image_with_an_older_hpctrain_runs_the_submitting_code(slurm_cluster, digits_root, image, tmp_path):
-    job = submit(slurm_cluster, "--cluster", str(profile(image, tmp_path)), "--nodes", "2",
-                 *digits_sets(digits_root, tmp_path, "src", "train.max_steps=3", "train.eval_every=0"),
-                 env=image_env(image))
+    job = submit(
+        slurm_cluster,
+        "--cluster",
+        str(profile(image, tmp_path)),
+        "--nodes",
+        "2",
+        *digits_sets(digits_root, tmp_path, "src", "train.max_steps=3", "train.eval_every=0"),
+        env=image_env(image),
+    )
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED"
     rec = json.loads((tmp_path / "src" / "env.json").read_text())
     assert rec["source"]["running"] == rec["source"]["submitted"] == source_hash(SRC)
@@ -63,8 +82,15 @@ def test_image_with_an_older_hpctrain_runs_the_submitting_code(slurm_cluster, di
 def test_image_copy_that_differs_is_refused_before_training(slurm_cluster, digits_root, image, tmp_path):
     """Without the bind (container.bind_source=false) the image's older copy would train: every rank
     refuses with one line naming both hashes, and no step runs."""
-    job = submit(slurm_cluster, "--cluster", str(profile(image, tmp_path, bind_source=False)), "--nodes", "2",
-                 *digits_sets(digits_root, tmp_path, "old", "train.max_steps=3"), env=image_env(image))
+    job = submit(
+        slurm_cluster,
+        "--cluster",
+        str(profile(image, tmp_path, bind_source=False)),
+        "--nodes",
+        "2",
+        *digits_sets(digits_root, tmp_path, "old", "train.max_steps=3"),
+        env=image_env(image),
+    )
     assert slurm_cluster.wait_done(job, 240) == "FAILED"
     run = tmp_path / "old"
     assert metrics(run, "train") == [] and not (run / "checkpoints").exists()
@@ -80,18 +106,26 @@ def test_container_modules_stay_out_of_the_image(slurm_cluster, digits_root, ima
     mods = tmp_path / "modulefiles"
     mods.mkdir()
     (mods / "apptainer.lua").write_text(f'prepend_path("PATH", "{image / "bin"}")\n')
-    (mods / "pyenvmod.lua").write_text('setenv("PYTHONPATH", "/site/python/lib")\nsetenv("CUDA_HOME", "/site/cuda")\n'
-                                       'setenv("HPCTRAIN_MODULE_MARK", "pyenvmod")\n')
+    (mods / "pyenvmod.lua").write_text(
+        'setenv("PYTHONPATH", "/site/python/lib")\nsetenv("CUDA_HOME", "/site/cuda")\n'
+        'setenv("HPCTRAIN_MODULE_MARK", "pyenvmod")\n'
+    )
     prof = profile(image, tmp_path)
     data = yaml.safe_load(prof.read_text())
     data.update(container_modules=["pyenvmod"], module_use=[str(mods)])
     prof.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in slurm_cluster.env.items() if k != "HPCTRAIN_CLUSTER"}
-    env.update(OMP_NUM_THREADS="1", FAKE_APPTAINER_PYTHON=sys.executable, FAKE_APPTAINER_SITE=str(image / "site"),
-               MODULEPATH=str(mods))
-    cmd = (f"module load apptainer && command -v apptainer && {sys.executable} -m hpctrain submit --config "
-           f"configs/digits_vit.yaml --cluster {prof} --nodes 2 "
-           + " ".join(digits_sets(digits_root, tmp_path, "mods", "train.max_steps=3", "train.eval_every=0")))
+    env.update(
+        OMP_NUM_THREADS="1",
+        FAKE_APPTAINER_PYTHON=sys.executable,
+        FAKE_APPTAINER_SITE=str(image / "site"),
+        MODULEPATH=str(mods),
+    )
+    cmd = (
+        f"module load apptainer && command -v apptainer && {sys.executable} -m hpctrain submit --config "
+        f"configs/digits_vit.yaml --cluster {prof} --nodes 2 "
+        + " ".join(digits_sets(digits_root, tmp_path, "mods", "train.max_steps=3", "train.eval_every=0"))
+    )
     r = subprocess.run(["bash", "-lc", cmd], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     job = r.stdout.split("submitted Slurm job ")[1].split(":")[0]

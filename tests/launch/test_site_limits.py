@@ -29,8 +29,11 @@ def site_cluster(tmp_path_factory):
     why = missing()
     if why:
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-site"), node_options={CPU_NODE: "CoreSpecCount=1"},
-                     conf_extra="AccountingStorageEnforce=limits,qos").start()
+    c = SlurmCluster(
+        tmp_path_factory.mktemp("slurm-site"),
+        node_options={CPU_NODE: "CoreSpecCount=1"},
+        conf_extra="AccountingStorageEnforce=limits,qos",
+    ).start()
     try:
         c.run("sacctmgr", "-i", "add", "qos", QOS, f"MaxWall={WALL}", "MaxTRESPerJob=node=1")
         c.run("sacctmgr", "-i", "modify", "user", "root", "set", f"qos+={QOS}", f"defaultqos={QOS}")
@@ -46,10 +49,25 @@ def site_profile(site_cluster, tmp_path_factory):
     (d / "bin").mkdir()
     (d / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     (d / "image.sif").write_bytes(b"fake")
-    env = {"XDG_CONFIG_HOME": str(d / "xdg"), "USER": "root", "PATH": f"{d / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-           "FAKE_APPTAINER_PYTHON": sys.executable}
-    r = hp(site_cluster, "cluster", "init", "site", "--partition", CPU_PARTITION, "--probe", "--image",
-           str(d / "image.sif"), env=env, timeout=300)
+    env = {
+        "XDG_CONFIG_HOME": str(d / "xdg"),
+        "USER": "root",
+        "PATH": f"{d / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+    }
+    r = hp(
+        site_cluster,
+        "cluster",
+        "init",
+        "site",
+        "--partition",
+        CPU_PARTITION,
+        "--probe",
+        "--image",
+        str(d / "image.sif"),
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     path = d / "xdg" / "hpctrain" / "clusters" / "site.yaml"
     return path, env, path.read_text()
@@ -64,8 +82,18 @@ def test_corespec_node_is_sized_by_cpuefctv(site_cluster, site_profile, tmp_path
     path, env, text = site_profile
     assert yaml.safe_load(text)["slurm"]["cpus_per_node"] == 3
     assert "CPUEfctv, CPUTot=4 less specialised cores" in text
-    dry = hp(site_cluster, "submit", "--cluster", "site", "--config", "configs/digits_vit.yaml",
-             "--set", f"run.dir={tmp_path}", "--dry-run", env=env)
+    dry = hp(
+        site_cluster,
+        "submit",
+        "--cluster",
+        "site",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--dry-run",
+        env=env,
+    )
     assert dry.returncode == 0, dry.stderr
     assert "#SBATCH --cpus-per-task=3" in dry.stdout and f"#SBATCH --qos={QOS}" in dry.stdout
     (tmp_path / "job.sh").write_text(dry.stdout)
@@ -78,8 +106,9 @@ def test_time_over_the_qos_maxwall_is_refused_at_submit(site_cluster, site_profi
     """Site property: QOS MaxWall enforced (AccountingStorageEnforce=limits,qos), no DenyOnLimit:
     sbatch takes a longer job and it pends for ever (QOSMaxWallDurationPerJobLimit). `submit`
     refuses it in one line naming the limit, where it came from, and the fix."""
-    job = site_cluster.run("sbatch", "--parsable", f"--qos={QOS}", "--time=30", "-p", CPU_PARTITION,
-                           "--wrap", "true", cwd=tmp_path).stdout.strip()
+    job = site_cluster.run(
+        "sbatch", "--parsable", f"--qos={QOS}", "--time=30", "-p", CPU_PARTITION, "--wrap", "true", cwd=tmp_path
+    ).stdout.strip()
     reason = site_cluster.run("squeue", "-h", "-j", job, "-o", "%T %r").stdout.split()
     site_cluster.run("scancel", job)
     assert reason == ["PENDING", "QOSMaxWallDurationPerJobLimit"]
@@ -87,11 +116,24 @@ def test_time_over_the_qos_maxwall_is_refused_at_submit(site_cluster, site_profi
     limits = yaml.safe_load(text)["slurm"]["limits"]
     assert limits["qos"] == QOS and limits["qos_max_wall"] == WALL and limits["qos_max_tres_per_job"] == "node=1"
     assert yaml.safe_load(text)["slurm"]["time"] == WALL  # the default fits the QOS
-    r = hp(site_cluster, "submit", "--cluster", "site", "--config", "configs/digits_vit.yaml", "--time", "30",
-           "--set", f"run.dir={tmp_path}", env=env)
+    r = hp(
+        site_cluster,
+        "submit",
+        "--cluster",
+        "site",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--time",
+        "30",
+        "--set",
+        f"run.dir={tmp_path}",
+        env=env,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
-    assert (f"--time=30 is over QOS {QOS}'s MaxWall={WALL} (`sacctmgr show qos {QOS}`; cluster profile 'site', "
-            f"slurm.limits.qos_max_wall): use --time {WALL} or less, or another --qos") in r.stderr
+    assert (
+        f"--time=30 is over QOS {QOS}'s MaxWall={WALL} (`sacctmgr show qos {QOS}`; cluster profile 'site', "
+        f"slurm.limits.qos_max_wall): use --time {WALL} or less, or another --qos"
+    ) in r.stderr
     assert site_cluster.run("squeue", "-h").stdout.strip() == ""  # nothing was submitted
 
 
@@ -107,21 +149,46 @@ def test_probe_runs_in_the_image_under_the_profiles_account_and_qos(site_cluster
 
 def profile_with(tmp_path: Path, **limits: str):
     p = tmp_path / "p.yaml"
-    p.write_text(yaml.safe_dump({"name": "site", "slurm": {"partition": "gpu", "qos": "normal", "gpus_per_node": 4,
-                                                           "max_gpus_per_node": 4, "cpus_per_node": 64,
-                                                           "time": "1:00:00", "limits": limits}}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "name": "site",
+                "slurm": {
+                    "partition": "gpu",
+                    "qos": "normal",
+                    "gpus_per_node": 4,
+                    "max_gpus_per_node": 4,
+                    "cpus_per_node": 64,
+                    "time": "1:00:00",
+                    "limits": limits,
+                },
+            }
+        )
+    )
     return load_profile(p)
 
 
 def test_partition_maxtime_and_qos_tres_limits_refused_in_one_line(tmp_path):
-    prof = profile_with(tmp_path, partition="gpu", max_time="2-00:00:00", qos="normal",
-                        qos_max_tres_per_job="cpu=512,gres/gpu=16,node=4", qos_max_tres_per_user="gres/gpu=8")
-    with pytest.raises(LaunchError, match=r"^--time=3-00:00:00 is over partition gpu's MaxTime=2-00:00:00 "
-                                          r"\(`scontrol show partition gpu`; .*: use --time 2-00:00:00 or less"):
+    prof = profile_with(
+        tmp_path,
+        partition="gpu",
+        max_time="2-00:00:00",
+        qos="normal",
+        qos_max_tres_per_job="cpu=512,gres/gpu=16,node=4",
+        qos_max_tres_per_user="gres/gpu=8",
+    )
+    with pytest.raises(
+        LaunchError,
+        match=r"^--time=3-00:00:00 is over partition gpu's MaxTime=2-00:00:00 "
+        r"\(`scontrol show partition gpu`; .*: use --time 2-00:00:00 or less",
+    ):
         check_request(prof, Request(nodes=1, time="3-00:00:00"))
     assert check_request(prof, Request(nodes=1, time="3-00:00:00", partition="long"))[2] == "3-00:00:00"
-    with pytest.raises(LaunchError, match=r"asks gres/gpu=12, over QOS normal's MaxTRESPerUser gres/gpu=8 .*"
-                                          r"use --nodes 2 or fewer, or another --qos"):
+    with pytest.raises(
+        LaunchError,
+        match=r"asks gres/gpu=12, over QOS normal's MaxTRESPerUser gres/gpu=8 .*"
+        r"use --nodes 2 or fewer, or another --qos",
+    ):
         check_request(prof, Request(nodes=3))
     assert check_request(prof, Request(nodes=3, qos="big"))[0] == 3  # the limits are QOS normal's
     assert check_request(prof, Request(nodes=2))[:2] == (2, 4)

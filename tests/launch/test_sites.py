@@ -37,10 +37,16 @@ def test_export_none_site_trains_and_requeues(each_slurm_cluster, digits_root, t
     still get the script's SUBMITIT_*/HPCTRAIN_* and the submitting code, and a USR2 stop requeues.
     On Slurm 22.05 and 24.11 (srun's environment rules are version-dependent)."""
     slurm_cluster = each_slurm_cluster
-    job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1",
-                 # 40 steps: the USR2 sent after step 3 must find it still training (10 steps took 7 s)
-                 *digits_sets(digits_root, tmp_path, "xnone", *SHORT, "train.max_steps=40"),
-                 env={**EXPORT_NONE, "HPCTRAIN_LOGIN_SHELL_MARK": "set at submission"})
+    job = submit(
+        slurm_cluster,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        # 40 steps: the USR2 sent after step 3 must find it still training (10 steps took 7 s)
+        *digits_sets(digits_root, tmp_path, "xnone", *SHORT, "train.max_steps=40"),
+        env={**EXPORT_NONE, "HPCTRAIN_LOGIN_SHELL_MARK": "set at submission"},
+    )
     run = tmp_path / "xnone"
     training(slurm_cluster, job, run)
     slurm_cluster.run("scancel", "--signal=USR2", job)
@@ -59,14 +65,35 @@ def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_
     into the new job, whose srun then refuses to start beside the job's own SLURM_MEM_PER_NODE (--mem,
     as sites set slurm.mem_per_node) as "mutually exclusive"; the submission leaves the enclosing job's
     settings out."""
-    cmd = [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml",
-           "--nodes", "2", "--gpus-per-node", "1", "--cluster-set", "slurm.mem_per_node=500M",
-           *digits_sets(digits_root, tmp_path, "inner", *SHORT, "train.max_steps=4")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "submit",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--cluster-set",
+        "slurm.mem_per_node=500M",
+        *digits_sets(digits_root, tmp_path, "inner", *SHORT, "train.max_steps=4"),
+    ]
     out, err = tmp_path / "outer.out", tmp_path / "outer.err"
     with slurm_cluster.reconfigured(**DEF_MEM_PER_CPU):
-        outer = slurm_cluster.run("sbatch", "--parsable", "-N1", "-n1", f"--chdir={ROOT}", f"--output={out}",
-                                  f"--error={err}", "--wrap", f"env | grep '^SLURM_MEM_' >&2; {shlex.join(cmd)}",
-                                  env={"OMP_NUM_THREADS": "1"}).stdout.strip()
+        outer = slurm_cluster.run(
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "-n1",
+            f"--chdir={ROOT}",
+            f"--output={out}",
+            f"--error={err}",
+            "--wrap",
+            f"env | grep '^SLURM_MEM_' >&2; {shlex.join(cmd)}",
+            env={"OMP_NUM_THREADS": "1"},
+        ).stdout.strip()
         assert slurm_cluster.wait_done(outer, 120) == "COMPLETED", err.read_text()
     assert "SLURM_MEM_PER_CPU=100" in err.read_text(), err.read_text()  # the site default reached the job
     job = out.read_text().split("submitted Slurm job ")[1].split()[0]
@@ -86,11 +113,27 @@ def test_preempt_send_user_signal_site_counts_a_preemption(each_slurm_cluster, d
     shape = slurm_cluster.send_user_signal()
     with slurm_cluster.reconfigured(**shape):
         assert "send_user_signal" in slurm_cluster.run("scontrol", "show", "config").stdout
-        job = submit(slurm_cluster, "--nodes", "2", "--gpus-per-node", "1", "--partition", PREEMPTIBLE,
-                     *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"))
+        job = submit(
+            slurm_cluster,
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--partition",
+            PREEMPTIBLE,
+            *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"),
+        )
         training(slurm_cluster, job, run)
-        urgent = slurm_cluster.run("sbatch", "--parsable", f"--partition={URGENT}", "-N2", "--exclusive",
-                                   f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
+        urgent = slurm_cluster.run(
+            "sbatch",
+            "--parsable",
+            f"--partition={URGENT}",
+            "-N2",
+            "--exclusive",
+            f"--output={tmp_path}/urgent-%j.out",
+            "--wrap",
+            "sleep 2",
+        ).stdout.strip()
         assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED", sacct_states(slurm_cluster, job)
     first = "PREEMPTED" if "24.11" in slurm_cluster.version() else "REQUEUED"

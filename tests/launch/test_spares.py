@@ -64,7 +64,7 @@ def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
     arithmetic expansion would run `$(...)` inside it)."""
     plan = plan_job(Config(), load_profile("local"), Request(nodes=1, gpus_per_node=1, spare_nodes=1))
     script = slurm_script(plan, tmp_path / "submitit")
-    setup = script[:script.index("while :; do")]  # everything before the first srun
+    setup = script[: script.index("while :; do")]  # everything before the first srun
     env = {**os.environ, "HPCTRAIN_SPARE_NODES": "a[$(touch PWNED)]", "SLURM_JOB_NUM_NODES": "2", "HPCTRAIN_SOURCE": ""}
     r = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and "must be whole numbers" in r.stderr, r.stderr
@@ -76,9 +76,11 @@ def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
 
 def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
     faults = tmp_path / "faults-77"
-    faults.write_text("100\t0\t1\trestart\tn2\tn2: left the job's allocation (Slurm: node failure)\t99\n"
-                      "garbage line\n"
-                      "200\t0\t1\trequeue\tn3,bad name\tn3: no answer to a probe step\t199\n")
+    faults.write_text(
+        "100\t0\t1\trestart\tn2\tn2: left the job's allocation (Slurm: node failure)\t99\n"
+        "garbage line\n"
+        "200\t0\t1\trequeue\tn3,bad name\tn3: no answer to a probe step\t199\n"
+    )
     env = {"HPCTRAIN_FAULTS_FILE": str(faults), "SLURM_JOB_ID": "77"}
     m = MetricsWriter(tmp_path / "metrics.jsonl")
     new = faultlog.record_new(m, [], env)
@@ -86,8 +88,10 @@ def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
     recs = read_metrics(tmp_path / "metrics.jsonl")
     assert faultlog.record_new(m, recs, env) == []  # a later attempt records nothing twice
     s = summarize(read_metrics(tmp_path / "metrics.jsonl"))
-    assert s["restarts"] == 1 and s["excluded"] == {"n2": "left the job's allocation (Slurm: node failure)",
-                                                    "n3": "no answer to a probe step"}
+    assert s["restarts"] == 1 and s["excluded"] == {
+        "n2": "left the job's allocation (Slurm: node failure)",
+        "n3": "no answer to a probe step",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -110,17 +114,27 @@ def test_dead_training_node_is_replaced_by_a_spare_in_the_same_job(slurm_cluster
     run = tmp_path / "spare"
     # rank 0 waits 0.3 s per step for data (a sleep: the arithmetic is unchanged), so that the kill
     # lands mid-run however fast the machine is
-    job = submit(slurm_cluster, "--partition", SPARE_PARTITION, "--nodes", "2", "--spare-nodes", "1",
-                 "--gpus-per-node", "1", *digits_sets(digits_root, tmp_path, "spare", *SETS,
-                                                      f"train.pg_timeout_s={PG_TIMEOUT}"),
-                 env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"})
+    job = submit(
+        slurm_cluster,
+        "--partition",
+        SPARE_PARTITION,
+        "--nodes",
+        "2",
+        "--spare-nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(digits_root, tmp_path, "spare", *SETS, f"train.pg_timeout_s={PG_TIMEOUT}"),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+    )
     victim = None
     try:
         wait_for_step(run, 7, 180)
         hosts = rank_hosts(run)
         victim = hosts[1][1]
-        batch_host = slurm_cluster.run("scontrol", "show", "hostnames", slurm_cluster.run(
-            "squeue", "-h", "-j", job, "-o", "%N").stdout.strip()).stdout.split()[0]
+        batch_host = slurm_cluster.run(
+            "scontrol", "show", "hostnames", slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+        ).stdout.split()[0]
         assert victim != batch_host, (hosts, batch_host)  # rank 1 trains on a node that is not the batch host
         assert slurm_cluster.kill_node(victim) >= 3  # slurmd, slurmstepd, the task (rank 1)
         killed_at = time.time()
@@ -152,9 +166,11 @@ def test_dead_training_node_is_replaced_by_a_spare_in_the_same_job(slurm_cluster
     st = hp(slurm_cluster, "status", job).stdout
     assert "COMPLETED" in st and re.search(r"requeues +0\n", st), st
     assert re.search(rf"restarts +1 in the job on spare nodes \(last: attempt 1 of job {job} without {victim}", st), st
-    print(f"hot spare: node {victim} killed; the step ended and the shell restarted on the spare "
-          f"{restart['decided_at'] - killed_at:.1f} s later; training again (first step) {took:.1f} s after the "
-          f"kill (bound {RESTART_BOUND} s); resumed at step {resumed[0]}; sacct rows {rows}")
+    print(
+        f"hot spare: node {victim} killed; the step ended and the shell restarted on the spare "
+        f"{restart['decided_at'] - killed_at:.1f} s later; training again (first step) {took:.1f} s after the "
+        f"kill (bound {RESTART_BOUND} s); resumed at step {resumed[0]}; sacct rows {rows}"
+    )
     assert took < RESTART_BOUND
 
 
@@ -165,11 +181,27 @@ def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_clu
     batch shell requeues the job with that node excluded (ExcNodeList), and the job finishes on
     the other nodes of the partition."""
     run = tmp_path / "silent"
-    job = submit(slurm_cluster, "--partition", SPARE_PARTITION, "--nodes", "2", "--gpus-per-node", "1",
-                 *digits_sets(digits_root, tmp_path, "silent", "train.epochs=2", "train.log_every=1",
-                              "train.eval_every=0", "train.ckpt_every=5", "train.hang_timeout_s=5",
-                              "train.pg_timeout_s=30"),
-                 env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"})
+    job = submit(
+        slurm_cluster,
+        "--partition",
+        SPARE_PARTITION,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(
+            digits_root,
+            tmp_path,
+            "silent",
+            "train.epochs=2",
+            "train.log_every=1",
+            "train.eval_every=0",
+            "train.ckpt_every=5",
+            "train.hang_timeout_s=5",
+            "train.pg_timeout_s=30",
+        ),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+    )
     wait_for_step(run, 7, 180)
     victim = rank_hosts(run)[1][1]
     pid = task_pid(job, 1)

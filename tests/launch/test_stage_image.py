@@ -32,9 +32,15 @@ for ((i = 1; i <= $#; i++)); do [ "${!i}" = bash ] && exec "${@:i}"; done
 
 
 def profile(path: Path, runtime: str, image: Path, **container) -> Path:
-    path.write_text(yaml.safe_dump({
-        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 2, "max_gpus_per_node": 2, "time": "10"},
-        "container": {"runtime": runtime, "image": str(image), **container}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "site",
+                "slurm": {"request_gpus": False, "gpus_per_node": 2, "max_gpus_per_node": 2, "time": "10"},
+                "container": {"runtime": runtime, "image": str(image), **container},
+            }
+        )
+    )
     return path
 
 
@@ -46,10 +52,27 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
     that copy in place of the shared image; pyxis gets a per-job --container-name and no copy step."""
     image = tmp_path / ("image.sqsh" if runtime == "pyxis" else "image.sif")
     image.write_bytes(os.urandom(3000))
-    prof = profile(tmp_path / "site.yaml", runtime, image, stage_image=True,
-                   stage_image_to=str(tmp_path / "local" / "${SLURMD_NODENAME}"))
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run", "--set",
-                 f"data.root={tmp_path}/data", "--set", f"run.dir={tmp_path}/runs", "--set", "run.name=r")
+    prof = profile(
+        tmp_path / "site.yaml",
+        runtime,
+        image,
+        stage_image=True,
+        stage_image_to=str(tmp_path / "local" / "${SLURMD_NODENAME}"),
+    )
+    r = hpctrain(
+        "submit",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--cluster",
+        str(prof),
+        "--dry-run",
+        "--set",
+        f"data.root={tmp_path}/data",
+        "--set",
+        f"run.dir={tmp_path}/runs",
+        "--set",
+        "run.name=r",
+    )
     assert r.returncode == 0, r.stderr
     bindir, calls = tmp_path / "bin", tmp_path / "calls"
     bindir.mkdir()
@@ -58,9 +81,15 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
     (bindir / runtime).write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$TOOL_ARGS"\n')
     for f in bindir.iterdir():
         f.chmod(0o755)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2",
-           "SLURMD_NODENAME": "n1", "HPCTRAIN_SOURCE": "", "SRUN_DIR": str(calls),
-           "TOOL_ARGS": str(tmp_path / "tool_args")}
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURMD_NODENAME": "n1",
+        "HPCTRAIN_SOURCE": "",
+        "SRUN_DIR": str(calls),
+        "TOOL_ARGS": str(tmp_path / "tool_args"),
+    }
     work = tmp_path / "work"
     work.mkdir()
     run = subprocess.run(["bash", "-c", r.stdout], cwd=work, env=env, capture_output=True, text=True, timeout=60)
@@ -84,8 +113,10 @@ def test_stage_image_without_a_runtime_names_the_fix(tmp_path):
     prof = profile(tmp_path / "site.yaml", "none", Path(""), stage_image=True)
     r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert ("container.stage_image copies the image to each node, but container.runtime is none (no image): set "
-            "container.stage_image false, or a runtime and its image") in r.stderr
+    assert (
+        "container.stage_image copies the image to each node, but container.runtime is none (no image): set "
+        "container.stage_image false, or a runtime and its image"
+    ) in r.stderr
 
 
 def test_image_staging_refuses_a_disk_too_small_before_copying(tmp_path):
@@ -95,21 +126,33 @@ def test_image_staging_refuses_a_disk_too_small_before_copying(tmp_path):
     image.write_bytes(os.urandom(2 << 20))
     small = tmp_path / "small"
     small.mkdir()
-    prog = f"mount -t tmpfs -o size=1m stage-test {small} && bash -c \"$0\""
-    r = subprocess.run(["unshare", "--mount", "bash", "-c", prog, copy_program(str(small))], capture_output=True,
-                       text=True, env={**os.environ, "HPCTRAIN_IMAGE": str(image), "SLURMD_NODENAME": "n1"})
+    prog = f'mount -t tmpfs -o size=1m stage-test {small} && bash -c "$0"'
+    r = subprocess.run(
+        ["unshare", "--mount", "bash", "-c", prog, copy_program(str(small))],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HPCTRAIN_IMAGE": str(image), "SLURMD_NODENAME": "n1"},
+    )
     if "mount" in r.stderr and r.returncode == 32:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert (f"hpctrain: container.stage_image on n1: {small} needs 2097152 bytes (2.1 MB) for {image} but its file "
-            "system has 1048576 bytes (1.0 MB) free: point container.stage_image_to at a larger node-local disk"
-            in r.stderr), r.stderr
+    assert (
+        f"hpctrain: container.stage_image on n1: {small} needs 2097152 bytes (2.1 MB) for {image} but its file "
+        "system has 1048576 bytes (1.0 MB) free: point container.stage_image_to at a larger node-local disk" in r.stderr
+    ), r.stderr
 
 
 def sbatch(cluster, script: str, path: Path, env: dict) -> str:
     path.write_text(script)
-    r = cluster.run("sbatch", "--parsable", f"--partition={cluster.partition}", f"--output={path}.out", str(path),
-                    env=env, cwd=path.parent)
+    r = cluster.run(
+        "sbatch",
+        "--parsable",
+        f"--partition={cluster.partition}",
+        f"--output={path}.out",
+        str(path),
+        env=env,
+        cwd=path.parent,
+    )
     job = r.stdout.strip()
     assert cluster.wait_done(job, 120) == "COMPLETED", Path(f"{path}.out").read_text()
     return Path(f"{path}.out").read_text()
@@ -136,8 +179,9 @@ def test_staged_image_is_read_from_the_shared_path_once_per_node_not_once_per_ta
 
     def script(name: str, **container) -> str:
         prof = load_profile(profile(tmp_path / f"{name}.yaml", "apptainer", image, **container))
-        plan = JobPlan(profile=prof, job_name=name, nodes=2, tasks_per_node=2, gpus_per_node=0, cpus_per_task=1,
-                       mem="0", time="10")
+        plan = JobPlan(
+            profile=prof, job_name=name, nodes=2, tasks_per_node=2, gpus_per_node=0, cpus_per_task=1, mem="0", time="10"
+        )
         return render(plan, '"${HPCTRAIN_PYTHON[@]}" -c pass', sys.executable, standalone=False)
 
     counter = reads.Reads(image, *(local / n for n in NODES))
@@ -158,8 +202,10 @@ def test_staged_image_is_read_from_the_shared_path_once_per_node_not_once_per_ta
     finally:
         counter.close()
     size = image.stat().st_size
-    print(f"shared SIF ({size} bytes) reads, 2 nodes x 2 tasks: without staging {shared[0]} "
-          f"({shared[0] * size} bytes), staged {shared[1]} ({shared[1] * size} bytes), staged again {shared[2]}")
+    print(
+        f"shared SIF ({size} bytes) reads, 2 nodes x 2 tasks: without staging {shared[0]} "
+        f"({shared[0] * size} bytes), staged {shared[1]} ({shared[1] * size} bytes), staged again {shared[2]}"
+    )
     assert shared == [4, 2, 0]
     assert all(c.read_bytes() == image.read_bytes() for c in copies)  # read here after the count
 
@@ -180,8 +226,17 @@ def test_pyxis_container_name_unpacks_the_image_once_per_node_for_the_job(slurm_
     try:
         named = [f"--container-name=hpctrain-{tmp_path.name}"]
         for extra in ([], [], named, named):
-            r = slurm_cluster.run("srun", "-N2", "-n4", f"--container-image={image}", *extra, "bash", "-c",
-                                  'echo "$FROM_IMAGE"', cwd=tmp_path)
+            r = slurm_cluster.run(
+                "srun",
+                "-N2",
+                "-n4",
+                f"--container-image={image}",
+                *extra,
+                "bash",
+                "-c",
+                'echo "$FROM_IMAGE"',
+                cwd=tmp_path,
+            )
             assert r.stdout.split() == ["1"] * 4, r.stdout + r.stderr
             got.append(counter.take(image))
     finally:

@@ -20,20 +20,53 @@ T0 = 1_700_000_000.0
 
 def test_status_of_a_stopped_run_waiting_for_its_requeue(tmp_path):
     """Two stops; the first one's queue wait (600 s) predicts the second's; straggler and hang shown."""
-    recs = [{"kind": "train", "time": T0 + 5 * i, "step": 10 * i, "epoch": i / 2, "loss": 2.0, "images_per_s": 128.0}
-            for i in range(1, 5)]  # 2 steps/s, 20 steps per epoch
-    recs += [{"kind": "eval", "time": T0 + 21, "step": 40, "epoch": 2.0, "top1": 61.0, "top5": 93.5, "loss": 1.2},
-             {"kind": "checkpoint", "time": T0 + 22, "step": 40, "path": "ck/step-40"},
-             {"kind": "stop", "time": T0 + 22, "step": 40, "reason": "preempted", "stop_kind": "time_limit"},
-             {"kind": "requeue", "time": T0 + 22, "step": 40, "requeue": True, "reason": "time_limit"}]
+    recs = [
+        {"kind": "train", "time": T0 + 5 * i, "step": 10 * i, "epoch": i / 2, "loss": 2.0, "images_per_s": 128.0}
+        for i in range(1, 5)
+    ]  # 2 steps/s, 20 steps per epoch
+    recs += [
+        {"kind": "eval", "time": T0 + 21, "step": 40, "epoch": 2.0, "top1": 61.0, "top5": 93.5, "loss": 1.2},
+        {"kind": "checkpoint", "time": T0 + 22, "step": 40, "path": "ck/step-40"},
+        {"kind": "stop", "time": T0 + 22, "step": 40, "reason": "preempted", "stop_kind": "time_limit"},
+        {"kind": "requeue", "time": T0 + 22, "step": 40, "requeue": True, "reason": "time_limit"},
+    ]
     resumed = T0 + 22 + 600  # back after 600 s in the queue, then 10 steps to the next record
-    recs += [{"kind": "train", "time": resumed + 5 * i, "step": 40 + 10 * i, "epoch": 2 + i / 2, "loss": 1.5,
-              "images_per_s": 128.0, "mfu": 0.35} for i in range(1, 3)]
-    recs += [{"kind": "straggler", "time": resumed + 10, "step": 60, "rank": 3, "host": "n2", "gpu": 1,
-              "step_time_s": 0.7, "median_s": 0.5, "slower_pct": 40.0, "cause": "data", "data_wait_s": 0.2},
-             {"kind": "hang", "time": resumed + 70, "step": 60, "ranks": [3], "where": ["loader.py:88"],
-              "files": ["logs/stack-rank-3.txt"]},
-             {"kind": "stop", "time": resumed + 80, "step": 60, "reason": "preempted", "stop_kind": "preemption"}]
+    recs += [
+        {
+            "kind": "train",
+            "time": resumed + 5 * i,
+            "step": 40 + 10 * i,
+            "epoch": 2 + i / 2,
+            "loss": 1.5,
+            "images_per_s": 128.0,
+            "mfu": 0.35,
+        }
+        for i in range(1, 3)
+    ]
+    recs += [
+        {
+            "kind": "straggler",
+            "time": resumed + 10,
+            "step": 60,
+            "rank": 3,
+            "host": "n2",
+            "gpu": 1,
+            "step_time_s": 0.7,
+            "median_s": 0.5,
+            "slower_pct": 40.0,
+            "cause": "data",
+            "data_wait_s": 0.2,
+        },
+        {
+            "kind": "hang",
+            "time": resumed + 70,
+            "step": 60,
+            "ranks": [3],
+            "where": ["loader.py:88"],
+            "files": ["logs/stack-rank-3.txt"],
+        },
+        {"kind": "stop", "time": resumed + 80, "step": 60, "reason": "preempted", "stop_kind": "preemption"},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "config.yaml").write_text("train:\n  epochs: 10\n  max_steps: 0\ndata:\n  batch_size: 64\n")
     (tmp_path / "job.json").write_text(json.dumps({"job_id": "7", "executor": "local"}))
@@ -47,12 +80,15 @@ def test_status_of_a_stopped_run_waiting_for_its_requeue(tmp_path):
     assert f["checkpoint_age_s"] == now - (T0 + 22) and f["last_eval"]["top5"] == 93.5
     assert f["mfu"] == 0.35 and f["straggler"]["rank"] == 3 and f["hang"]["ranks"] == [3]
     text = st.text()
-    assert f"ETA            {duration(f['eta_s'])} (at {f['eta_at']}), counting the mean queue wait of its 1 earlier " \
+    assert (
+        f"ETA            {duration(f['eta_s'])} (at {f['eta_at']}), counting the mean queue wait of its 1 earlier "
         "requeue(s), 10m00s" in text
+    )
     assert "speed          128 images/s, 2 steps/s, MFU 35.0 %" in text
     assert "straggler      rank 3 (host n2, GPU 1) 40 % slower than the median at step 60: data" in text
-    assert "hang           at step 60: rank 3 at loader.py:88 not at the latest step; dumps: logs/stack-rank-3.txt" \
-        in text
+    assert (
+        "hang           at step 60: rank 3 at loader.py:88 not at the latest step; dumps: logs/stack-rank-3.txt" in text
+    )
     assert "last eval      top-1 61.00 %, top-5 93.50 % at step 40" in text
     assert f"checkpoint     ck/step-40 (step 40, {duration(now - T0 - 22)} ago)" in text
     assert "last step      60/200 (30 %), epoch 3.00" in text
@@ -60,8 +96,9 @@ def test_status_of_a_stopped_run_waiting_for_its_requeue(tmp_path):
 
 @pytest.mark.slow
 def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
-    run_ranks(1, digits_args(digits_root, tmp_path, "st", "train.max_steps=6", "train.log_every=2",
-                             "train.ckpt_every=3"))
+    run_ranks(
+        1, digits_args(digits_root, tmp_path, "st", "train.max_steps=6", "train.log_every=2", "train.ckpt_every=3")
+    )
     run = tmp_path / "st"
     r = hpctrain("status", str(run), "--json")
     assert r.returncode == 0, r.stderr
@@ -74,8 +111,10 @@ def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
     assert f["last_eval"]["step"] == 6 and f["last_eval"]["top1"] == end["top1"]
     assert (f["checkpoint"], f["checkpoint_step"]) == (ckpt["path"], 6) and f["checkpoint_age_s"] >= 0
     assert f["straggler"] is None and f["requeues"] == 0
-    code = ("import sys; sys.modules['torch'] = None\n"  # a login node's status: no torch
-            f"from hpctrain.cli import main; raise SystemExit(main(['status', {str(run)!r}]))")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # a login node's status: no torch
+        f"from hpctrain.cli import main; raise SystemExit(main(['status', {str(run)!r}]))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and f"ETA            finished at {iso(end['time'])}" in r.stdout, r.stdout + r.stderr
 
@@ -102,12 +141,29 @@ def test_a_preempted_job_that_slurm_requeues_is_not_reported_ended(slurm24_clust
     cluster = slurm24_cluster
     for k, v in cluster.environ().items():  # job_state runs sacct/squeue from this environment
         monkeypatch.setenv(k, v)
-    job = cluster.run("sbatch", "--parsable", f"--partition={PREEMPTIBLE}", "-N2", "--requeue",
-                      f"--output={tmp_path}/%j.out", "--wrap", "trap '' TERM; sleep 300", cwd=tmp_path).stdout.strip()
+    job = cluster.run(
+        "sbatch",
+        "--parsable",
+        f"--partition={PREEMPTIBLE}",
+        "-N2",
+        "--requeue",
+        f"--output={tmp_path}/%j.out",
+        "--wrap",
+        "trap '' TERM; sleep 300",
+        cwd=tmp_path,
+    ).stdout.strip()
     wait_for(lambda: cluster.state(job) == "RUNNING", f"job {job} never ran", show=lambda: sacct_rows(job), poll_s=0.2)
     t0 = time.monotonic()
-    cluster.run("sbatch", f"--partition={URGENT}", "-N2", "--exclusive", f"--output={tmp_path}/%j.out",
-                "--wrap", "sleep 2", cwd=tmp_path)
+    cluster.run(
+        "sbatch",
+        f"--partition={URGENT}",
+        "-N2",
+        "--exclusive",
+        f"--output={tmp_path}/%j.out",
+        "--wrap",
+        "sleep 2",
+        cwd=tmp_path,
+    )
     seen, window = [], False
     while not (seen and seen[-1] == "RUNNING" and len(sacct_states(cluster, job)) == 2):
         assert time.monotonic() - t0 < WAIT_S, seen  # a cap on the wait (generous), not a timing

@@ -65,11 +65,21 @@ def container(tmp_path_factory) -> tuple[Path, dict]:
     (d / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     (d / "image.sif").write_bytes(b"not an image: the fake apptainer runs the host python")
     prof = d / "container.yaml"
-    prof.write_text(yaml.safe_dump({
-        "name": "no-slurm-in-container",
-        "slurm": {"request_gpus": False, "gpus_per_node": 1, "max_gpus_per_node": 4, "time": "30",
-                  "max_requeues": 3},
-        "container": {"runtime": "apptainer", "image": str(d / "image.sif"), "source_mount": str(d / "mnt")}}))
+    prof.write_text(
+        yaml.safe_dump(
+            {
+                "name": "no-slurm-in-container",
+                "slurm": {
+                    "request_gpus": False,
+                    "gpus_per_node": 1,
+                    "max_gpus_per_node": 4,
+                    "time": "30",
+                    "max_requeues": 3,
+                },
+                "container": {"runtime": "apptainer", "image": str(d / "image.sif"), "source_mount": str(d / "mnt")},
+            }
+        )
+    )
     import os
 
     env = {"PATH": f"{d / 'bin'}:{os.environ['PATH']}", "FAKE_APPTAINER_PYTHON": sys.executable}
@@ -87,8 +97,9 @@ def containers(container) -> dict[str, tuple[Path, dict]]:
     (d / "bin" / "singularity").symlink_to(FAKE_APPTAINER)
     (d / "imgbin").mkdir()
     (d / "imgbin" / "python3").symlink_to(sys.executable)
-    (d / "image.sqsh").write_text(f"PATH={d / 'imgbin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-                                  "HPCTRAIN_FAKE_IMAGE=pyxis\n")
+    (d / "image.sqsh").write_text(
+        f"PATH={d / 'imgbin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nHPCTRAIN_FAKE_IMAGE=pyxis\n"
+    )
     out = {"apptainer": container}
     for runtime, image in (("singularity", d / "image.sif"), ("pyxis", d / "image.sqsh")):
         data = yaml.safe_load(prof.read_text())
@@ -102,8 +113,18 @@ def submit_job(cluster, container, digits_root, tmp_path, name: str, *args: str,
     """`hpctrain submit` of the digits run on both nodes (tasks_per_node: --gpus-per-node; the test
     cluster's CPU-only profile asks Slurm for no GPUs, and each task gets Slurm's default 1 CPU)."""
     prof, env = container
-    return submit(cluster, "--cluster", str(prof), "--nodes", "2", "--gpus-per-node", str(tasks_per_node), *args,
-                  *digits_sets(digits_root, tmp_path, name, *SETS), env=env)
+    return submit(
+        cluster,
+        "--cluster",
+        str(prof),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        str(tasks_per_node),
+        *args,
+        *digits_sets(digits_root, tmp_path, name, *SETS),
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -127,13 +148,31 @@ def sbatch_job(cluster, container, digits_root, tmp_path, name: str) -> str:
     prof, env = container
     image = yaml.safe_load(prof.read_text())["container"]["image"]
     sets = [f"data.root={digits_root}", f"run.dir={tmp_path}", f"run.name={name}", "train.threads=1", *SETS]
-    env = {**env, "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": image,
-           "HPCTRAIN_SOURCE": str(ROOT / "src" / "hpctrain"), "HPCTRAIN_MODULES": "", "HPCTRAIN_CONTAINER_MODULES": "",
-           "HPCTRAIN_CONFIG": str(ROOT / "configs" / "digits_vit.yaml"), "HPCTRAIN_SET": json.dumps(sets),
-           "OMP_NUM_THREADS": "1"}
-    r = cluster.run("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0",
-                    "--cpus-per-task=1", "--mem=0", f"--partition={cluster.partition}",
-                    f"--output={tmp_path}/{name}-%j.out", str(ROOT / "slurm" / "vit.sbatch"), env=env, cwd=tmp_path)
+    env = {
+        **env,
+        "CONTAINER": "apptainer",
+        "HPCTRAIN_IMAGE": image,
+        "HPCTRAIN_SOURCE": str(ROOT / "src" / "hpctrain"),
+        "HPCTRAIN_MODULES": "",
+        "HPCTRAIN_CONTAINER_MODULES": "",
+        "HPCTRAIN_CONFIG": str(ROOT / "configs" / "digits_vit.yaml"),
+        "HPCTRAIN_SET": json.dumps(sets),
+        "OMP_NUM_THREADS": "1",
+    }
+    r = cluster.run(
+        "sbatch",
+        "--parsable",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        "--mem=0",
+        f"--partition={cluster.partition}",
+        f"--output={tmp_path}/{name}-%j.out",
+        str(ROOT / "slurm" / "vit.sbatch"),
+        env=env,
+        cwd=tmp_path,
+    )
     return r.stdout.strip()
 
 
@@ -142,9 +181,11 @@ def assert_same_weights(run: Path, reference: dict) -> None:
     assert final["step"] == STEPS
     assert final["model"].keys() == reference.keys()
     differ = [k for k, v in reference.items() if not torch.equal(final["model"][k], v)]
-    assert not differ, (f"{len(differ)} of {len(reference)} tensors differ from the uninterrupted run's, max "
-                        f"{max((final['model'][k] - reference[k]).abs().max().item() for k in differ):.2e}: "
-                        f"{differ[:5]}")
+    assert not differ, (
+        f"{len(differ)} of {len(reference)} tensors differ from the uninterrupted run's, max "
+        f"{max((final['model'][k] - reference[k]).abs().max().item() for k in differ):.2e}: "
+        f"{differ[:5]}"
+    )
 
 
 def assert_two_tasks_per_node(run: Path, attempts: int = 2) -> None:
@@ -192,7 +233,8 @@ TWO_PER_NODE = ("scontrol requeue",)
 
 
 def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
-        each_slurm_cluster, containers, digits_root, tmp_path, reference, reference4, site_datasets, request):
+    each_slurm_cluster, containers, digits_root, tmp_path, reference, reference4, site_datasets, request
+):
     """Seven jobs at once (six through submitit, one through `sbatch slurm/vit.sbatch`), each
     stopped one way mid-run; none can run a Slurm command in its tasks. On 24.11: PATHS_24. The
     tasks of the paths in RUNTIME run in that runtime (SingularityCE: the fake `singularity`). The
@@ -201,12 +243,19 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
     paths = PATHS if "22.05" in slurm_cluster.version() else {k: PATHS[k] for k in PATHS_24}
     if any(RUNTIME.get(label) == "pyxis" for label in paths):
         assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
-    jobs = {label: sbatch_job(slurm_cluster, containers[RUNTIME.get(label, "apptainer")], digits_root, tmp_path,
-                              f"j{i}")
-            if label.startswith("vit.sbatch") else
-            submit_job(slurm_cluster, containers[RUNTIME.get(label, "apptainer")], digits_root, tmp_path, f"j{i}",
-                       tasks_per_node=2 if label in TWO_PER_NODE else 1)
-            for i, label in enumerate(paths)}
+    jobs = {
+        label: sbatch_job(slurm_cluster, containers[RUNTIME.get(label, "apptainer")], digits_root, tmp_path, f"j{i}")
+        if label.startswith("vit.sbatch")
+        else submit_job(
+            slurm_cluster,
+            containers[RUNTIME.get(label, "apptainer")],
+            digits_root,
+            tmp_path,
+            f"j{i}",
+            tasks_per_node=2 if label in TWO_PER_NODE else 1,
+        )
+        for i, label in enumerate(paths)
+    }
     # a failure leaves no job training beside the next tests (they would run on a loaded machine)
     request.addfinalizer(lambda: [slurm_cluster.run("scancel", job, check=False) for job in jobs.values()])
     runs = {label: tmp_path / f"j{i}" for i, label in enumerate(paths)}
@@ -219,13 +268,20 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
                 slurm_cluster.run(*cmd, jobs[label])
                 sent.add(label)
             elif label not in sent and slurm_cluster.state(jobs[label]) in ENDED:  # it will never get there
-                pytest.fail(f"{label}: the job ended before step 12:\n"
-                            f"{job_report(slurm_cluster, jobs[label], runs[label])}", pytrace=False)
+                pytest.fail(
+                    f"{label}: the job ended before step 12:\n{job_report(slurm_cluster, jobs[label], runs[label])}",
+                    pytrace=False,
+                )
         return len(sent) == len(paths)
 
-    wait_for(all_sent, "jobs never reached step 12", show=lambda: "\n".join(
-        f"{label}: {job_report(slurm_cluster, jobs[label], runs[label])}" for label in paths if label not in sent),
-        poll_s=0.3)
+    wait_for(
+        all_sent,
+        "jobs never reached step 12",
+        show=lambda: "\n".join(
+            f"{label}: {job_report(slurm_cluster, jobs[label], runs[label])}" for label in paths if label not in sent
+        ),
+        poll_s=0.3,
+    )
     for label, (_, kind) in paths.items():
         job, run = jobs[label], runs[label]
         assert slurm_cluster.wait_done(job, 400) == "COMPLETED", (label, sacct_states(slurm_cluster, job))
@@ -242,8 +298,11 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
             assert_two_tasks_per_node(run)
         assert_same_weights(run, reference4 if label in TWO_PER_NODE else reference)
         script = label.startswith("vit.sbatch")
-        outs = ([tmp_path / f"j{list(paths).index(label)}-{job}.out"] if script
-                else (run / "submitit").glob(f"{job}_0_log.out"))
+        outs = (
+            [tmp_path / f"j{list(paths).index(label)}-{job}.out"]
+            if script
+            else (run / "submitit").glob(f"{job}_0_log.out")
+        )
         out = "".join(p.read_text() for p in outs)
         assert out and ("scontrol requeue" not in out.lower() or "failed" not in out.lower()), out
         env = json.loads((run / "env.json").read_text())
@@ -268,7 +327,8 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
 
 @pytest.mark.slow
 def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
-        slurm_cluster, container, digits_root, tmp_path, reference):
+    slurm_cluster, container, digits_root, tmp_path, reference
+):
     """Submit from a copy of the package (the user's checkout); while the job trains, edit a module
     the tasks import (it now raises on import) and add a new one, then stop the job with USR2. The
     requeued attempt runs the snapshot taken at submission: it resumes where it stopped and ends
@@ -301,12 +361,14 @@ def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
     assert rec["source"]["snapshot"]["from"] == str(checkout / "hpctrain")
     assert not (snap / "added_later.py").exists() and source_hash(snap) == submitted
     # the run has finished: a new submission trains it further (a finished run's rerun is refused)
-    again = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--set", "train.epochs=3",
-               env=env)
+    again = hp(
+        slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--set", "train.epochs=3", env=env
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     new = source_hash(checkout / "hpctrain")
-    assert (f"the code changed since this directory's last submission: source {submitted} → {new}"
-            in again.stdout), again.stdout
+    assert f"the code changed since this directory's last submission: source {submitted} → {new}" in again.stdout, (
+        again.stdout
+    )
     job2 = re.search(r"submitted Slurm job (\d+)", again.stdout).group(1)
     assert slurm_cluster.wait_done(job2, 120) == "FAILED"
     err = "".join(p.read_text() for p in (run / "submitit").glob(f"{job2}_*_log.err"))
@@ -315,7 +377,8 @@ def test_requeue_after_the_checkout_changed_runs_the_submitted_snapshot(
 
 
 def test_partition_preemption_with_grace_time_resumes_exactly(
-        each_slurm_cluster, container, digits_root, tmp_path, reference4):
+    each_slurm_cluster, container, digits_root, tmp_path, reference4
+):
     """A job of 2 nodes × 2 tasks with the training defaults in the preemptible partition; a job in
     the urgent partition takes both nodes: ours gets SIGTERM, checkpoints within the GraceTime, and
     is requeued once — by the batch shell on 22.05 (a job that ends inside its grace time is
@@ -323,12 +386,21 @@ def test_partition_preemption_with_grace_time_resumes_exactly(
     leaves it alone) — and resumes at that step once the urgent job is done, ending with the weights
     of an uninterrupted 4-rank run."""
     slurm_cluster = each_slurm_cluster
-    job = submit_job(slurm_cluster, container, digits_root, tmp_path, "pre", "--partition", PREEMPTIBLE,
-                     tasks_per_node=2)
+    job = submit_job(
+        slurm_cluster, container, digits_root, tmp_path, "pre", "--partition", PREEMPTIBLE, tasks_per_node=2
+    )
     run = tmp_path / "pre"
     wait_for_step(run, 12, 300)
-    urgent = slurm_cluster.run("sbatch", "--parsable", f"--partition={URGENT}", "-N2", "--exclusive",
-                               f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2").stdout.strip()
+    urgent = slurm_cluster.run(
+        "sbatch",
+        "--parsable",
+        f"--partition={URGENT}",
+        "-N2",
+        "--exclusive",
+        f"--output={tmp_path}/urgent-%j.out",
+        "--wrap",
+        "sleep 2",
+    ).stdout.strip()
     assert slurm_cluster.wait_done(urgent, 120) == "COMPLETED"
     assert slurm_cluster.wait_done(job, 400) == "COMPLETED"
     # one requeue, whoever made it: never two. Slurm logs the run it requeued itself as PREEMPTED (24.11),
@@ -349,15 +421,30 @@ def test_partition_preemption_with_grace_time_resumes_exactly(
     assert GRACE_TIME > 5  # the checkpoint fitted in the grace time: no SIGKILL, nothing lost
 
 
-def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(
-        slurm_cluster, container, digits_root, tmp_path):
+def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(slurm_cluster, container, digits_root, tmp_path):
     prof, env = container
     waiter = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof),
-         "--cluster-set", "slurm.max_requeues=0", "--nodes", "2", "--wait",
-         *digits_sets(digits_root, tmp_path, "cap", *SETS)],
-        env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "submit",
+            "--config",
+            "configs/digits_vit.yaml",
+            "--cluster",
+            str(prof),
+            "--cluster-set",
+            "slurm.max_requeues=0",
+            "--nodes",
+            "2",
+            "--wait",
+            *digits_sets(digits_root, tmp_path, "cap", *SETS),
+        ],
+        env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run = tmp_path / "cap"
     wait_for_step(run, 5, 300)
     job = json.loads((run / "job.json").read_text())["job_id"]
@@ -375,15 +462,37 @@ def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(
 def test_array_elements_sharing_a_node_rendezvous_apart(slurm_cluster, digits_root, tmp_path):
     """Two array elements whose rank 0 share n1, started by plain sbatch with the login shell's
     stale MASTER_ADDR/MASTER_PORT exported: each derives its own port from its SLURM_JOB_ID."""
-    wrap = ("export HPCTRAIN_SET=$(printf '[\"data.root=%s\", \"run.dir=%s\", \"run.name=arr%s\", "
-            "\"train.max_steps=6\", \"train.threads=1\", \"train.eval_every=0\"]' \"$DIGITS\" \"$RUNS\" "
-            "\"$SLURM_ARRAY_TASK_ID\"); exec bash \"$SBATCH_SCRIPT\"")
-    env = {"CONTAINER": "none", "HPCTRAIN_MODULES": "", "HPCTRAIN_CONFIG": str(ROOT / "configs/digits_vit.yaml"),
-           "DIGITS": str(digits_root), "RUNS": str(tmp_path), "SBATCH_SCRIPT": str(ROOT / "slurm" / "vit.sbatch"),
-           "MASTER_ADDR": "login-node.invalid", "MASTER_PORT": "1", "OMP_NUM_THREADS": "1"}
-    r = slurm_cluster.run("sbatch", "--parsable", "--array=0-1", "--nodes=1", "--ntasks-per-node=2",
-                          "--cpus-per-task=1", "--nodelist=n1", f"--partition={slurm_cluster.partition}",
-                          f"--output={tmp_path}/arr-%A_%a.out", "--wrap", wrap, env=env, cwd=tmp_path)
+    wrap = (
+        'export HPCTRAIN_SET=$(printf \'["data.root=%s", "run.dir=%s", "run.name=arr%s", '
+        '"train.max_steps=6", "train.threads=1", "train.eval_every=0"]\' "$DIGITS" "$RUNS" '
+        '"$SLURM_ARRAY_TASK_ID"); exec bash "$SBATCH_SCRIPT"'
+    )
+    env = {
+        "CONTAINER": "none",
+        "HPCTRAIN_MODULES": "",
+        "HPCTRAIN_CONFIG": str(ROOT / "configs/digits_vit.yaml"),
+        "DIGITS": str(digits_root),
+        "RUNS": str(tmp_path),
+        "SBATCH_SCRIPT": str(ROOT / "slurm" / "vit.sbatch"),
+        "MASTER_ADDR": "login-node.invalid",
+        "MASTER_PORT": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    r = slurm_cluster.run(
+        "sbatch",
+        "--parsable",
+        "--array=0-1",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=1",
+        "--nodelist=n1",
+        f"--partition={slurm_cluster.partition}",
+        f"--output={tmp_path}/arr-%A_%a.out",
+        "--wrap",
+        wrap,
+        env=env,
+        cwd=tmp_path,
+    )
     array = r.stdout.strip()
     for i in (0, 1):
         out = tmp_path / f"arr-{array}_{i}.out"
@@ -419,8 +528,14 @@ def test_sbatch_header_example_runs_as_written_on_a_cpu_only_cluster(slurm_clust
     shutil.copy(ROOT / "slurm" / "vit.sbatch", tmp_path / "slurm" / "vit.sbatch")
     cmd = header_example()
     assert "sbatch" in cmd and "slurm/vit.sbatch" in cmd
-    r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env={**slurm_cluster.env, "OMP_NUM_THREADS": "1"},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", "-c", cmd],
+        cwd=tmp_path,
+        env={**slurm_cluster.env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     job = r.stdout.split()[-1]
     early = hp(slurm_cluster, "status", job, cwd=tmp_path)

@@ -57,8 +57,9 @@ def test_each_private_name_used_exists_with_its_parameters(name):
     if want is None:  # an attribute (a property): its presence is the contract
         return
     params = list(inspect.signature(obj).parameters)
-    assert params[:len(want)] == list(want), (
-        f"{name}{inspect.signature(obj)}: launch/submitit_glue.py relies on the parameters {want}")
+    assert params[: len(want)] == list(want), (
+        f"{name}{inspect.signature(obj)}: launch/submitit_glue.py relies on the parameters {want}"
+    )
 
 
 def test_the_overrides_are_of_names_in_the_contract():

@@ -23,8 +23,9 @@ DIGITS = str(ROOT / "configs" / "digits_vit.yaml")
 def test_members_from_grids_and_a_sweep_file(tmp_path):
     grid = sweep.parse_grid(["optim.lr=1e-3,5e-4", "model.drop_path=0,0.1"])
     f = tmp_path / "s.yaml"
-    f.write_text("grid:\n  train.epochs: [2]\nruns:\n  - {optim.lr: 3.0e-4, data.hflip: 0.5}\n"
-                 "  - [\"optim.warmup_epochs=1\"]\n")
+    f.write_text(
+        'grid:\n  train.epochs: [2]\nruns:\n  - {optim.lr: 3.0e-4, data.hflip: 0.5}\n  - ["optim.warmup_epochs=1"]\n'
+    )
     fgrid, runs = sweep.read_sweep_file(f)
     sets = sweep.expand({**grid, **fgrid}, runs)
     assert sets[0] == ["optim.lr=1e-3", "model.drop_path=0", "train.epochs=2"] and len(sets) == 6
@@ -37,13 +38,16 @@ def test_members_from_grids_and_a_sweep_file(tmp_path):
     assert sweep.split_values("[1,2],3") == ["[1,2]", "3"]
 
 
-@pytest.mark.parametrize("sets, max_runs, words", [
-    ([["optim.lr=1e-3"], ["optim.lrr=1e-3"]], 64, ["sweep member 1 (optim.lrr=1e-3)", "optim.lr"]),
-    ([["optim.lr=1e-3"], ["model.drop_path=oops"]], 64, ["sweep member 1", "model.drop_path"]),
-    ([], 64, ["the sweep is empty"]),
-    ([[f"optim.lr={i}e-4"] for i in range(1, 5)], 3, ["4 members", "--max-runs 4"]),
-    ([["run.name=x"]], 64, ["sweep member 0", "run.name is set by the sweep"]),
-])
+@pytest.mark.parametrize(
+    "sets, max_runs, words",
+    [
+        ([["optim.lr=1e-3"], ["optim.lrr=1e-3"]], 64, ["sweep member 1 (optim.lrr=1e-3)", "optim.lr"]),
+        ([["optim.lr=1e-3"], ["model.drop_path=oops"]], 64, ["sweep member 1", "model.drop_path"]),
+        ([], 64, ["the sweep is empty"]),
+        ([[f"optim.lr={i}e-4"] for i in range(1, 5)], 3, ["4 members", "--max-runs 4"]),
+        ([["run.name=x"]], 64, ["sweep member 0", "run.name is set by the sweep"]),
+    ],
+)
 def test_bad_sweeps_refused_naming_the_member(tmp_path, sets, max_runs, words):
     with pytest.raises(ConfigError) as e:
         sweep.plan_members(DIGITS, [], sets, tmp_path / "sw", max_runs)
@@ -60,15 +64,38 @@ def test_bad_grid_flags_one_line():
 @pytest.mark.slow
 def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     """No Slurm controller: both members through the local executor, then the table."""
-    r = hpctrain("sweep", "--config", DIGITS, "--set", f"data.root={digits_root}", "--set", f"run.dir={tmp_path}",
-                 "--set", "train.max_steps=2", "--set", "train.eval_every=0", "--grid", "optim.lr=1e-3,5e-4",
-                 "--name", "loc", "--local-tasks", "1", "--max-parallel", "2", "--cluster-set", "slurm.qos=x",
-                 env={"SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""}, timeout=300)
+    r = hpctrain(
+        "sweep",
+        "--config",
+        DIGITS,
+        "--set",
+        f"data.root={digits_root}",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.eval_every=0",
+        "--grid",
+        "optim.lr=1e-3,5e-4",
+        "--name",
+        "loc",
+        "--local-tasks",
+        "1",
+        "--max-parallel",
+        "2",
+        "--cluster-set",
+        "slurm.qos=x",
+        env={"SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""},
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no Slurm: 2 runs one after another" in r.stdout
-    assert ("hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
-            "run one after another on this machine, so --max-parallel, --cluster-set (for a Slurm sweep) are "
-            "ignored\n") in r.stderr
+    assert (
+        "hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+        "run one after another on this machine, so --max-parallel, --cluster-set (for a Slurm sweep) are "
+        "ignored\n"
+    ) in r.stderr
     rec = json.loads((tmp_path / "loc" / "sweep.json").read_text())
     assert rec["executor"] == "local" and [m["name"] for m in rec["members"]] == ["00-lr1e-3", "01-lr5e-4"]
     ends = [metrics(tmp_path / "loc" / m["name"], "end")[-1] for m in rec["members"]]
@@ -80,14 +107,30 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     logs = hpctrain("logs", str(tmp_path / "loc"))  # a sweep has no log of its own: name a member
     assert logs.returncode == 2 and logs.stderr == (
         f"hpctrain: error: {tmp_path / 'loc'} is a sweep of 2 runs, each with its own logs: name one, e.g. hpctrain "
-        f"logs {tmp_path / 'loc' / '00-lr1e-3'} (all of them: hpctrain status {tmp_path / 'loc'})\n"), logs.stderr
+        f"logs {tmp_path / 'loc' / '00-lr1e-3'} (all of them: hpctrain status {tmp_path / 'loc'})\n"
+    ), logs.stderr
 
 
 @pytest.mark.slurm
 def test_bad_member_refused_before_submission(slurm_cluster, digits_root, tmp_path):
-    r = hp(slurm_cluster, "sweep", "--config", DIGITS, "--set", f"data.root={digits_root}", "--set",
-           f"run.dir={tmp_path}", "--grid", "optim.lr=1e-3,5e-4,-1", "--name", "badsweep",
-           "--cluster-set", "slurm.request_gpus=false", "--gpus-per-node", "1")
+    r = hp(
+        slurm_cluster,
+        "sweep",
+        "--config",
+        DIGITS,
+        "--set",
+        f"data.root={digits_root}",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--grid",
+        "optim.lr=1e-3,5e-4,-1",
+        "--name",
+        "badsweep",
+        "--cluster-set",
+        "slurm.request_gpus=false",
+        "--gpus-per-node",
+        "1",
+    )
     assert r.returncode == 2 and "sweep member 2 (optim.lr=-1)" in r.stderr, r.stdout + r.stderr
     assert r.stderr.count("\n") == 1 and not r.stdout
     assert not list(tmp_path.iterdir())  # no sweep dir, no run dirs
@@ -100,11 +143,38 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
     """4 members, 2 at a time; member 3 gets USR2 (`scancel --signal=USR2 <array>_3`), checkpoints,
     is requeued by its batch shell and resumes at its step while the others finish; then the table."""
     steps = 16
-    r = hp(slurm_cluster, "sweep", "--config", DIGITS, "--set", f"data.root={digits_root}", "--set",
-           f"run.dir={tmp_path}", "--set", f"train.max_steps={steps}", "--set", "train.log_every=1",
-           "--set", "train.threads=1", "--set", "train.ckpt_every=0", "--grid", "optim.lr=1e-3,5e-4",
-           "--grid", "model.drop_path=0,0.1", "--max-parallel", "2", "--gpus-per-node", "1", "--name", "sw",
-           "--cluster-set", "slurm.request_gpus=false", "--cluster-set", "slurm.time=10")
+    r = hp(
+        slurm_cluster,
+        "sweep",
+        "--config",
+        DIGITS,
+        "--set",
+        f"data.root={digits_root}",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        f"train.max_steps={steps}",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.threads=1",
+        "--set",
+        "train.ckpt_every=0",
+        "--grid",
+        "optim.lr=1e-3,5e-4",
+        "--grid",
+        "model.drop_path=0,0.1",
+        "--max-parallel",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--name",
+        "sw",
+        "--cluster-set",
+        "slurm.request_gpus=false",
+        "--cluster-set",
+        "slurm.time=10",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     array = re.search(r"submitted Slurm job array (\d+): 4 runs, 2 at a time", r.stdout).group(1)
     sw = tmp_path / "sw"
@@ -148,11 +218,13 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
 
 
 def test_compiled_members_share_the_sweeps_compile_cache(tmp_path):
-    members = sweep.plan_members(DIGITS, ["train.compile=true"], [["optim.lr=1e-3"], ["optim.lr=5e-4"]],
-                                 tmp_path / "sw")
+    members = sweep.plan_members(
+        DIGITS, ["train.compile=true"], [["optim.lr=1e-3"], ["optim.lr=5e-4"]], tmp_path / "sw"
+    )
     assert {m.cfg.train.compile_cache for m in members} == {str((tmp_path / "sw" / "compile_cache").resolve())}
-    mine = sweep.plan_members(DIGITS, ["train.compile=true", "train.compile_cache=/scratch/cc"], [["optim.lr=1e-3"]],
-                              tmp_path / "sw")
+    mine = sweep.plan_members(
+        DIGITS, ["train.compile=true", "train.compile_cache=/scratch/cc"], [["optim.lr=1e-3"]], tmp_path / "sw"
+    )
     assert mine[0].cfg.train.compile_cache == "/scratch/cc"
     plain = sweep.plan_members(DIGITS, [], [["optim.lr=1e-3"]], tmp_path / "sw")
     assert plain[0].cfg.train.compile_cache == ""

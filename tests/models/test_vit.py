@@ -37,9 +37,9 @@ TIMM_VIT_B16_TAIL = [
     ("head.weight", (1000, 768)),
     ("head.bias", (1000,)),
 ]
-TIMM_VIT_B16 = (TIMM_VIT_B16_HEAD
-                + [(f"blocks.{i}.{k}", s) for i in range(12) for k, s in TIMM_VIT_B16_BLOCK]
-                + TIMM_VIT_B16_TAIL)
+TIMM_VIT_B16 = (
+    TIMM_VIT_B16_HEAD + [(f"blocks.{i}.{k}", s) for i in range(12) for k, s in TIMM_VIT_B16_BLOCK] + TIMM_VIT_B16_TAIL
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +66,16 @@ def test_timm_state_dict_loads_strictly(vit_b16):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, params", [("vit_tiny", 5_717_416), ("vit_small", 22_050_664),
-                                          ("vit_large", 304_326_632)])
+@pytest.mark.parametrize(
+    "arch, params", [("vit_tiny", 5_717_416), ("vit_small", 22_050_664), ("vit_large", 304_326_632)]
+)
 def test_sizes_match_timm_parameter_counts(arch, params):
     m = ViT(**dict(zip(("depth", "width", "heads"), vitmod.ARCHS[arch])))
     assert sum(p.numel() for p in m.parameters()) == params
 
 
 def test_gap_sincos_variant_uses_timm_names():
-    m = ViT(img_size=32, patch_size=8, depth=2, width=64, heads=2, pool="avg", pos_embed="sincos",
-            num_classes=10)
+    m = ViT(img_size=32, patch_size=8, depth=2, width=64, heads=2, pool="avg", pos_embed="sincos", num_classes=10)
     keys = list(m.state_dict())
     assert "cls_token" not in keys and "fc_norm.weight" in keys and "norm.weight" not in keys
     assert m.state_dict()["pos_embed"].shape == (1, 16, 64)
@@ -121,9 +121,11 @@ def test_grad_checkpointing_gives_the_same_gradients():
 
 # ----------------------------------------------------------------- big_vision options (issue 13)
 
+
 def _tiny(**kw) -> ViT:
-    return ViT(img_size=32, patch_size=8, depth=2, width=64, heads=2, pool="avg", pos_embed="sincos",
-               num_classes=10, **kw)
+    return ViT(
+        img_size=32, patch_size=8, depth=2, width=64, heads=2, pool="avg", pos_embed="sincos", num_classes=10, **kw
+    )
 
 
 def test_pre_logits_is_a_named_dense_tanh_before_the_head():
@@ -220,21 +222,45 @@ def test_gap_norm_before_needs_average_pooling():
 def test_big_vision_init_follows_flax_initialisers():
     torch.manual_seed(0)
     d, hidden = 64, 128
-    m = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
-            pos_embed="sincos", num_classes=10, rep_size=d, init="big_vision")
+    m = ViT(
+        img_size=32,
+        patch_size=8,
+        depth=2,
+        width=d,
+        heads=2,
+        mlp_ratio=2.0,
+        pool="avg",
+        pos_embed="sincos",
+        num_classes=10,
+        rep_size=d,
+        init="big_vision",
+    )
     blk = m.blocks[0]
-    for w, fan_in, fan_out in [*((q, d, d) for q in blk.attn.qkv.weight.chunk(3)), (blk.attn.proj.weight, d, d),
-                               (blk.mlp.fc1.weight, d, hidden), (blk.mlp.fc2.weight, hidden, d)]:
+    for w, fan_in, fan_out in [
+        *((q, d, d) for q in blk.attn.qkv.weight.chunk(3)),
+        (blk.attn.proj.weight, d, d),
+        (blk.mlp.fc1.weight, d, hidden),
+        (blk.mlp.fc2.weight, hidden, d),
+    ]:
         bound = (6.0 / (fan_in + fan_out)) ** 0.5  # Xavier uniform: U(-bound, bound), std bound/sqrt(3)
         assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
-        assert w.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.06)
+        assert w.std().item() == pytest.approx(bound / 3**0.5, rel=0.06)
     assert torch.equal(blk.attn.qkv.bias, torch.zeros(3 * d))
     assert 0 < blk.mlp.fc1.bias.abs().max() < 1e-5  # N(0, 1e-6)
     for w, fan_in in [(m.patch_embed.proj.weight, 3 * 8 * 8), (m.pre_logits.fc.weight, d)]:
         std = (1.0 / fan_in) ** 0.5 / 0.87962566103423978  # LeCun normal, truncated at ±2σ
         assert w.abs().max() <= 2 * std and w.std().item() == pytest.approx((1.0 / fan_in) ** 0.5, rel=0.06)
-    timm_init = ViT(img_size=32, patch_size=8, depth=2, width=d, heads=2, mlp_ratio=2.0, pool="avg",
-                    pos_embed="sincos", num_classes=10)
+    timm_init = ViT(
+        img_size=32,
+        patch_size=8,
+        depth=2,
+        width=d,
+        heads=2,
+        mlp_ratio=2.0,
+        pool="avg",
+        pos_embed="sincos",
+        num_classes=10,
+    )
     assert timm_init.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
 
 
@@ -257,8 +283,20 @@ def test_mae_global_pool_keeps_the_class_token_out_of_the_average_then_fc_norm()
     stays in the sequence, x[:, 1:].mean(dim=1), then fc_norm) with timm's names (class_token=True,
     global_pool='avg', fc_norm=True: cls_token, a 1 + 16 position table, fc_norm, no norm)."""
     torch.manual_seed(0)
-    mc = load(None, ["model.img_size=32", "model.patch_size=8", "model.depth=2", "model.width=64", "model.heads=2",
-                     "model.num_classes=10", "model.pool=avg", "model.class_token=true", "model.fc_norm=true"]).model
+    mc = load(
+        None,
+        [
+            "model.img_size=32",
+            "model.patch_size=8",
+            "model.depth=2",
+            "model.width=64",
+            "model.heads=2",
+            "model.num_classes=10",
+            "model.pool=avg",
+            "model.class_token=true",
+            "model.fc_norm=true",
+        ],
+    ).model
     m = build_vit(mc)
     sd = m.state_dict()
     assert sd["cls_token"].shape == (1, 1, 64) and sd["pos_embed"].shape == (1, 17, 64)
@@ -279,16 +317,36 @@ def test_mae_global_pool_keeps_the_class_token_out_of_the_average_then_fc_norm()
     from hpctrain.memory import param_count
 
     assert sum(p.numel() for p in m.parameters()) == param_count(mc).trainable
-    assert model_flops(mc).fwd_macs > model_flops(load(None, [f"model.{k}={v}" for k, v in (
-        ("img_size", 32), ("patch_size", 8), ("depth", 2), ("width", 64), ("heads", 2), ("num_classes", 10),
-        ("pool", "avg"))]).model).fwd_macs  # one token more
+    assert (
+        model_flops(mc).fwd_macs
+        > model_flops(
+            load(
+                None,
+                [
+                    f"model.{k}={v}"
+                    for k, v in (
+                        ("img_size", 32),
+                        ("patch_size", 8),
+                        ("depth", 2),
+                        ("width", 64),
+                        ("heads", 2),
+                        ("num_classes", 10),
+                        ("pool", "avg"),
+                    )
+                ],
+            ).model
+        ).fwd_macs
+    )  # one token more
 
 
 def test_class_token_and_fc_norm_defaults_keep_the_existing_models():
     """null: pool=token → class token and the token norm (timm's default ViT); pool=avg → neither class
     token nor token norm, fc_norm after the average (timm class_token=False, global_pool='avg')."""
-    token = build_vit(load(None, ["model.depth=1", "model.width=64", "model.heads=2", "model.img_size=32",
-                                  "model.patch_size=8"]).model).state_dict()
+    token = build_vit(
+        load(
+            None, ["model.depth=1", "model.width=64", "model.heads=2", "model.img_size=32", "model.patch_size=8"]
+        ).model
+    ).state_dict()
     assert "cls_token" in token and "norm.weight" in token and "fc_norm.weight" not in token
     avg = _tiny().state_dict()
     assert "cls_token" not in avg and avg["pos_embed"].shape == (1, 16, 64) and "fc_norm.weight" in avg
@@ -308,8 +366,16 @@ def test_class_token_and_fc_norm_refuse_what_timm_cannot_build():
 
 def _init_model(init: str, **kw) -> ViT:
     torch.manual_seed(0)
-    sets = ["model.img_size=64", "model.patch_size=16", "model.depth=1", "model.width=256", "model.heads=4",
-            "model.num_classes=10", f"model.init={init}", *(f"model.{k}={v}" for k, v in kw.items())]
+    sets = [
+        "model.img_size=64",
+        "model.patch_size=16",
+        "model.depth=1",
+        "model.width=256",
+        "model.heads=4",
+        "model.num_classes=10",
+        f"model.init={init}",
+        *(f"model.{k}={v}" for k, v in kw.items()),
+    ]
     return build_vit(load(None, sets).model)
 
 
@@ -329,10 +395,10 @@ def test_deit_init_keeps_pytorchs_default_patch_embedding_conv():
     nn.Conv2d patch embedding keeps kaiming_uniform(a=√5), U(±1/√fan_in) → std 1/√(3·768) ≈ 0.0208 at
     patch 16, and a U(±1/√fan_in) bias; timm's current init is trunc_normal(std=√(1/fan_in)) ≈ 0.036, bias 0."""
     fan_in = 3 * 16 * 16
-    bound = fan_in ** -0.5
+    bound = fan_in**-0.5
     w, b = (_init_model("deit").patch_embed.proj.weight, _init_model("deit").patch_embed.proj.bias)
     assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound
-    assert w.std().item() == pytest.approx(bound / 3 ** 0.5, rel=0.02) == pytest.approx(0.0208, rel=0.02)
+    assert w.std().item() == pytest.approx(bound / 3**0.5, rel=0.02) == pytest.approx(0.0208, rel=0.02)
     assert b.abs().max() <= bound and b.abs().max() > 0.5 * bound
     timm_w = _init_model("timm").patch_embed.proj.weight
     assert timm_w.std().item() == pytest.approx(bound, rel=0.1)
@@ -349,19 +415,19 @@ def test_big_vision_gelu_is_the_tanh_approximation():
     """big_vision's MlpBlock calls flax nn.gelu (models/vit.py:75) = jax.nn.gelu(approximate=True):
     x/2 · (1 + tanh(√(2/π)(x + 0.044715 x³))); the timm and DeiT models keep the exact erf GELU."""
     x = torch.linspace(-4, 4, 101)
-    jax_tanh = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)))
-    erf = 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
+    jax_tanh = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+    erf = 0.5 * x * (1 + torch.erf(x / 2**0.5))
     act = _init_model("big_vision").blocks[0].mlp.act
     torch.testing.assert_close(act(x), jax_tanh, rtol=1e-6, atol=1e-6)
     assert (act(x) - erf).abs().max() > 1e-4
     for init in ("timm", "deit"):
         torch.testing.assert_close(_init_model(init).blocks[0].mlp.act(x), erf, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(_init_model("big_vision", gelu="exact").blocks[0].mlp.act(x), erf)
-    torch.testing.assert_close(_init_model("timm", gelu="tanh").blocks[0].mlp.act(x), jax_tanh, rtol=1e-6,
-                               atol=1e-6)
+    torch.testing.assert_close(_init_model("timm", gelu="tanh").blocks[0].mlp.act(x), jax_tanh, rtol=1e-6, atol=1e-6)
 
 
 # ----------------------------------------------------------------- dropout (issue 24 item 8)
+
 
 def _no_dropout_forward(m: ViT, x: torch.Tensor) -> torch.Tensor:
     """The forward as it was before model.drop_rate existed (no dropout anywhere), written out op by op
@@ -418,8 +484,9 @@ def test_drop_rate_places_dropout_as_the_vit_paper():
     Dense layers (dropout_rate); attention probabilities (attention_dropout_rate) through SDPA."""
     m = _drop_model(drop_rate=0.1, attn_drop_rate=0.05)
     drops = sorted(n for n, mod in m.named_modules() if isinstance(mod, torch.nn.Dropout))
-    assert drops == sorted(["pos_drop"] + [f"blocks.{i}.{s}" for i in range(2)
-                                           for s in ("attn.proj_drop", "mlp.drop1", "mlp.drop2")])
+    assert drops == sorted(
+        ["pos_drop"] + [f"blocks.{i}.{s}" for i in range(2) for s in ("attn.proj_drop", "mlp.drop1", "mlp.drop2")]
+    )
     assert all(mod.p == 0.1 for mod in m.modules() if isinstance(mod, torch.nn.Dropout))
     assert [b.attn.attn_drop for b in m.blocks] == [0.05, 0.05]
 
@@ -448,8 +515,9 @@ def test_timm_weights_load_into_a_model_with_dropout(vit_b16):
     m = ViT(drop_rate=0.1, attn_drop_rate=0.1)
     timm_like = {k: torch.randn(s) for k, s in TIMM_VIT_B16}
     m.load_state_dict(timm_like, strict=True)
-    assert [(k, tuple(v.shape)) for k, v in m.state_dict().items()] == \
-        [(k, tuple(v.shape)) for k, v in vit_b16.state_dict().items()]
+    assert [(k, tuple(v.shape)) for k, v in m.state_dict().items()] == [
+        (k, tuple(v.shape)) for k, v in vit_b16.state_dict().items()
+    ]
 
 
 def test_drop_rates_from_the_config_and_the_4k_recipe():

@@ -24,8 +24,19 @@ def test_parse_history_counts_interruptions_per_node_hour():
 
 
 def _sbatch(cluster, partition: str, nodes: int) -> str:
-    return cluster.run("sbatch", "--parsable", "-p", partition, f"-N{nodes}", "--exclusive", "--requeue",
-                       "-o", "/dev/null", "--wrap", "sleep 600").stdout.strip()
+    return cluster.run(
+        "sbatch",
+        "--parsable",
+        "-p",
+        partition,
+        f"-N{nodes}",
+        "--exclusive",
+        "--requeue",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 600",
+    ).stdout.strip()
 
 
 def _running(cluster, job: str, timeout: float = 30) -> None:
@@ -48,8 +59,9 @@ def _make_history(cluster) -> list[str]:
         b = _sbatch(cluster, PREEMPTIBLE, 1)
         _running(cluster, b)
         time.sleep(2)
-        urgent = cluster.run("sbatch", "--parsable", "-p", URGENT, "-N2", "--exclusive", "-o", "/dev/null",
-                             "--wrap", "true").stdout.strip()
+        urgent = cluster.run(
+            "sbatch", "--parsable", "-p", URGENT, "-N2", "--exclusive", "-o", "/dev/null", "--wrap", "true"
+        ).stdout.strip()
         cluster.wait_done(urgent, 60)
         cluster.run("scancel", b)
     finally:
@@ -71,10 +83,33 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     node_mtbf = hist.node_hours / 2
     # the submission reads the same window (slurm.mtbf_window_days) and hands the job its MTBF: 2 nodes → half
     days = f"slurm.mtbf_window_days={(time.time() - t0 + 1) / 86400:.8f}"
-    sets = digits_sets(digits_root, tmp_path, "auto", "train.ckpt_every=auto", "train.ckpt_auto_first=2",
-                       "train.max_steps=4", "train.log_every=1", "train.eval_every=0")
-    r = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", "--partition", PREEMPTIBLE, "--nodes", "2",
-           "--gpus-per-node", "1", "--cluster-set", days, *sets, "--wait", timeout=300)
+    sets = digits_sets(
+        digits_root,
+        tmp_path,
+        "auto",
+        "train.ckpt_every=auto",
+        "train.ckpt_auto_first=2",
+        "train.max_steps=4",
+        "train.log_every=1",
+        "train.eval_every=0",
+    )
+    r = hp(
+        slurm_cluster,
+        "submit",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--partition",
+        PREEMPTIBLE,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--cluster-set",
+        days,
+        *sets,
+        "--wait",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: train.ckpt_every=auto"))
     assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in line
@@ -87,16 +122,31 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
 
 LONG = ["--gpus-per-node", "1", "--set", "data.batch_size=32768", "--set", "train.accum_steps=256"]
 SHORT = ["--gpus-per-node", "1", "--set", "data.batch_size=256"]
-GRACE_LINE = re.compile(rf"hpctrain: warning: partition {PREEMPTIBLE} preempts \(PreemptMode=REQUEUE\) with "
-                        rf"GraceTime={GRACE_TIME} s from SIGTERM to SIGKILL, less than two steps plus a save "
-                        r"\(2 x (\S+) s step, hpctrain plan's estimate; (\S+) s save, [\d.]+ GB at "
-                        r"slurm\.ckpt_write_gbps=1\) = (\d+) s: .*ask the site for a GraceTime of at least \d+ s")
+GRACE_LINE = re.compile(
+    rf"hpctrain: warning: partition {PREEMPTIBLE} preempts \(PreemptMode=REQUEUE\) with "
+    rf"GraceTime={GRACE_TIME} s from SIGTERM to SIGKILL, less than two steps plus a save "
+    r"\(2 x (\S+) s step, hpctrain plan's estimate; (\S+) s save, [\d.]+ GB at "
+    r"slurm\.ckpt_write_gbps=1\) = (\d+) s: .*ask the site for a GraceTime of at least \d+ s"
+)
 
 
 def _dry(cluster, tmp_path, partition: str, *args: str, gpus: bool = True):
     gpu = ["--cluster-set", "slurm.request_gpus=true"] if gpus else []  # the plan models GPU steps
-    return hp(cluster, "submit", "--config", "configs/vit_b16_imagenet.yaml", "--dry-run", "--partition", partition,
-              *gpu, "--set", "data.loader=synthetic", "--set", f"run.dir={tmp_path}", *args)
+    return hp(
+        cluster,
+        "submit",
+        "--config",
+        "configs/vit_b16_imagenet.yaml",
+        "--dry-run",
+        "--partition",
+        partition,
+        *gpu,
+        "--set",
+        "data.loader=synthetic",
+        "--set",
+        f"run.dir={tmp_path}",
+        *args,
+    )
 
 
 def test_grace_time_shorter_than_two_steps_and_a_save_is_flagged(slurm_cluster, tmp_path):

@@ -27,8 +27,9 @@ ACCOUNT, LIMIT_NODE_MIN = "planacct", 1_000_000
 
 
 def _sbatch(cluster, partition: str, nodes: int, cmd: str, *extra: str) -> str:
-    return cluster.run("sbatch", "--parsable", "-p", partition, f"-N{nodes}", "--exclusive", "-o", "/dev/null",
-                       *extra, "--wrap", cmd).stdout.strip()
+    return cluster.run(
+        "sbatch", "--parsable", "-p", partition, f"-N{nodes}", "--exclusive", "-o", "/dev/null", *extra, "--wrap", cmd
+    ).stdout.strip()
 
 
 def _running(cluster, job: str, timeout: float = 30) -> None:
@@ -59,8 +60,23 @@ def _make_history(cluster, part: str) -> None:
 
 def _sacct_rows(cluster, part: str) -> list[dict[str, str]]:
     fields = ["JobIDRaw", "State", "NNodes", "Eligible", "Start", "End", "ElapsedRaw"]
-    out = cluster.run("sacct", "-X", "-D", "-a", "-n", "-P", "-r", part, "-S", "2020-01-01", "-E", "now",
-                      "-o", ",".join(fields), env={"SLURM_TIME_FORMAT": "standard"}).stdout
+    out = cluster.run(
+        "sacct",
+        "-X",
+        "-D",
+        "-a",
+        "-n",
+        "-P",
+        "-r",
+        part,
+        "-S",
+        "2020-01-01",
+        "-E",
+        "now",
+        "-o",
+        ",".join(fields),
+        env={"SLURM_TIME_FORMAT": "standard"},
+    ).stdout
     return [dict(zip(fields, ln.split("|"))) for ln in out.splitlines() if ln.strip()]
 
 
@@ -72,11 +88,29 @@ def _seconds(a: str, b: str) -> float:
 def history(slurm_cluster):
     """The partition with its history, and sacct's rows of it."""
     part = f"plan{random.randrange(10**6)}"
-    slurm_cluster.run("scontrol", "create", f"PartitionName={part}", f"Nodes={','.join(NODES)}", "MaxTime=INFINITE",
-                      "State=UP", "PriorityTier=1", "PreemptMode=REQUEUE", "GraceTime=0")
+    slurm_cluster.run(
+        "scontrol",
+        "create",
+        f"PartitionName={part}",
+        f"Nodes={','.join(NODES)}",
+        "MaxTime=INFINITE",
+        "State=UP",
+        "PriorityTier=1",
+        "PreemptMode=REQUEUE",
+        "GraceTime=0",
+    )
     run = slurm_cluster.run
-    run("sacctmgr", "-i", "add", "account", ACCOUNT, "Description=t", "Organization=t",
-        f"GrpTRESMins=node={LIMIT_NODE_MIN}", check=False)
+    run(
+        "sacctmgr",
+        "-i",
+        "add",
+        "account",
+        ACCOUNT,
+        "Description=t",
+        "Organization=t",
+        f"GrpTRESMins=node={LIMIT_NODE_MIN}",
+        check=False,
+    )
     run("sacctmgr", "-i", "add", "user", "root", f"account={ACCOUNT}", check=False)
     try:
         _make_history(slurm_cluster, part)
@@ -94,14 +128,28 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
     assert states.count("PREEMPTED") == 1 and states.count("NODE_FAIL") == 1, rows
     # by hand: Start − Eligible of every started allocation, per size class (1 node; 2-3 nodes)
     # (a job cancelled while pending has a Start, = its End, but ran for 0 s: not a wait that ended)
-    ran = [r for r in rows if r["Start"] not in ("Unknown", "None") and not
-           (r["State"].startswith("CANCELLED") and r["ElapsedRaw"] == "0")]
+    ran = [
+        r
+        for r in rows
+        if r["Start"] not in ("Unknown", "None") and not (r["State"].startswith("CANCELLED") and r["ElapsedRaw"] == "0")
+    ]
     waits = {n: [_seconds(r["Eligible"], r["Start"]) for r in ran if r["NNodes"] == str(n)] for n in (1, 2)}
     assert min(waits[1] + waits[2]) >= 0, rows
     assert len(waits[1]) >= 5 and len(waits[2]) >= 5 and max(waits[1] + waits[2]) > 0, waits  # some queued
     node_h = sum(int(r["NNodes"]) * int(r["ElapsedRaw"]) for r in rows) / 3600
-    r = hp(slurm_cluster, "plan", "--config", VIT_B, "--nodes", "1,2,4", "--partition", part, "--account", ACCOUNT,
-           "--json")
+    r = hp(
+        slurm_cluster,
+        "plan",
+        "--config",
+        VIT_B,
+        "--nodes",
+        "1,2,4",
+        "--partition",
+        part,
+        "--account",
+        ACCOUNT,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     opts = {o["nodes"]: o for o in out["options"]}
@@ -133,19 +181,36 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
     # the printed table says the same, and where each figure came from
     r = hp(slurm_cluster, "plan", "--config", VIT_B, "--nodes", "1,2,4", "--partition", part, "--account", ACCOUNT)
     assert r.returncode == 0, r.stderr
-    assert f"queue at 1 node(s): median of {len(waits[1])} jobs of 1 node that started (sacct, partition {part}" \
-        in r.stdout, r.stdout
+    assert (
+        f"queue at 1 node(s): median of {len(waits[1])} jobs of 1 node that started (sacct, partition {part}"
+        in r.stdout
+    ), r.stdout
     assert f"queue at 4 node(s): never: partition {part} has only 2 nodes" in r.stdout
     assert f"recommend: {best['nodes']} nodes: done" in r.stdout
     # submit prints the one line for the request it submits (a dry run too): GPU jobs with the training
-    r = hp(slurm_cluster, "submit", "--config", VIT_B, "--dry-run", "--partition", part, "--nodes", "2",
-           "--cluster-set", "slurm.request_gpus=true")
+    r = hp(
+        slurm_cluster,
+        "submit",
+        "--config",
+        VIT_B,
+        "--dry-run",
+        "--partition",
+        part,
+        "--nodes",
+        "2",
+        "--cluster-set",
+        "slurm.request_gpus=true",
+    )
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stderr.splitlines() if "time to result" in ln)
-    assert f"time to result: 2 node(s) on partition {part}: queue {statistics.median(waits[2]):.0f} s " \
-           f"(median of {len(waits[2])} jobs of 2-3 nodes" in line, line
+    assert (
+        f"time to result: 2 node(s) on partition {part}: queue {statistics.median(waits[2]):.0f} s "
+        f"(median of {len(waits[2])} jobs of 2-3 nodes" in line
+    ), line
     assert f"+ train {dur(opts[2]['train_s'])} + interruptions" in line, line
-    r = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", "--dry-run", "--partition", part,
-           "--nodes", "1")  # a CPU job: the queue alone
-    assert f"hpctrain: queue: 1 node(s) (1 node) on partition {part}: {statistics.median(waits[1]):.0f} s" \
-        in r.stderr, r.stderr
+    r = hp(
+        slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", "--dry-run", "--partition", part, "--nodes", "1"
+    )  # a CPU job: the queue alone
+    assert (
+        f"hpctrain: queue: 1 node(s) (1 node) on partition {part}: {statistics.median(waits[1]):.0f} s" in r.stderr
+    ), r.stderr

@@ -41,8 +41,9 @@ def test_sacct_rows_become_waits_per_power_of_two_size_class():
     two = queue_wait(hist, 3, min_jobs=2)  # 2 and 3 nodes share a class; job 14 never started
     assert two.seconds == pytest.approx((30 + 570) / 2) and two.n == 2
     few = queue_wait(hist, 8, min_jobs=2)
-    assert few.seconds is None and few.source == ("unknown: 1 jobs of 8-15 nodes that started (sacct, partition "
-                                                  "gpu, last 14 days), fewer than 2")
+    assert few.seconds is None and few.source == (
+        "unknown: 1 jobs of 8-15 nodes that started (sacct, partition gpu, last 14 days), fewer than 2"
+    )
     assert queue_wait(History("gpu", 14, None), 1).source.startswith("unknown: sacct does not answer")
     assert requeue_waits(allocs) == [600.0]  # job 13: End 10:30:30 → next Start 10:40:30
     assert requeue_wait(hist, 2, min_jobs=1).seconds == 600
@@ -56,8 +57,10 @@ def test_interruption_rate_and_expected_loss():
     rate = node_rate(History("gpu", 14, tuple(allocs)), profile)
     node_h = (3 * 3600 + 2 * 1800 + 2 * 3600 + 8 * 3600) / 3600  # Σ NNodes × ElapsedRaw
     assert rate.node_mtbf_h == pytest.approx(node_h / 3) and not rate.upper_bound  # TIMEOUT, PREEMPTED, NODE_FAIL
-    assert rate.source.startswith(f"1 preemptions, 1 node failures, 1 time limits in {node_h:g} node-hours of 8 "
-                                  "allocations (sacct, partition gpu, last 14 days): 4.67 node-hours per interruption")
+    assert rate.source.startswith(
+        f"1 preemptions, 1 node failures, 1 time limits in {node_h:g} node-hours of 8 "
+        "allocations (sacct, partition gpu, last 14 days): 4.67 node-hours per interruption"
+    )
     cfg = load(VIT_B, ["train.ckpt_every=auto"])
     requeue = Figure(600.0, "test")
     loss = expected_loss(cfg, profile, Rate(10.0, "t"), 4, train_s=36000.0, step_s=1.0, requeue=requeue)
@@ -69,26 +72,54 @@ def test_interruption_rate_and_expected_loss():
     fixed = expected_loss(load(VIT_B, ["train.ckpt_every=500"]), profile, Rate(10.0, "t"), 4, 36000.0, 2.0, requeue)
     assert fixed.seconds == pytest.approx(36000 / 1000 * loss_save + 36000 / m * (1000 / 2 + 600))
     assert expected_loss(cfg, profile, Rate(None, "unknown: x"), 4, 1.0, 1.0, requeue).seconds is None
-    none_seen = node_rate(History("gpu", 14, tuple(parse_sacct(SACCT.replace("PREEMPTED", "COMPLETED")
-                                                                .replace("NODE_FAIL", "COMPLETED")
-                                                                .replace("TIMEOUT", "COMPLETED")))), profile)
+    none_seen = node_rate(
+        History(
+            "gpu",
+            14,
+            tuple(
+                parse_sacct(
+                    SACCT.replace("PREEMPTED", "COMPLETED")
+                    .replace("NODE_FAIL", "COMPLETED")
+                    .replace("TIMEOUT", "COMPLETED")
+                )
+            ),
+        ),
+        profile,
+    )
     assert none_seen.upper_bound and none_seen.source.endswith(f"at least {node_h:.3g} node-hours per interruption")
     assert node_rate(History("gpu", 14, ()), load_profile("local", ["slurm.node_mtbf_hours=500"])).node_mtbf_h == 500
 
 
 def _opt(nodes: int, train_h: float, queue_h: float | None, loss_h: float = 0.0, n: int = 23, **kw) -> Option:
     what = f"{n} jobs of {nodes}-{2 * nodes - 1} nodes that started (sacct)"
-    q = Figure(queue_h * 3600, f"median of {what}", n) if queue_h is not None else \
-        Figure(None, f"unknown: {what}, fewer than 5", n)
-    return Option(nodes, 8 * nodes, 4096 // (8 * nodes), 1.0, 0.9, train_h * 3600, train_h * 8 * nodes, q,
-                  Loss(loss_h * 3600, "t"), None, "", **kw)
+    q = (
+        Figure(queue_h * 3600, f"median of {what}", n)
+        if queue_h is not None
+        else Figure(None, f"unknown: {what}, fewer than 5", n)
+    )
+    return Option(
+        nodes,
+        8 * nodes,
+        4096 // (8 * nodes),
+        1.0,
+        0.9,
+        train_h * 3600,
+        train_h * 8 * nodes,
+        q,
+        Loss(loss_h * 3600, "t"),
+        None,
+        "",
+        **kw,
+    )
 
 
 def test_recommendation_names_what_made_the_difference():
     rec, why = recommend([_opt(4, 60, 1), _opt(8, 30, 1), _opt(16, 24, 14)])
     assert rec.nodes == 8
-    assert why == ("8 nodes: done in 31.0 h vs 38.0 h for 16, which waits ~14.0 h in the queue (median of 23 jobs "
-                   "of 16-31 nodes that started (sacct))")
+    assert why == (
+        "8 nodes: done in 31.0 h vs 38.0 h for 16, which waits ~14.0 h in the queue (median of 23 jobs "
+        "of 16-31 nodes that started (sacct))"
+    )
     rec, why = recommend([_opt(8, 30, 1), _opt(16, 16, 1, loss_h=20)])
     assert rec.nodes == 8 and why.endswith("for 16, which loses ~20.0 h to interruptions")
     rec, why = recommend([_opt(8, 30, 1), _opt(16, 16, 2)])
@@ -101,8 +132,9 @@ def test_recommendation_names_what_made_the_difference():
 
 def test_allocation_share_against_grp_tres_mins():
     assert tres("cpu=10,gres/gpu=4,bad,mem=x") == {"cpu": 10.0, "gres/gpu": 4.0}
-    alloc = Allocation("a", "u", "0", "0.5", {"gres/gpu": 60_000.0}, "account a", {"gres/gpu": 20_000.0},
-                       {"gres/gpu": 10_000.0})
+    alloc = Allocation(
+        "a", "u", "0", "0.5", {"gres/gpu": 60_000.0}, "account a", {"gres/gpu": 20_000.0}, {"gres/gpu": 10_000.0}
+    )
     frac, how = share(alloc, nodes=2, gpus_per_node=8, cpus_per_node=0, hours=10)
     assert frac == pytest.approx(2 * 8 * 10 * 60 / 30_000) and how == "gres/gpu-minutes: needs 9,600 of the 30,000 left"
     assert share(Allocation("a", "u", limit={"billing": 5.0}), 2, 8, 0, 1.0)[0] is None
@@ -126,12 +158,15 @@ def test_plan_without_slurm_keeps_the_training_columns_and_says_the_queue_is_unk
     assert "time to result unknown: --cluster none" in out["recommend"]["reason"]
     # no Slurm client on PATH at all (the example-ib profile names partition gpu)
     (tmp_path / "bin").mkdir()
-    r = hpctrain("plan", "--config", VIT_B, "--nodes", "8", "--cluster", "example-ib",
-                 env={"PATH": str(tmp_path / "bin")})
+    r = hpctrain(
+        "plan", "--config", VIT_B, "--nodes", "8", "--cluster", "example-ib", env={"PATH": str(tmp_path / "bin")}
+    )
     assert r.returncode == 0, r.stderr
     assert "per-GPU batch 16; predicted" in r.stdout and "time to result (no partition):" in r.stdout
-    assert "queue at 1,2,4,8,16 node(s): unknown: no Slurm here (sacct and sinfo do not answer for partition gpu)" \
-        in r.stdout, r.stdout
+    assert (
+        "queue at 1,2,4,8,16 node(s): unknown: no Slurm here (sacct and sinfo do not answer for partition gpu)"
+        in r.stdout
+    ), r.stdout
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "4,x")
     assert r.returncode == 2 and "invalid node count or comma-separated list (e.g. 4,8,16) value: '4,x'" in r.stderr
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "4", "--history-days", "0")

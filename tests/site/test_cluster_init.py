@@ -28,8 +28,10 @@ def test_parsers_of_slurm_records():
     assert ci.pick_module(["apptainer/1.2.5", "apptainer/1.10.0", "cuda/12.4"], "apptainer") == "apptainer/1.10.0"
 
 
-@pytest.mark.parametrize("fixture, kind, port", [("dgx_h100", "ib", "mlx5_11:1 ACTIVE InfiniBand"),
-                                                 ("roce_node", "roce", "mlx5_0:1 ACTIVE Ethernet")])
+@pytest.mark.parametrize(
+    "fixture, kind, port",
+    [("dgx_h100", "ib", "mlx5_11:1 ACTIVE InfiniBand"), ("roce_node", "roce", "mlx5_0:1 ACTIVE Ethernet")],
+)
 def test_probe_fabric_section_from_doctor_json(request, capsys, fixture, kind, port):
     """What `--probe` does with the compute node's `hpctrain doctor --json` (here: against fake sysfs)."""
     _, out = run_cli(capsys, "doctor", "--json", "--sysfs-root", str(request.getfixturevalue(fixture)))
@@ -65,8 +67,17 @@ def site(slurm_cluster):
     run = slurm_cluster.run
     run("sacctmgr", "-i", "add", "qos", *QOS, check=False)  # exists already on a second use
     run("sacctmgr", "-i", "add", "account", ACCOUNT, "Description=test", "Organization=test", check=False)
-    run("sacctmgr", "-i", "add", "user", "root", f"account={ACCOUNT}", f"qos={','.join(QOS)}",
-        f"defaultqos={QOS[0]}", check=False)
+    run(
+        "sacctmgr",
+        "-i",
+        "add",
+        "user",
+        "root",
+        f"account={ACCOUNT}",
+        f"qos={','.join(QOS)}",
+        f"defaultqos={QOS[0]}",
+        check=False,
+    )
     run("sacctmgr", "-i", "modify", "user", "root", "set", f"defaultaccount={ACCOUNT}")
     yield
     run("sacctmgr", "-i", "modify", "user", "root", "set", "defaultaccount=root")
@@ -77,9 +88,11 @@ def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
     mods = tmp_path / "modulefiles"
     # each runtime module puts a stand-in on PATH that answers --version as the real one does: the
     # newest apptainer, and a SingularityCE whose module must not reach a profile that runs apptainer
-    tools = {"apptainer/1.2.5": ("apptainer", "apptainer version 1.2.5"),
-             "apptainer/1.3.4": ("apptainer", "apptainer version 1.3.4"),
-             "singularity/4.1.0": ("singularity", "singularity-ce version 4.1.0")}
+    tools = {
+        "apptainer/1.2.5": ("apptainer", "apptainer version 1.2.5"),
+        "apptainer/1.3.4": ("apptainer", "apptainer version 1.3.4"),
+        "singularity/4.1.0": ("singularity", "singularity-ce version 4.1.0"),
+    }
     for name in (*tools, "cuda/12.4"):
         (mods / name).parent.mkdir(parents=True, exist_ok=True)
         lua = 'setenv("HPCTRAIN_TEST_MODULE", "1")\n'
@@ -109,14 +122,30 @@ def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
     for line in text.splitlines():  # every value says where it came from
         if re.match(r"^\s*\w+: ", line) and not line.startswith("name:"):
             assert " # " in line, line
-    assert "review: partition gpu" in r.stdout and "review: qos hpc-normal; account hpcsite may also use: hpc-long" \
-        in r.stdout
+    assert (
+        "review: partition gpu" in r.stdout
+        and "review: qos hpc-normal; account hpcsite may also use: hpc-long" in r.stdout
+    )
     # `--cluster site` finds it; the job it makes is one the controller would run
-    dry = hp(slurm_cluster, "submit", "--cluster", "site", "--config", "configs/digits_vit.yaml",
-             "--set", f"run.dir={tmp_path}", "--dry-run", env=env)
+    dry = hp(
+        slurm_cluster,
+        "submit",
+        "--cluster",
+        "site",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--dry-run",
+        env=env,
+    )
     assert dry.returncode == 0, dry.stderr
-    for line in (f"#SBATCH --partition={GPU_PARTITION}", f"#SBATCH --gpus-per-node={GPUS_PER_NODE}",
-                 f"#SBATCH --account={ACCOUNT}", f"#SBATCH --qos={QOS[0]}"):
+    for line in (
+        f"#SBATCH --partition={GPU_PARTITION}",
+        f"#SBATCH --gpus-per-node={GPUS_PER_NODE}",
+        f"#SBATCH --account={ACCOUNT}",
+        f"#SBATCH --qos={QOS[0]}",
+    ):
         assert line in dry.stdout
     (tmp_path / "job.sh").write_text(dry.stdout)
     test = slurm_cluster.run("sbatch", "--test-only", str(tmp_path / "job.sh"), cwd=tmp_path, check=False)

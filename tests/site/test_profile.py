@@ -54,26 +54,28 @@ def test_fabric_env_per_kind_and_overrides():
     sock = fabric_env(load_profile("local"))
     assert sock["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in sock
     # every value can be overridden: fabric keys, then the profile's env mapping wins
-    p = load_profile("example-ib", ["fabric.ib_timeout=18", "env.NCCL_IB_HCA=mlx5_4",
-                                    "fabric.nccl_debug=INFO"])
+    p = load_profile("example-ib", ["fabric.ib_timeout=18", "env.NCCL_IB_HCA=mlx5_4", "fabric.nccl_debug=INFO"])
     env = fabric_env(p)
     assert (env["NCCL_IB_TIMEOUT"], env["NCCL_IB_HCA"], env["NCCL_DEBUG"]) == ("18", "mlx5_4", "INFO")
 
 
-@pytest.mark.parametrize("bad, word", [
-    (["fabric.kind=infini"], "not one of ib, roce, socket"),
-    (["slurm.partiton=gpu"], "did you mean slurm.'partition'"),
-    (["modules=[cuda; rm -rf /]"], "not a module name"),
-    (["env.A B=1"], "not a valid environment variable name"),
-    (["container.image="], "container.image is empty"),
-    (["slurm.time=soon"], "HH:MM:SS"),
-    (["fabric.hcas=[=mlx5_0]"], r"fabric.hcas: '=mlx5_0' is not an HCA port"),
-    (["fabric.hcas=[mlx5_0:x]"], r"fabric.hcas: 'mlx5_0:x' is not an HCA port"),
-    (["fabric.hcas=['mlx5_0,mlx5_1']"], r"fabric.hcas: 'mlx5_0,mlx5_1' is not an HCA port"),
-    (["fabric.hcas=[mlx5_0:0]"], r"optionally with its port \(mlx5_0 or mlx5_0:2\)"),
-    (["fabric.ifname=ib0 eth0"], "not an NCCL_SOCKET_IFNAME pattern"),
-    (["fabric.gid_index=-2"], "must be >= -1"),
-])
+@pytest.mark.parametrize(
+    "bad, word",
+    [
+        (["fabric.kind=infini"], "not one of ib, roce, socket"),
+        (["slurm.partiton=gpu"], "did you mean slurm.'partition'"),
+        (["modules=[cuda; rm -rf /]"], "not a module name"),
+        (["env.A B=1"], "not a valid environment variable name"),
+        (["container.image="], "container.image is empty"),
+        (["slurm.time=soon"], "HH:MM:SS"),
+        (["fabric.hcas=[=mlx5_0]"], r"fabric.hcas: '=mlx5_0' is not an HCA port"),
+        (["fabric.hcas=[mlx5_0:x]"], r"fabric.hcas: 'mlx5_0:x' is not an HCA port"),
+        (["fabric.hcas=['mlx5_0,mlx5_1']"], r"fabric.hcas: 'mlx5_0,mlx5_1' is not an HCA port"),
+        (["fabric.hcas=[mlx5_0:0]"], r"optionally with its port \(mlx5_0 or mlx5_0:2\)"),
+        (["fabric.ifname=ib0 eth0"], "not an NCCL_SOCKET_IFNAME pattern"),
+        (["fabric.gid_index=-2"], "must be >= -1"),
+    ],
+)
 def test_bad_profiles_name_the_problem(bad, word):
     with pytest.raises(ConfigError, match=word) as e:
         load_profile("example-ib", bad)
@@ -81,8 +83,7 @@ def test_bad_profiles_name_the_problem(bad, word):
 
 
 def test_time_limits():
-    assert [time_minutes(t) for t in ("90", "10:30", "24:00:00", "2-00:00:00", "1-2")] == \
-        [90, 11, 1440, 2880, 1560]
+    assert [time_minutes(t) for t in ("90", "10:30", "24:00:00", "2-00:00:00", "1-2")] == [90, 11, 1440, 2880, 1560]
 
 
 def test_module_lines_find_the_module_system_as_sites_have_it(tmp_path):
@@ -97,12 +98,14 @@ def test_module_lines_find_the_module_system_as_sites_have_it(tmp_path):
     (fake / "bash").write_text('module() { echo "site module $*"; }\n')
     script = "\n".join(["HPCTRAIN_MODULES=", *module_lines(["a/1", "b"])]) + "\n"
     env = {"PATH": "/usr/bin:/bin", "LMOD_PKG": str(tmp_path / "lmod"), "HPCTRAIN_MODULES": "a/1 b"}
-    r = subprocess.run(["bash", "-c", script.replace("HPCTRAIN_MODULES=\n", "")], env=env, capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ["bash", "-c", script.replace("HPCTRAIN_MODULES=\n", "")], env=env, capture_output=True, text=True
+    )
     assert r.stdout.strip() == "site module load a/1 b", r.stdout + r.stderr
     env = {"PATH": "/usr/bin:/bin", "MODULESHOME": str(tmp_path / "lmod")}
-    r = subprocess.run(["bash", "-c", script.replace("HPCTRAIN_MODULES=\n", "")], env=env, capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ["bash", "-c", script.replace("HPCTRAIN_MODULES=\n", "")], env=env, capture_output=True, text=True
+    )
     assert r.stdout.strip() == "site module load a/1 b", r.stdout + r.stderr
 
 
@@ -110,7 +113,7 @@ def test_job_modules_follow_the_runtime():
     """Container jobs load `container_modules` (e.g. apptainer), host-Python jobs `modules`."""
     lines = job_module_lines(["cuda/12.4"], ["apptainer"], [], False)
     for runtime, loaded in (("none", "cuda/12.4"), ("apptainer", "apptainer")):
-        script = "\n".join([f"CONTAINER={runtime}", "module() { echo \"module $*\"; }", *lines])
+        script = "\n".join([f"CONTAINER={runtime}", 'module() { echo "module $*"; }', *lines])
         r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
         assert r.stdout.strip() == f"module load {loaded}", r.stdout + r.stderr
     ib = load_profile("example-ib")
@@ -131,16 +134,22 @@ def test_plan_refuses_impossible_requests():
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
-@pytest.mark.parametrize("args, fix", [
-    (["--nodes", "0"], "use --nodes 1 or more"),
-    (["--nodes", "2", "--gpus-per-node", "9"], "use --gpus-per-node 8 with --nodes 3"),
-    (["--nodes", "2", "--cluster-set", "container.image=/nonexistent/x.sif"],
-     "container.image '/nonexistent/x.sif' does not exist: build or copy the image there"),
-])
+@pytest.mark.parametrize(
+    "args, fix",
+    [
+        (["--nodes", "0"], "use --nodes 1 or more"),
+        (["--nodes", "2", "--gpus-per-node", "9"], "use --gpus-per-node 8 with --nodes 3"),
+        (
+            ["--nodes", "2", "--cluster-set", "container.image=/nonexistent/x.sif"],
+            "container.image '/nonexistent/x.sif' does not exist: build or copy the image there",
+        ),
+    ],
+)
 def test_cli_impossible_requests_fail_before_submission(args, fix, tmp_path):
     """Nothing reaches sbatch: the error is one line with the fix, exit status 2."""
     r = cli("submit", "--cluster", "example-ib", "--set", f"run.dir={tmp_path}", *args)

@@ -35,12 +35,30 @@ def dry_run_srun_args(tmp_path: Path, runtime: str) -> tuple[list[str], dict[str
     image = tmp_path / ("image.sqsh" if runtime == "pyxis" else "image.sif")
     image.write_bytes(b"fake")
     prof = tmp_path / "site.yaml"
-    prof.write_text(yaml.safe_dump({
-        "name": "site", "slurm": {"request_gpus": False, "gpus_per_node": 2, "max_gpus_per_node": 2},
-        "container": {"runtime": runtime, "image": str(image), "binds": ["/datasets:/datasets:ro"]}}))
+    prof.write_text(
+        yaml.safe_dump(
+            {
+                "name": "site",
+                "slurm": {"request_gpus": False, "gpus_per_node": 2, "max_gpus_per_node": 2},
+                "container": {"runtime": runtime, "image": str(image), "binds": ["/datasets:/datasets:ro"]},
+            }
+        )
+    )
     data, runs = tmp_path / "data", tmp_path / "runs"
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster", str(prof), "--dry-run",
-                 "--set", f"data.root={data}", "--set", f"run.dir={runs}", "--set", "run.name=r")
+    r = hpctrain(
+        "submit",
+        "--config",
+        "configs/digits_vit.yaml",
+        "--cluster",
+        str(prof),
+        "--dry-run",
+        "--set",
+        f"data.root={data}",
+        "--set",
+        f"run.dir={runs}",
+        "--set",
+        "run.name=r",
+    )
     assert r.returncode == 0, r.stderr
     snap = runs / "r" / "code" / source_hash() / "hpctrain"
     snap.mkdir(parents=True)  # where the submission would have put the code snapshot
@@ -50,14 +68,25 @@ def dry_run_srun_args(tmp_path: Path, runtime: str) -> tuple[list[str], dict[str
     (bindir / "srun").chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SRUN_ARGS": str(tmp_path / "args"),
-           "SRUN_ENV": str(tmp_path / "env"), "PYTHONPATH": "/a/module/site-packages"}
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "42",
+        "SRUN_ARGS": str(tmp_path / "args"),
+        "SRUN_ENV": str(tmp_path / "env"),
+        "PYTHONPATH": "/a/module/site-packages",
+    }
     run = subprocess.run(["bash", "-c", r.stdout], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     args = (tmp_path / "args").read_text().split("\0")[:-1]
     srun_env = dict(kv.split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
-    paths = {"image": str(image), "data": str(data), "run": str(runs), "snap": str(snap), "work": str(work),
-             "folder": str(runs / "r" / "submitit")}
+    paths = {
+        "image": str(image),
+        "data": str(data),
+        "run": str(runs),
+        "snap": str(snap),
+        "work": str(work),
+        "folder": str(runs / "r" / "submitit"),
+    }
     return args, srun_env, paths
 
 
@@ -77,21 +106,45 @@ def test_dry_run_starts_each_task_with_its_runtimes_command_line(tmp_path, runti
     if runtime in ("apptainer", "singularity"):
         prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
         wrapper = args[2 + len(logs) + 2]
-        assert args[2:] == [*logs, "bash", "-c", wrapper, "hpctrain-task", runtime, "exec", "--nv", "--cleanenv",
-                            *[x for b in binds for x in ("--bind", b)],
-                            "--bind", f"{p['snap']}:/opt/hpctrain-src/hpctrain:ro", p["image"], "python3", *task]
+        assert args[2:] == [
+            *logs,
+            "bash",
+            "-c",
+            wrapper,
+            "hpctrain-task",
+            runtime,
+            "exec",
+            "--nv",
+            "--cleanenv",
+            *[x for b in binds for x in ("--bind", b)],
+            "--bind",
+            f"{p['snap']}:/opt/hpctrain-src/hpctrain:ro",
+            p["image"],
+            "python3",
+            *task,
+        ]
         assert f"hpctrain_prefix={prefix}\n" in wrapper and '"SLURM_*" ' in wrapper  # values, then cleanenv.sh
         assert 'export "$hpctrain_prefix$v=${!v}"' in wrapper
         assert env[f"{prefix}PYTHONPATH"] == "/opt/hpctrain-src" and env[f"{prefix}PYTHONNOUSERSITE"] == "1"
         other = "SINGULARITYENV_" if runtime == "apptainer" else "APPTAINERENV_"
         assert not [k for k in env if k.startswith(other)]
     elif runtime == "pyxis":
-        mounts = ",".join([*binds[:1], *(f"{b}:{b}" for b in binds[1:]), p["work"],
-                           f"{p['snap']}:/opt/hpctrain-src/hpctrain:ro"])
+        mounts = ",".join(
+            [*binds[:1], *(f"{b}:{b}" for b in binds[1:]), p["work"], f"{p['snap']}:/opt/hpctrain-src/hpctrain:ro"]
+        )
         wrapper = args[5 + len(logs) + 2]
-        assert args[2:] == [f"--container-image={p['image']}", f"--container-mounts={mounts}",
-                            f"--container-workdir={p['work']}", *logs, "bash", "-c", wrapper, "hpctrain-task",
-                            "python3", *task]
+        assert args[2:] == [
+            f"--container-image={p['image']}",
+            f"--container-mounts={mounts}",
+            f"--container-workdir={p['work']}",
+            *logs,
+            "bash",
+            "-c",
+            wrapper,
+            "hpctrain-task",
+            "python3",
+            *task,
+        ]
         assert "--nv" not in args and "/etc/environment" in wrapper and "hpctrain_mount=/opt/hpctrain-src\n" in wrapper
         assert "export PYTHONPATH=$hpctrain_mount" in wrapper
     else:
@@ -108,9 +161,18 @@ def test_pyxis_env_wrapper_keeps_the_images_variables_and_the_allow_list(tmp_pat
     etc = tmp_path / "environment"
     etc.write_text("PATH=/usr/local/nvidia/bin:/usr/bin:/bin\nexport CUDA_VERSION=12.3\nLD_LIBRARY_PATH=/img/lib\n")
     prog = image_env_wrapper(["MY_*"], "/opt/src").replace("/etc/environment", str(etc))
-    env = {"PATH": "/usr/bin:/bin", "CUDA_VERSION": "12.3", "LD_LIBRARY_PATH": "/img/lib", "CUDA_HOME": "/host/cuda",
-           "PYTHONPATH": "/host/module", "SLURM_PROCID": "3", "NCCL_DEBUG": "INFO", "MY_FLAG": "1",
-           "HPCTRAIN_SOURCE": "/x/hpctrain", "RANDOM_HOST_VAR": "x"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CUDA_VERSION": "12.3",
+        "LD_LIBRARY_PATH": "/img/lib",
+        "CUDA_HOME": "/host/cuda",
+        "PYTHONPATH": "/host/module",
+        "SLURM_PROCID": "3",
+        "NCCL_DEBUG": "INFO",
+        "MY_FLAG": "1",
+        "HPCTRAIN_SOURCE": "/x/hpctrain",
+        "RANDOM_HOST_VAR": "x",
+    }
     r = subprocess.run(["bash", "-c", prog, "task", "env"], env=env, capture_output=True, text=True, timeout=30)
     got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
     for k in ("CUDA_VERSION", "LD_LIBRARY_PATH", "SLURM_PROCID", "NCCL_DEBUG", "MY_FLAG", "HPCTRAIN_SOURCE"):
@@ -120,8 +182,9 @@ def test_pyxis_env_wrapper_keeps_the_images_variables_and_the_allow_list(tmp_pat
 
 
 def test_unknown_runtime_names_the_allowed_values(tmp_path):
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", "--cluster-set", "container.runtime=docker",
-                 "--dry-run")
+    r = hpctrain(
+        "submit", "--config", "configs/digits_vit.yaml", "--cluster-set", "container.runtime=docker", "--dry-run"
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "container.runtime='docker' is not one of apptainer, singularity, pyxis, none" in r.stderr
 
@@ -130,11 +193,21 @@ def test_pyxis_refuses_what_its_mounts_cannot_express(tmp_path):
     image = tmp_path / "i.sqsh"
     image.write_bytes(b"x")
     sets = ["--cluster-set", "container.runtime=pyxis", "--cluster-set", f"container.image={image}"]
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", *sets, "--set", "data.stage_to=$TMPDIR/s",
-                 "--set", f"run.dir={tmp_path}", "--dry-run")
+    r = hpctrain(
+        "submit",
+        "--config",
+        "configs/digits_vit.yaml",
+        *sets,
+        "--set",
+        "data.stage_to=$TMPDIR/s",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--dry-run",
+    )
     assert r.returncode == 2 and "data.stage_to='$TMPDIR/s' is not supported with container.runtime pyxis" in r.stderr
-    r = hpctrain("submit", "--config", "configs/digits_vit.yaml", *sets, "--set", f"run.dir={tmp_path}/a,b",
-                 "--dry-run")
+    r = hpctrain(
+        "submit", "--config", "configs/digits_vit.yaml", *sets, "--set", f"run.dir={tmp_path}/a,b", "--dry-run"
+    )
     assert r.returncode == 2 and "holds ','" in r.stderr, r.stderr
 
 
@@ -154,13 +227,26 @@ def test_detect_tells_apptainer_from_singularityce_and_finds_pyxis(tmp_path, mon
     assert found[0].evidence == "singularity --version: singularity-ce version 4.1.0"
 
 
-@pytest.mark.parametrize("image, runtime", [("/img/x.sif", "singularity"), ("/img/x.sqsh", "pyxis"),
-                                            ("nvcr.io#nvidia/pytorch:23.12-py3", "pyxis"), ("", "none")])
+@pytest.mark.parametrize(
+    "image, runtime",
+    [
+        ("/img/x.sif", "singularity"),
+        ("/img/x.sqsh", "pyxis"),
+        ("nvcr.io#nvidia/pytorch:23.12-py3", "pyxis"),
+        ("", "none"),
+    ],
+)
 def test_cluster_init_writes_the_runtime_found_and_only_its_module(tmp_path, image, runtime):
     """A site with SingularityCE (module singularity/4.1.0) and pyxis: a SIF runs with `singularity`
     and its module, an enroot image with pyxis and no module; never the apptainer runtime (absent)."""
-    found = [rt.Found("singularity", "singularity --version: singularity-ce version 4.1.0 (module singularity/4.1.0)",
-                      "singularity/4.1.0"), rt.Found("pyxis", "srun --help lists --container-image")]
+    found = [
+        rt.Found(
+            "singularity",
+            "singularity --version: singularity-ce version 4.1.0 (module singularity/4.1.0)",
+            "singularity/4.1.0",
+        ),
+        rt.Found("pyxis", "srun --help lists --container-image"),
+    ]
     part = ci.Partition("gpu", True, "UNLIMITED", ["g1"], False, 8, "h100", 96, 2000000)
     facts = ci.Facts([part], user="me", modules=["singularity/4.1.0", "cuda/12.4"], runtimes=found)
     text, _ = ci.render("site", facts, part, None, image)
@@ -206,8 +292,12 @@ def test_singularityce_task_gets_the_allow_list_only_through_singularityenv(tmp_
     c = ContainerSection(runtime=branch, image=str(image), source_mount=str(tmp_path / "mnt"))
     code = "import os, json; print(json.dumps(dict(os.environ)))"
     script = "\n".join(["set -eo pipefail", *python_lines(c, [], "python3", str(src)), f'"${{{PY_VAR}[@]}}" -c "$1"'])
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FAKE_APPTAINER_PYTHON": sys.executable,
-           "SLURM_PROCID": "1", "PYTHONPATH": "/host/module/lib"}
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+        "SLURM_PROCID": "1",
+        "PYTHONPATH": "/host/module/lib",
+    }
     r = subprocess.run(["bash", "-c", script, "job", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     inside = json.loads(r.stdout)
@@ -232,12 +322,25 @@ def test_fake_pyxis_task_starts_in_the_image_named_by_srun_options(slurm_cluster
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     out.mkdir()
-    probe = ('echo "path=$PATH image=$FROM_IMAGE lang=$LANG host=${FROM_HOST:-} conf=${SLURM_CONF:-}"; '
-             'grep -c FROM_IMAGE /etc/environment; pwd; touch /mnt/ro/x 2>/dev/null || echo ro; '
-             'touch /mnt/rw/y && echo rw; scontrol version >/dev/null 2>&1 || echo no-slurm')
-    r = slurm_cluster.run("srun", "-N1", "-n1", f"--container-image={image}", "--container-env=LANG",
-                          f"--container-mounts={data}:/mnt/ro:ro,{out}:/mnt/rw", f"--container-workdir={out}",
-                          "bash", "-c", probe, env={"FROM_HOST": "1", "LANG": "de_DE.UTF-8"}, cwd=tmp_path)
+    probe = (
+        'echo "path=$PATH image=$FROM_IMAGE lang=$LANG host=${FROM_HOST:-} conf=${SLURM_CONF:-}"; '
+        "grep -c FROM_IMAGE /etc/environment; pwd; touch /mnt/ro/x 2>/dev/null || echo ro; "
+        "touch /mnt/rw/y && echo rw; scontrol version >/dev/null 2>&1 || echo no-slurm"
+    )
+    r = slurm_cluster.run(
+        "srun",
+        "-N1",
+        "-n1",
+        f"--container-image={image}",
+        "--container-env=LANG",
+        f"--container-mounts={data}:/mnt/ro:ro,{out}:/mnt/rw",
+        f"--container-workdir={out}",
+        "bash",
+        "-c",
+        probe,
+        env={"FROM_HOST": "1", "LANG": "de_DE.UTF-8"},
+        cwd=tmp_path,
+    )
     lines = r.stdout.split()
     assert lines[:5] == ["path=/usr/sbin:/usr/bin:/sbin:/bin", "image=1", "lang=de_DE.UTF-8", "host=1", "conf="]
     assert lines[5:] == ["1", str(out), "ro", "rw", "no-slurm"], r.stdout + r.stderr
@@ -260,8 +363,11 @@ def test_cluster_init_probe_finds_the_runtime_and_runs_the_doctor_in_the_image(s
     bindir.mkdir()
     imgbin.mkdir()
     (imgbin / "python3").symlink_to(sys.executable)
-    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "MODULEPATH": str(tmp_path / "none"),
-           "FAKE_APPTAINER_PYTHON": sys.executable}
+    env = {
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+        "MODULEPATH": str(tmp_path / "none"),
+        "FAKE_APPTAINER_PYTHON": sys.executable,
+    }
     if runtime == "singularity":
         (bindir / "singularity").symlink_to(FAKE)
         image = tmp_path / "image.sif"
@@ -271,9 +377,13 @@ def test_cluster_init_probe_finds_the_runtime_and_runs_the_doctor_in_the_image(s
         image = tmp_path / "image.sqsh"
         image.write_text(f"PATH={imgbin}:/usr/bin:/bin\n")
     out = tmp_path / "site.yaml"
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "cluster", "init", "site", "--probe", "--image", str(image),
-                        "-o", str(out)], capture_output=True, text=True, timeout=300,
-                       env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}))
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "cluster", "init", "site", "--probe", "--image", str(image), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=slurm_cluster.environ({"OMP_NUM_THREADS": "1", **env}),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     text = out.read_text()
     prof = yaml.safe_load(text)

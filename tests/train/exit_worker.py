@@ -16,8 +16,12 @@ from hpctrain.train import entry
 def main(config: str, *sets: str) -> None:
     summary = entry.run(load(config, list(sets)))
     names = sorted((t / "comm").read_text().strip() for t in Path("/proc/self/task").iterdir())
-    print(json.dumps({"status": summary["status"], "threads": names,
-                      "python_threads": [t.name for t in threading.enumerate()]}), flush=True)
+    print(
+        json.dumps(
+            {"status": summary["status"], "threads": names, "python_threads": [t.name for t in threading.enumerate()]}
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,20 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def main(root: str, out: str, *sets: str) -> None:
-    cfg = load(DIGITS, [f"data.root={root}", "train.threads=1", "train.log_every=1", "train.eval_every=0",
-                        "train.ckpt_every=0", "train.parallel=fsdp", "train.amp=bf16", "train.max_steps=30",
-                        *sets])
+    cfg = load(
+        DIGITS,
+        [
+            f"data.root={root}",
+            "train.threads=1",
+            "train.log_every=1",
+            "train.eval_every=0",
+            "train.ckpt_every=0",
+            "train.parallel=fsdp",
+            "train.amp=bf16",
+            "train.max_steps=30",
+            *sets,
+        ],
+    )
     info = join(cfg, 60)
     trainer = cpu_trainer(cfg, info, None)
     seen: dict[str, set] = {"weight": set(), "input": set(), "output": set(), "grad": set(), "param": set()}
@@ -51,10 +62,17 @@ def main(root: str, out: str, *sets: str) -> None:
     step_fn = trainer.train_step
     trainer.train_step = lambda batches: losses.append(float(step_fn(batches))) or torch.tensor(losses[-1])
     result = trainer.run()
-    Path(out, f"result-{info.rank}.json").write_text(json.dumps(
-        {"seen": {k: sorted(v) for k, v in seen.items()}, "losses": losses, "status": result.status,
-         "top1": result.eval.get("top1"),
-         "sharded": [str(local(p).dtype) for p in trainer.model.parameters()]}))
+    Path(out, f"result-{info.rank}.json").write_text(
+        json.dumps(
+            {
+                "seen": {k: sorted(v) for k, v in seen.items()},
+                "losses": losses,
+                "status": result.status,
+                "top1": result.eval.get("top1"),
+                "sharded": [str(local(p).dtype) for p in trainer.model.parameters()],
+            }
+        )
+    )
     dist.shutdown()
 
 

@@ -29,20 +29,34 @@ def main(root: str, out: str, *sets: str) -> None:
     result = {}
     for dtype in ("fp32", "bf16"):
         run_dir = Path(out) / dtype
-        cfg = load(DIGITS, [f"data.root={root}", "train.threads=1", "train.eval_every=0", "train.ckpt_every=0",
-                            f"train.grad_reduce_dtype={dtype}", *sets])
+        cfg = load(
+            DIGITS,
+            [
+                f"data.root={root}",
+                "train.threads=1",
+                "train.eval_every=0",
+                "train.ckpt_every=0",
+                f"train.grad_reduce_dtype={dtype}",
+                *sets,
+            ],
+        )
         torch.manual_seed(cfg.train.seed)
         train, val = build_loaders(cfg, info.rank, info.world_size, torch.device("cpu"))
         if info.is_main:
             run_dir.mkdir(parents=True)
-        trainer = Trainer(cfg, info, torch.device("cpu"), run_dir if info.is_main else None, train, val,
-                          build_vit(cfg.model))
+        trainer = Trainer(
+            cfg, info, torch.device("cpu"), run_dir if info.is_main else None, train, val, build_vit(cfg.model)
+        )
         outcome = trainer.run()
         trainer.metrics.close()
         if info.is_main:
-            result[dtype] = {"top1": outcome.eval["top1"], "loss": outcome.train_loss, "step": outcome.step,
-                             "bytes": sorted({r["grad_reduce_bytes"] for r in run_metrics(run_dir, "train")}),
-                             "params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)}
+            result[dtype] = {
+                "top1": outcome.eval["top1"],
+                "loss": outcome.train_loss,
+                "step": outcome.step,
+                "bytes": sorted({r["grad_reduce_bytes"] for r in run_metrics(run_dir, "train")}),
+                "params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+            }
     if info.is_main:
         Path(out, "result.json").write_text(json.dumps(result))
     dist.shutdown()

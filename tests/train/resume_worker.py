@@ -20,9 +20,15 @@ def main(config: str, run_dir: str, *sets: str) -> None:
     trainer = cpu_trainer(cfg, info, Path(run_dir))
     resume = ckpt.find_resume(run_dir, "auto")
     trainer.load_state(resume[1], resume[0])
-    torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                "ema": trainer.ema.state_dict() if trainer.ema else None, "step": trainer.step},
-               Path(run_dir) / f"loaded-{info.rank}.pt")
+    torch.save(
+        {
+            "model": trainer.model.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "ema": trainer.ema.state_dict() if trainer.ema else None,
+            "step": trainer.step,
+        },
+        Path(run_dir) / f"loaded-{info.rank}.pt",
+    )
     out = trainer.run(resume)
     print(f"rank {info.rank}: {out.status} at step {out.step} from {out.resumed_from}, loss {out.train_loss}")
     dist.shutdown()

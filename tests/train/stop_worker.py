@@ -30,8 +30,16 @@ OVERLAP, SIGNAL = 2, 4
 
 
 def main(root: str, out: str) -> None:
-    sets = [f"data.root={root}", f"run.dir={out}", "run.name=run", "train.threads=1", "train.log_every=1",
-            "train.eval_every=0", "train.ckpt_every=3", "train.max_steps=12"]
+    sets = [
+        f"data.root={root}",
+        f"run.dir={out}",
+        "run.name=run",
+        "train.threads=1",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.ckpt_every=3",
+        "train.max_steps=12",
+    ]
     cfg = load(DIGITS, sets)
     flag = stop.install()
     info = join(cfg, 60)
@@ -62,8 +70,9 @@ def main(root: str, out: str) -> None:
 
     trainer.train_step = train_step
     result = trainer.run()
-    Path(out, f"result-{info.rank}.json").write_text(json.dumps(
-        {"status": result.status, "step": result.step, "stop_kind": result.stop_kind, "began": began}))
+    Path(out, f"result-{info.rank}.json").write_text(
+        json.dumps({"status": result.status, "step": result.step, "stop_kind": result.stop_kind, "began": began})
+    )
     dist.shutdown()
 
 

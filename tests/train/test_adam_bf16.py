@@ -27,7 +27,7 @@ def optax_adamw_bf16_mu(w, grads, lr, wd):
         g = g.double()
         m = B1 * m_stored.double() + (1 - B1) * g
         v = B2 * v + (1 - B2) * g * g
-        w = w - lr * wd * w - lr * (m / (1 - B1 ** t)) / (torch.sqrt(v / (1 - B2 ** t)) + EPS)
+        w = w - lr * wd * w - lr * (m / (1 - B1**t)) / (torch.sqrt(v / (1 - B2**t)) + EPS)
         m_stored = m.to(torch.float32).to(torch.bfloat16)
     return w, m_stored
 
@@ -101,8 +101,17 @@ def test_exact_resume_with_every_big_vision_option_on(digits_root, tmp_path):
     from tests.helpers import digits_args, run_metrics, run_ranks
     from tests.train.test_resume import assert_same, final_state
 
-    sets = ["train.max_steps=10", "train.ema=0.9", "optim.warmup_steps=3", "optim.mu_dtype=bf16", "model.rep_size=96",
-            "model.gap_norm=before", "data.val_split=minival", "train.mixup=0.2", "optim.clip_grad=1.0"]
+    sets = [
+        "train.max_steps=10",
+        "train.ema=0.9",
+        "optim.warmup_steps=3",
+        "optim.mu_dtype=bf16",
+        "model.rep_size=96",
+        "model.gap_norm=before",
+        "data.val_split=minival",
+        "train.mixup=0.2",
+        "optim.clip_grad=1.0",
+    ]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
     run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=5"))
     run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets))

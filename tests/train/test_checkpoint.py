@@ -86,16 +86,20 @@ def test_none_and_missing(tmp_path):
         ckpt.find_resume(tmp_path, str(tmp_path / "nope.pt"))
 
 
-@pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
-                    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
+@pytest.mark.skipif(
+    compat.version_tuple() < compat.SHARDED_MIN_TORCH,
+    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
+)
 def test_both_formats_in_one_directory(tmp_path, hpctrain_log):
     """A run that changed format (1 rank, then 2) lists, resumes and prunes both kinds alike; a
     sharded checkpoint without DCP's .metadata (an incomplete copy) is skipped."""
     from hpctrain.train import sharded
+
     ckpt.save(tmp_path, 1, {"model": {"w": torch.ones(3)}, "step": 1}, keep=3)
     for step in (2, 3):  # one process, no process group: DCP writes all of it
-        path, err = sharded.save(tmp_path, step, {"model": {"w": torch.full((3,), float(step))}}, {"step": step},
-                                 keep=3, is_main=True)
+        path, err = sharded.save(
+            tmp_path, step, {"model": {"w": torch.full((3,), float(step))}}, {"step": step}, keep=3, is_main=True
+        )
         assert err is None and path.name == ckpt.name(step, "sharded")
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000003", "step-00000002", "step-00000001.pt"]
     assert (ckpt.ckpt_dir(tmp_path) / "latest").read_text().strip() == "step-00000003"
@@ -108,8 +112,10 @@ def test_both_formats_in_one_directory(tmp_path, hpctrain_log):
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000004", "step-00000003"]
 
 
-@pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
-                    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
+@pytest.mark.skipif(
+    compat.version_tuple() < compat.SHARDED_MIN_TORCH,
+    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
+)
 def test_one_step_is_never_on_disk_in_two_formats(tmp_path):
     """Both formats of one step (what older releases left after rerunning a finished run with another
     world size) list as one, `latest`'s; saving that step again replaces the other; pruning takes both."""

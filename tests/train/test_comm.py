@@ -21,8 +21,18 @@ def test_bf16_reduction_halves_the_bytes_and_ends_within_tolerance_of_fp32(digit
     the seed-to-seed spread: bf16 rounding of the gradient sum (8 bits of mantissa, one rounding
     per step, averaged by Adam's moments) perturbs the run no more than another seed does.
     """
-    run_ranks(2, ["-m", "tests.train.reduce_worker", str(digits_root), str(tmp_path), "train.max_steps=200",
-                  "train.log_every=20"], timeout=400)
+    run_ranks(
+        2,
+        [
+            "-m",
+            "tests.train.reduce_worker",
+            str(digits_root),
+            str(tmp_path),
+            "train.max_steps=200",
+            "train.log_every=20",
+        ],
+        timeout=400,
+    )
     r = json.loads((tmp_path / "result.json").read_text())
     fp32, bf16 = r["fp32"], r["bf16"]
     assert fp32["step"] == bf16["step"] == 200
@@ -34,13 +44,16 @@ def test_bf16_reduction_halves_the_bytes_and_ends_within_tolerance_of_fp32(digit
     assert bf16["loss"] != fp32["loss"]  # bf16 did change the reduction
 
 
-@pytest.mark.parametrize("sets, static", [
-    ([], True),
-    (["train.accum_steps=2"], False),  # no_sync breaks static_graph (pytorch/pytorch#143580)
-    (["train.compile=true"], False),  # DDPOptimizer does not support it (pytorch/pytorch#109261)
-    (["train.ddp_static_graph=never"], False),
-    (["train.ddp_static_graph=always", "train.compile=true"], True),
-])
+@pytest.mark.parametrize(
+    "sets, static",
+    [
+        ([], True),
+        (["train.accum_steps=2"], False),  # no_sync breaks static_graph (pytorch/pytorch#143580)
+        (["train.compile=true"], False),  # DDPOptimizer does not support it (pytorch/pytorch#109261)
+        (["train.ddp_static_graph=never"], False),
+        (["train.ddp_static_graph=always", "train.compile=true"], True),
+    ],
+)
 def test_static_graph_where_the_model_allows(sets, static):
     assert comm.static_graph(load(DIGITS, sets).train) is static
 

@@ -29,18 +29,23 @@ from tests.helpers import DIGITS, ROOT, digits_args, free_port
 
 HAS_FSDP2 = compat.version_tuple() >= compat.FSDP_MIN_TORCH
 HAS_CPU_FSDP = compat.version_tuple() >= compat.FSDP_CPU_MIN_TORCH  # FSDP2 on the CPU, where these tests run
-FSDP_LINE = re.compile(r"train\.parallel=fsdp (on the CPU )?needs torch >= 2\.[46][^;]*; this is \S+: use "
-                       r"train\.parallel=ddp")
+FSDP_LINE = re.compile(
+    r"train\.parallel=fsdp (on the CPU )?needs torch >= 2\.[46][^;]*; this is \S+: use "
+    r"train\.parallel=ddp"
+)
 
 
-@pytest.mark.parametrize("version, refused", [
-    ("2.2.0a0+81ea7a4", True),  # NGC 23.12
-    ("2.2.2+cu121", True),
-    ("2.3.1", True),
-    ("2.4.0", False),
-    ("2.5.1+cu124", False),
-    ("2.13.0+cpu", False),
-])
+@pytest.mark.parametrize(
+    "version, refused",
+    [
+        ("2.2.0a0+81ea7a4", True),  # NGC 23.12
+        ("2.2.2+cu121", True),
+        ("2.3.1", True),
+        ("2.4.0", False),
+        ("2.5.1+cu124", False),
+        ("2.13.0+cpu", False),
+    ],
+)
 def test_fsdp_version_gate(version, refused):
     compat.check_parallel("ddp", version)  # DDP runs on every supported torch
     if not refused:
@@ -75,10 +80,17 @@ def test_fsdp_refused_before_anything_starts(digits_root, tmp_path, monkeypatch)
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize(("version", "device", "refused"), [
-    ("2.2.0a0+81ea7a4", "cuda", "needs torch >= 2.4"), ("2.5.1+cu124", "cuda", None),
-    ("2.5.1+cu124", "cpu", "on the CPU needs torch >= 2.6"), ("2.4.0", "cpu", "on the CPU needs torch >= 2.6"),
-    ("2.6.0", "cpu", None), ("2.13.0+cpu", "cpu", None)])
+@pytest.mark.parametrize(
+    ("version", "device", "refused"),
+    [
+        ("2.2.0a0+81ea7a4", "cuda", "needs torch >= 2.4"),
+        ("2.5.1+cu124", "cuda", None),
+        ("2.5.1+cu124", "cpu", "on the CPU needs torch >= 2.6"),
+        ("2.4.0", "cpu", "on the CPU needs torch >= 2.6"),
+        ("2.6.0", "cpu", None),
+        ("2.13.0+cpu", "cpu", None),
+    ],
+)
 def test_fsdp_refusal_by_version_and_device(version, device, refused):
     def check():
         compat.check_parallel("fsdp", version)
@@ -93,16 +105,32 @@ def test_fsdp_refusal_by_version_and_device(version, device, refused):
     compat.check_fsdp_device("ddp", torch.device("cpu"), "2.5.1")  # DDP: never refused
 
 
-@pytest.mark.skipif(HAS_CPU_FSDP, reason=f"torch {torch.__version__} has FSDP2 on the CPU: tests/train/test_fsdp.py "
-                                         "trains with it (the refusal runs in the 2.2 and 2.5 stack passes)")
+@pytest.mark.skipif(
+    HAS_CPU_FSDP,
+    reason=f"torch {torch.__version__} has FSDP2 on the CPU: tests/train/test_fsdp.py "
+    "trains with it (the refusal runs in the 2.2 and 2.5 stack passes)",
+)
 def test_fsdp_on_this_torch_fails_in_one_line(digits_root, tmp_path):
     """2 ranks as torchrun starts them: both exit 2 with the one line, without waiting for each
     other at the rendezvous, and leave no run directory."""
     port = free_port()  # (torch 2.2: no FSDP2; 2.4, 2.5: none on the CPU, the pytorch-cuda stack pass)
-    procs = [subprocess.Popen([sys.executable, *digits_args(digits_root, tmp_path, "r", "train.parallel=fsdp")],
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
-                                   "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *digits_args(digits_root, tmp_path, "r", "train.parallel=fsdp")],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 2, out + err
@@ -113,11 +141,30 @@ def test_fsdp_on_this_torch_fails_in_one_line(digits_root, tmp_path):
 
 
 def _fp16_trainer(*sets: str) -> Trainer:
-    cfg = load(DIGITS, ["data.loader=synthetic", "optim.warmup_steps=0", "optim.lr=1e-3", "train.threads=0",
-                        "train.amp=fp16", "model.depth=1", *sets])
+    cfg = load(
+        DIGITS,
+        [
+            "data.loader=synthetic",
+            "optim.warmup_steps=0",
+            "optim.lr=1e-3",
+            "train.threads=0",
+            "train.amp=fp16",
+            "model.depth=1",
+            *sets,
+        ],
+    )
     torch.manual_seed(0)
-    loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
-                             num_classes=10, seed=0, device=torch.device("cpu"))
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=32,
+        world=1,
+        rank=0,
+        size=64,
+        img_size=32,
+        num_classes=10,
+        seed=0,
+        device=torch.device("cpu"),
+    )
     return Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
 
 
@@ -185,29 +232,40 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     cases = [
         ("train.parallel=fsdp", cuda, FSDP_LINE.pattern),
         ("train.amp=fp16", cpu, r"train\.amp=fp16 on cpu needs torch >= 2\.3 .*this is 2\.2\.2\+cu121"),
-        ("train.sdpa_backend=cudnn train.amp=bf16", cuda,
-         r"train\.sdpa_backend=cudnn needs torch >= 2\.3; this is 2\.2\.2"),
+        (
+            "train.sdpa_backend=cudnn train.amp=bf16",
+            cuda,
+            r"train\.sdpa_backend=cudnn needs torch >= 2\.3; this is 2\.2\.2",
+        ),
     ]
     for setting, device, msg in cases:
         with pytest.raises(ConfigError, match=msg):
             compat.check_train(load(DIGITS, setting.split()).train, device)
-    for setting, what in [("train.ckpt_format=sharded", "train.ckpt_format=sharded"),
-                          ("train.ckpt_async=true", "train.ckpt_async=true")]:
-        with pytest.raises(ConfigError, match=rf"{re.escape(what)} needs torch >= 2\.4 .*this is 2\.2\.2\+cu121: "
-                                              r"use train\.ckpt_format=single"):
+    for setting, what in [
+        ("train.ckpt_format=sharded", "train.ckpt_format=sharded"),
+        ("train.ckpt_async=true", "train.ckpt_async=true"),
+    ]:
+        with pytest.raises(
+            ConfigError,
+            match=rf"{re.escape(what)} needs torch >= 2\.4 .*this is 2\.2\.2\+cu121: "
+            r"use train\.ckpt_format=single",
+        ):
             compat.check_train(load(DIGITS, [setting]).train, cpu)
     compat.check_train(load(DIGITS, ["train.amp=fp16"]).train, cuda)  # CUDA has its scaler on 2.2
     cudnn = load(DIGITS, ["train.sdpa_backend=cudnn", "train.amp=bf16"]).train
     compat.check_train(cudnn, cpu)  # the switch is CUDA-only
 
 
-@pytest.mark.parametrize("version, world, fmt, want", [
-    ("2.13.0+cpu", 1, "auto", "single"),  # one process: one file
-    ("2.13.0+cpu", 2, "auto", "sharded"),  # several ranks: each writes and reads its part
-    ("2.4.0", 16, "single", "single"),
-    ("2.2.2", 2, "auto", "single"),  # 2.2: single files whatever the world size
-    ("2.3.1", 8, "auto", "single"),
-])
+@pytest.mark.parametrize(
+    "version, world, fmt, want",
+    [
+        ("2.13.0+cpu", 1, "auto", "single"),  # one process: one file
+        ("2.13.0+cpu", 2, "auto", "sharded"),  # several ranks: each writes and reads its part
+        ("2.4.0", 16, "single", "single"),
+        ("2.2.2", 2, "auto", "single"),  # 2.2: single files whatever the world size
+        ("2.3.1", 8, "auto", "single"),
+    ],
+)
 def test_checkpoint_format_by_world_size_and_torch(version, world, fmt, want):
     assert compat.ckpt_format(load(DIGITS, [f"train.ckpt_format={fmt}"]).train, world, version) == want
 
@@ -232,8 +290,7 @@ def test_sharded_checkpoint_on_old_torch_is_refused_not_skipped(tmp_path, monkey
 def _fake_backends(cudnn: bool) -> SimpleNamespace:
     flags: dict[str, bool] = {}
     names = ["flash", "mem_efficient", "math"] + (["cudnn"] if cudnn else [])
-    ns = SimpleNamespace(flags=flags, **{f"enable_{n}_sdp": (lambda v, n=n: flags.__setitem__(n, v))
-                                         for n in names})
+    ns = SimpleNamespace(flags=flags, **{f"enable_{n}_sdp": (lambda v, n=n: flags.__setitem__(n, v)) for n in names})
     return ns
 
 

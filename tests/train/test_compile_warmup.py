@@ -10,8 +10,17 @@ import torch
 from tests.helpers import DIGITS, run_ranks
 
 WORKER = ["-m", "tests.train.compile_worker"]
-SETS = ["train.max_steps=3", "train.compile=true", "model.depth=1", "train.threads=1", "train.log_every=1",
-        "train.eval_every=0", "train.ckpt_every=0", "train.hang_timeout_s=0", "train.tensorboard=false"]
+SETS = [
+    "train.max_steps=3",
+    "train.compile=true",
+    "model.depth=1",
+    "train.threads=1",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "train.ckpt_every=0",
+    "train.hang_timeout_s=0",
+    "train.tensorboard=false",
+]
 PG_TIMEOUT_S, SLOW_S = 8, 12  # rank 1's first compile sleeps past the collective timeout
 
 
@@ -21,8 +30,13 @@ def run(digits_root, tmp_path, name: str, *sets: str, slow: bool = False, check:
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # shared: only the first run compiles cold
     if slow:
         env |= {"SLOW_COMPILE_RANK": "1", "SLOW_COMPILE_S": str(SLOW_S)}
-    results = run_ranks(2, [*WORKER, str(DIGITS), str(out), f"data.root={digits_root}", f"run.dir={out}",
-                            *SETS, *sets], timeout=400, env=env, check=check)
+    results = run_ranks(
+        2,
+        [*WORKER, str(DIGITS), str(out), f"data.root={digits_root}", f"run.dir={out}", *SETS, *sets],
+        timeout=400,
+        env=env,
+        check=check,
+    )
     return out, results
 
 
@@ -32,8 +46,15 @@ def test_slow_compile_on_one_rank_does_not_time_out_the_others(digits_root, tmp_
     assert "torch.compile warm-up" in results[0].stdout
     assert not any("did not rebuild its gradient buckets" in r.stdout for r in results)  # settling as before
     # the same slow rank without the warm-up (the code before it): rank 0 times out in DDP's first backward
-    _, results = run(digits_root, tmp_path, "unwarmed", f"train.pg_timeout_s={PG_TIMEOUT_S}",
-                     "train.compile_warmup=false", slow=True, check=False)
+    _, results = run(
+        digits_root,
+        tmp_path,
+        "unwarmed",
+        f"train.pg_timeout_s={PG_TIMEOUT_S}",
+        "train.compile_warmup=false",
+        slow=True,
+        check=False,
+    )
     assert results[0].returncode != 0 and "timed out" in results[0].stdout.lower(), results[0].stdout[-3000:]
     # the warm-up changes no number: bit-exact against a run without it (OMP_NUM_THREADS=1, threads=1)
     ref, _ = run(digits_root, tmp_path, "ref", "train.compile_warmup=false")

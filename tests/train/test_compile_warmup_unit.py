@@ -26,10 +26,19 @@ def group_of_one():
 
 def fake_trainer(model: torch.nn.Module, ddp) -> SimpleNamespace:
     """What _warm_compile reads of a Trainer: its config, model, DDP wrapper and groups."""
-    cfg = SimpleNamespace(per_rank_batch=lambda world: 4, model=SimpleNamespace(img_size=4),
-                          train=SimpleNamespace(compile_timeout_s=60))
-    t = SimpleNamespace(cfg=cfg, model=model, ddp=ddp, fwd_model=ddp, device=CPU, step_amp="none",
-                        dist=SimpleNamespace(world_size=1), control_group=None)
+    cfg = SimpleNamespace(
+        per_rank_batch=lambda world: 4, model=SimpleNamespace(img_size=4), train=SimpleNamespace(compile_timeout_s=60)
+    )
+    t = SimpleNamespace(
+        cfg=cfg,
+        model=model,
+        ddp=ddp,
+        fwd_model=ddp,
+        device=CPU,
+        step_amp="none",
+        dist=SimpleNamespace(world_size=1),
+        control_group=None,
+    )
     t._throwaway_input = functools.partial(Trainer._throwaway_input, t)
     return t
 
@@ -37,8 +46,9 @@ def fake_trainer(model: torch.nn.Module, ddp) -> SimpleNamespace:
 @pytest.mark.slow  # a cold compile: ~10 s on 2 cores
 def test_warm_compile_compiles_forward_and_backward_and_changes_nothing(group_of_one):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 16), torch.nn.Dropout(0.5),
-                                torch.nn.Linear(16, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(48, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 10)
+    )
     ddp = torch.nn.parallel.DistributedDataParallel(torch.compile(model))
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     first = next(model.parameters())

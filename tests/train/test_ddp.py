@@ -10,8 +10,16 @@ from tests.helpers import DIGITS, run_metrics, run_ranks
 WORKER = ["-m", "tests.train.rank_worker"]
 # No mixup (it mixes within a rank's batch) and no drop-path (per-rank masks): then 1 and 2 ranks
 # compute the same global-batch gradient, up to the order of float additions.
-SETS = ["train.max_steps=12", "train.mixup=0", "train.cutmix=0", "model.drop_path=0",
-        "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.threads=1"]
+SETS = [
+    "train.max_steps=12",
+    "train.mixup=0",
+    "train.cutmix=0",
+    "model.drop_path=0",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "train.ckpt_every=0",
+    "train.threads=1",
+]
 LOSS_TOL = 2e-3  # absolute, on losses around 2.3 → 1.5 over 12 AdamW steps
 
 

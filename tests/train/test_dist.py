@@ -9,13 +9,16 @@ import pytest
 from hpctrain.train.dist import DistInfo, detect, expand_hostlist, init, port_from_job_id
 
 
-@pytest.mark.parametrize("hostlist, hosts", [
-    ("n1", ["n1"]),
-    ("n[1-2]", ["n1", "n2"]),
-    ("gpu[01-03,7],login", ["gpu01", "gpu02", "gpu03", "gpu7", "login"]),
-    ("a[8-10]-ib", ["a8-ib", "a9-ib", "a10-ib"]),
-    ("x[001-002],y[1,3]", ["x001", "x002", "y1", "y3"]),
-])
+@pytest.mark.parametrize(
+    "hostlist, hosts",
+    [
+        ("n1", ["n1"]),
+        ("n[1-2]", ["n1", "n2"]),
+        ("gpu[01-03,7],login", ["gpu01", "gpu02", "gpu03", "gpu7", "login"]),
+        ("a[8-10]-ib", ["a8-ib", "a9-ib", "a10-ib"]),
+        ("x[001-002],y[1,3]", ["x001", "x002", "y1", "y3"]),
+    ],
+)
 def test_expand_hostlist(hostlist, hosts):
     assert expand_hostlist(hostlist) == hosts
 
@@ -26,8 +29,14 @@ def test_single_process_without_launcher():
 
 
 def test_torchrun_variables():
-    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234",
-           "TORCHELASTIC_RUN_ID": "none"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1234",
+        "TORCHELASTIC_RUN_ID": "none",
+    }
     info = detect(env)
     assert (info.rank, info.world_size, info.local_rank, info.master_addr, info.master_port) == (3, 8, 1, "h", 1234)
     assert info.source == "torchrun"
@@ -35,8 +44,14 @@ def test_torchrun_variables():
     assert detect(env).source == "env" and detect(env).rank == 3
 
 
-SRUN = {"SLURM_PROCID": "5", "SLURM_NTASKS": "32", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-        "SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu[07-10]"}
+SRUN = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "32",
+    "SLURM_LOCALID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NODELIST": "gpu[07-10]",
+}
 
 
 def test_srun_task_derives_master_from_job():
@@ -88,8 +103,9 @@ def test_init_sets_gloo_ifname_before_the_process_group(monkeypatch):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=lo")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setattr(td, "is_initialized", lambda: False)
-    monkeypatch.setattr(td, "init_process_group",
-                        lambda **kw: seen.setdefault("gloo", os.environ.get("GLOO_SOCKET_IFNAME")))
+    monkeypatch.setattr(
+        td, "init_process_group", lambda **kw: seen.setdefault("gloo", os.environ.get("GLOO_SOCKET_IFNAME"))
+    )
     init(DistInfo(rank=0, world_size=2), "gloo", 30)
     assert seen == {"gloo": "lo"}
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")  # set by the site or the user: kept

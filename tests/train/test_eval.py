@@ -18,8 +18,19 @@ def test_eval_same_for_world_1_and_3(digits_root, tmp_path):
     out = {}
     for world in (1, 3):  # the trained weights evaluated by 1 and by 3 ranks (a finished run is not resumed)
         # 17 a batch: 359 images are 120, 120 and 119 a rank, 8, 8 and 7 batches (rank 2 pads one forward)
-        run_ranks(world, ["-m", "hpctrain", "eval", str(tmp_path / "trained"), "-o", str(tmp_path / f"w{world}"),
-                          "--set", "data.eval_batch_size=17"])
+        run_ranks(
+            world,
+            [
+                "-m",
+                "hpctrain",
+                "eval",
+                str(tmp_path / "trained"),
+                "-o",
+                str(tmp_path / f"w{world}"),
+                "--set",
+                "data.eval_batch_size=17",
+            ],
+        )
         out[world] = json.loads((tmp_path / f"w{world}" / "summary.json").read_text())
     e1, e3 = out[1], out[3]
     assert e1["count"] == e3["count"] == 359  # not divisible by 3: no sample dropped or doubled
@@ -36,8 +47,19 @@ def test_eval_of_a_weights_file_writes_beside_it_not_into_the_working_directory(
     torch.save(build_vit(load(DIGITS).model).state_dict(), weights)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    r = hpctrain("eval", "--weights", str(weights), "--config", str(DIGITS), "--data", str(digits_root),
-                 "--set", "train.threads=1", cwd=cwd, timeout=300)
+    r = hpctrain(
+        "eval",
+        "--weights",
+        str(weights),
+        "--config",
+        str(DIGITS),
+        "--data",
+        str(digits_root),
+        "--set",
+        "train.threads=1",
+        cwd=cwd,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((tmp_path / "w" / "digits.pt.eval" / "summary.json").read_text())["count"] == 359
     assert list(cwd.iterdir()) == []

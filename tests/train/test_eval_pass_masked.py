@@ -52,12 +52,23 @@ def reference(model, loader, num_classes):
         logits, labels = logits[keep].float(), labels[keep]
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hit = top5 == labels[:, None]
-        sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
-                             torch.nn.functional.cross_entropy(logits, labels, reduction="sum")]).double()
+        sums += torch.stack(
+            [
+                hit[:, 0].sum(),
+                hit.any(1).sum(),
+                keep.sum(),
+                torch.nn.functional.cross_entropy(logits, labels, reduction="sum"),
+            ]
+        ).double()
         conf += torch.bincount(labels * num_classes + top5[:, 0], minlength=num_classes * num_classes)
     c1, c5, n, loss = sums.tolist()
-    return {"top1": 100.0 * c1 / n, "top5": 100.0 * c5 / n, "count": int(n), "loss": loss / n,
-            "confusion": conf.view(num_classes, num_classes)}
+    return {
+        "top1": 100.0 * c1 / n,
+        "top5": 100.0 * c5 / n,
+        "count": int(n),
+        "loss": loss / n,
+        "confusion": conf.view(num_classes, num_classes),
+    }
 
 
 def test_masked_eval_equals_indexed_eval():

@@ -26,8 +26,15 @@ def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, t
         return real(model, loader, *a, **k)
 
     monkeypatch.setattr(loop, "evaluate", spy)
-    cfg = digits(digits_root, tmp_path, f"train.max_steps={EPOCH + 1}", "train.eval_every=1", "train.ema=0.9",
-                 "train.tensorboard=true", "data.eval_splits=[val,minival]")
+    cfg = digits(
+        digits_root,
+        tmp_path,
+        f"train.max_steps={EPOCH + 1}",
+        "train.eval_every=1",
+        "train.ema=0.9",
+        "train.tensorboard=true",
+        "data.eval_splits=[val,minival]",
+    )
     train(cfg)
     run = tmp_path / "r"
     evals = run_metrics(run, "eval")
@@ -54,18 +61,20 @@ def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, t
 
 
 def test_one_split_keeps_its_names(digits_root, tmp_path):
-    train(digits(digits_root, tmp_path, "train.max_steps=1", "train.tensorboard=false",
-                 "data.eval_splits=[minival]"))
+    train(digits(digits_root, tmp_path, "train.max_steps=1", "train.tensorboard=false", "data.eval_splits=[minival]"))
     (rec,) = run_metrics(tmp_path / "r", "eval")
     assert set(FIELDS) <= set(rec) and not any("/" in k for k in rec)
     assert rec["count"] == len(minival_split(list_split(digits_root, "train"))[1])
 
 
-@pytest.mark.parametrize("sets, match", [
-    (["data.eval_splits=[val,test]"], "'test' is not a split"),
-    (["data.eval_splits=[val,val]"], "names a split twice"),
-    (["data.val_split=minival", "data.eval_splits=[val,minival]"], "both choose the eval split"),
-])
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        (["data.eval_splits=[val,test]"], "'test' is not a split"),
+        (["data.eval_splits=[val,val]"], "names a split twice"),
+        (["data.val_split=minival", "data.eval_splits=[val,minival]"], "both choose the eval split"),
+    ],
+)
 def test_bad_eval_splits_are_refused(sets, match):
     with pytest.raises(ConfigError, match=match):
         load(None, sets)

@@ -31,15 +31,39 @@ FREES_DDP_GROUP = compat.version_tuple() < (2, 3)
 
 def start_pair(root, run_dir, name: str) -> list[subprocess.Popen]:
     port = free_port()
-    sets = [f"data.root={root}", f"run.dir={run_dir}", f"run.name={name}", "train.threads=1", "train.max_steps=2",
-            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.tensorboard=false",
-            "data.batch_size=32", "train.pg_timeout_s=120"]
+    sets = [
+        f"data.root={root}",
+        f"run.dir={run_dir}",
+        f"run.name={name}",
+        "train.threads=1",
+        "train.max_steps=2",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.ckpt_every=0",
+        "train.tensorboard=false",
+        "data.batch_size=32",
+        "train.pg_timeout_s=120",
+    ]
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.train.exit_worker", str(DIGITS), *sets],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.train.exit_worker", str(DIGITS), *sets],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 

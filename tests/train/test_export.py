@@ -35,8 +35,10 @@ def test_export_both_formats(fmt, digits_root, tmp_path):
     assert r.returncode == 0 and f"{ckpt.name(2, fmt)} to {tmp_path / 'm.safetensors'}" in r.stdout, r.stderr
     export(run, tmp_path / "e.pt", step=1, ema=True)  # the library the command is a thin layer over
     newest, older = (ckpt.load(p) for p in ckpt.list_checkpoints(run))
-    for got, want in [(load_file(tmp_path / "m.safetensors"), newest["model"]),
-                      (torch.load(tmp_path / "e.pt", weights_only=True), older["ema"])]:
+    for got, want in [
+        (load_file(tmp_path / "m.safetensors"), newest["model"]),
+        (torch.load(tmp_path / "e.pt", weights_only=True), older["ema"]),
+    ]:
         model.load_state_dict(got, strict=True)  # every key of the model, in its shapes (timm's names)
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want)

@@ -25,8 +25,17 @@ def losses(*sets: str, steps: int = 4) -> list[float]:
     cfg = load(DIGITS, [*BASE, *sets])
     torch.manual_seed(0)
     model = build_vit(cfg.model)
-    loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
-                             num_classes=10, seed=0, device=torch.device("cpu"))
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=32,
+        world=1,
+        rank=0,
+        size=64,
+        img_size=32,
+        num_classes=10,
+        seed=0,
+        device=torch.device("cpu"),
+    )
     tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, model)
     out = []
     for _ in range(steps):
@@ -88,8 +97,17 @@ def test_math_sdpa_kernel_is_recognised(math_sdpa):
 def test_math_sdpa_kernel_warns_at_start(math_sdpa, hpctrain_log):
     caplog = hpctrain_log
     cfg = load(DIGITS, BASE)
-    loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
-                             num_classes=10, seed=0, device=torch.device("cpu"))
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=32,
+        world=1,
+        rank=0,
+        size=64,
+        img_size=32,
+        num_classes=10,
+        seed=0,
+        device=torch.device("cpu"),
+    )
     tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
     with caplog.at_level("INFO", logger="hpctrain"):
         tr._log_attention_kernel()
@@ -97,11 +115,25 @@ def test_math_sdpa_kernel_warns_at_start(math_sdpa, hpctrain_log):
 
 
 def test_switches_are_config_fields():
-    cfg = load(DIGITS, ["train.tf32=false", "train.sdpa_backend=cudnn", "train.amp=bf16", "train.ddp_bucket_mb=100",
-                        "train.ddp_bucket_view=false", "train.fsdp_reshard=false"])
+    cfg = load(
+        DIGITS,
+        [
+            "train.tf32=false",
+            "train.sdpa_backend=cudnn",
+            "train.amp=bf16",
+            "train.ddp_bucket_mb=100",
+            "train.ddp_bucket_view=false",
+            "train.fsdp_reshard=false",
+        ],
+    )
     t = cfg.train
     assert (t.tf32, t.sdpa_backend, t.ddp_bucket_mb, t.ddp_bucket_view, t.fsdp_reshard) == (
-        False, "cudnn", 100, False, False)
+        False,
+        "cudnn",
+        100,
+        False,
+        False,
+    )
     with pytest.raises(ValueError, match="sdpa_backend"):
         load(DIGITS, ["train.sdpa_backend=flashy"])
 
@@ -110,8 +142,11 @@ def test_switches_are_config_fields():
 def test_half_precision_sdpa_kernel_without_amp_is_refused(backend):
     # flash and cuDNN attention take fp16/bf16 only, and choosing one turns math off: fp32 q/k/v
     # would fail the first forward with "No available kernel" (docs/observability.md)
-    with pytest.raises(ConfigError, match=rf"^train\.sdpa_backend={backend} with train\.amp=none cannot run: .*"
-                                          r"set train\.amp=bf16"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^train\.sdpa_backend={backend} with train\.amp=none cannot run: .*"
+        r"set train\.amp=bf16",
+    ):
         load(DIGITS, ["train.amp=none", f"train.sdpa_backend={backend}"])
     for ok in (["train.amp=bf16"], ["train.amp=fp16"], ["train.amp=none", "train.device=cpu"]):
         assert load(DIGITS, [*ok, f"train.sdpa_backend={backend}"]).train.sdpa_backend == backend

@@ -16,13 +16,18 @@ from tests.helpers import digits_args
 
 
 def snapshot(run):
-    return {p.relative_to(run).as_posix(): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(run.rglob("*")) if "logs" not in p.parts and p.name != ".lock"}  # the job's own
+    return {
+        p.relative_to(run).as_posix(): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(run.rglob("*"))
+        if "logs" not in p.parts and p.name != ".lock"
+    }  # the job's own
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
-                    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
+@pytest.mark.skipif(
+    compat.version_tuple() < compat.SHARDED_MIN_TORCH,
+    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
+)
 def test_rerun_of_a_finished_run_trains_and_writes_nothing(digits_root, tmp_path):
     first = digits_args(digits_root, tmp_path, "done", "train.max_steps=2", "train.ckpt_format=sharded")
     r = subprocess.run([sys.executable, *first], capture_output=True, text=True, timeout=300)
@@ -36,12 +41,18 @@ def test_rerun_of_a_finished_run_trains_and_writes_nothing(digits_root, tmp_path
     assert r.stderr.strip().splitlines()[-1] == (
         f"hpctrain: error: run {run} has finished: its checkpoint step-00000002 is at step 2 of 2, so there is "
         "nothing to train (nothing was written). Start another run with --set run.name=done_2, train this one "
-        "again from step 0 with --set run.resume=none, or raise train.epochs (train.max_steps) to train it further")
+        "again from step 0 with --set run.resume=none, or raise train.epochs (train.max_steps) to train it further"
+    )
     assert "resumed from" not in r.stderr and "hpctrain summary" not in r.stderr + r.stdout
     assert snapshot(run) == before  # no second step-2 checkpoint, metrics, config.yaml or env.json rewritten
     # `submit` (here: local) refuses before it launches anything (on Slurm: before the job waits in the queue)
     submit = [a if a != "train" else "submit" for a in again]
-    r = subprocess.run([sys.executable, *submit], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""})
+    r = subprocess.run(
+        [sys.executable, *submit],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""},
+    )
     assert r.returncode == 2 and r.stderr.startswith(f"hpctrain: error: run {run} has finished"), r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) == 1 and snapshot(run) == before

@@ -24,8 +24,10 @@ from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 
 # FSDP2 is in torch >= 2.4, on the CPU (these tests) from 2.6; below that train.parallel=fsdp is refused
 # (tests/train/test_compat.py).
-pytestmark = pytest.mark.skipif(compat.version_tuple() < compat.FSDP_CPU_MIN_TORCH,
-                                reason=f"FSDP2 on the CPU needs torch >= 2.6; this is {torch.__version__}")
+pytestmark = pytest.mark.skipif(
+    compat.version_tuple() < compat.FSDP_CPU_MIN_TORCH,
+    reason=f"FSDP2 on the CPU needs torch >= 2.6; this is {torch.__version__}",
+)
 
 # Mid-epoch halt (in warm-up), 2 micro-batches per step (gradient sync off for the first) and
 # drop-path (per-step RNG): the state a resume must restore, under sharding.
@@ -105,8 +107,9 @@ def test_fsdp_bf16_computes_in_bf16_and_keeps_fp32_parameters(digits_root, tmp_p
     """train.amp=bf16 under FSDP is FSDP's mixed-precision policy (torchtitan's): weights gathered
     in bf16 for forward/backward, sharded parameters and the gradients the optimizer steps on in
     fp32; and it trains."""
-    run_ranks(2, ["-m", "tests.train.fsdp_mp_worker", str(digits_root), str(tmp_path), "optim.warmup_steps=2"],
-              timeout=240)
+    run_ranks(
+        2, ["-m", "tests.train.fsdp_mp_worker", str(digits_root), str(tmp_path), "optim.warmup_steps=2"], timeout=240
+    )
     for rank in (0, 1):
         r = json.loads((tmp_path / f"result-{rank}.json").read_text())
         assert r["status"] == "finished"
@@ -135,8 +138,16 @@ def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path)
     """Every FSDP forward all-gathers: 359 val images on 3 ranks at 17 a batch are 8, 8 and 7
     batches, and rank 2 must run an eighth (padding) forward or ranks 0 and 1 wait on an all-gather
     it never joins (before: a hang until the collective timeout). The padding counts nowhere."""
-    args = digits_args(digits_root, tmp_path, "uneven", "train.parallel=fsdp", "train.max_steps=2",
-                       "data.batch_size=48", "data.eval_batch_size=17", "train.pg_timeout_s=40")
+    args = digits_args(
+        digits_root,
+        tmp_path,
+        "uneven",
+        "train.parallel=fsdp",
+        "train.max_steps=2",
+        "data.batch_size=48",
+        "data.eval_batch_size=17",
+        "train.pg_timeout_s=40",
+    )
     run_ranks(3, args, timeout=150)
     ev = run_metrics(tmp_path / "uneven", "eval")
     assert len(ev) == 1 and ev[0]["count"] == 359, ev
@@ -153,13 +164,31 @@ def test_ema_with_fsdp_is_refused_when_the_config_loads():
 def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
     """4 steps of the digits model on one process (a gloo group of one); the losses and the
     kinds of the parameters the optimizer steps."""
-    cfg = load(DIGITS, ["data.loader=synthetic", "optim.warmup_steps=0", "optim.lr=1e-3", "train.threads=0",
-                        "model.depth=2", f"train.parallel={parallel}"])
+    cfg = load(
+        DIGITS,
+        [
+            "data.loader=synthetic",
+            "optim.warmup_steps=0",
+            "optim.lr=1e-3",
+            "train.threads=0",
+            "model.depth=2",
+            f"train.parallel={parallel}",
+        ],
+    )
     dist.init(DistInfo(), "gloo", 60, group_of_one=parallel == "fsdp")
     try:
         torch.manual_seed(0)
-        loader = SyntheticLoader(train=True, batch_size=32, world=1, rank=0, size=64, img_size=32,
-                                 num_classes=10, seed=0, device=torch.device("cpu"))
+        loader = SyntheticLoader(
+            train=True,
+            batch_size=32,
+            world=1,
+            rank=0,
+            size=64,
+            img_size=32,
+            num_classes=10,
+            seed=0,
+            device=torch.device("cpu"),
+        )
         tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
         kinds = sorted({type(p).__name__ for g in tr.optimizer.param_groups for p in g["params"]})
         out = []
@@ -184,7 +213,6 @@ def test_fsdp_on_one_rank_shards_and_trains_like_unsharded():
 
 
 def test_bench_on_one_rank_measures_fsdp():
-    r = bench.measure(load(DIGITS, ["train.parallel=fsdp", "model.depth=1", "data.batch_size=16"]), steps=1,
-                      warmup=1)
+    r = bench.measure(load(DIGITS, ["train.parallel=fsdp", "model.depth=1", "data.batch_size=16"]), steps=1, warmup=1)
     assert r["parallel"] == "fsdp" and r["world_size"] == 1 and math.isfinite(r["loss"])
     assert not td.is_initialized()

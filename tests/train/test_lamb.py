@@ -27,7 +27,7 @@ def paper_lamb(x, grads, lr, wd, adapt, steps):
     for t, g in enumerate(grads[:steps], start=1):
         m = B1 * m + (1 - B1) * g
         v = B2 * v + (1 - B2) * g * g
-        r = (m / (1 - B1 ** t)) / (np.sqrt(v / (1 - B2 ** t)) + EPS)
+        r = (m / (1 - B1**t)) / (np.sqrt(v / (1 - B2**t)) + EPS)
         u = r + wd * x
         wn, un = np.linalg.norm(x), np.linalg.norm(u)
         ratio = wn / un if (adapt and wn > 0 and un > 0) else 1.0
@@ -39,15 +39,26 @@ def paper_lamb(x, grads, lr, wd, adapt, steps):
 def test_lamb_matches_the_papers_update(always_adapt):
     rng = np.random.default_rng(0)
     shapes = {"w": (6, 5), "w0": (4, 3), "b": (5,), "ln": (5,)}
-    init = {"w": rng.normal(size=shapes["w"]), "w0": np.zeros(shapes["w0"]),  # ||w|| = 0: ratio 1
-            "b": np.zeros(shapes["b"]), "ln": np.ones(shapes["ln"])}
+    init = {
+        "w": rng.normal(size=shapes["w"]),
+        "w0": np.zeros(shapes["w0"]),  # ||w|| = 0: ratio 1
+        "b": np.zeros(shapes["b"]),
+        "ln": np.ones(shapes["ln"]),
+    }
     steps = 4
     grads = {k: [rng.normal(size=s) for _ in range(steps)] for k, s in shapes.items()}
     grads["w0"][0][:] = 0.0  # first step of w0: ||w|| = ||r|| = 0
     params = {k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float64)) for k, v in init.items()}
-    opt = Lamb([{"params": [params["w"], params["w0"]], "weight_decay": WD},
-                {"params": [params["b"], params["ln"]], "weight_decay": 0.0}],
-               lr=LR, betas=(B1, B2), eps=EPS, always_adapt=always_adapt)
+    opt = Lamb(
+        [
+            {"params": [params["w"], params["w0"]], "weight_decay": WD},
+            {"params": [params["b"], params["ln"]], "weight_decay": 0.0},
+        ],
+        lr=LR,
+        betas=(B1, B2),
+        eps=EPS,
+        always_adapt=always_adapt,
+    )
     for t in range(steps):
         for k, p in params.items():
             p.grad = torch.tensor(grads[k][t], dtype=torch.float64)
@@ -86,9 +97,22 @@ def test_lamb_state_round_trips_and_continues_identically():
 @pytest.mark.slow
 def test_lamb_trains_the_digits_vit(digits_root, tmp_path):
     """40 steps of the digits ViT with LAMB: the loss falls, and the resolved lr is logged and saved."""
-    run_ranks(1, digits_args(digits_root, tmp_path, "lamb", "optim.name=lamb", "optim.lr=0.015",
-                             "optim.lr_ref_batch=16", "optim.lr_scaling=sqrt", "optim.warmup_steps=8",
-                             "optim.schedule=constant", "train.max_steps=40", "run.resume=none"))
+    run_ranks(
+        1,
+        digits_args(
+            digits_root,
+            tmp_path,
+            "lamb",
+            "optim.name=lamb",
+            "optim.lr=0.015",
+            "optim.lr_ref_batch=16",
+            "optim.lr_scaling=sqrt",
+            "optim.warmup_steps=8",
+            "optim.schedule=constant",
+            "train.max_steps=40",
+            "run.resume=none",
+        ),
+    )
     losses = [r["loss"] for r in run_metrics(tmp_path / "lamb", "train")]
     assert len(losses) == 40 and np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.04, losses
     resolved = json.loads((tmp_path / "lamb" / "env.json").read_text())["resolved"]

@@ -28,9 +28,9 @@ def test_layer_decay_scales_each_layer():
     assert set(got) == {n for n, _ in model.named_parameters()}  # every parameter, once
     # MAE: layer id 0 = patch/position embedding and class token, block i = i + 1, after them depth + 1;
     # scale = decay^(depth + 1 - id): 0.5^4 for the embeddings, 0.5^(3 - i) for block i
-    assert got["patch_embed.proj.weight"] == (0.5 ** 4, 0.05)
-    assert got["patch_embed.proj.bias"] == (0.5 ** 4, 0.0)
-    assert got["pos_embed"] == (0.5 ** 4, 0.0) and got["cls_token"] == (0.5 ** 4, 0.0)  # no_weight_decay()
+    assert got["patch_embed.proj.weight"] == (0.5**4, 0.05)
+    assert got["patch_embed.proj.bias"] == (0.5**4, 0.0)
+    assert got["pos_embed"] == (0.5**4, 0.0) and got["cls_token"] == (0.5**4, 0.0)  # no_weight_decay()
     for i in range(3):
         assert got[f"blocks.{i}.attn.qkv.weight"] == (0.5 ** (3 - i), 0.05)
         assert got[f"blocks.{i}.norm1.weight"] == (0.5 ** (3 - i), 0.0)
@@ -44,8 +44,9 @@ def test_without_layer_decay_two_groups_as_before():
     groups = param_groups(model, 0.05)
     assert [g["weight_decay"] for g in groups] == [0.05, 0.0] and all("lr_scale" not in g for g in groups)
     decayed = scales(groups, model)
-    assert {n for n, (_, wd) in decayed.items() if wd} == {n for n, p in model.named_parameters()
-                                                           if p.ndim > 1 and n not in ("pos_embed", "cls_token")}
+    assert {n for n, (_, wd) in decayed.items() if wd} == {
+        n for n, p in model.named_parameters() if p.ndim > 1 and n not in ("pos_embed", "cls_token")
+    }
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lamb"])
@@ -56,8 +57,18 @@ def test_loop_sets_scaled_lrs(name, digits_root, tmp_path):
     from hpctrain.train.dist import DistInfo
     from hpctrain.train.loop import Trainer
 
-    cfg = load(DIGITS, [f"data.root={digits_root}", f"optim.name={name}", "optim.layer_decay=0.75",
-                        "optim.head_lr_mult=3", "optim.warmup_epochs=0", "train.max_steps=1", "data.batch_size=16"])
+    cfg = load(
+        DIGITS,
+        [
+            f"data.root={digits_root}",
+            f"optim.name={name}",
+            "optim.layer_decay=0.75",
+            "optim.head_lr_mult=3",
+            "optim.warmup_epochs=0",
+            "train.max_steps=1",
+            "data.batch_size=16",
+        ],
+    )
     dev = torch.device("cpu")
     train, _ = build_loaders(cfg, 0, 1, dev)
     model = build_vit(cfg.model)
@@ -73,5 +84,5 @@ def test_loop_sets_scaled_lrs(name, digits_root, tmp_path):
         assert g["lr"] == pytest.approx(lr * g["lr_scale"], rel=1e-12)
     got = scales(trainer.optimizer.param_groups, model)
     assert got["patch_embed.proj.weight"][0] == pytest.approx(want[0])
-    assert got["blocks.0.attn.qkv.weight"][0] == pytest.approx(0.75 ** depth)
+    assert got["blocks.0.attn.qkv.weight"][0] == pytest.approx(0.75**depth)
     assert got["head.weight"][0] == pytest.approx(3.0)

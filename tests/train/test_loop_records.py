@@ -49,8 +49,7 @@ def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path
 
 @pytest.mark.slow
 def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "train.ckpt_every=2",
-                             "train.halt_at=4"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "train.ckpt_every=2", "train.halt_at=4"))
     assert steps(tmp_path / "r", "checkpoint") == [2, 4]
     assert steps(tmp_path / "r", "stop") == [4]
 

@@ -34,8 +34,11 @@ def assert_finite_checkpoints(run_dir) -> list[int]:
 
 @pytest.mark.slow
 def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_path):
-    run_ranks(2, digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every=1", "train.keep_best=true"),
-              env={"HPCTRAIN_TEST_NAN": "1:12"})
+    run_ranks(
+        2,
+        digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every=1", "train.keep_best=true"),
+        env={"HPCTRAIN_TEST_NAN": "1:12"},
+    )
     run = tmp_path / "nan"
     steps = assert_finite_checkpoints(run)
     assert max(steps) == 25
@@ -55,13 +58,17 @@ def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nan,setting,why", [
-    ("1:12", "train.on_nonfinite=stop", "train.on_nonfinite=stop"),
-    ("1:12:always", "train.max_rollbacks=1", "train.max_rollbacks=1 used up"),
-])
+@pytest.mark.parametrize(
+    "nan,setting,why",
+    [
+        ("1:12", "train.on_nonfinite=stop", "train.on_nonfinite=stop"),
+        ("1:12:always", "train.max_rollbacks=1", "train.max_rollbacks=1 used up"),
+    ],
+)
 def test_nan_stops_with_the_reason_and_a_nonzero_exit(nan, setting, why, digits_root, tmp_path):
-    out = run_ranks(2, digits_args(digits_root, tmp_path, "stop", *SETS, setting), env={"HPCTRAIN_TEST_NAN": nan},
-                    check=False)
+    out = run_ranks(
+        2, digits_args(digits_root, tmp_path, "stop", *SETS, setting), env={"HPCTRAIN_TEST_NAN": nan}, check=False
+    )
     assert [r.returncode for r in out] == [2, 2], out[0].stdout[-3000:]
     line = f"hpctrain: error: training stopped at step 15: a non-finite loss or gradient norm ({why})"
     assert line in out[0].stdout
@@ -76,8 +83,18 @@ def test_nan_stops_with_the_reason_and_a_nonzero_exit(nan, setting, why, digits_
 def test_digits_at_lr_50_never_finishes_with_nan_weights(digits_root, tmp_path):
     """The demo diverged at optim.lr=50 to "finished" with NaN checkpoints: now it rolls back, and
     stops with the reason when the rollbacks are used up (it diverges again after each)."""
-    r = hpctrain(*digits_args(digits_root, tmp_path, "lr50", "optim.lr=50", "train.max_steps=40",
-                              "train.log_every=5", "train.ckpt_every=5")[2:], timeout=300)
+    r = hpctrain(
+        *digits_args(
+            digits_root,
+            tmp_path,
+            "lr50",
+            "optim.lr=50",
+            "train.max_steps=40",
+            "train.log_every=5",
+            "train.ckpt_every=5",
+        )[2:],
+        timeout=300,
+    )
     run = tmp_path / "lr50"
     assert_finite_checkpoints(run)
     assert run_metrics(run, "rollback"), r.stderr[-3000:]
@@ -116,8 +133,12 @@ def test_prune_keeps_the_protected_good_checkpoint(tmp_path):
 
 
 def test_status_names_the_last_divergence_and_its_rollback():
-    m = summarize([{"kind": "nonfinite", "step": 15, "reason": "spike", "loss": 9.0, "median": 2.0},
-                   {"kind": "rollback", "step": 10, "from_step": 15, "checkpoint": "step-00000010",
-                    "skip_batches": 5}])
-    assert divergence_text(m) == ("1 event(s), 1 rollback(s); last: spike at step 15, rolled back to step 10 "
-                                  "(step-00000010), 5 batches skipped")
+    m = summarize(
+        [
+            {"kind": "nonfinite", "step": 15, "reason": "spike", "loss": 9.0, "median": 2.0},
+            {"kind": "rollback", "step": 10, "from_step": 15, "checkpoint": "step-00000010", "skip_batches": 5},
+        ]
+    )
+    assert divergence_text(m) == (
+        "1 event(s), 1 rollback(s); last: spike at step 15, rolled back to step 10 (step-00000010), 5 batches skipped"
+    )

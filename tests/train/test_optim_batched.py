@@ -30,8 +30,9 @@ class Kernels(TorchDispatchMode):
             first = lists[0]
             # _foreach_copy_ converts dtypes in its batched kernel (skip_dtype_check in torch's CUDA copy)
             same_dtype = name == "_foreach_copy_" or all(t.dtype == first[0].dtype for lst in lists for t in lst)
-            fast = same_dtype and all(t.shape == f.shape and t.stride() == f.stride()
-                                      for lst in lists for t, f in zip(lst, first))
+            fast = same_dtype and all(
+                t.shape == f.shape and t.stride() == f.stride() for lst in lists for t, f in zip(lst, first)
+            )
             self.count += 1 if fast else len(first)
             if not fast:
                 self.per_tensor.append(func.__name__)
@@ -60,8 +61,9 @@ def step_kernels(cls, blocks: int, **kw) -> Kernels:
     return k
 
 
-@pytest.mark.parametrize("cls, kw", [(Lamb, {}), (Lamb, {"always_adapt": True}), (AdamWLowMu, {}),
-                                     (AdamWLowMu, {"mu_dtype": torch.float32})])
+@pytest.mark.parametrize(
+    "cls, kw", [(Lamb, {}), (Lamb, {"always_adapt": True}), (AdamWLowMu, {}), (AdamWLowMu, {"mu_dtype": torch.float32})]
+)
 def test_device_step_kernels_do_not_grow_with_the_parameter_tensors(cls, kw):
     """Before: LAMB's w += -lr·r·ratio was one `_foreach_addcmul_` with a list of 0-d ratios, which
     CUDA runs one kernel per tensor (3 blocks: 13 kernels more than 1 block's)."""
@@ -92,12 +94,17 @@ def test_lamb_scaled_per_shape_equals_the_addcmul_step_bit_for_bit(fused, always
     kernel computes fma(value·r, ratio, w) either way): every parameter and moment equal after 5 steps."""
     init = model(3)
     init[5].data.zero_()  # ||w|| = 0: the ratio is 1
-    new, old = [torch.nn.Parameter(t.detach().clone()) for t in init], [torch.nn.Parameter(t.detach().clone())
-                                                                          for t in init]
+    new, old = (
+        [torch.nn.Parameter(t.detach().clone()) for t in init],
+        [torch.nn.Parameter(t.detach().clone()) for t in init],
+    )
     opts = []
     for cls, ps in ((Lamb, new), (LambAddcmul, old)):
-        opt = cls([{"params": ps[:6], "weight_decay": 0.1}, {"params": ps[6:], "weight_decay": 0.0}],
-                  lr=0.05, always_adapt=always_adapt)
+        opt = cls(
+            [{"params": ps[:6], "weight_decay": 0.1}, {"params": ps[6:], "weight_decay": 0.0}],
+            lr=0.05,
+            always_adapt=always_adapt,
+        )
         opt.cpu_fused = fused
         opts.append(opt)
     for s in range(5):

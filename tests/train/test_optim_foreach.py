@@ -45,10 +45,10 @@ class PerTensor:
         m = state["exp_avg"].float().mul_(beta1).add_(g, alpha=1 - beta1)
         v = state["exp_avg_sq"]
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
+        denom = (v / (1 - beta2**t)).sqrt_().add_(eps)
         if wd:
             p.mul_(1 - lr * wd)
-        p.add_((m / (1 - beta1 ** t)).div_(denom).to(p.dtype), alpha=-lr)
+        p.add_((m / (1 - beta1**t)).div_(denom).to(p.dtype), alpha=-lr)
         state["exp_avg"].copy_(m)
 
     @staticmethod
@@ -58,8 +58,8 @@ class PerTensor:
         m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
         m.lerp_(g, 1 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v / (1 - beta2 ** t)).sqrt_().add_(eps)
-        r = (m / (1 - beta1 ** t)).div_(denom)
+        denom = (v / (1 - beta2**t)).sqrt_().add_(eps)
+        r = (m / (1 - beta1**t)).div_(denom)
         if wd:
             r.add_(p, alpha=wd)
         if wd != 0 or group["always_adapt"]:
@@ -80,8 +80,11 @@ def tensors(dtypes: list[torch.dtype], seed: int) -> list[torch.Tensor]:
 CASES = {
     "adamw-bf16-mu": ("adamw", [torch.float32] * 5, torch.bfloat16),
     "adamw-fp32-mu": ("adamw", [torch.float32] * 5, torch.float32),
-    "adamw-bf16-params": ("adamw", [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32],
-                          torch.bfloat16),
+    "adamw-bf16-params": (
+        "adamw",
+        [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32],
+        torch.bfloat16,
+    ),
     "lamb-decayed": ("lamb", [torch.float32] * 5, None),
     "lamb-all": ("lamb", [torch.float32, torch.float64, torch.float32, torch.float64, torch.float32], None),
 }
@@ -97,10 +100,24 @@ def test_foreach_step_equals_the_per_tensor_update(case, chunk, fused):
     old = [torch.nn.Parameter(t.clone()) for t in init]
 
     def groups(ps, lr):  # two groups, as param_groups makes them; LAMB adapts the second only with "all"
-        return [{"params": ps[:3], "lr": lr, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.1,
-                 "always_adapt": case == "lamb-all"},
-                {"params": ps[3:], "lr": lr, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0,
-                 "always_adapt": case == "lamb-all"}]
+        return [
+            {
+                "params": ps[:3],
+                "lr": lr,
+                "betas": (0.9, 0.999),
+                "eps": 1e-6,
+                "weight_decay": 0.1,
+                "always_adapt": case == "lamb-all",
+            },
+            {
+                "params": ps[3:],
+                "lr": lr,
+                "betas": (0.9, 0.999),
+                "eps": 1e-6,
+                "weight_decay": 0.0,
+                "always_adapt": case == "lamb-all",
+            },
+        ]
 
     if kind == "adamw":
         opt = AdamWLowMu(new, lr=0.01, eps=1e-6, weight_decay=0.1, mu_dtype=mu)
@@ -153,8 +170,11 @@ class Calls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.skipif(not compat.cpu_fused_adam(), reason=f"torch {torch.__version__} has no fused Adam kernel on the "
-                    "CPU (2.4+): the step keeps the foreach ops, which the equality tests check")
+@pytest.mark.skipif(
+    not compat.cpu_fused_adam(),
+    reason=f"torch {torch.__version__} has no fused Adam kernel on the "
+    "CPU (2.4+): the step keeps the foreach ops, which the equality tests check",
+)
 @pytest.mark.parametrize("cls", [AdamWLowMu, Lamb])
 def test_cpu_fp32_step_takes_torchs_fused_adam_kernel_once_per_chunk(cls):
     """On the CPU the moments and the Adam direction of fp32 tensors come from one fused pass per chunk,
@@ -191,8 +211,10 @@ def test_a_state_dict_written_per_tensor_loads_and_continues_identically(cls):
     new = [torch.nn.Parameter(q.detach().clone()) for q in old]
     opt = cls(new, **hp, **({"mu_dtype": mu} if kind == "adamw" else {"always_adapt": True}))
     hyper = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
-    saved = {"state": {i: {k: v.clone() for k, v in ref.state[q].items()} for i, q in enumerate(old)},
-             "param_groups": [{**hyper, "params": list(range(5))}]}
+    saved = {
+        "state": {i: {k: v.clone() for k, v in ref.state[q].items()} for i, q in enumerate(old)},
+        "param_groups": [{**hyper, "params": list(range(5))}],
+    }
     opt.load_state_dict(saved)
     for step in range(2, 4):
         for p, q, g in zip(new, old, grads_at(step)):
@@ -205,8 +227,10 @@ def test_a_state_dict_written_per_tensor_loads_and_continues_identically(cls):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(compat.version_tuple() < compat.FSDP_CPU_MIN_TORCH,
-                    reason=f"FSDP2 on the CPU needs torch >= 2.6; this is {torch.__version__}")
+@pytest.mark.skipif(
+    compat.version_tuple() < compat.FSDP_CPU_MIN_TORCH,
+    reason=f"FSDP2 on the CPU needs torch >= 2.6; this is {torch.__version__}",
+)
 def test_adamw_low_mu_steps_fsdp2_sharded_parameters(tmp_path):
     """optim.mu_dtype=bf16 with train.parallel=fsdp: the parameters and moments are DTensors, for which
     torch has no `_foreach_copy_` rule; 2 gloo ranks step like the per-tensor reference on whole tensors."""

@@ -69,8 +69,16 @@ def test_a_matmul_that_raises_names_its_node():
     ecc = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
     peak, source = peak_tflops("NVIDIA H200")
     refs = dict(REFS, peak=peak, peak_source=source)
-    v = preflight.judge(["a", "a", "b", "b"], [0, 1, 0, 1], [790.0, None, 785.0, 780.0], [], [], [None] * 4,
-                        errors=[None, ecc, None, None], **refs)
+    v = preflight.judge(
+        ["a", "a", "b", "b"],
+        [0, 1, 0, 1],
+        [790.0, None, 785.0, 780.0],
+        [],
+        [],
+        [None] * 4,
+        errors=[None, ecc, None, None],
+        **refs,
+    )
     assert v.bad == {"a": f"matmul failed on rank 1 (GPU 1): {ecc}"} and not v.shared
     v = preflight.judge(["a", "b"], [0, 0], [None, None], [], [], [None] * 2, errors=[ecc, ecc], **refs)
     assert not v.bad and v.shared == [f"the matmul fails on every rank: {ecc}"]
@@ -144,10 +152,14 @@ def _nodes(*names: str) -> list[dict]:
 @pytest.mark.slow
 def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
-    out = run_ranks(4, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch",
-                                   "train.preflight_tolerance=0.5"),
-                    env={badnodes.ENV: str(bad_file), "HPCTRAIN_TEST_DELAY": "2:1.0:preflight"},
-                    rank_env=_nodes("n1", "n1", "n2", "n2"), check=False, timeout=120)
+    out = run_ranks(
+        4,
+        digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", "train.preflight_tolerance=0.5"),
+        env={badnodes.ENV: str(bad_file), "HPCTRAIN_TEST_DELAY": "2:1.0:preflight"},
+        rank_env=_nodes("n1", "n1", "n2", "n2"),
+        check=False,
+        timeout=120,
+    )
     assert [r.returncode for r in out] == [2] * 4
     assert list(badnodes.read(bad_file)) == ["n2"]
     assert badnodes.read(bad_file)["n2"].startswith("preflight: matmul on rank 2 (GPU 2)")
@@ -170,8 +182,13 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
     # the default tolerance (30 %): two ranks sharing a loaded 2-core machine differed by up to ~40 % at
     # their median repetitions; the CPU rate is the fastest repetition's (contention only slows one)
-    run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=dali"),
-              env={badnodes.ENV: str(bad_file)}, rank_env=_nodes("n1", "n2"), timeout=120)
+    run_ranks(
+        2,
+        digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=dali"),
+        env={badnodes.ENV: str(bad_file)},
+        rank_env=_nodes("n1", "n2"),
+        timeout=120,
+    )
     assert not bad_file.exists()
     (rec,) = run_metrics(tmp_path / "r", "preflight")
     assert rec["passed"] is True and rec["bad_nodes"] == {} and rec["shared"] == [] and rec["notes"] == []
@@ -186,8 +203,9 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
 @pytest.mark.slow
 def test_the_check_runs_again_when_a_run_resumes(digits_root, tmp_path):
     for halt in (2, 0):  # halted at step 2 as if preempted, then resumed
-        run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", f"train.halt_at={halt}"),
-                  timeout=120)
+        run_ranks(
+            1, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", f"train.halt_at={halt}"), timeout=120
+        )
     recs = run_metrics(tmp_path / "r", "preflight")
     assert len(recs) == 2 and all(r["passed"] and "one node: no node pair to time" in r["notes"] for r in recs)
     assert [r["step"] for r in run_metrics(tmp_path / "r", "train")] == [1, 2, 3]

@@ -25,8 +25,10 @@ def trace_steps(path) -> int:
 def test_profile_window_writes_traces_and_summary_for_rank_0_and_the_last(digits_root, tmp_path):
     run_ranks(2, digits_args(digits_root, tmp_path, "prof", "train.max_steps=5", "train.profile_steps=3-4"))
     prof = tmp_path / "prof" / "profile"
-    assert sorted(p.name for p in prof.iterdir()) == ["rank-0-step-3.pt.trace.json.gz",
-                                                      "rank-1-step-3.pt.trace.json.gz"]
+    assert sorted(p.name for p in prof.iterdir()) == [
+        "rank-0-step-3.pt.trace.json.gz",
+        "rank-1-step-3.pt.trace.json.gz",
+    ]
     for rank in (0, 1):
         assert trace_steps(prof / f"rank-{rank}-step-3.pt.trace.json.gz") == 2
         text = (tmp_path / "prof" / "logs" / f"rank-{rank}.log").read_text()
@@ -37,20 +39,26 @@ def test_profile_window_writes_traces_and_summary_for_rank_0_and_the_last(digits
 
 @pytest.mark.slow
 def test_profile_ranks_picks_the_ranks(digits_root, tmp_path):
-    run_ranks(2, digits_args(digits_root, tmp_path, "prof", "train.max_steps=3", "train.profile_steps=2-2",
-                             "train.profile_ranks=[1]"))
+    run_ranks(
+        2,
+        digits_args(
+            digits_root, tmp_path, "prof", "train.max_steps=3", "train.profile_steps=2-2", "train.profile_ranks=[1]"
+        ),
+    )
     assert [p.name for p in (tmp_path / "prof" / "profile").iterdir()] == ["rank-1-step-2.pt.trace.json.gz"]
 
 
 @pytest.mark.slow
 def test_no_profiler_is_built_when_profile_steps_is_empty(digits_root, tmp_path):
     """torch.profiler.profile raises if constructed: the run still trains, so none was."""
-    code = ("import sys, torch.profiler\n"
-            "def boom(*a, **k): raise AssertionError('a profiler was built')\n"
-            "torch.profiler.profile.__init__ = boom\n"
-            "from hpctrain.cli import main\n"
-            "sys.argv = ['hpctrain', *sys.argv[1:]]\n"
-            "sys.exit(main())\n")
+    code = (
+        "import sys, torch.profiler\n"
+        "def boom(*a, **k): raise AssertionError('a profiler was built')\n"
+        "torch.profiler.profile.__init__ = boom\n"
+        "from hpctrain.cli import main\n"
+        "sys.argv = ['hpctrain', *sys.argv[1:]]\n"
+        "sys.exit(main())\n"
+    )
     args = digits_args(digits_root, tmp_path, "noprof", "train.max_steps=2")
     r = subprocess.run([sys.executable, "-c", code, *args[2:]], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

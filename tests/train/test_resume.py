@@ -13,8 +13,14 @@ from tests.helpers import digits_args, run_ranks
 # Mid-epoch halt (22 steps/epoch at batch 64), mixup+cutmix, drop-path and EMA all on: every piece
 # of state that a resume must restore is exercised. DDP as configured by default (static_graph on:
 # train.ddp_static_graph=auto with train.accum_steps=1); gradient accumulation has its own case.
-SETS = ["train.max_steps=30", "train.mixup=0.8", "train.cutmix=1.0", "model.drop_path=0.1",
-        "train.ema=0.9", "optim.warmup_steps=5"]
+SETS = [
+    "train.max_steps=30",
+    "train.mixup=0.8",
+    "train.cutmix=1.0",
+    "model.drop_path=0.1",
+    "train.ema=0.9",
+    "optim.warmup_steps=5",
+]
 
 
 def final_state(run_dir):
@@ -61,8 +67,16 @@ def test_halt_and_resume_equals_uninterrupted_with_accumulation(digits_root, tmp
 
 # DeiT-B's data and schedule options (configs/vit_b16_imagenet.yaml): repeated augmentation (20 steps
 # per epoch here: ⌊1438/256⌋·256 / 64), random erasing, bicubic, per-epoch lr from warmup_lr, cool-down.
-DEIT_SETS = ["data.repeated_aug=3", "data.reprob=0.25", "data.interpolation=bicubic", "optim.warmup_lr=1e-6",
-             "optim.lr_update=epoch", "optim.cooldown_epochs=0.5", "train.epochs=2", "train.max_steps=22"]
+DEIT_SETS = [
+    "data.repeated_aug=3",
+    "data.reprob=0.25",
+    "data.interpolation=bicubic",
+    "optim.warmup_lr=1e-6",
+    "optim.lr_update=epoch",
+    "optim.cooldown_epochs=0.5",
+    "train.epochs=2",
+    "train.max_steps=22",
+]
 
 
 @pytest.mark.slow

@@ -16,8 +16,9 @@ from hpctrain.config import ConfigError, load
 from hpctrain.train.optim import lr_schedule
 
 
-def timm_get_lr(t: float, base: float, warmup_t: float, warmup_lr_init: float, t_initial: float,
-                lr_min: float) -> float:
+def timm_get_lr(
+    t: float, base: float, warmup_t: float, warmup_lr_init: float, t_initial: float, lr_min: float
+) -> float:
     if t < warmup_t:
         return warmup_lr_init + t * (base - warmup_lr_init) / warmup_t
     i = t // t_initial
@@ -38,8 +39,12 @@ def deit_epoch_lrs(epochs: int, **kw) -> list[float]:
 
 def test_epoch_updates_follow_deit_and_timm():
     spe, epochs = 7, 30
-    cfg = load(data={"optim": {"lr": 1e-3, "warmup_epochs": 5, "warmup_lr": 1e-6, "min_lr": 1e-5,
-                               "lr_update": "epoch"}, "train": {"epochs": epochs}})
+    cfg = load(
+        data={
+            "optim": {"lr": 1e-3, "warmup_epochs": 5, "warmup_lr": 1e-6, "min_lr": 1e-5, "lr_update": "epoch"},
+            "train": {"epochs": epochs},
+        }
+    )
     lr = lr_schedule(cfg, spe, epochs * spe)
     want = deit_epoch_lrs(epochs, base=1e-3, warmup_t=5, warmup_lr_init=1e-6, t_initial=epochs, lr_min=1e-5)
     got = [[lr(e * spe + i) for i in range(spe)] for e in range(epochs)]
@@ -52,21 +57,35 @@ def test_epoch_updates_follow_deit_and_timm():
 def test_cooldown_holds_min_lr_after_the_cosine():
     """timm train.py: cosine over t_initial epochs, then cooldown epochs at lr_min (per epoch here)."""
     spe, epochs, cool = 4, 20, 5
-    cfg = load(data={"optim": {"lr": 2e-3, "warmup_epochs": 3, "warmup_lr": 1e-6, "min_lr": 1e-5,
-                               "cooldown_epochs": cool, "lr_update": "epoch"}, "train": {"epochs": epochs}})
+    cfg = load(
+        data={
+            "optim": {
+                "lr": 2e-3,
+                "warmup_epochs": 3,
+                "warmup_lr": 1e-6,
+                "min_lr": 1e-5,
+                "cooldown_epochs": cool,
+                "lr_update": "epoch",
+            },
+            "train": {"epochs": epochs},
+        }
+    )
     lr = lr_schedule(cfg, spe, epochs * spe)
-    want = deit_epoch_lrs(epochs, base=2e-3, warmup_t=3, warmup_lr_init=1e-6, t_initial=epochs - cool,
-                          lr_min=1e-5)
+    want = deit_epoch_lrs(epochs, base=2e-3, warmup_t=3, warmup_lr_init=1e-6, t_initial=epochs - cool, lr_min=1e-5)
     assert [lr(e * spe) for e in range(epochs)] == pytest.approx(want, rel=1e-12, abs=0)
     # timm's lr reaches lr_min at epoch 15; DeiT's one-epoch lag trains epochs 16..19 there
-    assert want[-(cool - 1):] == [1e-5] * (cool - 1) and want[-cool] > 1e-5
+    assert want[-(cool - 1) :] == [1e-5] * (cool - 1) and want[-cool] > 1e-5
 
 
 def test_per_step_warmup_starts_at_warmup_lr_and_cools_down():
     """Per-step: timm's formula with t = update count (t_in_epochs=False), warm-up from warmup_lr_init."""
     total, warm, cool = 100, 10, 20
-    cfg = load(data={"optim": {"lr": 1e-3, "warmup_steps": warm, "warmup_lr": 1e-6, "min_lr": 1e-5,
-                               "cooldown_epochs": 2}, "train": {"epochs": 10}})
+    cfg = load(
+        data={
+            "optim": {"lr": 1e-3, "warmup_steps": warm, "warmup_lr": 1e-6, "min_lr": 1e-5, "cooldown_epochs": 2},
+            "train": {"epochs": 10},
+        }
+    )
     lr = lr_schedule(cfg, 10, total)
     for s in range(warm):  # step s trains after s+1 updates of the warm-up line
         assert lr(s) == pytest.approx(1e-6 + (s + 1) * (1e-3 - 1e-6) / warm, rel=1e-12)

@@ -16,8 +16,10 @@ from hpctrain.train import compat
 from tests.faults.local import start_ranks
 from tests.helpers import DIGITS, digits_args, run_ranks
 
-pytestmark = pytest.mark.skipif(compat.version_tuple() < compat.SHARDED_MIN_TORCH,
-                                reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}")
+pytestmark = pytest.mark.skipif(
+    compat.version_tuple() < compat.SHARDED_MIN_TORCH,
+    reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
+)
 
 SETS = ["train.max_steps=4", "train.ema=0.9", "train.ckpt_format=sharded", "train.mixup=0.8", "data.batch_size=16"]
 
@@ -67,8 +69,16 @@ def test_sigkill_during_background_save_keeps_previous(digits_root, tmp_path):
     # A wider model (~13 M parameters: ~150 MB with AdamW and EMA) makes each save take long
     # enough to be caught in flight (the temp directory the ranks write into exists); a small batch
     # keeps the steps short.
-    sets = ["train.max_steps=200", "train.ckpt_every=3", "train.ckpt_async=true", "model.width=512",
-            "model.heads=8", "model.depth=4", "train.mixup=0", "data.batch_size=8"]
+    sets = [
+        "train.max_steps=200",
+        "train.ckpt_every=3",
+        "train.ckpt_async=true",
+        "model.width=512",
+        "model.heads=8",
+        "model.depth=4",
+        "train.mixup=0",
+        "data.batch_size=8",
+    ]
     procs = start_ranks(1, digits_root, tmp_path, "k", *sets)
     d = ckpt.ckpt_dir(tmp_path / "k")
     first, second = d / ckpt.name(3, "sharded"), d / f".{ckpt.name(6, 'sharded')}.tmp"

@@ -24,10 +24,29 @@ CUDA_ONLY = {"mem_alloc_gb", "mem_reserved_gb", "mem_pct", "gpus"}
 
 
 def train_records(tmp_path, *sets: str) -> list[dict]:
-    cfg = load(DIGITS, ["data.loader=synthetic", "data.batch_size=16", "train.max_steps=4",
-                        "train.log_every=2", "train.eval_every=0", "train.ckpt_every=0", *sets])
-    loader = SyntheticLoader(train=True, batch_size=16, world=1, rank=0, size=64, img_size=cfg.model.img_size,
-                             num_classes=cfg.model.num_classes, seed=0, device=torch.device("cpu"))
+    cfg = load(
+        DIGITS,
+        [
+            "data.loader=synthetic",
+            "data.batch_size=16",
+            "train.max_steps=4",
+            "train.log_every=2",
+            "train.eval_every=0",
+            "train.ckpt_every=0",
+            *sets,
+        ],
+    )
+    loader = SyntheticLoader(
+        train=True,
+        batch_size=16,
+        world=1,
+        rank=0,
+        size=64,
+        img_size=cfg.model.img_size,
+        num_classes=cfg.model.num_classes,
+        seed=0,
+        device=torch.device("cpu"),
+    )
     torch.manual_seed(0)
     tmp_path.mkdir()
     Trainer(cfg, DistInfo(), torch.device("cpu"), tmp_path, loader, None, build_vit(cfg.model)).run()
@@ -174,8 +193,10 @@ def test_gpu_nvml_opens_none_gives_no_sampler(monkeypatch, hpctrain_log):
     with hpctrain_log.at_level("INFO", logger="hpctrain"):
         assert gpustats.NvmlSampler.start() is None
     assert nvml.shut and nvml_threads() == []
-    assert any("GPU 0 (Insufficient Permissions), 1 (Insufficient Permissions) skipped" in r.getMessage()
-               for r in hpctrain_log.records)
+    assert any(
+        "GPU 0 (Insufficient Permissions), 1 (Insufficient Permissions) skipped" in r.getMessage()
+        for r in hpctrain_log.records
+    )
 
 
 class FlakyNvml(FakeNvml):
@@ -192,7 +213,6 @@ def test_gpu_reading_that_fails_drops_only_that_gpu_said_once(hpctrain_log):
     with hpctrain_log.at_level("INFO", logger="hpctrain"):
         s.sample()
         s.sample()
-    assert s.take() == [{"index": 4, "util_pct": 90.0, "mem_used_gb": 40.0, "power_w": 600.0,
-                         "sm_clock_mhz": 1980.0}]
+    assert s.take() == [{"index": 4, "util_pct": 90.0, "mem_used_gb": 40.0, "power_w": 600.0, "sm_clock_mhz": 1980.0}]
     said = [r for r in hpctrain_log.records if "GPU 6 failed" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"

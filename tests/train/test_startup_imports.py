@@ -11,8 +11,10 @@ from tests.helpers import ROOT
 
 
 def test_the_task_imports_no_distributed_checkpoint_before_it_needs_one():
-    code = ("import sys; import hpctrain.launch.task, hpctrain.train.entry, hpctrain.train.loop; "
-            "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint')))")
+    code = (
+        "import sys; import hpctrain.launch.task, hpctrain.train.entry, hpctrain.train.loop; "
+        "print(sorted(m for m in sys.modules if m.startswith('torch.distributed.checkpoint')))"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr

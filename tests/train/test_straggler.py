@@ -41,8 +41,9 @@ DELAY = 0.4
 
 @pytest.mark.parametrize("where", ["data", "compute"])
 def test_slowed_rank_is_named_with_its_cause(digits_root, tmp_path, where):
-    out = run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS),
-                    env={"HPCTRAIN_TEST_DELAY": f"2:{DELAY}:{where}"})
+    out = run_ranks(
+        3, digits_args(digits_root, tmp_path, "r", *SETS), env={"HPCTRAIN_TEST_DELAY": f"2:{DELAY}:{where}"}
+    )
     recs = run_metrics(tmp_path / "r", "straggler")
     assert recs, "no straggler record"
     assert {r["rank"] for r in recs} == {2} and {r["cause"] for r in recs} == {where}
@@ -70,10 +71,26 @@ def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops
     stops (kind `exclude`) at the same step on every rank, the node goes to the batch shell's bad-node
     file, and rank 0 asks the shell for a requeue (which, with spares, becomes a restart in place)."""
     bad, stop = tmp_path / "bad-nodes-9", tmp_path / "stop-9"
-    out = run_ranks(2, digits_args(digits_root, tmp_path, "x", "train.max_steps=20", "train.log_every=1",
-                                   "data.batch_size=48", "data.loader=synthetic", "train.exclude_straggler_pct=20"),
-                    env={"HPCTRAIN_TEST_DELAY": f"1:{DELAY}:data", "HPCTRAIN_BAD_NODES_FILE": str(bad),
-                         "HPCTRAIN_STOP_FILE": str(stop), "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node-7"})
+    out = run_ranks(
+        2,
+        digits_args(
+            digits_root,
+            tmp_path,
+            "x",
+            "train.max_steps=20",
+            "train.log_every=1",
+            "data.batch_size=48",
+            "data.loader=synthetic",
+            "train.exclude_straggler_pct=20",
+        ),
+        env={
+            "HPCTRAIN_TEST_DELAY": f"1:{DELAY}:data",
+            "HPCTRAIN_BAD_NODES_FILE": str(bad),
+            "HPCTRAIN_STOP_FILE": str(stop),
+            "SLURM_JOB_ID": "9",
+            "SLURMD_NODENAME": "node-7",
+        },
+    )
     run = tmp_path / "x"
     (ex,) = run_metrics(run, "straggler_exclude")
     assert ex["rank"] == 1 and ex["node"] == "node-7" and "3 log intervals in a row" in ex["why"]

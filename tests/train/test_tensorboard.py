@@ -20,8 +20,18 @@ EPOCH = 22  # steps per epoch of digits at batch 64 (world 1)
 
 def digits(root, run_dir, *sets: str):
     """The digits demo config, trained in this process (a subprocess costs ~7 s of CPU to start)."""
-    return load("digits_vit", [f"data.root={root}", "data.prepare=none", f"run.dir={run_dir}", "run.name=r",
-                               "train.threads=1", "train.log_every=1", *sets])
+    return load(
+        "digits_vit",
+        [
+            f"data.root={root}",
+            "data.prepare=none",
+            f"run.dir={run_dir}",
+            "run.name=r",
+            "train.threads=1",
+            "train.log_every=1",
+            *sets,
+        ],
+    )
 
 
 def read_tb(tb_dir, purge: bool = True) -> ea.EventAccumulator:
@@ -42,8 +52,14 @@ def expected(run_dir) -> dict[str, dict[int, float]]:
 
 
 def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_path):
-    sets = ["train.max_steps=26", f"train.ckpt_every={EPOCH}", "train.eval_every=1", "train.keep_ckpts=3",
-            "train.ema=0.9", "train.tensorboard=true"]
+    sets = [
+        "train.max_steps=26",
+        f"train.ckpt_every={EPOCH}",
+        "train.eval_every=1",
+        "train.keep_ckpts=3",
+        "train.ema=0.9",
+        "train.tensorboard=true",
+    ]
     run = tmp_path / "r"
     # attempt 1: checkpoint and eval at 22, trains on, stops at 24
     assert train(digits(digits_root, tmp_path, *sets, "train.halt_at=24"))["status"] == "halted"
@@ -58,8 +74,17 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
     assert [e.step for e in raw.Scalars("eval/top1")].count(EPOCH) == 2
 
     acc, want = read_tb(run / "tb"), expected(run)
-    assert {"train/loss", "train/lr", "train/grad_norm", "train/images_per_s", "train/data_wait", "eval/top1",
-            "eval/top5", "eval/loss", "eval/ema_top1"} <= set(want)
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/images_per_s",
+        "train/data_wait",
+        "eval/top1",
+        "eval/top5",
+        "eval/loss",
+        "eval/ema_top1",
+    } <= set(want)
     assert set(acc.Tags()["scalars"]) == set(want)
     jsonl_time = {r["step"]: r["time"] for r in run_metrics(run, "train")}
     for tag, points in want.items():
@@ -82,7 +107,14 @@ def test_without_tensorboard_one_warning_and_no_directory(tmp_path, monkeypatch,
 
 
 def test_gpu_entries_become_per_gpu_tags():
-    rec = {"kind": "train", "time": 1.0, "step": 40, "epoch": 0.5, "loss": 2.5, "skipped": True,
-           "gpus": [{"index": 0, "util_pct": 97, "power_w": 650.5}, {"index": 3, "util_pct": 12, "name": "H200"}]}
+    rec = {
+        "kind": "train",
+        "time": 1.0,
+        "step": 40,
+        "epoch": 0.5,
+        "loss": 2.5,
+        "skipped": True,
+        "gpus": [{"index": 0, "util_pct": 97, "power_w": 650.5}, {"index": 3, "util_pct": 12, "name": "H200"}],
+    }
     assert scalars(rec) == {"train/loss": 2.5, "gpu0/util_pct": 97.0, "gpu0/power_w": 650.5, "gpu3/util_pct": 12.0}
     assert scalars({"kind": "checkpoint", "step": 40, "time": 1.0}) == {}

@@ -21,8 +21,16 @@ mlflow = pytest.importorskip("mlflow", reason="the trackers extra (pip install '
 pytest.importorskip("wandb", reason="the trackers extra (pip install 'hpctrain[trackers]')")
 
 HALT, STEPS = 5, 7  # stop at step 5, resume from the checkpoint at 4 (5 replayed), to 7; eval at the end
-SETS = ["train.threads=1", "train.ckpt_every=2", "train.keep_ckpts=5", "train.log_every=1", "train.eval_every=0",
-        f"train.max_steps={STEPS}", "train.tensorboard=false", "train.trackers=[mlflow,wandb]"]
+SETS = [
+    "train.threads=1",
+    "train.ckpt_every=2",
+    "train.keep_ckpts=5",
+    "train.log_every=1",
+    "train.eval_every=0",
+    f"train.max_steps={STEPS}",
+    "train.tensorboard=false",
+    "train.trackers=[mlflow,wandb]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +44,12 @@ def run_dir(digits_root, tmp_path_factory):
     d = tmp_path_factory.mktemp("trackers")
 
     def train(*sets: str) -> dict:
-        return run(load("digits_vit", [f"data.root={digits_root}", "data.prepare=none", f"run.dir={d}",
-                                       "run.name=tr", *SETS, *sets]))
+        return run(
+            load(
+                "digits_vit",
+                [f"data.root={digits_root}", "data.prepare=none", f"run.dir={d}", "run.name=tr", *SETS, *sets],
+            )
+        )
 
     assert train(f"train.halt_at={HALT}")["status"] == "halted"
     newest, older = ckpt.list_checkpoints(d / "tr")[:2]
@@ -134,8 +146,10 @@ def test_report_from_the_mlflow_store_draws_the_data_of_metrics_jsonl(run_dir):
 
 @pytest.mark.slow
 def test_sync_uploads_every_attempt_into_one_wandb_run_without_torch(run_dir):
-    code = ("import sys; from hpctrain.cli import main; rc = main(['sync', sys.argv[1], '--dry-run']); "
-            "assert not {'torch', 'numpy'} & set(sys.modules), 'heavy import'; sys.exit(rc)")
+    code = (
+        "import sys; from hpctrain.cli import main; rc = main(['sync', sys.argv[1], '--dry-run']); "
+        "assert not {'torch', 'numpy'} & set(sys.modules), 'heavy import'; sys.exit(rc)"
+    )
     r = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     line, ml = r.stdout.splitlines()
@@ -146,18 +160,33 @@ def test_sync_uploads_every_attempt_into_one_wandb_run_without_torch(run_dir):
 
 
 def test_unknown_tracker_is_one_line_naming_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"train.trackers: unknown tracker 'neptune'; allowed: tensorboard, "
-                                          r"mlflow, wandb$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.trackers: unknown tracker 'neptune'; allowed: tensorboard, "
+        r"mlflow, wandb$",
+    ):
         load("digits_vit", ["train.trackers=[mlflow,neptune]"])
 
 
 def test_missing_tracker_package_is_one_line_before_training(digits_root, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an uninstalled package looks like to find_spec
-    rc = main(["train", "--config", "digits_vit", "--set", f"data.root={digits_root}", "--set",
-               f"run.dir={tmp_path}", "--set", "train.trackers=[wandb]"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "digits_vit",
+            "--set",
+            f"data.root={digits_root}",
+            "--set",
+            f"run.dir={tmp_path}",
+            "--set",
+            "train.trackers=[wandb]",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.splitlines() == [
         "hpctrain: error: train.trackers lists wandb but the wandb package is not installed here: pip install "
-        "'hpctrain[trackers]' (in the image), or remove wandb from train.trackers"]
+        "'hpctrain[trackers]' (in the image), or remove wandb from train.trackers"
+    ]
     assert not (tmp_path / "run").exists(), "refused before the run directory was made"
     assert TrackerMissing.__mro__[1].__name__ == "UserError"

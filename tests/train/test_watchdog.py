@@ -21,12 +21,14 @@ LOADER = "hpctrain/data/torch_loader.py:120"
 def stack(rank: int, frame: str) -> str:
     """A stack file as the watchdog writes it: its header, then faulthandler's text."""
     path, line = frame.rsplit(":", 1)
-    return (f"# hpctrain hang dump: rank {rank} on n{rank} pid 1, last step 10, training thread 0xaa\n"
-            "Current thread 0x00000000000000bb (most recent call first):\n"
-            '  File "/x/hpctrain/train/watchdog.py", line 372 in _dump\n\n'
-            "Thread 0x00000000000000aa (most recent call first):\n"
-            f'  File "/usr/lib/python3/site-packages/{path}", line {line} in f\n'
-            '  File "/x/hpctrain/train/loop.py", line 436 in _run\n')
+    return (
+        f"# hpctrain hang dump: rank {rank} on n{rank} pid 1, last step 10, training thread 0xaa\n"
+        "Current thread 0x00000000000000bb (most recent call first):\n"
+        '  File "/x/hpctrain/train/watchdog.py", line 372 in _dump\n\n'
+        "Thread 0x00000000000000aa (most recent call first):\n"
+        f'  File "/usr/lib/python3/site-packages/{path}", line {line} in f\n'
+        '  File "/x/hpctrain/train/loop.py", line 436 in _run\n'
+    )
 
 
 def hb(rank: int, step: int, age: float = 0.0) -> dict:
@@ -39,8 +41,9 @@ def verdict(heartbeats, stacks, files=("/run/logs/stack-rank-0.txt",)):
 
 def test_a_stopped_rank_is_named_with_no_stack_and_the_others_place():
     files = ["/run/logs/stack-rank-0.txt", "/run/logs/stack-rank-2.txt"]
-    line, rec = verdict({0: hb(0, 10), 1: hb(1, 9, age=7), 2: hb(2, 10)},
-                        {0: stack(0, BACKWARD), 1: None, 2: stack(2, BACKWARD)}, files)
+    line, rec = verdict(
+        {0: hb(0, 10), 1: hb(1, 9, age=7), 2: hb(2, 10)}, {0: stack(0, BACKWARD), 1: None, 2: stack(2, BACKWARD)}, files
+    )
     assert "\n" not in line and line.startswith("hang: no step completed for 5 s (train.hang_timeout_s)")
     assert "rank(s) 1 behind step 10" in line, line
     assert "rank 1 (last heartbeat 7 s ago at step 9, n1): no stack (process stopped or dead)" in line, line
@@ -50,15 +53,19 @@ def test_a_stopped_rank_is_named_with_no_stack_and_the_others_place():
 
 
 def test_a_rank_behind_is_named_with_its_frame_and_a_missing_heartbeat_too():
-    line, rec = verdict({0: hb(0, 10), 1: hb(1, 9), 2: None, 3: hb(3, 10)},
-                        {0: stack(0, BACKWARD), 1: stack(1, LOADER), 2: None, 3: stack(3, BACKWARD)})
+    line, rec = verdict(
+        {0: hb(0, 10), 1: hb(1, 9), 2: None, 3: hb(3, 10)},
+        {0: stack(0, BACKWARD), 1: stack(1, LOADER), 2: None, 3: stack(3, BACKWARD)},
+    )
     assert rec["ranks"] == [1, 2] and rec["where"] == [LOADER, None], rec
     assert f"rank 1 (step 9, n1): {LOADER}" in line and "rank 2 (no heartbeat): no stack" in line, line
 
 
 def test_same_step_the_rank_away_from_the_others_is_named():
-    line, rec = verdict({r: hb(r, 10) for r in range(4)},
-                        {0: stack(0, BACKWARD), 1: stack(1, BACKWARD), 2: stack(2, LOADER), 3: stack(3, BACKWARD)})
+    line, rec = verdict(
+        {r: hb(r, 10) for r in range(4)},
+        {0: stack(0, BACKWARD), 1: stack(1, BACKWARD), 2: stack(2, LOADER), 3: stack(3, BACKWARD)},
+    )
     assert rec["ranks"] == [2] and rec["where"] == [LOADER], rec
     assert f"rank 2 (step 10, n2): {LOADER}" in line and f"wait at {BACKWARD} (rank(s) 0, 1, 3)" in line, line
 
@@ -76,9 +83,11 @@ def test_a_silent_rank_with_a_fresh_heartbeat_is_not_called_dead():
 
 def test_many_ranks_stay_one_bounded_line():
     n = 128
-    line, rec = verdict({r: (hb(r, 10) if r % 2 else hb(r, 3, age=60)) for r in range(n)},
-                        {r: (stack(r, BACKWARD) if r % 2 else None) for r in range(n)},
-                        [f"/run/logs/stack-rank-{r}.txt" for r in range(1, n, 2)])
+    line, rec = verdict(
+        {r: (hb(r, 10) if r % 2 else hb(r, 3, age=60)) for r in range(n)},
+        {r: (stack(r, BACKWARD) if r % 2 else None) for r in range(n)},
+        [f"/run/logs/stack-rank-{r}.txt" for r in range(1, n, 2)],
+    )
     assert len(rec["ranks"]) == 64 and len(rec["files"]) == 64
     assert "and 56 more ranks" in line and "and 48 more" in line and len(line) < 2500, len(line)
 

@@ -17,10 +17,26 @@ from hpctrain.errors import UserError
 from hpctrain.version import version_line
 
 # command word → its module under hpctrain.cli (imported only when that command is run), in --help order
-COMMANDS = {"train": "train", "submit": "submit", "sweep": "sweep", "plan": "plan", "status": "status",
-            "logs": "status", "cluster": "cluster", "data": "data", "config": "config_cmd", "image": "image",
-            "sbatch-template": "sbatch_template", "doctor": "doctor", "notebook": "notebook", "bench": "bench",
-            "export": "export", "eval": "eval_cmd", "report": "report", "sync": "sync"}
+COMMANDS = {
+    "train": "train",
+    "submit": "submit",
+    "sweep": "sweep",
+    "plan": "plan",
+    "status": "status",
+    "logs": "status",
+    "cluster": "cluster",
+    "data": "data",
+    "config": "config_cmd",
+    "image": "image",
+    "sbatch-template": "sbatch_template",
+    "doctor": "doctor",
+    "notebook": "notebook",
+    "bench": "bench",
+    "export": "export",
+    "eval": "eval_cmd",
+    "report": "report",
+    "sync": "sync",
+}
 
 
 class CLIError(UserError):
@@ -28,11 +44,20 @@ class CLIError(UserError):
 
 
 def add_config_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    p.add_argument("--config", "-c", default=default,
-                   help="config YAML (a path, or the name of a shipped one)" +
-                        (f"; default {default}" if default else ""))
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set optim.lr=1e-3 (repeatable)")
+    p.add_argument(
+        "--config",
+        "-c",
+        default=default,
+        help="config YAML (a path, or the name of a shipped one)" + (f"; default {default}" if default else ""),
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optim.lr=1e-3 (repeatable)",
+    )
 
 
 class VersionAction(argparse.Action):
@@ -54,8 +79,11 @@ def command_word(argv: list[str]) -> str | None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser for `argv`'s command alone when it names one, else for every command."""
     parser = argparse.ArgumentParser(prog="hpctrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action=VersionAction,
-                        help="print the version, the source hash and (from a checkout) the git commit")
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print the version, the source hash and (from a checkout) the git commit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     word = command_word(sys.argv[1:] if argv is None else argv)
     modules = [COMMANDS[word]] if word in COMMANDS else list(dict.fromkeys(COMMANDS.values()))

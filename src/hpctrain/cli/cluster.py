@@ -22,20 +22,36 @@ from hpctrain.site.profile import load_profile, user_cluster_dir
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("cluster", help="cluster profiles: `cluster init NAME` writes one from Slurm's own tools",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "cluster",
+        help="cluster profiles: `cluster init NAME` writes one from Slurm's own tools",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     csub = p.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND", required=True)
-    q = csub.add_parser("init", help="write a profile for this cluster", description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = csub.add_parser(
+        "init",
+        help="write a profile for this cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     q.add_argument("name", help="profile name (a plain file name: letters, digits, . _ -)")
     q.add_argument("-o", "--output", help="write here instead of $XDG_CONFIG_HOME/hpctrain/clusters/NAME.yaml")
-    q.add_argument("--partition", help="the partition jobs go to (default: the default one if it has GPUs, "
-                                       "else the first with GPUs)")
-    q.add_argument("--image", help="image the tasks run in: a .sif (Apptainer/SingularityCE, whichever is installed) "
-                                   "or an enroot .sqsh/URI (pyxis); default: the host's Python")
-    q.add_argument("--probe", action="store_true",
-                   help="run `hpctrain doctor --json` on one node of the partition (srun, with the account and QOS "
-                        "chosen; inside --image when given) for the fabric")
+    q.add_argument(
+        "--partition",
+        help="the partition jobs go to (default: the default one if it has GPUs, else the first with GPUs)",
+    )
+    q.add_argument(
+        "--image",
+        help="image the tasks run in: a .sif (Apptainer/SingularityCE, whichever is installed) "
+        "or an enroot .sqsh/URI (pyxis); default: the host's Python",
+    )
+    q.add_argument(
+        "--probe",
+        action="store_true",
+        help="run `hpctrain doctor --json` on one node of the partition (srun, with the account and QOS "
+        "chosen; inside --image when given) for the fabric",
+    )
     q.add_argument("--force", action="store_true", help="overwrite an existing profile")
     q.set_defaults(func=init)
 
@@ -51,8 +67,11 @@ def init(args: argparse.Namespace) -> int:
     part = ci.choose_partition(facts.partitions, args.partition)
     account, qos = ci.account_and_qos(facts)
     runtime = ci.rt.choose(facts.runtimes, args.image or "")[0]
-    fabric = ci.fabric_from_doctor(ci.probe(part, account=account, qos=qos, image=args.image or "",
-                                            runtime=runtime)) if args.probe else None
+    fabric = (
+        ci.fabric_from_doctor(ci.probe(part, account=account, qos=qos, image=args.image or "", runtime=runtime))
+        if args.probe
+        else None
+    )
     text, notes = ci.render(args.name, facts, part, fabric, args.image or "")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -62,6 +81,8 @@ def init(args: argparse.Namespace) -> int:
     print(f"wrote {shlex.quote(str(out))}")
     for n in notes:
         print(f"  review: {n}")
-    print(f"try it: hpctrain submit --cluster {args.name if not args.output else shlex.quote(str(out))} "
-          "--config configs/digits_vit.yaml --dry-run")
+    print(
+        f"try it: hpctrain submit --cluster {args.name if not args.output else shlex.quote(str(out))} "
+        "--config configs/digits_vit.yaml --dry-run"
+    )
     return 0

@@ -15,10 +15,17 @@ from hpctrain.cli.common import load_config
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("config", help="print the resolved config (--keys: every key; list / show NAME: shipped ones)",
-                       description=__doc__)
-    p.add_argument("action", nargs="?", choices=("list", "show"),
-                   help="list: the shipped configs and cluster profiles; show NAME: print one as written")
+    p = sub.add_parser(
+        "config",
+        help="print the resolved config (--keys: every key; list / show NAME: shipped ones)",
+        description=__doc__,
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("list", "show"),
+        help="list: the shipped configs and cluster profiles; show NAME: print one as written",
+    )
     p.add_argument("name", nargs="?", help="for show: a shipped config or cluster profile name")
     add_config_args(p)
     p.add_argument("--keys", action="store_true", help="list every key, its default and what it does")
@@ -35,11 +42,12 @@ def list_shipped() -> None:
 
 
 def show_shipped(name: str) -> None:
-    path = shipped.lookup(name, shipped.CONFIG_DIR, (".yaml",)) or shipped.lookup(name, shipped.CLUSTER_DIR,
-                                                                                  (".yaml",))
+    path = shipped.lookup(name, shipped.CONFIG_DIR, (".yaml",)) or shipped.lookup(name, shipped.CLUSTER_DIR, (".yaml",))
     if path is None:
-        raise CLIError(f"{name!r} is not a shipped config or cluster profile: configs "
-                       f"{shipped.names(shipped.configs())}; cluster profiles {shipped.names(shipped.profiles())}")
+        raise CLIError(
+            f"{name!r} is not a shipped config or cluster profile: configs "
+            f"{shipped.names(shipped.configs())}; cluster profiles {shipped.names(shipped.profiles())}"
+        )
     sys.stdout.write(path.read_text())
 
 

@@ -26,7 +26,11 @@ def add_parser(sub) -> None:
         "this node, as a job would see it (the environment wins over the profile)",
     )
     p.add_argument(
-        "--cluster-set", dest="cluster_overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--cluster-set",
+        dest="cluster_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a profile key (repeatable), e.g. fabric.hcas=[mlx5_0,mlx5_3]",
     )
     p.add_argument(

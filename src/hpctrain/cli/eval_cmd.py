@@ -23,34 +23,72 @@ from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
 
 # flags that only a job (--nodes) takes
-JOB_FLAGS = ("cluster", "cluster_overrides", "gpus_per_node", "time", "partition", "account", "qos", "constraint",
-             "exclusive", "dry_run", "wait", "local_tasks")
+JOB_FLAGS = (
+    "cluster",
+    "cluster_overrides",
+    "gpus_per_node",
+    "time",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclusive",
+    "dry_run",
+    "wait",
+    "local_tasks",
+)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a run's or a file's weights on a split (exact for any world size)",
-                       description=__doc__)
-    p.add_argument("run", nargs="?", help="run directory (its newest checkpoint and its config.yaml) or a "
-                                          "checkpoint in one (step-<n>.pt or step-<n>/)")
-    p.add_argument("--weights", help="a weights file instead of RUN (.safetensors/.pt/.pth state_dict, an "
-                                     "hpctrain checkpoint); needs --config")
+    p = sub.add_parser(
+        "eval", help="evaluate a run's or a file's weights on a split (exact for any world size)", description=__doc__
+    )
+    p.add_argument(
+        "run",
+        nargs="?",
+        help="run directory (its newest checkpoint and its config.yaml) or a "
+        "checkpoint in one (step-<n>.pt or step-<n>/)",
+    )
+    p.add_argument(
+        "--weights",
+        help="a weights file instead of RUN (.safetensors/.pt/.pth state_dict, an hpctrain checkpoint); needs --config",
+    )
     p.add_argument("--config", "-c", help="config of the model and data (default with RUN: the run's config.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
     p.add_argument("--data", help="dataset root (data.root)")
-    p.add_argument("--split", choices=("val", "minival"), help="root/val, or the 1 %% of root/train held out as "
-                                                               "minival (data.val_split); default: the config's")
+    p.add_argument(
+        "--split",
+        choices=("val", "minival"),
+        help="root/val, or the 1 %% of root/train held out as minival (data.val_split); default: the config's",
+    )
     p.add_argument("--ema", action="store_true", help="the checkpoint's EMA weights")
     p.add_argument("--img-size", type=int, help="evaluate at this resolution (position embedding resampled)")
     p.add_argument("--crop-pct", type=float, help="val resize to img_size / crop_pct, then centre crop")
-    p.add_argument("-o", "--output", help="folder for summary.json and per_class.csv (default RUN/eval, or "
-                                          "FILE.eval beside the weights with --weights); rank 0 writes it")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="folder for summary.json and per_class.csv (default RUN/eval, or "
+        "FILE.eval beside the weights with --weights); rank 0 writes it",
+    )
     job = p.add_argument_group("as a job, through hpctrain submit's path (--nodes submits it)")
-    add_job_args(job, "submit the evaluation as a job on N nodes: Slurm with --cluster, $HPCTRAIN_CLUSTER "
-                      "or an answering controller; else this machine (--nodes 1, --local-tasks processes)")
+    add_job_args(
+        job,
+        "submit the evaluation as a job on N nodes: Slurm with --cluster, $HPCTRAIN_CLUSTER "
+        "or an answering controller; else this machine (--nodes 1, --local-tasks processes)",
+    )
     job.add_argument("--dry-run", action="store_true", help="print the job's batch script; submit nothing")
-    job.add_argument("--wait", action="store_true", help="Slurm: wait for the job, then print the summary "
-                                                         "(a local job is always waited for)")
+    job.add_argument(
+        "--wait",
+        action="store_true",
+        help="Slurm: wait for the job, then print the summary (a local job is always waited for)",
+    )
     job.add_argument("--local-tasks", type=int, help="processes of a local job (default: --gpus-per-node, else 2)")
     p.set_defaults(func=main)
 
@@ -58,8 +96,10 @@ def add_parser(sub) -> None:
 def resolve(args: argparse.Namespace):
     """(config, weights source, output folder) from the command line; no torch imported."""
     if bool(args.run) == bool(args.weights):
-        raise CLIError("give a run directory (hpctrain eval RUN) or a weights file with its config "
-                       "(hpctrain eval --weights FILE --config C), not both or neither")
+        raise CLIError(
+            "give a run directory (hpctrain eval RUN) or a weights file with its config "
+            "(hpctrain eval --weights FILE --config C), not both or neither"
+        )
     sets = list(args.overrides)
     sets += [f"data.root={args.data}"] if args.data else []
     sets += [f"data.val_split={args.split}", f"data.eval_splits=[{args.split}]"] if args.split else []
@@ -92,8 +132,10 @@ def main(args: argparse.Namespace) -> int:
         return submit(args, cfg, weights, out)
     given = [f for f in JOB_FLAGS if getattr(args, f) not in (None, False, [])]
     if given:
-        raise CLIError(f"--{given[0].replace('_', '-')} is for a job: add --nodes N to submit the evaluation "
-                       "(without it, hpctrain eval runs in this process, or in every task of torchrun/srun)")
+        raise CLIError(
+            f"--{given[0].replace('_', '-')} is for a job: add --nodes N to submit the evaluation "
+            "(without it, hpctrain eval runs in this process, or in every task of torchrun/srun)"
+        )
     ensure_dataset(cfg)
     summary = run(cfg, weights, args.ema, out)
     if distmod.detect().is_main:
@@ -102,8 +144,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def print_outputs(out: Path) -> None:
-    print(f"outputs (rank 0 writes them at the end): {shlex.quote(str(out / 'summary.json'))}, "
-          f"{shlex.quote(str(out / 'per_class.csv'))}", flush=True)
+    print(
+        f"outputs (rank 0 writes them at the end): {shlex.quote(str(out / 'summary.json'))}, "
+        f"{shlex.quote(str(out / 'per_class.csv'))}",
+        flush=True,
+    )
 
 
 def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
@@ -122,8 +167,10 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
         return 0
     sub = start(p)
     plan = p.plan
-    print(f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
-          f"{plan.tasks_per_node} tasks (cluster {profile.name})")
+    print(
+        f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
+        f"{plan.tasks_per_node} tasks (cluster {profile.name})"
+    )
     print_outputs(out)
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
@@ -134,15 +181,20 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     try:
         state = wait_job(sub.job_id)
     except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
-        print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
-              f"end it: scancel {sub.job_id}", file=sys.stderr)
+        print(
+            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+            f"end it: scancel {sub.job_id}",
+            file=sys.stderr,
+        )
         return 130
     failed = explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if state != "COMPLETED" and failed:
         raise failed
     if state != "COMPLETED" or not (out / "summary.json").is_file():
-        print(f"hpctrain: job {sub.job_id} ended {state} without a summary: see {sub.log_hint.split()[-1]}",
-              file=sys.stderr)
+        print(
+            f"hpctrain: job {sub.job_id} ended {state} without a summary: see {sub.log_hint.split()[-1]}",
+            file=sys.stderr,
+        )
         return 1
     print(summary_text(json.loads((out / "summary.json").read_text())))
     return 0

@@ -6,8 +6,9 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint's weights as one .safetensors or .pt state_dict",
-                       description=__doc__)
+    p = sub.add_parser(
+        "export", help="write a checkpoint's weights as one .safetensors or .pt state_dict", description=__doc__
+    )
     p.add_argument("run", help="run directory (its newest checkpoint) or a checkpoint (step-<n>.pt or step-<n>/)")
     p.add_argument("--step", type=int, help="export this step's checkpoint instead of the newest")
     p.add_argument("-o", "--output", required=True, help="output file: *.safetensors or *.pt")

@@ -76,8 +76,10 @@ def build(args: argparse.Namespace) -> int:
     plan = plan_build(args.recipe, args.output, args.scratch, args.fakeroot, args.force)
     if args.dry_run:
         if plan.staged:
-            print(f"note: the recipe's %files come from {plan.context}, a copy of this hpctrain made before "
-                  "the build", file=sys.stderr)
+            print(
+                f"note: the recipe's %files come from {plan.context}, a copy of this hpctrain made before the build",
+                file=sys.stderr,
+            )
         print(plan.command_line())
         return 0
     return run_build(plan, Path(args.output), args.min_free_gib)

@@ -16,10 +16,17 @@ from hpctrain.launch.submit import Request, parse_ranks
 
 def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
     """The job's resources and cluster profile (an argument group is as good as the parser)."""
-    p.add_argument("--cluster", help="cluster profile: a path or a name in configs/clusters "
-                                     "(default $HPCTRAIN_CLUSTER)")
-    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
-                   metavar="KEY=VALUE", help="override a profile value, e.g. container.runtime=none")
+    p.add_argument(
+        "--cluster", help="cluster profile: a path or a name in configs/clusters (default $HPCTRAIN_CLUSTER)"
+    )
+    p.add_argument(
+        "--cluster-set",
+        dest="cluster_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a profile value, e.g. container.runtime=none",
+    )
     p.add_argument("--nodes", type=int, help=nodes_help)
     p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
     p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")
@@ -31,10 +38,18 @@ def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
 def request(args: argparse.Namespace) -> Request:
     """The Request of the job flags (add_job_args', or a sweep's own)."""
     nsys = getattr(args, "nsys_ranks", None)
-    return Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
-                   partition=args.partition, account=args.account, qos=args.qos,
-                   constraint=args.constraint, exclusive=args.exclusive,
-                   spare_nodes=getattr(args, "spare_nodes", None), nsys_ranks=parse_ranks(nsys) if nsys else ())
+    return Request(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        constraint=args.constraint,
+        exclusive=args.exclusive,
+        spare_nodes=getattr(args, "spare_nodes", None),
+        nsys_ranks=parse_ranks(nsys) if nsys else (),
+    )
 
 
 def show(messages: Iterable[Message], out: TextIO) -> None:

@@ -15,12 +15,12 @@ from hpctrain.site.profile import load_profile
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "notebook", help="submit a Jupyter job and print the SSH tunnel command", description=__doc__
+    p = sub.add_parser("notebook", help="submit a Jupyter job and print the SSH tunnel command", description=__doc__)
+    p.add_argument(
+        "--cluster",
+        default=None,
+        help="cluster profile for partition, account, qos, constraint, modules and image (default $HPCTRAIN_CLUSTER)",
     )
-    p.add_argument("--cluster", default=None,
-                   help="cluster profile for partition, account, qos, constraint, modules and image "
-                        "(default $HPCTRAIN_CLUSTER)")
     p.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1; 0: none)")
     p.add_argument("--cpus", type=int, default=8, help="CPUs for the notebook (default 8)")
@@ -30,14 +30,23 @@ def add_parser(sub) -> None:
     p.add_argument("--account", default="", help="Slurm account")
     p.add_argument("--qos", default="", help="Slurm QOS (default: the profile's)")
     p.add_argument("--constraint", default="", help="node features, e.g. a100 (default: the profile's)")
-    p.add_argument("--image", default="",
-                   help="image to run Jupyter in: a SIF, or for pyxis a squashfs or registry URI "
-                        "(default: the profile's; without one, the host's python3)")
-    p.add_argument("--runtime", default=None, choices=RUNTIMES,
-                   help="what starts the image (default: the profile's container.runtime, else apptainer)")
     p.add_argument(
-        "--port", type=int, default=None,
-        help="Jupyter port on the node (default: drawn at random per job from 30000-32767)"
+        "--image",
+        default="",
+        help="image to run Jupyter in: a SIF, or for pyxis a squashfs or registry URI "
+        "(default: the profile's; without one, the host's python3)",
+    )
+    p.add_argument(
+        "--runtime",
+        default=None,
+        choices=RUNTIMES,
+        help="what starts the image (default: the profile's container.runtime, else apptainer)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="Jupyter port on the node (default: drawn at random per job from 30000-32767)",
     )
     p.add_argument(
         "--setup",
@@ -47,19 +56,25 @@ def add_parser(sub) -> None:
         help="shell line to run first, e.g. 'module load apptainer' (repeatable)",
     )
     p.add_argument("--login-host", default=None, help="login host for the tunnel (default: this host's name)")
-    p.add_argument(
-        "--wait", type=float, default=120, help="seconds to wait for the job to start (default 120)"
-    )
+    p.add_argument("--wait", type=float, default=120, help="seconds to wait for the job to start (default 120)")
     p.add_argument("--dry-run", action="store_true", help="print the batch script and tunnel command only")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     name = args.cluster or os.environ.get("HPCTRAIN_CLUSTER")
-    req = Request(nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
-                  account=args.account, qos=args.qos, constraint=args.constraint)
-    kind = Notebook(cpus=args.cpus, mem=args.mem, image=args.image, runtime=args.runtime, port=args.port,
-                    setup=tuple(args.setup))
+    req = Request(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        constraint=args.constraint,
+    )
+    kind = Notebook(
+        cpus=args.cpus, mem=args.mem, image=args.image, runtime=args.runtime, port=args.port, setup=tuple(args.setup)
+    )
     job = prepare(None, load_profile(name) if name else None, req, kind, dry_run=args.dry_run).plan
     login = args.login_host or socket.getfqdn()
     if args.dry_run:

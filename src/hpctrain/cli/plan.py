@@ -17,33 +17,63 @@ from hpctrain.site.profile import load_profile
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="predict images/s, step time, wall time and GPU-hours of a job",
-                       description=__doc__)
+    p = sub.add_parser(
+        "plan", help="predict images/s, step time, wall time and GPU-hours of a job", description=__doc__
+    )
     add_config_args(p, default=DEFAULT_CONFIG)
-    p.add_argument("--nodes", type=node_list, default=[1], metavar="N[,N...]",
-                   help="nodes, or the node counts to compare, e.g. 4,8,16 (default 1)")
+    p.add_argument(
+        "--nodes",
+        type=node_list,
+        default=[1],
+        metavar="N[,N...]",
+        help="nodes, or the node counts to compare, e.g. 4,8,16 (default 1)",
+    )
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the profile's)")
-    p.add_argument("--cluster", help="cluster profile: its fabric.kind picks the network figure, its "
-                                     "partition the queue (default $HPCTRAIN_CLUSTER, else local; none: "
-                                     "read no queue)")
+    p.add_argument(
+        "--cluster",
+        help="cluster profile: its fabric.kind picks the network figure, its "
+        "partition the queue (default $HPCTRAIN_CLUSTER, else local; none: "
+        "read no queue)",
+    )
     p.add_argument("--partition", help="partition whose queue is read (default: the profile's, else Slurm's default)")
     p.add_argument("--account", help="account whose allocation is read (default: the profile's, else yours)")
-    p.add_argument("--history-days", type=float, default=14.0,
-                   help="days of sacct history for queue waits and interruptions (default 14)")
-    p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[],
-                   metavar="KEY=VALUE", help="override a profile value, e.g. fabric.kind=roce")
+    p.add_argument(
+        "--history-days",
+        type=float,
+        default=14.0,
+        help="days of sacct history for queue waits and interruptions (default 14)",
+    )
+    p.add_argument(
+        "--cluster-set",
+        dest="cluster_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a profile value, e.g. fabric.kind=roce",
+    )
     p.add_argument("--gpu", default="H100", help="GPU model for the shipped figures (default H100)")
-    p.add_argument("--bench-results", metavar="FILE",
-                   help="`hpctrain bench --json` output from the target GPU (compute per GPU)")
-    p.add_argument("--allreduce-results", metavar="FILE",
-                   help="`hpctrain doctor --allreduce --json` output from the target nodes (bus bandwidth)")
+    p.add_argument(
+        "--bench-results", metavar="FILE", help="`hpctrain bench --json` output from the target GPU (compute per GPU)"
+    )
+    p.add_argument(
+        "--allreduce-results",
+        metavar="FILE",
+        help="`hpctrain doctor --allreduce --json` output from the target nodes (bus bandwidth)",
+    )
     p.add_argument("--tflops", type=float, help="achieved model TFLOP/s per GPU (overrides the above)")
     p.add_argument("--busbw", type=float, help="all-reduce bus bandwidth in GB/s (overrides the above)")
     p.add_argument("--data-wait-ms", type=float, help="data wait per step at --nodes (default 0)")
-    p.add_argument("--images-per-epoch", type=int, help="training images per epoch (default: ImageNet-1k "
-                                                          "for 1000 classes, else counted under data.root)")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false",
-                   help="all-reduce after backward instead of overlapping it (as DDP does)")
+    p.add_argument(
+        "--images-per-epoch",
+        type=int,
+        help="training images per epoch (default: ImageNet-1k for 1000 classes, else counted under data.root)",
+    )
+    p.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="all-reduce after backward instead of overlapping it (as DDP does)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=main)
 
@@ -67,13 +97,27 @@ def main(args: argparse.Namespace) -> int:
     profile = load_profile("local" if cluster == "none" else cluster, args.cluster_overrides)
     gpn = args.gpus_per_node if args.gpus_per_node is not None else profile.slurm.gpus_per_node
     target = args.nodes[0] if len(args.nodes) == 1 else args.nodes[-1]
-    inputs = planmod.resolve(cfg, profile, target, gpn, gpu=args.gpu, bench_results=args.bench_results,
-                             allreduce_results=args.allreduce_results, tflops=args.tflops, busbw=args.busbw,
-                             data_wait_ms=args.data_wait_ms, images=args.images_per_epoch,
-                             overlap=args.overlap, counts=args.nodes if len(args.nodes) > 1 else ())
+    inputs = planmod.resolve(
+        cfg,
+        profile,
+        target,
+        gpn,
+        gpu=args.gpu,
+        bench_results=args.bench_results,
+        allreduce_results=args.allreduce_results,
+        tflops=args.tflops,
+        busbw=args.busbw,
+        data_wait_ms=args.data_wait_ms,
+        images=args.images_per_epoch,
+        overlap=args.overlap,
+        counts=args.nodes if len(args.nodes) > 1 else (),
+    )
     plan = planmod.build(cfg, inputs)
-    ctx = (recommend.no_context("--cluster none") if cluster == "none" else
-           recommend.read_context(profile, args.partition or "", args.history_days, args.account or ""))
+    ctx = (
+        recommend.no_context("--cluster none")
+        if cluster == "none"
+        else recommend.read_context(profile, args.partition or "", args.history_days, args.account or "")
+    )
     opts = recommend.options(cfg, profile, plan, ctx, gpn)
     if args.json:
         print(json.dumps({**planmod.to_dict(cfg, inputs, plan), **recommend.to_json(opts, ctx)}))

@@ -15,10 +15,10 @@ from hpctrain.shipped import SBATCH_TEMPLATE
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sbatch-template", help="write the shipped stand-alone batch script (vit.sbatch) to a path",
-                       description=__doc__)
-    p.add_argument("path", nargs="?", default="vit.sbatch",
-                   help="file to write (default ./vit.sbatch; - prints it)")
+    p = sub.add_parser(
+        "sbatch-template", help="write the shipped stand-alone batch script (vit.sbatch) to a path", description=__doc__
+    )
+    p.add_argument("path", nargs="?", default="vit.sbatch", help="file to write (default ./vit.sbatch; - prints it)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=main)
 
@@ -36,6 +36,8 @@ def main(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise CLIError(f"{out.parent} is not a directory: create it first, or give another path")
     out.write_text(text)
-    print(f"wrote {shlex.quote(str(out))}: submit it with `sbatch {shlex.quote(str(out))}` "
-          "(its header lists the variables that adapt it)")
+    print(
+        f"wrote {shlex.quote(str(out))}: submit it with `sbatch {shlex.quote(str(out))}` "
+        "(its header lists the variables that adapt it)"
+    )
     return 0

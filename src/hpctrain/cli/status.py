@@ -14,14 +14,20 @@ from hpctrain.launch.sweep import sweep_status as rows_of
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("status", help="state, progress, ETA, speed, straggler, last eval and checkpoint of a "
-                                      "run or Slurm job; a sweep: one table of its runs", description=__doc__)
-    p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>), Slurm job id, or a "
-                                                        "sweep (runs/<sweep> or its name: one table)")
+    p = sub.add_parser(
+        "status",
+        help="state, progress, ETA, speed, straggler, last eval and checkpoint of a "
+        "run or Slurm job; a sweep: one table of its runs",
+        description=__doc__,
+    )
+    p.add_argument(
+        "target",
+        metavar="RUN_OR_JOB",
+        help="run directory (runs/<name>), Slurm job id, or a sweep (runs/<sweep> or its name: one table)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (machine names) for scripts")
     p.set_defaults(func=status)
-    p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank",
-                       description=__doc__)
+    p = sub.add_parser("logs", help="print (or follow) the log of rank 0 or a chosen rank", description=__doc__)
     p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
@@ -68,16 +74,20 @@ def logs(args: argparse.Namespace) -> int:
     for sweep in (Path(args.target), RUNS / args.target):
         if is_sweep(sweep):  # one log per member: name one
             members = [m["run_dir"] for m in read_json(sweep / SWEEP_FILE).get("members", []) if m.get("run_dir")]
-            raise CLIError(f"{args.target} is a sweep of {len(members)} runs, each with its own logs: name one, e.g. "
-                           f"hpctrain logs {members[0] if members else sweep / '<run>'} (all of them: hpctrain "
-                           f"status {args.target})")
+            raise CLIError(
+                f"{args.target} is a sweep of {len(members)} runs, each with its own logs: name one, e.g. "
+                f"hpctrain logs {members[0] if members else sweep / '<run>'} (all of them: hpctrain "
+                f"status {args.target})"
+            )
     if args.follow:
         run_dir, job_id, executor = wait_for_run(args.target)
         follow(log_path(str(run_dir) if run_dir else args.target, args.rank), has_ended(run_dir, job_id, executor))
         return 0
     path = log_path(args.target, args.rank)
     if not path.exists():
-        raise CLIError(f"no log at {path} yet: the job may not have started (hpctrain status "
-                       f"{args.target}), or rank {args.rank} does not exist")
+        raise CLIError(
+            f"no log at {path} yet: the job may not have started (hpctrain status "
+            f"{args.target}), or rank {args.rank} does not exist"
+        )
     print(path.read_text(errors="replace"), end="")
     return 0

@@ -27,24 +27,42 @@ from hpctrain.train.entry import summary_table
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("submit", help="submit the training job (Slurm, or locally with 2 processes)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "submit",
+        help="submit the training job (Slurm, or locally with 2 processes)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_args(p, default=DEFAULT_CONFIG)
     add_job_args(p, "nodes (default 1)")
-    p.add_argument("--gpu-mem-gb", type=float, metavar="GB",
-                   help="memory of one GPU for the batch-fits check (default 80: H100; H200: 141)")
+    p.add_argument(
+        "--gpu-mem-gb",
+        type=float,
+        metavar="GB",
+        help="memory of one GPU for the batch-fits check (default 80: H100; H200: 141)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
-    p.add_argument("--emit-sbatch", metavar="PATH",
-                   help="write the stand-alone batch script (runs `python3 -m hpctrain train`) to PATH")
+    p.add_argument(
+        "--emit-sbatch",
+        metavar="PATH",
+        help="write the stand-alone batch script (runs `python3 -m hpctrain train`) to PATH",
+    )
     p.add_argument("--wait", action="store_true", help="Slurm: wait for the job to end, print its status")
     p.add_argument("--local-tasks", type=int, default=2, help="processes for a local run (default 2)")
-    p.add_argument("--spare-nodes", type=int, metavar="K",
-                   help="Slurm: hold K nodes more than --nodes (--no-kill), idle until a node fails; the job then "
-                        "goes on without it, from the last checkpoint, with no requeue (default: the profile's "
-                        "slurm.spare_nodes)")
-    p.add_argument("--nsys-ranks", metavar="R,R",
-                   help="Slurm: run these global ranks under the image's `nsys profile`, recording the steps of "
-                        "train.profile_steps (reports: <run>/profile/nsys-rank-<r>.nsys-rep)")
+    p.add_argument(
+        "--spare-nodes",
+        type=int,
+        metavar="K",
+        help="Slurm: hold K nodes more than --nodes (--no-kill), idle until a node fails; the job then "
+        "goes on without it, from the last checkpoint, with no requeue (default: the profile's "
+        "slurm.spare_nodes)",
+    )
+    p.add_argument(
+        "--nsys-ranks",
+        metavar="R,R",
+        help="Slurm: run these global ranks under the image's `nsys profile`, recording the steps of "
+        "train.profile_steps (reports: <run>/profile/nsys-rank-<r>.nsys-rep)",
+    )
     p.set_defaults(func=main)
 
 
@@ -68,8 +86,10 @@ def main(args: argparse.Namespace) -> int:
     sub = start(p)
     plan = p.plan
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
-    print(f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
-          f"(cluster {profile.name})")
+    print(
+        f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
+        f"(cluster {profile.name})"
+    )
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
@@ -77,13 +97,20 @@ def main(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     try:
-        watch(sub.run_dir, lambda: job_state(sub.job_id) in TERMINAL, to_dict(p.cfg), poll_s=2.0,
-              global_batch=p.cfg.data.batch_size)  # rank 0's progress line while it waits
+        watch(
+            sub.run_dir,
+            lambda: job_state(sub.job_id) in TERMINAL,
+            to_dict(p.cfg),
+            poll_s=2.0,
+            global_batch=p.cfg.data.batch_size,
+        )  # rank 0's progress line while it waits
         state = wait_job(sub.job_id)
     except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
-        print(f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
-              f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
-              file=sys.stderr)
+        print(
+            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+            f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
+            file=sys.stderr,
+        )
         return 130
     print(run_status(str(sub.run_dir)).text())
     if state == "COMPLETED":
@@ -131,8 +158,10 @@ def emit(args: argparse.Namespace, cfg, profile, req: Request) -> int:
     Path(args.emit_sbatch).write_text(p.script())
     plan = p.plan
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
-    print(f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
-          f"(cluster {profile.name})")
+    print(
+        f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
+        f"(cluster {profile.name})"
+    )
     return 0
 
 
@@ -141,8 +170,9 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     if args.spare_nodes:
         print("hpctrain: note: --spare-nodes applies to Slurm jobs only; this local run has none", file=sys.stderr)
     if args.nsys_ranks:
-        print("hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys",
-              file=sys.stderr)
+        print(
+            "hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys", file=sys.stderr
+        )
     show(p.messages, sys.stdout)
     sub = start(p)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
@@ -159,8 +189,10 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
     if summary["status"] == "interrupted":
         where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""
-        say(f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
-            "left. Run the same command again to resume")
+        say(
+            f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
+            "left. Run the same command again to resume"
+        )
         return 130
     print(summary_table(summary))
     if summary.get("top1") is not None:

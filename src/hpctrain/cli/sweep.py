@@ -27,17 +27,30 @@ from hpctrain.launch.prepare import prepare_sweep, slurm_profile, start_sweep
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="many runs of one config: a Slurm job array (or locally, one by one)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "sweep",
+        help="many runs of one config: a Slurm job array (or locally, one by one)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_args(p, default=DEFAULT_CONFIG)
-    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                   help="values of one key (repeatable: the members are every combination)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values of one key (repeatable: the members are every combination)",
+    )
     p.add_argument("--sweep-file", metavar="YAML", help="grid: {key: [values]} and/or runs: [{key: value}]")
     p.add_argument("--name", help="sweep name: runs/<name>/ (default <run.name>-sweep)")
-    p.add_argument("--max-parallel", type=int, default=0, metavar="K",
-                   help="Slurm: at most K members at a time (--array=…%%K; default all)")
-    p.add_argument("--max-runs", type=int, default=None, metavar="N",
-                   help="allow up to N members (default 64)")
+    p.add_argument(
+        "--max-parallel",
+        type=int,
+        default=0,
+        metavar="K",
+        help="Slurm: at most K members at a time (--array=…%%K; default all)",
+    )
+    p.add_argument("--max-runs", type=int, default=None, metavar="N", help="allow up to N members (default 64)")
     p.add_argument("--cluster", help="cluster profile (default $HPCTRAIN_CLUSTER)")
     p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--nodes", type=int, help="nodes per member (default 1)")
@@ -72,14 +85,16 @@ def main(args: argparse.Namespace) -> int:
                 raise CLIError(f"{key} is in both --grid and {args.sweep_file}: give it once")
             grid[key] = values
     sweep_dir = Path(base.run.dir).expanduser().resolve() / name
-    members = sweep.plan_members(config, base_overrides, sweep.expand(grid, runs), sweep_dir,
-                                 args.max_runs or sweep.DEFAULT_MAX_RUNS)
+    members = sweep.plan_members(
+        config, base_overrides, sweep.expand(grid, runs), sweep_dir, args.max_runs or sweep.DEFAULT_MAX_RUNS
+    )
     profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run)
     if profile is None:
         note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
-    p = prepare_sweep(members, profile, request(args), sweep_dir, name, args.max_parallel, args.gpu_mem_gb,
-                      dry_run=args.dry_run)
+    p = prepare_sweep(
+        members, profile, request(args), sweep_dir, name, args.max_parallel, args.gpu_mem_gb, dry_run=args.dry_run
+    )
     show(p.messages, sys.stderr)
     for m in p.members:
         print(f"member {m.index}: {m.name}  {shlex.join(m.overrides)}", file=sys.stderr if args.dry_run else sys.stdout)
@@ -88,34 +103,56 @@ def main(args: argparse.Namespace) -> int:
         return 0
     array, snap = start_sweep(p, name, config, base_overrides)
     plan = p.plan
-    print(f"submitted Slurm job array {array}: {len(members)} runs, {plan.array.split('%')[1]} at a time, "
-          f"{plan.nodes} node(s) × {plan.tasks_per_node} tasks each (cluster {plan.profile.name})")
+    print(
+        f"submitted Slurm job array {array}: {len(members)} runs, {plan.array.split('%')[1]} at a time, "
+        f"{plan.nodes} node(s) × {plan.tasks_per_node} tasks each (cluster {plan.profile.name})"
+    )
     for line in snap.lines() if snap else []:
         print(line)
     print(f"sweep directory: {shlex.quote(str(sweep_dir))}   status: hpctrain status {shlex.quote(str(sweep_dir))}")
     return 0
 
 
-SLURM_ONLY = ("max_parallel", "cluster_overrides", "nodes", "gpus_per_node", "time", "partition", "account", "qos",
-              "constraint", "exclusive", "gpu_mem_gb")
+SLURM_ONLY = (
+    "max_parallel",
+    "cluster_overrides",
+    "nodes",
+    "gpus_per_node",
+    "time",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclusive",
+    "gpu_mem_gb",
+)
 
 
 def note_ignored(args: argparse.Namespace) -> None:
     """A local sweep runs its members one after another on this machine: the flags of a Slurm array
     (parallelism, profile values, resources) have nothing to act on; say so instead of dropping them."""
-    given = [f"--{k.replace('_overrides', '_set').replace('_', '-')}" for k in SLURM_ONLY
-             if getattr(args, k) not in (None, False, 0, [])]
+    given = [
+        f"--{k.replace('_overrides', '_set').replace('_', '-')}"
+        for k in SLURM_ONLY
+        if getattr(args, k) not in (None, False, 0, [])
+    ]
     if given:
-        print(f"hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
-              f"run one after another on this machine, so {', '.join(given)} (for a Slurm sweep) "
-              f"{'is' if len(given) == 1 else 'are'} ignored", file=sys.stderr)
+        print(
+            f"hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+            f"run one after another on this machine, so {', '.join(given)} (for a Slurm sweep) "
+            f"{'is' if len(given) == 1 else 'are'} ignored",
+            file=sys.stderr,
+        )
 
 
 def run_local(args, members, sweep_dir, name, config, base_overrides) -> int:
     members = prepare_sweep(members, None, request(args), sweep_dir, name, tasks=args.local_tasks).members
     sweep.check_new(sweep_dir)
-    print(f"no Slurm: {len(members)} runs one after another, {args.local_tasks} processes each "
-          f"(sweep directory {shlex.quote(str(sweep_dir))})", flush=True)
+    print(
+        f"no Slurm: {len(members)} runs one after another, {args.local_tasks} processes each "
+        f"(sweep directory {shlex.quote(str(sweep_dir))})",
+        flush=True,
+    )
     record = sweep.new_record(name, config, base_overrides, members, "local")
     statuses = sweep.run_local(members, sweep_dir, record, args.local_tasks, sys.stdout)
     print(sweep.sweep_table(sweep.sweep_status(sweep_dir), f"sweep {name}"))

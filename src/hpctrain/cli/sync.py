@@ -20,8 +20,9 @@ from hpctrain.train.trackers import run_key
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sync", help="upload a run's offline W&B records; say how to publish its MLflow store",
-                       description=__doc__)
+    p = sub.add_parser(
+        "sync", help="upload a run's offline W&B records; say how to publish its MLflow store", description=__doc__
+    )
     p.add_argument("run", metavar="RUN", help="run directory (runs/<name>) or a run name under ./runs")
     p.add_argument("--dry-run", action="store_true", help="print the wandb command instead of running it")
     p.set_defaults(func=main)
@@ -54,19 +55,27 @@ def main(args: argparse.Namespace) -> int:
             print(shlex.join(cmd))
         else:
             if shutil.which("wandb") is None:
-                raise CLIError("the wandb command is not installed here: pip install wandb (and wandb login), "
-                               "then run hpctrain sync again")
+                raise CLIError(
+                    "the wandb command is not installed here: pip install wandb (and wandb login), "
+                    "then run hpctrain sync again"
+                )
             r = subprocess.run(cmd)
             if r.returncode:
-                raise CLIError(f"wandb sync exited with {r.returncode} (see its output above); "
-                               "fix that (wandb login?) and run hpctrain sync again")
+                raise CLIError(
+                    f"wandb sync exited with {r.returncode} (see its output above); "
+                    "fix that (wandb login?) and run hpctrain sync again"
+                )
     store = run / "mlruns"
     if store.is_dir() and not t.mlflow_uri:
         did = True
-        print(f"MLflow: {store} is a file store MLflow reads in place: MLFLOW_ALLOW_FILE_STORE=true mlflow server "
-              f"--backend-store-uri {shlex.quote(store.as_uri())}; to publish it, copy the directory to a server's "
-              "file store or migrate it (mlflow migrate-filestore; docs/trackers.md)")
+        print(
+            f"MLflow: {store} is a file store MLflow reads in place: MLFLOW_ALLOW_FILE_STORE=true mlflow server "
+            f"--backend-store-uri {shlex.quote(store.as_uri())}; to publish it, copy the directory to a server's "
+            "file store or migrate it (mlflow migrate-filestore; docs/trackers.md)"
+        )
     if not did:
-        raise CLIError(f"{run} has no offline W&B records nor a local MLflow store: train with "
-                       "train.trackers=[mlflow,wandb] (or the one you use)")
+        raise CLIError(
+            f"{run} has no offline W&B records nor a local MLflow store: train with "
+            "train.trackers=[mlflow,wandb] (or the one you use)"
+        )
     return 0

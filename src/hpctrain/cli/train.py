@@ -13,8 +13,7 @@ from hpctrain.train.entry import run
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train in this process (or under torchrun / srun)",
-                       description=__doc__)
+    p = sub.add_parser("train", help="train in this process (or under torchrun / srun)", description=__doc__)
     add_config_args(p)
     p.add_argument("--resume", help="auto (newest checkpoint that loads), none, or a checkpoint path")
     p.set_defaults(func=main)
@@ -28,9 +27,12 @@ def main(args: argparse.Namespace) -> int:
     summary = run(cfg, stop)
     if summary["status"] == "interrupted":
         if summary["rank"] == 0:
-            print(f"hpctrain: interrupted: stopped at step {summary['step']}"
-                  + (f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "")
-                  + "; run the same command again to resume", file=sys.stderr)
+            print(
+                f"hpctrain: interrupted: stopped at step {summary['step']}"
+                + (f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else "")
+                + "; run the same command again to resume",
+                file=sys.stderr,
+            )
         return 130
     # stopped: the batch shell reads rank 0's decision (requeue or end) from $HPCTRAIN_STOP_FILE
     return 0 if summary["status"] in ("finished", "halted", "preempted") else 1

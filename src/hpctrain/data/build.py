@@ -34,16 +34,28 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device):
         from hpctrain.data.synthetic import SyntheticLoader
 
         if len(d.splits) > 1:
-            raise ConfigError(f"data.loader=synthetic has one eval set, not data.eval_splits={list(d.splits)}: "
-                              "give one split, or a real dataset (data.root)")
-        common = dict(world=world, rank=rank, img_size=cfg.model.img_size,
-                      num_classes=cfg.model.num_classes, seed=cfg.train.seed, device=device)
-        return (SyntheticLoader(train=True, batch_size=batch, size=d.synthetic_size, **common),
-                {d.splits[0]: SyntheticLoader(train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10),
-                                              **common)})
+            raise ConfigError(
+                f"data.loader=synthetic has one eval set, not data.eval_splits={list(d.splits)}: "
+                "give one split, or a real dataset (data.root)"
+            )
+        common = dict(
+            world=world,
+            rank=rank,
+            img_size=cfg.model.img_size,
+            num_classes=cfg.model.num_classes,
+            seed=cfg.train.seed,
+            device=device,
+        )
+        return (
+            SyntheticLoader(train=True, batch_size=batch, size=d.synthetic_size, **common),
+            {
+                d.splits[0]: SyntheticLoader(
+                    train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10), **common
+                )
+            },
+        )
     if not d.root:
-        raise ConfigError("data.root is empty: point it at an ImageNet-layout folder "
-                          "(or use data.loader=synthetic)")
+        raise ConfigError("data.root is empty: point it at an ImageNet-layout folder (or use data.loader=synthetic)")
     if kind == "dali":
         # DALI: optional (the torch loader runs without it)
         from hpctrain.data.dali import build_dali_loaders
@@ -55,18 +67,39 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device):
     from hpctrain.data.torch_loader import TorchLoader
 
     if d.randaugment:
-        raise ConfigError(f"data.randaugment={d.randaugment!r} needs the DALI loader (the torch loader has no "
-                          "RandAugment): set data.loader=dali, or clear data.randaugment")
+        raise ConfigError(
+            f"data.randaugment={d.randaugment!r} needs the DALI loader (the torch loader has no "
+            "RandAugment): set data.loader=dali, or clear data.randaugment"
+        )
     train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
     if len(train_list.classes) != cfg.model.num_classes:
-        raise ConfigError(f"{train_list.root} has {len(train_list.classes)} classes but "
-                          f"model.num_classes={cfg.model.num_classes}; set "
-                          f"--set model.num_classes={len(train_list.classes)}")
-    common = dict(rank=rank, world=world, seed=cfg.train.seed, workers=d.workers, device=device,
-                  img_size=cfg.model.img_size, crop_pct=d.crop_pct, scale_min=d.scale_min,
-                  hflip=d.hflip, mean=d.mean, std=d.std, skip_bad=d.on_bad_sample == "skip",
-                  interpolation=d.interpolation, reprob=d.reprob, remode=d.remode, recount=d.recount,
-                  eval_resize=d.eval_resize, crop=d.crop, antialias=d.antialias)
+        raise ConfigError(
+            f"{train_list.root} has {len(train_list.classes)} classes but "
+            f"model.num_classes={cfg.model.num_classes}; set "
+            f"--set model.num_classes={len(train_list.classes)}"
+        )
+    common = dict(
+        rank=rank,
+        world=world,
+        seed=cfg.train.seed,
+        workers=d.workers,
+        device=device,
+        img_size=cfg.model.img_size,
+        crop_pct=d.crop_pct,
+        scale_min=d.scale_min,
+        hflip=d.hflip,
+        mean=d.mean,
+        std=d.std,
+        skip_bad=d.on_bad_sample == "skip",
+        interpolation=d.interpolation,
+        reprob=d.reprob,
+        remode=d.remode,
+        recount=d.recount,
+        eval_resize=d.eval_resize,
+        crop=d.crop,
+        antialias=d.antialias,
+    )
     train = TorchLoader(train_list, train=True, batch_size=batch, repeats=d.repeated_aug, **common)
-    return train, {split: TorchLoader(lst, train=False, batch_size=eval_batch, **common)
-                   for split, lst in eval_lists.items()}
+    return train, {
+        split: TorchLoader(lst, train=False, batch_size=eval_batch, **common) for split, lst in eval_lists.items()
+    }

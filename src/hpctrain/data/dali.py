@@ -47,10 +47,11 @@ log = logging.getLogger("hpctrain")
 PREFETCH = 2  # batches decoded ahead
 IMAGE_EXTS_WDS = "jpg;jpeg;png;bmp;webp;tif;tiff"
 ERASE_INPUTS = ("erase_anchor", "erase_shape")  # the erase boxes' external sources, fed per run
-FIX_HINT = ("exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and "
-            "data.exclude_file=FILE")
-WDS_FIX_HINT = ("pack the shards again: `hpctrain data pack ROOT OUT` checks every image and, with "
-                "--exclude-bad FILE, leaves the bad ones out")
+FIX_HINT = "exclude bad files with `hpctrain data prepare-imagenet ROOT --exclude-bad FILE` and data.exclude_file=FILE"
+WDS_FIX_HINT = (
+    "pack the shards again: `hpctrain data pack ROOT OUT` checks every image and, with "
+    "--exclude-bad FILE, leaves the bad ones out"
+)
 
 
 def pipeline_seed(*parts: int) -> int:
@@ -89,14 +90,19 @@ class Augment:
 
 # ----------------------------------------------------------------------------- pipelines
 
+
 def _read(src, reader: dict):
     from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     if src == "folder":
         return fn.readers.file(name="Reader", **reader)
-    jpegs, labels = fn.readers.webdataset(name="Reader", ext=[IMAGE_EXTS_WDS, "lbl"],
-                                          dtypes=[types.UINT8, types.INT64],
-                                          missing_component_behavior="error", **reader)
+    jpegs, labels = fn.readers.webdataset(
+        name="Reader",
+        ext=[IMAGE_EXTS_WDS, "lbl"],
+        dtypes=[types.UINT8, types.INT64],
+        missing_component_behavior="error",
+        **reader,
+    )
     return jpegs, labels
 
 
@@ -131,17 +137,30 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
     jpegs, labels = _read(src, reader)
     if aug.crop == "tf_inception":  # DALI's sampler is timm's: TF's box drawn in the graph, ROI-decoded
         anchor, size = dali_tf_inception_box(fn.peek_image_shape(jpegs), (aug.scale_min, 1.0))
-        images = fn.decoders.image_slice(jpegs, anchor, size, device=decoder, output_type=types.RGB,
-                                         axis_names="WH", normalized_anchor=False, normalized_shape=False)
+        images = fn.decoders.image_slice(
+            jpegs,
+            anchor,
+            size,
+            device=decoder,
+            output_type=types.RGB,
+            axis_names="WH",
+            normalized_anchor=False,
+            normalized_shape=False,
+        )
     else:
-        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
-                                               **crop_args(aug.scale_min))
+        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, **crop_args(aug.scale_min))
     images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=aug.antialias)
     if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
         images = randaug.apply(images, aug.randaugment, aug.img_size)
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
-    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
-                                      mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
+    images = fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mirror=mirror,
+        mean=[255.0 * m for m in aug.mean],
+        std=[255.0 * s for s in aug.std],
+    )
     if aug.reprob > 0:
         if erase_source is None:  # fed before each run (a deserialised pipeline keeps no Python callback)
             boxes = tuple(fn.external_source(name=n, batch=True, dtype=types.FLOAT) for n in ERASE_INPUTS)
@@ -160,10 +179,18 @@ def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=
     if aug.eval_resize == "squash":  # the whole image to img_size², as vit_jax's tf.image.resize
         images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=True)
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **norm), labels
-    images = fn.resize(images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct),
-                       interp_type=aug.interp, antialias=True)
-    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                      crop=[aug.img_size, aug.img_size], crop_pos_x=0.5, crop_pos_y=0.5, **norm)
+    images = fn.resize(
+        images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct), interp_type=aug.interp, antialias=True
+    )
+    images = fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        crop=[aug.img_size, aug.img_size],
+        crop_pos_x=0.5,
+        crop_pos_y=0.5,
+        **norm,
+    )
     return images, labels
 
 
@@ -172,8 +199,14 @@ def pipeline_args(*, batch_size: int, threads: int, device: torch.device, seed: 
     DALI's version (dali_compat.executor_args: 1.32 has no exec_dynamic)."""
     gpu = device.type == "cuda"
     device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
-    return dict(batch_size=batch_size, num_threads=max(1, threads), seed=seed, device_id=device_id,
-                prefetch_queue_depth=PREFETCH, **dali_compat.executor_args())
+    return dict(
+        batch_size=batch_size,
+        num_threads=max(1, threads),
+        seed=seed,
+        device_id=device_id,
+        prefetch_queue_depth=PREFETCH,
+        **dali_compat.executor_args(),
+    )
 
 
 def trace_pipeline(train: bool, src: str, reader: dict, aug: Augment, args: dict, erase_source=None):
@@ -194,12 +227,28 @@ def trace_pipeline(train: bool, src: str, reader: dict, aug: Augment, args: dict
         return pipe(**args)
 
 
-def build_pipeline(train: bool, src: str, reader: dict, aug: Augment, *, batch_size: int, threads: int,
-                   device: torch.device, seed: int, erase_source=None):
+def build_pipeline(
+    train: bool,
+    src: str,
+    reader: dict,
+    aug: Augment,
+    *,
+    batch_size: int,
+    threads: int,
+    device: torch.device,
+    seed: int,
+    erase_source=None,
+):
     """A built DALI pipeline: outputs (float CHW images, labels). erase_source: iteration → (anchors,
     shapes) of the batch's erase boxes (train with data.reprob > 0)."""
-    p = trace_pipeline(train, src, reader, aug, pipeline_args(batch_size=batch_size, threads=threads,
-                                                              device=device, seed=seed), erase_source)
+    p = trace_pipeline(
+        train,
+        src,
+        reader,
+        aug,
+        pipeline_args(batch_size=batch_size, threads=threads, device=device, seed=seed),
+        erase_source,
+    )
     with warnings.catch_warnings():  # as in trace_pipeline
         warnings.simplefilter("ignore", DeprecationWarning)
         p.build()
@@ -231,6 +280,7 @@ def _to_torch(out, device: torch.device) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- bad files
 
+
 class _CpuDecoder:
     """DALI's CPU image decoder on one encoded image at a time: after a failed batch, to find the
     sample that failed (a batch's error names none). Built once, rebuilt after a failure (a failed
@@ -243,8 +293,9 @@ class _CpuDecoder:
     def _build():
         from nvidia.dali import fn, pipeline_def  # DALI: optional (the torch loader runs without it)
 
-        @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
-                      prefetch_queue_depth=1)
+        @pipeline_def(
+            batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False, prefetch_queue_depth=1
+        )
         def one():
             return fn.decoders.image(fn.external_source(name="raw", dtype=None, ndim=1), device="cpu")
 
@@ -289,7 +340,7 @@ def wds_samples(shards: WdsShards):
     for tar, idx in zip(shards.tars, shards.indices):
         for line in Path(idx).read_text().splitlines()[1:]:  # first line: `v1.2 <samples>`
             parts = line.split()
-            comps = [parts[i:i + 4] for i in range(0, len(parts) - 3, 4)]  # ext offset size name
+            comps = [parts[i : i + 4] for i in range(0, len(parts) - 3, 4)]  # ext offset size name
             img = next((c for c in comps if c[0] in exts), None)
             if img is not None:
                 yield tar, img[3].rsplit(".", 1)[0], img[3], int(img[1]), int(img[2])
@@ -315,6 +366,7 @@ def first_undecodable_wds(shards: WdsShards, lo: int, hi: int) -> tuple[str, str
 
 # ----------------------------------------------------------------------------- the loader
 
+
 class _Epoch:
     """One epoch's pipeline; runs are scheduled only up to the epoch's end (no wasted decode).
     boxes: iteration → the erase boxes fed to the ERASE_INPUTS before that run (None: no erasing)."""
@@ -338,9 +390,21 @@ class _Epoch:
 class DaliLoader:
     """The loader contract (DESIGN.md) over DALI pipelines; one pipeline per epoch."""
 
-    def __init__(self, *, train: bool, aug: Augment, batch_size: int, rank: int, world: int, seed: int,
-                 threads: int, device: torch.device, listing: Listing | None = None,
-                 shards: WdsShards | None = None, repeats: int = 0):
+    def __init__(
+        self,
+        *,
+        train: bool,
+        aug: Augment,
+        batch_size: int,
+        rank: int,
+        world: int,
+        seed: int,
+        threads: int,
+        device: torch.device,
+        listing: Listing | None = None,
+        shards: WdsShards | None = None,
+        repeats: int = 0,
+    ):
         if (listing is None) == (shards is None):
             raise ValueError("give a folder listing or WebDataset shards")
         self.train, self.aug, self.batch_size, self.rank, self.world = train, aug, batch_size, rank, world
@@ -356,8 +420,9 @@ class DaliLoader:
         self._build_s = 0.0  # the last deserialised pipeline's build: how early the next one starts
         if train and len(self) == 0:
             where = listing.root if listing is not None else shards.tars[0]
-            raise DataError(f"{where}: {self.size} images make no full global batch of "
-                            f"{batch_size * world}; lower data.batch_size")
+            raise DataError(
+                f"{where}: {self.size} images make no full global batch of {batch_size * world}; lower data.batch_size"
+            )
 
     # -- contract
     def __len__(self) -> int:
@@ -379,8 +444,11 @@ class DaliLoader:
     def epoch_indices(self, epoch: int):
         """Sample indices in the order this rank reads them (folder format)."""
         if self.train:
-            return np.concatenate(sampling.train_batches(self.size, self.batch_size, self.rank, self.world,
-                                                         self.seed, epoch, repeats=self.repeats))
+            return np.concatenate(
+                sampling.train_batches(
+                    self.size, self.batch_size, self.rank, self.world, self.seed, epoch, repeats=self.repeats
+                )
+            )
         return range(*shard_range(self.size, self.rank, self.world))
 
     def erase_source(self, epoch: int):
@@ -390,18 +458,31 @@ class DaliLoader:
         position). One vectorised draw per batch (erasing.erase_boxes_batch), no generator per sample."""
         a, n = self.aug, self.batch_size
         idx = np.asarray(self.epoch_indices(epoch)) if self.listing is not None else np.zeros(0, np.int64)
-        copies = np.concatenate(sampling.train_copies(self.size, self.batch_size, self.rank, self.world,
-                                                      repeats=self.repeats)) if len(idx) else idx
+        copies = (
+            np.concatenate(
+                sampling.train_copies(self.size, self.batch_size, self.rank, self.world, repeats=self.repeats)
+            )
+            if len(idx)
+            else idx
+        )
 
         def boxes(iteration: int):
             pos = iteration * n + np.arange(n)
             real = pos < len(idx)
             at = np.minimum(pos, max(len(idx) - 1, 0))
-            keys = np.stack([np.where(real, 1, 2), np.full(n, self.seed), np.full(n, epoch),
-                             np.where(real, idx[at] if len(idx) else 0, self.rank),
-                             np.where(real, copies[at] if len(idx) else 0, pos)], axis=1)
+            keys = np.stack(
+                [
+                    np.where(real, 1, 2),
+                    np.full(n, self.seed),
+                    np.full(n, epoch),
+                    np.where(real, idx[at] if len(idx) else 0, self.rank),
+                    np.where(real, copies[at] if len(idx) else 0, pos),
+                ],
+                axis=1,
+            )
             b = erasing.erase_boxes_batch(a.img_size, a.img_size, keys, a.reprob, a.recount).astype(np.float32)
             return list(b[..., :2].reshape(n, -1)), list(b[..., 2:].reshape(n, -1))
+
         return boxes
 
     def _reader(self, epoch: int) -> tuple[dict, list[tuple[str, int]] | None, int]:
@@ -414,15 +495,23 @@ class DaliLoader:
             else:  # the sorted val list, sharded by the global rank
                 files = list(self.listing.samples)
                 common.update(shard_id=self.rank, num_shards=self.world)
-            reader = dict(file_root=str(self.listing.root), files=[f for f, _ in files],
-                          labels=[lab for _, lab in files], **common)
+            reader = dict(
+                file_root=str(self.listing.root),
+                files=[f for f, _ in files],
+                labels=[lab for _, lab in files],
+                **common,
+            )
             real = len(files) if self.train else len(self.epoch_files(epoch))
             return reader, (files if self.train else self.epoch_files(epoch)), real
         sh = self.shards
         reader = dict(paths=list(sh.tars), index_paths=list(sh.indices), **common)
         if self.train:  # shards move by one rank per epoch; the shuffle buffer mixes within
-            reader.update(shard_id=(self.rank + epoch) % self.world, num_shards=self.world,
-                          random_shuffle=True, initial_fill=min(4096, max(1, sh.size // self.world)))
+            reader.update(
+                shard_id=(self.rank + epoch) % self.world,
+                num_shards=self.world,
+                random_shuffle=True,
+                initial_fill=min(4096, max(1, sh.size // self.world)),
+            )
             return reader, None, len(self) * self.batch_size
         reader.update(shard_id=self.rank, num_shards=self.world)
         lo, hi = shard_range(sh.size, self.rank, self.world)
@@ -432,15 +521,21 @@ class DaliLoader:
         """Build epoch `epoch`'s pipeline and start decoding its first batches."""
         reader, files, real = self._reader(epoch)
         src = "folder" if self.listing is not None else "wds"
-        args = pipeline_args(batch_size=self.batch_size, threads=self.threads, device=self.device,
-                             seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)))
+        args = pipeline_args(
+            batch_size=self.batch_size,
+            threads=self.threads,
+            device=self.device,
+            seed=pipeline_seed(self.seed, epoch, self.rank, int(self.train)),
+        )
         pipe = self._pipeline(src, self._listed(reader), args)
         meta = pipe.reader_meta("Reader")
         if self.train and src == "folder" and meta["epoch_size"] != real:
             raise RuntimeError(f"DALI reader holds {meta['epoch_size']} samples, expected {real}")
         if src == "wds" and meta["epoch_size"] != self.size:
-            raise DataError(f"the shard indices list {meta['epoch_size']} samples but meta.json says "
-                            f"{self.size}: re-run `hpctrain data pack`")
+            raise DataError(
+                f"the shard indices list {meta['epoch_size']} samples but meta.json says "
+                f"{self.size}: re-run `hpctrain data pack`"
+            )
         ep = _Epoch(epoch, pipe, files, real, self.erase_source(epoch) if self.train and self.aug.reprob > 0 else None)
         ep.schedule(len(self))
         return ep
@@ -482,6 +577,7 @@ class DaliLoader:
 
     def _prebuild(self, epoch: int) -> None:
         """Open the next epoch in a thread while this one's last batches are trained on."""
+
         def work():
             try:
                 self._next = self._open(epoch)
@@ -531,7 +627,7 @@ class DaliLoader:
                 y = torch.from_numpy(labels.as_array().reshape(-1).astype(np.int64))
                 pad = (b + 1) * self.batch_size - ep.real
                 if pad > 0:
-                    y[self.batch_size - pad:] = -1  # padding from pad_last_batch: not counted
+                    y[self.batch_size - pad :] = -1  # padding from pad_last_batch: not counted
                 yield x, y.to(self.device, non_blocking=True)
         finally:
             del ep
@@ -540,20 +636,25 @@ class DaliLoader:
         """The failing image named: DALI's batch error names no file (a WebDataset one not even the
         shard), so the samples this rank reads are decoded one by one until one fails."""
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-        msg = next((ln for words in (("failure", "failed"), ("decode",), ("error",)) for ln in lines
-                    if any(w in ln.lower() for w in words) and "in pipeline" not in ln.lower()),
-                   lines[-1] if lines else repr(err))
+        msg = next(
+            (
+                ln
+                for words in (("failure", "failed"), ("decode",), ("error",))
+                for ln in lines
+                if any(w in ln.lower() for w in words) and "in pipeline" not in ln.lower()
+            ),
+            lines[-1] if lines else repr(err),
+        )
         if self.shards is not None:
             shard = (self.rank + epoch) % self.world if self.train else self.rank
             found = first_undecodable_wds(self.shards, *shard_range(self.shards.size, shard, self.world))
             if found is not None:
                 tar, key, member = found
-                return DataError(f"cannot decode sample {key} ({member}) in shard {tar} (DALI: {msg}); "
-                                 f"{WDS_FIX_HINT}")
+                return DataError(f"cannot decode sample {key} ({member}) in shard {tar} (DALI: {msg}); {WDS_FIX_HINT}")
         if files is not None:
             lo = batch * self.batch_size
             root = self.listing.root
-            cand = [root / f for f, _ in files[lo: lo + 3 * self.batch_size]]  # this batch + prefetch
+            cand = [root / f for f, _ in files[lo : lo + 3 * self.batch_size]]  # this batch + prefetch
             bad = first_undecodable(cand)
             if bad is not None:
                 return DataError(f"cannot decode image {bad} (DALI: {msg}); {FIX_HINT}")
@@ -564,24 +665,39 @@ class DaliLoader:
 
 # ----------------------------------------------------------------------------- building
 
-def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device, batch: int,
-                       eval_batch: int):
+
+def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device, batch: int, eval_batch: int):
     """(train, {split: eval loader}) DALI loaders for this rank (data.build.build_eval_loaders)."""
     d = cfg.data
-    aug = Augment(cfg.model.img_size, d.crop_pct, d.scale_min, d.hflip, tuple(d.mean), tuple(d.std),
-                  parse_randaugment(d.randaugment), interpolation=d.interpolation, reprob=d.reprob,
-                  remode=d.remode, recount=d.recount, eval_resize=d.eval_resize, crop=d.crop,
-                  antialias=d.antialias)
-    common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers),
-                  device=device)
+    aug = Augment(
+        cfg.model.img_size,
+        d.crop_pct,
+        d.scale_min,
+        d.hflip,
+        tuple(d.mean),
+        tuple(d.std),
+        parse_randaugment(d.randaugment),
+        interpolation=d.interpolation,
+        reprob=d.reprob,
+        remode=d.remode,
+        recount=d.recount,
+        eval_resize=d.eval_resize,
+        crop=d.crop,
+        antialias=d.antialias,
+    )
+    common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers), device=device)
     if d.format == "wds":
         if "minival" in d.splits:
-            raise ConfigError("data.val_split=minival (or data.eval_splits with minival) holds out train images from "
-                              "a folder; shards from `data pack` have no minival: use data.format=folder with "
-                              "data.val_split=minival, or evaluate on val only")
+            raise ConfigError(
+                "data.val_split=minival (or data.eval_splits with minival) holds out train images from "
+                "a folder; shards from `data pack` have no minival: use data.format=folder with "
+                "data.val_split=minival, or evaluate on val only"
+            )
         if d.repeated_aug > 1:
-            raise ConfigError("data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
-                              "stream in shard order: set data.repeated_aug=0 or data.format=folder")
+            raise ConfigError(
+                "data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
+                "stream in shard order: set data.repeated_aug=0 or data.format=folder"
+            )
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)
@@ -592,16 +708,21 @@ def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device,
             return train, {}
         return train, {"val": DaliLoader(train=False, batch_size=eval_batch, shards=val_sh, **common)}
     if d.stage_to:
-        raise ConfigError("data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
-                          "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to")
+        raise ConfigError(
+            "data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
+            "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to"
+        )
     train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
     _check_classes(len(train_list.classes), cfg, train_list.root)
     train = DaliLoader(train=True, batch_size=batch, listing=train_list, repeats=d.repeated_aug, **common)
-    return train, {split: DaliLoader(train=False, batch_size=eval_batch, listing=lst, **common)
-                   for split, lst in eval_lists.items()}
+    return train, {
+        split: DaliLoader(train=False, batch_size=eval_batch, listing=lst, **common)
+        for split, lst in eval_lists.items()
+    }
 
 
 def _check_classes(n: int, cfg: Config, where) -> None:
     if n != cfg.model.num_classes:
-        raise ConfigError(f"{where} has {n} classes but model.num_classes={cfg.model.num_classes}; "
-                          f"set --set model.num_classes={n}")
+        raise ConfigError(
+            f"{where} has {n} classes but model.num_classes={cfg.model.num_classes}; set --set model.num_classes={n}"
+        )

@@ -66,7 +66,7 @@ def key_uniforms(keys: np.ndarray, count: int) -> np.ndarray:
     for col in keys.T:
         x = _splitmix64(x + GOLDEN + col)
     u = _splitmix64(x[:, None] + GOLDEN * np.arange(1, count + 1, dtype=np.uint64))
-    return (u >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return (u >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def erase_boxes_batch(height: int, width: int, keys: np.ndarray, prob: float, max_count: int) -> np.ndarray:
@@ -74,8 +74,11 @@ def erase_boxes_batch(height: int, width: int, keys: np.ndarray, prob: float, ma
     n = len(keys)
     u = key_uniforms(keys, 2 + 4 * ATTEMPTS * max_count)
     erased = u[:, 0] < prob
-    count = np.ones(n, dtype=np.int64) if max_count == 1 else 1 + np.minimum((u[:, 1] * max_count).astype(np.int64),
-                                                                          max_count - 1)
+    count = (
+        np.ones(n, dtype=np.int64)
+        if max_count == 1
+        else 1 + np.minimum((u[:, 1] * max_count).astype(np.int64), max_count - 1)
+    )
     draws = u[:, 2:].reshape(n, max_count, ATTEMPTS, 4)
     target = (MIN_AREA + (MAX_AREA - MIN_AREA) * draws[..., 0]) * (height * width) / count[:, None, None]
     lo = math.log(MIN_ASPECT)
@@ -92,8 +95,9 @@ def erase_boxes_batch(height: int, width: int, keys: np.ndarray, prob: float, ma
     return np.where(used[..., None], np.stack([top, left, h, w], axis=-1), 0)
 
 
-def erase_fill(boxes: torch.Tensor, seed: int, mode: str, channels: int, height: int,
-               width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def erase_fill(
+    boxes: torch.Tensor, seed: int, mode: str, channels: int, height: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sample's erasing on the CPU, for a batch to apply in one go (`pack`, `fill_packed`): the
     (H, W) bool mask of erased pixels and the (channels × n,) float32 values they take, channel by
     channel in row-major order (masked_scatter_'s), a later box over an earlier one. `pixel` = N(0,1)
@@ -110,10 +114,10 @@ def erase_fill(boxes: torch.Tensor, seed: int, mode: str, channels: int, height:
             gen = gen or torch.Generator()
             gen.manual_seed(int(seed) + k)
             shape = (channels, h, w) if mode == "pixel" else (channels, 1, 1)
-            canvas[:, top:top + h, left:left + w] = torch.randn(shape, generator=gen, dtype=torch.float32)
+            canvas[:, top : top + h, left : left + w] = torch.randn(shape, generator=gen, dtype=torch.float32)
         else:
-            canvas[:, top:top + h, left:left + w] = 0.0
-        mask[top:top + h, left:left + w] = True
+            canvas[:, top : top + h, left : left + w] = 0.0
+        mask[top : top + h, left : left + w] = True
     return mask, (canvas[:, mask].reshape(-1) if canvas is not None else torch.zeros(0))
 
 

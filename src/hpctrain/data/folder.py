@@ -36,8 +36,10 @@ def read_exclusions(path: str | os.PathLike | None) -> set[str]:
         return set()
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"data.exclude_file {str(p)!r} does not exist; write it with "
-                        "`hpctrain data prepare-imagenet ROOT --exclude-bad` or clear the option")
+        raise DataError(
+            f"data.exclude_file {str(p)!r} does not exist; write it with "
+            "`hpctrain data prepare-imagenet ROOT --exclude-bad` or clear the option"
+        )
     out = set()
     for line in p.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
@@ -46,13 +48,19 @@ def read_exclusions(path: str | os.PathLike | None) -> set[str]:
     return out
 
 
-def list_split(root: str | os.PathLike, split: str, exclude: set[str] | frozenset = frozenset(),
-               classes: tuple[str, ...] | None = None) -> Listing:
+def list_split(
+    root: str | os.PathLike,
+    split: str,
+    exclude: set[str] | frozenset = frozenset(),
+    classes: tuple[str, ...] | None = None,
+) -> Listing:
     """List `root/split` as (relative path, label) in sorted order, without excluded files."""
     base = Path(root) / split
     if not base.is_dir():
-        raise DataError(f"{base} is not a folder: data.root must hold {split}/<class>/<images> "
-                        "(make a small one with `hpctrain data digits OUT`)")
+        raise DataError(
+            f"{base} is not a folder: data.root must hold {split}/<class>/<images> "
+            "(make a small one with `hpctrain data digits OUT`)"
+        )
     found = tuple(sorted(d.name for d in base.iterdir() if d.is_dir()))
     if not found:
         raise DataError(f"{base} has no class folders: expected {split}/<class>/<images>")
@@ -97,25 +105,29 @@ def minival_split(listing: Listing, percent: int = MINIVAL_PERCENT) -> tuple[Lis
     n = len(listing)
     held_n = n - int(round((100 - percent) * n / 100.0))
     if held_n == 0 or held_n == n:
-        raise DataError(f"{listing.root}: {n} images are too few for a {percent} % minival; use "
-                        "data.val_split=val or a larger train set")
+        raise DataError(
+            f"{listing.root}: {n} images are too few for a {percent} % minival; use "
+            "data.val_split=val or a larger train set"
+        )
     ranked = sorted(range(n), key=lambda i: _key_rank(listing.samples[i][0]))
-    held = set(ranked[n - held_n:])
+    held = set(ranked[n - held_n :])
     keep = tuple(s for i, s in enumerate(listing.samples) if i not in held)
     out = tuple(s for i, s in enumerate(listing.samples) if i in held)
     return Listing(listing.root, listing.classes, keep), Listing(listing.root, listing.classes, out)
 
 
-def train_val_listings(root: str | os.PathLike, val_split: str,
-                       exclude: set[str] | frozenset = frozenset()) -> tuple[Listing, Listing | None]:
+def train_val_listings(
+    root: str | os.PathLike, val_split: str, exclude: set[str] | frozenset = frozenset()
+) -> tuple[Listing, Listing | None]:
     """The (train, eval) listings every folder loader uses: root/train and root/val (None when root
     has no val/), or, for `val_split="minival"`, root/train split by `minival_split`."""
     train, evals = train_eval_listings(root, (val_split,), exclude)
     return train, evals.get(val_split)
 
 
-def train_eval_listings(root: str | os.PathLike, splits: tuple[str, ...] | list[str],
-                        exclude: set[str] | frozenset = frozenset()) -> tuple[Listing, dict[str, Listing]]:
+def train_eval_listings(
+    root: str | os.PathLike, splits: tuple[str, ...] | list[str], exclude: set[str] | frozenset = frozenset()
+) -> tuple[Listing, dict[str, Listing]]:
     """(train, {split: listing}) for the eval splits named (`data.eval_splits`, in that order): `val` is
     root/val (left out when root has no val/), `minival` the 1 % `minival_split` holds out of root/train,
     which train then lacks whatever else is evaluated."""

@@ -34,8 +34,10 @@ def read_val_map(path: str | os.PathLike) -> dict[str, str]:
     """Ground truth as {file name: class}: `LOC_val_solution.csv` or lines of `file class`."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"--val-map {p} does not exist; give LOC_val_solution.csv (Kaggle) or a "
-                        "text file of `<file name> <class folder>` lines")
+        raise DataError(
+            f"--val-map {p} does not exist; give LOC_val_solution.csv (Kaggle) or a "
+            "text file of `<file name> <class folder>` lines"
+        )
     out: dict[str, str] = {}
     text = p.read_text()
     if text.startswith("ImageId,"):  # Kaggle: ImageId,PredictionString("n01751748 x y x y …")
@@ -47,8 +49,10 @@ def read_val_map(path: str | os.PathLike) -> dict[str, str]:
         if not parts or parts[0].startswith("#"):
             continue
         if len(parts) != 2:
-            raise DataError(f"{p}:{n}: expected `<file name> <class folder>`, got {line!r} (the devkit's "
-                            "bare index list needs its synset table: convert it to file/class pairs)")
+            raise DataError(
+                f"{p}:{n}: expected `<file name> <class folder>`, got {line!r} (the devkit's "
+                "bare index list needs its synset table: convert it to file/class pairs)"
+            )
         out[Path(parts[0]).stem] = parts[1]
     return out
 
@@ -101,8 +105,10 @@ def scan_images(paths: list[str], workers: int, what: str = "decoding", log=prin
         for p in paths:
             reasons.append(check_image(p))
             meter.add()
-    meter.finish(f"{meter.line()} in {meter.seconds:.1f} s ({workers} worker(s)): "
-                 f"{sum(r is not None for r in reasons)} do not decode")
+    meter.finish(
+        f"{meter.line()} in {meter.seconds:.1f} s ({workers} worker(s)): "
+        f"{sum(r is not None for r in reasons)} do not decode"
+    )
     return reasons
 
 
@@ -114,8 +120,9 @@ def _files(split_dir: Path) -> list[Path]:
     return out
 
 
-def prepare(root: str | os.PathLike, val_map: str | None = None, workers: int = 0,
-            scan: bool = True, log=print) -> Report:
+def prepare(
+    root: str | os.PathLike, val_map: str | None = None, workers: int = 0, scan: bool = True, log=print
+) -> Report:
     """Sort val (with a map), check both splits, scan every image; returns the Report."""
     root = Path(root)
     rep = Report()
@@ -137,8 +144,9 @@ def prepare(root: str | os.PathLike, val_map: str | None = None, workers: int = 
         classes = sorted(d.name for d in base.iterdir() if d.is_dir())
         loose = [p.name for p in base.iterdir() if p.is_file() and p.name.lower().endswith(IMAGE_EXTS)]
         if loose:
-            rep.problems.append(f"{base} has {len(loose)} images outside class folders (e.g. {loose[0]}); "
-                                "sort them with --val-map FILE")
+            rep.problems.append(
+                f"{base} has {len(loose)} images outside class folders (e.g. {loose[0]}); sort them with --val-map FILE"
+            )
         files = _files(base)
         counts: dict[str, int] = {c: 0 for c in classes}
         for f in files:
@@ -152,16 +160,16 @@ def prepare(root: str | os.PathLike, val_map: str | None = None, workers: int = 
         if split == "val":
             unknown = sorted(set(classes) - set(train_classes))
             if unknown:
-                rep.problems.append(f"val: {len(unknown)} classes that train/ lacks: "
-                                    f"{', '.join(unknown[:5])}")
+                rep.problems.append(f"val: {len(unknown)} classes that train/ lacks: {', '.join(unknown[:5])}")
         if rep.images[split] != IMAGENET[split]:
             rep.notes.append(f"{split}: {rep.images[split]:,} images, ImageNet-1k has {IMAGENET[split]:,}")
         if len(classes) != IMAGENET["classes"]:
             rep.notes.append(f"{split}: {len(classes)} classes, ImageNet-1k has {IMAGENET['classes']}")
         if scan and files:
             reasons = scan_images([str(f) for f in files], workers, f"decoding {split}", log)
-            rep.bad += [(f"{split}/{f.relative_to(base).as_posix()}", r)
-                        for f, r in zip(files, reasons) if r is not None]
+            rep.bad += [
+                (f"{split}/{f.relative_to(base).as_posix()}", r) for f, r in zip(files, reasons) if r is not None
+            ]
     return rep
 
 

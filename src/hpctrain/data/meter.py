@@ -24,8 +24,16 @@ def fmt_bytes(n: float) -> str:
 class Meter:
     """Count `items` (and bytes) done of a known total; `log` takes one line (print, logger.info)."""
 
-    def __init__(self, what: str, total: int, unit: str = "files", total_bytes: int = 0,
-                 log: Callable[[str], object] = print, every_s: float = 5.0, tty: bool | None = None):
+    def __init__(
+        self,
+        what: str,
+        total: int,
+        unit: str = "files",
+        total_bytes: int = 0,
+        log: Callable[[str], object] = print,
+        every_s: float = 5.0,
+        tty: bool | None = None,
+    ):
         self.what, self.total, self.unit, self.total_bytes = what, total, unit, total_bytes
         self.log, self.every_s = log, every_s
         self.tty = (log is print and sys.stdout.isatty()) if tty is None else tty

@@ -55,7 +55,7 @@ class PackPlan:
     def group(self, g: int) -> tuple[ShardJob, ...]:
         """Group g's contiguous run of shards (sizes differ by at most one shard)."""
         n = len(self.shards)
-        return self.shards[g * n // self.groups:(g + 1) * n // self.groups]
+        return self.shards[g * n // self.groups : (g + 1) * n // self.groups]
 
 
 def shuffled(n: int, seed: int) -> list[int]:
@@ -65,8 +65,16 @@ def shuffled(n: int, seed: int) -> list[int]:
     return sorted(range(n), key=lambda i: hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest())
 
 
-def plan_pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
-              seed: int = 0, groups: int = 1, log=print, leave_out: frozenset[str] = frozenset()) -> PackPlan:
+def plan_pack(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_size: int,
+    exclude_file: str = "",
+    seed: int = 0,
+    groups: int = 1,
+    log=print,
+    leave_out: frozenset[str] = frozenset(),
+) -> PackPlan:
     """Assign every sample to its shard. Train is shuffled across shards (seeded) so every shard
     holds all classes; val keeps the sorted order of the folder listing. `leave_out`: more
     `split/relative path`s to exclude (the images found bad)."""
@@ -87,7 +95,7 @@ def plan_pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, 
         records = []
         for s, lo in enumerate(range(0, len(order), shard_size)):
             name = f"{split}-{s:05d}"
-            samples = tuple((int(i), *listing.samples[int(i)]) for i in order[lo:lo + shard_size])
+            samples = tuple((int(i), *listing.samples[int(i)]) for i in order[lo : lo + shard_size])
             shards.append(ShardJob(name, str(listing.root), samples))
             records.append({"tar": f"{name}.tar", "idx": f"{name}.idx", "size": len(samples)})
         meta[split] = {"size": len(listing), "shards": records}
@@ -113,8 +121,11 @@ def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
         for i, rel, label in job.samples:
             key = f"{i:08d}"
             ext = rel.rsplit(".", 1)[-1].lower()
-            parts = [(ext, (root / rel).read_bytes()), ("cls", str(label).encode()),
-                     ("lbl", int(label).to_bytes(8, "little", signed=True))]
+            parts = [
+                (ext, (root / rel).read_bytes()),
+                ("cls", str(label).encode()),
+                ("lbl", int(label).to_bytes(8, "little", signed=True)),
+            ]
             comp = []
             for e, data in parts:
                 off, size = _add(tar, f"{key}.{e}", data)
@@ -149,8 +160,9 @@ def bad_images(shards: tuple[ShardJob, ...], workers: int, log=print) -> list[tu
 
 def refuse_bad(bad: list[tuple[str, str]], fix: str) -> BadImages:
     first = bad[0][0]
-    return BadImages(f"{len(bad)} image(s) do not decode (listed above; the first: {first}), so nothing was "
-                     f"packed: {fix}")
+    return BadImages(
+        f"{len(bad)} image(s) do not decode (listed above; the first: {first}), so nothing was packed: {fix}"
+    )
 
 
 def write_meta(plan: PackPlan) -> None:
@@ -176,8 +188,16 @@ def _pack_group(shards: tuple[ShardJob, ...], out: Path) -> None:
         _REPORT.put((len(job.samples), sum(sizes.values())))
 
 
-def pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclude_file: str = "",
-         seed: int = 0, workers: int = 1, log=print, exclude_bad: str = "") -> dict:
+def pack(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_size: int,
+    exclude_file: str = "",
+    seed: int = 0,
+    workers: int = 1,
+    log=print,
+    exclude_bad: str = "",
+) -> dict:
     """Write OUT/{split}-NNNNN.{tar,idx} and OUT/meta.json, with `workers` processes (one per
     shard group); the same bytes for any number of workers. Returns meta.json's content.
 
@@ -211,8 +231,10 @@ def pack(root: str | os.PathLike, out: str | os.PathLike, shard_size: int, exclu
                 f.result()  # a worker's error (an unreadable image) ends the pack here
             _drain(reports, meter)
     write_meta(plan)
-    meter.finish(f"packed {len(plan.shards)} shards in {plan.groups} group(s) into {out} in "
-                 f"{meter.seconds:.1f} s ({meter.rate():.1f} MB/s)")
+    meter.finish(
+        f"packed {len(plan.shards)} shards in {plan.groups} group(s) into {out} in "
+        f"{meter.seconds:.1f} s ({meter.rate():.1f} MB/s)"
+    )
     return plan.meta
 
 
@@ -227,11 +249,12 @@ def _drain(reports, meter: Meter) -> None:
 
 # ----------------------------------------------------------------------------- Slurm array state
 
+
 def plan_bytes(plan: PackPlan) -> bytes:
-    shards = [{"name": s.name, "root": s.split_root, "samples": [list(x) for x in s.samples]}
-              for s in plan.shards]
-    return json.dumps({"version": 1, "groups": plan.groups, "meta": plan.meta, "shards": shards},
-                      separators=(",", ":")).encode()
+    shards = [{"name": s.name, "root": s.split_root, "samples": [list(x) for x in s.samples]} for s in plan.shards]
+    return json.dumps(
+        {"version": 1, "groups": plan.groups, "meta": plan.meta, "shards": shards}, separators=(",", ":")
+    ).encode()
 
 
 def digest(data: bytes) -> str:
@@ -298,8 +321,10 @@ def finish(plan: PackPlan, plan_digest: str, log=print) -> bool:
     """Write the shard index when every group is done; True when it is (now or before)."""
     missing = missing_groups(plan, plan_digest)
     if missing:
-        log(f"{len(missing)} of {plan.groups} groups not packed yet ({array_ranges(missing)}): "
-            "meta.json is written when they are")
+        log(
+            f"{len(missing)} of {plan.groups} groups not packed yet ({array_ranges(missing)}): "
+            "meta.json is written when they are"
+        )
         return False
     if (plan.out / META).is_file() and (plan.out / META).read_text() == json.dumps(plan.meta, indent=1):
         return True
@@ -312,8 +337,9 @@ def run_group(out: str | os.PathLike, g: int, log=print) -> int:
     """One array task: pack group g (unless it is done already), then finish if it was the last."""
     loaded = load_plan(out)
     if loaded is None:
-        raise DataError(f"{Path(out) / STATE / PLAN} is missing: start the pack with "
-                        "`hpctrain data pack ROOT OUT --slurm`")
+        raise DataError(
+            f"{Path(out) / STATE / PLAN} is missing: start the pack with `hpctrain data pack ROOT OUT --slurm`"
+        )
     plan, d = loaded
     if not 0 <= g < plan.groups:
         raise DataError(f"group {g} does not exist: the plan in {out} has groups 0-{plan.groups - 1}")
@@ -323,8 +349,11 @@ def run_group(out: str | os.PathLike, g: int, log=print) -> int:
     else:
         bad = bad_images(shards, 1, log)
         if bad:
-            raise refuse_bad(bad, "list them in a file (`hpctrain data prepare-imagenet ROOT --exclude-bad FILE` "
-                                  "finds every one) and pack again with --exclude-file FILE")
+            raise refuse_bad(
+                bad,
+                "list them in a file (`hpctrain data prepare-imagenet ROOT --exclude-bad FILE` "
+                "finds every one) and pack again with --exclude-file FILE",
+            )
         meter = Meter(f"group {g}", len(shards), "shards", log=log, tty=False)
         files: dict[str, int] = {}
         for job in shards:
@@ -334,8 +363,10 @@ def run_group(out: str | os.PathLike, g: int, log=print) -> int:
         tmp = plan.out / STATE / f".done-{g:05d}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"plan": d, "group": g, "files": files}))
         os.replace(tmp, _marker(plan.out, g))
-        meter.finish(f"group {g}: packed {len(shards)} shards ({shards[0].name} … {shards[-1].name}) "
-                     f"in {meter.seconds:.1f} s ({meter.rate():.1f} MB/s)")
+        meter.finish(
+            f"group {g}: packed {len(shards)} shards ({shards[0].name} … {shards[-1].name}) "
+            f"in {meter.seconds:.1f} s ({meter.rate():.1f} MB/s)"
+        )
     finish(plan, d, log)
     return 0
 

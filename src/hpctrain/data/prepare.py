@@ -34,16 +34,20 @@ def ensure_dataset(cfg: Config) -> None:
     if d.format == "wds":
         if (root / META).is_file():
             return
-        raise ConfigError(f"data.root={d.root} holds no shards (no {META}); data.prepare=digits writes an image "
-                          f"folder, never shards: pack one with `{write} && hpctrain data pack {DEMO_ROOT} "
-                          f"{shlex.quote(d.root)}`, or set data.format=folder")
+        raise ConfigError(
+            f"data.root={d.root} holds no shards (no {META}); data.prepare=digits writes an image "
+            f"folder, never shards: pack one with `{write} && hpctrain data pack {DEMO_ROOT} "
+            f"{shlex.quote(d.root)}`, or set data.format=folder"
+        )
     if (root / "train").is_dir() and (root / "val").is_dir():
         return
     if not is_demo_root(root):
         what = "does not exist" if not root.exists() else "has no train/ and val/"
-        raise ConfigError(f"data.root={d.root} {what}; data.prepare=digits writes only the demo's own folder "
-                          f"{DEMO_ROOT} (under the working directory): fix data.root, or write the digits there "
-                          f"first with `hpctrain data digits {shlex.quote(d.root)}`")
+        raise ConfigError(
+            f"data.root={d.root} {what}; data.prepare=digits writes only the demo's own folder "
+            f"{DEMO_ROOT} (under the working directory): fix data.root, or write the digits there "
+            f"first with `hpctrain data digits {shlex.quote(d.root)}`"
+        )
 
     def make() -> str:
         from hpctrain.data.digits import write_digits  # numpy: data.prepare runs on the login node (ensure_dataset)
@@ -65,20 +69,31 @@ def input_problems(cfg: Config) -> list[str]:
         if not d.root:
             out.append("data.root is empty: point it at an ImageNet-layout folder (or data.loader=synthetic)")
         elif d.format == "wds" and not (root / META).is_file():
-            out.append(f"data.root={d.root} has no {META}: data.format=wds reads the output of "
-                       f"`hpctrain data pack ROOT {shlex.quote(d.root)}`")
-        elif (d.format == "folder" and not (root / "train").is_dir()
-              and not (d.prepare == "digits" and is_demo_root(root))):
+            out.append(
+                f"data.root={d.root} has no {META}: data.format=wds reads the output of "
+                f"`hpctrain data pack ROOT {shlex.quote(d.root)}`"
+            )
+        elif (
+            d.format == "folder"
+            and not (root / "train").is_dir()
+            and not (d.prepare == "digits" and is_demo_root(root))
+        ):
             what = "does not exist" if not root.exists() else "has no train/ folder"
-            out.append(f"data.root={d.root} {what}: give the folder that holds train/<class>/<images> "
-                       "(and val/), or make a small one with `hpctrain data digits OUT`")
+            out.append(
+                f"data.root={d.root} {what}: give the folder that holds train/<class>/<images> "
+                "(and val/), or make a small one with `hpctrain data digits OUT`"
+            )
         if d.exclude_file and not Path(d.exclude_file).expanduser().is_file():
-            out.append(f"data.exclude_file={d.exclude_file} does not exist: write it with `hpctrain data "
-                       "prepare-imagenet ROOT --exclude-bad FILE`, or clear data.exclude_file")
+            out.append(
+                f"data.exclude_file={d.exclude_file} does not exist: write it with `hpctrain data "
+                "prepare-imagenet ROOT --exclude-bad FILE`, or clear data.exclude_file"
+            )
     src = cfg.model.init_from
     if src and not Path(src).expanduser().exists():
-        out.append(f"model.init_from={src} does not exist: give the path of a .safetensors/.pt/.pth state_dict, "
-                   "an hpctrain checkpoint or run directory (e.g. from `hpctrain export`)")
+        out.append(
+            f"model.init_from={src} does not exist: give the path of a .safetensors/.pt/.pth state_dict, "
+            "an hpctrain checkpoint or run directory (e.g. from `hpctrain export`)"
+        )
     elif src:
         out += init_shape_problems(cfg.model, Path(src).expanduser())
     return out
@@ -103,10 +118,15 @@ def init_shape_problems(model: ModelConfig, src: Path) -> list[str]:
     if old.has_fc_norm and not model.has_fc_norm:  # the other way round is MAE's fine-tuning: fc_norm starts fresh
         pairs.append(("fc_norm", True, False))
     diff = [f"model.{k}={a} there, {b} here" for k, a, b in pairs if a != b]
-    diff += [f"model {k} {a} there, {b} here" for k, a, b in zip(("depth", "width"), arch_dims(old),
-                                                                 arch_dims(model)) if a != b]
+    diff += [
+        f"model {k} {a} there, {b} here"
+        for k, a, b in zip(("depth", "width"), arch_dims(old), arch_dims(model))
+        if a != b
+    ]
     if not diff:
         return []
-    return [f"model.init_from={src}: its weights do not fit this model ({'; '.join(diff)}; {run / 'config.yaml'}): "
-            "set those model.* keys as the source run had them (the position embedding is resampled to any "
-            "model.img_size, a head of another model.num_classes replaced)"]
+    return [
+        f"model.init_from={src}: its weights do not fit this model ({'; '.join(diff)}; {run / 'config.yaml'}): "
+        "set those model.* keys as the source run had them (the position embedding is resampled to any "
+        "model.img_size, a head of another model.num_classes replaced)"
+    ]

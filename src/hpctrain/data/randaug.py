@@ -29,6 +29,7 @@ TRANSLATE_PCT = 0.45  # timm hparams translate_pct default (TranslateXRel / Tran
 # Each maps a signed magnitude v in [-10, 10] (the sign is timm's `_randomly_negate`, drawn by DALI
 # for the ops that have one) to the op's parameter, as timm's *_level_to_arg does.
 
+
 def rotate_deg(v: float) -> float:
     return v / LEVEL_DENOM * 30.0
 
@@ -66,15 +67,26 @@ def solarize_add(v: float) -> int:
 
 # timm's suite names (with inc1) → the op names used here
 TIMM_OPS = {
-    "AutoContrast": "auto_contrast", "Equalize": "equalize", "Invert": "invert", "Rotate": "rotate",
-    "PosterizeIncreasing": "posterize", "SolarizeIncreasing": "solarize", "SolarizeAdd": "solarize_add",
-    "ColorIncreasing": "color", "ContrastIncreasing": "contrast", "BrightnessIncreasing": "brightness",
-    "SharpnessIncreasing": "sharpness", "ShearX": "shear_x", "ShearY": "shear_y",
-    "TranslateXRel": "translate_x", "TranslateYRel": "translate_y",
+    "AutoContrast": "auto_contrast",
+    "Equalize": "equalize",
+    "Invert": "invert",
+    "Rotate": "rotate",
+    "PosterizeIncreasing": "posterize",
+    "SolarizeIncreasing": "solarize",
+    "SolarizeAdd": "solarize_add",
+    "ColorIncreasing": "color",
+    "ContrastIncreasing": "contrast",
+    "BrightnessIncreasing": "brightness",
+    "SharpnessIncreasing": "sharpness",
+    "ShearX": "shear_x",
+    "ShearY": "shear_y",
+    "TranslateXRel": "translate_x",
+    "TranslateYRel": "translate_y",
 }
 
 
 # --------------------------------------------------------------------- DALI side
+
 
 def _posterize_mask(bits: int) -> np.ndarray:
     keep = min(8, max(0, bits))
@@ -99,8 +111,12 @@ def dali_suite(inc: bool = True) -> dict:
         return np.array(x, dtype=np.float32)
 
     def aug(base, negate, to_param, name=None):
-        return base.augmentation(mag_range=mags, randomly_negate=negate,
-                                 mag_to_param=dali_compat.do_not_convert(to_param), **({"name": name} if name else {}))
+        return base.augmentation(
+            mag_range=mags,
+            randomly_negate=negate,
+            mag_to_param=dali_compat.do_not_convert(to_param),
+            **({"name": name} if name else {}),
+        )
 
     return {
         "auto_contrast": a.auto_contrast,
@@ -125,8 +141,7 @@ def magnitude_bin(m: float) -> int:
     return int(round(m * QUANT))
 
 
-def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128,
-          ops: tuple[str, ...] | None = None):
+def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128, ops: tuple[str, ...] | None = None):
     """RandAugment on a DALI batch of uint8 HWC `size`×`size` images (pipeline with conditionals).
 
     Each of `spec.n` layers picks one op uniformly (with replacement, as timm) and applies it with
@@ -140,8 +155,10 @@ def apply(images, spec: RandAugSpec, size: int, *, fill_value: float = 128,
     # AutoGraph (DALI conditionals) would trace every entry of the ops' 2002-entry parameter tables
     # (minutes per pipeline build); the tables and the ops' bodies have no data-dependent `if`
     suite = dali_compat.do_not_convert(dali_suite)(spec.inc)
-    chosen = [dali_compat.do_not_convert(op.__call__) for op in
-              [suite[k] for k in (ops or tuple(TIMM_OPS.values()))] + [a.identity]]
+    chosen = [
+        dali_compat.do_not_convert(op.__call__)
+        for op in [suite[k] for k in (ops or tuple(TIMM_OPS.values()))] + [a.identity]
+    ]
     skip = len(chosen) - 1
     shape = (spec.n,) if spec.n > 1 else ()
     op_idx = fn.random.uniform(values=list(range(skip)), shape=shape, dtype=types.INT32)

@@ -20,16 +20,17 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
 
 
-def train_batches(n: int, batch: int, rank: int, world: int, seed: int, epoch: int,
-                  start: int = 0, repeats: int = 0) -> list[np.ndarray]:
+def train_batches(
+    n: int, batch: int, rank: int, world: int, seed: int, epoch: int, start: int = 0, repeats: int = 0
+) -> list[np.ndarray]:
     """Per-rank index batches of one epoch from batch number `start` (full batches only)."""
     perm = epoch_permutation(n, seed, epoch)
     g = batch * world
     steps = train_len(n, batch, world, repeats)
     if repeats > 1:
-        order = np.repeat(perm[:-(-steps * g // repeats)], repeats)  # only the samples the epoch reaches
-        return [order[t * g + rank: (t + 1) * g: world] for t in range(start, steps)]
-    return [perm[t * g + rank * batch: t * g + (rank + 1) * batch] for t in range(start, steps)]
+        order = np.repeat(perm[: -(-steps * g // repeats)], repeats)  # only the samples the epoch reaches
+        return [order[t * g + rank : (t + 1) * g : world] for t in range(start, steps)]
+    return [perm[t * g + rank * batch : t * g + (rank + 1) * batch] for t in range(start, steps)]
 
 
 def train_len(n: int, batch: int, world: int, repeats: int = 0) -> int:

@@ -55,8 +55,10 @@ def stage(root: str | os.PathLike, dest: str, log=print, every_s: float = 5.0) -
             waited = False
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise DataError(f"data.stage_to={dest!r}: {base} refuses file locks ({os.strerror(e.errno)}); "
-                                "stage to a node-local disk such as $TMPDIR, not a shared file system") from None
+                raise DataError(
+                    f"data.stage_to={dest!r}: {base} refuses file locks ({os.strerror(e.errno)}); "
+                    "stage to a node-local disk such as $TMPDIR, not a shared file system"
+                ) from None
             fcntl.flock(f, fcntl.LOCK_EX)  # another rank of this node is copying: wait for it
             waited = True
         digest = hashlib.sha256(meta_bytes).hexdigest()
@@ -68,15 +70,25 @@ def stage(root: str | os.PathLike, dest: str, log=print, every_s: float = 5.0) -
         total = sum(sizes.values())
         if not stale and (target / META).is_file() and (target / META).read_bytes() == meta_bytes:
             how = "checked by the rank that held the lock" if trusted else "checked against the source"
-            log(f"staging skipped: {target} holds a complete copy of {root} ({len(names)} files, "
-                f"{fmt_bytes(total)}; meta.json and every file's size match, {how})")
+            log(
+                f"staging skipped: {target} holds a complete copy of {root} ({len(names)} files, "
+                f"{fmt_bytes(total)}; meta.json and every file's size match, {how})"
+            )
             return target
         _copy(root, target, stale, sizes, meta_bytes, digest, log, every_s)
     return target
 
 
-def _copy(root: Path, target: Path, stale: list[str], sizes: dict[str, int], meta_bytes: bytes,
-          digest: str, log, every_s: float) -> None:
+def _copy(
+    root: Path,
+    target: Path,
+    stale: list[str],
+    sizes: dict[str, int],
+    meta_bytes: bytes,
+    digest: str,
+    log,
+    every_s: float,
+) -> None:
     (target / META).unlink(missing_ok=True)  # incomplete from here until the end
     (target / RECORD).unlink(missing_ok=True)
     for n in stale:
@@ -91,10 +103,13 @@ def _copy(root: Path, target: Path, stale: list[str], sizes: dict[str, int], met
         raise DataError(
             f"data.stage_to: {target} needs {need:,} bytes ({fmt_bytes(need)}) for {len(stale)} shard files "
             f"but its file system has {free:,} bytes ({fmt_bytes(free)}) free: point data.stage_to at a "
-            "larger node-local disk, free space there, or clear data.stage_to to read the shards in place")
+            "larger node-local disk, free space there, or clear data.stage_to to read the shards in place"
+        )
     have = len(sizes) - len(stale)
-    log(f"staging {root} to {target}: copying {len(stale)} of {len(sizes)} files ({fmt_bytes(need)}; "
-        f"{have} complete already), {fmt_bytes(free)} free there")
+    log(
+        f"staging {root} to {target}: copying {len(stale)} of {len(sizes)} files ({fmt_bytes(need)}; "
+        f"{have} complete already), {fmt_bytes(free)} free there"
+    )
     meter = Meter("staging", len(stale), "files", total_bytes=need, log=log, every_s=every_s, tty=False)
     for n in stale:
         tmp = target / f".{n}.part"
@@ -103,16 +118,20 @@ def _copy(root: Path, target: Path, stale: list[str], sizes: dict[str, int], met
                 dst.write(chunk)
                 meter.add(0, len(chunk))
         if tmp.stat().st_size != sizes[n]:
-            raise DataError(f"{root / n} changed size while it was staged ({sizes[n]:,} → "
-                            f"{tmp.stat().st_size:,} bytes): is `data pack` still writing to {root}?")
+            raise DataError(
+                f"{root / n} changed size while it was staged ({sizes[n]:,} → "
+                f"{tmp.stat().st_size:,} bytes): is `data pack` still writing to {root}?"
+            )
         tmp.replace(target / n)
         meter.add(1)
     (target / RECORD).write_text(json.dumps({"source": str(root), "meta_sha256": digest, "sizes": sizes}))
     tmp = target / f".{META}.part"
     tmp.write_bytes(meta_bytes)
     tmp.replace(target / META)  # last: the copy is complete
-    log(f"staged {len(stale)} files ({fmt_bytes(meter.nbytes)}) to {target} in {meter.seconds:.1f} s: "
-        f"{meter.nbytes / MB / max(meter.seconds, 1e-9):.1f} MB/s")
+    log(
+        f"staged {len(stale)} files ({fmt_bytes(meter.nbytes)}) to {target} in {meter.seconds:.1f} s: "
+        f"{meter.nbytes / MB / max(meter.seconds, 1e-9):.1f} MB/s"
+    )
 
 
 def _recorded(target: Path, digest: str) -> dict[str, int] | None:

@@ -8,8 +8,19 @@ import torch
 class SyntheticLoader:
     """Same contract as the real loaders; one fixed random batch per rank, reused each step."""
 
-    def __init__(self, *, train: bool, batch_size: int, world: int, rank: int, size: int, img_size: int,
-                 num_classes: int, seed: int, device: torch.device):
+    def __init__(
+        self,
+        *,
+        train: bool,
+        batch_size: int,
+        world: int,
+        rank: int,
+        size: int,
+        img_size: int,
+        num_classes: int,
+        seed: int,
+        device: torch.device,
+    ):
         self.train, self.batch_size, self.world, self.rank = train, batch_size, world, rank
         self.size, self.epoch, self.start = size, 0, 0
         g = torch.Generator().manual_seed(seed * 1000 + rank)

@@ -23,13 +23,17 @@ MAX_ATTEMPTS = 100  # TF's op default; neither big_vision nor vit_jax sets it
 _EPS = 1e-7  # the kernel's kEps in the width clip
 
 
-def tf_inception_box(w: int, h: int, rng: np.random.Generator, area_range: tuple[float, float],
-                     aspect_range: tuple[float, float] = ASPECT_RANGE,
-                     max_attempts: int = MAX_ATTEMPTS) -> tuple[int, int, int, int]:
+def tf_inception_box(
+    w: int,
+    h: int,
+    rng: np.random.Generator,
+    area_range: tuple[float, float],
+    aspect_range: tuple[float, float] = ASPECT_RANGE,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> tuple[int, int, int, int]:
     """(x0, y0, x1, y1) of one crop of a w×h image, drawn as TF's SampleDistortedBoundingBox."""
     f32 = np.float32
-    ar = (rng.random(max_attempts, dtype=np.float32) * f32(aspect_range[1] - aspect_range[0])
-          + f32(aspect_range[0]))
+    ar = rng.random(max_attempts, dtype=np.float32) * f32(aspect_range[1] - aspect_range[0]) + f32(aspect_range[0])
     u_h = rng.random(max_attempts)
     u_x, u_y = rng.random(2)
     min_area = f32(area_range[0]) * f32(w) * f32(h)
@@ -62,8 +66,12 @@ def tf_inception_box(w: int, h: int, rng: np.random.Generator, area_range: tuple
     return x, y, x + cw, y + ch
 
 
-def dali_tf_inception_box(shape, area_range: tuple[float, float], aspect_range: tuple[float, float] = ASPECT_RANGE,
-                          max_attempts: int = MAX_ATTEMPTS):
+def dali_tf_inception_box(
+    shape,
+    area_range: tuple[float, float],
+    aspect_range: tuple[float, float] = ASPECT_RANGE,
+    max_attempts: int = MAX_ATTEMPTS,
+):
     """(anchor, size) DataNodes, int32 [x, y] and [w, h], of TF's crop for images of HWC `shape`
     (e.g. fn.peek_image_shape). The same arithmetic as `tf_inception_box`, on DALI's CPU operators:
     `max_attempts` draws per sample, the first success chosen by a min-reduction over attempt indices."""
@@ -101,8 +109,10 @@ def dali_tf_inception_box(shape, area_range: tuple[float, float], aspect_range: 
     height = where(large, height - 1.0, height)
     width = where(large, rint(height * ar), width)
     area = width * height
-    ok = fn.cast((area >= min_area) & (area <= max_area) & (width <= w) & (height <= h) & (width > 0.0)
-                 & (height > 0.0), dtype=types.FLOAT)
+    ok = fn.cast(
+        (area >= min_area) & (area <= max_area) & (width <= w) & (height <= h) & (width > 0.0) & (height > 0.0),
+        dtype=types.FLOAT,
+    )
     index = fn.constant(fdata=[float(i) for i in range(k)], shape=[k])
     first = fn.reductions.min(ok * index + (1.0 - ok) * float(k))
     pick = fn.cast(index == first, dtype=types.FLOAT)

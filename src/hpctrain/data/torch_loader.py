@@ -24,8 +24,9 @@ from hpctrain.data.tf_crop import tf_inception_box
 log = logging.getLogger("hpctrain")
 
 
-def random_resized_crop_box(w: int, h: int, rng: np.random.Generator, scale: tuple[float, float],
-                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+def random_resized_crop_box(
+    w: int, h: int, rng: np.random.Generator, scale: tuple[float, float], ratio: tuple[float, float] = (3 / 4, 4 / 3)
+) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop box (10 tries, then a centre crop of the clamped ratio)."""
     area = w * h
     log_r = (math.log(ratio[0]), math.log(ratio[1]))
@@ -56,8 +57,10 @@ def open_rgb(path: Path) -> Image.Image:
         img = Image.open(path)
         img.load()
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise DataError(f"cannot decode image {path}: {e}. Exclude bad files with "
-                        "`hpctrain data prepare-imagenet ROOT --exclude-bad` and data.exclude_file") from None
+        raise DataError(
+            f"cannot decode image {path}: {e}. Exclude bad files with "
+            "`hpctrain data prepare-imagenet ROOT --exclude-bad` and data.exclude_file"
+        ) from None
     return img.convert("RGB")
 
 
@@ -69,14 +72,22 @@ def resize_no_antialias(img: Image.Image, box: tuple[int, int, int, int], size: 
     filter on every downscale, torch's interpolate with half-pixel centres (align_corners=False) does not.
     uint8 in, channels-last: torch's fixed-point kernel, ~8× faster here than float (within 1 of it)."""
     crop = torch.from_numpy(np.array(img.crop(box)))[None].permute(0, 3, 1, 2)
-    out = torch.nn.functional.interpolate(crop, size=(size, size), mode=interpolation, align_corners=False,
-                                          antialias=False)
+    out = torch.nn.functional.interpolate(
+        crop, size=(size, size), mode=interpolation, align_corners=False, antialias=False
+    )
     return out[0].permute(1, 2, 0).numpy()
 
 
-def train_transform(img: Image.Image, size: int, rng: np.random.Generator, scale_min: float,
-                    hflip: float, interpolation: str = "bilinear", crop: str = "timm",
-                    antialias: bool = True) -> np.ndarray:
+def train_transform(
+    img: Image.Image,
+    size: int,
+    rng: np.random.Generator,
+    scale_min: float,
+    hflip: float,
+    interpolation: str = "bilinear",
+    crop: str = "timm",
+    antialias: bool = True,
+) -> np.ndarray:
     """data.crop picks the box (timm's or TensorFlow's sampler), data.antialias the resize."""
     if crop == "tf_inception":
         box = tf_inception_box(img.width, img.height, rng, (scale_min, 1.0))
@@ -91,8 +102,9 @@ def train_transform(img: Image.Image, size: int, rng: np.random.Generator, scale
     return out
 
 
-def val_transform(img: Image.Image, size: int, crop_pct: float, interpolation: str = "bilinear",
-                  resize: str = "crop") -> np.ndarray:
+def val_transform(
+    img: Image.Image, size: int, crop_pct: float, interpolation: str = "bilinear", resize: str = "crop"
+) -> np.ndarray:
     """data.eval_resize: crop (short side, then centre crop) or squash (the whole image to size²)."""
     if resize == "squash":
         return np.asarray(img.resize((size, size), INTERP[interpolation]), dtype=np.uint8)
@@ -110,10 +122,24 @@ def val_transform(img: Image.Image, size: int, crop_pct: float, interpolation: s
 class FolderDataset(torch.utils.data.Dataset):
     """Items are (index, epoch) pairs → (uint8 HWC array, label, bad path, erased-pixel mask, their values)."""
 
-    def __init__(self, listing: Listing, train: bool, img_size: int, seed: int, crop_pct: float,
-                 scale_min: float, hflip: float, skip_bad: bool = False, interpolation: str = "bilinear",
-                 reprob: float = 0.0, recount: int = 1, eval_resize: str = "crop", crop: str = "timm",
-                 antialias: bool = True, remode: str = "pixel"):
+    def __init__(
+        self,
+        listing: Listing,
+        train: bool,
+        img_size: int,
+        seed: int,
+        crop_pct: float,
+        scale_min: float,
+        hflip: float,
+        skip_bad: bool = False,
+        interpolation: str = "bilinear",
+        reprob: float = 0.0,
+        recount: int = 1,
+        eval_resize: str = "crop",
+        crop: str = "timm",
+        antialias: bool = True,
+        remode: str = "pixel",
+    ):
         self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
         self.eval_resize, self.crop, self.antialias = eval_resize, crop, antialias
         self.crop_pct, self.scale_min, self.hflip, self.skip_bad = crop_pct, scale_min, hflip, skip_bad
@@ -139,13 +165,15 @@ class FolderDataset(torch.utils.data.Dataset):
         mask, values = torch.zeros(0, 0, dtype=torch.bool), torch.zeros(0)
         if self.train:
             rng = np.random.default_rng(sampling.sample_seed(self.seed, epoch, index, copy))
-            arr = train_transform(img, self.size, rng, self.scale_min, self.hflip, self.interpolation,
-                                  self.crop, self.antialias)
+            arr = train_transform(
+                img, self.size, rng, self.scale_min, self.hflip, self.interpolation, self.crop, self.antialias
+            )
             if self.reprob > 0:  # drawn after the crop/flip: reprob=0 leaves those draws as they were
                 boxes = erasing.erase_boxes(self.size, self.size, rng, self.reprob, self.recount)
                 noise_seed = int(rng.integers(0, 2**62))
-                mask, values = erasing.erase_fill(torch.from_numpy(boxes), noise_seed, self.remode, 3, self.size,
-                                                  self.size)
+                mask, values = erasing.erase_fill(
+                    torch.from_numpy(boxes), noise_seed, self.remode, 3, self.size, self.size
+                )
         else:
             arr = val_transform(img, self.size, self.crop_pct, self.interpolation, self.eval_resize)
         return torch.from_numpy(arr.copy()), label, bad, mask, values
@@ -156,8 +184,11 @@ def collate(items: list[tuple]) -> list:
     buffer (erasing.pack; empty without erasing), so the main thread makes one copy of it to the device."""
     out = default_collate([item[:3] for item in items])
     masks = [item[3] for item in items]
-    packed = (erasing.pack(torch.stack(masks), torch.cat([item[4] for item in items])) if masks[0].numel()
-              else torch.zeros(0, dtype=torch.uint8))
+    packed = (
+        erasing.pack(torch.stack(masks), torch.cat([item[4] for item in items]))
+        if masks[0].numel()
+        else torch.zeros(0, dtype=torch.uint8)
+    )
     return [*out, packed]
 
 
@@ -170,12 +201,13 @@ class _BatchSampler:
     def __iter__(self):
         ld = self.loader
         if ld.train:
-            batches = sampling.train_batches(len(ld.dataset), ld.batch_size, ld.rank, ld.world,
-                                             ld.seed, ld.epoch, ld.start, ld.repeats)
+            batches = sampling.train_batches(
+                len(ld.dataset), ld.batch_size, ld.rank, ld.world, ld.seed, ld.epoch, ld.start, ld.repeats
+            )
             copies = sampling.train_copies(len(ld.dataset), ld.batch_size, ld.rank, ld.world, ld.start, ld.repeats)
         else:
             idx = sampling.eval_indices(len(ld.dataset), ld.rank, ld.world)
-            batches = [idx[i:i + ld.batch_size] for i in range(0, len(idx), ld.batch_size)]
+            batches = [idx[i : i + ld.batch_size] for i in range(0, len(idx), ld.batch_size)]
             copies = [np.zeros(len(b), dtype=np.int64) for b in batches]
         for b, c in zip(batches, copies):
             yield [(int(i), ld.epoch, int(k)) for i, k in zip(b, c)]
@@ -200,27 +232,71 @@ class Normalizer:
 class TorchLoader:
     """The loader contract (DESIGN.md) over a PIL DataLoader."""
 
-    def __init__(self, listing: Listing, *, train: bool, batch_size: int, rank: int, world: int,
-                 seed: int, workers: int, device: torch.device, img_size: int, crop_pct: float,
-                 scale_min: float, hflip: float, mean, std, skip_bad: bool = False,
-                 interpolation: str = "bilinear", reprob: float = 0.0, remode: str = "pixel", recount: int = 1,
-                 repeats: int = 0, eval_resize: str = "crop", crop: str = "timm", antialias: bool = True):
+    def __init__(
+        self,
+        listing: Listing,
+        *,
+        train: bool,
+        batch_size: int,
+        rank: int,
+        world: int,
+        seed: int,
+        workers: int,
+        device: torch.device,
+        img_size: int,
+        crop_pct: float,
+        scale_min: float,
+        hflip: float,
+        mean,
+        std,
+        skip_bad: bool = False,
+        interpolation: str = "bilinear",
+        reprob: float = 0.0,
+        remode: str = "pixel",
+        recount: int = 1,
+        repeats: int = 0,
+        eval_resize: str = "crop",
+        crop: str = "timm",
+        antialias: bool = True,
+    ):
         self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
         self.epoch, self.start, self.repeats, self.remode = 0, 0, repeats, remode
-        self.dataset = FolderDataset(listing, train, img_size, seed, crop_pct, scale_min, hflip, skip_bad,
-                                     interpolation, reprob if train else 0.0, recount, eval_resize, crop,
-                                     antialias, remode)
+        self.dataset = FolderDataset(
+            listing,
+            train,
+            img_size,
+            seed,
+            crop_pct,
+            scale_min,
+            hflip,
+            skip_bad,
+            interpolation,
+            reprob if train else 0.0,
+            recount,
+            eval_resize,
+            crop,
+            antialias,
+            remode,
+        )
         self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
         self.normalize = Normalizer(mean, std, device)
         self.device = device
         gen = torch.Generator().manual_seed(seed)  # iterators must not draw from the global RNG
         self._dl = torch.utils.data.DataLoader(
-            self.dataset, batch_sampler=_BatchSampler(self), num_workers=workers,
-            pin_memory=device.type == "cuda", persistent_workers=workers > 0, generator=gen, collate_fn=collate,
-            prefetch_factor=4 if workers > 0 else None)
+            self.dataset,
+            batch_sampler=_BatchSampler(self),
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            persistent_workers=workers > 0,
+            generator=gen,
+            collate_fn=collate,
+            prefetch_factor=4 if workers > 0 else None,
+        )
         if train and len(self) == 0:
-            raise DataError(f"{listing.root}: {len(listing)} images make no full global batch of "
-                            f"{batch_size * world}; lower data.batch_size")
+            raise DataError(
+                f"{listing.root}: {len(listing)} images make no full global batch of "
+                f"{batch_size * world}; lower data.batch_size"
+            )
 
     def __len__(self) -> int:
         if self.train:
@@ -236,8 +312,9 @@ class TorchLoader:
         for images, labels, bad, packed in self._dl:
             for path in filter(None, bad):
                 self.skipped.append(path)
-                log.warning("skipped unreadable image %s (%d skipped so far; data.on_bad_sample=skip)",
-                            path, len(self.skipped))
+                log.warning(
+                    "skipped unreadable image %s (%d skipped so far; data.on_bad_sample=skip)", path, len(self.skipped)
+                )
             x = self.normalize(images)
             if packed.numel():
                 erasing.fill_packed(x, packed)

@@ -35,8 +35,9 @@ class WdsShards:
 def read_meta(root: str | os.PathLike) -> dict:
     mp = Path(root) / META
     if not mp.is_file():
-        raise DataError(f"{mp} is missing: data.format=wds needs the output of "
-                        "`hpctrain data pack ROOT OUT` as data.root")
+        raise DataError(
+            f"{mp} is missing: data.format=wds needs the output of `hpctrain data pack ROOT OUT` as data.root"
+        )
     return json.loads(mp.read_text())
 
 
@@ -56,5 +57,9 @@ def find_shards(root: str | os.PathLike, split: str) -> WdsShards:
         for k in ("tar", "idx"):
             if not (root / s[k]).is_file():
                 raise DataError(f"{root / s[k]} is missing: re-run `hpctrain data pack`")
-    return WdsShards(tuple(str(root / s["tar"]) for s in sh), tuple(str(root / s["idx"]) for s in sh),
-                     int(meta[split]["size"]), tuple(meta["classes"]))
+    return WdsShards(
+        tuple(str(root / s["tar"]) for s in sh),
+        tuple(str(root / s["idx"]) for s in sh),
+        int(meta[split]["size"]),
+        tuple(meta["classes"]),
+    )

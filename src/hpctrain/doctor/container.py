@@ -15,21 +15,14 @@ from hpctrain.site import runtimes
 
 
 def in_container(env: Mapping[str, str]) -> bool:
-    return (
-        bool(env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER"))
-        or Path("/.singularity.d").is_dir()
-    )
+    return bool(env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER")) or Path("/.singularity.d").is_dir()
 
 
-def container_checks(
-    env: Mapping[str, str], ports: list[IBPort], inside: bool, root: str = "/"
-) -> list[Check]:
+def container_checks(env: Mapping[str, str], ports: list[IBPort], inside: bool, root: str = "/") -> list[Check]:
     """~/.local leaks, /dev/infiniband and the verbs provider (checked outside too when IB is up)."""
     checks = []
     home = env.get("HOME", "")
-    user_site = Path(
-        home, ".local/lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages"
-    )
+    user_site = Path(home, ".local/lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
     leaked = sorted(p.name for p in user_site.glob("*")) if home and user_site.is_dir() else []
     if inside:
         if leaked and env.get("PYTHONNOUSERSITE", "") in ("", "0"):
@@ -44,9 +37,7 @@ def container_checks(
             )
         else:
             checks.append(
-                Check(
-                    "container", "~/.local", "ok", "PYTHONNOUSERSITE=1" if leaked else "no user site-packages"
-                )
+                Check("container", "~/.local", "ok", "PYTHONNOUSERSITE=1" if leaked else "no user site-packages")
             )
     active = any(p.state == "ACTIVE" for p in ports)
     dev = sorted(Path(root, "dev/infiniband").glob("uverbs*"))
@@ -102,7 +93,14 @@ def runtime_checks() -> list[Check]:
     can be here (site/runtimes.py says how each is told apart)."""
     found = runtimes.detect()
     if not found:
-        return [Check("container", "runtime", "info", "none of apptainer, singularity, pyxis on PATH",
-                      "tasks run on the host's Python (container.runtime none), or `module load` the "
-                      "site's apptainer/singularity first")]
+        return [
+            Check(
+                "container",
+                "runtime",
+                "info",
+                "none of apptainer, singularity, pyxis on PATH",
+                "tasks run on the host's Python (container.runtime none), or `module load` the "
+                "site's apptainer/singularity first",
+            )
+        ]
     return [Check("container", f"runtime {f.runtime}", "ok", f.evidence) for f in found]

@@ -43,14 +43,20 @@ def ib_ports(sysfs_root: str | Path = "/sys") -> list[IBPort]:
                 for g in sorted(pdir.glob("gids/*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
                     kind = read_or_empty(pdir / "gid_attrs" / "types" / g.name)
                     value = read_or_empty(g)
-                    if kind.lower().startswith("roce v2") and value.startswith(
-                        "0000:0000:0000:0000:0000:ffff:"
-                    ):
+                    if kind.lower().startswith("roce v2") and value.startswith("0000:0000:0000:0000:0000:ffff:"):
                         gid = int(g.name)
                         break
             ports.append(
-                IBPort(dev.name, int(pdir.name), state, rate, float(m.group(1)) if m else 0.0, link, gid,
-                       pci_numa_node(dev / "device"))
+                IBPort(
+                    dev.name,
+                    int(pdir.name),
+                    state,
+                    rate,
+                    float(m.group(1)) if m else 0.0,
+                    link,
+                    gid,
+                    pci_numa_node(dev / "device"),
+                )
             )
     return ports
 
@@ -180,9 +186,7 @@ def gpu_near_ports(ports: list[IBPort], gpu_numa: list[int]) -> tuple[list[IBPor
     ]
 
 
-def roce_gid_advice(
-    ports: list[IBPort], gbps: float, nccl_version: str | None
-) -> tuple[dict[str, str], list[Check]]:
+def roce_gid_advice(ports: list[IBPort], gbps: float, nccl_version: str | None) -> tuple[dict[str, str], list[Check]]:
     """Each port's RoCE v2 IPv4 GID index, never one index for all unless they agree.
 
     NCCL >= 2.21 picks the RoCE v2 GID of each port itself (NCCL_IB_GID_INDEX=-1, the default);

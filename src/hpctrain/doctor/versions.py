@@ -90,9 +90,7 @@ def gpus() -> list[str]:
     if shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-            return [
-                ln.split(":", 1)[1].split("(")[0].strip() for ln in out.splitlines() if ln.startswith("GPU")
-            ]
+            return [ln.split(":", 1)[1].split("(")[0].strip() for ln in out.splitlines() if ln.startswith("GPU")]
         except (OSError, subprocess.SubprocessError):
             return []
     return []
@@ -176,9 +174,7 @@ def version_checks(v: Mapping[str, str | None], gpu_names: list[str]) -> list[Ch
     elif drv:
         checks.append(Check("versions", "driver", "ok", drv))
     if v["dali"] is None:
-        checks.append(
-            Check("versions", "dali", "info", "not installed", "the torch (PIL) loader works without it")
-        )
+        checks.append(Check("versions", "dali", "info", "not installed", "the torch (PIL) loader works without it"))
     else:
         pkgs = (v["dali_package"] or "").split(", ")
         status, hint = "ok", ""

@@ -31,8 +31,23 @@ from hpctrain.source import checkout_root, package_dir, source_hash
 
 GIB = 1024**3
 # File system types (as /proc/mounts names them) that cannot do fakeroot's uid mapping.
-NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.ceph", "glusterfs",
-              "fuse.glusterfs", "panfs", "wekafs", "9p", "fuse.sshfs")
+NETWORK_FS = (
+    "nfs",
+    "nfs4",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "cifs",
+    "smb3",
+    "ceph",
+    "fuse.ceph",
+    "glusterfs",
+    "fuse.glusterfs",
+    "panfs",
+    "wekafs",
+    "9p",
+    "fuse.sshfs",
+)
 
 
 @dataclass(frozen=True)
@@ -117,8 +132,9 @@ def fs_type(path: Path, mounts: str | Path = "/proc/mounts") -> str:
     return kind
 
 
-def build_tmpdir(scratch: Path, fakeroot: bool, env: dict[str, str] | None = None,
-                 mounts: str | Path = "/proc/mounts") -> Path:
+def build_tmpdir(
+    scratch: Path, fakeroot: bool, env: dict[str, str] | None = None, mounts: str | Path = "/proc/mounts"
+) -> Path:
     """APPTAINER_TMPDIR: the user's own, else on scratch; with fakeroot on a local disk ($TMPDIR or
     /tmp when scratch is a network file system). ImageError when fakeroot's would be on one."""
     env = dict(os.environ) if env is None else env
@@ -133,7 +149,8 @@ def build_tmpdir(scratch: Path, fakeroot: bool, env: dict[str, str] | None = Non
         raise ImageError(
             f"the build's temp dir {tmp} ({why}) is on {kind}, a network file system: --fakeroot maps uids "
             "there, which it refuses; set APPTAINER_TMPDIR to a local disk (e.g. /tmp or node-local "
-            "/localscratch with ~30 GiB free), or build as root with --no-fakeroot")
+            "/localscratch with ~30 GiB free), or build as root with --no-fakeroot"
+        )
     return tmp
 
 
@@ -152,9 +169,7 @@ def plan_build(
     if output.exists() and not force:
         raise ImageError(f"{output} already exists; pass --force to overwrite it")
     if output.suffix != ".sif":
-        raise ImageError(
-            f"output {output} should end in .sif (for a sandbox directory call apptainer directly)"
-        )
+        raise ImageError(f"output {output} should end in .sif (for a sandbox directory call apptainer directly)")
     scratch = Path(scratch) if scratch else default_scratch()
     context, staged = build_context(scratch)
     if context != Path.cwd().resolve():  # apptainer runs there: paths as given would move
@@ -184,8 +199,10 @@ def free_bytes(path: Path) -> int:
 
 def check_space(plan: BuildPlan, output: Path, min_free_gib: float) -> None:
     tmp = Path(plan.env["APPTAINER_TMPDIR"])
-    for what, path in (("scratch (APPTAINER_TMPDIR)", plan.scratch if tmp.is_relative_to(plan.scratch) else tmp),
-                       ("the output directory", output.parent)):
+    for what, path in (
+        ("scratch (APPTAINER_TMPDIR)", plan.scratch if tmp.is_relative_to(plan.scratch) else tmp),
+        ("the output directory", output.parent),
+    ):
         free = free_bytes(path)
         if free < min_free_gib * GIB:
             raise ImageError(

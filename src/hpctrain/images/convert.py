@@ -61,11 +61,7 @@ def _instructions(text: str) -> list[_Instr]:
             continue
         buf += s
         keyword, _, args = buf.partition(" ")
-        if (
-            "<<" in buf
-            and re.search(r"<<-?\s*['\"]?\w+['\"]?\s*$", buf)
-            and keyword.upper() in ("RUN", "COPY")
-        ):
+        if "<<" in buf and re.search(r"<<-?\s*['\"]?\w+['\"]?\s*$", buf) and keyword.upper() in ("RUN", "COPY"):
             raise ImageError(
                 f"line {start}: heredoc `{keyword} <<…` is not supported by the converter; "
                 "put the script in a file and RUN it, or write the %post section by hand"
@@ -93,9 +89,7 @@ def _label_pairs(args: str, line: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def _prepare(
-    instrs: list[_Instr], notes: list[str]
-) -> tuple[list[str], dict[str, list[tuple[str, str]]], list[str]]:
+def _prepare(instrs: list[_Instr], notes: list[str]) -> tuple[list[str], dict[str, list[tuple[str, str]]], list[str]]:
     """Fixed lines for spython, labels per stage, stage names in order."""
     froms = [i for i, ins in enumerate(instrs) if ins.keyword == "FROM"]
     if (
@@ -152,8 +146,7 @@ def _prepare(
                     f"before USER, or run them with `su {ins.args.split(':')[0]} -c '…'`"
                 )
             notes.append(
-                f"line {ins.line}: dropped USER {ins.args}: an Apptainer container runs as the "
-                "user who starts it"
+                f"line {ins.line}: dropped USER {ins.args}: an Apptainer container runs as the user who starts it"
             )
             continue
         if k in ("LABEL", "MAINTAINER"):
@@ -166,9 +159,7 @@ def _prepare(
             words = ins.args.split()
             flags = [w for w in words if w.startswith("--") and not w.startswith("--from")]
             if flags:
-                notes.append(
-                    f"line {ins.line}: dropped {k} {' '.join(flags)} (files are owned by root in %files)"
-                )
+                notes.append(f"line {ins.line}: dropped {k} {' '.join(flags)} (files are owned by root in %files)")
             words = [w for w in words if w not in flags]
             for i, w in enumerate(words):
                 if w.startswith("--from="):

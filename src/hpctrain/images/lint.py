@@ -66,11 +66,7 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return (
-            f"line {self.line}: [{self.rule}] {self.message}"
-            if self.line
-            else f"[{self.rule}] {self.message}"
-        )
+        return f"line {self.line}: [{self.rule}] {self.message}" if self.line else f"[{self.rule}] {self.message}"
 
 
 def lint_text(text: str) -> list[Problem]:
@@ -140,9 +136,7 @@ def _check_stage(header: dict, sections: dict, final: bool) -> list[Problem]:
                 )
             )
         elif agent in NEEDS_FROM and not header.get("from", (0, ""))[1]:
-            problems.append(
-                Problem(n, "source", f"`Bootstrap: {agent}` needs a `From:` line naming the image")
-            )
+            problems.append(Problem(n, "source", f"`Bootstrap: {agent}` needs a `From:` line naming the image"))
         elif agent in NEEDS_MIRROR and not header.get("mirrorurl", (0, ""))[1]:
             problems.append(Problem(n, "source", f"`Bootstrap: {agent}` needs a `MirrorURL:` line"))
     if "post" in sections:

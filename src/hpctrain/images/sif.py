@@ -122,8 +122,7 @@ def read_sif(path: str | Path) -> SifInfo:
         ) = HEADER.unpack(head)
         if magic != MAGIC:
             raise ImageError(
-                f"{path} is not a SIF file (no SIF_MAGIC at byte 32); "
-                "is it a Docker archive or a sandbox directory?"
+                f"{path} is not a SIF file (no SIF_MAGIC at byte 32); is it a Docker archive or a sandbox directory?"
             )
         need = max(d_off + d_size, data_off + data_size)
         if size < need:
@@ -173,11 +172,7 @@ def read_sif(path: str | Path) -> SifInfo:
                     definition = definition or obj.get("deffile")
                 elif isinstance(obj, dict):
                     # older Singularity nests labels by partition: {"system-partition": {…}}
-                    obj = (
-                        obj.get("system-partition", obj)
-                        if isinstance(obj.get("system-partition"), dict)
-                        else obj
-                    )
+                    obj = obj.get("system-partition", obj) if isinstance(obj.get("system-partition"), dict) else obj
                     labels.update({str(k): str(v) for k, v in obj.items() if not isinstance(v, dict)})
     _ = launch
     rootfs = next((d for d in descs if d.extra.startswith("Squashfs/PrimSys")), None)

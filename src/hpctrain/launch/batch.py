@@ -19,7 +19,6 @@ DEFAULT_GPU_MEM_GB = 80.0  # H100 SXM/PCIe 80 GB (the smaller of the usual H100/
 LARGE_BATCH_RECIPE = "configs/vit_b16_imagenet_4k.yaml"
 
 
-
 @dataclass(frozen=True)
 class BatchReport:
     global_batch: int
@@ -32,13 +31,17 @@ class BatchReport:
 
     def lines(self) -> list[str]:
         micro = f" × {self.accum_steps} accumulation steps" if self.accum_steps > 1 else ""
-        out = [f"batch: {self.global_batch} global = {self.per_gpu} per GPU × {self.gpus} GPUs "
-               f"({self.nodes} node(s) × {self.gpus // max(1, self.nodes)}){micro}"]
+        out = [
+            f"batch: {self.global_batch} global = {self.per_gpu} per GPU × {self.gpus} GPUs "
+            f"({self.nodes} node(s) × {self.gpus // max(1, self.nodes)}){micro}"
+        ]
         m = self.memory
         if m is not None:
-            out.append(f"memory per GPU (estimate): {memory.gb(m.total)} of {memory.gb(self.gpu_mem_bytes)} "
-                       f"(weights+grads+optimizer+EMA {memory.gb(m.static)}, activations "
-                       f"{self.per_gpu} × {m.activations_per_image / 1e6:.0f} MB, overhead {memory.gb(m.overhead)})")
+            out.append(
+                f"memory per GPU (estimate): {memory.gb(m.total)} of {memory.gb(self.gpu_mem_bytes)} "
+                f"(weights+grads+optimizer+EMA {memory.gb(m.static)}, activations "
+                f"{self.per_gpu} × {m.activations_per_image / 1e6:.0f} MB, overhead {memory.gb(m.overhead)})"
+            )
         return out
 
     def warning(self, cfg: Config) -> str | None:
@@ -52,13 +55,18 @@ class BatchReport:
         else:
             k = max(1, g // (MIN_PER_GPU * acc))
             fewer = f"fewer GPUs (--gpus-per-node {k}: {g // (k * acc)} per GPU)"
-        scale = (f"the lr follows by optim.lr_scaling={cfg.optim.lr_scaling}" if cfg.optim.lr_ref_batch
-                 else "set optim.lr_ref_batch too, so that the lr follows")
-        return (f"{self.per_gpu} images per GPU ({g} global / {self.gpus} GPUs"
-                f"{f' / {acc} accumulation steps' if acc > 1 else ''}) is below {MIN_PER_GPU}: every step "
-                f"all-reduces the whole gradient for little compute, so the GPUs mostly wait. Choose: {fewer}; "
-                f"the large-batch recipe (--config {LARGE_BATCH_RECIPE}); or a larger global batch "
-                f"(--set data.batch_size={MIN_PER_GPU * self.gpus * acc}; {scale})")
+        scale = (
+            f"the lr follows by optim.lr_scaling={cfg.optim.lr_scaling}"
+            if cfg.optim.lr_ref_batch
+            else "set optim.lr_ref_batch too, so that the lr follows"
+        )
+        return (
+            f"{self.per_gpu} images per GPU ({g} global / {self.gpus} GPUs"
+            f"{f' / {acc} accumulation steps' if acc > 1 else ''}) is below {MIN_PER_GPU}: every step "
+            f"all-reduces the whole gradient for little compute, so the GPUs mostly wait. Choose: {fewer}; "
+            f"the large-batch recipe (--config {LARGE_BATCH_RECIPE}); or a larger global batch "
+            f"(--set data.batch_size={MIN_PER_GPU * self.gpus * acc}; {scale})"
+        )
 
     def check(self, cfg: Config) -> None:
         """Refuse a per-GPU batch whose estimate does not fit, with the fixes in one line."""
@@ -71,8 +79,7 @@ class BatchReport:
             accum = -(-self.per_gpu // fit)
             while self.per_gpu % accum:
                 accum += 1
-            fixes.append(f"--set train.accum_steps={self.accum_steps * accum} ({self.per_gpu // accum} per "
-                         "micro-step)")
+            fixes.append(f"--set train.accum_steps={self.accum_steps * accum} ({self.per_gpu // accum} per micro-step)")
             more = accum * self.gpus
             fixes.append(f"{more} GPUs instead of {self.gpus} ({self.per_gpu // accum} per GPU)")
         if not cfg.model.grad_ckpt:
@@ -84,19 +91,20 @@ class BatchReport:
             f"{self.per_gpu} images per GPU need about {memory.gb(m.total)} per GPU (estimate: "
             f"{memory.gb(m.static)} weights+grads+optimizer, {memory.gb(m.activations)} activations, "
             f"{memory.gb(m.overhead)} overhead) but a GPU has {memory.gb(self.gpu_mem_bytes)} "
-            f"({fit} images fit): use {', or '.join(fixes)}")
+            f"({fit} images fit): use {', or '.join(fixes)}"
+        )
 
 
-def batch_report(cfg: Config, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None = None,
-                 gpus: bool = True) -> BatchReport:
+def batch_report(
+    cfg: Config, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None = None, gpus: bool = True
+) -> BatchReport:
     """The per-GPU batch of `cfg` on nodes × gpus_per_node tasks; `gpus=False` (CPU tasks) skips the
     memory estimate. The global batch must split evenly (config.check_batch) first."""
     world = nodes * gpus_per_node
     per = cfg.data.batch_size // (world * cfg.train.accum_steps)
     mem_gb = DEFAULT_GPU_MEM_GB if gpu_mem_gb is None else gpu_mem_gb
     if mem_gb <= 0:
-        raise LaunchError(f"--gpu-mem-gb={mem_gb:g}: give the memory of one GPU in GB, e.g. 80 (H100) or "
-                          "141 (H200)")
+        raise LaunchError(f"--gpu-mem-gb={mem_gb:g}: give the memory of one GPU in GB, e.g. 80 (H100) or 141 (H200)")
     est = memory.estimate(cfg, per, world) if gpus else None
     return BatchReport(cfg.data.batch_size, world, nodes, cfg.train.accum_steps, per, est, int(mem_gb * memory.GB))
 
@@ -104,5 +112,7 @@ def batch_report(cfg: Config, nodes: int, gpus_per_node: int, gpu_mem_gb: float 
 def check_optimizer(cfg: Config) -> None:
     """What the training would refuse at start-up, refused before submission."""
     if cfg.optim.name == "lamb" and cfg.train.parallel == "fsdp":
-        raise LaunchError("optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
-                          "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)")
+        raise LaunchError(
+            "optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
+            "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
+        )

@@ -62,11 +62,13 @@ def bind_list(container: ContainerSection, paths: list[str], writable: list[str]
         if src != dst:
             raise LaunchError(
                 f"{p} is hidden in the image by the bind {b!r} (it puts {src} at {dst}): the task could not "
-                f"see it at its own path; bind {dst} elsewhere in container.binds, or move the path out of {dst}")
+                f"see it at its own path; bind {dst} elsewhere in container.binds, or move the path out of {dst}"
+            )
         if ro and p in writes:
             raise LaunchError(
                 f"{p} is under the read-only bind {b!r}: the task could not write there; put the run "
-                f"elsewhere (--set run.dir=...) or bind {dst} without :ro in container.binds")
+                f"elsewhere (--set run.dir=...) or bind {dst} without :ro in container.binds"
+            )
     return out
 
 
@@ -77,7 +79,7 @@ def stage_word(stage_to: str) -> tuple[str, list[str]]:
     text = "$HOME" + stage_to[1:] if stage_to.startswith("~") else stage_to
     for m in VAR_RE.finditer(text):
         if m.start() > pos:
-            parts.append(shlex.quote(text[pos:m.start()]))
+            parts.append(shlex.quote(text[pos : m.start()]))
         name = m.group(1) or m.group(2)
         parts.append(f'"${{{name}}}"')
         names.append(name)
@@ -89,9 +91,28 @@ def stage_word(stage_to: str) -> tuple[str, list[str]]:
 
 # Host variables a task needs inside the image (Apptainer's --cleanenv drops the rest: a module's
 # PYTHONPATH, PYTHONHOME, CUDA_HOME, LD_LIBRARY_PATH must not reach the image's Python).
-PASS_ENV = ("SLURM_*", "SLURMD_NODENAME", "NCCL_*", "TORCH_*", "HPCTRAIN_*", "SUBMITIT_*", "MASTER_ADDR",
-            "MASTER_PORT", "GLOO_*", "UCX_*", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
-            "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "TMPDIR", "USER", "LANG", "LC_*", "TZ")
+PASS_ENV = (
+    "SLURM_*",
+    "SLURMD_NODENAME",
+    "NCCL_*",
+    "TORCH_*",
+    "HPCTRAIN_*",
+    "SUBMITIT_*",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GLOO_*",
+    "UCX_*",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "PYTHONUNBUFFERED",
+    "PYTHONFAULTHANDLER",
+    "TMPDIR",
+    "USER",
+    "LANG",
+    "LC_*",
+    "TZ",
+)
 
 
 def image_dir_line(stage_image_to: str) -> str:
@@ -101,8 +122,9 @@ def image_dir_line(stage_image_to: str) -> str:
     return f"hpctrain_image_dir={stage_word(stage_image_to)[0]}"
 
 
-def cleanenv_wrapper(extra: list[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_",
-                     stage_image_to: str = "") -> str:
+def cleanenv_wrapper(
+    extra: list[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_", stage_image_to: str = ""
+) -> str:
     """A bash program run per task, on its node, just before `apptainer|singularity exec --cleanenv`:
     copy the allowed variables into `prefix`* (APPTAINERENV_ or SINGULARITYENV_, passed even with
     --cleanenv; shell/cleanenv.sh). It must run per task: slurmstepd sets SLURM_PROCID and friends
@@ -129,8 +151,9 @@ def image_env_wrapper(extra: list[str], mount: str) -> str:
     `--cleanenv` plus APPTAINERENV_* gives. $HPCTRAIN_SOURCE set: the submitted hpctrain, mounted at
     `mount`/hpctrain, first on PYTHONPATH."""
     pats = [*PASS_ENV, *extra, "PATH", "HOME", "PWD", "SHLVL", "TERM", "HOSTNAME"]
-    return shellfile.program(["image_env.sh"], [shellfile.array("hpctrain_pass", pats),
-                                                shellfile.assign("hpctrain_mount", mount)])
+    return shellfile.program(
+        ["image_env.sh"], [shellfile.array("hpctrain_pass", pats), shellfile.assign("hpctrain_mount", mount)]
+    )
 
 
 def none_lines(host_python: str) -> list[str]:
@@ -150,8 +173,8 @@ def singularity_family_lines(tool: str, container: ContainerSection, binds: list
     return [
         *shellfile.lines("sif.sh", "  "),
         *(["  export HPCTRAIN_IMAGE  # each task finds its node's staged copy by it"] if local else []),
-        "  " + shellfile.assign_program("hpctrain_cleanenv",
-                                        cleanenv_wrapper(container.pass_env, stage_to, prefix, local)),
+        "  "
+        + shellfile.assign_program("hpctrain_cleanenv", cleanenv_wrapper(container.pass_env, stage_to, prefix, local)),
         f"  {PY_VAR}=({' '.join(cmd)})",
         f"  export {prefix}PYTHONNOUSERSITE=1",
         '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
@@ -178,8 +201,10 @@ def pyxis_mount(bind: str) -> str:
     with ',' and mount flags with '+', so a path with ',' cannot be given (LaunchError)."""
     src, dst, ro = split_bind(bind)
     if "," in src or "," in dst:
-        raise LaunchError(f"bind {bind!r} holds ',', which separates pyxis's --container-mounts entries: "
-                          "move the path, or use container.runtime apptainer")
+        raise LaunchError(
+            f"bind {bind!r} holds ',', which separates pyxis's --container-mounts entries: "
+            "move the path, or use container.runtime apptainer"
+        )
     return f"{src}:{dst}" + (":ro" if ro else "")
 
 
@@ -189,8 +214,10 @@ def check_pyxis(binds: list[str], stage_to: str = "") -> None:
     for b in binds:
         pyxis_mount(b)
     if stage_to:
-        raise LaunchError(f"data.stage_to={stage_to!r} is not supported with container.runtime pyxis yet: "
-                          "leave data.stage_to empty, or use container.runtime apptainer or singularity")
+        raise LaunchError(
+            f"data.stage_to={stage_to!r} is not supported with container.runtime pyxis yet: "
+            "leave data.stage_to empty, or use container.runtime apptainer or singularity"
+        )
 
 
 def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "") -> list[str]:
@@ -213,8 +240,14 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
         f'  if [ -n "$HPCTRAIN_SOURCE" ]; then hpctrain_mounts+=",$HPCTRAIN_SOURCE:{mount}/hpctrain:ro"; fi',
         f'  {SRUN_VAR}=(--container-image="$HPCTRAIN_IMAGE" --container-mounts="$hpctrain_mounts" '
         '--container-workdir="$PWD")',
-        *([f'  {SRUN_VAR}+=(--container-name="hpctrain-${{SLURM_JOB_ID:-$$}}")  # unpacked once per node '
-           '(container.stage_image)'] if container.stage_image else []),
+        *(
+            [
+                f'  {SRUN_VAR}+=(--container-name="hpctrain-${{SLURM_JOB_ID:-$$}}")  # unpacked once per node '
+                "(container.stage_image)"
+            ]
+            if container.stage_image
+            else []
+        ),
         "  " + shellfile.assign_program("hpctrain_imageenv", image_env_wrapper(container.pass_env, mount)),
         f'  {PY_VAR}=(bash -c "$hpctrain_imageenv" hpctrain-task {q(container.python)})',
     ]
@@ -224,8 +257,13 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
 # record only between the task's cudaProfilerStart and cudaProfilerStop (train.profiling, around
 # train.profile_steps), keep the application running after the stop, overwrite a report a requeued
 # attempt left behind.
-NSYS_ARGS = ("profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--trace=cuda,nvtx,osrt",
-             "--force-overwrite=true")
+NSYS_ARGS = (
+    "profile",
+    "--capture-range=cudaProfilerApi",
+    "--capture-range-end=stop",
+    "--trace=cuda,nvtx,osrt",
+    "--force-overwrite=true",
+)
 
 
 def nsys_wrapper(ranks: list[int], out_dir: str) -> str:
@@ -233,9 +271,14 @@ def nsys_wrapper(ranks: list[int], out_dir: str) -> str:
     global rank is in `ranks` exec the image's `nsys profile ... -o <out_dir>/nsys-rank-<r> python ...`
     (HPCTRAIN_NSYS=1 tells the loop; torch.profiler stays off there, nsys owns CUPTI), the others
     exec Python as is."""
-    return shellfile.program(["nsys.sh"], [
-        shellfile.array("hpctrain_ranks", [int(r) for r in ranks]),
-        shellfile.assign("hpctrain_nsys_dir", out_dir), shellfile.array("hpctrain_nsys_args", list(NSYS_ARGS))])
+    return shellfile.program(
+        ["nsys.sh"],
+        [
+            shellfile.array("hpctrain_ranks", [int(r) for r in ranks]),
+            shellfile.assign("hpctrain_nsys_dir", out_dir),
+            shellfile.array("hpctrain_nsys_args", list(NSYS_ARGS)),
+        ],
+    )
 
 
 def nsys_lines(ranks: list[int], out_dir: str) -> list[str]:
@@ -246,8 +289,15 @@ def nsys_lines(ranks: list[int], out_dir: str) -> list[str]:
     return [shellfile.assign_program("hpctrain_nsys", nsys_wrapper(ranks, out_dir)), *shellfile.lines("nsys_wrap.sh")]
 
 
-def python_lines(container: ContainerSection, binds: list[str], host_python: str, source: str = "",
-                 stage_to: str = "", nsys_ranks: list[int] = (), nsys_dir: str = "") -> list[str]:
+def python_lines(
+    container: ContainerSection,
+    binds: list[str],
+    host_python: str,
+    source: str = "",
+    stage_to: str = "",
+    nsys_ranks: list[int] = (),
+    nsys_dir: str = "",
+) -> list[str]:
     """Define the bash arrays $HPCTRAIN_PYTHON (the command that starts Python in every task) and
     $HPCTRAIN_SRUN_CONTAINER (srun options that put the task in the image: pyxis only).
 
@@ -265,11 +315,19 @@ def python_lines(container: ContainerSection, binds: list[str], host_python: str
         f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
         *shellfile.lines("source.sh"),
         f"{SRUN_VAR}=()",
-        'case $CONTAINER in',
-        "none)", *none_lines(host_python), "  ;;",
-        "apptainer)", *apptainer_lines(container, binds, stage_to), "  ;;",
-        "singularity)", *singularity_lines(container, binds, stage_to), "  ;;",
-        "pyxis)", *pyxis_lines(container, binds, stage_to), "  ;;",
+        "case $CONTAINER in",
+        "none)",
+        *none_lines(host_python),
+        "  ;;",
+        "apptainer)",
+        *apptainer_lines(container, binds, stage_to),
+        "  ;;",
+        "singularity)",
+        *singularity_lines(container, binds, stage_to),
+        "  ;;",
+        "pyxis)",
+        *pyxis_lines(container, binds, stage_to),
+        "  ;;",
         f'*) echo "hpctrain: CONTAINER=$CONTAINER is not one of {", ".join(RUNTIMES)}" >&2; exit 1 ;;',
         "esac",
         *image_identity_lines(),

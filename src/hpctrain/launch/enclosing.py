@@ -25,8 +25,7 @@ def enclosing_settings(environ: Mapping[str, str]) -> list[str]:
     """The names an enclosing job set that must not reach a new submission (sorted); [] outside a job."""
     if not environ.get("SLURM_JOB_ID"):
         return []
-    return sorted(k for k in environ
-                  if (k.startswith("SLURM_") and k not in KEEP) or k.startswith("SRUN_"))
+    return sorted(k for k in environ if (k.startswith("SLURM_") and k not in KEEP) or k.startswith("SRUN_"))
 
 
 def outside_job(argv: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
@@ -37,7 +36,9 @@ def outside_job(argv: list[str], environ: Mapping[str, str] | None = None) -> li
     if not drop:
         return list(argv)
     kept = sorted(k for k in environ if k in KEEP or k.startswith("SBATCH_"))
-    print(f"hpctrain: submitting from inside Slurm job {environ['SLURM_JOB_ID']}: its {len(drop)} job "
-          f"settings stay out of the new job ({', '.join(drop)}); kept: {', '.join(kept) or 'none'}",
-          file=sys.stderr)
+    print(
+        f"hpctrain: submitting from inside Slurm job {environ['SLURM_JOB_ID']}: its {len(drop)} job "
+        f"settings stay out of the new job ({', '.join(drop)}); kept: {', '.join(kept) or 'none'}",
+        file=sys.stderr,
+    )
     return ["env", *[a for k in drop for a in ("-u", k)], *argv]

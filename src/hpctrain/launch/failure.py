@@ -88,17 +88,22 @@ def explain(folder: Path, job_id: str, tasks: int, what: str) -> JobFailed | Non
     neither (killed, a stop that was not requeued: the caller says what it knows)."""
     rec = read_record(folder, job_id)
     if rec:
-        return JobFailed(f"{rec['message']} ({what} {job_id}, rank {rec['rank']}; log: "
-                         f"{log_path(folder, job_id, rec['rank'])})")
+        return JobFailed(
+            f"{rec['message']} ({what} {job_id}, rank {rec['rank']}; log: {log_path(folder, job_id, rec['rank'])})"
+        )
     crash = crash_trace(folder, job_id, tasks)
     if crash:
         rank, trace = crash
-        return JobFailed(f"{what} {job_id} crashed on rank {rank} (traceback above; log: "
-                         f"{log_path(folder, job_id, rank)})", detail=trace)
+        return JobFailed(
+            f"{what} {job_id} crashed on rank {rank} (traceback above; log: {log_path(folder, job_id, rank)})",
+            detail=trace,
+        )
     return None
 
 
 def no_result(folder: Path, job_id: str, what: str) -> JobFailed:
     """A job whose tasks left no result at all."""
-    return JobFailed(f"{what} {job_id} ended without a result (a task was killed, or died): see its log "
-                     f"{log_path(folder, job_id, 0)}")
+    return JobFailed(
+        f"{what} {job_id} ended without a result (a task was killed, or died): see its log "
+        f"{log_path(folder, job_id, 0)}"
+    )

@@ -43,4 +43,3 @@ def guard_lines() -> list[str]:
     script, also after the node is back, until its time limit; a guard step there sees the node
     DOWN/NOT_RESPONDING (~14 s with SlurmdTimeout 10) and requeues it (docs/spares.md)."""
     return shellfile.lines("guard.sh")
-

@@ -116,8 +116,9 @@ def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def stop_tasks(done: Callable[[], bool], folder: Path, job_id: str,
-               what: str = "stops at the next step (checkpoint, stop record)") -> None:
+def stop_tasks(
+    done: Callable[[], bool], folder: Path, job_id: str, what: str = "stops at the next step (checkpoint, stop record)"
+) -> None:
     """After a Ctrl-C of the submitter: one SIGINT to each task (a task that records its pid later
     gets its own once it can take it), then wait until the job is `done()`. A second Ctrl-C
     kills the tasks (SIGKILL) and raises KeyboardInterrupt."""
@@ -132,8 +133,7 @@ def stop_tasks(done: Callable[[], bool], folder: Path, job_id: str,
             time.sleep(0.2)
     except KeyboardInterrupt:
         killed = signal_tasks(folder, job_id, signal.SIGKILL)
-        say(f"hpctrain: killed local job {job_id} ({len(killed)} processes): nothing since its last checkpoint "
-            "is kept")
+        say(f"hpctrain: killed local job {job_id} ({len(killed)} processes): nothing since its last checkpoint is kept")
         raise
 
 

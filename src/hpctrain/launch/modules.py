@@ -25,24 +25,34 @@ def load_lines(names: str, module_use: list[str] = (), purge: bool = False, inde
     return lines
 
 
-def module_lines(modules: list[str], module_use: list[str] = (), var: str = "HPCTRAIN_MODULES",
-                 purge: bool = False) -> list[str]:
+def module_lines(
+    modules: list[str], module_use: list[str] = (), var: str = "HPCTRAIN_MODULES", purge: bool = False
+) -> list[str]:
     """Lines that load `$var` (default: `modules`); none when nothing to load. A module that fails
     to load stops the job."""
     if not modules:
         return []
-    return [f"{var}=${{{var}-{shlex.quote(' '.join(modules))}}}", f'if [ -n "${var}" ]; then',
-            *load_lines(f"${var}", module_use, purge), "fi"]
+    return [
+        f"{var}=${{{var}-{shlex.quote(' '.join(modules))}}}",
+        f'if [ -n "${var}" ]; then',
+        *load_lines(f"${var}", module_use, purge),
+        "fi",
+    ]
 
 
-def job_module_lines(modules: list[str], container_modules: list[str], module_use: list[str] = (),
-                     purge: bool = False) -> list[str]:
+def job_module_lines(
+    modules: list[str], container_modules: list[str], module_use: list[str] = (), purge: bool = False
+) -> list[str]:
     """The batch script's modules: HPCTRAIN_MODULES for tasks on the host's Python,
     HPCTRAIN_CONTAINER_MODULES for tasks in the image (chosen by $CONTAINER at run time)."""
     if not modules and not container_modules:
         return []
-    return [f"HPCTRAIN_MODULES=${{HPCTRAIN_MODULES-{shlex.quote(' '.join(modules))}}}",
-            f"HPCTRAIN_CONTAINER_MODULES=${{HPCTRAIN_CONTAINER_MODULES-{shlex.quote(' '.join(container_modules))}}}",
-            'if [ "$CONTAINER" = none ]; then hpctrain_modules=$HPCTRAIN_MODULES; '
-            "else hpctrain_modules=$HPCTRAIN_CONTAINER_MODULES; fi",
-            'if [ -n "$hpctrain_modules" ]; then', *load_lines("$hpctrain_modules", module_use, purge), "fi"]
+    return [
+        f"HPCTRAIN_MODULES=${{HPCTRAIN_MODULES-{shlex.quote(' '.join(modules))}}}",
+        f"HPCTRAIN_CONTAINER_MODULES=${{HPCTRAIN_CONTAINER_MODULES-{shlex.quote(' '.join(container_modules))}}}",
+        'if [ "$CONTAINER" = none ]; then hpctrain_modules=$HPCTRAIN_MODULES; '
+        "else hpctrain_modules=$HPCTRAIN_CONTAINER_MODULES; fi",
+        'if [ -n "$hpctrain_modules" ]; then',
+        *load_lines("$hpctrain_modules", module_use, purge),
+        "fi",
+    ]

@@ -69,11 +69,15 @@ def check(job: NotebookJob) -> None:
     if job.runtime not in RUNTIMES:
         raise NotebookError(f"--runtime {job.runtime!r}: use one of {', '.join(RUNTIMES)}")
     if job.image and job.runtime == "none":
-        raise NotebookError(f"--image {job.image!r} with --runtime none: name the runtime that starts it "
-                            "(apptainer, singularity or pyxis), or drop --image to use the host's python3")
+        raise NotebookError(
+            f"--image {job.image!r} with --runtime none: name the runtime that starts it "
+            "(apptainer, singularity or pyxis), or drop --image to use the host's python3"
+        )
     if job.image and job.runtime == "pyxis" and "," in job.workdir:
-        raise NotebookError(f"the notebook directory {job.workdir!r} holds ',', which pyxis's --container-mounts "
-                            "cannot take: start the notebook from another directory")
+        raise NotebookError(
+            f"the notebook directory {job.workdir!r} holds ',', which pyxis's --container-mounts "
+            "cannot take: start the notebook from another directory"
+        )
     if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d\d){0,2}", job.time):
         raise NotebookError(f"--time {job.time!r}: use Slurm's format, e.g. 04:00:00 or 1-00:00:00")
     for key in ("mem", "partition", "account", "qos", "constraint"):  # each becomes an #SBATCH line
@@ -118,8 +122,13 @@ def batch_script(job: NotebookJob) -> str:
         sb.append(f"--gpus-per-node={job.gpus_per_node}")
     sb += [
         f"--{k}={v}"
-        for k, v in (("mem", job.mem), ("partition", job.partition), ("account", job.account), ("qos", job.qos),
-                     ("constraint", job.constraint))
+        for k, v in (
+            ("mem", job.mem),
+            ("partition", job.partition),
+            ("account", job.account),
+            ("qos", job.qos),
+            ("constraint", job.constraint),
+        )
         if v
     ]
     jupyter = [
@@ -156,9 +165,11 @@ def jupyter_command(job: NotebookJob, jupyter: list[str]) -> str:
     if not job.image:
         return f"python3 -m {shlex.join(jupyter)}"
     if job.runtime == "pyxis":
-        return (f"srun --nodes=1 --ntasks=1 --cpus-per-task={job.cpus} --container-image={q(job.image)} "
-                f"--container-mounts={q(pyxis_mount(job.workdir))} --container-workdir={q(job.workdir)} "
-                f"{shlex.join(jupyter)}")
+        return (
+            f"srun --nodes=1 --ntasks=1 --cpus-per-task={job.cpus} --container-image={q(job.image)} "
+            f"--container-mounts={q(pyxis_mount(job.workdir))} --container-workdir={q(job.workdir)} "
+            f"{shlex.join(jupyter)}"
+        )
     return f"{job.runtime} exec --nv {q(job.image)} {shlex.join(jupyter)}"
 
 
@@ -177,19 +188,19 @@ def tunnel_command(job: NotebookJob, node: str = "<node>", login: str = "<login-
 def tensorboard_hint(job: NotebookJob) -> str:
     """How to watch runs through the same tunnel (TensorBoard listens on 127.0.0.1 by default)."""
     tb = tensorboard_port(job)
-    return (f"TensorBoard: in a Jupyter terminal run `tensorboard --logdir runs --port {tb}` "
-            f"(or runs/<name>/tb for one run), then open http://localhost:{tb}/")
+    return (
+        f"TensorBoard: in a Jupyter terminal run `tensorboard --logdir runs --port {tb}` "
+        f"(or runs/<name>/tb for one run), then open http://localhost:{tb}/"
+    )
 
 
 def submit(job: NotebookJob) -> str:
     """sbatch the script (stdin); returns the job id."""
     if shutil.which("sbatch") is None:
         raise NotebookError(
-            "sbatch is not on the PATH: run this on a Slurm login node "
-            "(or use --dry-run to print the batch script)"
+            "sbatch is not on the PATH: run this on a Slurm login node (or use --dry-run to print the batch script)"
         )
-    r = subprocess.run(outside_job(["sbatch", "--parsable"]), input=batch_script(job), capture_output=True,
-                       text=True)
+    r = subprocess.run(outside_job(["sbatch", "--parsable"]), input=batch_script(job), capture_output=True, text=True)
     if r.returncode != 0:
         raise NotebookError(f"sbatch failed: {r.stderr.strip() or r.stdout.strip()}")
     return r.stdout.strip().split(";")[0]

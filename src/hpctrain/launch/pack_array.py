@@ -44,8 +44,12 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         check_text(path, f"{label} (made absolute: {path!r})")
     s = profile.slurm
     pick = lambda a, b: b if a is None else a  # noqa: E731
-    opts: list[tuple[str, object]] = [("job-name", "hpctrain-pack"), ("array", f"0-{plan.groups - 1}"),
-                                      ("ntasks", 1), ("time", req.time or s.time)]
+    opts: list[tuple[str, object]] = [
+        ("job-name", "hpctrain-pack"),
+        ("array", f"0-{plan.groups - 1}"),
+        ("ntasks", 1),
+        ("time", req.time or s.time),
+    ]
     for key in ("partition", "account", "qos", "constraint"):
         value = pick(getattr(req, key), getattr(s, key))
         if value:
@@ -53,28 +57,40 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
     opts += [("output", str(out / STATE / "logs" / "%A_%a.out")), ("open-mode", "append")]
     source = shlex.quote(str(package_dir())) if profile.container.bind_source else "''"
     q = shlex.quote
-    lines = ["#!/bin/bash",
-             f"# hpctrain data pack: {len(plan.shards)} shards of {root} into {out},",
-             f"# {plan.groups} groups, one per array task (SLURM_ARRAY_TASK_ID = group).",
-             "# A task whose group is packed already skips it: re-run failed groups with",
-             f"#   sbatch --array=<groups> {script_path(out)}",
-             "# or `hpctrain data pack ... --slurm` again (it submits the missing groups). The task",
-             "# that finds every group done writes OUT/meta.json, the shard index.",
-             *[sbatch_value(k, v) for k, v in opts], "",
-             "set -eo pipefail", "",
-             "# Python for the task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image> (as for",
-             "# training; pyxis starts it through srun).",
-             *python_lines(profile.container, bind_list(profile.container, [root, str(out)], writable=[str(out)]),
-                           q(sys.executable), source), ""]
+    lines = [
+        "#!/bin/bash",
+        f"# hpctrain data pack: {len(plan.shards)} shards of {root} into {out},",
+        f"# {plan.groups} groups, one per array task (SLURM_ARRAY_TASK_ID = group).",
+        "# A task whose group is packed already skips it: re-run failed groups with",
+        f"#   sbatch --array=<groups> {script_path(out)}",
+        "# or `hpctrain data pack ... --slurm` again (it submits the missing groups). The task",
+        "# that finds every group done writes OUT/meta.json, the shard index.",
+        *[sbatch_value(k, v) for k, v in opts],
+        "",
+        "set -eo pipefail",
+        "",
+        "# Python for the task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image> (as for",
+        "# training; pyxis starts it through srun).",
+        *python_lines(
+            profile.container,
+            bind_list(profile.container, [root, str(out)], writable=[str(out)]),
+            q(sys.executable),
+            source,
+        ),
+        "",
+    ]
     mods = job_module_lines(profile.modules, profile.container_modules, profile.module_use, profile.module_purge)
     if mods:
         lines += [*mods, ""]
-    lines += ['echo "hpctrain: pack group ${SLURM_ARRAY_TASK_ID:?not an array task} of '
-              f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
-              "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
-              f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
-              f'"${{hpctrain_run[@]}}" "${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.pack {q(str(out))} '
-              '"$SLURM_ARRAY_TASK_ID"', ""]
+    lines += [
+        'echo "hpctrain: pack group ${SLURM_ARRAY_TASK_ID:?not an array task} of '
+        f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
+        "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
+        f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
+        f'"${{hpctrain_run[@]}}" "${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.pack {q(str(out))} '
+        '"$SLURM_ARRAY_TASK_ID"',
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -88,8 +104,10 @@ def submit(out: Path, script: str, groups: list[int] | None = None) -> str:
     try:
         r = subprocess.run(outside_job([*cmd, str(path)]), capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise LaunchError("sbatch is not on PATH: run `data pack --slurm` on a login node of the "
-                          "cluster, or pack here with --workers N") from None
+        raise LaunchError(
+            "sbatch is not on PATH: run `data pack --slurm` on a login node of the "
+            "cluster, or pack here with --workers N"
+        ) from None
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or ["no message"])[-1]
         raise LaunchError(f"sbatch refused the pack job: {why}")
@@ -108,8 +126,7 @@ def recorded_job(out: Path) -> str | None:
 def job_queued(job: str) -> bool:
     """Some task of the array is still pending or running (squeue lists it)."""
     try:
-        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True, timeout=60)
     except (FileNotFoundError, subprocess.SubprocessError):
         return False
     return r.returncode == 0 and bool(r.stdout.strip())

@@ -166,8 +166,10 @@ def slurm_profile(cluster: str | None, overrides: Sequence[str], slurm: bool = F
 
 # --------------------------------------------------------------------------- prepare
 
-def prepare(cfg: Config | None, profile: ClusterProfile | None, req: Request, kind: Kind,
-            dry_run: bool = False) -> Prepared:
+
+def prepare(
+    cfg: Config | None, profile: ClusterProfile | None, req: Request, kind: Kind, dry_run: bool = False
+) -> Prepared:
     """Check and resolve a job of `kind`; raises UserError (one line, with the fix) before anything
     is written. `dry_run`: what a real submission refuses (a finished run, a missing image) is a
     note: the plan may be for another machine."""
@@ -188,8 +190,7 @@ def prepare(cfg: Config | None, profile: ClusterProfile | None, req: Request, ki
     return _train(cfg, profile, req, kind, dry_run)
 
 
-def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Train | Member,
-           dry_run: bool) -> Prepared:
+def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Train | Member, dry_run: bool) -> Prepared:
     """A training run: on this machine (no profile) its batch split and inputs; on Slurm the
     request, the batch, the image, the stop's time and the MTBF the task cannot read itself."""
     member = isinstance(kind, Member)
@@ -201,18 +202,26 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
             _check_inputs(cfg)
             return Prepared(kind, cfg, None, None, dry_run=dry_run)
         msgs = _finished(cfg, note_only=False)
-        msgs.append(Message("info", f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(kind.tasks)} per "
-                                    f"process × {kind.tasks} processes; lr: {lr_rule(cfg)}"))
+        msgs.append(
+            Message(
+                "info",
+                f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(kind.tasks)} per "
+                f"process × {kind.tasks} processes; lr: {lr_rule(cfg)}",
+            )
+        )
         return Prepared(kind, cfg, None, None, tuple(msgs), dry_run)
     plan = plan_job(cfg, profile, req)
     msgs = [] if member else _finished(cfg, note_only=dry_run)  # after the request's checks: it comes alone
     msgs += _batch(cfg, plan, kind.gpu_mem_gb)
     image = None if member else _image(profile, dry_run)
-    msgs += [Message("note", f"not on this machine (the job fails unless its nodes see it): {p}")
-             for p in input_problems(cfg)]  # the cluster's nodes may see paths this machine does not
+    msgs += [
+        Message("note", f"not on this machine (the job fails unless its nodes see it): {p}")
+        for p in input_problems(cfg)
+    ]  # the cluster's nodes may see paths this machine does not
     msgs += [Message("note", image)] if image else []
-    msgs += [Message("warning", p) for p in stop_problems(cfg, profile, plan.partition, plan.nodes,
-                                                          plan.tasks_per_node)]
+    msgs += [
+        Message("warning", p) for p in stop_problems(cfg, profile, plan.partition, plan.nodes, plan.tasks_per_node)
+    ]
     cfg, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)  # the task has no Slurm client
     msgs += [Message("info", line)] if line else []
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
@@ -222,13 +231,16 @@ def _eval(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Eval,
     """The evaluation's job: the training job's checks of the request, not of the batch (evaluation
     splits any batch); the weights must be on this machine (the path is resolved here)."""
     if not kind.weights.exists():
-        raise LaunchError(f"{kind.weights}: no such file or directory; give a run directory, a checkpoint or a "
-                          "weights file")
+        raise LaunchError(
+            f"{kind.weights}: no such file or directory; give a run directory, a checkpoint or a weights file"
+        )
     if profile is None:
         if req.nodes != 1:
-            raise LaunchError(f"--nodes={req.nodes}: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no "
-                              "controller answers), so the job runs on this machine: use --nodes 1 with "
-                              "--local-tasks N processes")
+            raise LaunchError(
+                f"--nodes={req.nodes}: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no "
+                "controller answers), so the job runs on this machine: use --nodes 1 with "
+                "--local-tasks N processes"
+            )
         if kind.tasks < 1:
             raise LaunchError(f"--local-tasks={kind.tasks}: need at least 1 process")
         return Prepared(kind, cfg, None, None, dry_run=dry_run)
@@ -246,15 +258,27 @@ def notebook_job(profile: ClusterProfile | None, req: Request, kind: Notebook) -
         if not image and runtime == profile.container.runtime != "none":
             image = profile.container.image
         # Jupyter in the image: load what starts it, not cuda/nccl (see launch.modules)
-        mods, var = ((profile.container_modules, "HPCTRAIN_CONTAINER_MODULES") if image else
-                     (profile.modules, "HPCTRAIN_MODULES"))
+        mods, var = (
+            (profile.container_modules, "HPCTRAIN_CONTAINER_MODULES")
+            if image
+            else (profile.modules, "HPCTRAIN_MODULES")
+        )
         setup = module_lines(mods, profile.module_use, var, profile.module_purge) + setup
     s = profile.slurm if profile else None
     kw: dict[str, Any] = dict(
-        nodes=req.nodes, gpus_per_node=req.gpus_per_node, cpus=kind.cpus, mem=kind.mem, time=req.time,
-        partition=req.partition or (s.partition if s else ""), account=req.account or (s.account if s else ""),
-        qos=req.qos or (s.qos if s else ""), constraint=req.constraint or (s.constraint if s else ""),
-        image=image, runtime=runtime, setup=tuple(setup))
+        nodes=req.nodes,
+        gpus_per_node=req.gpus_per_node,
+        cpus=kind.cpus,
+        mem=kind.mem,
+        time=req.time,
+        partition=req.partition or (s.partition if s else ""),
+        account=req.account or (s.account if s else ""),
+        qos=req.qos or (s.qos if s else ""),
+        constraint=req.constraint or (s.constraint if s else ""),
+        image=image,
+        runtime=runtime,
+        setup=tuple(setup),
+    )
     if kind.port is not None:
         kw["port"] = kind.port
     return nb.NotebookJob(**kw)
@@ -368,16 +392,25 @@ class PreparedSweep:
         return slurm_script(self.plan, self.sweep_dir / "submitit", "%A_%a")
 
 
-def prepare_sweep(members: Sequence[sweep.Member], profile: ClusterProfile | None, req: Request,
-                  sweep_dir: Path, name: str, max_parallel: int = 0, gpu_mem_gb: float | None = None,
-                  tasks: int = 2, dry_run: bool = False) -> PreparedSweep:
+def prepare_sweep(
+    members: Sequence[sweep.Member],
+    profile: ClusterProfile | None,
+    req: Request,
+    sweep_dir: Path,
+    name: str,
+    max_parallel: int = 0,
+    gpu_mem_gb: float | None = None,
+    tasks: int = 2,
+    dry_run: bool = False,
+) -> PreparedSweep:
     """Every member through `prepare` (the first bad one refuses the sweep, named), then the image
     once and one plan for the array. Messages: the first member's lines, and any other member's
     warning once."""
     if profile is None and tasks < 1:  # the sweep's flag, not a member's
         raise LaunchError(f"--local-tasks={tasks}: need at least 1 process")
-    done = [prepare(m.cfg, profile, req, Member(m.index, tuple(m.overrides), gpu_mem_gb, tasks), dry_run)
-            for m in members]
+    done = [
+        prepare(m.cfg, profile, req, Member(m.index, tuple(m.overrides), gpu_mem_gb, tasks), dry_run) for m in members
+    ]
     resolved = tuple(dataclasses.replace(m, cfg=p.cfg) for m, p in zip(members, done))
     if profile is None:
         return PreparedSweep(resolved, None, (), sweep_dir)

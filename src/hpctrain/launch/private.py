@@ -42,5 +42,7 @@ def check_pickle(pickle: Path) -> None:
     """Refuse (LaunchError, one line with the fix) to unpickle a job file another user could write."""
     why = writable_by_others(pickle)
     if why:
-        raise LaunchError(f"refusing to load {pickle.name}: {why}; it runs as code in this job. Check who "
-                          f"changed it, then `chmod 700 {pickle.parent}` and resubmit")
+        raise LaunchError(
+            f"refusing to load {pickle.name}: {why}; it runs as code in this job. Check who "
+            f"changed it, then `chmod 700 {pickle.parent}` and resubmit"
+        )

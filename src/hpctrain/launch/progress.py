@@ -23,8 +23,11 @@ GAP_FACTOR = 10.0  # an interval this many times the median per-step time is a g
 
 
 def _timed(records: list[dict], kind: str) -> list[dict]:
-    return [r for r in records if r.get("kind") == kind and isinstance(r.get("time"), (int, float))
-            and isinstance(r.get("step"), (int, float))]
+    return [
+        r
+        for r in records
+        if r.get("kind") == kind and isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), (int, float))
+    ]
 
 
 def attempts(records: list[dict]) -> list[list[dict]]:
@@ -48,7 +51,7 @@ def steps_per_s(records: list[dict], global_batch: int | None = None) -> float |
     for part in reversed(attempts(records)):
         train = _timed(part, "train")
         if len(train) >= 2:
-            recent = train[-(RATE_WINDOW + 1):]
+            recent = train[-(RATE_WINDOW + 1) :]
             pairs = [(b["step"] - a["step"], b["time"] - a["time"]) for a, b in zip(recent, recent[1:])]
             pairs = [(n, dt) for n, dt in pairs if n > 0 and dt > 0]
             if pairs:
@@ -88,8 +91,10 @@ def requeue_waits(records: list[dict], rate: float | None) -> list[float]:
     for i, stop in enumerate(records):
         if stop.get("kind") != "stop" or not isinstance(stop.get("time"), (int, float)):
             continue
-        nxt = next((r for r in records[i + 1:] if r.get("kind") != "requeue"
-                    and isinstance(r.get("time"), (int, float))), None)
+        nxt = next(
+            (r for r in records[i + 1 :] if r.get("kind") != "requeue" and isinstance(r.get("time"), (int, float))),
+            None,
+        )
         if nxt is None:
             continue
         trained = max(0, (nxt.get("step") or 0) - (stop.get("step") or 0))
@@ -129,8 +134,9 @@ def eta(records: list[dict], total: int | None, now: float, waiting: bool, rate:
         since = max(r["time"] for r in [*train[-1:], *_timed(records, "stop")[-1:]])  # stopped, or crashed
         wait = statistics.fmean(waits)
         at = max(now, since + wait) + left
-        return Eta(at - now, at, f"counting the mean queue wait of its {len(waits)} earlier requeue(s), "
-                                 f"{duration(wait)}")
+        return Eta(
+            at - now, at, f"counting the mean queue wait of its {len(waits)} earlier requeue(s), {duration(wait)}"
+        )
     at = train[-1]["time"] + left
     return Eta(max(0.0, at - now), at)
 
@@ -213,8 +219,15 @@ class MetricsTail:
         return self.records
 
 
-def watch(run_dir: Path, done: Callable[[], bool], config: dict, out: TextIO | None = None,
-          every_s: float = 10.0, poll_s: float = 1.0, global_batch: int | None = None) -> None:
+def watch(
+    run_dir: Path,
+    done: Callable[[], bool],
+    config: dict,
+    out: TextIO | None = None,
+    every_s: float = 10.0,
+    poll_s: float = 1.0,
+    global_batch: int | None = None,
+) -> None:
     """Print the run's progress line until `done()`: rewritten in place on a terminal, else a plain
     line when the step moved and `every_s` has passed (CI logs keep a trace); a last one at the end.
     `out`: sys.stdout as it is at the call (a default bound at import would keep a replaced one)."""
@@ -231,8 +244,11 @@ def watch(run_dir: Path, done: Callable[[], bool], config: dict, out: TextIO | N
             out.write("\r" + line[:width].ljust(min(width, len(shown))))
             out.flush()
             shown = line
-        elif (line and line.split(" · ")[0] != shown.split(" · ")[0]  # a new step, not only a new eval
-              and (finished or time.monotonic() - shown_at >= every_s)):
+        elif (
+            line
+            and line.split(" · ")[0] != shown.split(" · ")[0]  # a new step, not only a new eval
+            and (finished or time.monotonic() - shown_at >= every_s)
+        ):
             out.write(line + "\n")
             out.flush()
             shown, shown_at = line, time.monotonic()

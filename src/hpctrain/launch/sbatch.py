@@ -65,8 +65,11 @@ def sbatch_value(key: str, value: object) -> str:
 
 
 def sbatch_lines(p: JobPlan) -> list[str]:
-    opts: list[tuple[str, object]] = [("job-name", p.job_name), ("nodes", p.nodes + p.spare_nodes),
-                                      ("ntasks-per-node", p.tasks_per_node)]
+    opts: list[tuple[str, object]] = [
+        ("job-name", p.job_name),
+        ("nodes", p.nodes + p.spare_nodes),
+        ("ntasks-per-node", p.tasks_per_node),
+    ]
     if p.gpus_per_node:
         opts.append(("gpus-per-node", p.gpus_per_node))
     if p.cpus_per_task:
@@ -105,62 +108,89 @@ MEMLOCK_LINES = shellfile.lines("memlock.sh")
 def step_loop(command: str) -> list[str]:
     """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
     after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh)."""
-    return ["set +e",
-            "while :; do",
-            *shellfile.lines("step_start.sh", "  "),
-            "  srun --kill-on-bad-exit=1 --unbuffered "
-            f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
-            *shellfile.lines("step_wait.sh", "  "),
-            *shellfile.lines("step_next.sh", "  "),
-            "done",
-            "set -e",
-            *shellfile.lines("requeue.sh")]
+    return [
+        "set +e",
+        "while :; do",
+        *shellfile.lines("step_start.sh", "  "),
+        "  srun --kill-on-bad-exit=1 --unbuffered "
+        f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
+        *shellfile.lines("step_wait.sh", "  "),
+        *shellfile.lines("step_next.sh", "  "),
+        "done",
+        "set -e",
+        *shellfile.lines("requeue.sh"),
+    ]
 
 
-def render(p: JobPlan, command: str, host_python: str, standalone: bool,
-           extra_env: dict[str, str] | None = None, source: str = "''") -> str:
+def render(
+    p: JobPlan,
+    command: str,
+    host_python: str,
+    standalone: bool,
+    extra_env: dict[str, str] | None = None,
+    source: str = "''",
+) -> str:
     """The whole script; `command` is what follows `srun --kill-on-bad-exit=1 --unbuffered`;
     `source` (a shell word) is the hpctrain package the tasks bind into the image."""
     q = shlex.quote
     prof = p.profile
-    lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "",
-             "set -eo pipefail", ""]
+    lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "", "set -eo pipefail", ""]
     if p.workdirs:  # before the stop file, which lives under $PWD/.hpctrain
-        lines += ["# Job array: element i trains run i in its own directory; it has its own job id",
-                  "# ($SLURM_JOB_ID), so its own stop file, requeue (of <array>_<i>) and restart count.",
-                  f"hpctrain_runs=({' '.join(q(d) for d in p.workdirs)})",
-                  'cd "${hpctrain_runs[${SLURM_ARRAY_TASK_ID:?hpctrain: not an array job}]}"', ""]
+        lines += [
+            "# Job array: element i trains run i in its own directory; it has its own job id",
+            "# ($SLURM_JOB_ID), so its own stop file, requeue (of <array>_<i>) and restart count.",
+            f"hpctrain_runs=({' '.join(q(d) for d in p.workdirs)})",
+            'cd "${hpctrain_runs[${SLURM_ARRAY_TASK_ID:?hpctrain: not an array job}]}"',
+            "",
+        ]
     if standalone:
-        lines += ["# What to train: a config file and key=value overrides, a JSON list or one per line (the",
-                  "# environment wins).",
-                  f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
-                  f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
-                  "export HPCTRAIN_CONFIG HPCTRAIN_SET", ""]
-    lines += ["# Python for every task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image.sif, or",
-              "# .sqsh/URI for pyxis>, HPCTRAIN_SOURCE= the hpctrain package the tasks run, bound into the image",
-              f"# or first on PYTHONPATH (empty: the one the tasks' Python finds). pyxis: srun's {SRUN_VAR} options.",
-              *python_lines(prof.container, p.binds, host_python, source, p.stage_to, p.nsys_ranks, p.nsys_dir), ""]
+        lines += [
+            "# What to train: a config file and key=value overrides, a JSON list or one per line (the",
+            "# environment wins).",
+            f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
+            f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
+            "export HPCTRAIN_CONFIG HPCTRAIN_SET",
+            "",
+        ]
+    lines += [
+        "# Python for every task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image.sif, or",
+        "# .sqsh/URI for pyxis>, HPCTRAIN_SOURCE= the hpctrain package the tasks run, bound into the image",
+        f"# or first on PYTHONPATH (empty: the one the tasks' Python finds). pyxis: srun's {SRUN_VAR} options.",
+        *python_lines(prof.container, p.binds, host_python, source, p.stage_to, p.nsys_ranks, p.nsys_dir),
+        "",
+    ]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
     if mods:
-        lines += ["# Site modules: HPCTRAIN_MODULES for the host's Python, HPCTRAIN_CONTAINER_MODULES in the",
-                  "# image (empty skips them).", *mods, ""]
-    lines += [f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
-              "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
-              *left_to_nccl(prof),
-              *export_lines(fabric_env(prof), env_wins=True),
-              f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # train.preflight's all-reduce figure",
-              f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
-              f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
-              *export_lines(extra_env or {}), ""]
+        lines += [
+            "# Site modules: HPCTRAIN_MODULES for the host's Python, HPCTRAIN_CONTAINER_MODULES in the",
+            "# image (empty skips them).",
+            *mods,
+            "",
+        ]
+    lines += [
+        f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
+        "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
+        *left_to_nccl(prof),
+        *export_lines(fabric_env(prof), env_wins=True),
+        f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # train.preflight's all-reduce figure",
+        f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
+        f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
+        *export_lines(extra_env or {}),
+        "",
+    ]
     lines += [*shellfile.lines("srun_env.sh"), *MEMLOCK_LINES, ""]
     lines += [*shellfile.lines("banner.sh"), ""]
     lines += [*stop_lines(), ""]
     if prof.container.stage_image:
         lines += [*stage_image.batch_lines(prof.container.stage_image_to), ""]
-    lines += [*inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
-              *inplace.guard_lines(), "",
-              "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
-              "# background so that this shell can take signals while it waits; a step that failed on",
-              "# nodes it named runs again without them (launch.inplace).",
-              *step_loop(command), ""]
+    lines += [
+        *inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
+        *inplace.guard_lines(),
+        "",
+        "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
+        "# background so that this shell can take signals while it waits; a step that failed on",
+        "# nodes it named runs again without them (launch.inplace).",
+        *step_loop(command),
+        "",
+    ]
     return "\n".join(lines)

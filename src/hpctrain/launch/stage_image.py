@@ -29,5 +29,7 @@ def copy_program(stage_image_to: str) -> str:
 
 def batch_lines(stage_image_to: str) -> list[str]:
     """The batch shell's copy step (apptainer and singularity only), before the training step."""
-    return [shellfile.assign_program("hpctrain_stage_image", copy_program(stage_image_to)),
-            *shellfile.lines("stage_step.sh")]
+    return [
+        shellfile.assign_program("hpctrain_stage_image", copy_program(stage_image_to)),
+        *shellfile.lines("stage_step.sh"),
+    ]

@@ -23,8 +23,17 @@ from hpctrain.launch.localjob import alive
 from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 from hpctrain.metrics import NONFINITE_FIELDS, read_metrics, table
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-            "DEADLINE", "PREEMPTED"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 
 
 def sacct_rows(job_id: str) -> list[dict[str, str]]:
@@ -33,8 +42,12 @@ def sacct_rows(job_id: str) -> list[dict[str, str]]:
         return []
     fields = ["JobID", "State", "ExitCode", "WorkDir", "NodeList", "Elapsed"]
     try:
-        r = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", str(job_id), "-o", ",".join(fields)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-D", "-j", str(job_id), "-o", ",".join(fields)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     rows = [dict(zip(fields, line.split("|"))) for line in r.stdout.splitlines() if line.strip()]
@@ -58,8 +71,7 @@ def job_state(job_id: str) -> str:
 def _queue_state(job_id: str) -> str:
     """The job's state in squeue ('' when it is not in the queue)."""
     if shutil.which("squeue"):
-        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=30)
         if r.returncode == 0 and r.stdout.strip():
             return r.stdout.split()[0]
     return ""
@@ -89,8 +101,7 @@ def squeue_workdir(job_id: str) -> str | None:
     if not shutil.which("squeue"):
         return None
     try:
-        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%Z"], capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%Z"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
@@ -114,8 +125,7 @@ def local_job_run(job_id: str, runs: Path = RUNS) -> Path | None:
     host = socket.gethostname()
     for rec_path in sorted([*runs.glob("*/job.json"), *runs.glob("*/*/job.json")]):  # runs, sweeps' members
         rec = read_json(rec_path)
-        if (rec.get("executor") == "local" and str(rec.get("job_id")) == job_id
-                and rec.get("host", host) == host):
+        if rec.get("executor") == "local" and str(rec.get("job_id")) == job_id and rec.get("host", host) == host:
             return rec_path.parent
     return None
 
@@ -148,11 +158,15 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
             time.sleep(1.0)
         run = run_dir_of(Path(work), target) if work else None
         if not rows and not work:
-            raise LaunchError(f"job {target} is unknown to Slurm (sacct, squeue): check the id, or give "
-                              "the run directory instead (runs/<name>)")
+            raise LaunchError(
+                f"job {target} is unknown to Slurm (sacct, squeue): check the id, or give "
+                "the run directory instead (runs/<name>)"
+            )
         return run, target, "slurm"
-    raise LaunchError(f"{target!r} is neither a run directory, a run name under {RUNS}/ nor a job id: give "
-                      "runs/<name>, <name>, or the job id that `hpctrain submit` printed")
+    raise LaunchError(
+        f"{target!r} is neither a run directory, a run name under {RUNS}/ nor a job id: give "
+        "runs/<name>, <name>, or the job id that `hpctrain submit` printed"
+    )
 
 
 # Slurm states of a job waiting for an allocation (squeue(1), JOB STATE CODES:
@@ -183,22 +197,40 @@ class RunStatus:
         m = self.metrics
         not_requeued = m.get("not_requeued")
         return {
-            "state": self.state, "job_id": self.job_id, "executor": self.executor,
-            "run_dir": str(self.run_dir) if self.run_dir else None, "nodes": self.nodes or None,
-            "requeues": self.requeues, "preemptions": m.get("preemptions", 0),
-            "time_limits": m.get("time_limits", 0), "stopped_at": m.get("stopped_at"),
+            "state": self.state,
+            "job_id": self.job_id,
+            "executor": self.executor,
+            "run_dir": str(self.run_dir) if self.run_dir else None,
+            "nodes": self.nodes or None,
+            "requeues": self.requeues,
+            "preemptions": m.get("preemptions", 0),
+            "time_limits": m.get("time_limits", 0),
+            "stopped_at": m.get("stopped_at"),
             "stop_reason": m.get("stop_reason") if m.get("stopped_at") is not None else None,
             "not_requeued": {"step": not_requeued[0], "why": not_requeued[1]} if not_requeued else None,
-            "step": m.get("step"), "total_steps": self.total_steps, "epoch": m.get("epoch"),
-            "loss": m.get("loss"), "images_per_s": m.get("images_per_s"), "mfu": m.get("mfu"),
-            "steps_per_s": self.steps_per_s, "last_record_age_s": self.age(m.get("last_time")),
-            "eta_s": self.eta.seconds, "eta_at": iso(self.eta.at), "eta_note": self.eta.note or None,
-            "straggler": m.get("straggler"), "hang": m.get("hang"), "last_eval": m.get("last_eval"),
-            "nonfinite": m.get("nonfinite", 0), "rollbacks": m.get("rollbacks", 0),
-            "last_nonfinite": m.get("last_nonfinite"), "last_rollback": m.get("last_rollback"),
-            "checkpoint": m.get("checkpoint"), "checkpoint_step": m.get("checkpoint_step"),
+            "step": m.get("step"),
+            "total_steps": self.total_steps,
+            "epoch": m.get("epoch"),
+            "loss": m.get("loss"),
+            "images_per_s": m.get("images_per_s"),
+            "mfu": m.get("mfu"),
+            "steps_per_s": self.steps_per_s,
+            "last_record_age_s": self.age(m.get("last_time")),
+            "eta_s": self.eta.seconds,
+            "eta_at": iso(self.eta.at),
+            "eta_note": self.eta.note or None,
+            "straggler": m.get("straggler"),
+            "hang": m.get("hang"),
+            "last_eval": m.get("last_eval"),
+            "nonfinite": m.get("nonfinite", 0),
+            "rollbacks": m.get("rollbacks", 0),
+            "last_nonfinite": m.get("last_nonfinite"),
+            "last_rollback": m.get("last_rollback"),
+            "checkpoint": m.get("checkpoint"),
+            "checkpoint_step": m.get("checkpoint_step"),
             "checkpoint_age_s": self.age(m.get("checkpoint_time")),
-            "restarts_in_job": m.get("restarts", 0), "last_restart": m.get("last_restart"),
+            "restarts_in_job": m.get("restarts", 0),
+            "last_restart": m.get("last_restart"),
             "excluded_nodes": m.get("excluded", {}),
         }
 
@@ -212,17 +244,28 @@ class RunStatus:
         requeues = str(self.requeues)
         if self.requeues:
             pre, tl = m.get("preemptions", 0), m.get("time_limits", 0)
-            requeues += (f" ({pre} after preemption, {tl} after a time limit, "
-                         f"{max(0, self.requeues - pre - tl)} other: node failure or outside requeue)")
-        rows = [("state", state), ("job", f"{self.job_id or '-'} ({self.executor})"),
-                ("run directory", str(self.run_dir or "-")), ("requeues", requeues)]
+            requeues += (
+                f" ({pre} after preemption, {tl} after a time limit, "
+                f"{max(0, self.requeues - pre - tl)} other: node failure or outside requeue)"
+            )
+        rows = [
+            ("state", state),
+            ("job", f"{self.job_id or '-'} ({self.executor})"),
+            ("run directory", str(self.run_dir or "-")),
+            ("requeues", requeues),
+        ]
         if self.nodes:
             rows.append(("nodes", self.nodes))
         if m.get("restarts"):
             r = m["last_restart"]
             nodes = ",".join(r.get("nodes") or []) or "-"
-            rows.append(("restarts", f"{m['restarts']} in the job on spare nodes (last: attempt {r.get('attempt')} "
-                                     f"of job {r.get('job')} without {nodes}: {r.get('why')})"))
+            rows.append(
+                (
+                    "restarts",
+                    f"{m['restarts']} in the job on spare nodes (last: attempt {r.get('attempt')} "
+                    f"of job {r.get('job')} without {nodes}: {r.get('why')})",
+                )
+            )
         if m.get("excluded"):
             rows.append(("excluded", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
         if m.get("step") is not None:
@@ -268,15 +311,21 @@ def eta_text(e: Eta) -> str:
 
 
 def straggler_text(s: dict) -> str:
-    where = ", ".join(x for x in (f"host {s['host']}" if s.get("host") else "",
-                                  f"GPU {s['gpu']}" if s.get("gpu") is not None else "") if x)
+    where = ", ".join(
+        x
+        for x in (f"host {s['host']}" if s.get("host") else "", f"GPU {s['gpu']}" if s.get("gpu") is not None else "")
+        if x
+    )
     cause = s.get("cause") or "?"
     if cause == "data" and s.get("data_wait_s") is not None:
         cause += f" (waits {s['data_wait_s']:.3g} s per step for data)"
     pct = s.get("slower_pct")
-    return (f"rank {s.get('rank')}" + (f" ({where})" if where else "") +
-            (f" {pct:.0f} % slower than the median" if pct is not None else "") +
-            f" at step {s.get('step')}: {cause}")
+    return (
+        f"rank {s.get('rank')}"
+        + (f" ({where})" if where else "")
+        + (f" {pct:.0f} % slower than the median" if pct is not None else "")
+        + f" at step {s.get('step')}: {cause}"
+    )
 
 
 def divergence_text(m: dict) -> str:
@@ -294,8 +343,9 @@ def hang_text(h: dict) -> str:
     named = ", ".join(f"rank {r}" + (f" at {w}" if w else "") for r, w in zip(ranks, where))
     files = h.get("files") or []
     more = f" (+{len(files) - 3})" if len(files) > 3 else ""
-    return (f"at step {h.get('step')}: {named or 'no rank named'} not at the latest step"
-            + (f"; dumps: {', '.join(files[:3])}{more}" if files else ""))
+    return f"at step {h.get('step')}: {named or 'no rank named'} not at the latest step" + (
+        f"; dumps: {', '.join(files[:3])}{more}" if files else ""
+    )
 
 
 def node_reasons(why: str) -> dict[str, str]:
@@ -316,14 +366,20 @@ def summarize(records: list[dict]) -> dict:
         if isinstance(rec.get("time"), (int, float)):
             out["last_time"] = rec["time"]
         if kind == "train":
-            out.update(step=rec.get("step"), epoch=rec.get("epoch", 0), loss=rec.get("loss"),
-                       images_per_s=rec.get("images_per_s"), mfu=rec.get("mfu"),
-                       # a non-finite value is written as null, its kind under nonfinite_fields (metrics.py)
-                       loss_nonfinite=(rec.get(NONFINITE_FIELDS) or {}).get("loss"))
+            out.update(
+                step=rec.get("step"),
+                epoch=rec.get("epoch", 0),
+                loss=rec.get("loss"),
+                images_per_s=rec.get("images_per_s"),
+                mfu=rec.get("mfu"),
+                # a non-finite value is written as null, its kind under nonfinite_fields (metrics.py)
+                loss_nonfinite=(rec.get(NONFINITE_FIELDS) or {}).get("loss"),
+            )
         elif kind == "eval" and rec.get("top1") is not None:  # (a run without a val set records none)
             out.update(top1=rec.get("top1"), eval_step=rec.get("step"))
-            out["last_eval"] = {k: rec[k] for k in ("step", "top1", "top5", "loss", "ema_top1", "ema_top5")
-                                if rec.get(k) is not None}
+            out["last_eval"] = {
+                k: rec[k] for k in ("step", "top1", "top5", "loss", "ema_top1", "ema_top5") if rec.get(k) is not None
+            }
         elif kind == "checkpoint":
             out.update(checkpoint=rec.get("path"), checkpoint_step=rec.get("step"), checkpoint_time=rec.get("time"))
         elif kind == "stop":
@@ -388,8 +444,9 @@ def stopped_state(metrics: dict) -> str | None:
     return None
 
 
-def progress_of(run_dir: Path | None, records: list[dict], state: str, metrics: dict, now: float
-                ) -> tuple[int | None, float | None, Eta]:
+def progress_of(
+    run_dir: Path | None, records: list[dict], state: str, metrics: dict, now: float
+) -> tuple[int | None, float | None, Eta]:
     """(total steps, steps/s, ETA) of a run in `state`."""
     config = read_config(run_dir) if run_dir else {}
     total = total_steps(config, records)
@@ -397,8 +454,11 @@ def progress_of(run_dir: Path | None, records: list[dict], state: str, metrics: 
     if state in TERMINAL and metrics.get("end") != "finished":
         return total, rate, Eta(None, None, f"none: the job ended ({state})")
     if state == "INTERRUPTED":
-        return total, rate, Eta(None, None, f"none: interrupted at step {metrics.get('stopped_at')}; the same "
-                                            "command resumes it")
+        return (
+            total,
+            rate,
+            Eta(None, None, f"none: interrupted at step {metrics.get('stopped_at')}; the same command resumes it"),
+        )
     if state == "NOT RUNNING":
         return total, rate, Eta(None, None, "none: no process of this run is alive (see its logs)")
     waiting = state in WAITING or (metrics.get("stopped_at") is not None and not metrics.get("not_requeued"))
@@ -424,9 +484,18 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
         state, requeues, nodes = rows[-1]["State"], len(rows) - 1, rows[-1].get("NodeList", "")
     else:  # local runs, or no accounting: what the run itself wrote
         running = run_dir and local_state(run_dir)
-        state = (metrics.get("end") == "finished" and "COMPLETED") or running or stopped_state(metrics) \
-            or ("NOT RUNNING" if executor == "local" and metrics.get("stopped_at") is None  # crashed or killed
-                else "UNKNOWN" if job_id else "NO JOB")
+        state = (
+            (metrics.get("end") == "finished" and "COMPLETED")
+            or running
+            or stopped_state(metrics)
+            or (
+                "NOT RUNNING"
+                if executor == "local" and metrics.get("stopped_at") is None  # crashed or killed
+                else "UNKNOWN"
+                if job_id
+                else "NO JOB"
+            )
+        )
         requeues, nodes = metrics.get("stops", 0), ""
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
     return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now)
@@ -439,8 +508,9 @@ def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | N
     said = False
     while run_dir is None and job_id and job_state(job_id) not in TERMINAL:
         if not said:
-            print(f"hpctrain: waiting for job {job_id} to start and name its run directory …", file=sys.stderr,
-                  flush=True)
+            print(
+                f"hpctrain: waiting for job {job_id} to start and name its run directory …", file=sys.stderr, flush=True
+            )
             said = True
         time.sleep(poll_s)
         run_dir, job_id, executor = resolve(target)

@@ -27,8 +27,17 @@ from hpctrain.launch.task import eval_task, train_task
 from hpctrain.site.profile import parse_tres, time_minutes
 from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
 
-__all__ = ["LaunchError", "Request", "Submission", "eval_plan", "plan_job", "submit_eval_local", "submit_eval_slurm",
-           "submit_local", "submit_slurm"]
+__all__ = [
+    "LaunchError",
+    "Request",
+    "Submission",
+    "eval_plan",
+    "plan_job",
+    "submit_eval_local",
+    "submit_eval_slurm",
+    "submit_local",
+    "submit_slurm",
+]
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,10 @@ def check_free(run_dir: Path) -> None:
     if run_dir.is_dir() and local_state(run_dir):
         job = read_json(run_dir / "job.json").get("job_id")
         by = f"local job {job}" if job else "a running `hpctrain train`"
-        raise LaunchError(f"run directory {run_dir} is in use by {by}: wait for it (hpctrain logs {run_dir} -f), "
-                          "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name")
+        raise LaunchError(
+            f"run directory {run_dir} is in use by {by}: wait for it (hpctrain logs {run_dir} -f), "
+            "stop it (Ctrl-C where it was started: it checkpoints), or give this run another run.name"
+        )
 
 
 def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submission:
@@ -80,25 +91,40 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     check_free(cfg.run_dir)
     folder = cfg.run_dir / "submitit"
     job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
-    write_job_record(cfg.run_dir, {"job_id": str(job.job_id), "executor": "local", "tasks": tasks,
-                                   "submitit": str(folder), "host": socket.gethostname()})
-    return Submission(str(job.job_id), cfg.run_dir, "local",
-                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
+    write_job_record(
+        cfg.run_dir,
+        {
+            "job_id": str(job.job_id),
+            "executor": "local",
+            "tasks": tasks,
+            "submitit": str(folder),
+            "host": socket.gethostname(),
+        },
+    )
+    return Submission(
+        str(job.job_id), cfg.run_dir, "local", shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job
+    )
 
 
-def submit_eval_local(cfg: Config, weights: Path, ema: bool, out: Path, tasks: int = 2,
-                      timeout_min: int = 600) -> Submission:
+def submit_eval_local(
+    cfg: Config, weights: Path, ema: bool, out: Path, tasks: int = 2, timeout_min: int = 600
+) -> Submission:
     """`hpctrain eval` as `tasks` local processes (gloo); logs in `out`/submitit. `run_dir` is `out`:
     the evaluated run's own job.json (its training job) is left alone."""
     cfg = absolute_paths(cfg)
     folder = out / "submitit"
     job = local_job(folder, tasks, timeout_min, eval_task, to_dict(cfg), str(weights), ema, str(out))
-    return Submission(str(job.job_id), out, "local",
-                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job)
+    return Submission(
+        str(job.job_id), out, "local", shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job
+    )
 
 
-def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
-               what: str = "stops at the next step (checkpoint, stop record)") -> list[dict]:
+def wait_local(
+    sub: Submission,
+    poll_s: float = 1.0,
+    interrupted: bool = False,
+    what: str = "stops at the next step (checkpoint, stop record)",
+) -> list[dict]:
     """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
     a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
     passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
@@ -114,8 +140,9 @@ def wait_local(sub: Submission, poll_s: float = 1.0, interrupted: bool = False,
         return sub.job.results()
     except glue.RESULT_ERRORS:
         folder = sub.job.paths.folder
-        raise (explain(folder, sub.job_id, sub.job.num_tasks, "local job")
-               or no_result(folder, sub.job_id, "local job")) from None
+        raise (
+            explain(folder, sub.job_id, sub.job.num_tasks, "local job") or no_result(folder, sub.job_id, "local job")
+        ) from None
 
 
 # --------------------------------------------------------------------------- Slurm
@@ -164,15 +191,18 @@ def check_request(profile, req: Request) -> tuple[int, int, str]:
         raise LaunchError(f"--nodes={nodes}: a job needs at least one node; use --nodes 1 or more")
     gpn = s.gpus_per_node if req.gpus_per_node is None else req.gpus_per_node
     if gpn < 1:
-        raise LaunchError(f"--gpus-per-node={gpn}: every node runs one task per GPU, so at least 1 is "
-                          "needed; use --gpus-per-node 1 or more (CPU-only clusters: "
-                          "slurm.request_gpus: false)")
+        raise LaunchError(
+            f"--gpus-per-node={gpn}: every node runs one task per GPU, so at least 1 is "
+            "needed; use --gpus-per-node 1 or more (CPU-only clusters: "
+            "slurm.request_gpus: false)"
+        )
     if gpn > s.max_gpus_per_node:
         total = nodes * gpn
         raise LaunchError(
             f"--gpus-per-node={gpn}: nodes of cluster {profile.name!r} have at most {s.max_gpus_per_node} "
             f"GPUs (slurm.max_gpus_per_node); use --gpus-per-node {s.max_gpus_per_node} with "
-            f"--nodes {-(-total // max(1, s.max_gpus_per_node))} for {total} GPUs")
+            f"--nodes {-(-total // max(1, s.max_gpus_per_node))} for {total} GPUs"
+        )
     time = req.time or s.time
     try:
         time_minutes(time)
@@ -201,11 +231,21 @@ def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None
     where = f"cluster profile {profile.name!r}, slurm.limits"
     checks = []
     if lim.max_time and lim.partition and part == lim.partition:
-        checks.append((lim.max_time, f"partition {part}'s MaxTime={lim.max_time} (`scontrol show partition "
-                                     f"{part}`; {where}.max_time)", "another --partition"))
+        checks.append(
+            (
+                lim.max_time,
+                f"partition {part}'s MaxTime={lim.max_time} (`scontrol show partition {part}`; {where}.max_time)",
+                "another --partition",
+            )
+        )
     if lim.qos_max_wall and lim.qos and qos == lim.qos:
-        checks.append((lim.qos_max_wall, f"QOS {qos}'s MaxWall={lim.qos_max_wall} (`sacctmgr show qos {qos}`; "
-                                         f"{where}.qos_max_wall)", "another --qos"))
+        checks.append(
+            (
+                lim.qos_max_wall,
+                f"QOS {qos}'s MaxWall={lim.qos_max_wall} (`sacctmgr show qos {qos}`; {where}.qos_max_wall)",
+                "another --qos",
+            )
+        )
     for limit, what, other in checks:
         if time_minutes(time) > time_minutes(limit):
             raise LaunchError(f"--time={time} is over {what}: use --time {limit} or less, or {other}")
@@ -218,30 +258,54 @@ def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None
             base = "gres/gpu" if name.startswith("gres/gpu") else name
             total, per_node = asked.get(base, (0, 0))
             if per_node and total > limit:
-                fix = (f"--nodes {limit // per_node} or fewer" if limit >= per_node else
-                       f"--nodes 1 --gpus-per-node {limit}" if base == "gres/gpu" else
-                       f"--cluster-set slurm.cpus_per_node={limit}")
+                fix = (
+                    f"--nodes {limit // per_node} or fewer"
+                    if limit >= per_node
+                    else f"--nodes 1 --gpus-per-node {limit}"
+                    if base == "gres/gpu"
+                    else f"--cluster-set slurm.cpus_per_node={limit}"
+                )
                 raise LaunchError(
                     f"--nodes={nodes} x {gpn} tasks asks {base}={total}, over QOS {qos}'s {label} {name}={limit} "
-                    f"(`sacctmgr show qos {qos}`; {where}.{key}): use {fix}, or another --qos")
+                    f"(`sacctmgr show qos {qos}`; {where}.{key}): use {fix}, or another --qos"
+                )
 
 
-def job_plan(profile, req: Request, nodes: int, gpn: int, time: str, job_name: str, folder: Path | None,
-             binds: list[str], header: list[str] = ()):
+def job_plan(
+    profile,
+    req: Request,
+    nodes: int,
+    gpn: int,
+    time: str,
+    job_name: str,
+    folder: Path | None,
+    binds: list[str],
+    header: list[str] = (),
+):
     """The JobPlan from checked resources; `folder`: the submitit folder (batch log there, the job
     runs in its parent), None for a stand-alone script."""
     s = profile.slurm
     pick = lambda a, b: b if a is None else a
     return JobPlan(
-        profile=profile, job_name=job_name, nodes=nodes, tasks_per_node=gpn,
+        profile=profile,
+        job_name=job_name,
+        nodes=nodes,
+        tasks_per_node=gpn,
         gpus_per_node=gpn if s.request_gpus else 0,
-        cpus_per_task=s.cpus_per_node // gpn if s.cpus_per_node else 0, mem=s.mem_per_node, time=time,
-        partition=pick(req.partition, s.partition), account=pick(req.account, s.account),
-        qos=pick(req.qos, s.qos), constraint=pick(req.constraint, s.constraint),
+        cpus_per_task=s.cpus_per_node // gpn if s.cpus_per_node else 0,
+        mem=s.mem_per_node,
+        time=time,
+        partition=pick(req.partition, s.partition),
+        account=pick(req.account, s.account),
+        qos=pick(req.qos, s.qos),
+        constraint=pick(req.constraint, s.constraint),
         exclusive=pick(req.exclusive, s.exclusive),
         output="" if folder is None else str(folder / "%j_0_log.out"),
-        chdir="" if folder is None else str(folder.parent), binds=binds, header=list(header),
-        spare_nodes=spare_nodes(profile, req))
+        chdir="" if folder is None else str(folder.parent),
+        binds=binds,
+        header=list(header),
+        spare_nodes=spare_nodes(profile, req),
+    )
 
 
 def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, header: list[str] = ()):
@@ -252,8 +316,11 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     nodes, gpn, time = check_request(profile, req)
     check_batch(cfg, nodes * gpn)
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
-        binds = bind_list(profile.container, [p for p in (cfg.data.root, cfg.run.dir)
-                                              if p and Path(p).is_absolute()], writable=[cfg.run.dir])
+        binds = bind_list(
+            profile.container,
+            [p for p in (cfg.data.root, cfg.run.dir) if p and Path(p).is_absolute()],
+            writable=[cfg.run.dir],
+        )
         folder = None
     else:
         cfg = absolute_paths(cfg)
@@ -281,11 +348,15 @@ def with_nsys(plan, cfg: Config, ranks: tuple[int, ...]):
     if not ranks:
         return plan
     if max(ranks) >= plan.world_size:
-        raise LaunchError(f"--nsys-ranks: rank {max(ranks)} is not in this job of {plan.world_size} tasks "
-                          f"(ranks 0-{plan.world_size - 1}): pick ranks below {plan.world_size}")
+        raise LaunchError(
+            f"--nsys-ranks: rank {max(ranks)} is not in this job of {plan.world_size} tasks "
+            f"(ranks 0-{plan.world_size - 1}): pick ranks below {plan.world_size}"
+        )
     if not cfg.train.profile_steps.strip():
-        raise LaunchError("--nsys-ranks needs train.profile_steps (the steps nsys records, between "
-                          "cudaProfilerStart/Stop): add --set train.profile_steps=A-B, e.g. 20-25")
+        raise LaunchError(
+            "--nsys-ranks needs train.profile_steps (the steps nsys records, between "
+            "cudaProfilerStart/Stop): add --set train.profile_steps=A-B, e.g. 20-25"
+        )
     return dataclasses.replace(plan, nsys_ranks=list(ranks), nsys_dir=str(Path(cfg.run.dir) / cfg.run.name / "profile"))
 
 
@@ -305,8 +376,10 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
     check_resolved_paths(cfg)
     check_text(str(weights), f"the weights path {str(weights)!r}")
     check_text(str(out), f"the output folder {str(out)!r}")
-    header = [f"hpctrain eval: hpctrain.launch.task.eval_task of {weights}",
-              f"outputs: {out}/summary.json, {out}/per_class.csv"]
+    header = [
+        f"hpctrain eval: hpctrain.launch.task.eval_task of {weights}",
+        f"outputs: {out}/summary.json, {out}/per_class.csv",
+    ]
     binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)], writable=[str(out)])
     plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
     return with_stage(plan, cfg.data.stage_to)
@@ -316,8 +389,10 @@ def submitit_command(folder: Path, job: str = "%j") -> str:
     """srun arguments of a submitit job: per-task logs in the submitit folder, then its runner
     (`job`: `%A_%a` for an array element, as submitit names them)."""
     out, err = folder / f"{job}_%t_log.out", folder / f"{job}_%t_log.err"
-    return (f"--output {shlex.quote(str(out))} --error {shlex.quote(str(err))} "
-            f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}")
+    return (
+        f"--output {shlex.quote(str(out))} --error {shlex.quote(str(err))} "
+        f"{PYTHON_HOOK} -u -m hpctrain.launch.task {shlex.quote(str(folder))}"
+    )
 
 
 def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = None) -> str:
@@ -327,8 +402,12 @@ def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = No
     the path a snapshot of this package would have, beside `folder`."""
     bind = plan.profile.container.bind_source
     digest = snap.hash if snap else source_hash()
-    env = {"SUBMITIT_EXECUTOR": "slurm", "HPCTRAIN_LAUNCHER": "submitit-slurm",
-           "HPCTRAIN_SOURCE_HASH": digest, "HPCTRAIN_SUBMITIT_VERSION": glue.VERSION}
+    env = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "HPCTRAIN_LAUNCHER": "submitit-slurm",
+        "HPCTRAIN_SOURCE_HASH": digest,
+        "HPCTRAIN_SUBMITIT_VERSION": glue.VERSION,
+    }
     path = snap.path if snap else snapshot_path(folder.parent, digest)
     source = shlex.quote(str(path)) if bind else "''"
     return render(plan, submitit_command(folder, job), shlex.quote(sys.executable), False, env, source)
@@ -341,8 +420,10 @@ def job_snapshot(plan, folder: Path) -> Snapshot | None:
     if not plan.profile.container.bind_source:
         return None
     if ":" in str(folder.parent):
-        raise LaunchError(f"{folder.parent} holds ':', which separates entries of PYTHONPATH and Apptainer's "
-                          "--bind: the job could not use its code snapshot there; choose a run.dir without ':'")
+        raise LaunchError(
+            f"{folder.parent} holds ':', which separates entries of PYTHONPATH and Apptainer's "
+            "--bind: the job could not use its code snapshot there; choose a run.dir without ':'"
+        )
     return take_snapshot(folder.parent)
 
 
@@ -360,8 +441,8 @@ def standalone_plan(cfg: Config, profile, req: Request, command: str, config: st
         "the settings below read the environment. E.g. from the repository root on a CPU-only cluster",
         "without the image (a test runs exactly these lines on its Slurm test cluster):",
         "  CONTAINER=none HPCTRAIN_MODULES= HPCTRAIN_CONFIG=configs/digits_vit.yaml \\",
-        "  HPCTRAIN_SET='[\"data.prepare=digits\", \"data.root=data/digits\", \"run.name=cpu-example\", "
-        "\"train.epochs=1\"]' \\",
+        '  HPCTRAIN_SET=\'["data.prepare=digits", "data.root=data/digits", "run.name=cpu-example", '
+        '"train.epochs=1"]\' \\',
         "  sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 --mem=0 --partition=debug \\",
         "  slurm/vit.sbatch",
         "",
@@ -374,10 +455,12 @@ def standalone_script(plan) -> str:
     """`slurm/vit.sbatch`: the same script, running `python3 -m hpctrain train` under srun."""
     # the checkout it is submitted from (the header says: from the repository root), if any
     # (`|| true`: under `set -e` a failing substitution in an assignment would end the script)
-    source = ('$([ -d src/hpctrain ] && echo "$PWD/src/hpctrain" || true)' if plan.profile.container.bind_source
-              else "''")
-    return render(plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True,
-                  {"HPCTRAIN_LAUNCHER": "sbatch-script"}, source)
+    source = (
+        '$([ -d src/hpctrain ] && echo "$PWD/src/hpctrain" || true)' if plan.profile.container.bind_source else "''"
+    )
+    return render(
+        plan, f"{PYTHON_HOOK} -m hpctrain train", "python3", True, {"HPCTRAIN_LAUNCHER": "sbatch-script"}, source
+    )
 
 
 def check_image(profile) -> None:
@@ -388,14 +471,22 @@ def check_image(profile) -> None:
         raise LaunchError(
             f"container.image {c.image!r} does not exist: build or copy the image there, point "
             "--cluster-set container.image=PATH at it, or run on the host's Python with "
-            "--cluster-set container.runtime=none")
+            "--cluster-set container.runtime=none"
+        )
 
 
 def slurm_spec(plan, folder: Path, script: str) -> glue.SlurmSpec:
     """What submitit's executor needs of `plan`'s job, its batch script `script`."""
-    return glue.SlurmSpec(folder=folder, script=script, nodes=plan.nodes, tasks_per_node=plan.tasks_per_node,
-                          time_min=time_minutes(plan.time), job_name=plan.job_name,
-                          max_requeues=plan.profile.slurm.max_requeues, python=PYTHON_HOOK)
+    return glue.SlurmSpec(
+        folder=folder,
+        script=script,
+        nodes=plan.nodes,
+        tasks_per_node=plan.tasks_per_node,
+        time_min=time_minutes(plan.time),
+        job_name=plan.job_name,
+        max_requeues=plan.profile.slurm.max_requeues,
+        python=PYTHON_HOOK,
+    )
 
 
 def slurm_job(plan, folder: Path, fn, *args):
@@ -416,16 +507,27 @@ def submit_slurm(cfg: Config, plan) -> Submission:
     run_dir = cfg.run_dir
     folder = run_dir / "submitit"
     job, snap = slurm_job(plan, folder, train_task, to_dict(cfg))
-    write_job_record(run_dir, {"job_id": str(job.job_id), "executor": "slurm", "cluster": plan.profile.name,
-                               "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
-                               "submitit": str(folder), "code": str(snap.path) if snap else None})
-    return Submission(str(job.job_id), run_dir, "slurm", shlex.join(["hpctrain", "logs", str(run_dir), "-f"]),
-                      job, snap)
+    write_job_record(
+        run_dir,
+        {
+            "job_id": str(job.job_id),
+            "executor": "slurm",
+            "cluster": plan.profile.name,
+            "nodes": plan.nodes,
+            "tasks_per_node": plan.tasks_per_node,
+            "submitit": str(folder),
+            "code": str(snap.path) if snap else None,
+        },
+    )
+    return Submission(
+        str(job.job_id), run_dir, "slurm", shlex.join(["hpctrain", "logs", str(run_dir), "-f"]), job, snap
+    )
 
 
 def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) -> Submission:
     """`hpctrain eval` as a Slurm job (plan: eval_plan); rank 0 writes `out`/summary.json."""
     folder = out / "submitit"
     job, snap = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
-    return Submission(str(job.job_id), out, "slurm",
-                      shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job, snap)
+    return Submission(
+        str(job.job_id), out, "slurm", shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job, snap
+    )

@@ -70,8 +70,9 @@ class ScriptExecutor(SlurmExecutor):
     def __init__(self, spec: SlurmSpec):
         super().__init__(folder=spec.folder, max_num_timeout=spec.max_requeues, python=spec.python)
         self.spec = spec
-        self.update_parameters(nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node, time=spec.time_min,
-                               job_name=spec.job_name)
+        self.update_parameters(
+            nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node, time=spec.time_min, job_name=spec.job_name
+        )
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return self.spec.script
@@ -93,8 +94,10 @@ class ArrayExecutor(ScriptExecutor):
             d.dump(path)
             pickles.append(path)
         first = self._submit_command("")  # the script is ours: no command to pass
-        jobs = [SlurmJob(folder=folder, job_id=f"{first.job_id}_{i}", tasks=list(range(first.num_tasks)))
-                for i in range(len(delayed_submissions))]
+        jobs = [
+            SlurmJob(folder=folder, job_id=f"{first.job_id}_{i}", tasks=list(range(first.num_tasks)))
+            for i in range(len(delayed_submissions))
+        ]
         for job, path in zip(jobs, pickles):
             job.paths.move_temporary_file(path, "submitted_pickle")
         return jobs
@@ -118,6 +121,7 @@ def local_job(folder: Path, tasks: int, timeout_min: int, fn: Callable[..., Any]
 
 
 # --------------------------------------------------------------------------- the task's side
+
 
 def job_env() -> submitit.JobEnvironment:
     """This task's job environment (ranks, hosts, job id, folder)."""

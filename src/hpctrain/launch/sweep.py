@@ -84,8 +84,10 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
         key = key.strip()
         vals = [v for v in split_values(values)] if sep else []
         if not key or not sep or not values.strip() or any(v == "" for v in vals):
-            raise ConfigError(f"--grid {item!r}: write key=value1,value2 (e.g. optim.lr=1e-3,5e-4), "
-                              "with at least one value and no empty one")
+            raise ConfigError(
+                f"--grid {item!r}: write key=value1,value2 (e.g. optim.lr=1e-3,5e-4), "
+                "with at least one value and no empty one"
+            )
         if key in grid:
             raise ConfigError(f"--grid {key} given twice: put all its values in one --grid")
         grid[key] = vals
@@ -111,16 +113,16 @@ def read_sweep_file(path: str | Path) -> tuple[dict[str, list[str]], list[list[s
         elif isinstance(r, list) and all(isinstance(x, str) and "=" in x for x in r):
             runs.append(list(r))
         else:
-            raise ConfigError(f"sweep file {path}: runs[{i}] must be a mapping of key: value or a list of "
-                              "'key=value' strings")
+            raise ConfigError(
+                f"sweep file {path}: runs[{i}] must be a mapping of key: value or a list of 'key=value' strings"
+            )
     return grid, runs
 
 
 def expand(grid: dict[str, list[str]], runs: Sequence[Sequence[str]] = ()) -> list[list[str]]:
     """The members' overrides: every point of the grid (first key slowest), then the listed runs."""
     keys = list(grid)
-    points = [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*grid.values())] \
-        if keys else []
+    points = [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*grid.values())] if keys else []
     return points + [list(r) for r in runs]
 
 
@@ -135,29 +137,39 @@ def member_name(index: int, overrides: Sequence[str]) -> str:
     return f"{index:02d}-{text}" if text else f"{index:02d}"
 
 
-def plan_members(config: str | None, base_overrides: Sequence[str], sets: Sequence[Sequence[str]],
-                 sweep_dir: Path, max_runs: int = DEFAULT_MAX_RUNS) -> list[Member]:
+def plan_members(
+    config: str | None,
+    base_overrides: Sequence[str],
+    sets: Sequence[Sequence[str]],
+    sweep_dir: Path,
+    max_runs: int = DEFAULT_MAX_RUNS,
+) -> list[Member]:
     """Load and check every member's config: the first bad one fails the whole sweep, named."""
     if not sets:
-        raise ConfigError("the sweep is empty: give --grid key=v1,v2 (repeatable) or --sweep-file with a grid "
-                          "or runs")
+        raise ConfigError("the sweep is empty: give --grid key=v1,v2 (repeatable) or --sweep-file with a grid or runs")
     if len(sets) > max_runs:
-        raise ConfigError(f"the sweep has {len(sets)} members, more than --max-runs {max_runs}: pass "
-                          f"--max-runs {len(sets)} if that many runs are meant")
+        raise ConfigError(
+            f"the sweep has {len(sets)} members, more than --max-runs {max_runs}: pass "
+            f"--max-runs {len(sets)} if that many runs are meant"
+        )
     members = []
     for i, o in enumerate(sets):
         for item in o:
             if item.partition("=")[0].strip() in RESERVED:
-                raise ConfigError(f"sweep member {i} ({' '.join(o)}): {item.partition('=')[0]} is set by the sweep "
-                                  f"(runs/<sweep>/<member>); set it with --set for the whole sweep")
+                raise ConfigError(
+                    f"sweep member {i} ({' '.join(o)}): {item.partition('=')[0]} is set by the sweep "
+                    f"(runs/<sweep>/<member>); set it with --set for the whole sweep"
+                )
         name = member_name(i, o)
         try:
             cfg = load(config, [*base_overrides, *o, f"run.dir={sweep_dir}", f"run.name={name}"])
         except ConfigError as e:
             raise ConfigError(f"sweep member {i} ({' '.join(o)}): {e}") from None
         if cfg.train.compile and not cfg.train.compile_cache:  # one for the sweep: members with one model share it
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-                cfg.train, compile_cache=str(Path(sweep_dir).resolve() / "compile_cache")))
+            cfg = dataclasses.replace(
+                cfg,
+                train=dataclasses.replace(cfg.train, compile_cache=str(Path(sweep_dir).resolve() / "compile_cache")),
+            )
         members.append(Member(i, name, list(o), cfg))
     return members
 
@@ -169,21 +181,33 @@ def write_record(sweep_dir: Path, record: dict) -> None:
     tmp.replace(sweep_dir / SWEEP_FILE)
 
 
-def new_record(name: str, config: str | None, base_overrides: Sequence[str], members: Sequence[Member],
-               executor: str) -> dict:
-    return {"name": name, "config": config, "overrides": list(base_overrides), "executor": executor,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "job_id": None,
-            "members": [{"index": m.index, "name": m.name, "overrides": m.overrides,
-                         "run_dir": str(m.cfg.run_dir), "job_id": None} for m in members]}
+def new_record(
+    name: str, config: str | None, base_overrides: Sequence[str], members: Sequence[Member], executor: str
+) -> dict:
+    return {
+        "name": name,
+        "config": config,
+        "overrides": list(base_overrides),
+        "executor": executor,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "job_id": None,
+        "members": [
+            {"index": m.index, "name": m.name, "overrides": m.overrides, "run_dir": str(m.cfg.run_dir), "job_id": None}
+            for m in members
+        ],
+    }
 
 
 def check_new(sweep_dir: Path) -> None:
     if (sweep_dir / SWEEP_FILE).exists():
-        raise UserError(f"sweep {sweep_dir} exists already ({SWEEP_FILE}): pick another --name, or see it with "
-                        f"`hpctrain status {sweep_dir}`")
+        raise UserError(
+            f"sweep {sweep_dir} exists already ({SWEEP_FILE}): pick another --name, or see it with "
+            f"`hpctrain status {sweep_dir}`"
+        )
 
 
 # --------------------------------------------------------------------------- submission
+
 
 def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name: str, max_parallel: int):
     """One JobPlan for the array: the members' shared resources, element i in member i's run dir,
@@ -191,9 +215,14 @@ def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name
     first = plans[0]
     binds = list(dict.fromkeys(b for p in plans for b in p.binds))
     return dataclasses.replace(
-        first, job_name=name, array=f"0-{len(members) - 1}%{max(1, min(max_parallel, len(members)))}",
-        workdirs=[str(m.cfg.run_dir) for m in members], binds=binds, chdir=str(sweep_dir),
-        output=str(sweep_dir / "submitit" / "%A_%a_0_log.out"))
+        first,
+        job_name=name,
+        array=f"0-{len(members) - 1}%{max(1, min(max_parallel, len(members)))}",
+        workdirs=[str(m.cfg.run_dir) for m in members],
+        binds=binds,
+        chdir=str(sweep_dir),
+        output=str(sweep_dir / "submitit" / "%A_%a_0_log.out"),
+    )
 
 
 def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict):
@@ -216,9 +245,19 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
     record["code"] = str(snap.path) if snap else None
     for m, job, rec in zip(members, jobs, record["members"]):
         rec["job_id"] = job.job_id
-        write_job_record(m.cfg.run_dir, {"job_id": job.job_id, "executor": "slurm", "cluster": plan.profile.name,
-                                         "nodes": plan.nodes, "tasks_per_node": plan.tasks_per_node,
-                                         "submitit": str(folder), "sweep": str(sweep_dir), "code": record["code"]})
+        write_job_record(
+            m.cfg.run_dir,
+            {
+                "job_id": job.job_id,
+                "executor": "slurm",
+                "cluster": plan.profile.name,
+                "nodes": plan.nodes,
+                "tasks_per_node": plan.tasks_per_node,
+                "submitit": str(folder),
+                "sweep": str(sweep_dir),
+                "code": record["code"],
+            },
+        )
     write_record(sweep_dir, record)
     return array_id, snap
 
@@ -239,13 +278,17 @@ def run_local(members: Sequence[Member], sweep_dir: Path, record: dict, tasks: i
             status = f"failed ({type(e).__name__})"
         statuses.append(status)
         if status == "interrupted":  # a Ctrl-C stopped this member (launch.localjob): the sweep ends here
-            print(f"sweep interrupted at member {m.index} ({m.name}); its later members did not start",
-                  file=out, flush=True)
+            print(
+                f"sweep interrupted at member {m.index} ({m.name}); its later members did not start",
+                file=out,
+                flush=True,
+            )
             break
     return statuses
 
 
 # --------------------------------------------------------------------------- status
+
 
 def is_sweep(target: str | Path) -> bool:
     return (Path(target) / SWEEP_FILE).is_file()
@@ -294,21 +337,41 @@ def sweep_status(sweep_dir: str | Path) -> list[dict]:
             requeues = max(0, len(runs) - 1)
         elif job:
             state = {"finished": "COMPLETED", None: "RUNNING"}.get(met["end"], str(met["end"]).upper())
-        rows.append({"run": m["name"], "overrides": m["overrides"], "job_id": job, "state": state,
-                     "requeues": requeues, "run_dir": str(run), **met})
+        rows.append(
+            {
+                "run": m["name"],
+                "overrides": m["overrides"],
+                "job_id": job,
+                "state": state,
+                "requeues": requeues,
+                "run_dir": str(run),
+                **met,
+            }
+        )
     rows.sort(key=lambda r: (r["top1_best"] is None, -(r["top1_best"] or 0.0), r["run"]))
     return rows
 
 
 def sweep_table(rows: Sequence[dict], title: str) -> str:
     """The rows as a fixed-width text table."""
+
     def pct(x):
         return "-" if x is None else f"{x:.2f}"
 
     head = ("run", "overrides", "state", "requeues", "step", "top-1 best", "top-1 last", "images/s")
-    body = [(r["run"], " ".join(r["overrides"]) or "-", r["state"], str(r["requeues"]),
-             "-" if r["step"] is None else str(r["step"]), pct(r["top1_best"]), pct(r["top1_last"]),
-             "-" if r["images_per_s"] is None else f"{r['images_per_s']:.0f}") for r in rows]
+    body = [
+        (
+            r["run"],
+            " ".join(r["overrides"]) or "-",
+            r["state"],
+            str(r["requeues"]),
+            "-" if r["step"] is None else str(r["step"]),
+            pct(r["top1_best"]),
+            pct(r["top1_last"]),
+            "-" if r["images_per_s"] is None else f"{r['images_per_s']:.0f}",
+        )
+        for r in rows
+    ]
     widths = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
     fmt = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()
     return "\n".join([title, fmt(head), *map(fmt, body)])

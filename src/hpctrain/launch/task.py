@@ -34,12 +34,17 @@ def export_job_env() -> None:
     from hpctrain.launch import submitit_glue  # submitit: after the stop handlers, not at module import
 
     env = submitit_glue.job_env()
-    os.environ.update({
-        "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks), "LOCAL_RANK": str(env.local_rank),
-        "LOCAL_WORLD_SIZE": str(env.num_tasks // max(1, env.num_nodes)),
-        "MASTER_ADDR": env.hostnames[0] if env.hostnames else "127.0.0.1",
-        "MASTER_PORT": str(port_from_job_id(env.job_id)), "HPCTRAIN_LAUNCHER": "submitit-local",
-    })
+    os.environ.update(
+        {
+            "RANK": str(env.global_rank),
+            "WORLD_SIZE": str(env.num_tasks),
+            "LOCAL_RANK": str(env.local_rank),
+            "LOCAL_WORLD_SIZE": str(env.num_tasks // max(1, env.num_nodes)),
+            "MASTER_ADDR": env.hostnames[0] if env.hostnames else "127.0.0.1",
+            "MASTER_PORT": str(port_from_job_id(env.job_id)),
+            "HPCTRAIN_LAUNCHER": "submitit-local",
+        }
+    )
 
 
 def task_started() -> tuple[Path, str, int]:
@@ -84,8 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     submitit_glue.leave_signals_alone()
     want = os.environ.get("HPCTRAIN_SUBMITIT_VERSION")
     if want and want != submitit_glue.VERSION:  # the pickled job is read by this process's submitit
-        raise SystemExit(f"hpctrain: the job was submitted with submitit {want} but this task has "
-                         f"{submitit_glue.VERSION}: install submitit=={want} in the image (the recipes pin it)")
+        raise SystemExit(
+            f"hpctrain: the job was submitted with submitit {want} but this task has "
+            f"{submitit_glue.VERSION}: install submitit=={want} in the image (the recipes pin it)"
+        )
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m hpctrain.launch.task <submitit folder>")

@@ -73,8 +73,7 @@ class Attention(nn.Module):
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         # SDPA's dropout_p applies whenever it is > 0, in eval too: only a training forward passes it
-        x = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2],
-                                           dropout_p=self.attn_drop if self.training else 0.0)
+        x = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], dropout_p=self.attn_drop if self.training else 0.0)
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(b, n, d)))
 
 
@@ -92,8 +91,16 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, mlp_ratio: float, drop_path: float, gelu: str = "exact",
-                 drop: float = 0.0, attn_drop: float = 0.0):
+    def __init__(
+        self,
+        width: int,
+        heads: int,
+        mlp_ratio: float,
+        drop_path: float,
+        gelu: str = "exact",
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(width, eps=1e-6)
         self.attn = Attention(width, heads, attn_drop, drop)
@@ -111,8 +118,9 @@ def sincos_2d(grid: int, width: int, temperature: float = 10000.0, big_vision: b
     1/T^(i/(D/4)); big_vision's posemb_sincos_2d divides by D/4 - 1 instead, so its lowest is 1/T."""
     if width % 4:
         raise ValueError(f"sin-cos position embedding needs width divisible by 4, got {width}")
-    y, x = torch.meshgrid(torch.arange(grid, dtype=torch.float32),
-                          torch.arange(grid, dtype=torch.float32), indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
     q = width // 4
     omega = 1.0 / temperature ** (torch.arange(q, dtype=torch.float32) / (q - 1 if big_vision else q))
     y = y.flatten()[:, None] * omega[None]
@@ -121,19 +129,36 @@ def sincos_2d(grid: int, width: int, temperature: float = 10000.0, big_vision: b
 
 
 class ViT(nn.Module):
-    def __init__(self, img_size: int = 224, patch_size: int = 16, depth: int = 12, width: int = 768,
-                 heads: int = 12, mlp_ratio: float = 4.0, num_classes: int = 1000, pool: str = "token",
-                 pos_embed: str = "learn", drop_path: float = 0.0, grad_ckpt: bool = False,
-                 rep_size: int = 0, head_init: str = "zero", gap_norm: str = "after", init: str = "timm",
-                 class_token: bool | None = None, fc_norm: bool | None = None, gelu: str = "exact",
-                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0):
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        depth: int = 12,
+        width: int = 768,
+        heads: int = 12,
+        mlp_ratio: float = 4.0,
+        num_classes: int = 1000,
+        pool: str = "token",
+        pos_embed: str = "learn",
+        drop_path: float = 0.0,
+        grad_ckpt: bool = False,
+        rep_size: int = 0,
+        head_init: str = "zero",
+        gap_norm: str = "after",
+        init: str = "timm",
+        class_token: bool | None = None,
+        fc_norm: bool | None = None,
+        gelu: str = "exact",
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+    ):
         super().__init__()
         self.pool = pool
         self.head_init = head_init
         self.init = init
         self.grad_ckpt = grad_ckpt
         self.patch_embed = PatchEmbed(img_size, patch_size, width)
-        n = self.patch_embed.grid ** 2
+        n = self.patch_embed.grid**2
         # timm's class_token / fc_norm defaults: a class token for pool=token only; fc_norm for pool=avg
         self.num_prefix = int(pool == "token" if class_token is None else class_token)
         if self.num_prefix:
@@ -147,8 +172,9 @@ class ViT(nn.Module):
             self.pos_embed = nn.Parameter(torch.randn(1, n + self.num_prefix, width) * 0.02)
         self.pos_drop = dropout(drop_rate)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.Sequential(*[Block(width, heads, mlp_ratio, r, gelu, drop_rate, attn_drop_rate)
-                                      for r in rates])
+        self.blocks = nn.Sequential(
+            *[Block(width, heads, mlp_ratio, r, gelu, drop_rate, attn_drop_rate) for r in rates]
+        )
         # timm: final norm before the token pool; fc_norm after the average pool. big_vision
         # (gap_norm="before", = fc_norm=False): its encoder_norm on every token, then the average.
         self.norm_first = not (pool == "avg" and gap_norm == "after" if fc_norm is None else fc_norm)
@@ -202,6 +228,7 @@ class ViT(nn.Module):
         rescaled by 1/0.8796 for the truncation), its bias zero (flax's default bias_init, models/vit.py:
         212-214); a learned position embedding N(0, 1/width). Its MLP's tanh GELU (nn.gelu, vit.py:75) is
         model.gelu's auto choice (build_vit)."""
+
         def lecun_normal(w: torch.Tensor, fan_in: int) -> None:
             std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
             nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
@@ -239,7 +266,7 @@ class ViT(nn.Module):
         if self.norm_first:
             x = self.norm(x)
         # the average leaves the class token out (timm global_pool='avg'; MAE models_vit.py:47)
-        x = x[:, 0] if self.pool == "token" else x[:, self.num_prefix:].mean(dim=1)
+        x = x[:, 0] if self.pool == "token" else x[:, self.num_prefix :].mean(dim=1)
         return x if self.norm_first else self.fc_norm(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,10 +276,25 @@ class ViT(nn.Module):
 def build_vit(mc) -> ViT:
     """ViT from a `ModelConfig`."""
     depth, width, heads = arch_dims(mc)
-    return ViT(img_size=mc.img_size, patch_size=mc.patch_size, depth=depth, width=width, heads=heads,
-               mlp_ratio=mc.mlp_ratio, num_classes=mc.num_classes, pool=mc.pool,
-               pos_embed=mc.pos_embed, drop_path=mc.drop_path, grad_ckpt=mc.grad_ckpt,
-               rep_size=mc.rep_size, head_init=mc.head_init, gap_norm=mc.gap_norm, init=mc.init,
-               class_token=mc.has_class_token, fc_norm=mc.has_fc_norm, drop_rate=mc.drop_rate,
-               attn_drop_rate=mc.attn_drop_rate,
-               gelu=("tanh" if mc.init == "big_vision" else "exact") if mc.gelu == "auto" else mc.gelu)
+    return ViT(
+        img_size=mc.img_size,
+        patch_size=mc.patch_size,
+        depth=depth,
+        width=width,
+        heads=heads,
+        mlp_ratio=mc.mlp_ratio,
+        num_classes=mc.num_classes,
+        pool=mc.pool,
+        pos_embed=mc.pos_embed,
+        drop_path=mc.drop_path,
+        grad_ckpt=mc.grad_ckpt,
+        rep_size=mc.rep_size,
+        head_init=mc.head_init,
+        gap_norm=mc.gap_norm,
+        init=mc.init,
+        class_token=mc.has_class_token,
+        fc_norm=mc.has_fc_norm,
+        drop_rate=mc.drop_rate,
+        attn_drop_rate=mc.attn_drop_rate,
+        gelu=("tanh" if mc.init == "big_vision" else "exact") if mc.gelu == "auto" else mc.gelu,
+    )

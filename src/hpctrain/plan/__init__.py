@@ -34,6 +34,22 @@ from hpctrain.plan.throughput import (
     workload,
 )
 
-__all__ = ["PlanInputs", "PlanError", "assumptions", "build", "compute_from_bench", "compute_from_table",
-           "default_links", "describe", "grad_bytes", "images_per_epoch", "link_from_doctor", "link_from_rows",
-           "resolve", "summary", "summary_lines", "to_dict", "workload"]
+__all__ = [
+    "PlanInputs",
+    "PlanError",
+    "assumptions",
+    "build",
+    "compute_from_bench",
+    "compute_from_table",
+    "default_links",
+    "describe",
+    "grad_bytes",
+    "images_per_epoch",
+    "link_from_doctor",
+    "link_from_rows",
+    "resolve",
+    "summary",
+    "summary_lines",
+    "to_dict",
+    "workload",
+]

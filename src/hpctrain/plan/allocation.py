@@ -46,8 +46,10 @@ class Allocation:
         return self.limit[name] - self.used.get(name, 0.0) - self.running.get(name, 0.0)
 
     def text(self) -> str:
-        head = f"sshare: account {self.account}, user {self.user}: RawUsage {self.raw_usage or '?'}, " \
-               f"FairShare {self.fairshare or '?'}"
+        head = (
+            f"sshare: account {self.account}, user {self.user}: RawUsage {self.raw_usage or '?'}, "
+            f"FairShare {self.fairshare or '?'}"
+        )
         if not self.limit:
             return head + "; no GrpTRESMins limit (sacctmgr show assoc)"
         lims = ", ".join(f"{k}={v:,.0f} min, {self.remaining(k):,.0f} left" for k, v in self.limit.items())
@@ -64,8 +66,9 @@ def read_allocation(account: str = "", user: str = "") -> Allocation | None:
     account = account or default_account(user)
     if not account:
         return None
-    text = tool("sshare", "-n", "-P", "-a", "-A", account, "-o",
-                "Account,User,RawUsage,FairShare,GrpTRESRaw,TRESRunMins")
+    text = tool(
+        "sshare", "-n", "-P", "-a", "-A", account, "-o", "Account,User,RawUsage,FairShare,GrpTRESRaw,TRESRunMins"
+    )
     if text is None:
         return None
     rows = [[p.strip() for p in ln.split("|")] for ln in text.splitlines() if ln.count("|") == 5]
@@ -89,8 +92,9 @@ def job_minutes(name: str, nodes: int, gpus_per_node: int, cpus_per_node: int, h
     return per[name] * hours * 60 if per.get(name) else None
 
 
-def share(alloc: Allocation | None, nodes: int, gpus_per_node: int, cpus_per_node: int,
-          hours: float) -> tuple[float | None, str]:
+def share(
+    alloc: Allocation | None, nodes: int, gpus_per_node: int, cpus_per_node: int, hours: float
+) -> tuple[float | None, str]:
     """(the job's share of what is left of the limit, how): None when there is no comparable limit."""
     if alloc is None:
         return None, "unknown: sshare/sacctmgr do not answer"

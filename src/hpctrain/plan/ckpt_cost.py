@@ -56,8 +56,9 @@ class History:
 
     def text(self) -> str:
         counts = ", ".join(f"{self.counts.get(s, 0)} {what}" for s, what in INTERRUPTIONS.items())
-        return (f"sacct: partition {self.partition}, last {self.days:g} days: {counts} in "
-                f"{self.node_hours:.3g} node-hours")
+        return (
+            f"sacct: partition {self.partition}, last {self.days:g} days: {counts} in {self.node_hours:.3g} node-hours"
+        )
 
 
 def parse_history(text: str, partition: str, days: float) -> History:
@@ -78,8 +79,23 @@ def read_history(partition: str, days: float, since: str | None = None) -> Histo
     """The partition's sacct history of the last `days` days (or since the sacct time `since`);
     None when sacct does not answer (no accounting, no client)."""
     start = since or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - days * 86400))
-    text = tool("sacct", "-X", "-D", "-a", "-n", "-P", "-S", start, "-E", "now", "-r", partition,
-                "-o", "State,NNodes,ElapsedRaw", timeout=60)
+    text = tool(
+        "sacct",
+        "-X",
+        "-D",
+        "-a",
+        "-n",
+        "-P",
+        "-S",
+        start,
+        "-E",
+        "now",
+        "-r",
+        partition,
+        "-o",
+        "State,NNodes,ElapsedRaw",
+        timeout=60,
+    )
     return None if text is None else parse_history(text, partition, days)
 
 
@@ -118,11 +134,14 @@ def with_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[Config,
         return cfg, None
     hours, source = job_mtbf(cfg, profile, partition, nodes)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, mtbf_h=hours, mtbf_source=source))
-    return cfg, (f"checkpoints: train.ckpt_every=auto, every sqrt(2 x save time x MTBF): save time measured in the "
-                 f"run, job MTBF {hours:.3g} h ({source})")
+    return cfg, (
+        f"checkpoints: train.ckpt_every=auto, every sqrt(2 x save time x MTBF): save time measured in the "
+        f"run, job MTBF {hours:.3g} h ({source})"
+    )
 
 
 # --------------------------------------------------------------------------- the stop's time
+
 
 def measured(run_dir: Path) -> tuple[float | None, float | None]:
     """(median step time of the last 20 train records, the newest measured save time) of an earlier
@@ -155,8 +174,10 @@ def stop_problems(cfg: Config, profile, partition: str, nodes: int, gpus_per_nod
         save, save_src = save_m, "measured by this run"
     else:
         gb = checkpoint_bytes(cfg) / 1e9
-        save, save_src = gb / profile.slurm.ckpt_write_gbps, f"{gb:.2g} GB at slurm.ckpt_write_gbps=" \
-                                                             f"{profile.slurm.ckpt_write_gbps:g}"
+        save, save_src = (
+            gb / profile.slurm.ckpt_write_gbps,
+            f"{gb:.2g} GB at slurm.ckpt_write_gbps={profile.slurm.ckpt_write_gbps:g}",
+        )
     need = 2 * (step or 0.0) + save
     steps = f"2 x {step:.3g} s step, {step_src}" if step else "step time unknown"
     what = f"two steps plus a save ({steps}; {save:.3g} s save, {save_src}) = {need:.0f} s"
@@ -164,12 +185,16 @@ def stop_problems(cfg: Config, profile, partition: str, nodes: int, gpus_per_nod
     out = []
     lead = profile.slurm.signal_lead_s
     if lead < need:
-        out.append(f"the time-limit stop signal comes slurm.signal_lead_s={lead} s before the limit, less than {what}: "
-                   f"the last checkpoint may not be written; raise it, e.g. --cluster-set slurm.signal_lead_s={advise}")
+        out.append(
+            f"the time-limit stop signal comes slurm.signal_lead_s={lead} s before the limit, less than {what}: "
+            f"the last checkpoint may not be written; raise it, e.g. --cluster-set slurm.signal_lead_s={advise}"
+        )
     part = partition_record(partition)
     mode, grace = part.get("PreemptMode", ""), part.get("GraceTime", "")
     if ("REQUEUE" in mode or "CANCEL" in mode) and grace.isdigit() and int(grace) < need:
-        out.append(f"partition {part['PartitionName']} preempts (PreemptMode={mode}) with GraceTime={grace} s from "
-                   f"SIGTERM to SIGKILL, less than {what}: a preempted job is killed before its checkpoint is "
-                   f"written; ask the site for a GraceTime of at least {advise} s, or use another --partition")
+        out.append(
+            f"partition {part['PartitionName']} preempts (PreemptMode={mode}) with GraceTime={grace} s from "
+            f"SIGTERM to SIGKILL, less than {what}: a preempted job is killed before its checkpoint is "
+            f"written; ask the site for a GraceTime of at least {advise} s, or use another --partition"
+        )
     return out

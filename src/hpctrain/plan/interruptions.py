@@ -49,8 +49,12 @@ def node_rate(hist: History, profile, min_jobs: int = MIN_JOBS) -> Rate:
         return Rate(None, f"unknown: no node-hours in {hist.text()}")
     mtbf = node_h / max(1, seen)
     bound = "" if seen else "at least "
-    return Rate(mtbf, f"{what} in {node_h:.3g} node-hours of {len(hist.allocs)} allocations ({hist.text()}): "
-                      f"{bound}{mtbf:.3g} node-hours per interruption", upper_bound=not seen)
+    return Rate(
+        mtbf,
+        f"{what} in {node_h:.3g} node-hours of {len(hist.allocs)} allocations ({hist.text()}): "
+        f"{bound}{mtbf:.3g} node-hours per interruption",
+        upper_bound=not seen,
+    )
 
 
 def save_s(cfg: Config, profile) -> tuple[float, str]:
@@ -79,8 +83,7 @@ class Loss:
     upper_bound: bool = False
 
 
-def expected_loss(cfg: Config, profile, rate: Rate, nodes: int, train_s: float, step_s: float,
-                  requeue: Figure) -> Loss:
+def expected_loss(cfg: Config, profile, rate: Rate, nodes: int, train_s: float, step_s: float, requeue: Figure) -> Loss:
     if rate.node_mtbf_h is None:
         return Loss(None, rate.source)
     job_mtbf_s = rate.node_mtbf_h * 3600.0 / nodes
@@ -89,14 +92,18 @@ def expected_loss(cfg: Config, profile, rate: Rate, nodes: int, train_s: float, 
     tau = min(tau, train_s)
     k = train_s / job_mtbf_s
     saves = train_s / tau * save if tau > 0 else 0.0
-    note = ("; the interval is longer than the job's MTBF: a first-order figure, the job may never finish"
-            if tau > job_mtbf_s else "")
-    what = (f"{k:.2g} interruptions (job MTBF {job_mtbf_s / 3600:.3g} h = node MTBF / {nodes}) x (half of a "
-            f"{tau / 3600:.2g} h checkpoint interval, {rule}; + requeue wait) + saves of {save:.3g} s "
-            f"({save_src}); rate: {rate.source}{note}")
+    note = (
+        "; the interval is longer than the job's MTBF: a first-order figure, the job may never finish"
+        if tau > job_mtbf_s
+        else ""
+    )
+    what = (
+        f"{k:.2g} interruptions (job MTBF {job_mtbf_s / 3600:.3g} h = node MTBF / {nodes}) x (half of a "
+        f"{tau / 3600:.2g} h checkpoint interval, {rule}; + requeue wait) + saves of {save:.3g} s "
+        f"({save_src}); rate: {rate.source}{note}"
+    )
     if not requeue.known:
         if k * tau / 2 + saves == 0:
             return Loss(0.0, what, k, rate.upper_bound)
         return Loss(None, f"unknown: requeue wait {requeue.source}; {what}", k)
-    return Loss(saves + k * (tau / 2 + requeue.seconds), what + f"; requeue wait {requeue.source}", k,
-                rate.upper_bound)
+    return Loss(saves + k * (tau / 2 + requeue.seconds), what + f"; requeue wait {requeue.source}", k, rate.upper_bound)

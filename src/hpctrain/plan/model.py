@@ -22,8 +22,7 @@ GB = 1e9
 BACKWARD_SHARE = 2.0 / 3.0
 
 
-def ring_allreduce_s(nbytes: float, ranks: int, busbw_gbps: float, calls: int = 1,
-                     latency_s: float = 0.0) -> float:
+def ring_allreduce_s(nbytes: float, ranks: int, busbw_gbps: float, calls: int = 1, latency_s: float = 0.0) -> float:
     """Seconds to all-reduce `nbytes` over `ranks` at bus bandwidth `busbw_gbps` (GB/s)."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
@@ -37,20 +36,24 @@ def ring_allreduce_s(nbytes: float, ranks: int, busbw_gbps: float, calls: int = 
 # ring: 2(n-1) hops of which 2·nodes cross the network (multi-node); tree: 2((ppn-1)·intra +
 # log2(nodes)·inter). Bandwidth: ring algbw = busbw·n/(2(n-1)); tree 0.5·busbw·0.92; LL128 at
 # 0.92 (ring) or 120/128 (tree, multi-node) of busbw. LL128 only where GPUs share NVLink.
-NCCL_BASE_US = {("ring", "simple"): 8.4, ("ring", "ll128"): 10.0, ("tree", "simple"): 0.0,
-                ("tree", "ll128"): 4.4}
+NCCL_BASE_US = {("ring", "simple"): 8.4, ("ring", "ll128"): 10.0, ("tree", "simple"): 0.0, ("tree", "ll128"): 4.4}
 NCCL_HOP_US = {  # (link, algorithm, protocol) → µs
-    ("nvlink", "ring", "simple"): 3.4, ("nvlink", "ring", "ll128"): 1.9,
-    ("nvlink", "tree", "simple"): 28.0, ("nvlink", "tree", "ll128"): 1.25,
-    ("pci", "ring", "simple"): 5.7, ("pci", "ring", "ll128"): 2.5,
-    ("pci", "tree", "simple"): 28.0, ("pci", "tree", "ll128"): 1.9,
-    ("net", "ring", "simple"): 9.6, ("net", "ring", "ll128"): 4.0,
-    ("net", "tree", "simple"): 28.0, ("net", "tree", "ll128"): 8.5,
+    ("nvlink", "ring", "simple"): 3.4,
+    ("nvlink", "ring", "ll128"): 1.9,
+    ("nvlink", "tree", "simple"): 28.0,
+    ("nvlink", "tree", "ll128"): 1.25,
+    ("pci", "ring", "simple"): 5.7,
+    ("pci", "ring", "ll128"): 2.5,
+    ("pci", "tree", "simple"): 28.0,
+    ("pci", "tree", "ll128"): 1.9,
+    ("net", "ring", "simple"): 9.6,
+    ("net", "ring", "ll128"): 4.0,
+    ("net", "tree", "simple"): 28.0,
+    ("net", "tree", "ll128"): 8.5,
 }
 
 
-def nccl_allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, busbw_gbps: float,
-                     nvlink: bool = True) -> float:
+def nccl_allreduce_s(nbytes: float, nodes: int, gpus_per_node: int, busbw_gbps: float, nvlink: bool = True) -> float:
     """One all-reduce call's time by NCCL's tuning model: the fastest of ring/tree × Simple/LL128."""
     n = nodes * gpus_per_node
     if n <= 1 or nbytes <= 0:
@@ -168,8 +171,9 @@ class Step:
         return self.global_batch / self.step_s
 
 
-def step_time(work: Workload, nodes: int, gpus_per_node: int, compute: Compute, intra: Link,
-              inter: Link, overlap: bool = True) -> Step | None:
+def step_time(
+    work: Workload, nodes: int, gpus_per_node: int, compute: Compute, intra: Link, inter: Link, overlap: bool = True
+) -> Step | None:
     """Predicted step at `nodes` × `gpus_per_node` GPUs; None when the batch does not split."""
     gpus = nodes * gpus_per_node
     b = work.per_gpu_batch(gpus)
@@ -212,8 +216,16 @@ def node_counts(nodes: int) -> list[int]:
     return sorted(out)
 
 
-def make_plan(work: Workload, nodes: int, gpus_per_node: int, compute: Compute, intra: Link, inter: Link,
-              counts: list[int] | None = None, overlap: bool = True) -> Plan:
+def make_plan(
+    work: Workload,
+    nodes: int,
+    gpus_per_node: int,
+    compute: Compute,
+    intra: Link,
+    inter: Link,
+    counts: list[int] | None = None,
+    overlap: bool = True,
+) -> Plan:
     base = step_time(work, 1, gpus_per_node, compute, intra, inter, overlap)
     rows, skipped, target = [], [], None
     for n in counts or node_counts(nodes):

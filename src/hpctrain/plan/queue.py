@@ -79,14 +79,17 @@ class Now:
     def text(self, nodes: int) -> str:
         parts = []
         if self.total is not None:
-            parts.append(f"sinfo: {self.idle} of {self.total} nodes idle, {self.allocated} allocated"
-                         + (f", {self.other} other (down/drained)" if self.other else ""))
+            parts.append(
+                f"sinfo: {self.idle} of {self.total} nodes idle, {self.allocated} allocated"
+                + (f", {self.other} other (down/drained)" if self.other else "")
+            )
         if self.pending is not None:
             similar = [s for n, s in self.pending if bucket(n) == bucket(nodes)]
             starts = [s for _, s in self.pending if s]
             latest = f"; Slurm expects the last to start at {max(starts):%Y-%m-%d %H:%M}" if starts else ""
-            parts.append(f"squeue --start: {len(self.pending)} job(s) pending ({len(similar)} of "
-                         f"{bucket_text(nodes)}){latest}")
+            parts.append(
+                f"squeue --start: {len(self.pending)} job(s) pending ({len(similar)} of {bucket_text(nodes)}){latest}"
+            )
         return "; ".join(parts) if parts else "sinfo/squeue: no answer"
 
 
@@ -115,16 +118,41 @@ def parse_sacct(text: str) -> list[Alloc]:
         if len(parts) != len(SACCT_FIELDS) or not parts[2].isdigit():
             continue
         job, state, nodes, eligible, start, end, elapsed = parts
-        out.append(Alloc(job, (state.split() or [""])[0], int(nodes), _when(eligible), _when(start), _when(end),
-                         int(elapsed) if elapsed.isdigit() else 0))
+        out.append(
+            Alloc(
+                job,
+                (state.split() or [""])[0],
+                int(nodes),
+                _when(eligible),
+                _when(start),
+                _when(end),
+                int(elapsed) if elapsed.isdigit() else 0,
+            )
+        )
     return out
 
 
 def read_history(partition: str, days: float, since: str | None = None) -> History:
     """The partition's allocations of the last `days` (or since the sacct time `since`)."""
     start = since or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - days * 86400))
-    text = tool("sacct", "-X", "-D", "-a", "-n", "-P", "-S", start, "-E", "now", "-r", partition,
-                "-o", ",".join(SACCT_FIELDS), timeout=60, env=STANDARD_TIME)
+    text = tool(
+        "sacct",
+        "-X",
+        "-D",
+        "-a",
+        "-n",
+        "-P",
+        "-S",
+        start,
+        "-E",
+        "now",
+        "-r",
+        partition,
+        "-o",
+        ",".join(SACCT_FIELDS),
+        timeout=60,
+        env=STANDARD_TIME,
+    )
     return History(partition, days, None if text is None else tuple(parse_sacct(text)))
 
 
@@ -142,8 +170,7 @@ def waits(allocs, nodes: int) -> list[float]:
 def queue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
     """The median wait of similar jobs in the history, or unknown with the reason."""
     if hist.allocs is None:
-        return Figure(None, f"unknown: sacct does not answer for partition {hist.partition} (no Slurm "
-                            "accounting here)")
+        return Figure(None, f"unknown: sacct does not answer for partition {hist.partition} (no Slurm accounting here)")
     w = waits(hist.allocs, nodes)
     what = f"jobs of {bucket_text(nodes)} that started ({hist.text()})"
     if len(w) < min_jobs:
@@ -159,8 +186,11 @@ def requeue_waits(allocs) -> list[float]:
     out = []
     for attempts in by_job.values():
         attempts.sort(key=lambda a: a.start or datetime.max)
-        out += [(b.start - a.end).total_seconds() for a, b in zip(attempts, attempts[1:])
-                if a.end and started(b) and b.start >= a.end]
+        out += [
+            (b.start - a.end).total_seconds()
+            for a, b in zip(attempts, attempts[1:])
+            if a.end and started(b) and b.start >= a.end
+        ]
     return out
 
 
@@ -169,13 +199,13 @@ def requeue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
     a requeued job is taken to wait as a new job of its size does."""
     w = requeue_waits(hist.allocs or ())
     if len(w) >= min_jobs:
-        return Figure(statistics.median(w), f"median of {len(w)} requeues, End to next Start ({hist.text()})",
-                      len(w))
+        return Figure(statistics.median(w), f"median of {len(w)} requeues, End to next Start ({hist.text()})", len(w))
     q = queue_wait(hist, nodes, min_jobs)
     if not q.known:
         return Figure(None, f"unknown: {len(w)} requeue(s) in the history, and the queue wait is {q.source}", len(w))
-    return Figure(q.seconds, f"as a new job's queue wait ({len(w)} requeue(s) in the history, fewer than "
-                             f"{min_jobs})", q.n)
+    return Figure(
+        q.seconds, f"as a new job's queue wait ({len(w)} requeue(s) in the history, fewer than {min_jobs})", q.n
+    )
 
 
 def read_now(partition: str) -> Now:
@@ -188,7 +218,10 @@ def read_now(partition: str) -> Now:
     text = tool("squeue", "--start", "-h", "-p", partition, "-o", "%i|%D|%S", env=STANDARD_TIME)
     pending = None
     if text is not None:
-        pending = tuple((int(n), _when(s)) for _, n, s in (ln.split("|") for ln in text.split() if ln.count("|") == 2)
-                        if n.isdigit())
+        pending = tuple(
+            (int(n), _when(s))
+            for _, n, s in (ln.split("|") for ln in text.split() if ln.count("|") == 2)
+            if n.isdigit()
+        )
     a, i, o, t = counts or (None, None, None, None)
     return Now(a, i, o, t, pending)

@@ -36,8 +36,9 @@ def no_context(why: str) -> Context:
     return Context("", hist, Now(), Rate(None, f"unknown: {why}"), None, why)
 
 
-def read_context(profile, partition: str = "", days: float = 14.0, account: str = "",
-                 since: str | None = None) -> Context:
+def read_context(
+    profile, partition: str = "", days: float = 14.0, account: str = "", since: str | None = None
+) -> Context:
     """The partition's history, its state now and the account's allocation."""
     name = partition or profile.slurm.partition or partition_record("").get("PartitionName", "")
     if not name:
@@ -46,8 +47,7 @@ def read_context(profile, partition: str = "", days: float = 14.0, account: str 
     now = read_now(name)
     if hist.allocs is None and now.total is None:
         return no_context(f"no Slurm here (sacct and sinfo do not answer for partition {name})")
-    return Context(name, hist, now, node_rate(hist, profile),
-                   read_allocation(account or profile.slurm.account))
+    return Context(name, hist, now, node_rate(hist, profile), read_allocation(account or profile.slurm.account))
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,22 @@ def options(cfg: Config, profile, plan: Plan, ctx: Context, gpus_per_node: int) 
         excluded = q.source if q.source.startswith("never") else ""
         if frac is not None and frac > 1 and not excluded:
             excluded = f"needs {100 * frac:.0f}% of the allocation left ({how})"
-        out.append(Option(n, st.gpus, st.per_gpu_batch, st.images_per_s, r.efficiency, r.total_s, r.gpu_hours, q,
-                          loss, frac, how, excluded))
+        out.append(
+            Option(
+                n,
+                st.gpus,
+                st.per_gpu_batch,
+                st.images_per_s,
+                r.efficiency,
+                r.total_s,
+                r.gpu_hours,
+                q,
+                loss,
+                frac,
+                how,
+                excluded,
+            )
+        )
     return out
 
 
@@ -111,26 +125,35 @@ def recommend(opts: list[Option]) -> tuple[Option | None, str]:
     known = [o for o in ok if o.result_s is not None]
     if not ok:
         return None, "none of these node counts can run: " + "; ".join(
-            f"{counts}: {why}" for why, counts in _grouped(opts, lambda o: o.excluded))
+            f"{counts}: {why}" for why, counts in _grouped(opts, lambda o: o.excluded)
+        )
     if not known:
         o = min(ok, key=lambda o: o.train_s)
         why = next((x.queue.source for x in ok if not x.queue.known), "") or o.loss.source
         return o, f"{o.nodes} nodes trains soonest ({dur(o.train_s)}); time to result {why}"
     best = min(known, key=lambda o: o.result_s)
     fastest = min(ok, key=lambda o: o.train_s)
-    parts = f"train {dur(best.train_s)} + queue {dur(best.queue.seconds)} + interruptions " \
-            f"{'≤' if best.loss.upper_bound else ''}{dur(best.loss.seconds)}"
+    parts = (
+        f"train {dur(best.train_s)} + queue {dur(best.queue.seconds)} + interruptions "
+        f"{'≤' if best.loss.upper_bound else ''}{dur(best.loss.seconds)}"
+    )
     if fastest is best:
         return best, f"{best.nodes} nodes: done soonest, in {dur(best.result_s)} ({parts})"
     if fastest.result_s is None:
-        return best, (f"{best.nodes} nodes: done in {dur(best.result_s)} ({parts}); {fastest.nodes} trains in "
-                      f"{dur(fastest.train_s)} but its time to result is unknown ({fastest.queue.source})")
+        return best, (
+            f"{best.nodes} nodes: done in {dur(best.result_s)} ({parts}); {fastest.nodes} trains in "
+            f"{dur(fastest.train_s)} but its time to result is unknown ({fastest.queue.source})"
+        )
     dq = fastest.queue.seconds - best.queue.seconds
     dl = fastest.loss.seconds - best.loss.seconds
-    what = (f"waits {dur(fastest.queue.seconds, True)} in the queue ({fastest.queue.source})" if dq >= dl else
-            f"loses {dur(fastest.loss.seconds, True)} to interruptions")
-    return best, (f"{best.nodes} nodes: done in {dur(best.result_s)} vs {dur(fastest.result_s)} for "
-                  f"{fastest.nodes}, which {what}")
+    what = (
+        f"waits {dur(fastest.queue.seconds, True)} in the queue ({fastest.queue.source})"
+        if dq >= dl
+        else f"loses {dur(fastest.loss.seconds, True)} to interruptions"
+    )
+    return best, (
+        f"{best.nodes} nodes: done in {dur(best.result_s)} vs {dur(fastest.result_s)} for {fastest.nodes}, which {what}"
+    )
 
 
 def _share(o: Option) -> str:
@@ -148,20 +171,27 @@ def _grouped(opts: list[Option], key) -> list[tuple[str, str]]:
 def table(opts: list[Option], ctx: Context) -> list[str]:
     """The time-to-result table, the sources of its figures and the recommendation."""
     where = f"partition {ctx.partition}" if ctx.partition else "no partition"
-    lines = [f"time to result ({where}):",
-             f"  {'nodes':>5} {'GPUs':>5} {'per GPU':>7} {'images/s':>10} {'eff.':>6} {'train':>9} {'queue':>9} "
-             f"{'interr.':>9} {'result':>9} {'GPU-h':>8} {'alloc.':>7}"]
+    lines = [
+        f"time to result ({where}):",
+        f"  {'nodes':>5} {'GPUs':>5} {'per GPU':>7} {'images/s':>10} {'eff.':>6} {'train':>9} {'queue':>9} "
+        f"{'interr.':>9} {'result':>9} {'GPU-h':>8} {'alloc.':>7}",
+    ]
     for o in opts:
         eff = f"{100 * o.efficiency:.1f}%" if o.efficiency is not None else "-"
         loss = ("≤" if o.loss.upper_bound else "") + dur(o.loss.seconds)
         queue = "never" if o.excluded.startswith("never") else dur(o.queue.seconds)
-        lines.append(f"  {o.nodes:>5} {o.gpus:>5} {o.per_gpu_batch:>7} {o.images_per_s:>10.0f} {eff:>6} "
-                     f"{dur(o.train_s):>9} {queue:>9} {loss:>9} {dur(o.result_s):>9} {o.gpu_hours:>8.0f} "
-                     f"{_share(o):>7}")
+        lines.append(
+            f"  {o.nodes:>5} {o.gpus:>5} {o.per_gpu_batch:>7} {o.images_per_s:>10.0f} {eff:>6} "
+            f"{dur(o.train_s):>9} {queue:>9} {loss:>9} {dur(o.result_s):>9} {o.gpu_hours:>8.0f} "
+            f"{_share(o):>7}"
+        )
     lines.append("sources:")
     lines.append("  train: hpctrain plan's step model (above)")
-    for what, key in (("queue", lambda o: o.queue.source), ("interruptions", lambda o: o.loss.source),
-                      ("allocation share", lambda o: o.share_source)):
+    for what, key in (
+        ("queue", lambda o: o.queue.source),
+        ("interruptions", lambda o: o.loss.source),
+        ("allocation share", lambda o: o.share_source),
+    ):
         for src, counts in _grouped(opts, key):
             lines.append(f"  {what} at {counts} node(s): {src}")
     alloc = ctx.allocation.text() if ctx.allocation else f"unknown: {ctx.why or 'sshare does not answer'}"
@@ -176,22 +206,53 @@ def to_json(opts: list[Option], ctx: Context) -> dict:
     rec, why = recommend(opts)
     now = ctx.now
     return {
-        "partition": ctx.partition or None, "history_days": ctx.history.days, "unknown_because": ctx.why or None,
-        "now": {"allocated": now.allocated, "idle": now.idle, "other": now.other, "total": now.total,
-                "pending": None if now.pending is None else [
-                    {"nodes": n, "expected_start": s.isoformat() if s else None} for n, s in now.pending]},
-        "allocation": None if ctx.allocation is None else {
-            "account": ctx.allocation.account, "user": ctx.allocation.user, "raw_usage": ctx.allocation.raw_usage,
-            "fairshare": ctx.allocation.fairshare, "grp_tres_mins": ctx.allocation.limit,
-            "limit_of": ctx.allocation.limit_of, "used_mins": ctx.allocation.used,
-            "running_mins": ctx.allocation.running},
-        "options": [{"nodes": o.nodes, "gpus": o.gpus, "per_gpu_batch": o.per_gpu_batch,
-                     "images_per_s": o.images_per_s, "efficiency": o.efficiency, "train_s": o.train_s,
-                     "queue_s": o.queue.seconds, "queue_source": o.queue.source, "queue_jobs": o.queue.n,
-                     "interruption_loss_s": o.loss.seconds, "interruption_source": o.loss.source,
-                     "interruptions": o.loss.interruptions, "loss_upper_bound": o.loss.upper_bound,
-                     "result_s": o.result_s, "gpu_hours": o.gpu_hours, "allocation_share": o.share,
-                     "allocation_source": o.share_source, "excluded": o.excluded or None} for o in opts],
+        "partition": ctx.partition or None,
+        "history_days": ctx.history.days,
+        "unknown_because": ctx.why or None,
+        "now": {
+            "allocated": now.allocated,
+            "idle": now.idle,
+            "other": now.other,
+            "total": now.total,
+            "pending": None
+            if now.pending is None
+            else [{"nodes": n, "expected_start": s.isoformat() if s else None} for n, s in now.pending],
+        },
+        "allocation": None
+        if ctx.allocation is None
+        else {
+            "account": ctx.allocation.account,
+            "user": ctx.allocation.user,
+            "raw_usage": ctx.allocation.raw_usage,
+            "fairshare": ctx.allocation.fairshare,
+            "grp_tres_mins": ctx.allocation.limit,
+            "limit_of": ctx.allocation.limit_of,
+            "used_mins": ctx.allocation.used,
+            "running_mins": ctx.allocation.running,
+        },
+        "options": [
+            {
+                "nodes": o.nodes,
+                "gpus": o.gpus,
+                "per_gpu_batch": o.per_gpu_batch,
+                "images_per_s": o.images_per_s,
+                "efficiency": o.efficiency,
+                "train_s": o.train_s,
+                "queue_s": o.queue.seconds,
+                "queue_source": o.queue.source,
+                "queue_jobs": o.queue.n,
+                "interruption_loss_s": o.loss.seconds,
+                "interruption_source": o.loss.source,
+                "interruptions": o.loss.interruptions,
+                "loss_upper_bound": o.loss.upper_bound,
+                "result_s": o.result_s,
+                "gpu_hours": o.gpu_hours,
+                "allocation_share": o.share,
+                "allocation_source": o.share_source,
+                "excluded": o.excluded or None,
+            }
+            for o in opts
+        ],
         "recommend": {"nodes": rec.nodes if rec else None, "reason": why},
     }
 
@@ -203,11 +264,15 @@ def one_line(o: Option | None, ctx: Context, nodes: int) -> str:
     share_txt = f", {_share(o)} of the allocation left" if o.share is not None else ""
     loss = ("≤" if o.loss.upper_bound else "") + dur(o.loss.seconds)
     if ctx.why:
-        return (f"time to result: unknown ({ctx.why}); {o.nodes} node(s): train {dur(o.train_s)}, "
-                f"{o.gpu_hours:,.0f} GPU-hours")
-    return (f"time to result: {o.nodes} node(s) on partition {ctx.partition}: queue {dur(o.queue.seconds)} "
-            f"({o.queue.source}) + train {dur(o.train_s)} + interruptions {loss} = {dur(o.result_s)}; "
-            f"{o.gpu_hours:,.0f} GPU-hours{share_txt}")
+        return (
+            f"time to result: unknown ({ctx.why}); {o.nodes} node(s): train {dur(o.train_s)}, "
+            f"{o.gpu_hours:,.0f} GPU-hours"
+        )
+    return (
+        f"time to result: {o.nodes} node(s) on partition {ctx.partition}: queue {dur(o.queue.seconds)} "
+        f"({o.queue.source}) + train {dur(o.train_s)} + interruptions {loss} = {dur(o.result_s)}; "
+        f"{o.gpu_hours:,.0f} GPU-hours{share_txt}"
+    )
 
 
 def queue_line(ctx: Context, nodes: int) -> str:

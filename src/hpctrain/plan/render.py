@@ -31,62 +31,96 @@ def assumptions(cfg: Config, inputs: PlanInputs, plan: Plan) -> list[str]:
         + ", in "
         f"{math.ceil(w.grad_bytes / w.bucket_bytes)} bucket(s) of {cfg.train.ddp_bucket_mb} MB; "
         f"within a node: {inputs.intra.source}; between nodes (fabric {inputs.fabric}): {inputs.inter.source}",
-        ("overlap: DDP reduces each bucket during the backward that remains (backward = 2/3 of compute); "
-         "exposed = max(one bucket, all-reduce - backward x (k-1)/k)" if inputs.overlap else
-         "overlap: none (--no-overlap): the whole all-reduce follows the backward")
+        (
+            "overlap: DDP reduces each bucket during the backward that remains (backward = 2/3 of compute); "
+            "exposed = max(one bucket, all-reduce - backward x (k-1)/k)"
+            if inputs.overlap
+            else "overlap: none (--no-overlap): the whole all-reduce follows the backward"
+        )
         + "; contention between NCCL and compute kernels, stragglers and network congestion are not modelled",
         f"data wait: {inputs.compute.data_wait_per_image_s * 1e3:.3f} ms per image"
         + (" (none given: assumed 0)" if not inputs.compute.data_wait_per_image_s else ""),
         f"epoch: {w.images_per_epoch:,} images ({inputs.images_source}), {w.steps_per_epoch:,} steps of "
         f"{w.global_batch}; {w.total_steps:,} steps in all; evaluation, checkpoints and start-up not counted",
         "efficiency: images/s at N nodes over N x images/s of the same recipe on 1 node",
-    ] + (["train.parallel=fsdp: modelled as DDP; FSDP also all-gathers the weights (about 1.5x the "
-          "bytes of a DDP all-reduce), so communication is under-estimated"] if cfg.train.parallel == "fsdp" else [])
+    ] + (
+        [
+            "train.parallel=fsdp: modelled as DDP; FSDP also all-gathers the weights (about 1.5x the "
+            "bytes of a DDP all-reduce), so communication is under-estimated"
+        ]
+        if cfg.train.parallel == "fsdp"
+        else []
+    )
 
 
 def to_dict(cfg: Config, inputs: PlanInputs, plan: Plan) -> dict:
     def row(r) -> dict:
         st = r.step
-        return {"nodes": st.nodes, "gpus": st.gpus, "per_gpu_batch": st.per_gpu_batch,
-                "images_per_s": st.images_per_s, "step_s": st.step_s, "compute_s": st.compute_s,
-                "allreduce_s": st.comm_s, "exposed_comm_s": st.exposed_s, "data_wait_s": st.data_wait_s,
-                "epoch_s": r.epoch_s, "total_s": r.total_s, "gpu_hours": r.gpu_hours,
-                "efficiency": r.efficiency}
+        return {
+            "nodes": st.nodes,
+            "gpus": st.gpus,
+            "per_gpu_batch": st.per_gpu_batch,
+            "images_per_s": st.images_per_s,
+            "step_s": st.step_s,
+            "compute_s": st.compute_s,
+            "allreduce_s": st.comm_s,
+            "exposed_comm_s": st.exposed_s,
+            "data_wait_s": st.data_wait_s,
+            "epoch_s": r.epoch_s,
+            "total_s": r.total_s,
+            "gpu_hours": r.gpu_hours,
+            "efficiency": r.efficiency,
+        }
 
-    return {"nodes": list(inputs.counts) if inputs.counts else inputs.nodes, "gpus_per_node": inputs.gpus_per_node,
-            "global_batch": plan.work.global_batch, "grad_bytes": plan.work.grad_bytes,
-            "train_flops_per_image": plan.work.train_flops_per_image,
-            "images_per_epoch": plan.work.images_per_epoch, "total_steps": plan.work.total_steps,
-            "target": row(plan.target) if plan.target and not inputs.counts else None,
-            "rows": [row(r) for r in plan.rows],
-            "skipped_node_counts": plan.skipped, "inputs": {**asdict(inputs)},
-            "assumptions": assumptions(cfg, inputs, plan)}
+    return {
+        "nodes": list(inputs.counts) if inputs.counts else inputs.nodes,
+        "gpus_per_node": inputs.gpus_per_node,
+        "global_batch": plan.work.global_batch,
+        "grad_bytes": plan.work.grad_bytes,
+        "train_flops_per_image": plan.work.train_flops_per_image,
+        "images_per_epoch": plan.work.images_per_epoch,
+        "total_steps": plan.work.total_steps,
+        "target": row(plan.target) if plan.target and not inputs.counts else None,
+        "rows": [row(r) for r in plan.rows],
+        "skipped_node_counts": plan.skipped,
+        "inputs": {**asdict(inputs)},
+        "assumptions": assumptions(cfg, inputs, plan),
+    }
 
 
 def describe(cfg: Config, inputs: PlanInputs, plan: Plan) -> str:
     """The full printout: the target, the node-count table, the assumptions."""
     nodes = ",".join(map(str, inputs.counts)) if inputs.counts else str(inputs.nodes)
-    lines = [f"hpctrain plan: {cfg.model.arch} {cfg.model.img_size}²/{cfg.model.patch_size}, global batch "
-             f"{cfg.data.batch_size}, {nodes} node(s) x {inputs.gpus_per_node} GPUs"]
+    lines = [
+        f"hpctrain plan: {cfg.model.arch} {cfg.model.img_size}²/{cfg.model.patch_size}, global batch "
+        f"{cfg.data.batch_size}, {nodes} node(s) x {inputs.gpus_per_node} GPUs"
+    ]
     if plan.target is None and not inputs.counts:
-        lines.append(f"  {inputs.nodes} node(s): data.batch_size={cfg.data.batch_size} does not split over "
-                     f"{inputs.nodes * inputs.gpus_per_node} GPUs x train.accum_steps {cfg.train.accum_steps}")
+        lines.append(
+            f"  {inputs.nodes} node(s): data.batch_size={cfg.data.batch_size} does not split over "
+            f"{inputs.nodes * inputs.gpus_per_node} GPUs x train.accum_steps {cfg.train.accum_steps}"
+        )
     elif not inputs.counts:  # several node counts compared (--nodes 4,8,16): no one target
         lines += ["  " + ln for ln in summary_lines(plan)]
-    head = (f"  {'nodes':>5} {'GPUs':>5} {'per GPU':>7} {'images/s':>10} {'step ms':>8} {'compute':>8} "
-            f"{'comm':>7} {'exposed':>8} {'data':>6} {'epoch':>9} {'total':>9} {'GPU-h':>8} {'eff.':>6}")
+    head = (
+        f"  {'nodes':>5} {'GPUs':>5} {'per GPU':>7} {'images/s':>10} {'step ms':>8} {'compute':>8} "
+        f"{'comm':>7} {'exposed':>8} {'data':>6} {'epoch':>9} {'total':>9} {'GPU-h':>8} {'eff.':>6}"
+    )
     lines += ["", head]
     for r in plan.rows:
         st = r.step
         eff = f"{100 * r.efficiency:.1f}%" if r.efficiency is not None else "-"
         mark = " <" if st.nodes == inputs.nodes and not inputs.counts else ""
-        lines.append(f"  {st.nodes:>5} {st.gpus:>5} {st.per_gpu_batch:>7} {st.images_per_s:>10.0f} "
-                     f"{1e3 * st.step_s:>8.1f} {1e3 * st.compute_s:>8.1f} {1e3 * st.comm_s:>7.2f} "
-                     f"{1e3 * st.exposed_s:>8.2f} {1e3 * st.data_wait_s:>6.1f} {_dur(r.epoch_s):>9} "
-                     f"{_dur(r.total_s):>9} {r.gpu_hours:>8.0f} {eff:>6}{mark}")
+        lines.append(
+            f"  {st.nodes:>5} {st.gpus:>5} {st.per_gpu_batch:>7} {st.images_per_s:>10.0f} "
+            f"{1e3 * st.step_s:>8.1f} {1e3 * st.compute_s:>8.1f} {1e3 * st.comm_s:>7.2f} "
+            f"{1e3 * st.exposed_s:>8.2f} {1e3 * st.data_wait_s:>6.1f} {_dur(r.epoch_s):>9} "
+            f"{_dur(r.total_s):>9} {r.gpu_hours:>8.0f} {eff:>6}{mark}"
+        )
     if plan.skipped:
-        lines.append(f"  (not shown: {', '.join(map(str, plan.skipped))} node(s), where the global batch does "
-                     "not split evenly)")
+        lines.append(
+            f"  (not shown: {', '.join(map(str, plan.skipped))} node(s), where the global batch does not split evenly)"
+        )
     lines += ["", "assumptions:"] + [f"  - {a}" for a in assumptions(cfg, inputs, plan)]
     return "\n".join(lines)
 
@@ -100,8 +134,7 @@ def summary_lines(plan: Plan) -> list[str]:
         f"per-GPU batch {st.per_gpu_batch}; predicted {st.images_per_s:,.0f} images/s{eff}",
         f"step {1e3 * st.step_s:.1f} ms = compute {1e3 * st.compute_s:.1f} + exposed all-reduce "
         f"{1e3 * st.exposed_s:.2f} (of {1e3 * st.comm_s:.2f}) + data wait {1e3 * st.data_wait_s:.1f}",
-        f"epoch {_dur(r.epoch_s)}, {plan.work.total_steps:,} steps {_dur(r.total_s)}, "
-        f"{r.gpu_hours:,.0f} GPU-hours",
+        f"epoch {_dur(r.epoch_s)}, {plan.work.total_steps:,} steps {_dur(r.total_s)}, {r.gpu_hours:,.0f} GPU-hours",
     ]
 
 
@@ -111,5 +144,6 @@ def summary(cfg: Config, profile, nodes: int, gpus_per_node: int, gpu: str = "H1
     plan = build(cfg, inputs)
     if plan.target is None:
         return []
-    return ([f"plan ({gpu}, fabric {inputs.fabric}; public figures, `hpctrain plan` for the assumptions):"]
-            + ["  " + ln for ln in summary_lines(plan)])
+    return [f"plan ({gpu}, fabric {inputs.fabric}; public figures, `hpctrain plan` for the assumptions):"] + [
+        "  " + ln for ln in summary_lines(plan)
+    ]

@@ -38,6 +38,7 @@ class PlanInputs:
 
 # --------------------------------------------------------------------------- the workload
 
+
 def grad_bytes(cfg: Config) -> float:
     """Bytes DDP all-reduces per step: every trainable parameter's gradient, in fp32 (or bf16 when
     `train.grad_reduce_dtype` says so, where that key exists)."""
@@ -47,10 +48,15 @@ def grad_bytes(cfg: Config) -> float:
 
 def workload(cfg: Config, images_per_epoch: int) -> Workload:
     return Workload(
-        train_flops_per_image=flops.model_flops(cfg.model).train_flops, grad_bytes=grad_bytes(cfg),
-        bucket_bytes=cfg.train.ddp_bucket_mb * 2**20, global_batch=cfg.data.batch_size,
-        accum_steps=cfg.train.accum_steps, images_per_epoch=images_per_epoch, epochs=cfg.train.epochs,
-        max_steps=cfg.train.max_steps)
+        train_flops_per_image=flops.model_flops(cfg.model).train_flops,
+        grad_bytes=grad_bytes(cfg),
+        bucket_bytes=cfg.train.ddp_bucket_mb * 2**20,
+        global_batch=cfg.data.batch_size,
+        accum_steps=cfg.train.accum_steps,
+        images_per_epoch=images_per_epoch,
+        epochs=cfg.train.epochs,
+        max_steps=cfg.train.max_steps,
+    )
 
 
 def images_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
@@ -64,11 +70,14 @@ def images_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
     train = Path(cfg.data.root) / "train" if cfg.data.root else None
     if train and train.is_dir() and cfg.data.format == "folder":
         return sum(1 for p in train.rglob("*") if p.is_file()), f"files under {train}"
-    raise PlanError(f"cannot tell how many images an epoch has ({cfg.model.num_classes} classes, data.root "
-                    f"{cfg.data.root or 'unset'}): pass --images-per-epoch N")
+    raise PlanError(
+        f"cannot tell how many images an epoch has ({cfg.model.num_classes} classes, data.root "
+        f"{cfg.data.root or 'unset'}): pass --images-per-epoch N"
+    )
 
 
 # --------------------------------------------------------------------------- compute
+
 
 def _records(path: str) -> list[dict]:
     try:
@@ -89,23 +98,37 @@ def _records(path: str) -> list[dict]:
 
 def compute_from_bench(path: str, cfg: Config) -> Compute:
     """Achieved TFLOP/s per device from `hpctrain bench --json` (the closest record to this model)."""
-    recs = [r for r in _records(path) if r.get("images_per_s_per_device") and r.get("train_gflops_per_image")
-            and not str(r.get("case", "")).startswith("timm")]  # gpu_accept.json's "results" hold timm's too
+    recs = [
+        r
+        for r in _records(path)
+        if r.get("images_per_s_per_device")
+        and r.get("train_gflops_per_image")
+        and not str(r.get("case", "")).startswith("timm")
+    ]  # gpu_accept.json's "results" hold timm's too
     if not recs:
-        raise PlanError(f"{path} holds no `hpctrain bench --json` record (images_per_s_per_device, "
-                        "train_gflops_per_image): run `hpctrain bench --config C --json > FILE` on the target GPU")
+        raise PlanError(
+            f"{path} holds no `hpctrain bench --json` record (images_per_s_per_device, "
+            "train_gflops_per_image): run `hpctrain bench --config C --json > FILE` on the target GPU"
+        )
     want = flops.model_flops(cfg.model).train_flops / 1e9
+
     # one rank (no communication in the figure), the closest model, the config's compile setting, the fastest
     def rank(r: dict) -> tuple:
-        return (r.get("world_size", 1) != 1, round(abs(math.log(r["train_gflops_per_image"] / want)), 3),
-                r.get("compile", cfg.train.compile) != cfg.train.compile, -r["images_per_s_per_device"])
+        return (
+            r.get("world_size", 1) != 1,
+            round(abs(math.log(r["train_gflops_per_image"] / want)), 3),
+            r.get("compile", cfg.train.compile) != cfg.train.compile,
+            -r["images_per_s_per_device"],
+        )
 
     r = min(recs, key=rank)
     tflops = r["images_per_s_per_device"] * r["train_gflops_per_image"] / 1e3
     step_s = r.get("step_time_ms", 0) / 1e3
     per_image_wait = r.get("data_wait", 0.0) * step_s / max(1, r.get("per_device_batch", 1) * r.get("accum_steps", 1))
-    src = (f"measured: {path} ({r.get('device_name', '?')}, {r.get('arch', '?')}, batch "
-           f"{r.get('per_device_batch', '?')} per device, {r.get('world_size', 1)} rank(s))")
+    src = (
+        f"measured: {path} ({r.get('device_name', '?')}, {r.get('arch', '?')}, batch "
+        f"{r.get('per_device_batch', '?')} per device, {r.get('world_size', 1)} rank(s))"
+    )
     return Compute(tflops, src, per_image_wait)
 
 
@@ -114,8 +137,10 @@ def compute_from_table(gpu: str, cfg: Config) -> Compute:
     figs = [f for f in tables.GPU_FIGURES if f.gpu.lower() in gpu.lower()]
     if not figs:
         known = ", ".join(sorted({f.gpu for f in tables.GPU_FIGURES}))
-        raise PlanError(f"no public training figure for GPU {gpu!r} (known: {known}): run `hpctrain bench "
-                        "--json` on it and pass --bench-results FILE, or give --tflops X")
+        raise PlanError(
+            f"no public training figure for GPU {gpu!r} (known: {known}): run `hpctrain bench "
+            "--json` on it and pass --bench-results FILE, or give --tflops X"
+        )
     want = flops.model_flops(cfg.model).train_flops
 
     def fig_flops(f: tables.GpuFigure) -> float:
@@ -123,19 +148,23 @@ def compute_from_table(gpu: str, cfg: Config) -> Compute:
 
     f = min(figs, key=lambda f: abs(math.log(fig_flops(f) / want)))
     tflops = f.images_per_s * fig_flops(f) / 1e12
-    return Compute(tflops, f"public: {f.model} on {f.gpu}, {f.images_per_s:.0f} images/s per GPU at batch "
-                           f"{f.per_gpu_batch} ({f.source})")
+    return Compute(
+        tflops,
+        f"public: {f.model} on {f.gpu}, {f.images_per_s:.0f} images/s per GPU at batch {f.per_gpu_batch} ({f.source})",
+    )
 
 
 # --------------------------------------------------------------------------- links
+
 
 def link_from_doctor(path: str, bucket_bytes: float) -> Link:
     """Bus bandwidth from `hpctrain doctor --allreduce --json` at the size nearest a DDP bucket."""
     try:
         data: Any = json.loads(Path(path).read_text())
     except OSError as e:
-        raise PlanError(f"cannot read {path}: {e.strerror}; give the file `hpctrain doctor --allreduce "
-                        "--json` wrote") from None
+        raise PlanError(
+            f"cannot read {path}: {e.strerror}; give the file `hpctrain doctor --allreduce --json` wrote"
+        ) from None
     except json.JSONDecodeError:
         raise PlanError(f"{path} is not JSON: give the output of `hpctrain doctor --allreduce --json`") from None
     rows = data.get("allreduce") if isinstance(data, dict) else data
@@ -146,11 +175,15 @@ def link_from_rows(rows, bucket_bytes: float, where: str) -> Link:
     """The measured row (allreduce.measure) whose message size is nearest one DDP bucket."""
     rows = [r for r in rows or [] if isinstance(r, dict) and r.get("busbw_GBps")]
     if not rows:
-        raise PlanError(f"{where} has no all-reduce rows: run `hpctrain doctor --allreduce --json` over the "
-                        "job's ranks (srun) and pass that file")
+        raise PlanError(
+            f"{where} has no all-reduce rows: run `hpctrain doctor --allreduce --json` over the "
+            "job's ranks (srun) and pass that file"
+        )
     r = min(rows, key=lambda r: abs(math.log(r["bytes"] / bucket_bytes)))
-    return Link(r["busbw_GBps"], f"measured: {where} ({r['ranks']} ranks, {r['bytes'] / 2**20:.1f} MiB "
-                                 f"messages, {r['busbw_GBps']:.3g} GB/s)")
+    return Link(
+        r["busbw_GBps"],
+        f"measured: {where} ({r['ranks']} ranks, {r['bytes'] / 2**20:.1f} MiB messages, {r['busbw_GBps']:.3g} GB/s)",
+    )
 
 
 def default_links(gpu: str, fabric: str) -> tuple[Link, Link]:
@@ -159,22 +192,43 @@ def default_links(gpu: str, fabric: str) -> tuple[Link, Link]:
     if intra is None:  # unknown GPU: assume the node's GPUs talk no faster than its network
         intra = tables.FABRICS[fabric]
     inter = tables.FABRICS[fabric]
-    return (Link(intra.busbw_gbps, f"public: {intra.what} ({intra.source})", nccl=True, nvlink=nvlink),
-            Link(inter.busbw_gbps, f"public: {inter.what} ({inter.source})", nccl=True, nvlink=nvlink))
+    return (
+        Link(intra.busbw_gbps, f"public: {intra.what} ({intra.source})", nccl=True, nvlink=nvlink),
+        Link(inter.busbw_gbps, f"public: {inter.what} ({inter.source})", nccl=True, nvlink=nvlink),
+    )
 
 
 # --------------------------------------------------------------------------- the plan
 
+
 def build(cfg: Config, inputs: PlanInputs) -> Plan:
-    return make_plan(workload(cfg, inputs.images_per_epoch), inputs.nodes, inputs.gpus_per_node,
-                     inputs.compute, inputs.intra, inputs.inter, list(inputs.counts) or node_counts(inputs.nodes),
-                     inputs.overlap)
+    return make_plan(
+        workload(cfg, inputs.images_per_epoch),
+        inputs.nodes,
+        inputs.gpus_per_node,
+        inputs.compute,
+        inputs.intra,
+        inputs.inter,
+        list(inputs.counts) or node_counts(inputs.nodes),
+        inputs.overlap,
+    )
 
 
-def resolve(cfg: Config, profile, nodes: int, gpus_per_node: int, gpu: str = "H100",
-            bench_results: str | None = None, allreduce_results: str | None = None,
-            tflops: float | None = None, busbw: float | None = None, data_wait_ms: float | None = None,
-            images: int | None = None, overlap: bool = True, counts=()) -> PlanInputs:
+def resolve(
+    cfg: Config,
+    profile,
+    nodes: int,
+    gpus_per_node: int,
+    gpu: str = "H100",
+    bench_results: str | None = None,
+    allreduce_results: str | None = None,
+    tflops: float | None = None,
+    busbw: float | None = None,
+    data_wait_ms: float | None = None,
+    images: int | None = None,
+    overlap: bool = True,
+    counts=(),
+) -> PlanInputs:
     """Every input of the model, from measurements where given, else the shipped figures."""
     if nodes < 1 or gpus_per_node < 1:
         raise PlanError(f"--nodes {nodes} --gpus-per-node {gpus_per_node}: both must be at least 1")

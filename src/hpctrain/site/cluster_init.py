@@ -80,8 +80,9 @@ def tool(*cmd: str, timeout: float = 30, env: dict[str, str] | None = None) -> s
     if not shutil.which(cmd[0]):
         return None
     try:
-        r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, **env} if env else None)
+        r = subprocess.run(
+            list(cmd), capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout if r.returncode == 0 else None
@@ -95,8 +96,10 @@ def expand_hosts(spec: str) -> list[str]:
 def read_partitions() -> list[Partition]:
     text = tool("scontrol", "show", "partition", "-o")
     if text is None:
-        raise UserError("no Slurm here: `scontrol show partition` does not answer (run `hpctrain cluster init` on "
-                        "a login node of the cluster, where sinfo/scontrol work)")
+        raise UserError(
+            "no Slurm here: `scontrol show partition` does not answer (run `hpctrain cluster init` on "
+            "a login node of the cluster, where sinfo/scontrol work)"
+        )
     nodes = {}
     for line in (tool("scontrol", "show", "node", "-o") or "").splitlines():
         kv = parse_kv(line)
@@ -108,8 +111,13 @@ def read_partitions() -> list[Partition]:
         if not kv.get("PartitionName"):
             continue
         names = expand_hosts(kv["Nodes"]) if kv.get("Nodes") not in (None, "", "(null)") else []
-        p = Partition(kv["PartitionName"], kv.get("Default") == "YES", kv.get("MaxTime", "UNLIMITED"), names,
-                      kv.get("OverSubscribe", "").startswith("EXCLUSIVE"))
+        p = Partition(
+            kv["PartitionName"],
+            kv.get("Default") == "YES",
+            kv.get("MaxTime", "UNLIMITED"),
+            names,
+            kv.get("OverSubscribe", "").startswith("EXCLUSIVE"),
+        )
         info = [nodes[n] for n in names if n in nodes]
         if info:
             gres = [parse_gres(n.get("Gres", "")) for n in info]
@@ -154,9 +162,18 @@ def read_qos_limits() -> dict[str, dict[str, str]]:
 
 def module_init() -> str | None:
     """The module system's bash init script ($LMOD_PKG's, $MODULESHOME's or Debian's Lmod), if any."""
-    return next((p for p in (os.environ.get("LMOD_PKG", "") and f"{os.environ['LMOD_PKG']}/init/bash",
-                             os.environ.get("MODULESHOME", "") and f"{os.environ['MODULESHOME']}/init/bash",
-                             LMOD_INIT) if p and Path(p).is_file()), None)
+    return next(
+        (
+            p
+            for p in (
+                os.environ.get("LMOD_PKG", "") and f"{os.environ['LMOD_PKG']}/init/bash",
+                os.environ.get("MODULESHOME", "") and f"{os.environ['MODULESHOME']}/init/bash",
+                LMOD_INIT,
+            )
+            if p and Path(p).is_file()
+        ),
+        None,
+    )
 
 
 def read_modules() -> list[str]:
@@ -166,12 +183,16 @@ def read_modules() -> list[str]:
     if not init:
         return []
     try:
-        r = subprocess.run(["bash", "-c", f". {shlex.quote(init)} && module -t avail 2>&1"], capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            ["bash", "-c", f". {shlex.quote(init)} && module -t avail 2>&1"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError):
         return []
-    return [re.sub(r"\(.*\)$", "", line.strip()) for line in r.stdout.splitlines()
-            if line.strip() and not line.strip().endswith(":")]
+    return [
+        re.sub(r"\(.*\)$", "", line.strip())
+        for line in r.stdout.splitlines()
+        if line.strip() and not line.strip().endswith(":")
+    ]
 
 
 def pick_module(modules: list[str], stem: str) -> str:
@@ -196,8 +217,16 @@ def gather(user: str | None = None) -> Facts:
 
 # --------------------------------------------------------------------------- probe
 
-def probe_command(partition: Partition, python: str = sys.executable, account: str = "", qos: str = "",
-                  image: str = "", source_mount: str = "/opt/hpctrain-src", runtime: str = "apptainer") -> list[str]:
+
+def probe_command(
+    partition: Partition,
+    python: str = sys.executable,
+    account: str = "",
+    qos: str = "",
+    image: str = "",
+    source_mount: str = "/opt/hpctrain-src",
+    runtime: str = "apptainer",
+) -> list[str]:
     """One task on one node of the partition (with a GPU where it has them), charged as the profile's
     jobs will be (account, QOS): the doctor's JSON. With `image`, the doctor runs in it (its NCCL,
     its view of /dev/infiniband) through `runtime`, as this hpctrain bound at `source_mount`, the way
@@ -210,13 +239,30 @@ def probe_command(partition: Partition, python: str = sys.executable, account: s
     doctor = ["python3", "-m", "hpctrain", "doctor", "--json"]
     if image and runtime == "pyxis":
         mount = source_mount.rstrip("/")
-        return [*cmd, f"--container-image={image}", f"--container-mounts={package_dir()}:{mount}/hpctrain:ro",
-                "env", f"PYTHONPATH={mount}", *doctor]
+        return [
+            *cmd,
+            f"--container-image={image}",
+            f"--container-mounts={package_dir()}:{mount}/hpctrain:ro",
+            "env",
+            f"PYTHONPATH={mount}",
+            *doctor,
+        ]
     if image:
         mount = source_mount.rstrip("/")
         tool = "singularity" if runtime == "singularity" else "apptainer"
-        return [*cmd, tool, "exec", "--nv", "--cleanenv", "--bind", f"{package_dir()}:{mount}/hpctrain:ro",
-                "--env", f"PYTHONPATH={mount}", image, *doctor]
+        return [
+            *cmd,
+            tool,
+            "exec",
+            "--nv",
+            "--cleanenv",
+            "--bind",
+            f"{package_dir()}:{mount}/hpctrain:ro",
+            "--env",
+            f"PYTHONPATH={mount}",
+            image,
+            *doctor,
+        ]
     return [*cmd, python, "-m", "hpctrain", "doctor", "--json"]
 
 
@@ -237,13 +283,22 @@ def fabric_from_doctor(report: dict) -> tuple[str, list[str]]:
     for k, v in sorted((report.get("suggested_env") or {}).items()):
         notes.append(f"doctor suggests {k}={v}")
     v = report.get("versions") or {}
-    notes.insert(0, f"{'in the image' if report.get('in_container') else 'on the host Python'}: "
-                    f"NCCL {v.get('nccl') or 'none (no CUDA torch)'}, torch {v.get('torch') or 'none'}")
+    notes.insert(
+        0,
+        f"{'in the image' if report.get('in_container') else 'on the host Python'}: "
+        f"NCCL {v.get('nccl') or 'none (no CUDA torch)'}, torch {v.get('torch') or 'none'}",
+    )
     return kind, notes
 
 
-def probe(partition: Partition, python: str = sys.executable, account: str = "", qos: str = "",
-          image: str = "", runtime: str = "apptainer") -> dict:
+def probe(
+    partition: Partition,
+    python: str = sys.executable,
+    account: str = "",
+    qos: str = "",
+    image: str = "",
+    runtime: str = "apptainer",
+) -> dict:
     """Run the doctor on a compute node; its JSON report (UserError with srun's words on failure)."""
     cmd = probe_command(partition, python, account, qos, image, runtime=runtime)
     try:
@@ -254,19 +309,24 @@ def probe(partition: Partition, python: str = sys.executable, account: str = "",
     try:
         return json.loads(r.stdout[start:]) if start >= 0 else {}
     except ValueError:
-        raise UserError(f"--probe: {shlex.join(cmd)} printed no doctor report (exit {r.returncode}): "
-                        f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}") from None
+        raise UserError(
+            f"--probe: {shlex.join(cmd)} printed no doctor report (exit {r.returncode}): "
+            f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- the profile
+
 
 def choose_partition(parts: list[Partition], wanted: str | None) -> Partition:
     if wanted:
         for p in parts:
             if p.name == wanted:
                 return p
-        raise UserError(f"--partition {wanted}: no such partition (scontrol show partition lists: "
-                        f"{', '.join(p.name for p in parts)})")
+        raise UserError(
+            f"--partition {wanted}: no such partition (scontrol show partition lists: "
+            f"{', '.join(p.name for p in parts)})"
+        )
     if not parts:
         raise UserError("scontrol show partition lists no partition: nothing to write a profile for")
     gpu = [p for p in parts if p.gpus]
@@ -296,73 +356,107 @@ def account_and_qos(facts: Facts) -> tuple[str, str]:
     return acc, def_qos or (qos_list[0] if qos_list else "")
 
 
-def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str]] | None = None,
-           image: str = "") -> tuple[str, list[str]]:
+def render(
+    name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str]] | None = None, image: str = ""
+) -> tuple[str, list[str]]:
     """The profile's YAML text, every value with its source, and the review notes."""
     src_part = f"scontrol show partition {part.name}"
     src_node = f"scontrol show node {','.join(part.nodes) or '-'}"
     others = [p for p in facts.partitions if p is not part]
-    lines = [f"# Cluster profile {name}, written by `hpctrain cluster init {name}` for user {facts.user}.",
-             "# Partitions seen: " + "; ".join(
-                 f"{p.name}{' (default)' if p.default else ''}: {len(p.nodes)} nodes, "
-                 f"{f'{p.gpus} GPUs {p.gpu_type}'.strip() if p.gpus else 'no GPUs'}, {p.cpus} CPUs, "
-                 f"{p.mem_mb} MB, MaxTime {p.max_time}" for p in facts.partitions),
-             "# Review the choices marked REVIEW before the first big job.",
-             f"name: {yaml_value(name)}", "slurm:"]
+    lines = [
+        f"# Cluster profile {name}, written by `hpctrain cluster init {name}` for user {facts.user}.",
+        "# Partitions seen: "
+        + "; ".join(
+            f"{p.name}{' (default)' if p.default else ''}: {len(p.nodes)} nodes, "
+            f"{f'{p.gpus} GPUs {p.gpu_type}'.strip() if p.gpus else 'no GPUs'}, {p.cpus} CPUs, "
+            f"{p.mem_mb} MB, MaxTime {p.max_time}"
+            for p in facts.partitions
+        ),
+        "# Review the choices marked REVIEW before the first big job.",
+        f"name: {yaml_value(name)}",
+        "slurm:",
+    ]
     notes = []
-    why = "the default partition" if part.default else (
-        "the first partition whose nodes declare GPUs" if part.gpus else "the first partition")
-    lines.append(f"  partition: {yaml_value(part.name)}  # {src_part}: {why}; REVIEW (others: "
-                 f"{', '.join(p.name for p in others) or 'none'})")
+    why = (
+        "the default partition"
+        if part.default
+        else ("the first partition whose nodes declare GPUs" if part.gpus else "the first partition")
+    )
+    lines.append(
+        f"  partition: {yaml_value(part.name)}  # {src_part}: {why}; REVIEW (others: "
+        f"{', '.join(p.name for p in others) or 'none'})"
+    )
     notes.append(f"partition {part.name} ({why}); others: {', '.join(p.name for p in others) or 'none'}")
     accs = facts.accounts
     acc, qos = account_and_qos(facts)
-    acc_src = ("sacctmgr show user: DefaultAccount" if acc == facts.default_account and acc else
-               "sacctmgr show assoc: first account" if acc else "sacctmgr: no association (Slurm's default)")
+    acc_src = (
+        "sacctmgr show user: DefaultAccount"
+        if acc == facts.default_account and acc
+        else "sacctmgr show assoc: first account"
+        if acc
+        else "sacctmgr: no association (Slurm's default)"
+    )
     lines.append(f"  account: {yaml_value(acc)}  # {acc_src}; associations: {', '.join(accs) or 'none'}; REVIEW")
     if len(accs) > 1:
         notes.append(f"account {acc}; also: {', '.join(a for a in accs if a != acc)}")
     qos_list, def_qos = accs.get(acc, ([], ""))
     which = "DefaultQOS" if def_qos else "first QOS" if qos else "none"
-    lines.append(f"  qos: {yaml_value(qos)}  # sacctmgr show assoc user={facts.user} account={acc or '-'}: "
-                 f"{which} of QOS={','.join(qos_list) or '-'}; REVIEW")
+    lines.append(
+        f"  qos: {yaml_value(qos)}  # sacctmgr show assoc user={facts.user} account={acc or '-'}: "
+        f"{which} of QOS={','.join(qos_list) or '-'}; REVIEW"
+    )
     if len(qos_list) > 1:
         notes.append(f"qos {qos}; account {acc} may also use: {', '.join(q for q in qos_list if q != qos)}")
     t = slurm_time(part.max_time)
     qlim = facts.qos_limits.get(qos, {}) if qos else {}
     wall = qlim.get("MaxWall", "")
     if wall and (not t or time_minutes(wall) < time_minutes(t)):
-        lines.append(f"  time: {yaml_value(wall)}  # sacctmgr show qos {qos}: MaxWall={wall} (partition "
-                     f"MaxTime={part.max_time})")
+        lines.append(
+            f"  time: {yaml_value(wall)}  # sacctmgr show qos {qos}: MaxWall={wall} (partition MaxTime={part.max_time})"
+        )
     else:
-        lines.append(f"  time: {yaml_value(t or '24:00:00')}  # {src_part}: MaxTime={part.max_time}"
-                     f"{'' if t else ' (no limit: 24 h chosen)'}")
+        lines.append(
+            f"  time: {yaml_value(t or '24:00:00')}  # {src_part}: MaxTime={part.max_time}"
+            f"{'' if t else ' (no limit: 24 h chosen)'}"
+        )
     whole = "; whole 8-GPU nodes for multi-node runs" if part.gpus >= 8 and not part.exclusive else ""
-    lines.append(f"  exclusive: {yaml_value(part.exclusive or part.gpus >= 8)}  # {src_part}: OverSubscribe"
-                 f"{'=EXCLUSIVE' if part.exclusive else ' not EXCLUSIVE'}{whole}; REVIEW")
+    lines.append(
+        f"  exclusive: {yaml_value(part.exclusive or part.gpus >= 8)}  # {src_part}: OverSubscribe"
+        f"{'=EXCLUSIVE' if part.exclusive else ' not EXCLUSIVE'}{whole}; REVIEW"
+    )
     notes.append(f"exclusive: {part.exclusive or part.gpus >= 8} (whole nodes; shared nodes slow multi-node jobs)")
     if part.gpus:
         gtype = f"{part.gpu_type}:" if part.gpu_type else ""
-        lines += [f"  gpus_per_node: {part.gpus}  # {src_node}: Gres=gpu:{gtype}{part.gpus}",
-                  f"  max_gpus_per_node: {part.gpus}  # the same",
-                  f"  request_gpus: true  # GPU type: {part.gpu_type or 'not named'} ({src_node})"]
+        lines += [
+            f"  gpus_per_node: {part.gpus}  # {src_node}: Gres=gpu:{gtype}{part.gpus}",
+            f"  max_gpus_per_node: {part.gpus}  # the same",
+            f"  request_gpus: true  # GPU type: {part.gpu_type or 'not named'} ({src_node})",
+        ]
     else:
-        lines += ["  gpus_per_node: 1  # one task per node: no GPU GRES on these nodes",
-                  f"  max_gpus_per_node: {max(1, part.cpus)}  # tasks per node at most: CPUs ({src_node})",
-                  f"  request_gpus: false  # {src_node}: no Gres=gpu"]
+        lines += [
+            "  gpus_per_node: 1  # one task per node: no GPU GRES on these nodes",
+            f"  max_gpus_per_node: {max(1, part.cpus)}  # tasks per node at most: CPUs ({src_node})",
+            f"  request_gpus: false  # {src_node}: no Gres=gpu",
+        ]
         notes.append(f"partition {part.name} declares no GPUs: CPU-only jobs (request_gpus false)")
     spec = f", CPUTot={part.cpus_total} less specialised cores" if part.cpus_total > part.cpus else ""
     lines.append(f"  cpus_per_node: {part.cpus}  # {src_node}: CPUEfctv{spec} (fewest in the partition)")
-    lines.append(f"  mem_per_node: \"0\"  # all of a node's memory; {src_node}: RealMemory={part.mem_mb} MB")
+    lines.append(f'  mem_per_node: "0"  # all of a node\'s memory; {src_node}: RealMemory={part.mem_mb} MB')
     src_qos = f"sacctmgr show qos {qos or '-'}"
-    lines += ["  limits:  # submit refuses a request over these (empty: none known)",
-              f"    partition: {yaml_value(part.name)}  # {src_part}",
-              f"    max_time: {yaml_value(t or '')}  # {src_part}: MaxTime={part.max_time}",
-              f"    qos: {yaml_value(qos)}  # the QOS above",
-              *[f"    {key}: {yaml_value(qlim.get(field, ''))}  # {src_qos}: {field}="
-                f"{qlim.get(field) or 'none'}" for key, field in (("qos_max_wall", "MaxWall"),
-                                                                  ("qos_max_tres_per_job", "MaxTRESPerJob"),
-                                                                  ("qos_max_tres_per_user", "MaxTRESPerUser"))]]
+    lines += [
+        "  limits:  # submit refuses a request over these (empty: none known)",
+        f"    partition: {yaml_value(part.name)}  # {src_part}",
+        f"    max_time: {yaml_value(t or '')}  # {src_part}: MaxTime={part.max_time}",
+        f"    qos: {yaml_value(qos)}  # the QOS above",
+        *[
+            f"    {key}: {yaml_value(qlim.get(field, ''))}  # {src_qos}: {field}={qlim.get(field) or 'none'}"
+            for key, field in (
+                ("qos_max_wall", "MaxWall"),
+                ("qos_max_tres_per_job", "MaxTRESPerJob"),
+                ("qos_max_tres_per_user", "MaxTRESPerUser"),
+            )
+        ],
+    ]
     if qlim:
         notes.append(f"QOS {qos} limits: " + ", ".join(f"{k}={v}" for k, v in qlim.items()))
     mods = facts.modules
@@ -373,37 +467,61 @@ def render(name: str, facts: Facts, part: Partition, fabric: tuple[str, list[str
     app = starter.module if starter else ""
     cuda, nccl = pick_module(mods, "cuda"), pick_module(mods, "nccl")
     host = [m for m in (cuda, nccl) if m]
-    lines.append(f"modules: {yaml_value(host)}  # module -t avail: "
-                 f"{cuda or 'no cuda'}, {nccl or 'no nccl'}"
-                 " (tasks on the host's Python)")
-    lines.append(f"container_modules: {yaml_value([app] if app else [])}  # "
-                 + (f"{starter.evidence}: what starts the image" if app else
-                    f"{starter.runtime} needs no module here" if starter else "no container runtime found"))
+    lines.append(
+        f"modules: {yaml_value(host)}  # module -t avail: "
+        f"{cuda or 'no cuda'}, {nccl or 'no nccl'}"
+        " (tasks on the host's Python)"
+    )
+    lines.append(
+        f"container_modules: {yaml_value([app] if app else [])}  # "
+        + (
+            f"{starter.evidence}: what starts the image"
+            if app
+            else f"{starter.runtime} needs no module here"
+            if starter
+            else "no container runtime found"
+        )
+    )
     lines.append("module_purge: false  # a purge can remove apptainer (or slurm on Bright clusters)")
     if fabric:
         kind, fnotes = fabric
-        lines += ["# --probe: `hpctrain doctor --json` on a node of the partition saw:",
-                  *[f"#   {n}" for n in fnotes],
-                  "# hcas/ifname stay unset: NCCL then picks the GPU-near HCAs and an interface itself; name them",
-                  "# only when NCCL's choice is wrong (README, 'What a site sets in fabric:').",
-                  "fabric:", f"  kind: {kind}  # --probe: {SEEN[kind]}"]
+        lines += [
+            "# --probe: `hpctrain doctor --json` on a node of the partition saw:",
+            *[f"#   {n}" for n in fnotes],
+            "# hcas/ifname stay unset: NCCL then picks the GPU-near HCAs and an interface itself; name them",
+            "# only when NCCL's choice is wrong (README, 'What a site sets in fabric:').",
+            "fabric:",
+            f"  kind: {kind}  # --probe: {SEEN[kind]}",
+        ]
     else:
-        lines += ["fabric:", "  kind: socket  # not probed: run `hpctrain cluster init NAME --probe --force` on the "
-                  "login node (one srun of the doctor on a compute node); REVIEW"]
+        lines += [
+            "fabric:",
+            "  kind: socket  # not probed: run `hpctrain cluster init NAME --probe --force` on the "
+            "login node (one srun of the doctor on a compute node); REVIEW",
+        ]
         notes.append("fabric not probed (--probe): kind socket until then")
     seen = "; ".join(f.evidence for f in facts.runtimes) or "no apptainer, singularity or pyxis found"
     if image and found:
-        lines += ["container:", f"  runtime: {runtime}  # --image; {found.evidence}",
-                  f"  image: {yaml_value(image)}  # --image"]
+        lines += [
+            "container:",
+            f"  runtime: {runtime}  # --image; {found.evidence}",
+            f"  image: {yaml_value(image)}  # --image",
+        ]
     elif image:
-        lines += ["container:", f"  runtime: {runtime}  # --image ({rt.image_kind(image)} image), but {seen} on "
-                                "this node; REVIEW", f"  image: {yaml_value(image)}  # --image"]
+        lines += [
+            "container:",
+            f"  runtime: {runtime}  # --image ({rt.image_kind(image)} image), but {seen} on this node; REVIEW",
+            f"  image: {yaml_value(image)}  # --image",
+        ]
         notes.append(f"container.runtime {runtime}: not found here ({seen}); check what the compute nodes have")
     else:
-        lines += ["container:", f"  runtime: none  # no --image given; found: {seen}: tasks run on the host's "
-                                "Python; REVIEW"]
+        lines += [
+            "container:",
+            f"  runtime: none  # no --image given; found: {seen}: tasks run on the host's Python; REVIEW",
+        ]
         if facts.runtimes:
-            notes.append(f"{', '.join(f.runtime for f in facts.runtimes)} found: pass --image (a .sif, or an "
-                         "enroot .sqsh/URI for pyxis) to train in an image")
+            notes.append(
+                f"{', '.join(f.runtime for f in facts.runtimes)} found: pass --image (a .sif, or an "
+                "enroot .sqsh/URI for pyxis) to train in an image"
+            )
     return "\n".join(lines) + "\n", notes
-

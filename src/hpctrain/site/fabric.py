@@ -72,9 +72,11 @@ def left_to_nccl(profile: ClusterProfile) -> list[str]:
     if not left:
         return []
     where = ", ".join(f"fabric.{keys[k]}" for k in left)
-    return [f"# Unset, so NCCL chooses: {', '.join(left)}.",
-            f"# A site that must name them sets {where} in its profile;",
-            "# `hpctrain doctor --cluster <profile>` on a compute node checks them."]
+    return [
+        f"# Unset, so NCCL chooses: {', '.join(left)}.",
+        f"# A site that must name them sets {where} in its profile;",
+        "# `hpctrain doctor --cluster <profile>` on a compute node checks them.",
+    ]
 
 
 def export_lines(env: dict[str, str], env_wins: bool = False) -> list[str]:
@@ -159,8 +161,7 @@ def gloo_ifname(pattern: str, interfaces: Iterable[str]) -> str | None:
     return None
 
 
-def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
-                    sysfs_root: str | Path = "/sys") -> str | None:
+def set_gloo_ifname(env: MutableMapping[str, str] | None = None, sysfs_root: str | Path = "/sys") -> str | None:
     """Set GLOO_SOCKET_IFNAME from NCCL_SOCKET_IFNAME and this node's interfaces that are up,
     unless it is set already (a site's or a user's choice wins). Returns the name set.
 
@@ -174,9 +175,12 @@ def set_gloo_ifname(env: MutableMapping[str, str] | None = None,
     up = net_interfaces(sysfs_root, up_only=True)
     name = gloo_ifname(pattern, up)
     if name is None:
-        log.warning("GLOO_SOCKET_IFNAME left unset: no interface that is up here (%s) matches "
-                    "NCCL_SOCKET_IFNAME=%s; gloo uses the address of the host name",
-                    ", ".join(up) or "none", pattern)
+        log.warning(
+            "GLOO_SOCKET_IFNAME left unset: no interface that is up here (%s) matches "
+            "NCCL_SOCKET_IFNAME=%s; gloo uses the address of the host name",
+            ", ".join(up) or "none",
+            pattern,
+        )
         return None
     env["GLOO_SOCKET_IFNAME"] = name
     log.info("GLOO_SOCKET_IFNAME=%s (from NCCL_SOCKET_IFNAME=%s)", name, pattern)

@@ -27,8 +27,10 @@ def time_minutes(value: str) -> int:
     """Slurm time ('90', 'MM:SS', 'HH:MM:SS', 'D-HH[:MM[:SS]]') → whole minutes (rounded up)."""
     m = TIME_RE.match(str(value).strip())
     if not m:
-        raise ConfigError(f"time {value!r} is not a Slurm time limit: use minutes (90), HH:MM:SS "
-                          "(24:00:00) or D-HH:MM:SS (2-00:00:00)")
+        raise ConfigError(
+            f"time {value!r} is not a Slurm time limit: use minutes (90), HH:MM:SS "
+            "(24:00:00) or D-HH:MM:SS (2-00:00:00)"
+        )
     d, a, b, c = m.groups()
     if d is not None:  # D-HH[:MM[:SS]]
         secs = int(d) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
@@ -50,8 +52,9 @@ def parse_tres(text: str) -> dict[str, int]:
         if not value.isdigit():
             if name in ("mem", "billing") or name.startswith("fs/") or name.startswith("license/"):
                 continue
-            raise ConfigError(f"TRES {item!r} is not name=count (as `sacctmgr show qos` prints them, e.g. "
-                              "cpu=64,gres/gpu=16,node=2)")
+            raise ConfigError(
+                f"TRES {item!r} is not name=count (as `sacctmgr show qos` prints them, e.g. cpu=64,gres/gpu=16,node=2)"
+            )
         out[name.removesuffix(":")] = int(value)
     return out
 
@@ -90,29 +93,45 @@ class SlurmSection:
     request_gpus: bool = opt(True, "ask Slurm for the GPUs (--gpus-per-node); false on CPU-only clusters")
     cpus_per_node: int = opt(0, "cores per node shared by its tasks (0: let Slurm decide)", lo=0)
     mem_per_node: str = opt("0", "memory per node for --mem (e.g. 480G; 0: all of it)")
-    signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)",
-                             lo=1)
-    node_mtbf_hours: float = opt(0.0, "train.ckpt_every=auto: node-hours between interruptions (preemption, node "
-                                      "failure, time limit) on this partition, divided by the job's nodes; 0: from "
-                                      "the partition's sacct history at submission", lo=0)
-    mtbf_window_days: float = opt(30.0, "days of sacct history that node_mtbf_hours is read from when it is 0",
-                                  lo=0, lo_open=True)
-    ckpt_write_gbps: float = opt(1.0, "GB/s a job's checkpoint is written at, for submit's check that a stop has "
-                                      "time to save (until a run has measured its own save)", lo=0, lo_open=True)
-    max_requeues: int = opt(3, "requeues after a time limit (USR2) or a failure before the job gives up",
-                            lo=0)
-    max_preemptions: int = opt(-1, "requeues after a preemption (SIGTERM) before the job gives up; "
-                                   "-1: unlimited", lo=-1)
-    spare_nodes: int = opt(0, "hot spares: allocate this many nodes more (--no-kill), idle while the job trains; "
-                              "a failed node is replaced in the same job without a requeue", lo=0)
-    limits: LimitsSection = field(default_factory=LimitsSection,
-                                  metadata={"doc": "the partition's and QOS's limits (cluster init reads them)"})
+    signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)", lo=1)
+    node_mtbf_hours: float = opt(
+        0.0,
+        "train.ckpt_every=auto: node-hours between interruptions (preemption, node "
+        "failure, time limit) on this partition, divided by the job's nodes; 0: from "
+        "the partition's sacct history at submission",
+        lo=0,
+    )
+    mtbf_window_days: float = opt(
+        30.0, "days of sacct history that node_mtbf_hours is read from when it is 0", lo=0, lo_open=True
+    )
+    ckpt_write_gbps: float = opt(
+        1.0,
+        "GB/s a job's checkpoint is written at, for submit's check that a stop has "
+        "time to save (until a run has measured its own save)",
+        lo=0,
+        lo_open=True,
+    )
+    max_requeues: int = opt(3, "requeues after a time limit (USR2) or a failure before the job gives up", lo=0)
+    max_preemptions: int = opt(
+        -1, "requeues after a preemption (SIGTERM) before the job gives up; -1: unlimited", lo=-1
+    )
+    spare_nodes: int = opt(
+        0,
+        "hot spares: allocate this many nodes more (--no-kill), idle while the job trains; "
+        "a failed node is replaced in the same job without a requeue",
+        lo=0,
+    )
+    limits: LimitsSection = field(
+        default_factory=LimitsSection, metadata={"doc": "the partition's and QOS's limits (cluster init reads them)"}
+    )
 
     def validate(self) -> None:
         time_minutes(self.time)
         if not re.match(r"^\d+[KMGT]?$", self.mem_per_node):
-            raise ConfigError(f"slurm.mem_per_node={self.mem_per_node!r}: use a number with an optional "
-                              "K/M/G/T suffix, e.g. 480G (0: all of the node's memory)")
+            raise ConfigError(
+                f"slurm.mem_per_node={self.mem_per_node!r}: use a number with an optional "
+                "K/M/G/T suffix, e.g. 480G (0: all of the node's memory)"
+            )
 
 
 @dataclass(frozen=True)
@@ -120,63 +139,106 @@ class FabricSection:
     """What NCCL is told about the node's network. Everything the site does not name stays
     unset, so that NCCL chooses (site/fabric.py says why each default is "unset")."""
 
-    kind: str = opt("socket", "interconnect for NCCL: InfiniBand, RoCE, or plain TCP sockets",
-                    choices=("ib", "roce", "socket"))
-    hcas: list[str] = opt([], "HCA ports for NCCL_IB_HCA, written exact (=mlx5_0:1,…; port 1 unless "
-                              "dev:port); empty: NCCL picks the HCAs nearest each GPU")
-    ifname: str = opt("", "NCCL_SOCKET_IFNAME pattern (ibp, =ibp24s0, ^docker,lo); empty: NCCL picks. "
-                          "gloo gets a plain interface name derived from it on each node")
-    gid_index: int = opt(-1, "NCCL_IB_GID_INDEX; -1: unset (NCCL >= 2.21 finds the RoCE v2 GID "
-                             "itself; older NCCL: the index `hpctrain doctor` reports)", lo=-1)
+    kind: str = opt(
+        "socket", "interconnect for NCCL: InfiniBand, RoCE, or plain TCP sockets", choices=("ib", "roce", "socket")
+    )
+    hcas: list[str] = opt(
+        [],
+        "HCA ports for NCCL_IB_HCA, written exact (=mlx5_0:1,…; port 1 unless "
+        "dev:port); empty: NCCL picks the HCAs nearest each GPU",
+    )
+    ifname: str = opt(
+        "",
+        "NCCL_SOCKET_IFNAME pattern (ibp, =ibp24s0, ^docker,lo); empty: NCCL picks. "
+        "gloo gets a plain interface name derived from it on each node",
+    )
+    gid_index: int = opt(
+        -1,
+        "NCCL_IB_GID_INDEX; -1: unset (NCCL >= 2.21 finds the RoCE v2 GID "
+        "itself; older NCCL: the index `hpctrain doctor` reports)",
+        lo=-1,
+    )
     ib_timeout: int = opt(22, "NCCL_IB_TIMEOUT (4.096 µs × 2^value per retry)", lo=1, hi=31)
     retry_cnt: int = opt(7, "NCCL_IB_RETRY_CNT", lo=0, hi=7)
     nccl_debug: str = opt("WARN", "NCCL_DEBUG", choices=("", "VERSION", "WARN", "INFO", "TRACE"))
-    async_error_handling: int = opt(1, "TORCH_NCCL_ASYNC_ERROR_HANDLING (1: a failed collective "
-                                       "ends the process instead of hanging)", choices=(0, 1, 2, 3))
+    async_error_handling: int = opt(
+        1,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING (1: a failed collective ends the process instead of hanging)",
+        choices=(0, 1, 2, 3),
+    )
 
     def validate(self) -> None:
         for h in self.hcas:
             if not HCA_RE.match(h):
-                raise ConfigError(f"fabric.hcas: {h!r} is not an HCA port: write a device as "
-                                  "/sys/class/infiniband names it, optionally with its port (mlx5_0 or "
-                                  "mlx5_0:2); hpctrain writes NCCL's exact form (=mlx5_0:1) itself")
+                raise ConfigError(
+                    f"fabric.hcas: {h!r} is not an HCA port: write a device as "
+                    "/sys/class/infiniband names it, optionally with its port (mlx5_0 or "
+                    "mlx5_0:2); hpctrain writes NCCL's exact form (=mlx5_0:1) itself"
+                )
         if self.ifname and not IFNAME_RE.match(self.ifname):
-            raise ConfigError(f"fabric.ifname={self.ifname!r} is not an NCCL_SOCKET_IFNAME pattern: "
-                              "prefixes (ibp), exact names (=ibp24s0) or an exclude list (^docker,lo), "
-                              "comma-separated, no spaces")
+            raise ConfigError(
+                f"fabric.ifname={self.ifname!r} is not an NCCL_SOCKET_IFNAME pattern: "
+                "prefixes (ibp), exact names (=ibp24s0) or an exclude list (^docker,lo), "
+                "comma-separated, no spaces"
+            )
 
 
 @dataclass(frozen=True)
 class ContainerSection:
-    runtime: str = opt("none", "what starts each task in the image: apptainer, singularity (SingularityCE), "
-                               "pyxis (srun --container-image, enroot), or none (the host's Python)",
-                       choices=("apptainer", "singularity", "pyxis", "none"))
-    image: str = opt("", "the image: a .sif (apptainer, singularity); an enroot .sqsh or a registry URI "
-                         "such as nvcr.io#nvidia/pytorch:23.12-py3 (pyxis)")
+    runtime: str = opt(
+        "none",
+        "what starts each task in the image: apptainer, singularity (SingularityCE), "
+        "pyxis (srun --container-image, enroot), or none (the host's Python)",
+        choices=("apptainer", "singularity", "pyxis", "none"),
+    )
+    image: str = opt(
+        "",
+        "the image: a .sif (apptainer, singularity); an enroot .sqsh or a registry URI "
+        "such as nvcr.io#nvidia/pytorch:23.12-py3 (pyxis)",
+    )
     binds: list[str] = opt([], "extra bind mounts (src[:dst[:opts]]); data root and run dir are added")
     python: str = opt("python3", "Python inside the image (or on the host when runtime is none)")
-    bind_source: bool = opt(True, "run the submitting hpctrain: a snapshot of its package, taken at submission, "
-                                  "bound into the image first on PYTHONPATH (the image supplies torch, DALI, NCCL)")
-    source_mount: str = opt("/opt/hpctrain-src", "where the bound package appears in the image "
-                                                 "(<source_mount>/hpctrain)")
-    pass_env: list[str] = opt([], "more host variables for the task (names or NAME_* prefixes); the image "
-                                  "starts from a clean environment (--cleanenv)")
-    stage_image: bool = opt(False, "start from a node-local image: apptainer/singularity copy the SIF once per node "
-                                   "to stage_image_to; pyxis names the container per job (unpacked once per node)")
-    stage_image_to: str = opt("/tmp", "node-local directory for the staged SIF; $NAME expands on each node "
-                                      "(as data.stage_to), e.g. $TMPDIR or /localscratch/$USER")
+    bind_source: bool = opt(
+        True,
+        "run the submitting hpctrain: a snapshot of its package, taken at submission, "
+        "bound into the image first on PYTHONPATH (the image supplies torch, DALI, NCCL)",
+    )
+    source_mount: str = opt(
+        "/opt/hpctrain-src", "where the bound package appears in the image (<source_mount>/hpctrain)"
+    )
+    pass_env: list[str] = opt(
+        [],
+        "more host variables for the task (names or NAME_* prefixes); the image "
+        "starts from a clean environment (--cleanenv)",
+    )
+    stage_image: bool = opt(
+        False,
+        "start from a node-local image: apptainer/singularity copy the SIF once per node "
+        "to stage_image_to; pyxis names the container per job (unpacked once per node)",
+    )
+    stage_image_to: str = opt(
+        "/tmp",
+        "node-local directory for the staged SIF; $NAME expands on each node "
+        "(as data.stage_to), e.g. $TMPDIR or /localscratch/$USER",
+    )
 
 
 @dataclass(frozen=True)
 class ClusterProfile:
     name: str = opt("local", "profile name (shown in the job's banner)")
     slurm: SlurmSection = field(default_factory=SlurmSection, metadata={"doc": "scheduler defaults"})
-    modules: list[str] = opt([], "modules to load before srun when the tasks run on the host's Python "
-                                 "(container.runtime none)")
-    container_modules: list[str] = opt([], "modules to load before srun when the tasks run in the image "
-                                           "(e.g. apptainer); cuda/nccl modules do nothing inside it")
-    module_purge: bool = opt(False, "`module purge` first (it can remove site defaults the job needs: "
-                                    "apptainer, or slurm on Bright clusters)")
+    modules: list[str] = opt(
+        [], "modules to load before srun when the tasks run on the host's Python (container.runtime none)"
+    )
+    container_modules: list[str] = opt(
+        [],
+        "modules to load before srun when the tasks run in the image "
+        "(e.g. apptainer); cuda/nccl modules do nothing inside it",
+    )
+    module_purge: bool = opt(
+        False,
+        "`module purge` first (it can remove site defaults the job needs: apptainer, or slurm on Bright clusters)",
+    )
     module_use: list[str] = opt([], "extra module paths (`module use`) before loading")
     env: dict[str, str] = opt({}, "extra environment for every task; overrides fabric-derived NCCL_*")
     fabric: FabricSection = field(default_factory=FabricSection, metadata={"doc": "interconnect"})
@@ -193,18 +255,26 @@ class ClusterProfile:
             if not ENV_NAME_RE.match(name.removesuffix("*")):
                 raise ConfigError(f"container.pass_env: {name!r} is not a variable name or NAME_* prefix")
         if not self.container.source_mount.startswith("/") or " " in self.container.source_mount:
-            raise ConfigError(f"container.source_mount={self.container.source_mount!r}: use an absolute path "
-                              "without spaces inside the image, e.g. /opt/hpctrain-src")
+            raise ConfigError(
+                f"container.source_mount={self.container.source_mount!r}: use an absolute path "
+                "without spaces inside the image, e.g. /opt/hpctrain-src"
+            )
         c = self.container
         if c.stage_image and c.runtime == "none":
-            raise ConfigError("container.stage_image copies the image to each node, but container.runtime is none "
-                              "(no image): set container.stage_image false, or a runtime and its image")
+            raise ConfigError(
+                "container.stage_image copies the image to each node, but container.runtime is none "
+                "(no image): set container.stage_image false, or a runtime and its image"
+            )
         if c.stage_image and not c.stage_image_to.startswith(("/", "$", "~")):
-            raise ConfigError(f"container.stage_image_to={c.stage_image_to!r}: give an absolute node-local "
-                              "directory, e.g. /tmp or $TMPDIR")
+            raise ConfigError(
+                f"container.stage_image_to={c.stage_image_to!r}: give an absolute node-local "
+                "directory, e.g. /tmp or $TMPDIR"
+            )
         if self.container.runtime != "none" and not self.container.image:
-            raise ConfigError(f"container.runtime is {self.container.runtime} but container.image is empty: set "
-                              "the image (container.image) or use container.runtime: none")
+            raise ConfigError(
+                f"container.runtime is {self.container.runtime} but container.image is empty: set "
+                "the image (container.image) or use container.runtime: none"
+            )
 
 
 def user_cluster_dir() -> Path:
@@ -224,8 +294,10 @@ def find_profile(name: str | Path) -> Path:
             if cand.is_file():
                 return cand
     shipped = ", ".join(sorted(q.stem for q in CLUSTER_DIR.glob("*.yaml")))
-    raise ConfigError(f"cluster profile {str(name)!r} not found: give a path, a name written by `hpctrain cluster "
-                      f"init` (in {user_cluster_dir()}) or one of: {shipped}")
+    raise ConfigError(
+        f"cluster profile {str(name)!r} not found: give a path, a name written by `hpctrain cluster "
+        f"init` (in {user_cluster_dir()}) or one of: {shipped}"
+    )
 
 
 def load_profile(name: str | Path | None, overrides: Iterable[str] = ()) -> ClusterProfile:

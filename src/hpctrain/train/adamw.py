@@ -30,8 +30,15 @@ from hpctrain.train.moments import AdamFamily, Bucket, as_fp32, bias_corrections
 
 
 class AdamWLowMu(AdamFamily):
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, mu_dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        mu_dtype: torch.dtype = torch.bfloat16,
+    ):
         self.mu_dtype = mu_dtype
         super().__init__(params, lr, betas, eps, weight_decay)
 
@@ -48,8 +55,16 @@ class AdamWLowMu(AdamFamily):
             m = b.exp_avgs if b.exp_avgs[0].dtype == torch.float32 else self.scratch.views(b.exp_avgs)
             if m is not b.exp_avgs:
                 copy_(m, b.exp_avgs)
-            fused_adam_(b.params, b.grads, m, b.exp_avg_sqs, b.step_tensors, group, lr=group["lr"],
-                        weight_decay=group["weight_decay"])
+            fused_adam_(
+                b.params,
+                b.grads,
+                m,
+                b.exp_avg_sqs,
+                b.step_tensors,
+                group,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+            )
             if m is not b.exp_avgs:
                 copy_(b.exp_avgs, m)  # round to nearest even, as jnp.astype
             return

@@ -12,4 +12,3 @@ def autocast_ctx(amp: str, device: torch.device):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if amp == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
-

@@ -60,15 +60,18 @@ def _every_checkpoint(run_dir: str | Path) -> list[tuple[int, Path]]:
     d = ckpt_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p.name, p) for p in d.iterdir()
-             if (m := PATTERN.match(p.name)) and (p.is_dir() == (m.group(2) is None))]
+    found = [
+        (int(m.group(1)), p.name, p)
+        for p in d.iterdir()
+        if (m := PATTERN.match(p.name)) and (p.is_dir() == (m.group(2) is None))
+    ]
     return [(step, p) for step, _, p in sorted(found, reverse=True)]
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Checkpoints of either format, newest first (by step), one per step: of two formats of one
     step, the one `latest` names, else the newer file."""
-    latest = (ckpt_dir(run_dir) / "latest")
+    latest = ckpt_dir(run_dir) / "latest"
     named = latest.read_text().strip() if latest.is_file() else ""
     best: dict[int, Path] = {}
     for step, p in _every_checkpoint(run_dir):
@@ -150,8 +153,10 @@ def write_error(run_dir: str | Path, path: Path, e: BaseException) -> Checkpoint
         why = os.strerror(errno.ENOSPC)
     prev = next((p.name for p in list_checkpoints(run_dir) if p != path), None)
     kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
-    return CheckpointError(f"could not write checkpoint {path}: {why}; {kept}. Free space on that file "
-                           "system (or lower train.keep_ckpts) and resume with --resume auto")
+    return CheckpointError(
+        f"could not write checkpoint {path}: {why}; {kept}. Free space on that file "
+        "system (or lower train.keep_ckpts) and resume with --resume auto"
+    )
 
 
 def clear_stale(d: Path, keep: Path | None = None) -> None:
@@ -195,8 +200,7 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int, prote
     return path
 
 
-def load_file(path: str | Path, map_location: Any = "cpu", need: tuple[str, ...] = ("model", "step")
-              ) -> dict[str, Any]:
+def load_file(path: str | Path, map_location: Any = "cpu", need: tuple[str, ...] = ("model", "step")) -> dict[str, Any]:
     """Load one checkpoint file; refuses pickled objects (weights_only)."""
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
@@ -215,9 +219,11 @@ def load_meta(path: Path) -> dict:
     that cannot read one (< 2.4), a one-line ConfigError instead of falling back to an older one."""
     if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
         need = ".".join(map(str, compat.SHARDED_MIN_TORCH))
-        raise compat.ConfigError(f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "
-                                 f"torch >= {need}; this is {torch.__version__}: use an image with a newer "
-                                 "PyTorch (or resume from a single-file checkpoint with --resume PATH)")
+        raise compat.ConfigError(
+            f"checkpoint {path} is sharded (torch.distributed.checkpoint): reading it needs "
+            f"torch >= {need}; this is {torch.__version__}: use an image with a newer "
+            "PyTorch (or resume from a single-file checkpoint with --resume PATH)"
+        )
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"checkpoint {path} has no DCP .metadata (an incomplete copy?)")
     st = load_file(path / META, need=("step",))
@@ -257,8 +263,10 @@ def load(path: str | Path) -> dict[str, Any]:
     st = load_full(path)
     groups = st.pop("param_groups", [])  # parameter names → torch's indices, as in a single file
     index = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
-    st["optimizer"] = {"state": {index[n]: v for n, v in st.pop("optim", {}).items()},
-                       "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in groups]}
+    st["optimizer"] = {
+        "state": {index[n]: v for n, v in st.pop("optim", {}).items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in groups],
+    }
     return st
 
 

@@ -55,9 +55,18 @@ class Layout:
 class Checkpointer:
     """Saves and loads `Parts`; every rank calls every method (each one is a collective)."""
 
-    def __init__(self, cfg: Config, dist: DistInfo, device: torch.device, run_dir: Path | None,
-                 control_group, metrics: MetricsWriter, parts: Parts, layout: Layout,
-                 schedule: Callable[[], dict]):
+    def __init__(
+        self,
+        cfg: Config,
+        dist: DistInfo,
+        device: torch.device,
+        run_dir: Path | None,
+        control_group,
+        metrics: MetricsWriter,
+        parts: Parts,
+        layout: Layout,
+        schedule: Callable[[], dict],
+    ):
         """`schedule`: the learning-rate schedule's record, read at each save (a benchmark moves
         the run's end). The format, and for sharded checkpoints the directory every rank writes to
         (rank 0's run directory) and the gloo group of background saves (their collectives run on
@@ -112,8 +121,7 @@ class Checkpointer:
         return {
             **self.meta(),
             "model": fsdp.model_state(p.model) if self.layout.fsdp else p.model.state_dict(),
-            "optimizer": (fsdp.optimizer_state(p.model, p.optimizer) if self.layout.fsdp
-                          else p.optimizer.state_dict()),
+            "optimizer": (fsdp.optimizer_state(p.model, p.optimizer) if self.layout.fsdp else p.optimizer.state_dict()),
             "ema": p.ema.state_dict() if p.ema else None,
         }
 
@@ -227,10 +235,14 @@ class Checkpointer:
         failed = agree(err is not None, self.control_group)
         if failed:
             if self.cfg.train.on_ckpt_error == "stop":
-                raise err or ckpt.CheckpointError(f"the checkpoint of step {step} was not written on another "
-                                                  "rank (see its log)")
-            log.warning("checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
-                        step, err or "see the other ranks' logs")
+                raise err or ckpt.CheckpointError(
+                    f"the checkpoint of step {step} was not written on another rank (see its log)"
+                )
+            log.warning(
+                "checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
+                step,
+                err or "see the other ranks' logs",
+            )
             return True, None
         return False, str(path) if path else None
 

@@ -57,8 +57,12 @@ def wrap(model: torch.nn.Module, device: torch.device, train_cfg) -> tuple[torch
     """`model` in DDP with the configured buckets, static_graph and reduction dtype."""
     ids = [device.index] if device.type == "cuda" else None
     ddp = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=ids, gradient_as_bucket_view=train_cfg.ddp_bucket_view,
-        bucket_cap_mb=train_cfg.ddp_bucket_mb, static_graph=static_graph(train_cfg))
+        model,
+        device_ids=ids,
+        gradient_as_bucket_view=train_cfg.ddp_bucket_view,
+        bucket_cap_mb=train_cfg.ddp_bucket_mb,
+        static_graph=static_graph(train_cfg),
+    )
     hook = CountingHook(train_cfg.grad_reduce_dtype)
     ddp.register_comm_hook(None, hook)  # state None: the hooks reduce over the default group
     return ddp, hook

@@ -64,8 +64,10 @@ def check_parallel(parallel: str, version: str | None = None) -> None:
     version = version or torch.__version__
     if parallel == "fsdp" and version_tuple(version) < FSDP_MIN_TORCH:
         need = ".".join(map(str, FSDP_MIN_TORCH))
-        raise ConfigError(f"train.parallel=fsdp needs torch >= {need}; this is {version}: use "
-                          "train.parallel=ddp (or an image with a newer PyTorch)")
+        raise ConfigError(
+            f"train.parallel=fsdp needs torch >= {need}; this is {version}: use "
+            "train.parallel=ddp (or an image with a newer PyTorch)"
+        )
 
 
 def fully_shard():
@@ -100,12 +102,16 @@ def ckpt_format(train_cfg, world_size: int, version: str | None = None) -> str:
     if (fmt == "sharded" or background) and not new_enough:
         need = ".".join(map(str, SHARDED_MIN_TORCH))
         what = "train.ckpt_async=true" if background else "train.ckpt_format=sharded"
-        raise ConfigError(f"{what} needs torch >= {need} (torch.distributed.checkpoint's state_dict API and "
-                          f"async_save); this is {version}: use train.ckpt_format=single and "
-                          "train.ckpt_async=false (or an image with a newer PyTorch)")
+        raise ConfigError(
+            f"{what} needs torch >= {need} (torch.distributed.checkpoint's state_dict API and "
+            f"async_save); this is {version}: use train.ckpt_format=single and "
+            "train.ckpt_async=false (or an image with a newer PyTorch)"
+        )
     if background and fmt == "single":
-        raise ConfigError("train.ckpt_async=true writes sharded checkpoints: set train.ckpt_format=sharded "
-                          "(or auto), or train.ckpt_async=false")
+        raise ConfigError(
+            "train.ckpt_async=true writes sharded checkpoints: set train.ckpt_format=sharded "
+            "(or auto), or train.ckpt_async=false"
+        )
     return fmt
 
 
@@ -114,8 +120,10 @@ def check_fsdp_device(parallel: str, device: torch.device, version: str | None =
     version = version or torch.__version__
     if parallel == "fsdp" and device.type == "cpu" and version_tuple(version) < FSDP_CPU_MIN_TORCH:
         need = ".".join(map(str, FSDP_CPU_MIN_TORCH))
-        raise ConfigError(f"train.parallel=fsdp on the CPU needs torch >= {need} (2.4 and 2.5's FSDP2 needs CUDA "
-                          f"streams); this is {version}: use train.parallel=ddp on the CPU, or GPUs")
+        raise ConfigError(
+            f"train.parallel=fsdp on the CPU needs torch >= {need} (2.4 and 2.5's FSDP2 needs CUDA "
+            f"streams); this is {version}: use train.parallel=ddp on the CPU, or GPUs"
+        )
 
 
 def check_train(train_cfg, device: torch.device) -> None:
@@ -128,10 +136,15 @@ def check_train(train_cfg, device: torch.device) -> None:
         raise _fp16_error(device)
     nccl = nccl_version() if device.type == "cuda" else None
     if train_cfg.grad_reduce_dtype == "bf16" and nccl is not None and nccl < (2, 10):
-        raise ConfigError(f"train.grad_reduce_dtype=bf16 needs NCCL >= 2.10 (bf16 all-reduce); this torch "
-                          f"has NCCL {'.'.join(map(str, nccl))}: use train.grad_reduce_dtype=fp32")
-    if (train_cfg.sdpa_backend == "cudnn" and device.type == "cuda"
-            and not hasattr(torch.backends.cuda, "enable_cudnn_sdp")):
+        raise ConfigError(
+            f"train.grad_reduce_dtype=bf16 needs NCCL >= 2.10 (bf16 all-reduce); this torch "
+            f"has NCCL {'.'.join(map(str, nccl))}: use train.grad_reduce_dtype=fp32"
+        )
+    if (
+        train_cfg.sdpa_backend == "cudnn"
+        and device.type == "cuda"
+        and not hasattr(torch.backends.cuda, "enable_cudnn_sdp")
+    ):
         raise _cudnn_sdpa_error()
 
 
@@ -159,13 +172,17 @@ def grad_scaler(device: torch.device):
 
 
 def _fp16_error(device: torch.device) -> ConfigError:
-    return ConfigError(f"train.amp=fp16 on {device.type} needs torch >= 2.3 (its loss scaler); this is "
-                       f"{torch.__version__}: use train.amp=bf16 or none")
+    return ConfigError(
+        f"train.amp=fp16 on {device.type} needs torch >= 2.3 (its loss scaler); this is "
+        f"{torch.__version__}: use train.amp=bf16 or none"
+    )
 
 
 def _cudnn_sdpa_error() -> ConfigError:
-    return ConfigError(f"train.sdpa_backend=cudnn needs torch >= 2.3; this is {torch.__version__}: use "
-                       "train.sdpa_backend=flash or auto")
+    return ConfigError(
+        f"train.sdpa_backend=cudnn needs torch >= 2.3; this is {torch.__version__}: use "
+        "train.sdpa_backend=flash or auto"
+    )
 
 
 def set_sdpa_backend(want: str, backends=None) -> None:

@@ -40,16 +40,20 @@ DONE = ".hpctrain-copied"
 
 def cache_key(cfg: Config, image_digest: str, torch_version: str) -> str:
     """`<image digest or noimage>-torch<version>-<model config hash>`, safe as one path component."""
-    model = json.dumps({"model": to_dict(cfg.model), "compile_mode": cfg.train.compile_mode, "amp": cfg.train.amp},
-                       sort_keys=True)
+    model = json.dumps(
+        {"model": to_dict(cfg.model), "compile_mode": cfg.train.compile_mode, "amp": cfg.train.amp}, sort_keys=True
+    )
     digest = re.sub(r"[^A-Za-z0-9._-]", "_", image_digest.removeprefix("sha256:"))[:24] or "noimage"
     version = re.sub(r"[^A-Za-z0-9.+-]", "_", torch_version)
     return f"{digest}-torch{version}-{hashlib.sha256(model.encode()).hexdigest()[:12]}"
 
 
 def shared_dir(cfg: Config, run_dir: Path, torch_version: str) -> Path:
-    base = Path(os.path.expandvars(cfg.train.compile_cache)).expanduser() if cfg.train.compile_cache \
+    base = (
+        Path(os.path.expandvars(cfg.train.compile_cache)).expanduser()
+        if cfg.train.compile_cache
         else run_dir / "compile_cache"
+    )
     return base / cache_key(cfg, os.environ.get(DIGEST_ENV, ""), torch_version)
 
 
@@ -102,8 +106,12 @@ class CompileCache:
         try:
             n = add_new(self.local, self.shared)
         except OSError as e:  # the run's result does not depend on it: say so and go on
-            log.warning("compile cache: copying %s back to %s failed (%s): the next attempt compiles again",
-                        self.local, self.shared, e)
+            log.warning(
+                "compile cache: copying %s back to %s failed (%s): the next attempt compiles again",
+                self.local,
+                self.shared,
+                e,
+            )
             return
         log.info("compile cache: %d new files copied back to %s", n, self.shared)
 
@@ -112,8 +120,12 @@ class CompileCache:
         from torch._dynamo.utils import counters  # imported by torch.compile already
 
         c = counters["inductor"]
-        log.info("compile cache %s: FX graph cache %d hits, %d misses", self.dir, c["fxgraph_cache_hit"],
-                 c["fxgraph_cache_miss"])
+        log.info(
+            "compile cache %s: FX graph cache %d hits, %d misses",
+            self.dir,
+            c["fxgraph_cache_hit"],
+            c["fxgraph_cache_miss"],
+        )
 
 
 def setup(cfg: Config, run_dir: Path) -> CompileCache | None:

@@ -86,20 +86,35 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
     """
     env = os.environ if env is None else env
     if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
-        return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
+        return DistInfo(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_RANK", 0)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+            "torchrun",
+        )
     # SLURM_STEP_ID: inside an srun step. The batch script itself is not a rank.
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
         hosts = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
         source = env.get("HPCTRAIN_LAUNCHER") or "srun"
-        return DistInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
-                        hosts[0] if hosts else "127.0.0.1",
-                        port_from_job_id(env.get("SLURM_JOB_ID", "0"), attempt_of(env)),
-                        source)
+        return DistInfo(
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_NTASKS"]),
+            int(env.get("SLURM_LOCALID", 0)),
+            hosts[0] if hosts else "127.0.0.1",
+            port_from_job_id(env.get("SLURM_JOB_ID", "0"), attempt_of(env)),
+            source,
+        )
     if "RANK" in env and "WORLD_SIZE" in env:  # set by hand, or by submitit's local executor
-        return DistInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                        env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
-                        env.get("HPCTRAIN_LAUNCHER") or "env")
+        return DistInfo(
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_RANK", 0)),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+            env.get("HPCTRAIN_LAUNCHER") or "env",
+        )
     return DistInfo()
 
 
@@ -113,14 +128,23 @@ def init(info: DistInfo, backend: str, timeout_s: int, group_of_one: bool = Fals
         return
     if info.world_size == 1:
         if group_of_one:
-            td.init_process_group(backend=backend, store=td.HashStore(), rank=0, world_size=1,
-                                  timeout=datetime.timedelta(seconds=timeout_s))
+            td.init_process_group(
+                backend=backend,
+                store=td.HashStore(),
+                rank=0,
+                world_size=1,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
         return
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     set_gloo_ifname()  # before any gloo group: the default one on CPU, the control group on GPU
-    td.init_process_group(backend=backend, init_method=f"tcp://{info.master_addr}:{info.master_port}",
-                          rank=info.rank, world_size=info.world_size,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    td.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 class RankFailure(UserError, RuntimeError):
@@ -132,15 +156,21 @@ class RankFailure(UserError, RuntimeError):
 # collective ran (a plain all-reduce, DDP's comm hook, an async work), so it is matched by these
 # words, anywhere in the error or the errors it was raised from.
 PEER_FAILURE = re.compile(
-    "|".join([
-        r"gloo", r"nccl",  # either library's own file names or messages
-        r"pair closure",  # gloo tcp/pair.cc: "Application timeout caused pair closure"
-        r"closed by peer", r"reset by peer", r"broken pipe",  # gloo tcp/pair.cc; the OS's socket errors
-        r"timed out waiting",  # gloo tcp/unbound_buffer.cc: "Timed out waiting Nms for recv operation"
-        r"collective operation timeout",  # NCCL watchdog: "Watchdog caught collective operation timeout"
-        r"communicator was aborted",  # NCCL: "NCCL communicator was aborted on rank N"
-        r"connection refused", r"socket timeout",  # the store or a transport's connect
-    ]),
+    "|".join(
+        [
+            r"gloo",
+            r"nccl",  # either library's own file names or messages
+            r"pair closure",  # gloo tcp/pair.cc: "Application timeout caused pair closure"
+            r"closed by peer",
+            r"reset by peer",
+            r"broken pipe",  # gloo tcp/pair.cc; the OS's socket errors
+            r"timed out waiting",  # gloo tcp/unbound_buffer.cc: "Timed out waiting Nms for recv operation"
+            r"collective operation timeout",  # NCCL watchdog: "Watchdog caught collective operation timeout"
+            r"communicator was aborted",  # NCCL: "NCCL communicator was aborted on rank N"
+            r"connection refused",
+            r"socket timeout",  # the store or a transport's connect
+        ]
+    ),
     re.IGNORECASE,
 )
 
@@ -197,15 +227,18 @@ def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> Rank
         store = None
     missing = silent_ranks(store, rank, world, wait_s) if store is not None else None
     if missing:
-        detail = (f"rank(s) {', '.join(map(str, missing))} stopped responding (no reply within the "
-                  "process-group timeout)")
+        detail = (
+            f"rank(s) {', '.join(map(str, missing))} stopped responding (no reply within the process-group timeout)"
+        )
     elif missing is None and rank != 0:
         detail = "rank 0 stopped responding (its rendezvous store is unreachable)"
     else:
         detail = "a collective failed (a rank died or its node is gone)"
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return RankFailure(f"{detail}: {first[:300]}. The job stops here; resume from the last checkpoint "
-                       "with --resume auto (see each rank's log in <run>/logs/)")
+    return RankFailure(
+        f"{detail}: {first[:300]}. The job stops here; resume from the last checkpoint "
+        "with --resume auto (see each rank's log in <run>/logs/)"
+    )
 
 
 def shutdown() -> None:

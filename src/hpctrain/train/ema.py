@@ -44,8 +44,11 @@ class EMA:
             ema = self.module.state_dict(keep_vars=True).values()
             src = model.state_dict(keep_vars=True).values()
             floats = [(e, s) for e, s in zip(ema, src) if e.is_floating_point()]
-            self._lists = ([e for e, _ in floats], [s for _, s in floats],
-                           all(s.dtype == torch.float32 for _, s in floats))
+            self._lists = (
+                [e for e, _ in floats],
+                [s for _, s in floats],
+                all(s.dtype == torch.float32 for _, s in floats),
+            )
         return self._lists
 
     @torch.no_grad()

@@ -77,23 +77,39 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
     import torch  # torch: this module imports light (launch.task imports it on the login node)
 
     rec: dict[str, Any] = {
-        "hpctrain": __version__, "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "host": socket.gethostname(), "device": str(device),
-        "world_size": info.world_size, "launcher": info.source, "git_commit": _git_commit(),
+        "hpctrain": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "host": socket.gethostname(),
+        "device": str(device),
+        "world_size": info.world_size,
+        "launcher": info.source,
+        "git_commit": _git_commit(),
         "rendezvous": f"{info.master_addr}:{info.master_port}" if info.world_size > 1 else None,
-        "pythonpath": os.environ.get("PYTHONPATH"), "cuda_home": os.environ.get("CUDA_HOME"),
+        "pythonpath": os.environ.get("PYTHONPATH"),
+        "cuda_home": os.environ.get("CUDA_HOME"),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if device.type == "cuda":
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     rec["dali"] = _dali_version()
-    keep = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_NNODES",
-            "SLURM_NTASKS", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "APPTAINER_CONTAINER",
-            "SINGULARITY_CONTAINER", "HPCTRAIN_IMAGE")
+    keep = (
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_STEP_NODELIST",
+        "SLURM_STEP_ID",
+        "SLURM_NNODES",
+        "SLURM_NTASKS",
+        "SLURM_RESTART_COUNT",
+        "SLURM_JOB_PARTITION",
+        "APPTAINER_CONTAINER",
+        "SINGULARITY_CONTAINER",
+        "HPCTRAIN_IMAGE",
+    )
     keep += ("LOADEDMODULES", *sorted(k for k in os.environ if k.startswith("HPCTRAIN_")))
-    rec["env"] = {k: os.environ[k] for k in keep
-                  if k in os.environ and not any(w in k.upper() for w in SECRET_WORDS)}
+    rec["env"] = {k: os.environ[k] for k in keep if k in os.environ and not any(w in k.upper() for w in SECRET_WORDS)}
     return rec
 
 
@@ -128,8 +144,11 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     compat.check_train(cfg.train, device)  # what this torch cannot run: every rank fails alike, at once
     backend = "nccl" if use_cuda else "gloo"
     # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
-    fr_env = (watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / "logs")
-              if info.world_size > 1 else {})
+    fr_env = (
+        watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / "logs")
+        if info.world_size > 1
+        else {}
+    )
     with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
         distmod.init(info, backend, cfg.train.pg_timeout_s, group_of_one=cfg.train.parallel == "fsdp")
         stack.push(unless_broken(distmod.shutdown))
@@ -142,15 +161,24 @@ def unless_broken(close: Callable[[], object]) -> Callable[..., bool]:
     every rank meets alike, but not after a failed collective or an interrupt: a group a peer left
     is unusable (no orderly shutdown, as train.dist.diagnose's callers do), and a second Ctrl-C means
     now. Never swallows the exception."""
+
     def exit_(exc_type, exc, tb) -> bool:
         if exc is None or (isinstance(exc, Exception) and not distmod.peer_failure(exc)):
             close()
         return False
+
     return exit_
 
 
-def _run(cfg: Config, stop: StopFlag, info: distmod.DistInfo, device, use_cuda: bool, fr_env: dict[str, str],
-         stack: contextlib.ExitStack) -> dict[str, Any]:
+def _run(
+    cfg: Config,
+    stop: StopFlag,
+    info: distmod.DistInfo,
+    device,
+    use_cuda: bool,
+    fr_env: dict[str, str],
+    stack: contextlib.ExitStack,
+) -> dict[str, Any]:
     """`run` once the process group exists: what it opens (the run lock, the trainer) goes on
     `stack`, so every way out releases it; the trainer and model go out of scope on return, before
     the stack destroys the process group (docs/communication.md, "Exit")."""
@@ -175,8 +203,10 @@ def _run(cfg: Config, stop: StopFlag, info: distmod.DistInfo, device, use_cuda: 
     holder = lock.acquire() if info.is_main else None
     stack.callback(lock.release)  # a no-op where it was not taken
     if agree(holder is not None, control):
-        raise RunDirBusy(f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
-                         "wait for that job to end, or give this run another run.name")
+        raise RunDirBusy(
+            f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
+            "wait for that job to end, or give this run another run.name"
+        )
     setup_logging(run_dir, info.rank)
     if lock.note:  # no lock on this file system, or a stale one taken over: the run's log says so
         log.warning(lock.note)
@@ -207,11 +237,23 @@ def _run(cfg: Config, stop: StopFlag, info: distmod.DistInfo, device, use_cuda: 
         save(cfg, run_dir / "config.yaml")
         write_env(run_dir, {**environment_record(info, device), "source": code, "resolved": resolved})
         record_job(run_dir)
-    log.info("run directory %s; world size %d on %s (%s); rank %d on host %s", run_dir, info.world_size,
-             device, info.source, info.rank, socket.gethostname())
-    log.info("batch %d global = %d per rank x %d ranks x %d accumulation steps; lr %s",
-             cfg.data.batch_size, resolved["per_rank_batch"], info.world_size, cfg.train.accum_steps,
-             resolved["lr_rule"])
+    log.info(
+        "run directory %s; world size %d on %s (%s); rank %d on host %s",
+        run_dir,
+        info.world_size,
+        device,
+        info.source,
+        info.rank,
+        socket.gethostname(),
+    )
+    log.info(
+        "batch %d global = %d per rank x %d ranks x %d accumulation steps; lr %s",
+        cfg.data.batch_size,
+        resolved["per_rank_batch"],
+        info.world_size,
+        cfg.train.accum_steps,
+        resolved["lr_rule"],
+    )
 
     if cfg.train.preflight:  # every start: the nodes of this attempt, before any step (docs/preflight.md)
         try:
@@ -223,8 +265,11 @@ def _run(cfg: Config, stop: StopFlag, info: distmod.DistInfo, device, use_cuda: 
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
     if cfg.model.init_from and resume:
-        log.info("model.init_from=%s ignored: this run resumes from %s (the run's checkpoint wins)",
-                 cfg.model.init_from, resume[0])
+        log.info(
+            "model.init_from=%s ignored: this run resumes from %s (the run's checkpoint wins)",
+            cfg.model.init_from,
+            resume[0],
+        )
     elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
@@ -233,20 +278,40 @@ def _run(cfg: Config, stop: StopFlag, info: distmod.DistInfo, device, use_cuda: 
     stack.push(unless_broken(trainer.close))
     if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.faultlog)
         for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / "metrics.jsonl")):
-            log.warning("%s of job %s (restart %s, attempt %s) without %s: %s", r["kind"], r["job"],
-                        r["slurm_restart"], r["attempt"], ",".join(r["nodes"]) or "-", r["why"])
+            log.warning(
+                "%s of job %s (restart %s, attempt %s) without %s: %s",
+                r["kind"],
+                r["job"],
+                r["slurm_restart"],
+                r["attempt"],
+                ",".join(r["nodes"]) or "-",
+                r["why"],
+            )
     out = trainer.run(resume, cfg.train.halt_at)
     if cache:  # finished or stopped for a requeue: the next attempt starts warm
         cache.report()
         cache.save(info.is_main)
     summary = {
-        "status": out.status, "run_dir": str(run_dir), "step": out.step, "total_steps": out.total_steps,
-        "epoch": out.epoch, "top1": out.eval.get("top1"), "top5": out.eval.get("top5"),
-        "val_count": out.eval.get("count"), "ema_top1": out.eval_ema.get("top1"),
-        "train_loss": out.train_loss, "images_per_s": out.images_per_s, "data_wait": out.data_wait,
-        "wall_s": out.wall_s, "resumed_from": out.resumed_from, "checkpoint": out.checkpoint,
-        "world_size": info.world_size, "rank": info.rank, "config": to_dict(cfg),
-        "stop_kind": out.stop_kind, "requeue": False,
+        "status": out.status,
+        "run_dir": str(run_dir),
+        "step": out.step,
+        "total_steps": out.total_steps,
+        "epoch": out.epoch,
+        "top1": out.eval.get("top1"),
+        "top5": out.eval.get("top5"),
+        "val_count": out.eval.get("count"),
+        "ema_top1": out.eval_ema.get("top1"),
+        "train_loss": out.train_loss,
+        "images_per_s": out.images_per_s,
+        "data_wait": out.data_wait,
+        "wall_s": out.wall_s,
+        "resumed_from": out.resumed_from,
+        "checkpoint": out.checkpoint,
+        "world_size": info.world_size,
+        "rank": info.rank,
+        "config": to_dict(cfg),
+        "stop_kind": out.stop_kind,
+        "requeue": False,
     }
     if out.status == "preempted":
         summary["requeue"] = requeue.after_stop(summary, trainer.metrics if info.is_main else None)
@@ -274,9 +339,15 @@ def write_env(run_dir: Path, rec: dict[str, Any], env: dict[str, str] | None = N
 def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
     """Settings derived from the config and the job's size, kept in env.json ("resolved"): the
     learning rate the schedule peaks at, and the batch each rank takes."""
-    return {"peak_lr": cfg.peak_lr, "lr_rule": lr_rule(cfg), "optimizer": cfg.optim.name,
-            "global_batch": cfg.data.batch_size, "per_rank_batch": cfg.per_rank_batch(world_size),
-            "world_size": world_size, "accum_steps": cfg.train.accum_steps}
+    return {
+        "peak_lr": cfg.peak_lr,
+        "lr_rule": lr_rule(cfg),
+        "optimizer": cfg.optim.name,
+        "global_batch": cfg.data.batch_size,
+        "per_rank_batch": cfg.per_rank_batch(world_size),
+        "world_size": world_size,
+        "accum_steps": cfg.train.accum_steps,
+    }
 
 
 def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
@@ -293,8 +364,13 @@ def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
     except (OSError, ValueError):
         rec = {}
     if str(rec.get("job_id")) != job:
-        rec = {"job_id": job, "executor": "slurm", "launcher": distmod.detect(env).source,
-               "nodes": env.get("SLURM_NNODES"), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        rec = {
+            "job_id": job,
+            "executor": "slurm",
+            "launcher": distmod.detect(env).source,
+            "nodes": env.get("SLURM_NNODES"),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         rec_path.write_text(json.dumps(rec, indent=1) + "\n")
     ctl = env.get("HPCTRAIN_CONTROL_DIR")
     if ctl:
@@ -302,8 +378,12 @@ def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
             Path(ctl).mkdir(parents=True, exist_ok=True)
             (Path(ctl) / f"job-{job}.json").write_text(json.dumps({"job_id": job, "run_dir": str(run_dir)}) + "\n")
         except OSError as e:
-            log.warning("cannot write the job record under %s (%s): `hpctrain status %s` will need the run "
-                        "directory", ctl, e, job)
+            log.warning(
+                "cannot write the job record under %s (%s): `hpctrain status %s` will need the run directory",
+                ctl,
+                e,
+                job,
+            )
 
 
 def fmt_pct(v: float | None) -> str:
@@ -311,12 +391,19 @@ def fmt_pct(v: float | None) -> str:
 
 
 def summary_table(s: dict[str, Any]) -> str:
-    rows = [("status", s["status"]), ("run directory", s["run_dir"]),
-            ("steps", f"{s['step']}/{s['total_steps']} (epoch {s['epoch']})"),
-            ("val top-1", fmt_pct(s["top1"])), ("val top-5", fmt_pct(s["top5"])),
-            ("val images", str(s["val_count"] or "-")), ("final train loss", f"{s['train_loss']:.4f}"),
-            ("throughput", f"{s['images_per_s']:.0f} images/s"), ("data wait", f"{100 * s['data_wait']:.1f} %"),
-            ("wall time", f"{s['wall_s']:.1f} s"), ("world size", str(s["world_size"]))]
+    rows = [
+        ("status", s["status"]),
+        ("run directory", s["run_dir"]),
+        ("steps", f"{s['step']}/{s['total_steps']} (epoch {s['epoch']})"),
+        ("val top-1", fmt_pct(s["top1"])),
+        ("val top-5", fmt_pct(s["top5"])),
+        ("val images", str(s["val_count"] or "-")),
+        ("final train loss", f"{s['train_loss']:.4f}"),
+        ("throughput", f"{s['images_per_s']:.0f} images/s"),
+        ("data wait", f"{100 * s['data_wait']:.1f} %"),
+        ("wall time", f"{s['wall_s']:.1f} s"),
+        ("world size", str(s["world_size"])),
+    ]
     if s.get("ema_top1") is not None:
         rows.insert(5, ("EMA val top-1", fmt_pct(s["ema_top1"])))
     if s.get("resumed_from") is not None:

@@ -59,9 +59,14 @@ def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num
         logits, target = logits.float(), labels.masked_fill(~keep, IGNORE)  # IGNORE: no class, no loss
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hit = top5 == target[:, None]
-        sums += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), keep.sum(),
-                             torch.nn.functional.cross_entropy(logits, target, reduction="sum", ignore_index=IGNORE)
-                             ]).double()
+        sums += torch.stack(
+            [
+                hit[:, 0].sum(),
+                hit.any(1).sum(),
+                keep.sum(),
+                torch.nn.functional.cross_entropy(logits, target, reduction="sum", ignore_index=IGNORE),
+            ]
+        ).double()
         if conf is not None:  # index_add_ into a fixed size (bincount reads the max on the host); padding: last cell
             cell = torch.where(keep, labels * num_classes + top5[:, 0], num_classes * num_classes)
             conf.index_add_(0, cell, torch.ones_like(cell))
@@ -74,9 +79,7 @@ def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num
             td.all_reduce(conf)
     model.train(was_training)
     c1, c5, n, loss = sums.tolist()
-    out = {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n),
-           "loss": loss / max(n, 1)}
+    out = {"top1": 100.0 * c1 / max(n, 1), "top5": 100.0 * c5 / max(n, 1), "count": int(n), "loss": loss / max(n, 1)}
     if conf is not None:
         out["confusion"] = conf[:-1].view(num_classes, num_classes).cpu()
     return out
-

@@ -30,8 +30,11 @@ def eval_config(cfg: Config, world: int) -> Config:
     batch training takes per rank at this world size (so one process matches a one-process run)."""
     d, t = cfg.data, cfg.train
     per_rank = d.eval_batch_size or max(1, d.batch_size // (world * t.accum_steps))
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, batch_size=per_rank * world, eval_batch_size=per_rank),
-                               train=dataclasses.replace(t, accum_steps=1))
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(d, batch_size=per_rank * world, eval_batch_size=per_rank),
+        train=dataclasses.replace(t, accum_steps=1),
+    )
 
 
 def class_names(cfg: Config, loader) -> list[str]:
@@ -48,8 +51,9 @@ def per_class(confusion, names: list[str]) -> list[dict[str, Any]]:
     rows = []
     for i, name in enumerate(names):
         n, ok = int(confusion[i].sum()), int(confusion[i, i])
-        rows.append({"label": i, "class": name, "count": n, "correct": ok,
-                     "top1": round(100.0 * ok / n, 4) if n else None})
+        rows.append(
+            {"label": i, "class": name, "count": n, "correct": ok, "top1": round(100.0 * ok / n, 4) if n else None}
+        )
     return rows
 
 
@@ -65,8 +69,14 @@ def most_confused(confusion, names: list[str], k: int = TOP_PAIRS) -> list[dict[
             break
         t, p = divmod(i, k_cls)
         total = int(confusion[t].sum())
-        out.append({"true": names[t], "predicted": names[p], "count": int(c),
-                    "share_of_true": round(100.0 * c / total, 4) if total else None})
+        out.append(
+            {
+                "true": names[t],
+                "predicted": names[p],
+                "count": int(c),
+                "share_of_true": round(100.0 * c / total, 4) if total else None,
+            }
+        )
     return out
 
 
@@ -94,8 +104,9 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
         torch.set_num_threads(cfg.train.threads)
     want = cfg.train.device
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count())) if use_cuda else \
-        torch.device("cpu")
+    device = (
+        torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count())) if use_cuda else torch.device("cpu")
+    )
     if use_cuda:
         torch.cuda.set_device(device)
     setup_logging(None, info.rank)
@@ -108,18 +119,28 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
         model.to(device)
         _, loader = build_loaders(ecfg, info.rank, info.world_size, device)
         if loader is None:
-            raise finetune.InitError(f"{cfg.data.root} has no val/ split to evaluate: add root/val/<class>/* or "
-                                     "use --split minival")
+            raise finetune.InitError(
+                f"{cfg.data.root} has no val/ split to evaluate: add root/val/<class>/* or use --split minival"
+            )
         res = evaluate(model, loader, cfg.train.amp, device, cfg.model.num_classes)
     finally:
         distmod.shutdown()
     conf = res.pop("confusion")
     names = class_names(cfg, loader)
     rows = per_class(conf, names)
-    summary = {"weights": str(weights), "ema": ema, "split": cfg.data.splits[0], "data_root": cfg.data.root,
-               "img_size": cfg.model.img_size, "crop_pct": cfg.data.crop_pct, "interpolation": cfg.data.interpolation,
-               **res, "world_size": info.world_size, "adapted": notes,
-               "most_confused": most_confused(conf, names)}
+    summary = {
+        "weights": str(weights),
+        "ema": ema,
+        "split": cfg.data.splits[0],
+        "data_root": cfg.data.root,
+        "img_size": cfg.model.img_size,
+        "crop_pct": cfg.data.crop_pct,
+        "interpolation": cfg.data.interpolation,
+        **res,
+        "world_size": info.world_size,
+        "adapted": notes,
+        "most_confused": most_confused(conf, names),
+    }
     if out_dir is not None:
         summary["per_class_csv"] = str(out_dir / "per_class.csv")
         if info.is_main:
@@ -128,12 +149,20 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
 
 
 def summary_text(s: dict[str, Any]) -> str:
-    rows = [("weights", s["weights"] + (" (EMA)" if s["ema"] else "")), ("split", f"{s['split']} of {s['data_root']}"),
-            ("input", f"{s['img_size']}px, crop_pct {s['crop_pct']:g}, {s['interpolation']}"),
-            ("top-1", f"{s['top1']:.4f} %"), ("top-5", f"{s['top5']:.4f} %"), ("loss", f"{s['loss']:.6f}"),
-            ("images", str(s["count"])), ("world size", str(s["world_size"]))]
-    rows += [(f"confused #{i + 1}", f"{p['true']} → {p['predicted']}: {p['count']}")
-             for i, p in enumerate(s["most_confused"])]
+    rows = [
+        ("weights", s["weights"] + (" (EMA)" if s["ema"] else "")),
+        ("split", f"{s['split']} of {s['data_root']}"),
+        ("input", f"{s['img_size']}px, crop_pct {s['crop_pct']:g}, {s['interpolation']}"),
+        ("top-1", f"{s['top1']:.4f} %"),
+        ("top-5", f"{s['top5']:.4f} %"),
+        ("loss", f"{s['loss']:.6f}"),
+        ("images", str(s["count"])),
+        ("world size", str(s["world_size"])),
+    ]
+    rows += [
+        (f"confused #{i + 1}", f"{p['true']} → {p['predicted']}: {p['count']}")
+        for i, p in enumerate(s["most_confused"])
+    ]
     if s.get("per_class_csv"):
         rows.append(("per-class accuracy", s["per_class_csv"]))
     return table(rows, "hpctrain eval")

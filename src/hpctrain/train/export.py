@@ -25,8 +25,9 @@ def find(run: str | Path, step: int | None = None) -> Path:
         return run
     found = ckpt.list_checkpoints(run)
     if not found:
-        raise UserError(f"no checkpoint in {ckpt.ckpt_dir(run)}: give a run directory that has one "
-                        "(or a checkpoint path)")
+        raise UserError(
+            f"no checkpoint in {ckpt.ckpt_dir(run)}: give a run directory that has one (or a checkpoint path)"
+        )
     if step is None:
         return found[0]
     for p in found:
@@ -42,8 +43,11 @@ def weights(path: Path, ema: bool = False) -> tuple[dict[str, torch.Tensor], dic
     part = "ema" if ema else "model"
     sd = st.get(part)
     if not sd:
-        raise UserError(f"checkpoint {path} has no EMA weights (trained with train.ema=0): export without --ema"
-                        if ema else f"checkpoint {path} has no model weights")
+        raise UserError(
+            f"checkpoint {path} has no EMA weights (trained with train.ema=0): export without --ema"
+            if ema
+            else f"checkpoint {path} has no model weights"
+        )
     info = {k: v for k, v in st.items() if k not in ("model", "optimizer", "ema", "rng")}
     return {k: v.detach().contiguous() for k, v in sd.items()}, info
 
@@ -59,8 +63,10 @@ def export(run: str | Path, out: str | Path, step: int | None = None, ema: bool 
         try:
             from safetensors.torch import save as st_save  # safetensors: only for `-o *.safetensors`
         except ImportError:
-            raise UserError("writing .safetensors needs the safetensors package (pip install safetensors, "
-                            "part of hpctrain[train]); or export to a .pt file") from None
+            raise UserError(
+                "writing .safetensors needs the safetensors package (pip install safetensors, "
+                "part of hpctrain[train]); or export to a .pt file"
+            ) from None
         meta = {"step": str(info.get("step")), "source": str(path), "weights": "ema" if ema else "model"}
         data = st_save(sd, metadata=meta)
         ckpt.atomic_write(out, lambda f: f.write(data))

@@ -54,42 +54,49 @@ def _unwrap(obj: dict, path: Path, ema: bool, what: str = "model.init_from") -> 
     else:
         key = None if ema else ""
     if key is None or (key and not isinstance(obj.get(key), dict)):
-        raise InitError(f"{what}={path} has no EMA weights (no ema or state_dict_ema entry): set "
-                        "model.init_ema=false")
+        raise InitError(f"{what}={path} has no EMA weights (no ema or state_dict_ema entry): set model.init_ema=false")
     sd = obj[key] if key else obj
     out = {}
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
-            raise InitError(f"{what}={path}: entry {k!r} is not a tensor; give a state_dict file "
-                            "(e.g. from `hpctrain export`)")
+            raise InitError(
+                f"{what}={path}: entry {k!r} is not a tensor; give a state_dict file (e.g. from `hpctrain export`)"
+            )
         for pre in PREFIXES:
-            k = k[len(pre):] if k.startswith(pre) else k
+            k = k[len(pre) :] if k.startswith(pre) else k
         out[k] = v
     return out
 
 
-def read_weights(source: str | Path, ema: bool = False, what: str = "model.init_from"
-                 ) -> tuple[dict[str, torch.Tensor], str]:
+def read_weights(
+    source: str | Path, ema: bool = False, what: str = "model.init_from"
+) -> tuple[dict[str, torch.Tensor], str]:
     """(state_dict, where it came from) of an init_from / --weights source (`what` names it in errors)."""
     p = Path(source)
     if not p.exists():
-        raise InitError(f"{what}={source}: no such file or directory; give the path of a .safetensors/"
-                        ".pt/.pth state_dict, an hpctrain checkpoint or run directory (no URLs or hub names)")
+        raise InitError(
+            f"{what}={source}: no such file or directory; give the path of a .safetensors/"
+            ".pt/.pth state_dict, an hpctrain checkpoint or run directory (no URLs or hub names)"
+        )
     if _is_run_or_checkpoint(p):
         path = export.find(p)
         sd, _ = export.weights(path, ema)
         return sd, f"{path}{' (EMA)' if ema else ''}"
     if p.is_dir():
-        raise InitError(f"{what}={source} is a directory without checkpoints/: give a run directory, "
-                        "a checkpoint (step-<n>.pt or step-<n>/) or a weights file")
+        raise InitError(
+            f"{what}={source} is a directory without checkpoints/: give a run directory, "
+            "a checkpoint (step-<n>.pt or step-<n>/) or a weights file"
+        )
     if p.suffix == ".safetensors":
         try:
             from safetensors.torch import load_file  # safetensors: only for .safetensors weights
         except ImportError:
             raise InitError("reading .safetensors needs the safetensors package (part of hpctrain[train])") from None
         if ema:
-            raise InitError(f"{what}={source} is a plain state_dict (.safetensors): it has no EMA weights; "
-                            "set model.init_ema=false (or export the EMA weights: hpctrain export RUN --ema)")
+            raise InitError(
+                f"{what}={source} is a plain state_dict (.safetensors): it has no EMA weights; "
+                "set model.init_ema=false (or export the EMA weights: hpctrain export RUN --ema)"
+            )
         return _unwrap(load_file(str(p)), p, False, what), str(p)
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
@@ -116,8 +123,9 @@ def _shape(t: torch.Tensor) -> str:
     return "×".join(map(str, t.shape)) or "scalar"
 
 
-def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str,
-          new_head: bool = True) -> tuple[dict[str, torch.Tensor], list[str]]:
+def adapt(
+    sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str, new_head: bool = True
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     """`sd` made to fit `model`: (the state_dict to load, the notes on what was adapted).
 
     `new_head=False` (evaluation) refuses a head of another class count instead of re-initialising it."""
@@ -132,40 +140,58 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str,
         if pe.ndim == 3 and n > 0 and math.isqrt(n) ** 2 == n and pe.shape[2] == mpe.shape[2]:
             old = math.isqrt(n)
             sd["pos_embed"] = resample_pos_embed(pe, grid, prefix)
-            notes.append(f"position embedding resampled from a {old}×{old} to a {grid}×{grid} grid (bicubic"
-                         f"{', class token kept' if prefix else ''})")
+            notes.append(
+                f"position embedding resampled from a {old}×{old} to a {grid}×{grid} grid (bicubic"
+                f"{', class token kept' if prefix else ''})"
+            )
     missing_head = []
     hw, mhw = sd.get("head.weight"), want.get("head.weight")
-    if (hw is not None and mhw is not None and hw.shape != mhw.shape and hw.ndim == 2
-            and hw.shape[1] == mhw.shape[1]):
+    if hw is not None and mhw is not None and hw.shape != mhw.shape and hw.ndim == 2 and hw.shape[1] == mhw.shape[1]:
         if not new_head:
-            raise InitError(f"{source} has a {hw.shape[0]}-class head but model.num_classes={mhw.shape[0]}: "
-                            f"evaluate with --set model.num_classes={hw.shape[0]} (and data with those classes)")
+            raise InitError(
+                f"{source} has a {hw.shape[0]}-class head but model.num_classes={mhw.shape[0]}: "
+                f"evaluate with --set model.num_classes={hw.shape[0]} (and data with those classes)"
+            )
         for k in HEAD:
             sd.pop(k, None)
         missing_head = list(HEAD)
         head_init = getattr(model, "head_init", "")
-        notes.append(f"new head: the checkpoint's has {hw.shape[0]} classes, model.num_classes={mhw.shape[0]}; "
-                     f"re-initialised ({'model.head_init=' + head_init if head_init else 'fresh init'})")
+        notes.append(
+            f"new head: the checkpoint's has {hw.shape[0]} classes, model.num_classes={mhw.shape[0]}; "
+            f"re-initialised ({'model.head_init=' + head_init if head_init else 'fresh init'})"
+        )
     # a pre-trained encoder (MAE's layout: no head, no fc_norm; its token norm unused with fc_norm)
     fresh = [k for k in (*HEAD, *FC_NORM) if new_head and k in want and k not in sd and k not in missing_head]
     unused = [k for k in TOKEN_NORM if k in sd and k not in want and FC_NORM[0] in fresh]
     if fresh:
-        notes.append(f"not in the file, left as initialised: {', '.join(fresh)}"
-                     + (f"; unused (the model normalises after the pool): {', '.join(unused)}" if unused else ""))
+        notes.append(
+            f"not in the file, left as initialised: {', '.join(fresh)}"
+            + (f"; unused (the model normalises after the pool): {', '.join(unused)}" if unused else "")
+        )
     for k in unused:
         sd.pop(k)
     missing = [k for k in want if k not in sd and k not in missing_head and k not in fresh]
     unexpected = [k for k in sd if k not in want]
     shapes = [k for k in sd if k in want and sd[k].shape != want[k].shape]
     if missing or unexpected or shapes:
-        raise InitError(f"{source} does not fit this model: " + "; ".join(filter(None, [
-            _listing("shapes differ", [f"{k} {_shape(sd[k])} in the file vs {_shape(want[k])} in the model"
-                                       for k in shapes]),
-            _listing("missing from the file", [f"{k} {_shape(want[k])}" for k in missing]),
-            _listing("not in the model", [f"{k} {_shape(sd[k])}" for k in unexpected]),
-        ])) + ". Set the model.* keys the weights were trained with (depth, width, heads, patch_size, pool, "
-              "class_token, fc_norm, rep_size: see the source run's config.yaml)")
+        raise InitError(
+            f"{source} does not fit this model: "
+            + "; ".join(
+                filter(
+                    None,
+                    [
+                        _listing(
+                            "shapes differ",
+                            [f"{k} {_shape(sd[k])} in the file vs {_shape(want[k])} in the model" for k in shapes],
+                        ),
+                        _listing("missing from the file", [f"{k} {_shape(want[k])}" for k in missing]),
+                        _listing("not in the model", [f"{k} {_shape(sd[k])}" for k in unexpected]),
+                    ],
+                )
+            )
+            + ". Set the model.* keys the weights were trained with (depth, width, heads, patch_size, pool, "
+            "class_token, fc_norm, rep_size: see the source run's config.yaml)"
+        )
     return sd, notes
 
 
@@ -176,8 +202,9 @@ def _listing(what: str, items: list[str], most: int = 8) -> str:
     return f"{what}: {', '.join(items[:most])}{more}"
 
 
-def load_into(model: torch.nn.Module, source: str | Path, ema: bool = False, new_head: bool = True,
-              what: str = "model.init_from") -> list[str]:
+def load_into(
+    model: torch.nn.Module, source: str | Path, ema: bool = False, new_head: bool = True, what: str = "model.init_from"
+) -> list[str]:
     """Read `source`, adapt it to `model`, load it; log and return what was adapted."""
     sd, where = read_weights(source, ema, what)
     sd, notes = adapt(sd, model, where, new_head)

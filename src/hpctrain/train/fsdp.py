@@ -35,8 +35,13 @@ def mixed_precision(amp: str, grad_reduce_dtype: str = "fp32"):
     return compat.fsdp_mixed_precision()(param_dtype=torch.bfloat16, reduce_dtype=reduce)
 
 
-def shard(model: torch.nn.Module, device: torch.device, reshard_after_forward: bool = True,
-          amp: str = "none", grad_reduce_dtype: str = "fp32") -> None:
+def shard(
+    model: torch.nn.Module,
+    device: torch.device,
+    reshard_after_forward: bool = True,
+    amp: str = "none",
+    grad_reduce_dtype: str = "fp32",
+) -> None:
     """Shard `model` in place over all ranks: one unit per block, then the root.
 
     Rank 0's weights are broadcast first (as DDP does when it wraps), so every shard comes from
@@ -99,7 +104,8 @@ def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dic
     options = _full_options(broadcast_from_rank0=True)
     set_model_state_dict(model, model_sd, options=options)
     names = _param_names(model, optimizer)
-    osd = {"state": {names[int(i)]: v for i, v in optim_sd["state"].items()},
-           "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
-                            for g in optim_sd["param_groups"]]}
+    osd = {
+        "state": {names[int(i)]: v for i, v in optim_sd["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in optim_sd["param_groups"]],
+    }
     set_optimizer_state_dict(model, optimizer, osd, options=options)

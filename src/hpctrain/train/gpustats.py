@@ -39,8 +39,7 @@ def cuda_memory(device) -> dict[str, float]:
     reserved = torch.cuda.max_memory_reserved(device)
     torch.cuda.reset_peak_memory_stats(device)
     total = torch.cuda.get_device_properties(device).total_memory
-    return {"mem_alloc_gb": alloc / GIB, "mem_reserved_gb": reserved / GIB,
-            "mem_pct": 100.0 * reserved / max(total, 1)}
+    return {"mem_alloc_gb": alloc / GIB, "mem_reserved_gb": reserved / GIB, "mem_pct": 100.0 * reserved / max(total, 1)}
 
 
 class NvmlSampler:
@@ -94,10 +93,13 @@ class NvmlSampler:
             except Exception as e:  # noqa: BLE001 - NVMLError_NoPermission (device cgroup), a GPU lost
                 skipped.append(f"{i} ({e})")
         if skipped:
-            log.info("NVML readings: GPU %s skipped (NVML cannot open %s; normal for GPUs outside this "
-                     "job's device cgroup): their util/memory/power/clock fields are absent; read: %s",
-                     ", ".join(skipped), "it" if len(skipped) == 1 else "them",
-                     ", ".join(map(str, indices)) or "none")
+            log.info(
+                "NVML readings: GPU %s skipped (NVML cannot open %s; normal for GPUs outside this "
+                "job's device cgroup): their util/memory/power/clock fields are absent; read: %s",
+                ", ".join(skipped),
+                "it" if len(skipped) == 1 else "them",
+                ", ".join(map(str, indices)) or "none",
+            )
         if not handles:
             pynvml.nvmlShutdown()
             return None
@@ -107,10 +109,12 @@ class NvmlSampler:
 
     def _read(self, h) -> dict[str, float]:
         n = self._nvml
-        return {"util_pct": float(n.nvmlDeviceGetUtilizationRates(h).gpu),
-                "mem_used_gb": n.nvmlDeviceGetMemoryInfo(h).used / GIB,
-                "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML reports milliwatts
-                "sm_clock_mhz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))}
+        return {
+            "util_pct": float(n.nvmlDeviceGetUtilizationRates(h).gpu),
+            "mem_used_gb": n.nvmlDeviceGetMemoryInfo(h).used / GIB,
+            "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML reports milliwatts
+            "sm_clock_mhz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+        }
 
     def sample(self) -> None:
         """One reading of every GPU, added to the window (the thread calls this); a GPU whose
@@ -123,8 +127,12 @@ class NvmlSampler:
                 rows.append(None)
                 if pos not in self._failed:
                     self._failed.add(pos)
-                    log.warning("NVML reading of GPU %d failed (%s): its fields are absent while it fails; "
-                             "the other GPUs are still read", self.indices[pos], e)
+                    log.warning(
+                        "NVML reading of GPU %d failed (%s): its fields are absent while it fails; "
+                        "the other GPUs are still read",
+                        self.indices[pos],
+                        e,
+                    )
         with self._lock:
             for pos, row in enumerate(rows):
                 if row is None:
@@ -148,8 +156,10 @@ class NvmlSampler:
             self._sums, self._counts = [{} for _ in self._handles], [0] * len(self._handles)
         for pos, (acc, count) in enumerate(zip(sums, counts)):
             if count:
-                self._last[pos] = {"index": self.indices[pos],
-                                   **{k: (v if k == "mem_used_gb" else v / count) for k, v in acc.items()}}
+                self._last[pos] = {
+                    "index": self.indices[pos],
+                    **{k: (v if k == "mem_used_gb" else v / count) for k, v in acc.items()},
+                }
         out = [row for row in self._last if row is not None]
         return out or None
 

@@ -29,8 +29,15 @@ from hpctrain.train.moments import AdamFamily, Bucket, bias_corrections, fused_a
 
 
 class Lamb(AdamFamily):
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0, always_adapt: bool = False):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        always_adapt: bool = False,
+    ):
         super().__init__(params, lr, betas, eps, weight_decay, always_adapt=always_adapt)
 
     def update(self, b: Bucket, group: dict) -> None:
@@ -82,6 +89,6 @@ class Lamb(AdamFamily):
         spread, at = [], 0
         for shape, idx in shapes.items():
             k = len(idx)
-            spread.extend(ratio[at:at + k].view(k, *[1] * len(shape)).expand(k, *shape).contiguous().unbind(0))
+            spread.extend(ratio[at : at + k].view(k, *[1] * len(shape)).expand(k, *shape).contiguous().unbind(0))
             at += k
         torch._foreach_addcmul_(params, r, spread, value=-lr)  # the same rounding as with the 0-d ratios

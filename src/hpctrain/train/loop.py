@@ -84,15 +84,28 @@ class Trainer:
     """One rank's training run. `stops` (when to stop) and `faults` (what to break, for the fault
     tests) are policies: by default from `stop_flag` and from the environment."""
 
-    def __init__(self, cfg: Config, dist: DistInfo, device: torch.device, run_dir: Path | None,
-                 train_loader, val_loader, model: torch.nn.Module, control_group=None,
-                 stop_flag: stopmod.StopFlag | None = None, stops: StopRounds | None = None,
-                 faults: Faults | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        dist: DistInfo,
+        device: torch.device,
+        run_dir: Path | None,
+        train_loader,
+        val_loader,
+        model: torch.nn.Module,
+        control_group=None,
+        stop_flag: stopmod.StopFlag | None = None,
+        stops: StopRounds | None = None,
+        faults: Faults | None = None,
+    ):
         self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
         self.train_loader = train_loader
         # {split: loader} (data.build.build_eval_loaders), or one loader / None for the headline split alone
-        self.eval_loaders = dict(val_loader) if isinstance(val_loader, dict) else \
-            ({} if val_loader is None else {cfg.data.splits[0]: val_loader})
+        self.eval_loaders = (
+            dict(val_loader)
+            if isinstance(val_loader, dict)
+            else ({} if val_loader is None else {cfg.data.splits[0]: val_loader})
+        )
         self.val_loader = next(iter(self.eval_loaders.values()), None)  # the headline split's (listed first)
         self.model = model.to(device)
         fastpath.apply(cfg.train, device)
@@ -104,15 +117,18 @@ class Trainer:
         self.accum = t.accum_steps
         self.steps_per_epoch = len(train_loader) // self.accum
         if self.steps_per_epoch == 0:
-            raise ValueError("the train loader has fewer batches than train.accum_steps: lower "
-                             "data.batch_size or train.accum_steps")
+            raise ValueError(
+                "the train loader has fewer batches than train.accum_steps: lower data.batch_size or train.accum_steps"
+            )
         self.total_steps = planned_steps(cfg, len(train_loader))
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
         self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
         self.fsdp = t.parallel == "fsdp"  # on one rank too: a one-GPU FSDP run (or benchmark) runs FSDP
         if self.fsdp and not td.is_initialized():
-            raise RuntimeError("train.parallel=fsdp shards over a process group, a world of 1 too: "
-                               "call dist.init(..., group_of_one=True) before the Trainer")
+            raise RuntimeError(
+                "train.parallel=fsdp shards over a process group, a world of 1 too: "
+                "call dist.init(..., group_of_one=True) before the Trainer"
+            )
         if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
             fsdp.shard(self.model, device, t.fsdp_reshard, t.amp, t.grad_reduce_dtype)
         # bf16 under FSDP is FSDP's mixed-precision policy (train.fsdp), so no autocast in steps
@@ -120,12 +136,12 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model, device)
         self.scaler = compat.grad_scaler(device) if t.amp == "fp16" else None
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
-        self.mixer = Mixer(cfg.model.num_classes, t.label_smoothing, t.mixup, t.cutmix, t.mix_prob,
-                           t.switch_prob, t.seed)
+        self.mixer = Mixer(
+            cfg.model.num_classes, t.label_smoothing, t.mixup, t.cutmix, t.mix_prob, t.switch_prob, t.seed
+        )
         self.fwd_model = self.model
         if t.compile:
-            self.fwd_model = torch.compile(self.model, mode=None if t.compile_mode == "default"
-                                           else t.compile_mode)
+            self.fwd_model = torch.compile(self.model, mode=None if t.compile_mode == "default" else t.compile_mode)
         self.ddp = None
         self.reduce_hook: comm.CountingHook | None = None
         if dist.world_size > 1 and t.parallel == "ddp":
@@ -135,25 +151,50 @@ class Trainer:
         self.finite = guard.FiniteFlag(device)  # OR of "not finite" since the last clean check, on the device
         self.spikes = guard.SpikeWatch(t.spike_factor, t.spike_window)
         self.grad_norm = torch.zeros((), device=device)  # the last step's total gradient norm (before clipping)
-        self.auto = (interval.AutoInterval(t.ckpt_auto_first, t.mtbf_h or interval.DEFAULT_MTBF_H,
-                                           t.mtbf_source or ("train.mtbf_h" if t.mtbf_h else "default"))
-                     if t.ckpt_every == "auto" else None)  # train.ckpt_every=auto: when the next save is due
+        self.auto = (
+            interval.AutoInterval(
+                t.ckpt_auto_first,
+                t.mtbf_h or interval.DEFAULT_MTBF_H,
+                t.mtbf_source or ("train.mtbf_h" if t.mtbf_h else "default"),
+            )
+            if t.ckpt_every == "auto"
+            else None
+        )  # train.ckpt_every=auto: when the next save is due
         self.clock = interval.StepClock()  # training seconds per step (saves and evals left out)
         self.paused_s = 0.0  # seconds of saves and evals in the current log window
         self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
         main_dir = run_dir if dist.is_main else None
-        self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl",
-                                     sink=trackers.open_sink(cfg, main_dir))
+        self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl", sink=trackers.open_sink(cfg, main_dir))
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
         self.fwd_clock = straggler.Clock(device, dist.world_size > 1, self.faults.compute_delay)
-        self.stragglers = straggler.StragglerWatch(dist.rank, dist.world_size, dist.local_rank, control_group,
-                                                   t.straggler_pct, self.metrics, t.exclude_straggler_pct)
-        self.watchdog = Watchdog(t.hang_s, dist.rank, dist.world_size, run_dir / "logs" if run_dir else None,
-                                 nccl=td.is_initialized() and td.get_backend() == "nccl",
-                                 report=lambda rec: self.metrics.write("hang", **rec))
-        self.ckpts = Checkpointer(cfg, dist, device, run_dir, control_group, self.metrics,
-                                  Parts(self.model, self.optimizer, self.ema, self.scaler, self.train_state),
-                                  Layout(self.steps_per_epoch, self.accum, self.fsdp), self._schedule)
+        self.stragglers = straggler.StragglerWatch(
+            dist.rank,
+            dist.world_size,
+            dist.local_rank,
+            control_group,
+            t.straggler_pct,
+            self.metrics,
+            t.exclude_straggler_pct,
+        )
+        self.watchdog = Watchdog(
+            t.hang_s,
+            dist.rank,
+            dist.world_size,
+            run_dir / "logs" if run_dir else None,
+            nccl=td.is_initialized() and td.get_backend() == "nccl",
+            report=lambda rec: self.metrics.write("hang", **rec),
+        )
+        self.ckpts = Checkpointer(
+            cfg,
+            dist,
+            device,
+            run_dir,
+            control_group,
+            self.metrics,
+            Parts(self.model, self.optimizer, self.ema, self.scaler, self.train_state),
+            Layout(self.steps_per_epoch, self.accum, self.fsdp),
+            self._schedule,
+        )
 
     @property
     def step(self) -> int:
@@ -193,10 +234,16 @@ class Trainer:
         if not self._healthy(check_weights=True):
             if not stopping:
                 raise guard.Diverged(self.step, "nonfinite", {"where": "before a checkpoint"})
-            self.metrics.write("nonfinite", step=self.step, reason="nonfinite", where="before a stop's checkpoint",
-                               action="no checkpoint")
-            log.warning("step %d saw a non-finite value: no checkpoint at this stop (the last good one stays)",
-                        self.step)
+            self.metrics.write(
+                "nonfinite",
+                step=self.step,
+                reason="nonfinite",
+                where="before a stop's checkpoint",
+                action="no checkpoint",
+            )
+            log.warning(
+                "step %d saw a non-finite value: no checkpoint at this stop (the last good one stays)", self.step
+            )
             return
         t0 = time.perf_counter()
         out.checkpoint = self.save(background=periodic) or out.checkpoint
@@ -233,9 +280,17 @@ class Trainer:
             return
         self.metrics.write("ckpt_interval", step=self.step, **rec)
         if self.dist.is_main:
-            log.info("checkpoint interval: every %d steps (%.0f s) = sqrt(2 x save %.2f s x MTBF %.3g h, %s) / step "
-                     "%.3g s; next at step %d", rec["interval_steps"], rec["interval_s"], save_s, rec["mtbf_h"],
-                     rec["mtbf_source"], step_s, rec["next_step"])
+            log.info(
+                "checkpoint interval: every %d steps (%.0f s) = sqrt(2 x save %.2f s x MTBF %.3g h, %s) / step "
+                "%.3g s; next at step %d",
+                rec["interval_steps"],
+                rec["interval_s"],
+                save_s,
+                rec["mtbf_h"],
+                rec["mtbf_source"],
+                step_s,
+                rec["next_step"],
+            )
 
     def _healthy(self, check_weights: bool = False) -> bool:
         """Every rank agrees that no loss or gradient norm since the last check was non-finite (and,
@@ -258,8 +313,10 @@ class Trainer:
         """(the headline split's results, the record fields): with one split its results under their
         names (`top1`...), as ever; with several, also every split's under `<split>/<prefix><name>`
         (TensorBoard `eval/<split>/top1`), each split evaluated once."""
-        results = {split: evaluate(model, loader, self.cfg.train.amp, self.device)
-                   for split, loader in self.eval_loaders.items()}
+        results = {
+            split: evaluate(model, loader, self.cfg.train.amp, self.device)
+            for split, loader in self.eval_loaders.items()
+        }
         head = next(iter(results.values()), {})
         fields = {f"{prefix}{k}": v for k, v in head.items()}
         if len(self.cfg.data.splits) > 1:
@@ -384,8 +441,7 @@ class Trainer:
         # train.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
         window = profiling.open_window(t, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step)
         try:
-            return self._train(Loop(out, progress, halt_at, window, start_wall, LogWindow(self.device),
-                                    last_eval_step))
+            return self._train(Loop(out, progress, halt_at, window, start_wall, LogWindow(self.device), last_eval_step))
         finally:
             if window:
                 window.close()
@@ -474,19 +530,30 @@ class Trainer:
         self.paused_s = 0.0
         ips = self.cfg.data.batch_size * win.steps / max(el, 1e-9)
         lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
-        rec = dict(step=self.step, epoch=self.step / self.steps_per_epoch, loss=loss, lr=lr,
-                   images_per_s=ips, data_wait=win.wait / max(el, 1e-9), **self.speed.fields(ips, el / win.steps))
+        rec = dict(
+            step=self.step,
+            epoch=self.step / self.steps_per_epoch,
+            loss=loss,
+            lr=lr,
+            images_per_s=ips,
+            data_wait=win.wait / max(el, 1e-9),
+            **self.speed.fields(ips, el / win.steps),
+        )
         rec["grad_norm"] = grad_norm  # the window's mean, before clipping
-        self.stragglers.post(self.step, el / win.steps, win.wait / win.steps,
-                             (win.wait + self.fwd_clock.take()) / win.steps)
+        self.stragglers.post(
+            self.step, el / win.steps, win.wait / win.steps, (win.wait + self.fwd_clock.take()) / win.steps
+        )
         skipped = len(getattr(self.train_loader, "skipped", ()))
         if skipped:
             rec["skipped_samples"] = skipped
         if self.reduce_hook:  # per rank and step, in the dtype on the wire
             rec["grad_reduce_bytes"] = self.reduce_hook.take() // win.steps
         self.metrics.write("train", **rec)
-        lp.progress.update(self.step, f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
-                                      f"data {100 * rec['data_wait']:.0f}%" + speed.progress_text(rec))
+        lp.progress.update(
+            self.step,
+            f"loss {loss:.4f} lr {lr:.2e} {ips:.0f} img/s "
+            f"data {100 * rec['data_wait']:.0f}%" + speed.progress_text(rec),
+        )
         out.train_loss, out.images_per_s, out.data_wait = loss, ips, rec["data_wait"]
         win.reset()
 
@@ -498,8 +565,14 @@ class Trainer:
         out.wall_s = time.perf_counter() - lp.start_wall
         if lp.win.total_steps:
             out.data_wait = lp.win.total_wait / max(out.wall_s, 1e-9)
-        self.metrics.write("end", step=self.step, status=out.status, wall_s=out.wall_s,
-                           top1=out.eval.get("top1"), top5=out.eval.get("top5"))
+        self.metrics.write(
+            "end",
+            step=self.step,
+            status=out.status,
+            wall_s=out.wall_s,
+            top1=out.eval.get("top1"),
+            top5=out.eval.get("top5"),
+        )
         self.metrics.close()
         return out
 
@@ -515,8 +588,12 @@ class Trainer:
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
         self.metrics.write("stop", step=self.step, reason=out.status, stop_kind=out.stop_kind)
-        log.warning("stopped at step %d (%s)%s", self.step, out.stop_kind,
-                    f"; checkpoint {out.checkpoint}" if save and out.checkpoint else "")
+        log.warning(
+            "stopped at step %d (%s)%s",
+            self.step,
+            out.stop_kind,
+            f"; checkpoint {out.checkpoint}" if save and out.checkpoint else "",
+        )
         return out
 
     def _rollback(self, e: guard.Diverged) -> None:
@@ -551,8 +628,12 @@ class Trainer:
 
         moved = self.metrics.supersede(replayed)
         if moved:
-            log.info("moved %d metric lines an earlier attempt wrote past step %d to %s", moved, start,
-                     superseded_path(self.metrics.path).name)
+            log.info(
+                "moved %d metric lines an earlier attempt wrote past step %d to %s",
+                moved,
+                start,
+                superseded_path(self.metrics.path).name,
+            )
 
     def _log_attention_kernel(self) -> None:
         """Say which SDPA kernel attention runs on: flash or cuDNN expected, math is the slow path."""
@@ -560,8 +641,10 @@ class Trainer:
         x = torch.zeros(2, 3, size, size, device=self.device)  # no RNG drawn: eval-mode forward
         kind = fastpath.sdpa_backend_used(self.model, x, autocast_ctx(self.cfg.train.amp, self.device))
         if "math" in kind:
-            log.warning("attention runs on the math SDPA kernel (slow): check train.sdpa_backend, "
-                        "train.amp and the head dimension")
+            log.warning(
+                "attention runs on the math SDPA kernel (slow): check train.sdpa_backend, "
+                "train.amp and the head dimension"
+            )
         else:
             log.info("attention kernel: %s", kind)
 
@@ -602,11 +685,16 @@ class Trainer:
         try:
             td.monitored_barrier(self.control_group, timeout=datetime.timedelta(seconds=timeout))
         except RuntimeError as e:
-            raise RuntimeError(f"a rank did not finish its first torch.compile within train.compile_timeout_s="
-                               f"{timeout} ({str(e).splitlines()[0]}): raise train.compile_timeout_s, or warm "
-                               "train.compile_cache with a short run") from e
-        log.info("torch.compile warm-up: %.1f s here, then %.1f s waiting for the other ranks", warm_s,
-                 time.perf_counter() - t1)
+            raise RuntimeError(
+                f"a rank did not finish its first torch.compile within train.compile_timeout_s="
+                f"{timeout} ({str(e).splitlines()[0]}): raise train.compile_timeout_s, or warm "
+                "train.compile_cache with a short run"
+            ) from e
+        log.info(
+            "torch.compile warm-up: %.1f s here, then %.1f s waiting for the other ranks",
+            warm_s,
+            time.perf_counter() - t1,
+        )
 
     def _throwaway_input(self) -> torch.Tensor:
         """Zeros shaped like one micro-batch of this rank: what the warm-up and bucket settling run on."""
@@ -634,8 +722,10 @@ class Trainer:
             if self.ddp.reducer._rebuild_buckets():  # what DDP's next forward would do; True once
                 break
         else:
-            log.warning("DDP did not rebuild its gradient buckets in 3 throwaway backwards: a resume "
-                        "with more than 2 ranks may not be bit-exact")
+            log.warning(
+                "DDP did not rebuild its gradient buckets in 3 throwaway backwards: a resume "
+                "with more than 2 ranks may not be bit-exact"
+            )
         torch.set_rng_state(rng)
         if self.reduce_hook:
             self.reduce_hook.take()  # its buckets are not a step's
@@ -653,12 +743,12 @@ class Trainer:
             raise guard.Diverged(self.step, "nonfinite", {"loss": mean, "grad_norm": gn})
         median = self.spikes.check(mean)
         if median is not None:
-            raise guard.Diverged(self.step, "spike", {"loss": mean, "median": median,
-                                                      "factor": self.cfg.train.spike_factor})
+            raise guard.Diverged(
+                self.step, "spike", {"loss": mean, "median": median, "factor": self.cfg.train.spike_factor}
+            )
         st = self.train_state
         st.good_step = st.last_saved_step  # a clean check after it: known good, kept by pruning
         return mean, gn
-
 
     def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
         progress.newline()
@@ -678,8 +768,19 @@ class Trainer:
             self._checkpoint(out)  # this step's state, kept by pruning until a better eval
         if self.dist.is_main and len(self.eval_loaders) > 1:
             for split in self.eval_loaders:
-                log.info("eval step %d on %s: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, split,
-                         rec[f"{split}/top1"], rec[f"{split}/top5"], rec[f"{split}/count"])
+                log.info(
+                    "eval step %d on %s: top-1 %.2f%% top-5 %.2f%% (%d images)",
+                    self.step,
+                    split,
+                    rec[f"{split}/top1"],
+                    rec[f"{split}/top5"],
+                    rec[f"{split}/count"],
+                )
         elif self.dist.is_main and out.eval:
-            log.info("eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)", self.step, out.eval["top1"],
-                     out.eval["top5"], out.eval["count"])
+            log.info(
+                "eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)",
+                self.step,
+                out.eval["top1"],
+                out.eval["top5"],
+                out.eval["count"],
+            )

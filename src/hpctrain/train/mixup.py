@@ -19,8 +19,16 @@ def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float) -> to
 
 
 class Mixer:
-    def __init__(self, num_classes: int, smoothing: float, mixup: float, cutmix: float, prob: float,
-                 switch_prob: float, seed: int):
+    def __init__(
+        self,
+        num_classes: int,
+        smoothing: float,
+        mixup: float,
+        cutmix: float,
+        prob: float,
+        switch_prob: float,
+        seed: int,
+    ):
         self.num_classes, self.smoothing = num_classes, smoothing
         self.mixup, self.cutmix, self.prob, self.switch_prob, self.seed = mixup, cutmix, prob, switch_prob, seed
 
@@ -28,8 +36,9 @@ class Mixer:
     def active(self) -> bool:
         return self.mixup > 0 or self.cutmix > 0
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int, micro: int = 0,
-                 rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, labels: torch.Tensor, step: int, micro: int = 0, rank: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         targets = soft_targets(labels, self.num_classes, self.smoothing)
         if not self.active:
             return images, targets

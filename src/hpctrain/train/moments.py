@@ -42,8 +42,14 @@ class Bucket:
         return out
 
     def _part(self, a: int, b: int) -> Bucket:
-        return Bucket(self.params[a:b], self.grads[a:b], self.exp_avgs[a:b], self.exp_avg_sqs[a:b],
-                      self.step_tensors[a:b], self.steps[a:b])
+        return Bucket(
+            self.params[a:b],
+            self.grads[a:b],
+            self.exp_avgs[a:b],
+            self.exp_avg_sqs[a:b],
+            self.step_tensors[a:b],
+            self.steps[a:b],
+        )
 
 
 def copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -71,19 +77,44 @@ def fusable(b: Bucket) -> bool:
     each tensor's CPU step count itself; on an accelerator it wants the counts on the device, and
     FSDP2's DTensors go through the foreach ops)."""
     fp32 = (t for ts in (b.params, b.grads, b.exp_avg_sqs) for t in ts)
-    return (all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
-                and t.dtype == torch.float32 and t.is_contiguous() for t in fp32)
-            and all(t.is_contiguous() for t in b.exp_avgs))
+    return all(
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.dtype == torch.float32
+        and t.is_contiguous()
+        for t in fp32
+    ) and all(t.is_contiguous() for t in b.exp_avgs)
 
 
-def fused_adam_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], group: dict, *, lr: float,
-                weight_decay: float = 0.0) -> None:
+def fused_adam_(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    group: dict,
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+) -> None:
     """torch's fused (Adam)W kernel, one pass over each tensor: m = lerp(m, g, 1-β1), v = β2·v + (1-β2)·g²,
     w = w·(1 - lr·λ) - lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + ε) with t the (already incremented) step."""
     beta1, beta2 = group["betas"]
-    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-                        weight_decay=weight_decay, eps=group["eps"], amsgrad=False, maximize=False)
+    torch._fused_adamw_(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=weight_decay,
+        eps=group["eps"],
+        amsgrad=False,
+        maximize=False,
+    )
 
 
 class Scratch:
@@ -102,14 +133,14 @@ class Scratch:
             self.buf[:n].zero_()
         out, off = [], 0
         for t in like:
-            out.append(self.buf[off:off + t.numel()].view(t.shape))
+            out.append(self.buf[off : off + t.numel()].view(t.shape))
             off += t.numel()
         return out
 
 
 def bias_corrections(beta: float, steps: list[float]) -> list[float]:
     """1 - β^t per tensor (the steps of one bucket are almost always all equal: computed once each)."""
-    each = {t: 1 - beta ** t for t in set(steps)}
+    each = {t: 1 - beta**t for t in set(steps)}
     return [each[t] for t in steps]
 
 
@@ -129,13 +160,15 @@ class AdamFamily(torch.optim.Optimizer):
         super().__setstate__(state)
         self.scratch = Scratch()
 
-    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, **extra):
+    def __init__(
+        self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, **extra
+    ):
         if lr <= 0 or eps <= 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"{type(self).__name__}: lr {lr}, eps {eps} must be > 0, weight_decay "
-                             f"{weight_decay} >= 0, betas {betas} in [0, 1)")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
-                                  **extra})
+            raise ValueError(
+                f"{type(self).__name__}: lr {lr}, eps {eps} must be > 0, weight_decay "
+                f"{weight_decay} >= 0, betas {betas} in [0, 1)"
+            )
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, **extra})
         self.scratch = Scratch()
 
     def fused(self, b: Bucket) -> bool:

@@ -21,8 +21,9 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float, layer_decay: float = 1.0,
-                 head_lr_mult: float = 1.0) -> list[dict]:
+def param_groups(
+    model: torch.nn.Module, weight_decay: float, layer_decay: float = 1.0, head_lr_mult: float = 1.0
+) -> list[dict]:
     """Decay matrices only: norms, biases, position embedding and class token are not decayed.
 
     With layer_decay < 1 or head_lr_mult != 1, one group per (layer, decay, head) with an `lr_scale`
@@ -36,8 +37,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float, layer_decay: float
             if not p.requires_grad:
                 continue
             (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-        return [{"params": decay, "weight_decay": weight_decay},
-                {"params": no_decay, "weight_decay": 0.0}]
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     depth = len(model.blocks)
     groups: dict[tuple, dict] = {}
     for name, p in model.named_parameters():
@@ -59,24 +59,33 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -
         return torch.optim.SGD(groups, lr=cfg.peak_lr, momentum=o.momentum)
     if o.name == "lamb":
         if cfg.train.parallel == "fsdp":
-            raise ConfigError("optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
-                              "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)")
-        return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
-                    always_adapt=o.lamb_adapt == "all")
+            raise ConfigError(
+                "optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
+                "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
+            )
+        return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, always_adapt=o.lamb_adapt == "all")
     if o.mu_dtype == "bf16":
-        return AdamWLowMu(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps,
-                          mu_dtype=torch.bfloat16)
+        return AdamWLowMu(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, mu_dtype=torch.bfloat16)
     fused = o.fused == "always" or (o.fused == "auto" and device.type == "cuda")
-    return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=tuple(o.betas),
-                             eps=o.eps, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, fused=fused or None)
 
 
 def warmup_steps(cfg: Config, steps_per_epoch: int) -> int:
     return cfg.optim.warmup_steps or int(round(cfg.optim.warmup_epochs * steps_per_epoch))
 
 
-def lr_at(step: int, peak: float, warmup: int, total: int, min_lr: float, schedule: str, *,
-          warmup_lr: float = 0.0, cooldown: int = 0, per_epoch: int = 0) -> float:
+def lr_at(
+    step: int,
+    peak: float,
+    warmup: int,
+    total: int,
+    min_lr: float,
+    schedule: str,
+    *,
+    warmup_lr: float = 0.0,
+    cooldown: int = 0,
+    per_epoch: int = 0,
+) -> float:
     """Learning rate of optimizer step `step` (0-based): linear warm-up from `warmup_lr`, then cosine
     to min_lr, reached `cooldown` steps before `total` and held there.
 
@@ -107,12 +116,24 @@ def lr_schedule(cfg: Config, steps_per_epoch: int, total: int):
     o = cfg.optim
     warmup, cooldown = warmup_steps(cfg, steps_per_epoch), int(round(o.cooldown_epochs * steps_per_epoch))
     if cooldown >= total:
-        raise ConfigError(f"optim.cooldown_epochs={o.cooldown_epochs:g} leaves no step of the {total} for the "
-                          "cosine; lower it below the training length (train.epochs / train.max_steps)")
+        raise ConfigError(
+            f"optim.cooldown_epochs={o.cooldown_epochs:g} leaves no step of the {total} for the "
+            "cosine; lower it below the training length (train.epochs / train.max_steps)"
+        )
     per_epoch = steps_per_epoch if o.lr_update == "epoch" else 0
     peak = cfg.peak_lr
 
     def lr(step: int) -> float:
-        return lr_at(step, peak, warmup, total, o.min_lr, o.schedule, warmup_lr=o.warmup_lr,
-                     cooldown=cooldown, per_epoch=per_epoch)
+        return lr_at(
+            step,
+            peak,
+            warmup,
+            total,
+            o.min_lr,
+            o.schedule,
+            warmup_lr=o.warmup_lr,
+            cooldown=cooldown,
+            per_epoch=per_epoch,
+        )
+
     return lr

@@ -63,6 +63,7 @@ CPU = Sizes(matmul_n=256, matmul_s=0.6, rep_s=0.06, allreduce_bytes=1 << 20, all
 
 # ----------------------------------------------------------------------------- pure decisions
 
+
 def pair_rounds(nodes: Sequence[str]) -> list[list[tuple[str, str]]]:
     """Rounds of disjoint node pairs, run one round at a time: (0,1),(2,3),… then the shifted pairing
     (1,2),(3,4),…,(N-1,0); with N odd, each of those leaves one node out, and a third round pairs the
@@ -92,8 +93,10 @@ def _short(v: float, ref: float | None, median: float, tolerance: float, ref_tex
     """Why `v` failed: under the reference, or how far under the median."""
     if ref is not None:
         return f"{v:.3g} {unit}, under {ref_text}"
-    return (f"{v:.3g} {unit}, {100 * (1 - v / median):.0f} % below the median's {median:.3g} "
-            f"(tolerance {100 * tolerance:.0f} %)")
+    return (
+        f"{v:.3g} {unit}, {100 * (1 - v / median):.0f} % below the median's {median:.3g} "
+        f"(tolerance {100 * tolerance:.0f} %)"
+    )
 
 
 def blame_pairs(pairs: Sequence[tuple[str, str]], slow: set[int]) -> tuple[dict[str, list[int]], list[int]]:
@@ -124,10 +127,22 @@ class Verdict:
         self.bad[node] = f"{self.bad[node]}; {why}" if node in self.bad else why
 
 
-def judge(nodes_of_rank: Sequence[str], gpu_of_rank: Sequence[int], tflops: Sequence[float | None],
-          pairs: Sequence[tuple[str, str]], busbw: Sequence[float], decode: Sequence[dict | None], *,
-          peak: float | None, peak_source: str, fabric_gbps: float | None, fabric_source: str,
-          min_frac: float, tolerance: float, errors: Sequence[str | None] = ()) -> Verdict:
+def judge(
+    nodes_of_rank: Sequence[str],
+    gpu_of_rank: Sequence[int],
+    tflops: Sequence[float | None],
+    pairs: Sequence[tuple[str, str]],
+    busbw: Sequence[float],
+    decode: Sequence[dict | None],
+    *,
+    peak: float | None,
+    peak_source: str,
+    fabric_gbps: float | None,
+    fabric_source: str,
+    min_frac: float,
+    tolerance: float,
+    errors: Sequence[str | None] = (),
+) -> Verdict:
     """The verdict from every rank's figures (the same inputs give the same verdict on every rank).
     `errors[r]`: why rank r's matmul raised (its `tflops[r]` is None then)."""
     v = Verdict()
@@ -145,29 +160,44 @@ def judge(nodes_of_rank: Sequence[str], gpu_of_rank: Sequence[int], tflops: Sequ
     med = statistics.median(rates) if rates else 0.0
     ref = f"{min_frac:g} x the {peak:g} TFLOP/s peak ({peak_source})" if peak else ""
     if slow and len(slow) == len(rates):
-        v.shared.append(f"every rank's matmul is slow ({min(rates):.3g}-{max(rates):.3g} TFLOP/s, under {ref}): "
-                        "set train.peak_tflops to this GPU's peak or lower train.preflight_min_frac")
+        v.shared.append(
+            f"every rank's matmul is slow ({min(rates):.3g}-{max(rates):.3g} TFLOP/s, under {ref}): "
+            "set train.peak_tflops to this GPU's peak or lower train.preflight_min_frac"
+        )
     for r in slow if len(slow) < len(rates) else ():
-        v.add(nodes_of_rank[r], f"matmul on rank {r} (GPU {gpu_of_rank[r]}) "
-                                + _short(tflops[r] or 0.0, floor, med, tolerance, ref, "TFLOP/s"))
+        v.add(
+            nodes_of_rank[r],
+            f"matmul on rank {r} (GPU {gpu_of_rank[r]}) "
+            + _short(tflops[r] or 0.0, floor, med, tolerance, ref, "TFLOP/s"),
+        )
 
     floor = min_frac * fabric_gbps if fabric_gbps else None
     slow = below(busbw, floor, tolerance)
     med = statistics.median(busbw) if busbw else 0.0
     ref = f"{min_frac:g} x {fabric_gbps:g} GB/s ({fabric_source})" if fabric_gbps else ""
     if slow and len(slow) == len(busbw):
-        v.shared.append(f"every node pair's all-reduce is slow ({min(busbw):.3g}-{max(busbw):.3g} GB/s busbw"
-                        + (f", under {ref}" if ref else "") + "): the fabric as a whole, or its figure "
-                        "(train.preflight_busbw_gbps)")
+        v.shared.append(
+            f"every node pair's all-reduce is slow ({min(busbw):.3g}-{max(busbw):.3g} GB/s busbw"
+            + (f", under {ref}" if ref else "")
+            + "): the fabric as a whole, or its figure "
+            "(train.preflight_busbw_gbps)"
+        )
     else:
         bad, loose = blame_pairs(pairs, set(slow))
         for node, idx in bad.items():
-            v.add(node, "all-reduce with every node it was paired with is slow: " + ", ".join(
-                f"{'+'.join(pairs[i])} " + _short(busbw[i], floor, med, tolerance, ref, "GB/s busbw") for i in idx))
+            v.add(
+                node,
+                "all-reduce with every node it was paired with is slow: "
+                + ", ".join(
+                    f"{'+'.join(pairs[i])} " + _short(busbw[i], floor, med, tolerance, ref, "GB/s busbw") for i in idx
+                ),
+            )
         for i in loose:
-            v.notes.append(f"node pair {'+'.join(pairs[i])}: all-reduce "
-                           + _short(busbw[i], floor, med, tolerance, ref, "GB/s busbw")
-                           + ", but each node is fast with another: the link between them, not a node (not named)")
+            v.notes.append(
+                f"node pair {'+'.join(pairs[i])}: all-reduce "
+                + _short(busbw[i], floor, med, tolerance, ref, "GB/s busbw")
+                + ", but each node is fast with another: the link between them, not a node (not named)"
+            )
 
     failed = [r for r, d in enumerate(decode) if d and d.get("error")]
     if failed and len(failed) == len(decode):
@@ -184,13 +214,17 @@ def failure_line(v: Verdict, reported: bool) -> str:
     if v.bad:
         names = ",".join(v.bad)
         parts = "; ".join(f"node {n}: {why}" for n, why in v.bad.items())
-        where = (f"named in ${badnodes.ENV} for the batch shell to leave out" if reported
-                 else f"keep {'it' if len(v.bad) == 1 else 'them'} out of the next job (Slurm's --exclude={names})")
+        where = (
+            f"named in ${badnodes.ENV} for the batch shell to leave out"
+            if reported
+            else f"keep {'it' if len(v.bad) == 1 else 'them'} out of the next job (Slurm's --exclude={names})"
+        )
         return f"preflight failed: {parts}; {where} ({skip})"
     return f"preflight failed, naming no node: {'; '.join(v.shared)} ({skip})"
 
 
 # ----------------------------------------------------------------------------- measurements
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -232,11 +266,12 @@ def matmul_tflops(device: torch.device, sizes: Sizes, delay_s: float = 0.0) -> f
         _sync(device)
         times.append(time.perf_counter() - t)
     rep = statistics.median(times) if device.type == "cuda" else min(times)
-    return 2.0 * n ** 3 * per_rep / rep / 1e12
+    return 2.0 * n**3 * per_rep / rep / 1e12
 
 
-def pair_allreduce(nodes_of_rank: Sequence[str], rank: int, device: torch.device, sizes: Sizes
-                   ) -> list[tuple[str, str, float]]:
+def pair_allreduce(
+    nodes_of_rank: Sequence[str], rank: int, device: torch.device, sizes: Sizes
+) -> list[tuple[str, str, float]]:
     """Time an all-reduce within each node pair (all ranks of both nodes), one round of disjoint pairs
     at a time; returns (a, b, busbw GB/s) of the pairs this rank led (its lowest rank). busbw as
     nccl-tests reports it: algbw × 2(n-1)/n for n ranks, the slowest rank's time counts."""
@@ -262,8 +297,7 @@ def pair_allreduce(nodes_of_rank: Sequence[str], rank: int, device: torch.device
             for _ in range(sizes.allreduce_iters):
                 td.all_reduce(t, group=mine)
             _sync(device)
-            dt = torch.tensor([(time.perf_counter() - t0) / sizes.allreduce_iters], dtype=torch.float64,
-                              device=device)
+            dt = torch.tensor([(time.perf_counter() - t0) / sizes.allreduce_iters], dtype=torch.float64, device=device)
             td.all_reduce(dt, op=td.ReduceOp.MAX, group=mine)
             algbw = t.numel() * 4 / float(dt.item()) / 1e9
             if rank == min(ranks_of[pair[0]] + ranks_of[pair[1]]):
@@ -304,12 +338,18 @@ def dali_decode(cfg, train_loader, device: torch.device) -> dict | None:
         data = [np.frombuffer(b, dtype=np.uint8) for b in decode_sample(train_loader)]
         gpu = device.type == "cuda"
 
-        @pipeline_def(batch_size=len(data), num_threads=max(1, min(4, os.cpu_count() or 1)),
-                      device_id=(device.index or 0) if gpu else None, exec_pipelined=False, exec_async=False,
-                      prefetch_queue_depth=1)
+        @pipeline_def(
+            batch_size=len(data),
+            num_threads=max(1, min(4, os.cpu_count() or 1)),
+            device_id=(device.index or 0) if gpu else None,
+            exec_pipelined=False,
+            exec_async=False,
+            prefetch_queue_depth=1,
+        )
         def pipe():
-            return fn.decoders.image(fn.external_source(name="raw", dtype=None, ndim=1),
-                                     device="mixed" if gpu else "cpu")
+            return fn.decoders.image(
+                fn.external_source(name="raw", dtype=None, ndim=1), device="mixed" if gpu else "cpu"
+            )
 
         p = pipe()
         p.build()
@@ -332,6 +372,7 @@ def _first_line(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- the check
+
 
 def _gather(obj: Any, group, world: int) -> list[Any]:
     if world == 1 or not td.is_initialized():
@@ -379,17 +420,30 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     if device.type == "cuda" and not peak:
         peak, peak_source = flops.peak_tflops(torch.cuda.get_device_name(device))
     fabric, fabric_source = _fabric_figure(t) if device.type == "cuda" else (None, "CPU: the median pair")
-    rows = _gather({"tflops": tf, "pairs": led, "decode": dec, "refs": (peak, peak_source, fabric, fabric_source)},
-                   group, world)
+    rows = _gather(
+        {"tflops": tf, "pairs": led, "decode": dec, "refs": (peak, peak_source, fabric, fabric_source)}, group, world
+    )
     peak, peak_source, fabric, fabric_source = rows[0]["refs"]  # rank 0's: one verdict on every rank
     pairs = [(a, b) for row in rows for a, b, _ in row["pairs"]]
     busbw = [bw for row in rows for _, _, bw in row["pairs"]]
     tflops = [row["tflops"] for row in rows]
     rates = [x for x in tflops if x is not None]
     decode = [row["decode"] for row in rows]
-    v = judge(nodes_of_rank, gpu_of_rank, tflops, pairs, busbw, decode, peak=peak, peak_source=peak_source,
-              fabric_gbps=fabric, fabric_source=fabric_source, min_frac=t.preflight_min_frac,
-              tolerance=t.preflight_tolerance, errors=errors)
+    v = judge(
+        nodes_of_rank,
+        gpu_of_rank,
+        tflops,
+        pairs,
+        busbw,
+        decode,
+        peak=peak,
+        peak_source=peak_source,
+        fabric_gbps=fabric,
+        fabric_source=fabric_source,
+        min_frac=t.preflight_min_frac,
+        tolerance=t.preflight_tolerance,
+        errors=errors,
+    )
     if len(set(nodes_of_rank)) < 2:
         v.notes.append("one node: no node pair to time")
     if broken:
@@ -397,16 +451,27 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     elif decode[0] is None:
         v.notes.append(f"data.loader={resolve_loader(cfg.data.loader)}, not DALI: no decode check")
     rec = {
-        "passed": v.passed, "seconds": round(time.perf_counter() - t0, 3), "device": str(device),
+        "passed": v.passed,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "nodes": list(dict.fromkeys(nodes_of_rank)), "node_of_rank": nodes_of_rank,
-        "gpu_of_rank": gpu_of_rank, "matmul_tflops": tflops, "matmul_errors": errors,
-        "matmul_reference": {"peak_tflops": peak, "source": peak_source} if peak
+        "nodes": list(dict.fromkeys(nodes_of_rank)),
+        "node_of_rank": nodes_of_rank,
+        "gpu_of_rank": gpu_of_rank,
+        "matmul_tflops": tflops,
+        "matmul_errors": errors,
+        "matmul_reference": {"peak_tflops": peak, "source": peak_source}
+        if peak
         else {"median_tflops": statistics.median(rates) if rates else None, "tolerance": t.preflight_tolerance},
         "pairs": [{"nodes": list(p), "busbw_GBps": bw} for p, bw in zip(pairs, busbw)],
-        "allreduce_reference": {"busbw_GBps": fabric, "source": fabric_source} if fabric
+        "allreduce_reference": {"busbw_GBps": fabric, "source": fabric_source}
+        if fabric
         else {"median_GBps": statistics.median(busbw) if busbw else None, "tolerance": t.preflight_tolerance},
-        "min_frac": t.preflight_min_frac, "decode": decode, "bad_nodes": v.bad, "shared": v.shared, "notes": v.notes,
+        "min_frac": t.preflight_min_frac,
+        "decode": decode,
+        "bad_nodes": v.bad,
+        "shared": v.shared,
+        "notes": v.notes,
     }
     reported = False
     if info.is_main:
@@ -418,11 +483,16 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         m.close()
         for note in v.notes:
             log.info("preflight: %s", note)
-        log.info("preflight %s in %.1f s: matmul %.3g-%.3g TFLOP/s per rank; %d node pair(s)%s%s",
-                 "passed" if v.passed else "FAILED", rec["seconds"], min(rates, default=0), max(rates, default=0),
-                 len(pairs),
-                 f" at {min(busbw):.3g}-{max(busbw):.3g} GB/s busbw" if busbw else "",
-                 "" if decode[0] is None else "; DALI decode checked")
+        log.info(
+            "preflight %s in %.1f s: matmul %.3g-%.3g TFLOP/s per rank; %d node pair(s)%s%s",
+            "passed" if v.passed else "FAILED",
+            rec["seconds"],
+            min(rates, default=0),
+            max(rates, default=0),
+            len(pairs),
+            f" at {min(busbw):.3g}-{max(busbw):.3g} GB/s busbw" if busbw else "",
+            "" if decode[0] is None else "; DALI decode checked",
+        )
     if device.type == "cuda" and not broken:
         torch.cuda.empty_cache()  # the check's buffers (~0.7 GB) go back before the model is built
     if td.is_initialized():

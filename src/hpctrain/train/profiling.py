@@ -54,8 +54,9 @@ def make_profiler(cfg: TrainConfig, device: torch.device, sched: Callable, on_re
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=on_ready, record_shapes=True,
-                                  with_stack=cfg.profile_with_stack)
+    return torch.profiler.profile(
+        activities=acts, schedule=sched, on_trace_ready=on_ready, record_shapes=True, with_stack=cfg.profile_with_stack
+    )
 
 
 def union_s(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -102,8 +103,9 @@ class Window:
     """The step hooks of one rank: `before(step)` ahead of global step `step` (its data fetch
     included), `after(step, data_wait_s)` once it ended, `close()` at the end of the attempt."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, run_dir: Path, device: torch.device,
-                 start_step: int):
+    def __init__(
+        self, cfg: TrainConfig, rank: int, world_size: int, run_dir: Path, device: torch.device, start_step: int
+    ):
         self.rank, self.device, self.out = rank, device, run_dir / "profile"
         self.prof_window = step_window(cfg.profile_steps, "train.profile_steps")
         self.mem_window = step_window(cfg.memory_snapshot_steps, "train.memory_snapshot_steps")
@@ -117,23 +119,37 @@ class Window:
         self.steps: list[tuple[float, float]] = []  # (wall s, data wait s) of the profiled steps
         self.t0 = 0.0
         if self.mem_window and chosen and not self.cuda:
-            log.info("train.memory_snapshot_steps=%s: allocator snapshots are CUDA-only; this rank trains on %s, "
-                     "no snapshot", cfg.memory_snapshot_steps, device.type)
+            log.info(
+                "train.memory_snapshot_steps=%s: allocator snapshots are CUDA-only; this rank trains on %s, "
+                "no snapshot",
+                cfg.memory_snapshot_steps,
+                device.type,
+            )
         self.mem_window = self.mem_window if chosen and self.cuda else None
         if not (self.prof_window and chosen):
             return
         if os.environ.get(NSYS_ENV) == "1" and self.cuda:
-            log.info("train.profile_steps: this rank runs under nsys (--nsys-ranks), which owns CUPTI: "
-                     "no torch.profiler trace here")
+            log.info(
+                "train.profile_steps: this rank runs under nsys (--nsys-ranks), which owns CUPTI: "
+                "no torch.profiler trace here"
+            )
             return
         if plan is None:
-            log.info("train.profile_steps=%s ended before step %d where this attempt starts: no profile",
-                     cfg.profile_steps, start_step + 1)
+            log.info(
+                "train.profile_steps=%s ended before step %d where this attempt starts: no profile",
+                cfg.profile_steps,
+                start_step + 1,
+            )
             return
         wait, warmup, active, self.first = plan
         if self.first != self.prof_window[0]:
-            log.info("train.profile_steps=%s: this attempt starts at step %d, profiling steps %d-%d",
-                     cfg.profile_steps, start_step + 1, self.first, self.prof_window[1])
+            log.info(
+                "train.profile_steps=%s: this attempt starts at step %d, profiling steps %d-%d",
+                cfg.profile_steps,
+                start_step + 1,
+                self.first,
+                self.prof_window[1],
+            )
         with warnings.catch_warnings():  # warmup=0 (a window right at the start) warns; said above
             warnings.simplefilter("ignore")
             sched = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
@@ -160,8 +176,11 @@ class Window:
             path = self.out / f"memory-rank-{self.rank}-step-{self.mem_window[0]}.pickle"
             torch.cuda.memory._dump_snapshot(str(path))
             torch.cuda.memory._record_memory_history(enabled=None)
-            log.info("memory snapshot of steps %d-%d: %s (drag it into https://pytorch.org/memory_viz)",
-                     *self.mem_window, path)
+            log.info(
+                "memory snapshot of steps %d-%d: %s (drag it into https://pytorch.org/memory_viz)",
+                *self.mem_window,
+                path,
+            )
             self.mem_window = None
 
     def close(self) -> None:
@@ -189,9 +208,11 @@ class Window:
         last = self.first + n - 1
         wall = sum(s for s, _ in self.steps)
         wait = sum(w for _, w in self.steps)
-        lines = [f"profile of steps {self.first}-{last} on rank {self.rank}: {path}",
-                 f"  {n} steps, {1e3 * wall / max(n, 1):.1f} ms/step; data wait {1e3 * wait / max(n, 1):.1f} "
-                 f"ms/step ({100 * wait / max(wall, 1e-9):.1f}% of the step)"]
+        lines = [
+            f"profile of steps {self.first}-{last} on rank {self.rank}: {path}",
+            f"  {n} steps, {1e3 * wall / max(n, 1):.1f} ms/step; data wait {1e3 * wait / max(n, 1):.1f} "
+            f"ms/step ({100 * wait / max(wall, 1e-9):.1f}% of the step)",
+        ]
         avgs = prof.key_averages()
         comm_cpu = sum(a.self_cpu_time_total for a in avgs if is_comm(a.key))
         lines.append("  " + self.comm_line(prof, comm_cpu, wall, n))
@@ -205,8 +226,10 @@ class Window:
         kernel runs, from the kernels' own timestamps; on CPU not measurable (gloo runs collectives on
         its own threads and the wait for them is no profiler op): the collectives' issuing CPU time."""
         if not self.cuda:
-            return (f"exposed communication: not measured on CPU (gloo works on its own threads); collective "
-                    f"ops' self CPU time {comm_cpu_us / 1e3 / max(n, 1):.2f} ms/step")
+            return (
+                f"exposed communication: not measured on CPU (gloo works on its own threads); collective "
+                f"ops' self CPU time {comm_cpu_us / 1e3 / max(n, 1):.2f} ms/step"
+            )
         comm, compute = [], []
         for e in prof.events():
             if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
@@ -215,12 +238,15 @@ class Window:
             (comm if is_comm(e.name) else compute).append(span)
         busy = sum(e - s for s, e in union_s(comm))
         ex = exposed(comm, compute)
-        return (f"communication kernels {busy / 1e3 / max(n, 1):.2f} ms/step, exposed (no compute kernel running) "
-                f"{ex / 1e3 / max(n, 1):.2f} ms/step = {100 * ex / 1e6 / max(wall_s, 1e-9):.1f}% of the step")
+        return (
+            f"communication kernels {busy / 1e3 / max(n, 1):.2f} ms/step, exposed (no compute kernel running) "
+            f"{ex / 1e3 / max(n, 1):.2f} ms/step = {100 * ex / 1e6 / max(wall_s, 1e-9):.1f}% of the step"
+        )
 
 
-def open_window(cfg: TrainConfig, rank: int, world_size: int, run_dir: Path | None, device: torch.device,
-                start_step: int) -> Window | None:
+def open_window(
+    cfg: TrainConfig, rank: int, world_size: int, run_dir: Path | None, device: torch.device, start_step: int
+) -> Window | None:
     """The rank's Window, or None (nothing built) when neither window is set or there is no run dir."""
     if run_dir is None or not (cfg.profile_steps.strip() or cfg.memory_snapshot_steps.strip()):
         return None

@@ -48,10 +48,13 @@ def check_compatible(cfg: Config, st: dict, path: Path) -> None:
     if diff:
         problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
     if st.get("global_batch") not in (None, cfg.data.batch_size):
-        problems.append(f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
-                        f"size, {st.get('world_size')} before, is fine when the global batch stays the same)")
+        problems.append(
+            f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
+            f"size, {st.get('world_size')} before, is fine when the global batch stays the same)"
+        )
     if problems:
-        raise ResumeError(f"cannot resume from {path}: {'; '.join(problems)}. Resume with the original "
-                          "settings (see the run's config.yaml), or start a new run (another run.name, or "
-                          "--resume none)")
-
+        raise ResumeError(
+            f"cannot resume from {path}: {'; '.join(problems)}. Resume with the original "
+            "settings (see the run's config.yaml), or start a new run (another run.name, or "
+            "--resume none)"
+        )

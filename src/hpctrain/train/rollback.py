@@ -43,12 +43,15 @@ def diverged(e: guard.Diverged, why: str, path: Path | None) -> RunDiverged:
     what = "a non-finite loss or gradient norm" if e.reason == "nonfinite" else "a loss spike"
     kept = f"the last good checkpoint is {path.name}" if path else "no good checkpoint exists"
     fix = {"train.on_nonfinite=stop": " (or train.on_nonfinite=rollback)"}.get(why, "")
-    return RunDiverged(f"training stopped at step {e.step}: {what} ({why}); {kept}, nothing after it was "
-                       f"saved. Lower optim.lr or set optim.clip_grad{fix}, then resume")
+    return RunDiverged(
+        f"training stopped at step {e.step}: {what} ({why}); {kept}, nothing after it was "
+        f"saved. Lower optim.lr or set optim.clip_grad{fix}, then resume"
+    )
 
 
-def restore(e: guard.Diverged, ckpts: Checkpointer, state: TrainState, t: TrainConfig,
-            metrics: MetricsWriter) -> tuple[Path, int]:
+def restore(
+    e: guard.Diverged, ckpts: Checkpointer, state: TrainState, t: TrainConfig, metrics: MetricsWriter
+) -> tuple[Path, int]:
     """Back to the last good checkpoint, skipping the batches that led to `e` (PaLM's remedy for
     spikes), or raise RunDiverged per train.on_nonfinite / train.max_rollbacks. Every rank runs
     this at the same step; the checkpoint is rank 0's choice, broadcast. Returns (the checkpoint,
@@ -73,10 +76,24 @@ def restore(e: guard.Diverged, ckpts: Checkpointer, state: TrainState, t: TrainC
     return path, skip
 
 
-def report(e: guard.Diverged, path: Path, skip: int, state: TrainState, t: TrainConfig,
-           metrics: MetricsWriter) -> None:
+def report(e: guard.Diverged, path: Path, skip: int, state: TrainState, t: TrainConfig, metrics: MetricsWriter) -> None:
     """The `rollback` record and the log line, once the state is back at `path`."""
-    metrics.write("rollback", step=state.step, from_step=e.step, reason=e.reason, checkpoint=path.name,
-                  skip_batches=skip, data_offset=state.data_offset, count=state.rollbacks)
-    log.warning("%s at step %d: rolled back to %s (rollback %d of at most %d), skipping %d batches",
-                e.reason, e.step, path.name, state.rollbacks, t.max_rollbacks, skip)
+    metrics.write(
+        "rollback",
+        step=state.step,
+        from_step=e.step,
+        reason=e.reason,
+        checkpoint=path.name,
+        skip_batches=skip,
+        data_offset=state.data_offset,
+        count=state.rollbacks,
+    )
+    log.warning(
+        "%s at step %d: rolled back to %s (rollback %d of at most %d), skipping %d batches",
+        e.reason,
+        e.step,
+        path.name,
+        state.rollbacks,
+        t.max_rollbacks,
+        skip,
+    )

@@ -44,9 +44,14 @@ def holder_record(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     of the same Slurm job."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID") or None
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": job,
-            "slurm_restart": int(env.get("SLURM_RESTART_COUNT") or 0) if job else None,
-            "attempt": attempt_of(env) if job else None, "since": time.strftime("%FT%T")}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job": job,
+        "slurm_restart": int(env.get("SLURM_RESTART_COUNT") or 0) if job else None,
+        "attempt": attempt_of(env) if job else None,
+        "since": time.strftime("%FT%T"),
+    }
 
 
 def parse_record(text: str) -> dict[str, Any]:
@@ -70,8 +75,10 @@ def earlier_run_of_this_job(holder: Mapping[str, Any], me: Mapping[str, Any]) ->
     if not job or str(holder.get("slurm_job")) != str(job):
         return False
     try:
-        return ((int(me.get("slurm_restart") or 0), int(me.get("attempt") or 0))
-                > (int(holder.get("slurm_restart") or 0), int(holder.get("attempt") or 0)))
+        return (int(me.get("slurm_restart") or 0), int(me.get("attempt") or 0)) > (
+            int(holder.get("slurm_restart") or 0),
+            int(holder.get("attempt") or 0),
+        )
     except (TypeError, ValueError):
         return False
 
@@ -115,10 +122,12 @@ class RunLock:
 
     def _unlocked_note(self, e: OSError, holder: str) -> str:
         last = f"; last holder recorded: {holder}" if holder else ""
-        return (f"run directory {self.path.parent}: its file system refuses locks "
-                f"({errno.errorcode.get(e.errno or 0, e.errno)}: {os.strerror(e.errno or 0)}; Lustre mounted "
-                "noflock or NFS without lockd?); going on without the lock, so a second job pointed at this "
-                f"run directory would not be refused and both would write it{last}")
+        return (
+            f"run directory {self.path.parent}: its file system refuses locks "
+            f"({errno.errorcode.get(e.errno or 0, e.errno)}: {os.strerror(e.errno or 0)}; Lustre mounted "
+            "noflock or NFS without lockd?); going on without the lock, so a second job pointed at this "
+            f"run directory would not be refused and both would write it{last}"
+        )
 
     def _take_over(self, holder: str, me: dict[str, Any]) -> str | None:
         """Lock a new lock file and rename it over the stale one: POSIX locks belong to the file
@@ -134,9 +143,11 @@ class RunLock:
             return f"{holder} (taking the stale lock over failed: {os.strerror(e.errno or 0)})"
         self._own(f, me)
         os.replace(tmp, self.path)
-        self.note = (f"run directory {self.path.parent}: took over the lock held by this job's earlier run "
-                     f"{holder} (this is restart {me['slurm_restart']} of job {me['slurm_job']}; a lock server "
-                     "kept that run's lock after its node failed)")
+        self.note = (
+            f"run directory {self.path.parent}: took over the lock held by this job's earlier run "
+            f"{holder} (this is restart {me['slurm_restart']} of job {me['slurm_job']}; a lock server "
+            "kept that run's lock after its node failed)"
+        )
         return None
 
     def release(self) -> None:

@@ -46,8 +46,14 @@ def model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     return get_model_state_dict(model), osd["state"], osd["param_groups"]
 
 
-def load_into(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: torch.nn.Module | None,
-              param_groups: list, group=None) -> None:
+def load_into(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: torch.nn.Module | None,
+    param_groups: list,
+    group=None,
+) -> None:
     """Read this rank's part of a sharded checkpoint into the model, optimizer and EMA (a collective).
 
     DCP reshards: the checkpoint may come from another world size or parallelism.
@@ -105,8 +111,16 @@ def _failure(run_dir: Path, step: int, e: BaseException, is_main: bool) -> ckpt.
     return ckpt.write_error(run_dir, final, e)
 
 
-def save(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None,
-         protect: tuple[int, ...] = ()) -> tuple[Path | None, ckpt.CheckpointError | None]:
+def save(
+    run_dir: Path,
+    step: int,
+    tensors: dict,
+    meta: dict,
+    keep: int,
+    is_main: bool,
+    group=None,
+    protect: tuple[int, ...] = (),
+) -> tuple[Path | None, ckpt.CheckpointError | None]:
     """Write a sharded checkpoint now (a collective). Returns (path on rank 0, error)."""
     import torch.distributed.checkpoint as dcp  # torch.distributed.checkpoint: 2 s to import; only sharded checkpoints
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
@@ -144,8 +158,16 @@ class Pending:
         return self.result
 
 
-def start(run_dir: Path, step: int, tensors: dict, meta: dict, keep: int, is_main: bool, group=None,
-          protect: tuple[int, ...] = ()) -> Pending:
+def start(
+    run_dir: Path,
+    step: int,
+    tensors: dict,
+    meta: dict,
+    keep: int,
+    is_main: bool,
+    group=None,
+    protect: tuple[int, ...] = (),
+) -> Pending:
     """Copy the state to CPU memory now, write it in the background (a collective on `group`)."""
     import torch.distributed.checkpoint as dcp  # torch.distributed.checkpoint: 2 s to import; only sharded checkpoints
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name

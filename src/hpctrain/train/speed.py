@@ -16,8 +16,9 @@ from hpctrain import flops
 from hpctrain.train import gpustats
 
 
-def speed_fields(images_per_s: float, step_time_s: float, world: int, train_flops: float,
-                 peak_tflops: float | None) -> dict[str, float]:
+def speed_fields(
+    images_per_s: float, step_time_s: float, world: int, train_flops: float, peak_tflops: float | None
+) -> dict[str, float]:
     """step_time_s, tflops (model TFLOP/s per device) and, with a peak, mfu and peak_tflops."""
     rec = {"step_time_s": step_time_s, "tflops": images_per_s * train_flops / max(world, 1) / 1e12}
     m = flops.mfu(images_per_s, train_flops, peak_tflops, world)

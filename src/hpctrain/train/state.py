@@ -26,8 +26,13 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's fields of this state, under the checkpoint's keys."""
-        return {"step": self.step, "eval_pending": self.eval_pending, "data_offset": self.data_offset,
-                "rollbacks": self.rollbacks, "best": list(self.best) if self.best else None}
+        return {
+            "step": self.step,
+            "eval_pending": self.eval_pending,
+            "data_offset": self.data_offset,
+            "rollbacks": self.rollbacks,
+            "best": list(self.best) if self.best else None,
+        }
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         """From a checkpoint (older ones lack the later keys); its step is on disk and known good."""

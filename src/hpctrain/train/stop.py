@@ -81,10 +81,13 @@ class StopFlag:
 
     def log_new(self) -> None:
         """One log line per signal received since the last call (at the next step boundary)."""
-        for signum, t in self.received[self._logged:]:
-            log.warning("received %s at %s (%s): checkpointing at the next step boundary, then exiting",
-                        signal.Signals(signum).name, time.strftime("%H:%M:%S", time.localtime(t)),
-                        KINDS.get(signum, "stop"))
+        for signum, t in self.received[self._logged :]:
+            log.warning(
+                "received %s at %s (%s): checkpointing at the next step boundary, then exiting",
+                signal.Signals(signum).name,
+                time.strftime("%H:%M:%S", time.localtime(t)),
+                KINDS.get(signum, "stop"),
+            )
         self._logged = len(self.received)
 
 

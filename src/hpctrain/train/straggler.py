@@ -51,8 +51,14 @@ def find_straggler(own_s: list[float], data_s: list[float], step_s: float, pct: 
     if excess <= 0 or slower <= pct:
         return None
     data_excess = data_s[rank] - statistics.median(data_s)
-    return {"rank": rank, "step_time_s": own_s[rank], "median_s": median, "slower_pct": slower,
-            "cause": "data" if data_excess >= 0.5 * excess else "compute", "data_wait_s": data_s[rank]}
+    return {
+        "rank": rank,
+        "step_time_s": own_s[rank],
+        "median_s": median,
+        "slower_pct": slower,
+        "cause": "data" if data_excess >= 0.5 * excess else "compute",
+        "data_wait_s": data_s[rank],
+    }
 
 
 def injected_delay(rank: int, env=None) -> tuple[float, str]:
@@ -128,8 +134,7 @@ class StragglerWatch:
     so the rounds match. Rank 0 logs and records a straggler; one process does nothing.
     """
 
-    def __init__(self, rank: int, world: int, local_rank: int, group, pct: float, metrics,
-                 exclude_pct: float = 0.0):
+    def __init__(self, rank: int, world: int, local_rank: int, group, pct: float, metrics, exclude_pct: float = 0.0):
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.group, self.pct, self.metrics, self.exclude_pct = group, pct, metrics, exclude_pct
         self.places: list[tuple[str, int, str]] | None = None  # (host, local rank, Slurm node) per rank
@@ -168,21 +173,39 @@ class StragglerWatch:
         work, self._work = self._work, None
         work.wait()
         rows = self._tensor.tolist()
-        found = find_straggler([r[2] for r in rows], [r[1] for r in rows],
-                               statistics.median(r[0] for r in rows), min(self.pct, self.exclude_pct or self.pct))
+        found = find_straggler(
+            [r[2] for r in rows],
+            [r[1] for r in rows],
+            statistics.median(r[0] for r in rows),
+            min(self.pct, self.exclude_pct or self.pct),
+        )
         if found and found["slower_pct"] <= self.pct:  # over exclude_pct only (set below straggler_pct)
             self.track(found)
             return None
         self.track(found)
         if found and self.rank == 0:
             host, gpu, _ = (self.places or [("?", -1, "")] * self.world)[found["rank"]]
-            found = {"step": self._step, "rank": found["rank"], "host": host, "gpu": gpu,
-                     **{k: v for k, v in found.items() if k != "rank"}}
-            log.warning("straggler at step %d: rank %d (host %s, GPU %d) is %.0f%% of a step slower than "
-                        "the median rank (own time %.3f s vs %.3f s per step); its time goes to %s "
-                        "(data wait %.3f s per step)", found["step"], found["rank"], host, gpu,
-                        found["slower_pct"], found["step_time_s"], found["median_s"], found["cause"],
-                        found["data_wait_s"])
+            found = {
+                "step": self._step,
+                "rank": found["rank"],
+                "host": host,
+                "gpu": gpu,
+                **{k: v for k, v in found.items() if k != "rank"},
+            }
+            log.warning(
+                "straggler at step %d: rank %d (host %s, GPU %d) is %.0f%% of a step slower than "
+                "the median rank (own time %.3f s vs %.3f s per step); its time goes to %s "
+                "(data wait %.3f s per step)",
+                found["step"],
+                found["rank"],
+                host,
+                gpu,
+                found["slower_pct"],
+                found["step_time_s"],
+                found["median_s"],
+                found["cause"],
+                found["data_wait_s"],
+            )
             self.metrics.write("straggler", **found)
         return found
 
@@ -198,8 +221,10 @@ class StragglerWatch:
         if n < EXCLUDE_AFTER:
             return None
         host, _, node = (self.places or [("?", -1, "")] * self.world)[rank]
-        why = (f"rank {rank} a straggler for {n} log intervals in a row, {found['slower_pct']:.0f} % of a step "
-               f"slower than the median (train.exclude_straggler_pct={self.exclude_pct:g})")
+        why = (
+            f"rank {rank} a straggler for {n} log intervals in a row, {found['slower_pct']:.0f} % of a step "
+            f"slower than the median (train.exclude_straggler_pct={self.exclude_pct:g})"
+        )
         self.exclude = {"step": self._step, "rank": rank, "host": host, "node": node, "why": why}
         if self.rank == 0:
             log.warning("leaving node %s out: %s; checkpointing and stopping at this step", node or host, why)

@@ -93,7 +93,10 @@ def open_sink(enabled: bool, run_dir: Path | None) -> TensorBoardSink | None:
         # tensorboard: 0.3 s, rank 0 only; this module imports light (train.entry)
         from torch.utils.tensorboard import SummaryWriter
     except Exception as e:  # ImportError without the package; a broken install raises others
-        log.warning("no TensorBoard logging (%s: %s): pip install tensorboard, or set train.tensorboard=false",
-                    type(e).__name__, e)
+        log.warning(
+            "no TensorBoard logging (%s: %s): pip install tensorboard, or set train.tensorboard=false",
+            type(e).__name__,
+            e,
+        )
         return None
     return TensorBoardSink(Path(run_dir) / "tb", SummaryWriter)

@@ -56,9 +56,13 @@ def flight_recorder_env(backend: str, logs_dir: Path) -> dict[str, str]:
     if backend != "nccl":
         return {}
     prefix = str(Path(logs_dir) / NCCL_TRACE)
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": TRACE_BUFFER, "TORCH_FR_BUFFER_SIZE": TRACE_BUFFER,
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix}
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": TRACE_BUFFER,
+        "TORCH_FR_BUFFER_SIZE": TRACE_BUFFER,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+    }
 
 
 def set_flight_recorder_env(env: MutableMapping[str, str], backend: str, logs_dir: Path) -> dict[str, str]:
@@ -172,7 +176,7 @@ def short_path(path: str) -> str:
         if marker in path:
             return path.rsplit(marker, 1)[1]
     i = path.rfind("/hpctrain/")
-    return path[i + 1:] if i >= 0 else path
+    return path[i + 1 :] if i >= 0 else path
 
 
 def top_frame(stack: str) -> str | None:
@@ -203,8 +207,14 @@ def _ids(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:MAX_LISTED])) + (f" … {more} more" if more > 0 else "")
 
 
-def diagnose(heartbeats: Mapping[int, dict | None], stacks: Mapping[int, str | None], now: float,
-             stale_s: float, timeout_s: float, files: list[str]) -> tuple[str, dict]:
+def diagnose(
+    heartbeats: Mapping[int, dict | None],
+    stacks: Mapping[int, str | None],
+    now: float,
+    stale_s: float,
+    timeout_s: float,
+    files: list[str],
+) -> tuple[str, dict]:
     """The one-line verdict and the `hang` metrics record, from every rank's heartbeat (None: none
     written) and stack-file text (None: none written).
 
@@ -239,12 +249,13 @@ def diagnose(heartbeats: Mapping[int, dict | None], stacks: Mapping[int, str | N
 
     parts = [f"hang: no step completed for {timeout_s:g} s (train.hang_timeout_s)"]
     if named:
-        parts.append(f"rank(s) {_ids(named)} behind step {top}, silent or elsewhere: "
-                     + _listed([describe(r) for r in named], "ranks"))
+        parts.append(
+            f"rank(s) {_ids(named)} behind step {top}, silent or elsewhere: "
+            + _listed([describe(r) for r in named], "ranks")
+        )
     if rest:
         at = [f"{f or 'an unknown frame'} (rank(s) {_ids(groups[f])})" for f in order]
-        parts.append(f"{'the other ranks' if named else f'every rank at step {top}'} wait at "
-                     + _listed(at, "places"))
+        parts.append(f"{'the other ranks' if named else f'every rank at step {top}'} wait at " + _listed(at, "places"))
     names = [Path(f).name for f in files]
     cap = 2 * MAX_LISTED
     listed = ", ".join(names[:cap]) + (f" and {len(names) - cap} more" if len(names) > cap else "")
@@ -274,8 +285,15 @@ class Watchdog:
     user errors; nothing of the training state is worth saving from a hung step.
     """
 
-    def __init__(self, timeout_s: float, rank: int, world: int, logs: Path | None, nccl: bool = False,
-                 report: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        timeout_s: float,
+        rank: int,
+        world: int,
+        logs: Path | None,
+        nccl: bool = False,
+        report: Callable[[dict], None] | None = None,
+    ):
         self.timeout_s = float(timeout_s) if logs else 0.0
         self.rank, self.world, self.logs, self.nccl, self.report = rank, world, logs, nccl, report
         self.publish_s = min(5.0, max(0.1, self.timeout_s / 10))  # heartbeat period
@@ -338,8 +356,15 @@ class Watchdog:
 
     def _publish(self, state: str, files: list[str] | None = None) -> None:
         self._state, self._files = state, files
-        rec = {"rank": self.rank, "step": self._step, "time": round(time.time(), 3), "host": self.host,
-               "node": self.node, "pid": self.pid, "state": state}
+        rec = {
+            "rank": self.rank,
+            "step": self._step,
+            "time": round(time.time(), 3),
+            "host": self.host,
+            "node": self.node,
+            "pid": self.pid,
+            "state": state,
+        }
         if files:
             rec["files"] = files
         atomic_write(self.logs / HEARTBEAT.format(self.rank), json.dumps(rec))
@@ -348,13 +373,20 @@ class Watchdog:
         self.fired.set()
         try:
             if not alarm:
-                atomic_write(self.logs / TRIGGER, json.dumps({"rank": self.rank, "step": self._step,
-                                                               "time": round(time.time(), 3)}))
+                atomic_write(
+                    self.logs / TRIGGER,
+                    json.dumps({"rank": self.rank, "step": self._step, "time": round(time.time(), 3)}),
+                )
             self._publish("dumped", self._dump())
             self._wait_for(lambda hb: hb.get("state") in ("dumped", "reported"))
-            line, record = diagnose(read_heartbeats(self.logs, self.world), read_stacks(self.logs, self.world),
-                                    time.time(), self.stale_s, self.timeout_s,
-                                    [str(p) for p in dump_files(self.logs) if p.name != TRIGGER])
+            line, record = diagnose(
+                read_heartbeats(self.logs, self.world),
+                read_stacks(self.logs, self.world),
+                time.time(),
+                self.stale_s,
+                self.timeout_s,
+                [str(p) for p in dump_files(self.logs) if p.name != TRIGGER],
+            )
             if self.report:
                 self.report(record)
             self._name_silent_nodes(record)
@@ -385,8 +417,11 @@ class Watchdog:
             node = hb.get("node") or hb.get("host")
             if stacks.get(r) is None and node:
                 try:
-                    badnodes.report(str(node), f"rank {r} silent for {self.timeout_s:g} s at step {hb.get('step')} "
-                                               "(hang watchdog: no stack written)")
+                    badnodes.report(
+                        str(node),
+                        f"rank {r} silent for {self.timeout_s:g} s at step {hb.get('step')} "
+                        "(hang watchdog: no stack written)",
+                    )
                 except (OSError, ValueError) as e:
                     log.warning("hang watchdog: could not name node %r of rank %d: %s", node, r, e)
 
@@ -395,8 +430,10 @@ class Watchdog:
         path = self.logs / STACK.format(self.rank)
         tmp = path.with_name(f"{path.name}.{self.pid}.tmp")
         with open(tmp, "w") as f:
-            f.write(f"# hpctrain hang dump: rank {self.rank} on {self.host} pid {self.pid}, last step "
-                    f"{self._step}, training thread 0x{self._main or 0:x}\n")
+            f.write(
+                f"# hpctrain hang dump: rank {self.rank} on {self.host} pid {self.pid}, last step "
+                f"{self._step}, training thread 0x{self._main or 0:x}\n"
+            )
             f.flush()
             faulthandler.dump_traceback(f, all_threads=True)
             f.flush()

@@ -43,9 +43,11 @@ def check_packages(names: tuple[str, ...]) -> None:
     for name in names:
         pkg = PACKAGES.get(name)
         if pkg and importlib.util.find_spec(pkg) is None:
-            raise TrackerMissing(f"train.trackers lists {name} but the {pkg} package is not installed here: "
-                                 f"pip install 'hpctrain[trackers]' (in the image), or remove {name} from "
-                                 "train.trackers")
+            raise TrackerMissing(
+                f"train.trackers lists {name} but the {pkg} package is not installed here: "
+                f"pip install 'hpctrain[trackers]' (in the image), or remove {name} from "
+                "train.trackers"
+            )
 
 
 def flat(d: Any, prefix: str = "") -> dict[str, str]:

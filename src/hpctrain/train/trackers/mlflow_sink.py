@@ -73,7 +73,7 @@ class MLflowSink:
             params = {**flat(to_dict(cfg)), **flat(env.get("resolved", {}), "resolved.")}
             items = [Param(k, v[:6000]) for k, v in sorted(params.items())]
             for i in range(0, len(items), BATCH):
-                client.log_batch(run.info.run_id, params=items[i:i + BATCH])
+                client.log_batch(run.info.run_id, params=items[i : i + BATCH])
             last: dict[str, int] = {}
         else:
             client.update_run(run.info.run_id, status="RUNNING")
@@ -81,7 +81,7 @@ class MLflowSink:
         env_tags = flat({k: v for k, v in env.items() if k != "resolved"}, "env.")
         tags = [RunTag(re.sub(r"[^\w\-. /]", "_", k), v[:5000]) for k, v in sorted(env_tags.items())]
         for i in range(0, len(tags), BATCH):
-            client.log_batch(run.info.run_id, tags=tags[i:i + BATCH])
+            client.log_batch(run.info.run_id, tags=tags[i : i + BATCH])
         return cls(client, run.info.run_id, last)
 
     def restart(self, kept: list[dict], moved: list[dict]) -> None:
@@ -97,12 +97,15 @@ class MLflowSink:
         new = [Metric(k, v, ms, int(step)) for k, v in scalars(rec).items() if int(step) > self.last.get(k, -1)]
         if new:
             for i in range(0, len(new), 1000):
-                self.client.log_batch(self.run_id, metrics=new[i:i + 1000])
+                self.client.log_batch(self.run_id, metrics=new[i : i + 1000])
             self.last.update({m.key: m.step for m in new})
         kind = rec.get("kind")
         if kind == "end":
-            summary = {f"summary.{k}": str(rec[k]) for k in ("status", "step", "wall_s", "top1", "top5")
-                       if rec.get(k) is not None}
+            summary = {
+                f"summary.{k}": str(rec[k])
+                for k in ("status", "step", "wall_s", "top1", "top5")
+                if rec.get(k) is not None
+            }
             self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in summary.items()])
             self.client.set_terminated(self.run_id, "FINISHED")
         elif kind == "stop":

@@ -35,7 +35,7 @@ def payloads(path: Path) -> Iterator[bytes]:
         if kind == 0 and length == 0:  # zero fill (preallocated or padding)
             pos += left
             continue
-        body = data[pos + CHUNK_HEAD:pos + CHUNK_HEAD + length]
+        body = data[pos + CHUNK_HEAD : pos + CHUNK_HEAD + length]
         if len(body) < length:
             return
         pos += CHUNK_HEAD + length

@@ -31,8 +31,12 @@ def offline_logs(run_dir: Path, run_id: str) -> list[Path]:
 
 def logged_step(run_dir: Path, run_id: str) -> int:
     """The highest history step the earlier attempts wrote (-1: none)."""
-    steps = [r.history.step.num for f in offline_logs(run_dir, run_id) for r in wandb_file.records(f)
-             if r.WhichOneof("record_type") == "history"]
+    steps = [
+        r.history.step.num
+        for f in offline_logs(run_dir, run_id)
+        for r in wandb_file.records(f)
+        if r.WhichOneof("record_type") == "history"
+    ]
     return max(steps, default=-1)
 
 
@@ -47,11 +51,21 @@ class WandbSink:
         key = run_key(run_dir)
         floor = logged_step(run_dir, key)  # before init adds this attempt's directory
         env = read_env(run_dir)
-        config = {**to_dict(cfg), "resolved": env.get("resolved", {}),
-                  "env": {k: v for k, v in env.items() if k != "resolved"}}
-        run = wandb.init(project=t.wandb_project, name=cfg.run.name, id=key, resume="allow", mode=t.wandb_mode,
-                         dir=str(run_dir), config=config,
-                         settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+        config = {
+            **to_dict(cfg),
+            "resolved": env.get("resolved", {}),
+            "env": {k: v for k, v in env.items() if k != "resolved"},
+        }
+        run = wandb.init(
+            project=t.wandb_project,
+            name=cfg.run.name,
+            id=key,
+            resume="allow",
+            mode=t.wandb_mode,
+            dir=str(run_dir),
+            config=config,
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+        )
         if run.resumed:  # online: the server's run, whose last step may be past our files
             floor = max(floor, run.step - 1)
         return cls(run, floor)
@@ -71,8 +85,9 @@ class WandbSink:
             self.step = int(step)
         kind = rec.get("kind")
         if kind == "end":
-            self.run.summary.update({k: rec[k] for k in ("status", "step", "wall_s", "top1", "top5")
-                                     if rec.get(k) is not None})
+            self.run.summary.update(
+                {k: rec[k] for k in ("status", "step", "wall_s", "top1", "top5") if rec.get(k) is not None}
+            )
         elif kind == "stop":
             self.run.summary.update({"status": rec.get("reason")})
 
