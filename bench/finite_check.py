@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of the per-step finite check (train/guard.py) on a digits step, CPU; target ≤ 1 % (DESIGN.md).
+"""The cost of the per-step finite check (train/guard.py) on a digits step, CPU; target ≤ 1 % (docs/checkpoints.md).
 
 Two measures, both in this one process:
 - paired: the Trainer's own `train_step` with the check and without it (`FiniteFlag.update`

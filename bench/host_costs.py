@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host costs on the training step's path, before and after (issue 24 item 7), side by side in one
+"""Host costs on the training step's path, before and after (docs/data.md), side by side in one
 process: each pair runs interleaved (A B, B A, …), each figure is the median over repetitions, each
 ratio the median of the per-repetition ratios after/before.
 
@@ -130,7 +130,7 @@ def main() -> int:
         from hpctrain.data.folder import list_split
         from hpctrain.data.randaug import parse_randaugment
 
-        class TracedEachEpoch(DaliLoader):  # data/dali.py's DaliLoader._open before item 7(c)
+        class TracedEachEpoch(DaliLoader):  # data/dali.py's DaliLoader._open before the graph was traced once a run
             def _open(self, epoch: int):
                 reader, files, real = self._reader(epoch)
                 pipe = build_pipeline(

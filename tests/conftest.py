@@ -14,7 +14,7 @@ SRC = ROOT / "src"
 sys.path.insert(0, str(SRC))
 # ROOT too: helper scripts run as `python -m tests.…` from each test's own directory (checkout_guard)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-# Bitwise comparisons on CPU need a fixed thread count (DESIGN.md).
+# Bitwise comparisons on CPU need a fixed thread count (CONTRIBUTING.md, "Test tiers").
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fake sysfs trees of real nodes: fixtures for the doctor and the `cluster init --probe` tests; the
 # checkout guard: a test that writes into the checkout fails (tests/checkout_guard.py).

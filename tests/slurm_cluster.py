@@ -3,7 +3,7 @@
 Everything lives under one temp directory and listens on loopback ports picked at random; each
 slurmd runs under `unshare --uts --mount` with its own hostname (n1, n2, n3) and a hosts file
 bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` began (settings:
-docs in /work/shared/DESIGN.md, "Verified facts"). For fault tests, `kill_node(n)` SIGKILLs every
+the slurm.conf written below, docs/sweeps.md "The test cluster"). For fault tests, `kill_node(n)` SIGKILLs every
 process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
 slurmd again; SlurmdTimeout=10 and ReturnToService=2 make Slurm notice both within seconds.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from tests.helpers import WAIT_S, free_port
 
 NODES = ("n1", "n2")
-# A third node only in SPARE_PARTITION (issue 22, hot spares: a 3-node allocation training on 2): the
+# A third node only in SPARE_PARTITION (docs/spares.md, hot spares: a 3-node allocation training on 2): the
 # other partitions keep n1 and n2, so what every other test schedules on is unchanged.
 SPARE_NODE, SPARE_PARTITION = "n3", "spares"
 ALL_NODES = (*NODES, SPARE_NODE)
@@ -129,7 +129,7 @@ class SlurmCluster:
     env: dict[str, str] = field(default_factory=dict)
     slurmd: dict[str, subprocess.Popen] = field(default_factory=dict)
     sysroot: Path | None = None  # run Slurm and munge from this root (another Slurm version), see above
-    # Site shapes (issue 21): extra `NodeName` keys per node (e.g. {"n1": "CoreSpecCount=1"}) and
+    # Site shapes (docs/sites.md): extra `NodeName` keys per node (e.g. {"n1": "CoreSpecCount=1"}) and
     # extra slurm.conf lines (e.g. "AccountingStorageEnforce=limits,qos").
     node_options: dict[str, str] = field(default_factory=dict)
     conf_extra: str = ""

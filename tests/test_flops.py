@@ -12,7 +12,7 @@ def test_vit_b16_224_forward_is_17_57_gmac():
     cfg = load(data={"model": {"arch": "vit_base", "img_size": 224, "patch_size": 16}})
     f = flops.model_flops(cfg.model)
     assert f.fwd_macs / 1e9 == pytest.approx(17.57, rel=0.01)
-    # the figure: ≈ 105 GFLOP per trained image (2 FLOPs per MAC, forward + backward = 3×)
+    # README "Performance": ≈ 105 GFLOP per trained image (2 FLOPs per MAC, forward + backward = 3×)
     assert f.train_flops / 1e9 == pytest.approx(105.4, rel=0.01)
     assert f.train_flops == 6 * f.fwd_macs
 
@@ -35,7 +35,7 @@ def test_other_shapes_follow_the_formula():
 
 def test_mfu_arithmetic():
     # 4,100 images/s of ViT-B/16 on one H200: 43.7 % MFU against the 989 TFLOP/s dense-bf16 spec
-    # peak (the 55 % is of the ~790 TFLOP/s a large matmul reaches there: tests/train/test_speed.py)
+    # peak (docs/observability.md's 55 % is of the ~790 TFLOP/s a large matmul reaches there: tests/train/test_speed.py)
     train = flops.model_flops(load(data={"model": {"arch": "vit_base"}}).model).train_flops
     peak, source = flops.peak_tflops("NVIDIA H200")
     assert peak == 989.0 and "datasheet" in source

@@ -1,4 +1,4 @@
-"""The script boundary (issue 10): what reaches a generated batch script, a file name or a printed
+"""The script boundary: what reaches a generated batch script, a file name or a printed
 command is refused when it could break a line, encoded so it round-trips, or shell-quoted."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Nodes the tasks found faulty, told to the batch shell that can keep them out.
 
-The task's Python has no Slurm client (DESIGN.md), so it cannot exclude a node itself. A rank that
+The task's Python has no Slurm client (docs/architecture.md), so it cannot exclude a node itself. A rank that
 names a faulty node — preflight, the hang watchdog's silent rank, a persistent straggler, a rank
 that died — appends one line `NODE<TAB>REASON` to `$HPCTRAIN_BAD_NODES_FILE` (set by the batch
 shell, one file per job). After srun returns, the shell reads the names (`cut -f1`), starts the

@@ -71,8 +71,8 @@ FAMILY_BF16_TFLOPS: list[tuple[str, float, str]] = [
 ]
 PEAK_BF16_TFLOPS = FAMILY_BF16_TFLOPS  # the name docs and callers knew: the fallback table
 
-# What a large bf16 matmul reaches in practice where it was measured (DESIGN.md: ~790 TFLOP/s
-# on an H200 SXM): a second, 'of achievable' figure next to MFU, never the MFU denominator. By
+# What a large bf16 matmul reaches in practice where it was measured (docs/observability.md, MFU:
+# ~790 TFLOP/s on an H200 SXM): a second, 'of achievable' figure next to MFU, never the MFU denominator. By
 # exact device name: another form factor (the H200 NVL) was not measured.
 ACHIEVABLE_BF16_TFLOPS: list[tuple[str, float]] = [
     ("NVIDIA H200", 790.0),

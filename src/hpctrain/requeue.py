@@ -2,7 +2,7 @@
 
 The decision is taken by rank 0 inside the job (it knows the run's history) and carried out by
 the batch shell outside the container: images from NGC or pytorch have no Slurm client, munge
-socket or slurm.conf, so the task's Python never calls `scontrol` (DESIGN.md). Rank 0 writes
+socket or slurm.conf, so the task's Python never calls `scontrol` (docs/architecture.md). Rank 0 writes
 the decision to `$HPCTRAIN_STOP_FILE` (two lines: `requeue` or `end`, then why) once the
 checkpoint is on disk; the batch script reads it after `srun` returns and runs `scontrol requeue`
 while the job is still RUNNING (a job Slurm is already requeueing or cancelling is left alone).

@@ -210,7 +210,7 @@ def test_optim_step_reports_ratios_to_torch_adamw():
 @pytest.mark.slow
 def test_host_costs_reports_ema_and_erase_before_and_after():
     """bench/host_costs.py, one short repetition without DALI: the EMA's cached lists and the batch's
-    vectorised erase boxes each timed beside the way they were drawn before (issue 24 item 7)."""
+    vectorised erase boxes each timed beside the way they were drawn before."""
     r = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "host_costs.py"), "--reps", "1", "--batch", "64", "--no-dali", "--json"],
         capture_output=True,

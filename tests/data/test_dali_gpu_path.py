@@ -1,4 +1,4 @@
-"""The DALI loader's GPU-path defects, checked where the CPU can see them (issue 33 item 3.8):
+"""The DALI loader's GPU-path defects, checked where the CPU can see them (docs/data.md):
 random erasing's noise takes the configured shape, not a per-batch `images.shape()`."""
 
 from __future__ import annotations

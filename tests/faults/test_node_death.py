@@ -1,4 +1,4 @@
-"""A node dies mid-run (issue 7, fault 2): its slurmd, slurmstepd and task are SIGKILLed at once.
+"""A node dies mid-run: its slurmd, slurmstepd and task are SIGKILLed at once.
 
 The first attempt ends without hanging: the survivor's collective fails at once (or after
 train.pg_timeout_s when the dead peer's sockets stay silent), srun waits for the lost node until

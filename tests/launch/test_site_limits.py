@@ -1,4 +1,4 @@
-"""Sites whose nodes and QOS limit what a job may ask (issue 21, item 3), on a Slurm test cluster of
+"""Sites whose nodes and QOS limit what a job may ask (docs/sites.md), on a Slurm test cluster of
 that shape: node n1 (partition `cpu`) keeps one of its 4 cores for the system (CoreSpecCount=1:
 CPUEfctv=3), and QOS limits are enforced (AccountingStorageEnforce=limits,qos) with a QOS `short`
 (MaxWall=00:10:00, no DenyOnLimit: sbatch accepts a longer job, which then pends for ever).

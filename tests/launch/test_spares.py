@@ -1,4 +1,4 @@
-"""Hot spare nodes and bad-node exclusion (issue 22 items 3-4): the batch shell's step loop
+"""Hot spare nodes and bad-node exclusion (docs/spares.md): the batch shell's step loop
 (launch.inplace), its records (hpctrain.faultlog) and `hpctrain status`.
 
 On the Slurm test cluster: a 3-node `--no-kill` allocation trains on 2 nodes; one training node

@@ -119,7 +119,7 @@ def test_grad_checkpointing_gives_the_same_gradients():
         assert torch.allclose(pa.grad, pb.grad, atol=1e-6), n
 
 
-# ----------------------------------------------------------------- big_vision options (issue 13)
+# ----------------------------------------------------------------- big_vision options (docs/recipes.md)
 
 
 def _tiny(**kw) -> ViT:
@@ -426,7 +426,7 @@ def test_big_vision_gelu_is_the_tanh_approximation():
     torch.testing.assert_close(_init_model("timm", gelu="tanh").blocks[0].mlp.act(x), jax_tanh, rtol=1e-6, atol=1e-6)
 
 
-# ----------------------------------------------------------------- dropout (issue 24 item 8)
+# ----------------------------------------------------------------- dropout (docs/recipes.md)
 
 
 def _no_dropout_forward(m: ViT, x: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ def test_bf16_autocast_matches_fp32_within_tolerance():
 def test_compiled_matches_eager():
     import torch._inductor.config as inductor
 
-    # one block, kernels compiled in this process: a cold CPU compile is the slow part (DESIGN.md)
+    # one block, kernels compiled in this process: a cold CPU compile is the slow part (CONTRIBUTING.md)
     eager = losses("train.amp=none", "model.depth=1", steps=3)
     with inductor.patch(compile_threads=1):
         compiled = losses("train.amp=none", "model.depth=1", "train.compile=true", steps=3)

@@ -1,4 +1,4 @@
-"""The optimizers' device path (issue 33 item 3.9): every foreach op a step runs can take CUDA's batched
+"""The optimizers' device path: every foreach op a step runs can take CUDA's batched
 kernel (its tensor lists match tensor for tensor, docs/large-batch.md), so the kernels per step do not
 grow with the number of parameter tensors; LAMB's new trust-ratio step equals the old one bit for bit."""
 

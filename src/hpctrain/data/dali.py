@@ -388,7 +388,7 @@ class _Epoch:
 
 
 class DaliLoader:
-    """The loader contract (DESIGN.md) over DALI pipelines; one pipeline per epoch."""
+    """The loader contract (docs/architecture.md, README "Data") over DALI pipelines; one pipeline per epoch."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """Dockerfile → Apptainer definition: spython parses, this module fixes what it gets wrong.
 
-spython 0.3.14 (DESIGN.md) merges an unnamed final `FROM` into the previous stage, writes
+spython 0.3.14 (tests/images/test_image_convert.py) merges an unnamed final `FROM` into the previous stage, writes
 `LABEL a=1 b=2` as one label line, copies `ENV` into `%post` without `export`, turns `USER` into
 `su - user` inside `%post`, makes `HEALTHCHECK` a `%test` and runs `CMD` through `/bin/bash`.
 So the Dockerfile is pre-processed (stages named, labels taken out, instructions Apptainer has no

@@ -1,4 +1,4 @@
-"""The batch shell's loop over srun steps: hot spare nodes and bad-node exclusion (issue 22).
+"""The batch shell's loop over srun steps: hot spare nodes and bad-node exclusion (docs/spares.md).
 
 With `slurm.spare_nodes` K (`--spare-nodes`) the job holds N+K nodes with `--no-kill` and trains
 on N of them. When a step fails, the shell names the faulty nodes — the tasks' own reports

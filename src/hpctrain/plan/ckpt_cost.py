@@ -1,7 +1,7 @@
 """What a checkpoint costs a job, resolved at submission (login node, no torch): the interruption
 rate that `train.ckpt_every: auto` needs, and whether a stop has time to save.
 
-The task has no Slurm client (DESIGN.md), so `hpctrain submit` reads the partition's history here
+The task has no Slurm client (docs/architecture.md), so `hpctrain submit` reads the partition's history here
 and hands the job its MTBF as `train.mtbf_h` (with `train.mtbf_source` saying where it came from).
 Sources, best first: the config's own train.mtbf_h; the profile's slurm.node_mtbf_hours; the
 partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
