@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,10 +129,14 @@ def each_slurm_cluster(request):
 
 
 def pytest_runtest_logreport(report):
-    """Collect which Slurm versions the tests ran on (also from xdist workers)."""
+    """Collect which Slurm versions the tests ran on (also from xdist workers), and name a failure
+    the moment it happens: pytest's own list comes only at the end, and a run stopped before then
+    (a CI limit, Ctrl-C that xdist does not pass on) would not say which test failed."""
     for key, value in getattr(report, "user_properties", ()):
         if key == "slurm" and report.when == "call":
             _SLURM_VERSIONS.add(value)
+    if report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        sys.stderr.write(f"\n{time.strftime('%H:%M:%S')} FAILED {report.nodeid} ({report.when})\n")
 
 
 _SLURM_VERSIONS: set[str] = set()
