@@ -10,9 +10,17 @@ import time
 import pytest
 import yaml
 
-from hpctrain.plan.ckpt_cost import parse_history, read_history
+from hpctrain.plan.ckpt_cost import History
+from hpctrain.site.slurm_cli import parse_sacct, read_history
 from tests.launch.jobs import digits_sets, hp, metrics
 from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
+
+
+def parse_history(rows: str, partition: str, days: float) -> History:
+    """`State|NNodes|ElapsedRaw` rows, as sacct's rows of slurm_cli.SACCT_FIELDS, → the History."""
+    cols = (ln.split("|") for ln in rows.splitlines())
+    text = "".join(f"{i}|{s}|{n}|Unknown|Unknown|Unknown|{e}\n" for i, (s, n, e) in enumerate(cols))
+    return History.of(parse_sacct(text), partition, days)
 
 
 def test_parse_history_counts_interruptions_per_node_hour():
@@ -75,7 +83,7 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     t0 = time.time() - 1
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0))
     jobs = _make_history(slurm_cluster)
-    hist = read_history(PREEMPTIBLE, 1, since=since)
+    hist = History.of(read_history(PREEMPTIBLE, 1, since=since), PREEMPTIBLE, 1)
     assert hist.counts == {"PREEMPTED": 1, "NODE_FAIL": 1, "TIMEOUT": 0}, hist
     rows = slurm_cluster.run("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "NNodes,ElapsedRaw").stdout
     node_s = sum(int(n) * int(e) for n, e in (r.split("|") for r in rows.split()))
