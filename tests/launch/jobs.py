@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.helpers import WAIT_S, run_metrics, run_report, tails, wait_for
@@ -40,6 +41,20 @@ def sacct_states(cluster, job: str) -> list[str]:
     """Every run of the job, oldest first (REQUEUED … COMPLETED)."""
     r = cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State", check=False)
     return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+
+
+def sbatch_wrap(cluster, partition: str, nodes: int, cmd: str, *extra: str) -> str:
+    """The id of an exclusive `sbatch --wrap cmd` job of `nodes` nodes (output to /dev/null)."""
+    return cluster.run(
+        "sbatch", "--parsable", "-p", partition, f"-N{nodes}", "--exclusive", "-o", "/dev/null", *extra, "--wrap", cmd
+    ).stdout.strip()
+
+
+def wait_running(cluster, job: str, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while cluster.state(job) != "RUNNING":
+        assert time.monotonic() < end, f"job {job} did not start: {cluster.state(job)}"
+        time.sleep(0.3)
 
 
 def rank_hosts(run_dir: Path) -> dict[int, tuple[int, str]]:

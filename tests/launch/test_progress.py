@@ -13,7 +13,7 @@ from hpctrain.launch.progress import (
     eta,
     progress_line,
     recent_straggler,
-    requeue_waits,
+    run_requeue_waits,
     steps_per_s,
     total_steps,
     watch,
@@ -87,7 +87,7 @@ def test_eta_while_pending_adds_the_mean_past_queue_wait():
     recs = requeued_timeline(wait_s=600, step_s=0.5)
     rate = steps_per_s(recs)
     assert rate == pytest.approx(2.0)
-    assert requeue_waits(recs, rate) == [pytest.approx(600)]  # the first record comes 10 steps after the start
+    assert run_requeue_waits(recs, rate) == [pytest.approx(600)]  # the first record comes 10 steps after the start
     stop2 = recs[-1]
     now = stop2["time"] + 100
     e = eta(recs, 200, now, waiting=True, rate=rate)

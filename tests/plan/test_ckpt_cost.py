@@ -10,9 +10,17 @@ import time
 import pytest
 import yaml
 
-from hpctrain.plan.ckpt_cost import parse_history, read_history
-from tests.launch.jobs import digits_sets, hp, metrics
+from hpctrain.plan.ckpt_cost import History
+from hpctrain.site.slurm_cli import parse_sacct, read_history
+from tests.launch.jobs import digits_sets, hp, metrics, sbatch_wrap, wait_running
 from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
+
+
+def parse_history(rows: str, partition: str, days: float) -> History:
+    """`State|NNodes|ElapsedRaw` rows, as sacct's rows of slurm_cli.SACCT_FIELDS, → the History."""
+    cols = (ln.split("|") for ln in rows.splitlines())
+    text = "".join(f"{i}|{s}|{n}|Unknown|Unknown|Unknown|{e}\n" for i, (s, n, e) in enumerate(cols))
+    return History.of(parse_sacct(text), partition, days)
 
 
 def test_parse_history_counts_interruptions_per_node_hour():
@@ -23,45 +31,20 @@ def test_parse_history_counts_interruptions_per_node_hour():
     assert parse_history("COMPLETED|1|7200\n", "low", 30).node_mtbf_h() == 2.0  # none seen: a lower bound
 
 
-def _sbatch(cluster, partition: str, nodes: int) -> str:
-    return cluster.run(
-        "sbatch",
-        "--parsable",
-        "-p",
-        partition,
-        f"-N{nodes}",
-        "--exclusive",
-        "--requeue",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 600",
-    ).stdout.strip()
-
-
-def _running(cluster, job: str, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while cluster.state(job) != "RUNNING":
-        assert time.monotonic() < end, f"job {job} did not start: {cluster.state(job)}"
-        time.sleep(0.3)
-
-
 def _make_history(cluster) -> list[str]:
     """A node failure and a preemption on the preemptible partition, in ~15 s: a job loses a node
     (`scontrol update state=down`: NODE_FAIL), another is preempted with GraceTime 0 for the while."""
-    a = _sbatch(cluster, PREEMPTIBLE, 2)
-    _running(cluster, a)
+    a = sbatch_wrap(cluster, PREEMPTIBLE, 2, "sleep 600", "--requeue")
+    wait_running(cluster, a)
     time.sleep(2)  # some node-hours
     cluster.fail_node("n2", "ckpt_cost test")
     cluster.run("scancel", a)  # requeued, held back by BeginTime: gone
     cluster.run("scontrol", "update", f"partitionname={PREEMPTIBLE}", "gracetime=0")
     try:
-        b = _sbatch(cluster, PREEMPTIBLE, 1)
-        _running(cluster, b)
+        b = sbatch_wrap(cluster, PREEMPTIBLE, 1, "sleep 600", "--requeue")
+        wait_running(cluster, b)
         time.sleep(2)
-        urgent = cluster.run(
-            "sbatch", "--parsable", "-p", URGENT, "-N2", "--exclusive", "-o", "/dev/null", "--wrap", "true"
-        ).stdout.strip()
+        urgent = sbatch_wrap(cluster, URGENT, 2, "true")
         cluster.wait_done(urgent, 60)
         cluster.run("scancel", b)
     finally:
@@ -75,7 +58,7 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     t0 = time.time() - 1
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0))
     jobs = _make_history(slurm_cluster)
-    hist = read_history(PREEMPTIBLE, 1, since=since)
+    hist = History.of(read_history(PREEMPTIBLE, 1, since=since), PREEMPTIBLE, 1)
     assert hist.counts == {"PREEMPTED": 1, "NODE_FAIL": 1, "TIMEOUT": 0}, hist
     rows = slurm_cluster.run("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "NNodes,ElapsedRaw").stdout
     node_s = sum(int(n) * int(e) for n, e in (r.split("|") for r in rows.split()))

@@ -19,41 +19,28 @@ from hpctrain.config import load
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan.recommend import dur
 from hpctrain.site.profile import load_profile
-from tests.launch.jobs import hp
+from tests.launch.jobs import hp, sbatch_wrap, wait_running
 from tests.slurm_cluster import NODES, URGENT
 
 VIT_B = "configs/vit_b16_imagenet.yaml"
 ACCOUNT, LIMIT_NODE_MIN = "planacct", 1_000_000
 
 
-def _sbatch(cluster, partition: str, nodes: int, cmd: str, *extra: str) -> str:
-    return cluster.run(
-        "sbatch", "--parsable", "-p", partition, f"-N{nodes}", "--exclusive", "-o", "/dev/null", *extra, "--wrap", cmd
-    ).stdout.strip()
-
-
-def _running(cluster, job: str, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while cluster.state(job) != "RUNNING":
-        assert time.monotonic() < end, f"job {job} did not start: {cluster.state(job)}"
-        time.sleep(0.3)
-
-
 def _make_history(cluster, part: str) -> None:
     """~30 s: a 2-node job loses n2 (NODE_FAIL), a 1-node job is preempted by URGENT (GraceTime 0 on
     this partition), then 5 jobs of 1 node and 5 of 2 nodes, all at once, queue behind each other."""
-    a = _sbatch(cluster, part, 2, "sleep 600", "--requeue")
-    _running(cluster, a)
+    a = sbatch_wrap(cluster, part, 2, "sleep 600", "--requeue")
+    wait_running(cluster, a)
     time.sleep(1)
     cluster.fail_node("n2", "plan test")
     cluster.run("scancel", a)  # requeued, held back by BeginTime: gone
-    b = _sbatch(cluster, part, 1, "sleep 600", "--requeue")
-    _running(cluster, b)
+    b = sbatch_wrap(cluster, part, 1, "sleep 600", "--requeue")
+    wait_running(cluster, b)
     time.sleep(1)
-    urgent = _sbatch(cluster, URGENT, 2, "true")
+    urgent = sbatch_wrap(cluster, URGENT, 2, "true")
     cluster.wait_done(urgent, 60)
     cluster.run("scancel", b)
-    jobs = [_sbatch(cluster, part, n, "sleep 1") for n in (1, 2) * 5]
+    jobs = [sbatch_wrap(cluster, part, n, "sleep 1") for n in (1, 2) * 5]
     for j in jobs:
         cluster.wait_done(j, 120)
 

@@ -13,9 +13,10 @@ from hpctrain.config import load
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan.allocation import Allocation, share, tres
 from hpctrain.plan.interruptions import Loss, Rate, expected_loss, node_rate
-from hpctrain.plan.queue import Figure, History, bucket, parse_sacct, queue_wait, requeue_wait, requeue_waits
+from hpctrain.plan.queue import Figure, History, bucket, partition_requeue_waits, queue_wait, requeue_wait
 from hpctrain.plan.recommend import Option, recommend
 from hpctrain.site.profile import load_profile
+from hpctrain.site.slurm_cli import parse_sacct
 from tests.helpers import ROOT, hpctrain
 
 VIT_B = str(ROOT / "configs" / "vit_b16_imagenet.yaml")
@@ -45,7 +46,7 @@ def test_sacct_rows_become_waits_per_power_of_two_size_class():
         "unknown: 1 jobs of 8-15 nodes that started (sacct, partition gpu, last 14 days), fewer than 2"
     )
     assert queue_wait(History("gpu", 14, None), 1).source.startswith("unknown: sacct does not answer")
-    assert requeue_waits(allocs) == [600.0]  # job 13: End 10:30:30 → next Start 10:40:30
+    assert partition_requeue_waits(allocs) == [600.0]  # job 13: End 10:30:30 → next Start 10:40:30
     assert requeue_wait(hist, 2, min_jobs=1).seconds == 600
     fallback = requeue_wait(hist, 1, min_jobs=2)  # one requeue: a requeued job waits as a new one of its size
     assert fallback.seconds == 60 and fallback.source.startswith("as a new job's queue wait")

@@ -12,6 +12,7 @@ import yaml
 
 from hpctrain.site import cluster_init as ci
 from hpctrain.site.profile import load_profile
+from hpctrain.site.slurm_cli import parse_kv
 from tests.doctor.fake_sysfs import DGX_COMPUTE, run_cli
 from tests.helpers import hpctrain
 from tests.launch.jobs import hp
@@ -21,7 +22,7 @@ ACCOUNT, QOS = "hpcsite", ("hpc-normal", "hpc-long")
 
 
 def test_parsers_of_slurm_records():
-    kv = ci.parse_kv("NodeName=n2 Arch=x86_64 CPUTot=4 Gres=gpu:tesla:2(S:0) OS=Linux 6.1.0-18 #1 SMP RealMemory=4000")
+    kv = parse_kv("NodeName=n2 Arch=x86_64 CPUTot=4 Gres=gpu:tesla:2(S:0) OS=Linux 6.1.0-18 #1 SMP RealMemory=4000")
     assert kv["OS"] == "Linux 6.1.0-18 #1 SMP" and kv["RealMemory"] == "4000" and kv["CPUTot"] == "4"
     assert ci.parse_gres(kv["Gres"]) == ("tesla", 2)
     assert ci.parse_gres("gpu:4,shard:8") == ("", 4) and ci.parse_gres("(null)") == ("", 0)

@@ -25,6 +25,7 @@ from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
 from hpctrain.site.profile import ClusterProfile
+from hpctrain.site.slurm_cli import in_queue
 from hpctrain.source import package_dir
 
 SCRIPT = "pack.sbatch"
@@ -125,11 +126,7 @@ def recorded_job(out: Path) -> str | None:
 
 def job_queued(job: str) -> bool:
     """Some task of the array is still pending or running (squeue lists it)."""
-    try:
-        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True, timeout=60)
-    except (FileNotFoundError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and bool(r.stdout.strip())
+    return in_queue(job)
 
 
 def wait(job: str, poll_s: float = 2.0) -> None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
 from hpctrain.plan.ckpt_cost import stop_problems, with_mtbf
 from hpctrain.site.profile import ClusterProfile, load_profile
+from hpctrain.site.slurm_cli import controller_up
 
 # --------------------------------------------------------------------------- kinds of job
 
@@ -145,13 +144,7 @@ class Prepared:
 
 def slurm_available() -> bool:
     """A controller answers `scontrol ping` (sbatch merely being installed is not enough)."""
-    if not shutil.which("scontrol"):
-        return False
-    try:
-        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and " is UP" in r.stdout
+    return controller_up()
 
 
 def slurm_profile(cluster: str | None, overrides: Sequence[str], slurm: bool = False) -> ClusterProfile | None:

@@ -83,10 +83,11 @@ def total_steps(config: dict, records: list[dict]) -> int | None:
     return int(train["epochs"]) * spe if spe and train.get("epochs") else None
 
 
-def requeue_waits(records: list[dict], rate: float | None) -> list[float]:
-    """Seconds each past stop cost before training went on: from the `stop` record to the first
-    record of the resumed attempt, less the time its steps since the stop took at `rate`.
-    (The `requeue` record after a stop is the stopped attempt's own.)"""
+def run_requeue_waits(records: list[dict], rate: float | None) -> list[float]:
+    """Seconds each past stop of this run cost before training went on: from the `stop` record to
+    the first record of the resumed attempt, less the time its steps since the stop took at `rate`.
+    (The `requeue` record after a stop is the stopped attempt's own.) The run's own view, from its
+    records; plan/queue.py's `partition_requeue_waits` is Slurm's, over any job's attempts."""
     waits = []
     for i, stop in enumerate(records):
         if stop.get("kind") != "stop" or not isinstance(stop.get("time"), (int, float)):
@@ -128,7 +129,7 @@ def eta(records: list[dict], total: int | None, now: float, waiting: bool, rate:
     step = max([train[-1]["step"], *(r["step"] for r in _timed(records, "stop"))])
     left = max(0, total - step) / rate
     if waiting:
-        waits = requeue_waits(records, rate)
+        waits = run_requeue_waits(records, rate)
         if not waits:
             return Eta(None, None, "after it starts (no earlier requeue to measure the queue wait by)")
         since = max(r["time"] for r in [*train[-1:], *_timed(records, "stop")[-1:]])  # stopped, or crashed

@@ -14,8 +14,6 @@ import dataclasses
 import itertools
 import json
 import re
-import shutil
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from hpctrain.launch.submit import (
 )
 from hpctrain.launch.task import train_task
 from hpctrain.metrics import read_metrics
+from hpctrain.site.slurm_cli import queue_state
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -308,17 +307,6 @@ def member_metrics(run_dir: Path) -> dict:
         elif kind == "end":
             out["end"] = rec.get("status")
     return out
-
-
-def queue_state(job_id: str) -> str | None:
-    """The state squeue gives a job still in the queue (None: not there)."""
-    if not shutil.which("squeue"):
-        return None
-    try:
-        r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.split()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
 def sweep_status(sweep_dir: str | Path) -> list[dict]:

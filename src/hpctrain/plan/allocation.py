@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from hpctrain.site.cluster_init import tool
+from hpctrain.site.slurm_cli import default_account, tool
 
 
 def tres(text: str) -> dict[str, float]:
@@ -54,10 +54,6 @@ class Allocation:
             return head + "; no GrpTRESMins limit (sacctmgr show assoc)"
         lims = ", ".join(f"{k}={v:,.0f} min, {self.remaining(k):,.0f} left" for k, v in self.limit.items())
         return head + f"; GrpTRESMins of {self.limit_of} (sacctmgr show assoc): {lims}"
-
-
-def default_account(user: str) -> str:
-    return (tool("sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount") or "").strip()
 
 
 def read_allocation(account: str = "", user: str = "") -> Allocation | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from hpctrain.errors import UserError
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.metrics import read_metrics
 from hpctrain.plan import throughput
-from hpctrain.site.cluster_init import parse_kv, tool
+from hpctrain.site.slurm_cli import Alloc, partition_record, read_history
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
 INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures", "TIMEOUT": "time limits"}
@@ -54,59 +54,21 @@ class History:
             return None
         return self.node_hours / max(1, self.interruptions)
 
+    @classmethod
+    def of(cls, allocs: Iterable[Alloc], partition: str, days: float) -> History:
+        """The interruptions and node-hours of sacct's allocations (slurm_cli.read_history)."""
+        node_s, counts = 0.0, {s: 0 for s in INTERRUPTIONS}
+        for a in allocs:
+            node_s += a.nodes * a.elapsed_s
+            if a.state in counts:
+                counts[a.state] += 1
+        return cls(partition, days, node_s / 3600.0, counts)
+
     def text(self) -> str:
         counts = ", ".join(f"{self.counts.get(s, 0)} {what}" for s, what in INTERRUPTIONS.items())
         return (
             f"sacct: partition {self.partition}, last {self.days:g} days: {counts} in {self.node_hours:.3g} node-hours"
         )
-
-
-def parse_history(text: str, partition: str, days: float) -> History:
-    """`sacct -n -P -o State,NNodes,ElapsedRaw` lines → History ('CANCELLED by 0': the first word)."""
-    node_s, counts = 0.0, {s: 0 for s in INTERRUPTIONS}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 3 or not parts[1].isdigit() or not parts[2].isdigit():
-            continue
-        state = parts[0].split()[0] if parts[0].split() else ""
-        node_s += int(parts[1]) * int(parts[2])
-        if state in counts:
-            counts[state] += 1
-    return History(partition, days, node_s / 3600.0, counts)
-
-
-def read_history(partition: str, days: float, since: str | None = None) -> History | None:
-    """The partition's sacct history of the last `days` days (or since the sacct time `since`);
-    None when sacct does not answer (no accounting, no client)."""
-    start = since or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - days * 86400))
-    text = tool(
-        "sacct",
-        "-X",
-        "-D",
-        "-a",
-        "-n",
-        "-P",
-        "-S",
-        start,
-        "-E",
-        "now",
-        "-r",
-        partition,
-        "-o",
-        "State,NNodes,ElapsedRaw",
-        timeout=60,
-    )
-    return None if text is None else parse_history(text, partition, days)
-
-
-def partition_record(name: str) -> dict[str, str]:
-    """`scontrol show partition -o` of `name` (empty: the default partition) as {key: value}; {}
-    when scontrol does not answer or has no such partition."""
-    for line in (tool("scontrol", "show", "partition", "-o") or "").splitlines():
-        kv = parse_kv(line)
-        if kv.get("PartitionName") and (kv["PartitionName"] == name or (not name and kv.get("Default") == "YES")):
-            return kv
-    return {}
 
 
 def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, str]:
@@ -118,7 +80,8 @@ def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, s
     if s.node_mtbf_hours > 0:
         return s.node_mtbf_hours / nodes, f"slurm.node_mtbf_hours={s.node_mtbf_hours:g} (profile {profile.name}){per}"
     name = partition or partition_record("").get("PartitionName", "")
-    hist = read_history(name, s.mtbf_window_days) if name else None
+    allocs = read_history(name, s.mtbf_window_days) if name else None
+    hist = History.of(allocs, name, s.mtbf_window_days) if allocs is not None else None
     node_h = hist.node_mtbf_h() if hist else None
     if hist and node_h:
         bound = "at least " if not hist.interruptions else ""

@@ -1,7 +1,7 @@
 """The work a job is expected to lose to interruptions (preemption, node failure, time limit).
 
 Rate: the partition's PREEMPTED, NODE_FAIL and TIMEOUT allocations per node-hour of all its
-allocations in the history window (the counting of `launch.ckpt_cost`, whose MTBF sets
+allocations in the history window (the counting of `plan.ckpt_cost`, whose MTBF sets
 `ckpt_every: auto`), or the profile's `slurm.node_mtbf_hours`; a job of N nodes is interrupted N
 times as often as one node. With none seen, the node-hours are a lower bound of the MTBF and the
 loss an upper bound ("≤").
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hpctrain.ckpt_interval import young_daly_s
 from hpctrain.config import Config
 from hpctrain.memory import checkpoint_bytes
+from hpctrain.plan import ckpt_cost
 from hpctrain.plan.ckpt_cost import INTERRUPTIONS
 from hpctrain.plan.queue import MIN_JOBS, Figure, History
 
@@ -41,9 +42,8 @@ def node_rate(hist: History, profile, min_jobs: int = MIN_JOBS) -> Rate:
         return Rate(None, f"unknown: sacct does not answer for partition {hist.partition}")
     if len(hist.allocs) < min_jobs:
         return Rate(None, f"unknown: {len(hist.allocs)} allocations ({hist.text()}), fewer than {min_jobs}")
-    node_h = sum(a.nodes * a.elapsed_s for a in hist.allocs) / 3600.0
-    counts = {s: sum(1 for a in hist.allocs if a.state == s) for s in INTERRUPTIONS}
-    seen = sum(counts.values())
+    counted = ckpt_cost.History.of(hist.allocs, hist.partition, hist.days)
+    node_h, counts, seen = counted.node_hours, counted.counts, counted.interruptions
     what = ", ".join(f"{counts[s]} {name}" for s, name in INTERRUPTIONS.items())
     if node_h <= 0:
         return Rate(None, f"unknown: no node-hours in {hist.text()}")

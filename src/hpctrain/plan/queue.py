@@ -1,12 +1,13 @@
 """How long a job of N nodes waits in the partition's queue, from the cluster's own record (login
-node: Slurm clients only). Sources (facts and man pages: docs/plan.md, "Queue"):
+node: Slurm clients only, run and read by site/slurm_cli.py). Sources (facts and man pages:
+docs/plan.md, "Queue"):
 
-- history: `sacct -X -D -a -r P -S … -E now` — one row per allocation (-X), every attempt of a
-  requeued job (-D), all users (-a); a job's wait is Start − Eligible. "Similar size" is the
-  same power-of-two node bucket (1; 2-3; 4-7; 8-15; …) on the same partition; the estimate is the
-  median over those that started, and "unknown" below MIN_JOBS of them. Jobs still pending are
-  not counted (their wait is not over), so a long backlog makes the median low: the squeue line
-  says how long the queue is now.
+- history: `sacct -X -D -a -r P -S … -E now` (`slurm_cli.read_history`) — one row per allocation
+  (-X), every attempt of a requeued job (-D), all users (-a); a job's wait is Start − Eligible.
+  "Similar size" is the same power-of-two node bucket (1; 2-3; 4-7; 8-15; …) on the same
+  partition; the estimate is the median over those that started, and "unknown" below MIN_JOBS of
+  them. Jobs still pending are not counted (their wait is not over), so a long backlog makes the
+  median low: the squeue line says how long the queue is now.
 - now: `squeue --start` (pending jobs of the partition, their nodes and Slurm's expected start,
   which holds only under the backfill scheduler and is bounded by running jobs' time limits) and
   `sinfo -o %F` (allocated/idle/other/total nodes).
@@ -17,28 +18,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from hpctrain.site.cluster_init import tool
+from hpctrain.site.slurm_cli import Alloc, node_counts, pending_starts
 
 MIN_JOBS = 5  # fewer similar jobs than this in the window: the wait is "unknown", not a median of noise
-SACCT_FIELDS = ("JobIDRaw", "State", "NNodes", "Eligible", "Start", "End", "ElapsedRaw")
-STANDARD_TIME = {"SLURM_TIME_FORMAT": "standard"}  # YYYY-MM-DDTHH:MM:SS whatever the user's setting
-
-
-@dataclass(frozen=True)
-class Alloc:
-    """One allocation (one attempt of a job) as sacct holds it."""
-
-    job: str
-    state: str  # first word: "CANCELLED by 0" → CANCELLED
-    nodes: int
-    eligible: datetime | None
-    start: datetime | None  # None: never started (still pending, or cancelled while pending)
-    end: datetime | None
-    elapsed_s: int
 
 
 @dataclass(frozen=True)
@@ -103,59 +88,6 @@ def bucket_text(nodes: int) -> str:
     return f"{lo} node" if lo == 1 else f"{lo}-{2 * lo - 1} nodes"
 
 
-def _when(text: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text.strip())
-    except ValueError:  # Unknown, None, N/A
-        return None
-
-
-def parse_sacct(text: str) -> list[Alloc]:
-    """`sacct -n -P -o JobIDRaw,State,NNodes,Eligible,Start,End,ElapsedRaw` lines → allocations."""
-    out = []
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != len(SACCT_FIELDS) or not parts[2].isdigit():
-            continue
-        job, state, nodes, eligible, start, end, elapsed = parts
-        out.append(
-            Alloc(
-                job,
-                (state.split() or [""])[0],
-                int(nodes),
-                _when(eligible),
-                _when(start),
-                _when(end),
-                int(elapsed) if elapsed.isdigit() else 0,
-            )
-        )
-    return out
-
-
-def read_history(partition: str, days: float, since: str | None = None) -> History:
-    """The partition's allocations of the last `days` (or since the sacct time `since`)."""
-    start = since or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - days * 86400))
-    text = tool(
-        "sacct",
-        "-X",
-        "-D",
-        "-a",
-        "-n",
-        "-P",
-        "-S",
-        start,
-        "-E",
-        "now",
-        "-r",
-        partition,
-        "-o",
-        ",".join(SACCT_FIELDS),
-        timeout=60,
-        env=STANDARD_TIME,
-    )
-    return History(partition, days, None if text is None else tuple(parse_sacct(text)))
-
-
 def started(a: Alloc) -> bool:
     """The allocation ran. sacct gives a job cancelled while pending Start = End = the cancel time
     (22.05, measured), with an Eligible that may even be later (a requeued attempt's BeginTime)."""
@@ -178,8 +110,10 @@ def queue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
     return Figure(statistics.median(w), f"median of {len(w)} {what}", len(w))
 
 
-def requeue_waits(allocs) -> list[float]:
-    """For every requeued job, each later attempt's Start − the previous attempt's End (seconds)."""
+def partition_requeue_waits(allocs) -> list[float]:
+    """For every requeued job in the partition's sacct history, each later attempt's Start − the
+    previous attempt's End (seconds): Slurm's side of a requeue, any job's (launch/progress.py's
+    `run_requeue_waits` is one run's own, from its records)."""
     by_job: dict[str, list[Alloc]] = {}
     for a in allocs:
         by_job.setdefault(a.job, []).append(a)
@@ -197,7 +131,7 @@ def requeue_waits(allocs) -> list[float]:
 def requeue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
     """The median requeue wait of the partition (any size); with fewer than `min_jobs` requeues,
     a requeued job is taken to wait as a new job of its size does."""
-    w = requeue_waits(hist.allocs or ())
+    w = partition_requeue_waits(hist.allocs or ())
     if len(w) >= min_jobs:
         return Figure(statistics.median(w), f"median of {len(w)} requeues, End to next Start ({hist.text()})", len(w))
     q = queue_wait(hist, nodes, min_jobs)
@@ -210,18 +144,5 @@ def requeue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
 
 def read_now(partition: str) -> Now:
     """sinfo's allocated/idle/other/total and squeue's pending jobs of the partition now."""
-    counts: list[int] | None = None
-    for line in (tool("sinfo", "-h", "-p", partition, "-o", "%F") or "").split():
-        vals = line.split("/")
-        if len(vals) == 4 and all(v.isdigit() for v in vals):
-            counts = [c + int(v) for c, v in zip(counts or [0, 0, 0, 0], vals)]
-    text = tool("squeue", "--start", "-h", "-p", partition, "-o", "%i|%D|%S", env=STANDARD_TIME)
-    pending = None
-    if text is not None:
-        pending = tuple(
-            (int(n), _when(s))
-            for _, n, s in (ln.split("|") for ln in text.split() if ln.count("|") == 2)
-            if n.isdigit()
-        )
-    a, i, o, t = counts or (None, None, None, None)
-    return Now(a, i, o, t, pending)
+    a, i, o, t = node_counts(partition) or (None, None, None, None)
+    return Now(a, i, o, t, pending_starts(partition))

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from hpctrain.config import Config
 from hpctrain.plan.allocation import Allocation, read_allocation, share
-from hpctrain.plan.ckpt_cost import partition_record
 from hpctrain.plan.interruptions import Loss, Rate, expected_loss, node_rate
 from hpctrain.plan.model import Plan
-from hpctrain.plan.queue import Figure, History, Now, bucket_text, queue_wait, read_history, read_now, requeue_wait
+from hpctrain.plan.queue import Figure, History, Now, bucket_text, queue_wait, read_now, requeue_wait
+from hpctrain.site.slurm_cli import partition_record, read_history
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def read_context(
     name = partition or profile.slurm.partition or partition_record("").get("PartitionName", "")
     if not name:
         return no_context("no Slurm here (scontrol names no default partition; give --partition)")
-    hist = read_history(name, days, since)
+    hist = History(name, days, read_history(name, days, since))
     now = read_now(name)
     if hist.allocs is None and now.total is None:
         return no_context(f"no Slurm here (sacct and sinfo do not answer for partition {name})")

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -28,16 +27,10 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.site import runtimes as rt
 from hpctrain.site.profile import time_minutes
+from hpctrain.site.slurm_cli import default_account, expand_hosts, scontrol_show, tool
 from hpctrain.source import package_dir
 
-KV_RE = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
-
 LMOD_INIT = "/usr/share/lmod/lmod/init/bash"  # Debian's; sites: $LMOD_PKG/init/bash, $MODULESHOME/init/bash
-
-
-def parse_kv(line: str) -> dict[str, str]:
-    """One `scontrol show … -o` record → {key: value} (values may hold spaces, e.g. OS=Linux 6.1)."""
-    return {k: v.strip() for k, v in KV_RE.findall(line.strip())}
 
 
 def parse_gres(text: str) -> tuple[str, int]:
@@ -74,40 +67,16 @@ class Facts:
     runtimes: list[rt.Found] = field(default_factory=list)  # container runtimes installed (runtimes.detect)
 
 
-def tool(*cmd: str, timeout: float = 30, env: dict[str, str] | None = None) -> str | None:
-    """stdout of a Slurm client command (with `env` added to the environment); None when it is
-    missing or fails."""
-    if not shutil.which(cmd[0]):
-        return None
-    try:
-        r = subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout if r.returncode == 0 else None
-
-
-def expand_hosts(spec: str) -> list[str]:
-    out = tool("scontrol", "show", "hostnames", spec)
-    return out.split() if out else [spec]
-
-
 def read_partitions() -> list[Partition]:
-    text = tool("scontrol", "show", "partition", "-o")
-    if text is None:
+    records = scontrol_show("partition")
+    if records is None:
         raise UserError(
             "no Slurm here: `scontrol show partition` does not answer (run `hpctrain cluster init` on "
             "a login node of the cluster, where sinfo/scontrol work)"
         )
-    nodes = {}
-    for line in (tool("scontrol", "show", "node", "-o") or "").splitlines():
-        kv = parse_kv(line)
-        if kv.get("NodeName"):
-            nodes[kv["NodeName"]] = kv
+    nodes = {kv["NodeName"]: kv for kv in scontrol_show("node") or [] if kv.get("NodeName")}
     parts = []
-    for line in text.splitlines():
-        kv = parse_kv(line)
+    for kv in records:
         if not kv.get("PartitionName"):
             continue
         names = expand_hosts(kv["Nodes"]) if kv.get("Nodes") not in (None, "", "(null)") else []
@@ -141,8 +110,7 @@ def read_associations(user: str) -> tuple[dict[str, tuple[list[str], str]], str]
             qos, old_dq = assoc.get(acc, ([], ""))
             qos += [name for name in q.split(",") if name and name not in qos]
             assoc[acc] = (qos, old_dq or dq)
-    default = (tool("sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount") or "").strip()
-    return assoc, default
+    return assoc, default_account(user)
 
 
 QOS_FIELDS = ("MaxWall", "MaxTRESPerJob", "MaxTRESPerUser")
