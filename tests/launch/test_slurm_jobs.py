@@ -191,12 +191,14 @@ def test_ctrl_c_of_submit_wait_leaves_the_slurm_job_running_and_says_how_to_stop
     )
     wait_for_step(tmp_path / "goes-on", 1, 180)
     job = json.loads((tmp_path / "goes-on" / "job.json").read_text())["job_id"]
-    os.killpg(waiter.pid, signal.SIGINT)  # a terminal's Ctrl-C
-    out, err = waiter.communicate(timeout=WAIT_S)  # a bound for a hang; it ends at once when all is well
-    assert waiter.returncode == 130, out + err
-    assert (
-        f"Slurm job {job} goes on. Follow it: hpctrain logs {tmp_path / 'goes-on'} -f   stop it (checkpoint "
-        f"first): scancel --signal=USR2 {job}   end it now: scancel {job}"
-    ) in err, err
-    assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
-    slurm_cluster.run("scancel", job)
+    try:
+        os.killpg(waiter.pid, signal.SIGINT)  # a terminal's Ctrl-C
+        out, err = waiter.communicate(timeout=WAIT_S)  # a bound for a hang; it ends at once when all is well
+        assert waiter.returncode == 130, out + err
+        assert (
+            f"Slurm job {job} goes on. Follow it: hpctrain logs {tmp_path / 'goes-on'} -f   stop it (checkpoint "
+            f"first): scancel --signal=USR2 {job}   end it now: scancel {job}"
+        ) in err, err
+        assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
+    finally:  # pass or fail: a job left running would hold the test cluster's nodes for minutes
+        slurm_cluster.run("scancel", job)

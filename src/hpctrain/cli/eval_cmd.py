@@ -16,9 +16,10 @@ from hpctrain.cli.common import load_config
 from hpctrain.cli.job import add_job_args, request, show
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
-from hpctrain.launch.prepare import Eval, prepare, slurm_profile, start
+from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
 from hpctrain.launch.status import wait_job
-from hpctrain.launch.submit import wait_local
+from hpctrain.launch.submit import Submission, wait_local
+from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
 
@@ -166,6 +167,21 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
         print(p.script(), end="")
         return 0
     sub = start(p)
+    try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
+        return follow(args, p, profile, sub, weights_path, out)
+    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
+        print(
+            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+            f"end it: scancel {sub.job_id}",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def follow(
+    args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: Submission, weights_path: Path, out: Path
+) -> int:
+    """What a submitted evaluation job shows: where it writes, and with --wait its end and summary."""
     plan = p.plan
     print(
         f"submitted Slurm job {sub.job_id}: evaluation of {weights_path} on {plan.nodes} node(s) × "
@@ -178,15 +194,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     if not args.wait:
         return 0
 
-    try:
-        state = wait_job(sub.job_id)
-    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
-        print(
-            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
-            f"end it: scancel {sub.job_id}",
-            file=sys.stderr,
-        )
-        return 130
+    state = wait_job(sub.job_id)
     failed = explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if state != "COMPLETED" and failed:
         raise failed

@@ -19,10 +19,20 @@ from hpctrain.cli.job import add_job_args, request, show
 from hpctrain.config import check_text, to_dict
 from hpctrain.launch.failure import explain
 from hpctrain.launch.localjob import HangupAsInterrupt, say
-from hpctrain.launch.prepare import Script, Train, plan_summary, prepare, slurm_profile, start, time_to_result
+from hpctrain.launch.prepare import (
+    Prepared,
+    Script,
+    Train,
+    plan_summary,
+    prepare,
+    slurm_profile,
+    start,
+    time_to_result,
+)
 from hpctrain.launch.progress import watch
 from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
-from hpctrain.launch.submit import Request, wait_local
+from hpctrain.launch.submit import Request, Submission, wait_local
+from hpctrain.site.profile import ClusterProfile
 from hpctrain.train.entry import summary_table
 
 
@@ -84,6 +94,19 @@ def main(args: argparse.Namespace) -> int:
     show(p.messages, sys.stdout)
     print(time_to_result(p), flush=True)
     sub = start(p)
+    try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
+        return follow(args, p, profile, sub)
+    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
+        print(
+            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
+            f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: Submission) -> int:
+    """What a submitted Slurm job shows: where it runs, and with --wait its progress and end."""
     plan = p.plan
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
     print(
@@ -96,22 +119,14 @@ def main(args: argparse.Namespace) -> int:
     print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
     if not args.wait:
         return 0
-    try:
-        watch(
-            sub.run_dir,
-            lambda: job_state(sub.job_id) in TERMINAL,
-            to_dict(p.cfg),
-            poll_s=2.0,
-            global_batch=p.cfg.data.batch_size,
-        )  # rank 0's progress line while it waits
-        state = wait_job(sub.job_id)
-    except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
-        print(
-            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
-            f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
-            file=sys.stderr,
-        )
-        return 130
+    watch(
+        sub.run_dir,
+        lambda: job_state(sub.job_id) in TERMINAL,
+        to_dict(p.cfg),
+        poll_s=2.0,
+        global_batch=p.cfg.data.batch_size,
+    )  # rank 0's progress line while it waits
+    state = wait_job(sub.job_id)
     print(run_status(str(sub.run_dir)).text())
     if state == "COMPLETED":
         return 0
