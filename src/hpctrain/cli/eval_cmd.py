@@ -166,6 +166,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     if args.dry_run:
         print(p.script(), end="")
         return 0
+    assert profile is not None  # no profile is a local job (p.local above)
     sub = start(p)
     try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
         return follow(args, p, profile, sub, weights_path, out)
