@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,17 @@ def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedP
 # How long a test waits for progress (a step, a job state) before it calls the job stuck: generous,
 # since a loaded machine (CI's 2 cores shared with another worker, a noisy neighbour) is slow, and the
 # waits end at the event, not at the cap. HPCTRAIN_TEST_WAIT_S changes it.
+def as_typed_at_a_terminal() -> None:
+    """`preexec_fn` for a command the test then stops with SIGINT, as a terminal's Ctrl-C would.
+
+    A test run started in the background by a non-interactive shell (`bash .ci/run &`, a CI runner's
+    script) ignores SIGINT and SIGQUIT, and every child inherits that (POSIX: without job control an
+    asynchronous command ignores both); Python then installs no KeyboardInterrupt handler, and the
+    Ctrl-C the test sends is lost. A command typed at a terminal starts with both at their defaults."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 WAIT_S = float(os.environ.get("HPCTRAIN_TEST_WAIT_S", "900"))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.local import wait_for_step
-from tests.helpers import DIGITS, WAIT_S, hpctrain, run_metrics, wait_for
+from tests.helpers import DIGITS, WAIT_S, as_typed_at_a_terminal, hpctrain, run_metrics, wait_for
 
 SETS = ["train.threads=1", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.tensorboard=false"]
 
@@ -100,6 +100,7 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=as_typed_at_a_terminal,
     )  # its own group, as a shell gives a foreground job
     wait_for_step(run, 3, [p])
     job = json.loads((run / "job.json").read_text())["job_id"]

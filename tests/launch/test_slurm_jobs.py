@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import WAIT_S
+from tests.helpers import WAIT_S, as_typed_at_a_terminal
 from tests.launch.jobs import check_run_dir, digits_sets, hp, metrics, submit, task_pid, wait_for_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,6 +188,7 @@ def test_ctrl_c_of_submit_wait_leaves_the_slurm_job_running_and_says_how_to_stop
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=as_typed_at_a_terminal,
     )
     wait_for_step(tmp_path / "goes-on", 1, 180)
     job = json.loads((tmp_path / "goes-on" / "job.json").read_text())["job_id"]
