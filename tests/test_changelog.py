@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 
 from hpctrain import __version__, config
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "tests" / "changelog_lock.json"
 
 
