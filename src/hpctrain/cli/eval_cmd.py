@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
-from hpctrain.cli.job import add_job_args, request, show
+from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
@@ -171,12 +171,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
         return follow(args, p, profile, sub, weights_path, out)
     except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
-        print(
-            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
-            f"end it: scancel {sub.job_id}",
-            file=sys.stderr,
-        )
-        return 130
+        return goes_on(sub, f"end it: scancel {sub.job_id}")
 
 
 def follow(

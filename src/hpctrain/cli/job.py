@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from hpctrain.launch.prepare import Message
-from hpctrain.launch.submit import Request, parse_ranks
+from hpctrain.launch.submit import Request, Submission, parse_ranks
 
 
 def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
@@ -60,3 +60,13 @@ def show(messages: Iterable[Message], out: TextIO) -> None:
         else:
             print(f"hpctrain: {m.level}: {m.text}", file=sys.stderr)
     out.flush()
+
+
+def goes_on(sub: Submission, how_to_end: str) -> int:
+    """A Ctrl-C while following a Slurm job: the job is Slurm's, not this process's, so it goes on;
+    say how to follow and end it (`how_to_end`: the scancel lines that fit this kind of job)."""
+    print(
+        f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   {how_to_end}",
+        file=sys.stderr,
+    )
+    return 130

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
-from hpctrain.cli.job import add_job_args, request, show
+from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.config import check_text, to_dict
 from hpctrain.launch.failure import explain
 from hpctrain.launch.localjob import HangupAsInterrupt, say
@@ -97,12 +97,9 @@ def main(args: argparse.Namespace) -> int:
     try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
         return follow(args, p, profile, sub)
     except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on
-        print(
-            f"\nhpctrain: stopped waiting; Slurm job {sub.job_id} goes on. Follow it: {sub.log_hint}   "
-            f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}",
-            file=sys.stderr,
+        return goes_on(
+            sub, f"stop it (checkpoint first): scancel --signal=USR2 {sub.job_id}   end it now: scancel {sub.job_id}"
         )
-        return 130
 
 
 def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: Submission) -> int:
