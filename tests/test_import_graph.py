@@ -152,7 +152,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("site", "images", "data"),  # what a cluster is; container images; datasets and loaders
     ("plan",),  # estimates and public figures, torch-free: the planner and the task's checks read them
     ("train",),  # the task's training core
-    ("allreduce", "bench", "report"),  # measurements and figures built on the core
+    ("allreduce", "bench", "watch"),  # measurements built on the core; reading a run back (login node)
     ("launch", "doctor"),  # jobs (login node, batch shell, task entry, the notebook job); site checks
     ("cli",),
     ("__main__",),

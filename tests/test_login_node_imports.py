@@ -11,7 +11,14 @@ import sys
 HEAVY = ("numpy", "torch", "nvidia.dali", "PIL", "matplotlib")
 # Packages and modules the login node runs (the CLI and the library under it), walked so that a
 # new module is checked the day it is added.
-LOGIN_PACKAGES = ("hpctrain.cli", "hpctrain.launch", "hpctrain.plan", "hpctrain.images", "hpctrain.doctor")
+LOGIN_PACKAGES = (
+    "hpctrain.cli",
+    "hpctrain.launch",
+    "hpctrain.plan",
+    "hpctrain.images",
+    "hpctrain.doctor",
+    "hpctrain.watch",
+)
 LOGIN_MODULES = (
     "hpctrain.models.arch",
     "hpctrain.randaug_spec",

@@ -8,15 +8,14 @@ import math
 
 import torch
 
-from hpctrain import report
 from hpctrain.config import load
 from hpctrain.data.synthetic import SyntheticLoader
-from hpctrain.launch import status
 from hpctrain.metrics import MetricsWriter, read_metrics
 from hpctrain.models.vit import build_vit
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
 from hpctrain.train.tensorboard import scalars
+from hpctrain.watch import report, status
 from tests.helpers import DIGITS
 
 

@@ -74,7 +74,7 @@ def test_stop_decision_goes_to_the_stop_file_for_the_batch_shell(tmp_path):
 
 def test_status_reads_a_stopped_run(tmp_path):
     """A run whose last record is a stop says so; once resumed past it, it no longer does."""
-    from hpctrain.launch.status import run_status
+    from hpctrain.watch.status import run_status
 
     recs = [
         {"kind": "train", "step": 4, "epoch": 0.2, "loss": 2.0},

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hpctrain.config import ConfigError, TrainConfig, build
-from hpctrain.launch.status import divergence_text, summarize
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.guard import SpikeWatch, injected_nan
+from hpctrain.watch.status import divergence_text, summarize
 from tests.helpers import digits_args, hpctrain, run_metrics, run_ranks
 
 # 22 steps per epoch; checkpoints every 5 steps, the loss read every 10: a NaN at step 12 is first

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from hpctrain import report
 from hpctrain.cli import main
 from hpctrain.config import ConfigError, load
 from hpctrain.metrics import read_metrics
 from hpctrain.train.tensorboard import scalars
 from hpctrain.train.trackers import TrackerMissing, run_key, wandb_file
+from hpctrain.watch import report
 
 mlflow = pytest.importorskip("mlflow", reason="the trackers extra (pip install 'hpctrain[trackers]')")
 pytest.importorskip("wandb", reason="the trackers extra (pip install 'hpctrain[trackers]')")

@@ -17,11 +17,11 @@ from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.data.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
-from hpctrain.launch.status import wait_job
 from hpctrain.launch.submit import Submission, wait_local
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
+from hpctrain.watch.status import wait_job
 
 # flags that only a job (--nodes) takes
 JOB_FLAGS = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.report import expand_sweeps, load_run, write
+from hpctrain.watch.report import expand_sweeps, load_run, write
 
 
 def add_parser(sub) -> None:

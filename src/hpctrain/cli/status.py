@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 
 from hpctrain.cli import CLIError
-from hpctrain.launch.status import RUNS, follow, has_ended, log_path, read_json, run_status, wait_for_run
 from hpctrain.launch.sweep import SWEEP_FILE, is_sweep, sweep_table
 from hpctrain.launch.sweep import sweep_status as rows_of
+from hpctrain.watch.status import RUNS, follow, has_ended, log_path, read_json, run_status, wait_for_run
 
 
 def add_parser(sub) -> None:

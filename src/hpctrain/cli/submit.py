@@ -29,11 +29,11 @@ from hpctrain.launch.prepare import (
     start,
     time_to_result,
 )
-from hpctrain.launch.progress import watch
-from hpctrain.launch.status import TERMINAL, job_state, run_status, wait_job
 from hpctrain.launch.submit import Request, Submission, wait_local
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train.entry import summary_table
+from hpctrain.watch.progress import watch
+from hpctrain.watch.status import TERMINAL, job_state, run_status, wait_job
 
 
 def add_parser(sub) -> None:

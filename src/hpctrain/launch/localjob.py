@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hpctrain.pids import alive
+
 
 def pid_path(folder: Path, job_id: str, rank: int) -> Path:
     return Path(folder) / f"{job_id}_{rank}_task.json"
@@ -48,20 +50,6 @@ def task_started(folder: Path, job_id: str, rank: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "rank": rank}) + "\n")
     os.replace(tmp, path)
-
-
-def alive(pid: int) -> bool:
-    """The process exists (on this host) and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    try:  # a child that exited but was not reaped yet is gone for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def task_pids(folder: Path, job_id: str) -> list[int]:

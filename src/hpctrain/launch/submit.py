@@ -22,10 +22,10 @@ from hpctrain.launch.failure import explain, no_result
 from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
 from hpctrain.launch.sbatch import JobPlan, render
-from hpctrain.launch.status import local_state, read_json
 from hpctrain.launch.task import eval_task, train_task
 from hpctrain.site.profile import parse_tres, time_minutes
 from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
+from hpctrain.watch.status import local_state, read_json
 
 __all__ = [
     "LaunchError",

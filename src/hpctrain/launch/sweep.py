@@ -24,7 +24,6 @@ from hpctrain.data.prepare import ensure_dataset
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.private import private_dir
-from hpctrain.launch.status import job_state, read_json, sacct_rows
 from hpctrain.launch.submit import (
     absolute_paths,
     job_snapshot,
@@ -37,6 +36,7 @@ from hpctrain.launch.submit import (
 from hpctrain.launch.task import train_task
 from hpctrain.metrics import read_metrics
 from hpctrain.site.slurm_cli import queue_state
+from hpctrain.watch.status import job_state, read_json, sacct_rows
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"

@@ -112,7 +112,7 @@ def queue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
 
 def partition_requeue_waits(allocs) -> list[float]:
     """For every requeued job in the partition's sacct history, each later attempt's Start − the
-    previous attempt's End (seconds): Slurm's side of a requeue, any job's (launch/progress.py's
+    previous attempt's End (seconds): Slurm's side of a requeue, any job's (watch/progress.py's
     `run_requeue_waits` is one run's own, from its records)."""
     by_job: dict[str, list[Alloc]] = {}
     for a in allocs:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 # Heavy optional package (the `trackers` extra): this module is imported only when train.trackers
-# lists mlflow (trackers.open_sink) or a report reads a store (hpctrain.report).
+# lists mlflow (trackers.open_sink) or a report reads a store (hpctrain.watch.report).
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 

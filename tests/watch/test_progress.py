@@ -1,4 +1,4 @@
-"""Progress and ETA from metrics records (hpctrain.launch.progress): synthetic timelines."""
+"""Progress and ETA from metrics records (hpctrain.watch.progress): synthetic timelines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hpctrain.launch.progress import (
+from hpctrain.watch.progress import (
     MetricsTail,
     duration,
     eta,

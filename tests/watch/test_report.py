@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hpctrain import report
 from hpctrain.cli import main
 from hpctrain.config import load
+from hpctrain.watch import report
 from tests.helpers import run_metrics
 
 SETS = ["train.max_steps=24", "train.eval_every=1", "train.log_every=2"]  # evals at 22 (epoch end), 24

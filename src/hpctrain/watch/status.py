@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from hpctrain.errors import LaunchError
-from hpctrain.launch.localjob import alive
-from hpctrain.launch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 from hpctrain.metrics import NONFINITE_FIELDS, read_metrics, table
+from hpctrain.pids import alive
+from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 
 TERMINAL = {
     "COMPLETED",

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from hpctrain.launch.progress import duration, iso
-from hpctrain.launch.status import TERMINAL, job_state, run_status, sacct_rows
+from hpctrain.watch.progress import duration, iso
+from hpctrain.watch.status import TERMINAL, job_state, run_status, sacct_rows
 from tests.helpers import WAIT_S, digits_args, hpctrain, run_metrics, run_ranks, wait_for
 from tests.launch.jobs import sacct_states
 from tests.slurm_cluster import PREEMPTIBLE, URGENT
