@@ -132,6 +132,9 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
     st = hp(slurm_cluster, "status", job)
     assert st.returncode == 0 and "COMPLETED" in st.stdout and "requeues       1" in st.stdout, st.stdout
     err = (run / "submitit" / f"{job}_0_log.err").read_text()
+    # appended, not truncated: the failed attempt's lines are still above the requeued one's
+    starts = re.findall(rf"hpctrain: task rank 0 of job {job} started on .* \(Slurm restart (\d+),", err)
+    assert starts == ["0", "1"], err[-3000:]
     named = "rank(s) 1 stopped responding" in err
     print(
         f"node death: first attempt ended {ended_after:.1f} s after the kill (bound {FIRST_ATTEMPT_BOUND} s); "

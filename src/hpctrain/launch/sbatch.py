@@ -107,12 +107,15 @@ MEMLOCK_LINES = shellfile.lines("memlock.sh")
 
 def step_loop(command: str) -> list[str]:
     """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
-    after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh)."""
+    after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
+    --open-mode=append: srun truncates the per-task logs when a step starts unless told to append
+    (srun(1) --open-mode; slurm.conf JobFileAppend), so a requeued or restarted attempt would erase
+    the traceback of the one that failed (tests/faults/test_node_death.py)."""
     return [
         "set +e",
         "while :; do",
         *shellfile.lines("step_start.sh", "  "),
-        "  srun --kill-on-bad-exit=1 --unbuffered "
+        "  srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
         f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
         *shellfile.lines("step_wait.sh", "  "),
         *shellfile.lines("step_next.sh", "  "),

@@ -12,7 +12,10 @@ so never before the stop handlers are installed.
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,18 @@ def task_started() -> tuple[Path, str, int]:
     env = submitit_glue.job_env()
     where = (env.paths.folder, env.job_id, env.global_rank)
     localjob.task_started(*where)
+    print(start_line(env.job_id, env.global_rank, os.environ), file=sys.stderr, flush=True)
     return where
+
+
+def start_line(job_id: str, rank: int, env: Mapping[str, str]) -> str:
+    """The first line of every attempt in a task's log: the logs are appended to across requeues
+    and in-job restarts (launch.sbatch.step_loop), so each attempt's lines start below its own."""
+    return (
+        f"hpctrain: task rank {rank} of job {job_id} started on {socket.gethostname()} at "
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} (Slurm restart {env.get('SLURM_RESTART_COUNT', '0')}, "
+        f"attempt {env.get('HPCTRAIN_ATTEMPT', '0')} in the allocation)"
+    )
 
 
 def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
