@@ -173,7 +173,7 @@ def test_committed_script_reaches_srun_from_any_directory(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     args = (tmp_path / "srun.args").read_text().splitlines()
-    assert args[:2] == ["--kill-on-bad-exit=1", "--unbuffered"] and args[-3:] == ["-m", "hpctrain", "train"]
+    assert args[:3] == ["--kill-on-bad-exit=1", "--unbuffered", "--open-mode=append"] and args[-3:] == ["-m", "hpctrain", "train"]
     assert (tmp_path / ".hpctrain").is_dir()
 
 

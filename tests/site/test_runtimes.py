@@ -102,7 +102,8 @@ def test_dry_run_starts_each_task_with_its_runtimes_command_line(tmp_path, runti
     logs = ["--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
     task = ["-u", "-m", "hpctrain.launch.task", folder]
     binds = ["/datasets:/datasets:ro", p["data"], p["run"]]
-    assert args[:2] == ["--kill-on-bad-exit=1", "--unbuffered"]
+    assert args[:3] == ["--kill-on-bad-exit=1", "--unbuffered", "--open-mode=append"]
+    args = args[1:]  # the rest as before the append mode came in
     if runtime in ("apptainer", "singularity"):
         prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
         wrapper = args[2 + len(logs) + 2]

@@ -8,6 +8,10 @@ job still fails: Slurm marks it FAILED), and the submitter reads that record: no
 unpickled, so the login node needs none of the task's (torch-bound) exception classes. A crash
 (any other exception) leaves no record: its traceback, which submitit pickles as a plain string
 in `<job id>_<rank>_result.pkl`, is shown with the log path.
+
+Under an hpctrain batch script every error also leaves a crash line (`crash_line`) for the shell,
+which restarts a step that failed on healthy nodes unless the error is the user's to fix or came
+back at the same step (launch/shell/restarts.sh).
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpctrain.errors import UserError
+from hpctrain.badnodes import this_node
+from hpctrain.errors import UserError, step_of
+
+CRASH_ENV = "HPCTRAIN_CRASH_FILE"
 
 
 class JobFailed(UserError):
@@ -42,16 +50,52 @@ def log_path(folder: Path, job_id: str, rank: int) -> Path:
 @contextmanager
 def recorded(folder: Path, job_id: str, rank: int) -> Iterator[None]:
     """Around a task's work: a UserError leaves its record (then propagates); a stale record of an
-    earlier attempt of this job (a requeue) is removed first."""
+    earlier attempt of this job (a requeue) is removed first. Any error also leaves its crash line
+    for the batch shell (`crash_line`)."""
     path = record_path(folder, job_id, rank)
     path.unlink(missing_ok=True)
     try:
         yield
-    except UserError as e:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"class": type(e).__name__, "message": str(e), "rank": rank}) + "\n")
-        os.replace(tmp, path)
+    except Exception as e:
+        write_crash_line(rank, e)
+        if isinstance(e, UserError):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps({"class": type(e).__name__, "message": str(e), "rank": rank}) + "\n")
+            os.replace(tmp, path)
         raise
+
+
+def crash_line(rank: int, e: BaseException, node: str, now_ns: int) -> str:
+    """What the batch shell reads of a failed rank (launch/shell/restarts.sh), tab-separated: time
+    (ns, so that the first rank to fail sorts first), rank, node, the step the error stopped
+    training at (`-` before training: bash's `read` merges empty tab-separated fields), `user` (a
+    UserError that is not `transient`: a restart cannot fix it) or `crash`,
+    and the error's class with the first line of its message."""
+    lines = str(e).strip().splitlines()
+    error = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    error = "".join(c if c.isprintable() else " " for c in error)[:300]
+    step = step_of(e)
+    kind = "user" if isinstance(e, UserError) and not e.transient else "crash"
+    return f"{now_ns}\t{rank}\t{node}\t{'-' if step is None else step}\t{kind}\t{error}\n"
+
+
+def write_crash_line(rank: int, e: BaseException, env: Mapping[str, str] | None = None) -> bool:
+    """Append this rank's crash line to $HPCTRAIN_CRASH_FILE (set by the batch shell; none outside
+    an hpctrain batch script: False). One O_APPEND write: lines of several ranks do not interleave."""
+    env = os.environ if env is None else env
+    path = env.get(CRASH_ENV)
+    if not path:
+        return False
+    line = crash_line(rank, e, this_node(env), time.time_ns()).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:  # the shell then restarts without knowing why: it says so
+        return False
+    return True
 
 
 def read_record(folder: Path, job_id: str) -> dict | None:

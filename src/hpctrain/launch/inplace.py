@@ -3,10 +3,12 @@
 With `slurm.spare_nodes` K (`--spare-nodes`) the job holds N+K nodes with `--no-kill` and trains
 on N of them. When a step fails, the shell names the faulty nodes — the tasks' own reports
 (`$HPCTRAIN_BAD_NODES_FILE`, hpctrain.badnodes), Slurm's view (a failed node leaves a `--no-kill`
-job's NodeList; `scontrol show node` says DOWN/NOT_RESPONDING/DRAIN), a short probe step per node
+job's NodeList; `scontrol show node` says DOWN/DRAIN/FAIL), a short probe step per node
 of the allocation — and starts the next step on N healthy nodes without them: the ranks resume
 from the last checkpoint (`--resume auto`), with no requeue and no queue wait. A step that failed
-naming no node ends the job as before (never a retry loop). Fewer than N healthy nodes left, or no
+naming no node (a crashed or killed rank on a healthy node) runs again on the same nodes, up to
+`slurm.max_restarts` times per allocation; the same error at the same step twice, or an error the
+user must fix, ends the job with that error instead (restarts.sh). Fewer than N healthy nodes left, or no
 spares: the job is requeued and the named nodes go into its ExcNodeList at once (Slurm takes
 ExcNodeList only while the job is pending; a requeued job waits cred_expire). Every restart and
 exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0 turns into a metrics record
@@ -22,8 +24,9 @@ from hpctrain.launch import shellfile
 NODE_ERE = NODE_NAME.pattern
 
 
-def setup_lines(spares: int, tasks_per_node: int) -> list[str]:
-    """Before the first step: how many nodes train, the files, and the shell functions (spares.sh)."""
+def setup_lines(spares: int, tasks_per_node: int, max_restarts: int) -> list[str]:
+    """Before the first step: how many nodes train, the files, and the shell functions (spares.sh,
+    restarts.sh)."""
     return [
         "# Hot spares (slurm.spare_nodes; HPCTRAIN_SPARE_NODES overrides): the job holds that many nodes more",
         "# than it trains on (#SBATCH --no-kill: a failed node leaves the job instead of ending it). After a",
@@ -34,6 +37,11 @@ def setup_lines(spares: int, tasks_per_node: int) -> list[str]:
         f"hpctrain_tpn=${{SLURM_NTASKS_PER_NODE:-{int(tasks_per_node)}}}",
         shellfile.assign("hpctrain_node_name", NODE_ERE) + "  # the shell passes on no other node name",
         *shellfile.lines("spares.sh"),
+        "# In-job restarts (slurm.max_restarts; HPCTRAIN_MAX_RESTARTS overrides): a step that failed naming no",
+        "# faulty node runs again on the same nodes from the last checkpoint, unless it failed the same way at",
+        "# the same step before (docs/spares.md).",
+        f"hpctrain_max_restarts=${{HPCTRAIN_MAX_RESTARTS-{int(max_restarts)}}}",
+        *shellfile.lines("restarts.sh"),
     ]
 
 

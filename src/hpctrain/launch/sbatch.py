@@ -187,7 +187,7 @@ def render(
     if prof.container.stage_image:
         lines += [*stage_image.batch_lines(prof.container.stage_image_to), ""]
     lines += [
-        *inplace.setup_lines(p.spare_nodes, p.tasks_per_node),
+        *inplace.setup_lines(p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts),
         *inplace.guard_lines(),
         "",
         "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",

@@ -115,6 +115,12 @@ class SlurmSection:
     max_preemptions: int = opt(
         -1, "requeues after a preemption (SIGTERM) before the job gives up; -1: unlimited", lo=-1
     )
+    max_restarts: int = opt(
+        3,
+        "in-job restarts on the same nodes after a failed step that named no faulty node "
+        "(a crashed rank), per allocation; 0: the job ends (docs/spares.md)",
+        lo=0,
+    )
     spare_nodes: int = opt(
         0,
         "hot spares: allocate this many nodes more (--no-kill), idle while the job trains; "

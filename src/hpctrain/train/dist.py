@@ -150,6 +150,8 @@ def init(info: DistInfo, backend: str, timeout_s: int, group_of_one: bool = Fals
 class RankFailure(UserError, RuntimeError):
     """A collective failed: a rank died or stopped responding. The message names it when known."""
 
+    transient = True  # the peer's fault: the step restarts without it (launch/shell/restarts.sh)
+
 
 # What gloo and NCCL say when a peer stopped, died or its connection broke (docs/communication.md,
 # "When a rank stops"): the text differs with the transport, the torch version and where the

@@ -258,14 +258,12 @@ class RunStatus:
             rows.append(("nodes", self.nodes))
         if m.get("restarts"):
             r = m["last_restart"]
-            nodes = ",".join(r.get("nodes") or []) or "-"
-            rows.append(
-                (
-                    "restarts",
-                    f"{m['restarts']} in the job on spare nodes (last: attempt {r.get('attempt')} "
-                    f"of job {r.get('job')} without {nodes}: {r.get('why')})",
-                )
-            )
+            last = f"attempt {r.get('attempt')} of job {r.get('job')}"
+            if r.get("nodes"):  # the batch shell left faulty nodes out: a spare took their place
+                where, last = "on spare nodes", f"{last} without {','.join(r['nodes'])}"
+            else:  # a crashed rank on a healthy node (launch/shell/restarts.sh)
+                where = "on the same nodes"
+            rows.append(("restarts", f"{m['restarts']} in the job {where} (last: {last}: {r.get('why')})"))
         if m.get("excluded"):
             rows.append(("excluded", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
         if m.get("step") is not None:

@@ -41,7 +41,8 @@ hpctrain_faults() {  # 'node<TAB>why' for every node named faulty after the step
   for n in $hpctrain_step_hosts; do
     case "$now" in *" $n "*) ;; *) printf '%s\t%s\n' "$n" "left the job's allocation (Slurm: node failure)"; continue ;; esac
     st=$(scontrol show node -o "$n" 2>/dev/null | tr " " "\n" | sed -n "s/^State=//p")
-    case "$st" in *DOWN*|*NOT_RESPONDING*|*DRAIN*|*FAIL*) printf '%s\t%s\n' "$n" "node state $st (scontrol show node)" ;; esac
+    # NOT_RESPONDING alone is one missed RPC (a busy or restarting slurmd): the probe below decides
+    case "$st" in *DOWN*|*DRAIN*|*FAIL*) printf '%s\t%s\n' "$n" "node state $st (scontrol show node)" ;; esac
   done
   if [ "$hpctrain_rc" != 0 ]; then
     for n in $now; do hpctrain_probe "$n" & done

@@ -5,8 +5,17 @@ if [ "$hpctrain_decision" != end ] &&
    { [ "$hpctrain_rc" != 0 ] || [ "$hpctrain_decision" = requeue ]; }; then
   hpctrain_name_faults
 fi
-# shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
-[ -n "$hpctrain_new" ] || break
+if [ -z "$hpctrain_new" ]; then
+  # none named after a failure of the tasks' own (no stop, no preemption, the job still running):
+  # restart on the same nodes (restarts.sh), or end as the step did
+  if [ "$hpctrain_rc" != 0 ] && [ -z "$hpctrain_decision" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted &&
+     [ "$(hpctrain_job_field JobState)" = RUNNING ] && hpctrain_restart_here; then
+    # shellcheck disable=SC2105  # continue starts the next step (this file is the loop body)
+    continue
+  fi
+  # shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
+  break
+fi
 hpctrain_bad="$hpctrain_bad$hpctrain_new"
 hpctrain_left=$(hpctrain_healthy | wc -l)
 if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then

@@ -8,4 +8,4 @@ if [ "$hpctrain_spares" -gt 0 ]; then
                  --nodelist="$(echo $hpctrain_step_hosts | tr " " ",")" --overlap)
 fi
 export HPCTRAIN_ATTEMPT=$hpctrain_attempt
-rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_BAD_NODES_FILE"
+rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_BAD_NODES_FILE" "$HPCTRAIN_CRASH_FILE"

@@ -1,0 +1,67 @@
+"""A rank's process dies and its node stays up (an OOM kill, a segfault, a CUDA error that takes the
+context): the batch shell restarts the step in the same allocation, on the same nodes, from the last
+checkpoint (launch/shell/restarts.sh), and the run ends as if nothing had happened.
+
+On the Slurm test cluster: 2 nodes × 2 tasks, no spares. srun --kill-on-bad-exit ends the step when
+the rank is SIGKILLed; every node answers its probe, so no node is named; before restarts came in,
+the job ended FAILED here (the test that said so, test_killed_rank_fails_the_job_quickly, is this one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+import torch
+
+from hpctrain.train import checkpoint as ckpt
+from tests.helpers import digits_args, run_ranks
+from tests.launch.jobs import digits_sets, hp, job_report, metrics, sacct_states, submit, task_pid, wait_for_step
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=5")
+STEPS = 44  # 2 epochs of digits at a global batch of 64
+
+
+@pytest.fixture(scope="module")
+def reference(digits_root, tmp_path_factory) -> dict:
+    """The uninterrupted 4-rank run's final weights (local gloo ranks, same config, threads pinned)."""
+    d = tmp_path_factory.mktemp("ref")
+    run_ranks(4, digits_args(digits_root, d, "ref", *SETS, "train.ckpt_every=0"))
+    return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+
+
+def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_cluster, digits_root, tmp_path, reference):
+    run = tmp_path / "kill"
+    # rank 0 waits 0.3 s per step for data (a sleep: the arithmetic is unchanged), so that the kill
+    # lands mid-run however fast the machine is
+    job = submit(
+        slurm_cluster,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        *digits_sets(digits_root, tmp_path, "kill", *SETS),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+    )
+    wait_for_step(run, 7, 180)
+    pid = task_pid(job, 3)  # on the second node: not the batch host
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    assert slurm_cluster.wait_done(job, 600) == "COMPLETED", job_report(slurm_cluster, job, run)
+    assert sacct_states(slurm_cluster, job) == ["COMPLETED"]  # one allocation: never requeued
+    (restart,) = metrics(run, "restart")
+    assert restart["nodes"] == [] and restart["attempt"] == 1 and str(restart["job"]) == job, restart
+    assert restart["why"].startswith("exit "), restart
+    final = ckpt.load(ckpt.list_checkpoints(run)[0])
+    assert final["step"] == STEPS and metrics(run, "end")[-1]["status"] == "finished"
+    assert all(torch.equal(final["model"][k], v) for k, v in reference.items())
+    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", (run / "logs" / "rank-0.log").read_text())]
+    assert len(resumed) == 1 and resumed[0] % 5 == 0 and resumed[0] >= 5, resumed
+    batch = (run / "submitit" / f"{job}_0_log.out").read_text() + (run / "submitit" / f"{job}_0_log.err").read_text()
+    assert "with no faulty node" in batch and "Restart 1/3 in this job on the same nodes" in batch, batch[-3000:]
+    st = hp(slurm_cluster, "status", job).stdout
+    assert "COMPLETED" in st and re.search(r"requeues +0\n", st), st
+    assert re.search(rf"restarts +1 in the job on the same nodes \(last: attempt 1 of job {job}: exit ", st), st
