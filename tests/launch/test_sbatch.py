@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpctrain.source import source_hash
+from hpctrain.run.source import source_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 EMIT = [
