@@ -92,8 +92,8 @@ def dir_files(d: Path) -> dict[str, bytes]:
 
 def run_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
     """A run's metrics.jsonl records (of one kind); a line cut mid-write is skipped, so polling a
-    live run is safe (hpctrain.metrics.read_metrics)."""
-    from hpctrain.metrics import read_metrics
+    live run is safe (hpctrain.run.metrics.read_metrics)."""
+    from hpctrain.run.metrics import read_metrics
 
     return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if kind is None or r["kind"] == kind]
 

@@ -148,7 +148,9 @@ def test_no_cli_command_imports_another():
 # layer never import each other. A top-level module not named here is a base module.
 LAYERS: list[tuple[str, ...]] = [
     ("models",),  # ViT shapes (torch-free) and the model
-    ("<base>",),  # config, errors, metrics, memory, flops, source, version, …: one concern each
+    ("<base>",),  # config, errors, memory, flops, pids, …: one concern each
+    ("run",),  # the run directory as code: its files, records, lock and rules (torch-free)
+    ("version",),  # which hpctrain runs: the source hash of run.source
     ("site", "images", "data"),  # what a cluster is; container images; datasets and loaders
     ("plan",),  # estimates and public figures, torch-free: the planner and the task's checks read them
     ("train",),  # the task's training core

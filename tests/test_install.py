@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import __version__, shipped
-from hpctrain.source import source_hash
+from hpctrain.run.source import source_hash
 from tests.helpers import digits_args, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

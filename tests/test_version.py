@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import __version__
-from hpctrain.source import checkout_root, git_commit, source_hash
+from hpctrain.run.source import checkout_root, git_commit, source_hash
 from tests.helpers import hpctrain
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from hpctrain import flops as flopsmod
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders, resolve_loader
 from hpctrain.data.prepare import ensure_dataset
-from hpctrain.metrics import table
+from hpctrain.run.metrics import table
 from hpctrain.train import dist as distmod
 
 # Every field of `hpctrain bench --json`, with what it means.

@@ -1,5 +1,5 @@
 """`hpctrain --version`: which hpctrain runs — its version, the hash of its sources (the same one a
-job compares with the submitter's, `hpctrain.source`) and, from a checkout, the git commit;
+job compares with the submitter's, `hpctrain.run.source`) and, from a checkout, the git commit;
 and the versions of installed distributions, read without importing them.
 
 Nothing heavy is imported: the login node asks this first.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import metadata
 
 from hpctrain import __version__
-from hpctrain.source import commit_of, package_dir, source_hash
+from hpctrain.run.source import commit_of, package_dir, source_hash
 
 
 def version_line() -> str:

@@ -53,7 +53,7 @@ def test_second_job_refused_first_unharmed(digits_root, tmp_path):
 NOLOCKFS = Path(__file__).with_name("nolockfs.py")
 LOCKER = """
 import json, sys
-from hpctrain.train.rundir import RunLock
+from hpctrain.run.rundir import RunLock
 lock = RunLock(sys.argv[1])
 holder = lock.acquire()
 print(json.dumps({"holder": holder, "note": getattr(lock, "note", None)}), flush=True)
@@ -198,7 +198,7 @@ def test_requeued_run_of_the_same_job_takes_over_its_stale_lock(tmp_path):
 def test_a_later_attempt_of_the_same_job_run_takes_a_stale_lock_over():
     """A step restarted on spare nodes (same job, same restart count, higher HPCTRAIN_ATTEMPT) is the
     failed step's successor, like a requeued run; the same attempt is a second writer."""
-    from hpctrain.train.rundir import earlier_run_of_this_job
+    from hpctrain.run.rundir import earlier_run_of_this_job
 
     held = {"slurm_job": "7", "slurm_restart": 0, "attempt": 0}
     assert earlier_run_of_this_job(held, {"slurm_job": "7", "slurm_restart": 0, "attempt": 1})

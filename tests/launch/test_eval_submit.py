@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hpctrain.source import source_hash
+from hpctrain.run.source import source_hash
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 from tests.launch.test_sbatch import BLOCKED, blocked_cli
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpctrain.source import source_hash
+from hpctrain.run.source import source_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 EMIT = [
@@ -173,7 +173,11 @@ def test_committed_script_reaches_srun_from_any_directory(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     args = (tmp_path / "srun.args").read_text().splitlines()
-    assert args[:3] == ["--kill-on-bad-exit=1", "--unbuffered", "--open-mode=append"] and args[-3:] == ["-m", "hpctrain", "train"]
+    assert args[:3] == ["--kill-on-bad-exit=1", "--unbuffered", "--open-mode=append"] and args[-3:] == [
+        "-m",
+        "hpctrain",
+        "train",
+    ]
     assert (tmp_path / ".hpctrain").is_dir()
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.badnodes import NODE_NAME
 from hpctrain.launch import container, shellfile, stage_image
 from hpctrain.launch.sbatch import JobPlan, render
+from hpctrain.run.badnodes import NODE_NAME
 from hpctrain.site.cluster_init import LMOD_INIT
 from hpctrain.site.profile import load_profile
 

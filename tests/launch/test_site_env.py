@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.source import source_hash
+from hpctrain.run.source import source_hash
 from tests.launch.jobs import ROOT, digits_sets, hp, metrics, submit
 
 pytestmark = pytest.mark.slurm

@@ -1,5 +1,5 @@
 """Hot spare nodes and bad-node exclusion (docs/spares.md): the batch shell's step loop
-(launch.inplace), its records (hpctrain.faultlog) and `hpctrain status`.
+(launch.inplace), its records (hpctrain.run.faultlog) and `hpctrain status`.
 
 On the Slurm test cluster: a 3-node `--no-kill` allocation trains on 2 nodes; one training node
 (not the batch host) dies mid-run; the next step runs on the spare within the same job, resumes
@@ -21,11 +21,11 @@ import time
 import pytest
 import torch
 
-from hpctrain import faultlog
 from hpctrain.config import Config
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
-from hpctrain.metrics import MetricsWriter, read_metrics
+from hpctrain.run import faultlog
+from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.site.profile import load_profile
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.watch.status import summarize

@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from hpctrain.source import source_hash
+from hpctrain.run.source import source_hash
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.dist import port_from_job_id
 from tests.helpers import digits_args, run_ranks, wait_for

@@ -13,7 +13,7 @@ import pytest
 
 from hpctrain.config import ConfigError
 from hpctrain.launch import sweep
-from hpctrain.source import commit_of, source_hash
+from hpctrain.run.source import commit_of, source_hash
 from tests.helpers import hpctrain
 from tests.launch.jobs import ROOT, hp, metrics, sacct_states, wait_for_step
 

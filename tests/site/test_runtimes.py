@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpctrain.run.source import source_hash
 from hpctrain.site import cluster_init as ci
 from hpctrain.site import runtimes as rt
-from hpctrain.source import source_hash
 from tests.helpers import hpctrain
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import json
 import torch
 import torch.distributed as td
 
-from hpctrain import badnodes
+from hpctrain.run import badnodes
 from hpctrain.train import dist, preflight
 
 

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hpctrain import badnodes
 from hpctrain.config import load
 from hpctrain.data.folder import list_split
 from hpctrain.flops import peak_tflops
 from hpctrain.plan.tables import FABRICS
+from hpctrain.run import badnodes
 from hpctrain.train import preflight
 from hpctrain.train.straggler import injected_delay
 from tests.helpers import digits_args, run_metrics, run_ranks

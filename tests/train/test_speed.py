@@ -12,8 +12,8 @@ import torch
 from hpctrain import flops
 from hpctrain.config import load
 from hpctrain.data.synthetic import SyntheticLoader
-from hpctrain.metrics import read_metrics
 from hpctrain.models.vit import build_vit
+from hpctrain.run.metrics import read_metrics
 from hpctrain.train import gpustats
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer

@@ -12,7 +12,7 @@ import pytest
 
 from hpctrain.cli import main
 from hpctrain.config import ConfigError, load
-from hpctrain.metrics import read_metrics
+from hpctrain.run.metrics import read_metrics
 from hpctrain.train.tensorboard import scalars
 from hpctrain.train.trackers import TrackerMissing, run_key, wandb_file
 from hpctrain.watch import report

@@ -145,7 +145,7 @@ def test_tail_reads_complete_lines_and_rereads_a_replaced_file(tmp_path):
     assert [r["step"] for r in tail.poll()] == [1, 2]
     tmp = tmp_path / "new"
     tmp.write_text(json.dumps(train(1, T0)) + "\n")
-    tmp.replace(path)  # what hpctrain.metrics.supersede does
+    tmp.replace(path)  # what hpctrain.run.metrics.supersede does
     assert [r["step"] for r in tail.poll()] == [1]
 
 

@@ -18,6 +18,7 @@ from hpctrain.data.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local
+from hpctrain.run.layout import CHECKPOINTS, CONFIG, SUBMITIT
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
@@ -109,8 +110,8 @@ def resolve(args: argparse.Namespace):
     sets += ["model.init_from="]  # evaluation loads the weights given here, never the config's start
     if args.run:
         run = Path(args.run)
-        run_dir = run.parent.parent if run.parent.name == "checkpoints" else run
-        config = args.config or run_dir / "config.yaml"
+        run_dir = run.parent.parent if run.parent.name == CHECKPOINTS else run
+        config = args.config or run_dir / CONFIG
         if not Path(config).is_file():
             raise CLIError(f"{run_dir} has no config.yaml: is it a run directory? Otherwise give --config")
         out = Path(args.output) if args.output else run_dir / "eval"
@@ -191,7 +192,7 @@ def follow(
         return 0
 
     state = wait_job(sub.job_id)
-    failed = explain(out / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    failed = explain(out / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if state != "COMPLETED" and failed:
         raise failed
     if state != "COMPLETED" or not (out / "summary.json").is_file():

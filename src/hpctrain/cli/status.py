@@ -10,7 +10,8 @@ from pathlib import Path
 from hpctrain.cli import CLIError
 from hpctrain.launch.sweep import SWEEP_FILE, is_sweep, sweep_table
 from hpctrain.launch.sweep import sweep_status as rows_of
-from hpctrain.watch.status import RUNS, follow, has_ended, log_path, read_json, run_status, wait_for_run
+from hpctrain.run.layout import read_json
+from hpctrain.watch.status import RUNS, follow, has_ended, log_path, run_status, wait_for_run
 
 
 def add_parser(sub) -> None:
@@ -73,7 +74,7 @@ def sweep_status(args: argparse.Namespace) -> int:
 def logs(args: argparse.Namespace) -> int:
     for sweep in (Path(args.target), RUNS / args.target):
         if is_sweep(sweep):  # one log per member: name one
-            members = [m["run_dir"] for m in read_json(sweep / SWEEP_FILE).get("members", []) if m.get("run_dir")]
+            members = [m["run_dir"] for m in read_json(sweep / SWEEP_FILE, {}).get("members", []) if m.get("run_dir")]
             raise CLIError(
                 f"{args.target} is a sweep of {len(members)} runs, each with its own logs: name one, e.g. "
                 f"hpctrain logs {members[0] if members else sweep / '<run>'} (all of them: hpctrain "

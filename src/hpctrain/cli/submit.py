@@ -30,6 +30,7 @@ from hpctrain.launch.prepare import (
     time_to_result,
 )
 from hpctrain.launch.submit import Request, Submission, wait_local
+from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train.entry import summary_table
 from hpctrain.watch.progress import watch
@@ -127,7 +128,7 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
     print(run_status(str(sub.run_dir)).text())
     if state == "COMPLETED":
         return 0
-    failed = explain(sub.run_dir / "submitit", sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
+    failed = explain(sub.run_dir / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if failed:  # a task's error; else the status above says why (a stop that was not requeued, a time limit)
         raise failed
     return 1

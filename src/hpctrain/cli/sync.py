@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hpctrain.cli import CLIError
 from hpctrain.config import load
+from hpctrain.run.layout import CONFIG, run_dir_named
 from hpctrain.train.trackers import run_key
 
 
@@ -28,13 +29,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def run_dir_of(target: str) -> Path:
-    for cand in (Path(target), Path("runs") / target):
-        if (cand / "config.yaml").is_file():
-            return cand.resolve()
-    raise CLIError(f"no run at {target}: give a run directory (runs/<name>, with its config.yaml) or a run name")
-
-
 def wandb_command(run: Path, project: str) -> list[str] | None:
     """The `wandb sync` line for this run's offline attempts (None: the run has none)."""
     key = run_key(run)
@@ -45,8 +39,10 @@ def wandb_command(run: Path, project: str) -> list[str] | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = run_dir_of(args.run)
-    t = load(run / "config.yaml").train
+    run = run_dir_named(args.run)
+    if run is None:
+        raise CLIError(f"no run at {args.run}: give a run directory (runs/<name>, with its config.yaml) or a run name")
+    t = load(run / CONFIG).train
     did = False
     cmd = wandb_command(run, t.wandb_project)
     if cmd:

@@ -15,6 +15,7 @@ from hpctrain.config import Config, ConfigError, ModelConfig, build, read_yaml
 from hpctrain.data.once import make_once
 from hpctrain.data.wds import META
 from hpctrain.models.arch import arch_dims
+from hpctrain.run.layout import CHECKPOINTS, CONFIG
 
 DEMO_ROOT = "data/digits"  # configs/digits_vit.yaml's data.root, relative to the working directory
 
@@ -108,9 +109,9 @@ def init_shape_problems(model: ModelConfig, src: Path) -> list[str]:
     """model.init_from an hpctrain run (or one of its checkpoints): its config.yaml tells the shapes
     of its weights, so a model they cannot start (another patch size, width, depth…) is refused
     before the job, not by its first rank. Other files are known only to torch: not checked here."""
-    run = src.parent.parent if src.parent.name == "checkpoints" else src
+    run = src.parent.parent if src.parent.name == CHECKPOINTS else src
     try:
-        old = build(ModelConfig, read_yaml(run / "config.yaml").get("model") or {}, "model.")
+        old = build(ModelConfig, read_yaml(run / CONFIG).get("model") or {}, "model.")
     except (ConfigError, OSError, AttributeError):
         return []  # not an hpctrain run, or one of another release: the job's own check decides
     pairs = [(k, getattr(old, k), getattr(model, k)) for k in SHAPE_KEYS]

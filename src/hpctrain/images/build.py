@@ -26,8 +26,8 @@ from pathlib import Path
 
 from hpctrain import __version__
 from hpctrain.images import ImageError
+from hpctrain.run.source import checkout_root, package_dir, source_hash
 from hpctrain.shipped import recipe as find_recipe
-from hpctrain.source import checkout_root, package_dir, source_hash
 
 GIB = 1024**3
 # File system types (as /proc/mounts names them) that cannot do fakeroot's uid mapping.

@@ -302,7 +302,7 @@ def python_lines(
     $HPCTRAIN_SRUN_CONTAINER (srun options that put the task in the image: pyxis only).
 
     `source` (a shell word, exported as HPCTRAIN_SOURCE) is the hpctrain package the tasks run:
-    the snapshot taken at submission (hpctrain.source), so that every attempt runs the code that
+    the snapshot taken at submission (hpctrain.run.source), so that every attempt runs the code that
     submitted the job. In the image: a clean environment plus the allow-list, the job's binds, and
     `source` mounted at `container.source_mount` first on PYTHONPATH; on the host (CONTAINER=none):
     `source`'s parent first on PYTHONPATH. `stage_to`: data.stage_to, bound per node at run time

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpctrain.badnodes import this_node
 from hpctrain.errors import UserError, step_of
+from hpctrain.run.badnodes import this_node
 
 CRASH_ENV = "HPCTRAIN_CRASH_FILE"
 

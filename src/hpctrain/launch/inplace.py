@@ -2,7 +2,7 @@
 
 With `slurm.spare_nodes` K (`--spare-nodes`) the job holds N+K nodes with `--no-kill` and trains
 on N of them. When a step fails, the shell names the faulty nodes — the tasks' own reports
-(`$HPCTRAIN_BAD_NODES_FILE`, hpctrain.badnodes), Slurm's view (a failed node leaves a `--no-kill`
+(`$HPCTRAIN_BAD_NODES_FILE`, hpctrain.run.badnodes), Slurm's view (a failed node leaves a `--no-kill`
 job's NodeList; `scontrol show node` says DOWN/DRAIN/FAIL), a short probe step per node
 of the allocation — and starts the next step on N healthy nodes without them: the ranks resume
 from the last checkpoint (`--resume auto`), with no requeue and no queue wait. A step that failed
@@ -12,13 +12,13 @@ user must fix, ends the job with that error instead (restarts.sh). Fewer than N 
 spares: the job is requeued and the named nodes go into its ExcNodeList at once (Slurm takes
 ExcNodeList only while the job is pending; a requeued job waits cred_expire). Every restart and
 exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0 turns into a metrics record
-(hpctrain.faultlog). Facts and sources: docs/spares.md.
+(hpctrain.run.faultlog). Facts and sources: docs/spares.md.
 """
 
 from __future__ import annotations
 
-from hpctrain.badnodes import NODE_NAME
 from hpctrain.launch import shellfile
+from hpctrain.run.badnodes import NODE_NAME
 
 # badnodes.NODE_NAME for `grep -xE`: the shell passes on no other node name
 NODE_ERE = NODE_NAME.pattern

@@ -26,6 +26,7 @@ from hpctrain.config import control_char
 from hpctrain.errors import UserError
 from hpctrain.launch.container import RUNTIMES, pyxis_mount
 from hpctrain.launch.enclosing import outside_job
+from hpctrain.run.layout import CONTROL
 from hpctrain.train.dist import expand_hostlist
 
 # Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
@@ -88,7 +89,7 @@ def check(job: NotebookJob) -> None:
 
 def token_file(job: NotebookJob, job_id: str = "<job id>") -> str:
     """Where the job writes its Jupyter token (0600): `cat` it on the login node (shared file system)."""
-    return os.path.join(job.workdir, ".hpctrain", f"notebook-{job_id}.token")
+    return os.path.join(job.workdir, CONTROL, f"notebook-{job_id}.token")
 
 
 def token_lines(job: NotebookJob) -> list[str]:

@@ -24,9 +24,9 @@ from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
+from hpctrain.run.source import package_dir
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.site.slurm_cli import in_queue
-from hpctrain.source import package_dir
 
 SCRIPT = "pack.sbatch"
 JOB = "job"  # the last array job's id, under OUT/.pack

@@ -22,7 +22,6 @@ from typing import Any, Literal
 from hpctrain.config import Config, ConfigError, check_batch
 from hpctrain.data.prepare import ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
-from hpctrain.finished import finished_run
 from hpctrain.launch import notebook as nb
 from hpctrain.launch import sweep
 from hpctrain.launch.batch import batch_report, check_optimizer
@@ -45,6 +44,8 @@ from hpctrain.launch.submit import (
 from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
 from hpctrain.plan.ckpt_cost import stop_problems, with_mtbf
+from hpctrain.run.finished import finished_run
+from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile, load_profile
 from hpctrain.site.slurm_cli import controller_up
 
@@ -138,8 +139,8 @@ class Prepared:
         if isinstance(self.kind, Script):
             return standalone_script(self.plan)
         if isinstance(self.kind, Eval):
-            return slurm_script(self.plan, self.kind.out / "submitit")
-        return slurm_script(self.plan, absolute_paths(self.cfg).run_dir / "submitit")
+            return slurm_script(self.plan, self.kind.out / SUBMITIT)
+        return slurm_script(self.plan, absolute_paths(self.cfg).run_dir / SUBMITIT)
 
 
 def slurm_available() -> bool:
@@ -382,7 +383,7 @@ class PreparedSweep:
     sweep_dir: Path = Path()
 
     def script(self) -> str:
-        return slurm_script(self.plan, self.sweep_dir / "submitit", "%A_%a")
+        return slurm_script(self.plan, self.sweep_dir / SUBMITIT, "%A_%a")
 
 
 def prepare_sweep(

@@ -23,9 +23,10 @@ from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.task import eval_task, train_task
+from hpctrain.run.layout import JOB, SUBMITIT, read_json
+from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
 from hpctrain.site.profile import parse_tres, time_minutes
-from hpctrain.source import Snapshot, snapshot_path, source_hash, take_snapshot
-from hpctrain.watch.status import local_state, read_json
+from hpctrain.watch.status import local_state
 
 __all__ = [
     "LaunchError",
@@ -47,13 +48,13 @@ class Submission:
     executor: str  # slurm | local
     log_hint: str
     job: Any = None
-    snapshot: Snapshot | None = None  # the code the tasks run (Slurm jobs; hpctrain.source)
+    snapshot: Snapshot | None = None  # the code the tasks run (Slurm jobs; hpctrain.run.source)
 
 
 def write_job_record(run_dir: Path, record: dict) -> None:
     """`<run>/job.json`: which job owns the run (read by `hpctrain status` / `logs`)."""
     record = {**record, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (run_dir / "job.json").write_text(json.dumps(record, indent=1) + "\n")
+    (run_dir / JOB).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -77,7 +78,7 @@ def check_free(run_dir: Path) -> None:
     """Refuse a local job in a run directory that a live process still trains (before anything is
     submitted or written: its job.json keeps naming the job that trains)."""
     if run_dir.is_dir() and local_state(run_dir):
-        job = read_json(run_dir / "job.json").get("job_id")
+        job = read_json(run_dir / JOB, {}).get("job_id")
         by = f"local job {job}" if job else "a running `hpctrain train`"
         raise LaunchError(
             f"run directory {run_dir} is in use by {by}: wait for it (hpctrain logs {run_dir} -f), "
@@ -89,7 +90,7 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
     """Run the job on this machine with submitit's local executor (`tasks` DDP processes, gloo)."""
     cfg = absolute_paths(cfg)
     check_free(cfg.run_dir)
-    folder = cfg.run_dir / "submitit"
+    folder = cfg.run_dir / SUBMITIT
     job = local_job(folder, tasks, timeout_min, train_task, to_dict(cfg))
     write_job_record(
         cfg.run_dir,
@@ -112,7 +113,7 @@ def submit_eval_local(
     """`hpctrain eval` as `tasks` local processes (gloo); logs in `out`/submitit. `run_dir` is `out`:
     the evaluated run's own job.json (its training job) is left alone."""
     cfg = absolute_paths(cfg)
-    folder = out / "submitit"
+    folder = out / SUBMITIT
     job = local_job(folder, tasks, timeout_min, eval_task, to_dict(cfg), str(weights), ema, str(out))
     return Submission(
         str(job.job_id), out, "local", shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job
@@ -326,7 +327,7 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
         cfg = absolute_paths(cfg)
         check_resolved_paths(cfg)
         binds = bind_list(profile.container, [cfg.data.root, cfg.run.dir], writable=[cfg.run.dir])
-        folder = cfg.run_dir / "submitit"
+        folder = cfg.run_dir / SUBMITIT
     plan = job_plan(profile, req, nodes, gpn, time, cfg.run.name, folder, binds, header)
     return with_nsys(with_stage(plan, cfg.data.stage_to), cfg, req.nsys_ranks)
 
@@ -381,7 +382,7 @@ def eval_plan(cfg: Config, profile, req: Request, weights: Path, out: Path):
         f"outputs: {out}/summary.json, {out}/per_class.csv",
     ]
     binds = bind_list(profile.container, [cfg.data.root, str(weights), str(out)], writable=[str(out)])
-    plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / "submitit", binds, header)
+    plan = job_plan(profile, req, nodes, gpn, time, f"{cfg.run.name}-eval", out / SUBMITIT, binds, header)
     return with_stage(plan, cfg.data.stage_to)
 
 
@@ -505,7 +506,7 @@ def submit_slurm(cfg: Config, plan) -> Submission:
     """Submit through submitit's Slurm executor with our batch script; record the job in the run."""
     cfg = absolute_paths(cfg)
     run_dir = cfg.run_dir
-    folder = run_dir / "submitit"
+    folder = run_dir / SUBMITIT
     job, snap = slurm_job(plan, folder, train_task, to_dict(cfg))
     write_job_record(
         run_dir,
@@ -526,7 +527,7 @@ def submit_slurm(cfg: Config, plan) -> Submission:
 
 def submit_eval_slurm(cfg: Config, plan, weights: Path, ema: bool, out: Path) -> Submission:
     """`hpctrain eval` as a Slurm job (plan: eval_plan); rank 0 writes `out`/summary.json."""
-    folder = out / "submitit"
+    folder = out / SUBMITIT
     job, snap = slurm_job(plan, folder, eval_task, to_dict(absolute_paths(cfg)), str(weights), ema, str(out))
     return Submission(
         str(job.job_id), out, "slurm", shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job, snap

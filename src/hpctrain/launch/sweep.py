@@ -34,9 +34,10 @@ from hpctrain.launch.submit import (
     write_job_record,
 )
 from hpctrain.launch.task import train_task
-from hpctrain.metrics import read_metrics
+from hpctrain.run.layout import METRICS, SUBMITIT, read_json
+from hpctrain.run.metrics import read_metrics
 from hpctrain.site.slurm_cli import queue_state
-from hpctrain.watch.status import job_state, read_json, sacct_rows
+from hpctrain.watch.status import job_state, sacct_rows
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"
@@ -220,7 +221,7 @@ def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name
         workdirs=[str(m.cfg.run_dir) for m in members],
         binds=binds,
         chdir=str(sweep_dir),
-        output=str(sweep_dir / "submitit" / "%A_%a_0_log.out"),
+        output=str(sweep_dir / SUBMITIT / "%A_%a_0_log.out"),
     )
 
 
@@ -230,7 +231,7 @@ def submit_array(members: Sequence[Member], plan, sweep_dir: Path, record: dict)
 
     One snapshot for the sweep (`<sweep>/code/<hash>`), shared by its elements: they are one
     array job with one batch script, so they run the same code by construction."""
-    folder = private_dir(sweep_dir / "submitit")
+    folder = private_dir(sweep_dir / SUBMITIT)
     snap = job_snapshot(plan, folder)
     cfgs = [to_dict(absolute_paths(m.cfg)) for m in members]
     for m in members:
@@ -296,7 +297,7 @@ def is_sweep(target: str | Path) -> bool:
 def member_metrics(run_dir: Path) -> dict:
     """Last step, best and last val top-1, last images/s, and how the run ended (metrics.jsonl)."""
     out: dict = {"step": None, "top1_best": None, "top1_last": None, "images_per_s": None, "end": None}
-    for rec in read_metrics(run_dir / "metrics.jsonl"):
+    for rec in read_metrics(run_dir / METRICS):
         kind = rec.get("kind")
         if kind == "train":
             out["step"] = rec.get("step")
@@ -312,7 +313,7 @@ def member_metrics(run_dir: Path) -> dict:
 def sweep_status(sweep_dir: str | Path) -> list[dict]:
     """One row per member: name, overrides, Slurm state (sacct; local runs: their end record),
     requeues, step, best and last top-1, images/s; sorted by best top-1 (runs without one last)."""
-    rec = read_json(Path(sweep_dir) / SWEEP_FILE)
+    rec = read_json(Path(sweep_dir) / SWEEP_FILE, {})
     rows = []
     for m in rec.get("members", []):
         run = Path(m["run_dir"])

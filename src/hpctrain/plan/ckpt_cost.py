@@ -27,8 +27,9 @@ from hpctrain.ckpt_interval import DEFAULT_MTBF_H
 from hpctrain.config import Config
 from hpctrain.errors import UserError
 from hpctrain.memory import checkpoint_bytes
-from hpctrain.metrics import read_metrics
 from hpctrain.plan import throughput
+from hpctrain.run.layout import METRICS
+from hpctrain.run.metrics import read_metrics
 from hpctrain.site.slurm_cli import Alloc, partition_record, read_history
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
@@ -109,7 +110,7 @@ def with_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[Config,
 def measured(run_dir: Path) -> tuple[float | None, float | None]:
     """(median step time of the last 20 train records, the newest measured save time) of an earlier
     attempt of this run, from its metrics.jsonl; None where it has none."""
-    recs = read_metrics(run_dir / "metrics.jsonl")
+    recs = read_metrics(run_dir / METRICS)
     steps = [r["step_time_s"] for r in recs if r.get("kind") == "train" and r.get("step_time_s")][-20:]
     saves = [r["save_s"] for r in recs if r.get("kind") == "ckpt_interval" and r.get("save_s")]
     return (statistics.median(steps) if steps else None), (saves[-1] if saves else None)

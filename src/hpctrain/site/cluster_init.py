@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.run.source import package_dir
 from hpctrain.site import runtimes as rt
 from hpctrain.site.profile import time_minutes
 from hpctrain.site.slurm_cli import default_account, expand_hosts, scontrol_show, tool
-from hpctrain.source import package_dir
 
 LMOD_INIT = "/usr/share/lmod/lmod/init/bash"  # Debian's; sites: $LMOD_PKG/init/bash, $MODULESHOME/init/bash
 

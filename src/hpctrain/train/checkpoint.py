@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.run.layout import CHECKPOINTS, atomic_write
 from hpctrain.train import compat
 
 log = logging.getLogger("hpctrain")
@@ -34,7 +35,7 @@ class CheckpointError(UserError, RuntimeError):
 
 
 def ckpt_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS
 
 
 def name(step: int, fmt: str = "single") -> str:
@@ -104,29 +105,20 @@ def drop_other_format(path: Path) -> None:
             _remove(p)
 
 
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def save_file(path: Path, write) -> None:
+    """`write(f)` to `path` atomically and durably (run.layout.atomic_write), a full disk said as
+    ENOSPC: torch.save reports a short write as RuntimeError. The disk is looked at before the
+    temp file is removed (removing it frees the space)."""
 
-
-def atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
+    def write_or_say_full(f) -> None:
+        try:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException as e:
-        full = not isinstance(e, OSError) and _disk_full(path.parent)  # torch.save: RuntimeError
-        tmp.unlink(missing_ok=True)
-        if full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from e
-        raise
+        except BaseException as e:
+            if not isinstance(e, OSError) and _disk_full(path.parent):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from e
+            raise
+
+    atomic_write(path, write_or_say_full, sync=True)
 
 
 def _why(e: BaseException) -> str:
@@ -171,7 +163,7 @@ def clear_stale(d: Path, keep: Path | None = None) -> None:
 
 
 def point_latest(d: Path, path: Path) -> None:
-    atomic_write(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
+    save_file(d / "latest", lambda f: f.write(path.name.encode() + b"\n"))
 
 
 def prune(run_dir: str | Path, keep: int, protect: tuple[int, ...] = ()) -> None:
@@ -191,7 +183,7 @@ def save(run_dir: str | Path, step: int, state: dict[str, Any], keep: int, prote
     clear_stale(d)
     path = d / name(step)
     try:
-        atomic_write(path, lambda f: torch.save(state, f))
+        save_file(path, lambda f: torch.save(state, f))
         point_latest(d, path)
         drop_other_format(path)
     except (OSError, RuntimeError) as e:  # torch.save reports a short write as RuntimeError

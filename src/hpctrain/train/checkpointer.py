@@ -21,7 +21,7 @@ import torch
 import torch.distributed as td
 
 from hpctrain.config import Config, to_dict
-from hpctrain.metrics import MetricsWriter
+from hpctrain.run.metrics import MetricsWriter
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat, fsdp, sharded
 from hpctrain.train.dist import DistInfo, agree

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpctrain.errors import UserError
+from hpctrain.run.rundir import attempt_of
 from hpctrain.site.fabric import set_gloo_ifname
 
 log = logging.getLogger("hpctrain")
@@ -67,12 +68,6 @@ def port_from_job_id(job_id: str | int, attempt: int = 0) -> int:
     """
     digits = re.sub(r"\D", "", str(job_id)) or "0"
     return 15000 + (int(digits) + attempt) % 15000
-
-
-def attempt_of(env: Mapping[str, str]) -> int:
-    """The batch shell's step attempt in this job run (HPCTRAIN_ATTEMPT; 0 when unset)."""
-    a = env.get("HPCTRAIN_ATTEMPT", "")
-    return int(a) if a.isdigit() else 0
 
 
 def detect(env: Mapping[str, str] | None = None) -> DistInfo:

@@ -18,17 +18,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__, faultlog, requeue, source
+from hpctrain import __version__
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.lr_rule import lr_rule
-from hpctrain.metrics import progress_log, read_metrics, table
+from hpctrain.run import faultlog, requeue, source
+from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
+from hpctrain.run.metrics import progress_log, read_metrics, table
+from hpctrain.run.rundir import RunDirBusy, RunLock
 from hpctrain.train import compile_cache, trackers, watchdog
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import agree
 from hpctrain.train.resume_checks import check_compatible, check_unfinished
-from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 from hpctrain.version import dist_versions
 
@@ -49,7 +51,7 @@ def setup_logging(run_dir: Path | None, rank: int) -> None:
     h.setFormatter(fmt)
     log.addHandler(h)
     if run_dir:
-        logs = run_dir / "logs"
+        logs = run_dir / LOGS
         logs.mkdir(parents=True, exist_ok=True, mode=0o755)
         fh = logging.FileHandler(logs / f"rank-{rank}.log")
         fh.setFormatter(fmt)
@@ -145,7 +147,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     backend = "nccl" if use_cuda else "gloo"
     # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
     fr_env = (
-        watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / "logs")
+        watchdog.set_flight_recorder_env(os.environ, backend, cfg.run_dir.resolve() / LOGS)
         if info.world_size > 1
         else {}
     )
@@ -234,7 +236,7 @@ def _run(
         check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
     resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
-        save(cfg, run_dir / "config.yaml")
+        save(cfg, run_dir / CONFIG)
         write_env(run_dir, {**environment_record(info, device), "source": code, "resolved": resolved})
         record_job(run_dir)
     log.info(
@@ -276,8 +278,8 @@ def _run(
     # its threads and collectives ended, its hold on the process groups dropped (Trainer.close):
     # at once on a return (below), by the stack after an error
     stack.push(unless_broken(trainer.close))
-    if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.faultlog)
-        for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / "metrics.jsonl")):
+    if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.run.faultlog)
+        for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / METRICS)):
             log.warning(
                 "%s of job %s (restart %s, attempt %s) without %s: %s",
                 r["kind"],
@@ -327,7 +329,7 @@ def write_env(run_dir: Path, rec: dict[str, Any], env: dict[str, str] | None = N
     nodes runs elsewhere; each attempt's nodes and versions stay on record)."""
     env = os.environ if env is None else env
     text = json.dumps(rec, indent=1)
-    (run_dir / "env.json").write_text(text)
+    (run_dir / ENV).write_text(text)
     job = env.get("SLURM_JOB_ID")
     if job and job.isdigit() and "HPCTRAIN_ATTEMPT" in env:
         d = run_dir / "attempts"
@@ -358,7 +360,7 @@ def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
     job = env.get("SLURM_JOB_ID")
     if not job:
         return
-    rec_path = run_dir / "job.json"
+    rec_path = run_dir / JOB
     try:
         rec = json.loads(rec_path.read_text())
     except (OSError, ValueError):
@@ -376,7 +378,7 @@ def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
     if ctl:
         try:
             Path(ctl).mkdir(parents=True, exist_ok=True)
-            (Path(ctl) / f"job-{job}.json").write_text(json.dumps({"job_id": job, "run_dir": str(run_dir)}) + "\n")
+            (Path(ctl) / JOB_RECORD.format(job)).write_text(json.dumps({"job_id": job, "run_dir": str(run_dir)}) + "\n")
         except OSError as e:
             log.warning(
                 "cannot write the job record under %s (%s): `hpctrain status %s` will need the run directory",

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders
-from hpctrain.metrics import table
+from hpctrain.run.metrics import table
 from hpctrain.train import dist as distmod
 from hpctrain.train.entry import setup_logging
 

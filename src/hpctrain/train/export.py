@@ -69,7 +69,7 @@ def export(run: str | Path, out: str | Path, step: int | None = None, ema: bool 
             ) from None
         meta = {"step": str(info.get("step")), "source": str(path), "weights": "ema" if ema else "model"}
         data = st_save(sd, metadata=meta)
-        ckpt.atomic_write(out, lambda f: f.write(data))
+        ckpt.save_file(out, lambda f: f.write(data))
     else:
-        ckpt.atomic_write(out, lambda f: torch.save(sd, f))
+        ckpt.save_file(out, lambda f: torch.save(sd, f))
     return path, out

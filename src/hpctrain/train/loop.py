@@ -27,7 +27,8 @@ import torch.distributed as td
 
 from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config
-from hpctrain.metrics import MetricsWriter, Progress, superseded_path
+from hpctrain.run.layout import LOGS, METRICS
+from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, rollback, speed, straggler, trackers
 from hpctrain.train import stop as stopmod
@@ -164,7 +165,7 @@ class Trainer:
         self.paused_s = 0.0  # seconds of saves and evals in the current log window
         self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
         main_dir = run_dir if dist.is_main else None
-        self.metrics = MetricsWriter(main_dir and main_dir / "metrics.jsonl", sink=trackers.open_sink(cfg, main_dir))
+        self.metrics = MetricsWriter(main_dir and main_dir / METRICS, sink=trackers.open_sink(cfg, main_dir))
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
         self.fwd_clock = straggler.Clock(device, dist.world_size > 1, self.faults.compute_delay)
         self.stragglers = straggler.StragglerWatch(
@@ -180,7 +181,7 @@ class Trainer:
             t.hang_s,
             dist.rank,
             dist.world_size,
-            run_dir / "logs" if run_dir else None,
+            run_dir / LOGS if run_dir else None,
             nccl=td.is_initialized() and td.get_backend() == "nccl",
             report=lambda rec: self.metrics.write("hang", **rec),
         )

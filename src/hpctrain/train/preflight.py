@@ -3,7 +3,7 @@
 A node with a slow GPU, a degraded link or a broken decoder holds every synchronous step of the job
 up, for its whole length. So before the first step every rank times a matmul, every node pair times
 an all-reduce and every rank decodes a few of the run's own images with DALI. A node that fails is
-named through `hpctrain.badnodes` (rank 0, after the results are gathered) and every rank fails the
+named through `hpctrain.run.badnodes` (rank 0, after the results are gathered) and every rank fails the
 step with one line naming it: the batch shell starts the next step without it (hot spares) or adds
 it to the job's ExcNodeList before requeueing (docs/preflight.md).
 
@@ -28,11 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as td
 
-from hpctrain import badnodes, flops
+from hpctrain import flops
 from hpctrain.data.build import resolve_loader
 from hpctrain.errors import LaunchError
-from hpctrain.metrics import MetricsWriter
 from hpctrain.plan import tables
+from hpctrain.run import badnodes
+from hpctrain.run.layout import METRICS
+from hpctrain.run.metrics import MetricsWriter
 from hpctrain.train import straggler
 
 log = logging.getLogger("hpctrain")
@@ -478,7 +480,7 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         for node, why in v.bad.items():
             reported = badnodes.report(node, f"preflight: {why}") or reported
         rec["reported"] = reported
-        m = MetricsWriter(run_dir / "metrics.jsonl")
+        m = MetricsWriter(run_dir / METRICS)
         m.write("preflight", **rec)
         m.close()
         for note in v.notes:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hpctrain.config import Config, ModelConfig, to_dict
 from hpctrain.errors import UserError
-from hpctrain.finished import finished_text
+from hpctrain.run.finished import finished_text
 
 
 class ResumeError(UserError, RuntimeError):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hpctrain.config import TrainConfig
 from hpctrain.errors import UserError
-from hpctrain.metrics import MetricsWriter
+from hpctrain.run.metrics import MetricsWriter
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import guard
 from hpctrain.train.checkpointer import Checkpointer

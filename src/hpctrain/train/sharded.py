@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from hpctrain.run.layout import fsync_dir
 from hpctrain.train import checkpoint as ckpt
 
 
@@ -82,13 +83,13 @@ def _finalize(run_dir: Path, step: int, meta: dict, keep: int, protect: tuple[in
     d = ckpt.ckpt_dir(run_dir)
     final = d / ckpt.name(step, "sharded")
     tmp = tmp_dir(final)
-    ckpt.atomic_write(tmp / ckpt.META, lambda f: torch.save(meta, f))
+    ckpt.save_file(tmp / ckpt.META, lambda f: torch.save(meta, f))
     if final.exists():  # the same step saved again by a later attempt: the new one replaces it
         old = final.with_name(f".{final.name}.old")
         os.replace(final, old)
         shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, final)
-    ckpt.fsync_dir(d)
+    fsync_dir(d)
     ckpt.point_latest(d, final)
     ckpt.drop_other_format(final)
     ckpt.prune(run_dir, keep, protect)

@@ -10,7 +10,7 @@ at the next log boundary (or the end of the run), like the stop flags (dist.Pend
 collective never sits on a step's critical path.
 
 With `train.exclude_straggler_pct` a rank that stays above it for EXCLUDE_AFTER log intervals in a
-row has its node named to the batch shell (hpctrain.badnodes) and the run stops at that step with a
+row has its node named to the batch shell (hpctrain.run.badnodes) and the run stops at that step with a
 checkpoint (stop kind `exclude`): every rank reads the same summed tensor, so every rank decides
 alike at the same step, with no extra collective. The shell goes on without the node: on a spare
 in the same job, else by a requeue with the node in ExcNodeList (launch.inplace).
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as td
 
-from hpctrain import badnodes
+from hpctrain.run import badnodes
 
 log = logging.getLogger("hpctrain")
 TEST_DELAY_ENV = "HPCTRAIN_TEST_DELAY"

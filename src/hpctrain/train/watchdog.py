@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain import badnodes
+from hpctrain.run import badnodes
+from hpctrain.run.layout import atomic_write, read_json
 
 log = logging.getLogger("hpctrain")
 
@@ -105,27 +106,8 @@ def dump_nccl_trace(path: Path, timeout_s: float) -> bool:
 # ---------------------------------------------------------------- files
 
 
-def atomic_write(path: Path, data: str | bytes, sync: bool = False) -> None:
-    """Temp file in the same directory, then rename: a reader never sees half a file."""
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-        f.write(data)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
 def read_heartbeats(logs: Path, world: int) -> dict[int, dict | None]:
-    return {r: read_json(logs / HEARTBEAT.format(r)) for r in range(world)}
+    return {r: read_json(logs / HEARTBEAT.format(r), None) for r in range(world)}
 
 
 def read_stacks(logs: Path, world: int) -> dict[int, str | None]:
@@ -403,7 +385,7 @@ class Watchdog:
             os._exit(EXIT_STATUS)
 
     def _name_silent_nodes(self, record: dict) -> None:
-        """The lowest rank not named tells the batch shell (hpctrain.badnodes) the nodes of the named
+        """The lowest rank not named tells the batch shell (hpctrain.run.badnodes) the nodes of the named
         ranks that wrote no stack: dead, stopped or wedged processes, whose node the next step
         (on spares) or the requeued job should not use. A rank with a stack that stands elsewhere
         (a loader, a lock) names no node: its node answered."""
@@ -451,7 +433,7 @@ class Watchdog:
         ranks = [r for r in range(self.world) if r != self.rank] if ranks is None else ranks
         end = time.monotonic() + self.peer_wait_s
         while time.monotonic() < end:
-            hbs = [read_json(self.logs / HEARTBEAT.format(r)) for r in ranks]
+            hbs = [read_json(self.logs / HEARTBEAT.format(r), None) for r in ranks]
             now = time.time()
             if all(hb is None or done(hb) or now - float(hb.get("time", 0)) > self.stale_s for hb in hbs):
                 return

@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
+from hpctrain.run.layout import METRICS
+
 RATE_WINDOW = 10  # log intervals the recent steps/s is taken over
 GAP_FACTOR = 10.0  # an interval this many times the median per-step time is a gap (crash, requeue), not speed
 
@@ -193,7 +195,7 @@ def progress_line(records: list[dict], total: int | None, now: float, global_bat
 
 class MetricsTail:
     """metrics.jsonl read as it grows: new complete lines only, and the whole file again when it was
-    replaced (a resumed run moves the records it will write again out: hpctrain.metrics.supersede)."""
+    replaced (a resumed run moves the records it will write again out: hpctrain.run.metrics.supersede)."""
 
     def __init__(self, path: Path):
         self.path, self.records, self._pos, self._ino = Path(path), [], 0, None
@@ -233,7 +235,7 @@ def watch(
     line when the step moved and `every_s` has passed (CI logs keep a trace); a last one at the end.
     `out`: sys.stdout as it is at the call (a default bound at import would keep a replaced one)."""
     out = sys.stdout if out is None else out
-    tail = MetricsTail(Path(run_dir) / "metrics.jsonl")
+    tail = MetricsTail(Path(run_dir) / METRICS)
     tty = out.isatty()
     shown, shown_at = "", 0.0
     while True:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from hpctrain.config import load
 from hpctrain.errors import UserError
-from hpctrain.metrics import read_metrics
+from hpctrain.run.layout import CONFIG, METRICS, RUNS
+from hpctrain.run.metrics import read_metrics
 
 
 class ReportError(UserError):
@@ -96,7 +97,7 @@ def _num(v) -> bool:
 def find_metrics(target: str | Path) -> Path:
     """A run directory, its metrics.jsonl, or a run name under ./runs."""
     p = Path(target)
-    for cand in (p / "metrics.jsonl", p, Path("runs") / p / "metrics.jsonl"):
+    for cand in (p / METRICS, p, RUNS / p / METRICS):
         if cand.is_file():
             return cand
     raise ReportError(f"no metrics.jsonl for {target}: give a run directory (runs/<name>) or its metrics.jsonl")
@@ -129,12 +130,12 @@ def expand_sweeps(targets: list[str]) -> list[tuple[str, str | None]]:
     runs/<name>) stands for its members that have metrics yet, named as in the sweep's table."""
     out: list[tuple[str, str | None]] = []
     for t in targets:
-        sweep = next((d / "sweep.json" for d in (Path(t), Path("runs") / t) if (d / "sweep.json").is_file()), None)
+        sweep = next((d / "sweep.json" for d in (Path(t), RUNS / t) if (d / "sweep.json").is_file()), None)
         if sweep is None:
             out.append((t, None))
             continue
         members = json.loads(sweep.read_text()).get("members", [])
-        runs = [(m["run_dir"], m.get("name")) for m in members if (Path(m["run_dir"]) / "metrics.jsonl").is_file()]
+        runs = [(m["run_dir"], m.get("name")) for m in members if (Path(m["run_dir"]) / METRICS).is_file()]
         if not runs:
             raise ReportError(f"sweep {t} has no run with metrics yet: wait until its members start")
         out += runs
@@ -149,7 +150,7 @@ def load_run(target: str | Path, name: str | None = None, source: str = "metrics
         records = [r for r in read_metrics(path) if isinstance(r, dict)]
     if not records:
         raise ReportError(f"{path} holds no records yet")
-    run_name = name or (path.parent.name if path.name == "metrics.jsonl" else path.stem)
+    run_name = name or (path.parent.name if path.name == METRICS else path.stem)
     return Run(run_name, records, restart_marks(records))
 
 
@@ -163,7 +164,7 @@ def mlflow_records(run_dir: Path) -> list[dict]:
     are not in MLflow: the wall axis marks only gaps (restart_marks)."""
     from hpctrain.train.trackers import mlflow_sink, run_key  # heavy optional package: only for --source mlflow
 
-    cfg_path = run_dir / "config.yaml"
+    cfg_path = run_dir / CONFIG
     t = load(cfg_path).train if cfg_path.is_file() else None
     uri, experiment = (t.mlflow_uri, t.mlflow_experiment) if t else ("", "hpctrain")
     client = mlflow_sink.MlflowClient(tracking_uri=mlflow_sink.store_uri(uri, run_dir))

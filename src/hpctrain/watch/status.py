@@ -6,7 +6,6 @@ progress from the run's metrics.jsonl. No torch: this runs on login nodes.
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -19,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from hpctrain.errors import LaunchError
-from hpctrain.metrics import NONFINITE_FIELDS, read_metrics, table
 from hpctrain.pids import alive
+from hpctrain.run.layout import CONFIG, ENV, JOB, LOCK, LOGS, METRICS, RUNS, SUBMITIT, read_json, slurm_job_run_dir
+from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table
 from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 
 TERMINAL = {
@@ -89,13 +89,6 @@ def wait_job(job_id: str, poll_s: float = 2.0, timeout_s: float | None = None) -
         time.sleep(poll_s)
 
 
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def squeue_workdir(job_id: str) -> str | None:
     """The working directory of a job still in the queue (sacct may not list it yet)."""
     if not shutil.which("squeue"):
@@ -107,24 +100,12 @@ def squeue_workdir(job_id: str) -> str | None:
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
-def run_dir_of(workdir: Path, job_id: str) -> Path | None:
-    """The run a job trains: its working directory when `hpctrain submit` made it (job.json), else
-    the record rank 0 leaves under `<workdir>/.hpctrain/` for jobs started with plain sbatch."""
-    if (workdir / "job.json").is_file():
-        return workdir
-    rec = read_json(workdir / ".hpctrain" / f"job-{job_id}.json")
-    return Path(rec["run_dir"]) if rec.get("run_dir") and Path(rec["run_dir"]).is_dir() else None
-
-
-RUNS = Path("runs")  # run.dir's default: where a bare run name or a local job id is looked up
-
-
 def local_job_run(job_id: str, runs: Path = RUNS) -> Path | None:
     """The run under `runs` (or a sweep's member there) whose local job (`hpctrain submit` or
     `sweep` without Slurm) has this id (its job.json: the id submit printed, on this host)."""
     host = socket.gethostname()
     for rec_path in sorted([*runs.glob("*/job.json"), *runs.glob("*/*/job.json")]):  # runs, sweeps' members
-        rec = read_json(rec_path)
+        rec = read_json(rec_path, {})
         if rec.get("executor") == "local" and str(rec.get("job_id")) == job_id and rec.get("host", host) == host:
             return rec_path.parent
     return None
@@ -139,13 +120,13 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
     """
     p = Path(target)
     named = RUNS / target
-    if not p.is_dir() and not p.is_absolute() and any((named / f).is_file() for f in ("job.json", "metrics.jsonl")):
+    if not p.is_dir() and not p.is_absolute() and any((named / f).is_file() for f in (JOB, METRICS)):
         p = named  # a run's name under the default run.dir (a sweep's member: <sweep>/<member>)
     if not p.is_dir() and target.isdigit():
         p = local_job_run(target) or p
     if p.is_dir():
-        job = read_json(p / "job.json")
-        env = read_json(p / "env.json").get("env", {})
+        job = read_json(p / JOB, {})
+        env = read_json(p / ENV, {}).get("env", {})
         job_id = job.get("job_id") or env.get("SLURM_JOB_ID")
         return p.resolve(), job_id, job.get("executor") or ("slurm" if job_id else "none")
     if target.isdigit():
@@ -156,7 +137,7 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
             if rows or work or time.monotonic() > end:
                 break
             time.sleep(1.0)
-        run = run_dir_of(Path(work), target) if work else None
+        run = slurm_job_run_dir(Path(work), target) if work else None
         if not rows and not work:
             raise LaunchError(
                 f"job {target} is unknown to Slurm (sacct, squeue): check the id, or give "
@@ -420,15 +401,15 @@ def summarize(records: list[dict]) -> dict:
 
 
 def metrics_summary(run_dir: Path) -> dict:
-    return summarize(read_metrics(run_dir / "metrics.jsonl"))
+    return summarize(read_metrics(run_dir / METRICS))
 
 
 def local_state(run_dir: Path) -> str | None:
     """RUNNING while a process of the run lives on this host: the one that holds the run's lock
-    (train.rundir), or the controller of its local job (its id is the controller's pid), which
+    (run.rundir), or the controller of its local job (its id is the controller's pid), which
     lives until every task has ended."""
     host = socket.gethostname()
-    holder, job = read_json(run_dir / ".lock"), read_json(run_dir / "job.json")
+    holder, job = read_json(run_dir / LOCK, {}), read_json(run_dir / JOB, {})
     pids = [holder.get("pid")] if holder.get("host") == host else []
     if job.get("executor") == "local" and job.get("host") == host and str(job.get("job_id", "")).isdigit():
         pids.append(int(job["job_id"]))
@@ -466,7 +447,7 @@ def progress_of(
 def read_config(run_dir: Path) -> dict:
     """The run's resolved config.yaml as plain data ({} when absent or unreadable)."""
     try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        data = yaml.safe_load((run_dir / CONFIG).read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -475,7 +456,7 @@ def read_config(run_dir: Path) -> dict:
 def run_status(target: str, now: float | None = None) -> RunStatus:
     now = time.time() if now is None else now
     run_dir, job_id, executor = resolve(target)
-    records = read_metrics(run_dir / "metrics.jsonl") if run_dir else []
+    records = read_metrics(run_dir / METRICS) if run_dir else []
     metrics = summarize(records)
     rows = sacct_rows(job_id) if job_id and executor == "slurm" else []
     if rows:
@@ -520,9 +501,9 @@ def log_path(target: str, rank: int) -> Path:
     run_dir, job_id, _ = resolve(target)
     if run_dir is None:
         raise LaunchError(f"no run directory known for job {job_id}: give the run directory instead")
-    p = run_dir / "logs" / f"rank-{rank}.log"
+    p = run_dir / LOGS / f"rank-{rank}.log"
     if not p.exists() and job_id:
-        cand = run_dir / "submitit" / f"{job_id}_{rank}_log.err"
+        cand = run_dir / SUBMITIT / f"{job_id}_{rank}_log.err"
         if cand.exists():
             return cand
     return p

@@ -14,7 +14,7 @@ fi
 export HPCTRAIN_BAD_NODES_FILE="$HPCTRAIN_CONTROL_DIR/bad-nodes-${SLURM_JOB_ID:-none}"
 # one line per in-job restart or exclusion, kept across requeues: rank 0 records them (metrics.jsonl)
 export HPCTRAIN_FAULTS_FILE="$HPCTRAIN_CONTROL_DIR/faults-${SLURM_JOB_ID:-none}"
-hpctrain_names() {  # only names a node may have (hpctrain.badnodes.NODE_NAME), one per line
+hpctrain_names() {  # only names a node may have (hpctrain.run.badnodes.NODE_NAME), one per line
   grep -xE "$hpctrain_node_name" || true
 }
 hpctrain_hosts() {  # a Slurm host list → node names, one per line

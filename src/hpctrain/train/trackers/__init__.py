@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.run.layout import ENV
 from hpctrain.train import tensorboard
 
 log = logging.getLogger("hpctrain")
@@ -63,7 +64,7 @@ def flat(d: Any, prefix: str = "") -> dict[str, str]:
 def read_env(run_dir: Path) -> dict:
     """This attempt's env.json (entry writes it before the trainer starts); {} if absent."""
     try:
-        return json.loads((Path(run_dir) / "env.json").read_text())
+        return json.loads((Path(run_dir) / ENV).read_text())
     except (OSError, ValueError):
         return {}
 

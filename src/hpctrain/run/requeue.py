@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import LaunchError
-from hpctrain.metrics import read_metrics
+from hpctrain.run.layout import METRICS
+from hpctrain.run.metrics import read_metrics
 
 log = logging.getLogger("hpctrain")
 DEFAULT_MAX_REQUEUES = 3
@@ -58,7 +59,7 @@ def preemptions(run_dir: Path, job_id: str) -> int:
     """Requeues after preemption already taken by this job (rank 0's `requeue` records)."""
     return sum(
         1
-        for r in read_metrics(run_dir / "metrics.jsonl")
+        for r in read_metrics(run_dir / METRICS)
         if r.get("kind") == "requeue"
         and str(r.get("job")) == job_id
         and r.get("reason") == "preemption"

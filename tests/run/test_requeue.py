@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hpctrain.errors import LaunchError
-from hpctrain.requeue import Budget, after_stop, budget, check_budget, decide
+from hpctrain.run.requeue import Budget, after_stop, budget, check_budget, decide
 
 
 def test_time_limit_requeues_are_capped_by_max_requeues():

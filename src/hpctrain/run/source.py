@@ -25,16 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import LaunchError
+from hpctrain.run.layout import CODE
 
 SUFFIXES = (".py", ".yaml", ".yml")
-CODE_DIR = "code"  # <root>/code/<hash>/hpctrain: the snapshots of a run (or sweep, or evaluation)
 LATEST = "latest"  # <root>/code/latest: the hash of the last submission's snapshot
 MANIFEST = "_snapshot.json"  # inside a snapshot's package: where it came from (not hashed, not code)
 
 
 def package_dir() -> Path:
-    """The directory of the `hpctrain` package this process imported."""
-    return Path(__file__).resolve().parent
+    """The directory of the `hpctrain` package this process imported (this module is in its `run/`)."""
+    return Path(__file__).resolve().parent.parent
 
 
 def source_files(pkg: Path) -> list[Path]:
@@ -76,7 +76,7 @@ class Snapshot:
 
 
 def snapshot_path(root: Path, digest: str) -> Path:
-    return root / CODE_DIR / digest / "hpctrain"
+    return root / CODE / digest / "hpctrain"
 
 
 def checkout_root(pkg: Path | None = None) -> Path | None:
@@ -125,7 +125,7 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
     Old snapshots stay: a few hundred kB each, and a queued job may still need one.
     """
     pkg = (pkg or package_dir()).resolve()
-    code = root / CODE_DIR
+    code = root / CODE
     code.mkdir(parents=True, exist_ok=True)
     latest = code / LATEST
     before = latest.read_text().strip() if latest.is_file() else None

@@ -10,8 +10,8 @@ import torch
 
 from hpctrain.config import load
 from hpctrain.data.synthetic import SyntheticLoader
-from hpctrain.metrics import MetricsWriter, read_metrics
 from hpctrain.models.vit import build_vit
+from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
 from hpctrain.train.tensorboard import scalars

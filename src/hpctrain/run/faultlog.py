@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpctrain.badnodes import NODE_NAME
+from hpctrain.run.badnodes import NODE_NAME
 
 ENV = "HPCTRAIN_FAULTS_FILE"
 KINDS = {"restart": "restart", "requeue": "exclude"}  # the shell's action → the record's kind

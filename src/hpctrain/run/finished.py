@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, read_yaml
-from hpctrain.metrics import read_metrics
+from hpctrain.run.layout import CHECKPOINTS, CONFIG, METRICS
+from hpctrain.run.metrics import read_metrics
 
 
 def finished_text(run_dir: Path, checkpoint: str, step: int, total: int, name: str) -> str:
@@ -29,12 +30,12 @@ def finished_run(cfg: Config) -> str | None:
     run = cfg.run_dir.expanduser().resolve()
     if cfg.run.resume != "auto":
         return None
-    ends = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") in ("end", "stop")]
+    ends = [r for r in read_metrics(run / METRICS) if r.get("kind") in ("end", "stop")]
     if not ends or ends[-1].get("kind") != "end" or ends[-1].get("status") != "finished":
         return None
     step = ends[-1].get("step")
     try:
-        old = read_yaml(run / "config.yaml").get("train") or {}
+        old = read_yaml(run / CONFIG).get("train") or {}
     except ConfigError:
         return None
     t = cfg.train
@@ -43,7 +44,7 @@ def finished_run(cfg: Config) -> str | None:
     ckpt = next(
         (
             p.name
-            for p in sorted((run / "checkpoints").glob(f"step-{step:08d}*"))
+            for p in sorted((run / CHECKPOINTS).glob(f"step-{step:08d}*"))
             if p.name in (f"step-{step:08d}", f"step-{step:08d}.pt")
         ),
         None,

@@ -29,10 +29,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpctrain.errors import UserError
-from hpctrain.train.dist import attempt_of
+from hpctrain.run.layout import LOCK
 
 HELD = (errno.EAGAIN, errno.EACCES)  # POSIX allows either for a lock held by someone else
 NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # the file system refuses locks (ENOTSUP too)
+
+
+def attempt_of(env: Mapping[str, str]) -> int:
+    """The batch shell's step attempt in this job run (HPCTRAIN_ATTEMPT; 0 when unset). Here, not
+    in train.dist (which reads it too): the lock records it, and run/ imports nothing of train/."""
+    a = env.get("HPCTRAIN_ATTEMPT", "")
+    return int(a) if a.isdigit() else 0
 
 
 class RunDirBusy(UserError, RuntimeError):
@@ -85,7 +92,7 @@ def earlier_run_of_this_job(holder: Mapping[str, Any], me: Mapping[str, Any]) ->
 
 class RunLock:
     def __init__(self, run_dir: Path, env: Mapping[str, str] | None = None):
-        self.path = Path(run_dir) / ".lock"
+        self.path = Path(run_dir) / LOCK
         self.env = os.environ if env is None else env
         self.note: str | None = None  # a warning for the run's log: no lock, or a stale one taken over
         self._f: IO[str] | None = None

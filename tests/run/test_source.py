@@ -1,4 +1,4 @@
-"""The code snapshot a job runs (hpctrain.source): named by its content, written whole or not at
+"""The code snapshot a job runs (hpctrain.run.source): named by its content, written whole or not at
 all, read-only, taken again only when the code changed — and then said so."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import source
-from hpctrain.source import Snapshot, source_files, source_hash, take_snapshot
+from hpctrain.run import source
+from hpctrain.run.source import Snapshot, source_files, source_hash, take_snapshot
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
+SRC = Path(__file__).resolve().parents[2] / "src" / "hpctrain"
 
 
 @pytest.fixture()
@@ -114,7 +114,7 @@ def test_a_changed_snapshot_is_refused(checkout, tmp_path):
 def test_task_records_the_snapshot_it_runs(checkout, tmp_path):
     """What env.json's `source` says from a snapshot: its path, hash, origin, and the hashes compared."""
     snap = take_snapshot(tmp_path / "run", checkout)
-    code = "import json, os; from hpctrain import source; print(json.dumps(source.check(os.environ)))"
+    code = "import json, os; from hpctrain.run import source; print(json.dumps(source.check(os.environ)))"
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(snap.path.parent),

@@ -1,4 +1,4 @@
-"""The bad-node file the tasks write and the batch shell reads (hpctrain.badnodes)."""
+"""The bad-node file the tasks write and the batch shell reads (hpctrain.run.badnodes)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import sys
 
 import pytest
 
-from hpctrain import badnodes
+from hpctrain.run import badnodes
 
 
 def test_reports_from_several_processes_are_whole_lines_read_back_in_order(tmp_path):
     f = tmp_path / "bad"
     env = {badnodes.ENV: str(f)}
-    code = "import sys; from hpctrain import badnodes; [badnodes.report(sys.argv[1], 'slow ' * 50) for _ in range(200)]"
+    code = (
+        "import sys; from hpctrain.run import badnodes; "
+        "[badnodes.report(sys.argv[1], 'slow ' * 50) for _ in range(200)]"
+    )
     # PYTHONPATH: the checkout's package (conftest), not an installed one
     procs = [
         subprocess.Popen(
