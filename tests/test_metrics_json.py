@@ -14,7 +14,7 @@ from hpctrain.metrics import MetricsWriter, read_metrics
 from hpctrain.models.vit import build_vit
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
-from hpctrain.train.tensorboard import scalars
+from hpctrain.train.observe.tensorboard import scalars
 from hpctrain.watch import report, status
 from tests.helpers import DIGITS
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpctrain.cli import CLIError
 from hpctrain.config import load
-from hpctrain.train.trackers import run_key
+from hpctrain.train.observe.trackers import run_key
 
 
 def add_parser(sub) -> None:

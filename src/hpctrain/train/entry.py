@@ -23,11 +23,13 @@ from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.lr_rule import lr_rule
 from hpctrain.metrics import progress_log, read_metrics, table
-from hpctrain.train import compile_cache, trackers, watchdog
+from hpctrain.train import compile_cache
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
+from hpctrain.train.ckpt.resume_checks import check_compatible, check_unfinished
 from hpctrain.train.dist import agree
-from hpctrain.train.resume_checks import check_compatible, check_unfinished
+from hpctrain.train.health import watchdog
+from hpctrain.train.observe import trackers
 from hpctrain.train.rundir import RunDirBusy, RunLock
 from hpctrain.train.stop import StopFlag
 from hpctrain.version import dist_versions
@@ -185,8 +187,9 @@ def _run(
     import torch  # torch: after stopmod.install (see run)
 
     from hpctrain.models.vit import build_vit  # torch: after stopmod.install
-    from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
-    from hpctrain.train import finetune, preflight  # torch: after stopmod.install
+    from hpctrain.train import finetune  # torch: after stopmod.install
+    from hpctrain.train.ckpt import checkpoint as ckpt  # torch: after stopmod.install
+    from hpctrain.train.health import preflight  # torch: after stopmod.install
     from hpctrain.train.loop import Trainer  # torch: after stopmod.install
 
     control = None
