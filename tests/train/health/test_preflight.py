@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +17,7 @@ from hpctrain.flops import peak_tflops
 from hpctrain.plan.tables import FABRICS
 from hpctrain.train.health import preflight
 from hpctrain.train.health.straggler import injected_delay
-from tests.helpers import digits_args, run_metrics, run_ranks
+from tests.helpers import ROOT, digits_args, run_metrics, run_ranks
 
 REFS = dict(peak=None, peak_source="", fabric_gbps=None, fabric_source="", min_frac=0.5, tolerance=0.3)
 
@@ -105,7 +104,7 @@ def test_fabric_figure_comes_from_the_batch_shells_fabric_kind(monkeypatch):
 
 
 def test_the_shipped_batch_script_exports_a_fabric_the_check_knows():
-    script = (Path(__file__).parents[2] / "slurm" / "vit.sbatch").read_text()
+    script = (ROOT / "slurm" / "vit.sbatch").read_text()
     (kind,) = re.findall(r"^export HPCTRAIN_FABRIC=(\S+)", script, re.M)
     assert kind in FABRICS
 
