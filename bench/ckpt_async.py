@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "src"))
 def rank_main(rank: int, world: int, port: int, args, out_dir: str, results) -> None:
     from hpctrain.config import ModelConfig
     from hpctrain.models.vit import build_vit
-    from hpctrain.train import sharded
-    from hpctrain.train.ema import EMA
+    from hpctrain.train.ckpt import sharded
+    from hpctrain.train.optim.ema import EMA
 
     torch.set_num_threads(args.threads)
     td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

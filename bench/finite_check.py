@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The cost of the per-step finite check (train/guard.py) on a digits step, CPU; target ≤ 1 % (docs/checkpoints.md).
+"""The cost of the per-step finite check (train/health/guard.py) on a digits step, CPU; target ≤ 1 %
+(docs/checkpoints.md).
 
 Two measures, both in this one process:
 - paired: the Trainer's own `train_step` with the check and without it (`FiniteFlag.update`
@@ -43,7 +44,7 @@ def main() -> int:
     from hpctrain.models.vit import build_vit
     from hpctrain.train import compat
     from hpctrain.train.dist import DistInfo
-    from hpctrain.train.guard import FiniteFlag
+    from hpctrain.train.health.guard import FiniteFlag
     from hpctrain.train.loop import Trainer
 
     torch.set_num_threads(args.threads)

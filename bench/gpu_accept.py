@@ -705,7 +705,8 @@ def w_nccl(tiny: bool, out: Path) -> dict:
 
     from hpctrain.config import load
     from hpctrain.models.vit import build_vit
-    from hpctrain.train import comm, fsdp, sharded
+    from hpctrain.train import comm, fsdp
+    from hpctrain.train.ckpt import sharded
     from hpctrain.train.dist import shutdown
 
     cuda = torch.cuda.is_available()

@@ -4,7 +4,7 @@ process: each pair runs interleaved (A B, B A, …), each figure is the median o
 ratio the median of the per-repetition ratios after/before.
 
 - ema: one EMA update of hpctrain's ViT-S/16 (152 tensors): two `state_dict()` calls per step (before)
-  against the cached live tensor lists (train/ema.py);
+  against the cached live tensor lists (train/optim/ema.py);
 - erase: one batch's random-erasing boxes for the DALI loader: a seeded numpy generator and a Python
   loop per sample (before) against one vectorised draw for the batch (data/erasing.erase_boxes_batch);
   ema_lists: the host part alone (the lists the lerp takes);
@@ -67,7 +67,7 @@ def main() -> int:
     from hpctrain.config import ModelConfig
     from hpctrain.data import erasing, sampling
     from hpctrain.models.vit import build_vit
-    from hpctrain.train.ema import EMA
+    from hpctrain.train.optim.ema import EMA
 
     torch.set_num_threads(1)
     result: dict = {"reps": args.reps, "torch": torch.__version__}
@@ -76,7 +76,7 @@ def main() -> int:
     ema, old = EMA(model, 0.9999), copy.deepcopy(model).float()
 
     @torch.no_grad()
-    def ema_before():  # train/ema.py before the cache
+    def ema_before():  # train/optim/ema.py before the cache
         e = list(old.state_dict().values())
         s = list(model.state_dict().values())
         floats = [(a, b) for a, b in zip(e, s) if a.is_floating_point()]

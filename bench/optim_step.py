@@ -9,7 +9,7 @@ figure is the median over repetitions of the mean step time, each ratio the medi
 per-repetition ratios to torch's AdamW (target ≤ 1.2, README "Performance"). Also counted: the ATen calls one
 step makes as an accelerator runs it (a `torch._foreach_*` call counts once: one launch per chunk of
 tensors on a GPU; on the CPU hpctrain's optimizers take torch's fused Adam kernel for fp32 tensors, in
-~4 MB parts, train/moments.py).
+~4 MB parts, train/optim/moments.py).
 
     PYTHONPATH=src python bench/optim_step.py [--reps 15] [--steps 5] [--threads 1] [--device cpu] [--json]
 """
@@ -45,9 +45,9 @@ def main() -> int:
 
     from hpctrain.config import ModelConfig
     from hpctrain.models.vit import build_vit
-    from hpctrain.train.adamw import AdamWLowMu
-    from hpctrain.train.lamb import Lamb
-    from hpctrain.train.optim import param_groups
+    from hpctrain.train.optim.adamw import AdamWLowMu
+    from hpctrain.train.optim.build import param_groups
+    from hpctrain.train.optim.lamb import Lamb
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

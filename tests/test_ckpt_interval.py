@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain.ckpt_interval import AutoInterval, StepClock, interval_steps, young_daly_s
 from hpctrain.config import ConfigError, load
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 
 

@@ -35,7 +35,8 @@ def test_other_shapes_follow_the_formula():
 
 def test_mfu_arithmetic():
     # 4,100 images/s of ViT-B/16 on one H200: 43.7 % MFU against the 989 TFLOP/s dense-bf16 spec
-    # peak (docs/observability.md's 55 % is of the ~790 TFLOP/s a large matmul reaches there: tests/train/test_speed.py)
+    # peak (docs/observability.md's 55 % is of the ~790 TFLOP/s a large matmul reaches there:
+    # tests/train/observe/test_speed.py)
     train = flops.model_flops(load(data={"model": {"arch": "vit_base"}}).model).train_flops
     peak, source = flops.peak_tflops("NVIDIA H200")
     assert peak == 989.0 and "datasheet" in source

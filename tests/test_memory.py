@@ -10,7 +10,7 @@ import torch
 from hpctrain import memory
 from hpctrain.config import load
 from hpctrain.models.vit import build_vit
-from hpctrain.train.optim import build_optimizer
+from hpctrain.train.optim.build import build_optimizer
 from tests.helpers import DIGITS
 
 

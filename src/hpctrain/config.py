@@ -30,7 +30,7 @@ from hpctrain.models.arch import arch_dims
 from hpctrain.randaug_spec import parse_randaugment
 
 CONFIG_DIR = shipped.CONFIG_DIR
-TRACKERS = ("tensorboard", "mlflow", "wandb")  # train.trackers: what hpctrain.train.trackers can feed
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # train.trackers: what hpctrain.train.observe.trackers can feed
 
 
 class ConfigError(UserError, ValueError):

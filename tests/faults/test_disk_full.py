@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.faults.local import start_ranks, wait_for_step
 from tests.helpers import digits_args, run_ranks
 

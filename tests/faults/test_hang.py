@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from hpctrain.train.watchdog import NO_STACK, top_frame
+from hpctrain.train.health.watchdog import NO_STACK, top_frame
 from tests.faults.local import start_ranks, wait_for_step
 from tests.helpers import run_metrics
 

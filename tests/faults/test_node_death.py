@@ -20,7 +20,7 @@ from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import LaunchError, Request, plan_job
 from hpctrain.run.requeue import budget, check_budget
 from hpctrain.site.profile import load_profile
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.launch.test_slurm_jobs import digits_sets, hp, metrics, submit, wait_for_step
 from tests.slurm_cluster import SLURMD_TIMEOUT
 

@@ -17,7 +17,7 @@ import signal
 import pytest
 import torch
 
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.faults.local import last_step, start_ranks, wait_for_step
 from tests.helpers import digits_args, run_metrics, run_ranks
 

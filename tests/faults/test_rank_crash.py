@@ -16,7 +16,7 @@ import signal
 import pytest
 import torch
 
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.helpers import digits_args, run_ranks
 from tests.launch.jobs import digits_sets, hp, job_report, metrics, sacct_states, submit, task_pid, wait_for_step
 
@@ -65,3 +65,33 @@ def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_clust
     st = hp(slurm_cluster, "status", job).stdout
     assert "COMPLETED" in st and re.search(r"requeues +0\n", st), st
     assert re.search(rf"restarts +1 in the job on the same nodes \(last: attempt 1 of job {job}: exit ", st), st
+
+
+def test_the_same_crash_at_the_same_step_twice_ends_the_job_in_one_line(slurm_cluster, digits_root, tmp_path):
+    """A deterministic bug (rank 1 raises at step 12 in every attempt): one restart from the step-10
+    checkpoint, the same error at the same step again, and the job ends FAILED with that error in one
+    line instead of burning its allocation."""
+    run = tmp_path / "loop"
+    job = submit(
+        slurm_cluster,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(digits_root, tmp_path, "loop", *SETS),
+        env={"HPCTRAIN_TEST_CRASH": "1:12"},
+    )
+    assert slurm_cluster.wait_done(job, 600) == "FAILED", job_report(slurm_cluster, job, run)
+    assert sacct_states(slurm_cluster, job) == ["FAILED"]  # never requeued; the allocation is released
+    assert slurm_cluster.run("squeue", "-h", "-j", job, check=False).stdout.strip() == ""
+    (restart,) = metrics(run, "restart")
+    assert "at step 12: RuntimeError: injected crash at step 12" in restart["why"], restart
+    batch = (run / "submitit" / f"{job}_0_log.out").read_text()
+    said = [line for line in batch.splitlines() if "A bug, not a fault" in line]
+    assert len(said) == 1 and "failed twice in a row the same way" in said[0], batch[-3000:]
+    assert "rank 1 on " in said[0] and "at step 12: RuntimeError: injected crash at step 12" in said[0], said
+    starts = re.findall(
+        rf"task rank 1 of job {job} started .*attempt (\d+) in the allocation",
+        (run / "submitit" / f"{job}_1_log.err").read_text(),
+    )
+    assert starts == ["0", "1"], starts

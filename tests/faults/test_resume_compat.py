@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.helpers import digits_args, run_ranks
 
 SETS = ["train.max_steps=8"]

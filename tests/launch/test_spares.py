@@ -27,7 +27,7 @@ from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
 from hpctrain.run import faultlog
 from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.site.profile import load_profile
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.watch.status import summarize
 from tests.helpers import digits_args, run_ranks
 from tests.launch.jobs import digits_sets, hp, metrics, rank_hosts, sacct_states, submit, task_pid, wait_for_step

@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from hpctrain.run.source import source_hash
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import port_from_job_id
 from tests.helpers import digits_args, run_ranks, wait_for
 from tests.launch.jobs import ROOT, digits_sets, hp, job_report, metrics, sacct_states, submit, wait_for_step

@@ -14,7 +14,7 @@ from hpctrain.models.vit import build_vit
 from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
-from hpctrain.train.tensorboard import scalars
+from hpctrain.train.observe.tensorboard import scalars
 from hpctrain.watch import report, status
 from tests.helpers import DIGITS
 

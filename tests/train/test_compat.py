@@ -20,8 +20,8 @@ import torch
 from hpctrain.config import ConfigError, load
 from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
-from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat
+from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
 from hpctrain.train.seeding import step_seed

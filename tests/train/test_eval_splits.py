@@ -11,7 +11,7 @@ from hpctrain.data.folder import list_split, minival_split
 from hpctrain.train import loop
 from hpctrain.train.entry import run as train
 from tests.helpers import run_metrics
-from tests.train.test_tensorboard import EPOCH, digits, read_tb
+from tests.train.observe.test_tensorboard import EPOCH, digits, read_tb
 
 FIELDS = ("top1", "top5", "loss", "count")
 

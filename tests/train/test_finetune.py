@@ -15,9 +15,9 @@ import torch
 
 from hpctrain.config import ConfigError, load
 from hpctrain.models.vit import build_vit
-from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import finetune
-from hpctrain.train.export import export
+from hpctrain.train.ckpt import checkpoint as ckpt
+from hpctrain.train.ckpt.export import export
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 
 # The cheapest base that is already good (≥ 95 % at 32², measured in docs/finetune.md).

@@ -14,11 +14,11 @@ from hpctrain import bench
 from hpctrain.config import ConfigError, load
 from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
-from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat, dist
+from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
-from hpctrain.train.optim import build_optimizer
+from hpctrain.train.optim.build import build_optimizer
 from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.helpers import digits_args, run_metrics, run_ranks
 
 EPOCH = 22  # steps per epoch of digits at batch 64

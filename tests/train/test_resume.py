@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import compat
+from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.helpers import digits_args, run_ranks
 
 # Mid-epoch halt (22 steps/epoch at batch 64), mixup+cutmix, drop-path and EMA all on: every piece

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hpctrain.train.export import export  # torch: not on a login node until this command runs
+    from hpctrain.train.ckpt.export import export  # torch: not on a login node until this command runs
 
     path, out = export(args.run, args.output, args.step, args.ema)
     print(f"exported {'EMA weights' if args.ema else 'weights'} of {path} to {out}")

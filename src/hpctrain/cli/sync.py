@@ -17,7 +17,7 @@ from pathlib import Path
 from hpctrain.cli import CLIError
 from hpctrain.config import load
 from hpctrain.run.layout import CONFIG, run_dir_named
-from hpctrain.train.trackers import run_key
+from hpctrain.train.observe.trackers import run_key
 
 
 def add_parser(sub) -> None:

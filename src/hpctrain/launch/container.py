@@ -254,7 +254,7 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
 
 
 # nsys profile's options (Nsight Systems user guide, "CLI Profile Command Switch Options"; docs/profiling.md):
-# record only between the task's cudaProfilerStart and cudaProfilerStop (train.profiling, around
+# record only between the task's cudaProfilerStart and cudaProfilerStop (train.observe.profiling, around
 # train.profile_steps), keep the application running after the stop, overwrite a report a requeued
 # attempt left behind.
 NSYS_ARGS = (

@@ -2,7 +2,7 @@
 launches anything (a Slurm job would otherwise wait in the queue to find nothing to train).
 
 Torch-free: the submitting side reads the run's metrics.jsonl and config.yaml, not its checkpoints.
-The job checks again, exactly (train/resume_checks.py: check_unfinished), where the loaders tell the
+The job checks again, exactly (train/ckpt/resume_checks.py: check_unfinished), where the loaders tell the
 length: both say it in `finished_text`, so this module lives below `launch/` and `train/`.
 """
 

@@ -26,11 +26,13 @@ from hpctrain.run import faultlog, requeue, source
 from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
 from hpctrain.run.metrics import progress_log, read_metrics, table
 from hpctrain.run.rundir import RunDirBusy, RunLock
-from hpctrain.train import compile_cache, trackers, watchdog
+from hpctrain.train import compile_cache
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
+from hpctrain.train.ckpt.resume_checks import check_compatible, check_unfinished
 from hpctrain.train.dist import agree
-from hpctrain.train.resume_checks import check_compatible, check_unfinished
+from hpctrain.train.health import watchdog
+from hpctrain.train.observe import trackers
 from hpctrain.train.stop import StopFlag
 from hpctrain.version import dist_versions
 
@@ -187,8 +189,9 @@ def _run(
     import torch  # torch: after stopmod.install (see run)
 
     from hpctrain.models.vit import build_vit  # torch: after stopmod.install
-    from hpctrain.train import checkpoint as ckpt  # torch: after stopmod.install
-    from hpctrain.train import finetune, preflight  # torch: after stopmod.install
+    from hpctrain.train import finetune  # torch: after stopmod.install
+    from hpctrain.train.ckpt import checkpoint as ckpt  # torch: after stopmod.install
+    from hpctrain.train.health import preflight  # torch: after stopmod.install
     from hpctrain.train.loop import Trainer  # torch: after stopmod.install
 
     control = None

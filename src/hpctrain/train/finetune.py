@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from hpctrain.errors import UserError
-from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import export
+from hpctrain.train.ckpt import checkpoint as ckpt
+from hpctrain.train.ckpt import export
 
 log = logging.getLogger("hpctrain")
 HEAD = ("head.weight", "head.bias")

@@ -1,7 +1,7 @@
 """FSDP2 (`fully_shard`) for models whose weights + optimizer state do not fit one device.
 
 Every transformer block is its own shard unit (gathered just before it runs, freed after), the
-root holds the rest (patch embedding, tokens, head). Sharded checkpoints (train/sharded.py, the
+root holds the rest (patch embedding, tokens, head). Sharded checkpoints (train/ckpt/sharded.py, the
 default for several ranks) hold each rank's shards, resharded by DCP on load. Single-file ones
 stay in the DDP format: a full, unsharded model state_dict and an optimizer state_dict keyed by
 parameter index, gathered collectively and written by rank 0. Either way a run may resume under

@@ -29,24 +29,26 @@ from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config
 from hpctrain.run.layout import LOGS, METRICS
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
-from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import comm, compat, fastpath, fsdp, guard, profiling, rollback, speed, straggler, trackers
+from hpctrain.train import comm, compat, fastpath, fsdp
 from hpctrain.train import stop as stopmod
 from hpctrain.train.amp import autocast_ctx
-from hpctrain.train.checkpointer import Checkpointer, Layout, Parts
+from hpctrain.train.ckpt import checkpoint as ckpt
+from hpctrain.train.ckpt.checkpointer import Checkpointer, Layout, Parts
+from hpctrain.train.ckpt.resume_checks import planned_steps
 from hpctrain.train.dist import DistInfo, agree_max, diagnose, peer_failure
-from hpctrain.train.ema import EMA
 from hpctrain.train.eval_pass import evaluate
-from hpctrain.train.faults import Faults
-from hpctrain.train.log_window import LogWindow
+from hpctrain.train.health import guard, rollback, straggler
+from hpctrain.train.health.faults import Faults
+from hpctrain.train.health.rollback import RunDiverged
+from hpctrain.train.health.watchdog import Watchdog
 from hpctrain.train.mixup import Mixer, soft_cross_entropy
-from hpctrain.train.optim import build_optimizer, lr_schedule, warmup_steps
-from hpctrain.train.resume_checks import planned_steps
-from hpctrain.train.rollback import RunDiverged
+from hpctrain.train.observe import profiling, speed, trackers
+from hpctrain.train.observe.log_window import LogWindow
+from hpctrain.train.optim.build import build_optimizer, lr_schedule, warmup_steps
+from hpctrain.train.optim.ema import EMA
 from hpctrain.train.seeding import rng_state, seed_step, set_rng_state, step_seed
 from hpctrain.train.state import TrainState
 from hpctrain.train.stop_rounds import StopRounds
-from hpctrain.train.watchdog import Watchdog
 
 log = logging.getLogger("hpctrain")
 

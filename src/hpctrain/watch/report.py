@@ -162,7 +162,7 @@ def mlflow_records(run_dir: Path) -> list[dict]:
     one record per kind and step, a field per metric `<kind>/<field>`, the time from the metric's
     timestamp. The store is the run's `train.mlflow_uri` (config.yaml), else `<run>/mlruns`. Stops
     are not in MLflow: the wall axis marks only gaps (restart_marks)."""
-    from hpctrain.train.trackers import mlflow_sink, run_key  # heavy optional package: only for --source mlflow
+    from hpctrain.train.observe.trackers import mlflow_sink, run_key  # heavy optional package: only for --source mlflow
 
     cfg_path = run_dir / CONFIG
     t = load(cfg_path).train if cfg_path.is_file() else None

@@ -308,7 +308,7 @@ def straggler_text(s: dict) -> str:
 
 
 def divergence_text(m: dict) -> str:
-    """Non-finite losses and spikes, and what the run did about the last one (train/guard.py)."""
+    """Non-finite losses and spikes, and what the run did about the last one (train/health/guard.py)."""
     ev, rb = m["last_nonfinite"], m.get("last_rollback")
     text = f"{m['nonfinite']} event(s), {m.get('rollbacks', 0)} rollback(s); last: {ev['reason']} at step {ev['step']}"
     if rb and rb.get("from_step") == ev["step"]:

@@ -1,0 +1,22 @@
+"""train.ckpt.resume_checks: a checkpoint of another model or global batch is refused before anything is
+overwritten."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.config import load, to_dict
+from hpctrain.train.ckpt.resume_checks import ResumeError, check_compatible
+
+
+def test_a_checkpoint_from_before_the_dropout_keys_still_resumes(tmp_path):
+    """Its config has no model.drop_rate / attn_drop_rate: it built the rate-0 model, so a run at the
+    defaults resumes from it, and one with dropout on is refused naming the key."""
+    cfg = load("digits_vit")
+    old = to_dict(cfg)
+    for k in ("drop_rate", "attn_drop_rate"):
+        del old["model"][k]
+    st = {"config": old, "global_batch": cfg.data.batch_size}
+    check_compatible(cfg, st, tmp_path / "step-1.pt")
+    with pytest.raises(ResumeError, match=r"differs in model\.drop_rate"):
+        check_compatible(load("digits_vit", ["model.drop_rate=0.1"]), st, tmp_path / "step-1.pt")

@@ -1,0 +1,150 @@
+"""The hang watchdog's parts: the verdict from heartbeats and stacks, stack reading, the NCCL
+flight-recorder environment, earlier dumps, and the config rule. The whole watchdog runs in
+tests/faults/test_hang.py (3 ranks, one SIGSTOPped)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hpctrain.cli.common import load_config
+from hpctrain.config import ConfigError
+from hpctrain.train.health import watchdog as wd
+
+NOW = 1_000_000.0
+BACKWARD = "torch/autograd/graph.py:979"
+LOADER = "hpctrain/data/torch_loader.py:120"
+
+
+def stack(rank: int, frame: str) -> str:
+    """A stack file as the watchdog writes it: its header, then faulthandler's text."""
+    path, line = frame.rsplit(":", 1)
+    return (
+        f"# hpctrain hang dump: rank {rank} on n{rank} pid 1, last step 10, training thread 0xaa\n"
+        "Current thread 0x00000000000000bb (most recent call first):\n"
+        '  File "/x/hpctrain/train/health/watchdog.py", line 372 in _dump\n\n'
+        "Thread 0x00000000000000aa (most recent call first):\n"
+        f'  File "/usr/lib/python3/site-packages/{path}", line {line} in f\n'
+        '  File "/x/hpctrain/train/loop.py", line 436 in _run\n'
+    )
+
+
+def hb(rank: int, step: int, age: float = 0.0) -> dict:
+    return {"rank": rank, "step": step, "time": NOW - age, "host": f"n{rank}", "state": "dumped"}
+
+
+def verdict(heartbeats, stacks, files=("/run/logs/stack-rank-0.txt",)):
+    return wd.diagnose(heartbeats, stacks, NOW, stale_s=4, timeout_s=5, files=list(files))
+
+
+def test_a_stopped_rank_is_named_with_no_stack_and_the_others_place():
+    files = ["/run/logs/stack-rank-0.txt", "/run/logs/stack-rank-2.txt"]
+    line, rec = verdict(
+        {0: hb(0, 10), 1: hb(1, 9, age=7), 2: hb(2, 10)}, {0: stack(0, BACKWARD), 1: None, 2: stack(2, BACKWARD)}, files
+    )
+    assert "\n" not in line and line.startswith("hang: no step completed for 5 s (train.hang_timeout_s)")
+    assert "rank(s) 1 behind step 10" in line, line
+    assert "rank 1 (last heartbeat 7 s ago at step 9, n1): no stack (process stopped or dead)" in line, line
+    assert f"the other ranks wait at {BACKWARD} (rank(s) 0, 2)" in line, line
+    assert line.endswith("files in /run/logs: stack-rank-0.txt, stack-rank-2.txt"), line
+    assert rec == {"step": 10, "ranks": [1], "where": [None], "files": files}
+
+
+def test_a_rank_behind_is_named_with_its_frame_and_a_missing_heartbeat_too():
+    line, rec = verdict(
+        {0: hb(0, 10), 1: hb(1, 9), 2: None, 3: hb(3, 10)},
+        {0: stack(0, BACKWARD), 1: stack(1, LOADER), 2: None, 3: stack(3, BACKWARD)},
+    )
+    assert rec["ranks"] == [1, 2] and rec["where"] == [LOADER, None], rec
+    assert f"rank 1 (step 9, n1): {LOADER}" in line and "rank 2 (no heartbeat): no stack" in line, line
+
+
+def test_same_step_the_rank_away_from_the_others_is_named():
+    line, rec = verdict(
+        {r: hb(r, 10) for r in range(4)},
+        {0: stack(0, BACKWARD), 1: stack(1, BACKWARD), 2: stack(2, LOADER), 3: stack(3, BACKWARD)},
+    )
+    assert rec["ranks"] == [2] and rec["where"] == [LOADER], rec
+    assert f"rank 2 (step 10, n2): {LOADER}" in line and f"wait at {BACKWARD} (rank(s) 0, 1, 3)" in line, line
+
+
+def test_all_waiting_at_one_place_names_no_rank():
+    line, rec = verdict({r: hb(r, 10) for r in range(2)}, {r: stack(r, BACKWARD) for r in range(2)})
+    assert rec["ranks"] == [] and rec["step"] == 10
+    assert f"every rank at step 10 wait at {BACKWARD} (rank(s) 0, 1)" in line and "behind" not in line, line
+
+
+def test_a_silent_rank_with_a_fresh_heartbeat_is_not_called_dead():
+    line, _ = verdict({0: hb(0, 10), 1: hb(1, 10, age=1)}, {0: stack(0, BACKWARD), 1: None})
+    assert "rank 1 (last heartbeat 1 s ago at step 10, n1): no stack (its heartbeat is fresh" in line, line
+
+
+def test_many_ranks_stay_one_bounded_line():
+    n = 128
+    line, rec = verdict(
+        {r: (hb(r, 10) if r % 2 else hb(r, 3, age=60)) for r in range(n)},
+        {r: (stack(r, BACKWARD) if r % 2 else None) for r in range(n)},
+        [f"/run/logs/stack-rank-{r}.txt" for r in range(1, n, 2)],
+    )
+    assert len(rec["ranks"]) == 64 and len(rec["files"]) == 64
+    assert "and 56 more ranks" in line and "and 48 more" in line and len(line) < 2500, len(line)
+
+
+def parked(ev: threading.Event) -> None:
+    while not ev.is_set():
+        time.sleep(0.01)  # the innermost Python frame of this thread: this line
+
+
+def test_stack_file_names_the_training_thread_and_its_innermost_frame(tmp_path):
+    ev = threading.Event()
+    t = threading.Thread(target=parked, args=(ev,))
+    t.start()
+    try:
+        w = wd.Watchdog(5, 0, 1, tmp_path)
+        w._main = t.ident  # the thread `with watchdog:` runs in
+        files = w._dump()
+    finally:
+        ev.set()
+        t.join()
+    text = (tmp_path / "stack-rank-0.txt").read_text()
+    assert files == [str(tmp_path / "stack-rank-0.txt")] and "Current thread" in text
+    line = parked.__code__.co_firstlineno + 2
+    assert wd.top_frame(text) == f"{__file__}:{line}"  # not the dumping thread's frame
+    assert wd.top_frame(text.split("\n", 1)[1]) is None  # no header: no guess
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_short_paths():
+    assert wd.short_path("/opt/conda/lib/python3.10/site-packages/torch/nn/x.py") == "torch/nn/x.py"
+    assert wd.short_path("/opt/hpctrain-src/hpctrain/train/loop.py") == "hpctrain/train/loop.py"
+    assert wd.short_path("<frozen runpy>") == "<frozen runpy>"
+
+
+def test_flight_recorder_env_for_nccl_only_and_a_jobs_value_wins(tmp_path):
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}
+    added = wd.set_flight_recorder_env(env, "nccl", tmp_path / "logs")
+    prefix = str(tmp_path / "logs" / "nccl-trace-rank-")
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in added
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix == env["TORCH_FR_DUMP_TEMP_FILE"]
+    gloo: dict[str, str] = {}
+    assert wd.set_flight_recorder_env(gloo, "gloo", tmp_path / "logs") == {} and gloo == {}
+
+
+def test_earlier_dumps_are_moved_aside_and_heartbeats_dropped(tmp_path):
+    for name in ("stack-rank-0.txt", "nccl-trace-rank-1", "hang.json", "heartbeat-rank-0.json", "rank-0.log"):
+        (tmp_path / name).write_text("x")
+    dest = wd.archive_previous(tmp_path)
+    assert dest is not None and dest.parent == tmp_path and dest.name.startswith("hang-")
+    assert sorted(p.name for p in dest.iterdir()) == ["hang.json", "nccl-trace-rank-1", "stack-rank-0.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["rank-0.log"]
+    assert wd.archive_previous(tmp_path) is None
+
+
+def test_hang_timeout_defaults_to_half_the_collective_timeout_and_must_stay_below_it():
+    assert load_config("configs/digits_vit.yaml", ["train.pg_timeout_s=120"]).train.hang_s == 60
+    assert load_config("configs/digits_vit.yaml", ["train.hang_timeout_s=0"]).train.hang_s == 0
+    with pytest.raises(ConfigError, match=r"train.hang_timeout_s=400 must be at most half of train.pg_timeout_s=600"):
+        load_config("configs/digits_vit.yaml", ["train.hang_timeout_s=400"])
