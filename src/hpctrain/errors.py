@@ -22,7 +22,7 @@ STEP_ATTR = "hpctrain_step"
 
 
 def mark_step(e: BaseException, step: int) -> None:
-    """Tag an exception that left the training loop with the step it stopped at. The task's crash
+    """Tag an exception that left the training loop with the step it stopped in (1 for the first). The task's crash
     line (launch.failure) names it, so that the batch shell tells a bug (the same error at the same
     step after a restart) from a fault (launch/shell/restarts.sh)."""
     if getattr(e, STEP_ATTR, None) is None:  # the innermost loop that saw it knows best

@@ -85,11 +85,11 @@ def test_the_same_crash_at_the_same_step_twice_ends_the_job_in_one_line(slurm_cl
     assert sacct_states(slurm_cluster, job) == ["FAILED"]  # never requeued; the allocation is released
     assert slurm_cluster.run("squeue", "-h", "-j", job, check=False).stdout.strip() == ""
     (restart,) = metrics(run, "restart")
-    assert "at step 12: RuntimeError: injected crash at step 12" in restart["why"], restart
+    assert "in step 12: RuntimeError: injected crash at step 12" in restart["why"], restart
     batch = (run / "submitit" / f"{job}_0_log.out").read_text()
     said = [line for line in batch.splitlines() if "A bug, not a fault" in line]
     assert len(said) == 1 and "failed twice in a row the same way" in said[0], batch[-3000:]
-    assert "rank 1 on " in said[0] and "at step 12: RuntimeError: injected crash at step 12" in said[0], said
+    assert "rank 1 on " in said[0] and "in step 12: RuntimeError: injected crash at step 12" in said[0], said
     starts = re.findall(
         rf"task rank 1 of job {job} started .*attempt (\d+) in the allocation",
         (run / "submitit" / f"{job}_1_log.err").read_text(),

@@ -54,12 +54,12 @@ def test_a_crash_restarts_and_the_first_rank_to_fail_is_the_cause(tmp_path):
             [(0, 31, RuntimeError("rank(s) 1 stopped responding"))],
         ],
     )
-    assert rc == 0 and "with no faulty node: rank 1 on n1 at step 40: RuntimeError: CUDA error" in said, said
+    assert rc == 0 and "with no faulty node: rank 1 on n1 in step 40: RuntimeError: CUDA error" in said, said
     assert "Restart 1/3 in this job on the same nodes" in said
     assert rc2 == 0 and "Restart 2/3" in said2, said2
     faults = (tmp_path / "ctl" / "faults-7").read_text().splitlines()
     assert [f.split("\t")[3] for f in faults] == ["restart", "restart"]
-    assert faults[0].split("\t")[5].startswith("exit 1: rank 1 on n1 at step 40: RuntimeError"), faults[0]
+    assert faults[0].split("\t")[5].startswith("exit 1: rank 1 on n1 in step 40: RuntimeError"), faults[0]
 
 
 def test_the_same_error_at_the_same_step_twice_ends_the_job(tmp_path):
@@ -67,7 +67,7 @@ def test_the_same_error_at_the_same_step_twice_ends_the_job(tmp_path):
     results = decide(tmp_path, [bug, bug])
     assert results[0][0] == 0
     rc, said = results[1]
-    assert rc == 1 and "failed twice in a row the same way (exit 1: rank 0 on n1 at step 12: ZeroDivisionError" in said
+    assert rc == 1 and "failed twice in a row the same way (exit 1: rank 0 on n1 in step 12: ZeroDivisionError" in said
     assert "A bug, not a fault: not restarting" in said, said
     # a different step is not a loop; a kill (no crash line) twice in a row is
     (tmp_path / "b").mkdir()

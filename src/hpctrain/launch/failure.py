@@ -68,7 +68,7 @@ def recorded(folder: Path, job_id: str, rank: int) -> Iterator[None]:
 def crash_line(rank: int, e: BaseException, node: str, now_ns: int) -> str:
     """What the batch shell reads of a failed rank (launch/shell/restarts.sh), tab-separated: time
     (ns, so that the first rank to fail sorts first), rank, node, the step the error stopped
-    training at (`-` before training: bash's `read` merges empty tab-separated fields), `user` (a
+    training in (`-` before training: bash's `read` merges empty tab-separated fields), `user` (a
     UserError that is not `transient`: a restart cannot fix it) or `crash`,
     and the error's class with the first line of its message."""
     lines = str(e).strip().splitlines()

@@ -27,6 +27,7 @@ import torch.distributed as td
 
 from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config
+from hpctrain.errors import mark_step
 from hpctrain.run.layout import LOGS, METRICS
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import comm, compat, fastpath, fsdp
@@ -373,7 +374,16 @@ class Trainer:
         return total
 
     def run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
-        """Train to the end (or to a stop); a failed collective is reported with the stuck ranks."""
+        """Train to the end (or to a stop); a failed collective is reported with the stuck ranks. An
+        error that leaves carries the step it stopped in (errors.mark_step), which the task's crash
+        line gives the batch shell: the same error at the same step after a restart is a bug."""
+        try:
+            return self._run_reported(resume, halt_at)
+        except Exception as e:
+            mark_step(e, self.step + 1)  # the step it was taking
+            raise
+
+    def _run_reported(self, resume: tuple[Path, dict] | None, halt_at: int) -> Outcome:
         try:
             with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.watchdog)
                 out = self._run(resume, halt_at)

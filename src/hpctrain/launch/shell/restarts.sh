@@ -18,7 +18,7 @@ hpctrain_restart_here() {  # after a failed step that named no node: 0 restart i
   local crash t rank node step kind err cause sig
   crash=$(hpctrain_first_crash)
   IFS=$'\t' read -r t rank node step kind err <<< "$crash"
-  if [ -n "$crash" ]; then cause="rank $rank on $node at step $step: $err" sig="$step"$'\t'"$err"
+  if [ -n "$crash" ]; then cause="rank $rank on $node in step $step: $err" sig="$step"$'\t'"$err"
   else  # the exit status stands for the error
     cause="no rank said why (killed by a signal, or failed before hpctrain started: see the task logs)"
     sig="exit $hpctrain_rc"

@@ -1,12 +1,13 @@
-"""Faults injected on purpose, for the fault tests: a NaN loss at a step, a slow rank.
+"""Faults injected on purpose, for the fault tests: a NaN loss at a step, a slow rank, a crash.
 
 A policy object the Trainer is given (read from the environment when none is: the tests set
-HPCTRAIN_TEST_NAN and HPCTRAIN_TEST_DELAY on the ranks they start), so the loop has no test-only
+HPCTRAIN_TEST_NAN, HPCTRAIN_TEST_DELAY and HPCTRAIN_TEST_CRASH on the ranks they start), so the loop has no test-only
 branches of its own: it calls these at the points a real fault would strike.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,21 @@ import torch
 
 from hpctrain.train.health.guard import injected_nan
 from hpctrain.train.health.straggler import injected_delay
+
+CRASH_ENV = "HPCTRAIN_TEST_CRASH"
+
+
+def injected_crash(rank: int, env=None) -> int:
+    """HPCTRAIN_TEST_CRASH="rank:step": that rank raises in the step that ends at `step`, in every
+    attempt (tests/faults/test_rank_crash.py); 0 otherwise."""
+    spec = (os.environ if env is None else env).get(CRASH_ENV, "")
+    if not spec:
+        return 0
+    try:
+        r, step = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"{CRASH_ENV}={spec!r}: expected rank:step") from None
+    return step if r == rank and step >= 1 else 0
 
 
 @dataclass
@@ -24,16 +40,20 @@ class Faults:
     nan_always: bool = False
     data_delay: float = 0.0  # seconds added to each step's data wait
     compute_delay: float = 0.0  # seconds added to each forward (straggler.Clock)
+    crash_at: int = 0  # the optimizer step whose forward raises (a bug that strikes there every time)
 
     @classmethod
     def from_env(cls, rank: int, env=None) -> Faults:
         """This rank's faults per HPCTRAIN_TEST_NAN and HPCTRAIN_TEST_DELAY (guard, straggler)."""
         nan_at, always = injected_nan(rank, env)
         delay, where = injected_delay(rank, env)
-        return cls(nan_at, always, delay if where == "data" else 0.0, delay if where == "compute" else 0.0)
+        data, compute = (delay if where == "data" else 0.0), (delay if where == "compute" else 0.0)
+        return cls(nan_at, always, data, compute, injected_crash(rank, env))
 
     def loss(self, loss: torch.Tensor, step: int, micro: int) -> torch.Tensor:
         """The loss of micro-batch `micro` of the step after `step`, NaN where one is injected."""
+        if self.crash_at == step + 1:
+            raise RuntimeError(f"injected crash at step {step + 1} ({CRASH_ENV})")
         if self.nan_at == step + 1 and micro == 0:
             loss = loss * float("nan")
             self.nan_at = self.nan_at if self.nan_always else 0
