@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from hpctrain.data.digits import write_digits
+    from hpctrain.data.prep.digits import write_digits
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

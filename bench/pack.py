@@ -43,8 +43,8 @@ def main() -> int:
 
     from loader import make_jpegs
 
-    from hpctrain.data.imagenet import _files, scan_images
-    from hpctrain.data.pack import pack
+    from hpctrain.data.prep.imagenet import _files, scan_images
+    from hpctrain.data.prep.pack import pack
     from hpctrain.data.stage import stage
 
     quiet = lambda *_: None  # noqa: E731

@@ -72,7 +72,7 @@ def _slurm_version(item) -> str | None:
 @pytest.fixture(scope="session")
 def digits_root(tmp_path_factory) -> Path:
     """The digits dataset, written once per test session."""
-    from hpctrain.data.digits import write_digits
+    from hpctrain.data.prep.digits import write_digits
 
     root = tmp_path_factory.mktemp("digits")
     write_digits(root)

@@ -174,7 +174,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("<base>",),  # config, errors, memory, flops, pids, …: one concern each
     ("run",),  # the run directory as code: its files, records, lock and rules (torch-free)
     ("version",),  # which hpctrain runs: the source hash of run.source
-    ("site", "images", "data"),  # what a cluster is; container images; datasets and loaders
+    ("site", "images", "data"),  # what a cluster is; container images; loaders (data.prep: preparation)
     ("plan",),  # estimates and public figures, torch-free: the planner and the task's checks read them
     ("train",),  # the task's training core
     ("allreduce", "bench", "watch"),  # measurements built on the core; reading a run back (login node)

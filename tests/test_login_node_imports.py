@@ -23,7 +23,7 @@ LOGIN_MODULES = (
     "hpctrain.models.arch",
     "hpctrain.randaug_spec",
     "hpctrain.data.wds",
-    "hpctrain.data.pack",
+    "hpctrain.data.prep.pack",
     "hpctrain.data.folder",
 )
 TASK_ONLY_TOP = ("hpctrain.__main__",)  # runs the CLI on import

@@ -21,7 +21,7 @@ from hpctrain import __version__
 from hpctrain import flops as flopsmod
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders, resolve_loader
-from hpctrain.data.prepare import ensure_dataset
+from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.run.metrics import table
 from hpctrain.train import dist as distmod
 

@@ -202,7 +202,7 @@ def test_decode_error_names_the_file(ident_root, tmp_path, kind):
 def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp_path, kind):
     """Shards packed around `data pack`'s check (its shard writer called directly): DALI's error names
     neither file nor shard; the loader's names the sample's key and its tar."""
-    from hpctrain.data import pack as pk
+    from hpctrain.data.prep import pack as pk
 
     root, bad = with_bad_image(ident_root, tmp_path, kind)
     # seed 1: with other shard layouts (seeds 0 and 7 of data pack's order) DALI 2.4.0's CPU decoder
@@ -295,7 +295,7 @@ def test_shards_trace_once_for_one_rank_and_equal_a_loader_started_at_each_epoch
     """WebDataset, one rank: three epochs trace once and equal a new loader started at that epoch (the
     reader's shuffle buffer is reseeded with the rest); two ranks move shards each epoch: one trace per
     epoch opened."""
-    from hpctrain.data.pack import pack
+    from hpctrain.data.prep.pack import pack
 
     pack(ident_root, tmp_path / "shards", shard_size=10, log=lambda *_: None)
     sets = {"data.format": "wds", "data.reprob": 0.5}

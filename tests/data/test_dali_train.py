@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpctrain.config import load
-from hpctrain.data.pack import pack
+from hpctrain.data.prep.pack import pack
 from hpctrain.train.entry import run
 
 pytest.importorskip("nvidia.dali")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.data.pack import pack
+from hpctrain.data.prep.pack import pack
 from hpctrain.data.stage import stage, staged_root
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.data import pack as pk
+from hpctrain.data.prep import pack as pk
 from hpctrain.launch.pack_array import render
 from hpctrain.launch.submit import Request
 from hpctrain.site.profile import load_profile
@@ -42,7 +42,7 @@ def test_array_script_follows_the_profile(digits_root, tmp_path):
     assert f"#SBATCH --output='{out.resolve()}/.pack/logs/%A_%a.out'" in script
     assert "apptainer exec --nv --cleanenv" in script
     assert f"--bind {digits_root.resolve()}" in script and f"--bind '{out.resolve()}'" in script
-    assert f"-m hpctrain.data.pack '{out.resolve()}' \"$SLURM_ARRAY_TASK_ID\"" in script
+    assert f"-m hpctrain.data.prep.pack '{out.resolve()}' \"$SLURM_ARRAY_TASK_ID\"" in script
     r = hpctrain("data", "pack", str(digits_root), str(out), "--slurm", "--dry-run", "--partition", "a\nb", timeout=120)
     assert r.returncode == 2 and "--partition: contains a control character" in r.stderr
     r = hpctrain("data", "pack", str(digits_root), str(out), "--partition", "x", timeout=120)

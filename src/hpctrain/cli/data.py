@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from hpctrain.cli import CLIError
-from hpctrain.data import pack as pk
-from hpctrain.data.imagenet import prepare, write_exclusions
-from hpctrain.data.pack import pack as write
+from hpctrain.data.prep import pack as pk
+from hpctrain.data.prep.imagenet import prepare, write_exclusions
+from hpctrain.data.prep.pack import pack as write
 from hpctrain.launch import pack_array
 from hpctrain.launch.submit import Request, check_image
 from hpctrain.site.profile import load_profile
@@ -102,7 +102,7 @@ def add_parser(sub) -> None:
 
 
 def digits(args: argparse.Namespace) -> int:
-    from hpctrain.data.digits import write_digits  # numpy: not on a login node until this command runs
+    from hpctrain.data.prep.digits import write_digits  # numpy: not on a login node until this command runs
 
     counts = write_digits(args.out, args.size)
     print(f"wrote {counts['train']} train and {counts['val']} val images to {args.out}")

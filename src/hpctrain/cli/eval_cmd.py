@@ -14,7 +14,7 @@ from pathlib import Path
 from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
-from hpctrain.data.prepare import ensure_dataset
+from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local

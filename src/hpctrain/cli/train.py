@@ -7,7 +7,7 @@ import sys
 
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import load_config
-from hpctrain.data.prepare import ensure_dataset
+from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.train import stop as stopmod
 from hpctrain.train.entry import run
 

@@ -6,6 +6,7 @@ import importlib.util
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data.folder import read_exclusions, train_eval_listings
+from hpctrain.data.loader import Loader
 
 
 def resolve_loader(name: str) -> str:
@@ -15,14 +16,14 @@ def resolve_loader(name: str) -> str:
     return "dali" if importlib.util.find_spec("nvidia.dali") else "torch"
 
 
-def build_loaders(cfg: Config, rank: int, world: int, device):
+def build_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Loader, Loader | None]:
     """(train, val) loaders for this rank; val is the headline eval split's (the first of
     `DataConfig.splits` the data has), None when it has none."""
     train, evals = build_eval_loaders(cfg, rank, world, device)
     return train, next(iter(evals.values()), None)
 
 
-def build_eval_loaders(cfg: Config, rank: int, world: int, device):
+def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Loader, dict[str, Loader]]:
     """(train, {split: eval loader}) for this rank, in `data.eval_splits`' order; a split the data lacks
     (no root/val) is left out."""
     d = cfg.data

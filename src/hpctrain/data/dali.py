@@ -388,7 +388,7 @@ class _Epoch:
 
 
 class DaliLoader:
-    """The loader contract (docs/architecture.md, README "Data") over DALI pipelines; one pipeline per epoch."""
+    """A `data.loader.Loader` (docs/data.md, "The loader contract") over DALI pipelines; one pipeline per epoch."""
 
     def __init__(
         self,
@@ -412,6 +412,7 @@ class DaliLoader:
         self.listing, self.shards, self.repeats = listing, shards, repeats
         self.size = len(listing) if listing is not None else shards.size
         self.epoch, self.start = 0, 0
+        self.skipped: list[str] = []  # never grows: a bad file stops the run, named (data.on_bad_sample: torch loader)
         self._next: _Epoch | None = None  # the next epoch's pipeline, built ahead
         self._next_thread: threading.Thread | None = None
         self._graph: tuple[str, str] | None = None  # (reader arguments, serialised graph) last traced

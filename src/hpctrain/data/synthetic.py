@@ -6,7 +6,7 @@ import torch
 
 
 class SyntheticLoader:
-    """Same contract as the real loaders; one fixed random batch per rank, reused each step."""
+    """A `data.loader.Loader` like the real ones; one fixed random batch per rank, reused each step."""
 
     def __init__(
         self,
@@ -23,6 +23,7 @@ class SyntheticLoader:
     ):
         self.train, self.batch_size, self.world, self.rank = train, batch_size, world, rank
         self.size, self.epoch, self.start = size, 0, 0
+        self.skipped: list[str] = []  # nothing to skip: the batch is made, not read
         g = torch.Generator().manual_seed(seed * 1000 + rank)
         self.images = torch.randn(batch_size, 3, img_size, img_size, generator=g).to(device)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)

@@ -230,7 +230,7 @@ class Normalizer:
 
 
 class TorchLoader:
-    """The loader contract (docs/architecture.md, README "Data") over a PIL DataLoader."""
+    """A `data.loader.Loader` (docs/data.md, "The loader contract") over a PIL DataLoader."""
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ fast. Each sample is `<key>.<jpg|png|…>` (the original bytes), `<key>.cls` (la
 other WebDataset tools) and `<key>.lbl` (label as int64, what DALI reads: a text .cls arrives
 in DALI as raw bytes). Next to every tar goes its DALI index (`wds2idx` format v1.2).
 `meta.json`, the shard index, lists classes, shards and sample counts; it is written last, so a
-folder without it is not a finished pack. Packing is `data/pack.py`, node-local copies
+folder without it is not a finished pack. Packing is `data/prep/pack.py`, node-local copies
 `data/stage.py`. Torch-free.
 """
 

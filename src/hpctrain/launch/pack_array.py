@@ -4,7 +4,7 @@ Login-node code (no torch). The batch script follows the training job's conventi
 values from the cluster profile and the command line, refused when they hold a control character
 and quoted; each task's Python is the profile's (`apptainer exec` with the data and output folders
 bound, and the submitting hpctrain package, when the profile runs tasks in an image); modules as
-the profile says. Task g runs `python -m hpctrain.data.pack OUT g` (data/pack.py says how a task
+the profile says. Task g runs `python -m hpctrain.data.prep.pack OUT g` (data/prep/pack.py says how a task
 skips a finished group and how the last one writes the shard index).
 """
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from hpctrain.config import check_text
-from hpctrain.data.pack import STATE, PackPlan, array_ranges
+from hpctrain.data.prep.pack import STATE, PackPlan, array_ranges
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines
 from hpctrain.launch.enclosing import outside_job
@@ -88,7 +88,7 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
         "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
         f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
-        f'"${{hpctrain_run[@]}}" "${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.pack {q(str(out))} '
+        f'"${{hpctrain_run[@]}}" "${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.prep.pack {q(str(out))} '
         '"$SLURM_ARRAY_TASK_ID"',
         "",
     ]

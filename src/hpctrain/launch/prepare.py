@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain.config import Config, ConfigError, check_batch
-from hpctrain.data.prepare import ensure_dataset, input_problems
+from hpctrain.data.prep.prepare import ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import notebook as nb
 from hpctrain.launch import sweep

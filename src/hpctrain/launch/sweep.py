@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, load, read_yaml, to_dict
-from hpctrain.data.prepare import ensure_dataset
+from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.private import private_dir

@@ -12,7 +12,7 @@ from typing import Any
 
 from hpctrain import flops
 from hpctrain.config import Config
-from hpctrain.data.imagenet import IMAGENET
+from hpctrain.data.prep.imagenet import IMAGENET
 from hpctrain.errors import UserError
 from hpctrain.plan import tables
 from hpctrain.plan.model import Compute, Link, Plan, Workload, make_plan, node_counts

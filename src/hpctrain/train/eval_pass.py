@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as td
 
+from hpctrain.data.loader import Loader
 from hpctrain.train.amp import autocast_ctx
 
 IGNORE = -100  # cross_entropy's default ignore_index: a padded sample's target (no class, no loss)
 
 
 @torch.no_grad()
-def eval_rounds(loader, device: torch.device) -> int:
+def eval_rounds(loader: Loader, device: torch.device) -> int:
     """The most eval batches any rank has: every rank runs that many forwards. Under FSDP each
     forward all-gathers, so a rank with one batch more than the others (12,812 images on 16 ranks
     at 32: 25 or 26 batches) would wait forever on a collective the others never join."""
@@ -31,7 +32,9 @@ def blank_input(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
     return torch.zeros(1, 3, side, side, device=device)
 
 
-def evaluate(model: torch.nn.Module, loader, amp: str, device: torch.device, num_classes: int = 0) -> dict:
+def evaluate(
+    model: torch.nn.Module, loader: Loader | None, amp: str, device: torch.device, num_classes: int = 0
+) -> dict:
     """Exact top-1/top-5 and mean loss over the whole split, summed over every rank: padded samples
     (label < 0) never count. With `num_classes`, also the confusion matrix ("confusion": rows the
     true class, columns the top-1 prediction; int64 counts). `hpctrain eval` and training share it.

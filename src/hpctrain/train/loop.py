@@ -27,6 +27,7 @@ import torch.distributed as td
 
 from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config
+from hpctrain.data.loader import Loader
 from hpctrain.errors import mark_step
 from hpctrain.run.layout import LOGS, METRICS
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
@@ -94,8 +95,8 @@ class Trainer:
         dist: DistInfo,
         device: torch.device,
         run_dir: Path | None,
-        train_loader,
-        val_loader,
+        train_loader: Loader,
+        val_loader: Loader | dict[str, Loader] | None,
         model: torch.nn.Module,
         control_group=None,
         stop_flag: stopmod.StopFlag | None = None,
@@ -556,7 +557,7 @@ class Trainer:
         self.stragglers.post(
             self.step, el / win.steps, win.wait / win.steps, (win.wait + self.fwd_clock.take()) / win.steps
         )
-        skipped = len(getattr(self.train_loader, "skipped", ()))
+        skipped = len(self.train_loader.skipped)
         if skipped:
             rec["skipped_samples"] = skipped
         if self.reduce_hook:  # per rank and step, in the dtype on the wire

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.data.folder import DataError, list_split, read_exclusions
-from hpctrain.data.imagenet import scan_images, write_exclusions
 from hpctrain.data.meter import Meter
+from hpctrain.data.prep.imagenet import scan_images, write_exclusions
 from hpctrain.data.wds import META, SPLITS
 from hpctrain.errors import UserError
 
@@ -384,10 +384,10 @@ def array_ranges(ids: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hpctrain.data.pack OUT GROUP`: what each array task runs."""
+    """`python -m hpctrain.data.prep.pack OUT GROUP`: what each array task runs."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or not args[1].isdigit():
-        print("usage: python -m hpctrain.data.pack OUT GROUP", file=sys.stderr)
+        print("usage: python -m hpctrain.data.prep.pack OUT GROUP", file=sys.stderr)
         return 2
     try:
         return run_group(args[0], int(args[1]), log=lambda s: print(s, flush=True))

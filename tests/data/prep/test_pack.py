@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.data import pack as pk
+from hpctrain.data.prep import pack as pk
 from tests.helpers import dir_files, hpctrain
 
 
@@ -52,7 +52,7 @@ def test_three_workers_write_the_same_bytes_as_one(ident_root, serial, tmp_path)
 
 
 def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root, serial, tmp_path):
-    """What each array task runs (`python -m hpctrain.data.pack OUT g`), here, in any order."""
+    """What each array task runs (`python -m hpctrain.data.prep.pack OUT g`), here, in any order."""
     out = tmp_path / "arr"
     out.mkdir()
     plan = pk.plan_pack(ident_root, out, 5, seed=7, groups=3, log=quiet)
@@ -69,7 +69,7 @@ def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root
     cut.with_suffix(".tar").write_bytes(b"")  # a shard lost after its group was done
     assert pk.missing_groups(plan, digest) == [1, 2]
     r = subprocess.run(
-        [sys.executable, "-m", "hpctrain.data.pack", str(out), "1"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hpctrain.data.prep.pack", str(out), "1"], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and "meta.json is written when they are" in r.stdout, r.stdout + r.stderr
     assert not (out / "meta.json").exists()
@@ -77,7 +77,7 @@ def test_array_tasks_rerun_safely_and_the_index_waits_for_every_group(ident_root
     assert "all 3 groups packed: wrote the shard index" in logs[-1]
     assert dir_files(out) == dir_files(serial)
     bad = subprocess.run(
-        [sys.executable, "-m", "hpctrain.data.pack", str(out), "3"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hpctrain.data.prep.pack", str(out), "3"], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "group 3 does not exist" in bad.stderr
 

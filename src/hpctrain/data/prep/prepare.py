@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, ModelConfig, build, read_yaml
-from hpctrain.data.once import make_once
+from hpctrain.data.prep.once import make_once
 from hpctrain.data.wds import META
 from hpctrain.models.arch import arch_dims
 from hpctrain.run.layout import CHECKPOINTS, CONFIG
@@ -51,7 +51,8 @@ def ensure_dataset(cfg: Config) -> None:
         )
 
     def make() -> str:
-        from hpctrain.data.digits import write_digits  # numpy: data.prepare runs on the login node (ensure_dataset)
+        # numpy: data.prepare runs on the login node (ensure_dataset)
+        from hpctrain.data.prep.digits import write_digits
 
         counts = write_digits(root)
         print(f"wrote the digits dataset to {root}: {counts['train']} train, {counts['val']} val images")

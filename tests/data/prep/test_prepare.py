@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.config import ConfigError, load, save
-from hpctrain.data.prepare import DEMO_ROOT, ensure_dataset, input_problems
+from hpctrain.data.prep.prepare import DEMO_ROOT, ensure_dataset, input_problems
 from tests.helpers import DIGITS, hpctrain
 
 

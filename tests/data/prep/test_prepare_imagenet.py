@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.data.imagenet import prepare
+from hpctrain.data.prep.imagenet import prepare
 
 
 def cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
