@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import pytest
 import torch
@@ -50,6 +51,7 @@ def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_clust
     pid = task_pid(job, 3)  # on the second node: not the batch host
     assert pid
     os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
     assert slurm_cluster.wait_done(job, 600) == "COMPLETED", job_report(slurm_cluster, job, run)
     assert sacct_states(slurm_cluster, job) == ["COMPLETED"]  # one allocation: never requeued
     (restart,) = metrics(run, "restart")
@@ -65,6 +67,11 @@ def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_clust
     st = hp(slurm_cluster, "status", job).stdout
     assert "COMPLETED" in st and re.search(r"requeues +0\n", st), st
     assert re.search(rf"restarts +1 in the job on the same nodes \(last: attempt 1 of job {job}: exit ", st), st
+    again = min(r["time"] for r in metrics(run, "train") if r["time"] > restart["time"])
+    print(
+        f"killed rank: restart decided {restart['decided_at'] - killed_at:.1f} s after the kill, training again "
+        f"{again - killed_at:.1f} s after it; resumed at step {resumed[0]} of {STEPS}"
+    )
 
 
 def test_the_same_crash_at_the_same_step_twice_ends_the_job_in_one_line(slurm_cluster, digits_root, tmp_path):

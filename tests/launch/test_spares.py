@@ -4,8 +4,9 @@
 On the Slurm test cluster: a 3-node `--no-kill` allocation trains on 2 nodes; one training node
 (not the batch host) dies mid-run; the next step runs on the spare within the same job, resumes
 from the last checkpoint and ends with the weights of an uninterrupted 2-rank run. And a fault that
-names a node without spares (the hang watchdog's silent rank): the job is requeued with that node
-in its ExcNodeList and finishes elsewhere.
+names a node without spares (the hang watchdog's silent rank, whose GPU then fails the probe step):
+the job is requeued with that node in its ExcNodeList and finishes elsewhere; the same silent rank
+on a node that passes its probe restarts in place.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +31,7 @@ from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.site.profile import load_profile
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.watch.status import summarize
-from tests.helpers import digits_args, run_ranks
+from tests.helpers import ROOT, digits_args, run_ranks
 from tests.launch.jobs import digits_sets, hp, metrics, rank_hosts, sacct_states, submit, task_pid, wait_for_step
 from tests.slurm_cluster import SLURMD_TIMEOUT, SPARE_PARTITION
 
@@ -100,6 +102,19 @@ def reference(digits_root, tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("ref")
     run_ranks(2, digits_args(digits_root, d, "ref", *SETS, "train.ckpt_every=0"))
     return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+
+
+FAKE_GPU = ROOT / "tests" / "launch" / "fake_gpu"
+
+
+def gpu_probe_env(lost: Path) -> dict:
+    """The job's probe steps check 1 GPU per node with tests/launch/fake_gpu/nvidia-smi, which lists
+    none on the nodes named in the file `lost`."""
+    return {
+        "PATH": f"{FAKE_GPU}:{os.environ['PATH']}",
+        "HPCTRAIN_PROBE_GPUS": "1",
+        "HPCTRAIN_TEST_LOST_GPUS": str(lost),
+    }
 
 
 def sacct_all(cluster, job: str) -> list[tuple[str, str]]:
@@ -176,11 +191,14 @@ def test_dead_training_node_is_replaced_by_a_spare_in_the_same_job(slurm_cluster
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_cluster, digits_root, tmp_path):
-    """No spares: the hang watchdog names the stopped rank's node in $HPCTRAIN_BAD_NODES_FILE; the
-    batch shell requeues the job with that node excluded (ExcNodeList), and the job finishes on
-    the other nodes of the partition."""
+def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list(slurm_cluster, digits_root, tmp_path):
+    """No spares: rank 1 stops (the hang watchdog names its node as a suspect in
+    $HPCTRAIN_BAD_NODES_FILE) and its node's GPU drops off the bus (a fake nvidia-smi lists none
+    there); the probe confirms the node faulty, and the batch shell requeues the job with that node
+    excluded (ExcNodeList); the job finishes on the other nodes of the partition."""
     run = tmp_path / "silent"
+    lost = tmp_path / "lost-gpus"
+    lost.write_text("")
     job = submit(
         slurm_cluster,
         "--partition",
@@ -200,12 +218,13 @@ def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_clu
             "train.hang_timeout_s=5",
             "train.pg_timeout_s=30",
         ),
-        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
     )
     wait_for_step(run, 7, 180)
     victim = rank_hosts(run)[1][1]
     pid = task_pid(job, 1)
     assert pid
+    lost.write_text(f"{victim}\n")  # its GPU is gone (an Xid): the probe's nvidia-smi -L lists none
     os.kill(pid, signal.SIGSTOP)  # rank 1 goes silent: no step, no stack
     assert slurm_cluster.wait_done(job, 300) == "COMPLETED", sacct_all(slurm_cluster, job)
     assert sacct_states(slurm_cluster, job) == ["REQUEUED", "COMPLETED"]
@@ -215,9 +234,54 @@ def test_a_silent_rank_s_node_goes_to_exc_node_list_before_the_requeue(slurm_clu
     assert victim in slurm_cluster.run("scontrol", "show", "hostnames", exc).stdout.split(), show
     assert victim not in slurm_cluster.run("scontrol", "show", "hostnames", nodes).stdout.split(), show
     (exclude,) = metrics(run, "exclude")
-    assert exclude["nodes"] == [victim] and "rank 1 silent" in exclude["why"], exclude
+    assert exclude["nodes"] == [victim] and "nvidia-smi -L lists 0 of the 1 GPU(s)" in exclude["why"], exclude
+    assert "also: rank 1 silent" in exclude["why"], exclude  # the watchdog's suspicion, confirmed
     # the hang record (step 7) went to metrics.superseded.jsonl when the requeued run resumed at step 5
     hangs = [r for r in read_metrics(run / "metrics.superseded.jsonl") if r["kind"] == "hang"]
     assert hangs and hangs[-1]["ranks"] == [1] and metrics(run, "end")[-1]["status"] == "finished"
     st = hp(slurm_cluster, "status", job).stdout
-    assert re.search(rf"excluded +{victim} \(rank 1 silent", st), st
+    assert re.search(rf"excluded +{victim} \(probe step failed \(exit 2\): nvidia-smi -L lists 0", st), st
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_silent_rank_on_a_healthy_node_restarts_in_place(slurm_cluster, digits_root, tmp_path):
+    """No spares: rank 1 stops (SIGSTOP) and the hang watchdog names its node as a suspect, but the
+    node passes its probe (its GPU is listed, it runs a task, the run directory takes a write): the
+    process was at fault, not the node. No node is excluded: the step restarts on the same nodes from
+    the last checkpoint (before, the node went to ExcNodeList and the job was requeued)."""
+    run = tmp_path / "stopped"
+    lost = tmp_path / "lost-gpus"
+    lost.write_text("")
+    job = submit(
+        slurm_cluster,
+        "--partition",
+        SPARE_PARTITION,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(
+            digits_root,
+            tmp_path,
+            "stopped",
+            "train.epochs=2",
+            "train.log_every=1",
+            "train.eval_every=0",
+            "train.ckpt_every=5",
+            "train.hang_timeout_s=5",
+            "train.pg_timeout_s=30",
+        ),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
+    )
+    wait_for_step(run, 7, 180)
+    pid = task_pid(job, 1)
+    assert pid
+    os.kill(pid, signal.SIGSTOP)
+    assert slurm_cluster.wait_done(job, 400) == "COMPLETED", sacct_all(slurm_cluster, job)
+    assert sacct_states(slurm_cluster, job) == ["COMPLETED"]  # never requeued
+    assert metrics(run, "exclude") == []
+    (restart,) = metrics(run, "restart")
+    assert restart["nodes"] == [] and restart["attempt"] == 1, restart
+    show = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
+    assert re.search(r"\bExcNodeList=\(null\)", show), show

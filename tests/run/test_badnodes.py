@@ -41,3 +41,11 @@ def test_nothing_written_outside_a_batch_script_and_names_checked(tmp_path):
         badnodes.report("n1;rm -rf /", "x", env={badnodes.ENV: str(tmp_path / "bad")})
     assert badnodes.read(tmp_path / "missing") == {}
     assert badnodes.this_node({"SLURMD_NODENAME": "gpu017"}) == "gpu017"
+
+
+def test_a_suspect_is_marked_for_the_shell_and_read_back_without_the_mark(tmp_path):
+    env = {badnodes.ENV: str(tmp_path / "bad")}
+    assert badnodes.report("n1", "rank 1 silent", env=env, suspect=True)
+    assert badnodes.report("n2", "preflight: slow", env=env)
+    assert (tmp_path / "bad").read_text() == "n1\trank 1 silent\tsuspect\nn2\tpreflight: slow\n"
+    assert badnodes.read(tmp_path / "bad") == {"n1": "rank 1 silent", "n2": "preflight: slow"}

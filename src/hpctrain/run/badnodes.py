@@ -2,7 +2,8 @@
 
 The task's Python has no Slurm client (docs/architecture.md), so it cannot exclude a node itself. A rank that
 names a faulty node — preflight, the hang watchdog's silent rank, a persistent straggler, a rank
-that died — appends one line `NODE<TAB>REASON` to `$HPCTRAIN_BAD_NODES_FILE` (set by the batch
+that died — appends one line `NODE<TAB>REASON` (`<TAB>suspect` where only a probe can tell the
+node from its process) to `$HPCTRAIN_BAD_NODES_FILE` (set by the batch
 shell, one file per job). After srun returns, the shell reads the names (`cut -f1`), starts the
 next step without them (hot spares) or adds them to the job's ExcNodeList before a requeue.
 
@@ -30,17 +31,22 @@ def this_node(env: Mapping[str, str] | None = None) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def report(node: str, reason: str, env: Mapping[str, str] | None = None) -> bool:
+SUSPECT = "suspect"  # third field: the batch shell excludes the node only if its probe fails too
+
+
+def report(node: str, reason: str, env: Mapping[str, str] | None = None, suspect: bool = False) -> bool:
     """Append `node` and why to the job's bad-node file; False when there is none (not under an
     hpctrain batch script: nothing would read it). One write with O_APPEND: lines from several
-    ranks do not interleave."""
+    ranks do not interleave. `suspect`: the evidence does not tell the node from its process (a
+    rank that went silent may be a dead process on a healthy node), so the shell's probe of the
+    node decides (launch/shell/spares.sh)."""
     env = os.environ if env is None else env
     path = env.get(ENV)
     if not path:
         return False
     if not NODE_NAME.fullmatch(node):
         raise ValueError(f"not a node name: {node!r}")
-    line = f"{node}\t{' '.join(reason.split())}\n".encode()
+    line = f"{node}\t{' '.join(reason.split())}{chr(9) + SUSPECT if suspect else ''}\n".encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -59,5 +65,5 @@ def read(path: str | Path) -> dict[str, str]:
     for line in text.splitlines():
         node, _, why = line.partition("\t")
         if NODE_NAME.fullmatch(node) and node not in out:
-            out[node] = why
+            out[node] = why.removesuffix(f"\t{SUSPECT}")
     return out

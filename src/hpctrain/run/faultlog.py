@@ -4,7 +4,8 @@ The shell (launch.inplace) cannot write metrics.jsonl: it does not know the run 
 only rank 0 writes that file. It appends one line per event to `$HPCTRAIN_FAULTS_FILE` (one file
 per Slurm job, kept across requeues): `time, restart count, attempt, action, nodes, why, step end`,
 tab-separated. At start-up rank 0 writes each line it has not recorded yet as a `restart` record
-(the job went on in place, on other nodes) or an `exclude` record (requeued without the nodes).
+(the job went on in place), an `exclude` record (requeued without the nodes) or an `fs_stall`
+record (the run directory took no probe's write: no node was left out for it).
 Imports no torch: `hpctrain status` reads the records on a login node. It lives below `launch/`
 (the shell's side and status) and `train/` (rank 0 records the lines).
 """
@@ -19,7 +20,7 @@ from typing import Any
 from hpctrain.run.badnodes import NODE_NAME
 
 ENV = "HPCTRAIN_FAULTS_FILE"
-KINDS = {"restart": "restart", "requeue": "exclude"}  # the shell's action → the record's kind
+KINDS = {"restart": "restart", "requeue": "exclude", "fs_stall": "fs_stall"}  # the shell's action → the record's kind
 
 
 def parse(text: str, job: str) -> list[dict[str, Any]]:

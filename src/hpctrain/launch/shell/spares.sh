@@ -28,14 +28,43 @@ hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill jo
     case "$hpctrain_bad" in *" $n "*) ;; *) echo "$n" ;; esac
   done
 }
-hpctrain_probe() {  # a short step on one node: does it still run a task?
-  timeout "${HPCTRAIN_PROBE_S:-10}" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" true >/dev/null 2>&1 ||
-    printf '%s\t%s\n' "$1" "no answer to a probe step (srun true, ${HPCTRAIN_PROBE_S:-10} s)"
+# A probe step checks, on its node, outside the container, what a task needs: that a task starts;
+# that the GPUs the job uses are listed (nvidia-smi -L, where there is one and the job asked for
+# GPUs: a GPU lost to an Xid or ECC error drops out of the list); that the run directory's control
+# folder takes a write within 5 s (exit 3: a stalled file system, which is no node's fault).
+hpctrain_gpus=${HPCTRAIN_PROBE_GPUS-${SLURM_GPUS_PER_NODE##*:}}
+hpctrain_probe_gpus=()
+if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then hpctrain_probe_gpus=(--gpus-per-node="$SLURM_GPUS_PER_NODE"); fi
+# shellcheck disable=SC2016  # expanded by the probe step's own bash, from its arguments
+hpctrain_probe_check='
+if [ "${1:-0}" -gt 0 ] 2>/dev/null && command -v nvidia-smi >/dev/null 2>&1; then
+  n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU ")
+  [ "$n" -ge "$1" ] || { echo "nvidia-smi -L lists $n of the $1 GPU(s) the job uses"; exit 2; }
+fi
+timeout 5 touch "$2/probe-${SLURMD_NODENAME:-$(hostname)}" 2>/dev/null || {
+  echo "the run directory took no write in 5 s"; exit 3; }'
+declare -A hpctrain_suspect=()  # node → why a task suspected it: excluded only if its probe fails
+hpctrain_probe() {  # 'node<TAB>why' when the node fails its probe ('fs: why' for the file system)
+  local out rc
+  out=$(timeout "${HPCTRAIN_PROBE_S:-10}" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" \
+    ${hpctrain_probe_gpus[@]+"${hpctrain_probe_gpus[@]}"} bash -c "$hpctrain_probe_check" hpctrain-probe \
+    "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" 2>&1); rc=$?
+  out=$(printf '%s\n' "$out" | grep -v '^srun: ' | tail -n 1 | tr -d '\000-\037' | cut -c1-200)
+  case "$rc" in
+    0) return 0 ;;
+    3) printf '%s\t%s\n' "$1" "fs: $out"; return 0 ;;
+    124) out="no answer to a probe step (${HPCTRAIN_PROBE_S:-10} s)" ;;
+    *) out="probe step failed (exit $rc): $out" ;;
+  esac
+  printf '%s\t%s%s\n' "$1" "$out" "${hpctrain_suspect[$1]:+; also: ${hpctrain_suspect[$1]}}"
 }
 hpctrain_faults() {  # 'node<TAB>why' for every node named faulty after the step
-  local n why now st
+  local n why how now st
   if [ -s "$HPCTRAIN_BAD_NODES_FILE" ]; then
-    while IFS=$'\t' read -r n why; do printf '%s\t%s\n' "$n" "${why:-named by a task}"; done < "$HPCTRAIN_BAD_NODES_FILE"
+    while IFS=$'\t' read -r n why how; do
+      if [ "$how" = suspect ]; then hpctrain_suspect[$n]=$why; continue; fi  # the probe decides
+      printf '%s\t%s\n' "$n" "${why:-named by a task}"
+    done < "$HPCTRAIN_BAD_NODES_FILE"
   fi
   now=" $(hpctrain_hosts "$(hpctrain_job_field NodeList)" | tr "\n" " ")"
   for n in $hpctrain_step_hosts; do
@@ -55,13 +84,23 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
   # a job Slurm is ending or requeueing itself (NODE_FAIL without --no-kill, scancel): its own
   # decision; probes would fail on healthy nodes then
   [ "$(hpctrain_job_field JobState)" = RUNNING ] || return 0
+  hpctrain_fs=""
   while IFS=$'\t' read -r n why; do
+    case "$why" in "fs: "*) hpctrain_fs="${hpctrain_fs:+$hpctrain_fs, }$n"; continue ;; esac
     case "$hpctrain_alloc" in *" $n "*) ;; *) continue ;; esac
     [ -n "$(printf '%s\n' "$n" | hpctrain_names)" ] || continue
     case "$seen" in *" $n "*) continue ;; esac
     seen="$seen$n " hpctrain_new="$hpctrain_new$n "
     hpctrain_fault="${hpctrain_fault:+$hpctrain_fault; }$n: $(printf '%s' "$why" | tr -d '\000-\037')"
   done <<< "$(hpctrain_faults)"
+  if [ -n "$hpctrain_fs" ]; then  # a stall of the shared file system is no node's fault: none left out
+    echo "hpctrain: the run directory took no write in 5 s from $hpctrain_fs: a file-system stall," \
+      "not a node fault; no node is left out for it" >&2
+    local named=$hpctrain_new fault=$hpctrain_fault
+    hpctrain_new="" hpctrain_fault="file-system stall (no write in 5 s from $hpctrain_fs)"
+    hpctrain_record fs_stall
+    hpctrain_new=$named hpctrain_fault=$fault
+  fi
 }
 hpctrain_record() {  # a line of $HPCTRAIN_FAULTS_FILE: time, restart, attempt, action, nodes, why, step end
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" \

@@ -403,6 +403,7 @@ class Watchdog:
                         str(node),
                         f"rank {r} silent for {self.timeout_s:g} s at step {hb.get('step')} "
                         "(hang watchdog: no stack written)",
+                        suspect=True,  # a dead or stopped process on a healthy node looks the same
                     )
                 except (OSError, ValueError) as e:
                     log.warning("hang watchdog: could not name node %r of rank %d: %s", node, r, e)
