@@ -126,7 +126,8 @@ def main() -> int:
         sys.path.insert(0, str(ROOT / "bench"))
         from loader import make_jpegs
 
-        from hpctrain.data.dali import Augment, DaliLoader, _Epoch, build_pipeline, pipeline_seed
+        from hpctrain.data.augment import AugmentSpec
+        from hpctrain.data.dali import DaliLoader, _Epoch, build_pipeline, pipeline_seed
         from hpctrain.data.folder import list_split
         from hpctrain.data.randaug import parse_randaugment
 
@@ -150,7 +151,7 @@ def main() -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             make_jpegs(Path(tmp), 256)
-            aug = Augment(
+            aug = AugmentSpec(
                 img_size=224,
                 crop_pct=0.875,
                 scale_min=0.08,

@@ -78,6 +78,7 @@ def main() -> int:
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     from hpctrain.config import load
+    from hpctrain.data.augment import AugmentSpec
     from hpctrain.data.build import build_loaders
     from hpctrain.data.folder import list_split
     from hpctrain.data.torch_loader import TorchLoader
@@ -162,14 +163,17 @@ def main() -> int:
         seed=0,
         workers=args.threads,
         device=device,
-        img_size=args.size,
-        crop_pct=0.875,
-        scale_min=cfg.data.scale_min,
-        hflip=0.5,
-        mean=mean,
-        std=std,
-        crop=cfg.data.crop,
-        antialias=cfg.data.antialias,
+        aug=AugmentSpec(
+            args.size,
+            0.875,
+            cfg.data.scale_min,
+            0.5,
+            tuple(mean),
+            tuple(std),
+            None,
+            crop=cfg.data.crop,
+            antialias=cfg.data.antialias,
+        ),
     )
 
     def pil_loader():

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from hpctrain.config import ConfigError, load
+from hpctrain.data.augment import AugmentSpec
 from hpctrain.data.build import build_loaders
 from hpctrain.data.tf_crop import tf_inception_box
 from hpctrain.data.torch_loader import random_resized_crop_box, resize_no_antialias
@@ -270,12 +271,12 @@ def test_dali_pipeline_crops_the_box_it_draws(tmp_path):
     j samples x0 + (j + 0.5)·cw/32 − 0.5); 500 boxes lie in the image, keep TF's aspect range and follow
     the transcription's area distribution."""
     pytest.importorskip("nvidia.dali")
-    from hpctrain.data.dali import Augment, build_pipeline
+    from hpctrain.data.dali import build_pipeline
 
     w, h, s = 250, 200, 32
     yy, xx = np.mgrid[:h, :w]
     Image.fromarray(np.stack([xx, yy, 0 * xx], 2).astype(np.uint8)).save(tmp_path / "xy.png")
-    aug = Augment(s, 0.875, 0.05, 0.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), None, crop="tf_inception", antialias=False)
+    aug = AugmentSpec(s, 0.875, 0.05, 0.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), None, crop="tf_inception", antialias=False)
     reader = dict(
         file_root=str(tmp_path), files=["xy.png"] * 500, labels=[0] * 500, pad_last_batch=True, random_shuffle=False
     )

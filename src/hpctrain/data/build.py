@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from hpctrain.config import Config, ConfigError
+from hpctrain.data.augment import augment_spec
 from hpctrain.data.folder import read_exclusions, train_eval_listings
 from hpctrain.data.loader import Loader
 
@@ -57,11 +58,12 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         )
     if not d.root:
         raise ConfigError("data.root is empty: point it at an ImageNet-layout folder (or use data.loader=synthetic)")
+    aug = augment_spec(cfg)  # one spec for either loader: they cannot read a data.* option differently
     if kind == "dali":
         # DALI: optional (the torch loader runs without it)
         from hpctrain.data.dali import build_dali_loaders
 
-        return build_dali_loaders(cfg, rank, world, device, batch, eval_batch)
+        return build_dali_loaders(cfg, rank, world, device, batch, eval_batch, aug)
     if d.format != "folder":
         raise ConfigError(f"data.format={d.format!r} needs data.loader=dali (the torch loader reads folders)")
     # torch, PIL: the chosen loader's only (train.entry imports this module light)
@@ -85,20 +87,8 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         seed=cfg.train.seed,
         workers=d.workers,
         device=device,
-        img_size=cfg.model.img_size,
-        crop_pct=d.crop_pct,
-        scale_min=d.scale_min,
-        hflip=d.hflip,
-        mean=d.mean,
-        std=d.std,
+        aug=aug,
         skip_bad=d.on_bad_sample == "skip",
-        interpolation=d.interpolation,
-        reprob=d.reprob,
-        remode=d.remode,
-        recount=d.recount,
-        eval_resize=d.eval_resize,
-        crop=d.crop,
-        antialias=d.antialias,
     )
     train = TorchLoader(train_list, train=True, batch_size=batch, repeats=d.repeated_aug, **common)
     return train, {

@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,8 +35,8 @@ import torch
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import dali_compat, erasing, randaug, sampling
+from hpctrain.data.augment import AugmentSpec
 from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval_listings
-from hpctrain.data.randaug import RandAugSpec, parse_randaugment
 from hpctrain.data.stage import stage
 from hpctrain.data.tf_crop import dali_tf_inception_box
 from hpctrain.data.torch_loader import val_resize_size
@@ -64,28 +63,11 @@ def shard_range(n: int, shard: int, shards: int) -> tuple[int, int]:
     return n * shard // shards, n * (shard + 1) // shards
 
 
-@dataclass(frozen=True)
-class Augment:
-    img_size: int
-    crop_pct: float
-    scale_min: float
-    hflip: float
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    randaugment: RandAugSpec | None
-    interpolation: str = "bilinear"  # data.interpolation
-    reprob: float = 0.0  # data.reprob/remode/recount: random erasing after normalisation
-    remode: str = "pixel"
-    recount: int = 1
-    eval_resize: str = "crop"  # data.eval_resize: crop (short side, centre crop) or squash (whole image)
-    crop: str = "timm"  # data.crop: timm (DALI's fused random crop) or tf_inception (data/tf_crop.py)
-    antialias: bool = True  # data.antialias: of the train crop's resize
+def interp_type(aug: AugmentSpec):
+    """DALI's interpolation for `aug.interpolation` (data.interpolation)."""
+    from nvidia.dali import types  # DALI: optional (the torch loader runs without it)
 
-    @property
-    def interp(self):
-        from nvidia.dali import types  # DALI: optional (the torch loader runs without it)
-
-        return types.INTERP_CUBIC if self.interpolation == "bicubic" else types.INTERP_LINEAR
+    return types.INTERP_CUBIC if aug.interpolation == "bicubic" else types.INTERP_LINEAR
 
 
 # ----------------------------------------------------------------------------- pipelines
@@ -113,7 +95,7 @@ def crop_args(scale_min: float) -> dict:
     return dict(random_area=[scale_min, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
 
 
-def _erase(images, aug: Augment, boxes):
+def _erase(images, aug: AugmentSpec, boxes):
     """timm's RandomErasing on normalised CHW images. DALI's fn.erase fills a box with one constant, so
     it erases a mask of ones instead and the images take N(0,1) noise (fn.random.normal, per value for
     `pixel`, per channel for `rand`) where the mask is 0: x·keep + noise·(1 − keep), exact outside.
@@ -131,7 +113,7 @@ def _erase(images, aug: Augment, boxes):
     return images * keep + noise * (1.0 - keep)
 
 
-def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
+def _train_graph(src: str, reader: dict, aug: AugmentSpec, decoder: str, erase_source=None):
     from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     jpegs, labels = _read(src, reader)
@@ -149,7 +131,7 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
         )
     else:
         images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, **crop_args(aug.scale_min))
-    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=aug.antialias)
+    images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=interp_type(aug), antialias=aug.antialias)
     if aug.randaugment:  # timm's RandAugment (magnitudes, op set, noise): data/randaug.py
         images = randaug.apply(images, aug.randaugment, aug.img_size)
     mirror = fn.random.coin_flip(probability=aug.hflip) if aug.hflip > 0 else 0
@@ -170,17 +152,17 @@ def _train_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_sourc
     return images, labels
 
 
-def _val_graph(src: str, reader: dict, aug: Augment, decoder: str, erase_source=None):
+def _val_graph(src: str, reader: dict, aug: AugmentSpec, decoder: str, erase_source=None):
     from nvidia.dali import fn, types  # DALI: optional (the torch loader runs without it)
 
     jpegs, labels = _read(src, reader)
     images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
     norm = dict(mean=[255.0 * m for m in aug.mean], std=[255.0 * s for s in aug.std])
     if aug.eval_resize == "squash":  # the whole image to img_size², as vit_jax's tf.image.resize
-        images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=aug.interp, antialias=True)
+        images = fn.resize(images, size=[aug.img_size, aug.img_size], interp_type=interp_type(aug), antialias=True)
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", **norm), labels
     images = fn.resize(
-        images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct), interp_type=aug.interp, antialias=True
+        images, resize_shorter=val_resize_size(aug.img_size, aug.crop_pct), interp_type=interp_type(aug), antialias=True
     )
     images = fn.crop_mirror_normalize(
         images,
@@ -209,7 +191,7 @@ def pipeline_args(*, batch_size: int, threads: int, device: torch.device, seed: 
     )
 
 
-def trace_pipeline(train: bool, src: str, reader: dict, aug: Augment, args: dict, erase_source=None):
+def trace_pipeline(train: bool, src: str, reader: dict, aug: AugmentSpec, args: dict, erase_source=None):
     """The pipeline defined from Python, not built: with RandAugment (a conditional graph, traced by
     DALI's autograph) this is most of a build's cost (docs/data.md). erase_source: as build_pipeline's;
     None feeds the boxes through the ERASE_INPUTS external sources."""
@@ -231,7 +213,7 @@ def build_pipeline(
     train: bool,
     src: str,
     reader: dict,
-    aug: Augment,
+    aug: AugmentSpec,
     *,
     batch_size: int,
     threads: int,
@@ -394,7 +376,7 @@ class DaliLoader:
         self,
         *,
         train: bool,
-        aug: Augment,
+        aug: AugmentSpec,
         batch_size: int,
         rank: int,
         world: int,
@@ -667,25 +649,11 @@ class DaliLoader:
 # ----------------------------------------------------------------------------- building
 
 
-def build_dali_loaders(cfg: Config, rank: int, world: int, device: torch.device, batch: int, eval_batch: int):
+def build_dali_loaders(
+    cfg: Config, rank: int, world: int, device: torch.device, batch: int, eval_batch: int, aug: AugmentSpec
+):
     """(train, {split: eval loader}) DALI loaders for this rank (data.build.build_eval_loaders)."""
     d = cfg.data
-    aug = Augment(
-        cfg.model.img_size,
-        d.crop_pct,
-        d.scale_min,
-        d.hflip,
-        tuple(d.mean),
-        tuple(d.std),
-        parse_randaugment(d.randaugment),
-        interpolation=d.interpolation,
-        reprob=d.reprob,
-        remode=d.remode,
-        recount=d.recount,
-        eval_resize=d.eval_resize,
-        crop=d.crop,
-        antialias=d.antialias,
-    )
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers), device=device)
     if d.format == "wds":
         if "minival" in d.splits:

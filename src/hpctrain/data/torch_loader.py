@@ -18,6 +18,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import default_collate
 
 from hpctrain.data import erasing, sampling
+from hpctrain.data.augment import AugmentSpec
 from hpctrain.data.folder import DataError, Listing
 from hpctrain.data.tf_crop import tf_inception_box
 
@@ -122,28 +123,12 @@ def val_transform(
 class FolderDataset(torch.utils.data.Dataset):
     """Items are (index, epoch) pairs → (uint8 HWC array, label, bad path, erased-pixel mask, their values)."""
 
-    def __init__(
-        self,
-        listing: Listing,
-        train: bool,
-        img_size: int,
-        seed: int,
-        crop_pct: float,
-        scale_min: float,
-        hflip: float,
-        skip_bad: bool = False,
-        interpolation: str = "bilinear",
-        reprob: float = 0.0,
-        recount: int = 1,
-        eval_resize: str = "crop",
-        crop: str = "timm",
-        antialias: bool = True,
-        remode: str = "pixel",
-    ):
-        self.listing, self.train, self.size, self.seed = listing, train, img_size, seed
-        self.eval_resize, self.crop, self.antialias = eval_resize, crop, antialias
-        self.crop_pct, self.scale_min, self.hflip, self.skip_bad = crop_pct, scale_min, hflip, skip_bad
-        self.interpolation, self.reprob, self.recount, self.remode = interpolation, reprob, recount, remode
+    def __init__(self, listing: Listing, train: bool, aug: AugmentSpec, seed: int, skip_bad: bool = False):
+        self.listing, self.train, self.size, self.seed = listing, train, aug.img_size, seed
+        self.eval_resize, self.crop, self.antialias = aug.eval_resize, aug.crop, aug.antialias
+        self.crop_pct, self.scale_min, self.hflip, self.skip_bad = aug.crop_pct, aug.scale_min, aug.hflip, skip_bad
+        self.interpolation, self.recount, self.remode = aug.interpolation, aug.recount, aug.remode
+        self.reprob = aug.reprob if train else 0.0  # random erasing: train only
 
     def __len__(self) -> int:
         return len(self.listing)
@@ -243,43 +228,15 @@ class TorchLoader:
         seed: int,
         workers: int,
         device: torch.device,
-        img_size: int,
-        crop_pct: float,
-        scale_min: float,
-        hflip: float,
-        mean,
-        std,
+        aug: AugmentSpec,
         skip_bad: bool = False,
-        interpolation: str = "bilinear",
-        reprob: float = 0.0,
-        remode: str = "pixel",
-        recount: int = 1,
         repeats: int = 0,
-        eval_resize: str = "crop",
-        crop: str = "timm",
-        antialias: bool = True,
     ):
         self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
-        self.epoch, self.start, self.repeats, self.remode = 0, 0, repeats, remode
-        self.dataset = FolderDataset(
-            listing,
-            train,
-            img_size,
-            seed,
-            crop_pct,
-            scale_min,
-            hflip,
-            skip_bad,
-            interpolation,
-            reprob if train else 0.0,
-            recount,
-            eval_resize,
-            crop,
-            antialias,
-            remode,
-        )
+        self.epoch, self.start, self.repeats, self.aug = 0, 0, repeats, aug
+        self.dataset = FolderDataset(listing, train, aug, seed, skip_bad)
         self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
-        self.normalize = Normalizer(mean, std, device)
+        self.normalize = Normalizer(aug.mean, aug.std, device)
         self.device = device
         gen = torch.Generator().manual_seed(seed)  # iterators must not draw from the global RNG
         self._dl = torch.utils.data.DataLoader(
