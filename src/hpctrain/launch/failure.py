@@ -26,6 +26,7 @@ from pathlib import Path
 
 from hpctrain.errors import UserError, step_of
 from hpctrain.run.badnodes import this_node
+from hpctrain.run.layout import append_line, atomic_write
 
 CRASH_ENV = "HPCTRAIN_CRASH_FILE"
 
@@ -59,9 +60,7 @@ def recorded(folder: Path, job_id: str, rank: int) -> Iterator[None]:
     except Exception as e:
         write_crash_line(rank, e)
         if isinstance(e, UserError):
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps({"class": type(e).__name__, "message": str(e), "rank": rank}) + "\n")
-            os.replace(tmp, path)
+            atomic_write(path, json.dumps({"class": type(e).__name__, "message": str(e), "rank": rank}) + "\n")
         raise
 
 
@@ -86,13 +85,8 @@ def write_crash_line(rank: int, e: BaseException, env: Mapping[str, str] | None 
     path = env.get(CRASH_ENV)
     if not path:
         return False
-    line = crash_line(rank, e, this_node(env), time.time_ns()).encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        append_line(path, crash_line(rank, e, this_node(env), time.time_ns()), mode=0o600)
     except OSError:  # the shell then restarts without knowing why: it says so
         return False
     return True

@@ -20,6 +20,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpctrain.run.layout import append_line
+
 ENV = "HPCTRAIN_BAD_NODES_FILE"
 # What Slurm accepts in a node name, and nothing a shell line or the file's format could trip on.
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -46,12 +48,7 @@ def report(node: str, reason: str, env: Mapping[str, str] | None = None, suspect
         return False
     if not NODE_NAME.fullmatch(node):
         raise ValueError(f"not a node name: {node!r}")
-    line = f"{node}\t{' '.join(reason.split())}{chr(9) + SUSPECT if suspect else ''}\n".encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(path, f"{node}\t{' '.join(reason.split())}{chr(9) + SUSPECT if suspect else ''}\n")
     return True
 
 

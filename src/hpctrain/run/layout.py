@@ -58,6 +58,16 @@ def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], object], 
         fsync_dir(path.parent)
 
 
+def append_line(path: str | Path, line: str, mode: int = 0o644) -> None:
+    """Append one line with a single O_APPEND write: lines that several ranks append to one file
+    (the bad-nodes file, the crash file the batch shell reads) never interleave."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(d: Path) -> None:
     """Make a rename in `d` durable (the directory entry, not only the file's data)."""
     fd = os.open(d, os.O_RDONLY)
