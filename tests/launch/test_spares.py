@@ -117,6 +117,35 @@ def gpu_probe_env(lost: Path) -> dict:
     }
 
 
+def submit_silent_rank_job(cluster, digits_root, tmp_path, name: str, lost: Path) -> str:
+    """A 2-node job without spares whose hang watchdog fires 5 s after a rank stops, with GPU probes
+    (`gpu_probe_env(lost)`, no GPU lost yet), once it has trained 7 steps."""
+    lost.write_text("")
+    job = submit(
+        cluster,
+        "--partition",
+        SPARE_PARTITION,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(
+            digits_root,
+            tmp_path,
+            name,
+            "train.epochs=2",
+            "train.log_every=1",
+            "train.eval_every=0",
+            "train.ckpt_every=5",
+            "train.hang_timeout_s=5",
+            "train.pg_timeout_s=30",
+        ),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
+    )
+    wait_for_step(tmp_path / name, 7, 180)
+    return job
+
+
 def sacct_all(cluster, job: str) -> list[tuple[str, str]]:
     """(JobID, State) of the allocation's rows and every step, every run of the job."""
     r = cluster.run("sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State", check=False)
@@ -196,31 +225,8 @@ def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list
     $HPCTRAIN_BAD_NODES_FILE) and its node's GPU drops off the bus (a fake nvidia-smi lists none
     there); the probe confirms the node faulty, and the batch shell requeues the job with that node
     excluded (ExcNodeList); the job finishes on the other nodes of the partition."""
-    run = tmp_path / "silent"
-    lost = tmp_path / "lost-gpus"
-    lost.write_text("")
-    job = submit(
-        slurm_cluster,
-        "--partition",
-        SPARE_PARTITION,
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "1",
-        *digits_sets(
-            digits_root,
-            tmp_path,
-            "silent",
-            "train.epochs=2",
-            "train.log_every=1",
-            "train.eval_every=0",
-            "train.ckpt_every=5",
-            "train.hang_timeout_s=5",
-            "train.pg_timeout_s=30",
-        ),
-        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
-    )
-    wait_for_step(run, 7, 180)
+    run, lost = tmp_path / "silent", tmp_path / "lost-gpus"
+    job = submit_silent_rank_job(slurm_cluster, digits_root, tmp_path, "silent", lost)
     victim = rank_hosts(run)[1][1]
     pid = task_pid(job, 1)
     assert pid
@@ -250,31 +256,8 @@ def test_a_silent_rank_on_a_healthy_node_restarts_in_place(slurm_cluster, digits
     node passes its probe (its GPU is listed, it runs a task, the run directory takes a write): the
     process was at fault, not the node. No node is excluded: the step restarts on the same nodes from
     the last checkpoint (before, the node went to ExcNodeList and the job was requeued)."""
-    run = tmp_path / "stopped"
-    lost = tmp_path / "lost-gpus"
-    lost.write_text("")
-    job = submit(
-        slurm_cluster,
-        "--partition",
-        SPARE_PARTITION,
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "1",
-        *digits_sets(
-            digits_root,
-            tmp_path,
-            "stopped",
-            "train.epochs=2",
-            "train.log_every=1",
-            "train.eval_every=0",
-            "train.ckpt_every=5",
-            "train.hang_timeout_s=5",
-            "train.pg_timeout_s=30",
-        ),
-        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
-    )
-    wait_for_step(run, 7, 180)
+    run, lost = tmp_path / "stopped", tmp_path / "lost-gpus"
+    job = submit_silent_rank_job(slurm_cluster, digits_root, tmp_path, "stopped", lost)
     pid = task_pid(job, 1)
     assert pid
     os.kill(pid, signal.SIGSTOP)
