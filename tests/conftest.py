@@ -18,8 +18,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), str(ROOT), *filter(None, [
 # Bitwise comparisons on CPU need a fixed thread count (CONTRIBUTING.md, "Test tiers").
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fake sysfs trees of real nodes: fixtures for the doctor and the `cluster init --probe` tests; the
-# checkout guard: a test that writes into the checkout fails (tests/checkout_guard.py).
-pytest_plugins = ["tests.doctor.fake_sysfs", "tests.checkout_guard"]
+# checkout guard: a test that writes into the checkout fails (tests/checkout_guard.py); the time each
+# xdist worker was busy, after --durations (tests/worker_load.py).
+pytest_plugins = ["tests.doctor.fake_sysfs", "tests.checkout_guard", "tests.worker_load"]
 
 
 def _uses_module_fixture(item) -> bool:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,9 +29,6 @@ def hpctrain(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedP
     )
 
 
-# How long a test waits for progress (a step, a job state) before it calls the job stuck: generous,
-# since a loaded machine (CI's 2 cores shared with another worker, a noisy neighbour) is slow, and the
-# waits end at the event, not at the cap. HPCTRAIN_TEST_WAIT_S changes it.
 def as_typed_at_a_terminal() -> None:
     """`preexec_fn` for a command the test then stops with SIGINT, as a terminal's Ctrl-C would.
 
@@ -41,6 +40,9 @@ def as_typed_at_a_terminal() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+# How long a test waits for progress (a step, a job state) before it calls the job stuck: generous,
+# since a loaded machine (CI's 2 cores shared with another worker, a noisy neighbour) is slow, and the
+# waits end at the event, not at the cap. HPCTRAIN_TEST_WAIT_S changes it.
 WAIT_S = float(os.environ.get("HPCTRAIN_TEST_WAIT_S", "900"))
 
 
@@ -63,6 +65,33 @@ def wait_for(event, what: str, cap_s: float | None = None, show=None, poll_s: fl
                     detail = f"\n(no report: {e!r})"
             pytest.fail(f"{what}: not within {cap:.0f} s{detail}", pytrace=False)
         time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def polling(event, poll_s: float = 0.5):
+    """Call `event()` every `poll_s` in a background thread while the block runs (a test that acts on
+    the first jobs while it is still submitting the later ones); what it raised (`pytest.fail`
+    included) is raised again when the block ends."""
+    done, raised = threading.Event(), []
+
+    def loop() -> None:
+        while not done.is_set():
+            try:
+                event()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
+                raised.append(e)
+                return
+            done.wait(poll_s)
+
+    thread = threading.Thread(target=loop, name="polling", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+    if raised:
+        raise raised[0]
 
 
 def tails(paths, lines: int = 15) -> str:

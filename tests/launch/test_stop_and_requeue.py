@@ -27,7 +27,7 @@ import yaml
 from hpctrain.run.source import source_hash
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import port_from_job_id
-from tests.helpers import digits_args, run_ranks, wait_for
+from tests.helpers import digits_args, polling, run_ranks, wait_for
 from tests.launch.jobs import ROOT, digits_sets, hp, job_report, metrics, sacct_states, submit, wait_for_step
 from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
 
@@ -243,39 +243,44 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
     paths = PATHS if "22.05" in slurm_cluster.version() else {k: PATHS[k] for k in PATHS_24}
     if any(RUNTIME.get(label) == "pyxis" for label in paths):
         assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
-    jobs = {
-        label: sbatch_job(slurm_cluster, containers[RUNTIME.get(label, "apptainer")], digits_root, tmp_path, f"j{i}")
-        if label.startswith("vit.sbatch")
-        else submit_job(
-            slurm_cluster,
-            containers[RUNTIME.get(label, "apptainer")],
-            digits_root,
-            tmp_path,
-            f"j{i}",
-            tasks_per_node=2 if label in TWO_PER_NODE else 1,
-        )
-        for i, label in enumerate(paths)
-    }
+    runs = {label: tmp_path / f"j{i}" for i, label in enumerate(paths)}
+    jobs: dict[str, str] = {}
+    sent: set[str] = set()
     # a failure leaves no job training beside the next tests (they would run on a loaded machine)
     request.addfinalizer(lambda: [slurm_cluster.run("scancel", job, check=False) for job in jobs.values()])
-    runs = {label: tmp_path / f"j{i}" for i, label in enumerate(paths)}
-    sent = set()
 
-    def all_sent() -> bool:  # signal each job once it has trained 12 steps (one checkpoint)
-        for label, (cmd, _) in paths.items():
+    def send_due() -> bool:  # signal each job once it has trained 12 steps (one checkpoint)
+        for label, job in list(jobs.items()):
             steps = [r["step"] for r in metrics(runs[label], "train")]
             if label not in sent and steps and steps[-1] >= 12:
-                slurm_cluster.run(*cmd, jobs[label])
+                slurm_cluster.run(*paths[label][0], job)
                 sent.add(label)
-            elif label not in sent and slurm_cluster.state(jobs[label]) in ENDED:  # it will never get there
+            elif label not in sent and slurm_cluster.state(job) in ENDED:  # it will never get there
                 pytest.fail(
-                    f"{label}: the job ended before step 12:\n{job_report(slurm_cluster, jobs[label], runs[label])}",
+                    f"{label}: the job ended before step 12:\n{job_report(slurm_cluster, job, runs[label])}",
                     pytrace=False,
                 )
         return len(sent) == len(paths)
 
+    # The first jobs are signalled while the later ones are still being submitted: on a loaded
+    # machine one `hpctrain submit` takes ~12 s and a job trains its 44 steps in ~22 s.
+    with polling(send_due, poll_s=0.3):
+        for i, label in enumerate(paths):
+            container = containers[RUNTIME.get(label, "apptainer")]
+            jobs[label] = (
+                sbatch_job(slurm_cluster, container, digits_root, tmp_path, f"j{i}")
+                if label.startswith("vit.sbatch")
+                else submit_job(
+                    slurm_cluster,
+                    container,
+                    digits_root,
+                    tmp_path,
+                    f"j{i}",
+                    tasks_per_node=2 if label in TWO_PER_NODE else 1,
+                )
+            )
     wait_for(
-        all_sent,
+        send_due,
         "jobs never reached step 12",
         show=lambda: "\n".join(
             f"{label}: {job_report(slurm_cluster, jobs[label], runs[label])}" for label in paths if label not in sent
