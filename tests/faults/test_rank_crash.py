@@ -18,20 +18,29 @@ import pytest
 import torch
 
 from hpctrain.train.ckpt import checkpoint as ckpt
-from tests.helpers import digits_args, run_ranks
-from tests.launch.jobs import digits_sets, hp, job_report, metrics, sacct_states, submit, task_pid, wait_for_step
+from tests.launch.jobs import (
+    JOB_SETS,
+    JOB_STEPS,
+    digits_sets,
+    hp,
+    job_report,
+    metrics,
+    sacct_states,
+    submit,
+    task_pid,
+    uninterrupted,
+    wait_for_step,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=5")
-STEPS = 44  # 2 epochs of digits at a global batch of 64
+SETS = (*JOB_SETS, "train.ckpt_every=5")
+STEPS = JOB_STEPS
 
 
 @pytest.fixture(scope="module")
 def reference(digits_root, tmp_path_factory) -> dict:
     """The uninterrupted 4-rank run's final weights (local gloo ranks, same config, threads pinned)."""
-    d = tmp_path_factory.mktemp("ref")
-    run_ranks(4, digits_args(digits_root, d, "ref", *SETS, "train.ckpt_every=0"))
-    return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+    return uninterrupted(4, digits_root, tmp_path_factory)
 
 
 def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_cluster, digits_root, tmp_path, reference):

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.helpers import WAIT_S, run_metrics, run_report, tails, wait_for
+from hpctrain.train.ckpt import checkpoint as ckpt
+from tests.helpers import WAIT_S, digits_args, run_metrics, run_ranks, run_report, tails, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 metrics = run_metrics
+# What the jobs of the stop, requeue and fault tests train: 2 epochs of digits (44 steps at the global
+# batch of 64, whatever the world size), a record per step; each test adds its checkpoint interval.
+JOB_SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0")
+JOB_STEPS = 44
+
+
+def uninterrupted(world: int, digits_root: Path, tmp_path_factory) -> dict:
+    """The final weights of JOB_SETS trained straight through by `world` local gloo ranks (rank r is
+    SLURM_PROCID r of a job: the same global batch, the same shard of each batch, threads pinned):
+    what a job of those tests must end with, however often it stopped.
+
+    Trained once per test session for each world size (~15 s a rank), under a lock in the directory
+    the xdist workers share: the Slurm 22.05 and 24.11 tests run in different workers."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # …/pytest-N/ (popen-gwK/ below)
+    d = shared / f"uninterrupted-{world}"
+    with open(shared / f"uninterrupted-{world}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits for the first one's run
+        if not ckpt.list_checkpoints(d / "ref"):
+            run_ranks(world, digits_args(digits_root, d, "ref", *JOB_SETS, "train.ckpt_every=0"))
+        return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
 
 
 def hp(cluster, *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120):

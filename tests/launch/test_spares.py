@@ -31,12 +31,24 @@ from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.site.profile import load_profile
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.watch.status import summarize
-from tests.helpers import ROOT, digits_args, run_ranks
-from tests.launch.jobs import digits_sets, hp, metrics, rank_hosts, sacct_states, submit, task_pid, wait_for_step
+from tests.helpers import ROOT
+from tests.launch.jobs import (
+    JOB_SETS,
+    JOB_STEPS,
+    digits_sets,
+    hp,
+    metrics,
+    rank_hosts,
+    sacct_states,
+    submit,
+    task_pid,
+    uninterrupted,
+    wait_for_step,
+)
 from tests.slurm_cluster import SLURMD_TIMEOUT, SPARE_PARTITION
 
-STEPS = 44  # 2 epochs of digits at batch 64 on 2 ranks
-SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=5")
+STEPS = JOB_STEPS
+SETS = (*JOB_SETS, "train.ckpt_every=5")
 PG_TIMEOUT = 15
 # kill → next step training: the survivor's step ends once Slurm declares the node DOWN (≤ ~2.6 ×
 # SlurmdTimeout: 13-29 s measured with 10 s), then probes (< 1 s), start-up and resume (~40 s on the
@@ -99,9 +111,7 @@ def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
 @pytest.fixture(scope="module")
 def reference(digits_root, tmp_path_factory) -> dict:
     """The uninterrupted 2-rank run's final weights (local gloo ranks, same config, threads pinned)."""
-    d = tmp_path_factory.mktemp("ref")
-    run_ranks(2, digits_args(digits_root, d, "ref", *SETS, "train.ckpt_every=0"))
-    return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+    return uninterrupted(2, digits_root, tmp_path_factory)
 
 
 FAKE_GPU = ROOT / "tests" / "launch" / "fake_gpu"

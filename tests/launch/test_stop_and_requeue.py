@@ -27,22 +27,26 @@ import yaml
 from hpctrain.run.source import source_hash
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import port_from_job_id
-from tests.helpers import digits_args, polling, run_ranks, wait_for
-from tests.launch.jobs import ROOT, digits_sets, hp, job_report, metrics, sacct_states, submit, wait_for_step
+from tests.helpers import polling, wait_for
+from tests.launch.jobs import (
+    JOB_SETS,
+    JOB_STEPS,
+    ROOT,
+    digits_sets,
+    hp,
+    job_report,
+    metrics,
+    sacct_states,
+    submit,
+    uninterrupted,
+    wait_for_step,
+)
 from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
 
 pytestmark = pytest.mark.slurm
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
-STEPS = 44  # 2 epochs of digits at a global batch of 64 (data.batch_size), whatever the world size
-SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=10")
-
-
-def uninterrupted(world: int, digits_root, tmp_path_factory) -> dict:
-    """The uninterrupted run's final weights: `world` local gloo ranks (rank r is SLURM_PROCID r of a
-    job: the same global batch, the same shard of each batch), same config, threads pinned."""
-    d = tmp_path_factory.mktemp(f"ref{world}")
-    run_ranks(world, digits_args(digits_root, d, "ref", "train.threads=1", *SETS, "train.ckpt_every=0"))
-    return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
+STEPS = JOB_STEPS
+SETS = (*JOB_SETS, "train.ckpt_every=10")
 
 
 @pytest.fixture(scope="module")

@@ -52,9 +52,12 @@ def halt_and_resume(world: int, sets: list[str], root, tmp_path) -> None:
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
 
 
-# 4 ranks: with 2 a sum is order-free (a + b = b + a), with 4 DDP's bucket layout decides the order.
+# 1 rank: one checkpoint file; 4 ranks: sharded checkpoints, and DDP's bucket layout decides the order
+# of every sum. No 2-rank case: with 2 a sum is order-free (a + b = b + a), so it shows nothing the
+# 4-rank case does not, and the 2-rank resume runs in the background-save and DeiT cases below and
+# in every Slurm stop test (2 nodes × 1 task).
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 4])
 def test_halt_and_resume_equals_uninterrupted(world, digits_root, tmp_path):
     halt_and_resume(world, SETS, digits_root, tmp_path)
 
