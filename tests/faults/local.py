@@ -11,8 +11,16 @@ from tests.helpers import WAIT_S, digits_args, free_port, run_metrics, run_repor
 
 
 def start_ranks(
-    world: int, digits_root: Path, run_dir: Path, name: str, *sets: str, env: dict | None = None
+    world: int,
+    digits_root: Path,
+    run_dir: Path,
+    name: str,
+    *sets: str,
+    env: dict | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> list[subprocess.Popen]:
+    """`world` ranks of the digits run; `prefix`: a command each rank runs under (a wrapper such as
+    stallfs.py, whose process is then the one in the list, in a session of its own)."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -27,8 +35,9 @@ def start_ranks(
             )
         procs.append(
             subprocess.Popen(
-                [sys.executable, *digits_args(digits_root, run_dir, name, *sets)],
+                [*prefix, sys.executable, *digits_args(digits_root, run_dir, name, *sets)],
                 env=e,
+                start_new_session=bool(prefix),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

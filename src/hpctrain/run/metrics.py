@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ class MetricsWriter:
 
     def __init__(self, path: str | Path | None, sink: Any = None):
         self.path = Path(path) if path else None
+        self._lock = threading.Lock()
         self._f = self._open()
         self.failed = False
         self.sink = sink if self.path else None
@@ -67,7 +69,8 @@ class MetricsWriter:
         if self._f:
             rec = json_safe({"kind": kind, "time": round(time.time(), 3), **fields})
             try:
-                self._f.write(json.dumps(rec, allow_nan=False) + "\n")
+                with self._lock:  # the hang watchdog's thread writes records too
+                    self._f.write(json.dumps(rec, allow_nan=False) + "\n")
             except OSError as e:  # a full disk loses metric lines, not the run (checkpoints decide)
                 if not self.failed:
                     log.warning("cannot append to %s: %s; metrics are lost until there is space", self.path, e)

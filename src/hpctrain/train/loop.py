@@ -187,7 +187,7 @@ class Trainer:
             dist.world_size,
             run_dir / LOGS if run_dir else None,
             nccl=td.is_initialized() and td.get_backend() == "nccl",
-            report=lambda rec: self.metrics.write("hang", **rec),
+            report=lambda kind, rec: self.metrics.write(kind, **rec),
         )
         self.ckpts = Checkpointer(
             cfg,

@@ -4,6 +4,8 @@ tests/faults/test_hang.py (3 ranks, one SIGSTOPped)."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -79,6 +81,44 @@ def test_all_waiting_at_one_place_names_no_rank():
 def test_a_silent_rank_with_a_fresh_heartbeat_is_not_called_dead():
     line, _ = verdict({0: hb(0, 10), 1: hb(1, 10, age=1)}, {0: stack(0, BACKWARD), 1: None})
     assert "rank 1 (last heartbeat 1 s ago at step 10, n1): no stack (its heartbeat is fresh" in line, line
+
+
+def test_a_rank_whose_stack_could_not_be_written_is_not_called_silent():
+    """Its heartbeat said "dumping" (its stack is on its node) and no stack reached the run
+    directory: the file system stalled, not the process."""
+    dumping = {**hb(1, 10, age=9), "state": "dumping", "local_stack": "n1:/tmp/hpctrain-stack-rank-1.txt.n1.7"}
+    line, rec = verdict({0: hb(0, 10), 1: dumping, 2: hb(2, 9, age=9)}, {0: stack(0, BACKWARD), 1: None, 2: None})
+    assert f"rank 1 (step 10, n1): {wd.UNWRITTEN}; kept at n1:/tmp/hpctrain-stack-rank-1.txt.n1.7" in line, line
+    assert f"rank 2 (last heartbeat 9 s ago at step 9, n2): {wd.NO_STACK}" in line, line
+    assert rec["ranks"] == [1, 2] and rec["unwritten"] == [1], rec
+
+
+def test_only_silent_ranks_name_their_node_not_those_whose_stack_was_not_written(tmp_path, monkeypatch):
+    bad = tmp_path / "bad-nodes"
+    monkeypatch.setenv("HPCTRAIN_BAD_NODES_FILE", str(bad))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    dog = wd.Watchdog(5, 0, 3, logs)  # rank 0 drops an earlier attempt's heartbeats: made first
+    for r, state in ((1, "dumping"), (2, "running")):
+        (logs / wd.HEARTBEAT.format(r)).write_text(json.dumps({"rank": r, "step": 9, "node": f"n{r}", "state": state}))
+    dog._name_silent_nodes({"ranks": [1, 2], "unwritten": [1]})
+    lines = bad.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("n2\t") and lines[0].endswith("\tsuspect"), lines
+
+
+def test_file_work_tells_how_long_a_write_has_waited_and_never_waits_with_it(tmp_path):
+    """A write into a FIFO nobody reads waits in the kernel as one to a stalled server does."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    work = wd.FileWork()
+    t0 = time.monotonic()
+    assert not work.run(lambda: fifo.write_text("x"), 0.3)  # returns: the write still waits
+    assert work.busy_s() >= 0.2 and time.monotonic() - t0 < 5
+    ticket = work.submit(lambda: None)  # waits behind the stalled write
+    assert not work.wait(ticket, 0.1)
+    with open(fifo) as reader:  # the "server" answers
+        assert work.wait(ticket, 30) and reader.read() == "x"
+    assert work.busy_s() == 0.0
 
 
 def test_many_ranks_stay_one_bounded_line():

@@ -12,17 +12,28 @@ silent, with the file:line where their training thread stands, and the process e
 The watchdog fires before the collectives time out: `train.hang_timeout_s` is at most half of
 `train.pg_timeout_s` (config), so it has that half to dump and compare before a blocked collective
 fails; a collective that fails while the watchdog diagnoses waits for it (`stop`).
+
+A stalled file system is not a hang (docs/observability.md, "File-system stalls"). On Lustre or NFS
+a write to a server that stopped answering waits in the kernel, unanswered; the training thread
+waits in its next metrics line, the other ranks in the collective after it. The watchdog's own
+reads and writes of the run directory run on a thread of their own (`FileWork`), so it sees the
+stall instead of waiting in it: while a heartbeat has been unwritten for `stall_s`, no rank is
+called hung (a restart would meet the same stall); once the directory answers, the stall is an
+`fs_stall` record and the hang clock starts again. A stack is written to the node's temp directory
+first and then copied: a stack that could not be copied is "not written", never "silent".
 """
 
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import json
 import logging
 import os
 import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -42,6 +53,8 @@ TRIGGER = "hang.json"
 TRACE_BUFFER = "2000"  # flight-recorder entries per rank: the value PyTorch's tutorial recommends
 MAX_LISTED = 8  # ranks (and files) spelled out in the one line; the hang record has them all
 NO_STACK = "no stack (process stopped or dead)"
+UNWRITTEN = "stack not written to the run directory (a file-system stall)"
+FS_STALL = "fs_stall"  # the metrics record of a stall the watchdog waited out
 
 
 # ---------------------------------------------------------------- NCCL flight recorder
@@ -210,6 +223,7 @@ def diagnose(
     top = max(steps.values(), default=None)
     where = {r: top_frame(text) for r, text in stacks.items() if text}
     named = [r for r in sorted(heartbeats) if stacks.get(r) is None or steps.get(r) != top]
+    unwritten = [r for r in named if stacks.get(r) is None and (heartbeats.get(r) or {}).get("state") == "dumping"]
     rest = [r for r in sorted(heartbeats) if r not in named]
     groups: dict[str | None, list[int]] = {}
     for r in rest:
@@ -223,6 +237,9 @@ def diagnose(
         hb = heartbeats.get(r)
         if not hb:
             return f"rank {r} (no heartbeat): {NO_STACK}"
+        if r in unwritten:
+            at = f"; kept at {hb['local_stack']}" if hb.get("local_stack") else ""
+            return f"rank {r} (step {hb.get('step')}, {hb.get('host', '?')}): {UNWRITTEN}{at}"
         if stacks.get(r) is None:
             age = now - float(hb.get("time", 0))
             why = NO_STACK if age > stale_s else "no stack (its heartbeat is fresh: wedged, holding the GIL?)"
@@ -243,7 +260,77 @@ def diagnose(
     listed = ", ".join(names[:cap]) + (f" and {len(names) - cap} more" if len(names) > cap else "")
     parts.append(f"files in {Path(files[0]).parent if files else 'logs'}: {listed or 'none'}")
     record = {"step": top, "ranks": named, "where": [where.get(r) for r in named], "files": list(files)}
+    if unwritten:
+        record["unwritten"] = unwritten
     return "; ".join(parts), record
+
+
+# ---------------------------------------------------------------- the run directory's writes
+
+
+class FileWork:
+    """The watchdog's reads and writes of the run directory, one at a time on a thread of their own.
+
+    A write to a stalled Lustre or NFS server waits in the kernel, where Python cannot interrupt
+    it: on the watchdog's thread it would stop the watchdog too. Here it stops this thread only,
+    and `busy_s()` tells how long the run directory has kept it waiting. A job submitted while
+    another runs replaces any job still waiting (only the latest heartbeat matters).
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._next: tuple[int, Callable[[], Any]] | None = None
+        self._ids = itertools.count(1)
+        self._done = 0
+        self._since: float | None = None  # monotonic start of the job running now
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[[], Any]) -> int:
+        """Run `fn` next; returns its ticket for `wait`. An OSError of `fn` is logged, not raised."""
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="hpctrain-hang-watchdog-io", daemon=True)
+                self._thread.start()
+            ticket = next(self._ids)
+            self._next = (ticket, fn)
+            self._cv.notify_all()
+            return ticket
+
+    def wait(self, ticket: int, timeout_s: float) -> bool:
+        """True once the job `ticket` (or a later one) has run, False after `timeout_s`."""
+        end = time.monotonic() + timeout_s
+        with self._cv:
+            while self._done < ticket:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+            return True
+
+    def run(self, fn: Callable[[], Any], timeout_s: float) -> bool:
+        """`fn` run within `timeout_s` (False: the run directory is still busy with it)."""
+        return self.wait(self.submit(fn), timeout_s)
+
+    def busy_s(self) -> float:
+        """How long the job running now has been running (0: none runs)."""
+        since = self._since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._next is None:
+                    self._cv.wait()
+                (ticket, fn), self._next = self._next, None
+                self._since = time.monotonic()
+            try:
+                fn()
+            except OSError as e:  # a file-system error must not end training
+                log.warning("hang watchdog: %s", e)
+            finally:
+                with self._cv:
+                    self._since, self._done = None, ticket
+                    self._cv.notify_all()
 
 
 # ---------------------------------------------------------------- the watchdog
@@ -274,13 +361,20 @@ class Watchdog:
         world: int,
         logs: Path | None,
         nccl: bool = False,
-        report: Callable[[dict], None] | None = None,
+        report: Callable[[str, dict], None] | None = None,
     ):
         self.timeout_s = float(timeout_s) if logs else 0.0
         self.rank, self.world, self.logs, self.nccl, self.report = rank, world, logs, nccl, report
         self.publish_s = min(5.0, max(0.1, self.timeout_s / 10))  # heartbeat period
         self.stale_s = 3 * self.publish_s + 1  # a heartbeat older than this: its process is not running
         self.peer_wait_s = min(60.0, max(self.timeout_s / 2, 3 * self.publish_s))
+        # a heartbeat (a few hundred bytes) unwritten this long: the run directory stalls
+        self.stall_s = max(5.0, 2 * self.publish_s)
+        self.io = FileWork()
+        self._stalled: float | None = None  # monotonic start of the stall waited out now
+        self._clock_from = 0.0  # the hang clock runs from the last beat or the last stall's end
+        self._alarm = False
+        self._local_stack = ""  # host:path of this rank's stack in the node's temp directory
         self.host, self.pid, self.node = socket.gethostname(), os.getpid(), badnodes.this_node()
         self.fired = threading.Event()
         self._step, self._t = -1, None
@@ -323,18 +417,42 @@ class Watchdog:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.publish_s):
-            t = self._t
-            if t is None:
+            if self._t is None:
                 continue
-            try:
-                self._publish("running")
-                alarm = (self.logs / TRIGGER).exists()
-            except OSError as e:  # a file-system hiccup must not end training
-                log.warning("hang watchdog: %s", e)
+            busy = self.io.busy_s()
+            if busy > self.stall_s:  # the last heartbeat is still unwritten: wait the stall out
+                self._stall_began(busy)
                 continue
-            if alarm or time.monotonic() - t > self.timeout_s:
-                self._fire(alarm)
+            if self._stalled is not None:
+                self._stall_ended()
+            self.io.submit(self._publish_and_look)
+            if self._alarm or time.monotonic() - max(self._t, self._clock_from) > self.timeout_s:
+                self._fire(self._alarm)
                 return
+
+    def _publish_and_look(self) -> None:
+        self._publish("running")
+        self._alarm = (self.logs / TRIGGER).exists()
+
+    def _stall_began(self, busy: float) -> None:
+        if self._stalled is None:
+            self._stalled = time.monotonic() - busy
+            log.warning(
+                "hang watchdog: the run directory %s has taken no write for %.0f s: a file-system stall, "
+                "not a hang; waiting for it (no rank is called hung while it lasts)",
+                self.logs.parent if self.logs else "?",
+                busy,
+            )
+
+    def _stall_ended(self) -> None:
+        """The run directory answers again: the `fs_stall` record, and the hang clock starts anew
+        (the training thread waited in the stall too)."""
+        now = time.monotonic()
+        seconds, self._stalled, self._clock_from = now - (self._stalled or now), None, now
+        log.warning("hang watchdog: the run directory answered again after %.0f s; training goes on", seconds)
+        if self.report:
+            rec = {"step": self._step, "rank": self.rank, "host": self.host, "seconds": round(seconds, 1)}
+            self.report(FS_STALL, rec)
 
     def _publish(self, state: str, files: list[str] | None = None) -> None:
         self._state, self._files = state, files
@@ -349,17 +467,29 @@ class Watchdog:
         }
         if files:
             rec["files"] = files
+        if self._local_stack:
+            rec["local_stack"] = self._local_stack
         atomic_write(self.logs / HEARTBEAT.format(self.rank), json.dumps(rec))
 
     def _fire(self, alarm: bool) -> None:
         self.fired.set()
         try:
             if not alarm:
-                atomic_write(
-                    self.logs / TRIGGER,
-                    json.dumps({"rank": self.rank, "step": self._step, "time": round(time.time(), 3)}),
+                trigger = json.dumps({"rank": self.rank, "step": self._step, "time": round(time.time(), 3)})
+                self.io.run(lambda: atomic_write(self.logs / TRIGGER, trigger), self.stall_s)
+            files = self._dump()
+            if files is None:  # this rank's own stack could not be written: the run directory stalls
+                log.error(
+                    "hang: no step completed for %g s (train.hang_timeout_s), and this rank's stack could not "
+                    "be written to %s within %.0f s: the run directory stalls (a file-system stall, not a node "
+                    "fault), so no rank or node is named; the stack is at %s",
+                    self.timeout_s,
+                    self.logs,
+                    self.peer_wait_s / 2,
+                    self._local_stack,
                 )
-            self._publish("dumped", self._dump())
+                return
+            self._publish("dumped", files)
             self._wait_for(lambda hb: hb.get("state") in ("dumped", "reported"))
             line, record = diagnose(
                 read_heartbeats(self.logs, self.world),
@@ -370,7 +500,7 @@ class Watchdog:
                 [str(p) for p in dump_files(self.logs) if p.name != TRIGGER],
             )
             if self.report:
-                self.report(record)
+                self.report("hang", record)
             self._name_silent_nodes(record)
             self._publish("reported", self._files)
             log.error("%s", line)
@@ -388,13 +518,14 @@ class Watchdog:
         """The lowest rank not named tells the batch shell (hpctrain.run.badnodes) the nodes of the named
         ranks that wrote no stack: dead, stopped or wedged processes, whose node the next step
         (on spares) or the requeued job should not use. A rank with a stack that stands elsewhere
-        (a loader, a lock) names no node: its node answered."""
+        (a loader, a lock) names no node: its node answered; nor does a rank whose stack could not
+        be written (its process answered; the file system did not)."""
         named = set(record.get("ranks") or [])
         live = [r for r in range(self.world) if r not in named]
         if not live or self.rank != live[0]:
             return
         heartbeats, stacks = read_heartbeats(self.logs, self.world), read_stacks(self.logs, self.world)
-        for r in sorted(named):
+        for r in sorted(named - set(record.get("unwritten") or [])):
             hb = heartbeats.get(r) or {}
             node = hb.get("node") or hb.get("host")
             if stacks.get(r) is None and node:
@@ -408,20 +539,29 @@ class Watchdog:
                 except (OSError, ValueError) as e:
                     log.warning("hang watchdog: could not name node %r of rank %d: %s", node, r, e)
 
-    def _dump(self) -> list[str]:
-        """This rank's stacks (every thread; the training thread named in the header), then NCCL's."""
-        path = self.logs / STACK.format(self.rank)
-        tmp = path.with_name(f"{path.name}.{self.pid}.tmp")
-        with open(tmp, "w") as f:
+    def _dump(self) -> list[str] | None:
+        """This rank's stacks (every thread; the training thread named in the header), then NCCL's.
+
+        Written to the node's temp directory first (it answers when the shared file system does
+        not), then copied into the run's logs within peer_wait_s / 2, the heartbeat saying
+        "dumping" meanwhile; None when the copy did not finish."""
+        local = Path(tempfile.gettempdir()) / f"hpctrain-{STACK.format(self.rank)}.{self.host}.{self.pid}"
+        with open(local, "w") as f:
             f.write(
                 f"# hpctrain hang dump: rank {self.rank} on {self.host} pid {self.pid}, last step "
                 f"{self._step}, training thread 0x{self._main or 0:x}\n"
             )
             f.flush()
             faulthandler.dump_traceback(f, all_threads=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        self._local_stack = f"{self.host}:{local}"
+        path = self.logs / STACK.format(self.rank)
+
+        def copy() -> None:
+            self._publish("dumping")
+            atomic_write(path, local.read_bytes(), sync=True)
+
+        if not self.io.run(copy, self.peer_wait_s / 2):
+            return None
         files = [str(path)]
         trace = self.logs / f"{NCCL_TRACE}{self.rank}"
         if self.nccl and dump_nccl_trace(trace, min(30.0, self.peer_wait_s / 2)):
