@@ -49,3 +49,32 @@ def test_a_suspect_is_marked_for_the_shell_and_read_back_without_the_mark(tmp_pa
     assert badnodes.report("n2", "preflight: slow", env=env)
     assert (tmp_path / "bad").read_text() == "n1\trank 1 silent\tsuspect\nn2\tpreflight: slow\n"
     assert badnodes.read(tmp_path / "bad") == {"n1": "rank 1 silent", "n2": "preflight: slow"}
+
+
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (  # torch's C10_CUDA_CHECK text for cudaErrorECCUncorrectable
+            "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+            "gpu7\trank 3 failed: RuntimeError: CUDA error: uncorrectable ECC error encountered\n",
+        ),
+        (
+            "RuntimeError: CUDA error: uncorrectable NVLink error detected during the execution",
+            "gpu7\trank 3 failed: RuntimeError: CUDA error: uncorrectable NVLink error detected during the execution\n",
+        ),
+        (  # torch 2.1's ProcessGroupNCCL text (NVIDIA/nccl#1016): the probe decides
+            "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error (run with "
+            "NCCL_DEBUG=INFO for details), NCCL version 2.18.1",
+            "gpu7\trank 3 failed: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system "
+            "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1\tsuspect\n",
+        ),
+        ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", None),  # the job's, not the node's
+        ("RuntimeError: CUDA error: device-side assert triggered", None),  # a bug
+        ("ValueError: Xidden is not a key", None),
+    ],
+)
+def test_errors_that_name_their_node_name_it(tmp_path, error, line):
+    f = tmp_path / "bad"
+    env = {badnodes.ENV: str(f), "SLURMD_NODENAME": "gpu7"}
+    assert badnodes.report_error(error, 3, env) is (line is not None)
+    assert (f.read_text() if f.exists() else None) == line

@@ -11,11 +11,13 @@ in `<job id>_<rank>_result.pkl`, is shown with the log path.
 
 Under an hpctrain batch script every error also leaves a crash line (`crash_line`) for the shell,
 which restarts a step that failed on healthy nodes unless the error is the user's to fix or came
-back at the same step (launch/shell/restarts.sh).
+back at the same step (launch/shell/restarts.sh); an error that names its node (an uncorrectable
+ECC error, an Xid: `badnodes.report_error`) also names the node, which the next step leaves out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -25,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain.errors import UserError, step_of
+from hpctrain.run import badnodes
 from hpctrain.run.badnodes import this_node
 from hpctrain.run.layout import append_line, atomic_write
 
@@ -59,9 +62,18 @@ def recorded(folder: Path, job_id: str, rank: int) -> Iterator[None]:
         yield
     except Exception as e:
         write_crash_line(rank, e)
+        with contextlib.suppress(OSError, ValueError):  # the crash line above already says why
+            badnodes.report_error(error_text(e), rank)
         if isinstance(e, UserError):
             atomic_write(path, json.dumps({"class": type(e).__name__, "message": str(e), "rank": rank}) + "\n")
         raise
+
+
+def error_text(e: BaseException) -> str:
+    """The error's class and the first line of its message, printable, at most 300 characters."""
+    lines = str(e).strip().splitlines()
+    error = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return "".join(c if c.isprintable() else " " for c in error)[:300]
 
 
 def crash_line(rank: int, e: BaseException, node: str, now_ns: int) -> str:
@@ -70,9 +82,7 @@ def crash_line(rank: int, e: BaseException, node: str, now_ns: int) -> str:
     training in (`-` before training: bash's `read` merges empty tab-separated fields), `user` (a
     UserError that is not `transient`: a restart cannot fix it) or `crash`,
     and the error's class with the first line of its message."""
-    lines = str(e).strip().splitlines()
-    error = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-    error = "".join(c if c.isprintable() else " " for c in error)[:300]
+    error = error_text(e)
     step = step_of(e)
     kind = "user" if isinstance(e, UserError) and not e.transient else "crash"
     return f"{now_ns}\t{rank}\t{node}\t{'-' if step is None else step}\t{kind}\t{error}\n"

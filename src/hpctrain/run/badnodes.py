@@ -52,6 +52,26 @@ def report(node: str, reason: str, env: Mapping[str, str] | None = None, suspect
     return True
 
 
+# Errors that name the node they struck: its GPU's memory or links failed (CUDA's
+# cudaErrorECCUncorrectable "uncorrectable ECC error encountered", cudaErrorNvlinkUncorrectable
+# "uncorrectable NVLink error …"; the driver's Xid, a GPU "fallen off the bus"). A restart on that
+# node would fail the same way, whatever a probe says next.
+HARDWARE_ERRORS = re.compile(r"uncorrectable (?:ECC|NVLink) error|\bXid\b|fallen off the bus|\bGPU is lost\b", re.I)
+# NCCL's "unhandled system error" (ncclSystemError: a system call failed, pytorch/pytorch#45950) names
+# its host as a suspect only: in containers it is as often a setting of every node (too little shared
+# memory, NVIDIA/nccl#473), so the node's probe decides.
+SUSPECT_ERRORS = re.compile(r"unhandled system error", re.I)
+
+
+def report_error(error: str, rank: int, env: Mapping[str, str] | None = None) -> bool:
+    """Name this node when a rank's `error` (class and first line) is one that names it (above);
+    False when it is not, or when no batch shell reads the file."""
+    hardware = HARDWARE_ERRORS.search(error)
+    if not hardware and not SUSPECT_ERRORS.search(error):
+        return False
+    return report(this_node(env), f"rank {rank} failed: {error}", env, suspect=not hardware)
+
+
 def read(path: str | Path) -> dict[str, str]:
     """{node: first reason given}, in the order reported; malformed lines are skipped."""
     out: dict[str, str] = {}

@@ -159,6 +159,21 @@ class Pending:
         return self.result
 
 
+def _cpu_copied(tree: Any) -> Any:
+    """`tree` with every CPU tensor copied. torch 2.4 and 2.5's async_save "copies" to CPU memory
+    with `tensor.to("cpu")`, which returns a CPU tensor itself: its background thread then wrote the
+    live weights while the next steps changed them (measured: a resume from a background save on a
+    loaded machine, torch 2.5.1, differed from the run straight through). GPU tensors are copied by
+    async_save itself."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone() if tree.device.type == "cpu" else tree
+    if isinstance(tree, dict):
+        return {k: _cpu_copied(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_cpu_copied(v) for v in tree)
+    return tree
+
+
 def start(
     run_dir: Path,
     step: int,
@@ -175,7 +190,7 @@ def start(
 
     tmp = _start_dir(run_dir, step, is_main)
     try:
-        future = dcp.async_save(tensors, checkpoint_id=str(tmp), process_group=group)
+        future = dcp.async_save(_cpu_copied(tensors), checkpoint_id=str(tmp), process_group=group)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - e.g. no memory for the CPU copy
         failed = (None, _failure(run_dir, step, e, is_main))
         return Pending(step, lambda: failed)
