@@ -86,7 +86,8 @@ EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
 # machine mounts cgroup v1 read-write, one hierarchy per controller under /sys/fs/cgroup; both Slurm
 # builds (Debian's 22.05, the 24.11 root) are built for several slurmd per host, so each node's cgroups
 # are /sys/fs/cgroup/<controller>/slurm_<node>/uid_<uid>/job_<id>/step_<id> (the "/slurm_%n" prefix).
-CGROUP_CONF = "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"
+# (No CgroupAutomount: 22.05's default is no, 24.11 logs it as "defunct".)
+CGROUP_CONF = "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"
 # what task/cgroup, proctrack/cgroup and jobacct_gather/cgroup use of cgroup v1
 CGROUP_CONTROLLERS = ("memory", "devices", "freezer", "cpuset", "cpuacct")
 # how often (s) jobacct_gather samples a task's memory (default 30): sacct's MaxRSS is the largest sample

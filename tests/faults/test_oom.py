@@ -16,12 +16,13 @@ The parsing test reads rows captured from this cluster (Slurm 22.05.8), not inve
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from hpctrain.watch.steps import FIELDS, OOM, oom_steps, parse_steps, rss_bytes
 from tests.launch.jobs import JOB_SETS, digits_sets, hp, job_report, metrics, sacct_states, submit
-from tests.slurm_cluster import SlurmCluster, cgroups_missing, missing
+from tests.slurm_cluster import SlurmCluster, cgroups_missing, missing, slurm24_root
 
 MEM = "2000M"  # the node's: 2 ranks train in well under it; the filling rank passes it within seconds
 MEM_BYTES = 2000 << 20
@@ -52,13 +53,21 @@ def test_step_rows_parse_into_their_state_peak_rank_and_node():
     assert rss_bytes("1.50G") == int(1.5 * (1 << 30)) and rss_bytes("") is None and rss_bytes("0") == 0
 
 
-@pytest.fixture(scope="module")
-def cgroup_cluster(tmp_path_factory):
-    """Its own cluster: CR_CPU_Memory and cgroup limits would change what every other test gets."""
+@pytest.fixture(scope="module", params=["22.05", "24.11"], ids=["slurm22", "slurm24"])
+def cgroup_cluster(request, tmp_path_factory):
+    """Its own cluster: CR_CPU_Memory and cgroup limits would change what every other test gets.
+    On 24.11 from the root `.ci/slurm24 --prepare` builds (skipped without it, except in CI)."""
     why = missing() or cgroups_missing()
     if why:
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-cgroup"), cgroups=True).start()
+    sysroot = None
+    if request.param == "24.11":
+        sysroot, why = slurm24_root()
+        if sysroot is None:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI: {why}")
+            pytest.skip(why)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm-cgroup"), sysroot=sysroot, cgroups=True).start()
     try:
         yield c
     finally:
@@ -67,7 +76,8 @@ def cgroup_cluster(tmp_path_factory):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_cgroup_oom_kill_shows_out_of_memory_in_status(cgroup_cluster, digits_root, tmp_path):
+def test_a_cgroup_oom_kill_shows_out_of_memory_in_status(cgroup_cluster, digits_root, tmp_path, request):
+    request.node.user_properties.append(("slurm", cgroup_cluster.version()))
     run = tmp_path / "oom"
     job = submit(
         cgroup_cluster,
