@@ -6,6 +6,8 @@ bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` bega
 the slurm.conf written below, docs/sweeps.md "The test cluster"). For fault tests, `kill_node(n)` SIGKILLs every
 process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
 slurmd again; SlurmdTimeout=10 and ReturnToService=2 make Slurm notice both within seconds.
+With `cgroups=True`, cgroups as sites run them (task/cgroup, proctrack/cgroup, jobacct_gather/cgroup,
+memory a consumable resource): a job over its --mem is a real cgroup OOM kill (docs/sweeps.md).
 
 The host's Slurm is Debian 12's 22.05. With `sysroot=` (a Debian 13 root from `.ci/slurm24`), every
 Slurm daemon and client, and munged, runs from that root instead (Slurm 24.11): chrooted, in a private
@@ -89,7 +91,7 @@ EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
 # (No CgroupAutomount: 22.05's default is no, 24.11 logs it as "defunct".)
 CGROUP_CONF = "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"
 # what task/cgroup, proctrack/cgroup and jobacct_gather/cgroup use of cgroup v1
-CGROUP_CONTROLLERS = ("memory", "devices", "freezer", "cpuset", "cpuacct")
+CGROUP_CONTROLLERS = ("memory", "devices", "freezer", "cpuacct")
 # how often (s) jobacct_gather samples a task's memory (default 30): sacct's MaxRSS is the largest sample
 GATHER_S = 1
 FAKE_GPU_MAJOR = 240
