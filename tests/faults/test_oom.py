@@ -20,6 +20,7 @@ import os
 
 import pytest
 
+from hpctrain.train.health.faults import OOM_ENV, exhaust_memory, injected_oom
 from hpctrain.watch.steps import FIELDS, OOM, oom_steps, parse_steps, rss_bytes
 from tests.launch.jobs import JOB_SETS, digits_sets, hp, job_report, metrics, sacct_states, submit
 from tests.slurm_cluster import SlurmCluster, cgroups_missing, missing, slurm24_root
@@ -51,6 +52,14 @@ def test_step_rows_parse_into_their_state_peak_rank_and_node():
     assert oom[0].text() == "step 632910.0 OUT_OF_MEMORY (exit 0:125), peak 1.6 GiB in rank 1 on n1"
     assert steps[2].text() == "step 632910.1 COMPLETED (exit 0:0)"  # a probe: nothing gathered
     assert rss_bytes("1.50G") == int(1.5 * (1 << 30)) and rss_bytes("") is None and rss_bytes("0") == 0
+
+
+def test_the_oom_hook_strikes_one_rank_at_one_step_and_fails_loudly_without_a_limit():
+    assert injected_oom(1, {OOM_ENV: "1:3"}) == 3 and injected_oom(0, {OOM_ENV: "1:3"}) == 0
+    with pytest.raises(ValueError, match="expected rank:step"):
+        injected_oom(1, {OOM_ENV: "1"})
+    with pytest.raises(RuntimeError, match="4 MiB allocated and not killed: no memory limit"):
+        exhaust_memory(1 << 20, 0.0, 4 << 20)  # a process without a limit it can reach
 
 
 @pytest.fixture(scope="module", params=["22.05", "24.11"], ids=["slurm22", "slurm24"])

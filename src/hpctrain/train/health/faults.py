@@ -54,7 +54,7 @@ def _rank_step(name: str, rank: int, env=None) -> int:
 def exhaust_memory(chunk: int = OOM_CHUNK, pause_s: float = OOM_PAUSE_S, cap: int = OOM_CAP) -> None:
     """Touch `chunk` bytes at a time until the kernel kills this process; past `cap` bytes raise
     instead, so that a machine without a memory limit fails the test, not itself."""
-    hog = []
+    hog: list[bytearray] = []
     while len(hog) * chunk < cap:
         hog.append(bytearray(b"\1") * chunk)  # written, so resident (a bare allocation may not be)
         time.sleep(pause_s)
