@@ -6,6 +6,8 @@ bind-mounted over /etc/hosts. `stop()` ends exactly the processes `start()` bega
 the slurm.conf written below, docs/sweeps.md "The test cluster"). For fault tests, `kill_node(n)` SIGKILLs every
 process in node n's UTS namespace (slurmd, slurmstepds, tasks) and `revive_node(n)` boots its
 slurmd again; SlurmdTimeout=10 and ReturnToService=2 make Slurm notice both within seconds.
+With `cgroups=True`, cgroups as sites run them (task/cgroup, proctrack/cgroup, jobacct_gather/cgroup,
+memory a consumable resource): a job over its --mem is a real cgroup OOM kill (docs/sweeps.md).
 
 The host's Slurm is Debian 12's 22.05. With `sysroot=` (a Debian 13 root from `.ci/slurm24`), every
 Slurm daemon and client, and munged, runs from that root instead (Slurm 24.11): chrooted, in a private
@@ -82,6 +84,17 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 # without --mem gets SLURM_MEM_PER_CPU in its environment (22.05, measured: a batch shell and its steps
 # do; an salloc's command and steps do not); `SlurmCluster.reconfigured(**DEF_MEM_PER_CPU)` applies it.
 EXPORT_NONE = {"SBATCH_EXPORT": "NONE"}
+# SlurmCluster(cgroups=True): cgroup.conf, in the same directory as slurm.conf (cgroup.conf(5)). This
+# machine mounts cgroup v1 read-write, one hierarchy per controller under /sys/fs/cgroup; both Slurm
+# builds (Debian's 22.05, the 24.11 root) are built for several slurmd per host, so each node's cgroups
+# are /sys/fs/cgroup/<controller>/slurm_<node>/uid_<uid>/job_<id>/step_<id> (the "/slurm_%n" prefix).
+# (No CgroupAutomount: 22.05's default is no, 24.11 logs it as "defunct".)
+CGROUP_CONF = "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"
+# what task/cgroup, proctrack/cgroup and jobacct_gather/cgroup use of cgroup v1
+CGROUP_CONTROLLERS = ("memory", "devices", "freezer", "cpuacct")
+# how often (s) jobacct_gather samples a task's memory (default 30): sacct's MaxRSS is the largest sample
+GATHER_S = 1
+FAKE_GPU_MAJOR = 240
 DEF_MEM_PER_CPU = {"DefMemPerCPU": "100"}
 PACKAGES = {
     "slurmctld": "slurmctld",
@@ -104,6 +117,20 @@ def missing() -> str | None:
     r = subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True, text=True)
     if r.returncode != 0:
         return f"`unshare --uts --mount` is not allowed here ({r.stderr.strip()}): slurmd nodes need it"
+    return None
+
+
+def cgroups_missing() -> str | None:
+    """Why `SlurmCluster(cgroups=True)` cannot run here (None: it can): Slurm's cgroup/v1 plugin
+    needs each controller it uses mounted read-write at /sys/fs/cgroup/<controller>."""
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    for c in CGROUP_CONTROLLERS:
+        where = f"/sys/fs/cgroup/{c}"
+        m = [line.split() for line in mounts if len(line.split()) > 3 and line.split()[1] == where]
+        if not m or m[0][2] != "cgroup" or "rw" not in m[0][3].split(","):
+            return f"cgroup v1 `{c}` is not mounted read-write at {where} (Slurm's cgroup/v1 needs it)"
+        if not os.access(where, os.W_OK):
+            return f"{where} is not writable here: this machine does not delegate cgroups"
     return None
 
 
@@ -134,6 +161,11 @@ class SlurmCluster:
     node_options: dict[str, str] = field(default_factory=dict)
     conf_extra: str = ""
     plugstack: Path | None = None  # a plugstack.conf (SPANK plugins: the fake pyxis, tests/launch/pyxis.py)
+    # Cgroups as sites run them (docs/sweeps.md "The test cluster"): proctrack/cgroup, task/cgroup with
+    # ConstrainRAMSpace and ConstrainDevices (a job over its --mem is a real cgroup OOM kill, its step
+    # OUT_OF_MEMORY; memory a consumable resource, CR_CPU_Memory, for --mem to be a limit at all),
+    # jobacct_gather/cgroup (sacct's MaxRSS per step). Off: linuxproc, task/none, no gather, CR_CPU.
+    cgroups: bool = False
 
     @property
     def conf(self) -> Path:
@@ -270,8 +302,11 @@ class SlurmCluster:
         )
         (r / "dev").mkdir(exist_ok=True)
         for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
+            # as /dev/null; with ConstrainDevices, a number no driver has (a job without the GPU is denied
+            # it, and /dev/null with it): major 240, "LOCAL/EXPERIMENTAL USE" (the kernel's devices.txt)
+            dev = os.makedev(FAKE_GPU_MAJOR, i) if self.cgroups else os.makedev(1, 3)
             with contextlib.suppress(FileExistsError):
-                os.mknod(r / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+                os.mknod(r / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, dev)
         (r / "etc" / "gres.conf").write_text(
             f"AutoDetect=off\nNodeName={GPU_NODE} Name=gpu Type={GPU_TYPE} File={r}/dev/gpu[0-{GPUS_PER_NODE - 1}]\n"
         )
@@ -290,10 +325,10 @@ SlurmctldPidFile={r}/run/slurmctld.pid
 SlurmdPidFile={r}/run/slurmd-%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType={"proctrack/cgroup" if self.cgroups else "proctrack/linuxproc"}
+TaskPlugin={"task/cgroup" if self.cgroups else "task/none"}
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters={"CR_CPU_Memory" if self.cgroups else "CR_CPU"}
 SlurmdParameters=config_overrides
 MpiDefault=none
 MailProg=/bin/true
@@ -305,7 +340,8 @@ JobRequeue=1
 KillWait=5
 InactiveLimit=0
 MinJobAge=300
-JobAcctGatherType=jobacct_gather/none
+JobAcctGatherType={"jobacct_gather/cgroup" if self.cgroups else "jobacct_gather/none"}
+{f"JobAcctGatherFrequency=task={GATHER_S}" if self.cgroups else ""}
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
@@ -323,6 +359,8 @@ PartitionName={SPARE_PARTITION} Nodes={",".join(ALL_NODES)} MaxTime=INFINITE Sta
 {f"PlugStackConfig={self.plugstack}" if self.plugstack else ""}
 {self.conf_extra}
 """)
+        if self.cgroups:
+            (r / "etc" / "cgroup.conf").write_text(CGROUP_CONF)
         dbd = r / "etc" / "slurmdbd.conf"
         dbd.write_text(f"""\
 AuthType=auth/munge

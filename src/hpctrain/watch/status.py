@@ -22,6 +22,7 @@ from hpctrain.pids import alive
 from hpctrain.run.layout import CONFIG, ENV, JOB, LOCK, LOGS, METRICS, RUNS, SUBMITIT, read_json, slurm_job_run_dir
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table
 from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
+from hpctrain.watch.steps import Step, oom_steps, sacct_steps, size_text
 
 TERMINAL = {
     "COMPLETED",
@@ -169,6 +170,7 @@ class RunStatus:
     steps_per_s: float | None = None
     eta: Eta = field(default_factory=lambda: Eta(None, None, "no metrics yet"))
     now: float = field(default_factory=time.time)
+    oom: list[Step] = field(default_factory=list)  # the job's steps that died OUT_OF_MEMORY (watch/steps.py)
 
     def age(self, t: float | None) -> float | None:
         return None if t is None else max(0.0, self.now - t)
@@ -213,6 +215,8 @@ class RunStatus:
             "restarts_in_job": m.get("restarts", 0),
             "last_restart": m.get("last_restart"),
             "excluded_nodes": m.get("excluded", {}),
+            "out_of_memory": [s.facts() for s in self.oom],
+            "last_memory": m.get("memory"),
         }
 
     def text(self) -> str:
@@ -222,6 +226,8 @@ class RunStatus:
             state += f" (stopped at step {m['stopped_at']}: {m.get('stop_reason')}, not resumed yet)"
         if m.get("not_requeued"):
             state += f" (stopped at step {m['not_requeued'][0]} and not requeued: {m['not_requeued'][1]})"
+        if self.oom and state != self.oom[-1].state:
+            state += f" (step {self.oom[-1].step_id} {self.oom[-1].state})"
         requeues = str(self.requeues)
         if self.requeues:
             pre, tl = m.get("preemptions", 0), m.get("time_limits", 0)
@@ -245,6 +251,8 @@ class RunStatus:
             else:  # a crashed rank on a healthy node (launch/shell/restarts.sh)
                 where = "on the same nodes"
             rows.append(("restarts", f"{m['restarts']} in the job {where} (last: {last}: {r.get('why')})"))
+        if self.oom:
+            rows.append(("out of memory", oom_text(self.oom, m.get("memory"))))
         if m.get("excluded"):
             rows.append(("excluded", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
         if m.get("step") is not None:
@@ -287,6 +295,18 @@ def eta_text(e: Eta) -> str:
     if e.seconds is None:
         return e.note
     return f"{duration(e.seconds)} (at {iso(e.at)})" + (f", {e.note}" if e.note else "")
+
+
+def oom_text(steps: list[Step], memory: dict | None) -> str:
+    """The steps killed for memory, each with its peak (sacct), and the run's last memory record."""
+    text = "; ".join(s.text() for s in steps)
+    if memory:
+        parts = [f"host RSS {size_text(memory['host_rss_gb'] * (1 << 30))}"] if memory.get("host_rss_gb") else []
+        if memory.get("mem_reserved_gb") is not None:
+            parts.append(f"GPU peak {size_text(memory['mem_reserved_gb'] * (1 << 30))} reserved")
+        if parts:
+            text += f"; last recorded by rank 0 at step {memory.get('step')}: {', '.join(parts)}"
+    return text
 
 
 def straggler_text(s: dict) -> str:
@@ -354,6 +374,9 @@ def summarize(records: list[dict]) -> dict:
                 # a non-finite value is written as null, its kind under nonfinite_fields (metrics.py)
                 loss_nonfinite=(rec.get(NONFINITE_FIELDS) or {}).get("loss"),
             )
+            memory = {k: rec[k] for k in ("host_rss_gb", "mem_reserved_gb", "mem_alloc_gb") if rec.get(k) is not None}
+            if memory:  # rank 0's (observe/speed.py): host RSS now, the GPU allocator's peak in the window
+                out["memory"] = {"step": rec.get("step"), **memory}
         elif kind == "eval" and rec.get("top1") is not None:  # (a run without a val set records none)
             out.update(top1=rec.get("top1"), eval_step=rec.get("step"))
             out["last_eval"] = {
@@ -459,6 +482,7 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     records = read_metrics(run_dir / METRICS) if run_dir else []
     metrics = summarize(records)
     rows = sacct_rows(job_id) if job_id and executor == "slurm" else []
+    oom = oom_steps(sacct_steps(job_id)) if rows and job_id else []
     if rows:
         state, requeues, nodes = rows[-1]["State"], len(rows) - 1, rows[-1].get("NodeList", "")
     else:  # local runs, or no accounting: what the run itself wrote
@@ -477,7 +501,7 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
         )
         requeues, nodes = metrics.get("stops", 0), ""
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
-    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now)
+    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now, oom)
 
 
 def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None, str]:
