@@ -113,8 +113,8 @@ hpctrain_requeue_excluding() {
   local old new
   old=$(hpctrain_job_field ExcNodeList); [ "$old" != "(null)" ] || old=""
   new=$(echo $old $hpctrain_bad | tr " " ",")
-  scontrol requeue "$hpctrain_job" || return 1
-  if scontrol update job="$hpctrain_job" ExcNodeList="$new"; then
+  hpctrain_scontrol requeue "$hpctrain_job" || return 1
+  if hpctrain_scontrol update job="$hpctrain_job" ExcNodeList="$new"; then
     hpctrain_new=$hpctrain_bad; hpctrain_record requeue
     echo "hpctrain: job $hpctrain_job requeued without $new"
   else echo "hpctrain: job $hpctrain_job requeued; $new could not be excluded: it may run there again" >&2

@@ -1,0 +1,117 @@
+"""What real sites have and the session's test cluster leaves out (docs/sweeps.md, "Site parts"): a
+Prolog that takes 15 s (a node's first step in a job waits for it), RPC rate limiting
+(SlurmctldParameters=rl_enable, Slurm >= 23.02: on the 24.11 cluster), KillWait at Slurm's default
+30 s, and slurmctld restarts under a running job. A 2-node × 2-task digits job lives through two
+restarts: one while it trains, and one in whose downtime a rank is SIGKILLed, so that the batch shell
+decides on the restart while `scontrol` cannot reach the controller (launch/shell/stops.sh retries it;
+before, an unreachable controller read as "the job is no longer RUNNING" and the job ended FAILED).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from hpctrain.train.ckpt import checkpoint as ckpt
+from tests.launch.jobs import (
+    JOB_SETS,
+    JOB_STEPS,
+    digits_sets,
+    job_report,
+    metrics,
+    sacct_states,
+    submit,
+    task_pid,
+    uninterrupted,
+    wait_for_step,
+)
+from tests.slurm_cluster import SlurmCluster, missing, slurm24_root
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SETS = (*JOB_SETS, "train.ckpt_every=5")
+PROLOG_S = 15
+# longer than Slurm's clients retry an unreachable controller (~9 s, MessageTimeout): the batch
+# shell's own calls then fail unless it retries them
+DOWN_S = 20
+
+
+@pytest.fixture(scope="module")
+def site_cluster(tmp_path_factory):
+    """Its own 24.11 cluster (rl_enable is not in 22.05): a 15 s Prolog, rate limiting, KillWait=30."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    root, why = slurm24_root()
+    if root is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {why}")
+        pytest.skip(why)
+    c = SlurmCluster(
+        tmp_path_factory.mktemp("slurm-site-parts"), sysroot=root, prolog_s=PROLOG_S, rate_limit=True, kill_wait=30
+    ).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(digits_root, tmp_path_factory) -> dict:
+    """The uninterrupted 4-rank run's final weights (local gloo ranks, same config, threads pinned)."""
+    return uninterrupted(4, digits_root, tmp_path_factory)
+
+
+def test_a_slurmctld_restart_mid_job_with_prolog_rate_limit_and_killwait_ends_bit_exact(
+    site_cluster, digits_root, tmp_path, reference
+):
+    c = site_cluster
+    config = c.run("scontrol", "show", "config").stdout
+    assert re.search(r"SlurmctldParameters += .*rl_enable", config), config
+    assert re.search(r"KillWait += 30 sec", config) and re.search(r"Prolog(\[0\])? += \S*prolog", config), config
+    run = tmp_path / "site"
+    started = time.time()
+    # rank 0 waits 0.3 s per step for data (a sleep: the arithmetic is unchanged), so that both
+    # restarts land mid-run however fast the machine is
+    job = submit(
+        c,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        *digits_sets(digits_root, tmp_path, "site", *SETS),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+    )
+    wait_for_step(run, 7, 240)
+    c.restart_slurmctld(down_s=DOWN_S)  # 1: while the job trains
+    assert c.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", job_report(c, job, run)
+    wait_for_step(run, 17, 240)
+    pid = task_pid(job, 3)  # on the second node: not the batch host
+    assert pid
+    c.restart_slurmctld(down_s=DOWN_S, while_down=lambda: os.kill(pid, signal.SIGKILL))  # 2: a rank dies meanwhile
+    assert c.wait_done(job, 600) == "COMPLETED", job_report(c, job, run)
+    took = time.time() - started
+    assert sacct_states(c, job) == ["COMPLETED"]  # one allocation: never requeued
+
+    # the Prolog ran once per node of the job, and the first step on each node waited for it
+    prolog = (c.root / "log" / "prolog.log").read_text()
+    assert sorted(re.findall(rf"start job {job} on (\S+)", prolog)) == ["n1", "n2"], prolog
+    assert sorted(re.findall(rf"end job {job} on (\S+)", prolog)) == ["n1", "n2"], prolog
+    assert "RPC rate limiting enabled" in (c.root / "log" / "slurmctld.log").read_text()
+
+    # trained through: every step recorded, one restart (the killed rank), resumed from a checkpoint
+    steps = sorted({r["step"] for r in metrics(run, "train")})
+    assert steps == list(range(1, JOB_STEPS + 1)), steps
+    (restart,) = metrics(run, "restart")
+    assert restart["nodes"] == [] and restart["attempt"] == 1 and restart["why"].startswith("exit "), restart
+    batch = "".join((run / "submitit" / f"{job}_0_log.{x}").read_text() for x in ("out", "err"))
+    assert "slurmctld unreachable" in batch and "slurmctld answered again" in batch, batch[-3000:]
+    assert "Restart 1/3 in this job on the same nodes" in batch, batch[-3000:]
+    final = ckpt.load(ckpt.list_checkpoints(run)[0])
+    assert final["step"] == JOB_STEPS and metrics(run, "end")[-1]["status"] == "finished"
+    assert all(torch.equal(final["model"][k], v) for k, v in reference.items())
+    print(f"site parts: job {job} COMPLETED {took:.0f} s after submission through 2 slurmctld restarts")
