@@ -30,14 +30,17 @@ from tests.launch.jobs import (
     uninterrupted,
     wait_for_step,
 )
-from tests.slurm_cluster import SlurmCluster, missing, slurm24_root
+from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, missing, slurm24_root
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SETS = (*JOB_SETS, "train.ckpt_every=5")
 PROLOG_S = 15
 # longer than Slurm's clients retry an unreachable controller (~9 s, MessageTimeout): the batch
 # shell's own calls then fail unless it retries them
-DOWN_S = 20
+DOWN_S = 12
+# rank 0 waits 1 s per step for data (a sleep: the arithmetic is unchanged): ~45 s of training, so that
+# both restarts land mid-run however fast the machine is
+SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:1.0:data"}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +69,12 @@ def reference(digits_root, tmp_path_factory) -> dict:
     return uninterrupted(4, digits_root, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def reference2(digits_root, tmp_path_factory) -> dict:
+    """The same for 2 ranks."""
+    return uninterrupted(2, digits_root, tmp_path_factory)
+
+
 def test_a_slurmctld_restart_mid_job_with_prolog_rate_limit_and_killwait_ends_bit_exact(
     site_cluster, digits_root, tmp_path, reference
 ):
@@ -75,24 +84,17 @@ def test_a_slurmctld_restart_mid_job_with_prolog_rate_limit_and_killwait_ends_bi
     assert re.search(r"KillWait += 30 sec", config) and re.search(r"Prolog(\[0\])? += \S*prolog", config), config
     run = tmp_path / "site"
     started = time.time()
-    # rank 0 waits 0.3 s per step for data (a sleep: the arithmetic is unchanged), so that both
-    # restarts land mid-run however fast the machine is
     job = submit(
-        c,
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        *digits_sets(digits_root, tmp_path, "site", *SETS),
-        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+        c, "--nodes", "2", "--gpus-per-node", "2", *digits_sets(digits_root, tmp_path, "site", *SETS), env=SLOW_DATA
     )
     wait_for_step(run, 7, 240)
     c.restart_slurmctld(down_s=DOWN_S)  # 1: while the job trains
     assert c.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", job_report(c, job, run)
-    wait_for_step(run, 17, 240)
+    wait_for_step(run, 22, 240)
     pid = task_pid(job, 3)  # on the second node: not the batch host
     assert pid
     c.restart_slurmctld(down_s=DOWN_S, while_down=lambda: os.kill(pid, signal.SIGKILL))  # 2: a rank dies meanwhile
+    killed_at = time.time()
     assert c.wait_done(job, 600) == "COMPLETED", job_report(c, job, run)
     took = time.time() - started
     assert sacct_states(c, job) == ["COMPLETED"]  # one allocation: never requeued
@@ -114,4 +116,48 @@ def test_a_slurmctld_restart_mid_job_with_prolog_rate_limit_and_killwait_ends_bi
     final = ckpt.load(ckpt.list_checkpoints(run)[0])
     assert final["step"] == JOB_STEPS and metrics(run, "end")[-1]["status"] == "finished"
     assert all(torch.equal(final["model"][k], v) for k, v in reference.items())
-    print(f"site parts: job {job} COMPLETED {took:.0f} s after submission through 2 slurmctld restarts")
+    resumed = [int(x) for x in re.findall(r"resumed from \S+ at step (\d+)", (run / "logs" / "rank-0.log").read_text())]
+    print(
+        f"site parts: job {job} COMPLETED {took:.0f} s after submission through 2 slurmctld restarts; the rank "
+        f"killed in the second restarted {restart['decided_at'] - killed_at:.1f} s after the controller was back, "
+        f"resumed at step {resumed}"
+    )
+
+
+def test_spares_whose_prolog_never_ran_pass_their_probe_under_a_15_s_prolog(
+    site_cluster, digits_root, tmp_path, reference2
+):
+    """1 training node (the batch host) and 2 spares; a rank's Python is SIGKILLed, so every node of
+    the job gets a probe step (10 s timeout). A spare on which no step had run would wait out its
+    15 s Prolog inside that probe and be left out as "no answer to a probe step" (it was, before
+    the batch shell ran one step on its spares at the start: launch/shell/guard.sh)."""
+    c = site_cluster
+    run = tmp_path / "spares"
+    job = submit(
+        c,
+        "--partition",
+        SPARE_PARTITION,
+        "--nodes",
+        "1",
+        "--spare-nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        *digits_sets(digits_root, tmp_path, "spares", *SETS),
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data"},
+    )
+    wait_for_step(run, 7, 240)
+    pid = task_pid(job, 1)
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    assert c.wait_done(job, 600) == "COMPLETED", job_report(c, job, run)
+    assert sacct_states(c, job) == ["COMPLETED"]
+    prolog = (c.root / "log" / "prolog.log").read_text()
+    assert sorted(re.findall(rf"end job {job} on (\S+)", prolog)) == ["n1", "n2", "n3"], prolog
+    (restart,) = metrics(run, "restart")
+    assert restart["nodes"] == [] and restart["why"].startswith("exit "), restart
+    batch = "".join((run / "submitit" / f"{job}_0_log.{x}").read_text() for x in ("out", "err"))
+    assert "no answer to a probe step" not in batch and "Restart 1/3 in this job on the same nodes" in batch, batch
+    final = ckpt.load(ckpt.list_checkpoints(run)[0])
+    assert final["step"] == JOB_STEPS
+    assert all(torch.equal(final["model"][k], v) for k, v in reference2.items())
