@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,7 +112,6 @@ def test_a_slurmctld_restart_mid_job_with_prolog_rate_limit_and_killwait_ends_bi
     (restart,) = metrics(run, "restart")
     assert restart["nodes"] == [] and restart["attempt"] == 1 and restart["why"].startswith("exit "), restart
     batch = "".join((run / "submitit" / f"{job}_0_log.{x}").read_text() for x in ("out", "err"))
-    assert "slurmctld unreachable" in batch and "slurmctld answered again" in batch, batch[-3000:]
     assert "Restart 1/3 in this job on the same nodes" in batch, batch[-3000:]
     final = ckpt.load(ckpt.list_checkpoints(run)[0])
     assert final["step"] == JOB_STEPS and metrics(run, "end")[-1]["status"] == "finished"
@@ -120,7 +120,7 @@ def test_a_slurmctld_restart_mid_job_with_prolog_rate_limit_and_killwait_ends_bi
     print(
         f"site parts: job {job} COMPLETED {took:.0f} s after submission through 2 slurmctld restarts; the rank "
         f"killed in the second restarted {restart['decided_at'] - killed_at:.1f} s after the controller was back, "
-        f"resumed at step {resumed}"
+        f"resumed at step {resumed}; probes asked again: {batch.count('refused by the controller')}"
     )
 
 
@@ -161,3 +161,40 @@ def test_spares_whose_prolog_never_ran_pass_their_probe_under_a_15_s_prolog(
     final = ckpt.load(ckpt.list_checkpoints(run)[0])
     assert final["step"] == JOB_STEPS
     assert all(torch.equal(final["model"][k], v) for k, v in reference2.items())
+
+
+def batch_shell_pid(job: str) -> int | None:
+    """The job's batch shell (slurmd runs <spool>/job<id>/slurm_script)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_text().split("\0")
+            except OSError:
+                continue
+            if any(a.endswith(f"/job{job}/slurm_script") for a in argv):
+                return int(d.name)
+    return None
+
+
+def test_a_time_limit_stop_while_slurmctld_is_down_still_requeues(site_cluster, digits_root, tmp_path, reference):
+    """The batch shell gets its time-limit USR2 (`--signal=B:USR2@…`) and the controller goes down for
+    DOWN_S s right then: the tasks checkpoint and end while it is down, and the shell must wait for
+    it to requeue the job. Before stops.sh retried, its `scontrol show job` failed, the job read as
+    no longer RUNNING ("Slurm requeues or ends it itself") and it ended COMPLETED, unfinished."""
+    c = site_cluster
+    run = tmp_path / "stop"
+    job = submit(
+        c, "--nodes", "2", "--gpus-per-node", "2", *digits_sets(digits_root, tmp_path, "stop", *SETS), env=SLOW_DATA
+    )
+    wait_for_step(run, 7, 240)
+    shell = batch_shell_pid(job)
+    assert shell
+    c.restart_slurmctld(down_s=DOWN_S, while_down=lambda: os.kill(shell, signal.SIGUSR2))
+    assert c.wait_done(job, 600) == "COMPLETED", job_report(c, job, run)
+    assert sacct_states(c, job) == ["REQUEUED", "COMPLETED"], job_report(c, job, run)
+    (stop,) = metrics(run, "stop")
+    batch = "".join((run / "submitit" / f"{job}_0_log.{x}").read_text() for x in ("out", "err"))
+    assert "slurmctld unreachable" in batch and "slurmctld answered again" in batch, batch[-3000:]
+    final = ckpt.load(ckpt.list_checkpoints(run)[0])
+    assert final["step"] == JOB_STEPS and stop["step"] < JOB_STEPS
+    assert all(torch.equal(final["model"][k], v) for k, v in reference.items())

@@ -57,7 +57,10 @@ hpctrain_probe() {  # 'node<TAB>why' when the node fails its probe ('fs: why' fo
     case "$rc:$out" in
       0:*) break ;;
       *"Unable to contact slurm controller"*|*"Memory required by task is not available"*)
-        [ "$SECONDS" -lt "$end" ] || break; sleep 2 ;;
+        [ "$SECONDS" -lt "$end" ] || break
+        echo "hpctrain: probe step on $1 refused by the controller ($(printf '%s' "$out" |
+          grep '^srun: error: ' | tail -n 1 | cut -c1-160)): asking again" >&2
+        sleep 2 ;;
       *) break ;;
     esac
   done
