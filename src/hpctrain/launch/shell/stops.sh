@@ -47,7 +47,10 @@ hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)
   hpctrain_scontrol show job -o "$hpctrain_job" | tr " " "\n" | sed -n "s/^$1=//p" | head -n 1
 }
 hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)
-  local t; t=$(hpctrain_job_field PreemptTime); [ -n "$t" ] && [ "$t" != None ]
+  # asked in the USR2 handler too: no waiting for the controller there (the stop's lead time is short)
+  local t
+  t=$(scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\n" | sed -n "s/^PreemptTime=//p" | head -n 1)
+  [ -n "$t" ] && [ "$t" != None ]
 }
 # Slurm >= 24.05 requeues a preempted --requeue job itself when its batch shell ends inside the
 # GraceTime under PreemptMode=REQUEUE; a `scontrol requeue` of ours then would leave Slurm's
