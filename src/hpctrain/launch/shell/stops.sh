@@ -47,9 +47,11 @@ hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)
   hpctrain_scontrol show job -o "$hpctrain_job" | tr " " "\n" | sed -n "s/^$1=//p" | head -n 1
 }
 hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)
-  # asked in the USR2 handler too: no waiting for the controller there (the stop's lead time is short)
+  # asked in the USR2 handler too: at most 5 s there (a controller that is away would hold scontrol for
+  # ~9 s, and the stop's lead time is short); no answer reads as "not preempted" (a time limit)
   local t
-  t=$(scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\n" | sed -n "s/^PreemptTime=//p" | head -n 1)
+  t=$(timeout 5 scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\n" | sed -n "s/^PreemptTime=//p" |
+    head -n 1)
   [ -n "$t" ] && [ "$t" != None ]
 }
 # Slurm >= 24.05 requeues a preempted --requeue job itself when its batch shell ends inside the
