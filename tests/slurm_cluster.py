@@ -366,7 +366,7 @@ StorageLoc=slurm_{self.cluster_name}
             if "22.05" in v:
                 raise ValueError(
                     f"rate_limit=True: SlurmctldParameters=rl_enable came in Slurm 23.02 and this cluster's "
-                    f"Slurm is {v.strip()}: give sysroot= (Slurm 24.11, tests/conftest.py slurm24_root)"
+                    f"Slurm is {v.strip()}: give sysroot=slurm24_root()[0] (Slurm 24.11)"
                 )
             lines.append("SlurmctldParameters=rl_enable")
         return "\n".join(lines)
