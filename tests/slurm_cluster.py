@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +167,13 @@ class SlurmCluster:
     # OUT_OF_MEMORY; memory a consumable resource, CR_CPU_Memory, for --mem to be a limit at all),
     # jobacct_gather/cgroup (sacct's MaxRSS per step). Off: linuxproc, task/none, no gather, CR_CPU.
     cgroups: bool = False
+    # Parts real sites have (docs/sweeps.md, "Site parts"), off by default so that no other test changes:
+    # a Prolog that sleeps this long on each node (a node's first step in a job waits for it; logged in
+    # log/prolog.log); SlurmctldParameters=rl_enable (Slurm >= 23.02: needs a 24.11 `sysroot`); KillWait
+    # (Slurm's default is 30 s). `restart_slurmctld()` restarts the controller under running jobs.
+    prolog_s: float = 0
+    rate_limit: bool = False
+    kill_wait: int = 5
 
     @property
     def conf(self) -> Path:
@@ -337,7 +345,7 @@ SlurmdTimeout={SLURMD_TIMEOUT}
 FirstJobId={random.randrange(1000, 900000)}
 SchedulerParameters=sched_interval=1,bf_interval=1
 JobRequeue=1
-KillWait=5
+KillWait={self.kill_wait}
 InactiveLimit=0
 MinJobAge=300
 JobAcctGatherType={"jobacct_gather/cgroup" if self.cgroups else "jobacct_gather/none"}
@@ -357,6 +365,7 @@ PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP Preem
 PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
 PartitionName={SPARE_PARTITION} Nodes={",".join(ALL_NODES)} MaxTime=INFINITE State=UP PreemptMode=OFF
 {f"PlugStackConfig={self.plugstack}" if self.plugstack else ""}
+{self._site_parts()}
 {self.conf_extra}
 """)
         if self.cgroups:
@@ -378,6 +387,27 @@ StorageUser=root
 StorageLoc=slurm_{self.cluster_name}
 """)
         dbd.chmod(0o600)
+
+    def _site_parts(self) -> str:
+        """The slurm.conf lines of the site parts asked for (prolog_s, rate_limit); writes the Prolog."""
+        lines = []
+        if self.prolog_s:
+            log = self.root / "log" / "prolog.log"
+            _script(
+                self.root / "etc" / "prolog",
+                f'#!/bin/sh\necho "$(date +%s.%N) start job $SLURM_JOB_ID on $SLURMD_NODENAME" >> {log}\n'
+                f'sleep {self.prolog_s:g}\necho "$(date +%s.%N) end job $SLURM_JOB_ID on $SLURMD_NODENAME" >> {log}\n',
+            )
+            lines.append(f"Prolog={self.root / 'etc' / 'prolog'}")
+        if self.rate_limit:
+            v = subprocess.run(self._cmd("/usr/sbin/slurmctld", "-V"), capture_output=True, text=True).stdout
+            if "22.05" in v:
+                raise ValueError(
+                    f"rate_limit=True: SlurmctldParameters=rl_enable came in Slurm 23.02 and this cluster's "
+                    f"Slurm is {v.strip()}: give sysroot=slurm24_root()[0] (Slurm 24.11)"
+                )
+            lines.append("SlurmctldParameters=rl_enable")
+        return "\n".join(lines)
 
     def _scontrol_ok(self, *args: str) -> bool:
         r = subprocess.run(["scontrol", *args], capture_output=True, text=True, env=self.env, timeout=20)
@@ -499,6 +529,11 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
         and PreemptParameters (24.11) (`scontrol show config` shows them, the preemption signal follows)
         and DefMemPerCPU (22.05: the next job gets MinMemoryCPU and, in a batch job, SLURM_MEM_PER_CPU)."""
         before = self.conf.read_text()
+        settings = dict(settings)
+        for line in before.splitlines():  # SlurmctldParameters merge (rate_limit's rl_enable stays)
+            k, _, v = line.partition("=")
+            if k == "SlurmctldParameters" and k in settings:
+                settings[k] = f"{v},{settings[k]}"
         kept = [line for line in before.splitlines() if line.split("=", 1)[0] not in settings]
         at = next(i for i, line in enumerate(kept) if line.startswith("NodeName="))
         kept[at:at] = [f"{k}={v}" for k, v in settings.items()]
@@ -511,6 +546,27 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
             self.run("scontrol", "reconfigure")
 
     # -------------------------------------------------------------- faults
+
+    def restart_slurmctld(self, down_s: float = 0, while_down: Callable[[], object] | None = None) -> None:
+        """Restart the controller under running jobs, as a site does (`systemctl restart slurmctld`):
+        SIGTERM (it saves its state to StateSaveLocation and exits), `down_s` seconds without one (in
+        which `while_down` runs), then a plain `slurmctld -D` (no `-i`: a restart must read its saved
+        state, and a state it cannot read is an error here) that recovers the jobs; returns once
+        `scontrol ping` answers."""
+        (old,) = [p for p in self.procs if "/usr/sbin/slurmctld" in p.args]
+        os.killpg(old.pid, signal.SIGTERM)
+        old.wait(60)
+        self.procs.remove(old)
+        up_at = time.monotonic() + down_s
+        if while_down is not None:
+            while_down()
+        time.sleep(max(0.0, up_at - time.monotonic()))
+        self._start(
+            "slurmctld restarted",
+            [a for a in old.args if a != "-i"],
+            lambda: self._scontrol_ok("ping"),
+            self.root / "log" / "slurmctld.log",
+        )
 
     def node_pids(self, node: str) -> list[int]:
         """Every process in the node's UTS namespace: its slurmd, slurmstepds, batch shells, tasks."""

@@ -16,3 +16,15 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
       scontrol update job="$2" ExcNodeList="${old:+$old,}$1"; exit 0
     done' hpctrain-guard "$hpctrain_batch_host" "$hpctrain_job" &
 fi
+# A site's Prolog runs on a node when the job's first step starts there (slurm.conf Prolog, unless
+# PrologFlags=Alloc), and that step waits for it: a spare that never ran a step would spend its
+# Prolog inside its first probe step and fail the probe's HPCTRAIN_PROBE_S (10 s) as "no answer".
+# One step on the spares now, beside the training's first step, runs their Prolog at the start.
+if [ "$hpctrain_spares" -gt 0 ]; then
+  hpctrain_warm=$(hpctrain_healthy | tail -n "+$((hpctrain_train_nodes + 1))")
+  if [ -n "$hpctrain_warm" ]; then
+    hpctrain_n=$(printf '%s\n' "$hpctrain_warm" | wc -l)
+    hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | paste -sd, -)
+    srun --overlap --nodes="$hpctrain_n" --ntasks="$hpctrain_n" --nodelist="$hpctrain_warm" true >/dev/null 2>&1 &
+  fi
+fi

@@ -14,7 +14,7 @@ case "$hpctrain_decision" in
       exit 0
     fi
     if [ -n "${hpctrain_bad// /}" ]; then hpctrain_requeue_excluding && exit 0
-    else scontrol requeue "$hpctrain_job" && exit 0
+    else hpctrain_scontrol requeue "$hpctrain_job" && exit 0
     fi
     echo "hpctrain: scontrol requeue $hpctrain_job failed; the checkpoint is saved: resubmit the same job to resume" >&2
     exit 1 ;;

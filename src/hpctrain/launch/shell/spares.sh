@@ -44,12 +44,29 @@ fi
 timeout 5 touch "$2/probe-${SLURMD_NODENAME:-$(hostname)}" 2>/dev/null || {
   echo "the run directory took no write in 5 s"; exit 3; }'
 declare -A hpctrain_suspect=()  # node → why a task suspected it: excluded only if its probe fails
+# A step the controller refuses before it asks any node is no node's fault: measured (24.11.5), while
+# slurmctld restarts srun fails with "Unable to confirm allocation … Unable to contact slurm
+# controller", and for ~5 s after it with "Unable to create step … Memory required by task is not
+# available" (the nodes have not registered again). Such a probe is asked again, for up to 60 s.
 hpctrain_probe() {  # 'node<TAB>why' when the node fails its probe ('fs: why' for the file system)
-  local out rc
-  out=$(timeout "${HPCTRAIN_PROBE_S:-10}" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" \
-    ${hpctrain_probe_gpus[@]+"${hpctrain_probe_gpus[@]}"} bash -c "$hpctrain_probe_check" hpctrain-probe \
-    "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" 2>&1); rc=$?
-  out=$(printf '%s\n' "$out" | grep -v '^srun: ' | tail -n 1 | tr -d '\000-\037' | cut -c1-200)
+  local out rc msg end=$((SECONDS + 60))
+  while true; do
+    out=$(timeout "${HPCTRAIN_PROBE_S:-10}" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" \
+      ${hpctrain_probe_gpus[@]+"${hpctrain_probe_gpus[@]}"} bash -c "$hpctrain_probe_check" hpctrain-probe \
+      "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" 2>&1); rc=$?
+    case "$rc:$out" in
+      0:*) break ;;
+      *"Unable to contact slurm controller"*|*"Memory required by task is not available"*)
+        [ "$SECONDS" -lt "$end" ] || break
+        echo "hpctrain: probe step on $1 refused by the controller ($(printf '%s' "$out" |
+          grep '^srun: error: ' | tail -n 1 | cut -c1-160)): asking again" >&2
+        sleep 2 ;;
+      *) break ;;
+    esac
+  done
+  msg=$(printf '%s\n' "$out" | grep -v '^srun: ' | tail -n 1)
+  [ -n "$msg" ] || msg=$(printf '%s\n' "$out" | grep '^srun: error: ' | tail -n 1)
+  out=$(printf '%s' "$msg" | tr -d '\000-\037' | cut -c1-200)
   case "$rc" in
     0) return 0 ;;
     3) printf '%s\t%s\n' "$1" "fs: $out"; return 0 ;;
@@ -113,8 +130,8 @@ hpctrain_requeue_excluding() {
   local old new
   old=$(hpctrain_job_field ExcNodeList); [ "$old" != "(null)" ] || old=""
   new=$(echo $old $hpctrain_bad | tr " " ",")
-  scontrol requeue "$hpctrain_job" || return 1
-  if scontrol update job="$hpctrain_job" ExcNodeList="$new"; then
+  hpctrain_scontrol requeue "$hpctrain_job" || return 1
+  if hpctrain_scontrol update job="$hpctrain_job" ExcNodeList="$new"; then
     hpctrain_new=$hpctrain_bad; hpctrain_record requeue
     echo "hpctrain: job $hpctrain_job requeued without $new"
   else echo "hpctrain: job $hpctrain_job requeued; $new could not be excluded: it may run there again" >&2
