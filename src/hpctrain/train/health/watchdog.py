@@ -432,7 +432,8 @@ class Watchdog:
 
     def _publish_and_look(self) -> None:
         self._publish("running")
-        self._alarm = (self.logs / TRIGGER).exists()
+        logs = self.logs
+        self._alarm = logs is not None and (logs / TRIGGER).exists()
 
     def _stall_began(self, busy: float) -> None:
         if self._stalled is None:
