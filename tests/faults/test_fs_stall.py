@@ -60,9 +60,10 @@ def test_a_frozen_run_directory_is_waited_out_not_called_a_hang(digits_root, tmp
         outs = [p.communicate(timeout=600)[0] for p in procs]
     finally:
         for p in procs:
-            with contextlib.suppress(ProcessLookupError):  # ended already
-                os.kill(p.pid, signal.SIGCONT)
-                os.killpg(p.pid, signal.SIGKILL)
+            if p.poll() is None:  # a reaped wrapper's pid may be another process's by now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGKILL)
     tails = "\n".join(f"--- rank {r}\n{o[-3000:]}" for r, o in enumerate(outs))
     assert during <= 2, f"the run went on {during} steps while its directory was frozen: no stall\n{tails}"
     assert [p.returncode for p in procs] == [0, 0, 0, 0], tails
