@@ -103,17 +103,9 @@ def slurm24_cluster(tmp_path_factory):
     """A second test cluster on Slurm 24.11 (Debian 13's, from the root `.ci/slurm24 --prepare` builds;
     waits for a build in progress), same API as `slurm_cluster`. Skipped without the root, except in
     CI (CI set), where a missing root fails the test: the 24.11 tests must run there."""
-    from tests.slurm_cluster import SlurmCluster, missing, slurm24_root
+    from tests.slurm_cluster import SlurmCluster, slurm24_sysroot
 
-    why = missing()
-    if why:
-        pytest.skip(why)
-    root, why = slurm24_root()
-    if root is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI: {why} (.ci/run builds it: see .ci-slurm24-prepare.log)")
-        pytest.skip(why)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm24"), sysroot=root).start()
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm24"), sysroot=slurm24_sysroot()).start()
     try:
         yield cluster
     finally:

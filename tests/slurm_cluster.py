@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import WAIT_S, free_port
 
 NODES = ("n1", "n2")
@@ -674,6 +676,21 @@ def slurm24_root(wait_s: float = 600) -> tuple[Path | None, str]:
         f"no Slurm 24.11 root at {root}: build it with `bash .ci/slurm24 --prepare` "
         "(debootstrap of Debian 13, ~2 min, ~300 MB)"
     )
+
+
+def slurm24_sysroot() -> Path:
+    """The 24.11 root for a test's own cluster (`SlurmCluster(..., sysroot=)`). Skipped where the
+    cluster cannot run or the root is not built, except in CI (CI set), where a missing root fails
+    the test: the 24.11 tests must run there."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    root, why = slurm24_root()
+    if root is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {why} (.ci/run builds it: see .ci-slurm24-prepare.log)")
+        pytest.skip(why)
+    return root
 
 
 def _script(path: Path, text: str) -> None:

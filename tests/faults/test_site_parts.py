@@ -32,7 +32,7 @@ from tests.launch.jobs import (
     uninterrupted,
     wait_for_step,
 )
-from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, missing, slurm24_root
+from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, slurm24_sysroot
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SETS = (*JOB_SETS, "train.ckpt_every=5")
@@ -48,16 +48,12 @@ SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:1.0:data"}
 @pytest.fixture(scope="module")
 def site_cluster(tmp_path_factory):
     """Its own 24.11 cluster (rl_enable is not in 22.05): a 15 s Prolog, rate limiting, KillWait=30."""
-    why = missing()
-    if why:
-        pytest.skip(why)
-    root, why = slurm24_root()
-    if root is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI: {why}")
-        pytest.skip(why)
     c = SlurmCluster(
-        tmp_path_factory.mktemp("slurm-site-parts"), sysroot=root, prolog_s=PROLOG_S, rate_limit=True, kill_wait=30
+        tmp_path_factory.mktemp("slurm-site-parts"),
+        sysroot=slurm24_sysroot(),
+        prolog_s=PROLOG_S,
+        rate_limit=True,
+        kill_wait=30,
     ).start()
     try:
         yield c
