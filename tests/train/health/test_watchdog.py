@@ -121,6 +121,40 @@ def test_file_work_tells_how_long_a_write_has_waited_and_never_waits_with_it(tmp
     assert work.busy_s() == 0.0
 
 
+def io_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "hpctrain-hang-watchdog-io"]
+
+
+def test_file_work_thread_ends_when_closed_and_a_stalled_one_when_the_write_returns(tmp_path):
+    """A run's exit must leave no thread behind (tests/train/test_exit.py counts them)."""
+    before = io_threads()
+    work = wd.FileWork()
+    assert work.run(lambda: None, 30) and len(io_threads()) == len(before) + 1
+    assert work.close(30) and io_threads() == before
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not work.run(lambda: fifo.write_text("x"), 0.3)  # a new thread, now stalled
+    assert not work.close(0.2)  # the stalled write keeps it; close does not wait with it
+    with open(fifo) as reader:
+        assert reader.read() == "x"
+    deadline = time.monotonic() + 30
+    while io_threads() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert io_threads() == before
+
+
+def test_a_watchdog_that_has_published_leaves_no_thread_after_its_block(tmp_path):
+    before = io_threads()
+    with wd.Watchdog(1, 0, 1, tmp_path) as dog:
+        dog.beat(0)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / wd.HEARTBEAT.format(0)).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dog.beat(0)
+        assert (tmp_path / wd.HEARTBEAT.format(0)).exists()
+    assert io_threads() == before and not (tmp_path / wd.HEARTBEAT.format(0)).exists()
+
+
 def test_many_ranks_stay_one_bounded_line():
     n = 128
     line, rec = verdict(

@@ -316,11 +316,25 @@ class FileWork:
         since = self._since
         return 0.0 if since is None else time.monotonic() - since
 
+    def close(self, timeout_s: float) -> bool:
+        """End the thread (a job not yet begun is dropped); False when the run directory still
+        holds the job running now after `timeout_s` (a daemon thread then, left in the kernel)."""
+        with self._cv:
+            thread, self._thread, self._next = self._thread, None, None
+            if thread is None:
+                return True
+            self._cv.notify_all()
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
     def _loop(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._cv:
-                while self._next is None:
+                while self._next is None and self._thread is me:
                     self._cv.wait()
+                if self._thread is not me:  # closed
+                    return
                 (ticket, fn), self._next = self._next, None
                 self._since = time.monotonic()
             try:
@@ -410,6 +424,7 @@ class Watchdog:
         self._stop.set()
         self._thread.join(timeout=2 * self.peer_wait_s + 60)
         self._thread = None
+        self.io.close(self.stall_s)
         if not self.fired.is_set() and self.logs:
             (self.logs / HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
 
