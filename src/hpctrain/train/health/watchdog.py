@@ -333,9 +333,10 @@ class FileWork:
             with self._cv:
                 while self._next is None and self._thread is me:
                     self._cv.wait()
-                if self._thread is not me:  # closed
+                job = self._next
+                if self._thread is not me or job is None:  # closed
                     return
-                (ticket, fn), self._next = self._next, None
+                (ticket, fn), self._next = job, None
                 self._since = time.monotonic()
             try:
                 fn()
