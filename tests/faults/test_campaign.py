@@ -29,6 +29,7 @@ import torch
 
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.health.faults import GPU_FAULT_ENV
+from tests.helpers import wait_for
 from tests.launch.jobs import (
     JOB_SETS,
     JOB_STEPS,
@@ -82,6 +83,11 @@ def batch_host(cluster, job: str) -> str:
     return cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[0]
 
 
+def restarted(cluster, job: str, run, n: int) -> None:
+    """Until the batch shell has recorded its `n`-th restart in this allocation."""
+    wait_for(lambda: len(metrics(run, "restart")) >= n, f"no restart {n}", 300, lambda: job_report(cluster, job, run))
+
+
 def newest_checkpoint(run) -> int:
     return max((ckpt.step_of(p) for p in ckpt.list_checkpoints(run)), default=0)
 
@@ -118,12 +124,14 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
         assert pid, job_report(c, job, run)
         on_disk.append(newest_checkpoint(run))
         os.kill(pid, signal.SIGKILL)
+        restarted(c, job, run, 1)
 
         # 2. a CUDA hardware error on a node whose GPU then fails its probe
         wait_for_step(run, 14, 300)
         faulty = next(h for r, h in sorted(hosts_now(run).items()) if h != first)
         on_disk.append(newest_checkpoint(run))
         lost.write_text(f"{faulty}\n")
+        restarted(c, job, run, 2)
 
         # 3. the controller restarts while the job trains
         wait_for_step(run, 20, 300)
@@ -135,9 +143,16 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
         wait_for_step(run, 24, 300)
         on_disk.append(newest_checkpoint(run))
         c.run("scancel", "--signal=USR2", "--batch", job)
+        (stop,) = wait_for(lambda: metrics(run, "stop"), "no stop record", 300, lambda: job_report(c, job, run))
+        wait_for(
+            lambda: (run / "attempts" / f"env-{job}-1-0.json").is_file(),
+            "the requeued job did not start",
+            300,
+            lambda: job_report(c, job, run),
+        )
 
         # 5. in the new allocation, a training node that is not the batch host dies
-        wait_for_step(run, 31, 400)
+        wait_for_step(run, stop["step"] + 5, 300)
         second = batch_host(c, job)
         dead = next(h for r, h in sorted(hosts_now(run).items()) if h != second)
         on_disk.append(newest_checkpoint(run))
@@ -162,8 +177,7 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
     assert (r1["slurm_restart"], r2["slurm_restart"], r3["slurm_restart"]) == (0, 0, 1), (r1, r2, r3)
     (exclude,) = metrics(run, "exclude")
     assert exclude["nodes"] == [faulty], exclude
-    (stop,) = metrics(run, "stop")
-    assert stop["reason"] == "time_limit", stop
+    assert metrics(run, "stop") == [stop] and stop["stop_kind"] == "time_limit", stop
 
     # no checkpoint lost: each attempt resumed from the newest checkpoint on disk when its fault struck
     resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", (run / "logs" / "rank-0.log").read_text())]
