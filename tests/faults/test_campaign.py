@@ -199,7 +199,8 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
     st = hp(c, "status", job).stdout
     assert "COMPLETED" in st and re.search(r"requeues +1 \(0 after preemption, 1 after a time limit", st), st
     assert re.search(rf"restarts +3 in the job on spare nodes \(last: attempt 1 of job {job} without {dead}", st), st
-    assert re.search(rf"excluded +.*\b{faulty} \({faulty}: rank \d failed: RuntimeError: CUDA error", st), st
+    assert re.search(rf"excluded +{faulty} \(rank \d failed: RuntimeError: CUDA error: uncorrectable ECC", st), st
+    assert re.search(rf"; {dead} \(left the job's allocation \(Slurm: node failure\)\)", st), st
     print(
         f"fault campaign: job {job} COMPLETED {took:.0f} s after submission through a killed rank, a GPU "
         f"fault on {faulty}, a slurmctld restart, a time-limit requeue and the death of {dead}; resumed at "
