@@ -40,10 +40,10 @@ import pytest
 from tests.helpers import WAIT_S, free_port
 
 NODES = ("n1", "n2")
-# A third node only in SPARE_PARTITION (docs/spares.md, hot spares: a 3-node allocation training on 2): the
-# other partitions keep n1 and n2, so what every other test schedules on is unchanged.
-SPARE_NODE, SPARE_PARTITION = "n3", "spares"
-ALL_NODES = (*NODES, SPARE_NODE)
+# A third node (n3; more with SlurmCluster(spare_nodes=…)) only in SPARE_PARTITION (docs/spares.md, hot
+# spares: a 3-node allocation training on 2): the other partitions keep n1 and n2, so what every other
+# test schedules on is unchanged.
+SPARE_PARTITION = "spares"
 CPUS_PER_NODE = 4
 # A node whose slurmd stops answering is DOWN after this many seconds (its jobs: NODE_FAIL and,
 # with --requeue, requeued); the controller pings every third of it. Default 300 s.
@@ -176,6 +176,13 @@ class SlurmCluster:
     prolog_s: float = 0
     rate_limit: bool = False
     kill_wait: int = 5
+    # nodes only in SPARE_PARTITION (n3, n4, …): a job there that lost a node and is requeued without it
+    # (ExcNodeList) needs one more than its size (tests/faults/test_campaign.py)
+    spare_nodes: int = 1
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        return (*NODES, *(f"n{len(NODES) + 1 + i}" for i in range(self.spare_nodes)))
 
     @property
     def conf(self) -> Path:
@@ -188,7 +195,7 @@ class SlurmCluster:
         for d in ("etc", "log", "state", "spool", "run", "munge", "db", "tmp"):
             (r / d).mkdir(parents=True, exist_ok=True)
         self.cluster_name = f"hpct{random.randrange(10**6)}"
-        ports = {k: free_port() for k in ("ctld", "dbd", "db", *ALL_NODES)}
+        ports = {k: free_port() for k in ("ctld", "dbd", "db", *self.all_nodes)}
         munge_sock = r / "munge" / "munge.socket"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         if self.sysroot is not None:
@@ -210,7 +217,7 @@ class SlurmCluster:
                 r / "log" / "slurmctld.log",
             )
             self._write_hosts()
-            for n in ALL_NODES:
+            for n in self.all_nodes:
                 self._start_slurmd(n)
             _wait("the slurmd nodes", self._nodes_idle, 40, log=r / "log" / "slurmctld.log")
         except BaseException:
@@ -220,9 +227,8 @@ class SlurmCluster:
 
     def _write_hosts(self) -> None:
         """The nodes' /etc/hosts (every name on loopback)."""
-        (self.root / "etc" / "hosts").write_text(
-            "127.0.0.1 localhost " + " ".join(ALL_NODES) + f" {socket.gethostname()}\n::1 localhost ip6-localhost\n"
-        )
+        names = " ".join((*self.all_nodes, socket.gethostname()))
+        (self.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost {names}\n::1 localhost ip6-localhost\n")
 
     def _start_slurmd(self, node: str) -> subprocess.Popen:
         hosts = self.root / "etc" / "hosts"
@@ -308,7 +314,7 @@ class SlurmCluster:
         nodes = "\n".join(
             f"NodeName={n} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={CPUS_PER_NODE} "
             f"RealMemory=4000{gres.get(n, '')} {self.node_options.get(n, '')} State=UNKNOWN"
-            for n in ALL_NODES
+            for n in self.all_nodes
         )
         (r / "dev").mkdir(exist_ok=True)
         for i in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidia<i> (slurmd wants character devices)
@@ -365,7 +371,7 @@ PartitionName={PREEMPTIBLE} Nodes={nodes_list} MaxTime=INFINITE State=UP Priorit
 PartitionName={URGENT} Nodes={nodes_list} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 PartitionName={GPU_PARTITION} Nodes={GPU_NODE} MaxTime=2-00:00:00 State=UP PreemptMode=OFF
 PartitionName={CPU_PARTITION} Nodes={CPU_NODE} MaxTime=04:00:00 State=UP PreemptMode=OFF
-PartitionName={SPARE_PARTITION} Nodes={",".join(ALL_NODES)} MaxTime=INFINITE State=UP PreemptMode=OFF
+PartitionName={SPARE_PARTITION} Nodes={",".join(self.all_nodes)} MaxTime=INFINITE State=UP PreemptMode=OFF
 {f"PlugStackConfig={self.plugstack}" if self.plugstack else ""}
 {self._site_parts()}
 {self.conf_extra}
@@ -420,7 +426,7 @@ StorageLoc=slurm_{self.cluster_name}
             ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env, timeout=20
         )
         states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
-        return all(states.get(n) == "idle" for n in ALL_NODES)
+        return all(states.get(n) == "idle" for n in self.all_nodes)
 
     # -------------------------------------------------------------- another Slurm version
 

@@ -21,7 +21,7 @@ hpctrain_hosts() {  # a Slurm host list → node names, one per line
   { scontrol show hostnames "$1" 2>/dev/null || true; } | hpctrain_names  # (set -o pipefail)
 }
 hpctrain_alloc=" $(hpctrain_hosts "${SLURM_JOB_NODELIST:-}" | tr "\n" " ")"
-hpctrain_bad=" " hpctrain_attempt=0 hpctrain_step=()
+hpctrain_bad=" " hpctrain_bad_why="" hpctrain_attempt=0 hpctrain_step=()  # the nodes left out, and why
 hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill job), minus the excluded
   local n
   for n in $(hpctrain_hosts "$(hpctrain_job_field NodeList)"); do
@@ -106,7 +106,7 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
     case "$why" in "fs: "*) hpctrain_fs="${hpctrain_fs:+$hpctrain_fs, }$n"; continue ;; esac
     case "$hpctrain_alloc" in *" $n "*) ;; *) continue ;; esac
     [ -n "$(printf '%s\n' "$n" | hpctrain_names)" ] || continue
-    case "$seen" in *" $n "*) continue ;; esac
+    case "$seen$hpctrain_bad" in *" $n "*) continue ;; esac  # once each; none left out before
     seen="$seen$n " hpctrain_new="$hpctrain_new$n "
     hpctrain_fault="${hpctrain_fault:+$hpctrain_fault; }$n: $(printf '%s' "$why" | tr -d '\000-\037')"
   done <<< "$(hpctrain_faults)"
@@ -132,7 +132,7 @@ hpctrain_requeue_excluding() {
   new=$(echo $old $hpctrain_bad | tr " " ",")
   hpctrain_scontrol requeue "$hpctrain_job" || return 1
   if hpctrain_scontrol update job="$hpctrain_job" ExcNodeList="$new"; then
-    hpctrain_new=$hpctrain_bad; hpctrain_record requeue
+    hpctrain_new=$hpctrain_bad hpctrain_fault=$hpctrain_bad_why; hpctrain_record requeue
     echo "hpctrain: job $hpctrain_job requeued without $new"
   else echo "hpctrain: job $hpctrain_job requeued; $new could not be excluded: it may run there again" >&2
   fi

@@ -16,7 +16,7 @@ if [ -z "$hpctrain_new" ]; then
   # shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
   break
 fi
-hpctrain_bad="$hpctrain_bad$hpctrain_new"
+hpctrain_bad="$hpctrain_bad$hpctrain_new" hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_fault"
 hpctrain_left=$(hpctrain_healthy | wc -l)
 if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
   hpctrain_attempt=$((hpctrain_attempt + 1))
