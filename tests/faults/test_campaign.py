@@ -38,6 +38,7 @@ from tests.launch.jobs import (
     hp,
     job_report,
     metrics,
+    rank_hosts,
     sacct_states,
     submit,
     task_pid,
@@ -67,16 +68,6 @@ def campaign_cluster(tmp_path_factory):
 def reference(digits_root, tmp_path_factory) -> dict:
     """The uninterrupted 4-rank run's final weights (local gloo ranks, same config, threads pinned)."""
     return uninterrupted(4, digits_root, tmp_path_factory)
-
-
-def hosts_now(run) -> dict[int, str]:
-    """rank → host of the latest attempt (each attempt appends its start line to the rank's log)."""
-    out = {}
-    for log in (run / "logs").glob("rank-*.log"):
-        found = re.findall(r"world size \d+ .* rank (\d+) on host (\S+)", log.read_text())
-        if found:
-            out[int(found[-1][0])] = found[-1][1]
-    return out
 
 
 def batch_host(cluster, job: str) -> str:
@@ -120,7 +111,7 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
         # 1. a rank's Python dies, its node stays up
         wait_for_step(run, 7, 240)
         first = batch_host(c, job)
-        rank = next(r for r, h in sorted(hosts_now(run).items()) if h != first)
+        rank = next(r for r, (_, h) in sorted(rank_hosts(run).items()) if h != first)
         pid = task_pid(job, rank)
         assert pid, job_report(c, job, run)
         on_disk.append(newest_checkpoint(run))
@@ -129,14 +120,14 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
 
         # 2. a CUDA hardware error on a node whose GPU then fails its probe
         wait_for_step(run, 14, 300)
-        faulty = next(h for r, h in sorted(hosts_now(run).items()) if h != first)
+        faulty = next(h for r, (_, h) in sorted(rank_hosts(run).items()) if h != first)
         on_disk.append(newest_checkpoint(run))
         lost.write_text(f"{faulty}\n")
         restarted(c, job, run, 2)
 
         # 3. the controller restarts while the job trains
         wait_for_step(run, 20, 300)
-        assert faulty not in hosts_now(run).values(), job_report(c, job, run)
+        assert faulty not in {h for _, h in rank_hosts(run).values()}, job_report(c, job, run)
         c.restart_slurmctld(down_s=5)
         assert c.state(job) == "RUNNING", job_report(c, job, run)
 
@@ -155,7 +146,7 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
         # 5. in the new allocation, a training node that is not the batch host dies
         wait_for_step(run, stop["step"] + 5, 300)
         second = batch_host(c, job)
-        dead = next(h for r, h in sorted(hosts_now(run).items()) if h != second)
+        dead = next(h for r, (_, h) in sorted(rank_hosts(run).items()) if h != second)
         on_disk.append(newest_checkpoint(run))
         assert c.kill_node(dead) >= 3  # slurmd, slurmstepd, the task(s)
         assert c.wait_done(job, 600) == "COMPLETED", job_report(c, job, run)

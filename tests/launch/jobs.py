@@ -82,12 +82,14 @@ def wait_running(cluster, job: str, timeout: float = 30) -> None:
 
 
 def rank_hosts(run_dir: Path) -> dict[int, tuple[int, str]]:
-    """rank → (world size, host) from each rank's log."""
+    """rank → (world size, host) of the latest attempt, from each rank's log (every attempt appends
+    its start line)."""
     out = {}
     for log in sorted((run_dir / "logs").glob("rank-*.log")):
-        m = re.search(r"world size (\d+) .* rank (\d+) on host (\S+)", log.read_text())
-        if m:
-            out[int(m.group(2))] = (int(m.group(1)), m.group(3))
+        found = re.findall(r"world size (\d+) .* rank (\d+) on host (\S+)", log.read_text())
+        if found:
+            world, rank, host = found[-1]
+            out[int(rank)] = (int(world), host)
     return out
 
 
