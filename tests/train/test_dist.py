@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hpctrain.train.dist import DistInfo, detect, expand_hostlist, init, port_from_job_id
+from hpctrain.train.dist import ATTEMPT_STRIDE, DistInfo, detect, expand_hostlist, init, port_from_job_id
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_a_step_restarted_on_spares_follows_its_own_nodes_and_port():
     again = dict(SRUN, SLURM_JOB_NODELIST="gpu[07-09]", SLURM_STEP_NODELIST="gpu[08-09]", HPCTRAIN_ATTEMPT="1")
     info = detect(again)
     assert info.master_addr == "gpu08"
-    assert info.master_port == port_from_job_id("123456", 1) == port_from_job_id("123456") + 1
+    assert info.master_port == port_from_job_id("123456", 1) != port_from_job_id("123456")
 
 
 def test_array_elements_get_their_own_port():
@@ -88,6 +88,14 @@ def test_array_elements_get_their_own_port():
     assert a.master_port != b.master_port
     ports = {port_from_job_id(j) for j in range(10**6, 10**6 + 1000)}
     assert len(ports) == 1000 and min(ports) >= 15000 and max(ports) < 30000
+
+
+def test_a_restarted_job_never_takes_the_port_of_a_neighbouring_array_element():
+    """Array elements have consecutive ids and may share a node: attempt k of job j once took job
+    j+k's port (15000 + (j + k) % 15000). Now every (job, attempt) of 937 consecutive ids and 16
+    attempts has a port of its own."""
+    ports = [port_from_job_id(j, k) for j in range(424_242, 424_242 + ATTEMPT_STRIDE) for k in range(16)]
+    assert len(set(ports)) == len(ports) and min(ports) >= 15000 and max(ports) < 30000
 
 
 def test_batch_script_itself_is_not_a_rank():

@@ -10,7 +10,8 @@ naming no node (a crashed or killed rank on a healthy node) runs again on the sa
 `slurm.max_restarts` times per allocation; the same error at the same step twice, or an error the
 user must fix, ends the job with that error instead (restarts.sh). Fewer than N healthy nodes left, or no
 spares: the job is requeued and the named nodes go into its ExcNodeList at once (Slurm takes
-ExcNodeList only while the job is pending; a requeued job waits cred_expire). Every restart and
+ExcNodeList only while the job is pending; a requeued job waits cred_expire), for a while and no more
+of them than the partition can spare (exclude.sh). Every restart and
 exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0 turns into a metrics record
 (hpctrain.run.faultlog). Facts and sources: docs/spares.md.
 """
@@ -25,8 +26,8 @@ NODE_ERE = NODE_NAME.pattern
 
 
 def setup_lines(spares: int, tasks_per_node: int, max_restarts: int) -> list[str]:
-    """Before the first step: how many nodes train, the files, and the shell functions (spares.sh,
-    restarts.sh)."""
+    """Before the first step: how many nodes train, the files, and the shell functions (exclude.sh,
+    spares.sh, restarts.sh)."""
     return [
         "# Hot spares (slurm.spare_nodes; HPCTRAIN_SPARE_NODES overrides): the job holds that many nodes more",
         "# than it trains on (#SBATCH --no-kill: a failed node leaves the job instead of ending it). After a",
@@ -36,6 +37,7 @@ def setup_lines(spares: int, tasks_per_node: int, max_restarts: int) -> list[str
         f"hpctrain_spares=${{HPCTRAIN_SPARE_NODES-{int(spares)}}}",
         f"hpctrain_tpn=${{SLURM_NTASKS_PER_NODE:-{int(tasks_per_node)}}}",
         shellfile.assign("hpctrain_node_name", NODE_ERE) + "  # the shell passes on no other node name",
+        *shellfile.lines("exclude.sh"),
         *shellfile.lines("spares.sh"),
         "# In-job restarts (slurm.max_restarts; HPCTRAIN_MAX_RESTARTS overrides): a step that failed naming no",
         "# faulty node runs again on the same nodes from the last checkpoint, unless it failed the same way at",
@@ -49,5 +51,6 @@ def guard_lines() -> list[str]:
     """Spare mode: a step on another node that requeues the job when the batch host dies. Measured
     (22.05): a --no-kill job whose batch host dies stays RUNNING on its other nodes without a batch
     script, also after the node is back, until its time limit; a guard step there sees the node
-    DOWN/NOT_RESPONDING (~14 s with SlurmdTimeout 10) and requeues it (docs/spares.md)."""
+    DOWN (after SlurmdTimeout) and requeues it; a node that is only NOT_RESPONDING, draining or
+    failing is left alone (docs/spares.md)."""
     return shellfile.lines("guard.sh")

@@ -55,19 +55,26 @@ def expand_hostlist(hostlist: str) -> list[str]:
     return hosts
 
 
+PORT_BASE, PORT_SPAN = 15000, 15000
+# 16 attempts × 937 ids = 14992 ports: all different within the span
+ATTEMPT_STRIDE = 937
+
+
 def port_from_job_id(job_id: str | int, attempt: int = 0) -> int:
     """The rendezvous port every task of a job computes alike, without talking: 15000-29999.
 
-    `attempt` (HPCTRAIN_ATTEMPT: a step started again in the same job on other nodes, hot spares)
+    `attempt` (HPCTRAIN_ATTEMPT: a step started again in the same job, on the same or other nodes)
     moves it on, so a new rank 0 never waits for a port the failed step's rank 0 still holds.
 
     From SLURM_JOB_ID, which is unique per array element (SLURM_ARRAY_JOB_ID is shared by all
-    of them), so two jobs whose rank 0 share a node get different ports unless their ids differ
-    by a multiple of 15000. The range stays below Linux's ephemeral ports (32768-60999), which
+    of them). An attempt moves the port ATTEMPT_STRIDE down, not one up: with one up, attempt k of
+    job j took job j+k's port, and array elements have consecutive ids on shared nodes. Now jobs
+    whose ids differ by less than ATTEMPT_STRIDE never share a port in their first 16 attempts
+    (tests/train/test_dist.py). The range stays below Linux's ephemeral ports (32768-60999), which
     outgoing connections may hold.
     """
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return 15000 + (int(digits) + attempt) % 15000
+    return PORT_BASE + (int(digits) - ATTEMPT_STRIDE * attempt) % PORT_SPAN
 
 
 def detect(env: Mapping[str, str] | None = None) -> DistInfo:

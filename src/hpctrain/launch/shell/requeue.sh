@@ -2,19 +2,29 @@
 case "$hpctrain_decision" in
   requeue)
     trap '' USR2 TERM  # scontrol requeue ends this shell with SIGTERM
-    hpctrain_state=$(hpctrain_job_field JobState) hpctrain_restarts=$(hpctrain_job_field Restarts)
+    hpctrain_state=$(hpctrain_job_field JobState)
+    hpctrain_restarts=$(hpctrain_job_field Restarts)
     # only this attempt's own allocation: a job Slurm requeued already (same id, a later restart) is not ours
     if [ "$hpctrain_state" != RUNNING ] || [ "${hpctrain_restarts:-0}" != "${SLURM_RESTART_COUNT:-0}" ]; then
       echo "hpctrain: job ${hpctrain_job} is ${hpctrain_state:-gone} (restart ${hpctrain_restarts:-?}) already: Slurm requeues or ends it itself"
       exit 0
     fi
     echo "hpctrain: $hpctrain_why"
+    if hpctrain_preempted; then hpctrain_count_preemption; fi
     if hpctrain_preempted && hpctrain_slurm_requeues_preempted; then
       echo "hpctrain: preempted under PreemptMode=REQUEUE: Slurm $(scontrol --version | sed 's/.* //') requeues the job itself as this shell ends"
       exit 0
     fi
-    if [ -n "${hpctrain_bad// /}" ]; then hpctrain_requeue_excluding && exit 0
-    else hpctrain_scontrol requeue "$hpctrain_job" && exit 0
+    if [ -n "${hpctrain_by_shell:-}" ] && ! hpctrain_budget_left; then
+      echo "hpctrain: stopped and not requeued: $hpctrain_budget_why" >&2
+      exit 3
+    fi
+    if hpctrain_requeue_excluding; then
+      if [ -n "${hpctrain_bad// /}" ]; then
+        hpctrain_new=$hpctrain_bad hpctrain_fault=$hpctrain_bad_why
+        hpctrain_record requeue
+      fi
+      exit 0
     fi
     echo "hpctrain: scontrol requeue $hpctrain_job failed; the checkpoint is saved: resubmit the same job to resume" >&2
     exit 1 ;;

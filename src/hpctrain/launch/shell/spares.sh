@@ -14,12 +14,6 @@ fi
 export HPCTRAIN_BAD_NODES_FILE="$HPCTRAIN_CONTROL_DIR/bad-nodes-${SLURM_JOB_ID:-none}"
 # one line per in-job restart or exclusion, kept across requeues: rank 0 records them (metrics.jsonl)
 export HPCTRAIN_FAULTS_FILE="$HPCTRAIN_CONTROL_DIR/faults-${SLURM_JOB_ID:-none}"
-hpctrain_names() {  # only names a node may have (hpctrain.run.badnodes.NODE_NAME), one per line
-  grep -xE "$hpctrain_node_name" || true
-}
-hpctrain_hosts() {  # a Slurm host list → node names, one per line
-  { scontrol show hostnames "$1" 2>/dev/null || true; } | hpctrain_names  # (set -o pipefail)
-}
 hpctrain_alloc=" $(hpctrain_hosts "${SLURM_JOB_NODELIST:-}" | tr "\n" " ")"
 hpctrain_bad=" " hpctrain_bad_why="" hpctrain_attempt=0 hpctrain_step=()  # the nodes left out, and why
 hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill job), minus the excluded
@@ -83,17 +77,20 @@ hpctrain_faults() {  # 'node<TAB>why' for every node named faulty after the step
       printf '%s\t%s\n' "$n" "${why:-named by a task}"
     done < "$HPCTRAIN_BAD_NODES_FILE"
   fi
+  # Slurm's view, after a failed step only (a clean stop names no node): a node that left the job, or
+  # one Slurm shows DOWN or FAIL. Not DRAIN (maintenance, a reboot ASAP: the node is healthy) and not
+  # NOT_RESPONDING alone (one missed RPC from a busy or restarting slurmd): the probe below decides.
+  [ "$hpctrain_rc" != 0 ] || return 0
   now=" $(hpctrain_hosts "$(hpctrain_job_field NodeList)" | tr "\n" " ")"
   for n in $hpctrain_step_hosts; do
-    case "$now" in *" $n "*) ;; *) printf '%s\t%s\n' "$n" "left the job's allocation (Slurm: node failure)"; continue ;; esac
-    st=$(scontrol show node -o "$n" 2>/dev/null | tr " " "\n" | sed -n "s/^State=//p")
-    # NOT_RESPONDING alone is one missed RPC (a busy or restarting slurmd): the probe below decides
-    case "$st" in *DOWN*|*DRAIN*|*FAIL*) printf '%s\t%s\n' "$n" "node state $st (scontrol show node)" ;; esac
+    case "$now" in *" $n "*) ;; *) printf '%s\t%s\n' "$n" "left the job's allocation (Slurm: node failure)" ;; esac
   done
-  if [ "$hpctrain_rc" != 0 ]; then
-    for n in $now; do hpctrain_probe "$n" & done
-    wait
-  fi
+  while IFS=$'\t' read -r n st; do
+    case "$hpctrain_step_hosts" in *" $n "*) ;; *) continue ;; esac
+    case "${st%%+*}:+$st+" in DOWN:*|*+FAIL+*) printf '%s\t%s\n' "$n" "node state $st (scontrol show node)" ;; esac
+  done < <(hpctrain_node_states "$(hpctrain_commas "$now")")
+  for n in $now; do hpctrain_probe "$n" & done
+  wait
 }
 hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), for this job's nodes only
   local n why seen=' '
@@ -121,19 +118,5 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
 }
 hpctrain_record() {  # a line of $HPCTRAIN_FAULTS_FILE: time, restart, attempt, action, nodes, why, step end
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" \
-    "$(echo $hpctrain_new | tr " " ",")" "$hpctrain_fault" "$hpctrain_ended" >> "$HPCTRAIN_FAULTS_FILE" || true
-}
-# Requeue with the named nodes added to ExcNodeList, which Slurm takes on pending jobs only: right
-# after the requeue (a requeued job may start only after cred_expire, 120 s by default; not held,
-# which would leave the job held if this shell died before the release).
-hpctrain_requeue_excluding() {
-  local old new
-  old=$(hpctrain_job_field ExcNodeList); [ "$old" != "(null)" ] || old=""
-  new=$(echo $old $hpctrain_bad | tr " " ",")
-  hpctrain_scontrol requeue "$hpctrain_job" || return 1
-  if hpctrain_scontrol update job="$hpctrain_job" ExcNodeList="$new"; then
-    hpctrain_new=$hpctrain_bad hpctrain_fault=$hpctrain_bad_why; hpctrain_record requeue
-    echo "hpctrain: job $hpctrain_job requeued without $new"
-  else echo "hpctrain: job $hpctrain_job requeued; $new could not be excluded: it may run there again" >&2
-  fi
+    "$(hpctrain_commas "$hpctrain_new")" "$hpctrain_fault" "$hpctrain_ended" >> "$HPCTRAIN_FAULTS_FILE" || true
 }

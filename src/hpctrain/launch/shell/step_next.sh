@@ -17,6 +17,7 @@ if [ -z "$hpctrain_new" ]; then
   break
 fi
 hpctrain_bad="$hpctrain_bad$hpctrain_new" hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_fault"
+hpctrain_exclude_add "$hpctrain_new" "$hpctrain_fault"
 hpctrain_left=$(hpctrain_healthy | wc -l)
 if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
   hpctrain_attempt=$((hpctrain_attempt + 1))
@@ -28,8 +29,8 @@ if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes
 fi
 echo "hpctrain: faulty: $hpctrain_fault; $hpctrain_left healthy node(s) left of the $hpctrain_train_nodes needed:" \
   "requeueing without them" >&2
-if [ "$hpctrain_decision" != requeue ]; then
-  hpctrain_decision=requeue
+if [ "$hpctrain_decision" != requeue ]; then  # this shell's own requeue: slurm.max_requeues caps it (requeue.sh)
+  hpctrain_decision=requeue hpctrain_by_shell=1
   hpctrain_why="the step failed (exit $hpctrain_rc) on faulty node(s): $hpctrain_fault"
 fi
 # shellcheck disable=SC2105  # break leaves the step loop (this file is its body)

@@ -5,7 +5,7 @@ if [ "$hpctrain_spares" -gt 0 ]; then
   # --overlap: a failed step stays RUNNING in slurmctld while its lost node cannot confirm its end,
   # holding its CPUs and GPUs on the healthy nodes too (measured); its tasks are gone, so share them
   hpctrain_step=(--nodes="$hpctrain_train_nodes" --ntasks=$((hpctrain_train_nodes * hpctrain_tpn))
-                 --nodelist="$(echo $hpctrain_step_hosts | tr " " ",")" --overlap)
+                 --nodelist="$(hpctrain_commas "$hpctrain_step_hosts")" --overlap)
 fi
 export HPCTRAIN_ATTEMPT=$hpctrain_attempt
 rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_BAD_NODES_FILE" "$HPCTRAIN_CRASH_FILE"

@@ -18,34 +18,6 @@ rm -f "$HPCTRAIN_STOP_FILE"
 hpctrain_job=${SLURM_JOB_ID:-none}
 if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi
 hpctrain_signal="" hpctrain_srun=""
-# A slurmctld restart (an upgrade, a failover) leaves the controller unreachable for a while: Slurm's
-# clients give up after ~MessageTimeout with "Unable to contact slurm controller" (9 s measured on
-# 22.05 and 24.11). Read as "the job is gone", that would end or fail to requeue a healthy job: this
-# shell's controller calls retry for up to HPCTRAIN_CTLD_WAIT_S (default 600 s, SlurmctldTimeout's
-# default 120 s and a slow start with many jobs). Other errors come back at once.
-hpctrain_scontrol() {  # scontrol "$@", retried while the controller cannot be reached; output on stdout
-  local out rc end=$((SECONDS + ${HPCTRAIN_CTLD_WAIT_S:-600})) said=""
-  while true; do
-    out=$(scontrol "$@" 2>&1); rc=$?
-    case "$rc:$out" in
-      0:*) break ;;
-      *"Unable to contact slurm controller"*) [ "$SECONDS" -lt "$end" ] || break ;;
-      *) break ;;
-    esac
-    if [ -z "$said" ]; then
-      echo "hpctrain: slurmctld unreachable at $(date +%T) (scontrol $1 $2): retrying" \
-        "for up to ${HPCTRAIN_CTLD_WAIT_S:-600} s" >&2
-      said=1
-    fi
-    sleep 2
-  done
-  [ -z "$said" ] || echo "hpctrain: slurmctld answered again at $(date +%T) (scontrol $1 $2: exit $rc)" >&2
-  printf '%s\n' "$out"
-  return "$rc"
-}
-hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown)
-  hpctrain_scontrol show job -o "$hpctrain_job" | tr " " "\n" | sed -n "s/^$1=//p" | head -n 1
-}
 hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)
   # asked in the USR2 handler too: at most 5 s there (a controller that is away would hold scontrol for
   # ~9 s, and the stop's lead time is short); no answer reads as "not preempted" (a time limit)
@@ -53,6 +25,22 @@ hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime 
   t=$(timeout 5 scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\n" | sed -n "s/^PreemptTime=//p" |
     head -n 1)
   [ -n "$t" ] && [ "$t" != None ]
+}
+# This shell's own requeues (nodes it found faulty, the guard's) count against slurm.max_requeues as
+# rank 0's do (run/requeue.py): every restart of the job (SLURM_RESTART_COUNT) that was not a
+# preemption. The preemptions are counted here, one line each, as this shell ends for one.
+hpctrain_count_preemption() {
+  echo "${SLURM_RESTART_COUNT:-0}" >> "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" || true
+}
+hpctrain_budget_left() {  # 0 while the job may be requeued once more; else why not in hpctrain_budget_why
+  local p=0 others
+  [ ! -s "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" ] ||
+    p=$(sort -u "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" | wc -l)
+  others=$(( ${SLURM_RESTART_COUNT:-0} - p ))
+  [ "$others" -ge "${HPCTRAIN_MAX_REQUEUES:-3}" ] || return 0
+  hpctrain_budget_why="job $hpctrain_job was requeued $others time(s) already for time limits or failures\
+ (slurm.max_requeues=${HPCTRAIN_MAX_REQUEUES:-3}): resubmit it to resume from the last checkpoint once its nodes are fixed"
+  return 1
 }
 # Slurm >= 24.05 requeues a preempted --requeue job itself when its batch shell ends inside the
 # GraceTime under PreemptMode=REQUEUE; a `scontrol requeue` of ours then would leave Slurm's
