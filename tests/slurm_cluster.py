@@ -576,6 +576,18 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
             self.root / "log" / "slurmctld.log",
         )
 
+    def pause_slurmctld(self, seconds: float) -> None:
+        """The controller stalls (swapping, a long lock): SIGSTOP for `seconds`, then SIGCONT. Its
+        socket still takes connections, so clients wait MessageTimeout and fail with "Socket timed
+        out on send/recv operation" (measured, 22.05), and the requests queued meanwhile are carried
+        out once it wakes."""
+        (ctld,) = [p for p in self.procs if "/usr/sbin/slurmctld" in p.args]
+        os.killpg(ctld.pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.killpg(ctld.pid, signal.SIGCONT)
+
     def node_pids(self, node: str) -> list[int]:
         """Every process in the node's UTS namespace: its slurmd, slurmstepds, batch shells, tasks."""
         p = self.slurmd[node]
@@ -602,6 +614,17 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
         end = time.monotonic() + 10  # reparented survivors (stepds, tasks) are reaped by init
         while time.monotonic() < end and any(map(_alive, victims)):
             time.sleep(0.1)
+        return len(victims)
+
+    def freeze_node(self, node: str) -> int:
+        """The node hangs (a kernel panic, a hard lockup): SIGSTOP every process on it at once. Its
+        sockets stay open and silent, as a dead machine's do; after kill_node the shared kernel closes
+        them (a reset no dead machine sends), which ends the steps whose srun ran there at once.
+        Returns how many processes were stopped; kill_node and revive_node bring it back."""
+        victims = self.node_pids(node)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         return len(victims)
 
     def node_state(self, node: str) -> str:

@@ -34,6 +34,7 @@ from tests.helpers import wait_for
 from tests.launch.jobs import (
     JOB_SETS,
     JOB_STEPS,
+    batch_host,
     digits_sets,
     hp,
     job_report,
@@ -68,11 +69,6 @@ def campaign_cluster(tmp_path_factory):
 def reference(digits_root, tmp_path_factory) -> dict:
     """The uninterrupted 4-rank run's final weights (local gloo ranks, same config, threads pinned)."""
     return uninterrupted(4, digits_root, tmp_path_factory)
-
-
-def batch_host(cluster, job: str) -> str:
-    nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
-    return cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[0]
 
 
 def restarted(cluster, job: str, run, n: int) -> None:

@@ -61,6 +61,12 @@ def submit(cluster, *args: str, env: dict | None = None) -> str:
     return re.search(r"submitted Slurm job (\d+)", r.stdout).group(1)
 
 
+def batch_host(cluster, job: str) -> str:
+    """The node that runs the job's batch shell: the first of its allocation."""
+    nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+    return cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[0]
+
+
 def sacct_states(cluster, job: str) -> list[str]:
     """Every run of the job, oldest first (REQUEUED … COMPLETED)."""
     r = cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State", check=False)

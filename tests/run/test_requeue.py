@@ -28,6 +28,14 @@ def test_a_node_left_out_is_requeued_within_max_requeues():
     assert not ok and "max_requeues=2" in why and "left in" in why
 
 
+def test_a_straggler_stop_with_a_spare_free_restarts_in_the_job_whatever_the_budget(tmp_path):
+    """With a healthy spare left (HPCTRAIN_SPARES_FREE, from the batch shell) the node is left out by
+    an in-job restart, not a requeue: a spent max_requeues does not keep the straggler in."""
+    ok, why = decide("exclude", Budget("42", 2, 0, 2, -1, spares_free=1))
+    assert ok and "on a spare (1 free)" in why
+    assert budget(tmp_path, {"SLURM_JOB_ID": "42", "HPCTRAIN_SPARES_FREE": "2"}).spares_free == 2
+
+
 def test_preemptions_do_not_use_up_the_time_limit_budget():
     """A preemptible partition may preempt a long run many times: unlimited by default."""
     b = Budget("7", restarts=12, preemptions=12, max_requeues=1, max_preemptions=-1)

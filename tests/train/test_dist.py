@@ -81,6 +81,13 @@ def test_a_step_restarted_on_spares_follows_its_own_nodes_and_port():
     assert info.master_port == port_from_job_id("123456", 1) != port_from_job_id("123456")
 
 
+def test_a_requeued_job_moves_its_port_on_by_its_restart_count():
+    """The previous allocation's rank 0 may still hold the port on a node that hangs: the restart
+    count moves the port on as an in-job attempt does."""
+    again = dict(SRUN, SLURM_RESTART_COUNT="2", HPCTRAIN_ATTEMPT="1")
+    assert detect(again).master_port == port_from_job_id("123456", 3) != detect(SRUN).master_port
+
+
 def test_array_elements_get_their_own_port():
     """Elements of one array share SLURM_ARRAY_JOB_ID but not SLURM_JOB_ID."""
     a = detect(dict(SRUN, SLURM_ARRAY_JOB_ID="900", SLURM_JOB_ID="901"))

@@ -48,6 +48,7 @@ class Budget:
     preemptions: int  # of those, the ones after a preemption stop (from the run's records)
     max_requeues: int
     max_preemptions: int  # -1: unlimited
+    spares_free: int = 0  # healthy spare nodes the batch shell has left (HPCTRAIN_SPARES_FREE)
 
     @property
     def others(self) -> int:
@@ -79,6 +80,7 @@ def budget(run_dir: Path, env: Mapping[str, str] | None = None) -> Budget | None
         preemptions(run_dir, job),
         int(env.get("HPCTRAIN_MAX_REQUEUES") or DEFAULT_MAX_REQUEUES),
         int(env.get("HPCTRAIN_MAX_PREEMPTIONS") or UNLIMITED),
+        int(env.get("HPCTRAIN_SPARES_FREE") or 0),
     )
 
 
@@ -87,6 +89,8 @@ def decide(kind: str, b: Budget) -> tuple[bool, str]:
     if kind == "halt":
         return False, "train.halt_at reached (a planned stop, not requeued)"
     if kind == "exclude":  # the batch shell runs on without the named node: on spares, else by this requeue
+        if b.spares_free > 0:  # an in-job restart, not a requeue: no budget spent
+            return True, f"restarting job {b.job_id} without a straggling node on a spare ({b.spares_free} free)"
         if b.others >= b.max_requeues:
             return False, (
                 f"job {b.job_id} was requeued {b.others} times already for time limits or failures "

@@ -63,8 +63,9 @@ ATTEMPT_STRIDE = 937
 def port_from_job_id(job_id: str | int, attempt: int = 0) -> int:
     """The rendezvous port every task of a job computes alike, without talking: 15000-29999.
 
-    `attempt` (HPCTRAIN_ATTEMPT: a step started again in the same job, on the same or other nodes)
-    moves it on, so a new rank 0 never waits for a port the failed step's rank 0 still holds.
+    `attempt` (HPCTRAIN_ATTEMPT: a step started again in the same job, on the same or other nodes;
+    plus SLURM_RESTART_COUNT, a requeue) moves it on, so a new rank 0 never waits for a port the
+    failed step's rank 0 still holds.
 
     From SLURM_JOB_ID, which is unique per array element (SLURM_ARRAY_JOB_ID is shared by all
     of them). An attempt moves the port ATTEMPT_STRIDE down, not one up: with one up, attempt k of
@@ -75,6 +76,12 @@ def port_from_job_id(job_id: str | int, attempt: int = 0) -> int:
     """
     digits = re.sub(r"\D", "", str(job_id)) or "0"
     return PORT_BASE + (int(digits) - ATTEMPT_STRIDE * attempt) % PORT_SPAN
+
+
+def restart_of(env: Mapping[str, str]) -> int:
+    """Slurm's restart count of this job (SLURM_RESTART_COUNT: its requeues; 0 when unset)."""
+    r = env.get("SLURM_RESTART_COUNT", "")
+    return int(r) if r.isdigit() else 0
 
 
 def detect(env: Mapping[str, str] | None = None) -> DistInfo:
@@ -105,7 +112,9 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
             int(env["SLURM_NTASKS"]),
             int(env.get("SLURM_LOCALID", 0)),
             hosts[0] if hosts else "127.0.0.1",
-            port_from_job_id(env.get("SLURM_JOB_ID", "0"), attempt_of(env)),
+            # a requeued job moves on too: its previous allocation's rank 0 may still hold the port on a
+            # node that hangs (measured on the test cluster, whose nodes share one network stack)
+            port_from_job_id(env.get("SLURM_JOB_ID", "0"), attempt_of(env) + restart_of(env)),
             source,
         )
     if "RANK" in env and "WORLD_SIZE" in env:  # set by hand, or by submitit's local executor

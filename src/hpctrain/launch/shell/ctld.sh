@@ -40,7 +40,8 @@ hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown; 
 hpctrain_names() {  # only names a node may have (hpctrain.run.badnodes.NODE_NAME), one per line
   grep -xE "$hpctrain_node_name" || true
 }
-hpctrain_hosts() {  # a Slurm host list → node names, one per line
+hpctrain_hosts() {  # a Slurm host list → node names, one per line (none for an empty list: scontrol
+  [ -n "$1" ] || return 0  # would read $SLURM_JOB_NODELIST then)
   { scontrol show hostnames "$1" 2>/dev/null || true; } | hpctrain_names  # (set -o pipefail)
 }
 hpctrain_commas() {  # ' n1 n2 ' → 'n1,n2', without word splitting (no name globs against $PWD)

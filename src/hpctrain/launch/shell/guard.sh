@@ -3,19 +3,27 @@
 # another node requeues it then (launch.inplace.guard_lines).
 hpctrain_batch_host=$(printf "%s\n" "${SLURMD_NODENAME:-}" | hpctrain_names)
 hpctrain_guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$hpctrain_batch_host" ] || echo "$n"; done | tail -n 1)
-# It acts on Slurm's base state DOWN (the node missed SlurmdTimeout), or NOT_RESPONDING seen on
-# HPCTRAIN_GUARD_POLLS (6) polls in a row: one missed RPC (a slurmd restart, a busy slurmd) is not a
-# death, nor are DRAIN, FAIL or POWER_DOWN (the running job completes first). It requeues through
-# hpctrain_requeue (retried; never scancel, unless Slurm refuses any requeue of the job or its
-# slurm.max_requeues is spent: then the job, without its batch shell, would hold its nodes until its
-# time limit).
+# It acts when the batch host's base state is DOWN (Slurm declared it dead after SlurmdTimeout), or
+# when it is NOT_RESPONDING and this shell's heartbeat ($hpctrain_alive, a counter it rewrites every
+# HPCTRAIN_GUARD_S) has not moved on two polls in a row. Not on one missed ping of a busy or
+# restarting slurmd while the shell beats, nor on DRAIN, FAIL or POWER_DOWN (the running job completes
+# first). It must act before DOWN where it can: measured on the test cluster, a step whose srun was on
+# the dead node did not outlive it. It requeues through hpctrain_requeue (retried); it cancels the
+# job only when Slurm refuses any requeue of it or its slurm.max_requeues is spent: then the job,
+# without its batch shell, would hold its nodes until its time limit.
 hpctrain_guard() {  # on the guard node: $1 the batch host
-  local st rc quiet=0
+  local st rc beat last="" still=0
   while sleep "${HPCTRAIN_GUARD_S:-10}"; do
+    beat=$(cat "$hpctrain_alive" 2>/dev/null) || beat=""
+    if [ "$beat" = "$last" ]; then still=$((still + 1)); else still=0 last=$beat; fi
     st=$(hpctrain_node_states "$1" | cut -f2)
-    case "+$st+" in *+NOT_RESPONDING+*) quiet=$((quiet + 1)) ;; *) quiet=0 ;; esac
-    [ "${st%%+*}" = DOWN ] || [ "$quiet" -ge "${HPCTRAIN_GUARD_POLLS:-6}" ] || continue
-    echo "hpctrain: the batch host $1 is $st: its shell is gone; requeueing job $hpctrain_job without it" >&2
+    case "${st%%+*}:+$st+:$still" in
+      DOWN:*) ;;
+      *+NOT_RESPONDING+*:[2-9]|*+NOT_RESPONDING+*:[1-9][0-9]*) ;;
+      *) continue ;;
+    esac
+    echo "hpctrain: the batch host $1 is $st and its shell's heartbeat stopped $still poll(s) ago:" \
+      "requeueing job $hpctrain_job without it" >&2
     trap "" TERM  # the requeue TERMs this step too: finish the update first (KillWait)
     hpctrain_exclude_add "$1" "batch host $1 $st (seen by the guard on $(hostname))"
     if ! hpctrain_budget_left; then
@@ -28,10 +36,17 @@ hpctrain_guard() {  # on the guard node: $1 the batch host
   done
 }
 if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctrain_guard_node" ]; then
+  # its words go straight to the job's error file, appended by its own bash on the guard's node: once the
+  # batch host is dead, no srun is left to carry them (a path with a % pattern: the run's .hpctrain/)
+  hpctrain_alive="$HPCTRAIN_CONTROL_DIR/alive-${SLURM_JOB_ID:-none}"
+  (trap "" USR2; i=0; while :; do i=$((i + 1)); echo "$i" > "$hpctrain_alive" || true; sleep "${HPCTRAIN_GUARD_S:-10}"; done) &
+  hpctrain_guard_log=$(hpctrain_job_field StdErr)
+  case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
   srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" bash -c "$(declare -p hpctrain_job \
-    hpctrain_node_name; declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field hpctrain_names hpctrain_hosts \
-    hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding hpctrain_exclude_add \
-    hpctrain_budget_left); hpctrain_guard \"\$1\"" hpctrain-guard "$hpctrain_batch_host" &
+    hpctrain_node_name hpctrain_guard_log hpctrain_alive; declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
+    hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
+    hpctrain_exclude_add hpctrain_budget_left); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
+    hpctrain-guard "$hpctrain_batch_host" &
 fi
 # A site's Prolog runs on a node when the job's first step starts there (slurm.conf Prolog, unless
 # PrologFlags=Alloc), and that step waits for it: a spare that never ran a step would spend its
