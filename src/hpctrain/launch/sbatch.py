@@ -178,6 +178,7 @@ def render(
         *export_lines(fabric_env(prof), env_wins=True),
         f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # train.preflight's all-reduce figure",
         f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
+        f"export HPCTRAIN_SIGNAL_LEAD_S={prof.slurm.signal_lead_s}  # the tasks' own clock (train.stop)",
         f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
         *export_lines(extra_env or {}),
         "",

@@ -28,8 +28,10 @@ task entry points install the handlers before any heavy import, rendezvous or mo
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
+from collections.abc import Mapping
 
 log = logging.getLogger("hpctrain")
 
@@ -43,13 +45,42 @@ BITS = {"time_limit": 1, "preemption": 2, "halt": 4, "interrupt": 8, "exclude": 
 PRIORITY = ("interrupt", "preemption", "time_limit", "exclude", "halt")
 
 
+def deadline_from(env: Mapping[str, str]) -> float | None:
+    """When the time-limit stop is due by the job's own clock: SLURM_JOB_END_TIME (Slurm >= 23.02, a
+    Unix time) minus the batch script's signal lead (HPCTRAIN_SIGNAL_LEAD_S); None outside such a job."""
+    end, lead = env.get("SLURM_JOB_END_TIME", ""), env.get("HPCTRAIN_SIGNAL_LEAD_S", "")
+    if not (end.isdigit() and lead.isdigit()) or int(end) <= 0:
+        return None
+    return float(int(end) - int(lead))
+
+
 class StopFlag:
-    """Records stop signals; `flag()` is True once any arrived. One instance per process: `STOP`."""
+    """Records stop signals; `flag()` is True once any arrived. One instance per process: `STOP`.
+
+    A second clock for the time limit: the USR2 Slurm sends before it can be lost (sent while the
+    batch shell started a new step, or forwarded before a slow container's tasks were up: Slurm drops
+    it then). With `deadline` (deadline_from) passed and no stop signal yet, the flag raises a
+    time-limit stop itself. A time limit extended after the job started is not seen: the job then
+    stops at the first end and is requeued."""
 
     def __init__(self) -> None:
         self.received: list[tuple[int, float]] = []
         self._logged = 0
         self.installed = False
+        self.deadline: float | None = None
+
+    def check_clock(self) -> None:
+        """Raise the time-limit stop once the job's own clock says it is due (outside a handler)."""
+        now = time.time()
+        if self.deadline is None or self.received or now < self.deadline:
+            return
+        log.warning(
+            "the job's time limit is %s s away or less (SLURM_JOB_END_TIME less HPCTRAIN_SIGNAL_LEAD_S) "
+            "and no stop signal came: checkpointing at the next step boundary as for a time limit, then exiting",
+            os.environ.get("HPCTRAIN_SIGNAL_LEAD_S", "?"),
+        )
+        self.received.append((signal.SIGUSR2, now))
+        self._logged = len(self.received)
 
     def __call__(self) -> bool:
         self.log_new()
@@ -62,6 +93,7 @@ class StopFlag:
         return next((k for k in PRIORITY if k in kinds), None)
 
     def bits(self) -> int:
+        self.check_clock()
         k = self.kind
         return BITS[k] if k else 0
 
@@ -77,6 +109,7 @@ class StopFlag:
             if kind != "interrupt" or interrupt:
                 signal.signal(s, self.handler)
         self.installed = True
+        self.deadline = deadline_from(os.environ)
         return self
 
     def log_new(self) -> None:
