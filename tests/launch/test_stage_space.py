@@ -154,10 +154,11 @@ def test_copies_not_staged_for_keep_days_are_removed_at_the_next_staging(tmp_pat
 
 
 @pytest.mark.slurm
-def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(slurm_cluster, tmp_path):
+def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(each_slurm_cluster, tmp_path):
     """A 2-node job with 1 spare (3 nodes, --no-kill) where n3's staging directory cannot be made (a
     file is in its place): n3 is named (its copier's reason), the training step runs on n1 and n2
-    from their copies, and the job completes. Today the failed copy ends the job (exit 1)."""
+    from their copies, and the job completes. Today the failed copy ends the job (exit 1). On Slurm
+    22.05 and 24.11."""
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     image = tmp_path / "image.sif"
@@ -193,7 +194,7 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(sl
         "FAKE_APPTAINER_PYTHON": sys.executable,
         "HPCTRAIN_TEST_OUT": str(out),
     }
-    r = slurm_cluster.run(
+    r = each_slurm_cluster.run(
         "sbatch",
         "--parsable",
         f"--partition={SPARE_PARTITION}",
@@ -202,7 +203,7 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(sl
         env=env,
         cwd=tmp_path,
     )
-    state = slurm_cluster.wait_done(r.stdout.strip(), 120)
+    state = each_slurm_cluster.wait_done(r.stdout.strip(), 120)
     log = Path(f"{path}.out").read_text()
     assert state == "COMPLETED", log
     assert sorted(p.name for p in out.iterdir()) == ["n1", "n2"], log
