@@ -11,8 +11,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.stage_image import copy_program
 from hpctrain.site.profile import load_profile
 from tests.launch.test_stage_image import FAKE_APPTAINER, profile
-from tests.slurm_cluster import SPARE_PARTITION
+from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, cgroups_missing, missing
 
 MiB = 1 << 20
 # a `cp` that copies the first MiB, then waits for the file $GO before it finishes: a copy in progress
@@ -211,3 +213,75 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(ea
         f"hpctrain: n3: image staging failed (cannot create {local}/n3: point container.stage_image_to at a "
         "writable node-local directory): left out; training on 2 of the 2 node(s) whose copy is ready"
     ) in log, log
+
+
+@pytest.fixture
+def cgroup_cluster(tmp_path_factory):
+    """A cluster of its own with cgroups as sites run them (task/cgroup, ConstrainRAMSpace, memory a
+    consumable resource): they would change what every other test gets (tests/faults/test_oom.py)."""
+    why = missing() or cgroups_missing()
+    if why:
+        pytest.skip(why)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm-cgroup"), cgroups=True).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.slurm
+def test_a_copy_on_tmpfs_is_charged_to_the_jobs_memory_cgroup(cgroup_cluster, tmp_path):
+    """The fact behind the tmpfs note, measured: a 64 MiB image staged to a tmpfs (/dev/shm) by the copy
+    step stays charged to the job's memory cgroup after that step ended (memory.usage_in_bytes of
+    job_<id>, read by the next step, is at least the image); with --mem=48M the copy step cannot
+    finish: the job's cgroup OOM-kills it (OUT_OF_MEMORY)."""
+    image = tmp_path / "image.sif"
+    image.write_bytes(os.urandom(64 * MiB))
+    shm = Path(tempfile.mkdtemp(prefix="hpctrain-test-", dir="/dev/shm"))
+    usage = "/sys/fs/cgroup/memory/slurm_${SLURMD_NODENAME}/uid_$(id -u)/job_${SLURM_JOB_ID}/memory.usage_in_bytes"
+    try:
+        out = {}
+        for mem in ("2000M", "48M"):
+            prof = load_profile(
+                profile(
+                    tmp_path / f"{mem}.yaml",
+                    "apptainer",
+                    image,
+                    stage_image=True,
+                    stage_image_to=f"{shm}/{mem}/$SLURMD_NODENAME",
+                )
+            )
+            plan = JobPlan(
+                profile=prof,
+                job_name="shm",
+                nodes=1,
+                tasks_per_node=1,
+                gpus_per_node=0,
+                cpus_per_task=1,
+                mem=mem,
+                time="10",
+            )
+            script = render(plan, f"bash -c {shlex.quote('echo usage $(cat ' + usage + ')')}", sys.executable, False)
+            path = tmp_path / f"{mem}.sh"
+            path.write_text(script)
+            r = cgroup_cluster.run(
+                "sbatch",
+                "--parsable",
+                f"--partition={cgroup_cluster.partition}",
+                f"--output={path}.out",
+                str(path),
+                cwd=tmp_path,
+            )
+            state = cgroup_cluster.wait_done(r.stdout.strip(), 120)
+            out[mem] = (state, Path(f"{path}.out").read_text())
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    state, log = out["2000M"]
+    assert state == "COMPLETED", log
+    assert "is a tmpfs: the copy (67.1 MB) is RAM, charged to this job's memory cgroup (the job may use 2.1 GB" in log
+    [charged] = [int(line.split()[1]) for line in log.splitlines() if line.startswith("usage ")]
+    print(f"job memory cgroup after the copy step: {charged} bytes for a {64 * MiB}-byte image on tmpfs")
+    assert charged >= 64 * MiB, log
+    state, log = out["48M"]
+    # the tmpfs pages count against the job's limit: the cgroup's OOM killer ends the copy (and the job)
+    assert state == "OUT_OF_MEMORY" and "to node-local disk failed" in log and "oom-kill event" in log, log

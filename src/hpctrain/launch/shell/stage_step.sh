@@ -30,7 +30,7 @@ case $CONTAINER in apptainer|singularity)
         "node(s) whose copy is ready" >&2
     else
       echo "hpctrain: staging $HPCTRAIN_IMAGE to node-local disk failed (above${hpctrain_stage_bad:+ on\
- $hpctrain_stage_bad}); set container.stage_image false to read it in place" >&2
+ ${hpctrain_stage_bad% }}); set container.stage_image false to read it in place" >&2
       exit 1
     fi
   fi ;;
