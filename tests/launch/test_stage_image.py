@@ -101,7 +101,8 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
     stage, train = args
     assert stage[:5] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash"]
     assert stage[5] == "-c" and stage[7:] == ["hpctrain-stage-image"]
-    [local] = (tmp_path / "local" / "n1").glob("hpctrain-*-image.sif")
+    [local] = (tmp_path / "local" / "n1").glob(f"hpctrain-{os.getuid()}/*-image.sif")
+    assert local.parent.stat().st_mode & 0o777 == 0o700  # the user's own directory
     assert local.read_bytes() == image.read_bytes() and int(local.stat().st_mtime) == int(image.stat().st_mtime)
     assert f"hpctrain: staging {image} to {local} on n1: 3.0 kB" in run.stdout
     tool = (tmp_path / "tool_args").read_text().splitlines()
@@ -135,11 +136,12 @@ def test_image_staging_refuses_a_disk_too_small_before_copying(tmp_path):
     )
     if "mount" in r.stderr and r.returncode == 32:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stdout + r.stderr
     assert (
         f"hpctrain: container.stage_image on n1: {small} needs 2097152 bytes (2.1 MB) for {image} but its file "
-        "system has 1048576 bytes (1.0 MB) free: point container.stage_image_to at a larger node-local disk" in r.stderr
+        "system has 104" in r.stderr  # 1 MiB less the user's directory (a page)
     ), r.stderr
+    assert "(1.0 MB) free: point container.stage_image_to at a larger node-local disk" in r.stderr
 
 
 def sbatch(cluster, script: str, path: Path, env: dict) -> str:
@@ -184,15 +186,17 @@ def test_staged_image_is_read_from_the_shared_path_once_per_node_not_once_per_ta
         )
         return render(plan, '"${HPCTRAIN_PYTHON[@]}" -c pass', sys.executable, standalone=False)
 
-    counter = reads.Reads(image, *(local / n for n in NODES))
+    for n in NODES:  # the user's own directories, made here for the read counter to watch
+        (local / n / f"hpctrain-{os.getuid()}").mkdir(mode=0o700)
+    counter = reads.Reads(image, *(local / n / f"hpctrain-{os.getuid()}" for n in NODES))
     try:
         sbatch(slurm_cluster, script("plain"), tmp_path / "plain.sh", env)
         shared = [counter.take(image)]
         staged = script("staged", stage_image=True, stage_image_to=f"{local}/$SLURMD_NODENAME")
         out = sbatch(slurm_cluster, staged, tmp_path / "staged.sh", env)
         shared.append(counter.take(image))
-        copies = sorted(local.glob("*/hpctrain-*-image.sif"))
-        assert [c.parent.name for c in copies] == list(NODES), out
+        copies = sorted(local.glob(f"*/hpctrain-{os.getuid()}/*-image.sif"))
+        assert [c.parent.parent.name for c in copies] == list(NODES), out
         assert [counter.take(c) for c in copies] == [2, 2]  # each node's two tasks read its copy
         assert out.count("hpctrain: staging ") == 2
         again = sbatch(slurm_cluster, staged, tmp_path / "again.sh", env)

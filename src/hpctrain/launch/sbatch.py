@@ -186,10 +186,11 @@ def render(
     lines += [*shellfile.lines("srun_env.sh"), *MEMLOCK_LINES, ""]
     lines += [*shellfile.lines("banner.sh"), ""]
     lines += [*stop_lines(), ""]
+    lines += inplace.setup_lines(p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts)
     if prof.container.stage_image:
-        lines += [*stage_image.batch_lines(prof.container.stage_image_to), ""]
+        c = prof.container
+        lines += ["", *stage_image.batch_lines(c.stage_image_to, c.stage_image_keep_days), ""]
     lines += [
-        *inplace.setup_lines(p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts),
         *inplace.guard_lines(),
         "",
         "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",

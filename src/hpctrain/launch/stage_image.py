@@ -21,15 +21,17 @@ from hpctrain.launch import shellfile
 from hpctrain.launch.container import image_dir_line, stage_word
 
 
-def copy_program(stage_image_to: str) -> str:
+def copy_program(stage_image_to: str, keep_days: int = 7) -> str:
     """The copier (shell/stage_copy.sh), a bash program run once on each node with $HPCTRAIN_IMAGE set."""
     needs = shellfile.array("hpctrain_image_dir_needs", stage_word(stage_image_to)[1])  # checked before the copy
-    return shellfile.program(["local_image.sh", "stage_copy.sh"], [image_dir_line(stage_image_to), needs])
+    keep = f"hpctrain_keep_days={int(keep_days)}"
+    return shellfile.program(["local_image.sh", "stage_copy.sh"], [image_dir_line(stage_image_to), needs, keep])
 
 
-def batch_lines(stage_image_to: str) -> list[str]:
-    """The batch shell's copy step (apptainer and singularity only), before the training step."""
+def batch_lines(stage_image_to: str, keep_days: int = 7) -> list[str]:
+    """The batch shell's copy step (apptainer and singularity only), after spares.sh (a node whose copy
+    failed is left out when there are spares) and before the training step."""
     return [
-        shellfile.assign_program("hpctrain_stage_image", copy_program(stage_image_to)),
+        shellfile.assign_program("hpctrain_stage_image", copy_program(stage_image_to, keep_days)),
         *shellfile.lines("stage_step.sh"),
     ]

@@ -225,7 +225,13 @@ class ContainerSection:
     stage_image_to: str = opt(
         "/tmp",
         "node-local directory for the staged SIF; $NAME expands on each node "
-        "(as data.stage_to), e.g. $TMPDIR or /localscratch/$USER",
+        "(as data.stage_to), e.g. $TMPDIR or /localscratch/$USER; the copy goes in a "
+        "directory of the user's own in it (hpctrain-<uid>, mode 0700)",
+    )
+    stage_image_keep_days: int = opt(
+        7,
+        "a staged copy that no job of the user has staged for this many days is removed "
+        "at the user's next staging on that node (0: every copy but the one staged)",
     )
 
 
@@ -276,6 +282,8 @@ class ClusterProfile:
                 f"container.stage_image_to={c.stage_image_to!r}: give an absolute node-local "
                 "directory, e.g. /tmp or $TMPDIR"
             )
+        if c.stage_image_keep_days < 0:
+            raise ConfigError(f"container.stage_image_keep_days={c.stage_image_keep_days}: use 0 or more days")
         if self.container.runtime != "none" and not self.container.image:
             raise ConfigError(
                 f"container.runtime is {self.container.runtime} but container.image is empty: set "

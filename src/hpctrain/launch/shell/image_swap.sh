@@ -1,7 +1,9 @@
 # shellcheck shell=bash disable=SC2154  # a per-task program: local_image.sh comes before it
-# container.stage_image: the image argument becomes the staged copy on this node; a node without one
-# (the copy step never ran there) reads the shared image, and says so
-if [ -f "$hpctrain_local" ]; then
+# container.stage_image: the image argument becomes the staged copy on this node, once it is checked
+# (this uid's private directory, this uid's file, the shared image's size, mtime and identity); else
+# (the copy step never ran here, or the copy is not ours) the task reads the shared image, and says why
+hpctrain_why=$(hpctrain_copy_problem)
+if [ -z "$hpctrain_why" ]; then
   a=("$@") p=""
   for i in "${!a[@]}"; do
     if [ "$p" != --bind ] && [ "${a[i]}" = "$HPCTRAIN_IMAGE" ]; then a[i]=$hpctrain_local; break; fi
@@ -9,5 +11,5 @@ if [ -f "$hpctrain_local" ]; then
   done
   set -- "${a[@]}"
 else
-  echo "hpctrain: no staged image $hpctrain_local on $(hostname): this task reads $HPCTRAIN_IMAGE" >&2
+  echo "hpctrain: not using the staged image on $(hostname): $hpctrain_why; this task reads $HPCTRAIN_IMAGE" >&2
 fi

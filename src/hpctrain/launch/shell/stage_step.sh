@@ -1,12 +1,37 @@
-# shellcheck shell=bash disable=SC2154  # a part of the batch script: hpctrain_stage_image comes before it
+# shellcheck shell=bash disable=SC2154  # a part of the batch script: hpctrain_stage_image and spares.sh come before it
 # Image staging (container.stage_image): one task per node copies the SIF to node-local disk
 # (skipped where an up-to-date copy is), and each task starts from its node's copy: the shared
-# file system sees one read per node, not one per task (launch/stage_image.py).
+# file system sees one read per node, not one per task (launch/stage_image.py). Each node reports
+# "ok" or why not; with spares a node whose copy failed is left out like a faulty node (spares.sh's
+# hpctrain_bad), as long as enough nodes are left to train on.
 case $CONTAINER in apptainer|singularity)
-  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-    bash -c "$hpctrain_stage_image" hpctrain-stage-image || {
-    echo "hpctrain: staging $HPCTRAIN_IMAGE to node-local disk failed (above);" \
-      "set container.stage_image false to read it in place" >&2
-    exit 1
-  } ;;
+  export HPCTRAIN_STAGE_REPORT="$HPCTRAIN_CONTROL_DIR/staged-${SLURM_JOB_ID:-none}"
+  rm -rf "$HPCTRAIN_STAGE_REPORT" && mkdir -p "$HPCTRAIN_STAGE_REPORT"
+  hpctrain_stage_kill=1
+  if [ "$hpctrain_spares" -gt 0 ]; then hpctrain_stage_kill=0; fi  # the other nodes finish their copies
+  hpctrain_rc=0
+  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+    --kill-on-bad-exit="$hpctrain_stage_kill" bash -c "$hpctrain_stage_image" hpctrain-stage-image || hpctrain_rc=$?
+  hpctrain_stage_bad="" hpctrain_stage_why=""
+  for hpctrain_n in $hpctrain_alloc; do
+    hpctrain_v=$(head -c 300 "$HPCTRAIN_STAGE_REPORT/$hpctrain_n" 2>/dev/null | head -n 1 | tr -d '\000-\037') || true
+    [ "$hpctrain_v" != ok ] || continue
+    hpctrain_stage_bad="$hpctrain_stage_bad$hpctrain_n "
+    hpctrain_stage_why="${hpctrain_stage_why:+$hpctrain_stage_why; }$hpctrain_n: image staging failed\
+ (${hpctrain_v:-no report from its copy step})"
+  done
+  rm -rf "$HPCTRAIN_STAGE_REPORT"
+  if [ "$hpctrain_rc" != 0 ] || { [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_stage_bad" ]; }; then
+    hpctrain_left=$(( $(echo $hpctrain_alloc | wc -w) - $(echo $hpctrain_stage_bad | wc -w) ))
+    if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_stage_bad" ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ]; then
+      hpctrain_bad="$hpctrain_bad$hpctrain_stage_bad"
+      hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_stage_why"
+      echo "hpctrain: $hpctrain_stage_why: left out; training on $hpctrain_train_nodes of the $hpctrain_left" \
+        "node(s) whose copy is ready" >&2
+    else
+      echo "hpctrain: staging $HPCTRAIN_IMAGE to node-local disk failed (above${hpctrain_stage_bad:+ on\
+ ${hpctrain_stage_bad% }}); set container.stage_image false to read it in place" >&2
+      exit 1
+    fi
+  fi ;;
 esac
