@@ -26,6 +26,7 @@ case $CONTAINER in apptainer|singularity)
     if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_stage_bad" ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ]; then
       hpctrain_bad="$hpctrain_bad$hpctrain_stage_bad"
       hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_stage_why"
+      hpctrain_exclude_add "$hpctrain_stage_bad" "$hpctrain_stage_why"  # exclude.sh: at a requeue too
       echo "hpctrain: $hpctrain_stage_why: left out; training on $hpctrain_train_nodes of the $hpctrain_left" \
         "node(s) whose copy is ready" >&2
     else
