@@ -2,10 +2,12 @@
 # Stops. The tasks checkpoint at the next step on USR2 (--signal, before the time limit) and
 # on SIGTERM (preemption); rank 0 then writes `requeue` or `end` (and why) to $HPCTRAIN_STOP_FILE
 # and this shell, outside any container, runs `scontrol requeue`: the task's Python never needs
-# a Slurm client. USR2 or TERM sent to this shell (--signal=B:USR2, scancel --batch/--full) is
+# a Slurm client. USR2 or TERM sent to this shell alone (--signal=B:USR2, scancel --batch) is
 # passed to the tasks as USR2 (srun itself would turn a TERM into SIGKILL for them); a USR2 that
 # announces a preemption (PreemptTime set: a site with preempt_send_user_signal) as SIGTERM, so
-# that the tasks count it as one (slurm.max_preemptions), not as a time limit.
+# that the tasks count it as one (slurm.max_preemptions), not as a time limit. `scancel --full`
+# signals every step as well as this shell (scancel(1)): the tasks then get the signal itself too,
+# and a TERM counts as a preemption; use --batch for a time-limit stop.
 export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"
 export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"
 mkdir -p "$HPCTRAIN_CONTROL_DIR" || {
