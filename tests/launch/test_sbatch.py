@@ -181,6 +181,54 @@ def test_committed_script_reaches_srun_from_any_directory(tmp_path):
     assert (tmp_path / ".hpctrain").is_dir()
 
 
+def run_committed_script(tmp_path, **env: str) -> subprocess.CompletedProcess:
+    """slurm/vit.sbatch under bash with a stand-in `srun` that records its arguments (in srun.args)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
+    (bindir / "srun").chmod(0o755)
+    base = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SRUN_ARGS": str(tmp_path / "srun.args")}
+    return subprocess.run(
+        ["bash", str(ROOT / "slurm" / "vit.sbatch")],
+        cwd=tmp_path,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_committed_script_says_which_overrides_reached_it(tmp_path):
+    """The header's overrides are said at the start; a job submitted with --export=NONE (a site's
+    SBATCH_EXPORT=NONE: SLURM_EXPORT_ENV=NONE in the batch environment, tests/launch/test_sites.py)
+    says that the user's exported ones cannot reach it, and how to pass them."""
+    r = run_committed_script(tmp_path, CONTAINER="none", HPCTRAIN_MODULES="", HPCTRAIN_CONFIG="configs/digits_vit.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0] == (
+        "hpctrain: overrides from the environment: CONTAINER=none HPCTRAIN_CONFIG=configs/digits_vit.yaml "
+        "HPCTRAIN_MODULES="
+    )
+    assert "--export=NONE" not in r.stderr
+    r = run_committed_script(tmp_path, SLURM_EXPORT_ENV="NONE")  # the 16-node defaults: the image is not here
+    assert r.stdout.splitlines()[0] == "hpctrain: overrides from the environment: none (the defaults below run)"
+    (none,) = [line for line in r.stderr.splitlines() if "--export=NONE" in line]
+    assert "cannot reach it; pass them with sbatch --export=ALL (or --export=ALL,HPCTRAIN_CONFIG=<file>)" in none
+
+
+def test_committed_script_refuses_spares_without_no_kill(tmp_path):
+    """HPCTRAIN_SPARE_NODES on a script rendered without #SBATCH --no-kill: a node failure would still
+    end the job, so the spares would only cost; refused before any step (a batch shell cannot tell an
+    `sbatch --no-kill` from the command line: docs/spares.md)."""
+    nodes = {"SLURM_JOB_NUM_NODES": "18", "SLURM_JOB_NODELIST": "n[1-18]", "SLURM_NTASKS_PER_NODE": "8"}
+    r = run_committed_script(tmp_path, CONTAINER="none", HPCTRAIN_MODULES="", HPCTRAIN_SPARE_NODES="2", **nodes)
+    assert r.returncode == 1 and not (tmp_path / "srun.args").exists(), r.stdout + r.stderr
+    (line,) = r.stderr.splitlines()
+    assert "HPCTRAIN_SPARE_NODES=2, but this script has no #SBATCH --no-kill" in line
+    assert "render it with --spare-nodes 2" in line
+    r = run_committed_script(tmp_path, CONTAINER="none", HPCTRAIN_MODULES="", HPCTRAIN_SPARE_NODES="0")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_sbatch_template_writes_the_shipped_script_anywhere(tmp_path):
     from tests.helpers import hpctrain
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.jobs import ROOT, digits_sets, hp, metrics, sacct_states, submit
+from hpctrain.launch import shellfile
+from tests.launch.jobs import ROOT, digits_sets, hp, job_report, metrics, sacct_states, submit
 from tests.slurm_cluster import DEF_MEM_PER_CPU, EXPORT_NONE, PREEMPTIBLE, URGENT
 
 pytestmark = pytest.mark.slurm
@@ -57,6 +58,56 @@ def test_export_none_site_trains_and_requeues(each_slurm_cluster, digits_root, t
     env = json.loads((run / "env.json").read_text())["env"]
     assert "HPCTRAIN_LOGIN_SHELL_MARK" not in env  # the site's NONE did apply to the job
     assert env["HPCTRAIN_STOP_FILE"].endswith(f"stop-{job}") and env["HPCTRAIN_LAUNCHER"] == "submitit-slurm"
+
+
+def test_export_none_job_says_the_users_overrides_cannot_reach_it(slurm_cluster, tmp_path):
+    """slurm/vit.sbatch's first lines (shell/overrides.sh) as a batch job, submitted from a shell with
+    SBATCH_EXPORT=NONE and HPCTRAIN_CONFIG exported: the job has SLURM_EXPORT_ENV=NONE and no
+    HPCTRAIN_CONFIG (the defaults would run), and says so; with `sbatch --export=ALL`, as it advises,
+    the override arrives and is named."""
+    script = tmp_path / "overrides.sbatch"
+    script.write_text("\n".join(["#!/bin/bash", "set -eo pipefail", *shellfile.lines("overrides.sh"), "env"]) + "\n")
+    out = {}
+    for name, extra in (("none", []), ("all", ["--export=ALL"])):
+        job = slurm_cluster.run(
+            "sbatch",
+            "--parsable",
+            "-N1",
+            f"--output={tmp_path}/{name}.out",
+            *extra,
+            str(script),
+            env={**EXPORT_NONE, "HPCTRAIN_CONFIG": "configs/mine.yaml"},
+            cwd=tmp_path,
+        ).stdout.strip()
+        assert slurm_cluster.wait_done(job, 120) == "COMPLETED", (tmp_path / f"{name}.out").read_text()
+        out[name] = (tmp_path / f"{name}.out").read_text()
+    assert "\nSLURM_EXPORT_ENV=NONE\n" in out["none"] and "\nHPCTRAIN_CONFIG=" not in out["none"], out["none"]
+    assert "hpctrain: overrides from the environment: none (the defaults below run)" in out["none"]
+    assert "submitted with --export=NONE" in out["none"] and "sbatch --export=ALL" in out["none"]
+    said = "hpctrain: overrides from the environment: HPCTRAIN_CONFIG=configs/mine.yaml"
+    assert said in out["all"] and "--export=NONE" not in out["all"], out["all"]
+
+
+def test_srun_export_env_none_still_gives_the_tasks_the_shells_environment(slurm_cluster, digits_root, tmp_path):
+    """SRUN_EXPORT_ENV=NONE at submission (a site's or a profile's setting): srun reads it over the
+    script's SLURM_EXPORT_ENV=ALL (srun(1): "will override any setting for SLURM_EXPORT_ENV"), and the
+    tasks would get only SLURM_* (no SUBMITIT_*: the job fails). The batch shell replaces it, says so,
+    and the tasks get its environment, with the submitting shell's variables."""
+    job = submit(
+        slurm_cluster,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        *digits_sets(digits_root, tmp_path, "srunnone", *SHORT, "train.max_steps=4"),
+        env={"SRUN_EXPORT_ENV": "NONE", "HPCTRAIN_LOGIN_SHELL_MARK": "set at submission"},
+    )
+    run = tmp_path / "srunnone"
+    assert slurm_cluster.wait_done(job, 240) == "COMPLETED", job_report(slurm_cluster, job, run)
+    env = json.loads((run / "env.json").read_text())["env"]
+    assert env["HPCTRAIN_LOGIN_SHELL_MARK"] == "set at submission"  # the shell's environment reached the tasks
+    said = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*_log.*"))
+    assert "SRUN_EXPORT_ENV=NONE (a site or profile setting)" in said, said[-2000:]
 
 
 def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_cluster, digits_root, tmp_path):

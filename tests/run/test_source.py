@@ -4,6 +4,7 @@ all, read-only, taken again only when the code changed — and then said so."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -141,3 +142,36 @@ def test_snapshot_records_the_checkouts_commit(checkout, tmp_path):
     snap = take_snapshot(root / "runs" / "r", checkout)
     assert json.loads((snap.path / source.MANIFEST).read_text())["git_commit"] == head
     assert source.commit_of(snap.path) is None  # inside the checkout's work tree, but not its src/hpctrain
+
+
+def writable_by_group_or_others(top: Path) -> list[str]:
+    return [f"{p} {stat.S_IMODE(p.lstat().st_mode):04o}" for p in [top, *top.rglob("*")] if p.lstat().st_mode & 0o022]
+
+
+def test_snapshot_is_owner_only_writable_under_umask_002_in_a_setgid_dir(checkout, tmp_path):
+    """A group member who could replace `train/entry.py` runs code as the job's owner at the next
+    requeue, before the hash check: `code/` and every directory of the snapshot are 0755."""
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o2775)  # a group's shared directory
+    old = os.umask(0o002)
+    try:
+        snap = take_snapshot(project / "run", checkout)
+    finally:
+        os.umask(old)
+    assert writable_by_group_or_others(project / "run" / "code") == []
+    assert stat.S_IMODE((snap.path / "train").stat().st_mode) == 0o755
+
+
+def test_a_snapshot_another_user_can_change_is_refused(checkout, tmp_path):
+    """An old snapshot of ours left group-writable is made owner-only again; one with a directory of
+    another user's is refused (the test runs as root: "another user" is a chown)."""
+    run = tmp_path / "run"
+    snap = take_snapshot(run, checkout)
+    (snap.path / "train").chmod(0o775)
+    (run / "code").chmod(0o2775)
+    take_snapshot(run, checkout)
+    assert writable_by_group_or_others(run / "code") == []
+    os.chown(snap.path / "train", 4242, -1)
+    with pytest.raises(source.LaunchError, match=r"train belongs to uid 4242, not to this job's user.*remove "):
+        take_snapshot(run, checkout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,30 @@ def test_cli_impossible_requests_fail_before_submission(args, fix, tmp_path):
     assert r.returncode == 2, r.stderr
     assert fix in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert not any(tmp_path.iterdir())  # no run directory, no submitit folder
+
+
+def test_a_missing_container_module_is_a_warning_and_only_a_missing_runtime_stops_the_job(tmp_path):
+    """HPCTRAIN_CONTAINER_MODULES=apptainer (the example profile's) at a site without such a module:
+    Debian's real Lmod fails `module load apptainer`, which under `set -e` ended the job although
+    apptainer was on PATH. Now a one-line warning; the job stops (one line) only when the runtime is
+    then not on PATH."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "apptainer").write_text("#!/bin/sh\n")
+    (bindir / "apptainer").chmod(0o755)
+    lines = job_module_lines(["cuda/12.4"], ["apptainer"], [], False)
+    script = "\n".join(["set -eo pipefail", "CONTAINER=apptainer", *lines, "echo passed"])
+
+    def run(path: str) -> subprocess.CompletedProcess:
+        env = {"PATH": path, "HOME": str(tmp_path)}
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+
+    assert Path("/usr/share/lmod/lmod/init/bash").is_file()  # the module system module_init.sh finds here
+    r = run(f"{bindir}:/usr/bin:/bin")
+    assert r.returncode == 0 and r.stdout.strip().endswith("passed"), r.stdout + r.stderr
+    (warning,) = [line for line in r.stderr.splitlines() if line.startswith("hpctrain:")]
+    assert "warning: module load apptainer failed" in warning and "apptainer on PATH" in warning, r.stderr
+    r = run("/usr/bin:/bin")
+    said = [line for line in r.stderr.splitlines() if line.startswith("hpctrain:")]
+    assert r.returncode == 1 and "passed" not in r.stdout, r.stdout + r.stderr
+    assert "apptainer is not on PATH" in said[-1] and "set HPCTRAIN_CONTAINER_MODULES" in said[-1], said

@@ -43,16 +43,24 @@ def module_lines(
 def job_module_lines(
     modules: list[str], container_modules: list[str], module_use: list[str] = (), purge: bool = False
 ) -> list[str]:
-    """The batch script's modules: HPCTRAIN_MODULES for tasks on the host's Python,
-    HPCTRAIN_CONTAINER_MODULES for tasks in the image (chosen by $CONTAINER at run time)."""
+    """The batch script's modules: HPCTRAIN_MODULES for tasks on the host's Python (a module that
+    fails stops the job), HPCTRAIN_CONTAINER_MODULES for tasks in the image (chosen by $CONTAINER at
+    run time): those only bring the runtime, which a site may have on PATH without a module or
+    without Lmod, so there a failed load is a warning and only a missing runtime stops the job
+    (shell/container_modules.sh)."""
     if not modules and not container_modules:
         return []
+    setup = [f"module use {shlex.quote(p)}" for p in module_use] + (["module purge"] if purge else [])
     return [
         f"HPCTRAIN_MODULES=${{HPCTRAIN_MODULES-{shlex.quote(' '.join(modules))}}}",
         f"HPCTRAIN_CONTAINER_MODULES=${{HPCTRAIN_CONTAINER_MODULES-{shlex.quote(' '.join(container_modules))}}}",
         'if [ "$CONTAINER" = none ]; then hpctrain_modules=$HPCTRAIN_MODULES; '
         "else hpctrain_modules=$HPCTRAIN_CONTAINER_MODULES; fi",
-        'if [ -n "$hpctrain_modules" ]; then',
+        'if [ -n "$hpctrain_modules" ] && [ "$CONTAINER" = none ]; then',
         *load_lines("$hpctrain_modules", module_use, purge),
+        'elif [ -n "$hpctrain_modules" ]; then',
+        *shellfile.lines("module_init.sh", "  "),
+        *(["  if type module >/dev/null 2>&1; then", *(f"    {c}" for c in setup), "  fi"] if setup else []),
+        *shellfile.lines("container_modules.sh", "  "),
         "fi",
     ]

@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 from hpctrain.errors import LaunchError
+from hpctrain.run.owner import GROUP_OTHER_WRITE, others_can_write
 
 
 def private_dir(path: Path) -> Path:
@@ -26,14 +27,12 @@ def writable_by_others(pickle: Path) -> str | None:
     The folder must be ours and writable by us only; the file matters only where others can reach
     it (the folder is traversable by them)."""
     me, folder = os.getuid(), pickle.parent
-    d = folder.stat()
-    if d.st_uid != me:
-        return f"{folder} belongs to uid {d.st_uid}, not to this job's user (uid {me})"
-    if d.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{folder} is writable by its group or others (mode {stat.S_IMODE(d.st_mode):04o})"
-    if d.st_mode & (stat.S_IXGRP | stat.S_IXOTH) and pickle.exists():
+    why = others_can_write(folder)
+    if why:
+        return why
+    if folder.stat().st_mode & (stat.S_IXGRP | stat.S_IXOTH) and pickle.exists():
         f = pickle.stat()
-        if f.st_uid != me or f.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if f.st_uid != me or f.st_mode & GROUP_OTHER_WRITE:
             return f"{pickle} is writable by another user (owner uid {f.st_uid}, mode {stat.S_IMODE(f.st_mode):04o})"
     return None
 

@@ -139,6 +139,8 @@ def render(
     q = shlex.quote
     prof = p.profile
     lines = ["#!/bin/bash", *[f"# {h}".rstrip() for h in p.header], *sbatch_lines(p), "", "set -eo pipefail", ""]
+    if standalone:  # before any default: which settings came from the environment (overrides.sh)
+        lines += [*shellfile.lines("overrides.sh"), ""]
     if p.workdirs:  # before the stop file, which lives under $PWD/.hpctrain
         lines += [
             "# Job array: element i trains run i in its own directory; it has its own job id",
@@ -185,6 +187,8 @@ def render(
     ]
     lines += [*shellfile.lines("srun_env.sh"), *MEMLOCK_LINES, ""]
     lines += [*shellfile.lines("banner.sh"), ""]
+    if not p.spare_nodes:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
+        lines += [*shellfile.lines("no_kill.sh"), ""]
     lines += [*stop_lines(), ""]
     lines += inplace.setup_lines(p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts)
     if prof.container.stage_image:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from hpctrain.errors import LaunchError
 from hpctrain.run.layout import CODE
+from hpctrain.run.owner import GROUP_OTHER_WRITE, drop_others_write, others_can_write
 
 SUFFIXES = (".py", ".yaml", ".yml")
 LATEST = "latest"  # <root>/code/latest: the hash of the last submission's snapshot
@@ -123,10 +125,14 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
     when the checkout changes during the copy. It is written under a temporary name and renamed
     into place, its files read-only; an identical snapshot already there is kept (idempotent).
     Old snapshots stay: a few hundred kB each, and a queued job may still need one.
+    `code/` and every directory of the snapshot are writable by this user only (0755, whatever the
+    umask): a task imports it before it checks the hash, so a group member who could replace
+    `train/entry.py` would run code as the job's owner (`check_private` refuses such a snapshot).
     """
     pkg = (pkg or package_dir()).resolve()
     code = root / CODE
     code.mkdir(parents=True, exist_ok=True)
+    drop_others_write(code)
     latest = code / LATEST
     before = latest.read_text().strip() if latest.is_file() else None
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=code))
@@ -144,8 +150,8 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
         }
         (tmp / "hpctrain" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         for p in (tmp / "hpctrain").rglob("*"):
-            if p.is_file():
-                p.chmod(0o444)
+            p.chmod(0o444 if p.is_file() else 0o755)  # mkdir kept the umask (0775 under 002)
+        (tmp / "hpctrain").chmod(0o755)
         tmp.chmod(0o755)
         final = code / digest
         if not snapshot_path(root, digest).is_dir():
@@ -156,6 +162,7 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    check_private(root, digest)
     if source_hash(snapshot_path(root, digest)) != digest:
         raise LaunchError(
             f"the code snapshot {snapshot_path(root, digest)} does not hash to {digest}: it was "
@@ -163,8 +170,40 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
         )
     tmp_latest = code / f".{LATEST}.{os.getpid()}"
     tmp_latest.write_text(digest + "\n")
+    tmp_latest.chmod(0o644)
     tmp_latest.replace(latest)
     return Snapshot(snapshot_path(root, digest), digest, before if before and before != digest else None)
+
+
+def snapshot_writers(root: Path, digest: str) -> str | None:
+    """Why a user other than this process's could change the snapshot `digest` under `root`
+    (`code/`, a directory or a file in it); None: none can. Ours made under umask 002 or by an
+    earlier hpctrain are made owner-only first."""
+    top = root / CODE / digest
+    paths = [root / CODE, top, *sorted(top.rglob("*"))]
+    for p in paths:
+        drop_others_write(p)
+    for p in paths:
+        st = p.lstat()
+        if p.is_symlink():  # the copy holds none: planted
+            return f"{p} is a symbolic link"
+        if p.is_dir():
+            why = others_can_write(p)
+            if why:
+                return why
+        elif st.st_uid != os.getuid() or st.st_mode & GROUP_OTHER_WRITE:
+            return f"{p} is writable by another user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def check_private(root: Path, digest: str) -> None:
+    """Refuse (LaunchError, one line with the fix) a snapshot another user could change."""
+    why = snapshot_writers(root, digest)
+    if why:
+        raise LaunchError(
+            f"the code snapshot {root / CODE / digest} can be changed by another user: {why}; the job's "
+            f"tasks run it as you. Check who changed it, then remove {root / CODE / digest} and submit again"
+        )
 
 
 def manifest(pkg: Path | None = None) -> dict | None:

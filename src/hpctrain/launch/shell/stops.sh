@@ -10,10 +10,18 @@
 # and a TERM counts as a preemption; use --batch for a time-limit stop.
 export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"
 export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"
-mkdir -p "$HPCTRAIN_CONTROL_DIR" || {
+mkdir -m 0755 "$HPCTRAIN_CONTROL_DIR" 2>/dev/null || [ -d "$HPCTRAIN_CONTROL_DIR" ] || {
   echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job from a writable directory" >&2
   exit 1
 }
+# this shell writes (faults-, stop-, bad-nodes-) through whatever is at those paths: ours alone (run.owner)
+if [ -L "$HPCTRAIN_CONTROL_DIR" ] || [ ! -O "$HPCTRAIN_CONTROL_DIR" ] ||
+  [ -n "$(find "$HPCTRAIN_CONTROL_DIR" -maxdepth 0 -perm /022)" ]; then
+  echo "hpctrain: $HPCTRAIN_CONTROL_DIR can be changed by another user (owner uid" \
+    "$(stat -c %u "$HPCTRAIN_CONTROL_DIR"), mode $(stat -c %a "$HPCTRAIN_CONTROL_DIR")): check what is in it," \
+    "then chmod 755 it as its owner (or remove it) and resubmit" >&2
+  exit 1
+fi
 rm -f "$HPCTRAIN_STOP_FILE"
 # This job for scontrol: an array element by <array>_<index>, since the element whose own id is the
 # array's id would otherwise name (and requeue) the whole array.

@@ -1,0 +1,34 @@
+"""Who can change a directory whose files the job runs or writes as its user.
+
+The submitit folder (launch.private), the code snapshot (run.source) and the batch shell's
+`.hpctrain/` (shell/stops.sh, the same rule in bash) hold code or records that the job's user
+runs or writes through. In a setgid project directory under umask 002 a default mkdir leaves
+them group-writable, and a group member could then replace a file (a pickle, `train/entry.py`)
+or plant a symlink: they must belong to the job's user and be writable by it alone.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+GROUP_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def others_can_write(folder: Path) -> str | None:
+    """Why a user other than this process's could change what is in `folder`; None: none can."""
+    me, d = os.getuid(), folder.stat()
+    if d.st_uid != me:
+        return f"{folder} belongs to uid {d.st_uid}, not to this job's user (uid {me})"
+    if d.st_mode & GROUP_OTHER_WRITE:
+        return f"{folder} is writable by its group or others (mode {stat.S_IMODE(d.st_mode):04o})"
+    return None
+
+
+def drop_others_write(path: Path) -> None:
+    """`chmod go-w path` when it is ours (made under umask 002, or by an earlier version); another
+    user's is left as it is, for `others_can_write` to name."""
+    st = path.lstat()
+    if st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and st.st_mode & GROUP_OTHER_WRITE:
+        path.chmod(stat.S_IMODE(st.st_mode) & ~GROUP_OTHER_WRITE)
