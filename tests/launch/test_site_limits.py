@@ -15,6 +15,7 @@ import yaml
 from hpctrain.errors import LaunchError
 from hpctrain.launch.submit import Request, check_request
 from hpctrain.site.profile import load_profile
+from tests.helpers import wait_for
 from tests.launch.jobs import hp
 from tests.slurm_cluster import CPU_NODE, CPU_PARTITION, SlurmCluster, missing
 
@@ -143,8 +144,20 @@ def test_probe_runs_in_the_image_under_the_profiles_account_and_qos(site_cluster
     as the jobs will be, and the doctor reports from inside the image (its NCCL, not the login node's)."""
     path, env, text = site_profile
     assert "#   in the image: NCCL" in text
-    rows = site_cluster.run("sacct", "-n", "-X", "-P", "--name=hpctrain-probe", "-o", "Account,QOS,State").stdout
-    assert rows.split() == [f"root|{QOS}|COMPLETED"], rows
+
+    def ended() -> list[str] | None:
+        # slurmdbd records the probe's end some time after srun returned (seconds on a loaded machine)
+        rows = site_cluster.run("sacct", "-n", "-X", "-P", "--name=hpctrain-probe", "-o", "Account,QOS,State").stdout
+        rows = rows.split()
+        return rows if rows and not any(r.endswith(("|PENDING", "|RUNNING", "|COMPLETING")) for r in rows) else None
+
+    rows = wait_for(
+        ended,
+        "no final accounting row for the probe job",
+        120,
+        lambda: site_cluster.run("sacct", "-n", "-X", "-P", "-o", "JobID,JobName,Account,QOS,State").stdout,
+    )
+    assert rows == [f"root|{QOS}|COMPLETED"], rows
 
 
 def profile_with(tmp_path: Path, **limits: str):
