@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import Config
+from hpctrain.launch import shellfile
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
 from hpctrain.run import faultlog
@@ -74,6 +75,31 @@ def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
     env["HPCTRAIN_SPARE_NODES"] = "2"
     r = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and "leave none of the job's 2 to train on" in r.stderr, r.stderr
+
+
+def budget_left(control: Path, restarts: int, max_requeues: int) -> subprocess.CompletedProcess:
+    """The batch shell's hpctrain_budget_left (stops.sh), run by bash as the script defines it."""
+    prog = "\n".join(shellfile.lines("stops.sh")) + '\nhpctrain_budget_left || { echo "$hpctrain_budget_why"; exit 1; }'
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "77",
+        "SLURM_RESTART_COUNT": str(restarts),
+        "HPCTRAIN_MAX_REQUEUES": str(max_requeues),
+    }
+    return subprocess.run(["bash", "-c", prog], capture_output=True, text=True, cwd=control, env=env)
+
+
+def test_the_shells_own_requeues_count_against_max_requeues_and_preemptions_do_not(tmp_path):
+    """A requeue the batch shell decides itself (nodes named and too few left, the guard's) is
+    refused once the job's restarts that were not preemptions reach slurm.max_requeues, as rank 0
+    refuses a time-limit requeue (run/requeue.py). Before, such requeues were never counted: a job
+    could loop start → refused by its budget → a node named → requeued."""
+    assert budget_left(tmp_path, 2, 3).returncode == 0
+    r = budget_left(tmp_path, 3, 3)
+    assert r.returncode == 1 and "requeued 3 time(s) already" in r.stdout and "max_requeues=3" in r.stdout, r
+    (tmp_path / ".hpctrain" / "preempted-77").write_text("0\n2\n")  # two preemptions, at restarts 0 and 2
+    assert budget_left(tmp_path, 3, 3).returncode == 0  # 1 of the 3 restarts was not a preemption
+    assert budget_left(tmp_path, 5, 3).returncode == 1
 
 
 def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
