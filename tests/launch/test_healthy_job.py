@@ -154,6 +154,27 @@ def exc_list(cluster, control, job_nodes: int, old: str, **env: str) -> str:
     return r.stdout.strip()
 
 
+def test_a_job_name_holding_key_value_pairs_does_not_answer_for_the_job(slurm_cluster, tmp_path):
+    """`scontrol show job -o` prints JobName= before JobState=: a job named 'x JobState=COMPLETED'
+    answered "COMPLETED" to the batch shell's field reads (the first match won), and a running job
+    would have been taken for one Slurm had ended. hpctrain_job_field cuts the job's own name
+    ($SLURM_JOB_NAME) out first."""
+    name = "x JobState=COMPLETED Restarts=9"
+    job = slurm_cluster.run("sbatch", "--parsable", "--hold", "-J", name, "--wrap", "true").stdout.strip()
+    try:
+        prog = shellfile.program(["ctld.sh"], [shellfile.assign("hpctrain_job", job)])
+        env = slurm_cluster.environ({"SLURM_JOB_NAME": name})
+        r = subprocess.run(
+            ["bash", "-c", prog + 'echo "$(hpctrain_job_field JobState) $(hpctrain_job_field Restarts)"'],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert r.stdout.split() == ["PENDING", "0"], (r.stdout, r.stderr)
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+
+
 def test_exclusions_expire_and_never_leave_the_partition_too_small_for_the_job(slurm_cluster, tmp_path):
     """The spares partition has 3 nodes. A job excluded n1 7 h ago, n2 and n3 minutes ago; the user
     excluded n7 at submission. A 2-node job keeps one exclusion of its own (3 - 2), the newest; a
