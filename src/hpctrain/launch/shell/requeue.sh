@@ -10,10 +10,12 @@ case "$hpctrain_decision" in
       exit 0
     fi
     echo "hpctrain: $hpctrain_why"
-    if hpctrain_preempted; then hpctrain_count_preemption; fi
-    if hpctrain_preempted && hpctrain_slurm_requeues_preempted; then
-      echo "hpctrain: preempted under PreemptMode=REQUEUE: Slurm $(scontrol --version | sed 's/.* //') requeues the job itself as this shell ends"
-      exit 0
+    if hpctrain_preempted; then  # asked once: each asks slurmctld
+      hpctrain_count_preemption
+      if hpctrain_slurm_requeues_preempted; then
+        echo "hpctrain: preempted under PreemptMode=REQUEUE: Slurm $(scontrol --version | sed 's/.* //') requeues the job itself as this shell ends"
+        exit 0
+      fi
     fi
     if [ -n "${hpctrain_by_shell:-}" ] && ! hpctrain_budget_left; then
       echo "hpctrain: stopped and not requeued: $hpctrain_budget_why" >&2
