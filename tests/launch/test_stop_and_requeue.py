@@ -430,6 +430,74 @@ def test_partition_preemption_with_grace_time_resumes_exactly(
     assert GRACE_TIME > 5  # the checkpoint fitted in the grace time: no SIGKILL, nothing lost
 
 
+def preempt_both_nodes(cluster, tmp_path) -> None:
+    """A job in the urgent partition takes both nodes for 2 s: the preemptible jobs there get SIGTERM."""
+    urgent = cluster.run(
+        "sbatch", "--parsable", f"--partition={URGENT}", "-N2", "--exclusive",
+        f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 2",
+    ).stdout.strip()  # fmt: skip
+    assert cluster.wait_done(urgent, 120) == "COMPLETED"
+
+
+def job_fields(cluster, job: str) -> dict[str, str]:
+    out = cluster.run("scontrol", "show", "job", "-o", job, check=False).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def test_cancel_mode_preemption_is_requeued_and_the_finished_run_reads_completed(
+    slurm24_cluster, container, digits_root, tmp_path
+):
+    """Slurm 24.11, a partition with PreemptMode=CANCEL and a GraceTime: the preempted job checkpoints and
+    the batch shell requeues it (Slurm would not), and it resumes at that step and finishes. Slurm keeps
+    its preemption mark after our requeue and records the finished run PREEMPTED (sacct REQUEUED,
+    PREEMPTED): `hpctrain status` and `submit --wait` go by the run's own end, COMPLETED."""
+    cluster = slurm24_cluster
+    cluster.run("scontrol", "update", f"PartitionName={PREEMPTIBLE}", "PreemptMode=CANCEL")
+    try:
+        job = submit_job(cluster, container, digits_root, tmp_path, "cancel", "--partition", PREEMPTIBLE)
+        run = tmp_path / "cancel"
+        wait_for_step(run, 12, 300)
+        preempt_both_nodes(cluster, tmp_path)
+        assert cluster.wait_done(job, 400) == "PREEMPTED"  # Slurm's record of a run that finished
+    finally:
+        cluster.run("scontrol", "update", f"PartitionName={PREEMPTIBLE}", "PreemptMode=REQUEUE")
+    assert sacct_states(cluster, job) == ["REQUEUED", "PREEMPTED"]
+    (stop,) = metrics(run, "stop")
+    assert stop["stop_kind"] == "preemption" and resumed_at(run) == [stop["step"]]
+    assert metrics(run, "end")[-1]["status"] == "finished"
+    shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*_log.out"))
+    assert "keeps its preemption mark on job" in shell and "preempt mode CANCEL" in shell, shell
+    st = hp(cluster, "status", job)
+    assert st.returncode == 0 and re.search(r"^\s*state\s+COMPLETED$", st.stdout, re.M), st.stdout + st.stderr
+
+
+def test_preempted_job_past_its_preemption_cap_stays_ended(slurm24_cluster, container, digits_root, tmp_path):
+    """Slurm 24.11, PreemptMode=REQUEUE: Slurm requeues a preempted --requeue job as its batch shell ends,
+    whatever its exit status. With slurm.max_preemptions=0 the tasks decide to end; the shell turns the
+    job's Requeue off first, so it stays ended (PREEMPTED, no restart) and says why."""
+    cluster = slurm24_cluster
+    job = submit_job(
+        cluster, container, digits_root, tmp_path, "capped", "--partition", PREEMPTIBLE,
+        "--cluster-set", "slurm.max_preemptions=0",
+    )  # fmt: skip
+    run = tmp_path / "capped"
+    wait_for_step(run, 5, 300)
+    preempt_both_nodes(cluster, tmp_path)
+    assert cluster.wait_done(job, 400) == "PREEMPTED"
+    # Slurm's own requeue would show now: the job back to PENDING with Restarts=1
+    fields = wait_for(
+        lambda: (f := job_fields(cluster, job)).get("JobState") not in (None, "COMPLETING") and f,
+        f"job {job} to leave COMPLETING",
+        show=lambda: cluster.run("sacct", "-n", "-P", "-D", "-j", job, check=False).stdout,
+    )
+    assert (fields["JobState"], fields["Restarts"], fields["Requeue"]) == ("PREEMPTED", "0", "0"), fields
+    assert sacct_states(cluster, job) == ["PREEMPTED"]
+    shell = "".join(p.read_text() for p in (run / "submitit").glob(f"{job}_*log*"))  # the batch shell's too
+    assert "set to Requeue=0" in shell, shell
+    st = hp(cluster, "status", job)
+    assert "max_preemptions=0" in st.stdout and "PREEMPTED" in st.stdout, st.stdout + st.stderr
+
+
 def test_requeue_cap_reached_ends_the_job_nonzero_and_says_why(slurm_cluster, container, digits_root, tmp_path):
     prof, env = container
     waiter = subprocess.Popen(

@@ -124,9 +124,10 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
         poll_s=2.0,
         global_batch=p.cfg.data.batch_size,
     )  # rank 0's progress line while it waits
-    state = wait_job(sub.job_id)
-    print(run_status(str(sub.run_dir)).text())
-    if state == "COMPLETED":
+    wait_job(sub.job_id)
+    status = run_status(str(sub.run_dir))  # Slurm's end, read with the run's own (status.settled_state)
+    print(status.text())
+    if status.state == "COMPLETED":
         return 0
     failed = explain(sub.run_dir / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if failed:  # a task's error; else the status above says why (a stop that was not requeued, a time limit)

@@ -69,6 +69,15 @@ def job_state(job_id: str) -> str:
     return _queue_state(job_id) or "UNKNOWN"
 
 
+def settled_state(state: str, metrics: dict) -> str:
+    """Slurm's final state, unless the run's own end record contradicts it: Slurm >= 24.05 records
+    PREEMPTED for a job it once signalled for preemption, even after a requeue of ours ran it to the
+    end (its mark stays: launch/shell/stops.sh, docs/slurm-versions.md)."""
+    if state == "PREEMPTED" and metrics.get("end") == "finished":
+        return "COMPLETED"
+    return state
+
+
 def _queue_state(job_id: str) -> str:
     """The job's state in squeue ('' when it is not in the queue)."""
     if shutil.which("squeue"):
@@ -484,7 +493,7 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     rows = sacct_rows(job_id) if job_id and executor == "slurm" else []
     oom = oom_steps(sacct_steps(job_id)) if rows and job_id else []
     if rows:
-        state, requeues, nodes = rows[-1]["State"], len(rows) - 1, rows[-1].get("NodeList", "")
+        state, requeues, nodes = settled_state(rows[-1]["State"], metrics), len(rows) - 1, rows[-1].get("NodeList", "")
     else:  # local runs, or no accounting: what the run itself wrote
         running = run_dir and local_state(run_dir)
         state = (

@@ -16,6 +16,11 @@ case "$hpctrain_decision" in
         echo "hpctrain: preempted under PreemptMode=REQUEUE: Slurm $(scontrol --version | sed 's/.* //') requeues the job itself as this shell ends"
         exit 0
       fi
+      if hpctrain_marks_preempted; then
+        echo "hpctrain: Slurm $(scontrol --version | sed 's/.* //') keeps its preemption mark on job $hpctrain_job" \
+          "after this requeue (preempt mode $(hpctrain_preempt_mode)): it will record the job's end PREEMPTED," \
+          "even a finished run's; hpctrain status reads the run's own end"
+      fi
     fi
     if [ -n "${hpctrain_by_shell:-}" ] && ! hpctrain_budget_left; then
       echo "hpctrain: stopped and not requeued: $hpctrain_budget_why" >&2
@@ -32,6 +37,14 @@ case "$hpctrain_decision" in
     exit 1 ;;
   end)
     echo "hpctrain: stopped and not requeued: $hpctrain_why" >&2
+    # Slurm >= 24.05 would requeue a preempted job as this shell ends, whatever its exit status
+    if hpctrain_preempted && hpctrain_slurm_requeues_preempted; then
+      if hpctrain_scontrol update JobId="$hpctrain_job" Requeue=0 >/dev/null; then
+        echo "hpctrain: job $hpctrain_job set to Requeue=0, so that Slurm does not requeue it after its preemption" >&2
+      else
+        echo "hpctrain: could not set job $hpctrain_job to Requeue=0: Slurm may requeue it; scancel $hpctrain_job ends it" >&2
+      fi
+    fi
     exit 3 ;;
 esac
 exit "$hpctrain_rc"

@@ -52,17 +52,41 @@ hpctrain_budget_left() {  # 0 while the job may be requeued once more; else why 
  (slurm.max_requeues=${HPCTRAIN_MAX_REQUEUES:-3}): resubmit it to resume from the last checkpoint once its nodes are fixed"
   return 1
 }
-# Slurm >= 24.05 requeues a preempted --requeue job itself when its batch shell ends inside the
-# GraceTime under PreemptMode=REQUEUE; a `scontrol requeue` of ours then would leave Slurm's
-# preemption mark on the job, and its next run, even a finished one, would be requeued again
-# (PREEMPTED): leave that requeue to Slurm (docs/slurm-versions.md).
-hpctrain_slurm_requeues_preempted() {
+# Slurm >= 24.05 marks a job it signals at the start of its GraceTime (GRACE_PREEMPT,
+# src/interfaces/preempt.c) and reads the mark when the batch shell ends (proc_req.c, job_mgr.c
+# _job_complete): under preempt mode REQUEUE it requeues a --requeue job itself, even one whose shell
+# ends it (exit 3); under any other mode (CANCEL) it records the end PREEMPTED. Only Slurm's own requeue
+# clears the mark, not `scontrol requeue` (_job_requeue_op): after ours, the next run's end, even a
+# finished one's, is requeued again (REQUEUE) or recorded PREEMPTED (CANCEL) (docs/slurm-versions.md).
+hpctrain_marks_preempted() {  # this Slurm keeps such a mark (>= 24.05)
   local v major minor; v=$(scontrol --version 2>/dev/null) || return 1; v=${v##* }
   major=${v%%.*} minor=${v#*.}; minor=${minor%%.*}
-  { [ "$major" -gt 24 ] || { [ "$major" = 24 ] && [ "$minor" -ge 5 ]; }; } 2>/dev/null || return 1
+  { [ "$major" -gt 24 ] || { [ "$major" = 24 ] && [ "$minor" -ge 5 ]; }; } 2>/dev/null
+}
+hpctrain_conf() {  # one value of `scontrol show config` (empty when unknown; never fails)
+  { hpctrain_scontrol show config || true; } | sed -n "s/^$1 *= *//p" | head -n 1
+}
+# The preempt mode slurmctld applies to this job (its preempt plugins: preempt/partition_prio takes the
+# partition's PreemptMode, preempt/qos the job QOS's; both fall back to the cluster's PreemptMode).
+hpctrain_preempt_mode() {
+  local mode="" qos
+  case $(hpctrain_conf PreemptType) in
+    preempt/qos)
+      qos=$(hpctrain_job_field QOS)
+      [ -z "$qos" ] ||
+        mode=$({ sacctmgr -n -P show qos "$qos" format=PreemptMode 2>/dev/null || true; } | head -n 1) ;;
+    preempt/partition_prio)
+      mode=$({ hpctrain_scontrol show partition -o "${SLURM_JOB_PARTITION:-}" || true; } | tr " " "\n" |
+        sed -n "s/^PreemptMode=//p" | head -n 1) ;;
+  esac
+  case $mode in ""|cluster) mode=$(hpctrain_conf PreemptMode) ;; esac
+  printf '%s\n' "${mode:-OFF}"
+}
+hpctrain_slurm_requeues_preempted() {  # Slurm requeues this preempted job itself as this shell ends
+  hpctrain_marks_preempted || return 1
   [ "$(hpctrain_job_field Requeue)" = 1 ] || return 1
-  scontrol show partition -o "${SLURM_JOB_PARTITION:-}" 2>/dev/null | tr " " "\n" |
-    grep -q "^PreemptMode=.*REQUEUE"
+  case $(hpctrain_preempt_mode) in *REQUEUE*) return 0 ;; esac
+  return 1
 }
 hpctrain_pass() {
   hpctrain_signal=$1
