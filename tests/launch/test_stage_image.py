@@ -424,8 +424,8 @@ def test_pyxis_requeue_after_an_image_rebuild_runs_the_new_image_and_leaves_no_c
 
     first = wait_for(lambda: len(lines(0)) == 2 and lines(0), "attempt 0's tasks on both nodes", show=show)
     assert first == ["attempt=0 node=n1 image=old", "attempt=0 node=n2 image=old"], show()
-    old = sorted(p.relative_to(runs).as_posix() for p in runs.glob(f"*/pyxis_hpctrain-{job}-r0-img*"))
-    assert [o.split("/")[0] for o in old] == ["n1", "n2"], show()
+    old = sorted(p.relative_to(runs).as_posix() for p in runs.glob(f"*/pyxis_hpctrain-{job}*"))
+    assert [o.split("/")[0] for o in old] == ["n1", "n2"], show()  # one unpacked container per node
     mtime = image.stat().st_mtime
     image.write_text("PATH=/usr/sbin:/usr/bin:/sbin:/bin\nIMAGE_BUILD=new\n")  # rebuilt in place, later
     os.utime(image, (mtime + 60, mtime + 60))
@@ -435,6 +435,7 @@ def test_pyxis_requeue_after_an_image_rebuild_runs_the_new_image_and_leaves_no_c
     assert lines(1) == ["attempt=1 node=n1 image=new", "attempt=1 node=n2 image=new"], show()
     for o in old:  # attempt 1 removed attempt 0's containers at its start (the requeue ended attempt 0's steps)
         node, name = o.split("/")
+        assert name.startswith(f"pyxis_hpctrain-{job}-r0-img"), old
         assert f"hpctrain: removed the pyxis container {name} on {node}" in text, show()
     assert "r1-img" in text and "warning" not in text, show()  # and its own at its end
     assert not list(runs.glob(f"*/pyxis_hpctrain-{job}-*")), show()
