@@ -377,13 +377,18 @@ BUILD_TASK = (
 
 
 @pytest.mark.slurm
-def test_pyxis_requeue_after_an_image_rebuild_runs_the_new_image_and_leaves_no_container(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("requeue", ["scontrol", "shell"])
+def test_pyxis_requeue_after_an_image_rebuild_runs_the_new_image_and_leaves_no_container(
+    slurm_cluster, tmp_path, requeue
+):
     """The generated batch script with container.stage_image under the fake pyxis (named containers kept
     as pyxis_NAME under its runtime_path, as pyxis's default container_scope=global keeps them in enroot's
     data path; the fake `enroot list|remove` on the job's PATH). Attempt 0 unpacks the old image on both
-    nodes; the image is rebuilt at the same path and the job `scontrol requeue`d: attempt 1, on the same
-    nodes, runs the new image on every node (a name per job id alone would hand it the old rootfs),
-    removes attempt 0's containers at its start, and when the job ends nothing it named is left."""
+    nodes; the image is rebuilt at the same path and the job requeued, by a site's `scontrol requeue`
+    or by the batch shell itself (a time limit's USR2 to it: the tasks end, it requeues): attempt 1, on
+    the same nodes, runs the new image on every node (a name per job id alone would hand it the old
+    rootfs); attempt 0's containers are removed (by the shell before its own requeue, else at attempt
+    1's start: Slurm's requeue ended attempt 0's steps), and when the job ends nothing it named is left."""
     assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
     image = tmp_path / "image.sqsh"
     image.write_text("PATH=/usr/sbin:/usr/bin:/sbin:/bin\nIMAGE_BUILD=old\n")
@@ -429,11 +434,14 @@ def test_pyxis_requeue_after_an_image_rebuild_runs_the_new_image_and_leaves_no_c
     mtime = image.stat().st_mtime
     image.write_text("PATH=/usr/sbin:/usr/bin:/sbin:/bin\nIMAGE_BUILD=new\n")  # rebuilt in place, later
     os.utime(image, (mtime + 60, mtime + 60))
-    slurm_cluster.run("scontrol", "requeue", job)
+    if requeue == "scontrol":
+        slurm_cluster.run("scontrol", "requeue", job)
+    else:
+        slurm_cluster.run("scancel", "--batch", "--signal=USR2", job)
     assert slurm_cluster.wait_done(job, 180) == "COMPLETED", show()
     text = out.read_text()
     assert lines(1) == ["attempt=1 node=n1 image=new", "attempt=1 node=n2 image=new"], show()
-    for o in old:  # attempt 1 removed attempt 0's containers at its start (the requeue ended attempt 0's steps)
+    for o in old:  # removed before the shell's requeue, or at attempt 1's start
         node, name = o.split("/")
         assert name.startswith(f"pyxis_hpctrain-{job}-r0-img"), old
         assert f"hpctrain: removed the pyxis container {name} on {node}" in text, show()
