@@ -15,9 +15,11 @@
  * - the image is "unpacked" (read whole and copied under runtime_path=DIR, a plugstack.conf argument
  *   as pyxis's own) once per node per step, in slurm_spank_user_init before the tasks start, as
  *   pyxis runs enroot there; tasks read only the unpacked copy. With --container-name=NAME the copy
- *   is kept under that name and a later step with the same name skips the import (pyxis: "If a
+ *   is kept as pyxis_NAME in the node's directory (pyxis's name under its default container_scope=global,
+ *   in enroot's data path), and a later step with the same name skips the import (pyxis: "If a
  *   container with this name already exists, the existing container is used and the import is
- *   skipped"); unnamed copies are removed when the step ends.
+ *   skipped"); nothing removes it but `enroot remove` (the fake `enroot` that tests/launch/pyxis.py
+ *   writes lists and removes the node's copies); unnamed copies are removed when the step ends.
  * Built by tests/launch/pyxis.py against Debian's libslurm-dev; loaded through plugstack.conf.
  */
 #define _GNU_SOURCE
@@ -192,7 +194,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	if (name)
-		snprintf(unpacked, sizeof(unpacked), "%s/%s", dir, name);
+		snprintf(unpacked, sizeof(unpacked), "%s/pyxis_%s", dir, name);
 	else
 		snprintf(unpacked, sizeof(unpacked), "%s/.unnamed-%u.%u", dir, job, step);
 	if (name && access(unpacked, F_OK) == 0)

@@ -1,15 +1,28 @@
 """The fake pyxis SPANK plugin (tests/launch/fake_pyxis.c) for the Slurm test cluster: compiled against
 Debian's libslurm-dev (`slurm/spank.h`, the same Slurm release as slurmd: SPANK plugins must be) and
-loaded through a plugstack.conf that slurm.conf names (PlugStackConfig)."""
+loaded through a plugstack.conf that slurm.conf names (PlugStackConfig). Beside it, bin/enroot: the
+fake `enroot list|remove` (tests/launch/fake_enroot.sh) over the node's containers, for a job's PATH."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("fake_pyxis.c")
+FAKE_ENROOT = Path(__file__).with_name("fake_enroot.sh")
 SPANK_H = Path("/usr/include/slurm/spank.h")
+
+
+def runtime_path(plugstack: Path) -> Path:
+    """Where the plugin keeps each node's containers: <runtime_path>/<node>/pyxis_<name>."""
+    return plugstack.parent / "run"
+
+
+def enroot_bin(plugstack: Path) -> Path:
+    """The directory holding the fake `enroot` (put it on a job's PATH)."""
+    return plugstack.parent / "bin"
 
 
 def build(dest: Path) -> tuple[Path | None, str]:
@@ -29,5 +42,12 @@ def build(dest: Path) -> tuple[Path | None, str]:
         return None, f"gcc failed on {SOURCE.name}: {r.stderr.strip()[-500:]}"
     conf = dest / "plugstack.conf"
     # a plugin that fails to load must not stop the other tests; runtime_path: where images are unpacked
-    conf.write_text(f"optional {so} runtime_path={dest / 'run'}\n")
+    conf.write_text(f"optional {so} runtime_path={runtime_path(conf)}\n")
+    enroot_bin(conf).mkdir(exist_ok=True)
+    enroot = enroot_bin(conf) / "enroot"  # enroot's data path is per node: the node's hostname (n1, n2)
+    enroot.write_text(
+        f'#!/bin/sh\nENROOT_DATA_PATH={shlex.quote(str(runtime_path(conf)))}/"$(hostname)"\n'
+        f'export ENROOT_DATA_PATH\nexec {shlex.quote(str(FAKE_ENROOT))} "$@"\n'
+    )
+    enroot.chmod(0o755)
     return conf, ""

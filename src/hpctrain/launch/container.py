@@ -224,8 +224,9 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
     """pyxis/enroot: srun starts each task in the image ($HPCTRAIN_SRUN_CONTAINER on the srun line);
     the mounts are the job's binds, the job's directory (the tasks' working directory, which
     Apptainer binds itself) and the submitted hpctrain; no GPU flag (enroot's hooks add the GPUs).
-    container.stage_image: --container-name, one per job, so each node unpacks the image for the
-    first step only and later steps (a spare's restart, eval) reuse it (pyxis: "the import is skipped")."""
+    container.stage_image: --container-name, one per job attempt and image (shell/pyxis_name.sh), so
+    each node unpacks the image for the attempt's first step only and later steps (a spare's restart,
+    eval) reuse it (pyxis: "the import is skipped"); stage_image.pyxis_clean_lines removes them."""
     q = shlex.quote
     mount = container.source_mount.rstrip("/")
     try:
@@ -242,8 +243,8 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
         '--container-workdir="$PWD")',
         *(
             [
-                f'  {SRUN_VAR}+=(--container-name="hpctrain-${{SLURM_JOB_ID:-$$}}")  # unpacked once per node '
-                "(container.stage_image)"
+                *shellfile.lines("pyxis_name.sh", "  "),
+                f'  {SRUN_VAR}+=(--container-name="$hpctrain_pyxis_name")  # unpacked once per node and attempt',
             ]
             if container.stage_image
             else []
@@ -315,6 +316,7 @@ def python_lines(
         f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
         *shellfile.lines("source.sh"),
         f"{SRUN_VAR}=()",
+        *image_identity_lines(),
         "case $CONTAINER in",
         "none)",
         *none_lines(host_python),
@@ -330,11 +332,11 @@ def python_lines(
         "  ;;",
         f'*) echo "hpctrain: CONTAINER=$CONTAINER is not one of {", ".join(RUNTIMES)}" >&2; exit 1 ;;',
         "esac",
-        *image_identity_lines(),
         *nsys_lines(list(nsys_ranks), nsys_dir),
     ]
 
 
 def image_identity_lines() -> list[str]:
-    """Export $HPCTRAIN_IMAGE_DIGEST (train.compile_cache's key) unless the site set it (shell/image_identity.sh)."""
+    """hpctrain_image_cksum (the image's stat checksum; pyxis_name.sh names the container by it), and
+    $HPCTRAIN_IMAGE_DIGEST (train.compile_cache's key) unless the site set it (shell/image_identity.sh)."""
     return shellfile.lines("image_identity.sh")

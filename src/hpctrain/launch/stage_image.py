@@ -12,7 +12,8 @@ that runs hpctrain (its Python is the image's): a lock file per copy (`flock`: t
 copy once), a copy is up to date when its size and mtime equal the source's (the copy keeps the
 source's mtime, so clocks do not matter), free space is checked before the first byte, the copy is
 written to `.part` and renamed, and sizes print as data.meter.fmt_bytes does. pyxis needs no copy:
-a per-job --container-name (container.pyxis_lines) makes enroot unpack the image once per node.
+a --container-name per job attempt and image (container.pyxis_lines) makes enroot unpack the image
+once per node; the batch shell removes those containers (pyxis_clean_lines), which pyxis keeps.
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ def copy_program(stage_image_to: str, keep_days: int = 7) -> str:
     return shellfile.program(["local_image.sh", "stage_copy.sh"], [image_dir_line(stage_image_to), needs, keep])
 
 
+def pyxis_clean_lines() -> list[str]:
+    """pyxis: remove this job's named containers on its nodes (shell/pyxis_clean.sh runs
+    shell/pyxis_remove.sh on each) at a requeued attempt's start and as the batch shell ends."""
+    return [
+        shellfile.assign_program("hpctrain_pyxis_remove", shellfile.program(["pyxis_remove.sh"])),
+        *shellfile.lines("pyxis_clean.sh"),
+    ]
+
+
 def batch_lines(stage_image_to: str, keep_days: int = 7) -> list[str]:
-    """The batch shell's copy step (apptainer and singularity only), after spares.sh (a node whose copy
-    failed is left out when there are spares) and before the training step."""
+    """The batch shell's copy step (apptainer and singularity), or pyxis's clean-up, after spares.sh (a
+    node whose copy failed is left out when there are spares) and before the training step."""
     return [
         shellfile.assign_program("hpctrain_stage_image", copy_program(stage_image_to, keep_days)),
         *shellfile.lines("stage_step.sh"),
+        *pyxis_clean_lines(),
     ]
