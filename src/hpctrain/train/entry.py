@@ -108,6 +108,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         "SLURM_NTASKS",
         "SLURM_RESTART_COUNT",
         "SLURM_JOB_PARTITION",
+        "SLURM_CLUSTER_NAME",  # the cluster it ran on: `hpctrain status` asks sacct there (-M)
         "APPTAINER_CONTAINER",
         "SINGULARITY_CONTAINER",
         "HPCTRAIN_IMAGE",
