@@ -99,7 +99,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     rec["dali"] = _dali_version()
-    keep = (
+    keep: tuple[str, ...] = (
         "SLURM_JOB_ID",
         "SLURM_JOB_NODELIST",
         "SLURM_STEP_NODELIST",

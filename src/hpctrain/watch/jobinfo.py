@@ -17,6 +17,7 @@ No torch: this runs on login nodes.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,10 +49,10 @@ class Accounting:
     error: str = ""
 
 
-def submitted_clusters(environ: dict[str, str] | None = None) -> str | None:
+def submitted_clusters(environ: Mapping[str, str] | None = None) -> str | None:
     """The cluster list a submission from this environment goes to (None: the local cluster)."""
-    environ = os.environ if environ is None else environ
-    return next((environ[k] for k in CLUSTER_VARS if environ.get(k)), None)
+    env = os.environ if environ is None else environ
+    return next((env[k] for k in CLUSTER_VARS if env.get(k)), None)
 
 
 def where_of(run_dir: Path | None) -> Where:
