@@ -15,7 +15,7 @@ import pytest
 
 from hpctrain.launch.submit import write_job_record
 from tests.helpers import wait_for
-from tests.launch.jobs import hp
+from tests.launch.jobs import digits_sets, hp, job_report, submit
 from tests.slurm_cluster import SlurmCluster, missing
 
 pytestmark = pytest.mark.slurm
@@ -146,13 +146,17 @@ def test_status_with_slurmdbd_down_takes_the_controllers_state(dbd_cluster, tmp_
         assert facts["state"] == "COMPLETED", facts
 
 
-def test_status_of_a_job_on_another_cluster_asks_sacct_there(dbd_cluster, tmp_path):
-    """The login node of cluster `login` (its slurm.conf: that ClusterName, no way to the job's
-    controller) shares slurmdbd with the cluster the job ran on, as `sbatch -M` / SLURM_CLUSTERS
-    sites do. sacct reads no SLURM_CLUSTERS: only -M with the cluster the job record names finds it."""
+def test_status_of_a_job_on_another_cluster_asks_sacct_there(dbd_cluster, digits_root, tmp_path):
+    """`hpctrain submit` with SLURM_CLUSTERS (sbatch: --clusters) records the clusters; the login
+    node of cluster `login` (its slurm.conf: that ClusterName, no way to the job's controller)
+    shares slurmdbd with the cluster the job ran on. sacct reads no SLURM_CLUSTERS: only -M with
+    the cluster the job record names finds the job."""
     cluster, run = dbd_cluster, tmp_path / "run"
-    job = run_job(cluster, run, "exit 0", {"slurm_clusters": cluster.cluster_name})
-    assert cluster.wait_done(job, 60) == "COMPLETED"
+    sets = digits_sets(digits_root, tmp_path, "run", "train.max_steps=4", "train.log_every=2")
+    job = submit(cluster, "--nodes", "1", "--gpus-per-node", "2", *sets, env={"SLURM_CLUSTERS": cluster.cluster_name})
+    assert cluster.wait_done(job, 600) == "COMPLETED", job_report(cluster, job, run)
+    assert json.loads((run / "job.json").read_text())["slurm_clusters"] == cluster.cluster_name
+    assert json.loads((run / "env.json").read_text())["env"]["SLURM_CLUSTER_NAME"] == cluster.cluster_name
     login = tmp_path / "login.conf"
     conf = re.sub(r"(?m)^ClusterName=\S+$", "ClusterName=login", cluster.conf.read_text())
     login.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=1", conf))
@@ -161,6 +165,7 @@ def test_status_of_a_job_on_another_cluster_asks_sacct_there(dbd_cluster, tmp_pa
     assert r.stdout.strip() == "", r  # the property: SLURM_CLUSTERS does not reach sacct
     text, facts = status(cluster, str(run), env=env)
     assert (facts["state"], facts["requeues"], facts.get("accounting")) == ("COMPLETED", 0, None), text
+    assert facts["step"] == 4 and facts["nodes"], text
 
 
 def sacct_rows_of(cluster, job: str) -> list[tuple[str, str, str]]:
