@@ -483,7 +483,8 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     elif job_id and executor == "slurm":  # no accounting, slurmdbd down, or no row yet: the controller's view
         state, requeues, nodes = controller_view(job_id, where, metrics)
         if acct.error:
-            note = f"sacct cannot answer ({acct.error}): state from scontrol/squeue; requeue history not shown"
+            came = "scontrol/squeue" if state else "the run's records (the controller no longer holds the job)"
+            note = f"sacct cannot answer ({acct.error}): state from {came}; requeue history not shown"
     else:
         state, requeues, nodes = "", 0, ""
     if not state:  # local runs, or a job neither accounting nor the controller knows: what the run wrote
