@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -575,6 +576,42 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
             lambda: self._scontrol_ok("ping"),
             self.root / "log" / "slurmctld.log",
         )
+
+    def reset_job_ids(self, first_job_id: int) -> None:
+        """The controller loses its state (StateSaveLocation wiped, as on a controller rebuilt without
+        it) and counts job ids from `first_job_id` again (FirstJobId), as after MaxJobId wrapped
+        around: the next job gets an id that older jobs in slurmdbd already have. slurmdbd keeps
+        both (`sacct -D -j ID` lists each; measured, 22.05). Returns once `scontrol ping` answers."""
+        (old,) = [p for p in self.procs if "/usr/sbin/slurmctld" in p.args]
+        os.killpg(old.pid, signal.SIGTERM)
+        old.wait(60)
+        self.procs.remove(old)
+        shutil.rmtree(self.root / "state")
+        (self.root / "state").mkdir()
+        self.conf.write_text(re.sub(r"(?m)^FirstJobId=\d+$", f"FirstJobId={first_job_id}", self.conf.read_text()))
+        self._start(  # with -i as at start(): no state to recover
+            "slurmctld without its state",
+            list(old.args),
+            lambda: self._scontrol_ok("ping"),
+            self.root / "log" / "slurmctld.log",
+        )
+        _wait("the slurmd nodes", self._nodes_idle, 60, log=self.root / "log" / "slurmctld.log")
+
+    @contextlib.contextmanager
+    def slurmdbd_down(self):
+        """slurmdbd stopped for the block (SIGTERM; the controller queues its messages meanwhile:
+        sacct fails with "Problem talking to the database"), started again afterwards."""
+        (old,) = [p for p in self.procs if "/usr/sbin/slurmdbd" in p.args]
+        os.killpg(old.pid, signal.SIGTERM)
+        old.wait(60)
+        self.procs.remove(old)
+        try:
+            yield self
+        finally:
+            port = int(re.search(r"(?m)^AccountingStoragePort=(\d+)$", self.conf.read_text()).group(1))
+            self._start(
+                "slurmdbd restarted", list(old.args), lambda: _port_open(port), self.root / "log" / "slurmdbd.log"
+            )
 
     def pause_slurmctld(self, seconds: float) -> None:
         """The controller stalls (swapping, a long lock): SIGSTOP for `seconds`, then SIGCONT. Its

@@ -26,6 +26,7 @@ from hpctrain.launch.task import eval_task, train_task
 from hpctrain.run.layout import JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
 from hpctrain.site.profile import parse_tres, time_minutes
+from hpctrain.watch.jobinfo import submitted_clusters
 from hpctrain.watch.status import local_state
 
 __all__ = [
@@ -518,6 +519,8 @@ def submit_slurm(cfg: Config, plan) -> Submission:
             "tasks_per_node": plan.tasks_per_node,
             "submitit": str(folder),
             "code": str(snap.path) if snap else None,
+            # sbatch went to these clusters (SBATCH_CLUSTERS/SLURM_CLUSTERS), which sacct must be told
+            "slurm_clusters": submitted_clusters(),
         },
     )
     return Submission(

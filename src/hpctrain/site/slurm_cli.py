@@ -29,15 +29,24 @@ SACCT_FIELDS = ("JobIDRaw", "State", "NNodes", "Eligible", "Start", "End", "Elap
 def tool(*cmd: str, timeout: float = 30, env: dict[str, str] | None = None) -> str | None:
     """stdout of a Slurm client command (with `env` added to the environment); None when it is
     missing or fails."""
+    return ask(*cmd, timeout=timeout, env=env)[0]
+
+
+def ask(*cmd: str, timeout: float = 30, env: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """(stdout, "") of a Slurm client command; (None, why) when it is missing, times out or fails:
+    the last line of its stderr (e.g. sacct's "Slurm accounting storage is disabled")."""
     if not shutil.which(cmd[0]):
-        return None
+        return None, f"no {cmd[0]} on this machine"
     try:
         r = subprocess.run(
             list(cmd), capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"{cmd[0]}: {e}"
+    if r.returncode == 0:
+        return r.stdout, ""
+    lines = r.stderr.strip().splitlines()
+    return None, lines[-1].strip() if lines else f"{cmd[0]} exited {r.returncode}"
 
 
 # --------------------------------------------------------------------------- scontrol
@@ -53,6 +62,16 @@ def scontrol_show(kind: str) -> list[dict[str, str]] | None:
     does not answer."""
     text = tool("scontrol", "show", kind, "-o")
     return None if text is None else [parse_kv(line) for line in text.splitlines()]
+
+
+def job_record(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o ID` as {key: value} (JobState, Restarts, WorkDir, NodeList, …): the
+    controller's own view, which also holds a finished job for MinJobAge (default 300 s,
+    slurm.conf(5)); {} when scontrol does not answer or no longer knows the job."""
+    text = tool("scontrol", "show", "job", "-o", job_id)
+    # by its first field: a later one may repeat a key (a job name holding "JobId=…" comes after it)
+    line = next((ln for ln in (text or "").splitlines() if ln.startswith(f"JobId={job_id} ")), "")
+    return parse_kv(line) if line else {}
 
 
 def expand_hosts(spec: str) -> list[str]:

@@ -99,7 +99,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         rec["gpu"] = torch.cuda.get_device_name(device)
         rec["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     rec["dali"] = _dali_version()
-    keep = (
+    keep: tuple[str, ...] = (
         "SLURM_JOB_ID",
         "SLURM_JOB_NODELIST",
         "SLURM_STEP_NODELIST",
@@ -108,6 +108,7 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
         "SLURM_NTASKS",
         "SLURM_RESTART_COUNT",
         "SLURM_JOB_PARTITION",
+        "SLURM_CLUSTER_NAME",  # the cluster it ran on: `hpctrain status` asks sacct there (-M)
         "APPTAINER_CONTAINER",
         "SINGULARITY_CONTAINER",
         "HPCTRAIN_IMAGE",

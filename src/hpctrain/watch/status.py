@@ -1,7 +1,9 @@
 """`hpctrain status` / `hpctrain logs`: a run directory or a job id → state, progress, logs.
 
-The job's state comes from Slurm accounting (`sacct`, one row per requeue with --duplicates);
-progress from the run's metrics.jsonl. No torch: this runs on login nodes.
+The job's state comes from Slurm accounting (`sacct`, one row per requeue with --duplicates, the
+rows of this run's job on its cluster: watch/jobinfo.py), or from squeue and scontrol when sacct
+cannot answer (no accounting storage, slurmdbd down); progress from the run's metrics.jsonl. No
+torch: this runs on login nodes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from hpctrain.errors import LaunchError
 from hpctrain.pids import alive
 from hpctrain.run.layout import CONFIG, ENV, JOB, LOCK, LOGS, METRICS, RUNS, SUBMITIT, read_json, slurm_job_run_dir
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table
+from hpctrain.site.slurm_cli import job_record
+from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
 from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
 from hpctrain.watch.steps import Step, oom_steps, sacct_steps, size_text
 
@@ -37,36 +41,20 @@ TERMINAL = {
 }
 
 
-def sacct_rows(job_id: str) -> list[dict[str, str]]:
+def sacct_rows(job_id: str, where: Where = ANY) -> list[dict[str, str]]:
     """One row per run of the allocation (requeues included), oldest first; [] when unknown."""
-    if not shutil.which("sacct"):
-        return []
-    fields = ["JobID", "State", "ExitCode", "WorkDir", "NodeList", "Elapsed"]
-    try:
-        r = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-D", "-j", str(job_id), "-o", ",".join(fields)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    rows = [dict(zip(fields, line.split("|"))) for line in r.stdout.splitlines() if line.strip()]
-    for row in rows:
-        row["State"] = (row.get("State") or "UNKNOWN").split()[0]  # "CANCELLED by 0" → CANCELLED
-    # a --no-kill job that lost a node (hot spares) has a RESIZING row for its allocation before it
-    # shrank (measured, 22.05): the same run, not a requeue
-    return [row for row in rows if row["State"] != "RESIZING"]
+    return accounting(job_id, where).rows
 
 
-def job_state(job_id: str) -> str:
-    rows = sacct_rows(job_id)
+def job_state(job_id: str, where: Where = ANY) -> str:
+    rows = sacct_rows(job_id, where)
     # A preempted --requeue job is requeued by Slurm itself (PreemptMode=REQUEUE; since 24.05 also when
     # it ends inside its GraceTime): its PREEMPTED row is the last one for a few seconds before the
     # next run's row appears (measured, docs/slurm-versions.md), while squeue still holds it.
     if rows and not (rows[-1]["State"] == "PREEMPTED" and _queue_state(job_id)):
         return rows[-1]["State"]
-    return _queue_state(job_id) or "UNKNOWN"
+    # no row (sacct cannot answer, or not yet): the controller's, which keeps an ended job MinJobAge
+    return _queue_state(job_id) or job_record(job_id).get("JobState") or "UNKNOWN"
 
 
 def settled_state(state: str, metrics: dict) -> str:
@@ -142,8 +130,8 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
     if target.isdigit():
         end = time.monotonic() + settle_s
         while True:
-            rows = sacct_rows(target)
-            work = rows[-1].get("WorkDir") if rows else squeue_workdir(target)
+            rows = sacct_rows(target)  # the last row: the newest job of that id
+            work = rows[-1].get("WorkDir") if rows else squeue_workdir(target) or job_record(target).get("WorkDir")
             if rows or work or time.monotonic() > end:
                 break
             time.sleep(1.0)
@@ -180,6 +168,7 @@ class RunStatus:
     eta: Eta = field(default_factory=lambda: Eta(None, None, "no metrics yet"))
     now: float = field(default_factory=time.time)
     oom: list[Step] = field(default_factory=list)  # the job's steps that died OUT_OF_MEMORY (watch/steps.py)
+    accounting: str = ""  # why sacct could not answer: the state is the controller's, no requeue history
 
     def age(self, t: float | None) -> float | None:
         return None if t is None else max(0.0, self.now - t)
@@ -226,6 +215,7 @@ class RunStatus:
             "excluded_nodes": m.get("excluded", {}),
             "out_of_memory": [s.facts() for s in self.oom],
             "last_memory": m.get("memory"),
+            "accounting": self.accounting or None,
         }
 
     def text(self) -> str:
@@ -250,6 +240,8 @@ class RunStatus:
             ("run directory", str(self.run_dir or "-")),
             ("requeues", requeues),
         ]
+        if self.accounting:
+            rows.append(("accounting", self.accounting))
         if self.nodes:
             rows.append(("nodes", self.nodes))
         if m.get("restarts"):
@@ -490,11 +482,21 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     run_dir, job_id, executor = resolve(target)
     records = read_metrics(run_dir / METRICS) if run_dir else []
     metrics = summarize(records)
-    rows = sacct_rows(job_id) if job_id and executor == "slurm" else []
-    oom = oom_steps(sacct_steps(job_id)) if rows and job_id else []
+    where = where_of(run_dir)
+    acct = accounting(job_id, where) if job_id and executor == "slurm" else Accounting()
+    rows = acct.rows
+    oom = oom_steps(sacct_steps(job_id, where.clusters)) if rows and job_id else []
+    note = ""
     if rows:
         state, requeues, nodes = settled_state(rows[-1]["State"], metrics), len(rows) - 1, rows[-1].get("NodeList", "")
-    else:  # local runs, or no accounting: what the run itself wrote
+    elif job_id and executor == "slurm":  # no accounting, slurmdbd down, or no row yet: the controller's view
+        state, requeues, nodes = controller_view(job_id, where, metrics)
+        if acct.error:
+            came = "scontrol/squeue" if state else "the run's records (the controller no longer holds the job)"
+            note = f"sacct cannot answer ({acct.error}): state from {came}; requeue history not shown"
+    else:
+        state, requeues, nodes = "", 0, ""
+    if not state:  # local runs, or a job neither accounting nor the controller knows: what the run wrote
         running = run_dir and local_state(run_dir)
         state = (
             (metrics.get("end") == "finished" and "COMPLETED")
@@ -510,7 +512,22 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
         )
         requeues, nodes = metrics.get("stops", 0), ""
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
-    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now, oom)
+    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now, oom, note)
+
+
+def controller_view(job_id: str, where: Where, metrics: dict) -> tuple[str, int, str]:
+    """(state, requeues, nodes) from `scontrol show job` (Restarts: its requeues so far), else squeue;
+    ("", …) once the controller has forgotten the job (MinJobAge after its end). A record of
+    another working directory is another job of that id (after an id reset)."""
+    rec = job_record(job_id)
+    if where.workdir and rec.get("WorkDir") and own_rows([rec], where.workdir) == []:
+        rec = {}
+    restarts, nodes = rec.get("Restarts", ""), rec.get("NodeList", "")
+    return (
+        rec.get("JobState") or ("" if where.workdir else _queue_state(job_id)),
+        int(restarts) if restarts.isdigit() else metrics.get("stops", 0),
+        "" if nodes == "(null)" else nodes,
+    )
 
 
 def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None, str]:
@@ -547,7 +564,8 @@ def has_ended(run_dir: Path | None, job_id: str | None, executor: str) -> Callab
     without a job), when no process of it lives on this host any more (finished, failed, stopped
     or killed)."""
     if executor == "slurm" and job_id:
-        return lambda: job_state(job_id) in TERMINAL
+        where = where_of(run_dir)
+        return lambda: job_state(job_id, where) in TERMINAL
     return lambda: run_dir is None or local_state(run_dir) is None
 
 

@@ -90,13 +90,15 @@ def size_text(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
-def sacct_steps(job_id: str) -> list[Step]:
-    """Every step of every run of the job (requeues included), oldest first; [] without sacct."""
+def sacct_steps(job_id: str, clusters: str | None = None) -> list[Step]:
+    """Every step of every run of the job (requeues included), oldest first, on `clusters` (sacct -M;
+    None: the local cluster); [] without sacct."""
     if not shutil.which("sacct"):
         return []
+    cluster = ["-M", clusters] if clusters else []
     try:
         r = subprocess.run(
-            ["sacct", "-n", "-P", "-D", "-j", str(job_id), "-o", ",".join(FIELDS)],
+            ["sacct", "-n", "-P", "-D", *cluster, "-j", str(job_id), "-o", ",".join(FIELDS)],
             capture_output=True,
             text=True,
             timeout=30,

@@ -1,0 +1,105 @@
+"""What Slurm says of a run's job: its accounting rows (sacct), kept to this run's job and asked of
+the cluster it was submitted to, or the controller's view when sacct cannot answer.
+
+Facts (Slurm 22.05.8 on the test cluster; sources in docs/observability.md, "hpctrain status"):
+- Without accounting storage (AccountingStorageType=accounting_storage/none) sacct prints "Slurm
+  accounting storage is disabled" and exits 1; with slurmdbd down, "Problem talking to the
+  database: Connection refused", exit 1. squeue and `scontrol show job` still answer: squeue lists
+  a job while it is pending or running, scontrol also for MinJobAge (default 300 s) after its end.
+- A job id names one job only while slurmctld's counter does not start again (state lost, or
+  MaxJobId reached: ids wrap to FirstJobId): `sacct -D -j ID` then also lists the older jobs of
+  that id. The rows of this run's job are those whose WorkDir is the job's working directory.
+- sacct reads no SLURM_CLUSTERS (sacct(1), ENVIRONMENT VARIABLES), only -M/--clusters; sbatch
+  and squeue take SLURM_CLUSTERS (and sbatch SBATCH_CLUSTERS) as --clusters.
+No torch: this runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.run.layout import ENV, JOB, read_json
+from hpctrain.site.slurm_cli import ask
+
+FIELDS = ("JobID", "State", "ExitCode", "WorkDir", "NodeList", "Elapsed")
+# the variables that send a submission to another cluster (sbatch(1): same as --clusters)
+CLUSTER_VARS = ("SBATCH_CLUSTERS", "SLURM_CLUSTERS")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which job of that id is the run's: the cluster(s) it was submitted to (sacct -M; None: the
+    local one) and its working directory (sacct's WorkDir; None: unknown, no row is left out)."""
+
+    clusters: str | None = None
+    workdir: str | None = None
+
+
+ANY = Where()  # any job of the id, on the local cluster
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """sacct's rows of the job, oldest first; `error`: why sacct could not answer ("" when it did)."""
+
+    rows: list[dict[str, str]] = field(default_factory=list)
+    error: str = ""
+
+
+def submitted_clusters(environ: Mapping[str, str] | None = None) -> str | None:
+    """The cluster list a submission from this environment goes to (None: the local cluster)."""
+    env = os.environ if environ is None else environ
+    return next((env[k] for k in CLUSTER_VARS if env.get(k)), None)
+
+
+def where_of(run_dir: Path | None) -> Where:
+    """Where the run's job ran, from its records: job.json's `slurm_clusters` (hpctrain submit) or
+    the job's own SLURM_CLUSTER_NAME (env.json); its working directory: the batch shell's control
+    directory's parent (env.json's HPCTRAIN_CONTROL_DIR), else the run directory (submit's --chdir)."""
+    if run_dir is None:
+        return Where()
+    job, env = read_json(run_dir / JOB, {}), read_json(run_dir / ENV, {}).get("env", {})
+    job_id = str(job.get("job_id") or "")
+    if job_id and str(env.get("SLURM_JOB_ID") or "") != job_id:
+        env = {}  # another job's attempt (the run resubmitted since): its facts are not this job's
+    clusters = job.get("slurm_clusters") or env.get("SLURM_CLUSTER_NAME") or None
+    control = env.get("HPCTRAIN_CONTROL_DIR")
+    if control:
+        workdir = str(Path(control).parent)
+    elif job.get("submitit"):
+        workdir = str(Path(job["submitit"]).parent)
+    else:
+        workdir = None
+    return Where(clusters, workdir)
+
+
+def sacct_args(job_id: str, where: Where = ANY, fields: tuple[str, ...] = FIELDS) -> list[str]:
+    """The sacct command for every run of the job (requeues included: -D), on its cluster."""
+    cluster = ["-M", where.clusters] if where.clusters else []
+    return ["sacct", "-n", "-X", "-P", "-D", *cluster, "-j", str(job_id), "-o", ",".join(fields)]
+
+
+def own_rows(rows: list[dict[str, str]], workdir: str | None) -> list[dict[str, str]]:
+    """The rows of the job that ran in `workdir` (an earlier job of the same id ran elsewhere); a
+    row without WorkDir yet (slurmdbd fills it in a moment after the start, measured) is kept."""
+    if not workdir:
+        return rows
+    want = os.path.realpath(workdir)
+    return [r for r in rows if not r.get("WorkDir") or os.path.realpath(r["WorkDir"]) == want]
+
+
+def accounting(job_id: str, where: Where = ANY) -> Accounting:
+    """One row per run of the allocation (requeues included), oldest first, of this run's job only."""
+    text, error = ask(*sacct_args(job_id, where))
+    if text is None:
+        return Accounting([], error)
+    rows = [dict(zip(FIELDS, line.split("|"))) for line in text.splitlines() if line.strip()]
+    for row in rows:
+        row["State"] = (row.get("State") or "UNKNOWN").split()[0]  # "CANCELLED by 0" → CANCELLED
+    # a --no-kill job that lost a node (hot spares) has a RESIZING row for its allocation before it
+    # shrank (measured, 22.05): the same run, not a requeue
+    rows = [row for row in rows if row["State"] != "RESIZING"]
+    return Accounting(own_rows(rows, where.workdir))
