@@ -5,9 +5,13 @@ The task has no Slurm client (docs/architecture.md), so `hpctrain submit` reads 
 and hands the job its MTBF as `train.mtbf_h` (with `train.mtbf_source` saying where it came from).
 Sources, best first: the config's own train.mtbf_h; the profile's slurm.node_mtbf_hours; the
 partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
-requeued job, `-a` all users, `-r` the partition: PREEMPTED, NODE_FAIL and TIMEOUT allocations per
+requeued job, `-a` all users, `-r` the partition: PREEMPTED and NODE_FAIL allocations per
 node-hour of all its allocations, sacct(1)); else ckpt_interval.DEFAULT_MTBF_H. A per-node
 figure is divided by the job's node count: any of its nodes interrupts it.
+
+Only what the partition does to a job counts: TIMEOUT ("terminated upon reaching its time limit",
+sacct(1) JOB STATE CODES) is the job's own limit, a planned stop that the batch shell checkpoints on
+USR2 `slurm.signal_lead_s` before it, so it is no failure and must not shorten the interval.
 
 The stop check: a stop (USR2 `slurm.signal_lead_s` before the time limit; SIGTERM `GraceTime`
 before SIGKILL on a partition that preempts by REQUEUE or CANCEL, `scontrol show partition -o`)
@@ -33,7 +37,7 @@ from hpctrain.run.metrics import read_metrics
 from hpctrain.site.slurm_cli import Alloc, partition_record, read_history
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
-INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures", "TIMEOUT": "time limits"}
+INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures"}
 
 
 @dataclass(frozen=True)
