@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -57,6 +61,18 @@ def _make_history(cluster) -> list[str]:
     return [a, b]
 
 
+def _logging_sacct(cluster, tmp_path) -> tuple[dict[str, str], Path]:
+    """An environment whose `sacct` logs each call, then execs the cluster's real one, and its log."""
+    real = shutil.which("sacct", path=cluster.environ()["PATH"])
+    bin_dir, log = tmp_path / "logbin", tmp_path / "sacct.log"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "sacct"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    path = cluster.environ()["PATH"]
+    return {"PATH": f"{bin_dir}{os.pathsep}{path}", "XDG_CACHE_HOME": str(tmp_path / "cache")}, log
+
+
 def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_path, monkeypatch):
     for key, value in slurm_cluster.environ().items():  # read_history's sacct: this cluster's
         monkeypatch.setenv(key, value)
@@ -81,24 +97,24 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
         "train.log_every=1",
         "train.eval_every=0",
     )
-    r = hp(
-        slurm_cluster,
-        "submit",
-        "--config",
-        "configs/digits_vit.yaml",
-        "--partition",
-        PREEMPTIBLE,
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "1",
-        "--cluster-set",
-        days,
-        *sets,
-        "--wait",
-        timeout=300,
-    )
+    env, sacct_log = _logging_sacct(slurm_cluster, tmp_path)
+
+    def window_reads() -> list[str]:  # the MTBF window's history reads (plan's 14-day queue read aside)
+        calls = [c for c in sacct_log.read_text().splitlines() if f"-r {PREEMPTIBLE} " in c]
+        return [c for c in calls if datetime.fromisoformat(re.search(r"-S (\S+)", c).group(1)).timestamp() > t0 - 600]
+
+    args = ["--partition", PREEMPTIBLE, "--nodes", "2", "--gpus-per-node", "1", "--cluster-set", days, *sets]
+    r = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--wait", env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert len(window_reads()) == 1, sacct_log.read_text()  # the MTBF window's history, read once
+    cache = list((tmp_path / "cache" / "hpctrain").iterdir())
+    assert len(cache) == 1 and cache[0].stat().st_mode & 0o777 == 0o600, cache
+    # a second submission of the same window reuses it: no sacct call, the same figure, said where from
+    again = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--dry-run", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(window_reads()) == 1, sacct_log.read_text()
+    out = again.stdout + again.stderr
+    assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in out and "(cached at " in out, out
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: train.ckpt_every=auto"))
     assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in line
     assert "1 preemptions, 1 node failures in" in line and " / 2 nodes" in line, line

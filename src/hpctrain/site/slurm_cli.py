@@ -55,6 +55,16 @@ def scontrol_show(kind: str) -> list[dict[str, str]] | None:
     return None if text is None else [parse_kv(line) for line in text.splitlines()]
 
 
+def slurm_config() -> dict[str, str] | None:
+    """`scontrol show config` (`Key = Value` lines: ClusterName, MaxArraySize, …) as {key: value};
+    None when scontrol does not answer."""
+    text = tool("scontrol", "show", "config")
+    if text is None:
+        return None
+    pairs = (line.split("=", 1) for line in text.splitlines() if " = " in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def expand_hosts(spec: str) -> list[str]:
     """`scontrol show hostnames`: `n[1-3]` → [n1, n2, n3]; [spec] when scontrol does not answer."""
     out = tool("scontrol", "show", "hostnames", spec)
