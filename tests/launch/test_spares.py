@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -169,6 +170,28 @@ def sacct_all(cluster, job: str) -> list[tuple[str, str]]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.slurm
+def test_spares_refused_on_a_slurm_older_than_22_05(slurm_cluster, digits_root, tmp_path):
+    """A login node whose Slurm is 21.08 (an `sbatch` first on PATH that answers `--version` as 21.08.8
+    does and hands anything else to the real one): spares are refused in one line; the real one passes."""
+    real = shutil.which("sbatch", path=slurm_cluster.environ()["PATH"])
+    old = tmp_path / "slurm2108"
+    old.mkdir()
+    (old / "sbatch").write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "slurm 21.08.8"; exit 0; }}\nexec {real} "$@"\n'
+    )
+    (old / "sbatch").chmod(0o755)
+    args = ["--config", "configs/digits_vit.yaml", "--nodes", "2", "--gpus-per-node", "1", "--spare-nodes", "1"]
+    args += [*digits_sets(digits_root, tmp_path, "spares"), "--dry-run"]
+    env = {"PATH": f"{old}{os.pathsep}{slurm_cluster.environ()['PATH']}"}
+    r = hp(slurm_cluster, "submit", *args, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and not r.stdout, r.stdout + r.stderr
+    assert "spare nodes need Slurm 22.05 or newer" in r.stderr and "'slurm 21.08.8'" in r.stderr, r.stderr
+    assert "--spare-nodes 0" in r.stderr, r.stderr
+    ok = hp(slurm_cluster, "submit", *args)  # the test cluster's own Slurm (22.05 or 24.11)
+    assert ok.returncode == 0 and "#SBATCH --no-kill" in ok.stdout, ok.stdout + ok.stderr
+
+
 def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list(slurm_cluster, digits_root, tmp_path):
     """No spares: rank 1 stops (the hang watchdog names its node as a suspect in
     $HPCTRAIN_BAD_NODES_FILE) and its node's GPU drops off the bus (a fake nvidia-smi lists none

@@ -139,6 +139,23 @@ def test_bad_member_refused_before_submission(slurm_cluster, digits_root, tmp_pa
 
 
 @pytest.mark.slurm
+def test_sweep_over_max_array_size_refused_before_submission(slurm_cluster, digits_root, tmp_path):
+    """A site whose MaxArraySize is 3 (slurm.conf(5): array indices below it): 4 members cannot be one
+    array; refused in one line naming the limit, the count and the fix, nothing submitted."""
+    with slurm_cluster.reconfigured(MaxArraySize="3"):
+        conf = slurm_cluster.run("scontrol", "show", "config").stdout
+        assert re.search(r"^MaxArraySize\s*=\s*3$", conf, re.M), conf  # reconfigure applies it
+        sets = ["--set", f"data.root={digits_root}", "--set", f"run.dir={tmp_path}", "--name", "bigsweep"]
+        grid = ["--grid", "optim.lr=1e-3,5e-4,2e-4,1e-4", "--cluster-set", "slurm.request_gpus=false"]
+        r = hp(slurm_cluster, "sweep", "--config", DIGITS, *sets, *grid, "--gpus-per-node", "1")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and not r.stdout, r.stdout + r.stderr
+        for words in ("4 members", "MaxArraySize is 3", "split the grid into sweeps of at most 3"):
+            assert words in r.stderr, r.stderr
+        assert not list(tmp_path.iterdir())
+        assert slurm_cluster.run("squeue", "-h", "-n", "bigsweep").stdout.strip() == ""
+
+
+@pytest.mark.slurm
 def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tmp_path):
     """4 members, 2 at a time; member 3 gets USR2 (`scancel --signal=USR2 <array>_3`), checkpoints,
     is requeued by its batch shell and resumes at its step while the others finish; then the table."""

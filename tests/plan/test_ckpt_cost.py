@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -26,8 +30,13 @@ def parse_history(rows: str, partition: str, days: float) -> History:
 def test_parse_history_counts_interruptions_per_node_hour():
     text = "PREEMPTED|2|3600\nNODE_FAIL|1|1800\nCANCELLED by 0|4|900\nTIMEOUT|1|3600\nCOMPLETED|2|0\n"
     h = parse_history(text, "low", 30)
-    assert h.counts == {"PREEMPTED": 1, "NODE_FAIL": 1, "TIMEOUT": 1} and h.node_hours == pytest.approx(4.5)
-    assert h.node_mtbf_h() == pytest.approx(1.5) and parse_history("", "low", 30).node_mtbf_h() is None
+    # a TIMEOUT is the job's own planned stop (USR2 before the limit), not the partition's doing
+    assert h.counts == {"PREEMPTED": 1, "NODE_FAIL": 1} and h.node_hours == pytest.approx(4.5)
+    assert (
+        h.node_mtbf_h() == pytest.approx(2.25)
+        and "time limit" not in h.text()
+        and parse_history("", "low", 30).node_mtbf_h() is None
+    )
     assert parse_history("COMPLETED|1|7200\n", "low", 30).node_mtbf_h() == 2.0  # none seen: a lower bound
 
 
@@ -52,6 +61,18 @@ def _make_history(cluster) -> list[str]:
     return [a, b]
 
 
+def _logging_sacct(cluster, tmp_path) -> tuple[dict[str, str], Path]:
+    """An environment whose `sacct` logs each call, then execs the cluster's real one, and its log."""
+    real = shutil.which("sacct", path=cluster.environ()["PATH"])
+    bin_dir, log = tmp_path / "logbin", tmp_path / "sacct.log"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "sacct"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    path = cluster.environ()["PATH"]
+    return {"PATH": f"{bin_dir}{os.pathsep}{path}", "XDG_CACHE_HOME": str(tmp_path / "cache")}, log
+
+
 def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_path, monkeypatch):
     for key, value in slurm_cluster.environ().items():  # read_history's sacct: this cluster's
         monkeypatch.setenv(key, value)
@@ -59,7 +80,7 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0))
     jobs = _make_history(slurm_cluster)
     hist = History.of(read_history(PREEMPTIBLE, 1, since=since), PREEMPTIBLE, 1)
-    assert hist.counts == {"PREEMPTED": 1, "NODE_FAIL": 1, "TIMEOUT": 0}, hist
+    assert hist.counts == {"PREEMPTED": 1, "NODE_FAIL": 1}, hist
     rows = slurm_cluster.run("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "NNodes,ElapsedRaw").stdout
     node_s = sum(int(n) * int(e) for n, e in (r.split("|") for r in rows.split()))
     assert hist.node_hours == pytest.approx(node_s / 3600) and 4 <= node_s < 120  # only these jobs: one window
@@ -76,27 +97,27 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
         "train.log_every=1",
         "train.eval_every=0",
     )
-    r = hp(
-        slurm_cluster,
-        "submit",
-        "--config",
-        "configs/digits_vit.yaml",
-        "--partition",
-        PREEMPTIBLE,
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "1",
-        "--cluster-set",
-        days,
-        *sets,
-        "--wait",
-        timeout=300,
-    )
+    env, sacct_log = _logging_sacct(slurm_cluster, tmp_path)
+
+    def window_reads() -> list[str]:  # the MTBF window's history reads (plan's 14-day queue read aside)
+        calls = [c for c in sacct_log.read_text().splitlines() if f"-r {PREEMPTIBLE} " in c]
+        return [c for c in calls if datetime.fromisoformat(re.search(r"-S (\S+)", c).group(1)).timestamp() > t0 - 600]
+
+    args = ["--partition", PREEMPTIBLE, "--nodes", "2", "--gpus-per-node", "1", "--cluster-set", days, *sets]
+    r = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--wait", env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert len(window_reads()) == 1, sacct_log.read_text()  # the MTBF window's history, read once
+    cache = list((tmp_path / "cache" / "hpctrain").iterdir())
+    assert len(cache) == 1 and cache[0].stat().st_mode & 0o777 == 0o600, cache
+    # a second submission of the same window reuses it: no sacct call, the same figure, said where from
+    again = hp(slurm_cluster, "submit", "--config", "configs/digits_vit.yaml", *args, "--dry-run", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(window_reads()) == 1, sacct_log.read_text()
+    out = again.stdout + again.stderr
+    assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in out and "(cached at " in out, out
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: train.ckpt_every=auto"))
     assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in line
-    assert "1 preemptions, 1 node failures, 0 time limits" in line and " / 2 nodes" in line, line
+    assert "1 preemptions, 1 node failures in" in line and " / 2 nodes" in line, line
     cfg = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
     assert cfg["train"]["mtbf_h"] == pytest.approx(node_mtbf / 2) and cfg["train"]["mtbf_source"].startswith("sacct")
     rec = metrics(tmp_path / "auto", "ckpt_interval")[0]

@@ -402,6 +402,8 @@ def prepare_sweep(
     warning once."""
     if profile is None and tasks < 1:  # the sweep's flag, not a member's
         raise LaunchError(f"--local-tasks={tasks}: need at least 1 process")
+    if profile is not None:
+        sweep.check_array_size(len(members))  # before preparing each member: one line, not sbatch's traceback
     done = [
         prepare(m.cfg, profile, req, Member(m.index, tuple(m.overrides), gpu_mem_gb, tasks), dry_run) for m in members
     ]

@@ -26,6 +26,7 @@ from hpctrain.launch.task import eval_task, train_task
 from hpctrain.run.layout import JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
 from hpctrain.site.profile import parse_tres, time_minutes
+from hpctrain.site.slurm_cli import client_version
 from hpctrain.watch.jobinfo import submitted_clusters
 from hpctrain.watch.status import local_state
 
@@ -215,11 +216,25 @@ def check_request(profile, req: Request) -> tuple[int, int, str]:
     return nodes, gpn, time
 
 
+# Spares share the allocation with `srun --overlap` steps (launch/shell: the restarted training
+# step, the probes, the guard); Slurm NEWS, 22.05.0: "srun --overlap now allows the step to share all
+# resources (CPUs, memory, and GRES), where previously --overlap only allowed the step to share CPUs".
+MIN_SPARES_SLURM = (22, 5)
+
+
 def spare_nodes(profile, req: Request) -> int:
-    """Hot spare nodes of the job (--spare-nodes, else slurm.spare_nodes); LaunchError below 0."""
+    """Hot spare nodes of the job (--spare-nodes, else slurm.spare_nodes); LaunchError below 0, or
+    with spares on a login node whose Slurm is older than MIN_SPARES_SLURM (no answer: not checked)."""
     k = profile.slurm.spare_nodes if req.spare_nodes is None else req.spare_nodes
     if k < 0:
         raise LaunchError(f"--spare-nodes={k}: use 0 (no spares) or more")
+    version = client_version() if k else None
+    if version and version[0] < MIN_SPARES_SLURM:
+        raise LaunchError(
+            f"--spare-nodes={k} (or slurm.spare_nodes): spare nodes need Slurm 22.05 or newer (before it "
+            f"`srun --overlap` shares only CPUs, so a restarted step waits for the failed one's memory and "
+            f"GPUs), and `sbatch --version` says {version[1]!r}: submit with --spare-nodes 0"
+        )
     return k
 
 

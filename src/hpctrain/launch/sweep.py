@@ -36,7 +36,7 @@ from hpctrain.launch.submit import (
 from hpctrain.launch.task import train_task
 from hpctrain.run.layout import METRICS, SUBMITIT, read_json
 from hpctrain.run.metrics import read_metrics
-from hpctrain.site.slurm_cli import queue_state
+from hpctrain.site.slurm_cli import queue_state, slurm_config
 from hpctrain.watch.status import job_state, sacct_rows
 
 DEFAULT_MAX_RUNS = 64
@@ -207,6 +207,31 @@ def check_new(sweep_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- submission
+
+DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf(5) MaxArraySize's default
+
+
+def check_array_size(members: int) -> None:
+    """Refuse a sweep the cluster cannot hold as one array before any member is prepared: slurm.conf(5)
+    "The maximum job array task index value will be one less than MaxArraySize", and the array is
+    `0-(members-1)` (`scontrol show config`; skipped when scontrol does not answer)."""
+    conf = slurm_config()
+    if conf is None:
+        return
+    value = conf.get("MaxArraySize", "")
+    limit = int(value) if value.isdigit() else DEFAULT_MAX_ARRAY_SIZE
+    if members <= limit:
+        return
+    if limit == 0:  # "Configure MaxArraySize to 0 in order to disable job array use"
+        raise UserError(
+            "this cluster has job arrays off (MaxArraySize=0, `scontrol show config`): a sweep is one job "
+            f"array; submit its {members} members one by one with `hpctrain submit`"
+        )
+    raise UserError(
+        f"the sweep has {members} members (array indices 0-{members - 1}) but this cluster's MaxArraySize is "
+        f"{limit} (indices below {limit}, `scontrol show config`): sweep fewer members, or split the grid into "
+        f"sweeps of at most {limit}"
+    )
 
 
 def array_plan(plans: Sequence, members: Sequence[Member], sweep_dir: Path, name: str, max_parallel: int):

@@ -7,7 +7,7 @@ Torch-free: runs on login nodes. One concern per module:
   --allreduce --json`, given, or public) → a `Plan` of training time per node count;
 - `render`: that plan as the table, its assumptions, JSON, and `submit --dry-run`'s summary;
 - `queue`: the partition's sacct history, squeue and sinfo → queue wait per node count;
-- `interruptions`: preemptions/node failures/time limits per node-hour → expected lost work;
+- `interruptions`: preemptions/node failures per node-hour → expected lost work;
 - `allocation`: sshare and sacctmgr's GrpTRESMins → share of the remaining allocation;
 - `recommend`: the per-node-count rows of time to result and the recommendation.
 

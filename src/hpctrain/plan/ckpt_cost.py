@@ -5,9 +5,16 @@ The task has no Slurm client (docs/architecture.md), so `hpctrain submit` reads 
 and hands the job its MTBF as `train.mtbf_h` (with `train.mtbf_source` saying where it came from).
 Sources, best first: the config's own train.mtbf_h; the profile's slurm.node_mtbf_hours; the
 partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
-requeued job, `-a` all users, `-r` the partition: PREEMPTED, NODE_FAIL and TIMEOUT allocations per
+requeued job, `-a` all users, `-r` the partition: PREEMPTED and NODE_FAIL allocations per
 node-hour of all its allocations, sacct(1)); else ckpt_interval.DEFAULT_MTBF_H. A per-node
-figure is divided by the job's node count: any of its nodes interrupts it.
+figure is divided by the job's node count: any of its nodes interrupts it. The history is
+cached per (cluster: ClusterName and its controller's host and port; partition; window) for
+HISTORY_TTL_S in the user's cache (site/user_cache.py), so a submission does not put the same
+slurmdbd query to the site each time; the source line then says when it was read.
+
+Only what the partition does to a job counts: TIMEOUT ("terminated upon reaching its time limit",
+sacct(1) JOB STATE CODES) is the job's own limit, a planned stop that the batch shell checkpoints on
+USR2 `slurm.signal_lead_s` before it, so it is no failure and must not shorten the interval.
 
 The stop check: a stop (USR2 `slurm.signal_lead_s` before the time limit; SIGTERM `GraceTime`
 before SIGKILL on a partition that preempts by REQUEUE or CANCEL, `scontrol show partition -o`)
@@ -19,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +38,14 @@ from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan import throughput
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import read_metrics
-from hpctrain.site.slurm_cli import Alloc, partition_record, read_history
+from hpctrain.site import user_cache
+from hpctrain.site.slurm_cli import Alloc, partition_record, read_history, slurm_config
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
-INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures", "TIMEOUT": "time limits"}
+INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures"}
+# How long a partition's history is reused: a 30-day window's counts move little in half a day,
+# and a submission should not cost the site's slurmdbd a month of every user's jobs each time.
+HISTORY_TTL_S = 12 * 3600
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,29 @@ class History:
         )
 
 
+def partition_history(partition: str, days: float) -> tuple[History | None, str]:
+    """The partition's History over `days` (None: sacct does not answer), and "" when just read or
+    " (cached at <time>)" when it came from the user's cache (HISTORY_TTL_S); a fresh one is cached."""
+    conf = slurm_config() or {}  # the cluster: its name and the controller this client talks to
+    cluster = [conf.get(k, "") for k in ("ClusterName", "SlurmctldHost[0]", "SlurmctldPort")]
+    name = user_cache.entry_name("sacct-history", *cluster, partition, repr(days), "+".join(INTERRUPTIONS))
+    cached = user_cache.read(name, HISTORY_TTL_S)
+    if cached:
+        try:
+            hist = History(**cached[0])
+        except TypeError:
+            hist = None
+        if hist and isinstance(hist.node_hours, (int, float)) and isinstance(hist.counts, dict):
+            at = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(cached[1]))
+            return hist, f" (cached at {at}, reused for {HISTORY_TTL_S // 3600} h)"
+    allocs = read_history(partition, days)
+    if allocs is None:
+        return None, ""
+    hist = History.of(allocs, partition, days)
+    user_cache.write(name, dataclasses.asdict(hist))
+    return hist, ""
+
+
 def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, str]:
     """(the job's MTBF in hours, where it came from) for train.ckpt_every=auto."""
     if cfg.train.mtbf_h > 0:
@@ -81,12 +116,11 @@ def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, s
     if s.node_mtbf_hours > 0:
         return s.node_mtbf_hours / nodes, f"slurm.node_mtbf_hours={s.node_mtbf_hours:g} (profile {profile.name}){per}"
     name = partition or partition_record("").get("PartitionName", "")
-    allocs = read_history(name, s.mtbf_window_days) if name else None
-    hist = History.of(allocs, name, s.mtbf_window_days) if allocs is not None else None
+    hist, cached = partition_history(name, s.mtbf_window_days) if name else (None, "")
     node_h = hist.node_mtbf_h() if hist else None
     if hist and node_h:
         bound = "at least " if not hist.interruptions else ""
-        return node_h / nodes, f"{hist.text()}: {bound}{node_h:.3g} node-hours per interruption{per}"
+        return node_h / nodes, f"{hist.text()}{cached}: {bound}{node_h:.3g} node-hours per interruption{per}"
     why = f"no sacct history of partition {name}" if name else "no partition known"
     return DEFAULT_MTBF_H, f"default {DEFAULT_MTBF_H:g} h ({why}; set slurm.node_mtbf_hours in the profile)"
 

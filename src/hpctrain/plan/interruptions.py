@@ -1,10 +1,10 @@
-"""The work a job is expected to lose to interruptions (preemption, node failure, time limit).
+"""The work a job is expected to lose to interruptions (preemption, node failure).
 
-Rate: the partition's PREEMPTED, NODE_FAIL and TIMEOUT allocations per node-hour of all its
+Rate: the partition's PREEMPTED and NODE_FAIL allocations per node-hour of all its
 allocations in the history window (the counting of `plan.ckpt_cost`, whose MTBF sets
-`ckpt_every: auto`), or the profile's `slurm.node_mtbf_hours`; a job of N nodes is interrupted N
-times as often as one node. With none seen, the node-hours are a lower bound of the MTBF and the
-loss an upper bound ("≤").
+`ckpt_every: auto`; a TIMEOUT is the job's own checkpointed stop, not counted), or the
+profile's `slurm.node_mtbf_hours`; a job of N nodes is interrupted N times as often as one node.
+With none seen, the node-hours are a lower bound of the MTBF and the loss an upper bound ("≤").
 
 Loss over a training time T with job MTBF M = node MTBF / N, save time δ, checkpoint interval τ
 (`ckpt_every: auto`: Young/Daly's √(2δM), ckpt_interval.py; else ckpt_every × the step time;

@@ -74,6 +74,24 @@ def job_record(job_id: str) -> dict[str, str]:
     return parse_kv(line) if line else {}
 
 
+def slurm_config() -> dict[str, str] | None:
+    """`scontrol show config` (`Key = Value` lines: ClusterName, MaxArraySize, …) as {key: value};
+    None when scontrol does not answer."""
+    text = tool("scontrol", "show", "config")
+    if text is None:
+        return None
+    pairs = (line.split("=", 1) for line in text.splitlines() if " = " in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def client_version() -> tuple[tuple[int, int], str] | None:
+    """The login node's Slurm release from `sbatch --version` ("slurm 22.05.8"): ((22, 5), that
+    text); None when sbatch does not answer."""
+    text = (tool("sbatch", "--version", timeout=10) or "").strip()
+    m = re.search(r"(\d+)\.(\d+)", text)
+    return ((int(m[1]), int(m[2])), text) if m else None
+
+
 def expand_hosts(spec: str) -> list[str]:
     """`scontrol show hostnames`: `n[1-3]` → [n1, n2, n3]; [spec] when scontrol does not answer."""
     out = tool("scontrol", "show", "hostnames", spec)
