@@ -73,7 +73,8 @@ def findings(shellcheck: str, *paths: Path) -> str:
         [shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", *map(str, paths)],
         capture_output=True,
         text=True,
-        timeout=120,
+        # a cap, not a speed check: 9 rendered scripts took ~40 s here alone and over 120 s under load
+        timeout=900,
     )
     return r.stdout + r.stderr
 
