@@ -255,8 +255,8 @@ cp {a_copies["n2"]}.id {b_copies["n2"]}.id"""  # the image's identity: A's copy 
     state, out = job(b, uid_b, "b2")
     evil_sum = hashlib.sha256(evil.read_bytes()).hexdigest()
     assert state == "FAILED", out
-    assert (
-        f"hpctrain: container.stage_image on n2: {b_dirs['n2']} belongs to uid {uid_a}, not to this job's uid "
+    assert (  # the batch shell's line, from n2's report (srun may drop a killed step's own stderr)
+        f"n2: image staging failed ({b_dirs['n2']} belongs to uid {uid_a}, not to this job's uid "
         f"{uid_b}: the staged image must be in a directory only you can write" in out
     ), out
     assert all(d != evil_sum for _, d in ran(uid_b).values())

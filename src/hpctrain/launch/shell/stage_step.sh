@@ -30,8 +30,10 @@ case $CONTAINER in apptainer|singularity)
       echo "hpctrain: $hpctrain_stage_why: left out; training on $hpctrain_train_nodes of the $hpctrain_left" \
         "node(s) whose copy is ready" >&2
     else
-      echo "hpctrain: staging $HPCTRAIN_IMAGE to node-local disk failed (above${hpctrain_stage_bad:+ on\
- ${hpctrain_stage_bad% }}); set container.stage_image false to read it in place" >&2
+      # each node's reason from its report: srun may drop the stderr of a step it kills (--kill-on-bad-exit:
+      # measured, the failing copier's own line was lost on an idle machine and kept under load)
+      echo "hpctrain: staging $HPCTRAIN_IMAGE to node-local disk failed: ${hpctrain_stage_why:-srun exit $hpctrain_rc};" \
+        "set container.stage_image false to read it in place" >&2
       exit 1
     fi
   fi ;;
