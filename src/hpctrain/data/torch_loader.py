@@ -248,6 +248,10 @@ class TorchLoader:
             generator=gen,
             collate_fn=collate,
             prefetch_factor=4 if workers > 0 else None,
+            # workers start from a fresh interpreter, not a fork of this one: a fork copies a trainer's
+            # threads' locks and half-done state (DALI, gloo/NCCL, the watchdog) and its workers can
+            # die of it (SIGSEGV in a worker, seen in CI); Python 3.14 makes forkserver the default
+            multiprocessing_context="forkserver" if workers > 0 else None,
         )
         if train and len(self) == 0:
             raise DataError(
