@@ -23,6 +23,7 @@ import pytest
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.stage_image import copy_program
 from hpctrain.site.profile import load_profile
+from tests.helpers import wait_for
 from tests.launch.test_stage_image import FAKE_APPTAINER, profile
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, cgroups_missing, missing
 
@@ -155,6 +156,12 @@ def test_copies_not_staged_for_keep_days_are_removed_at_the_next_staging(tmp_pat
     assert [p.name.split("-", 1)[1] for p in udir.iterdir() if p.name.endswith(".sif")] == ["new.sif"]
 
 
+def step_states(cluster, job: str) -> list[tuple[str, str]]:
+    """(step name, state) of each step of the job, from sacct."""
+    out = cluster.run("sacct", "-n", "-P", "-j", job, "-o", "JobName,State", check=False).stdout
+    return [tuple(line.split("|")[:2]) for line in out.splitlines() if "|" in line]
+
+
 @pytest.mark.slurm
 def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(each_slurm_cluster, tmp_path):
     """A 2-node job with 1 spare (3 nodes, --no-kill) where n3's staging directory cannot be made (a
@@ -205,10 +212,20 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(ea
         env=env,
         cwd=tmp_path,
     )
-    state = each_slurm_cluster.wait_done(r.stdout.strip(), 120)
+    job = r.stdout.strip()
+    state = each_slurm_cluster.wait_done(job, 120)
     log = Path(f"{path}.out").read_text()
     assert state == "COMPLETED", log
     assert sorted(p.name for p in out.iterdir()) == ["n1", "n2"], log
+    # the batch host's guard (spares) ran as a step on another node and ended with the job: it stops
+    # itself when the shell ends (COMPLETED), not killed with the allocation (CANCELLED before)
+    guard = wait_for(
+        lambda: [s for n, s in step_states(each_slurm_cluster, job) if n == "hpctrain-guard" and s != "RUNNING"],
+        "the guard step's final row",
+        120,
+        show=lambda: step_states(each_slurm_cluster, job),
+    )
+    assert guard == ["COMPLETED"], step_states(each_slurm_cluster, job)
     assert (
         f"hpctrain: n3: image staging failed (cannot create {local}/n3: point container.stage_image_to at a "
         "writable node-local directory): left out; training on 2 of the 2 node(s) whose copy is ready"

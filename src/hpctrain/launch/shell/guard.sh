@@ -11,9 +11,20 @@ hpctrain_guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$hpctrain_batch_hos
 # the dead node did not outlive it. It requeues through hpctrain_requeue (retried); it cancels the
 # job only when Slurm refuses any requeue of it or its slurm.max_requeues is spent: then the job,
 # without its batch shell, would hold its nodes until its time limit.
+hpctrain_guard_srun=""
+hpctrain_guard_stop() {  # end the guard's step (srun passes USR1 on to it), for up to 10 s; before a requeue too
+  local i
+  [ -n "$hpctrain_guard_srun" ] || return 0
+  kill -USR1 "$hpctrain_guard_srun" 2>/dev/null || true
+  for i in $(seq 50); do kill -0 "$hpctrain_guard_srun" 2>/dev/null || break; sleep 0.2; done
+  hpctrain_guard_srun=""
+}
 hpctrain_guard() {  # on the guard node: $1 the batch host
   local st rc beat last="" still=0
-  while sleep "${HPCTRAIN_GUARD_S:-10}"; do
+  # the batch shell's end (hpctrain_guard_stop): a step that ends 0, COMPLETED in sacct, not one that
+  # the end of the job kills (CANCELLED); the sleep runs in the background so that USR1 acts at once
+  trap 'kill "$!" 2>/dev/null; exit 0' USR1
+  while sleep "${HPCTRAIN_GUARD_S:-10}" & wait "$!"; do
     beat=$(cat "$hpctrain_alive" 2>/dev/null) || beat=""
     if [ "$beat" = "$last" ]; then still=$((still + 1)); else still=0 last=$beat; fi
     st=$(hpctrain_node_states "$1" | cut -f2)
@@ -42,11 +53,13 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
   (trap "" USR2; i=0; while :; do i=$((i + 1)); echo "$i" > "$hpctrain_alive" || true; sleep "${HPCTRAIN_GUARD_S:-10}"; done) &
   hpctrain_guard_log=$(hpctrain_job_field StdErr)
   case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
-  srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" bash -c "$(declare -p hpctrain_job \
+  srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" --job-name=hpctrain-guard bash -c "$(declare -p hpctrain_job \
     hpctrain_node_name hpctrain_guard_log hpctrain_alive; declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
     hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
     hpctrain_exclude_add hpctrain_budget_left); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
     hpctrain-guard "$hpctrain_batch_host" &
+  hpctrain_guard_srun=$!
+  hpctrain_at_exit+=(hpctrain_guard_stop)
 fi
 # A site's Prolog runs on a node when the job's first step starts there (slurm.conf Prolog, unless
 # PrologFlags=Alloc), and that step waits for it: a spare that never ran a step would spend its

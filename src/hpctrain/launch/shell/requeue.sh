@@ -26,8 +26,9 @@ case "$hpctrain_decision" in
       echo "hpctrain: stopped and not requeued: $hpctrain_budget_why" >&2
       exit 3
     fi
-    # the requeue ends every step: pyxis's containers go first (pyxis_clean.sh)
+    # the requeue ends every step: pyxis's containers go first (pyxis_clean.sh), the guard ends its own
     if [ -n "${hpctrain_pyxis_name:-}" ]; then hpctrain_pyxis_clean "" || true; fi
+    hpctrain_guard_stop || true
     if hpctrain_requeue_excluding; then
       if [ -n "${hpctrain_bad// /}" ]; then
         hpctrain_new=$hpctrain_bad hpctrain_fault=$hpctrain_bad_why

@@ -23,6 +23,11 @@ if [ -L "$HPCTRAIN_CONTROL_DIR" ] || [ ! -O "$HPCTRAIN_CONTROL_DIR" ] ||
   exit 1
 fi
 rm -f "$HPCTRAIN_STOP_FILE"
+# What the other parts run as this shell ends, on every path (exit, `set -e`, a failed check): one
+# EXIT trap for them all (a second `trap … EXIT` would replace the first). A hook that fails is skipped.
+hpctrain_at_exit=()
+hpctrain_run_at_exit() { local h; for h in ${hpctrain_at_exit[@]+"${hpctrain_at_exit[@]}"}; do "$h" || true; done; }
+trap hpctrain_run_at_exit EXIT
 # This job for scontrol: an array element by <array>_<index>, since the element whose own id is the
 # array's id would otherwise name (and requeue) the whole array.
 hpctrain_job=${SLURM_JOB_ID:-none}
