@@ -1,6 +1,6 @@
 """How busy each xdist worker was, so that the pass's wall time can be read from its tests.
 
-With `-n 2 --dist loadgroup` the pass lasts as long as its busiest worker, and every Slurm 22.05 test
+With `-n 3 --dist loadgroup` (.ci/run) the pass lasts as long as its busiest worker, and every Slurm 22.05 test
 runs in one worker (one test cluster per session, tests/conftest.py). Cutting a test shortens the
 pass only if it runs on the busiest worker: this summary, printed after `--durations`, says which
 worker that was and what its time went to (each xdist group: `slurm`, `slurm24`, the rest).
