@@ -5,7 +5,8 @@ Prolog that takes 15 s (a node's first step in a job waits for it), RPC rate lim
 restarts: one while it trains, and one in whose downtime a rank is SIGKILLed (its srun ends the step
 once the controller is back, measured; the probe steps that follow are refused for a few seconds
 after a restart, and were taken for node faults before launch/shell/spares.sh asked again). Spares
-whose Prolog never ran pass their probe; a time-limit stop while the controller is down requeues.
+whose Prolog never ran pass their probe, and a probe step waits for a node whose Prolog is still
+running; a time-limit stop while the controller is down requeues.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import os
 import re
 import signal
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from hpctrain.launch import shellfile
+from hpctrain.launch.inplace import NODE_ERE
 from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.launch.jobs import (
     JOB_SETS,
@@ -158,6 +162,42 @@ def test_spares_whose_prolog_never_ran_pass_their_probe_under_a_15_s_prolog(
     final = ckpt.load(ckpt.list_checkpoints(run)[0])
     assert final["step"] == JOB_STEPS
     assert all(torch.equal(final["model"][k], v) for k, v in reference2.items())
+
+
+def test_a_probe_step_waits_for_a_node_whose_prolog_runs_and_names_a_check_that_hangs(site_cluster, tmp_path):
+    """The batch shell's probe (launch/shell/spares.sh) of n2, a node of the job where no step has run:
+    the step waits out the 15 s Prolog and the node passes (before, the 10 s timeout covered the
+    Prolog too: "no answer to a probe step"). Then with an `nvidia-smi` that hangs, the step starts
+    and the node is named for the hang, after HPCTRAIN_PROBE_S (3 s), not after the start's 120 s."""
+    c = site_cluster
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "nvidia-smi").write_text("#!/bin/bash\nsleep 60\n")
+    (hang / "nvidia-smi").chmod(0o755)
+    control = tmp_path / "control"
+    control.mkdir(mode=0o700)
+    values = [shellfile.assign("hpctrain_node_name", NODE_ERE), "hpctrain_job=none", "hpctrain_spares=0"]
+    probe = textwrap.dedent(f"""
+        t0=$SECONDS
+        echo "cold: [$(hpctrain_probe n2)] $((SECONDS - t0)) s"
+        t0=$SECONDS
+        echo "hung: [$(PATH={shellfile.word(hang)}:$PATH hpctrain_probe n2)] $((SECONDS - t0)) s"
+        """)
+    script = tmp_path / "probe.sh"
+    script.write_text("#!/bin/bash\nhpctrain_tpn=1\n" + shellfile.program(["ctld.sh", "spares.sh"], values) + probe)
+    env = {"HPCTRAIN_CONTROL_DIR": str(control), "HPCTRAIN_PROBE_GPUS": "1", "HPCTRAIN_PROBE_S": "3"}
+    job = c.run(
+        "sbatch", "--parsable", "-p", SPARE_PARTITION, "-N2", "-w", "n1,n2", "-o", f"{script}.out", str(script), env=env
+    ).stdout.strip()
+    assert c.wait_done(job, 300) == "COMPLETED", Path(f"{script}.out").read_text()
+    out = Path(f"{script}.out").read_text()
+    cold = re.search(r"^cold: \[(.*)\] (\d+) s$", out, re.M)
+    assert cold and cold[1] == "" and int(cold[2]) >= 10, out  # passed, after the Prolog (more than the old 10 s)
+    hung = re.search(r"^hung: \[(.*)\] (\d+) s$", out, re.M)
+    assert hung and hung[1] == "n2\tprobe step failed (exit 4): nvidia-smi -L gave no answer in 3 s", out
+    assert int(hung[2]) < 60, out
+    prolog = (c.root / "log" / "prolog.log").read_text()
+    assert sorted(re.findall(rf"end job {job} on (\S+)", prolog)) == ["n1", "n2"], prolog
 
 
 def batch_shell_pid(job: str) -> int | None:

@@ -63,7 +63,7 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
 fi
 # A site's Prolog runs on a node when the job's first step starts there (slurm.conf Prolog, unless
 # PrologFlags=Alloc), and that step waits for it: a spare that never ran a step would spend its
-# Prolog inside its first probe step and fail the probe's HPCTRAIN_PROBE_S (10 s) as "no answer".
+# Prolog inside its first probe step, after a failure, while the job waits (HPCTRAIN_PROBE_START_S).
 # One step on the spares now, beside the training's first step, runs their Prolog at the start.
 if [ "$hpctrain_spares" -gt 0 ]; then
   hpctrain_warm=$(hpctrain_healthy | tail -n "+$((hpctrain_train_nodes + 1))")

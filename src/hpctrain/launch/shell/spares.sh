@@ -24,19 +24,33 @@ hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill jo
 }
 # A probe step checks, on its node, outside the container, what a task needs: that a task starts;
 # that the GPUs the job uses are listed (nvidia-smi -L, where there is one and the job asked for
-# GPUs: a GPU lost to an Xid or ECC error drops out of the list); that the run directory's control
-# folder takes a write within 5 s (exit 3: a stalled file system, which is no node's fault).
+# GPUs: a GPU lost to an Xid or ECC error drops out of the list; no answer in HPCTRAIN_PROBE_S is a
+# fault too); that the run directory's control folder takes a write within 5 s (exit 3: a stalled
+# file system, which is no node's fault). Its first line says it started: a step that has not
+# started yet is waiting for the node (a site's Prolog runs inside a node's first step of the job,
+# unless PrologFlags=Alloc), which is given HPCTRAIN_PROBE_START_S, not the checks' few seconds.
 hpctrain_gpus=${HPCTRAIN_PROBE_GPUS-${SLURM_GPUS_PER_NODE##*:}}
 hpctrain_probe_gpus=()
 if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then hpctrain_probe_gpus=(--gpus-per-node="$SLURM_GPUS_PER_NODE"); fi
 # shellcheck disable=SC2016  # expanded by the probe step's own bash, from its arguments
 hpctrain_probe_check='
+echo hpctrain-probe-started
 if [ "${1:-0}" -gt 0 ] 2>/dev/null && command -v nvidia-smi >/dev/null 2>&1; then
-  n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU ")
+  l=$(timeout "$3" nvidia-smi -L 2>/dev/null)
+  [ "$?" != 124 ] || { echo "nvidia-smi -L gave no answer in $3 s"; exit 4; }
+  n=$(printf "%s\n" "$l" | grep -c "^GPU ")
   [ "$n" -ge "$1" ] || { echo "nvidia-smi -L lists $n of the $1 GPU(s) the job uses"; exit 2; }
 fi
 timeout 5 touch "$2/probe-${SLURMD_NODENAME:-$(hostname)}" 2>/dev/null || {
   echo "the run directory took no write in 5 s"; exit 3; }'
+# seconds: each check on the node; a probe step to start and end (a Prolog inside it included)
+hpctrain_probe_s=${HPCTRAIN_PROBE_S:-10} hpctrain_probe_start_s=${HPCTRAIN_PROBE_START_S:-120}
+for hpctrain_v in "$hpctrain_probe_s" "$hpctrain_probe_start_s"; do
+  case "$hpctrain_v" in
+    ''|*[!0-9]*|0) echo "hpctrain: HPCTRAIN_PROBE_S ($hpctrain_probe_s) and HPCTRAIN_PROBE_START_S" \
+      "($hpctrain_probe_start_s) must be whole numbers of seconds above 0" >&2; exit 1 ;;
+  esac
+done
 declare -A hpctrain_suspect=()  # node → why a task suspected it: excluded only if its probe fails
 # A step the controller refuses before it asks any node is no node's fault: measured (24.11.5), while
 # slurmctld restarts srun fails with "Unable to confirm allocation … Unable to contact slurm
@@ -45,9 +59,9 @@ declare -A hpctrain_suspect=()  # node → why a task suspected it: excluded onl
 hpctrain_probe() {  # 'node<TAB>why' when the node fails its probe ('fs: why' for the file system)
   local out rc msg end=$((SECONDS + 60))
   while true; do
-    out=$(timeout "${HPCTRAIN_PROBE_S:-10}" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" \
+    out=$(timeout "$hpctrain_probe_start_s" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" \
       ${hpctrain_probe_gpus[@]+"${hpctrain_probe_gpus[@]}"} bash -c "$hpctrain_probe_check" hpctrain-probe \
-      "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" 2>&1); rc=$?
+      "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" "$hpctrain_probe_s" 2>&1); rc=$?
     case "$rc:$out" in
       0:*) break ;;
       *"Unable to contact slurm controller"*|*"Memory required by task is not available"*)
@@ -58,13 +72,16 @@ hpctrain_probe() {  # 'node<TAB>why' when the node fails its probe ('fs: why' fo
       *) break ;;
     esac
   done
-  msg=$(printf '%s\n' "$out" | grep -v '^srun: ' | tail -n 1)
+  msg=$(printf '%s\n' "$out" | grep -v -e '^srun: ' -e '^hpctrain-probe-started$' | tail -n 1)
   [ -n "$msg" ] || msg=$(printf '%s\n' "$out" | grep '^srun: error: ' | tail -n 1)
   out=$(printf '%s' "$msg" | tr -d '\000-\037' | cut -c1-200)
   case "$rc" in
     0) return 0 ;;
     3) printf '%s\t%s\n' "$1" "fs: $out"; return 0 ;;
-    124) out="no answer to a probe step (${HPCTRAIN_PROBE_S:-10} s)" ;;
+    124) case "$out" in
+        *hpctrain-probe-started*) out="the probe step started and did not end in $hpctrain_probe_start_s s" ;;
+        *) out="the probe step did not start in $hpctrain_probe_start_s s (HPCTRAIN_PROBE_START_S)" ;;
+      esac ;;
     *) out="probe step failed (exit $rc): $out" ;;
   esac
   printf '%s\t%s%s\n' "$1" "$out" "${hpctrain_suspect[$1]:+; also: ${hpctrain_suspect[$1]}}"
