@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -127,10 +128,26 @@ def run_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
     return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if kind is None or r["kind"] == kind]
 
 
+# Ports the tests' daemons and rank 0s listen on: below Linux's ephemeral range (32768-60999 by
+# default, /proc/sys/net/ipv4/ip_local_port_range), whose ports any outgoing connection may take as
+# its source port between the pick and the bind (seen: a test cluster's slurmd "Unable to bind listen
+# port … Address already in use"), and below the jobs' own MASTER_PORT range (15000-29999, task.py).
+PORTS = range(10000, 15000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port from PORTS that nothing listens on now (chosen at random: xdist workers pick
+    at the same time)."""
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} after 500 tries")
 
 
 def run_ranks(
