@@ -442,7 +442,7 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     first = _gather((tf, err), group, world)
     errors = [e for _, e in first]
     broken, retimed = any(errors), 0
-    if device.type == "cpu" and not broken:
+    if device.type == "cpu" and tf is not None and not broken:
         floor = t.preflight_min_frac * t.peak_tflops if t.peak_tflops else None
         tf, retimed = _retimed_on_cpu(
             tf, [x for x, _ in first], floor, t.preflight_tolerance, sizes, delay, where, group, world
