@@ -132,47 +132,6 @@ def test_a_failing_batch_host_a_draining_spare_and_a_stalled_controller_leave_a_
     assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
 
 
-@pytest.mark.slow
-def test_on_slurm_24_11_the_guard_requeues_a_job_whose_batch_host_hangs_without_it(
-    slurm24_cluster, digits_root, tmp_path
-):
-    """The guard's acting path as Slurm 24.11 reports node states and takes the requeue: 1 training
-    node and 1 spare; the batch host hangs (every process on it SIGSTOPped); the guard on the spare
-    requeues the job with that node in ExcNodeList, and the run ends finished."""
-    c = slurm24_cluster
-    run = tmp_path / "guard24"
-    job = submit(
-        c,
-        "--partition",
-        SPARE_PARTITION,
-        "--nodes",
-        "1",
-        "--spare-nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        *digits_sets(digits_root, tmp_path, "guard24", *SETS),
-        env=SLOW_DATA,
-    )
-    dead = None
-    try:
-        wait_for_step(run, 3, 240)
-        dead = batch_host(c, job)
-        assert c.freeze_node(dead) >= 2, job_report(c, job, run)
-        assert c.wait_done(job, 600) == "COMPLETED", job_report(c, job, run)
-    finally:
-        if dead:
-            c.kill_node(dead)
-            c.revive_node(dead)
-    show = c.run("scontrol", "show", "job", "-o", job).stdout
-    assert re.search(r"\bRestarts=1\s", show) and re.search(rf"\bExcNodeList={dead}\s", show), show
-    out = batch_output(run, job)
-    assert re.search(rf"the batch host {dead} is \S*(DOWN|NOT_RESPONDING)\S* and its shell's heartbeat stopped", out), (
-        out
-    )
-    assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
-
-
 def exc_list(cluster, control, job_nodes: int, old: str, **env: str) -> str:
     """What the batch shell's exclude.sh writes to ExcNodeList, run by bash on the test cluster's
     Slurm (its `scontrol show partition` and `scontrol show hostnames`)."""
