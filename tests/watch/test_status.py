@@ -94,6 +94,26 @@ def test_status_of_a_stopped_run_waiting_for_its_requeue(tmp_path):
     assert "last step      60/200 (30 %), epoch 3.00" in text
 
 
+def test_a_local_run_stopped_by_ctrl_c_twice_then_killed_counts_no_node_failure_and_has_no_eta(tmp_path):
+    """Two Ctrl-C stops, each resumed, then the process killed (no stop record, no job): its stops
+    are counted as Ctrl-C's, not as node failures, and a run with no live process has no ETA."""
+    recs = []
+    for i, step in enumerate((10, 20)):
+        recs.append({"kind": "train", "time": T0 + 10 * i, "step": step - 5, "epoch": 0.1, "loss": 2.0})
+        recs.append(
+            {"kind": "stop", "time": T0 + 10 * i + 1, "step": step, "reason": "interrupted", "stop_kind": "interrupt"}
+        )
+    recs.append({"kind": "train", "time": T0 + 30, "step": 25, "epoch": 0.5, "loss": 1.9, "images_per_s": 90.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "config.yaml").write_text("train:\n  epochs: 1\n  max_steps: 50\ndata:\n  batch_size: 64\n")
+    st = run_status(str(tmp_path), now=T0 + 40)
+    f = st.facts()
+    assert st.state == "NOT RUNNING" and f["eta_s"] is None and f["eta_at"] is None, f
+    text = st.text()
+    assert "stops          2 (2 after Ctrl-C)\n" in text and "node failure" not in text, text
+    assert "ETA            none: no process of this run is alive" in text, text
+
+
 @pytest.mark.slow
 def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
     run_ranks(

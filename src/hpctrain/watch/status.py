@@ -228,17 +228,23 @@ class RunStatus:
         if self.oom and state != self.oom[-1].state:
             state += f" (step {self.oom[-1].step_id} {self.oom[-1].state})"
         requeues = str(self.requeues)
-        if self.requeues:
+        kinds = m.get("stop_kinds") or {}
+        local = self.executor in ("local", "none")  # no scheduler: each resume follows a stop of the run's own
+        if self.requeues and local:
+            requeues += " (" + ", ".join(f"{n} {STOP_WORDS.get(k, k)}" for k, n in sorted(kinds.items())) + ")"
+        elif self.requeues:
             pre, tl = m.get("preemptions", 0), m.get("time_limits", 0)
+            mine = kinds.get("interrupt", 0) + kinds.get("halt", 0)
             requeues += (
                 f" ({pre} after preemption, {tl} after a time limit, "
-                f"{max(0, self.requeues - pre - tl)} other: node failure or outside requeue)"
+                + (f"{mine} after Ctrl-C or train.halt_at, " if mine else "")
+                + f"{max(0, self.requeues - pre - tl - mine)} other: node failure or outside requeue)"
             )
         rows = [
             ("state", state),
             ("job", f"{self.job_id or '-'} ({self.executor})"),
             ("run directory", str(self.run_dir or "-")),
-            ("requeues", requeues),
+            ("stops" if local else "requeues", requeues),
         ]
         if self.accounting:
             rows.append(("accounting", self.accounting))
@@ -388,6 +394,8 @@ def summarize(records: list[dict]) -> dict:
         elif kind == "stop":
             out["stops"] = out.get("stops", 0) + 1
             out["stopped_at"], out["stop_reason"] = rec.get("step"), rec.get("stop_kind") or rec.get("reason")
+            kinds = out.setdefault("stop_kinds", {})  # how many stops of each kind (a Ctrl-C is no node's fault)
+            kinds[out["stop_reason"]] = kinds.get(out["stop_reason"], 0) + 1
             if rec.get("detail"):  # a divergence's stop: why it did not roll back
                 out["stop_reason"] += f" ({rec['detail']})"
         elif kind == "nonfinite":
@@ -468,6 +476,15 @@ def progress_of(
     return total, rate, eta(records, total, now, waiting, rate)
 
 
+STOP_WORDS = {  # a stop record's kind, as `status` says it
+    "interrupt": "after Ctrl-C",
+    "halt": "at train.halt_at",
+    "time_limit": "after a time limit (USR2)",
+    "preemption": "after preemption (TERM)",
+    "nonfinite": "after a divergence",
+}
+
+
 def read_config(run_dir: Path) -> dict:
     """The run's resolved config.yaml as plain data ({} when absent or unreadable)."""
     try:
@@ -503,11 +520,9 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
             or running
             or stopped_state(metrics)
             or (
-                "NOT RUNNING"
-                if executor == "local" and metrics.get("stopped_at") is None  # crashed or killed
+                "NOT RUNNING"  # crashed, killed, or stopped with no job to requeue it
+                if not job_id or (executor == "local" and metrics.get("stopped_at") is None)
                 else "UNKNOWN"
-                if job_id
-                else "NO JOB"
             )
         )
         requeues, nodes = metrics.get("stops", 0), ""
