@@ -18,7 +18,7 @@ from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local
-from hpctrain.run.layout import CHECKPOINTS, CONFIG, SUBMITIT
+from hpctrain.run.layout import CHECKPOINTS, CONFIG, SUBMITIT, run_dir_named
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
@@ -110,6 +110,8 @@ def resolve(args: argparse.Namespace):
     sets += ["model.init_from="]  # evaluation loads the weights given here, never the config's start
     if args.run:
         run = Path(args.run)
+        if run.parent.name != CHECKPOINTS:  # a run directory, or a run's name under ./runs (as status takes it)
+            run = run_dir_named(args.run) or run
         run_dir = run.parent.parent if run.parent.name == CHECKPOINTS else run
         config = args.config or run_dir / CONFIG
         if not Path(config).is_file():

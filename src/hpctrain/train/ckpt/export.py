@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.run.layout import run_dir_named
 from hpctrain.train.ckpt import checkpoint as ckpt
 
 SUFFIXES = (".safetensors", ".pt")
@@ -23,6 +24,7 @@ def find(run: str | Path, step: int | None = None) -> Path:
     run = Path(run)
     if ckpt.PATTERN.match(run.name) and run.exists():
         return run
+    run = run_dir_named(str(run)) or run  # a run's name under ./runs, as status and eval take it
     found = ckpt.list_checkpoints(run)
     if not found:
         raise UserError(
