@@ -35,7 +35,7 @@ def test_overrides_apply_and_parse_types():
     "overrides, message",
     [
         (["optim.lrr=1"], "unknown config key optim.'lrr': did you mean optim.'lr'"),
-        (["optimm.lr=1"], "did you mean 'optim'"),
+        (["optimm.lr=1"], "did you mean the section 'optim'"),
         (["train.epochs=ten"], "train.epochs: expected an integer, got 'ten'"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is out of range: must be > 0"),
         (["train.amp=bf61"], "train.amp='bf61' is not one of none, bf16, fp16 (did you mean 'bf16'?)"),
@@ -269,3 +269,17 @@ def test_validation_imports_no_numpy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "M=11 is outside 0..10" in r.stdout
+
+
+def test_a_misnamed_section_is_told_to_be_renamed_and_a_directory_is_not_a_missing_file(tmp_path):
+    """`optimizer:` holding keys is the `optim` section misnamed (not timm's `--opt`, optim.name, as
+    `optimizer: adamw` would be);
+    `--config /tmp` names a directory."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DIGITS.read_text().replace("optim:", "optimizer:", 1))
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'optimizer': did you mean the section 'optim' \(`optim:` in a file"
+    ):
+        load(str(bad))
+    with pytest.raises(ConfigError, match=r"is a directory: give a YAML config file"):
+        load(str(tmp_path))

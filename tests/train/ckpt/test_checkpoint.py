@@ -131,3 +131,8 @@ def test_one_step_is_never_on_disk_in_two_formats(tmp_path):
     for step in (6, 7):
         ckpt.save(tmp_path, step, {"model": {}, "step": step}, keep=2)
     assert sorted(p.name for p in d.iterdir()) == ["latest", "step-00000006.pt", "step-00000007.pt"]
+
+
+def test_a_resume_value_that_is_no_checkpoint_names_the_choices(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match=r"run.resume='nonee': no such checkpoint; give auto, none or"):
+        ckpt.find_resume(tmp_path, "nonee")

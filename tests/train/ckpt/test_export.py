@@ -48,3 +48,8 @@ def test_export_both_formats(fmt, digits_root, tmp_path):
         export(run, tmp_path / "x.pt", step=7)
     with pytest.raises(UserError, match="must end in .safetensors or .pt"):
         export(run, tmp_path / "x.bin")
+
+
+def test_an_output_folder_that_does_not_exist_is_refused_in_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"the folder .*nowhere does not exist: create it"):
+        export(tmp_path, tmp_path / "nowhere" / "x.pt")

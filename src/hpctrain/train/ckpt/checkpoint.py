@@ -276,6 +276,8 @@ def find_resume(run_dir: str | Path, resume: str) -> tuple[Path, dict] | None:
     if resume == "none":
         return None
     if resume != "auto":
+        if not Path(resume).exists():
+            raise CheckpointError(f"run.resume={resume!r}: no such checkpoint; give auto, none or a checkpoint path")
         return Path(resume), load_resume(resume)
     for p in list_checkpoints(run_dir):
         try:

@@ -59,6 +59,8 @@ def export(run: str | Path, out: str | Path, step: int | None = None, ema: bool 
     out = Path(out)
     if out.suffix not in SUFFIXES:
         raise UserError(f"-o {out}: the file name must end in .safetensors or .pt (the format is chosen by it)")
+    if not out.parent.is_dir():  # before the checkpoint is read: nothing is lost to a typo
+        raise UserError(f"-o {out}: the folder {out.parent} does not exist: create it, or write elsewhere")
     path = find(run, step)
     sd, info = weights(path, ema)
     if out.suffix == ".safetensors":
