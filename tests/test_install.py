@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -132,7 +133,8 @@ class Login:
     def __init__(self, venv_dir: Path, cwd: Path, log: Path, path_prefix: str = ""):
         self.bin, self.cwd, self.log, self.path_prefix = venv_dir / "bin", cwd, log, path_prefix
 
-    def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    def __call__(self, *args: str, ok: bool = True, heavy: bool = False) -> subprocess.CompletedProcess:
+        """`heavy`: the command needs an extra, whose import it attempts (and is refused)."""
         path = os.pathsep.join(filter(None, [self.path_prefix, os.environ["PATH"]]))
         r = subprocess.run(
             [str(self.bin / "hpctrain"), *args],
@@ -144,6 +146,8 @@ class Login:
         )
         if ok:
             assert r.returncode == 0, f"hpctrain {' '.join(args)}: {r.stderr[-3000:]}"
+        if heavy:
+            self.log.unlink(missing_ok=True)
         assert not self.log.exists(), f"hpctrain {' '.join(args)} imported: {self.log.read_text()}"
         return r
 
@@ -253,6 +257,18 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     )
     assert (here / "mine.sbatch").read_text().startswith("#!/bin/bash\n")
     hp("sweep", "--config", "vit_b16_imagenet_4k", "--cluster", "local", "--grid", "optim.lr=1e-3,2e-3", "--dry-run")
+    for args in (
+        ("data", "digits", "dg"),
+        ("submit", "--config", "digits_vit"),
+        ("export", str(finished_run), "-o", "x.pt"),
+    ):
+        r = hp(*args, ok=False, heavy=True)  # a command that needs the train extra: one line naming it
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert re.fullmatch(
+            r"hpctrain: error: `hpctrain \w+` needs \w+, which this install lacks: pip install 'hpctrain\[train\]'\n",
+            r.stderr,
+        ), r.stderr
+    assert not (here / "data").exists() and not (here / "dg").exists()  # no folder or lock left behind
     init = hp("cluster", "init", "site", "-o", "site.yaml", ok=False)  # no Slurm client here: its one line
     assert init.returncode == 2 and init.stderr.startswith("hpctrain: error: no Slurm here"), init.stderr
 

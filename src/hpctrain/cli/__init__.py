@@ -92,11 +92,40 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# A package a command imports when it runs → the extra that installs it (pyproject.toml): the base
+# install (a login node's) answers a command that needs more in one line, not with a traceback.
+EXTRA_OF = {
+    "torch": "train",
+    "numpy": "train",
+    "PIL": "train",
+    "nvidia": "train",  # nvidia.dali
+    "safetensors": "train",
+    "tensorboard": "train",
+    "pynvml": "train",
+    "matplotlib": "report",
+    "mlflow": "trackers",
+    "wandb": "trackers",
+}
+
+
+def missing_extra(e: ModuleNotFoundError, command: str | None) -> str | None:
+    """The one line for a command that needs a package of an extra this install lacks (None: not one)."""
+    top = (e.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        return None
+    return f"`hpctrain {command or ''}` needs {top}, which this install lacks: pip install 'hpctrain[{EXTRA_OF[top]}]'"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
     try:
+        args = build_parser(argv).parse_args(argv)
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as e:
+        why = missing_extra(e, command_word(sys.argv[1:] if argv is None else argv))
+        if why is None:
+            raise
+        print(f"hpctrain: error: {why}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `hpctrain config show NAME | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
