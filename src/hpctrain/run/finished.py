@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, read_yaml
 from hpctrain.run.layout import CHECKPOINTS, CONFIG, METRICS
-from hpctrain.run.metrics import read_metrics
+from hpctrain.run.metrics import read_metrics, total_steps
 
 
 def finished_text(run_dir: Path, checkpoint: str, step: int, total: int, name: str) -> str:
@@ -39,7 +39,11 @@ def finished_run(cfg: Config) -> str | None:
     except ConfigError:
         return None
     t = cfg.train
-    if not isinstance(step, int) or (old.get("epochs"), old.get("max_steps")) != (t.epochs, t.max_steps):
+    if not isinstance(step, int):
+        return None
+    same = (old.get("epochs"), old.get("max_steps")) == (t.epochs, t.max_steps)
+    end = step if same else shorter_end(cfg, run, step)
+    if end is None:
         return None
     ckpt = next(
         (
@@ -49,4 +53,27 @@ def finished_run(cfg: Config) -> str | None:
         ),
         None,
     )
-    return ckpt and finished_text(run, ckpt, step, step, cfg.run.name)
+    if not ckpt:
+        return None
+    if same:
+        return finished_text(run, ckpt, step, step, cfg.run.name)
+    return (
+        f"run {run} has finished at step {step} (checkpoint {ckpt}); train.epochs={t.epochs}, train.max_steps="
+        f"{t.max_steps} would end it at step {end}, which it has passed: nothing to train (nothing was written). "
+        f"Start another run with --set run.name={cfg.run.name}_2, or from step 0 with --set run.resume=none"
+    )
+
+
+def shorter_end(cfg: Config, run: Path, step: int) -> int | None:
+    """The last step the new train.epochs/max_steps give the run, when it is at or before `step`
+    (the run's last); None when it is later or cannot be told here (another batch size: the job
+    checks then, exactly)."""
+    try:
+        old = read_yaml(run / CONFIG)
+    except ConfigError:
+        return None
+    if (old.get("data") or {}).get("batch_size") != cfg.data.batch_size:
+        return None
+    new = {"train": {"epochs": cfg.train.epochs, "max_steps": cfg.train.max_steps}}
+    end = total_steps(new, read_metrics(run / METRICS))
+    return end if end is not None and end <= step else None

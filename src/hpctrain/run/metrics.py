@@ -202,3 +202,20 @@ def table(rows: list[tuple[str, str]], title: str = "") -> str:
     lines = [title] if title else []
     lines += [f"  {k.ljust(w)}  {v}" for k, v in rows]
     return "\n".join(lines)
+
+
+def steps_per_epoch(records: list[dict]) -> int | None:
+    """From any `train` record past the first epoch's start: `epoch` is step / steps per epoch."""
+    for r in reversed(records):
+        if r.get("kind") == "train" and r.get("epoch") and r.get("step"):
+            return round(r["step"] / r["epoch"])
+    return None
+
+
+def total_steps(config: dict, records: list[dict]) -> int | None:
+    """The run's last step, as the Trainer sets it: `train.max_steps`, else epochs × steps per epoch."""
+    train = config.get("train") or {}
+    if train.get("max_steps"):
+        return int(train["max_steps"])
+    spe = steps_per_epoch(records)
+    return int(train["epochs"]) * spe if spe and train.get("epochs") else None

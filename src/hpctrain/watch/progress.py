@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hpctrain.run.layout import METRICS
+from hpctrain.run.metrics import total_steps
 
 RATE_WINDOW = 10  # log intervals the recent steps/s is taken over
 GAP_FACTOR = 10.0  # an interval this many times the median per-step time is a gap (crash, requeue), not speed
@@ -66,23 +67,6 @@ def steps_per_s(records: list[dict], global_batch: int | None = None) -> float |
         if last and last.get("images_per_s") and global_batch:
             return last["images_per_s"] / global_batch
     return None
-
-
-def steps_per_epoch(records: list[dict]) -> int | None:
-    """From any `train` record past the first epoch's start: `epoch` is step / steps per epoch."""
-    for r in reversed(records):
-        if r.get("kind") == "train" and r.get("epoch") and r.get("step"):
-            return round(r["step"] / r["epoch"])
-    return None
-
-
-def total_steps(config: dict, records: list[dict]) -> int | None:
-    """The run's last step, as the Trainer sets it: `train.max_steps`, else epochs × steps per epoch."""
-    train = config.get("train") or {}
-    if train.get("max_steps"):
-        return int(train["max_steps"])
-    spe = steps_per_epoch(records)
-    return int(train["epochs"]) * spe if spe and train.get("epochs") else None
 
 
 def run_requeue_waits(records: list[dict], rate: float | None) -> list[float]:

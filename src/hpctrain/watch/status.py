@@ -22,10 +22,10 @@ import yaml
 from hpctrain.errors import LaunchError
 from hpctrain.pids import alive
 from hpctrain.run.layout import CONFIG, ENV, JOB, LOCK, LOGS, METRICS, RUNS, SUBMITIT, read_json, slurm_job_run_dir
-from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table
+from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table, total_steps
 from hpctrain.site.slurm_cli import job_record
 from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
-from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s, total_steps
+from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s
 from hpctrain.watch.steps import Step, oom_steps, sacct_steps, size_text
 
 TERMINAL = {
