@@ -271,3 +271,18 @@ def test_mae_pretrained_layout_loads_naming_what_starts_fresh(tmp_path, hpctrain
         r"blocks.1.norm1.weight 64\. Set the model",
     ):
         finetune.load_into(mae_model(), path)
+
+
+@pytest.mark.slow
+def test_a_start_refused_for_a_missing_init_from_leaves_no_run_directory(digits_root, tmp_path):
+    """Before, the refused start left runs/<name>/ with its config, env, lock and log, which `status`
+    could not read and a corrected rerun found; a run directory that was there is kept."""
+    missing = digits_args(digits_root, tmp_path, "mist2", f"model.init_from={tmp_path / 'nosuch.safetensors'}")
+    (r,) = run_ranks(1, missing, check=False)
+    assert r.returncode == 2 and "nosuch.safetensors" in r.stdout.strip().splitlines()[-1], r.stdout[-2000:]
+    assert not (tmp_path / "mist2").exists() and list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    (r,) = run_ranks(1, [*missing[:-2], "--set", "run.name=kept", *missing[-2:]], check=False)
+    assert r.returncode == 2 and (kept / "notes.txt").read_text() == "mine"

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import socket
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from hpctrain import __version__
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
+from hpctrain.errors import UserError
 from hpctrain.lr_rule import lr_rule
 from hpctrain.run import faultlog, requeue, source
 from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
@@ -161,6 +163,20 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     return summary
 
 
+def remove_if_refused(run_dir: Path, started: list[bool]) -> Callable[..., bool]:
+    """An exit callback for `ExitStack.push`: a start refused in one line (a UserError: a missing
+    init_from file, a loader that cannot read the data) before training began removes the run
+    directory it made, which would hold only its config, env and log: `status` could not read it,
+    and a corrected rerun would find it. Never swallows the exception."""
+
+    def exit_(exc_type, exc, tb) -> bool:
+        if isinstance(exc, UserError) and not started[0]:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return False
+
+    return exit_
+
+
 def unless_broken(close: Callable[[], object]) -> Callable[..., bool]:
     """An exit callback for `ExitStack.push` that calls `close` on a return and after an error
     every rank meets alike, but not after a failed collective or an interrupt: a group a peer left
@@ -203,11 +219,15 @@ def _run(
 
     os.umask(0o022)  # run directories and logs: no group/world write
     run_dir = cfg.run_dir.resolve()
+    fresh = info.is_main and not run_dir.exists()  # this start makes the run directory
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     lock = RunLock(run_dir)
     holder = lock.acquire() if info.is_main else None
     stack.callback(lock.release)  # a no-op where it was not taken
+    started = [False]  # set once the Trainer exists: what it writes is the run's
+    if fresh:
+        stack.push(remove_if_refused(run_dir, started))
     if agree(holder is not None, control):
         raise RunDirBusy(
             f"run directory {run_dir} is in use by {holder or 'another job (see rank 0)'}; "
@@ -278,6 +298,7 @@ def _run(
         )
     elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
+    started[0] = True
     trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
     # its threads and collectives ended, its hold on the process groups dropped (Trainer.close):
     # at once on a return (below), by the stack after an error
