@@ -239,6 +239,18 @@ def test_cli_plan_json_and_text(tmp_path):
     assert r.returncode == 2 and "--images-per-epoch" in r.stderr
 
 
+def test_plan_without_a_site_profile_says_the_figures_are_this_machines_and_recommends_none():
+    """Before, `plan` without --cluster planned with the `local` profile silently and recommended 32
+    nodes for the 4k recipe (2 GPUs per node, a socket link)."""
+    r = hpctrain("plan", "--config", "vit_b16_imagenet_4k", "--nodes", "16", "--cluster-set", "slurm.partition=")
+    assert r.returncode == 0, r.stderr
+    assert "machine figures: profile local (the default: this machine)" in r.stdout, r.stdout
+    assert "recommend: none: no site profile (--cluster NAME or $HPCTRAIN_CLUSTER)" in r.stdout, r.stdout
+    r = hpctrain("plan", "--config", "vit_b16_imagenet_4k", "--nodes", "16", "--cluster", "example-ib", "--json")
+    out = json.loads(r.stdout)
+    assert out["profile"] == "example-ib" and out["site_profile"] and out["recommend"]["nodes"], out["recommend"]
+
+
 def test_plan_imports_no_torch():
     import subprocess
     import sys

@@ -129,6 +129,8 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
         "plan",
         "--config",
         VIT_B,
+        "--cluster",
+        "local",  # named: a plan without a site profile recommends nothing
         "--nodes",
         "1,2,4",
         "--partition",
@@ -166,7 +168,20 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
     best = min((opts[1], opts[2]), key=lambda o: o["result_s"])
     assert out["recommend"]["nodes"] == best["nodes"] and "done" in out["recommend"]["reason"]
     # the printed table says the same, and where each figure came from
-    r = hp(slurm_cluster, "plan", "--config", VIT_B, "--nodes", "1,2,4", "--partition", part, "--account", ACCOUNT)
+    r = hp(
+        slurm_cluster,
+        "plan",
+        "--config",
+        VIT_B,
+        "--cluster",
+        "local",
+        "--nodes",
+        "1,2,4",
+        "--partition",
+        part,
+        "--account",
+        ACCOUNT,
+    )
     assert r.returncode == 0, r.stderr
     assert (
         f"queue at 1 node(s): median of {len(waits[1])} jobs of 1 node that started (sacct, partition {part}"

@@ -119,10 +119,17 @@ def main(args: argparse.Namespace) -> int:
         else recommend.read_context(profile, args.partition or "", args.history_days, args.account or "")
     )
     opts = recommend.options(cfg, profile, plan, ctx, gpn)
+    site = bool(args.cluster or os.environ.get("HPCTRAIN_CLUSTER"))
+    # without a site profile the figures are this machine's (profile `local`): a node count for a
+    # cluster is not recommended from them
+    withheld = "" if site else "no site profile (--cluster NAME or $HPCTRAIN_CLUSTER): the figures are this machine's"
+    source = f"machine figures: profile {profile.name}" + ("" if site else " (the default: this machine)")
     if args.json:
-        print(json.dumps({**planmod.to_dict(cfg, inputs, plan), **recommend.to_json(opts, ctx)}))
+        out = {**planmod.to_dict(cfg, inputs, plan), **recommend.to_json(opts, ctx, withheld)}
+        print(json.dumps({**out, "profile": profile.name, "site_profile": site}))
     else:
         print(planmod.describe(cfg, inputs, plan))
+        print(source)
         print()
-        print("\n".join(recommend.table(opts, ctx)))
+        print("\n".join(recommend.table(opts, ctx, withheld)))
     return 0

@@ -168,8 +168,9 @@ def _grouped(opts: list[Option], key) -> list[tuple[str, str]]:
     return [(src, ",".join(map(str, ns))) for src, ns in out.items()]
 
 
-def table(opts: list[Option], ctx: Context) -> list[str]:
-    """The time-to-result table, the sources of its figures and the recommendation."""
+def table(opts: list[Option], ctx: Context, withheld: str = "") -> list[str]:
+    """The time-to-result table, the sources of its figures and the recommendation (none, saying
+    `withheld`, when the figures are not the cluster's)."""
     where = f"partition {ctx.partition}" if ctx.partition else "no partition"
     lines = [
         f"time to result ({where}):",
@@ -198,12 +199,12 @@ def table(opts: list[Option], ctx: Context) -> list[str]:
     lines.append(f"  account: {alloc}")
     if not ctx.why:
         lines.append(f"  now: {ctx.now.text(opts[0].nodes if opts else 1)}")
-    lines.append(f"recommend: {recommend(opts)[1]}")
+    lines.append(f"recommend: {'none: ' + withheld if withheld else recommend(opts)[1]}")
     return lines
 
 
-def to_json(opts: list[Option], ctx: Context) -> dict:
-    rec, why = recommend(opts)
+def to_json(opts: list[Option], ctx: Context, withheld: str = "") -> dict:
+    rec, why = (None, f"none: {withheld}") if withheld else recommend(opts)
     now = ctx.now
     return {
         "partition": ctx.partition or None,
