@@ -132,22 +132,37 @@ def run_metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
 # default, /proc/sys/net/ipv4/ip_local_port_range), whose ports any outgoing connection may take as
 # its source port between the pick and the bind (seen: a test cluster's slurmd "Unable to bind listen
 # port … Address already in use"), and below the jobs' own MASTER_PORT range (15000-29999, task.py).
+# Each pytest process picks from its own slice, in turn, so that no two picks meet before their
+# binds: xdist workers by their number, and sessions that run side by side (.ci/run's stack passes)
+# by HPCTRAIN_TEST_PORT_SLOT.
 PORTS = range(10000, 15000)
+PORT_SLICES = 16  # 2 sessions side by side x 8 workers
+
+
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    n = int(os.environ.get("HPCTRAIN_TEST_PORT_SLOT", "0")) * 8 + (int(worker) if worker.isdigit() else 0)
+    size = len(PORTS) // PORT_SLICES
+    return range(PORTS.start + (n % PORT_SLICES) * size, PORTS.start + (n % PORT_SLICES + 1) * size)
+
+
+_next_port = [random.SystemRandom().randrange(1 << 16)]  # where this process's turn through its slice is
 
 
 def free_port() -> int:
-    """A loopback port from PORTS that nothing listens on now (chosen at random: xdist workers pick
-    at the same time)."""
-    rng = random.SystemRandom()
-    for _ in range(500):
-        port = rng.choice(PORTS)
+    """A loopback port of this process's slice of PORTS that nothing listens on now; the next call
+    tries the next one (a port is handed out again only after the whole slice has been)."""
+    ports = _port_slice()
+    for _ in range(len(ports)):
+        port = ports[_next_port[0] % len(ports)]
+        _next_port[0] += 1
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} after 500 tries")
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def run_ranks(
