@@ -1034,12 +1034,12 @@ def _synonym(key: str, where: str) -> str | None:
     return ours if ours and ours != f"{where}{key}" else None
 
 
-def unknown_key_error(key: str, valid: typing.Iterable[str], where: str, section: bool = False) -> ConfigError:
-    """`section`: the key holds a mapping, so a near name among `valid` is a section to rename to."""
+def unknown_key_error(key: str, valid: typing.Iterable[str], where: str, mapping: bool = False) -> ConfigError:
+    """`mapping`: the key holds one, so a near name among `valid` is a section to rename to."""
     valid = sorted(valid)
     near = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1, cutoff=0.5)
     ours = _synonym(key, where)
-    if section and near:
+    if mapping and near:
         hint = f"did you mean the section {near[0]!r} (`{near[0]}:` in a file, --set {near[0]}.… on the command line)? "
     elif ours:
         section, name = ours.split(".")
@@ -1060,7 +1060,7 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
-            raise unknown_key_error(str(key), fields, prefix, section=isinstance(data[key], dict))
+            raise unknown_key_error(str(key), fields, prefix, mapping=isinstance(data[key], dict))
     kwargs = {}
     for name, f in fields.items():
         if name not in data:

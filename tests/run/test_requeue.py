@@ -92,7 +92,7 @@ def test_status_reads_a_stopped_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "job.json").write_text(json.dumps({"job_id": "7", "executor": "local"}))
     text = run_status(str(tmp_path)).text()
-    assert "stopped at step 4: preemption" in text and "requeues       1" in text
+    assert "stopped at step 4: preemption" in text and "stops          1 (1 after preemption (TERM))" in text
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"kind": "train", "step": 5, "epoch": 0.25, "loss": 1.9}) + "\n")
         f.write(json.dumps({"kind": "end", "step": 5, "status": "finished"}) + "\n")
