@@ -11,7 +11,7 @@ import pytest
 from hpctrain.train import compat
 from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.faults.local import start_ranks, wait_for_step
-from tests.helpers import digits_args, run_ranks
+from tests.helpers import digits_args, run_ranks, wait_for
 
 
 @pytest.fixture
@@ -55,12 +55,16 @@ def test_disk_full_keeps_previous_checkpoint(policy, mode, digits_root, small_fs
         f"train.ckpt_format={fmt}",
         f"train.ckpt_async={mode == 'async'}",
     ]
-    procs = start_ranks(1, digits_root, small_fs, "full", *sets)
+    # async: steps of 0.5 s (a sleep for data: the arithmetic is unchanged), so that the background
+    # save of step 10 ends well before step 20's save starts, however loaded the machine is
+    slow = {"HPCTRAIN_TEST_DELAY": "0:0.5:data"} if mode == "async" else {}
+    procs = start_ranks(1, digits_root, small_fs, "full", *sets, env=slow)
     run = small_fs / "full"
-    wait_for_step(run, 12, procs)  # step-10 checkpoint written (a background one: settled at the next)
+    wait_for_step(run, 12, procs)
+    first = ckpt.name(10, fmt)  # written in full (a background save may still run at step 12 under load)
+    wait_for(lambda: [p.name for p in ckpt.list_checkpoints(run)] == [first] or None, f"no {first}", 120, poll_s=0.1)
     fill(small_fs)
     out, _ = procs[0].communicate(timeout=300)
-    first = ckpt.name(10, fmt)
     names = [p.name for p in ckpt.list_checkpoints(run)]
     assert names[-1] == first
     assert ckpt.load(ckpt.ckpt_dir(run) / first)["step"] == 10  # intact
