@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "hpctrain"
 HEAVY = ("numpy", "torch", "nvidia", "PIL")
 
-# Loaded by a .pth file at every start of the venv's Python. mode "block": every heavy import raises;
+# Loaded by a .pth file at every start of the venv's Python. mode "block": every heavy import raises
+# ModuleNotFoundError, as where the package is not installed;
 # mode "record": they load, and the log names the module that asked (numpy for matplotlib is fine,
 # numpy for hpctrain is not).
 HOOK = """
@@ -47,7 +48,7 @@ class HeavyImportHook:
             with open(log, "a") as fh:
                 fh.write(f"{{name}} <- {{importer}}\\n")
         if MODE == "block":
-            raise ImportError(f"HEAVY-IMPORT-BLOCKED: {{name}} (imported by {{importer}})")
+            raise ModuleNotFoundError(f"HEAVY-IMPORT-BLOCKED: {{name}} (imported by {{importer}})", name=name)
         return None
 
 
