@@ -53,7 +53,8 @@ def test_a_task_user_error_comes_back_as_one_line_with_the_log(digits_root, tmp_
     job = json.loads((tmp_path / "missing" / "job.json").read_text())["job_id"]
     log = tmp_path / "missing" / "submitit" / f"{job}_0_log.err"
     assert err[0] == (
-        f"hpctrain: error: checkpoint /nonexistent/ckpt.pt does not exist (local job {job}, rank 0; log: {log})"
+        "hpctrain: error: run.resume='/nonexistent/ckpt.pt': no such checkpoint; give auto, none or a checkpoint path "
+        f"(local job {job}, rank 0; log: {log})"
     )
     assert "CheckpointError" in log.read_text()  # the log keeps the whole story
 

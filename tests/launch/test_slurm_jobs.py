@@ -142,7 +142,8 @@ def test_a_failing_job_under_submit_wait_says_why_in_one_line(slurm_cluster, dig
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     log = tmp_path / "bad" / "submitit" / f"{job}_0_log.err"
     assert r.stderr.strip().splitlines()[-1] == (
-        f"hpctrain: error: checkpoint /nonexistent/ckpt.pt does not exist (Slurm job {job}, rank 0; log: {log})"
+        "hpctrain: error: run.resume='/nonexistent/ckpt.pt': no such checkpoint; give auto, none or a checkpoint path "
+        f"(Slurm job {job}, rank 0; log: {log})"
     )
     assert "FAILED" in r.stdout
 

@@ -165,13 +165,13 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
 
 def remove_if_refused(run_dir: Path, started: list[bool]) -> Callable[..., bool]:
     """An exit callback for `ExitStack.push`: a start refused in one line (a UserError: a missing
-    init_from file, a loader that cannot read the data) before training began removes the run
-    directory it made, which would hold only its config, env and log: `status` could not read it,
-    and a corrected rerun would find it. Never swallows the exception."""
+    init_from file, a loader that cannot read the data) before training began and before any record
+    removes the run directory it made, which would hold only its config, env and log: `status` could
+    not read it, and a corrected rerun would find it. Never swallows the exception."""
 
     def exit_(exc_type, exc, tb) -> bool:
-        if isinstance(exc, UserError) and not started[0]:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, UserError) and not started[0] and not (run_dir / METRICS).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # (a preflight's record is kept, and its run)
         return False
 
     return exit_
