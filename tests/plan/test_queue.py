@@ -124,21 +124,21 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
     assert min(waits[1] + waits[2]) >= 0, rows
     assert len(waits[1]) >= 5 and len(waits[2]) >= 5 and max(waits[1] + waits[2]) > 0, waits  # some queued
     node_h = sum(int(r["NNodes"]) * int(r["ElapsedRaw"]) for r in rows) / 3600
-    r = hp(
-        slurm_cluster,
+    # the profile named: a plan without a site profile recommends nothing
+    plan = (
         "plan",
         "--config",
         VIT_B,
         "--cluster",
-        "local",  # named: a plan without a site profile recommends nothing
+        "local",
         "--nodes",
         "1,2,4",
         "--partition",
         part,
         "--account",
         ACCOUNT,
-        "--json",
     )
+    r = hp(slurm_cluster, *plan, "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     opts = {o["nodes"]: o for o in out["options"]}
@@ -168,20 +168,7 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
     best = min((opts[1], opts[2]), key=lambda o: o["result_s"])
     assert out["recommend"]["nodes"] == best["nodes"] and "done" in out["recommend"]["reason"]
     # the printed table says the same, and where each figure came from
-    r = hp(
-        slurm_cluster,
-        "plan",
-        "--config",
-        VIT_B,
-        "--cluster",
-        "local",
-        "--nodes",
-        "1,2,4",
-        "--partition",
-        part,
-        "--account",
-        ACCOUNT,
-    )
+    r = hp(slurm_cluster, *plan)
     assert r.returncode == 0, r.stderr
     assert (
         f"queue at 1 node(s): median of {len(waits[1])} jobs of 1 node that started (sacct, partition {part}"

@@ -15,6 +15,12 @@ from hpctrain.train import compat
 from tests.helpers import digits_args
 
 
+def local_submit(argv: list[str], tmp_path) -> subprocess.CompletedProcess:
+    """`python <argv>` (a `submit`) with no Slurm and no cluster profile: the local executor."""
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""}
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, env=env)
+
+
 def snapshot(run):
     return {
         p.relative_to(run).as_posix(): (p.read_bytes() if p.is_file() else None)
@@ -47,26 +53,14 @@ def test_rerun_of_a_finished_run_trains_and_writes_nothing(digits_root, tmp_path
     assert snapshot(run) == before  # no second step-2 checkpoint, metrics, config.yaml or env.json rewritten
     # `submit` (here: local) refuses before it launches anything (on Slurm: before the job waits in the queue)
     submit = [a if a != "train" else "submit" for a in again]
-    r = subprocess.run(
-        [sys.executable, *submit],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""},
-    )
+    r = local_submit(submit, tmp_path)
     assert r.returncode == 2 and r.stderr.startswith(f"hpctrain: error: run {run} has finished"), r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) == 1 and snapshot(run) == before
     # a lower length than the run has passed is refused there too (before, the job started and said
     # "step 2/1 (200%)" before refusing)
     lower = [a if a != "train.max_steps=2" else "train.max_steps=1" for a in submit]
     assert lower != submit
-    r = subprocess.run(
-        [sys.executable, *lower],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf"), "HPCTRAIN_CLUSTER": ""},
-    )
+    r = local_submit(lower, tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
     assert r.stderr.startswith(f"hpctrain: error: run {run} has finished at step 2 (checkpoint step-00000002")
     assert "would end it at step 1, which it has passed" in r.stderr and snapshot(run) == before

@@ -30,19 +30,20 @@ def finished_run(cfg: Config) -> str | None:
     run = cfg.run_dir.expanduser().resolve()
     if cfg.run.resume != "auto":
         return None
-    ends = [r for r in read_metrics(run / METRICS) if r.get("kind") in ("end", "stop")]
+    records = read_metrics(run / METRICS)
+    ends = [r for r in records if r.get("kind") in ("end", "stop")]
     if not ends or ends[-1].get("kind") != "end" or ends[-1].get("status") != "finished":
         return None
     step = ends[-1].get("step")
     try:
-        old = read_yaml(run / CONFIG).get("train") or {}
+        old_cfg = read_yaml(run / CONFIG)
     except ConfigError:
         return None
-    t = cfg.train
+    old, t = old_cfg.get("train") or {}, cfg.train
     if not isinstance(step, int):
         return None
     same = (old.get("epochs"), old.get("max_steps")) == (t.epochs, t.max_steps)
-    end = step if same else shorter_end(cfg, run, step)
+    end = step if same else shorter_end(cfg, old_cfg, records, step)
     if end is None:
         return None
     ckpt = next(
@@ -64,16 +65,12 @@ def finished_run(cfg: Config) -> str | None:
     )
 
 
-def shorter_end(cfg: Config, run: Path, step: int) -> int | None:
-    """The last step the new train.epochs/max_steps give the run, when it is at or before `step`
-    (the run's last); None when it is later or cannot be told here (another batch size: the job
-    checks then, exactly)."""
-    try:
-        old = read_yaml(run / CONFIG)
-    except ConfigError:
-        return None
+def shorter_end(cfg: Config, old: dict, records: list[dict], step: int) -> int | None:
+    """The last step the new train.epochs/max_steps give the run (its saved config `old`, its
+    `records`), when it is at or before `step` (the run's last); None when it is later or cannot be
+    told here (another batch size: the job checks then, exactly)."""
     if (old.get("data") or {}).get("batch_size") != cfg.data.batch_size:
         return None
     new = {"train": {"epochs": cfg.train.epochs, "max_steps": cfg.train.max_steps}}
-    end = total_steps(new, read_metrics(run / METRICS))
+    end = total_steps(new, records)
     return end if end is not None and end <= step else None

@@ -118,11 +118,11 @@ def test_on_cpu_a_rank_below_the_mark_is_timed_again_and_keeps_its_best_figure()
     """A busy neighbour can hold a CPU rank back for a whole timing; the rank is timed again while
     any rank is below the mark, and a job whose ranks all pass is not timed twice."""
     tiny = dataclasses.replace(preflight.CPU, matmul_s=0.05, rep_s=0.01)
-    tf, retimes = preflight._retimed_on_cpu(1e-9, [1e-9, 1.0, 1.0], None, 0.3, tiny, 0.0, "", None, 1)
+    tf, retimes = preflight._retimed_on_cpu(1e-9, [1e-9, 1.0, 1.0], None, 0.3, tiny, 0.0, None, 1)
     assert retimes == 1 and tf > 1e-6  # the world of one then passes: no second retime
-    assert preflight._retimed_on_cpu(0.5, [0.5, 0.6], None, 0.3, tiny, 0.0, "", None, 1) == (0.5, 0)
+    assert preflight._retimed_on_cpu(0.5, [0.5, 0.6], None, 0.3, tiny, 0.0, None, 1) == (0.5, 0)
     floor = 0.55  # a reference (train.peak_tflops) is the mark when one is set
-    assert preflight._retimed_on_cpu(0.5, [0.5, 0.6], floor, 0.3, tiny, 0.0, "", None, 1)[1] >= 1
+    assert preflight._retimed_on_cpu(0.5, [0.5, 0.6], floor, 0.3, tiny, 0.0, None, 1)[1] >= 1
 
 
 def test_dali_decodes_the_runs_first_images_on_cpu_and_reports_one_it_cannot(digits_root, tmp_path):

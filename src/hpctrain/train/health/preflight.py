@@ -405,8 +405,7 @@ def _retimed_on_cpu(
     floor: float | None,
     tolerance: float,
     sizes: Sizes,
-    delay: float,
-    where: str,
+    delay_s: float,
     group,
     world: int,
 ) -> tuple[float, int]:
@@ -416,7 +415,7 @@ def _retimed_on_cpu(
     rank takes the same decision, from the same gathered rates, so the collectives stay matched."""
     retimes = 0
     while retimes < CPU_RETIMES and below(rates, floor, tolerance):
-        tf = max(tf, matmul_tflops(torch.device("cpu"), sizes, delay if where == "preflight" else 0.0))
+        tf = max(tf, matmul_tflops(torch.device("cpu"), sizes, delay_s))
         rates, retimes = _gather(tf, group, world), retimes + 1
     return tf, retimes
 
@@ -433,8 +432,9 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     places = _gather((badnodes.this_node(), info.local_rank), group, world)
     nodes_of_rank, gpu_of_rank = [str(p[0]) for p in places], [int(p[1]) for p in places]
     delay, where = straggler.injected_delay(info.rank)
+    delay_s = delay if where == "preflight" else 0.0  # the test-only hook, in every timing
     try:
-        tf, err = matmul_tflops(device, sizes, delay if where == "preflight" else 0.0), None
+        tf, err = matmul_tflops(device, sizes, delay_s), None
     except RuntimeError as e:  # a GPU that errors (an Xid, uncorrectable ECC) is this check's finding
         tf, err = None, _first_line(e)
     # every matmul done before the all-reduces start; after an error the device may be unusable for
@@ -445,7 +445,7 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     if device.type == "cpu" and tf is not None and not broken:
         floor = t.preflight_min_frac * t.peak_tflops if t.peak_tflops else None
         tf, retimed = _retimed_on_cpu(
-            tf, [x for x, _ in first], floor, t.preflight_tolerance, sizes, delay, where, group, world
+            tf, [x for x, _ in first], floor, t.preflight_tolerance, sizes, delay_s, group, world
         )
     led = [] if broken else pair_allreduce(nodes_of_rank, info.rank, device, sizes)
     dec = None if broken else dali_decode(cfg, train_loader, device)
