@@ -202,7 +202,9 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
     )
     assert not bad_file.exists()
     (rec,) = run_metrics(tmp_path / "r", "preflight")
-    assert rec["passed"] is True and rec["bad_nodes"] == {} and rec["shared"] == [] and rec["notes"] == []
+    assert rec["passed"] is True and rec["bad_nodes"] == {} and rec["shared"] == []
+    # on a loaded CPU the check may time every rank again (and say so) before it passes: that note only
+    assert all(n.startswith("CPU: every rank timed") for n in rec["notes"]), rec["notes"]
     assert all(d["images_per_s"] > 0 for d in rec["decode"]) and len(rec["pairs"]) == 1
     assert rec["nodes"] == ["n1", "n2"] and all(t > 0 for t in rec["matmul_tflops"])
     assert [r["step"] for r in run_metrics(tmp_path / "r", "train")] == [1, 2, 3]

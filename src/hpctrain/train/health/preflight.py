@@ -396,7 +396,7 @@ def _fabric_figure(t) -> tuple[float | None, str]:
     return fig.busbw_gbps, f"fabric {kind}: {fig.what}"
 
 
-CPU_RETIMES = 2  # more timings of every rank while one is below the mark (CPU only)
+CPU_RETIMES = 4  # more timings of every rank while one is below the mark (CPU only)
 
 
 def _retimed_on_cpu(
