@@ -19,7 +19,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Written by tools, not by tests: caches, build metadata, README command 1's virtual environment,
 # and the logs .ci/run's background jobs append to while the tests run.
-IGNORED_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis", ".benchmarks"}
+IGNORED_DIRS = {
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    ".hypothesis",
+    ".benchmarks",
+}
 IGNORED_SUFFIXES = (".pyc", ".egg-info")
 CI_LOGS = (".ci-", ".log")  # .ci-<pass>.log
 # Only the directories of these are compared (their files are many and never rewritten in place).

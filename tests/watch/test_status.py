@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 
 import pytest
+import yaml
 
 from hpctrain.watch.progress import duration, iso
 from hpctrain.watch.status import TERMINAL, job_state, run_status, sacct_rows
-from tests.helpers import WAIT_S, digits_args, hpctrain, run_metrics, run_ranks, wait_for
+from tests.helpers import DIGITS, ROOT, WAIT_S, digits_args, hpctrain, run_metrics, run_ranks, wait_for
 from tests.launch.jobs import sacct_states
 from tests.slurm_cluster import PREEMPTIBLE, URGENT
 
@@ -195,3 +197,19 @@ def test_a_preempted_job_that_slurm_requeues_is_not_reported_ended(slurm24_clust
         time.sleep(0.1)
     cluster.run("scancel", job)
     assert sacct_states(cluster, job)[0] == "PREEMPTED" and window, seen
+
+
+def test_the_readmes_status_sample_agrees_with_itself():
+    """The README's `status` sample of the digits demo: images/s ÷ the demo's global batch is its
+    steps/s within 10 % (the speed is the last record's, the steps/s the last intervals'), and the
+    ETA is the steps left at that rate."""
+    sample = (ROOT / "README.md").read_text().split("$ hpctrain status runs/digits_vit", 1)[1].split("```", 1)[0]
+    speed = re.search(r"speed\s+([\d,.]+) images/s, ([\d.]+) steps/s", sample)
+    step = re.search(r"last step\s+(\d+)/(\d+)", sample)
+    eta = re.search(r"ETA\s+(?:(\d+)m)?(\d+)s", sample)
+    assert speed and step and eta, sample
+    batch = yaml.safe_load(DIGITS.read_text())["data"]["batch_size"]
+    images_per_s, steps_per_s = float(speed.group(1).replace(",", "")), float(speed.group(2))
+    assert images_per_s / batch == pytest.approx(steps_per_s, rel=0.1), (images_per_s, steps_per_s)
+    left_s = (int(step.group(2)) - int(step.group(1))) / steps_per_s
+    assert int(eta.group(1) or 0) * 60 + int(eta.group(2)) == pytest.approx(left_s, rel=0.1, abs=2), left_s
