@@ -283,3 +283,11 @@ def test_a_misnamed_section_is_told_to_be_renamed_and_a_directory_is_not_a_missi
         load(str(bad))
     with pytest.raises(ConfigError, match=r"is a directory: give a YAML config file"):
         load(str(tmp_path))
+
+
+def test_shards_with_the_torch_loader_are_refused_when_the_config_loads():
+    """The torch loader reads folders only: refused here, before `submit` starts a job whose every
+    rank would refuse it."""
+    with pytest.raises(ConfigError, match=r"^data.format=wds needs data.loader=dali \(the torch loader reads folders"):
+        load(DIGITS, ["data.format=wds", "data.loader=torch"])
+    assert load(DIGITS, ["data.format=wds", "data.loader=auto"]).data.format == "wds"  # DALI decides in the task

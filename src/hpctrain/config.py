@@ -309,6 +309,11 @@ class DataConfig:
                 f"data.randaugment={self.randaugment!r} needs the DALI loader (the torch loader "
                 "has no RandAugment): set data.loader=dali, or clear data.randaugment"
             )
+        if self.format == "wds" and self.loader == "torch":  # refused here, not by every rank of a job
+            raise ConfigError(
+                "data.format=wds needs data.loader=dali (the torch loader reads folders): set "
+                "data.loader=dali, or data.format=folder with data.root an image folder"
+            )
 
 
 @dataclass(frozen=True)

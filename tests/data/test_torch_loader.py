@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.config import load
+from hpctrain.config import ConfigError, load
 from hpctrain.data import sampling
 from hpctrain.data.build import build_loaders
 from hpctrain.data.folder import DataError, list_split
+from hpctrain.data.prep.prepare import class_problem
 from tests.helpers import DIGITS
 
 
@@ -68,6 +69,13 @@ def test_exclusions_and_missing_data(digits_root, tmp_path):
     assert len(list_split(digits_root, "train", skip)) == len(full) - 1
     with pytest.raises(DataError, match="is not a folder"):
         list_split(tmp_path, "train")
+
+
+def test_the_loader_refuses_a_class_count_in_the_words_submit_uses(digits_root):
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "model.num_classes=5"])
+    with pytest.raises(ConfigError) as e:
+        build_loaders(cfg, 0, 1, torch.device("cpu"))
+    assert str(e.value) == class_problem(cfg) and "has 10 classes but model.num_classes=5" in str(e.value)
 
 
 def test_corrupt_image_is_named(digits_root, tmp_path):

@@ -6,7 +6,7 @@ import importlib.util
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data.augment import augment_spec
-from hpctrain.data.folder import read_exclusions, train_eval_listings
+from hpctrain.data.folder import class_mismatch, read_exclusions, train_eval_listings
 from hpctrain.data.loader import Loader
 
 
@@ -75,12 +75,9 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
             "RandAugment): set data.loader=dali, or clear data.randaugment"
         )
     train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
-    if len(train_list.classes) != cfg.model.num_classes:
-        raise ConfigError(
-            f"{train_list.root} has {len(train_list.classes)} classes but "
-            f"model.num_classes={cfg.model.num_classes}; set "
-            f"--set model.num_classes={len(train_list.classes)}"
-        )
+    mismatch = class_mismatch(train_list.root, len(train_list.classes), cfg.model.num_classes)
+    if mismatch:
+        raise ConfigError(mismatch)
     common = dict(
         rank=rank,
         world=world,

@@ -36,7 +36,7 @@ import torch
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import dali_compat, erasing, randaug, sampling
 from hpctrain.data.augment import AugmentSpec
-from hpctrain.data.folder import DataError, Listing, read_exclusions, train_eval_listings
+from hpctrain.data.folder import DataError, Listing, class_mismatch, read_exclusions, train_eval_listings
 from hpctrain.data.stage import stage
 from hpctrain.data.tf_crop import dali_tf_inception_box
 from hpctrain.data.torch_loader import val_resize_size
@@ -691,7 +691,6 @@ def build_dali_loaders(
 
 
 def _check_classes(n: int, cfg: Config, where) -> None:
-    if n != cfg.model.num_classes:
-        raise ConfigError(
-            f"{where} has {n} classes but model.num_classes={cfg.model.num_classes}; set --set model.num_classes={n}"
-        )
+    mismatch = class_mismatch(where, n, cfg.model.num_classes)
+    if mismatch:
+        raise ConfigError(mismatch)

@@ -48,6 +48,23 @@ def read_exclusions(path: str | os.PathLike | None) -> set[str]:
     return out
 
 
+def class_folders(base: Path) -> tuple[str, ...]:
+    """The class names of a split folder (its sub-folders, sorted: the labels' order). Reads no image,
+    so `submit` can count a dataset's classes on the login node."""
+    found = tuple(sorted(d.name for d in base.iterdir() if d.is_dir()))
+    if not found:
+        raise DataError(f"{base} has no class folders: expected {base.name}/<class>/<images>")
+    return found
+
+
+def class_mismatch(where: str | os.PathLike, found: int, num_classes: int) -> str | None:
+    """The one line every loader and `submit` refuse a head of another class count with (a head wider
+    than the data trains dead logits, a narrower one fails on the first label past it); None: they agree."""
+    if found == num_classes:
+        return None
+    return f"{where} has {found} classes but model.num_classes={num_classes}; set --set model.num_classes={found}"
+
+
 def list_split(
     root: str | os.PathLike,
     split: str,
@@ -61,9 +78,7 @@ def list_split(
             f"{base} is not a folder: data.root must hold {split}/<class>/<images> "
             "(make a small one with `hpctrain data digits OUT`)"
         )
-    found = tuple(sorted(d.name for d in base.iterdir() if d.is_dir()))
-    if not found:
-        raise DataError(f"{base} has no class folders: expected {split}/<class>/<images>")
+    found = class_folders(base)
     if classes is None:
         classes = found
     elif set(found) - set(classes):

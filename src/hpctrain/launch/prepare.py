@@ -3,10 +3,11 @@ submitted, for every command that makes one (`hpctrain submit` with --dry-run an
 `sweep`, `eval --nodes`, `notebook`).
 
 `prepare(config, profile, request, kind)` runs the checks in one order (request and config first,
-then a finished run, the batch, the image; a refusal is one line) and returns the config the tasks
-get (train.ckpt_every=auto: the job's MTBF resolved here, where a Slurm client answers), the plan of
-the batch script and the lines for the user; `start` submits it. The CLI parses and prints only,
-so the commands cannot drift apart: a sweep member is prepared as a single run of its values.
+then a finished run, the data's class count, the batch, the image; a refusal is one line) and returns
+the config the tasks get (train.ckpt_every=auto: the job's MTBF resolved here, where a Slurm client
+answers), the plan of the batch script and the lines for the user; `start` submits it. The CLI
+parses and prints only, so the commands cannot drift apart: a sweep member is prepared as a single
+run of its values.
 Imports no torch (login nodes).
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain.config import Config, ConfigError, check_batch
-from hpctrain.data.prep.prepare import ensure_dataset, input_problems
+from hpctrain.data.prep.prepare import class_problem, ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import notebook as nb
 from hpctrain.launch import sweep
@@ -179,7 +180,7 @@ def prepare(
         return _eval(cfg, profile, req, kind, dry_run)
     if isinstance(kind, Script):
         plan = standalone_plan(cfg, profile, req, kind.command, kind.config, list(kind.overrides))
-        msgs = [*_finished(cfg, note_only=True), *_batch(cfg, plan, kind.gpu_mem_gb)]
+        msgs = [*_finished(cfg, note_only=True), *_classes(cfg, note_only=True), *_batch(cfg, plan, kind.gpu_mem_gb)]
         return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
     return _train(cfg, profile, req, kind, dry_run)
 
@@ -196,6 +197,7 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
             _check_inputs(cfg)
             return Prepared(kind, cfg, None, None, dry_run=dry_run)
         msgs = _finished(cfg, note_only=False)
+        msgs += _classes(cfg, note_only=False)  # start checks again once ensure_dataset wrote the demo set
         msgs.append(
             Message(
                 "info",
@@ -206,6 +208,7 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
         return Prepared(kind, cfg, None, None, tuple(msgs), dry_run)
     plan = plan_job(cfg, profile, req)
     msgs = [] if member else _finished(cfg, note_only=dry_run)  # after the request's checks: it comes alone
+    msgs += _classes(cfg, note_only=dry_run)
     msgs += _batch(cfg, plan, kind.gpu_mem_gb)
     image = None if member else _image(profile, dry_run)
     msgs += [
@@ -287,6 +290,15 @@ def _finished(cfg: Config, note_only: bool) -> list[Message]:
     return [Message("note", text)] if text else []
 
 
+def _classes(cfg: Config, note_only: bool) -> list[Message]:
+    """Data on this machine whose classes model.num_classes does not match is refused before a job
+    starts or waits in a queue (every rank would refuse it); a dry run or a written script notes it."""
+    text = class_problem(cfg)
+    if text and not note_only:
+        raise ConfigError(text)
+    return [Message("note", text)] if text else []
+
+
 def _batch(cfg: Config, plan, gpu_mem_gb: float | None) -> list[Message]:
     """The per-GPU batch, the memory estimate and the resolved lr; a warning below 32 images per GPU;
     a per-GPU batch that cannot fit is refused."""
@@ -311,8 +323,9 @@ def _image(profile: ClusterProfile, dry_run: bool) -> str | None:
 
 
 def _check_inputs(cfg: Config) -> None:
-    """A local job reads this machine's files: refuse a missing input before anything starts."""
-    problems = input_problems(cfg)
+    """A local job reads this machine's files: refuse a missing input, or data of another class
+    count, before anything starts."""
+    problems = [*input_problems(cfg), *filter(None, [class_problem(cfg)])]
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -367,6 +380,7 @@ def start(p: Prepared) -> Submission:
     if p.local:
         _check_inputs(p.cfg)
         return submit_local(p.cfg, tasks=p.kind.tasks)
+    _classes(p.cfg, note_only=False)  # again: ensure_dataset may have just written the demo set
     return submit_slurm(p.cfg, p.plan)
 
 

@@ -3,11 +3,24 @@ gets nothing written into it, and the error names the path and the fix in one li
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from hpctrain.config import ConfigError, load, save
-from hpctrain.data.prep.prepare import DEMO_ROOT, ensure_dataset, input_problems
+from hpctrain.data.prep.pack import plan_pack, write_meta
+from hpctrain.data.prep.prepare import DEMO_ROOT, class_problem, ensure_dataset, input_problems
 from tests.helpers import DIGITS, hpctrain
+
+
+def no_slurm(tmp_path: Path) -> dict:
+    """A machine without Slurm, so `submit` takes the local executor: no profile named, an empty
+    slurm.conf (`scontrol ping` fails at once; with a missing one each Slurm command waits out its timeout)."""
+    conf = tmp_path / "empty-slurm.conf"
+    conf.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return {**env, "SLURM_CONF": str(conf), "HPCTRAIN_CLUSTER": ""}
 
 
 def test_typo_in_data_root_writes_nothing_and_errors_in_one_line(tmp_path):
@@ -84,3 +97,74 @@ def test_init_from_a_run_whose_weights_cannot_fit_is_known_before_the_job(tmp_pa
         ],
     )
     assert input_problems(fits) == []
+
+
+def test_a_class_count_the_data_lacks_is_refused_before_any_job_starts(tmp_path, digits_root):
+    """The digits have 10 classes: `submit` refuses a 5-class head in the loaders' one line before a
+    run directory or a process exists (it used to start both local ranks, which then refused)."""
+    runs = tmp_path / "runs"
+    r = hpctrain(
+        "submit",
+        "--config",
+        str(DIGITS),
+        "--set",
+        f"data.root={digits_root}",
+        "--set",
+        "model.num_classes=5",
+        "--set",
+        f"run.dir={runs}",
+        "--set",
+        "run.name=x",
+        cwd=tmp_path,
+        env=no_slurm(tmp_path),
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr[-3000:]
+    assert r.stderr == (
+        f"hpctrain: error: {digits_root / 'train'} has 10 classes but model.num_classes=5; "
+        "set --set model.num_classes=10\n"
+    )
+    assert "submitted local job" not in r.stdout  # no process launched (submitit's folder is in the run dir)
+    assert not runs.exists() and [p.name for p in tmp_path.iterdir()] == ["empty-slurm.conf"]
+
+
+def test_shards_are_counted_from_their_index_and_unseen_data_is_not_counted(tmp_path, digits_root):
+    """wds: the classes of the shard index `data pack` writes; a data.root this machine does not see
+    (a cluster's) has no count here: a dry run plans it, and only input_problems notes it."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_meta(plan_pack(digits_root, shards, shard_size=500, log=lambda _: None))  # the index alone, no tar
+    wds = ["data.format=wds", "data.loader=dali", f"data.root={shards}"]
+    assert class_problem(load(DIGITS, wds)) is None
+    assert class_problem(load(DIGITS, [*wds, "model.num_classes=12"])) == (
+        f"{shards} has 10 classes but model.num_classes=12; set --set model.num_classes=10"
+    )
+    unseen = load(DIGITS, [f"data.root={tmp_path / 'cluster' / 'digits'}", "model.num_classes=5"])
+    assert class_problem(unseen) is None and len(input_problems(unseen)) == 1
+    empty = tmp_path / "empty"
+    (empty / "train").mkdir(parents=True)
+    assert class_problem(load(DIGITS, [f"data.root={empty}"])) == (
+        f"{empty / 'train'} has no class folders: expected train/<class>/<images>"
+    )
+
+
+def test_a_dry_run_notes_the_class_count_and_still_prints_the_script(tmp_path, digits_root):
+    """A dry run may plan for another machine's data: what a submission refuses is a note there."""
+    r = hpctrain(
+        "submit",
+        "--config",
+        str(DIGITS),
+        "--set",
+        f"data.root={digits_root}",
+        "--set",
+        "model.num_classes=5",
+        "--dry-run",
+        cwd=tmp_path,
+        env=no_slurm(tmp_path),
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.startswith("#!"), r.stderr[-3000:]
+    assert (
+        f"hpctrain: note: {digits_root / 'train'} has 10 classes but model.num_classes=5; "
+        "set --set model.num_classes=10\n" in r.stderr
+    )

@@ -12,8 +12,9 @@ import shlex
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, ModelConfig, build, read_yaml
+from hpctrain.data.folder import DataError, class_folders, class_mismatch
 from hpctrain.data.prep.once import make_once
-from hpctrain.data.wds import META
+from hpctrain.data.wds import META, read_meta
 from hpctrain.models.arch import arch_dims
 from hpctrain.run.layout import CHECKPOINTS, CONFIG
 
@@ -99,6 +100,36 @@ def input_problems(cfg: Config) -> list[str]:
     elif src:
         out += init_shape_problems(cfg.model, Path(src).expanduser())
     return out
+
+
+def class_problem(cfg: Config) -> str | None:
+    """The training data's classes against model.num_classes, in the loaders' words, so `submit`
+    refuses a mismatch before any job starts rather than every rank after it. Counts the class
+    folders of train/ (data.format=folder) or the shard index's classes (wds), reading no image;
+    None when they agree or the data is not on this machine (input_problems says so)."""
+    d = cfg.data
+    if d.loader == "synthetic" or not d.root:
+        return None
+    root = Path(d.root).expanduser()
+    if d.format == "wds":
+        if not (root / META).is_file():
+            return None
+        try:
+            meta = read_meta(root)
+        except (ValueError, OSError):  # not a pack's meta.json: the job's own reading says what is wrong
+            return None
+        classes = meta.get("classes") if isinstance(meta, dict) else None
+        return class_mismatch(root, len(classes), cfg.model.num_classes) if isinstance(classes, list) else None
+    train = root / "train"
+    if not train.is_dir():
+        return None
+    try:
+        found = class_folders(train)
+    except DataError as e:
+        return str(e)
+    except OSError:  # unreadable here: the job's nodes may read it
+        return None
+    return class_mismatch(train, len(found), cfg.model.num_classes)
 
 
 # what decides the shapes of the weights model.init_from gives (the position embedding's grid is
