@@ -411,11 +411,20 @@ def _retimed_on_cpu(
 ) -> tuple[float, int]:
     """This rank's best CPU rate after up to CPU_RETIMES more timings, taken while any rank is below
     the mark, and how many were taken. On a CPU a rank that shared its cores with a busy neighbour
-    for a whole timing is not a slow node: a node that is slow stays slow when timed again. Every
-    rank takes the same decision, from the same gathered rates, so the collectives stay matched."""
+    for a whole timing is not a slow node: a node that is slow stays slow when timed again. The
+    ranks time again one at a time (a barrier between turns), so that ranks of one job sharing a
+    machine do not slow each other down (the first timing, all ranks at once, measured up to 2×
+    apart on a loaded 2-core machine). Every rank takes the same decision, from the same gathered
+    rates, so the collectives stay matched."""
+    shared = world > 1 and td.is_initialized()
+    me = td.get_rank(group) if shared else 0
     retimes = 0
     while retimes < CPU_RETIMES and below(rates, floor, tolerance):
-        tf = max(tf, matmul_tflops(torch.device("cpu"), sizes, delay_s))
+        for turn in range(world):
+            if turn == me:
+                tf = max(tf, matmul_tflops(torch.device("cpu"), sizes, delay_s))
+            if shared:
+                td.barrier(group=group)
         rates, retimes = _gather(tf, group, world), retimes + 1
     return tf, retimes
 
