@@ -10,7 +10,7 @@ from hpctrain import allreduce
 from hpctrain.cli import CLIError
 from hpctrain.doctor.report import format_report, run
 from hpctrain.site.fabric import fabric_env
-from hpctrain.site.profile import load_profile
+from hpctrain.site.profile import ClusterProfile, load_profile
 from hpctrain.train.dist import detect
 
 
@@ -22,8 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sysfs-root", default="/sys", help="sysfs to read ports/interfaces from (default /sys)")
     p.add_argument(
         "--cluster",
-        help="also check what this cluster profile exports (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, …) against "
-        "this node, as a job would see it (the environment wins over the profile)",
+        help="also check this node against a cluster profile: what its jobs export (NCCL_IB_HCA, "
+        "NCCL_SOCKET_IFNAME, …; the environment wins over the profile), its container runtime, "
+        "image, modules, GPUs per node and fabric",
     )
     p.add_argument(
         "--cluster-set",
@@ -45,18 +46,19 @@ def add_parser(sub) -> None:
     p.set_defaults(func=doctor)
 
 
-def profile_env(cluster: str | None, overrides: list[str]) -> dict[str, str]:
+def profile_env(profile: ClusterProfile) -> dict[str, str]:
     """The environment a task of this profile's jobs sees: the batch script exports the profile's
     fabric values unless the job's environment has them (`export K=${K-v}`)."""
-    return {**fabric_env(load_profile(cluster, overrides)), **os.environ}
+    return {**fabric_env(profile), **os.environ}
 
 
 def doctor(args: argparse.Namespace) -> int:
 
-    env = None
+    env, profile = None, None
     if args.cluster or args.cluster_overrides:
-        env = profile_env(args.cluster or os.environ.get("HPCTRAIN_CLUSTER"), args.cluster_overrides)
-    report = run(args.sysfs_root, env=env)
+        profile = load_profile(args.cluster or os.environ.get("HPCTRAIN_CLUSTER"), args.cluster_overrides)
+        env = profile_env(profile)
+    report = run(args.sysfs_root, env=env, profile=profile)
     is_main = True
     if args.allreduce:
         try:

@@ -16,7 +16,9 @@ from hpctrain.doctor.env import interfaces, nccl_env_checks
 from hpctrain.doctor.fabric import IBPort, ib_ports, suggest_nccl
 from hpctrain.doctor.gpus import gpu_numa_nodes
 from hpctrain.doctor.limits import memlock_check
+from hpctrain.doctor.site_fit import profile_checks
 from hpctrain.doctor.versions import gpus, version_checks, versions
+from hpctrain.site.profile import ClusterProfile
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     allreduce: list[dict] | None = None
     gpu_numa: list[int] = field(default_factory=list)  # NUMA node of each NVIDIA GPU (PCI)
+    profile: str = ""  # the cluster profile this node was checked against ("" for none)
 
     @property
     def ok(self) -> bool:
@@ -40,7 +43,14 @@ class Report:
         return d
 
 
-def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, root: str = "/") -> Report:
+def run(
+    sysfs_root: str | Path = "/sys",
+    env: Mapping[str, str] | None = None,
+    root: str = "/",
+    profile: ClusterProfile | None = None,
+) -> Report:
+    """Every check of this node; with `profile`, also how the node fits what its jobs expect (and the
+    runtime asked for is the profile's, not whichever this node has)."""
     env = os.environ if env is None else env
     v = versions()
     gpu_names = gpus()
@@ -51,10 +61,13 @@ def run(sysfs_root: str | Path = "/sys", env: Mapping[str, str] | None = None, r
     checks = version_checks(v, gpu_names) + ib_checks
     checks += nccl_env_checks(env, ports, interfaces(sysfs_root), gpu_numa)
     checks += container_checks(env, ports, inside, root)
-    if not inside:  # inside an image no runtime starts another
+    if not inside and profile is None:  # inside an image no runtime starts another
         checks += runtime_checks()
+    if profile is not None:
+        checks += profile_checks(profile, gpu_names, ports, inside)
     checks.append(memlock_check(*resource.getrlimit(resource.RLIMIT_MEMLOCK), rdma=bool(ports)))
-    return Report(v, gpu_names, ports, suggested, inside, checks, gpu_numa=gpu_numa)
+    name = profile.name if profile else ""
+    return Report(v, gpu_names, ports, suggested, inside, checks, gpu_numa=gpu_numa, profile=name)
 
 
 def profile_lines(suggested: Mapping[str, str]) -> list[str]:
@@ -70,7 +83,8 @@ def profile_lines(suggested: Mapping[str, str]) -> list[str]:
 def format_report(r: Report) -> str:
     width = max(len(c.name) for c in r.checks)
     where = "inside a container" if r.in_container else "on the host"
-    lines = [f"hpctrain doctor — {platform.node()} ({where})", ""]
+    against = f", against cluster profile {r.profile}" if r.profile else ""
+    lines = [f"hpctrain doctor — {platform.node()} ({where}){against}", ""]
     section = None
     for c in r.checks:
         if c.section != section:
