@@ -236,7 +236,7 @@ def test_cli_plan_json_and_text(tmp_path):
     assert r.returncode == 2 and "no public training figure for GPU 'MI300X'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     r = hpctrain("plan", "--config", str(DIGITS), "--set", "data.root=" + str(tmp_path / "none"), "--nodes", "1")
-    assert r.returncode == 2 and "--images-per-epoch" in r.stderr
+    assert r.returncode == 2 and "`hpctrain plan --images-per-epoch N`" in r.stderr
 
 
 def test_plan_without_a_site_profile_says_the_figures_are_this_machines_and_recommends_none():
@@ -284,3 +284,16 @@ def test_submit_dry_run_prints_the_plan_summary_on_stderr():
     assert r.stdout.startswith("#!") and "per-GPU batch" not in r.stdout  # stdout stays the batch script
     assert "hpctrain: plan (H100, fabric ib" in r.stderr
     assert "per-GPU batch 32; predicted" in r.stderr and "GPU-hours" in r.stderr
+
+
+def test_submit_dry_run_without_an_image_count_points_at_plans_flag(tmp_path):
+    """Where the epoch's images cannot be counted, the dry run's plan lines name the command whose
+    flag gives the count (they said "pass --images-per-epoch N", which `submit` refuses)."""
+    missing = str(tmp_path / "none")
+    args = ["--config", str(DIGITS), "--cluster", "example-ib", "--set", f"data.root={missing}"]
+    r = hpctrain("submit", *args, "--set", "data.prepare=none", "--set", f"run.dir={tmp_path}", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    hints = [ln for ln in r.stderr.splitlines() if "images-per-epoch" in ln]
+    assert hints and all("`hpctrain plan --images-per-epoch N`" in ln for ln in hints), r.stderr
+    refused = hpctrain("submit", *args, "--images-per-epoch", "100", "--dry-run")
+    assert refused.returncode == 2  # not a submit flag: the hint must not say to pass it there

@@ -44,18 +44,30 @@ def submit(digits_root: Path, run_dir: Path, name: str, *sets: str) -> subproces
     )
 
 
+def test_a_missing_resume_checkpoint_is_refused_before_anything_launches(digits_root, tmp_path):
+    """run.resume=nonee (a misspelt `none`) is refused on this machine, in the task's words, before a
+    process starts or the run directory is written (it launched a job that failed in the task)."""
+    r = submit(digits_root, tmp_path, "typo", "run.resume=nonee")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "hpctrain: error: run.resume='nonee': no such checkpoint; give auto, none or a checkpoint path"
+    ]
+    assert not (tmp_path / "typo").exists() and "local job" not in r.stdout + r.stderr
+
+
 @pytest.mark.slow
 def test_a_task_user_error_comes_back_as_one_line_with_the_log(digits_root, tmp_path):
-    r = submit(digits_root, tmp_path, "missing", "run.resume=/nonexistent/ckpt.pt")
+    """A resume file that exists but is no checkpoint: only the task, loading it, can tell."""
+    bogus = tmp_path / "notes.pt"
+    bogus.write_text("not a checkpoint\n")
+    r = submit(digits_root, tmp_path, "missing", f"run.resume={bogus}")
     assert r.returncode != 0
     err = r.stderr.strip().splitlines()
     assert "Traceback" not in r.stderr and len(err) == 1, r.stderr
     job = json.loads((tmp_path / "missing" / "job.json").read_text())["job_id"]
     log = tmp_path / "missing" / "submitit" / f"{job}_0_log.err"
-    assert err[0] == (
-        "hpctrain: error: run.resume='/nonexistent/ckpt.pt': no such checkpoint; give auto, none or a checkpoint path "
-        f"(local job {job}, rank 0; log: {log})"
-    )
+    assert err[0].startswith(f"hpctrain: error: checkpoint {bogus} cannot be loaded"), err
+    assert err[0].endswith(f"(local job {job}, rank 0; log: {log})"), err
     assert "CheckpointError" in log.read_text()  # the log keeps the whole story
 
 

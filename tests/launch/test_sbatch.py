@@ -261,3 +261,27 @@ def test_login_nodes_small_locked_memory_limit_is_raised_to_the_nodes_hard_limit
             text=True,
         )
         assert r.returncode == 0 and r.stdout.strip() == hard, (hard, r.stdout, r.stderr)
+
+
+def test_emit_sbatch_notes_what_a_dry_run_notes_and_its_header_names_its_own_path(tmp_path):
+    """`--emit-sbatch job.sbatch` printed none of the dry run's notes (a missing data root, a missing
+    image, the plan) and its header said `sbatch slurm/vit.sbatch` and that a test keeps the file
+    equal to the generator's output: true of the shipped script only."""
+    args = ["submit", "--config", "configs/vit_b16_imagenet_4k.yaml", "--cluster", "example-ib"]
+    args += ["--nodes", "16", "--gpus-per-node", "8", "--set", f"data.root={tmp_path / 'nowhere'}"]
+    dry = blocked_cli(*args, "--dry-run", cwd=ROOT)
+    emit = blocked_cli(*args, "--emit-sbatch", "job.sbatch", cwd=tmp_path)
+    assert dry.returncode == 0 and emit.returncode == 0, dry.stderr + emit.stderr
+
+    def said(text: str) -> list[str]:  # the notes, warnings and plan lines, wherever printed
+        return sorted(ln for ln in text.splitlines() if ln.startswith(("hpctrain: note:", "hpctrain: warning:")))
+
+    notes = said(dry.stderr)
+    assert any("data.root=" in n for n in notes) and any("container.image" in n for n in notes), notes
+    assert said(emit.stdout + emit.stderr) == notes
+    plan = [ln for ln in dry.stderr.splitlines() if ln.startswith("hpctrain:   ")]
+    assert plan and all(ln in emit.stdout for ln in plan)
+    assert emit.stdout.rstrip().endswith("submit it with `sbatch job.sbatch`")
+    header = (tmp_path / "job.sbatch").read_text().split("\n#SBATCH", 1)[0]
+    assert "# Run as is:  sbatch job.sbatch\n" in header and "#   job.sbatch\n" in header
+    assert "slurm/vit.sbatch" not in header and "a test" not in header

@@ -585,7 +585,7 @@ def test_array_elements_sharing_a_node_rendezvous_apart(slurm_cluster, digits_ro
 def header_example() -> str:
     """The usage example in slurm/vit.sbatch's header, as a shell command line."""
     lines = (ROOT / "slurm" / "vit.sbatch").read_text().splitlines()
-    start = next(i for i, x in enumerate(lines) if "a test runs exactly these lines" in x) + 1
+    start = next(i for i, x in enumerate(lines) if x.endswith("without the image:")) + 1
     body = []
     for x in lines[start:]:
         if not x.startswith("#   "):

@@ -117,10 +117,24 @@ def resolve(args: argparse.Namespace):
         if not Path(config).is_file():
             raise CLIError(f"{run_dir} has no config.yaml: is it a run directory? Otherwise give --config")
         out = Path(args.output) if args.output else run_dir / "eval"
+        if args.split == "minival" and not args.config:
+            warn_trained_on_minival(load_config(str(config), list(args.overrides)), run_dir)
         return load_config(str(config), sets), str(run), out
     if not args.config:
         raise CLIError("--weights needs --config (the model and data the weights go with)")
     return load_config(args.config, sets), args.weights, Path(args.output) if args.output else beside(args.weights)
+
+
+def warn_trained_on_minival(trained, run_dir: Path) -> None:
+    """minival is 1 % of root/train, held out only when the run's data.val_split or data.eval_splits
+    names it: otherwise the run trained on those images and their accuracy overstates it."""
+    if "minival" not in trained.data.splits:
+        print(
+            f"hpctrain: warning: --split minival: {run_dir} trained on all of root/train (data.val_split "
+            f"{trained.data.val_split}, no minival in data.eval_splits), minival's images included, so "
+            "its accuracy there overstates the model's: evaluate on val, or train with data.val_split=minival",
+            file=sys.stderr,
+        )
 
 
 def beside(weights: str) -> Path:

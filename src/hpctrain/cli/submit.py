@@ -166,15 +166,18 @@ def emit_command(args: argparse.Namespace) -> str:
 
 def emit(args: argparse.Namespace, cfg, profile, req: Request) -> int:
     """Write the stand-alone script. Paths stay as written: the file is for another machine."""
-    kind = Script(emit_command(args), args.config, tuple(args.overrides), args.gpu_mem_gb)
+    kind = Script(emit_command(args), args.config, tuple(args.overrides), args.gpu_mem_gb, args.emit_sbatch)
     p = prepare(cfg, profile, req, kind)
-    show(p.messages, sys.stdout)
+    show(p.messages, sys.stdout)  # the notes a dry run prints, and its plan lines
+    for line in plan_summary(p):
+        print(f"hpctrain: {line}")
+    print(f"hpctrain: {time_to_result(p)}")
     Path(args.emit_sbatch).write_text(p.script())
     plan = p.plan
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
     print(
         f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
-        f"(cluster {profile.name})"
+        f"(cluster {profile.name}); submit it with `sbatch {shlex.quote(args.emit_sbatch)}`"
     )
     return 0
 

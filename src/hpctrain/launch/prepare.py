@@ -81,6 +81,7 @@ class Script:
     config: str
     overrides: tuple[str, ...] = ()
     gpu_mem_gb: float | None = None
+    path: str = "slurm/vit.sbatch"  # where it is written, as given: its header's `sbatch PATH`
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,10 @@ def prepare(
             raise type(e)(f"sweep member {kind.index} ({' '.join(kind.overrides)}): {e}") from None
     if isinstance(kind, Eval):
         return _eval(cfg, profile, req, kind, dry_run)
-    if isinstance(kind, Script):
-        plan = standalone_plan(cfg, profile, req, kind.command, kind.config, list(kind.overrides))
+    if isinstance(kind, Script):  # for another machine, maybe: what a dry run notes, the script notes
+        plan = standalone_plan(cfg, profile, req, kind.command, kind.config, list(kind.overrides), kind.path)
         msgs = [*_finished(cfg, note_only=True), *_classes(cfg, note_only=True), *_batch(cfg, plan, kind.gpu_mem_gb)]
+        msgs += _elsewhere(cfg, profile, plan, dry_run=True)
         return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
     return _train(cfg, profile, req, kind, dry_run)
 
@@ -210,15 +212,7 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     msgs = [] if member else _finished(cfg, note_only=dry_run)  # after the request's checks: it comes alone
     msgs += _classes(cfg, note_only=dry_run)
     msgs += _batch(cfg, plan, kind.gpu_mem_gb)
-    image = None if member else _image(profile, dry_run)
-    msgs += [
-        Message("note", f"not on this machine (the job fails unless its nodes see it): {p}")
-        for p in input_problems(cfg)
-    ]  # the cluster's nodes may see paths this machine does not
-    msgs += [Message("note", image)] if image else []
-    msgs += [
-        Message("warning", p) for p in stop_problems(cfg, profile, plan.partition, plan.nodes, plan.tasks_per_node)
-    ]
+    msgs += _elsewhere(cfg, profile, plan, dry_run, image=not member)
     cfg, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)  # the task has no Slurm client
     msgs += [Message("info", line)] if line else []
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
@@ -279,6 +273,20 @@ def notebook_job(profile: ClusterProfile | None, req: Request, kind: Notebook) -
     if kind.port is not None:
         kw["port"] = kind.port
     return nb.NotebookJob(**kw)
+
+
+def _elsewhere(cfg: Config, profile: ClusterProfile, plan, dry_run: bool, image: bool = True) -> list[Message]:
+    """What a Slurm job reads that this machine lacks (its nodes may see it: a note), its image (a
+    missing one refused unless `dry_run`), and what the partition's limits do to its stop."""
+    msgs = [
+        Message("note", f"not on this machine (the job fails unless its nodes see it): {p}")
+        for p in input_problems(cfg)
+    ]
+    missing = _image(profile, dry_run) if image else None
+    msgs += [Message("note", missing)] if missing else []
+    return msgs + [
+        Message("warning", p) for p in stop_problems(cfg, profile, plan.partition, plan.nodes, plan.tasks_per_node)
+    ]
 
 
 def _finished(cfg: Config, note_only: bool) -> list[Message]:

@@ -72,8 +72,8 @@ def images_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
         return sum(1 for p in train.rglob("*") if p.is_file()), f"files under {train}"
     raise PlanError(
         f"cannot tell how many images an epoch has ({cfg.model.num_classes} classes, data.root "
-        f"{cfg.data.root or 'unset'}): pass --images-per-epoch N"
-    )
+        f"{cfg.data.root or 'unset'}): give it to `hpctrain plan --images-per-epoch N`"
+    )  # a flag of `plan` only: `submit --dry-run` prints this too, and refuses the flag
 
 
 # --------------------------------------------------------------------------- compute

@@ -168,3 +168,15 @@ def test_a_dry_run_notes_the_class_count_and_still_prints_the_script(tmp_path, d
         f"hpctrain: note: {digits_root / 'train'} has 10 classes but model.num_classes=5; "
         "set --set model.num_classes=10\n" in r.stderr
     )
+
+
+def test_a_resume_path_that_is_no_file_is_an_input_problem(tmp_path, digits_root):
+    """run.resume names auto, none or a checkpoint: a misspelt `none` is named with the choices
+    (the task raised it after launch); auto, none and an existing path are no problem."""
+    sets = [f"data.root={digits_root}", f"run.dir={tmp_path}"]
+    assert input_problems(load(DIGITS, [*sets, "run.resume=nonee"])) == [
+        "run.resume='nonee': no such checkpoint; give auto, none or a checkpoint path"
+    ]
+    (ckpt := tmp_path / "step-00000010.pt").write_bytes(b"x")
+    for ok in ("auto", "none", str(ckpt)):
+        assert input_problems(load(DIGITS, [*sets, f"run.resume={ok}"])) == [], ok

@@ -64,8 +64,9 @@ def ensure_dataset(cfg: Config) -> None:
 
 def input_problems(cfg: Config) -> list[str]:
     """What the run reads that is not on this machine, one line each with the fix: data.root (its
-    train/ folder, or the shard index), data.exclude_file and model.init_from. The demo folder that
-    ensure_dataset would write is not a problem. Torch-free: `submit` asks before it launches."""
+    train/ folder, or the shard index), data.exclude_file, model.init_from and a run.resume path
+    (read as the task reads it: find_resume). The demo folder that ensure_dataset would write is
+    not a problem. Torch-free: `submit` asks before it launches."""
     d, out = cfg.data, []
     if d.loader != "synthetic":
         root = Path(d.root).expanduser()
@@ -99,6 +100,9 @@ def input_problems(cfg: Config) -> list[str]:
         )
     elif src:
         out += init_shape_problems(cfg.model, Path(src).expanduser())
+    resume = cfg.run.resume
+    if resume not in ("auto", "none") and not Path(resume).exists():
+        out.append(f"run.resume={resume!r}: no such checkpoint; give auto, none or a checkpoint path")
     return out
 
 

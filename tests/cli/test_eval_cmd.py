@@ -1,0 +1,48 @@
+"""`hpctrain eval RUN --split minival`: minival is 1 % of root/train, held out only by a run whose
+data.val_split or data.eval_splits names it; for any other run those images were trained on, and
+the evaluation says so (it printed their accuracy as if held out)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hpctrain.cli import eval_cmd
+from hpctrain.config import load, save
+from tests.helpers import DIGITS
+
+
+def resolve_run(run, split: str | None) -> None:
+    eval_cmd.resolve(
+        argparse.Namespace(
+            run=str(run),
+            weights=None,
+            overrides=[],
+            data=None,
+            split=split,
+            img_size=None,
+            crop_pct=None,
+            config=None,
+            output=None,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "trained, warned",
+    [([], True), (["data.val_split=minival"], False), (["data.eval_splits=[val,minival]"], False)],
+)
+def test_minival_of_a_run_that_trained_on_it_is_a_warning(tmp_path, capsys, trained, warned):
+    run = tmp_path / "r"
+    run.mkdir()
+    save(load(DIGITS, trained), run / "config.yaml")
+    resolve_run(run, "minival")
+    err = capsys.readouterr().err
+    if warned:
+        assert err.count("\n") == 1 and err.startswith("hpctrain: warning: --split minival: ")
+        assert "trained on all of root/train" in err and "data.val_split=minival" in err
+    else:
+        assert err == ""
+    resolve_run(run, "val")
+    assert capsys.readouterr().err == ""  # val is never in train
