@@ -180,6 +180,7 @@ def prepare(
     if isinstance(kind, Eval):
         return _eval(cfg, profile, req, kind, dry_run)
     if isinstance(kind, Script):  # for another machine, maybe: what a dry run notes, the script notes
+        assert profile is not None, "a stand-alone script is for Slurm (slurm_profile gives `local` at least)"
         plan = standalone_plan(cfg, profile, req, kind.command, kind.config, list(kind.overrides), kind.path)
         msgs = [*_finished(cfg, note_only=True), *_classes(cfg, note_only=True), *_batch(cfg, plan, kind.gpu_mem_gb)]
         msgs += _elsewhere(cfg, profile, plan, dry_run=True)
