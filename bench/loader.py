@@ -3,7 +3,7 @@
 Builds a realistic JPEG set from scikit-image's sample photos (random crops rescaled to about
 500×375, quality 90, like ImageNet's typical image), then times each loader over the same files
 with the same batch, output size and thread/worker count, in alternating rounds, and prints the
-median images/s and the ratios. Targets (README "Performance"): hpctrain DALI ≥ 1.5× PIL and within 10 % of
+median images/s and the ratios. Targets (docs/performance.md): hpctrain DALI ≥ 1.5× PIL and within 10 % of
 bare DALI.
 
     python bench/loader.py [--images 768] [--batch 64] [--threads 2] [--rounds 3] [--device cpu]

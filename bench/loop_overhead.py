@@ -7,7 +7,7 @@ soft-target loss, loss accumulation, stop-flag check, metrics and the end-of-run
 synthetic batches; the bare side is `model(x); cross_entropy; backward; AdamW.step; zero_grad`.
 Many short repetitions, so a burst of load from elsewhere spoils few of them. Prints per-step
 medians, their ratio, the ratio of the minima and the median of the per-repetition ratios (the
-headline: the least sensitive to load on a shared machine); target ≤ 1.05 (README "Performance").
+headline: the least sensitive to load on a shared machine); target ≤ 1.05 (docs/performance.md).
 
     PYTHONPATH=src python bench/loop_overhead.py [--reps 30] [--steps 5] [--threads 1] [--json]
 """

@@ -6,7 +6,7 @@ The parameters are hpctrain's own ViT-S/16 (`model.arch=vit_small`, 224², 1000 
 tensors, 22 M values) in the decay / no-decay groups training uses, with fixed random gradients,
 on the CPU. The sides run interleaved (A B C, C B A, …) so load from elsewhere hits all alike; each
 figure is the median over repetitions of the mean step time, each ratio the median of the
-per-repetition ratios to torch's AdamW (target ≤ 1.2, README "Performance"). Also counted: the ATen calls one
+per-repetition ratios to torch's AdamW (target ≤ 1.2, docs/performance.md). Also counted: the ATen calls one
 step makes as an accelerator runs it (a `torch._foreach_*` call counts once: one launch per chunk of
 tensors on a GPU; on the CPU hpctrain's optimizers take torch's fused Adam kernel for fp32 tensors, in
 ~4 MB parts, train/optim/moments.py).

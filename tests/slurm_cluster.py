@@ -81,7 +81,7 @@ CLIENTS = (
     "sdiag",
 )
 CHECKOUT = Path(__file__).resolve().parents[1]
-# Site shapes (README, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
+# Site shapes (docs/sites.md, "Sites differ"). A site whose login shells set SBATCH_EXPORT=NONE: the
 # submitting environment is enough, no cluster change. A site that announces preemption with the
 # job's --signal (USR2) instead of SIGTERM: `SlurmCluster.reconfigured(**cluster.send_user_signal())`
 # (the key is version-dependent, see there). A site with a default memory per CPU: every batch job

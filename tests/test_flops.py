@@ -12,7 +12,7 @@ def test_vit_b16_224_forward_is_17_57_gmac():
     cfg = load(data={"model": {"arch": "vit_base", "img_size": 224, "patch_size": 16}})
     f = flops.model_flops(cfg.model)
     assert f.fwd_macs / 1e9 == pytest.approx(17.57, rel=0.01)
-    # README "Performance": ≈ 105 GFLOP per trained image (2 FLOPs per MAC, forward + backward = 3×)
+    # docs/performance.md: ≈ 105 GFLOP per trained image (2 FLOPs per MAC, forward + backward = 3×)
     assert f.train_flops / 1e9 == pytest.approx(105.4, rel=0.01)
     assert f.train_flops == 6 * f.fwd_macs
 

@@ -1,4 +1,4 @@
-"""Sites differ (README, "Sites differ"): each test puts the session's Slurm test cluster (or the
+"""Sites differ (docs/sites.md, "Summary"): each test puts the session's Slurm test cluster (or the
 submitting environment) in one site's shape and shows that a short digits job still trains and
 requeues as it should."""
 

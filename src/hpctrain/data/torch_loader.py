@@ -1,7 +1,7 @@
 """PIL + torch DataLoader over an ImageNet-layout folder.
 
 Workers decode and crop to uint8; normalisation to float happens on the training device, where
-it is cheap (README "Data": float normalisation in the workers is the PIL path's largest cost).
+it is cheap (docs/data.md "Data": float normalisation in the workers is the PIL path's largest cost).
 Each sample's random crop/flip is seeded by (seed, epoch, index), so batches do not depend on
 the number of workers, ranks or resumes.
 """

@@ -1,6 +1,6 @@
 """Environment-module lines for the batch script: `module` works even in a non-login batch shell.
 
-Sites differ (README "Slurm", `module_purge`): `module purge` can remove what the job needs (`apptainer`
+Sites differ (docs/launch.md "Slurm", `module_purge`): `module purge` can remove what the job needs (`apptainer`
 itself; `slurm` on Bright/BCM clusters), so purging is the profile's choice, off by default; and
 `cuda`/`nccl` modules do nothing for a job inside an image (Apptainer replaces LD_LIBRARY_PATH)
 while their CUDA_HOME/PYTHONPATH would leak in, so a profile names separate `container_modules`.

@@ -457,7 +457,7 @@ def render(
             "# --probe: `hpctrain doctor --json` on a node of the partition saw:",
             *[f"#   {n}" for n in fnotes],
             "# hcas/ifname stay unset: NCCL then picks the GPU-near HCAs and an interface itself; name them",
-            "# only when NCCL's choice is wrong (README, 'What a site sets in fabric:').",
+            "# only when NCCL's choice is wrong (docs/launch.md, 'What a site sets in fabric:').",
             "fabric:",
             f"  kind: {kind}  # --probe: {SEEN[kind]}",
         ]

@@ -1,6 +1,6 @@
 """Stop requests: the signals that ask a run to checkpoint at the next step boundary and exit.
 
-Slurm asks in two ways (README "Slurm", the signal table): `--signal=USR2@T` before the time
+Slurm asks in two ways (docs/launch.md "Slurm", the signal table): `--signal=USR2@T` before the time
 limit, and SIGTERM (after SIGCONT) when the job is preempted, followed by SIGKILL once the
 partition's GraceTime has passed. Both mean "checkpoint at the next step, then exit"; they are
 told apart only to count requeues (`slurm.max_requeues` vs `slurm.max_preemptions`).
