@@ -225,3 +225,22 @@ def test_a_slurm_pack_plans_from_the_archives_on_the_login_node(official, tmp_pa
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --array=0-1" in r.stdout and "train: 24 images in 5 shards" in r.stderr
     assert not out.exists()
+
+
+def test_an_undecodable_archive_member_refuses_the_pack_named_as_extracted(official, tmp_path):
+    d = tmp_path / "dl"
+    d.mkdir()
+    for name in (ilsvrc.TRAIN_TAR, ilsvrc.DEVKIT):
+        (d / name).symlink_to(official[0] / name)
+    with tarfile.open(official[0] / ilsvrc.VAL_TAR) as t:
+        val = {m.name: t.extractfile(m).read() for m in t.getmembers()}
+    cut = "ILSVRC2012_val_00000002.JPEG"
+    val[cut] = val[cut][: len(val[cut]) // 2]  # a truncated download
+    (d / ilsvrc.VAL_TAR).write_bytes(tar_bytes(val))
+    wnid = next(w for rel, (_, w) in official[1]["val"].items() if rel.endswith(cut))
+    logs: list[str] = []
+    first = rf"1 image\(s\) do not decode \(listed above; the first: val/{wnid}/{cut}\)"
+    with pytest.raises(pk.BadImages, match=first):
+        pk.pack(d, tmp_path / "out", SHARD, workers=2, log=logs.append, source=ilsvrc.ILSVRC2012)
+    assert any(ln.startswith(f"bad image: {d / ilsvrc.VAL_TAR} ({wnid}/{cut}): ") for ln in logs), logs
+    assert not (tmp_path / "out").exists()
