@@ -102,6 +102,7 @@ EXTRA_OF = {
     "safetensors": "train",
     "tensorboard": "train",
     "pynvml": "train",
+    "scipy": "train",  # data pack --from ilsvrc2012 (meta.mat)
     "matplotlib": "report",
     "mlflow": "trackers",
     "wandb": "trackers",

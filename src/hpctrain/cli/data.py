@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 from hpctrain.cli import CLIError
+from hpctrain.data.prep import ilsvrc
 from hpctrain.data.prep import pack as pk
 from hpctrain.data.prep.imagenet import prepare, write_exclusions
 from hpctrain.data.prep.pack import pack as write
+from hpctrain.data.prep.source import FOLDER
 from hpctrain.launch import pack_array
 from hpctrain.launch.submit import Request, check_image
 from hpctrain.site.profile import load_profile
@@ -37,10 +39,24 @@ def add_parser(sub) -> None:
         "is decoded first (DALI cannot skip a bad one in training). The shards "
         "are packed in "
         "groups, by --workers processes here or, with --slurm, by the tasks "
-        "of a Slurm array job; the files are the same either way.",
+        "of a Slurm array job; the files are the same either way, and the same "
+        "command again packs only the groups not done. With --from ilsvrc2012, ROOT "
+        "is the folder of the three official ILSVRC2012 files, read in place.",
     )
-    k.add_argument("root", help="ImageNet-layout folder")
+    k.add_argument(
+        "root",
+        help="ImageNet-layout folder, or with --from ilsvrc2012 the folder holding the official "
+        f"{ilsvrc.TRAIN_TAR}, {ilsvrc.VAL_TAR} and {ilsvrc.DEVKIT}",
+    )
     k.add_argument("out", help="output folder for the shards")
+    k.add_argument(
+        "--from",
+        dest="source",
+        choices=tuple(pk.SOURCES),
+        default=FOLDER,
+        help="what ROOT is: an ImageNet-layout folder (default), or ilsvrc2012: the official files, "
+        "read in place (nothing is extracted; labels in sorted-WNID order, as the extracted folder's)",
+    )
     k.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
     k.add_argument("--exclude-file", default="", help="files to leave out (from prepare-imagenet --exclude-bad)")
     k.add_argument(
@@ -131,6 +147,7 @@ def pack(args: argparse.Namespace) -> int:
         args.seed,
         1 if args.workers is None else args.workers,
         exclude_bad=args.exclude_bad,
+        source=args.source,
     )
     print(f"wrote shards to {args.out}; {train_hint(args.out)}")
     return 0
@@ -150,7 +167,14 @@ def pack_slurm(args: argparse.Namespace) -> int:
     out = Path(args.out)
     groups = SLURM_GROUPS if args.workers is None else args.workers
     plan = pk.plan_pack(
-        args.root, out, args.shard_size, args.exclude_file, args.seed, groups, log=lambda s: print(s, file=sys.stderr)
+        args.root,
+        out,
+        args.shard_size,
+        args.exclude_file,
+        args.seed,
+        groups,
+        log=lambda s: print(s, file=sys.stderr),
+        source=args.source,
     )  # stdout: the script of --dry-run
     script = pack_array.render(plan, args.root, profile, req)
     if args.dry_run:

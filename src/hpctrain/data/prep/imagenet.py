@@ -8,8 +8,10 @@ files are found once, ahead of time, and written to an exclusion list that every
 from __future__ import annotations
 
 import csv
+import io
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,12 +78,24 @@ def sort_val(val: Path, mapping: dict[str, str], classes: set[str]) -> int:
 
 def check_image(path: str) -> str | None:
     """None when the file decodes completely, else the reason."""
-    from PIL import Image  # PIL: only the converter (`hpctrain data` imports this module on the login node)
-
     try:
         if os.path.getsize(path) == 0:
             return "empty file"
-        with Image.open(path) as img:
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return _decodes(path)
+
+
+def check_bytes(data: bytes) -> str | None:
+    """check_image of an image held in memory (an archive member)."""
+    return "empty file" if not data else _decodes(io.BytesIO(data))
+
+
+def _decodes(src) -> str | None:
+    from PIL import Image  # PIL: only the converter (`hpctrain data` imports this module on the login node)
+
+    try:
+        with Image.open(src) as img:
             img.load()
             if img.width < 1 or img.height < 1:
                 return "zero-size image"
@@ -90,20 +104,23 @@ def check_image(path: str) -> str | None:
     return None
 
 
-def scan_images(paths: list[str], workers: int, what: str = "decoding", log=print) -> list[str | None]:
-    """check_image of every path, in the order given, by `workers` processes, with a progress line."""
+def scan_images(
+    paths: list, workers: int, what: str = "decoding", log=print, check: Callable = check_image
+) -> list[str | None]:
+    """check_image of every path (or `check` of every item), in the order given, by `workers`
+    processes, with a progress line."""
     meter = Meter(what, len(paths), "images", log=log)
     if workers > 1:
         chunk = max(1, min(256, len(paths) // (4 * workers)))  # small sets still spread over the workers
         with ProcessPoolExecutor(workers) as ex:
             reasons = []
-            for r in ex.map(check_image, paths, chunksize=chunk):  # map keeps the input order
+            for r in ex.map(check, paths, chunksize=chunk):  # map keeps the input order
                 reasons.append(r)
                 meter.add()
     else:
         reasons = []
         for p in paths:
-            reasons.append(check_image(p))
+            reasons.append(check(p))
             meter.add()
     meter.finish(
         f"{meter.line()} in {meter.seconds:.1f} s ({workers} worker(s)): "

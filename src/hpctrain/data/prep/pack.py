@@ -1,4 +1,5 @@
-"""`hpctrain data pack`: an ImageNet-layout folder → WebDataset tar shards + DALI indices + meta.json.
+"""`hpctrain data pack`: an ImageNet-layout folder (or the official ILSVRC2012 files) → WebDataset tar
+shards + DALI indices + meta.json.
 
 The work is planned first (`plan_pack`: which sample goes into which shard, from the sorted
 listing and the seed), then the shards are packed in groups (contiguous runs of shards), each
@@ -7,7 +8,12 @@ bytes depend only on the plan, so any grouping writes the same files. `meta.json
 index, is written last and only when every group is done: by `pack` here, and on Slurm by the
 array task that finds all the others finished (or by the next `data pack --slurm`).
 
-Slurm state lives in `OUT/.pack/`: `plan.json` (every shard's samples: the array tasks need no
+Where the samples come from is a source (data/prep/source.py): the folder, or the official archives
+read in place (data/prep/ilsvrc.py); the plan holds where each sample's bytes are, so packing never
+lists or indexes the source again.
+
+Resume state lives in `OUT/.pack/` (for a pack here, too: the same command again packs only the
+groups not done): `plan.json` (every shard's samples: the array tasks need no
 listing of their own and cannot disagree), one `done-<group>.json` per packed group (the plan's
 digest and the size of each file written), the batch script and the tasks' logs. A task whose
 group is done already skips it, so re-running a task, or the whole array, is harmless.
@@ -28,21 +34,23 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.data.folder import DataError, list_split, read_exclusions
+from hpctrain.data.folder import DataError, read_exclusions
 from hpctrain.data.meter import Meter
+from hpctrain.data.prep import ilsvrc
 from hpctrain.data.prep.imagenet import scan_images, write_exclusions
-from hpctrain.data.wds import META, SPLITS
+from hpctrain.data.prep.source import FOLDER, SampleReader, Source, check_sample, check_spec, display, folder_source
+from hpctrain.data.wds import META
 from hpctrain.errors import UserError
 
-STATE = ".pack"  # Slurm packing state under OUT
+STATE = ".pack"  # the plan and group markers (resume state) under OUT, and the Slurm array's files
 PLAN = "plan.json"
 
 
 @dataclass(frozen=True)
 class ShardJob:
     name: str  # e.g. train-00003 → train-00003.tar, train-00003.idx
-    split_root: str  # the split folder the sample paths are relative to
-    samples: tuple[tuple[int, str, int], ...]  # (key, relative path, label)
+    split_root: str  # the split folder the sample paths are relative to, or the archive holding them
+    samples: tuple[tuple, ...]  # (key, *source.Entry): (key, relative path, label[, offset, size])
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,16 @@ def shuffled(n: int, seed: int) -> list[int]:
     return sorted(range(n), key=lambda i: hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest())
 
 
+SOURCES = {FOLDER: folder_source, ilsvrc.ILSVRC2012: ilsvrc.archive_source}  # `data pack --from`
+
+
+def read_source(root: str | os.PathLike, kind: str = FOLDER, exclude_file: str = "", log=print) -> Source:
+    """The entries of every split of `root`, read as `--from kind` says, without the excluded ones."""
+    if kind not in SOURCES:
+        raise DataError(f"--from {kind!r} is not a source: choose {' or '.join(SOURCES)}")
+    return SOURCES[kind](root, read_exclusions(exclude_file), log)
+
+
 def plan_pack(
     root: str | os.PathLike,
     out: str | os.PathLike,
@@ -74,32 +92,44 @@ def plan_pack(
     groups: int = 1,
     log=print,
     leave_out: frozenset[str] = frozenset(),
+    source: str = FOLDER,
+) -> PackPlan:
+    """Assign every sample of `root` (read as `--from source`) to its shard: plan_source."""
+    return plan_source(read_source(root, source, exclude_file, log), out, shard_size, seed, groups, log, leave_out)
+
+
+def plan_source(
+    src: Source,
+    out: str | os.PathLike,
+    shard_size: int,
+    seed: int = 0,
+    groups: int = 1,
+    log=print,
+    leave_out: frozenset[str] = frozenset(),
 ) -> PackPlan:
     """Assign every sample to its shard. Train is shuffled across shards (seeded) so every shard
-    holds all classes; val keeps the sorted order of the folder listing. `leave_out`: more
-    `split/relative path`s to exclude (the images found bad)."""
+    holds all classes; val keeps the sorted order of the listing. `leave_out`: more `split/relative
+    path`s to exclude (the images found bad); a sample's key is its place in the listing without them."""
     if shard_size < 1:
         raise DataError(f"--shard-size {shard_size} must be >= 1 (e.g. 1000 images per shard)")
     if groups < 1:
         raise DataError(f"--workers {groups} must be >= 1")
-    exclude = read_exclusions(exclude_file) | set(leave_out)
-    root = Path(root).resolve()  # array tasks may start elsewhere
-    train = list_split(root, "train", exclude)
-    meta: dict = {"format": 1, "classes": list(train.classes), "source": str(root)}
+    train = src.splits["train"]
+    meta: dict = {"format": 1, "classes": list(train.classes), "source": src.root}
+    if src.kind != FOLDER:
+        meta["from"] = src.kind
     shards: list[ShardJob] = []
-    for split in SPLITS:
-        if split == "val" and not (root / "val").is_dir():
-            continue
-        listing = train if split == "train" else list_split(root, "val", exclude, classes=train.classes)
-        order = shuffled(len(listing), seed) if split == "train" else list(range(len(listing)))
+    for split, listing in src.splits.items():
+        entries = [e for e in listing.entries if f"{split}/{e[0]}" not in leave_out]
+        order = shuffled(len(entries), seed) if split == "train" else list(range(len(entries)))
         records = []
         for s, lo in enumerate(range(0, len(order), shard_size)):
             name = f"{split}-{s:05d}"
-            samples = tuple((int(i), *listing.samples[int(i)]) for i in order[lo : lo + shard_size])
-            shards.append(ShardJob(name, str(listing.root), samples))
+            samples = tuple((int(i), *entries[int(i)]) for i in order[lo : lo + shard_size])
+            shards.append(ShardJob(name, listing.root, samples))
             records.append({"tar": f"{name}.tar", "idx": f"{name}.idx", "size": len(samples)})
-        meta[split] = {"size": len(listing), "shards": records}
-        log(f"{split}: {len(listing)} images in {len(records)} shards")
+        meta[split] = {"size": len(entries), "shards": records}
+        log(f"{split}: {len(entries)} images in {len(records)} shards")
     return PackPlan(Path(out), meta, tuple(shards), min(groups, len(shards)))
 
 
@@ -113,16 +143,16 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> tuple[int, int]:
 
 def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
     """Write one tar and its DALI index (each under a temporary name, then renamed); their sizes."""
-    root = Path(job.split_root)
     tag = f"{os.getpid()}.tmp"  # two writers of the same shard (a re-run task) never share a file
     tmp = out / f".{job.name}.tar.{tag}"
     lines = []
-    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, rel, label in job.samples:
+    with SampleReader(job.split_root) as src, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for sample in job.samples:
+            i, rel, label = sample[:3]
             key = f"{i:08d}"
             ext = rel.rsplit(".", 1)[-1].lower()
             parts = [
-                (ext, (root / rel).read_bytes()),
+                (ext, src.read(sample)),
                 ("cls", str(label).encode()),
                 ("lbl", int(label).to_bytes(8, "little", signed=True)),
             ]
@@ -145,14 +175,15 @@ class BadImages(DataError):
 def bad_images(shards: tuple[ShardJob, ...], workers: int, log=print) -> list[tuple[str, str]]:
     """(split/relative path, reason) of every image of these shards that does not decode, sorted;
     each bad one logged by path. The check is `prepare-imagenet`'s (PIL decodes the whole file)."""
-    names, paths = [], []
+    names, specs, shown = [], [], []
     for job in shards:
         split = job.name.rsplit("-", 1)[0]
-        for _, rel, _ in job.samples:
-            names.append(f"{split}/{rel}")
-            paths.append(str(Path(job.split_root) / rel))
-    reasons = scan_images(paths, workers, "checking", log)
-    bad = sorted((n, r, p) for n, r, p in zip(names, reasons, paths) if r is not None)
+        for sample in job.samples:
+            names.append(f"{split}/{sample[1]}")
+            specs.append(check_spec(job.split_root, sample))
+            shown.append(display(job.split_root, sample))
+    reasons = scan_images(specs, workers, "checking", log, check=check_sample)
+    bad = sorted((n, r, p) for n, r, p in zip(names, reasons, shown) if r is not None)
     for _, reason, path in bad:
         log(f"bad image: {path}: {reason.splitlines()[0]}")
     return [(n, r) for n, r, _ in bad]
@@ -166,7 +197,13 @@ def refuse_bad(bad: list[tuple[str, str]], fix: str) -> BadImages:
 
 
 def write_meta(plan: PackPlan) -> None:
-    """The shard index, written atomically: readers see no index or a whole one."""
+    """The shard index, written atomically: readers see no index or a whole one. A pack of the
+    official archives gets its WNID → label mapping beside it (labels are not the devkit's IDs)."""
+    if plan.meta.get("from") == ilsvrc.ILSVRC2012:
+        mapping = {wnid: i for i, wnid in enumerate(plan.meta["classes"])}
+        mtmp = plan.out / f".{ilsvrc.MAPPING}.{os.getpid()}.tmp"
+        mtmp.write_text(json.dumps(mapping, indent=1) + "\n")
+        os.replace(mtmp, plan.out / ilsvrc.MAPPING)
     tmp = plan.out / f".{META}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(plan.meta, indent=1))
     os.replace(tmp, plan.out / META)
@@ -182,10 +219,8 @@ def _init_worker(reports) -> None:
     _REPORT = reports
 
 
-def _pack_group(shards: tuple[ShardJob, ...], out: Path) -> None:
-    for job in shards:
-        sizes = pack_shard(job, out)
-        _REPORT.put((len(job.samples), sum(sizes.values())))
+def _pack_group(shards: tuple[ShardJob, ...], out: Path, g: int, plan_digest: str) -> None:
+    pack_group(shards, out, g, plan_digest, lambda n, nbytes: _REPORT.put((n, nbytes)))
 
 
 def pack(
@@ -197,32 +232,43 @@ def pack(
     workers: int = 1,
     log=print,
     exclude_bad: str = "",
+    source: str = FOLDER,
 ) -> dict:
     """Write OUT/{split}-NNNNN.{tar,idx} and OUT/meta.json, with `workers` processes (one per
     shard group); the same bytes for any number of workers. Returns meta.json's content.
 
     Every image is decoded first: a bad one refuses the pack (nothing written), or, with
-    `exclude_bad`, is left out and listed in that file (prepare-imagenet's format)."""
+    `exclude_bad`, is left out and listed in that file (prepare-imagenet's format). The plan and
+    one marker per finished group go to OUT/.pack, so the same pack again (after a kill, a lost
+    shard) packs only the groups not done; another plan starts afresh."""
     out = Path(out)
-    plan = plan_pack(root, out, shard_size, exclude_file, seed, workers, log)
+    src = read_source(root, source, exclude_file, log)
+    plan = plan_source(src, out, shard_size, seed, workers, log)
     bad = bad_images(plan.shards, workers, log)
     if exclude_bad:
         write_exclusions(exclude_bad, bad, Path(root))
         log(f"wrote {len(bad)} bad files to {exclude_bad}; they are left out of the shards")
         if bad:
-            plan = plan_pack(root, out, shard_size, exclude_file, seed, workers, log, frozenset(n for n, _ in bad))
+            plan = plan_source(src, out, shard_size, seed, workers, log, frozenset(n for n, _ in bad))
     elif bad:
         raise refuse_bad(bad, "leave them out with --exclude-bad FILE (which lists them), or replace them")
     out.mkdir(parents=True, exist_ok=True)
+    d = digest(plan_bytes(plan))
+    old = load_plan(out)
+    if old is None or old[1] != d:
+        write_plan(plan, logs=False)  # also drops another plan's markers and the index
     (out / META).unlink(missing_ok=True)  # an interrupted pack must not look finished
-    meter = Meter("packing", len(plan.shards), "shards", log=log)
-    if plan.groups == 1:
-        for job in plan.shards:
-            meter.add(1, sum(pack_shard(job, out).values()))
+    todo = missing_groups(plan, d)
+    if len(todo) < plan.groups:
+        log(f"resuming: {plan.groups - len(todo)} of {plan.groups} groups are packed already (the same plan): skipped")
+    meter = Meter("packing", sum(len(plan.group(g)) for g in todo), "shards", log=log)
+    if len(todo) <= 1:
+        for g in todo:
+            pack_group(plan.group(g), out, g, d, lambda n, nbytes: meter.add(n, nbytes))
     else:
         reports = mp.Queue()
-        with cf.ProcessPoolExecutor(plan.groups, initializer=_init_worker, initargs=(reports,)) as ex:
-            futs = [ex.submit(_pack_group, plan.group(g), out) for g in range(plan.groups)]
+        with cf.ProcessPoolExecutor(len(todo), initializer=_init_worker, initargs=(reports,)) as ex:
+            futs = [ex.submit(_pack_group, plan.group(g), out, g, d) for g in todo]
             pending = set(futs)
             while pending:
                 _, pending = cf.wait(pending, timeout=0.5)
@@ -232,7 +278,7 @@ def pack(
             _drain(reports, meter)
     write_meta(plan)
     meter.finish(
-        f"packed {len(plan.shards)} shards in {plan.groups} group(s) into {out} in "
+        f"packed {sum(len(plan.group(g)) for g in todo)} shards in {len(todo)} group(s) into {out} in "
         f"{meter.seconds:.1f} s ({meter.rate():.1f} MB/s)"
     )
     return plan.meta
@@ -261,13 +307,16 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def write_plan(plan: PackPlan) -> str:
-    """Start a Slurm pack: the plan for the array tasks, no index, no markers of another plan."""
+def write_plan(plan: PackPlan, logs: bool = True) -> str:
+    """Start a pack: the plan for the array tasks (or the groups here), no index, no markers of
+    another plan; `logs`: the folder for the array tasks' logs."""
     state = plan.out / STATE
     if state.is_dir():
         for p in state.glob("done-*.json"):
             p.unlink()
-    (state / "logs").mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    if logs:
+        (state / "logs").mkdir(exist_ok=True)
     (plan.out / META).unlink(missing_ok=True)
     data = plan_bytes(plan)
     tmp = state / f".{PLAN}.{os.getpid()}.tmp"
@@ -333,6 +382,19 @@ def finish(plan: PackPlan, plan_digest: str, log=print) -> bool:
     return True
 
 
+def pack_group(shards: tuple[ShardJob, ...], out: Path, g: int, plan_digest: str, report) -> None:
+    """Pack group g's shards, then mark it done for this plan: the marker is written last, so a
+    group cut short is packed again, a finished one never."""
+    files: dict[str, int] = {}
+    for job in shards:
+        sizes = pack_shard(job, out)
+        files.update(sizes)
+        report(1, sum(sizes.values()))
+    tmp = out / STATE / f".done-{g:05d}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"plan": plan_digest, "group": g, "files": files}))
+    os.replace(tmp, _marker(out, g))
+
+
 def run_group(out: str | os.PathLike, g: int, log=print) -> int:
     """One array task: pack group g (unless it is done already), then finish if it was the last."""
     loaded = load_plan(out)
@@ -352,17 +414,11 @@ def run_group(out: str | os.PathLike, g: int, log=print) -> int:
             raise refuse_bad(
                 bad,
                 "list them in a file (`hpctrain data prepare-imagenet ROOT --exclude-bad FILE` "
-                "finds every one) and pack again with --exclude-file FILE",
+                "finds every one; for --from ilsvrc2012, a pack here with --exclude-bad FILE) and pack "
+                "again with --exclude-file FILE",
             )
         meter = Meter(f"group {g}", len(shards), "shards", log=log, tty=False)
-        files: dict[str, int] = {}
-        for job in shards:
-            sizes = pack_shard(job, plan.out)
-            files.update(sizes)
-            meter.add(1, sum(sizes.values()))
-        tmp = plan.out / STATE / f".done-{g:05d}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"plan": d, "group": g, "files": files}))
-        os.replace(tmp, _marker(plan.out, g))
+        pack_group(shards, plan.out, g, d, lambda n, nbytes: meter.add(n, nbytes))
         meter.finish(
             f"group {g}: packed {len(shards)} shards ({shards[0].name} … {shards[-1].name}) "
             f"in {meter.seconds:.1f} s ({meter.rate():.1f} MB/s)"
