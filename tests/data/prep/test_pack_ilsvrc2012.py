@@ -18,6 +18,7 @@ from scipy.io import savemat
 from hpctrain.data.prep import ilsvrc
 from hpctrain.data.prep import pack as pk
 from tests.helpers import dir_files, hpctrain
+from tests.launch.jobs import hp
 
 # WNIDs in sorted order (label = index) with devkit IDs deliberately not in that order
 IDS = {"n01440764": 3, "n01443537": 1, "n01484850": 4, "n01491361": 2}
@@ -244,3 +245,17 @@ def test_an_undecodable_archive_member_refuses_the_pack_named_as_extracted(offic
         pk.pack(d, tmp_path / "out", SHARD, workers=2, log=logs.append, source=ilsvrc.ILSVRC2012)
     assert any(ln.startswith(f"bad image: {d / ilsvrc.VAL_TAR} ({wnid}/{cut}): ") for ln in logs), logs
     assert not (tmp_path / "out").exists()
+
+
+def test_a_slurm_array_pack_of_the_archives_equals_the_local_pack(slurm_cluster, official, from_archives, tmp_path):
+    """4 array tasks on the test cluster's nodes (the login node does no image work) read the three
+    official files in place, at the offsets the login node indexed: the shards and the mapping are
+    byte for byte those of the local pack of the same files."""
+    out = tmp_path / "shards"
+    args = ["data", "pack", "--from", "ilsvrc2012", str(official[0]), str(out), "--shard-size", str(SHARD)]
+    r = hp(slurm_cluster, *args, "--seed", str(SEED), "--workers", "4", "--slurm", "--wait", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all 4 groups packed" in r.stdout, r.stdout
+    assert shards(out) and shards(out) == shards(from_archives[0])
+    mapping = "wnid_to_index.json"
+    assert (out / mapping).read_bytes() == (from_archives[0] / mapping).read_bytes()
