@@ -6,6 +6,7 @@ extracted folder."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -133,6 +134,19 @@ def test_without_pyarrow_reading_parquet_names_the_data_extra(monkeypatch):
     assert str(e.value) == "reading parquet files needs pyarrow, which this install lacks: pip install 'hpctrain[data]'"
 
 
+def test_a_pack_without_pyarrow_stops_in_one_line_naming_the_data_extra(dataset, tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "pyarrow.py").write_text("raise ImportError('pyarrow is not installed')\n")  # an install without it
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH", "")]))}
+    r = hpctrain("data", "pack", "--from", "hf-parquet", str(dataset[0]), str(tmp_path / "out"), env=env, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr == (
+        "hpctrain: error: reading parquet files needs pyarrow, which this install lacks: pip install 'hpctrain[data]'\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_shard_reads_each_row_group_once(dataset, monkeypatch):
     reads: list[tuple[str, int]] = []
     real = parquet._images
@@ -140,3 +154,12 @@ def test_a_shard_reads_each_row_group_once(dataset, monkeypatch):
     f = str(dataset[0] / "data" / "validation-00000-of-00001.parquet")
     got = parquet.cells([(f, 2, 1), (f, 0, 2), (f, 2, 0), (f, 0, 0)])
     assert sorted(reads) == [(Path(f).name, 0), (Path(f).name, 2)] and len(got) == 4
+
+
+def test_slurm_array_tasks_read_the_parquet_rows_from_the_plan_alone(dataset, from_parquet, tmp_path):
+    out = tmp_path / "arr"
+    plan = pk.plan_pack(dataset[0], out, SHARD, seed=SEED, groups=2, log=quiet, source=hf_parquet.HF_PARQUET)
+    pk.write_plan(plan)
+    for g in (1, 0):  # what each array task runs, in any order
+        pk.run_group(out, g, log=quiet)
+    assert shards(out) == shards(from_parquet[0]) and (out / "meta.json").is_file()

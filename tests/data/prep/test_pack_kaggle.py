@@ -145,3 +145,12 @@ def test_an_undecodable_val_file_is_named_by_its_sorted_folder_path(download, tm
     with pytest.raises(pk.BadImages, match=rf"the first: val/{wnid}/{cut}\)"):
         pk.pack(d, tmp_path / "out", SHARD, log=logs.append, source=kaggle.KAGGLE)
     assert any(ln.startswith(f"bad image: {val / cut}: ") for ln in logs), logs
+
+
+def test_slurm_array_tasks_read_the_flat_val_files_from_the_plan_alone(download, from_kaggle, tmp_path):
+    out = tmp_path / "arr"
+    plan = pk.plan_pack(download[0], out, SHARD, seed=SEED, groups=2, log=quiet, source=kaggle.KAGGLE)
+    pk.write_plan(plan)
+    for g in (1, 0):  # what each array task runs, in any order
+        pk.run_group(out, g, log=quiet)
+    assert shards(out) == shards(from_kaggle[0]) and (out / "meta.json").is_file()
