@@ -102,7 +102,8 @@ EXTRA_OF = {
     "safetensors": "train",
     "tensorboard": "train",
     "pynvml": "train",
-    "scipy": "train",  # data pack --from ilsvrc2012 (meta.mat)
+    "scipy": "data",  # data pack --from ilsvrc2012 (meta.mat)
+    "pyarrow": "data",  # data pack --from hf-parquet
     "matplotlib": "report",
     "mlflow": "trackers",
     "wandb": "trackers",

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.cli import CLIError
-from hpctrain.data.prep import ilsvrc
+from hpctrain.data.prep import hf_parquet, ilsvrc, kaggle
 from hpctrain.data.prep import pack as pk
 from hpctrain.data.prep.imagenet import prepare, write_exclusions
 from hpctrain.data.prep.pack import pack as write
@@ -41,12 +41,16 @@ def add_parser(sub) -> None:
         "groups, by --workers processes here or, with --slurm, by the tasks "
         "of a Slurm array job; the files are the same either way, and the same "
         "command again packs only the groups not done. With --from ilsvrc2012, ROOT "
-        "is the folder of the three official ILSVRC2012 files, read in place.",
+        "is the folder of the three official ILSVRC2012 files, with --from kaggle Kaggle's "
+        "imagenet-object-localization-challenge folder, with --from hf-parquet Hugging Face's "
+        "imagenet-1k parquet files: each read in place.",
     )
     k.add_argument(
         "root",
         help="ImageNet-layout folder, or with --from ilsvrc2012 the folder holding the official "
-        f"{ilsvrc.TRAIN_TAR}, {ilsvrc.VAL_TAR} and {ilsvrc.DEVKIT}",
+        f"{ilsvrc.TRAIN_TAR}, {ilsvrc.VAL_TAR} and {ilsvrc.DEVKIT}, with --from kaggle the folder "
+        f"holding {kaggle.CLS_LOC}/ and {kaggle.VAL_SOLUTION}, with --from hf-parquet the folder "
+        f"holding data/{hf_parquet.SPLIT_FILES['train']}",
     )
     k.add_argument("out", help="output folder for the shards")
     k.add_argument(
@@ -54,8 +58,10 @@ def add_parser(sub) -> None:
         dest="source",
         choices=tuple(pk.SOURCES),
         default=FOLDER,
-        help="what ROOT is: an ImageNet-layout folder (default), or ilsvrc2012: the official files, "
-        "read in place (nothing is extracted; labels in sorted-WNID order, as the extracted folder's)",
+        help="what ROOT is: an ImageNet-layout folder (default), or ilsvrc2012 (the official files), "
+        "kaggle (Kaggle's download) or hf-parquet (Hugging Face's parquet files; needs the data extra), "
+        "read in place (nothing is extracted or copied; labels in sorted-WNID order, as the extracted "
+        "folder's)",
     )
     k.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
     k.add_argument("--exclude-file", default="", help="files to leave out (from prepare-imagenet --exclude-bad)")

@@ -208,7 +208,7 @@ def test_without_scipy_reading_meta_mat_names_the_extra_to_install(monkeypatch):
     with pytest.raises(pk.DataError) as e:
         ilsvrc.leaf_synsets(meta_mat())
     assert str(e.value) == (
-        "reading the devkit's meta.mat needs scipy, which this install lacks: pip install 'hpctrain[train]'"
+        "reading the devkit's meta.mat needs scipy, which this install lacks: pip install 'hpctrain[data]'"
     )
 
 

@@ -116,7 +116,7 @@ def leaf_synsets(mat: bytes) -> dict[int, str]:
         from scipy.io import loadmat
     except ImportError:
         raise DataError(
-            "reading the devkit's meta.mat needs scipy, which this install lacks: pip install 'hpctrain[train]'"
+            "reading the devkit's meta.mat needs scipy, which this install lacks: pip install 'hpctrain[data]'"
         ) from None
     synsets = loadmat(io.BytesIO(mat), squeeze_me=True)["synsets"]
     return {int(s["ILSVRC2012_ID"]): str(s["WNID"]) for s in synsets.reshape(-1) if int(s["num_children"]) == 0}

@@ -8,8 +8,9 @@ bytes depend only on the plan, so any grouping writes the same files. `meta.json
 index, is written last and only when every group is done: by `pack` here, and on Slurm by the
 array task that finds all the others finished (or by the next `data pack --slurm`).
 
-Where the samples come from is a source (data/prep/source.py): the folder, or the official archives
-read in place (data/prep/ilsvrc.py); the plan holds where each sample's bytes are, so packing never
+Where the samples come from is a source (data/prep/source.py): the folder, the official archives
+read in place (data/prep/ilsvrc.py), Kaggle's layout (data/prep/kaggle.py) or Hugging Face's
+parquet files (data/prep/hf_parquet.py); the plan holds where each sample's bytes are, so packing never
 lists or indexes the source again.
 
 Resume state lives in `OUT/.pack/` (for a pack here, too: the same command again packs only the
@@ -29,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import re
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from hpctrain.data.folder import DataError, read_exclusions
 from hpctrain.data.meter import Meter
-from hpctrain.data.prep import ilsvrc
+from hpctrain.data.prep import hf_parquet, ilsvrc, kaggle
 from hpctrain.data.prep.imagenet import scan_images, write_exclusions
 from hpctrain.data.prep.source import FOLDER, SampleReader, Source, check_sample, check_spec, display, folder_source
 from hpctrain.data.wds import META
@@ -73,7 +75,13 @@ def shuffled(n: int, seed: int) -> list[int]:
     return sorted(range(n), key=lambda i: hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest())
 
 
-SOURCES = {FOLDER: folder_source, ilsvrc.ILSVRC2012: ilsvrc.archive_source}  # `data pack --from`
+SOURCES = {  # `data pack --from`
+    FOLDER: folder_source,
+    ilsvrc.ILSVRC2012: ilsvrc.archive_source,
+    kaggle.KAGGLE: kaggle.kaggle_source,
+    hf_parquet.HF_PARQUET: hf_parquet.parquet_source,
+}
+WNID = re.compile(r"n\d{8}")  # a WordNet ID: the classes a WNID → label mapping is written for
 
 
 def read_source(root: str | os.PathLike, kind: str = FOLDER, exclude_file: str = "", log=print) -> Source:
@@ -146,7 +154,7 @@ def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
     tag = f"{os.getpid()}.tmp"  # two writers of the same shard (a re-run task) never share a file
     tmp = out / f".{job.name}.tar.{tag}"
     lines = []
-    with SampleReader(job.split_root) as src, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+    with SampleReader(job.split_root, job.samples) as src, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
         for sample in job.samples:
             i, rel, label = sample[:3]
             key = f"{i:08d}"
@@ -182,7 +190,13 @@ def bad_images(shards: tuple[ShardJob, ...], workers: int, log=print) -> list[tu
             names.append(f"{split}/{sample[1]}")
             specs.append(check_spec(job.split_root, sample))
             shown.append(display(job.split_root, sample))
-    reasons = scan_images(specs, workers, "checking", log, check=check_sample)
+    # checked in the order of where the bytes lie (file, offset, row group), whatever the shuffle:
+    # a parquet row group is then read once per run of its rows, an archive front to back
+    order = sorted(range(len(specs)), key=lambda i: (type(specs[i]).__name__, specs[i]))
+    found = scan_images([specs[i] for i in order], workers, "checking", log, check=check_sample)
+    reasons: list[str | None] = [None] * len(specs)
+    for i, r in zip(order, found):
+        reasons[i] = r
     bad = sorted((n, r, p) for n, r, p in zip(names, reasons, shown) if r is not None)
     for _, reason, path in bad:
         log(f"bad image: {path}: {reason.splitlines()[0]}")
@@ -198,8 +212,9 @@ def refuse_bad(bad: list[tuple[str, str]], fix: str) -> BadImages:
 
 def write_meta(plan: PackPlan) -> None:
     """The shard index, written atomically: readers see no index or a whole one. A pack of the
-    official archives gets its WNID → label mapping beside it (labels are not the devkit's IDs)."""
-    if plan.meta.get("from") == ilsvrc.ILSVRC2012:
+    official archives, Kaggle's folders or the parquet files gets its WNID → label mapping beside it
+    (labels are not the devkit's IDs; the parquet files hold none)."""
+    if plan.meta.get("from") and all(WNID.fullmatch(c) for c in plan.meta["classes"]):
         mapping = {wnid: i for i, wnid in enumerate(plan.meta["classes"])}
         mtmp = plan.out / f".{ilsvrc.MAPPING}.{os.getpid()}.tmp"
         mtmp.write_text(json.dumps(mapping, indent=1) + "\n")
@@ -414,7 +429,7 @@ def run_group(out: str | os.PathLike, g: int, log=print) -> int:
             raise refuse_bad(
                 bad,
                 "list them in a file (`hpctrain data prepare-imagenet ROOT --exclude-bad FILE` "
-                "finds every one; for --from ilsvrc2012, a pack here with --exclude-bad FILE) and pack "
+                "finds every one; for another --from, a pack here with --exclude-bad FILE) and pack "
                 "again with --exclude-file FILE",
             )
         meter = Meter(f"group {g}", len(shards), "shards", log=log, tty=False)

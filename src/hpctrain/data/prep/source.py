@@ -7,7 +7,11 @@ folder (the path under the split folder), or `(relative path, label, offset, siz
 the member's bytes lie at `offset` of the archive file, so a shard reads them by one seek and one
 read and nothing is ever extracted. The relative path of an archive member is the one it would
 have in the extracted folder (`<wnid>/<file>`), so exclusion lists and error messages name the
-same images either way. Torch-free.
+same images either way. Two more forms keep that folder path while the bytes lie elsewhere:
+`(relative path, label, file)`, a file under the split root at another path (Kaggle's flat val
+folder, data/prep/kaggle.py), and `(relative path, label, parquet file, row group, row)`, an image
+cell of a parquet file under the root (Hugging Face's imagenet-1k, data/prep/hf_parquet.py).
+Torch-free; pyarrow only for a parquet entry.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hpctrain.data.folder import DataError, list_split
+from hpctrain.data.prep import parquet
 from hpctrain.data.prep.imagenet import check_bytes, check_image
 from hpctrain.data.wds import SPLITS
 
 FOLDER = "folder"  # `data pack --from folder` (the default): ROOT/{train,val}/<class>/<image>
 
-# (relative path, label) or (relative path, label, offset, size); a plan's sample puts the key first
+# (relative path, label[, offset, size | , file | , parquet file, row group, row]); a plan's sample
+# puts the key first
 Entry = tuple
 
 
@@ -60,27 +66,53 @@ def in_archive(sample: tuple) -> bool:
     return len(sample) == 5
 
 
+def in_parquet(sample: tuple) -> bool:
+    """A plan's sample (key, *entry) read from a parquet file's image cell."""
+    return len(sample) == 6
+
+
+def file_of(root: str, sample: tuple) -> Path:
+    """The file holding a sample that is not in an archive or a parquet file: at its folder path,
+    or at the path its entry gives (a flat val folder's file)."""
+    return Path(root) / (sample[3] if len(sample) == 4 else sample[1])
+
+
 def display(root: str, sample: tuple) -> str:
-    """The sample's place, for a message: its file, or the archive and the member's folder path."""
-    return f"{root} ({sample[1]})" if in_archive(sample) else str(Path(root) / sample[1])
+    """The sample's place, for a message: its file, the archive and the member's folder path, or
+    the parquet file, its row group and row."""
+    if in_archive(sample):
+        return f"{root} ({sample[1]})"
+    if in_parquet(sample):
+        return f"{Path(root) / sample[3]} (row group {sample[4]}, row {sample[5]}: {sample[1]})"
+    return str(file_of(root, sample))
 
 
-def check_spec(root: str, sample: tuple) -> str | tuple[str, int, int]:
-    """What a decode-check worker needs to read the sample itself (small to send to a process)."""
-    return (root, int(sample[3]), int(sample[4])) if in_archive(sample) else str(Path(root) / sample[1])
+Spec = str | tuple[str, int, int] | tuple[str, int, int, None]
+
+
+def check_spec(root: str, sample: tuple) -> Spec:
+    """What a decode-check worker needs to read the sample itself (small to send to a process):
+    a file, (archive, offset, size), or (parquet file, row group, row, None)."""
+    if in_archive(sample):
+        return (root, int(sample[3]), int(sample[4]))
+    if in_parquet(sample):
+        return (str(Path(root) / sample[3]), int(sample[4]), int(sample[5]), None)
+    return str(file_of(root, sample))
 
 
 _FDS: dict[str, int] = {}  # archive → a descriptor kept open by this process (read by pread only)
 
 
-def check_sample(spec: str | tuple[str, int, int]) -> str | None:
+def check_sample(spec: Spec) -> str | None:
     """imagenet.check_image of a check_spec: None when it decodes, else the reason. An archive is
     opened once per process, not once per image (1.3 M opens of one file on a parallel file
     system); `os.pread` leaves the descriptor's offset alone, so forked workers that inherit it
     cannot move each other's reads."""
     if isinstance(spec, str):
         return check_image(spec)
-    path, offset, size = spec
+    if len(spec) == 4:
+        return check_bytes(parquet.cell(spec[0], spec[1], spec[2]))
+    path, offset, size = spec[:3]
     if path not in _FDS:
         _FDS[path] = os.open(path, os.O_RDONLY)
     data = os.pread(_FDS[path], size, offset)
@@ -101,11 +133,14 @@ def read_span(f: BinaryIO, offset: int, size: int, name: str) -> bytes:
 
 
 class SampleReader:
-    """Reads one shard's samples from one split root, opening an archive once per shard."""
+    """Reads one shard's samples from one split root, opening an archive once per shard; a
+    shard's parquet cells are read up front, each row group once (parquet.cells)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, samples: tuple[tuple, ...] = ()):
         self.root = root
         self._f: BinaryIO | None = None
+        wanted = [(str(Path(root) / s[3]), int(s[4]), int(s[5])) for s in samples if in_parquet(s)]
+        self._cells = parquet.cells(wanted) if wanted else {}
 
     def __enter__(self) -> SampleReader:
         return self
@@ -115,8 +150,10 @@ class SampleReader:
             self._f.close()
 
     def read(self, sample: tuple) -> bytes:
+        if in_parquet(sample):
+            return self._cells[(str(Path(self.root) / sample[3]), int(sample[4]), int(sample[5]))]
         if not in_archive(sample):
-            return (Path(self.root) / sample[1]).read_bytes()
+            return file_of(self.root, sample).read_bytes()
         if self._f is None:
             self._f = open(self.root, "rb")  # noqa: SIM115 - closed by __exit__, kept for the shard
         return read_span(self._f, int(sample[3]), int(sample[4]), self.root)
