@@ -17,7 +17,7 @@ import pytest
 
 from hpctrain.data.prep import hf_parquet, parquet
 from hpctrain.data.prep import pack as pk
-from tests.data.prep.test_pack_ilsvrc2012 import jpeg, shard_pairs, shards
+from tests.data.prep.test_pack_ilsvrc2012 import cli_pack, jpeg, quiet, shard_pairs, shards
 from tests.helpers import hpctrain
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # sorted: label = index
@@ -26,10 +26,6 @@ VAL = 8
 SHARD = 4
 SEED = 2
 SCHEMA = pa.schema([("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])), ("label", pa.int64())])
-
-
-def quiet(*_):
-    pass
 
 
 def write(path: Path, rows: list[tuple[bytes, str, int]], group: int) -> None:
@@ -69,13 +65,7 @@ def dataset(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.fixture(scope="module")
 def from_parquet(dataset, tmp_path_factory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("packed") / "shards"
-    r = hpctrain(
-        "data", "pack", "--from", "hf-parquet", str(dataset[0]), str(out),
-        "--shard-size", str(SHARD), "--seed", str(SEED), "--workers", "2", timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out, r.stdout
+    return cli_pack("hf-parquet", dataset[0], tmp_path_factory.mktemp("packed") / "shards", SHARD, SEED)
 
 
 def test_parquet_shards_equal_the_extracted_folders_shards_byte_for_byte(dataset, from_parquet, tmp_path):

@@ -106,16 +106,20 @@ def extracted(official, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def from_archives(official, tmp_path_factory) -> tuple[Path, str]:
-    """The CLI's pack of DIR, and its output."""
-    out = tmp_path_factory.mktemp("packed") / "shards"
+def cli_pack(source: str, d: Path, out: Path, shard: int, seed: int) -> tuple[Path, str]:
+    """`hpctrain data pack --from SOURCE DIR OUT` with 2 workers (every source's tests): OUT and stdout."""
     r = hpctrain(
-        "data", "pack", "--from", "ilsvrc2012", str(official[0]), str(out),
-        "--shard-size", str(SHARD), "--seed", str(SEED), "--workers", "2", timeout=120,
+        "data", "pack", "--from", source, str(d), str(out),
+        "--shard-size", str(shard), "--seed", str(seed), "--workers", "2", timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     return out, r.stdout
+
+
+@pytest.fixture(scope="module")
+def from_archives(official, tmp_path_factory) -> tuple[Path, str]:
+    """The CLI's pack of DIR, and its output."""
+    return cli_pack("ilsvrc2012", official[0], tmp_path_factory.mktemp("packed") / "shards", SHARD, SEED)
 
 
 def shard_pairs(out: Path, split: str) -> list[tuple[bytes, int]]:

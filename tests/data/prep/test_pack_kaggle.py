@@ -4,17 +4,15 @@ place and compared with the same images as the sorted folder `prepare-imagenet -
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from hpctrain.data.prep import kaggle
 from hpctrain.data.prep import pack as pk
-from tests.data.prep.test_pack_ilsvrc2012 import shard_pairs, shards
+from tests.data.prep.test_pack_ilsvrc2012 import cli_pack, jpeg, quiet, shard_pairs, shards
 from tests.helpers import hpctrain
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # sorted: label = index
@@ -22,17 +20,6 @@ PER_CLASS = 4
 VAL = 7
 SHARD = 3
 SEED = 5
-
-
-def quiet(*_):
-    pass
-
-
-def jpeg(rng: np.random.Generator) -> bytes:
-    h, w = (int(x) for x in rng.integers(12, 40, 2))
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG", quality=80)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +49,7 @@ def download(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.fixture(scope="module")
 def from_kaggle(download, tmp_path_factory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("packed") / "shards"
-    r = hpctrain(
-        "data", "pack", "--from", "kaggle", str(download[0]), str(out),
-        "--shard-size", str(SHARD), "--seed", str(SEED), "--workers", "2", timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out, r.stdout
+    return cli_pack("kaggle", download[0], tmp_path_factory.mktemp("packed") / "shards", SHARD, SEED)
 
 
 def tree(d: Path) -> list[str]:
