@@ -13,20 +13,23 @@ from hpctrain.config import load, save
 from tests.helpers import DIGITS
 
 
-def resolve_run(run, split: str | None) -> None:
-    eval_cmd.resolve(
-        argparse.Namespace(
-            run=str(run),
-            weights=None,
-            overrides=[],
-            data=None,
-            split=split,
-            img_size=None,
-            crop_pct=None,
-            config=None,
-            output=None,
-        )
+def run_args(run: str, split: str | None = None) -> argparse.Namespace:
+    """`hpctrain eval RUN [--split S]` as its parser leaves it, every other flag unset."""
+    return argparse.Namespace(
+        run=run,
+        weights=None,
+        overrides=[],
+        data=None,
+        split=split,
+        img_size=None,
+        crop_pct=None,
+        config=None,
+        output=None,
     )
+
+
+def resolve_run(run, split: str | None) -> None:
+    eval_cmd.resolve(run_args(str(run), split))
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 
 from hpctrain.cli import eval_cmd
 from hpctrain.train.ckpt import export
+from tests.cli.test_eval_cmd import run_args
 from tests.helpers import DIGITS
 
 
@@ -18,16 +18,5 @@ def test_eval_and_export_take_a_run_name_under_runs(tmp_path, monkeypatch):
     (run / "checkpoints" / "step-5.pt").write_bytes(b"")
     monkeypatch.chdir(tmp_path)
     assert export.find("r1") == (run / "checkpoints" / "step-5.pt").resolve()
-    args = argparse.Namespace(
-        run="r1",
-        weights=None,
-        overrides=[],
-        data=None,
-        split=None,
-        img_size=None,
-        crop_pct=None,
-        config=None,
-        output=None,
-    )
-    cfg, weights, out = eval_cmd.resolve(args)
+    cfg, weights, out = eval_cmd.resolve(run_args("r1"))
     assert cfg.model.num_classes == 10 and weights == str(run.resolve()) and out == run.resolve() / "eval"
