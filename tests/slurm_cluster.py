@@ -180,6 +180,10 @@ class SlurmCluster:
     # nodes only in SPARE_PARTITION (n3, n4, …): a job there that lost a node and is requeued without it
     # (ExcNodeList) needs one more than its size (tests/faults/test_campaign.py)
     spare_nodes: int = 1
+    # SlurmdTimeout (SLURMD_TIMEOUT, 10 s, by default: node deaths noticed within seconds). A site's is
+    # longer (Slurm's default 300 s): a test of what a hung node does before Slurm declares it DOWN
+    # needs one above 2 × MessageTimeout + the ping interval (docs/spares.md, "The guard on Slurm 24.11").
+    slurmd_timeout: int = SLURMD_TIMEOUT
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -350,7 +354,7 @@ SlurmdParameters=config_overrides
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
-SlurmdTimeout={SLURMD_TIMEOUT}
+SlurmdTimeout={self.slurmd_timeout}
 FirstJobId={random.randrange(1000, 900000)}
 SchedulerParameters=sched_interval=1,bf_interval=1
 JobRequeue=1

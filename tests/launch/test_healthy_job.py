@@ -34,7 +34,7 @@ from tests.launch.jobs import (
     submit,
     wait_for_step,
 )
-from tests.slurm_cluster import SPARE_PARTITION
+from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, slurm24_sysroot
 
 pytestmark = pytest.mark.slurm
 SETS = (*JOB_SETS, "train.ckpt_every=5")
@@ -42,6 +42,11 @@ SETS = (*JOB_SETS, "train.ckpt_every=5")
 # and 8 steps take 4 s or more, two polls of the guard (HPCTRAIN_GUARD_S=2) at least
 SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:0.5:data", "HPCTRAIN_GUARD_S": "2"}
 STALL_S = 20  # longer than a client waits (MessageTimeout 10 s): each call of the shell's times out
+# A site's order of SlurmdTimeout (Slurm's default: 300 s) on the 24.11 cluster: above 2 × MessageTimeout
+# (the ping agent's wait on a hung node, measured ~21 s) + the ping interval (a third of it). With the
+# session cluster's 10 s, 24.11 set every node DOWN while its ping agent waited on the hung one, and
+# requeued the job itself (docs/spares.md, "The guard on Slurm 24.11").
+SITE_SLURMD_TIMEOUT = 60
 
 
 def batch_output(run, job: str) -> str:
@@ -128,6 +133,72 @@ def test_a_failing_batch_host_a_draining_spare_and_a_stalled_controller_leave_a_
     assert re.search(rf"the batch host {dead} is \S*(DOWN|NOT_RESPONDING)\S* and its shell's heartbeat stopped", out), (
         out
     )
+    assert metrics(run, "exclude") == [] and metrics(run, "restart") == [], report()
+    assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
+
+
+@pytest.fixture(scope="module")
+def site_timeout_cluster24(tmp_path_factory):
+    """Its own Slurm 24.11 cluster with a site's order of SlurmdTimeout (SITE_SLURMD_TIMEOUT)."""
+    c = SlurmCluster(
+        tmp_path_factory.mktemp("slurm24-guard"), sysroot=slurm24_sysroot(), slurmd_timeout=SITE_SLURMD_TIMEOUT
+    ).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_on_slurm_24_the_guard_requeues_a_job_whose_batch_host_hangs(site_timeout_cluster24, digits_root, tmp_path):
+    """Slurm 24.11: the batch host of a job with a spare hangs (every process on it SIGSTOPped). The
+    guard on the other node sees it NOT_RESPONDING with the batch shell's heartbeat stopped (or DOWN,
+    once SlurmdTimeout has passed) and requeues the job without it; the job trains to its end on the
+    spare and the third node. Without the guard the --no-kill job would sit RUNNING with no batch
+    shell until its time limit (docs/spares.md)."""
+    c = site_timeout_cluster24
+    config = c.run("scontrol", "show", "config").stdout
+    assert "24.11" in c.version() and re.search(rf"SlurmdTimeout\s+= {SITE_SLURMD_TIMEOUT} sec", config), config
+    run = tmp_path / "guard24"
+    job = submit(
+        c,
+        "--partition",
+        SPARE_PARTITION,
+        "--nodes",
+        "1",
+        "--spare-nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        *digits_sets(digits_root, tmp_path, "guard24", *SETS),
+        env=SLOW_DATA,
+    )
+
+    def report():
+        return job_report(c, job, run)
+
+    dead = None
+    try:
+        wait_for_step(run, 7, 300)
+        dead = batch_host(c, job)
+        assert c.freeze_node(dead) >= 2, report()  # slurmd, slurmstepd, the batch shell, the tasks
+        assert c.wait_done(job, 900) == "COMPLETED", report()
+    finally:
+        if dead:
+            c.kill_node(dead)
+            c.revive_node(dead)
+
+    out = batch_output(run, job)
+    show = c.run("scontrol", "show", "job", "-o", job).stdout
+    assert re.search(r"\bRestarts=1\s", show) and sacct_states(c, job)[-1] == "COMPLETED", (show, report())
+    assert re.search(rf"\bExcNodeList={dead}\s", show), show
+    # NOT_RESPONDING with the shell's heartbeat stopped, or DOWN once SlurmdTimeout has passed
+    assert re.search(rf"the batch host {dead} is \S*(DOWN|NOT_RESPONDING)\S* and its shell's heartbeat stopped", out), (
+        out
+    )
+    assert sorted(p.name for p in (run / "attempts").glob("env-*.json")) == [
+        f"env-{job}-{r}-0.json" for r in range(2)
+    ], report()
     assert metrics(run, "exclude") == [] and metrics(run, "restart") == [], report()
     assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
 
