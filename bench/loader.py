@@ -29,9 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def photo_jpegs(n: int, seed: int = 0) -> Iterator[bytes]:
+def photo_jpegs(n: int, seed: int = 0, quality: int = 90) -> Iterator[bytes]:
     """n JPEGs like ImageNet's typical image: random crops of scikit-image's photos rescaled to
-    500×375 (a quarter portrait), quality 90."""
+    500×375 (a quarter portrait), quality 90 unless told."""
     # PIL and scikit-image: heavy optional packages, needed only to make the set
     from PIL import Image
     from skimage import data
@@ -46,7 +46,7 @@ def photo_jpegs(n: int, seed: int = 0) -> Iterator[bytes]:
         size = (500, 375) if i % 4 else (375, 500)  # a quarter portrait
         img = Image.fromarray(p[y : y + ch, x : x + cw]).convert("RGB").resize(size, Image.BICUBIC)
         buf = io.BytesIO()
-        img.save(buf, "JPEG", quality=90)
+        img.save(buf, "JPEG", quality=quality)
         yield buf.getvalue()
 
 
