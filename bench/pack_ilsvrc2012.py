@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -242,6 +243,8 @@ def main() -> int:
     }
     fs_gbs = FS_GBS if args.fs_gbs is None else args.fs_gbs
     r = {
+        "command": shlex.join(["python", "bench/pack_ilsvrc2012.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"),
         "cpus": os.cpu_count(),
         "load_before": load_before,
         "load_after": os.getloadavg(),
