@@ -15,11 +15,13 @@ bare DALI.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def make_jpegs(out: Path, n: int, classes: int = 8, seed: int = 0) -> None:
+def photo_jpegs(n: int, seed: int = 0, quality: int = 90) -> Iterator[bytes]:
+    """n JPEGs like ImageNet's typical image: random crops of scikit-image's photos rescaled to
+    500×375 (a quarter portrait), quality 90 unless told."""
+    # PIL and scikit-image: heavy optional packages, needed only to make the set
     from PIL import Image
     from skimage import data
 
@@ -40,9 +45,17 @@ def make_jpegs(out: Path, n: int, classes: int = 8, seed: int = 0) -> None:
         y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
         size = (500, 375) if i % 4 else (375, 500)  # a quarter portrait
         img = Image.fromarray(p[y : y + ch, x : x + cw]).convert("RGB").resize(size, Image.BICUBIC)
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=quality)
+        yield buf.getvalue()
+
+
+def make_jpegs(out: Path, n: int, classes: int = 8, seed: int = 0) -> None:
+    """photo_jpegs as a folder: out/train/classNN/imgNNNNN.jpg, round-robin over the classes."""
+    for i, jpeg in enumerate(photo_jpegs(n, seed)):
         d = out / "train" / f"class{i % classes:02d}"
         d.mkdir(parents=True, exist_ok=True)
-        img.save(d / f"img{i:05d}.jpg", quality=90)
+        (d / f"img{i:05d}.jpg").write_bytes(jpeg)
 
 
 def time_loader(make_iter, epochs: int) -> tuple[float, float]:

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from scipy.io import savemat
 
+from bench import ilsvrc_files
+from bench.ilsvrc_files import tar_bytes
 from hpctrain.data.prep import ilsvrc
 from hpctrain.data.prep import pack as pk
 from tests.helpers import dir_files, hpctrain
@@ -40,34 +41,8 @@ def jpeg(rng: np.random.Generator) -> bytes:
     return buf.getvalue()
 
 
-def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
-
-
-def tar_bytes(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
-        for name, data in members.items():
-            add(t, name, data)
-    return buf.getvalue()
-
-
 def meta_mat() -> bytes:
-    """The devkit's meta.mat: a `synsets` struct array (scipy.io.savemat writes a numpy record array
-    as one), in ID order as the devkit lists it."""
-    fields = ["ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children"]
-    fields += ["wordnet_height", "num_train_images"]
-    rows = [(i, w, f"class {w}", "a gloss", 0, np.zeros(0), 0, PER_CLASS) for w, i in IDS.items()]
-    rows.append((PARENT[1], PARENT[0], "a parent", "a gloss", 2, np.array([1, 3]), 1, 0))
-    rows.sort()
-    arr = np.empty((len(rows), 1), dtype=[(f, object) for f in fields])
-    for k, row in enumerate(rows):
-        arr[k, 0] = row
-    buf = io.BytesIO()
-    savemat(buf, {"synsets": arr})
-    return buf.getvalue()
+    return ilsvrc_files.meta_mat(IDS, dict([PARENT]), PER_CLASS)
 
 
 @pytest.fixture(scope="module")
@@ -76,21 +51,15 @@ def official(tmp_path_factory) -> tuple[Path, dict]:
     d = tmp_path_factory.mktemp("ilsvrc")
     rng = np.random.default_rng(0)
     truth: dict[str, dict[str, tuple[bytes, str]]] = {"train": {}, "val": {}}
-    inner = {}
+    train = {}
     for wnid in reversed(list(IDS)):  # the outer tar's order is not the labels'
-        files = {f"{wnid}_{n}.JPEG": jpeg(rng) for n in rng.permutation(900)[:PER_CLASS]}
-        inner[f"{wnid}.tar"] = tar_bytes(files)
-        truth["train"].update({f"{wnid}/{f}": (b, wnid) for f, b in files.items()})
-    (d / ilsvrc.TRAIN_TAR).write_bytes(tar_bytes(inner))
+        train[wnid] = {f"{wnid}_{n}.JPEG": jpeg(rng) for n in rng.permutation(900)[:PER_CLASS]}
+        truth["train"].update({f"{wnid}/{f}": (b, wnid) for f, b in train[wnid].items()})
     val_names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, VAL + 1)]
     val_wnids = [list(IDS)[int(k)] for k in rng.integers(0, len(IDS), VAL)]
-    val = {n: jpeg(rng) for n in val_names}
-    (d / ilsvrc.VAL_TAR).write_bytes(tar_bytes(val))
-    truth["val"] = {f"{w}/{n}": (val[n], w) for n, w in zip(val_names, val_wnids)}
-    gt = "".join(f"{IDS[w]}\n" for w in val_wnids).encode()
-    with tarfile.open(d / ilsvrc.DEVKIT, "w:gz") as t:
-        add(t, ilsvrc.META_MAT, meta_mat())
-        add(t, ilsvrc.VAL_TRUTH, gt)
+    val = {n: (jpeg(rng), w) for n, w in zip(val_names, val_wnids)}
+    truth["val"] = {f"{w}/{n}": (data, w) for n, (data, w) in val.items()}
+    ilsvrc_files.write_official(d, train, val, IDS, dict([PARENT]))
     return d, truth
 
 
