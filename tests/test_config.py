@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 
 from hpctrain import config
 from hpctrain.config import ConfigError, load
-from tests.helpers import DIGITS
+from tests.helpers import DIGITS, ROOT
 
 
 def test_shipped_configs_load_with_their_recipes():
@@ -291,3 +292,19 @@ def test_shards_with_the_torch_loader_are_refused_when_the_config_loads():
     with pytest.raises(ConfigError, match=r"^data.format=wds needs data.loader=dali \(the torch loader reads folders"):
         load(DIGITS, ["data.format=wds", "data.loader=torch"])
     assert load(DIGITS, ["data.format=wds", "data.loader=auto"]).data.format == "wds"  # DALI decides in the task
+
+
+def test_config_keys_prints_one_line_per_key_and_the_longer_explanations_live_in_docs_configs():
+    """`hpctrain config --keys` fits one line per key (at most 160 characters, issue 37); a key whose
+    line points at docs/configs.md has its own heading there under "Keys in full", and every heading
+    there is such a key's."""
+    r = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "config", "--keys"], capture_output=True, text=True, check=True
+    )
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(config.describe()) and lines[0].startswith("model.arch ")
+    assert [line for line in lines if len(line) > 160] == []
+    more = {key for key, _, doc in config.describe() if doc.endswith(config.MORE)}
+    page = (ROOT / "docs" / "configs.md").read_text().split("\n## Keys in full\n", 1)[1]
+    headings = set(re.findall(r"^### (\S+)$", page, re.M))
+    assert more and headings == more, (sorted(more - headings), sorted(headings - more))

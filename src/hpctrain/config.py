@@ -45,9 +45,11 @@ def opt(
     lo: float | None = None,
     hi: float | None = None,
     lo_open: bool = False,
+    more: bool = False,
 ) -> Any:
-    """A config field: default, one-line doc, allowed choices and numeric bounds."""
-    meta = {"doc": doc, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open}
+    """A config field: default, one-line doc, allowed choices and numeric bounds. `more`: the key has
+    a longer explanation under its own heading in docs/configs.md ("Keys in full")."""
+    meta = {"doc": doc, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open, "more": more}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -78,9 +80,8 @@ class ModelConfig:
     drop_path: float = opt(0.0, "stochastic depth rate of the last block", lo=0, hi=1)
     drop_rate: float = opt(
         0.0,
-        "dropout after the position embedding, the attention output and both MLP layers (the "
-        "ViT paper's dropout_rate; timm 0.3.2's drop_rate = timm's pos_drop_rate + proj_drop_rate, "
-        "not its newer head-only drop_rate)",
+        "dropout after the position embedding, the attention output and the MLP layers",
+        more=True,
         lo=0,
         hi=1,
     )
@@ -104,40 +105,36 @@ class ModelConfig:
     )
     init: str = opt(
         "timm",
-        "weight init: timm (trunc-normal 0.02), deit (timm 0.3.2 as DeiT builds it: class token "
-        "and position embedding trunc-normal 0.02, PyTorch's default patch-embedding conv) or "
-        "big_vision's (Xavier-uniform blocks, LeCun-normal patch embedding and pre-logits, zero "
-        "patch-embedding bias)",
+        "weight init: timm (trunc-normal 0.02), deit (timm 0.3.2) or big_vision (Xavier, LeCun)",
+        more=True,
         choices=("timm", "deit", "big_vision"),
     )
     gelu: str = opt(
         "auto",
-        "MLP activation: exact (erf) GELU, or its tanh approximation (flax nn.gelu's default); "
-        "auto: tanh with model.init=big_vision, else exact",
+        "MLP GELU: exact (erf) or tanh approximation; auto: tanh with model.init=big_vision",
+        more=True,
         choices=("auto", "exact", "tanh"),
     )
     class_token: bool | None = opt(
         None,
-        "a class token in the sequence (timm class_token); null: only with "
-        "pool=token. pool=avg + class_token=true: the average leaves it out (timm "
-        "global_pool='avg', MAE's fine-tuning)",
+        "a class token in the sequence (timm class_token); null: only with pool=token",
+        more=True,
     )
     fc_norm: bool | None = opt(
         None,
-        "final LayerNorm after the pool (timm fc_norm) instead of on the tokens before "
-        "it; null: timm's rule, true for pool=avg unless model.gap_norm=before",
+        "final LayerNorm after the pool instead of before it (timm fc_norm); null: timm's rule",
+        more=True,
     )
     gap_norm: str = opt(
         "after",
-        "pool=avg: final LayerNorm after the average (timm fc_norm) or on every "
-        "token before it (big_vision encoder_norm)",
+        "pool=avg: final LayerNorm after the average (timm fc_norm) or before it (big_vision)",
+        more=True,
         choices=("after", "before"),
     )
     init_from: str = opt(
         "",
-        "start from these weights (not on resume): a .pt/.pth/.safetensors state_dict with "
-        "timm's names (e.g. from `hpctrain export`), an hpctrain checkpoint or run directory; "
-        "a file path, read by every rank (docs/finetune.md)",
+        "start from these weights (not on resume): a timm-named state_dict, checkpoint or run",
+        more=True,
     )
     init_ema: bool = opt(False, "model.init_from is a checkpoint with EMA weights: start from those")
 
@@ -186,8 +183,8 @@ class DataConfig:
     root: str = opt("", "dataset folder: root/train/<class>/*, root/val/<class>/* (or shards)")
     prepare: str = opt(
         "none",
-        "digits: write the demo set when data.root is the demo's own folder data/digits "
-        "(under the working directory) and it is missing; any other missing root is an error",
+        "digits: write the demo set into a missing data/digits; other missing roots are errors",
+        more=True,
         choices=("none", "digits"),
     )
     loader: str = opt(
@@ -204,29 +201,27 @@ class DataConfig:
     )
     eval_resize: str = opt(
         "crop",
-        "val: crop = short side to img_size / crop_pct, then the centre crop (timm); "
-        "squash = the whole image to img_size × img_size, aspect not kept (vit_jax "
-        "input_pipeline.py:213; crop_pct unused)",
+        "val: crop = short side resized, then centre crop (timm); squash = whole image (vit_jax)",
+        more=True,
         choices=("crop", "squash"),
     )
     scale_min: float = opt(0.08, "random-resized-crop minimum area fraction", lo=0, hi=1, lo_open=True)
     crop: str = opt(
         "timm",
-        "train crop sampler: timm = RandomResizedCrop (area uniform, aspect log-uniform in "
-        "3/4-4/3, 10 tries); tf_inception = TensorFlow's sample_distorted_bounding_box as big_vision "
-        "and vit_jax (aspect uniform in 0.75-1.33, height uniform and clipped, 100 tries)",
+        "train crop sampler: timm RandomResizedCrop, or tf_inception (big_vision, vit_jax)",
+        more=True,
         choices=("timm", "tf_inception"),
     )
     antialias: bool = opt(
         True,
-        "train crop resize antialiases a downscale (PIL's and DALI's default); false = "
-        "plain bilinear/bicubic as tf.image.resize's default (big_vision, vit_jax)",
+        "train crop resize antialiases a downscale; false = plain resize (big_vision, vit_jax)",
+        more=True,
     )
     hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
     randaugment: str = opt(
         "",
-        "RandAugment on timm's 0-10 scale: 'N,M' (= timm rand-nN-mM-inc1) or a timm "
-        "string, e.g. 'rand-m9-mstd0.5-inc1' (DeiT); empty = off (DALI loader)",
+        "RandAugment 'N,M' (timm's 0-10 scale) or a timm string, e.g. 'rand-m9-mstd0.5-inc1'",
+        more=True,
     )
     interpolation: str = opt(
         "bilinear", "resize filter, train crop and val resize (DeiT: bicubic)", choices=("bilinear", "bicubic")
@@ -239,15 +234,15 @@ class DataConfig:
     )
     remode: str = opt(
         "pixel",
-        "random erasing fill: pixel = per-pixel N(0,1) noise, rand = one N(0,1) "
-        "colour per channel, const = 0 (normalised values)",
+        "random erasing fill: pixel (per-pixel noise), rand (a colour per channel), const (0)",
+        more=True,
         choices=("pixel", "rand", "const"),
     )
     recount: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
     repeated_aug: int = opt(
         0,
-        "repeated augmentation (DeiT RASampler): each drawn sample this many times in "
-        "an epoch, spread over ranks; 0 or 1 = off (DeiT: 3)",
+        "repeated augmentation (DeiT RASampler): each sample this many times; 0 or 1 = off",
+        more=True,
         lo=0,
     )
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
@@ -260,22 +255,20 @@ class DataConfig:
     )
     stage_to: str = opt(
         "",
-        "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR: "
-        "once per node, free space checked, skipped when a complete copy is there",
+        "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR",
+        more=True,
     )
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
     val_split: str = opt(
         "val",
-        "what to evaluate on: root/val, or minival = 1 % of root/train held out "
-        "(big_vision's train[99%:]; training then uses the other 99 %)",
+        "what to evaluate on: root/val, or minival (1 % of root/train held out, big_vision)",
+        more=True,
         choices=("val", "minival"),
     )
     eval_splits: tuple[str, ...] = opt(
         (),
-        "evaluate on each of these splits (val, minival) at every eval, as "
-        "big_vision's evals; the first is the run's headline (top1, top5, loss, "
-        "count as with one split), with several each is also logged as <split>/top1 "
-        "(TensorBoard eval/<split>/top1); empty: [data.val_split]",
+        "evaluate on each of these splits (val, minival); the first is the headline",
+        more=True,
     )
 
     EVAL_SPLITS = ("val", "minival")
@@ -320,8 +313,8 @@ class DataConfig:
 class OptimConfig:
     name: str = opt(
         "adamw",
-        "optimizer: AdamW, LAMB (layer-wise trust ratio, for 8k-32k global batches), or SGD "
-        "with momentum (the ViT paper's fine-tuning)",
+        "optimizer: AdamW, LAMB (8k-32k global batches) or SGD with momentum (fine-tuning)",
+        more=True,
         choices=("adamw", "lamb", "sgd"),
     )
     lr: float = opt(5e-4, "peak learning rate at lr_ref_batch (before batch scaling)", lo=0, lo_open=True)
@@ -340,9 +333,8 @@ class OptimConfig:
     momentum: float = opt(0.9, "SGD momentum (optim.name=sgd)", lo=0, hi=1)
     layer_decay: float = opt(
         1.0,
-        "layer-wise lr decay (BEiT/MAE): block i's lr x decay^(depth-i), patch/position "
-        "embedding and class token x decay^(depth+1), final norm and head x 1; 1 = off "
-        "(MAE ViT-B fine-tuning: 0.65)",
+        "layer-wise lr decay (BEiT/MAE): block i's lr x decay^(depth-i); 1 = off",
+        more=True,
         lo=0,
         hi=1,
         lo_open=True,
@@ -360,8 +352,8 @@ class OptimConfig:
     )
     lr_update: str = opt(
         "step",
-        "learning rate set every optimizer step, or once per epoch as DeiT's main.py "
-        "(timm t_in_epochs; epoch e trains at timm's lr(e-1))",
+        "set the learning rate every optimizer step, or once per epoch as DeiT's main.py",
+        more=True,
         choices=("step", "epoch"),
     )
     schedule: str = opt("cosine", "learning-rate schedule after warm-up", choices=("cosine", "constant"))
@@ -376,8 +368,8 @@ class OptimConfig:
     )
     mu_dtype: str = opt(
         "fp32",
-        "dtype Adam's first moment is stored in: bf16 as big_vision's scale_by_adam("
-        "mu_dtype='bfloat16') (hpctrain's own AdamW, not fused)",
+        "dtype of Adam's first moment: bf16 as big_vision (hpctrain's own AdamW, not fused)",
+        more=True,
         choices=("fp32", "bf16"),
     )
 
@@ -435,20 +427,18 @@ class TrainConfig:
     )
     compile_cache: str = opt(
         "",
-        "train.compile: Inductor's and Triton's caches under this dir, in a subdir keyed by "
-        "image digest + torch version + model config, so a requeue starts warm (empty: "
-        "<run>/compile_cache; a sweep shares <sweep>/compile_cache; docs/profiling.md)",
+        "train.compile's Inductor and Triton caches under this dir: a requeue starts warm",
+        more=True,
     )
     compile_warmup: bool = opt(
         True,
-        "train.compile under DDP: compile (one forward + backward, no collective) "
-        "before the first collective, then wait for every rank on the gloo control group "
-        "up to train.compile_timeout_s (docs/communication.md)",
+        "train.compile under DDP: compile before the first collective, then wait for all",
+        more=True,
     )
     compile_timeout_s: int = opt(
         1800,
-        "train.compile_warmup: how long the ranks wait for the slowest rank's "
-        "first compile (a cold max-autotune compile can take many minutes)",
+        "train.compile_warmup: how long ranks wait for the slowest rank's first compile",
+        more=True,
         lo=1,
     )
     label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
@@ -461,62 +451,58 @@ class TrainConfig:
     log_every: int = opt(10, "optimizer steps between metric lines", lo=1)
     peak_tflops: float = opt(
         0.0,
-        "dense bf16 peak TFLOP/s per device for MFU (0: from the table of known GPUs; unknown devices then log no MFU)",
+        "dense bf16 peak TFLOP/s per device for MFU (0: from the table of known GPUs)",
+        more=True,
         lo=0,
     )
     straggler_pct: float = opt(
         15.0,
-        "name a rank whose own time per step (data wait + forward) exceeds "
-        "the median's by more than this % of the step time",
+        "name a rank whose time per step exceeds the median's by more than this % of a step",
+        more=True,
         lo=0,
     )
     preflight: bool = opt(
         False,
-        "before training, on every start: time a matmul per rank, an all-reduce per node "
-        "pair and a DALI decode; name failing nodes to the batch shell and fail the step "
-        "(~30 s on GPU; docs/preflight.md)",
+        "before training, at every start: time matmuls, all-reduces, a decode; name bad nodes",
+        more=True,
     )
     preflight_min_frac: float = opt(
         0.5,
-        "preflight on GPU: a rank fails below this fraction of its GPU's dense bf16 "
-        "peak, a node pair below this fraction of the fabric's all-reduce busbw",
+        "preflight on GPU: fail below this fraction of the GPU's peak or the fabric's busbw",
+        more=True,
         lo=0,
         hi=1,
         lo_open=True,
     )
     preflight_tolerance: float = opt(
         0.3,
-        "preflight without a reference figure (CPU, or a GPU/fabric not in the "
-        "tables): a rank or node pair fails more than this fraction below the median",
+        "preflight without a reference figure: fail this fraction below the median",
+        more=True,
         lo=0,
         hi=1,
         lo_open=True,
     )
     preflight_busbw_gbps: float = opt(
         0.0,
-        "preflight: a node pair's expected all-reduce busbw in GB/s (0: the "
-        "figure of the fabric the batch shell exports as HPCTRAIN_FABRIC)",
+        "preflight: a node pair's expected all-reduce busbw, GB/s (0: the fabric's)",
+        more=True,
         lo=0,
     )
     exclude_straggler_pct: float = opt(
         0.0,
-        "a straggler this % of a step slower for 3 log intervals in a row: "
-        "checkpoint, stop, and run on without its node (spares or a requeue "
-        "with the node excluded); 0: off",
+        "a straggler this % slower 3 intervals in a row: stop, go on without its node",
+        more=True,
         lo=0,
     )
     tensorboard: bool = opt(
         True,
-        "also write the metrics as TensorBoard event files in <run>/tb/ (rank 0; "
-        "needs the tensorboard package, else one warning); false: none even when "
-        "train.trackers lists tensorboard",
+        "also write TensorBoard event files in <run>/tb/ (rank 0); false: none at all",
+        more=True,
     )
     trackers: tuple[str, ...] = opt(
         ("tensorboard",),
-        "where rank 0 also sends the metrics.jsonl records: tensorboard "
-        "(<run>/tb), mlflow (<run>/mlruns or train.mlflow_uri), wandb (offline in "
-        "<run>/wandb; hpctrain sync RUN uploads); mlflow and wandb need "
-        "pip install 'hpctrain[trackers]' (docs/trackers.md)",
+        "where rank 0 also sends the metrics: tensorboard, mlflow, wandb",
+        more=True,
     )
     mlflow_uri: str = opt("", "MLflow tracking URI (empty: the file store <run>/mlruns)")
     mlflow_experiment: str = opt("hpctrain", "MLflow experiment the run goes in")
@@ -528,38 +514,37 @@ class TrainConfig:
     )
     profile_steps: str = opt(
         "",
-        "torch.profiler window A-B (global steps, inclusive, e.g. 20-25): traces to "
-        "<run>/profile/ and a summary in the rank log (empty: off, no profiler at all)",
+        "torch.profiler window A-B (global steps, e.g. 20-25) to <run>/profile/; empty: off",
+        more=True,
     )
     profile_ranks: tuple[int, ...] = opt(
         (),
-        "ranks that profile train.profile_steps (and dump memory "
-        "snapshots), e.g. [0, 7]; empty: rank 0 and the last rank",
+        "ranks that profile (and dump memory snapshots), e.g. [0, 7]; empty: 0 and the last",
+        more=True,
     )
     profile_with_stack: bool = opt(False, "train.profile_steps: record Python stacks too (larger traces, slower)")
     memory_snapshot_steps: str = opt(
         "",
-        "CUDA only: record allocator history over steps A-B and dump "
-        "<run>/profile/memory-rank-<r>-step-<A>.pickle (pytorch.org/memory_viz)",
+        "CUDA only: allocator history over steps A-B, dumped to <run>/profile/",
+        more=True,
     )
     eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int | str = opt(
         500,
-        "optimizer steps between checkpoints (0: only at the end), or auto: Young/Daly's "
-        "sqrt(2 x save time x MTBF) from this run's measured save and step times and "
-        "train.mtbf_h (docs/checkpoints.md)",
+        "optimizer steps between checkpoints (0: only at the end), or auto (Young/Daly)",
+        more=True,
         lo=0,
     )
     ckpt_auto_first: int = opt(
         100,
-        "ckpt_every=auto: the first checkpoint comes this many steps after the start "
-        "(or a resume); its save time sets the interval",
+        "ckpt_every=auto: steps to the first checkpoint, whose save time sets the interval",
+        more=True,
         lo=1,
     )
     mtbf_h: float = opt(
         0.0,
-        "ckpt_every=auto: the job's mean time between interruptions in hours; 0: resolved by "
-        "hpctrain submit (the partition's sacct history, or slurm.node_mtbf_hours), else 24",
+        "ckpt_every=auto: the job's mean time between interruptions, hours (0: resolved)",
+        more=True,
         lo=0,
     )
     mtbf_source: str = opt(
@@ -574,21 +559,20 @@ class TrainConfig:
     )
     ckpt_format: str = opt(
         "auto",
-        "checkpoint format: sharded (DCP: every rank writes and reads its part), "
-        "single (one file rank 0 writes); auto = sharded with >1 rank or ckpt_async "
-        "on torch >= 2.4, else single",
+        "checkpoint format: sharded (DCP, a part per rank), single (one file), auto",
+        more=True,
         choices=("auto", "sharded", "single"),
     )
     ckpt_async: bool = opt(
         False,
-        "write sharded checkpoints in the background while training goes on "
-        "(the next save waits for the previous; torch >= 2.4)",
+        "write sharded checkpoints in the background while training goes on (torch >= 2.4)",
+        more=True,
     )
     halt_at: int = opt(0, "checkpoint and stop at this step as if preempted (0: off)", lo=0)
     on_nonfinite: str = opt(
         "rollback",
-        "a non-finite loss or gradient norm (or a loss spike): roll back to the "
-        "last good checkpoint and skip the batches that led there, or stop (non-zero exit)",
+        "non-finite loss or grad norm (or a spike): roll back to the last good checkpoint, or stop",
+        more=True,
         choices=("rollback", "stop"),
     )
     max_rollbacks: int = opt(
@@ -596,14 +580,14 @@ class TrainConfig:
     )
     rollback_skip_batches: int = opt(
         0,
-        "global batches skipped after a rollback, counted from the checkpoint's "
-        "data position (0: those trained since it, through the bad step)",
+        "global batches skipped after a rollback (0: those since the checkpoint)",
+        more=True,
         lo=0,
     )
     spike_factor: float = opt(
         0.0,
-        "a logged loss above this × the median of the last train.spike_window "
-        "logged losses is a spike, handled as train.on_nonfinite says (0: off)",
+        "a logged loss above this x the median of the last spike_window is a spike; 0: off",
+        more=True,
         lo=0,
     )
     spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)", lo=3)
@@ -613,8 +597,8 @@ class TrainConfig:
     pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this", lo=1)
     hang_timeout_s: int | None = opt(
         None,
-        "no step for this long: every rank writes its stacks to <run>/logs/ "
-        "and the job fails naming the stuck ranks (null: pg_timeout_s / 2; 0: off)",
+        "no step for this long: every rank dumps its stacks, the job fails (null: pg/2)",
+        more=True,
         lo=0,
     )
     tf32: bool = opt(True, "TF32 matmuls/convolutions for the fp32 parts on Ampere+ GPUs (~1e-3 rel.)")
@@ -1236,8 +1220,12 @@ def save(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+MORE = " (docs/configs.md)"  # after the doc of a key with more to say there
+
+
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every field: `hpctrain config --keys`."""
+    """(key, default, doc) for every field: `hpctrain config --keys`, one line each (the doc of a key
+    with a longer explanation ends with MORE)."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -1246,5 +1234,6 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]
             rows += describe(tp, f"{prefix}{f.name}.")
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append((f"{prefix}{f.name}", repr(default), f.metadata.get("doc", "")))
+            doc = f.metadata.get("doc", "") + (MORE if f.metadata.get("more") else "")
+            rows.append((f"{prefix}{f.name}", repr(default), doc))
     return rows
