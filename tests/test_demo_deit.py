@@ -14,8 +14,8 @@ import pytest
 from tests.helpers import digits_args, run_metrics, run_ranks
 
 DEIT = [
-    "data.reprob=0.25",
-    "data.remode=pixel",
+    "data.erase_prob=0.25",
+    "data.erase_mode=pixel",
     "data.repeated_aug=3",
     "data.interpolation=bicubic",
     "optim.warmup_lr=1e-6",

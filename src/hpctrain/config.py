@@ -15,6 +15,7 @@ import json
 import math
 import re
 import shlex
+import sys
 import types
 import typing
 import unicodedata
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from hpctrain import shipped
+from hpctrain.config_moves import MoveError, migrate_data, migrate_override
 from hpctrain.errors import UserError
 from hpctrain.models.arch import arch_dims
 from hpctrain.randaug_spec import parse_randaugment
@@ -226,19 +228,19 @@ class DataConfig:
     interpolation: str = opt(
         "bilinear", "resize filter, train crop and val resize (DeiT: bicubic)", choices=("bilinear", "bicubic")
     )
-    reprob: float = opt(
+    erase_prob: float = opt(
         0.0,
         "random erasing: probability per training sample, after normalisation (timm RandomErasing; DeiT: 0.25)",
         lo=0,
         hi=1,
     )
-    remode: str = opt(
+    erase_mode: str = opt(
         "pixel",
         "random erasing fill: pixel (per-pixel noise), rand (a colour per channel), const (0)",
         more=True,
         choices=("pixel", "rand", "const"),
     )
-    recount: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
+    erase_count: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
     repeated_aug: int = opt(
         0,
         "repeated augmentation (DeiT RASampler): each sample this many times; 0 or 1 = off",
@@ -1211,9 +1213,21 @@ def find_config(name: str | Path) -> Path:
 
 
 def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (), data: dict | None = None) -> Config:
-    """Load a config file (or a mapping), apply overrides, validate."""
+    """Load a config file (or a mapping), apply overrides, validate. Keys an earlier release named
+    otherwise (config_moves.MOVES) are read under their new names, with a note on stderr each."""
     raw = data if data is not None else (read_yaml(find_config(path)) if path else {})
-    return build(Config, apply_overrides(raw, overrides))
+    try:
+        raw, notes = migrate_data(raw, str(path) if path else "the config")
+        items = []
+        for item in overrides:
+            item, moved = migrate_override(item)
+            items.append(item)
+            notes += [moved] if moved else []
+    except MoveError as e:
+        raise ConfigError(str(e)) from None
+    for line in notes:
+        print(line, file=sys.stderr)
+    return build(Config, apply_overrides(raw, items))
 
 
 def save(cfg: Any, path: str | Path) -> None:

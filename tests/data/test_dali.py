@@ -264,7 +264,7 @@ def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_r
     callback); a loader that starts at epoch 2, batch 3 (a resume) reads the same batches."""
     from hpctrain.data.dali import build_pipeline, pipeline_seed
 
-    sets = {"data.randaugment": "2,9", "data.reprob": 0.5}
+    sets = {"data.randaugment": "2,9", "data.erase_prob": 0.5}
     train, _ = loaders(ident_root, **sets)
     got = {e: epoch(train, e) for e in range(3)}
     assert_traced_once(train)
@@ -298,7 +298,7 @@ def test_shards_trace_once_for_one_rank_and_equal_a_loader_started_at_each_epoch
     from hpctrain.data.prep.pack import pack
 
     pack(ident_root, tmp_path / "shards", shard_size=10, log=lambda *_: None)
-    sets = {"data.format": "wds", "data.reprob": 0.5}
+    sets = {"data.format": "wds", "data.erase_prob": 0.5}
     train, _ = loaders(tmp_path / "shards", **sets)
     got = [epoch(train, e) for e in range(3)]
     assert_traced_once(train)

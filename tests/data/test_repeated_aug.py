@@ -87,7 +87,7 @@ def test_torch_loader_reads_the_repeated_list(digits_root):
 
 def test_copies_of_a_sample_are_augmented_differently(digits_root):
     """Each repeat is its own augmentation (DeiT reads the sample again): same label, other pixels."""
-    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3", "data.reprob=0.25"])
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3", "data.erase_prob=0.25"])
     train, _ = build_loaders(cfg, 0, 1, torch.device("cpu"))
     x, y = next(iter(train))
     idx = sampling.train_batches(1438, 64, 0, 1, cfg.train.seed, 0, repeats=3)[0]

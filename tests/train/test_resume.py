@@ -72,7 +72,7 @@ def test_halt_and_resume_equals_uninterrupted_with_accumulation(digits_root, tmp
 # per epoch here: ⌊1438/256⌋·256 / 64), random erasing, bicubic, per-epoch lr from warmup_lr, cool-down.
 DEIT_SETS = [
     "data.repeated_aug=3",
-    "data.reprob=0.25",
+    "data.erase_prob=0.25",
     "data.interpolation=bicubic",
     "optim.warmup_lr=1e-6",
     "optim.lr_update=epoch",

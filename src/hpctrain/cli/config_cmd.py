@@ -1,15 +1,17 @@
 """`hpctrain config`: show the resolved config, every key with its default and doc, or the shipped
 configs and cluster profiles (`list`; `show NAME` prints one as written, comments included, to
-redirect into a file and edit)."""
+redirect into a file and edit); `migrate FILE` rewrites a config file in today's key names."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import yaml
 
-from hpctrain import config, shipped
+from hpctrain import config, config_moves, shipped
 from hpctrain.cli import CLIError, add_config_args
 from hpctrain.cli.common import load_config
 
@@ -23,10 +25,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "action",
         nargs="?",
-        choices=("list", "show"),
-        help="list: the shipped configs and cluster profiles; show NAME: print one as written",
+        choices=("list", "show", "migrate"),
+        help="list: the shipped configs and cluster profiles; show NAME: print one as written; "
+        "migrate FILE: rewrite a config file in today's key names, comments kept (FILE.bak: the old text)",
     )
-    p.add_argument("name", nargs="?", help="for show: a shipped config or cluster profile name")
+    p.add_argument("name", nargs="?", help="for show: a shipped config or cluster profile name; for migrate: a file")
+    p.add_argument("-o", "--output", help="for migrate: write the new text here instead of over FILE")
     add_config_args(p)
     p.add_argument("--keys", action="store_true", help="list every key, its default and what it does")
     p.set_defaults(func=main)
@@ -51,7 +55,35 @@ def show_shipped(name: str) -> None:
     sys.stdout.write(path.read_text())
 
 
+def migrate(name: str | None, output: str | None) -> None:
+    """Rename the moved keys of a config file where they stand; the result must read as the old file
+    does through config_moves (else nothing is written and the file is named for a hand edit)."""
+    if not name:
+        raise CLIError("config migrate needs a FILE: a config YAML to rewrite in today's key names")
+    path = Path(name)
+    old = config.read_yaml(path)
+    text, moved = config_moves.migrate_text(path.read_text())
+    want, notes = config_moves.migrate_data(old, str(path))
+    if yaml.safe_load(text) != want:
+        raise CLIError(f"{path}: cannot rename its {len(notes)} moved key(s) in place (flow style?): edit it by hand")
+    for m in moved:
+        print(f"{path}: {m.old} → {m.new} (hpctrain {m.version})")
+    if not moved and not output:
+        print(f"{path}: nothing to migrate: every key has today's name")
+        return
+    out = Path(output) if output else path
+    if not output:
+        Path(f"{path}.bak").write_text(path.read_text())
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out)
+    print(f"wrote {out}" + ("" if output else f" (the old text: {path}.bak)"))
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.action == "migrate":
+        migrate(args.name, args.output)
+        return 0
 
     if args.action == "list":
         if args.name:

@@ -23,9 +23,9 @@ class AugmentSpec:
     std: tuple[float, ...]  # data.std: per-channel std (0-1 scale)
     randaugment: RandAugSpec | None  # data.randaugment parsed (DALI only; None: off)
     interpolation: str = "bilinear"  # data.interpolation: of every resize
-    reprob: float = 0.0  # data.reprob: random erasing's probability, after normalisation (train)
-    remode: str = "pixel"  # data.remode: what fills an erased box
-    recount: int = 1  # data.recount: boxes per erased image
+    reprob: float = 0.0  # data.erase_prob: random erasing's probability, after normalisation (train)
+    remode: str = "pixel"  # data.erase_mode: what fills an erased box
+    recount: int = 1  # data.erase_count: boxes per erased image
     eval_resize: str = "crop"  # data.eval_resize: crop (short side, centre crop) or squash (whole image)
     crop: str = "timm"  # data.crop: timm (random resized crop) or tf_inception (data/tf_crop.py)
     antialias: bool = True  # data.antialias: of the train crop's resize
@@ -43,9 +43,9 @@ def augment_spec(cfg: Config) -> AugmentSpec:
         tuple(d.std),
         parse_randaugment(d.randaugment),
         interpolation=d.interpolation,
-        reprob=d.reprob,
-        remode=d.remode,
-        recount=d.recount,
+        reprob=d.erase_prob,
+        remode=d.erase_mode,
+        recount=d.erase_count,
         eval_resize=d.eval_resize,
         crop=d.crop,
         antialias=d.antialias,

@@ -1,0 +1,161 @@
+"""Keys that moved (issue 37): an old file, `--set`, or a run directory an older release wrote keeps
+working under the new names, with one line per key; `hpctrain config migrate FILE` rewrites a file
+with its comments kept. The older release is the real one: its source tree comes from git at the
+commit before the moves (OLD_RELEASE), its shipped configs are loaded and migrated, and a run it
+started is resumed by today's code to the weights of a run straight through."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpctrain import config, config_moves
+from hpctrain.config_moves import MOVES, MoveError, migrate_data, migrate_override, migrate_text
+from tests.helpers import ROOT, digits_args, run_ranks
+from tests.train.test_resume import SETS, assert_same, final_state
+
+# main before the first move (hpctrain 0.1.0's key names): the old release of these tests
+OLD_RELEASE = "a72531e"
+
+
+@pytest.fixture(scope="module")
+def old_src(tmp_path_factory) -> Path:
+    """hpctrain's src/ as OLD_RELEASE had it (git archive; CI's clone has the history)."""
+    d = tmp_path_factory.mktemp("hpctrain-0.1.0")
+    r = subprocess.run(
+        f"git -C {ROOT} archive {OLD_RELEASE} src/hpctrain | tar -x -C {d}", shell=True, capture_output=True, text=True
+    )
+    if r.returncode:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no {OLD_RELEASE} in this checkout's git: {r.stderr}")
+    return d / "src"
+
+
+def hpctrain_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_an_old_key_is_read_under_its_new_name_with_one_line_each_and_both_names_are_refused():
+    data = {"data": {"reprob": 0.25, "workers": 2, "recount": 3}, "optim": {"lr": 1e-3}}
+    new, notes = migrate_data(data, "my.yaml")
+    assert new == {"data": {"erase_prob": 0.25, "workers": 2, "erase_count": 3}, "optim": {"lr": 1e-3}}
+    assert data["data"] == {"reprob": 0.25, "workers": 2, "recount": 3}  # the caller's mapping is left as it was
+    assert notes == [
+        "hpctrain: note: my.yaml: config key data.reprob is data.erase_prob since hpctrain 0.2.0, read as "
+        "data.erase_prob (`hpctrain config migrate FILE` rewrites a file)",
+        "hpctrain: note: my.yaml: config key data.recount is data.erase_count since hpctrain 0.2.0, read as "
+        "data.erase_count (`hpctrain config migrate FILE` rewrites a file)",
+    ]
+    assert migrate_data({"data": {"erase_prob": 0.1}}, "x") == ({"data": {"erase_prob": 0.1}}, [])
+    with pytest.raises(MoveError, match=r"x: both data.remode .* and data.erase_mode are set: keep data.erase_mode"):
+        migrate_data({"data": {"remode": "rand", "erase_mode": "pixel"}}, "x")
+    assert migrate_override("data.remode=const")[0] == "data.erase_mode=const"
+    assert "--set data.remode: config key data.remode is data.erase_mode" in migrate_override("data.remode=x")[1]
+    assert migrate_override("data.root=/x=y") == ("data.root=/x=y", None)
+    # through config.load: the file's and the --set's old names, and the error as a ConfigError
+    cfg = config.load(data={"data": {"reprob": 0.5}}, overrides=["data.remode=const"])
+    assert (cfg.data.erase_prob, cfg.data.erase_mode) == (0.5, "const")
+    with pytest.raises(config.ConfigError, match="both data.reprob"):
+        config.load(data={"data": {"reprob": 0.5, "erase_prob": 0.1}})
+    # a --set in either name overrides the file's value in either name, as any --set does
+    assert config.load(data={"data": {"reprob": 0.5}}, overrides=["data.erase_prob=0.1"]).data.erase_prob == 0.1
+    assert config.load(data={"data": {"erase_prob": 0.5}}, overrides=["data.reprob=0.1"]).data.erase_prob == 0.1
+
+
+def test_migrate_text_renames_where_the_key_stands_and_keeps_comments_and_their_column():
+    text = (
+        "# my recipe\n"
+        "data:\n"
+        "  reprob: 0.25              # DeiT main.py:118\n"
+        "  # the fill\n"
+        "  remode: pixel\n"
+        "optim:\n"
+        "  recount: 7                # not data's: stays\n"
+    )
+    new, moved = migrate_text(text)
+    assert new == (
+        "# my recipe\n"
+        "data:\n"
+        "  erase_prob: 0.25          # DeiT main.py:118\n"
+        "  # the fill\n"
+        "  erase_mode: pixel\n"
+        "optim:\n"
+        "  recount: 7                # not data's: stays\n"
+    )
+    assert [m.old for m in moved] == ["data.reprob", "data.remode"]
+
+
+def test_config_cli_reads_old_names_and_migrate_rewrites_a_file_keeping_the_old_text(tmp_path):
+    f = tmp_path / "my.yaml"
+    f.write_text("data:\n  reprob: 0.3   # mine\n  recount: 2\n")
+    r = hpctrain_cli("config", "--config", str(f), "--set", "data.remode=rand", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    resolved = yaml.safe_load(r.stdout)["data"]
+    assert (resolved["erase_prob"], resolved["erase_count"], resolved["erase_mode"]) == (0.3, 2, "rand")
+    assert len(re.findall(r"^hpctrain: note: .*config key data\.re\w+ is data\.erase_\w+", r.stderr, re.M)) == 3
+    r = hpctrain_cli("config", "migrate", str(f), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f.read_text() == "data:\n  erase_prob: 0.3   # mine\n  erase_count: 2\n"
+    assert (tmp_path / "my.yaml.bak").read_text() == "data:\n  reprob: 0.3   # mine\n  recount: 2\n"
+    assert f"{f}: data.reprob → data.erase_prob (hpctrain 0.2.0)" in r.stdout
+    r = hpctrain_cli("config", "migrate", str(f), cwd=tmp_path)
+    assert r.returncode == 0 and "nothing to migrate" in r.stdout
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("data: {reprob: 0.1}\n")
+    r = hpctrain_cli("config", "migrate", str(flow), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "edit it by hand" in r.stderr, r.stderr
+    assert flow.read_text() == "data: {reprob: 0.1}\n" and not (tmp_path / "flow.yaml.bak").exists()
+
+
+def test_the_old_releases_shipped_configs_load_as_todays_and_migrate_to_them_byte_for_byte(old_src, tmp_path):
+    old_configs = sorted((old_src / "hpctrain" / "configs").glob("*.yaml"))
+    assert len(old_configs) >= 8
+    moved = 0
+    for old in old_configs:
+        new = ROOT / "configs" / old.name
+        assert config.to_dict(config.load(old)) == config.to_dict(config.load(new)), old.name
+        out = tmp_path / old.name
+        r = hpctrain_cli("config", "migrate", str(old), "-o", str(out), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert out.read_text() == new.read_text(), old.name
+        moved += r.stdout.count(" → ")
+    assert moved == 5  # DeiT-B's three erasing keys, the custom fine-tuning recipe's two
+
+
+def test_docs_configs_lists_every_move():
+    page = (ROOT / "docs" / "configs.md").read_text()
+    for m in MOVES:
+        assert f"| `{m.old}` | `{m.new}` | {m.version} |" in page, m
+    assert config_moves.MOVES[0].version == "0.2.0"
+
+
+@pytest.mark.slow
+def test_a_run_the_old_release_started_resumes_under_todays_names_to_the_same_weights(old_src, digits_root, tmp_path):
+    """4 ranks (sharded checkpoints; DDP's buckets decide the order of every sum): a run straight
+    through under today's code and names, against one that the old release started with its names
+    (`data.reprob`, `data.recount`) and halted at step 13, resumed by today's code from the command
+    line the user had (the old names, read with a note each)."""
+    old_sets = [*SETS, "data.reprob=0.5", "data.recount=2"]
+    new_sets = [*SETS, "data.erase_prob=0.5", "data.erase_count=2"]
+    run_ranks(4, digits_args(digits_root, tmp_path, "straight", *new_sets, "run.resume=none"))
+    old_env = {"PYTHONPATH": os.pathsep.join([str(old_src), str(ROOT)])}
+    out = run_ranks(4, digits_args(digits_root, tmp_path, "split", *old_sets, "train.halt_at=13"), env=old_env)
+    assert f"from {old_src}" in hpctrain_version(old_env) and "config key" not in out[0].stdout
+    saved = yaml.safe_load((tmp_path / "split" / "config.yaml").read_text())["data"]
+    assert (saved["reprob"], saved["recount"]) == (0.5, 2) and "erase_prob" not in saved  # the old run's names
+    out = run_ranks(4, digits_args(digits_root, tmp_path, "split", *old_sets))
+    assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
+    assert "config key data.reprob is data.erase_prob" in out[0].stdout
+    assert "erase_prob: 0.5" in (tmp_path / "split" / "config.yaml").read_text()  # rewritten in today's names
+    assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
+
+
+def hpctrain_version(env: dict) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "--version"], env={**os.environ, **env}, capture_output=True, text=True
+    ).stdout
