@@ -847,7 +847,7 @@ def w_train(tiny: bool, out: Path) -> dict:
         "train.log_every=2" if tiny else "train.log_every=10",
         "train.eval_every=0",
         "train.ema=0.99",
-        "data.reprob=0.25",
+        "data.erase_prob=0.25",
         "train.ckpt_async=true",
         f"train.ckpt_every={halt // 2 or 1}",
         "train.tensorboard=false",
