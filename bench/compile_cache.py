@@ -37,7 +37,7 @@ def first_step_s(digits: Path, runs: Path, name: str, cache: Path, threads: int)
         f"run.name={name}",
         f"train.threads={threads}",
         "train.log_every=1",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
         "train.ckpt_every=0",
         "train.tensorboard=false",
         "train.max_steps=1",

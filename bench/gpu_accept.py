@@ -845,7 +845,7 @@ def w_train(tiny: bool, out: Path) -> dict:
         f"run.dir={runs}",
         f"train.max_steps={steps}",
         "train.log_every=2" if tiny else "train.log_every=10",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
         "train.ema=0.99",
         "data.erase_prob=0.25",
         "train.ckpt_async=true",

@@ -225,7 +225,7 @@ def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
         f"run.name={name}",
         "train.threads=1",
         "train.log_every=1",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
         "train.ckpt_every=0",
         "train.tensorboard=false",
     ]  # importing it costs ~0.5 s CPU per run; its own tests turn it on

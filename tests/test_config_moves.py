@@ -17,7 +17,7 @@ import yaml
 
 from hpctrain import config, config_moves
 from hpctrain.config_moves import MOVES, MoveError, migrate_data, migrate_override, migrate_text
-from tests.helpers import ROOT, digits_args, run_ranks
+from tests.helpers import DIGITS, ROOT, digits_args, run_ranks
 from tests.train.test_resume import SETS, assert_same, final_state
 
 # main before the first move (hpctrain 0.1.0's key names): the old release of these tests
@@ -124,7 +124,8 @@ def test_the_old_releases_shipped_configs_load_as_todays_and_migrate_to_them_byt
         assert r.returncode == 0, r.stderr
         assert out.read_text() == new.read_text(), old.name
         moved += r.stdout.count(" → ")
-    assert moved == 5  # DeiT-B's three erasing keys, the custom fine-tuning recipe's two
+    # DeiT-B's three erasing keys, the custom fine-tuning recipe's two; eval_every in the three that set it
+    assert moved == 8
 
 
 def test_docs_configs_lists_every_move():
@@ -138,21 +139,32 @@ def test_docs_configs_lists_every_move():
 def test_a_run_the_old_release_started_resumes_under_todays_names_to_the_same_weights(old_src, digits_root, tmp_path):
     """4 ranks (sharded checkpoints; DDP's buckets decide the order of every sum): a run straight
     through under today's code and names, against one that the old release started with its names
-    (`data.reprob`, `data.recount`) and halted at step 13, resumed by today's code from the command
-    line the user had (the old names, read with a note each)."""
+    (`data.reprob`, `data.recount`, `train.eval_every`) and halted at step 13, resumed by today's code
+    from the command line the user had (the old names, read with a note each)."""
     old_sets = [*SETS, "data.reprob=0.5", "data.recount=2"]
     new_sets = [*SETS, "data.erase_prob=0.5", "data.erase_count=2"]
     run_ranks(4, digits_args(digits_root, tmp_path, "straight", *new_sets, "run.resume=none"))
     old_env = {"PYTHONPATH": os.pathsep.join([str(old_src), str(ROOT)])}
-    out = run_ranks(4, digits_args(digits_root, tmp_path, "split", *old_sets, "train.halt_at=13"), env=old_env)
+    old_args = old_names(digits_args(digits_root, tmp_path, "split", *old_sets, "train.halt_at=13"), old_src)
+    out = run_ranks(4, old_args, env=old_env)
     assert f"from {old_src}" in hpctrain_version(old_env) and "config key" not in out[0].stdout
     saved = yaml.safe_load((tmp_path / "split" / "config.yaml").read_text())["data"]
     assert (saved["reprob"], saved["recount"]) == (0.5, 2) and "erase_prob" not in saved  # the old run's names
-    out = run_ranks(4, digits_args(digits_root, tmp_path, "split", *old_sets))
+    out = run_ranks(4, old_names(digits_args(digits_root, tmp_path, "split", *old_sets), old_src))
     assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
     assert "config key data.reprob is data.erase_prob" in out[0].stdout
     assert "erase_prob: 0.5" in (tmp_path / "split" / "config.yaml").read_text()  # rewritten in today's names
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
+
+
+def old_names(args: list[str], old_src: Path) -> list[str]:
+    """A command line as the old release's user typed it: its digits config, the keys' old names."""
+    back = {m.new: m.old for m in MOVES}
+    out = []
+    for a in args:
+        key, sep, value = a.partition("=")
+        out.append(f"{back[key]}={value}" if sep and key in back else a)
+    return [str(old_src / "hpctrain" / "configs" / DIGITS.name) if a == str(DIGITS) else a for a in out]
 
 
 def hpctrain_version(env: dict) -> str:

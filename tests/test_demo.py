@@ -67,7 +67,7 @@ def test_demo_with_the_dali_loader_saves_evaluates_and_ends(tmp_path):
     second epoch's through Pipeline.deserialize, evaluate, save and end (on the NGC 23.12 stack,
     DALI 1.32, both ranks once died tracing: an exec_dynamic keyword that DALI lacks)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    sets = ["data.loader=dali", "train.epochs=2", "optim.warmup_epochs=1", "train.eval_every=1"]
+    sets = ["data.loader=dali", "train.epochs=2", "optim.warmup_epochs=1", "train.eval_every_epochs=1"]
     r = subprocess.run(
         [sys.executable, "-m", "hpctrain", "submit", "--config", str(DIGITS), *[a for s in sets for a in ("--set", s)]],
         cwd=tmp_path,

@@ -530,7 +530,7 @@ class TrainConfig:
         "CUDA only: allocator history over steps A-B, dumped to <run>/profile/",
         more=True,
     )
-    eval_every: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
+    eval_every_epochs: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
     ckpt_every: int | str = opt(
         500,
         "optimizer steps between checkpoints (0: only at the end), or auto (Young/Daly)",

@@ -32,6 +32,8 @@ MOVES = (
     Move("data.reprob", "data.erase_prob", "0.2.0"),
     Move("data.remode", "data.erase_mode", "0.2.0"),
     Move("data.recount", "data.erase_count", "0.2.0"),
+    # counted epochs beside ckpt_every and log_every, which count steps: the unit goes into the name
+    Move("train.eval_every", "train.eval_every_epochs", "0.2.0"),
 )
 BY_OLD = {m.old: m for m in MOVES}
 

@@ -91,7 +91,7 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
             "nodedeath",
             "train.epochs=8",
             "train.log_every=1",
-            "train.eval_every=0",
+            "train.eval_every_epochs=0",
             f"train.ckpt_every={CKPT_EVERY}",
             f"train.pg_timeout_s={PG_TIMEOUT}",
         ),

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 metrics = run_metrics
 # What the jobs of the stop, requeue and fault tests train: 2 epochs of digits (44 steps at the global
 # batch of 64, whatever the world size), a record per step; each test adds its checkpoint interval.
-JOB_SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every=0")
+JOB_SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every_epochs=0")
 JOB_STEPS = 44
 
 

@@ -182,7 +182,7 @@ def test_job_whose_run_is_under_a_destination_mapped_bind_trains(slurm_cluster, 
         str(prof),
         "--nodes",
         "2",
-        *digits_sets(digits_root, runs, "mapped", "train.max_steps=3", "train.eval_every=0"),
+        *digits_sets(digits_root, runs, "mapped", "train.max_steps=3", "train.eval_every_epochs=0"),
         env=env,
     )
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED"

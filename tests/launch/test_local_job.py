@@ -18,7 +18,13 @@ import pytest
 from tests.faults.local import wait_for_step
 from tests.helpers import DIGITS, WAIT_S, as_typed_at_a_terminal, hpctrain, run_metrics, wait_for
 
-SETS = ["train.threads=1", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.tensorboard=false"]
+SETS = [
+    "train.threads=1",
+    "train.log_every=1",
+    "train.eval_every_epochs=0",
+    "train.ckpt_every=0",
+    "train.tensorboard=false",
+]
 
 
 def local_env() -> dict:

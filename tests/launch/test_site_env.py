@@ -69,7 +69,7 @@ def test_image_with_an_older_hpctrain_runs_the_submitting_code(slurm_cluster, di
         str(profile(image, tmp_path)),
         "--nodes",
         "2",
-        *digits_sets(digits_root, tmp_path, "src", "train.max_steps=3", "train.eval_every=0"),
+        *digits_sets(digits_root, tmp_path, "src", "train.max_steps=3", "train.eval_every_epochs=0"),
         env=image_env(image),
     )
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED"
@@ -124,7 +124,7 @@ def test_container_modules_stay_out_of_the_image(slurm_cluster, digits_root, ima
     cmd = (
         f"module load apptainer && command -v apptainer && {sys.executable} -m hpctrain submit --config "
         f"configs/digits_vit.yaml --cluster {prof} --nodes 2 "
-        + " ".join(digits_sets(digits_root, tmp_path, "mods", "train.max_steps=3", "train.eval_every=0"))
+        + " ".join(digits_sets(digits_root, tmp_path, "mods", "train.max_steps=3", "train.eval_every_epochs=0"))
     )
     r = subprocess.run(["bash", "-lc", cmd], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -541,7 +541,7 @@ def test_array_elements_sharing_a_node_rendezvous_apart(slurm_cluster, digits_ro
     stale MASTER_ADDR/MASTER_PORT exported: each derives its own port from its SLURM_JOB_ID."""
     wrap = (
         'export HPCTRAIN_SET=$(printf \'["data.root=%s", "run.dir=%s", "run.name=arr%s", '
-        '"train.max_steps=6", "train.threads=1", "train.eval_every=0"]\' "$DIGITS" "$RUNS" '
+        '"train.max_steps=6", "train.threads=1", "train.eval_every_epochs=0"]\' "$DIGITS" "$RUNS" '
         '"$SLURM_ARRAY_TASK_ID"); exec bash "$SBATCH_SCRIPT"'
     )
     env = {

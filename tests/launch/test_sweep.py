@@ -75,7 +75,7 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
         "--set",
         "train.max_steps=2",
         "--set",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
         "--grid",
         "optim.lr=1e-3,5e-4",
         "--name",

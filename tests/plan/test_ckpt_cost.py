@@ -95,7 +95,7 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
         "train.ckpt_auto_first=2",
         "train.max_steps=4",
         "train.log_every=1",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
     )
     env, sacct_log = _logging_sacct(slurm_cluster, tmp_path)
 

@@ -54,7 +54,7 @@ def test_fp16_skipped_steps_write_strict_json(tmp_path):
             "train.amp=fp16",
             "model.depth=1",
             "train.log_every=2",
-            "train.eval_every=0",
+            "train.eval_every_epochs=0",
             "train.ckpt_every=0",
         ],
     )

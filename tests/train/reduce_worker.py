@@ -34,7 +34,7 @@ def main(root: str, out: str, *sets: str) -> None:
             [
                 f"data.root={root}",
                 "train.threads=1",
-                "train.eval_every=0",
+                "train.eval_every_epochs=0",
                 "train.ckpt_every=0",
                 f"train.grad_reduce_dtype={dtype}",
                 *sets,

@@ -36,7 +36,7 @@ def main(root: str, out: str) -> None:
         "run.name=run",
         "train.threads=1",
         "train.log_every=1",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
         "train.ckpt_every=3",
         "train.max_steps=12",
     ]

@@ -16,7 +16,7 @@ SETS = [
     "train.cutmix=0",
     "model.drop_path=0",
     "train.log_every=1",
-    "train.eval_every=0",
+    "train.eval_every_epochs=0",
     "train.ckpt_every=0",
     "train.threads=1",
 ]

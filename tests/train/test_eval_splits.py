@@ -30,7 +30,7 @@ def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, t
         digits_root,
         tmp_path,
         f"train.max_steps={EPOCH + 1}",
-        "train.eval_every=1",
+        "train.eval_every_epochs=1",
         "train.ema=0.9",
         "train.tensorboard=true",
         "data.eval_splits=[val,minival]",

@@ -38,7 +38,7 @@ def start_pair(root, run_dir, name: str) -> list[subprocess.Popen]:
         "train.threads=1",
         "train.max_steps=2",
         "train.log_every=1",
-        "train.eval_every=0",
+        "train.eval_every_epochs=0",
         "train.ckpt_every=0",
         "train.tensorboard=false",
         "data.batch_size=32",

@@ -24,7 +24,7 @@ def steps(run_dir, kind: str) -> list[int]:
 
 @pytest.mark.slow
 def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
-    sets = ["train.max_steps=24", "train.eval_every=1", "train.log_every=4"]
+    sets = ["train.max_steps=24", "train.eval_every_epochs=1", "train.log_every=4"]
     run_ranks(1, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
     assert steps(tmp_path / "straight", "eval") == [EPOCH, 24]
     run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, f"train.halt_at={EPOCH}"))
@@ -58,7 +58,7 @@ def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
 def test_resume_from_an_older_checkpoint_supersedes_later_records(digits_root, tmp_path):
     # The first attempt checkpoints at the epoch end (eval still due), evaluates, trains on and
     # finishes; resuming from that checkpoint replays everything after it, that eval included.
-    sets = ["train.max_steps=26", f"train.ckpt_every={EPOCH}", "train.eval_every=1", "train.keep_ckpts=3"]
+    sets = ["train.max_steps=26", f"train.ckpt_every={EPOCH}", "train.eval_every_epochs=1", "train.keep_ckpts=3"]
     run = tmp_path / "r"
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets))
     first = run_metrics(run)

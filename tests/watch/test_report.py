@@ -13,7 +13,7 @@ from hpctrain.config import load
 from hpctrain.watch import report
 from tests.helpers import run_metrics
 
-SETS = ["train.max_steps=24", "train.eval_every=1", "train.log_every=2"]  # evals at 22 (epoch end), 24
+SETS = ["train.max_steps=24", "train.eval_every_epochs=1", "train.log_every=2"]  # evals at 22 (epoch end), 24
 HALT = 10
 
 

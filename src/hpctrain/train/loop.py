@@ -624,9 +624,9 @@ class Trainer:
             self.stops.start()
 
     def _eval_due(self) -> bool:
-        """This step ends an epoch that `train.eval_every` evaluates (the last step has its own)."""
+        """This step ends an epoch that `train.eval_every_epochs` evaluates (the last step has its own)."""
         ep, pos = divmod(self.step, self.steps_per_epoch)
-        every = self.cfg.train.eval_every
+        every = self.cfg.train.eval_every_epochs
         return pos == 0 and every > 0 and ep % every == 0 and self.step < self.total_steps
 
     def _supersede_records(self) -> None:

@@ -80,7 +80,7 @@ def test_prepare_sorts_val_reports_bad_files_and_training_honours_the_list(raw_i
         "--set",
         f"run.dir={tmp_path / 'runs'}",
         "--set",
-        "train.eval_every=1",
+        "train.eval_every_epochs=1",
     ]
     ok = cli(*train, "--set", "run.name=excl", "--set", f"data.exclude_file={excl}")
     assert ok.returncode == 0, ok.stderr[-2000:]

@@ -36,7 +36,7 @@ def assert_finite_checkpoints(run_dir) -> list[int]:
 def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_path):
     run_ranks(
         2,
-        digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every=1", "train.keep_best=true"),
+        digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every_epochs=1", "train.keep_best=true"),
         env={"HPCTRAIN_TEST_NAN": "1:12"},
     )
     run = tmp_path / "nan"

@@ -31,7 +31,7 @@ def train_records(tmp_path, *sets: str) -> list[dict]:
             "data.batch_size=16",
             "train.max_steps=4",
             "train.log_every=2",
-            "train.eval_every=0",
+            "train.eval_every_epochs=0",
             "train.ckpt_every=0",
             *sets,
         ],

@@ -55,7 +55,7 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
     sets = [
         "train.max_steps=26",
         f"train.ckpt_every={EPOCH}",
-        "train.eval_every=1",
+        "train.eval_every_epochs=1",
         "train.keep_ckpts=3",
         "train.ema=0.9",
         "train.tensorboard=true",
