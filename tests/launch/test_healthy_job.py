@@ -55,25 +55,41 @@ def batch_output(run, job: str) -> str:
     return "".join(p.read_text(errors="replace") for p in paths)
 
 
+def submit_spare_job(c, digits_root, tmp_path, name: str) -> str:
+    """A job of 1 training node and 1 spare on the spares partition, rank 0 slowed (SLOW_DATA)."""
+    sets = digits_sets(digits_root, tmp_path, name, *SETS)
+    return submit(c, "--partition", SPARE_PARTITION, "--nodes", "1", "--spare-nodes", "1", "--gpus-per-node", "2",
+                  *sets, env=SLOW_DATA)  # fmt: skip
+
+
+def assert_requeued_by_the_guard_without(c, job: str, run, dead: str, restarts: int) -> str:
+    """The job ended COMPLETED after `restarts` requeues, the last by the guard, with only the hung
+    host excluded; the run trained to its end without an exclude or restart of its own. Returns the
+    batch output."""
+    out = batch_output(run, job)
+    show = c.run("scontrol", "show", "job", "-o", job).stdout
+    # sacct may fold the guard's requeue of a dead node's allocation into one row
+    assert re.search(rf"\bRestarts={restarts}\s", show) and sacct_states(c, job)[-1] == "COMPLETED", show
+    assert sorted(p.name for p in (run / "attempts").glob("env-*.json")) == [
+        f"env-{job}-{r}-0.json" for r in range(restarts + 1)
+    ], job_report(c, job, run)
+    assert re.search(rf"\bExcNodeList={dead}\s", show), show
+    # NOT_RESPONDING with the shell's heartbeat stopped, or DOWN once SlurmdTimeout has passed
+    assert re.search(rf"the batch host {dead} is \S*(DOWN|NOT_RESPONDING)\S* and its shell's heartbeat stopped", out), (
+        out
+    )
+    assert metrics(run, "exclude") == [] and metrics(run, "restart") == [], job_report(c, job, run)
+    assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
+    return out
+
+
 @pytest.mark.slow
 def test_a_failing_batch_host_a_draining_spare_and_a_stalled_controller_leave_a_healthy_job_alone(
     slurm_cluster, digits_root, tmp_path
 ):
     c = slurm_cluster
     run = tmp_path / "healthy"
-    job = submit(
-        c,
-        "--partition",
-        SPARE_PARTITION,
-        "--nodes",
-        "1",
-        "--spare-nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        *digits_sets(digits_root, tmp_path, "healthy", *SETS),
-        env=SLOW_DATA,
-    )
+    job = submit_spare_job(c, digits_root, tmp_path, "healthy")
 
     def report():
         return job_report(c, job, run)
@@ -120,21 +136,9 @@ def test_a_failing_batch_host_a_draining_spare_and_a_stalled_controller_leave_a_
             c.kill_node(dead)
             c.revive_node(dead)
 
-    out = batch_output(run, job)
-    show = c.run("scontrol", "show", "job", "-o", job).stdout
-    # three allocations (sacct may fold the guard's requeue of a dead node's allocation into one row)
-    assert re.search(r"\bRestarts=2\s", show) and sacct_states(c, job)[-1] == "COMPLETED", (show, report())
-    assert sorted(p.name for p in (run / "attempts").glob("env-*.json")) == [
-        f"env-{job}-{r}-0.json" for r in range(3)
-    ], report()
-    assert re.search(rf"\bExcNodeList={dead}\s", show), show  # neither the FAIL host nor the drained spare
+    # three allocations; only the hung host excluded: neither the FAIL host nor the drained spare
+    out = assert_requeued_by_the_guard_without(c, job, run, dead, restarts=2)
     assert "slurmctld did not answer" in out and "Socket timed out" in out, out
-    # NOT_RESPONDING with the shell's heartbeat stopped, or DOWN once SlurmdTimeout has passed
-    assert re.search(rf"the batch host {dead} is \S*(DOWN|NOT_RESPONDING)\S* and its shell's heartbeat stopped", out), (
-        out
-    )
-    assert metrics(run, "exclude") == [] and metrics(run, "restart") == [], report()
-    assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
 
 
 @pytest.fixture(scope="module")
@@ -160,19 +164,7 @@ def test_on_slurm_24_the_guard_requeues_a_job_whose_batch_host_hangs(site_timeou
     config = c.run("scontrol", "show", "config").stdout
     assert "24.11" in c.version() and re.search(rf"SlurmdTimeout\s+= {SITE_SLURMD_TIMEOUT} sec", config), config
     run = tmp_path / "guard24"
-    job = submit(
-        c,
-        "--partition",
-        SPARE_PARTITION,
-        "--nodes",
-        "1",
-        "--spare-nodes",
-        "1",
-        "--gpus-per-node",
-        "2",
-        *digits_sets(digits_root, tmp_path, "guard24", *SETS),
-        env=SLOW_DATA,
-    )
+    job = submit_spare_job(c, digits_root, tmp_path, "guard24")
 
     def report():
         return job_report(c, job, run)
@@ -188,19 +180,7 @@ def test_on_slurm_24_the_guard_requeues_a_job_whose_batch_host_hangs(site_timeou
             c.kill_node(dead)
             c.revive_node(dead)
 
-    out = batch_output(run, job)
-    show = c.run("scontrol", "show", "job", "-o", job).stdout
-    assert re.search(r"\bRestarts=1\s", show) and sacct_states(c, job)[-1] == "COMPLETED", (show, report())
-    assert re.search(rf"\bExcNodeList={dead}\s", show), show
-    # NOT_RESPONDING with the shell's heartbeat stopped, or DOWN once SlurmdTimeout has passed
-    assert re.search(rf"the batch host {dead} is \S*(DOWN|NOT_RESPONDING)\S* and its shell's heartbeat stopped", out), (
-        out
-    )
-    assert sorted(p.name for p in (run / "attempts").glob("env-*.json")) == [
-        f"env-{job}-{r}-0.json" for r in range(2)
-    ], report()
-    assert metrics(run, "exclude") == [] and metrics(run, "restart") == [], report()
-    assert metrics(run, "end")[-1]["status"] == "finished" and metrics(run, "train")[-1]["step"] == JOB_STEPS
+    assert_requeued_by_the_guard_without(c, job, run, dead, restarts=1)
 
 
 def exc_list(cluster, control, job_nodes: int, old: str, **env: str) -> str:
