@@ -5,7 +5,6 @@ redirect into a file and edit); `migrate FILE` rewrites a config file in today's
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import yaml
 from hpctrain import config, config_moves, shipped
 from hpctrain.cli import CLIError, add_config_args
 from hpctrain.cli.common import load_config
+from hpctrain.run.layout import atomic_write
 
 
 def add_parser(sub) -> None:
@@ -73,10 +73,8 @@ def migrate(name: str | None, output: str | None) -> None:
         return
     out = Path(output) if output else path
     if not output:
-        Path(f"{path}.bak").write_text(path.read_text())
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+        atomic_write(Path(f"{path}.bak"), path.read_text())
+    atomic_write(out, text)
     print(f"wrote {out}" + ("" if output else f" (the old text: {path}.bak)"))
 
 
