@@ -8,7 +8,6 @@ sections or with a change of unit would need a value rule here too.
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +47,9 @@ def note(m: Move, where: str) -> str:
 def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
     """`data` (a config mapping, not changed) with every moved key under its new name, and one note
     per key moved. Both names at once is an error: which one was meant cannot be told."""
-    if not isinstance(data, dict) or not any(isinstance(data.get(m.old.split(".")[0]), dict) for m in MOVES):
+    if not isinstance(data, dict):
         return data, []
-    out, notes = copy.deepcopy(data), []
+    out, notes = dict(data), []  # a moved key's section is replaced by a new mapping, never edited
     for m in MOVES:
         (section, old), new = m.old.split("."), m.new.split(".")[1]
         keys = out.get(section)
@@ -62,7 +61,7 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
             )
         out[section] = {new if k == old else k: v for k, v in keys.items()}
         notes.append(note(m, where))
-    return out, notes
+    return (out, notes) if notes else (data, [])
 
 
 def migrate_override(item: str) -> tuple[str, str | None]:
