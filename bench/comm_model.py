@@ -40,7 +40,7 @@ def config(args, world: int):
     sets = [
         "data.loader=synthetic",
         f"data.batch_size={args.per_rank_batch * world}",
-        "train.compile=false",
+        "compile.enabled=false",
         f"train.threads={args.threads}",
         "train.ema=0",
         *args.overrides,
@@ -64,7 +64,7 @@ def worker(args) -> None:
     cfg = config(args, info.world_size)
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    distmod.init(info, "gloo", cfg.train.pg_timeout_s)
+    distmod.init(info, "gloo", cfg.dist.pg_timeout_s)
     try:
         torch.manual_seed(cfg.train.seed)
         loader, _ = build_loaders(cfg, info.rank, info.world_size, device)
@@ -112,7 +112,7 @@ def worker(args) -> None:
         wait = vals[len(keys) * args.rounds :]
         rows = None
         if info.world_size > 1:
-            bucket = min(grad_bytes, cfg.train.ddp_bucket_mb * 2**20)
+            bucket = min(grad_bytes, cfg.dist.ddp_bucket_mb * 2**20)
             rows = allreduce.measure(sorted({bucket, grad_bytes}), args.ar_iters, 2, device)
     finally:
         distmod.shutdown()
@@ -132,7 +132,7 @@ def worker(args) -> None:
                     "data_wait_s": statistics.median(wait),
                     "grad_bytes": grad_bytes,
                     "bucket_sizes": buckets,
-                    "ddp_bucket_mb": cfg.train.ddp_bucket_mb,
+                    "ddp_bucket_mb": cfg.dist.ddp_bucket_mb,
                     "allreduce": rows,
                 }
             ),
@@ -185,7 +185,7 @@ def predict_two(cfg, two: dict, compute_s: float, wait_s: float):
     b = two["per_rank_batch"]
     fl = flops.model_flops(cfg.model).train_flops
     compute = Compute(b * fl / compute_s / 1e12, "measured step", wait_s / b)
-    bucket = cfg.train.ddp_bucket_mb * 2**20
+    bucket = cfg.dist.ddp_bucket_mb * 2**20
     link = link_from_rows(two["allreduce"], min(bucket, two["grad_bytes"]), "measured with 2 gloo ranks")
     work = Workload(fl, two["grad_bytes"], bucket, 2 * b, cfg.train.accum_steps)
     return step_time(work, 1, 2, compute, link, link), compute, link

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Cold vs warm compile cache: time from process start to the end of the first training step of the
-digits model with `train.compile=true` on CPU (needs a C compiler), in pairs.
+digits model with `compile.enabled=true` on CPU (needs a C compiler), in pairs.
 
-Each pair starts from an empty `train.compile_cache`: the first run compiles from scratch (cold),
+Each pair starts from an empty `compile.cache`: the first run compiles from scratch (cold),
 the second finds what the first left (warm, as a requeued attempt does). The clock runs from
 starting `python -m hpctrain train` until rank 0's metrics.jsonl holds the step-1 record (log_every=1:
 written at the end of step 1), polled every 20 ms. Inductor's FX graph cache hits and misses are read
@@ -36,13 +36,13 @@ def first_step_s(digits: Path, runs: Path, name: str, cache: Path, threads: int)
         f"run.dir={runs}",
         f"run.name={name}",
         f"train.threads={threads}",
-        "train.log_every=1",
+        "log.every=1",
         "train.eval_every_epochs=0",
-        "train.ckpt_every=0",
+        "ckpt.every=0",
         "train.tensorboard=false",
         "train.max_steps=1",
-        "train.compile=true",
-        f"train.compile_cache={cache}",
+        "compile.enabled=true",
+        f"compile.cache={cache}",
         "run.resume=none",
     ]
     args = [sys.executable, "-m", "hpctrain", "train", "--config", str(CONFIG)]
@@ -93,7 +93,7 @@ def main() -> None:
                 }
             )
     out = {
-        "what": "process start to end of step 1, digits ViT, train.compile=true, CPU",
+        "what": "process start to end of step 1, digits ViT, compile.enabled=true, CPU",
         "threads": args.threads,
         "pairs": rows,
         "median_cold_s": statistics.median(r["cold_s"] for r in rows),

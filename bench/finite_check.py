@@ -51,10 +51,10 @@ def main() -> int:
     sets = [
         "data.loader=synthetic",
         "train.amp=none",
-        "train.compile=false",
+        "compile.enabled=false",
         "train.ema=0",
-        "train.mixup=0",
-        "train.cutmix=0",
+        "aug.mixup=0",
+        "aug.cutmix=0",
         "train.threads=0",
         "train.tensorboard=false",
         *args.overrides,

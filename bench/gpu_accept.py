@@ -498,7 +498,7 @@ def bench_case(tiny: bool, batch: int, compiled: bool) -> dict:
     from hpctrain.bench import measure  # torch under it: workers only
     from hpctrain.config import load
 
-    sets = [f"data.batch_size={batch}", f"train.compile={str(compiled).lower()}", *(TINY if tiny else [])]
+    sets = [f"data.batch_size={batch}", f"compile.enabled={str(compiled).lower()}", *(TINY if tiny else [])]
     if tiny:
         sets.append("train.device=cpu")
     steps, warmup = (2, 1) if tiny else (30 if batch >= 128 else 50, 5)
@@ -620,7 +620,7 @@ def w_fp16(tiny: bool, out: Path) -> dict:
         "data.batch_size=32",
         "data.synthetic_size=4096",
         "train.amp=fp16",
-        "train.compile=false",
+        "compile.enabled=false",
         "optim.warmup_steps=0",
         "optim.lr=1e-3",
         *(TINY if tiny else model),
@@ -733,7 +733,9 @@ def w_nccl(tiny: bool, out: Path) -> dict:
         for dtype in ("fp32", "bf16"):
             model = copy.deepcopy(ref)
             model.zero_grad(set_to_none=True)
-            ddp, hook = comm.wrap(model, dev, dataclasses.replace(cfg.train, grad_reduce_dtype=dtype))
+            ddp, hook = comm.wrap(
+                model, dev, dataclasses.replace(cfg, dist=dataclasses.replace(cfg.dist, grad_reduce_dtype=dtype))
+            )
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             got = torch.cat([model.get_parameter(n).grad.flatten() for n in used])
             f[f"ddp_{dtype}"] = {"grad_rel_diff": float((got - want).norm() / want.norm()), "bytes": hook.take()}
@@ -844,19 +846,19 @@ def w_train(tiny: bool, out: Path) -> dict:
         "data.prepare=none",
         f"run.dir={runs}",
         f"train.max_steps={steps}",
-        "train.log_every=2" if tiny else "train.log_every=10",
+        "log.every=2" if tiny else "log.every=10",
         "train.eval_every_epochs=0",
         "train.ema=0.99",
-        "data.erase_prob=0.25",
-        "train.ckpt_async=true",
-        f"train.ckpt_every={halt // 2 or 1}",
+        "aug.erase_prob=0.25",
+        "ckpt.async_save=true",
+        f"ckpt.every={halt // 2 or 1}",
         "train.tensorboard=false",
         f"train.amp={'bf16' if cuda else 'none'}",
     ]
     runs_sets = {
         "a": [
-            "train.profile_steps=2-3" if tiny else "train.profile_steps=5-7",
-            "train.memory_snapshot_steps=4-4" if tiny else "train.memory_snapshot_steps=8-9",
+            "log.profile_steps=2-3" if tiny else "log.profile_steps=5-7",
+            "log.memory_snapshot_steps=4-4" if tiny else "log.memory_snapshot_steps=8-9",
         ],
         "b": [],
         "h": [f"train.halt_at={halt}"],

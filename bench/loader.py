@@ -120,7 +120,7 @@ def main() -> int:
             f"data.workers={args.threads}",
             f"model.img_size={args.size}",
             f"model.num_classes={len(listing.classes)}",
-            "data.hflip=0.5",
+            "aug.hflip=0.5",
             "data.scale_min=0.08",
             *args.set,
         ],

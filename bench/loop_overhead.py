@@ -58,11 +58,11 @@ def main() -> int:
     sets = [
         "data.loader=synthetic",
         "train.amp=none",
-        "train.compile=false",
+        "compile.enabled=false",
         "train.ema=0",
-        "train.mixup=0",
-        "train.cutmix=0",
-        f"train.log_every={args.steps}",
+        "aug.mixup=0",
+        "aug.cutmix=0",
+        f"log.every={args.steps}",
         "train.threads=0",
         *args.overrides,
     ]
@@ -92,7 +92,7 @@ def main() -> int:
         weight_decay=cfg.optim.weight_decay,
     )
     x, y = loader.images, loader.labels
-    smoothing = cfg.train.label_smoothing
+    smoothing = cfg.aug.label_smoothing
 
     def bare(steps: int) -> float:
         bare_model.train()

@@ -56,8 +56,8 @@ def main() -> int:
         ddp = torch.nn.parallel.DistributedDataParallel(
             copy.deepcopy(model),
             static_graph=static,
-            bucket_cap_mb=cfg.train.ddp_bucket_mb,
-            gradient_as_bucket_view=cfg.train.ddp_bucket_view,
+            bucket_cap_mb=cfg.dist.ddp_bucket_mb,
+            gradient_as_bucket_view=cfg.dist.ddp_bucket_view,
         )
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         sides[name] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))

@@ -224,9 +224,9 @@ def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
         f"run.dir={run_dir}",
         f"run.name={name}",
         "train.threads=1",
-        "train.log_every=1",
+        "log.every=1",
         "train.eval_every_epochs=0",
-        "train.ckpt_every=0",
+        "ckpt.every=0",
         "train.tensorboard=false",
     ]  # importing it costs ~0.5 s CPU per run; its own tests turn it on
     args = ["-m", "hpctrain", "train", "--config", str(DIGITS)]

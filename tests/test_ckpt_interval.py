@@ -1,4 +1,4 @@
-"""`train.ckpt_every: auto`: Young/Daly's interval from the save and step times a run measures."""
+"""`ckpt.every: auto`: Young/Daly's interval from the save and step times a run measures."""
 
 from __future__ import annotations
 
@@ -47,14 +47,14 @@ def test_step_clock_leaves_out_the_first_window():
 
 
 def test_ckpt_every_takes_steps_or_auto():
-    assert load(DIGITS, ["train.ckpt_every=auto"]).train.ckpt_every == "auto"
-    assert load(DIGITS, ["train.ckpt_every=50"]).train.ckpt_every == 50
+    assert load(DIGITS, ["ckpt.every=auto"]).ckpt.every == "auto"
+    assert load(DIGITS, ["ckpt.every=50"]).ckpt.every == 50
     with pytest.raises(
         ConfigError,
         match=r"train\.ckpt_every='often' is not allowed: use a number of optimizer "
         r"steps \(0: only at the end\) or auto",
     ):
-        load(DIGITS, ["train.ckpt_every=often"])
+        load(DIGITS, ["ckpt.every=often"])
 
 
 @pytest.mark.slow
@@ -69,16 +69,16 @@ def test_auto_interval_follows_from_the_measured_inputs(digits_root, tmp_path):
             tmp_path,
             "r",
             "train.max_steps=24",
-            "train.log_every=2",
-            "train.ckpt_every=auto",
-            "train.ckpt_auto_first=4",
-            "train.mtbf_h=0.0002",
-            "train.keep_ckpts=20",
+            "log.every=2",
+            "ckpt.every=auto",
+            "ckpt.auto_first=4",
+            "ckpt.mtbf_h=0.0002",
+            "ckpt.keep=20",
         ),
         timeout=240,
     )
     recs = run_metrics(tmp_path / "r", "ckpt_interval")
-    assert recs and recs[0]["step"] == 4 and recs[0]["mtbf_source"] == "train.mtbf_h"
+    assert recs and recs[0]["step"] == 4 and recs[0]["mtbf_source"] == "ckpt.mtbf_h"
     for r in recs:
         assert r["interval_steps"] == interval_steps(r["save_s"], r["step_s"], 0.0002 * 3600)
         assert r["interval_s"] == pytest.approx(math.sqrt(2 * r["save_s"] * 0.72))

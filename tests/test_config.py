@@ -17,18 +17,18 @@ def test_shipped_configs_load_with_their_recipes():
     b16 = load("configs/vit_b16_imagenet.yaml")
     assert (b16.model.arch, b16.data.batch_size, b16.train.epochs) == ("vit_base", 1024, 300)
     assert b16.peak_lr == pytest.approx(5e-4 * 1024 / 512)
-    assert (b16.optim.weight_decay, b16.optim.warmup_epochs, b16.train.label_smoothing) == (0.05, 5, 0.1)
-    assert (b16.train.mixup, b16.train.cutmix, b16.model.drop_path) == (0.8, 1.0, 0.1)
+    assert (b16.optim.weight_decay, b16.optim.warmup_epochs, b16.aug.label_smoothing) == (0.05, 5, 0.1)
+    assert (b16.aug.mixup, b16.aug.cutmix, b16.model.drop_path) == (0.8, 1.0, 0.1)
     s16 = load("configs/vit_s16_imagenet_90ep.yaml")
     assert (s16.model.arch, s16.model.pool, s16.model.pos_embed) == ("vit_small", "avg", "sincos_big_vision")
     assert (s16.train.epochs, s16.optim.warmup_steps, s16.optim.clip_grad) == (90, 10000, 1.0)
-    assert (s16.data.randaugment, s16.train.mixup, s16.peak_lr) == ("rand-n2-m10-p1", 0.2, 1e-3)
+    assert (s16.aug.randaugment, s16.aug.mixup, s16.peak_lr) == ("rand-n2-m10-p1", 0.2, 1e-3)
     assert load(DIGITS).model.num_classes == 10
 
 
 def test_overrides_apply_and_parse_types():
-    cfg = load(DIGITS, ["optim.lr=3e-4", "train.amp=bf16", "data.mean=[0.1,0.2,0.3]", "train.compile=true"])
-    assert cfg.optim.lr == 3e-4 and cfg.train.amp == "bf16" and cfg.train.compile is True
+    cfg = load(DIGITS, ["optim.lr=3e-4", "train.amp=bf16", "data.mean=[0.1,0.2,0.3]", "compile.enabled=true"])
+    assert cfg.optim.lr == 3e-4 and cfg.train.amp == "bf16" and cfg.compile.enabled is True
     assert cfg.data.mean == (0.1, 0.2, 0.3)
 
 
@@ -40,7 +40,7 @@ def test_overrides_apply_and_parse_types():
         (["train.epochs=ten"], "train.epochs: expected an integer, got 'ten'"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is out of range: must be > 0"),
         (["train.amp=bf61"], "train.amp='bf61' is not one of none, bf16, fp16 (did you mean 'bf16'?)"),
-        (["train.compile=3"], "train.compile: expected true or false"),
+        (["compile.enabled=3"], "compile.enabled: expected true or false"),
         (["lr"], "expected section.key=value"),
     ],
 )
@@ -259,13 +259,13 @@ def test_unknown_config_name_lists_the_shipped_ones(tmp_path):
 
 
 def test_validation_imports_no_numpy():
-    """Config validation runs on login nodes (base dependencies: no numpy): data.randaugment is parsed
+    """Config validation runs on login nodes (base dependencies: no numpy): aug.randaugment is parsed
     by hpctrain.randaug_spec, not by the DALI module."""
     code = (
         "import sys; sys.modules['numpy'] = None\n"
         "from hpctrain.config import ConfigError, load\n"
-        "assert load(None, ['data.randaugment=rand-m9-mstd0.5-inc1']).data.randaugment\n"
-        "try:\n    load(None, ['data.randaugment=rand-m11'])\nexcept ConfigError as e:\n    print(e)\n"
+        "assert load(None, ['aug.randaugment=rand-m9-mstd0.5-inc1']).aug.randaugment\n"
+        "try:\n    load(None, ['aug.randaugment=rand-m11'])\nexcept ConfigError as e:\n    print(e)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -14,12 +14,12 @@ import pytest
 from tests.helpers import digits_args, run_metrics, run_ranks
 
 DEIT = [
-    "data.erase_prob=0.25",
-    "data.erase_mode=pixel",
-    "data.repeated_aug=3",
+    "aug.erase_prob=0.25",
+    "aug.erase_mode=pixel",
+    "aug.repeated_aug=3",
     "data.interpolation=bicubic",
     "optim.warmup_lr=1e-6",
-    "train.log_every=50",
+    "log.every=50",
 ]
 
 

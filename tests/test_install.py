@@ -124,7 +124,7 @@ def login_venv(wheel, tmp_path_factory) -> Path:
 def finished_run(digits_root, tmp_path_factory) -> Path:
     """A short real run (this test process has torch), for `status` and `logs` on the login node."""
     runs = tmp_path_factory.mktemp("runs")
-    run_ranks(1, digits_args(digits_root, runs, "done", "train.max_steps=4", "train.log_every=2"))
+    run_ranks(1, digits_args(digits_root, runs, "done", "train.max_steps=4", "log.every=2"))
     return runs / "done"
 
 

@@ -104,7 +104,7 @@ def test_estimate_parts_follow_the_settings():
     assert with_ema.ema == 4 * pc.trainable
     fp32 = memory.estimate(load("configs/vit_b16_imagenet_4k.yaml", ["train.amp=none"]), 32)
     assert fp32.amp_weights == 0 and fp32.activations_per_image > 1.5 * est.activations_per_image
-    fsdp = memory.estimate(load("configs/vit_b16_imagenet_4k.yaml", ["train.parallel=fsdp"]), 32, world_size=8)
+    fsdp = memory.estimate(load("configs/vit_b16_imagenet_4k.yaml", ["dist.parallel=fsdp"]), 32, world_size=8)
     assert fsdp.optimizer == est.optimizer // 8 and fsdp.fsdp_gathered == 2 * 4 * pc.largest_block
     # max_batch is the boundary of total <= capacity
     cap = int(80 * memory.GB)

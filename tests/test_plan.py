@@ -191,7 +191,7 @@ def test_bench_and_doctor_results_become_inputs(tmp_path):
     ]
     (tmp_path / "results.json").write_text(json.dumps(listed))
     assert planmod.compute_from_bench(str(tmp_path / "results.json"), cfg).tflops == pytest.approx(400.0 * fl / 1e12)
-    compiled = load(DIGITS, ["train.compile=true"])
+    compiled = load(DIGITS, ["compile.enabled=true"])
     assert planmod.compute_from_bench(str(tmp_path / "results.json"), compiled).tflops == pytest.approx(600 * fl / 1e12)
     rows = [
         {"bytes": 2**20, "ranks": 2, "busbw_GBps": 0.5},

@@ -46,7 +46,7 @@ def assert_one_line_error(r: subprocess.CompletedProcess, message: str) -> None:
         ({"run": {"dir": "runs\x00"}}, r"run.dir: contains a control character (\x00)"),
         ({"run": {"resume": "x\x7f"}}, r"run.resume: contains a control character (\x7f)"),
         ({"data": {"root": "/d\r"}}, r"data.root: contains a control character (\r)"),
-        ({"data": {"randaugment": "2,10\t"}}, r"data.randaugment: contains a control character (\t)"),
+        ({"data": {"randaugment": "2,10\t"}}, r"aug.randaugment: contains a control character (\t)"),
         ({"data": {"stage_to": "\x1b[31m/tmp"}}, r"data.stage_to: contains a control character (\x1b)"),
         ({"data": {"exclude_file": "x\x85y"}}, r"data.exclude_file: contains a control character (\x85)"),
     ],

@@ -84,7 +84,7 @@ def test_run_record_is_private_and_secret_free(digits_root, tmp_path):
     }
     env = dict(os.environ, OMP_NUM_THREADS="1", **secrets)
     r = subprocess.run(
-        [sys.executable, *digits_args(digits_root, tmp_path, "sec", "train.max_steps=3", "train.ckpt_every=2")],
+        [sys.executable, *digits_args(digits_root, tmp_path, "sec", "train.max_steps=3", "ckpt.every=2")],
         env=env,
         capture_output=True,
         text=True,

@@ -1,11 +1,11 @@
-"""`train.ckpt_every: auto`: the checkpoint interval from its measured cost (Young 1974 / Daly 2006).
+"""`ckpt.every: auto`: the checkpoint interval from its measured cost (Young 1974 / Daly 2006).
 
 A checkpoint every τ seconds of training costs δ (the save) per τ, and an interruption loses on
 average τ/2 of training; the sum per unit of time, δ/τ + τ/(2M) for a mean time between
 interruptions M, is least at τ = √(2δM) (Young's first-order optimum; Daly's higher-order
 estimate is 2 % shorter at δ = M/600, a minute's save and a 10-hour MTBF: docs/checkpoints.md). Here δ is the time
 training waited for this run's own save, measured at a first checkpoint at a small fixed step
-(`train.ckpt_auto_first`) and at every save after it, M is the job's MTBF (`train.mtbf_h`, which
+(`ckpt.auto_first`) and at every save after it, M is the job's MTBF (`ckpt.mtbf_h`, which
 `hpctrain submit` resolves from the partition's sacct history or the profile: a task has no Slurm
 client), and τ becomes steps through the measured step time. Torch-free: plain arithmetic.
 
@@ -15,10 +15,20 @@ The task applies it (train.loop); `hpctrain submit` prices it (launch.ckpt_cost)
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_MTBF_H = 24.0  # a job's MTBF when nothing says better (a local run, a stand-alone script)
+MTBF_SOURCE_ENV = "HPCTRAIN_MTBF_SOURCE"  # where `hpctrain submit` found ckpt.mtbf_h: provenance, not a setting
 RECOMPUTE_FACTOR = 1.5  # a save this many times slower or faster than the one the interval used: recompute
+
+
+def mtbf_source(mtbf_h: float, env: Mapping[str, str] | None = None) -> str:
+    """Where the job's MTBF came from, for env.json and the ckpt_interval record: what `hpctrain
+    submit` exported beside the batch script's other facts, else the config or the default."""
+    env = os.environ if env is None else env
+    return env.get(MTBF_SOURCE_ENV) or ("ckpt.mtbf_h" if mtbf_h else "default")
 
 
 def young_daly_s(save_s: float, mtbf_s: float) -> float:

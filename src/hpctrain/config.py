@@ -32,7 +32,7 @@ from hpctrain.models.arch import arch_dims
 from hpctrain.randaug_spec import parse_randaugment
 
 CONFIG_DIR = shipped.CONFIG_DIR
-TRACKERS = ("tensorboard", "mlflow", "wandb")  # train.trackers: what hpctrain.train.observe.trackers can feed
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # log.trackers: what hpctrain.train.observe.trackers can feed
 
 
 class ConfigError(UserError, ValueError):
@@ -219,33 +219,8 @@ class DataConfig:
         "train crop resize antialiases a downscale; false = plain resize (big_vision, vit_jax)",
         more=True,
     )
-    hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
-    randaugment: str = opt(
-        "",
-        "RandAugment 'N,M' (timm's 0-10 scale) or a timm string, e.g. 'rand-m9-mstd0.5-inc1'",
-        more=True,
-    )
     interpolation: str = opt(
         "bilinear", "resize filter, train crop and val resize (DeiT: bicubic)", choices=("bilinear", "bicubic")
-    )
-    erase_prob: float = opt(
-        0.0,
-        "random erasing: probability per training sample, after normalisation (timm RandomErasing; DeiT: 0.25)",
-        lo=0,
-        hi=1,
-    )
-    erase_mode: str = opt(
-        "pixel",
-        "random erasing fill: pixel (per-pixel noise), rand (a colour per channel), const (0)",
-        more=True,
-        choices=("pixel", "rand", "const"),
-    )
-    erase_count: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
-    repeated_aug: int = opt(
-        0,
-        "repeated augmentation (DeiT RASampler): each sample this many times; 0 or 1 = off",
-        more=True,
-        lo=0,
     )
     mean: tuple[float, ...] = opt((0.485, 0.456, 0.406), "per-channel mean (0-1 scale)")
     std: tuple[float, ...] = opt((0.229, 0.224, 0.225), "per-channel std (0-1 scale)")
@@ -261,24 +236,13 @@ class DataConfig:
         more=True,
     )
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
-    val_split: str = opt(
-        "val",
-        "what to evaluate on: root/val, or minival (1 % of root/train held out, big_vision)",
-        more=True,
-        choices=("val", "minival"),
-    )
     eval_splits: tuple[str, ...] = opt(
-        (),
-        "evaluate on each of these splits (val, minival); the first is the headline",
+        ("val",),
+        "evaluate on each of these splits: val (root/val), minival (1 % of root/train); the first is the headline",
         more=True,
     )
 
     EVAL_SPLITS = ("val", "minival")
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """The splits every eval runs on, the headline first: data.eval_splits, else data.val_split."""
-        return self.eval_splits or (self.val_split,)
 
     def validate(self) -> None:
         for s in self.eval_splits:
@@ -289,21 +253,8 @@ class DataConfig:
                 )
         if len(set(self.eval_splits)) != len(self.eval_splits):
             raise ConfigError(f"data.eval_splits={list(self.eval_splits)} names a split twice: list each once")
-        if self.eval_splits and self.val_split != "val" and self.val_split != self.eval_splits[0]:
-            raise ConfigError(
-                f"data.val_split={self.val_split} and data.eval_splits={list(self.eval_splits)} both "
-                "choose the eval split: drop data.val_split (the first of data.eval_splits is the "
-                "headline one)"
-            )
-        try:
-            parse_randaugment(self.randaugment)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if self.randaugment.strip() and self.loader == "torch":
-            raise ConfigError(
-                f"data.randaugment={self.randaugment!r} needs the DALI loader (the torch loader "
-                "has no RandAugment): set data.loader=dali, or clear data.randaugment"
-            )
+        if not self.eval_splits:
+            raise ConfigError("data.eval_splits is empty: name at least one split, e.g. data.eval_splits=[val]")
         if self.format == "wds" and self.loader == "torch":  # refused here, not by every rank of a job
             raise ConfigError(
                 "data.format=wds needs data.loader=dali (the torch loader reads folders): set "
@@ -421,45 +372,190 @@ class TrainConfig:
     amp: str = opt(
         "bf16", "mixed precision: bf16 autocast, fp16 + GradScaler, or none", choices=("none", "bf16", "fp16")
     )
-    compile: bool = opt(False, "torch.compile the model")
-    compile_mode: str = opt(
+    seed: int = opt(0, "seed of everything random", lo=0)
+    ema: float = opt(0.0, "EMA decay of the weights (0: off)", lo=0, hi=1)
+    eval_every_epochs: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
+    device: str = opt("auto", "auto = cuda when available", choices=("auto", "cuda", "cpu"))
+    threads: int = opt(0, "torch intra-op threads per rank (0: leave as is)", lo=0)
+    tf32: bool = opt(True, "TF32 matmuls/convolutions for the fp32 parts on Ampere+ GPUs (~1e-3 rel.)")
+    sdpa_backend: str = opt(
+        "auto",
+        "attention kernel: auto = PyTorch picks (flash/cuDNN on GPUs)",
+        choices=("auto", "flash", "cudnn", "efficient", "math"),
+    )
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    enabled: bool = opt(False, "torch.compile the model")
+    mode: str = opt(
         "default",
         "torch.compile mode",
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     )
-    compile_cache: str = opt(
+    cache: str = opt(
         "",
-        "train.compile's Inductor and Triton caches under this dir: a requeue starts warm",
+        "compile.enabled's Inductor and Triton caches under this dir: a requeue starts warm",
         more=True,
     )
-    compile_warmup: bool = opt(
+    warmup: bool = opt(
         True,
-        "train.compile under DDP: compile before the first collective, then wait for all",
+        "compile.enabled under DDP: compile before the first collective, then wait for all",
         more=True,
     )
-    compile_timeout_s: int = opt(
+    timeout_s: int = opt(
         1800,
-        "train.compile_warmup: how long ranks wait for the slowest rank's first compile",
+        "compile.warmup: how long ranks wait for the slowest rank's first compile",
         more=True,
         lo=1,
     )
-    label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
+
+
+@dataclass(frozen=True)
+class AugConfig:
+    hflip: float = opt(0.5, "probability of a horizontal flip", lo=0, hi=1)
+    randaugment: str = opt(
+        "",
+        "RandAugment 'N,M' (timm's 0-10 scale) or a timm string, e.g. 'rand-m9-mstd0.5-inc1'",
+        more=True,
+    )
+    erase_prob: float = opt(
+        0.0,
+        "random erasing: probability per training sample, after normalisation (timm RandomErasing; DeiT: 0.25)",
+        lo=0,
+        hi=1,
+    )
+    erase_mode: str = opt(
+        "pixel",
+        "random erasing fill: pixel (per-pixel noise), rand (a colour per channel), const (0)",
+        more=True,
+        choices=("pixel", "rand", "const"),
+    )
+    erase_count: int = opt(1, "random erasing: at most this many boxes per sample (area split between them)", lo=1)
+    repeated_aug: int = opt(
+        0,
+        "repeated augmentation (DeiT RASampler): each sample this many times; 0 or 1 = off",
+        more=True,
+        lo=0,
+    )
     mixup: float = opt(0.0, "mixup alpha (0: off)", lo=0)
     cutmix: float = opt(0.0, "cutmix alpha (0: off)", lo=0)
     mix_prob: float = opt(1.0, "probability of mixing a batch", lo=0, hi=1)
     switch_prob: float = opt(0.5, "probability of cutmix when both are on", lo=0, hi=1)
-    ema: float = opt(0.0, "EMA decay of the weights (0: off)", lo=0, hi=1)
-    seed: int = opt(0, "seed of everything random", lo=0)
-    log_every: int = opt(10, "optimizer steps between metric lines", lo=1)
-    peak_tflops: float = opt(
-        0.0,
-        "dense bf16 peak TFLOP/s per device for MFU (0: from the table of known GPUs)",
+    label_smoothing: float = opt(0.1, "label smoothing", lo=0, hi=1)
+
+    def validate(self) -> None:
+        try:
+            parse_randaugment(self.randaugment)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class CkptConfig:
+    every: int | str = opt(
+        500,
+        "optimizer steps between checkpoints (0: only at the end), or auto (Young/Daly)",
         more=True,
         lo=0,
     )
+    auto_first: int = opt(
+        100,
+        "ckpt_every=auto: steps to the first checkpoint, whose save time sets the interval",
+        more=True,
+        lo=1,
+    )
+    mtbf_h: float = opt(
+        0.0,
+        "ckpt_every=auto: the job's mean time between interruptions, hours (0: resolved)",
+        more=True,
+        lo=0,
+    )
+    keep: int = opt(3, "checkpoints kept (newest)", lo=1)
+    keep_best: bool = opt(
+        False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside the newest ckpt.keep"
+    )
+    on_error: str = opt(
+        "stop", "a checkpoint that cannot be written: stop or warn and go on", choices=("stop", "continue")
+    )
+    format: str = opt(
+        "auto",
+        "checkpoint format: sharded (DCP, a part per rank), single (one file), auto",
+        more=True,
+        choices=("auto", "sharded", "single"),
+    )
+    async_save: bool = opt(
+        False,
+        "write sharded checkpoints in the background while training goes on (torch >= 2.4)",
+        more=True,
+    )
+
+    def validate(self) -> None:
+        if isinstance(self.every, str) and self.every != "auto":
+            raise ConfigError(
+                f"ckpt.every={self.every!r} is not allowed: use a number of optimizer steps "
+                "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)"
+            )
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit", choices=("ddp", "fsdp"))
+    pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this", lo=1)
+    ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
+    ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
+    ddp_static_graph: str = opt(
+        "auto",
+        "DDP static_graph: auto = on unless train.accum_steps > 1 or compile.enabled (docs/communication.md)",
+        choices=("auto", "always", "never"),
+    )
+    fsdp_reshard: bool = opt(True, "FSDP: free gathered weights after forward (less memory, more comms)")
+    grad_reduce_dtype: str = opt(
+        "fp32",
+        "dtype gradients are all-reduced in (DDP comm hook; FSDP reduce_dtype): bf16 halves the bytes",
+        choices=("fp32", "bf16"),
+    )
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    hang_timeout_s: int | None = opt(
+        None,
+        "no step for this long: every rank dumps its stacks, the job fails (null: pg/2)",
+        more=True,
+        lo=0,
+    )
+    on_nonfinite: str = opt(
+        "rollback",
+        "non-finite loss or grad norm (or a spike): roll back to the last good checkpoint, or stop",
+        more=True,
+        choices=("rollback", "stop"),
+    )
+    max_rollbacks: int = opt(
+        3, "rollbacks per run (counted in its checkpoints) before it stops with a non-zero exit", lo=0
+    )
+    rollback_skip_batches: int = opt(
+        0,
+        "global batches skipped after a rollback (0: those since the checkpoint)",
+        more=True,
+        lo=0,
+    )
+    spike_factor: float = opt(
+        0.0,
+        "a logged loss above this x the median of the last spike_window is a spike; 0: off",
+        more=True,
+        lo=0,
+    )
+    spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)", lo=3)
     straggler_pct: float = opt(
         15.0,
         "name a rank whose time per step exceeds the median's by more than this % of a step",
+        more=True,
+        lo=0,
+    )
+    exclude_straggler_pct: float = opt(
+        0.0,
+        "a straggler this % slower 3 intervals in a row: stop, go on without its node",
         more=True,
         lo=0,
     )
@@ -490,16 +586,23 @@ class TrainConfig:
         more=True,
         lo=0,
     )
-    exclude_straggler_pct: float = opt(
+
+    def validate(self) -> None:
+        if 0 < self.spike_factor <= 1:
+            raise ConfigError(
+                f"health.spike_factor={self.spike_factor:g} would flag every loss at or above its "
+                "median as a spike: use a factor > 1 (e.g. 2.0), or 0 to turn spike detection off"
+            )
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    every: int = opt(10, "optimizer steps between metric lines", lo=1)
+    peak_tflops: float = opt(
         0.0,
-        "a straggler this % slower 3 intervals in a row: stop, go on without its node",
+        "dense bf16 peak TFLOP/s per device for MFU (0: from the table of known GPUs)",
         more=True,
         lo=0,
-    )
-    tensorboard: bool = opt(
-        True,
-        "also write TensorBoard event files in <run>/tb/ (rank 0); false: none at all",
-        more=True,
     )
     trackers: tuple[str, ...] = opt(
         ("tensorboard",),
@@ -524,159 +627,24 @@ class TrainConfig:
         "ranks that profile (and dump memory snapshots), e.g. [0, 7]; empty: 0 and the last",
         more=True,
     )
-    profile_with_stack: bool = opt(False, "train.profile_steps: record Python stacks too (larger traces, slower)")
+    profile_with_stack: bool = opt(False, "log.profile_steps: record Python stacks too (larger traces, slower)")
     memory_snapshot_steps: str = opt(
         "",
         "CUDA only: allocator history over steps A-B, dumped to <run>/profile/",
         more=True,
     )
-    eval_every_epochs: int = opt(1, "epochs between evaluations (0: only at the end)", lo=0)
-    ckpt_every: int | str = opt(
-        500,
-        "optimizer steps between checkpoints (0: only at the end), or auto (Young/Daly)",
-        more=True,
-        lo=0,
-    )
-    ckpt_auto_first: int = opt(
-        100,
-        "ckpt_every=auto: steps to the first checkpoint, whose save time sets the interval",
-        more=True,
-        lo=1,
-    )
-    mtbf_h: float = opt(
-        0.0,
-        "ckpt_every=auto: the job's mean time between interruptions, hours (0: resolved)",
-        more=True,
-        lo=0,
-    )
-    mtbf_source: str = opt(
-        "", "where train.mtbf_h came from (hpctrain submit writes it; shown in the ckpt_interval record)"
-    )
-    keep_ckpts: int = opt(3, "checkpoints kept (newest)", lo=1)
-    keep_best: bool = opt(
-        False, "also keep the checkpoint of the best eval top-1 (saved at that eval) beside the newest train.keep_ckpts"
-    )
-    on_ckpt_error: str = opt(
-        "stop", "a checkpoint that cannot be written: stop or warn and go on", choices=("stop", "continue")
-    )
-    ckpt_format: str = opt(
-        "auto",
-        "checkpoint format: sharded (DCP, a part per rank), single (one file), auto",
-        more=True,
-        choices=("auto", "sharded", "single"),
-    )
-    ckpt_async: bool = opt(
-        False,
-        "write sharded checkpoints in the background while training goes on (torch >= 2.4)",
-        more=True,
-    )
-    halt_at: int = opt(0, "checkpoint and stop at this step as if preempted (0: off)", lo=0)
-    on_nonfinite: str = opt(
-        "rollback",
-        "non-finite loss or grad norm (or a spike): roll back to the last good checkpoint, or stop",
-        more=True,
-        choices=("rollback", "stop"),
-    )
-    max_rollbacks: int = opt(
-        3, "rollbacks per run (counted in its checkpoints) before it stops with a non-zero exit", lo=0
-    )
-    rollback_skip_batches: int = opt(
-        0,
-        "global batches skipped after a rollback (0: those since the checkpoint)",
-        more=True,
-        lo=0,
-    )
-    spike_factor: float = opt(
-        0.0,
-        "a logged loss above this x the median of the last spike_window is a spike; 0: off",
-        more=True,
-        lo=0,
-    )
-    spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)", lo=3)
-    parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit", choices=("ddp", "fsdp"))
-    device: str = opt("auto", "auto = cuda when available", choices=("auto", "cuda", "cpu"))
-    threads: int = opt(0, "torch intra-op threads per rank (0: leave as is)", lo=0)
-    pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this", lo=1)
-    hang_timeout_s: int | None = opt(
-        None,
-        "no step for this long: every rank dumps its stacks, the job fails (null: pg/2)",
-        more=True,
-        lo=0,
-    )
-    tf32: bool = opt(True, "TF32 matmuls/convolutions for the fp32 parts on Ampere+ GPUs (~1e-3 rel.)")
-    sdpa_backend: str = opt(
-        "auto",
-        "attention kernel: auto = PyTorch picks (flash/cuDNN on GPUs)",
-        choices=("auto", "flash", "cudnn", "efficient", "math"),
-    )
-    ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
-    ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
-    fsdp_reshard: bool = opt(True, "FSDP: free gathered weights after forward (less memory, more comms)")
-    grad_reduce_dtype: str = opt(
-        "fp32",
-        "dtype gradients are all-reduced in (DDP comm hook; FSDP reduce_dtype): bf16 halves the bytes",
-        choices=("fp32", "bf16"),
-    )
-    ddp_static_graph: str = opt(
-        "auto",
-        "DDP static_graph: auto = on unless train.accum_steps > 1 or train.compile (docs/communication.md)",
-        choices=("auto", "always", "never"),
-    )
 
     def validate(self) -> None:
-        """static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash.
-        The hang watchdog must fire first, with time left to dump before the collectives time out."""
         bad = [n for n in self.trackers if n not in TRACKERS]
         if bad:
-            raise ConfigError(f"train.trackers: unknown tracker {bad[0]!r}; allowed: {', '.join(TRACKERS)}")
-        if self.ema > 0 and self.parallel == "fsdp":
-            raise ConfigError(
-                "train.ema does not work with train.parallel=fsdp: the EMA is a full fp32 copy of the "
-                "model on every rank, the memory FSDP shards away; set train.ema=0, or use "
-                "train.parallel=ddp if the model and its EMA fit on one GPU"
-            )
-        if isinstance(self.ckpt_every, str) and self.ckpt_every != "auto":
-            raise ConfigError(
-                f"train.ckpt_every={self.ckpt_every!r} is not allowed: use a number of optimizer steps "
-                "(0: only at the end) or auto (from the measured save time, docs/checkpoints.md)"
-            )
+            raise ConfigError(f"log.trackers: unknown tracker {bad[0]!r}; allowed: {', '.join(TRACKERS)}")
         for key in ("profile_steps", "memory_snapshot_steps"):
-            step_window(getattr(self, key), f"train.{key}")
+            step_window(getattr(self, key), f"log.{key}")
         if any(r < 0 for r in self.profile_ranks):
             raise ConfigError(
-                f"train.profile_ranks={self.profile_ranks!r}: give global ranks as whole numbers "
+                f"log.profile_ranks={self.profile_ranks!r}: give global ranks as whole numbers "
                 ">= 0, e.g. [0, 7] (empty: rank 0 and the last rank)"
             )
-        if self.ddp_static_graph == "always" and self.accum_steps > 1:
-            raise ConfigError(
-                "train.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
-                "no_sync breaks static_graph, pytorch/pytorch#143580): set "
-                "train.ddp_static_graph=auto or never"
-            )
-        if 0 < self.spike_factor <= 1:
-            raise ConfigError(
-                f"train.spike_factor={self.spike_factor:g} would flag every loss at or above its "
-                "median as a spike: use a factor > 1 (e.g. 2.0), or 0 to turn spike detection off"
-            )
-        if self.sdpa_backend in ("flash", "cudnn") and self.amp == "none" and self.device != "cpu":
-            raise ConfigError(
-                f"train.sdpa_backend={self.sdpa_backend} with train.amp=none cannot run: that "
-                "kernel takes only fp16/bf16 and choosing it turns the others off (the first "
-                "forward fails with 'No available kernel'); set train.amp=bf16, or "
-                "train.sdpa_backend=efficient or auto for fp32"
-            )
-        if self.hang_timeout_s and 2 * self.hang_timeout_s > self.pg_timeout_s:
-            raise ConfigError(
-                f"train.hang_timeout_s={self.hang_timeout_s} must be at most half of "
-                f"train.pg_timeout_s={self.pg_timeout_s}: the collective timeout would end the job "
-                "before the stacks are written; raise train.pg_timeout_s or lower "
-                "train.hang_timeout_s (null: half of it, 0: off)"
-            )
-
-    @property
-    def hang_s(self) -> float:
-        """The hang watchdog's timeout in seconds (0: off): train.hang_timeout_s, or half of pg_timeout_s."""
-        return self.pg_timeout_s / 2 if self.hang_timeout_s is None else float(self.hang_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -714,10 +682,26 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig, metadata={"doc": "datasets and loaders"})
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"doc": "optimizer and schedule"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"doc": "the training loop"})
+    aug: AugConfig = field(default_factory=AugConfig, metadata={"doc": "augmentation and label smoothing"})
+    compile: CompileConfig = field(default_factory=CompileConfig, metadata={"doc": "torch.compile"})
+    dist: DistConfig = field(default_factory=DistConfig, metadata={"doc": "data parallelism: DDP or FSDP"})
+    ckpt: CkptConfig = field(default_factory=CkptConfig, metadata={"doc": "checkpoints"})
+    health: HealthConfig = field(
+        default_factory=HealthConfig, metadata={"doc": "faults: guard, rollback, watchdog, preflight, stragglers"}
+    )
+    log: LogConfig = field(default_factory=LogConfig, metadata={"doc": "metric lines, trackers, profiling"})
     run: RunConfig = field(default_factory=RunConfig, metadata={"doc": "where results go"})
 
     def validate(self) -> None:
+        for problem in rule_problems(self):
+            raise ConfigError(problem)
         check_shapes(self)
+
+    @property
+    def hang_s(self) -> float:
+        """The hang watchdog's timeout in seconds (0: off): health.hang_timeout_s, or half of dist.pg_timeout_s."""
+        h = self.health.hang_timeout_s
+        return self.dist.pg_timeout_s / 2 if h is None else float(h)
 
     @property
     def run_dir(self) -> Path:
@@ -747,6 +731,49 @@ def check_batch(cfg: Config, world_size: int) -> None:
             f"train.accum_steps {cfg.train.accum_steps} = {div}; pick a multiple of {div} "
             f"(e.g. {max(div, cfg.data.batch_size // div * div)}) or change the number of ranks"
         )
+
+
+# --------------------------------------------------------------------------- rules across sections
+
+
+def rule_problems(cfg: Config) -> list[str]:
+    """Settings of different sections that cannot run together, each as a one-line message with its
+    fix. static_graph breaks under no_sync (pytorch/pytorch#143580): refused, not left to crash. The
+    hang watchdog must fire first, with time left to dump before the collectives time out."""
+    t, a, d, dist, h = cfg.train, cfg.aug, cfg.data, cfg.dist, cfg.health
+    out = []
+    if a.randaugment.strip() and d.loader == "torch":
+        out.append(
+            f"aug.randaugment={a.randaugment!r} needs the DALI loader (the torch loader has no "
+            "RandAugment): set data.loader=dali, or clear aug.randaugment"
+        )
+    if t.ema > 0 and dist.parallel == "fsdp":
+        out.append(
+            "train.ema does not work with dist.parallel=fsdp: the EMA is a full fp32 copy of the "
+            "model on every rank, the memory FSDP shards away; set train.ema=0, or use "
+            "dist.parallel=ddp if the model and its EMA fit on one GPU"
+        )
+    if dist.ddp_static_graph == "always" and t.accum_steps > 1:
+        out.append(
+            "dist.ddp_static_graph=always does not work with train.accum_steps > 1 (DDP's "
+            "no_sync breaks static_graph, pytorch/pytorch#143580): set "
+            "dist.ddp_static_graph=auto or never"
+        )
+    if t.sdpa_backend in ("flash", "cudnn") and t.amp == "none" and t.device != "cpu":
+        out.append(
+            f"train.sdpa_backend={t.sdpa_backend} with train.amp=none cannot run: that "
+            "kernel takes only fp16/bf16 and choosing it turns the others off (the first "
+            "forward fails with 'No available kernel'); set train.amp=bf16, or "
+            "train.sdpa_backend=efficient or auto for fp32"
+        )
+    if h.hang_timeout_s and 2 * h.hang_timeout_s > dist.pg_timeout_s:
+        out.append(
+            f"health.hang_timeout_s={h.hang_timeout_s} must be at most half of "
+            f"dist.pg_timeout_s={dist.pg_timeout_s}: the collective timeout would end the job "
+            "before the stacks are written; raise dist.pg_timeout_s or lower "
+            "health.hang_timeout_s (null: half of it, 0: off)"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- shape rules
@@ -978,8 +1005,8 @@ SYNONYMS = {
     "fp16": "train.amp",
     "bf16": "train.amp",
     "seed": "train.seed",
-    "smoothing": "train.label_smoothing",
-    "label_smoothing": "train.label_smoothing",
+    "smoothing": "aug.label_smoothing",
+    "label_smoothing": "aug.label_smoothing",
     "model_ema_decay": "train.ema",
     "ema_decay": "train.ema",
     "batch_size": "data.batch_size",
@@ -991,8 +1018,8 @@ SYNONYMS = {
     "data_path": "data.root",
     "data_dir": "data.root",
     "dataset_path": "data.root",
-    "aa": "data.randaugment",
-    "auto_augment": "data.randaugment",
+    "aa": "aug.randaugment",
+    "auto_augment": "aug.randaugment",
     "input_size": "model.img_size",
     "image_size": "model.img_size",
     "img_size": "model.img_size",
@@ -1013,8 +1040,8 @@ SYNONYMS = {
     "model": "model.arch",
     "finetune": "model.init_from",
     "output_dir": "run.dir",
-    "save_steps": "train.ckpt_every",
-    "checkpoint_every": "train.ckpt_every",
+    "save_steps": "ckpt.every",
+    "checkpoint_every": "ckpt.every",
     "resume": "run.resume",
 }
 
@@ -1218,16 +1245,15 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (), d
     raw = data if data is not None else (read_yaml(find_config(path)) if path else {})
     try:
         raw, notes = migrate_data(raw, str(path) if path else "the config")
-        items = []
         for item in overrides:
-            item, moved = migrate_override(item)
-            items.append(item)
+            new, moved = migrate_override(item, raw)
+            raw = apply_overrides(raw, [new] if new else [])
             notes += [moved] if moved else []
     except MoveError as e:
         raise ConfigError(str(e)) from None
     for line in notes:
         print(line, file=sys.stderr)
-    return build(Config, apply_overrides(raw, items))
+    return build(Config, raw)
 
 
 def save(cfg: Any, path: str | Path) -> None:

@@ -2,15 +2,20 @@
 
 A moved key is read under its new name, with one line saying so; `hpctrain config migrate FILE`
 rewrites a file in the new names, keeping its comments and layout. Each move names the release that
-made it (the CHANGELOG's section says why). Only renames within a section for now: a move across
-sections or with a change of unit would need a value rule here too.
+made it (the CHANGELOG's section says why). A move may cross sections (`train.ckpt_every` is
+`ckpt.every`); one whose value changes form has a rule that computes the new value from the old one
+and the config read so far (`train.tensorboard: false` is `log.trackers` without tensorboard); a key
+that left the schema has no new name, and its note says where the thing it held went.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from hpctrain.errors import UserError
 
@@ -19,84 +24,293 @@ class MoveError(UserError, ValueError):
     """An old and a new name given together, or a file that cannot be rewritten in place."""
 
 
+GONE = object()  # a rule's answer when the old value leaves no key behind (it was the default)
+
+
 @dataclass(frozen=True)
 class Move:
     old: str  # the dotted key as an earlier release named it
-    new: str  # its name now, in the same section
+    new: str  # its name now ("": it left the schema)
     version: str  # the release that moved it
+    rule: Callable[[Any, dict], Any] | None = None  # new value from the old one and the config so far, or GONE
+    why: str = ""  # said in the note when the value changes form or the key left
+
+
+def _names(value: Any) -> list:
+    """A list-valued key as written: a YAML list, or the comma- or space-separated text --set allows."""
+    return [v for v in value.replace(",", " ").split() if v] if isinstance(value, str) else list(value or [])
+
+
+def _trackers(value: Any, cfg: dict) -> Any:
+    """train.tensorboard=false turned TensorBoard off even when train.trackers named it."""
+    if value is not False:
+        return GONE
+    have = (cfg.get("log") or {}).get("trackers", ["tensorboard"])
+    return [t for t in _names(have) if t != "tensorboard"]
+
+
+def _splits(value: Any, cfg: dict) -> Any:
+    """data.val_split chose the one eval split unless data.eval_splits listed them (its first is the headline)."""
+    have = (cfg.get("data") or {}).get("eval_splits")
+    if have:
+        if value not in ("val", _names(have)[0]):
+            raise MoveError(
+                f"data.val_split={value} and data.eval_splits={_names(have)} both choose the eval split: "
+                "drop data.val_split (the first of data.eval_splits is the headline one)"
+            )
+        return have
+    return GONE if value == "val" else [value]
+
+
+def _gone(value: Any, cfg: dict) -> Any:
+    return GONE
+
+
+def _section(old: str, new: str, keys: str, version: str = "0.2.0") -> tuple[Move, ...]:
+    """Moves of `keys` ("a b=c": a keeps its name, b is renamed c) from section `old` to `new`."""
+    out = []
+    for k in keys.split():
+        a, _, b = k.partition("=")
+        out.append(Move(f"{old}.{a}", f"{new}.{b or a}", version))
+    return tuple(out)
 
 
 MOVES = (
     # timm's command-line shorthand (DeiT's --reprob/--remode/--recount) for random erasing
-    Move("data.reprob", "data.erase_prob", "0.2.0"),
-    Move("data.remode", "data.erase_mode", "0.2.0"),
-    Move("data.recount", "data.erase_count", "0.2.0"),
+    Move("data.reprob", "aug.erase_prob", "0.2.0"),
+    Move("data.remode", "aug.erase_mode", "0.2.0"),
+    Move("data.recount", "aug.erase_count", "0.2.0"),
     # counted epochs beside ckpt_every and log_every, which count steps: the unit goes into the name
     Move("train.eval_every", "train.eval_every_epochs", "0.2.0"),
+    # train's 60 flat keys, prefixes standing in for sections, get sections of their own
+    *_section(
+        "train",
+        "compile",
+        "compile=enabled compile_mode=mode compile_cache=cache compile_warmup=warmup compile_timeout_s=timeout_s",
+    ),
+    *_section("data", "aug", "hflip randaugment erase_prob erase_mode erase_count repeated_aug"),
+    *_section("train", "aug", "mixup cutmix mix_prob switch_prob label_smoothing"),
+    *_section(
+        "train",
+        "ckpt",
+        "ckpt_every=every ckpt_auto_first=auto_first mtbf_h keep_ckpts=keep keep_best "
+        "on_ckpt_error=on_error ckpt_format=format ckpt_async=async_save",
+    ),
+    *_section(
+        "train",
+        "dist",
+        "parallel pg_timeout_s ddp_bucket_mb ddp_bucket_view ddp_static_graph fsdp_reshard grad_reduce_dtype",
+    ),
+    *_section(
+        "train",
+        "health",
+        "hang_timeout_s on_nonfinite max_rollbacks rollback_skip_batches spike_factor "
+        "spike_window straggler_pct exclude_straggler_pct preflight preflight_min_frac preflight_tolerance "
+        "preflight_busbw_gbps",
+    ),
+    *_section(
+        "train",
+        "log",
+        "log_every=every peak_tflops trackers mlflow_uri mlflow_experiment wandb_project "
+        "wandb_mode profile_steps profile_ranks profile_with_stack memory_snapshot_steps",
+    ),
+    # two switches for one thing: one is left
+    Move("train.tensorboard", "log.trackers", "0.2.0", _trackers, "false: log.trackers without tensorboard"),
+    Move("data.val_split", "data.eval_splits", "0.2.0", _splits, "minival: data.eval_splits=[minival]"),
+    # not settings: provenance and a test knob
+    Move("train.mtbf_source", "", "0.2.0", _gone, "hpctrain submit keeps it in env.json's resolved record"),
+    Move("train.halt_at", "", "0.2.0", _gone, "a test knob: HPCTRAIN_HALT_AT=N in the task's environment"),
 )
 BY_OLD = {m.old: m for m in MOVES}
 
 
 def note(m: Move, where: str) -> str:
-    return (
-        f"hpctrain: note: {where}: config key {m.old} is {m.new} since hpctrain {m.version}, read as "
-        f"{m.new} (`hpctrain config migrate FILE` rewrites a file)"
-    )
+    head, tail = f"hpctrain: note: {where}: config key {m.old}", "(`hpctrain config migrate FILE` rewrites a file)"
+    if not m.new:
+        return f"{head} left the config in hpctrain {m.version} ({m.why}): ignored {tail}"
+    how = f" ({m.why})" if m.why else ""
+    return f"{head} is {m.new} since hpctrain {m.version}{how}, read as {m.new} {tail}"
+
+
+def _split(key: str) -> tuple[str, str]:
+    section, _, name = key.partition(".")
+    return section, name
 
 
 def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
     """`data` (a config mapping, not changed) with every moved key under its new name, and one note
-    per key moved. Both names at once is an error: which one was meant cannot be told."""
+    per key moved. Both names at once is an error: which one was meant cannot be told. A section
+    the moves leave empty is left out."""
     if not isinstance(data, dict):
         return data, []
-    out, notes = dict(data), []  # a moved key's section is replaced by a new mapping, never edited
+    out, notes, emptied = dict(data), [], set()  # a moved key's section is replaced by a new mapping, never edited
     for m in MOVES:
-        (section, old), new = m.old.split("."), m.new.split(".")[1]
+        section, old = _split(m.old)
         keys = out.get(section)
         if not isinstance(keys, dict) or old not in keys:
             continue
-        if new in keys:
-            raise MoveError(
-                f"{where}: both {m.old} (its name before hpctrain {m.version}) and {m.new} are set: keep {m.new}"
-            )
-        out[section] = {new if k == old else k: v for k, v in keys.items()}
+        value = keys[old]
+        out[section] = {k: v for k, v in keys.items() if k != old}
+        emptied |= {section} if not out[section] else set()
+        new = m.rule(value, out) if m.rule else value
+        if m.new and new is not GONE:
+            to, name = _split(m.new)
+            have = out.get(to) if isinstance(out.get(to), dict) else {}
+            if name in have and not m.rule:
+                raise MoveError(
+                    f"{where}: both {m.old} (its name before hpctrain {m.version}) and {m.new} are set: keep {m.new}"
+                )
+            out[to] = {**have, name: new}
         notes.append(note(m, where))
+    for section in emptied:
+        if not out.get(section):
+            del out[section]
     return (out, notes) if notes else (data, [])
 
 
-def migrate_override(item: str) -> tuple[str, str | None]:
-    """A `--set key=value` item under the key's new name, and the note (None: the key did not move)."""
+def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:
+    """A `--set key=value` item under the key's new name (None: it sets nothing now), and the note
+    (None: the key did not move). `data`: the config so far, for a move whose value changes form."""
     key, sep, value = item.partition("=")
     m = BY_OLD.get(key.strip()) if sep else None
-    return (f"{m.new}={value}", note(m, f"--set {key.strip()}")) if m else (item, None)
+    if not m:
+        return item, None
+    if not m.rule:
+        return f"{m.new}={value}", note(m, f"--set {key.strip()}")
+    section, old = _split(m.old)
+    parsed = yaml.safe_load(value) if value.strip() else ""
+    new, _ = migrate_data({**data, section: {old: parsed}}, "")
+    if not m.new or _split(m.new)[1] not in (new.get(_split(m.new)[0]) or {}):
+        return None, note(m, f"--set {key.strip()}")
+    to, name = _split(m.new)
+    return f"{m.new}={yaml.safe_dump(new[to][name], default_flow_style=True).strip()}", note(m, f"--set {key.strip()}")
 
 
 SECTION = re.compile(r"^([A-Za-z_]\w*)\s*:")
 KEY = re.compile(r"^(\s+)([A-Za-z_]\w*)(\s*:)")
 
 
-def migrate_text(text: str) -> tuple[str, list[Move]]:
-    """A config file's text with moved keys renamed where they stand: comments, order and layout kept
-    (a comment that followed a renamed key keeps its column where there is room). Reads the block
-    layout YAML configs are written in (`section:`, then its keys indented); the caller checks that
-    the result loads to what the old text migrates to. Also returns the moves made, in file order."""
+@dataclass
+class Entry:
+    """One key of a section as written: its leading comment lines, its line, and the lines under it."""
+
+    key: str
+    lines: list[str]
+    at: int  # index of the key's own line in `lines`
+    moved: bool = False  # renamed by a move: it wins over a key of the same name the section had
+
+
+@dataclass
+class Block:
+    """A top-level section as written: its header line, its keys, and what follows the last one."""
+
+    name: str
+    header: str
+    entries: list[Entry]
+    tail: list[str]
+
+
+def _parse(text: str) -> tuple[list[str], list[Block]]:
     lines = text.splitlines(keepends=True)
-    section, moved = None, []
-    for i, line in enumerate(lines):
+    head: list[str] = []
+    blocks: list[Block] = []
+    pending: list[str] = []
+    indent = None
+    for line in lines:
         top = SECTION.match(line)
         if top:
-            section = top.group(1)
+            if blocks:
+                blocks[-1].tail = pending
+            elif pending:
+                head += pending
+            pending, indent = [], None
+            blocks.append(Block(top.group(1), line, [], []))
+            continue
+        if not blocks:
+            head.append(line)
             continue
         k = KEY.match(line)
-        m = BY_OLD.get(f"{section}.{k.group(2)}") if k and section else None
-        if not (k and m):
+        depth = len(line) - len(line.lstrip(" "))
+        if k and (indent is None or depth == indent):
+            indent = depth
+            blocks[-1].entries.append(Entry(k.group(2), [*pending, line], len(pending)))
+            pending = []
+        elif blocks[-1].entries and line.strip() and indent is not None and depth > indent:
+            blocks[-1].entries[-1].lines += [*pending, line]
+            pending = []
+        else:
+            pending.append(line)
+    if blocks:
+        blocks[-1].tail = pending
+    else:
+        head += pending
+    return head, blocks
+
+
+def _renamed(line: str, old: str, new: str, value: Any = GONE) -> str:
+    """The key's line under its new name (and value), a trailing comment kept in its column."""
+    k = KEY.match(line)
+    assert k
+    rest = line[k.end(2) :]
+    if value is not GONE:
+        comment = re.search(r"\s+#.*$", rest, re.S)
+        rest = f": {yaml.safe_dump(value, default_flow_style=True).strip()}" + (comment.group(0) if comment else "\n")
+    pad = re.match(r"^(\s*:\s*\S+)( +)(#.*)$", rest, re.S)
+    grow = len(new) - len(old)
+    if pad and len(pad.group(2)) - grow >= 1:  # keep the comment's column
+        rest = pad.group(1) + " " * (len(pad.group(2)) - grow) + pad.group(3)
+    return k.group(1) + new + rest
+
+
+def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move]]:
+    """A config file's text with moved keys renamed, and moved to their new section, where they stand
+    there: comments, order and layout kept (a key's comment lines go with it; a comment after it keeps
+    its column). A new section is placed in `order` (the schema's); a section left empty goes. Reads
+    the block layout YAML configs are written in (`section:`, then its keys indented); the caller
+    checks that the result loads to what the old text migrates to. Also returns the moves made."""
+    want, _ = migrate_data(yaml.safe_load(text) or {}, "")
+    head, blocks = _parse(text)
+    moved: list[Move] = []
+    arriving: dict[str, list[Entry]] = {}
+    for b in blocks:
+        kept = []
+        for e in b.entries:
+            m = BY_OLD.get(f"{b.name}.{e.key}")
+            if not m:
+                kept.append(e)
+                continue
+            moved.append(m)
+            to, name = _split(m.new) if m.new else ("", "")
+            value = (want.get(to) or {}).get(name, GONE) if m.rule else GONE
+            if not m.new or (m.rule and value is GONE):
+                continue  # the key leaves: its comment lines with it
+            e.lines[e.at] = _renamed(e.lines[e.at], e.key, name, value)
+            e.lines[-1] += "" if e.lines[-1].endswith("\n") else "\n"
+            e.key, e.moved = name, True
+            if to == b.name:
+                kept.append(e)
+            else:
+                arriving.setdefault(to, []).append(e)
+        b.entries = [e for e in kept if e.moved or not any(x.moved and x.key == e.key for x in kept)]
+    names = [b.name for b in blocks]
+    for to, entries in arriving.items():
+        if to not in names:
+            later = [
+                i
+                for i, b in enumerate(blocks)
+                if to in order and b.name in order and order.index(b.name) > order.index(to)
+            ]
+            at = later[0] if later else len(blocks)
+            blocks.insert(at, Block(to, f"{to}:\n", [], []))
+            names.insert(at, to)
+        block = blocks[names.index(to)]
+        for e in entries:  # a rule's new value replaces the key the section had
+            block.entries = [x for x in block.entries if x.key != e.key] + [e]
+    out = list(head)
+    for b in blocks:
+        if not b.entries and b.name in {_split(m.old)[0] for m in moved}:
             continue
-        new = m.new.split(".")[1]
-        rest = line[k.end(2) :]
-        grow = len(new) - len(k.group(2))
-        pad = re.match(r"^(\s*:\s*\S+)( +)(#.*)$", rest, re.S)
-        if pad and len(pad.group(2)) > grow > 0:  # keep the comment's column
-            rest = pad.group(1) + pad.group(2)[grow:] + pad.group(3)
-        lines[i] = k.group(1) + new + rest
-        moved.append(m)
-    return "".join(lines), moved
+        out += [b.header, *(line for e in b.entries for line in e.lines), *b.tail]
+    if out and not out[-1].endswith("\n"):
+        out[-1] += "\n"
+    return "".join(out), moved

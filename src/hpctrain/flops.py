@@ -50,7 +50,7 @@ PEAKS: tuple[Peak, ...] = (
 
 # A device name not in PEAKS (a new memory size, an OEM variant, another product) falls back to the
 # first family whose key it contains, most specific first, and its source says so: check the figure
-# against the product's datasheet, or pass train.peak_tflops / --peak-tflops.
+# against the product's datasheet, or pass log.peak_tflops / --peak-tflops.
 FAMILY_BF16_TFLOPS: list[tuple[str, float, str]] = [
     ("GH200", 989.0, "datasheet dense bf16 (1,979 with sparsity)"),
     ("H200 NVL", 835.0, "datasheet dense bf16 (1,671 with sparsity)"),
@@ -149,9 +149,9 @@ def model_flops(mc) -> VitFlops:
 def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
     """(dense bf16 spec peak TFLOP/s, where the figure comes from) for a device name: the product
     whose exact name it is (PEAKS), else the most specific family it contains (FAMILY_BF16_TFLOPS);
-    None when unknown (then `--peak-tflops` / `train.peak_tflops`)."""
+    None when unknown (then `--peak-tflops` / `log.peak_tflops`)."""
     if not device_name:
-        return None, "unknown device: pass --peak-tflops (train.peak_tflops in training)"
+        return None, "unknown device: pass --peak-tflops (log.peak_tflops in training)"
     name = _norm(device_name)
     for p in PEAKS:
         if name in (_norm(n) for n in p.names):
@@ -160,9 +160,9 @@ def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
         if key.lower() in name:
             return tflops, (
                 f"{key} family: {source}; {device_name!r} is not an exact name in the table: "
-                "check its datasheet or pass --peak-tflops (train.peak_tflops)"
+                "check its datasheet or pass --peak-tflops (log.peak_tflops)"
             )
-    return None, f"{device_name!r} is not in the table: pass --peak-tflops (train.peak_tflops in training)"
+    return None, f"{device_name!r} is not in the table: pass --peak-tflops (log.peak_tflops in training)"
 
 
 def achievable_tflops(device_name: str | None) -> float | None:

@@ -18,7 +18,7 @@ What is counted, in bytes, for one rank:
 - overhead: an allowance, not a measurement: 2 GB for the CUDA context, cuBLAS/cuDNN workspaces and
   NCCL buffers, plus 10 % of the activations for the allocator's fragmentation and the transient
   activation gradients of the backward pass.
-Under `train.parallel=fsdp` (world size > 1) weights, grads and optimizer states are divided by the
+Under `dist.parallel=fsdp` (world size > 1) weights, grads and optimizer states are divided by the
 world size, and two blocks' unsharded fp32 weights (all of them with `fsdp_reshard: false`) are added.
 
 Not counted: the data loader's buffers (DALI's are on the GPU, a few hundred MB), `torch.compile`'s
@@ -175,14 +175,14 @@ def estimate(cfg, per_gpu_batch: int, world_size: int = 1) -> MemoryEstimate:
     """Training memory per GPU of `cfg` (a Config) at `per_gpu_batch` images per micro-step."""
     mc, t = cfg.model, cfg.train
     pc = param_count(mc)
-    shard = world_size if t.parallel == "fsdp" and world_size > 1 else 1
+    shard = world_size if cfg.dist.parallel == "fsdp" and world_size > 1 else 1
     weights = 4 * (pc.trainable + pc.frozen) // shard
     grads = 4 * pc.trainable // shard
-    if shard == 1 and world_size > 1 and not t.ddp_bucket_view:
+    if shard == 1 and world_size > 1 and not cfg.dist.ddp_bucket_view:
         grads *= 2  # DDP's buckets are a copy of the gradients
     gathered = 0
     if shard > 1:
-        gathered = 4 * (pc.trainable + pc.frozen) if not t.fsdp_reshard else 2 * 4 * pc.largest_block
+        gathered = 4 * (pc.trainable + pc.frozen) if not cfg.dist.fsdp_reshard else 2 * 4 * pc.largest_block
     return MemoryEstimate(
         batch=per_gpu_batch,
         weights=weights,

@@ -166,7 +166,7 @@ def test_same_seed_same_batches_and_exact_resume(ident_root):
 @pytest.mark.slow
 def test_randaugment_runs_and_changes_images(ident_root):
     plain, _ = loaders(ident_root)
-    ra, _ = loaders(ident_root, **{"data.randaugment": "2,9"})
+    ra, _ = loaders(ident_root, **{"aug.randaugment": "2,9"})
     x0, y0 = epoch(plain, 0)[0]
     x1, y1 = epoch(ra, 0)[0]
     assert x1.shape == x0.shape and torch.equal(y0, y1) and not torch.equal(x0, x1)
@@ -229,7 +229,7 @@ def test_bad_randaugment_spec_is_a_config_error(ident_root):
     from hpctrain.config import ConfigError
 
     with pytest.raises(ConfigError, match="N,M"):
-        loaders(ident_root, **{"data.randaugment": "two"})
+        loaders(ident_root, **{"aug.randaugment": "two"})
 
 
 @pytest.mark.parametrize("kind", ["auto", "dali", "torch", "synthetic"])
@@ -264,7 +264,7 @@ def test_graph_traced_once_and_each_epoch_equals_a_pipeline_built_for_it(ident_r
     callback); a loader that starts at epoch 2, batch 3 (a resume) reads the same batches."""
     from hpctrain.data.dali import build_pipeline, pipeline_seed
 
-    sets = {"data.randaugment": "2,9", "data.erase_prob": 0.5}
+    sets = {"aug.randaugment": "2,9", "aug.erase_prob": 0.5}
     train, _ = loaders(ident_root, **sets)
     got = {e: epoch(train, e) for e in range(3)}
     assert_traced_once(train)
@@ -298,7 +298,7 @@ def test_shards_trace_once_for_one_rank_and_equal_a_loader_started_at_each_epoch
     from hpctrain.data.prep.pack import pack
 
     pack(ident_root, tmp_path / "shards", shard_size=10, log=lambda *_: None)
-    sets = {"data.format": "wds", "data.erase_prob": 0.5}
+    sets = {"data.format": "wds", "aug.erase_prob": 0.5}
     train, _ = loaders(tmp_path / "shards", **sets)
     got = [epoch(train, e) for e in range(3)]
     assert_traced_once(train)

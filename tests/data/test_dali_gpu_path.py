@@ -43,9 +43,9 @@ def test_pixel_erasing_reads_no_shape_and_draws_the_same_noise(ident_root, monke
                 "model.patch_size": 8,
                 "model.num_classes": 36,
                 "train.seed": 3,
-                "data.erase_prob": 0.9,
-                "data.erase_count": 2,
-                "data.erase_mode": "pixel",
+                "aug.erase_prob": 0.9,
+                "aug.erase_count": 2,
+                "aug.erase_mode": "pixel",
             }.items()
         ],
     )

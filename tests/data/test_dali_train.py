@@ -38,7 +38,7 @@ def test_resume_is_exact(digits_root, tmp_path, loader):
         "data.batch_size=128",
         "train.max_steps=14",
         "train.eval_every_epochs=0",
-        "train.ckpt_every=0",
+        "ckpt.every=0",
     ]
     full = run(digits_cfg(digits_root, tmp_path, "full", *sets))
     half = run(digits_cfg(digits_root, tmp_path, "split", *sets, "train.halt_at=7"))
@@ -54,7 +54,7 @@ def test_resume_is_exact(digits_root, tmp_path, loader):
 # to 95 % from the folder would prove nothing more for 100 s of CI.
 @pytest.mark.slow
 def test_digits_trains_to_95_with_dali_from_packed_shards(digits_root, tmp_path):
-    sets = ["train.epochs=15", "train.eval_every_epochs=0", "train.ckpt_every=0"]
+    sets = ["train.epochs=15", "train.eval_every_epochs=0", "ckpt.every=0"]
     shards = tmp_path / "shards"
     pack(digits_root, shards, shard_size=250, log=lambda *_: None)
     wds = run(digits_cfg(shards, tmp_path, "wds", *sets, "data.format=wds"))

@@ -1,5 +1,5 @@
 """DeiT's data options in both loaders: bicubic resizing (data.interpolation), random erasing
-(data.erase_prob) and repeated augmentation (data.repeated_aug) in DALI; resume exactness with all on."""
+(aug.erase_prob) and repeated augmentation (aug.repeated_aug) in DALI; resume exactness with all on."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_dali_erases_the_boxes_of_each_sample_with_normal_noise(png_root):
     pytest.importorskip("nvidia.dali")
     root, _ = png_root
     plain_loader, _ = loaders(root, "dali")
-    erased_loader, _ = loaders(root, "dali", "data.erase_prob=0.6", "data.erase_count=2")
+    erased_loader, _ = loaders(root, "dali", "aug.erase_prob=0.6", "aug.erase_count=2")
     xs, masks = [], []
     for e in range(6):
         plain_loader.set_epoch(e)
@@ -115,7 +115,7 @@ def test_repeated_aug_on_fewer_than_256_images_is_refused(png_root):
     pytest.importorskip("nvidia.dali")
     root, _ = png_root
     with pytest.raises(Exception, match="no full global batch"):
-        loaders(root, "dali", "data.repeated_aug=3")
+        loaders(root, "dali", "aug.repeated_aug=3")
 
 
 @pytest.mark.slow
@@ -126,7 +126,7 @@ def test_resume_is_exact_with_deit_options_on(digits_root):
     pytest.importorskip("nvidia.dali")
     from tests.helpers import DIGITS
 
-    sets = ["data.interpolation=bicubic", "data.erase_prob=0.5", "data.repeated_aug=3"]
+    sets = ["data.interpolation=bicubic", "aug.erase_prob=0.5", "aug.repeated_aug=3"]
     for kind, workers in (("dali", 1), ("torch", 0)):  # torch: no fork of a process running DALI threads
         cfg = load(DIGITS, [f"data.root={digits_root}", f"data.loader={kind}", f"data.workers={workers}", *sets])
         a, _ = build_loaders(cfg, 1, 2, CPU)
@@ -147,5 +147,5 @@ def test_repeated_aug_on_shards_is_refused_in_one_line(tmp_path):
     pytest.importorskip("nvidia.dali")
     from hpctrain.config import ConfigError
 
-    with pytest.raises(ConfigError, match="data.repeated_aug needs .* data.format=folder"):
-        loaders(tmp_path, "dali", "data.format=wds", "data.repeated_aug=3")
+    with pytest.raises(ConfigError, match="aug.repeated_aug needs .* data.format=folder"):
+        loaders(tmp_path, "dali", "data.format=wds", "aug.repeated_aug=3")

@@ -1,4 +1,4 @@
-"""Random erasing (data.erase_prob/erase_mode/erase_count) against timm's RandomErasing, by statistics over many
+"""Random erasing (aug.erase_prob/erase_mode/erase_count) against timm's RandomErasing, by statistics over many
 draws with fixed seeds. The reference sampler below is timm 0.3.x random_erasing.py `_erase`,
 transcribed with Python's `random` as timm uses it; ours draws from numpy, so the two are compared
 as distributions (two-sample Kolmogorov-Smirnov), not value by value."""
@@ -140,7 +140,7 @@ def test_torch_loader_erases_after_normalisation(digits_root):
         return next(iter(train))[0]
 
     plain = batch()
-    a, b = batch("data.erase_prob=0.5"), batch("data.erase_prob=0.5")
+    a, b = batch("aug.erase_prob=0.5"), batch("aug.erase_prob=0.5")
     assert torch.equal(a, b)  # fixed by (seed, epoch, sample)
     changed = (a != plain).flatten(1).any(1)
     assert 0.2 < changed.float().mean() < 0.8

@@ -92,8 +92,8 @@ def test_torch_loader_erases_the_same_in_worker_processes(digits_root):
                 f"data.root={digits_root}",
                 "data.loader=torch",
                 f"data.workers={workers}",
-                f"data.erase_prob={reprob}",
-                "data.erase_count=3",
+                f"aug.erase_prob={reprob}",
+                "aug.erase_count=3",
             ],
         )
         train, _ = build_loaders(cfg, 0, 1, torch.device("cpu"))

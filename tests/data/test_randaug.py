@@ -38,13 +38,13 @@ def test_specs_parse_as_timm_reads_them():
 )
 def test_bad_specs_are_one_line_config_errors(spec, match):
     with pytest.raises(ConfigError, match=match) as e:
-        load(None, [f"data.randaugment={spec}"])
+        load(None, [f"aug.randaugment={spec}"])
     assert "\n" not in str(e.value)
 
 
 def test_torch_loader_refuses_randaugment():
     with pytest.raises(ConfigError, match="data.loader=dali"):
-        load(None, ["data.randaugment=2,9", "data.loader=torch"])
+        load(None, ["aug.randaugment=2,9", "data.loader=torch"])
 
 
 # --------------------------------------------------------------------------- DALI parameter tables

@@ -1,4 +1,4 @@
-"""Repeated augmentation (data.repeated_aug): DeiT's RASampler split, on the global-batch contract.
+"""Repeated augmentation (aug.repeated_aug): DeiT's RASampler split, on the global-batch contract.
 
 The reference is DeiT's samplers.py RASampler, transcribed: repeat each index of the permutation k
 times in a row, rank r takes indices[r::W], the first floor(n // 256 * 256 / W) of them, and the
@@ -76,7 +76,7 @@ def test_off_is_the_plain_rule():
 
 
 def test_torch_loader_reads_the_repeated_list(digits_root):
-    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3"])
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "aug.repeated_aug=3"])
     train, _ = build_loaders(cfg, 1, 2, torch.device("cpu"))
     assert len(train) == 1438 // 256 * 256 // 64 == 20
     train.set_epoch(2, start=19)
@@ -87,7 +87,7 @@ def test_torch_loader_reads_the_repeated_list(digits_root):
 
 def test_copies_of_a_sample_are_augmented_differently(digits_root):
     """Each repeat is its own augmentation (DeiT reads the sample again): same label, other pixels."""
-    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "data.repeated_aug=3", "data.erase_prob=0.25"])
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.loader=torch", "aug.repeated_aug=3", "aug.erase_prob=0.25"])
     train, _ = build_loaders(cfg, 0, 1, torch.device("cpu"))
     x, y = next(iter(train))
     idx = sampling.train_batches(1438, 64, 0, 1, cfg.train.seed, 0, repeats=3)[0]

@@ -189,7 +189,7 @@ def whole_image_batch(root: Path, loader: str, antialias: bool) -> tuple[np.ndar
             "data.mean=[0,0,0]",
             "data.std=[1,1,1]",
             "data.workers=1",
-            "data.hflip=0",
+            "aug.hflip=0",
             "data.scale_min=1.0",
             "data.crop=tf_inception",
             f"data.antialias={antialias}",

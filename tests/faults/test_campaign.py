@@ -50,7 +50,7 @@ from tests.launch.test_spares import gpu_probe_env
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-SETS = (*JOB_SETS, "train.ckpt_every=5")
+SETS = (*JOB_SETS, "ckpt.every=5")
 # rank 0 waits 0.5 s per step for data (a sleep: the arithmetic is unchanged), so that each fault
 # lands mid-run however fast the machine is
 SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:0.5:data"}

@@ -48,12 +48,12 @@ def test_disk_full_keeps_previous_checkpoint(policy, mode, digits_root, small_fs
     fmt = "single" if mode == "single" else "sharded"
     sets = [
         "train.max_steps=40",
-        "train.ckpt_every=10",
-        "train.log_every=1",
-        f"train.on_ckpt_error={policy}",
-        "train.keep_ckpts=2",
-        f"train.ckpt_format={fmt}",
-        f"train.ckpt_async={mode == 'async'}",
+        "ckpt.every=10",
+        "log.every=1",
+        f"ckpt.on_error={policy}",
+        "ckpt.keep=2",
+        f"ckpt.format={fmt}",
+        f"ckpt.async_save={mode == 'async'}",
     ]
     # async: steps of 0.5 s (a sleep for data: the arithmetic is unchanged), so that the background
     # save of step 10 ends well before step 20's save starts, however loaded the machine is
@@ -78,7 +78,7 @@ def test_disk_full_keeps_previous_checkpoint(policy, mode, digits_root, small_fs
             assert re.search(r"could not write checkpoint \S*step-00000020", out)
     else:
         assert procs[0].returncode == 0, out[-2000:]
-        assert "train.on_ckpt_error=continue" in out and re.search(r"status +finished", out)
+        assert "ckpt.on_error=continue" in out and re.search(r"status +finished", out)
     # with space again, --resume auto goes on from the intact checkpoint
     (small_fs / "filler").unlink()
     shutil.rmtree(run / "logs", ignore_errors=True)

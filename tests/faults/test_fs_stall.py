@@ -20,7 +20,7 @@ from tests.faults.nolockfs import unavailable
 from tests.helpers import ROOT, run_metrics
 
 STALLFS = Path(__file__).with_name("stallfs.py")
-HANG = 5  # train.hang_timeout_s: the stall below lasts several of these
+HANG = 5  # health.hang_timeout_s: the stall below lasts several of these
 STALL = 25  # seconds the file server is stopped
 STEPS = 30
 
@@ -45,8 +45,8 @@ def test_a_frozen_run_directory_is_waited_out_not_called_a_hang(digits_root, tmp
         "stall",
         f"train.max_steps={STEPS}",
         "data.batch_size=48",
-        f"train.hang_timeout_s={HANG}",
-        "train.pg_timeout_s=300",  # the collectives outwait the stall; the watchdog is what is tested
+        f"health.hang_timeout_s={HANG}",
+        "dist.pg_timeout_s=300",  # the collectives outwait the stall; the watchdog is what is tested
         env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},  # for stallfs.py
         prefix=(sys.executable, str(STALLFS), str(runs), "--"),
     )

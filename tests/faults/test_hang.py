@@ -1,6 +1,6 @@
 """A rank that hangs (SIGSTOP).
 
-With the hang watchdog (train.hang_timeout_s, well below train.pg_timeout_s) the live ranks write
+With the hang watchdog (health.hang_timeout_s, well below dist.pg_timeout_s) the live ranks write
 their stacks and name the stopped one; with it off, the others give up within the process-group
 timeout and name it through the rendezvous store.
 """
@@ -30,8 +30,8 @@ def test_watchdog_names_the_stopped_rank_and_the_others_write_their_stacks(digit
         "hang3",
         "train.max_steps=400",
         "data.batch_size=48",
-        f"train.hang_timeout_s={HANG}",
-        f"train.pg_timeout_s={pg}",
+        f"health.hang_timeout_s={HANG}",
+        f"dist.pg_timeout_s={pg}",
     )
     try:
         wait_for_step(run, 3, procs)
@@ -66,8 +66,8 @@ def test_without_watchdog_the_collective_timeout_names_the_stopped_rank(digits_r
         tmp_path,
         "hang",
         "train.max_steps=400",
-        f"train.pg_timeout_s={PG_TIMEOUT}",
-        "train.hang_timeout_s=0",
+        f"dist.pg_timeout_s={PG_TIMEOUT}",
+        "health.hang_timeout_s=0",
     )
     try:
         wait_for_step(tmp_path / "hang", 3, procs)

@@ -1,7 +1,7 @@
 """A node dies mid-run: its slurmd, slurmstepd and task are SIGKILLed at once.
 
 The first attempt ends without hanging: the survivor's collective fails at once (or after
-train.pg_timeout_s when the dead peer's sockets stay silent), srun waits for the lost node until
+dist.pg_timeout_s when the dead peer's sockets stay silent), srun waits for the lost node until
 the controller declares it DOWN (SlurmdTimeout), and Slurm ends the allocation as NODE_FAIL and
 requeues it (the batch script has --requeue: slurm.max_requeues > 0). The job waits while the
 node is down, starts when it is back, resumes from the last checkpoint and finishes.
@@ -26,7 +26,7 @@ from tests.slurm_cluster import SLURMD_TIMEOUT
 
 pytestmark = pytest.mark.slurm
 CKPT_EVERY = 5
-# The hang watchdog fires at half of it (train.hang_timeout_s): above what an epoch boundary (new loader
+# The hang watchdog fires at half of it (health.hang_timeout_s): above what an epoch boundary (new loader
 # workers) can take on a loaded 2-core CI machine, where 15 s (7.5 s) named a node in the resumed attempt.
 PG_TIMEOUT = 60
 # Survivors give up within PG_TIMEOUT (+ the same again to name the missing rank); Slurm declares the
@@ -90,10 +90,10 @@ def test_dead_node_job_ends_then_requeues_and_resumes_from_last_checkpoint(slurm
             tmp_path,
             "nodedeath",
             "train.epochs=8",
-            "train.log_every=1",
+            "log.every=1",
             "train.eval_every_epochs=0",
-            f"train.ckpt_every={CKPT_EVERY}",
-            f"train.pg_timeout_s={PG_TIMEOUT}",
+            f"ckpt.every={CKPT_EVERY}",
+            f"dist.pg_timeout_s={PG_TIMEOUT}",
         ),
     )
     try:

@@ -24,7 +24,7 @@ from tests.faults.local import last_step, start_ranks, wait_for_step
 from tests.helpers import digits_args, run_metrics, run_ranks
 
 STEPS, PREEMPTIONS, FIRST = 70, 4, 19
-SETS = [f"train.max_steps={STEPS}", "train.mixup=0.8", "model.drop_path=0.1", "train.ema=0.99"]
+SETS = [f"train.max_steps={STEPS}", "aug.mixup=0.8", "model.drop_path=0.1", "train.ema=0.99"]
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from tests.launch.jobs import (
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-SETS = (*JOB_SETS, "train.ckpt_every=5")
+SETS = (*JOB_SETS, "ckpt.every=5")
 STEPS = JOB_STEPS
 
 

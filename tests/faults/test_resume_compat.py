@@ -47,4 +47,4 @@ def test_new_world_size_same_global_batch_resumes(digits_root, tmp_path):
     out = run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS))
     assert "at step 4" in out[0].stdout and re.search(r"status +finished", out[0].stdout)
     newest = ckpt.list_checkpoints(tmp_path / "r")[0]
-    assert ckpt.step_of(newest) == 8 and ckpt.is_sharded(newest)  # train.ckpt_format=auto: sharded for 2 ranks
+    assert ckpt.step_of(newest) == 8 and ckpt.is_sharded(newest)  # ckpt.format=auto: sharded for 2 ranks

@@ -39,7 +39,7 @@ from tests.launch.jobs import (
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, slurm24_sysroot
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-SETS = (*JOB_SETS, "train.ckpt_every=5")
+SETS = (*JOB_SETS, "ckpt.every=5")
 PROLOG_S = 15
 # longer than Slurm's clients retry an unreachable controller (~9 s, MessageTimeout): the batch
 # shell's own calls then fail unless it retries them

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 metrics = run_metrics
 # What the jobs of the stop, requeue and fault tests train: 2 epochs of digits (44 steps at the global
 # batch of 64, whatever the world size), a record per step; each test adds its checkpoint interval.
-JOB_SETS = ("train.epochs=2", "train.log_every=1", "train.eval_every_epochs=0")
+JOB_SETS = ("train.epochs=2", "log.every=1", "train.eval_every_epochs=0")
 JOB_STEPS = 44
 
 
@@ -34,7 +34,7 @@ def uninterrupted(world: int, digits_root: Path, tmp_path_factory) -> dict:
     with open(shared / f"uninterrupted-{world}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits for the first one's run
         if not ckpt.list_checkpoints(d / "ref"):
-            run_ranks(world, digits_args(digits_root, d, "ref", *JOB_SETS, "train.ckpt_every=0"))
+            run_ranks(world, digits_args(digits_root, d, "ref", *JOB_SETS, "ckpt.every=0"))
         return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
 
 

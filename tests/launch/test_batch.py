@@ -107,7 +107,7 @@ def test_cpu_tasks_skip_the_gpu_checks():
     "args, message",
     [
         (("--gpu-mem-gb", "0"), "--gpu-mem-gb=0: give the memory of one GPU in GB"),
-        (("--set", "optim.name=lamb", "--set", "train.parallel=fsdp"), "optim.name=lamb takes each tensor's norm"),
+        (("--set", "optim.name=lamb", "--set", "dist.parallel=fsdp"), "optim.name=lamb takes each tensor's norm"),
     ],
 )
 def test_bad_requests_are_one_line(args, message):
@@ -149,12 +149,12 @@ def test_model_too_large_for_one_gpu_suggests_fsdp():
     with pytest.raises(
         LaunchError,
         match=r"\(0 images fit\): use --set model.grad_ckpt=true, or --set "
-        r"train.parallel=fsdp",
+        r"dist.parallel=fsdp",
     ) as e:
         rep.check(cfg)
     assert "accum_steps" not in str(e.value)
     sharded = load(
         "configs/vit_b16_imagenet_4k.yaml",
-        ["model.arch=vit_huge", "model.depth=400", "train.parallel=fsdp", "model.grad_ckpt=true"],
+        ["model.arch=vit_huge", "model.depth=400", "dist.parallel=fsdp", "model.grad_ckpt=true"],
     )
     batch_report(sharded, 16, 8).check(sharded)  # sharded over 128 GPUs it fits

@@ -127,7 +127,7 @@ def test_stage_to_on_node_local_tmpdir_is_bound_at_run_time(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fake apptainer needs unshare --mount (root)")
 def test_task_sees_an_image_identity_that_changes_when_the_image_is_rebuilt(tmp_path):
-    """train.compile_cache keys its entries by $HPCTRAIN_IMAGE_DIGEST: the task inside the image must
+    """compile.cache keys its entries by $HPCTRAIN_IMAGE_DIGEST: the task inside the image must
     get one (from the batch shell's stat of the image), the same for the same file, another once the
     file at that path is rebuilt, and a site's own digest left alone."""
     show = "import os; print(os.environ['HPCTRAIN_IMAGE_DIGEST'])"

@@ -37,7 +37,7 @@ from tests.launch.jobs import (
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, slurm24_sysroot
 
 pytestmark = pytest.mark.slurm
-SETS = (*JOB_SETS, "train.ckpt_every=5")
+SETS = (*JOB_SETS, "ckpt.every=5")
 # rank 0 waits 0.5 s per step for data (a sleep: the arithmetic is unchanged): each event lands mid-run,
 # and 8 steps take 4 s or more, two polls of the guard (HPCTRAIN_GUARD_S=2) at least
 SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:0.5:data", "HPCTRAIN_GUARD_S": "2"}

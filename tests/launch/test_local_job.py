@@ -20,9 +20,9 @@ from tests.helpers import DIGITS, WAIT_S, as_typed_at_a_terminal, hpctrain, run_
 
 SETS = [
     "train.threads=1",
-    "train.log_every=1",
+    "log.every=1",
     "train.eval_every_epochs=0",
-    "train.ckpt_every=0",
+    "ckpt.every=0",
     "train.tensorboard=false",
 ]
 

@@ -81,9 +81,9 @@ def test_nsys_ranks_checks():
         parse_ranks("0;1")
     prof = load_profile("local", [])
     cfg = load("digits_vit", ["run.dir=/tmp/r"])
-    with pytest.raises(LaunchError, match="--nsys-ranks needs train.profile_steps"):
+    with pytest.raises(LaunchError, match="--nsys-ranks needs log.profile_steps"):
         plan_job(cfg, prof, Request(nodes=1, gpus_per_node=2, nsys_ranks=(0,)))
-    cfg = load("digits_vit", ["run.dir=/tmp/r", "train.profile_steps=3-4"])
+    cfg = load("digits_vit", ["run.dir=/tmp/r", "log.profile_steps=3-4"])
     with pytest.raises(LaunchError, match="rank 2 is not in this job of 2 tasks"):
         plan_job(cfg, prof, Request(nodes=1, gpus_per_node=2, nsys_ranks=(0, 2)))
     plan = plan_job(cfg, prof, Request(nodes=1, gpus_per_node=2, nsys_ranks=(1,)))
@@ -101,7 +101,7 @@ def test_submit_dry_run_script_wraps_the_tasks(tmp_path):
         "--set",
         f"run.dir={tmp_path}",
         "--set",
-        "train.profile_steps=3-4",
+        "log.profile_steps=3-4",
         "--config",
         "digits_vit",
     )

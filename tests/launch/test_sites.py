@@ -17,7 +17,7 @@ from tests.launch.jobs import ROOT, digits_sets, hp, job_report, metrics, sacct_
 from tests.slurm_cluster import DEF_MEM_PER_CPU, EXPORT_NONE, PREEMPTIBLE, URGENT
 
 pytestmark = pytest.mark.slurm
-SHORT = ("train.epochs=1", "train.max_steps=10", "train.log_every=1", "train.eval_every_epochs=0", "train.ckpt_every=0")
+SHORT = ("train.epochs=1", "train.max_steps=10", "log.every=1", "train.eval_every_epochs=0", "ckpt.every=0")
 
 
 def training(cluster, job: str, run: Path, step: int = 3, timeout: float = 180) -> None:

@@ -43,7 +43,7 @@ from tests.launch.jobs import (
 from tests.slurm_cluster import SPARE_PARTITION
 
 STEPS = JOB_STEPS
-SETS = (*JOB_SETS, "train.ckpt_every=5")
+SETS = (*JOB_SETS, "ckpt.every=5")
 
 
 def test_spare_nodes_are_allocated_with_no_kill_and_the_shell_parses(tmp_path):
@@ -153,8 +153,8 @@ def submit_silent_rank_job(cluster, digits_root, tmp_path, name: str, lost: Path
             tmp_path,
             name,
             *SETS,
-            "train.hang_timeout_s=5",
-            "train.pg_timeout_s=30",
+            "health.hang_timeout_s=5",
+            "dist.pg_timeout_s=30",
         ),
         env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
     )

@@ -46,7 +46,7 @@ from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
 pytestmark = pytest.mark.slurm
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")
 STEPS = JOB_STEPS
-SETS = (*JOB_SETS, "train.ckpt_every=10")
+SETS = (*JOB_SETS, "ckpt.every=10")
 
 
 @pytest.fixture(scope="module")

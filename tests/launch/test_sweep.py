@@ -24,12 +24,12 @@ def test_members_from_grids_and_a_sweep_file(tmp_path):
     grid = sweep.parse_grid(["optim.lr=1e-3,5e-4", "model.drop_path=0,0.1"])
     f = tmp_path / "s.yaml"
     f.write_text(
-        'grid:\n  train.epochs: [2]\nruns:\n  - {optim.lr: 3.0e-4, data.hflip: 0.5}\n  - ["optim.warmup_epochs=1"]\n'
+        'grid:\n  train.epochs: [2]\nruns:\n  - {optim.lr: 3.0e-4, aug.hflip: 0.5}\n  - ["optim.warmup_epochs=1"]\n'
     )
     fgrid, runs = sweep.read_sweep_file(f)
     sets = sweep.expand({**grid, **fgrid}, runs)
     assert sets[0] == ["optim.lr=1e-3", "model.drop_path=0", "train.epochs=2"] and len(sets) == 6
-    assert sets[4] == ["optim.lr=0.0003", "data.hflip=0.5"] and sets[5] == ["optim.warmup_epochs=1"]
+    assert sets[4] == ["optim.lr=0.0003", "aug.hflip=0.5"] and sets[5] == ["optim.warmup_epochs=1"]
     members = sweep.plan_members(DIGITS, ["train.max_steps=3"], sets, tmp_path / "sw")
     assert [m.name for m in members[:2]] == ["00-lr1e-3_drop_path0_epochs2", "01-lr1e-3_drop_path0.1_epochs2"]
     assert members[1].cfg.model.drop_path == 0.1 and members[4].cfg.optim.lr == 3e-4
@@ -172,11 +172,11 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
         "--set",
         f"train.max_steps={steps}",
         "--set",
-        "train.log_every=1",
+        "log.every=1",
         "--set",
         "train.threads=1",
         "--set",
-        "train.ckpt_every=0",
+        "ckpt.every=0",
         "--grid",
         "optim.lr=1e-3,5e-4",
         "--grid",
@@ -236,12 +236,12 @@ def test_sweep_array_member_preempted_and_resumed(slurm_cluster, digits_root, tm
 
 def test_compiled_members_share_the_sweeps_compile_cache(tmp_path):
     members = sweep.plan_members(
-        DIGITS, ["train.compile=true"], [["optim.lr=1e-3"], ["optim.lr=5e-4"]], tmp_path / "sw"
+        DIGITS, ["compile.enabled=true"], [["optim.lr=1e-3"], ["optim.lr=5e-4"]], tmp_path / "sw"
     )
-    assert {m.cfg.train.compile_cache for m in members} == {str((tmp_path / "sw" / "compile_cache").resolve())}
+    assert {m.cfg.compile.cache for m in members} == {str((tmp_path / "sw" / "compile_cache").resolve())}
     mine = sweep.plan_members(
-        DIGITS, ["train.compile=true", "train.compile_cache=/scratch/cc"], [["optim.lr=1e-3"]], tmp_path / "sw"
+        DIGITS, ["compile.enabled=true", "compile.cache=/scratch/cc"], [["optim.lr=1e-3"]], tmp_path / "sw"
     )
-    assert mine[0].cfg.train.compile_cache == "/scratch/cc"
+    assert mine[0].cfg.compile.cache == "/scratch/cc"
     plain = sweep.plan_members(DIGITS, [], [["optim.lr=1e-3"]], tmp_path / "sw")
-    assert plain[0].cfg.train.compile_cache == ""
+    assert plain[0].cfg.compile.cache == ""

@@ -51,7 +51,7 @@ def submitted_config(pickle: Path) -> dict:
 
 def test_a_sweep_members_config_is_a_single_submissions(digits_root, tmp_path):
     env = fake_slurm(tmp_path)
-    sets = ["--set", f"data.root={digits_root}", "--set", "train.ckpt_every=auto", "--set", "optim.lr=1e-3"]
+    sets = ["--set", f"data.root={digits_root}", "--set", "ckpt.every=auto", "--set", "optim.lr=1e-3"]
     one, many = tmp_path / "one", tmp_path / "many"
     single = hpctrain(
         "submit",

@@ -1,4 +1,4 @@
-"""What a checkpoint costs a job, resolved at submission: the MTBF that train.ckpt_every=auto needs
+"""What a checkpoint costs a job, resolved at submission: the MTBF that ckpt.every=auto needs
 (from the partition's sacct history) and the check that a stop leaves time for a save."""
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
         digits_root,
         tmp_path,
         "auto",
-        "train.ckpt_every=auto",
-        "train.ckpt_auto_first=2",
+        "ckpt.every=auto",
+        "ckpt.auto_first=2",
         "train.max_steps=4",
-        "train.log_every=1",
+        "log.every=1",
         "train.eval_every_epochs=0",
     )
     env, sacct_log = _logging_sacct(slurm_cluster, tmp_path)
@@ -115,7 +115,7 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     assert len(window_reads()) == 1, sacct_log.read_text()
     out = again.stdout + again.stderr
     assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in out and "(cached at " in out, out
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: train.ckpt_every=auto"))
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: ckpt.every=auto"))
     assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in line
     assert "1 preemptions, 1 node failures in" in line and " / 2 nodes" in line, line
     cfg = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())

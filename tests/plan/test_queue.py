@@ -152,7 +152,7 @@ def test_plan_figures_are_sacct_s_medians(slurm_cluster, history):
         job_mtbf_s = node_h / 2 * 3600 / n
         assert o["interruptions"] == pytest.approx(o["train_s"] / job_mtbf_s, rel=1e-3)
         step_s = next(row["step_s"] for row in out["rows"] if row["nodes"] == n)
-        tau, save = cfg.train.ckpt_every * step_s, checkpoint_bytes(cfg) / 1e9 / profile.slurm.ckpt_write_gbps
+        tau, save = cfg.ckpt.every * step_s, checkpoint_bytes(cfg) / 1e9 / profile.slurm.ckpt_write_gbps
         # 1 requeue (the preempted job's was cancelled): fewer than 5, so a requeue waits as a new job does
         loss = o["train_s"] / tau * save + o["interruptions"] * (tau / 2 + o["queue_s"])
         assert o["interruption_loss_s"] == pytest.approx(loss, rel=1e-3)

@@ -63,7 +63,7 @@ def test_interruption_rate_and_expected_loss():
         f"1 preemptions, 1 node failures in {node_h:g} node-hours of 8 "
         "allocations (sacct, partition gpu, last 14 days): 7 node-hours per interruption"
     )
-    cfg = load(VIT_B, ["train.ckpt_every=auto"])
+    cfg = load(VIT_B, ["ckpt.every=auto"])
     requeue = Figure(600.0, "test")
     loss = expected_loss(cfg, profile, Rate(10.0, "t"), 4, train_s=36000.0, step_s=1.0, requeue=requeue)
     m = 10 * 3600 / 4  # job MTBF: 4 nodes interrupt it 4 times as often
@@ -71,7 +71,7 @@ def test_interruption_rate_and_expected_loss():
     tau = young_daly_s(loss_save, m)
     assert loss.interruptions == pytest.approx(36000 / m)
     assert loss.seconds == pytest.approx(36000 / tau * loss_save + 36000 / m * (tau / 2 + 600))
-    fixed = expected_loss(load(VIT_B, ["train.ckpt_every=500"]), profile, Rate(10.0, "t"), 4, 36000.0, 2.0, requeue)
+    fixed = expected_loss(load(VIT_B, ["ckpt.every=500"]), profile, Rate(10.0, "t"), 4, 36000.0, 2.0, requeue)
     assert fixed.seconds == pytest.approx(36000 / 1000 * loss_save + 36000 / m * (1000 / 2 + 600))
     assert expected_loss(cfg, profile, Rate(None, "unknown: x"), 4, 1.0, 1.0, requeue).seconds is None
     none_seen = node_rate(

@@ -53,9 +53,9 @@ def test_fp16_skipped_steps_write_strict_json(tmp_path):
             "train.max_steps=4",
             "train.amp=fp16",
             "model.depth=1",
-            "train.log_every=2",
+            "log.every=2",
             "train.eval_every_epochs=0",
-            "train.ckpt_every=0",
+            "ckpt.every=0",
         ],
     )
     loader = SyntheticLoader(

@@ -1,7 +1,7 @@
 """Test worker: a compiled DDP run whose rank $SLOW_COMPILE_RANK compiles slowly, then this rank's
 weights (rank-<r>.pt). The delay wraps Inductor's entry point (what torch.compile's default backend
 calls for every graph), so it slows the first compile wherever that happens: in the warm-up
-(train.compile_warmup) or, without it, inside DDP's first step."""
+(compile.warmup) or, without it, inside DDP's first step."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def main(config: str, out: str, *sets: str) -> None:
     cfg = load(config, list(sets))
     if os.environ.get("SLOW_COMPILE_RANK") == os.environ["RANK"]:
         slow_first_compile(float(os.environ["SLOW_COMPILE_S"]))
-    info = join(cfg, cfg.train.pg_timeout_s)
+    info = join(cfg, cfg.dist.pg_timeout_s)
     trainer = cpu_trainer(cfg, info, Path(out) if info.is_main else None)
     trainer.run()
     torch.save(trainer.model.state_dict(), Path(out) / f"rank-{info.rank}.pt")

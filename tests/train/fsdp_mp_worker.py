@@ -28,10 +28,10 @@ def main(root: str, out: str, *sets: str) -> None:
         [
             f"data.root={root}",
             "train.threads=1",
-            "train.log_every=1",
+            "log.every=1",
             "train.eval_every_epochs=0",
-            "train.ckpt_every=0",
-            "train.parallel=fsdp",
+            "ckpt.every=0",
+            "dist.parallel=fsdp",
             "train.amp=bf16",
             "train.max_steps=30",
             *sets,

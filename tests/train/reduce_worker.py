@@ -1,5 +1,5 @@
 """Test worker: a rank that trains the digits config twice in one process group, with gradients
-all-reduced in fp32 and then in bf16 (train.grad_reduce_dtype), as `hpctrain train` does.
+all-reduced in fp32 and then in bf16 (dist.grad_reduce_dtype), as `hpctrain train` does.
 
 Rank 0 writes result.json: per dtype, the final eval, the last logged loss and the bytes reduced
 per step (tests/train/test_comm.py).
@@ -35,8 +35,8 @@ def main(root: str, out: str, *sets: str) -> None:
                 f"data.root={root}",
                 "train.threads=1",
                 "train.eval_every_epochs=0",
-                "train.ckpt_every=0",
-                f"train.grad_reduce_dtype={dtype}",
+                "ckpt.every=0",
+                f"dist.grad_reduce_dtype={dtype}",
                 *sets,
             ],
         )

@@ -1,7 +1,7 @@
 """Test worker: a rank of `hpctrain train` on the digits config, in-process, with two probes at
 step boundaries (tests/train/test_stop_agreement.py):
 
-- train.ckpt_every=3: a save runs while a stop round is in flight;
+- ckpt.every=3: a save runs while a stop round is in flight;
 - at boundary OVERLAP, rank 1 does not post its stop bits until rank 0 has begun the next step:
   a blocking agreement deadlocks here (rank 0 would wait for rank 1, which waits for rank 0);
 - while step SIGNAL+1 runs, rank 1 sends itself SIGUSR2 (a real signal, the real handler).
@@ -35,9 +35,9 @@ def main(root: str, out: str) -> None:
         f"run.dir={out}",
         "run.name=run",
         "train.threads=1",
-        "train.log_every=1",
+        "log.every=1",
         "train.eval_every_epochs=0",
-        "train.ckpt_every=3",
+        "ckpt.every=3",
         "train.max_steps=12",
     ]
     cfg = load(DIGITS, sets)

@@ -29,7 +29,7 @@ def test_bf16_reduction_halves_the_bytes_and_ends_within_tolerance_of_fp32(digit
             str(digits_root),
             str(tmp_path),
             "train.max_steps=200",
-            "train.log_every=20",
+            "log.every=20",
         ],
         timeout=400,
     )
@@ -49,9 +49,9 @@ def test_bf16_reduction_halves_the_bytes_and_ends_within_tolerance_of_fp32(digit
     [
         ([], True),
         (["train.accum_steps=2"], False),  # no_sync breaks static_graph (pytorch/pytorch#143580)
-        (["train.compile=true"], False),  # DDPOptimizer does not support it (pytorch/pytorch#109261)
-        (["train.ddp_static_graph=never"], False),
-        (["train.ddp_static_graph=always", "train.compile=true"], True),
+        (["compile.enabled=true"], False),  # DDPOptimizer does not support it (pytorch/pytorch#109261)
+        (["dist.ddp_static_graph=never"], False),
+        (["dist.ddp_static_graph=always", "compile.enabled=true"], True),
     ],
 )
 def test_static_graph_where_the_model_allows(sets, static):
@@ -60,4 +60,4 @@ def test_static_graph_where_the_model_allows(sets, static):
 
 def test_static_graph_on_with_accumulation_is_refused():
     with pytest.raises(ConfigError, match="ddp_static_graph=always.*accum_steps"):
-        load(DIGITS, ["train.ddp_static_graph=always", "train.accum_steps=2"])
+        load(DIGITS, ["dist.ddp_static_graph=always", "train.accum_steps=2"])

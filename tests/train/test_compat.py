@@ -74,7 +74,7 @@ def test_fsdp_refused_before_anything_starts(digits_root, tmp_path, monkeypatch)
     from hpctrain.train import entry
 
     monkeypatch.setattr(torch, "__version__", "2.2.2+cu121")
-    cfg = load(DIGITS, [f"data.root={digits_root}", f"run.dir={tmp_path}", "run.name=r", "train.parallel=fsdp"])
+    cfg = load(DIGITS, [f"data.root={digits_root}", f"run.dir={tmp_path}", "run.name=r", "dist.parallel=fsdp"])
     with pytest.raises(ConfigError, match=FSDP_LINE):
         entry.run(cfg, stop=SimpleNamespace(log_new=lambda: None))
     assert not (tmp_path / "r").exists()
@@ -116,7 +116,7 @@ def test_fsdp_on_this_torch_fails_in_one_line(digits_root, tmp_path):
     port = free_port()  # (torch 2.2: no FSDP2; 2.4, 2.5: none on the CPU, the pytorch-cuda stack pass)
     procs = [
         subprocess.Popen(
-            [sys.executable, *digits_args(digits_root, tmp_path, "r", "train.parallel=fsdp")],
+            [sys.executable, *digits_args(digits_root, tmp_path, "r", "dist.parallel=fsdp")],
             env={
                 **os.environ,
                 "RANK": str(r),
@@ -230,7 +230,7 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     compat.check_train(ok, cpu)
     compat.check_train(ok, cuda)
     cases = [
-        ("train.parallel=fsdp", cuda, FSDP_LINE.pattern),
+        ("dist.parallel=fsdp", cuda, FSDP_LINE.pattern),
         ("train.amp=fp16", cpu, r"train\.amp=fp16 on cpu needs torch >= 2\.3 .*this is 2\.2\.2\+cu121"),
         (
             "train.sdpa_backend=cudnn train.amp=bf16",
@@ -242,8 +242,8 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
         with pytest.raises(ConfigError, match=msg):
             compat.check_train(load(DIGITS, setting.split()).train, device)
     for setting, what in [
-        ("train.ckpt_format=sharded", "train.ckpt_format=sharded"),
-        ("train.ckpt_async=true", "train.ckpt_async=true"),
+        ("ckpt.format=sharded", "ckpt.format=sharded"),
+        ("ckpt.async_save=true", "ckpt.async_save=true"),
     ]:
         with pytest.raises(
             ConfigError,
@@ -267,14 +267,14 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     ],
 )
 def test_checkpoint_format_by_world_size_and_torch(version, world, fmt, want):
-    assert compat.ckpt_format(load(DIGITS, [f"train.ckpt_format={fmt}"]).train, world, version) == want
+    assert compat.ckpt_format(load(DIGITS, [f"ckpt.format={fmt}"]).train, world, version) == want
 
 
 def test_async_save_is_sharded():
-    both = load(DIGITS, ["train.ckpt_async=true"]).train
+    both = load(DIGITS, ["ckpt.async_save=true"]).train
     assert compat.ckpt_format(both, 1, "2.13.0") == "sharded"
     with pytest.raises(ConfigError, match=r"train\.ckpt_async=true writes sharded checkpoints"):
-        compat.ckpt_format(load(DIGITS, ["train.ckpt_async=true", "train.ckpt_format=single"]).train, 4, "2.13.0")
+        compat.ckpt_format(load(DIGITS, ["ckpt.async_save=true", "ckpt.format=single"]).train, 4, "2.13.0")
 
 
 def test_sharded_checkpoint_on_old_torch_is_refused_not_skipped(tmp_path, monkeypatch):
@@ -328,7 +328,7 @@ def test_tested_torch_is_the_ngc_image_torch():
 
 def test_bf16_gradient_reduction_needs_nccl_2_10_on_cuda(monkeypatch):
     """NCCL all-reduces bf16 from 2.10; gloo (CPU) always does, so only CUDA is gated."""
-    bf16 = load(DIGITS, ["train.grad_reduce_dtype=bf16"]).train
+    bf16 = load(DIGITS, ["dist.grad_reduce_dtype=bf16"]).train
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 9, 9))
     with pytest.raises(ConfigError, match=r"grad_reduce_dtype=bf16 needs NCCL >= 2\.10.*NCCL 2\.9\.9"):
         compat.check_train(bf16, torch.device("cuda", 0))

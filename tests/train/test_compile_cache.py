@@ -1,4 +1,4 @@
-"""train.compile_cache: Inductor's caches keyed by image + torch + model config, staged to node-local
+"""compile.cache: Inductor's caches keyed by image + torch + model config, staged to node-local
 disk and copied back; a second compiled run with the same cache hits Inductor's FX graph cache."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_staged_cache_is_copied_to_the_node_once_and_new_entries_go_back(tmp_pat
 @pytest.mark.slow  # two compiled runs: ~1-2 min of Inductor on 2 cores
 def test_second_compiled_run_hits_the_fx_graph_cache(digits_root, tmp_path):
     cache = tmp_path / "cache"
-    sets = ["train.max_steps=1", "train.compile=true", f"train.compile_cache={cache}", "model.depth=1"]
+    sets = ["train.max_steps=1", "compile.enabled=true", f"compile.cache={cache}", "model.depth=1"]
     for name in ("first", "second"):
         run_ranks(1, digits_args(digits_root, tmp_path, name, *sets), timeout=600)
     [keyed] = cache.iterdir()

@@ -1,5 +1,5 @@
-"""train.compile_warmup: a compiled DDP run compiles before its first collective, so a rank whose
-first compile outlasts train.pg_timeout_s does not time the others out, and the weights it trains
+"""compile.warmup: a compiled DDP run compiles before its first collective, so a rank whose
+first compile outlasts dist.pg_timeout_s does not time the others out, and the weights it trains
 are bit-for-bit those of a run without the warm-up (the code before it)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from tests.helpers import DIGITS, run_ranks
 WORKER = ["-m", "tests.train.compile_worker"]
 SETS = [
     "train.max_steps=3",
-    "train.compile=true",
+    "compile.enabled=true",
     "model.depth=1",
     "train.threads=1",
-    "train.log_every=1",
+    "log.every=1",
     "train.eval_every_epochs=0",
-    "train.ckpt_every=0",
-    "train.hang_timeout_s=0",
+    "ckpt.every=0",
+    "health.hang_timeout_s=0",
     "train.tensorboard=false",
 ]
 # Rank 1's first compile sleeps past the collective timeout, by a margin that the other differences
@@ -46,7 +46,7 @@ def run(digits_root, tmp_path, name: str, *sets: str, slow: bool = False, check:
 
 @pytest.mark.slow  # three compiled 2-rank runs (the first cold): ~1-2 min on 2 cores
 def test_slow_compile_on_one_rank_does_not_time_out_the_others(digits_root, tmp_path):
-    warm, results = run(digits_root, tmp_path, "warm", f"train.pg_timeout_s={PG_TIMEOUT_S}", slow=True)
+    warm, results = run(digits_root, tmp_path, "warm", f"dist.pg_timeout_s={PG_TIMEOUT_S}", slow=True)
     assert "torch.compile warm-up" in results[0].stdout
     assert not any("did not rebuild its gradient buckets" in r.stdout for r in results)  # settling as before
     # the same slow rank without the warm-up (the code before it): rank 0 times out in DDP's first backward
@@ -54,14 +54,14 @@ def test_slow_compile_on_one_rank_does_not_time_out_the_others(digits_root, tmp_
         digits_root,
         tmp_path,
         "unwarmed",
-        f"train.pg_timeout_s={PG_TIMEOUT_S}",
-        "train.compile_warmup=false",
+        f"dist.pg_timeout_s={PG_TIMEOUT_S}",
+        "compile.warmup=false",
         slow=True,
         check=False,
     )
     assert results[0].returncode != 0 and "timed out" in results[0].stdout.lower(), results[0].stdout[-3000:]
     # the warm-up changes no number: bit-exact against a run without it (OMP_NUM_THREADS=1, threads=1)
-    ref, _ = run(digits_root, tmp_path, "ref", "train.compile_warmup=false")
+    ref, _ = run(digits_root, tmp_path, "ref", "compile.warmup=false")
     for r in range(2):
         a = torch.load(warm / f"rank-{r}.pt", weights_only=True)
         b = torch.load(ref / f"rank-{r}.pt", weights_only=True)

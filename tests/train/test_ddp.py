@@ -12,12 +12,12 @@ WORKER = ["-m", "tests.train.rank_worker"]
 # compute the same global-batch gradient, up to the order of float additions.
 SETS = [
     "train.max_steps=12",
-    "train.mixup=0",
-    "train.cutmix=0",
+    "aug.mixup=0",
+    "aug.cutmix=0",
     "model.drop_path=0",
-    "train.log_every=1",
+    "log.every=1",
     "train.eval_every_epochs=0",
-    "train.ckpt_every=0",
+    "ckpt.every=0",
     "train.threads=1",
 ]
 LOSS_TOL = 2e-3  # absolute, on losses around 2.3 → 1.5 over 12 AdamW steps

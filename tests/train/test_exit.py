@@ -37,12 +37,12 @@ def start_pair(root, run_dir, name: str) -> list[subprocess.Popen]:
         f"run.name={name}",
         "train.threads=1",
         "train.max_steps=2",
-        "train.log_every=1",
+        "log.every=1",
         "train.eval_every_epochs=0",
-        "train.ckpt_every=0",
+        "ckpt.every=0",
         "train.tensorboard=false",
         "data.batch_size=32",
-        "train.pg_timeout_s=120",
+        "dist.pg_timeout_s=120",
     ]
     procs = []
     for rank in range(2):

@@ -62,7 +62,7 @@ def test_compiled_matches_eager():
     # one block, kernels compiled in this process: a cold CPU compile is the slow part (CONTRIBUTING.md)
     eager = losses("train.amp=none", "model.depth=1", steps=3)
     with inductor.patch(compile_threads=1):
-        compiled = losses("train.amp=none", "model.depth=1", "train.compile=true", steps=3)
+        compiled = losses("train.amp=none", "model.depth=1", "compile.enabled=true", steps=3)
     # Inductor fuses and reorders fp32 reductions: rounding-level differences only.
     assert compiled == pytest.approx(eager, rel=1e-4)
 
@@ -121,9 +121,9 @@ def test_switches_are_config_fields():
             "train.tf32=false",
             "train.sdpa_backend=cudnn",
             "train.amp=bf16",
-            "train.ddp_bucket_mb=100",
-            "train.ddp_bucket_view=false",
-            "train.fsdp_reshard=false",
+            "dist.ddp_bucket_mb=100",
+            "dist.ddp_bucket_view=false",
+            "dist.fsdp_reshard=false",
         ],
     )
     t = cfg.train

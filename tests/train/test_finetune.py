@@ -28,7 +28,7 @@ BASE = [
     "optim.lr=2e-3",
     "optim.warmup_epochs=1",
     "data.scale_min=0.8",
-    "train.label_smoothing=0",
+    "aug.label_smoothing=0",
 ]
 
 

@@ -35,7 +35,7 @@ def snapshot(run):
     reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
 )
 def test_rerun_of_a_finished_run_trains_and_writes_nothing(digits_root, tmp_path):
-    first = digits_args(digits_root, tmp_path, "done", "train.max_steps=2", "train.ckpt_format=sharded")
+    first = digits_args(digits_root, tmp_path, "done", "train.max_steps=2", "ckpt.format=sharded")
     r = subprocess.run([sys.executable, *first], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "done"

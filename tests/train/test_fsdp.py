@@ -22,7 +22,7 @@ from hpctrain.train.optim.build import build_optimizer
 from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
 
-# FSDP2 is in torch >= 2.4, on the CPU (these tests) from 2.6; below that train.parallel=fsdp is refused
+# FSDP2 is in torch >= 2.4, on the CPU (these tests) from 2.6; below that dist.parallel=fsdp is refused
 # (tests/train/test_compat.py).
 pytestmark = pytest.mark.skipif(
     compat.version_tuple() < compat.FSDP_CPU_MIN_TORCH,
@@ -50,11 +50,11 @@ def final(run_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def runs(digits_root, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("fsdp")
-    run_two(digits_root, d, "ddp", "train.parallel=ddp", "run.resume=none")
-    run_two(digits_root, d, "straight", "train.parallel=fsdp", "run.resume=none")
-    run_two(digits_root, d, "split", "train.parallel=fsdp", "train.halt_at=3")
+    run_two(digits_root, d, "ddp", "dist.parallel=ddp", "run.resume=none")
+    run_two(digits_root, d, "straight", "dist.parallel=fsdp", "run.resume=none")
+    run_two(digits_root, d, "split", "dist.parallel=fsdp", "train.halt_at=3")
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(d / "split")] == [3]
-    out = run_two(digits_root, d, "split", "train.parallel=fsdp")
+    out = run_two(digits_root, d, "split", "dist.parallel=fsdp")
     assert "at step 3" in out
     return d
 
@@ -142,11 +142,11 @@ def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path)
         digits_root,
         tmp_path,
         "uneven",
-        "train.parallel=fsdp",
+        "dist.parallel=fsdp",
         "train.max_steps=2",
         "data.batch_size=48",
         "data.eval_batch_size=17",
-        "train.pg_timeout_s=40",
+        "dist.pg_timeout_s=40",
     )
     run_ranks(3, args, timeout=150)
     ev = run_metrics(tmp_path / "uneven", "eval")
@@ -156,9 +156,9 @@ def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path)
 def test_ema_with_fsdp_is_refused_when_the_config_loads():
     """The EMA is a whole fp32 copy of the model per rank, the memory FSDP exists to shard: refused on the
     login node (config load), one line naming why and the fix, not after the job waited in the queue."""
-    with pytest.raises(ConfigError, match=r"train.ema does not work with train.parallel=fsdp: .* set train.ema=0"):
-        load("digits_vit", ["train.parallel=fsdp", "train.ema=0.999"])
-    assert load("digits_vit", ["train.parallel=fsdp"]).train.ema == 0
+    with pytest.raises(ConfigError, match=r"train.ema does not work with dist.parallel=fsdp: .* set train.ema=0"):
+        load("digits_vit", ["dist.parallel=fsdp", "train.ema=0.999"])
+    assert load("digits_vit", ["dist.parallel=fsdp"]).train.ema == 0
 
 
 def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
@@ -172,7 +172,7 @@ def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
             "optim.lr=1e-3",
             "train.threads=0",
             "model.depth=2",
-            f"train.parallel={parallel}",
+            f"dist.parallel={parallel}",
         ],
     )
     dist.init(DistInfo(), "gloo", 60, group_of_one=parallel == "fsdp")
@@ -213,6 +213,6 @@ def test_fsdp_on_one_rank_shards_and_trains_like_unsharded():
 
 
 def test_bench_on_one_rank_measures_fsdp():
-    r = bench.measure(load(DIGITS, ["train.parallel=fsdp", "model.depth=1", "data.batch_size=16"]), steps=1, warmup=1)
+    r = bench.measure(load(DIGITS, ["dist.parallel=fsdp", "model.depth=1", "data.batch_size=16"]), steps=1, warmup=1)
     assert r["parallel"] == "fsdp" and r["world_size"] == 1 and math.isfinite(r["loss"])
     assert not td.is_initialized()

@@ -24,7 +24,7 @@ def steps(run_dir, kind: str) -> list[int]:
 
 @pytest.mark.slow
 def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
-    sets = ["train.max_steps=24", "train.eval_every_epochs=1", "train.log_every=4"]
+    sets = ["train.max_steps=24", "train.eval_every_epochs=1", "log.every=4"]
     run_ranks(1, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
     assert steps(tmp_path / "straight", "eval") == [EPOCH, 24]
     run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, f"train.halt_at={EPOCH}"))
@@ -37,7 +37,7 @@ def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
 
 @pytest.mark.slow
 def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path):
-    sets = ["train.max_steps=6", "train.log_every=3"]
+    sets = ["train.max_steps=6", "log.every=3"]
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, "train.halt_at=3"))
     path = ckpt.list_checkpoints(tmp_path / "r")[0]
     st = ckpt.load(path)
@@ -49,7 +49,7 @@ def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path
 
 @pytest.mark.slow
 def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "train.ckpt_every=2", "train.halt_at=4"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "ckpt.every=2", "train.halt_at=4"))
     assert steps(tmp_path / "r", "checkpoint") == [2, 4]
     assert steps(tmp_path / "r", "stop") == [4]
 
@@ -58,7 +58,7 @@ def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
 def test_resume_from_an_older_checkpoint_supersedes_later_records(digits_root, tmp_path):
     # The first attempt checkpoints at the epoch end (eval still due), evaluates, trains on and
     # finishes; resuming from that checkpoint replays everything after it, that eval included.
-    sets = ["train.max_steps=26", f"train.ckpt_every={EPOCH}", "train.eval_every_epochs=1", "train.keep_ckpts=3"]
+    sets = ["train.max_steps=26", f"ckpt.every={EPOCH}", "train.eval_every_epochs=1", "ckpt.keep=3"]
     run = tmp_path / "r"
     run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets))
     first = run_metrics(run)
@@ -80,7 +80,7 @@ PROGRESS = re.compile(r"step (\d+)/8 .*loss \d+\.\d+ lr \S+ \d+ img/s data \d+%"
 
 @pytest.mark.slow
 def test_rank_logs_carry_progress_lines(digits_root, tmp_path):
-    out = run_ranks(2, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "train.log_every=4"))
+    out = run_ranks(2, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "log.every=4"))
     for rank in (0, 1):
         text = (tmp_path / "r" / "logs" / f"rank-{rank}.log").read_text()
         assert [int(m.group(1)) for m in PROGRESS.finditer(text)] == [4, 8], text
@@ -92,7 +92,7 @@ def test_rank_logs_carry_progress_lines(digits_root, tmp_path):
 def test_grad_norm_in_every_train_record_with_clipping_off(digits_root, tmp_path):
     """Clipping off logs the same total gradient norm that clip_grad_norm_ returns (a clip at 1e6
     never clips: its factor is clamped to 1), and computing it leaves the trajectory as it was."""
-    sets = ["train.max_steps=6", "train.log_every=1"]
+    sets = ["train.max_steps=6", "log.every=1"]
     run_ranks(1, digits_args(digits_root, tmp_path, "noclip", *sets, "optim.clip_grad=0"))
     run_ranks(1, digits_args(digits_root, tmp_path, "clip", *sets, "optim.clip_grad=1e6"))
     off, clip = run_metrics(tmp_path / "noclip", "train"), run_metrics(tmp_path / "clip", "train")

@@ -1,5 +1,5 @@
 """Exact resume: N steps in one go equal N/2, stop, resume, N/2 — bit for bit (one file for one
-rank, sharded DCP checkpoints for several where torch has them: train.ckpt_format=auto)."""
+rank, sharded DCP checkpoints for several where torch has them: ckpt.format=auto)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from tests.helpers import digits_args, run_ranks
 
 # Mid-epoch halt (22 steps/epoch at batch 64), mixup+cutmix, drop-path and EMA all on: every piece
 # of state that a resume must restore is exercised. DDP as configured by default (static_graph on:
-# train.ddp_static_graph=auto with train.accum_steps=1); gradient accumulation has its own case.
+# dist.ddp_static_graph=auto with train.accum_steps=1); gradient accumulation has its own case.
 SETS = [
     "train.max_steps=30",
-    "train.mixup=0.8",
-    "train.cutmix=1.0",
+    "aug.mixup=0.8",
+    "aug.cutmix=1.0",
     "model.drop_path=0.1",
     "train.ema=0.9",
     "optim.warmup_steps=5",
@@ -64,15 +64,15 @@ def test_halt_and_resume_equals_uninterrupted(world, digits_root, tmp_path):
 
 @pytest.mark.slow
 def test_halt_and_resume_equals_uninterrupted_with_accumulation(digits_root, tmp_path):
-    """train.accum_steps=2: no_sync micro-steps, static_graph off (train.ddp_static_graph=auto)."""
+    """train.accum_steps=2: no_sync micro-steps, static_graph off (dist.ddp_static_graph=auto)."""
     halt_and_resume(4, [*SETS, "train.accum_steps=2"], digits_root, tmp_path)
 
 
 # DeiT-B's data and schedule options (configs/vit_b16_imagenet.yaml): repeated augmentation (20 steps
 # per epoch here: ⌊1438/256⌋·256 / 64), random erasing, bicubic, per-epoch lr from warmup_lr, cool-down.
 DEIT_SETS = [
-    "data.repeated_aug=3",
-    "data.erase_prob=0.25",
+    "aug.repeated_aug=3",
+    "aug.erase_prob=0.25",
     "data.interpolation=bicubic",
     "optim.warmup_lr=1e-6",
     "optim.lr_update=epoch",
@@ -94,12 +94,12 @@ def test_halt_and_resume_equals_uninterrupted_with_deit_options(digits_root, tmp
 
 @pytest.mark.slow
 def test_resume_from_a_background_save_equals_uninterrupted(digits_root, tmp_path):
-    """train.ckpt_async=true, 2 ranks: step 10's checkpoint, written in the background by
+    """ckpt.async_save=true, 2 ranks: step 10's checkpoint, written in the background by
     dcp.async_save on a gloo group of its own, resumes (run.resume=<its path>) to the final state
     of the run straight through, tensor for tensor."""
     if compat.version_tuple() < compat.SHARDED_MIN_TORCH:
         pytest.skip(f"background saves need torch >= 2.4; this is {torch.__version__}")
-    sets = [*SETS, "train.ckpt_async=true", "train.ckpt_every=10"]
+    sets = [*SETS, "ckpt.async_save=true", "ckpt.every=10"]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
     run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=13"))
     (step10,) = [p for p in ckpt.list_checkpoints(tmp_path / "split") if ckpt.step_of(p) == 10]

@@ -28,6 +28,6 @@ def test_boundary_does_not_wait_and_a_signal_stops_every_rank_one_step_later(dig
         assert r["began"] == list(range(stop_step))
     stops = run_metrics(tmp_path / "run", "stop")
     assert [(s["step"], s["stop_kind"]) for s in stops] == [(stop_step, "time_limit")]
-    # train.ckpt_every=3: the save at step 3 ran its collectives with a round in flight; the stop
+    # ckpt.every=3: the save at step 3 ran its collectives with a round in flight; the stop
     # at step 6, a ckpt_every step too, writes one checkpoint
     assert [c["step"] for c in run_metrics(tmp_path / "run", "checkpoint")] == [3, stop_step]

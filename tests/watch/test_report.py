@@ -13,7 +13,7 @@ from hpctrain.config import load
 from hpctrain.watch import report
 from tests.helpers import run_metrics
 
-SETS = ["train.max_steps=24", "train.eval_every_epochs=1", "train.log_every=2"]  # evals at 22 (epoch end), 24
+SETS = ["train.max_steps=24", "train.eval_every_epochs=1", "log.every=2"]  # evals at 22 (epoch end), 24
 HALT = 10
 
 
@@ -34,7 +34,7 @@ def runs(digits_root, tmp_path_factory):
                     f"run.dir={d}",
                     f"run.name={name}",
                     "train.threads=1",
-                    "train.ckpt_every=0",
+                    "ckpt.every=0",
                     "train.tensorboard=false",
                     *SETS,
                     *sets,

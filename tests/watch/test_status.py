@@ -118,9 +118,7 @@ def test_a_local_run_stopped_by_ctrl_c_twice_then_killed_counts_no_node_failure_
 
 @pytest.mark.slow
 def test_status_json_of_a_finished_local_run(digits_root, tmp_path):
-    run_ranks(
-        1, digits_args(digits_root, tmp_path, "st", "train.max_steps=6", "train.log_every=2", "train.ckpt_every=3")
-    )
+    run_ranks(1, digits_args(digits_root, tmp_path, "st", "train.max_steps=6", "log.every=2", "ckpt.every=3"))
     run = tmp_path / "st"
     r = hpctrain("status", str(run), "--json")
     assert r.returncode == 0, r.stderr

@@ -152,7 +152,7 @@ def test_status_of_a_job_on_another_cluster_asks_sacct_there(dbd_cluster, digits
     shares slurmdbd with the cluster the job ran on. sacct reads no SLURM_CLUSTERS: only -M with
     the cluster the job record names finds the job."""
     cluster, run = dbd_cluster, tmp_path / "run"
-    sets = digits_sets(digits_root, tmp_path, "run", "train.max_steps=4", "train.log_every=2")
+    sets = digits_sets(digits_root, tmp_path, "run", "train.max_steps=4", "log.every=2")
     job = submit(cluster, "--nodes", "1", "--gpus-per-node", "2", *sets, env={"SLURM_CLUSTERS": cluster.cluster_name})
     assert cluster.wait_done(job, 600) == "COMPLETED", job_report(cluster, job, run)
     assert json.loads((run / "job.json").read_text())["slurm_clusters"] == cluster.cluster_name

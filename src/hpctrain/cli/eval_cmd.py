@@ -68,7 +68,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--split",
         choices=("val", "minival"),
-        help="root/val, or the 1 %% of root/train held out as minival (data.val_split); default: the config's",
+        help="root/val, or the 1 %% of root/train held out as minival (data.eval_splits); default: the config's",
     )
     p.add_argument("--ema", action="store_true", help="the checkpoint's EMA weights")
     p.add_argument("--img-size", type=int, help="evaluate at this resolution (position embedding resampled)")
@@ -104,7 +104,7 @@ def resolve(args: argparse.Namespace):
         )
     sets = list(args.overrides)
     sets += [f"data.root={args.data}"] if args.data else []
-    sets += [f"data.val_split={args.split}", f"data.eval_splits=[{args.split}]"] if args.split else []
+    sets += [f"data.eval_splits=[{args.split}]"] if args.split else []
     sets += [f"model.img_size={args.img_size}"] if args.img_size else []
     sets += [f"data.crop_pct={args.crop_pct}"] if args.crop_pct else []
     sets += ["model.init_from="]  # evaluation loads the weights given here, never the config's start
@@ -126,13 +126,13 @@ def resolve(args: argparse.Namespace):
 
 
 def warn_trained_on_minival(trained, run_dir: Path) -> None:
-    """minival is 1 % of root/train, held out only when the run's data.val_split or data.eval_splits
-    names it: otherwise the run trained on those images and their accuracy overstates it."""
-    if "minival" not in trained.data.splits:
+    """minival is 1 % of root/train, held out only when the run's data.eval_splits names it: otherwise
+    the run trained on those images and their accuracy overstates it."""
+    if "minival" not in trained.data.eval_splits:
         print(
-            f"hpctrain: warning: --split minival: {run_dir} trained on all of root/train (data.val_split "
-            f"{trained.data.val_split}, no minival in data.eval_splits), minival's images included, so "
-            "its accuracy there overstates the model's: evaluate on val, or train with data.val_split=minival",
+            f"hpctrain: warning: --split minival: {run_dir} trained on all of root/train (no minival in "
+            f"data.eval_splits={list(trained.data.eval_splits)}), minival's images included, so its accuracy "
+            "there overstates the model's: evaluate on val, or train with data.eval_splits=[minival]",
             file=sys.stderr,
         )
 

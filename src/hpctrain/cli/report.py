@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
         "--source",
         choices=("metrics", "mlflow"),
         default="metrics",
-        help="read each run's metrics.jsonl (default) or its MLflow run (train.trackers: [mlflow]; "
+        help="read each run's metrics.jsonl (default) or its MLflow run (log.trackers: [mlflow]; "
         "needs pip install 'hpctrain[trackers]')",
     )
     p.set_defaults(func=main)

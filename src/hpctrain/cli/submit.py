@@ -72,7 +72,7 @@ def add_parser(sub) -> None:
         "--nsys-ranks",
         metavar="R,R",
         help="Slurm: run these global ranks under the image's `nsys profile`, recording the steps of "
-        "train.profile_steps (reports: <run>/profile/nsys-rank-<r>.nsys-rep)",
+        "log.profile_steps (reports: <run>/profile/nsys-rank-<r>.nsys-rep)",
     )
     p.set_defaults(func=main)
 

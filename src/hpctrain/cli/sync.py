@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     run = run_dir_named(args.run)
     if run is None:
         raise CLIError(f"no run at {args.run}: give a run directory (runs/<name>, with its config.yaml) or a run name")
-    t = load(run / CONFIG).train
+    t = load(run / CONFIG).log
     did = False
     cmd = wandb_command(run, t.wandb_project)
     if cmd:
@@ -72,6 +72,6 @@ def main(args: argparse.Namespace) -> int:
     if not did:
         raise CLIError(
             f"{run} has no offline W&B records nor a local MLflow store: train with "
-            "train.trackers=[mlflow,wandb] (or the one you use)"
+            "log.trackers=[mlflow,wandb] (or the one you use)"
         )
     return 0

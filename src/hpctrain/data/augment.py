@@ -18,14 +18,14 @@ class AugmentSpec:
     img_size: int  # model.img_size: the side of the square the loaders yield
     crop_pct: float  # data.crop_pct: eval centre crop / resized short side
     scale_min: float  # data.scale_min: the train crop's smallest area fraction
-    hflip: float  # data.hflip: probability of a horizontal flip (train)
+    hflip: float  # aug.hflip: probability of a horizontal flip (train)
     mean: tuple[float, ...]  # data.mean: per-channel mean (0-1 scale), subtracted after the crop
     std: tuple[float, ...]  # data.std: per-channel std (0-1 scale)
-    randaugment: RandAugSpec | None  # data.randaugment parsed (DALI only; None: off)
+    randaugment: RandAugSpec | None  # aug.randaugment parsed (DALI only; None: off)
     interpolation: str = "bilinear"  # data.interpolation: of every resize
-    reprob: float = 0.0  # data.erase_prob: random erasing's probability, after normalisation (train)
-    remode: str = "pixel"  # data.erase_mode: what fills an erased box
-    recount: int = 1  # data.erase_count: boxes per erased image
+    reprob: float = 0.0  # aug.erase_prob: random erasing's probability, after normalisation (train)
+    remode: str = "pixel"  # aug.erase_mode: what fills an erased box
+    recount: int = 1  # aug.erase_count: boxes per erased image
     eval_resize: str = "crop"  # data.eval_resize: crop (short side, centre crop) or squash (whole image)
     crop: str = "timm"  # data.crop: timm (random resized crop) or tf_inception (data/tf_crop.py)
     antialias: bool = True  # data.antialias: of the train crop's resize
@@ -38,14 +38,14 @@ def augment_spec(cfg: Config) -> AugmentSpec:
         cfg.model.img_size,
         d.crop_pct,
         d.scale_min,
-        d.hflip,
+        cfg.aug.hflip,
         tuple(d.mean),
         tuple(d.std),
-        parse_randaugment(d.randaugment),
+        parse_randaugment(cfg.aug.randaugment),
         interpolation=d.interpolation,
-        reprob=d.erase_prob,
-        remode=d.erase_mode,
-        recount=d.erase_count,
+        reprob=cfg.aug.erase_prob,
+        remode=cfg.aug.erase_mode,
+        recount=cfg.aug.erase_count,
         eval_resize=d.eval_resize,
         crop=d.crop,
         antialias=d.antialias,

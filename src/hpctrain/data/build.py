@@ -19,7 +19,7 @@ def resolve_loader(name: str) -> str:
 
 def build_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Loader, Loader | None]:
     """(train, val) loaders for this rank; val is the headline eval split's (the first of
-    `DataConfig.splits` the data has), None when it has none."""
+    `data.eval_splits` the data has), None when it has none."""
     train, evals = build_eval_loaders(cfg, rank, world, device)
     return train, next(iter(evals.values()), None)
 
@@ -35,9 +35,9 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         # torch: the chosen loader's only (train.entry imports this module light)
         from hpctrain.data.synthetic import SyntheticLoader
 
-        if len(d.splits) > 1:
+        if len(d.eval_splits) > 1:
             raise ConfigError(
-                f"data.loader=synthetic has one eval set, not data.eval_splits={list(d.splits)}: "
+                f"data.loader=synthetic has one eval set, not data.eval_splits={list(d.eval_splits)}: "
                 "give one split, or a real dataset (data.root)"
             )
         common = dict(
@@ -51,7 +51,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         return (
             SyntheticLoader(train=True, batch_size=batch, size=d.synthetic_size, **common),
             {
-                d.splits[0]: SyntheticLoader(
+                d.eval_splits[0]: SyntheticLoader(
                     train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10), **common
                 )
             },
@@ -69,12 +69,12 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
     # torch, PIL: the chosen loader's only (train.entry imports this module light)
     from hpctrain.data.torch_loader import TorchLoader
 
-    if d.randaugment:
+    if cfg.aug.randaugment:
         raise ConfigError(
-            f"data.randaugment={d.randaugment!r} needs the DALI loader (the torch loader has no "
-            "RandAugment): set data.loader=dali, or clear data.randaugment"
+            f"aug.randaugment={cfg.aug.randaugment!r} needs the DALI loader (the torch loader has no "
+            "RandAugment): set data.loader=dali, or clear aug.randaugment"
         )
-    train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
+    train_list, eval_lists = train_eval_listings(d.root, d.eval_splits, read_exclusions(d.exclude_file))
     mismatch = class_mismatch(train_list.root, len(train_list.classes), cfg.model.num_classes)
     if mismatch:
         raise ConfigError(mismatch)
@@ -87,7 +87,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         aug=aug,
         skip_bad=d.on_bad_sample == "skip",
     )
-    train = TorchLoader(train_list, train=True, batch_size=batch, repeats=d.repeated_aug, **common)
+    train = TorchLoader(train_list, train=True, batch_size=batch, repeats=cfg.aug.repeated_aug, **common)
     return train, {
         split: TorchLoader(lst, train=False, batch_size=eval_batch, **common) for split, lst in eval_lists.items()
     }

@@ -222,7 +222,7 @@ def build_pipeline(
     erase_source=None,
 ):
     """A built DALI pipeline: outputs (float CHW images, labels). erase_source: iteration → (anchors,
-    shapes) of the batch's erase boxes (train with data.reprob > 0)."""
+    shapes) of the batch's erase boxes (train with aug.erase_prob > 0)."""
     p = trace_pipeline(
         train,
         src,
@@ -656,16 +656,16 @@ def build_dali_loaders(
     d = cfg.data
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers), device=device)
     if d.format == "wds":
-        if "minival" in d.splits:
+        if "minival" in d.eval_splits:
             raise ConfigError(
-                "data.val_split=minival (or data.eval_splits with minival) holds out train images from "
-                "a folder; shards from `data pack` have no minival: use data.format=folder with "
-                "data.val_split=minival, or evaluate on val only"
+                "data.eval_splits with minival holds out train images from a folder; shards from "
+                "`data pack` have no minival: use data.format=folder with minival, or "
+                "data.eval_splits=[val]"
             )
-        if d.repeated_aug > 1:
+        if cfg.aug.repeated_aug > 1:
             raise ConfigError(
-                "data.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
-                "stream in shard order: set data.repeated_aug=0 or data.format=folder"
+                "aug.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
+                "stream in shard order: set aug.repeated_aug=0 or data.format=folder"
             )
         root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
         train_sh = find_shards(root, "train")
@@ -681,9 +681,9 @@ def build_dali_loaders(
             "data.stage_to copies WebDataset shards: pack the folder with `hpctrain data "
             "pack ROOT OUT` and set data.format=wds data.root=OUT, or clear data.stage_to"
         )
-    train_list, eval_lists = train_eval_listings(d.root, d.splits, read_exclusions(d.exclude_file))
+    train_list, eval_lists = train_eval_listings(d.root, d.eval_splits, read_exclusions(d.exclude_file))
     _check_classes(len(train_list.classes), cfg, train_list.root)
-    train = DaliLoader(train=True, batch_size=batch, listing=train_list, repeats=d.repeated_aug, **common)
+    train = DaliLoader(train=True, batch_size=batch, listing=train_list, repeats=cfg.aug.repeated_aug, **common)
     return train, {
         split: DaliLoader(train=False, batch_size=eval_batch, listing=lst, **common)
         for split, lst in eval_lists.items()

@@ -122,7 +122,7 @@ def minival_split(listing: Listing, percent: int = MINIVAL_PERCENT) -> tuple[Lis
     if held_n == 0 or held_n == n:
         raise DataError(
             f"{listing.root}: {n} images are too few for a {percent} % minival; use "
-            "data.val_split=val or a larger train set"
+            "data.eval_splits=[val] or a larger train set"
         )
     ranked = sorted(range(n), key=lambda i: _key_rank(listing.samples[i][0]))
     held = set(ranked[n - held_n :])

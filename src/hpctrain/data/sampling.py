@@ -3,7 +3,7 @@
 Training: one permutation of the dataset per (seed, epoch); optimizer step t of the epoch takes
 the global batch perm[t·G:(t+1)·G], and rank r takes its contiguous slice of it. So 1 rank and
 N ranks see the same global batches, and a resume at batch k of an epoch is exact.
-Repeated augmentation (data.repeated_aug = k > 1, DeiT's RASampler, deit samplers.py): the epoch's list
+Repeated augmentation (aug.repeated_aug = k > 1, DeiT's RASampler, deit samplers.py): the epoch's list
 is the permutation with each index repeated k times in a row; global batch t is its chunk
 [t·G, (t+1)·G) and rank r takes every W-th element of it from r, so the k copies of a sample go to
 different ranks (as RASampler's `indices[rank::num_replicas]`). The epoch keeps DeiT's length:
@@ -55,5 +55,5 @@ def eval_indices(n: int, rank: int, world: int) -> np.ndarray:
 
 def sample_seed(seed: int, epoch: int, index: int, copy: int = 0) -> list[int]:
     """Seed of one sample's augmentation: independent of workers, ranks and resumes. `copy`: which
-    repeat of the sample (data.repeated_aug), each with its own augmentation."""
+    repeat of the sample (aug.repeated_aug), each with its own augmentation."""
     return [seed, epoch, int(index), 0xA06] + ([int(copy)] if copy else [])

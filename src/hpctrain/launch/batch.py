@@ -84,8 +84,8 @@ class BatchReport:
             fixes.append(f"{more} GPUs instead of {self.gpus} ({self.per_gpu // accum} per GPU)")
         if not cfg.model.grad_ckpt:
             fixes.append("--set model.grad_ckpt=true")
-        if not fit and cfg.train.parallel != "fsdp":
-            fixes.append("--set train.parallel=fsdp (shards weights, gradients and optimizer states)")
+        if not fit and cfg.dist.parallel != "fsdp":
+            fixes.append("--set dist.parallel=fsdp (shards weights, gradients and optimizer states)")
         fixes.append("--gpu-mem-gb if the GPUs have more memory")
         raise LaunchError(
             f"{self.per_gpu} images per GPU need about {memory.gb(m.total)} per GPU (estimate: "
@@ -111,8 +111,8 @@ def batch_report(
 
 def check_optimizer(cfg: Config) -> None:
     """What the training would refuse at start-up, refused before submission."""
-    if cfg.optim.name == "lamb" and cfg.train.parallel == "fsdp":
+    if cfg.optim.name == "lamb" and cfg.dist.parallel == "fsdp":
         raise LaunchError(
             "optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
-            "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
+            "dist.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
         )

@@ -256,7 +256,7 @@ def pyxis_lines(container: ContainerSection, binds: list[str], stage_to: str = "
 
 # nsys profile's options (Nsight Systems user guide, "CLI Profile Command Switch Options"; docs/profiling.md):
 # record only between the task's cudaProfilerStart and cudaProfilerStop (train.observe.profiling, around
-# train.profile_steps), keep the application running after the stop, overwrite a report a requeued
+# log.profile_steps), keep the application running after the stop, overwrite a report a requeued
 # attempt left behind.
 NSYS_ARGS = (
     "profile",
@@ -338,5 +338,5 @@ def python_lines(
 
 def image_identity_lines() -> list[str]:
     """hpctrain_image_cksum (the image's stat checksum; pyxis_name.sh names the container by it), and
-    $HPCTRAIN_IMAGE_DIGEST (train.compile_cache's key) unless the site set it (shell/image_identity.sh)."""
+    $HPCTRAIN_IMAGE_DIGEST (compile.cache's key) unless the site set it (shell/image_identity.sh)."""
     return shellfile.lines("image_identity.sh")

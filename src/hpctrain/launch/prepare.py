@@ -4,7 +4,7 @@ submitted, for every command that makes one (`hpctrain submit` with --dry-run an
 
 `prepare(config, profile, request, kind)` runs the checks in one order (request and config first,
 then a finished run, the data's class count, the batch, the image; a refusal is one line) and returns
-the config the tasks get (train.ckpt_every=auto: the job's MTBF resolved here, where a Slurm client
+the config the tasks get (ckpt.every=auto: the job's MTBF resolved here, where a Slurm client
 answers), the plan of the batch script and the lines for the user; `start` submits it. The CLI
 parses and prints only, so the commands cannot drift apart: a sweep member is prepared as a single
 run of its values.
@@ -214,7 +214,8 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     msgs += _classes(cfg, note_only=dry_run)
     msgs += _batch(cfg, plan, kind.gpu_mem_gb)
     msgs += _elsewhere(cfg, profile, plan, dry_run, image=not member)
-    cfg, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)  # the task has no Slurm client
+    cfg, source, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)  # the task has no Slurm client
+    plan = dataclasses.replace(plan, mtbf_source=source)
     msgs += [Message("info", line)] if line else []
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
 

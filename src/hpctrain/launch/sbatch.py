@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from hpctrain.ckpt_interval import MTBF_SOURCE_ENV
 from hpctrain.config import control_char, encode_overrides
 from hpctrain.launch import inplace, shellfile, stage_image
 from hpctrain.launch.container import SRUN_VAR, python_lines
@@ -48,6 +49,7 @@ class JobPlan:
     spare_nodes: int = 0  # hot spares: allocated beside `nodes` (--no-kill), idle until a node fails
     nsys_ranks: list[int] = field(default_factory=list)  # --nsys-ranks: these tasks run under nsys
     nsys_dir: str = ""  # where their reports go (<run>/profile)
+    mtbf_source: str = ""  # where ckpt.mtbf_h came from (ckpt.every=auto): exported for env.json
 
     @property
     def world_size(self) -> int:
@@ -178,10 +180,11 @@ def render(
         "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
         *left_to_nccl(prof),
         *export_lines(fabric_env(prof), env_wins=True),
-        f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # train.preflight's all-reduce figure",
+        f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # health.preflight's all-reduce figure",
         f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
         f"export HPCTRAIN_SIGNAL_LEAD_S={prof.slurm.signal_lead_s}  # the tasks' own clock (train.stop)",
         f"export HPCTRAIN_MAX_PREEMPTIONS={prof.slurm.max_preemptions}",
+        *([f"export {MTBF_SOURCE_ENV}={q(p.mtbf_source)}  # where ckpt.mtbf_h came from"] if p.mtbf_source else []),
         *export_lines(extra_env or {}),
         "",
     ]

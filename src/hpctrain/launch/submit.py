@@ -360,7 +360,7 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 
 
 def with_nsys(plan, cfg: Config, ranks: tuple[int, ...]):
-    """The plan with --nsys-ranks: ranks inside the job, and a train.profile_steps window for nsys to
+    """The plan with --nsys-ranks: ranks inside the job, and a log.profile_steps window for nsys to
     capture (--capture-range=cudaProfilerApi records nothing without it)."""
     if not ranks:
         return plan
@@ -369,10 +369,10 @@ def with_nsys(plan, cfg: Config, ranks: tuple[int, ...]):
             f"--nsys-ranks: rank {max(ranks)} is not in this job of {plan.world_size} tasks "
             f"(ranks 0-{plan.world_size - 1}): pick ranks below {plan.world_size}"
         )
-    if not cfg.train.profile_steps.strip():
+    if not cfg.log.profile_steps.strip():
         raise LaunchError(
-            "--nsys-ranks needs train.profile_steps (the steps nsys records, between "
-            "cudaProfilerStart/Stop): add --set train.profile_steps=A-B, e.g. 20-25"
+            "--nsys-ranks needs log.profile_steps (the steps nsys records, between "
+            "cudaProfilerStart/Stop): add --set log.profile_steps=A-B, e.g. 20-25"
         )
     return dataclasses.replace(plan, nsys_ranks=list(ranks), nsys_dir=str(Path(cfg.run.dir) / cfg.run.name / "profile"))
 

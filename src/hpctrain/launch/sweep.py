@@ -165,10 +165,10 @@ def plan_members(
             cfg = load(config, [*base_overrides, *o, f"run.dir={sweep_dir}", f"run.name={name}"])
         except ConfigError as e:
             raise ConfigError(f"sweep member {i} ({' '.join(o)}): {e}") from None
-        if cfg.train.compile and not cfg.train.compile_cache:  # one for the sweep: members with one model share it
+        if cfg.compile.enabled and not cfg.compile.cache:  # one for the sweep: members with one model share it
             cfg = dataclasses.replace(
                 cfg,
-                train=dataclasses.replace(cfg.train, compile_cache=str(Path(sweep_dir).resolve() / "compile_cache")),
+                compile=dataclasses.replace(cfg.compile, cache=str(Path(sweep_dir).resolve() / "compile_cache")),
             )
         members.append(Member(i, name, list(o), cfg))
     return members

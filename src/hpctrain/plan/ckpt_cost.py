@@ -1,9 +1,9 @@
 """What a checkpoint costs a job, resolved at submission (login node, no torch): the interruption
-rate that `train.ckpt_every: auto` needs, and whether a stop has time to save.
+rate that `ckpt.every: auto` needs, and whether a stop has time to save.
 
 The task has no Slurm client (docs/architecture.md), so `hpctrain submit` reads the partition's history here
-and hands the job its MTBF as `train.mtbf_h` (with `train.mtbf_source` saying where it came from).
-Sources, best first: the config's own train.mtbf_h; the profile's slurm.node_mtbf_hours; the
+and hands the job its MTBF as `ckpt.mtbf_h` (with `train.mtbf_source` saying where it came from).
+Sources, best first: the config's own ckpt.mtbf_h; the profile's slurm.node_mtbf_hours; the
 partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
 requeued job, `-a` all users, `-r` the partition: PREEMPTED and NODE_FAIL allocations per
 node-hour of all its allocations, sacct(1)); else ckpt_interval.DEFAULT_MTBF_H. A per-node
@@ -108,9 +108,9 @@ def partition_history(partition: str, days: float) -> tuple[History | None, str]
 
 
 def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, str]:
-    """(the job's MTBF in hours, where it came from) for train.ckpt_every=auto."""
-    if cfg.train.mtbf_h > 0:
-        return cfg.train.mtbf_h, cfg.train.mtbf_source or "train.mtbf_h"
+    """(the job's MTBF in hours, where it came from) for ckpt.every=auto."""
+    if cfg.ckpt.mtbf_h > 0:
+        return cfg.ckpt.mtbf_h, "ckpt.mtbf_h"
     per = f" / {nodes} node{'s' if nodes > 1 else ''}"
     s = profile.slurm
     if s.node_mtbf_hours > 0:
@@ -125,16 +125,20 @@ def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, s
     return DEFAULT_MTBF_H, f"default {DEFAULT_MTBF_H:g} h ({why}; set slurm.node_mtbf_hours in the profile)"
 
 
-def with_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[Config, str | None]:
-    """`cfg` with train.mtbf_h/mtbf_source resolved for ckpt_every=auto, and the line that says so
-    (None and `cfg` as it is for a fixed interval)."""
-    if cfg.train.ckpt_every != "auto":
-        return cfg, None
+def with_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[Config, str, str | None]:
+    """`cfg` with ckpt.mtbf_h resolved for ckpt.every=auto, where it came from (the batch script
+    exports it for env.json), and the line that says so (`cfg` as it is, "" and None for a fixed interval)."""
+    if cfg.ckpt.every != "auto":
+        return cfg, "", None
     hours, source = job_mtbf(cfg, profile, partition, nodes)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, mtbf_h=hours, mtbf_source=source))
-    return cfg, (
-        f"checkpoints: train.ckpt_every=auto, every sqrt(2 x save time x MTBF): save time measured in the "
-        f"run, job MTBF {hours:.3g} h ({source})"
+    cfg = dataclasses.replace(cfg, ckpt=dataclasses.replace(cfg.ckpt, mtbf_h=hours))
+    return (
+        cfg,
+        source,
+        (
+            f"checkpoints: ckpt.every=auto, every sqrt(2 x save time x MTBF): save time measured in the "
+            f"run, job MTBF {hours:.3g} h ({source})"
+        ),
     )
 
 
@@ -168,7 +172,7 @@ def stop_problems(cfg: Config, profile, partition: str, nodes: int, gpus_per_nod
     step_m, save_m = measured(cfg.run_dir)
     step = step_m if step_m else planned_step_s(cfg, profile, nodes, gpus_per_node)
     step_src = "measured by this run" if step_m else "hpctrain plan's estimate"
-    if save_m and not cfg.train.ckpt_async:
+    if save_m and not cfg.ckpt.async_save:
         save, save_src = save_m, "measured by this run"
     else:
         gb = checkpoint_bytes(cfg) / 1e9

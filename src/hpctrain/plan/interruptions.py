@@ -65,7 +65,7 @@ def save_s(cfg: Config, profile) -> tuple[float, str]:
 
 def interval_s(cfg: Config, save: float, job_mtbf_s: float, step_s: float, train_s: float) -> tuple[float, str]:
     """The checkpoint interval in seconds of training, and the rule it follows."""
-    every = cfg.train.ckpt_every
+    every = cfg.ckpt.every
     if every == "auto":
         return young_daly_s(save, job_mtbf_s), "ckpt_every=auto: sqrt(2 x save x job MTBF) (Young/Daly)"
     if every:

@@ -29,7 +29,7 @@ def assumptions(cfg: Config, inputs: PlanInputs, plan: Plan) -> list[str]:
         f"all-reduce: 2(n-1)/n x {w.grad_bytes / 1e6:.0f} MB of {grad_dtype} gradients / busbw"
         + (" plus NCCL's per-call latency model (tuning.cc; the fastest of ring/tree)" if inputs.inter.nccl else "")
         + ", in "
-        f"{math.ceil(w.grad_bytes / w.bucket_bytes)} bucket(s) of {cfg.train.ddp_bucket_mb} MB; "
+        f"{math.ceil(w.grad_bytes / w.bucket_bytes)} bucket(s) of {cfg.dist.ddp_bucket_mb} MB; "
         f"within a node: {inputs.intra.source}; between nodes (fabric {inputs.fabric}): {inputs.inter.source}",
         (
             "overlap: DDP reduces each bucket during the backward that remains (backward = 2/3 of compute); "
@@ -45,10 +45,10 @@ def assumptions(cfg: Config, inputs: PlanInputs, plan: Plan) -> list[str]:
         "efficiency: images/s at N nodes over N x images/s of the same recipe on 1 node",
     ] + (
         [
-            "train.parallel=fsdp: modelled as DDP; FSDP also all-gathers the weights (about 1.5x the "
+            "dist.parallel=fsdp: modelled as DDP; FSDP also all-gathers the weights (about 1.5x the "
             "bytes of a DDP all-reduce), so communication is under-estimated"
         ]
-        if cfg.train.parallel == "fsdp"
+        if cfg.dist.parallel == "fsdp"
         else []
     )
 

@@ -41,7 +41,7 @@ class PlanInputs:
 
 def grad_bytes(cfg: Config) -> float:
     """Bytes DDP all-reduces per step: every trainable parameter's gradient, in fp32 (or bf16 when
-    `train.grad_reduce_dtype` says so, where that key exists)."""
+    `dist.grad_reduce_dtype` says so, where that key exists)."""
     width = 2 if getattr(cfg.train, "grad_reduce_dtype", "fp32") == "bf16" else 4
     return float(flops.model_params(cfg.model) * width)
 
@@ -50,7 +50,7 @@ def workload(cfg: Config, images_per_epoch: int) -> Workload:
     return Workload(
         train_flops_per_image=flops.model_flops(cfg.model).train_flops,
         grad_bytes=grad_bytes(cfg),
-        bucket_bytes=cfg.train.ddp_bucket_mb * 2**20,
+        bucket_bytes=cfg.dist.ddp_bucket_mb * 2**20,
         global_batch=cfg.data.batch_size,
         accum_steps=cfg.train.accum_steps,
         images_per_epoch=images_per_epoch,
@@ -117,7 +117,7 @@ def compute_from_bench(path: str, cfg: Config) -> Compute:
         return (
             r.get("world_size", 1) != 1,
             round(abs(math.log(r["train_gflops_per_image"] / want)), 3),
-            r.get("compile", cfg.train.compile) != cfg.train.compile,
+            r.get("compile", cfg.compile.enabled) != cfg.compile.enabled,
             -r["images_per_s_per_device"],
         )
 
@@ -248,7 +248,7 @@ def resolve(
     fabric = profile.fabric.kind
     intra, inter = default_links(gpu, fabric)
     if allreduce_results:
-        message = min(grad_bytes(cfg), cfg.train.ddp_bucket_mb * 2**20)  # what one DDP bucket sends
+        message = min(grad_bytes(cfg), cfg.dist.ddp_bucket_mb * 2**20)  # what one DDP bucket sends
         intra = inter = link_from_doctor(allreduce_results, message)
     if busbw is not None:
         if busbw <= 0:

@@ -96,7 +96,7 @@ class SlurmSection:
     signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)", lo=1)
     node_mtbf_hours: float = opt(
         0.0,
-        "train.ckpt_every=auto: node-hours between interruptions (preemption, node "
+        "ckpt.every=auto: node-hours between interruptions (preemption, node "
         "failure, time limit) on this partition, divided by the job's nodes; 0: from "
         "the partition's sacct history at submission",
         lo=0,

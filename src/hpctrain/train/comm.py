@@ -39,7 +39,7 @@ class CountingHook:
         return n
 
 
-def static_graph(train_cfg) -> bool:
+def static_graph(cfg) -> bool:
     """DDP's static_graph for this config: `auto` turns it on where it is known to work.
 
     It needs the same used parameters and the same graph every step (true of the ViT: no unused
@@ -47,22 +47,22 @@ def static_graph(train_cfg) -> bool:
     (`no_sync` breaks it: pytorch/pytorch#143580) and torch.compile (DDPOptimizer does not
     support it: pytorch/pytorch#109261).
     """
-    choice = train_cfg.ddp_static_graph
+    choice = cfg.dist.ddp_static_graph
     if choice != "auto":
         return choice == "always"
-    return train_cfg.accum_steps == 1 and not train_cfg.compile
+    return cfg.train.accum_steps == 1 and not cfg.compile.enabled
 
 
-def wrap(model: torch.nn.Module, device: torch.device, train_cfg) -> tuple[torch.nn.Module, CountingHook]:
+def wrap(model: torch.nn.Module, device: torch.device, cfg) -> tuple[torch.nn.Module, CountingHook]:
     """`model` in DDP with the configured buckets, static_graph and reduction dtype."""
     ids = [device.index] if device.type == "cuda" else None
     ddp = torch.nn.parallel.DistributedDataParallel(
         model,
         device_ids=ids,
-        gradient_as_bucket_view=train_cfg.ddp_bucket_view,
-        bucket_cap_mb=train_cfg.ddp_bucket_mb,
-        static_graph=static_graph(train_cfg),
+        gradient_as_bucket_view=cfg.dist.ddp_bucket_view,
+        bucket_cap_mb=cfg.dist.ddp_bucket_mb,
+        static_graph=static_graph(cfg),
     )
-    hook = CountingHook(train_cfg.grad_reduce_dtype)
+    hook = CountingHook(cfg.dist.grad_reduce_dtype)
     ddp.register_comm_hook(None, hook)  # state None: the hooks reduce over the default group
     return ddp, hook

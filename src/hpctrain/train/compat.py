@@ -56,7 +56,7 @@ def cpu_fused_adam(version: str | None = None) -> bool:
 
 
 def check_parallel(parallel: str, version: str | None = None) -> None:
-    """Refuse train.parallel=fsdp on a torch without FSDP2, before any process group or file.
+    """Refuse dist.parallel=fsdp on a torch without FSDP2, before any process group or file.
 
     Checked whatever the world size (one process ignores the setting): a config that cannot run
     on the image's torch should fail in the one-process trial, not on the 16-node job.
@@ -65,8 +65,8 @@ def check_parallel(parallel: str, version: str | None = None) -> None:
     if parallel == "fsdp" and version_tuple(version) < FSDP_MIN_TORCH:
         need = ".".join(map(str, FSDP_MIN_TORCH))
         raise ConfigError(
-            f"train.parallel=fsdp needs torch >= {need}; this is {version}: use "
-            "train.parallel=ddp (or an image with a newer PyTorch)"
+            f"dist.parallel=fsdp needs torch >= {need}; this is {version}: use "
+            "dist.parallel=ddp (or an image with a newer PyTorch)"
         )
 
 
@@ -90,58 +90,58 @@ def fsdp_mixed_precision():
     return MixedPrecisionPolicy
 
 
-def ckpt_format(train_cfg, world_size: int, version: str | None = None) -> str:
-    """The checkpoint format a run writes: `train.ckpt_format`, with auto resolved (sharded for
+def ckpt_format(ckpt_cfg, world_size: int, version: str | None = None) -> str:
+    """The checkpoint format a run writes: `ckpt.format`, with auto resolved (sharded for
     several ranks or async saves where this torch has DCP's API for it, else one file); a sharded
     or async request that this torch cannot run is refused in one line."""
     version = version or torch.__version__
-    fmt, background = train_cfg.ckpt_format, train_cfg.ckpt_async
+    fmt, background = ckpt_cfg.format, ckpt_cfg.async_save
     new_enough = version_tuple(version) >= SHARDED_MIN_TORCH
     if fmt == "auto":
         fmt = "sharded" if new_enough and (world_size > 1 or background) else "single"
     if (fmt == "sharded" or background) and not new_enough:
         need = ".".join(map(str, SHARDED_MIN_TORCH))
-        what = "train.ckpt_async=true" if background else "train.ckpt_format=sharded"
+        what = "ckpt.async_save=true" if background else "ckpt.format=sharded"
         raise ConfigError(
             f"{what} needs torch >= {need} (torch.distributed.checkpoint's state_dict API and "
-            f"async_save); this is {version}: use train.ckpt_format=single and "
-            "train.ckpt_async=false (or an image with a newer PyTorch)"
+            f"async_save); this is {version}: use ckpt.format=single and "
+            "ckpt.async_save=false (or an image with a newer PyTorch)"
         )
     if background and fmt == "single":
         raise ConfigError(
-            "train.ckpt_async=true writes sharded checkpoints: set train.ckpt_format=sharded "
-            "(or auto), or train.ckpt_async=false"
+            "ckpt.async_save=true writes sharded checkpoints: set ckpt.format=sharded "
+            "(or auto), or ckpt.async_save=false"
         )
     return fmt
 
 
 def check_fsdp_device(parallel: str, device: torch.device, version: str | None = None) -> None:
-    """Refuse train.parallel=fsdp on the CPU where FSDP2 needs CUDA (torch 2.4, 2.5)."""
+    """Refuse dist.parallel=fsdp on the CPU where FSDP2 needs CUDA (torch 2.4, 2.5)."""
     version = version or torch.__version__
     if parallel == "fsdp" and device.type == "cpu" and version_tuple(version) < FSDP_CPU_MIN_TORCH:
         need = ".".join(map(str, FSDP_CPU_MIN_TORCH))
         raise ConfigError(
-            f"train.parallel=fsdp on the CPU needs torch >= {need} (2.4 and 2.5's FSDP2 needs CUDA "
-            f"streams); this is {version}: use train.parallel=ddp on the CPU, or GPUs"
+            f"dist.parallel=fsdp on the CPU needs torch >= {need} (2.4 and 2.5's FSDP2 needs CUDA "
+            f"streams); this is {version}: use dist.parallel=ddp on the CPU, or GPUs"
         )
 
 
-def check_train(train_cfg, device: torch.device) -> None:
-    """Every train.* setting this torch cannot run on `device`, refused in one line: called by
+def check_train(cfg, device: torch.device) -> None:
+    """Every setting this torch cannot run on `device`, refused in one line: called by
     every rank before the rendezvous, so no rank waits for another and nothing is written."""
-    check_parallel(train_cfg.parallel)
-    check_fsdp_device(train_cfg.parallel, device)
-    ckpt_format(train_cfg, 1)
-    if train_cfg.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
+    check_parallel(cfg.dist.parallel)
+    check_fsdp_device(cfg.dist.parallel, device)
+    ckpt_format(cfg.ckpt, 1)
+    if cfg.train.amp == "fp16" and device.type != "cuda" and not hasattr(torch.amp, "GradScaler"):
         raise _fp16_error(device)
     nccl = nccl_version() if device.type == "cuda" else None
-    if train_cfg.grad_reduce_dtype == "bf16" and nccl is not None and nccl < (2, 10):
+    if cfg.dist.grad_reduce_dtype == "bf16" and nccl is not None and nccl < (2, 10):
         raise ConfigError(
-            f"train.grad_reduce_dtype=bf16 needs NCCL >= 2.10 (bf16 all-reduce); this torch "
-            f"has NCCL {'.'.join(map(str, nccl))}: use train.grad_reduce_dtype=fp32"
+            f"dist.grad_reduce_dtype=bf16 needs NCCL >= 2.10 (bf16 all-reduce); this torch "
+            f"has NCCL {'.'.join(map(str, nccl))}: use dist.grad_reduce_dtype=fp32"
         )
     if (
-        train_cfg.sdpa_backend == "cudnn"
+        cfg.train.sdpa_backend == "cudnn"
         and device.type == "cuda"
         and not hasattr(torch.backends.cuda, "enable_cudnn_sdp")
     ):

@@ -1,7 +1,7 @@
-"""`train.compile`: Inductor's and Triton's on-disk caches in a directory that survives requeues.
+"""`compile.enabled`: Inductor's and Triton's on-disk caches in a directory that survives requeues.
 
 Without it every attempt of every job recompiles (Inductor's default cache is /tmp/torchinductor_<user>
-on whichever node the attempt lands). With it the caches live under `train.compile_cache` (default
+on whichever node the attempt lands). With it the caches live under `compile.cache` (default
 <run>/compile_cache; a sweep shares <sweep>/compile_cache), in a subdirectory keyed by the image
 digest, the torch version and a hash of the model config: a new image or torch never reads entries
 another wrote, and members of a sweep with the same model share theirs. Inductor keys each entry on
@@ -41,7 +41,7 @@ DONE = ".hpctrain-copied"
 def cache_key(cfg: Config, image_digest: str, torch_version: str) -> str:
     """`<image digest or noimage>-torch<version>-<model config hash>`, safe as one path component."""
     model = json.dumps(
-        {"model": to_dict(cfg.model), "compile_mode": cfg.train.compile_mode, "amp": cfg.train.amp}, sort_keys=True
+        {"model": to_dict(cfg.model), "compile_mode": cfg.compile.mode, "amp": cfg.train.amp}, sort_keys=True
     )
     digest = re.sub(r"[^A-Za-z0-9._-]", "_", image_digest.removeprefix("sha256:"))[:24] or "noimage"
     version = re.sub(r"[^A-Za-z0-9.+-]", "_", torch_version)
@@ -49,11 +49,7 @@ def cache_key(cfg: Config, image_digest: str, torch_version: str) -> str:
 
 
 def shared_dir(cfg: Config, run_dir: Path, torch_version: str) -> Path:
-    base = (
-        Path(os.path.expandvars(cfg.train.compile_cache)).expanduser()
-        if cfg.train.compile_cache
-        else run_dir / "compile_cache"
-    )
+    base = Path(os.path.expandvars(cfg.compile.cache)).expanduser() if cfg.compile.cache else run_dir / "compile_cache"
     return base / cache_key(cfg, os.environ.get(DIGEST_ENV, ""), torch_version)
 
 
@@ -129,9 +125,9 @@ class CompileCache:
 
 
 def setup(cfg: Config, run_dir: Path) -> CompileCache | None:
-    """Point Inductor and Triton at the run's cache (train.compile only; None otherwise), before anything
+    """Point Inductor and Triton at the run's cache (compile.enabled only; None otherwise), before anything
     is compiled; the FX graph cache on (torch 2.2's default is off)."""
-    if not cfg.train.compile:
+    if not cfg.compile.enabled:
         return None
     import torch  # torch: this module imports light (launch.task → train.entry on the login node)
     import torch._inductor.config as inductor_config  # torch.compile imports it anyway

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import __version__
+from hpctrain.ckpt_interval import mtbf_source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.errors import UserError
@@ -138,7 +139,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         cfg = build(Config, cfg)
     info = distmod.detect()
     check_batch(cfg, info.world_size)
-    trackers.check_packages(cfg.train.trackers)  # a missing package: one line, before anything starts
+    trackers.check_packages(cfg.log.trackers)  # a missing package: one line, before anything starts
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     want = cfg.train.device
@@ -148,7 +149,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    compat.check_train(cfg.train, device)  # what this torch cannot run: every rank fails alike, at once
+    compat.check_train(cfg, device)  # what this torch cannot run: every rank fails alike, at once
     backend = "nccl" if use_cuda else "gloo"
     # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
     fr_env = (
@@ -157,7 +158,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         else {}
     )
     with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
-        distmod.init(info, backend, cfg.train.pg_timeout_s, group_of_one=cfg.train.parallel == "fsdp")
+        distmod.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
         stack.push(unless_broken(distmod.shutdown))
         summary = _run(cfg, stop, info, device, use_cuda, fr_env, stack)
     return summary
@@ -215,7 +216,7 @@ def _run(
     if use_cuda and info.world_size > 1:
         import torch.distributed as td  # torch: after stopmod.install, as above
 
-        control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.train.pg_timeout_s))
+        control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist.pg_timeout_s))
 
     os.umask(0o022)  # run directories and logs: no group/world write
     run_dir = cfg.run_dir.resolve()
@@ -281,13 +282,13 @@ def _run(
         resolved["lr_rule"],
     )
 
-    if cfg.train.preflight:  # every start: the nodes of this attempt, before any step (docs/preflight.md)
+    if cfg.health.preflight:  # every start: the nodes of this attempt, before any step (docs/preflight.md)
         try:
             preflight.run(cfg, info, device, run_dir, train_loader, control)
         except preflight.PreflightFailed as e:
             log.error("%s", e)
             raise
-    cache = compile_cache.setup(cfg, run_dir)  # train.compile: before anything is compiled
+    cache = compile_cache.setup(cfg, run_dir)  # compile.enabled: before anything is compiled
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
     if cfg.model.init_from and resume:
@@ -314,7 +315,7 @@ def _run(
                 ",".join(r["nodes"]) or "-",
                 r["why"],
             )
-    out = trainer.run(resume, cfg.train.halt_at)
+    out = trainer.run(resume, stopmod.halt_at(os.environ))
     if cache:  # finished or stopped for a requeue: the next attempt starts warm
         cache.report()
         cache.save(info.is_main)
@@ -374,6 +375,9 @@ def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
         "per_rank_batch": cfg.per_rank_batch(world_size),
         "world_size": world_size,
         "accum_steps": cfg.train.accum_steps,
+        **(
+            {"mtbf_h": cfg.ckpt.mtbf_h, "mtbf_source": mtbf_source(cfg.ckpt.mtbf_h)} if cfg.ckpt.every == "auto" else {}
+        ),
     }
 
 

@@ -110,7 +110,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
     if use_cuda:
         torch.cuda.set_device(device)
     setup_logging(None, info.rank)
-    distmod.init(info, "nccl" if use_cuda else "gloo", cfg.train.pg_timeout_s)
+    distmod.init(info, "nccl" if use_cuda else "gloo", cfg.dist.pg_timeout_s)
     try:
         ecfg = eval_config(cfg, info.world_size)
         torch.manual_seed(cfg.train.seed)
@@ -131,7 +131,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
     summary = {
         "weights": str(weights),
         "ema": ema,
-        "split": cfg.data.splits[0],
+        "split": cfg.data.eval_splits[0],
         "data_root": cfg.data.root,
         "img_size": cfg.model.img_size,
         "crop_pct": cfg.data.crop_pct,

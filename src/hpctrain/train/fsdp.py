@@ -11,7 +11,7 @@ With `train.amp=bf16` the mixed precision is FSDP's own, as torchtitan does it
 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` on every unit, and no autocast): the
 sharded parameters, their gradients and the optimizer state stay fp32; each unit's weights are
 cast to bf16 when gathered (half the all-gather bytes), forward and backward run in bf16, and
-gradients are reduce-scattered in fp32 (`train.grad_reduce_dtype=bf16`: in bf16).
+gradients are reduce-scattered in fp32 (`dist.grad_reduce_dtype=bf16`: in bf16).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class Loop:
     out: Outcome
     progress: Progress
     halt_at: int
-    profile: profiling.Window | None  # train.profile_steps' window, or None
+    profile: profiling.Window | None  # log.profile_steps' window, or None
     start_wall: float
     win: LogWindow
     last_eval_step: int = -1  # the step of the last eval: the end evaluates unless it is this one
@@ -109,7 +109,7 @@ class Trainer:
         self.eval_loaders = (
             dict(val_loader)
             if isinstance(val_loader, dict)
-            else ({} if val_loader is None else {cfg.data.splits[0]: val_loader})
+            else ({} if val_loader is None else {cfg.data.eval_splits[0]: val_loader})
         )
         self.val_loader = next(iter(self.eval_loaders.values()), None)  # the headline split's (listed first)
         self.model = model.to(device)
@@ -128,43 +128,49 @@ class Trainer:
         self.total_steps = planned_steps(cfg, len(train_loader))
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
         self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
-        self.fsdp = t.parallel == "fsdp"  # on one rank too: a one-GPU FSDP run (or benchmark) runs FSDP
+        self.fsdp = cfg.dist.parallel == "fsdp"  # on one rank too: a one-GPU FSDP run (or benchmark) runs FSDP
         if self.fsdp and not td.is_initialized():
             raise RuntimeError(
-                "train.parallel=fsdp shards over a process group, a world of 1 too: "
+                "dist.parallel=fsdp shards over a process group, a world of 1 too: "
                 "call dist.init(..., group_of_one=True) before the Trainer"
             )
         if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
-            fsdp.shard(self.model, device, t.fsdp_reshard, t.amp, t.grad_reduce_dtype)
+            fsdp.shard(self.model, device, cfg.dist.fsdp_reshard, t.amp, cfg.dist.grad_reduce_dtype)
         # bf16 under FSDP is FSDP's mixed-precision policy (train.fsdp), so no autocast in steps
         self.step_amp = "none" if self.fsdp and t.amp == "bf16" else t.amp
         self.optimizer = build_optimizer(cfg, self.model, device)
         self.scaler = compat.grad_scaler(device) if t.amp == "fp16" else None
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
         self.mixer = Mixer(
-            cfg.model.num_classes, t.label_smoothing, t.mixup, t.cutmix, t.mix_prob, t.switch_prob, t.seed
+            cfg.model.num_classes,
+            cfg.aug.label_smoothing,
+            cfg.aug.mixup,
+            cfg.aug.cutmix,
+            cfg.aug.mix_prob,
+            cfg.aug.switch_prob,
+            t.seed,
         )
         self.fwd_model = self.model
-        if t.compile:
-            self.fwd_model = torch.compile(self.model, mode=None if t.compile_mode == "default" else t.compile_mode)
+        if cfg.compile.enabled:
+            self.fwd_model = torch.compile(self.model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
         self.ddp = None
         self.reduce_hook: comm.CountingHook | None = None
-        if dist.world_size > 1 and t.parallel == "ddp":
-            self.ddp, self.reduce_hook = comm.wrap(self.fwd_model, device, t)
+        if dist.world_size > 1 and cfg.dist.parallel == "ddp":
+            self.ddp, self.reduce_hook = comm.wrap(self.fwd_model, device, cfg)
             self.fwd_model = self.ddp
         self.train_state = TrainState()
         self.finite = guard.FiniteFlag(device)  # OR of "not finite" since the last clean check, on the device
-        self.spikes = guard.SpikeWatch(t.spike_factor, t.spike_window)
+        self.spikes = guard.SpikeWatch(cfg.health.spike_factor, cfg.health.spike_window)
         self.grad_norm = torch.zeros((), device=device)  # the last step's total gradient norm (before clipping)
         self.auto = (
             interval.AutoInterval(
-                t.ckpt_auto_first,
-                t.mtbf_h or interval.DEFAULT_MTBF_H,
-                t.mtbf_source or ("train.mtbf_h" if t.mtbf_h else "default"),
+                cfg.ckpt.auto_first,
+                cfg.ckpt.mtbf_h or interval.DEFAULT_MTBF_H,
+                interval.mtbf_source(cfg.ckpt.mtbf_h),
             )
-            if t.ckpt_every == "auto"
+            if cfg.ckpt.every == "auto"
             else None
-        )  # train.ckpt_every=auto: when the next save is due
+        )  # ckpt.every=auto: when the next save is due
         self.clock = interval.StepClock()  # training seconds per step (saves and evals left out)
         self.paused_s = 0.0  # seconds of saves and evals in the current log window
         self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
@@ -177,12 +183,12 @@ class Trainer:
             dist.world_size,
             dist.local_rank,
             control_group,
-            t.straggler_pct,
+            cfg.health.straggler_pct,
             self.metrics,
-            t.exclude_straggler_pct,
+            cfg.health.exclude_straggler_pct,
         )
         self.watchdog = Watchdog(
-            t.hang_s,
+            cfg.hang_s,
             dist.rank,
             dist.world_size,
             run_dir / LOGS if run_dir else None,
@@ -259,7 +265,7 @@ class Trainer:
 
     def _start_clock(self) -> None:
         """Training (re)starts at this step (a start, a resume, a rollback): the step time is measured
-        anew, and ckpt_every=auto's next save comes train.ckpt_auto_first steps on (or one interval
+        anew, and ckpt_every=auto's next save comes ckpt.auto_first steps on (or one interval
         on, once measured)."""
         self.clock.reset()
         self.paused_s = 0.0
@@ -268,14 +274,14 @@ class Trainer:
             self.auto.start(self.step)
 
     def _ckpt_due(self) -> bool:
-        """A periodic checkpoint is due at this step (train.ckpt_every: steps, or auto's next step)."""
-        every = self.cfg.train.ckpt_every
+        """A periodic checkpoint is due at this step (ckpt.every: steps, or auto's next step)."""
+        every = self.cfg.ckpt.every
         if self.step >= self.total_steps or not every:
             return False
         return self.auto.due(self.step) if self.auto else self.step % every == 0
 
     def _auto_interval(self, save_s: float) -> None:
-        """train.ckpt_every=auto after a periodic save that took `save_s`: the next due step, from the
+        """ckpt.every=auto after a periodic save that took `save_s`: the next due step, from the
         slowest rank's save and step times (every rank must save at the same steps); a new interval is
         a `ckpt_interval` record and a line in rank 0's log."""
         step_s = self.clock.step_s() or (time.perf_counter() - self.started[1]) / max(1, self.step - self.started[0])
@@ -324,7 +330,7 @@ class Trainer:
         }
         head = next(iter(results.values()), {})
         fields = {f"{prefix}{k}": v for k, v in head.items()}
-        if len(self.cfg.data.splits) > 1:
+        if len(self.cfg.data.eval_splits) > 1:
             for split, res in results.items():
                 fields.update({f"{split}/{prefix}{k}": v for k, v in res.items()})
         return head, fields
@@ -400,7 +406,7 @@ class Trainer:
                 raise
             if not peer_failure(e):
                 raise
-            raise diagnose(e, self.dist.rank, self.dist.world_size, min(30.0, self.cfg.train.pg_timeout_s)) from e
+            raise diagnose(e, self.dist.rank, self.dist.world_size, min(30.0, self.cfg.dist.pg_timeout_s)) from e
         finally:
             self.speed.close()
 
@@ -425,7 +431,6 @@ class Trainer:
         self.reduce_hook = self.control_group = None
 
     def _run(self, resume: tuple[Path, dict] | None = None, halt_at: int = 0) -> Outcome:
-        t = self.cfg.train
         out = Outcome(total_steps=self.total_steps)
         if resume:
             self.load_state(resume[1], resume[0])
@@ -439,7 +444,7 @@ class Trainer:
         start_wall = time.perf_counter()
         last_eval_step = -1
         if self.ddp is not None and self.step < self.total_steps:
-            if t.compile and t.compile_warmup:
+            if self.cfg.compile.enabled and self.cfg.compile.warmup:
                 self._warm_compile()
             self._settle_ddp_buckets()
         if self.device.type == "cuda" and self.step < self.total_steps:
@@ -452,8 +457,10 @@ class Trainer:
         if self.train_state.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
-        # train.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
-        window = profiling.open_window(t, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step)
+        # log.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
+        window = profiling.open_window(
+            self.cfg.log, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step
+        )
         try:
             return self._train(Loop(out, progress, halt_at, window, start_wall, LogWindow(self.device), last_eval_step))
         finally:
@@ -514,7 +521,7 @@ class Trainer:
                 lp.profile.after(self.step, wait)
             self.watchdog.beat(self.step)
             self.train_state.eval_pending = self._eval_due()
-            if self.step % t.log_every == 0 or self.step == self.total_steps:
+            if self.step % self.cfg.log.every == 0 or self.step == self.total_steps:
                 self._log_window(lp)
             if self._ckpt_due():
                 self._checkpoint(lp.out)
@@ -613,13 +620,12 @@ class Trainer:
     def _rollback(self, e: guard.Diverged) -> None:
         """Back to the last good checkpoint, or stop with RunDiverged (train.rollback): the rounds in
         flight settled first, the non-finite flag cleared and the replayed records moved after."""
-        t = self.cfg.train
         self.stops.settle()  # the round posted at the last boundary: none may stay in flight
         self.stragglers.settle()
-        path, skip = rollback.restore(e, self.ckpts, self.train_state, t, self.metrics)
+        path, skip = rollback.restore(e, self.ckpts, self.train_state, self.cfg.health, self.metrics)
         self.finite.clear()
         self._supersede_records()
-        rollback.report(e, path, skip, self.train_state, t, self.metrics)
+        rollback.report(e, path, skip, self.train_state, self.cfg.health, self.metrics)
         if self.step < self.total_steps:
             self.stops.start()
 
@@ -663,19 +669,19 @@ class Trainer:
             log.info("attention kernel: %s", kind)
 
     def _warm_compile(self) -> None:
-        """train.compile under DDP: compile before the first collective, then wait for every rank.
+        """compile.enabled under DDP: compile before the first collective, then wait for every rank.
 
         Inductor compiles at the first call, and the backward at the first backward (AOTAutograd
         lowers it lazily): unwarmed, that is inside DDP's first backward, whose all-reduces hold the
-        fast ranks until the slowest rank's compile ends, past train.pg_timeout_s on many cold ranks.
+        fast ranks until the slowest rank's compile ends, past dist.pg_timeout_s on many cold ranks.
         So one forward + backward runs here under `no_sync` (inside DDP's forward, so DDPOptimizer
         splits the graph as in a step; no all-reduce, no bucket rebuild), on the input
         `_settle_ddp_buckets` uses, with every RNG stream, every gradient and the optimizer left as
         they were; then a `monitored_barrier` on the gloo control group waits up to
-        train.compile_timeout_s, not the process-group timeout (docs/communication.md).
+        compile.timeout_s, not the process-group timeout (docs/communication.md).
         """
         if self.ddp.static_graph:  # no_sync breaks static_graph (pytorch/pytorch#143580): compile in a step
-            log.warning("train.compile_warmup skipped: DDP static_graph is on (train.ddp_static_graph=always)")
+            log.warning("compile.warmup skipped: DDP static_graph is on (dist.ddp_static_graph=always)")
             return
         t0 = time.perf_counter()
         rng = rng_state(self.device)
@@ -692,17 +698,17 @@ class Trainer:
         set_rng_state(rng, self.device)
         warm_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        timeout = self.cfg.train.compile_timeout_s
+        timeout = self.cfg.compile.timeout_s
         if td.get_backend(self.control_group) != "gloo":  # no gloo control group (not from train.entry)
-            log.warning("train.compile_warmup: no gloo control group to wait on; the first step waits instead")
+            log.warning("compile.warmup: no gloo control group to wait on; the first step waits instead")
             return
         try:
             td.monitored_barrier(self.control_group, timeout=datetime.timedelta(seconds=timeout))
         except RuntimeError as e:
             raise RuntimeError(
-                f"a rank did not finish its first torch.compile within train.compile_timeout_s="
-                f"{timeout} ({str(e).splitlines()[0]}): raise train.compile_timeout_s, or warm "
-                "train.compile_cache with a short run"
+                f"a rank did not finish its first torch.compile within compile.timeout_s="
+                f"{timeout} ({str(e).splitlines()[0]}): raise compile.timeout_s, or warm "
+                "compile.cache with a short run"
             ) from e
         log.info(
             "torch.compile warm-up: %.1f s here, then %.1f s waiting for the other ranks",
@@ -747,7 +753,7 @@ class Trainer:
     def _window(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
         """The log boundary's one sync: (mean loss over every rank, mean gradient norm) of the window.
         The non-finite flag rides in the same all-reduce, so every rank raises guard.Diverged alike
-        on a non-finite value, or on a spike of the agreed loss (train.spike_factor)."""
+        on a non-finite value, or on a spike of the agreed loss (health.spike_factor)."""
         v = torch.stack([loss.float(), grad_norm.float(), self.finite.bad.float()])
         if td.is_initialized():
             td.all_reduce(v)
@@ -758,7 +764,7 @@ class Trainer:
         median = self.spikes.check(mean)
         if median is not None:
             raise guard.Diverged(
-                self.step, "spike", {"loss": mean, "median": median, "factor": self.cfg.train.spike_factor}
+                self.step, "spike", {"loss": mean, "median": median, "factor": self.cfg.health.spike_factor}
             )
         st = self.train_state
         st.good_step = st.last_saved_step  # a clean check after it: known good, kept by pruning
@@ -777,7 +783,7 @@ class Trainer:
         st = self.train_state
         st.eval_pending = False
         top1 = out.eval.get("top1")
-        if self.cfg.train.keep_best and top1 is not None and (st.best is None or top1 > st.best[0]):
+        if self.cfg.ckpt.keep_best and top1 is not None and (st.best is None or top1 > st.best[0]):
             st.best = (top1, self.step)  # every rank: the eval is summed over all of them
             self._checkpoint(out)  # this step's state, kept by pruning until a better eval
         if self.dist.is_main and len(self.eval_loaders) > 1:

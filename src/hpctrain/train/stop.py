@@ -10,7 +10,7 @@ an all-reduce on the gloo control group, started (non-blocking) at one step boun
 the next (`StopRounds.at_boundary`), so it never holds a step up. The price is latency: a signal
 that arrives while step n runs is posted at the end of step n and acted on at the end of step
 n+1, where every rank checkpoints and exits: at most two step boundaries after the signal (one
-more step than a blocking check). `train.halt_at` needs no agreement and stops exactly there.
+more step than a blocking check). A halt (HPCTRAIN_HALT_AT, `halt_at`) needs no agreement and stops exactly there.
 Budget the warning time (`--signal=USR2@T`, a partition's GraceTime) for two steps plus a
 checkpoint (docs/communication.md).
 
@@ -38,11 +38,25 @@ log = logging.getLogger("hpctrain")
 # signal → what it means for the requeue budget
 KINDS = {signal.SIGUSR2: "time_limit", signal.SIGTERM: "preemption", signal.SIGINT: "interrupt"}
 # bits for the all-reduce that makes the stop decision unanimous (see train.loop)
-# `exclude`: a node holds the job up (train.exclude_straggler_pct); every rank knows it at the same
+# `exclude`: a node holds the job up (health.exclude_straggler_pct); every rank knows it at the same
 # step, so it is never posted, like `halt`
 BITS = {"time_limit": 1, "preemption": 2, "halt": 4, "interrupt": 8, "exclude": 16}
 # the agreed kind when several arrived: the user's Ctrl-C wins (no requeue), then a preemption
 PRIORITY = ("interrupt", "preemption", "time_limit", "exclude", "halt")
+
+
+HALT_AT_ENV = "HPCTRAIN_HALT_AT"  # tests: checkpoint and stop at this step as if preempted
+
+
+def halt_at(env: Mapping[str, str]) -> int:
+    """The step HPCTRAIN_HALT_AT names (0: none). A test knob, not a setting: a run halted there
+    resumes as one preempted at that step would, which is what the resume tests compare."""
+    text = env.get(HALT_AT_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{HALT_AT_ENV}={text!r}: give a step number (0: off)")
+    return int(text)
 
 
 def deadline_from(env: Mapping[str, str]) -> float | None:

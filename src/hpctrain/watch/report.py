@@ -158,21 +158,21 @@ SOURCES = ("metrics", "mlflow")  # where `hpctrain report --source` reads a run'
 
 
 def mlflow_records(run_dir: Path) -> list[dict]:
-    """The train and eval records of a run rebuilt from its MLflow run (`train.trackers: [mlflow]`):
+    """The train and eval records of a run rebuilt from its MLflow run (`log.trackers: [mlflow]`):
     one record per kind and step, a field per metric `<kind>/<field>`, the time from the metric's
-    timestamp. The store is the run's `train.mlflow_uri` (config.yaml), else `<run>/mlruns`. Stops
+    timestamp. The store is the run's `log.mlflow_uri` (config.yaml), else `<run>/mlruns`. Stops
     are not in MLflow: the wall axis marks only gaps (restart_marks)."""
     from hpctrain.train.observe.trackers import mlflow_sink, run_key  # heavy optional package: only for --source mlflow
 
     cfg_path = run_dir / CONFIG
-    t = load(cfg_path).train if cfg_path.is_file() else None
+    t = load(cfg_path).log if cfg_path.is_file() else None
     uri, experiment = (t.mlflow_uri, t.mlflow_experiment) if t else ("", "hpctrain")
     client = mlflow_sink.MlflowClient(tracking_uri=mlflow_sink.store_uri(uri, run_dir))
     run = mlflow_sink.find_run(client, experiment, run_key(run_dir))
     if run is None:
         raise ReportError(
             f"no MLflow run of {run_dir} in {client.tracking_uri}: was it trained with "
-            "train.trackers listing mlflow? (or report with --source metrics)"
+            "log.trackers listing mlflow? (or report with --source metrics)"
         )
     recs: dict[tuple[int, str], dict] = {}
     for key in run.data.metrics:

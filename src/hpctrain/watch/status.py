@@ -237,7 +237,7 @@ class RunStatus:
             mine = kinds.get("interrupt", 0) + kinds.get("halt", 0)
             requeues += (
                 f" ({pre} after preemption, {tl} after a time limit, "
-                + (f"{mine} after Ctrl-C or train.halt_at, " if mine else "")
+                + (f"{mine} after Ctrl-C or HPCTRAIN_HALT_AT, " if mine else "")
                 + f"{max(0, self.requeues - pre - tl - mine)} other: node failure or outside requeue)"
             )
         rows = [
@@ -478,7 +478,7 @@ def progress_of(
 
 STOP_WORDS = {  # a stop record's kind, as `status` says it
     "interrupt": "after Ctrl-C",
-    "halt": "at train.halt_at",
+    "halt": "at HPCTRAIN_HALT_AT (a test's halt)",
     "time_limit": "after a time limit (USR2)",
     "preemption": "after preemption (TERM)",
     "nonfinite": "after a divergence",

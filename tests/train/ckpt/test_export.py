@@ -14,7 +14,7 @@ from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.ckpt.export import export
 from tests.helpers import DIGITS, digits_args, hpctrain, run_ranks
 
-SETS = ["train.max_steps=2", "train.ckpt_every=1", "train.ema=0.9", "train.mixup=0"]
+SETS = ["train.max_steps=2", "ckpt.every=1", "train.ema=0.9", "aug.mixup=0"]
 
 
 @pytest.mark.slow
@@ -25,7 +25,7 @@ def test_export_both_formats(fmt, digits_root, tmp_path):
     pytest.importorskip("safetensors")
     from safetensors.torch import load_file
 
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, f"train.ckpt_format={fmt}"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, f"ckpt.format={fmt}"))
     run = tmp_path / "r"
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)] == [2, 1]
     assert all(ckpt.is_sharded(p) == (fmt == "sharded") for p in ckpt.list_checkpoints(run))

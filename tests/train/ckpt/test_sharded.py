@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
 )
 
-SETS = ["train.max_steps=4", "train.ema=0.9", "train.ckpt_format=sharded", "train.mixup=0.8", "data.batch_size=16"]
+SETS = ["train.max_steps=4", "train.ema=0.9", "ckpt.format=sharded", "aug.mixup=0.8", "data.batch_size=16"]
 
 
 def assert_tensors_equal(a, b, what: str) -> None:
@@ -71,12 +71,12 @@ def test_sigkill_during_background_save_keeps_previous(digits_root, tmp_path):
     # keeps the steps short.
     sets = [
         "train.max_steps=200",
-        "train.ckpt_every=3",
-        "train.ckpt_async=true",
+        "ckpt.every=3",
+        "ckpt.async_save=true",
         "model.width=512",
         "model.heads=8",
         "model.depth=4",
-        "train.mixup=0",
+        "aug.mixup=0",
         "data.batch_size=8",
     ]
     procs = start_ranks(1, digits_root, tmp_path, "k", *sets)

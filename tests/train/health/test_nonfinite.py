@@ -16,7 +16,7 @@ from tests.helpers import digits_args, hpctrain, run_metrics, run_ranks
 
 # 22 steps per epoch; checkpoints every 5 steps, the loss read every 10: a NaN at step 12 is first
 # read before the checkpoint of step 15, which must not be written
-SETS = ["train.max_steps=25", "train.log_every=10", "train.ckpt_every=5", "train.keep_ckpts=2"]
+SETS = ["train.max_steps=25", "log.every=10", "ckpt.every=5", "ckpt.keep=2"]
 
 
 def assert_finite_checkpoints(run_dir) -> list[int]:
@@ -36,7 +36,7 @@ def assert_finite_checkpoints(run_dir) -> list[int]:
 def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_path):
     run_ranks(
         2,
-        digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every_epochs=1", "train.keep_best=true"),
+        digits_args(digits_root, tmp_path, "nan", *SETS, "train.eval_every_epochs=1", "ckpt.keep_best=true"),
         env={"HPCTRAIN_TEST_NAN": "1:12"},
     )
     run = tmp_path / "nan"
@@ -61,8 +61,8 @@ def test_nan_on_one_rank_rolls_back_and_skips_then_finishes(digits_root, tmp_pat
 @pytest.mark.parametrize(
     "nan,setting,why",
     [
-        ("1:12", "train.on_nonfinite=stop", "train.on_nonfinite=stop"),
-        ("1:12:always", "train.max_rollbacks=1", "train.max_rollbacks=1 used up"),
+        ("1:12", "health.on_nonfinite=stop", "health.on_nonfinite=stop"),
+        ("1:12:always", "health.max_rollbacks=1", "health.max_rollbacks=1 used up"),
     ],
 )
 def test_nan_stops_with_the_reason_and_a_nonzero_exit(nan, setting, why, digits_root, tmp_path):
@@ -90,8 +90,8 @@ def test_digits_at_lr_50_never_finishes_with_nan_weights(digits_root, tmp_path):
             "lr50",
             "optim.lr=50",
             "train.max_steps=40",
-            "train.log_every=5",
-            "train.ckpt_every=5",
+            "log.every=5",
+            "ckpt.every=5",
         )[2:],
         timeout=300,
     )
@@ -122,7 +122,7 @@ def test_injected_nan_spec():
 
 
 def test_spike_factor_at_most_one_is_refused():
-    with pytest.raises(ConfigError, match="train.spike_factor=1 .* use a factor > 1"):
+    with pytest.raises(ConfigError, match="health.spike_factor=1 .* use a factor > 1"):
         build(TrainConfig, {"spike_factor": 1.0})
 
 

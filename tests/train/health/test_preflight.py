@@ -1,4 +1,4 @@
-"""train.preflight: the verdict on gathered figures, DALI's decode on CPU, and gloo ranks on two fake
+"""health.preflight: the verdict on gathered figures, DALI's decode on CPU, and gloo ranks on two fake
 nodes (SLURMD_NODENAME per rank) with one node slowed by the test-only delay hook."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_gpu_figures_are_judged_against_the_peak_table_and_all_failing_names_no_
     assert list(v.bad) == ["b"] and "rank 3 (GPU 1)" in v.bad["b"] and "0.5 x the 989 TFLOP/s peak" in v.bad["b"]
     # every GPU short of the figure: the figure (or the site's power cap) is wrong, not 2 nodes
     v = preflight.judge(nodes, gpus, [300.0] * 4, [], [], [None] * 4, **refs)
-    assert not v.bad and "every rank's matmul is slow" in v.shared[0] and "train.peak_tflops" in v.shared[0]
+    assert not v.bad and "every rank's matmul is slow" in v.shared[0] and "log.peak_tflops" in v.shared[0]
     line = preflight.failure_line(v, reported=False)
     assert line.startswith("preflight failed, naming no node:") and "\n" not in line
 
@@ -101,7 +101,7 @@ def test_fabric_figure_comes_from_the_batch_shells_fabric_kind(monkeypatch):
     assert preflight._fabric_figure(t)[0] == 400.0
     monkeypatch.setenv(preflight.FABRIC_ENV, "carrier-pigeon")
     assert preflight._fabric_figure(t)[0] is None  # the median pair decides
-    assert preflight._fabric_figure(SimpleNamespace(preflight_busbw_gbps=90.0)) == (90.0, "train.preflight_busbw_gbps")
+    assert preflight._fabric_figure(SimpleNamespace(preflight_busbw_gbps=90.0)) == (90.0, "health.preflight_busbw_gbps")
 
 
 def test_the_shipped_batch_script_exports_a_fabric_the_check_knows():
@@ -121,7 +121,7 @@ def test_on_cpu_a_rank_below_the_mark_is_timed_again_and_keeps_its_best_figure()
     tf, retimes = preflight._retimed_on_cpu(1e-9, [1e-9, 1.0, 1.0], None, 0.3, tiny, 0.0, None, 1)
     assert retimes == 1 and tf > 1e-6  # the world of one then passes: no second retime
     assert preflight._retimed_on_cpu(0.5, [0.5, 0.6], None, 0.3, tiny, 0.0, None, 1) == (0.5, 0)
-    floor = 0.55  # a reference (train.peak_tflops) is the mark when one is set
+    floor = 0.55  # a reference (log.peak_tflops) is the mark when one is set
     assert preflight._retimed_on_cpu(0.5, [0.5, 0.6], floor, 0.3, tiny, 0.0, None, 1)[1] >= 1
 
 
@@ -139,9 +139,9 @@ def test_dali_decodes_the_runs_first_images_on_cpu_and_reports_one_it_cannot(dig
 
 
 def test_16_node_recipes_turn_it_on():
-    assert load("configs/vit_b16_imagenet_4k.yaml").train.preflight
-    assert load("configs/vit_b16_imagenet_16k_lamb.yaml").train.preflight
-    assert not load("configs/digits_vit.yaml").train.preflight
+    assert load("configs/vit_b16_imagenet_4k.yaml").health.preflight
+    assert load("configs/vit_b16_imagenet_16k_lamb.yaml").health.preflight
+    assert not load("configs/digits_vit.yaml").health.preflight
 
 
 @pytest.mark.slow
@@ -153,7 +153,7 @@ def test_three_nodes_time_three_pairs_in_rounds_over_gloo():
     assert all(p[2] > 0 for r in led for p in r)
 
 
-SETS = ("train.preflight=true", "train.max_steps=3", "data.batch_size=16")
+SETS = ("health.preflight=true", "train.max_steps=3", "data.batch_size=16")
 
 
 def _nodes(*names: str) -> list[dict]:
@@ -165,7 +165,7 @@ def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
     out = run_ranks(
         4,
-        digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", "train.preflight_tolerance=0.5"),
+        digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", "health.preflight_tolerance=0.5"),
         env={badnodes.ENV: str(bad_file), "HPCTRAIN_TEST_DELAY": "2:1.0:preflight"},
         rank_env=_nodes("n1", "n1", "n2", "n2"),
         check=False,

@@ -35,7 +35,7 @@ def test_delay_hook_is_parsed_once_and_checked():
 
 
 # synthetic batches: no image decoding, whose time varies with the machine's load
-SETS = ("train.max_steps=6", "train.log_every=2", "data.batch_size=48", "data.loader=synthetic")
+SETS = ("train.max_steps=6", "log.every=2", "data.batch_size=48", "data.loader=synthetic")
 DELAY = 0.4
 
 
@@ -59,7 +59,7 @@ def test_even_run_has_no_persistent_straggler(digits_root, tmp_path):
     slowest rank and by how much: the noise, measured here, not a fixed percentage (3 ranks taking
     turns on 2 loaded cores: 0–32 % of a 25 ms step measured, which no fixed bar separates from a
     real straggler under load; the slowed rank of the test above is slowest in every interval)."""
-    run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS, "train.max_steps=24", "train.straggler_pct=0"))
+    run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS, "train.max_steps=24", "health.straggler_pct=0"))
     recs = run_metrics(tmp_path / "r", "straggler")
     assert len(recs) >= 6, recs  # most intervals have a slowest rank (an exact tie records none)
     noise = [round(r["slower_pct"]) for r in recs]
@@ -67,7 +67,7 @@ def test_even_run_has_no_persistent_straggler(digits_root, tmp_path):
 
 
 def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops(digits_root, tmp_path):
-    """train.exclude_straggler_pct: after EXCLUDE_AFTER log intervals in a row the run checkpoints and
+    """health.exclude_straggler_pct: after EXCLUDE_AFTER log intervals in a row the run checkpoints and
     stops (kind `exclude`) at the same step on every rank, the node goes to the batch shell's bad-node
     file, and rank 0 asks the shell for a requeue (which, with spares, becomes a restart in place)."""
     bad, stop = tmp_path / "bad-nodes-9", tmp_path / "stop-9"
@@ -78,10 +78,10 @@ def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops
             tmp_path,
             "x",
             "train.max_steps=20",
-            "train.log_every=1",
+            "log.every=1",
             "data.batch_size=48",
             "data.loader=synthetic",
-            "train.exclude_straggler_pct=20",
+            "health.exclude_straggler_pct=20",
         ),
         env={
             "HPCTRAIN_TEST_DELAY": f"1:{DELAY}:data",

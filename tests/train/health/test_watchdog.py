@@ -46,7 +46,7 @@ def test_a_stopped_rank_is_named_with_no_stack_and_the_others_place():
     line, rec = verdict(
         {0: hb(0, 10), 1: hb(1, 9, age=7), 2: hb(2, 10)}, {0: stack(0, BACKWARD), 1: None, 2: stack(2, BACKWARD)}, files
     )
-    assert "\n" not in line and line.startswith("hang: no step completed for 5 s (train.hang_timeout_s)")
+    assert "\n" not in line and line.startswith("hang: no step completed for 5 s (health.hang_timeout_s)")
     assert "rank(s) 1 behind step 10" in line, line
     assert "rank 1 (last heartbeat 7 s ago at step 9, n1): no stack (process stopped or dead)" in line, line
     assert f"the other ranks wait at {BACKWARD} (rank(s) 0, 2)" in line, line
@@ -218,7 +218,7 @@ def test_earlier_dumps_are_moved_aside_and_heartbeats_dropped(tmp_path):
 
 
 def test_hang_timeout_defaults_to_half_the_collective_timeout_and_must_stay_below_it():
-    assert load_config("configs/digits_vit.yaml", ["train.pg_timeout_s=120"]).train.hang_s == 60
-    assert load_config("configs/digits_vit.yaml", ["train.hang_timeout_s=0"]).train.hang_s == 0
-    with pytest.raises(ConfigError, match=r"train.hang_timeout_s=400 must be at most half of train.pg_timeout_s=600"):
-        load_config("configs/digits_vit.yaml", ["train.hang_timeout_s=400"])
+    assert load_config("configs/digits_vit.yaml", ["dist.pg_timeout_s=120"]).train.hang_s == 60
+    assert load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=0"]).train.hang_s == 0
+    with pytest.raises(ConfigError, match=r"health.hang_timeout_s=400 must be at most half of dist.pg_timeout_s=600"):
+        load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=400"])

@@ -1,4 +1,4 @@
-"""train.profile_steps: a torch.profiler window over global steps, its traces and the summary in the
+"""log.profile_steps: a torch.profiler window over global steps, its traces and the summary in the
 rank log; nothing built when off; a resumed attempt keeps counting global steps."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def trace_steps(path) -> int:
 
 @pytest.mark.slow
 def test_profile_window_writes_traces_and_summary_for_rank_0_and_the_last(digits_root, tmp_path):
-    run_ranks(2, digits_args(digits_root, tmp_path, "prof", "train.max_steps=5", "train.profile_steps=3-4"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "prof", "train.max_steps=5", "log.profile_steps=3-4"))
     prof = tmp_path / "prof" / "profile"
     assert sorted(p.name for p in prof.iterdir()) == [
         "rank-0-step-3.pt.trace.json.gz",
@@ -42,7 +42,7 @@ def test_profile_ranks_picks_the_ranks(digits_root, tmp_path):
     run_ranks(
         2,
         digits_args(
-            digits_root, tmp_path, "prof", "train.max_steps=3", "train.profile_steps=2-2", "train.profile_ranks=[1]"
+            digits_root, tmp_path, "prof", "train.max_steps=3", "log.profile_steps=2-2", "log.profile_ranks=[1]"
         ),
     )
     assert [p.name for p in (tmp_path / "prof" / "profile").iterdir()] == ["rank-1-step-2.pt.trace.json.gz"]
@@ -64,7 +64,7 @@ def test_no_profiler_is_built_when_profile_steps_is_empty(digits_root, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert not (tmp_path / "noprof" / "profile").exists()
     # the same patch fails a run that asks for a window (the patch is what the test relies on)
-    args = digits_args(digits_root, tmp_path, "withprof", "train.max_steps=2", "train.profile_steps=1-1")
+    args = digits_args(digits_root, tmp_path, "withprof", "train.max_steps=2", "log.profile_steps=1-1")
     r = subprocess.run([sys.executable, "-c", code, *args[2:]], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "a profiler was built" in r.stdout + r.stderr
 
@@ -72,7 +72,7 @@ def test_no_profiler_is_built_when_profile_steps_is_empty(digits_root, tmp_path)
 @pytest.mark.slow  # two runs, ~1.5 min on 2 busy cores
 def test_resumed_attempt_profiles_the_rest_of_the_window_by_global_step(digits_root, tmp_path):
     """Stopped at step 4 inside the window 3-6: the first attempt leaves steps 3-4, the resumed one 5-6."""
-    sets = ["train.max_steps=7", "train.profile_steps=3-6"]
+    sets = ["train.max_steps=7", "log.profile_steps=3-6"]
     run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=4"))
     prof = tmp_path / "split" / "profile"
     assert [p.name for p in prof.iterdir()] == ["rank-0-step-3.pt.trace.json.gz"]
@@ -102,4 +102,4 @@ def test_exposed_communication_is_the_part_no_compute_covers():
 @pytest.mark.parametrize("bad", ["5-3", "0-2", "3", "a-b"])
 def test_bad_window_is_one_line_error(bad):
     with pytest.raises(ConfigError, match="is not a step window: use A-B"):
-        load("digits_vit", [f"train.profile_steps={bad}"])
+        load("digits_vit", [f"log.profile_steps={bad}"])

@@ -30,9 +30,9 @@ def train_records(tmp_path, *sets: str) -> list[dict]:
             "data.loader=synthetic",
             "data.batch_size=16",
             "train.max_steps=4",
-            "train.log_every=2",
+            "log.every=2",
             "train.eval_every_epochs=0",
-            "train.ckpt_every=0",
+            "ckpt.every=0",
             *sets,
         ],
     )
@@ -65,7 +65,7 @@ def test_cpu_records_have_speed_and_rss_but_no_device_fields(tmp_path, capsys):
     out = capsys.readouterr().out
     assert " rss " in out and "mfu" not in out
     # a peak given by the user: MFU against it, and the progress line shows it
-    recs = train_records(tmp_path / "b", "train.peak_tflops=0.5")
+    recs = train_records(tmp_path / "b", "log.peak_tflops=0.5")
     assert all(r["peak_tflops"] == 0.5 and r["mfu"] == pytest.approx(r["tflops"] / 0.5) for r in recs)
     assert " mfu " in capsys.readouterr().out
 

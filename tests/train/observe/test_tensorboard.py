@@ -28,7 +28,7 @@ def digits(root, run_dir, *sets: str):
             f"run.dir={run_dir}",
             "run.name=r",
             "train.threads=1",
-            "train.log_every=1",
+            "log.every=1",
             *sets,
         ],
     )
@@ -54,9 +54,9 @@ def expected(run_dir) -> dict[str, dict[int, float]]:
 def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_path):
     sets = [
         "train.max_steps=26",
-        f"train.ckpt_every={EPOCH}",
+        f"ckpt.every={EPOCH}",
         "train.eval_every_epochs=1",
-        "train.keep_ckpts=3",
+        "ckpt.keep=3",
         "train.ema=0.9",
         "train.tensorboard=true",
     ]

@@ -23,13 +23,13 @@ pytest.importorskip("wandb", reason="the trackers extra (pip install 'hpctrain[t
 HALT, STEPS = 5, 7  # stop at step 5, resume from the checkpoint at 4 (5 replayed), to 7; eval at the end
 SETS = [
     "train.threads=1",
-    "train.ckpt_every=2",
-    "train.keep_ckpts=5",
-    "train.log_every=1",
+    "ckpt.every=2",
+    "ckpt.keep=5",
+    "log.every=1",
     "train.eval_every_epochs=0",
     f"train.max_steps={STEPS}",
     "train.tensorboard=false",
-    "train.trackers=[mlflow,wandb]",
+    "log.trackers=[mlflow,wandb]",
 ]
 
 
@@ -162,10 +162,10 @@ def test_sync_uploads_every_attempt_into_one_wandb_run_without_torch(run_dir):
 def test_unknown_tracker_is_one_line_naming_the_allowed_ones():
     with pytest.raises(
         ConfigError,
-        match=r"train.trackers: unknown tracker 'neptune'; allowed: tensorboard, "
+        match=r"log.trackers: unknown tracker 'neptune'; allowed: tensorboard, "
         r"mlflow, wandb$",
     ):
-        load("digits_vit", ["train.trackers=[mlflow,neptune]"])
+        load("digits_vit", ["log.trackers=[mlflow,neptune]"])
 
 
 def test_missing_tracker_package_is_one_line_before_training(digits_root, tmp_path, monkeypatch, capsys):
@@ -180,13 +180,13 @@ def test_missing_tracker_package_is_one_line_before_training(digits_root, tmp_pa
             "--set",
             f"run.dir={tmp_path}",
             "--set",
-            "train.trackers=[wandb]",
+            "log.trackers=[wandb]",
         ]
     )
     err = capsys.readouterr().err
     assert rc == 2 and err.splitlines() == [
-        "hpctrain: error: train.trackers lists wandb but the wandb package is not installed here: pip install "
-        "'hpctrain[trackers]' (in the image), or remove wandb from train.trackers"
+        "hpctrain: error: log.trackers lists wandb but the wandb package is not installed here: pip install "
+        "'hpctrain[trackers]' (in the image), or remove wandb from log.trackers"
     ]
     assert not (tmp_path / "run").exists(), "refused before the run directory was made"
     assert TrackerMissing.__mro__[1].__name__ == "UserError"

@@ -109,7 +109,7 @@ def test_exact_resume_with_every_big_vision_option_on(digits_root, tmp_path):
         "model.rep_size=96",
         "model.gap_norm=before",
         "data.val_split=minival",
-        "train.mixup=0.2",
+        "aug.mixup=0.2",
         "optim.clip_grad=1.0",
     ]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))

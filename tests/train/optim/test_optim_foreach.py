@@ -232,7 +232,7 @@ def test_a_state_dict_written_per_tensor_loads_and_continues_identically(cls):
     reason=f"FSDP2 on the CPU needs torch >= 2.6; this is {torch.__version__}",
 )
 def test_adamw_low_mu_steps_fsdp2_sharded_parameters(tmp_path):
-    """optim.mu_dtype=bf16 with train.parallel=fsdp: the parameters and moments are DTensors, for which
+    """optim.mu_dtype=bf16 with dist.parallel=fsdp: the parameters and moments are DTensors, for which
     torch has no `_foreach_copy_` rule; 2 gloo ranks step like the per-tensor reference on whole tensors."""
     run_ranks(2, ["-m", "tests.train.optim.fsdp_optim_worker", str(tmp_path)], timeout=240)
     r = json.loads((tmp_path / "result.json").read_text())

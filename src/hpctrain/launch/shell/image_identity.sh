@@ -5,7 +5,7 @@
 hpctrain_image_cksum() {
   printf "%s %s" "$1" "$(stat -Lc "%s %Y" "$1" 2>/dev/null)" | cksum | cut -d " " -f 1
 }
-# $HPCTRAIN_IMAGE_DIGEST (train.compile_cache keys its entries by it) unless the site set it.
+# $HPCTRAIN_IMAGE_DIGEST (compile.cache keys its entries by it) unless the site set it.
 if [ "$CONTAINER" != none ] && [ -z "${HPCTRAIN_IMAGE_DIGEST:-}" ]; then
   HPCTRAIN_IMAGE_DIGEST=img$(hpctrain_image_cksum "$HPCTRAIN_IMAGE")
   export HPCTRAIN_IMAGE_DIGEST

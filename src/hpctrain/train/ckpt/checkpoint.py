@@ -1,6 +1,6 @@
 """Atomic checkpoints in `<run>/checkpoints/`: temp file, fsync, rename, then the `latest` pointer.
 
-Two formats share the directory: `step-<n>.pt`, one file rank 0 writes (`train.ckpt_format=single`),
+Two formats share the directory: `step-<n>.pt`, one file rank 0 writes (`ckpt.format=single`),
 and `step-<n>/`, a sharded DCP checkpoint every rank writes its part of (train/ckpt/sharded.py).
 A process killed mid-write leaves only a `.tmp` file or directory behind, never a half checkpoint
 under a real name; `--resume auto` walks back from the newest until one loads. Files load with
@@ -147,7 +147,7 @@ def write_error(run_dir: str | Path, path: Path, e: BaseException) -> Checkpoint
     kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
     return CheckpointError(
         f"could not write checkpoint {path}: {why}; {kept}. Free space on that file "
-        "system (or lower train.keep_ckpts) and resume with --resume auto"
+        "system (or lower ckpt.keep) and resume with --resume auto"
     )
 
 
@@ -169,7 +169,7 @@ def point_latest(d: Path, path: Path) -> None:
 def prune(run_dir: str | Path, keep: int, protect: tuple[int, ...] = ()) -> None:
     """Keep the newest `keep` checkpoints (steps), of either format, and the steps in `protect`: the
     last one known good (train/health/guard.py), which a rollback needs after newer ones saw a spike, and
-    the best-eval one (train.keep_best)."""
+    the best-eval one (ckpt.keep_best)."""
     kept = {step_of(p) for p in list_checkpoints(run_dir)[:keep]} | set(protect)
     for step, old in _every_checkpoint(run_dir):
         if step not in kept:

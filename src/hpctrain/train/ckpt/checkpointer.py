@@ -1,6 +1,6 @@
 """The Trainer's checkpoints: what one holds (model, optimizer, EMA, scaler, RNG streams, the
 `TrainState`, loader position, schedule), writing it (one file by rank 0, or sharded by every
-rank, in the background with `train.ckpt_async`), settling a save on every rank alike, loading
+rank, in the background with `ckpt.async_save`), settling a save on every rank alike, loading
 one back, and finding the newest good one for a rollback.
 
 A `Checkpointer` is given the parts it saves (`Parts`, as torchtitan's `states=`), so it reads
@@ -76,15 +76,14 @@ class Checkpointer:
         self.control_group, self.metrics = control_group, metrics
         self.parts: Parts | None = parts
         self.layout, self.schedule = layout, schedule
-        t = cfg.train
-        self.format = compat.ckpt_format(t, dist.world_size)
+        self.format = compat.ckpt_format(cfg.ckpt, dist.world_size)
         self.root, self.group, self.pending = run_dir, None, None
         if self.format == "sharded" and td.is_initialized():
             root = [str(run_dir) if run_dir else None]
             td.broadcast_object_list(root, src=0, group=control_group)
             self.root = Path(root[0]) if root[0] else None
-            if t.ckpt_async:
-                self.group = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=t.pg_timeout_s))
+            if cfg.ckpt.async_save:
+                self.group = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist.pg_timeout_s))
 
     @property
     def state(self) -> TrainState:
@@ -168,18 +167,18 @@ class Checkpointer:
     def save(self, background: bool = False) -> str | None:
         """Checkpoint this step; every rank learns whether it worked (a unanimous decision).
 
-        A background save (sharded, `train.ckpt_async`) returns at once, with the path of the one
+        A background save (sharded, `ckpt.async_save`) returns at once, with the path of the one
         before it if that completed; its own outcome is settled when the next save starts (which
         waits for it) or the run ends (`collect`).
         """
         previous = self.collect()
-        t, st = self.cfg.train, self.state
+        _t, st = self.cfg.train, self.state
         if self.format == "single":
             state = self.full_state()
             path, err = None, None
             if self.dist.is_main and self.run_dir:
                 try:
-                    path = ckpt.save(self.run_dir, st.step, state, t.keep_ckpts, protect=self._protected())
+                    path = ckpt.save(self.run_dir, st.step, state, self.cfg.ckpt.keep, protect=self._protected())
                 except ckpt.CheckpointError as e:
                     err = e
             return self._saved(st.step, path, err)
@@ -187,8 +186,8 @@ class Checkpointer:
         if self.root is None:  # nowhere to write (a test's trainer without a run directory)
             st.last_saved_step = st.step
             return None
-        args = (self.root, st.step, tensors, meta, t.keep_ckpts, self.dist.is_main)
-        if background and t.ckpt_async:
+        args = (self.root, st.step, tensors, meta, self.cfg.ckpt.keep, self.dist.is_main)
+        if background and self.cfg.ckpt.async_save:
             self.pending = sharded.start(*args, group=self.group, protect=self._protected())
             st.last_saved_step = st.step  # in flight: this step is not saved again
             return previous
@@ -229,18 +228,18 @@ class Checkpointer:
         return out
 
     def _settle(self, step: int, path: Path | None, err: ckpt.CheckpointError | None) -> tuple[bool, str | None]:
-        """Record a written checkpoint; on a failure anywhere, stop or warn per train.on_ckpt_error.
+        """Record a written checkpoint; on a failure anywhere, stop or warn per ckpt.on_error.
         Returns (failed on some rank, the path on rank 0)."""
         if path:
             self.metrics.write("checkpoint", step=step, path=str(path))  # on disk now, whatever follows
         failed = agree(err is not None, self.control_group)
         if failed:
-            if self.cfg.train.on_ckpt_error == "stop":
+            if self.cfg.ckpt.on_error == "stop":
                 raise err or ckpt.CheckpointError(
                     f"the checkpoint of step {step} was not written on another rank (see its log)"
                 )
             log.warning(
-                "checkpoint at step %d not written (train.on_ckpt_error=continue): %s",
+                "checkpoint at step %d not written (ckpt.on_error=continue): %s",
                 step,
                 err or "see the other ranks' logs",
             )
@@ -250,4 +249,4 @@ class Checkpointer:
     def _protected(self) -> tuple[int, ...]:
         """Checkpoint steps that pruning keeps beside the newest: the last known good, the best eval's."""
         st = self.state
-        return (st.good_step, *((st.best[1],) if st.best and self.cfg.train.keep_best else ()))
+        return (st.good_step, *((st.best[1],) if st.best and self.cfg.ckpt.keep_best else ()))

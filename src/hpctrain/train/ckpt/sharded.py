@@ -11,7 +11,7 @@ returned there (which is after every rank's files and the `.metadata` are writte
 is fsynced, and only then moves `latest`. A real name is a complete checkpoint; a kill at any
 point leaves at most a `.tmp` directory, removed by the next save.
 
-In the background (`train.ckpt_async`), `dcp.async_save` copies the state to CPU memory on the
+In the background (`ckpt.async_save`), `dcp.async_save` copies the state to CPU memory on the
 calling thread and writes it from a thread of its own; its collectives run on that thread, so they
 get a gloo group of their own, never the one DDP or the stop flag use from the training thread.
 """

@@ -1,4 +1,4 @@
-"""Preflight (`train.preflight`): before training, on every start, check each node and keep bad ones out.
+"""Preflight (`health.preflight`): before training, on every start, check each node and keep bad ones out.
 
 A node with a slow GPU, a degraded link or a broken decoder holds every synchronous step of the job
 up, for its whole length. So before the first step every rank times a matmul, every node pair times
@@ -164,7 +164,7 @@ def judge(
     if slow and len(slow) == len(rates):
         v.shared.append(
             f"every rank's matmul is slow ({min(rates):.3g}-{max(rates):.3g} TFLOP/s, under {ref}): "
-            "set train.peak_tflops to this GPU's peak or lower train.preflight_min_frac"
+            "set log.peak_tflops to this GPU's peak or lower health.preflight_min_frac"
         )
     for r in slow if len(slow) < len(rates) else ():
         v.add(
@@ -182,7 +182,7 @@ def judge(
             f"every node pair's all-reduce is slow ({min(busbw):.3g}-{max(busbw):.3g} GB/s busbw"
             + (f", under {ref}" if ref else "")
             + "): the fabric as a whole, or its figure "
-            "(train.preflight_busbw_gbps)"
+            "(health.preflight_busbw_gbps)"
         )
     else:
         bad, loose = blame_pairs(pairs, set(slow))
@@ -212,7 +212,7 @@ def judge(
 
 def failure_line(v: Verdict, reported: bool) -> str:
     """The one line every rank fails with."""
-    skip = "train.preflight=false skips the check"
+    skip = "health.preflight=false skips the check"
     if v.bad:
         names = ",".join(v.bad)
         parts = "; ".join(f"node {n}: {why}" for n, why in v.bad.items())
@@ -385,10 +385,10 @@ def _gather(obj: Any, group, world: int) -> list[Any]:
 
 
 def _fabric_figure(t) -> tuple[float | None, str]:
-    """The node pair's expected busbw: train.preflight_busbw_gbps, else the table figure of the fabric
+    """The node pair's expected busbw: health.preflight_busbw_gbps, else the table figure of the fabric
     the batch shell names (HPCTRAIN_FABRIC), else None (the median pair decides)."""
     if t.preflight_busbw_gbps:
-        return t.preflight_busbw_gbps, "train.preflight_busbw_gbps"
+        return t.preflight_busbw_gbps, "health.preflight_busbw_gbps"
     kind = os.environ.get(FABRIC_ENV, "")
     fig = tables.FABRICS.get(kind)
     if fig is None:
@@ -452,13 +452,13 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     errors = [e for _, e in first]
     broken, retimed = any(errors), 0
     if device.type == "cpu" and tf is not None and not broken:
-        floor = t.preflight_min_frac * t.peak_tflops if t.peak_tflops else None
+        floor = cfg.health.preflight_min_frac * cfg.log.peak_tflops if cfg.log.peak_tflops else None
         tf, retimed = _retimed_on_cpu(
-            tf, [x for x, _ in first], floor, t.preflight_tolerance, sizes, delay_s, group, world
+            tf, [x for x, _ in first], floor, cfg.health.preflight_tolerance, sizes, delay_s, group, world
         )
     led = [] if broken else pair_allreduce(nodes_of_rank, info.rank, device, sizes)
     dec = None if broken else dali_decode(cfg, train_loader, device)
-    peak, peak_source = (t.peak_tflops, "train.peak_tflops") if t.peak_tflops else (None, "")
+    peak, peak_source = (cfg.log.peak_tflops, "log.peak_tflops") if cfg.log.peak_tflops else (None, "")
     if device.type == "cuda" and not peak:
         peak, peak_source = flops.peak_tflops(torch.cuda.get_device_name(device))
     fabric, fabric_source = _fabric_figure(t) if device.type == "cuda" else (None, "CPU: the median pair")
@@ -482,8 +482,8 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         peak_source=peak_source,
         fabric_gbps=fabric,
         fabric_source=fabric_source,
-        min_frac=t.preflight_min_frac,
-        tolerance=t.preflight_tolerance,
+        min_frac=cfg.health.preflight_min_frac,
+        tolerance=cfg.health.preflight_tolerance,
         errors=errors,
     )
     if len(set(nodes_of_rank)) < 2:
@@ -506,12 +506,15 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         "matmul_errors": errors,
         "matmul_reference": {"peak_tflops": peak, "source": peak_source}
         if peak
-        else {"median_tflops": statistics.median(rates) if rates else None, "tolerance": t.preflight_tolerance},
+        else {
+            "median_tflops": statistics.median(rates) if rates else None,
+            "tolerance": cfg.health.preflight_tolerance,
+        },
         "pairs": [{"nodes": list(p), "busbw_GBps": bw} for p, bw in zip(pairs, busbw)],
         "allreduce_reference": {"busbw_GBps": fabric, "source": fabric_source}
         if fabric
-        else {"median_GBps": statistics.median(busbw) if busbw else None, "tolerance": t.preflight_tolerance},
-        "min_frac": t.preflight_min_frac,
+        else {"median_GBps": statistics.median(busbw) if busbw else None, "tolerance": cfg.health.preflight_tolerance},
+        "min_frac": cfg.health.preflight_min_frac,
         "decode": decode,
         "bad_nodes": v.bad,
         "shared": v.shared,

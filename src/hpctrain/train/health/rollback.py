@@ -1,6 +1,6 @@
 """What follows a non-finite value or a loss spike (health/guard.py detects them): back to the last good
-checkpoint, skipping the batches that led there, or stop with `RunDiverged` (train.on_nonfinite,
-train.max_rollbacks).
+checkpoint, skipping the batches that led there, or stop with `RunDiverged` (health.on_nonfinite,
+health.max_rollbacks).
 
 Functions over the `Checkpointer`, the `TrainState` and the metrics, so a rollback reads nothing
 else of the Trainer; the Trainer settles its rounds before and restarts them after.
@@ -12,7 +12,7 @@ import logging
 import math
 from pathlib import Path
 
-from hpctrain.config import TrainConfig
+from hpctrain.config import HealthConfig
 from hpctrain.errors import UserError
 from hpctrain.run.metrics import MetricsWriter
 from hpctrain.train.ckpt import checkpoint as ckpt
@@ -24,17 +24,17 @@ log = logging.getLogger("hpctrain")
 
 
 class RunDiverged(UserError, RuntimeError):
-    """A non-finite loss or a spike that train.on_nonfinite says to stop on (or rollbacks used up)."""
+    """A non-finite loss or a spike that health.on_nonfinite says to stop on (or rollbacks used up)."""
 
 
-def stop_reason(t: TrainConfig, rollbacks: int, path: Path | None) -> str | None:
+def stop_reason(t: HealthConfig, rollbacks: int, path: Path | None) -> str | None:
     """Why the run stops instead of rolling back (None: it rolls back to `path`)."""
     if t.on_nonfinite == "stop":
-        return "train.on_nonfinite=stop"
+        return "health.on_nonfinite=stop"
     if rollbacks > t.max_rollbacks:
-        return f"train.max_rollbacks={t.max_rollbacks} used up"
+        return f"health.max_rollbacks={t.max_rollbacks} used up"
     if path is None:
-        return "no good checkpoint to roll back to (lower train.ckpt_every)"
+        return "no good checkpoint to roll back to (lower ckpt.every)"
     return None
 
 
@@ -42,7 +42,7 @@ def diverged(e: guard.Diverged, why: str, path: Path | None) -> RunDiverged:
     """The one-line error of a run that stops on `e`."""
     what = "a non-finite loss or gradient norm" if e.reason == "nonfinite" else "a loss spike"
     kept = f"the last good checkpoint is {path.name}" if path else "no good checkpoint exists"
-    fix = {"train.on_nonfinite=stop": " (or train.on_nonfinite=rollback)"}.get(why, "")
+    fix = {"health.on_nonfinite=stop": " (or health.on_nonfinite=rollback)"}.get(why, "")
     return RunDiverged(
         f"training stopped at step {e.step}: {what} ({why}); {kept}, nothing after it was "
         f"saved. Lower optim.lr or set optim.clip_grad{fix}, then resume"
@@ -50,10 +50,10 @@ def diverged(e: guard.Diverged, why: str, path: Path | None) -> RunDiverged:
 
 
 def restore(
-    e: guard.Diverged, ckpts: Checkpointer, state: TrainState, t: TrainConfig, metrics: MetricsWriter
+    e: guard.Diverged, ckpts: Checkpointer, state: TrainState, t: HealthConfig, metrics: MetricsWriter
 ) -> tuple[Path, int]:
     """Back to the last good checkpoint, skipping the batches that led to `e` (PaLM's remedy for
-    spikes), or raise RunDiverged per train.on_nonfinite / train.max_rollbacks. Every rank runs
+    spikes), or raise RunDiverged per health.on_nonfinite / health.max_rollbacks. Every rank runs
     this at the same step; the checkpoint is rank 0's choice, broadcast. Returns (the checkpoint,
     the batches skipped)."""
     ckpts.collect()
@@ -76,7 +76,9 @@ def restore(
     return path, skip
 
 
-def report(e: guard.Diverged, path: Path, skip: int, state: TrainState, t: TrainConfig, metrics: MetricsWriter) -> None:
+def report(
+    e: guard.Diverged, path: Path, skip: int, state: TrainState, t: HealthConfig, metrics: MetricsWriter
+) -> None:
     """The `rollback` record and the log line, once the state is back at `path`."""
     metrics.write(
         "rollback",

@@ -3,14 +3,14 @@
 The training loop calls `beat(step)` after every completed step: two attribute stores, no
 collective, no host sync. A daemon thread publishes the step in `<run>/logs/heartbeat-rank-<r>.json`
 every few seconds (atomically: temp file and rename; the run directory is on a shared file system
-on real clusters). When no step completes for `train.hang_timeout_s`, or another rank has raised
+on real clusters). When no step completes for `health.hang_timeout_s`, or another rank has raised
 the alarm (`<run>/logs/hang.json`), every live rank writes its Python stacks
 (`stack-rank-<r>.txt`) and, on NCCL, the flight recorder (`nccl-trace-rank-<r>`); then each
 compares the heartbeats and stack files, logs ONE line naming the ranks behind the highest step or
 silent, with the file:line where their training thread stands, and the process exits non-zero.
 
-The watchdog fires before the collectives time out: `train.hang_timeout_s` is at most half of
-`train.pg_timeout_s` (config), so it has that half to dump and compare before a blocked collective
+The watchdog fires before the collectives time out: `health.hang_timeout_s` is at most half of
+`dist.pg_timeout_s` (config), so it has that half to dump and compare before a blocked collective
 fails; a collective that fails while the watchdog diagnoses waits for it (`stop`).
 
 A stalled file system is not a hang (docs/observability.md, "File-system stalls"). On Lustre or NFS
@@ -246,7 +246,7 @@ def diagnose(
             return f"rank {r} (last heartbeat {age:.0f} s ago at step {hb.get('step')}, {hb.get('host', '?')}): {why}"
         return f"rank {r} (step {hb.get('step')}, {hb.get('host', '?')}): {where.get(r) or 'no training-thread frame'}"
 
-    parts = [f"hang: no step completed for {timeout_s:g} s (train.hang_timeout_s)"]
+    parts = [f"hang: no step completed for {timeout_s:g} s (health.hang_timeout_s)"]
     if named:
         parts.append(
             f"rank(s) {_ids(named)} behind step {top}, silent or elsewhere: "
@@ -497,7 +497,7 @@ class Watchdog:
             files = self._dump()
             if files is None:  # this rank's own stack could not be written: the run directory stalls
                 log.error(
-                    "hang: no step completed for %g s (train.hang_timeout_s), and this rank's stack could not "
+                    "hang: no step completed for %g s (health.hang_timeout_s), and this rank's stack could not "
                     "be written to %s within %.0f s: the run directory stalls (a file-system stall, not a node "
                     "fault), so no rank or node is named; the stack is at %s",
                     self.timeout_s,

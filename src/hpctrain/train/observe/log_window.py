@@ -1,4 +1,4 @@
-"""The sums the loop keeps between log boundaries (`train.log_every` steps), and over the run.
+"""The sums the loop keeps between log boundaries (`log.every` steps), and over the run.
 
 The loss and gradient norm stay on the device, so a step reads nothing back to the host; the one
 sync is at the log boundary (`Trainer._window`), which then starts a new window.

@@ -1,5 +1,5 @@
-"""Where a step's time goes: a torch.profiler window over global steps A-B (train.profile_steps), CUDA
-allocator snapshots (train.memory_snapshot_steps) and cudaProfilerStart/Stop around the same steps
+"""Where a step's time goes: a torch.profiler window over global steps A-B (log.profile_steps), CUDA
+allocator snapshots (log.memory_snapshot_steps) and cudaProfilerStart/Stop around the same steps
 for `hpctrain submit --nsys-ranks` (nsys --capture-range=cudaProfilerApi; launch.container).
 
 Off by default and free when off: `open_window` returns None before anything is imported or built,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.config import TrainConfig, step_window
+from hpctrain.config import LogConfig, step_window
 
 log = logging.getLogger("hpctrain")
 
@@ -31,8 +31,8 @@ COMM_MARKERS = ("nccl", "gloo", "c10d", "allreduce", "all_reduce", "reduce_scatt
 TOP_OPS = 10
 
 
-def profile_ranks(cfg: TrainConfig, world_size: int) -> set[int]:
-    """train.profile_ranks, or rank 0 and the last rank."""
+def profile_ranks(cfg: LogConfig, world_size: int) -> set[int]:
+    """log.profile_ranks, or rank 0 and the last rank."""
     return set(cfg.profile_ranks) if cfg.profile_ranks else {0, world_size - 1}
 
 
@@ -49,7 +49,7 @@ def plan_schedule(window: tuple[int, int], start_step: int) -> tuple[int, int, i
     return lead - warmup, warmup, b - first + 1, first
 
 
-def make_profiler(cfg: TrainConfig, device: torch.device, sched: Callable, on_ready: Callable):
+def make_profiler(cfg: LogConfig, device: torch.device, sched: Callable, on_ready: Callable):
     """The torch.profiler.profile of a window (the one place a profiler is built)."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -104,11 +104,11 @@ class Window:
     included), `after(step, data_wait_s)` once it ended, `close()` at the end of the attempt."""
 
     def __init__(
-        self, cfg: TrainConfig, rank: int, world_size: int, run_dir: Path, device: torch.device, start_step: int
+        self, cfg: LogConfig, rank: int, world_size: int, run_dir: Path, device: torch.device, start_step: int
     ):
         self.rank, self.device, self.out = rank, device, run_dir / "profile"
-        self.prof_window = step_window(cfg.profile_steps, "train.profile_steps")
-        self.mem_window = step_window(cfg.memory_snapshot_steps, "train.memory_snapshot_steps")
+        self.prof_window = step_window(cfg.profile_steps, "log.profile_steps")
+        self.mem_window = step_window(cfg.memory_snapshot_steps, "log.memory_snapshot_steps")
         chosen = rank in profile_ranks(cfg, world_size)
         self.cuda = device.type == "cuda"
         plan = plan_schedule(self.prof_window, start_step) if self.prof_window else None
@@ -120,8 +120,7 @@ class Window:
         self.t0 = 0.0
         if self.mem_window and chosen and not self.cuda:
             log.info(
-                "train.memory_snapshot_steps=%s: allocator snapshots are CUDA-only; this rank trains on %s, "
-                "no snapshot",
+                "log.memory_snapshot_steps=%s: allocator snapshots are CUDA-only; this rank trains on %s, no snapshot",
                 cfg.memory_snapshot_steps,
                 device.type,
             )
@@ -130,13 +129,13 @@ class Window:
             return
         if os.environ.get(NSYS_ENV) == "1" and self.cuda:
             log.info(
-                "train.profile_steps: this rank runs under nsys (--nsys-ranks), which owns CUPTI: "
+                "log.profile_steps: this rank runs under nsys (--nsys-ranks), which owns CUPTI: "
                 "no torch.profiler trace here"
             )
             return
         if plan is None:
             log.info(
-                "train.profile_steps=%s ended before step %d where this attempt starts: no profile",
+                "log.profile_steps=%s ended before step %d where this attempt starts: no profile",
                 cfg.profile_steps,
                 start_step + 1,
             )
@@ -144,7 +143,7 @@ class Window:
         wait, warmup, active, self.first = plan
         if self.first != self.prof_window[0]:
             log.info(
-                "train.profile_steps=%s: this attempt starts at step %d, profiling steps %d-%d",
+                "log.profile_steps=%s: this attempt starts at step %d, profiling steps %d-%d",
                 cfg.profile_steps,
                 start_step + 1,
                 self.first,
@@ -245,7 +244,7 @@ class Window:
 
 
 def open_window(
-    cfg: TrainConfig, rank: int, world_size: int, run_dir: Path | None, device: torch.device, start_step: int
+    cfg: LogConfig, rank: int, world_size: int, run_dir: Path | None, device: torch.device, start_step: int
 ) -> Window | None:
     """The rank's Window, or None (nothing built) when neither window is set or there is no run dir."""
     if run_dir is None or not (cfg.profile_steps.strip() or cfg.memory_snapshot_steps.strip()):

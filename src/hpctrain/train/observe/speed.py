@@ -1,9 +1,9 @@
 """The speed and memory fields of each `train` record, and their part of the progress line.
 
-Everything here is read when a record is written (every `train.log_every` steps), from values the
+Everything here is read when a record is written (every `log.every` steps), from values the
 loop already has on the host or from counters that do not wait for the device: model FLOPs are
 counted from the config (flops.py), MFU is against the dense-bf16 spec peak (or
-`train.peak_tflops`), memory comes from gpustats. Fields that cannot be known are left out.
+`log.peak_tflops`), memory comes from gpustats. Fields that cannot be known are left out.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class SpeedMeter:
     def __init__(self, cfg, world: int, device):
         self.world, self.device = world, device
         self.train_flops = flops.model_flops(cfg.model).train_flops
-        self.peak: float | None = cfg.train.peak_tflops or None
+        self.peak: float | None = cfg.log.peak_tflops or None
         if self.peak is None and device.type == "cuda":
             self.peak = flops.peak_tflops(torch.cuda.get_device_name(device))[0]
         self.nvml: gpustats.NvmlSampler | None = None

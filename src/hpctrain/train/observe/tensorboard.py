@@ -84,17 +84,17 @@ class TensorBoardSink:
             self._w = None
 
 
-def open_sink(enabled: bool, run_dir: Path | None) -> TensorBoardSink | None:
-    """The sink for rank 0 of a run with a directory, or None (off, or tensorboard missing: the run
-    trains on without it, after one warning)."""
-    if not enabled or run_dir is None:
+def open_sink(run_dir: Path | None) -> TensorBoardSink | None:
+    """The sink for rank 0 of a run with a directory, or None (no directory, or tensorboard missing:
+    the run trains on without it, after one warning)."""
+    if run_dir is None:
         return None
     try:
         # tensorboard: 0.3 s, rank 0 only; this module imports light (train.entry)
         from torch.utils.tensorboard import SummaryWriter
     except Exception as e:  # ImportError without the package; a broken install raises others
         log.warning(
-            "no TensorBoard logging (%s: %s): pip install tensorboard, or set train.tensorboard=false",
+            "no TensorBoard logging (%s: %s): pip install tensorboard, or leave tensorboard out of log.trackers",
             type(e).__name__,
             e,
         )

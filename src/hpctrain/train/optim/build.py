@@ -58,10 +58,10 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -
     if o.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.peak_lr, momentum=o.momentum)
     if o.name == "lamb":
-        if cfg.train.parallel == "fsdp":
+        if cfg.dist.parallel == "fsdp":
             raise ConfigError(
                 "optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
-                "train.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
+                "dist.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
             )
         return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, always_adapt=o.lamb_adapt == "all")
     if o.mu_dtype == "bf16":

@@ -1,4 +1,4 @@
-"""Experiment trackers (`train.trackers`): sinks of `MetricsWriter`, fed the records metrics.jsonl gets.
+"""Experiment trackers (`log.trackers`): sinks of `MetricsWriter`, fed the records metrics.jsonl gets.
 
 Every tracker sees what metrics.jsonl holds, at the same steps, from one place (rank 0's
 `MetricsWriter`), so the loop has no second logging call. One tracker run per hpctrain run across
@@ -29,7 +29,7 @@ FLUSH_ON = tensorboard.FLUSH_ON
 
 
 class TrackerMissing(UserError):
-    """A tracker listed in train.trackers whose package is not installed where the run trains."""
+    """A tracker listed in log.trackers whose package is not installed where the run trains."""
 
 
 def run_key(run_dir: Path) -> str:
@@ -45,9 +45,9 @@ def check_packages(names: tuple[str, ...]) -> None:
         pkg = PACKAGES.get(name)
         if pkg and importlib.util.find_spec(pkg) is None:
             raise TrackerMissing(
-                f"train.trackers lists {name} but the {pkg} package is not installed here: "
+                f"log.trackers lists {name} but the {pkg} package is not installed here: "
                 f"pip install 'hpctrain[trackers]' (in the image), or remove {name} from "
-                "train.trackers"
+                "log.trackers"
             )
 
 
@@ -107,17 +107,16 @@ def _open(name: str, cfg, run_dir: Path):
 
 
 def open_sink(cfg, run_dir: Path | None) -> Fanout | None:
-    """The trackers of `cfg.train.trackers` for rank 0 of a run with a directory, or None."""
-    t = cfg.train
+    """The trackers of `cfg.log.trackers` for rank 0 of a run with a directory, or None."""
     if run_dir is None:
         return None
     sinks = []
-    if "tensorboard" in t.trackers:
-        tb = tensorboard.open_sink(t.tensorboard, run_dir)
+    if "tensorboard" in cfg.log.trackers:
+        tb = tensorboard.open_sink(run_dir)
         if tb is not None:
             sinks.append(tb)
     for name in ("mlflow", "wandb"):
-        if name in t.trackers:
+        if name in cfg.log.trackers:
             try:
                 sinks.append(_open(name, cfg, Path(run_dir)))
             except Exception as e:  # an unreachable server, a store it cannot write: the run trains on

@@ -1,4 +1,4 @@
-"""MLflow: one MLflow run per hpctrain run, in `<run>/mlruns` (a file store) or `train.mlflow_uri`.
+"""MLflow: one MLflow run per hpctrain run, in `<run>/mlruns` (a file store) or `log.mlflow_uri`.
 
 MLflow picks run ids itself (`create_run` takes none), so the run is found again by its tag
 `hpctrain.run_key` (`trackers.run_key`, from the run directory). A metric's history is append-only
@@ -16,7 +16,7 @@ import re
 import time
 from pathlib import Path
 
-# Heavy optional package (the `trackers` extra): this module is imported only when train.trackers
+# Heavy optional package (the `trackers` extra): this module is imported only when log.trackers
 # lists mlflow (trackers.open_sink) or a report reads a store (hpctrain.watch.report).
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -30,7 +30,7 @@ BATCH = 100  # log_batch takes at most 100 params / 1000 metrics per call
 
 
 def store_uri(uri: str, run_dir: Path) -> str:
-    """The tracking URI: `train.mlflow_uri`, or the file store `<run>/mlruns`. MLflow ≥ 3.7 refuses
+    """The tracking URI: `log.mlflow_uri`, or the file store `<run>/mlruns`. MLflow ≥ 3.7 refuses
     a file store unless MLFLOW_ALLOW_FILE_STORE=true ("maintenance mode"); it is the only store that
     works on a file system without POSIX locks (sqlite needs them), so it is allowed here."""
     if not uri or uri.startswith("file:") or "://" not in uri:
@@ -61,14 +61,13 @@ class MLflowSink:
         """Continue this run's MLflow run, or create it with the config and resolved values as params;
         every attempt's env.json goes in as tags (they may change between attempts: tags are mutable,
         params are not)."""
-        t = cfg.train
-        client = MlflowClient(tracking_uri=store_uri(t.mlflow_uri, run_dir))
+        client = MlflowClient(tracking_uri=store_uri(cfg.log.mlflow_uri, run_dir))
         key = run_key(run_dir)
-        run = find_run(client, t.mlflow_experiment, key)
+        run = find_run(client, cfg.log.mlflow_experiment, key)
         env = read_env(run_dir)
         if run is None:
-            exp = client.get_experiment_by_name(t.mlflow_experiment)
-            eid = exp.experiment_id if exp else client.create_experiment(t.mlflow_experiment)
+            exp = client.get_experiment_by_name(cfg.log.mlflow_experiment)
+            eid = exp.experiment_id if exp else client.create_experiment(cfg.log.mlflow_experiment)
             run = client.create_run(eid, run_name=cfg.run.name, tags={KEY_TAG: key, "hpctrain.run_dir": str(run_dir)})
             params = {**flat(to_dict(cfg)), **flat(env.get("resolved", {}), "resolved.")}
             items = [Param(k, v[:6000]) for k, v in sorted(params.items())]
@@ -86,7 +85,7 @@ class MLflowSink:
 
     def restart(self, kept: list[dict], moved: list[dict]) -> None:
         """A resume: log what metrics.jsonl keeps that the store lacks (none, unless mlflow was added
-        to train.trackers on this resume); the replayed steps come again through `record`."""
+        to log.trackers on this resume); the replayed steps come again through `record`."""
         for rec in kept:
             if rec.get("kind") in KINDS:  # a kept stop or end record is history, not this attempt's state
                 self.record(rec)

@@ -6,7 +6,7 @@ attempt. wandb ignores `resume` in offline mode (wandb/wandb#4624) and writes ea
 order of start time" (`wandb sync --help`, 0.31), which `hpctrain sync RUN` does. W&B keeps a
 history step only if it is not below the run's current step (steps must increase), so a replayed
 step would be dropped at upload: the sink never logs it. At start it reads the highest step of the
-earlier attempts' offline files (`wandb_file`), and online (`train.wandb_mode=online`) also the
+earlier attempts' offline files (`wandb_file`), and online (`log.wandb_mode=online`) also the
 resumed run's `run.step`; then it logs only steps above that, and within an attempt never one
 below the last (a rollback's replay). Sources in docs/trackers.md.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # Heavy optional package (the `trackers` extra; starts a wandb-core service process): this module
-# is imported only when train.trackers lists wandb (trackers.open_sink).
+# is imported only when log.trackers lists wandb (trackers.open_sink).
 import wandb
 
 from hpctrain.config import to_dict
@@ -47,7 +47,6 @@ class WandbSink:
     @classmethod
     def open(cls, cfg, run_dir: Path) -> WandbSink:
         """Start (or continue) the run: config, resolved values and this attempt's env.json as its config."""
-        t = cfg.train
         key = run_key(run_dir)
         floor = logged_step(run_dir, key)  # before init adds this attempt's directory
         env = read_env(run_dir)
@@ -57,11 +56,11 @@ class WandbSink:
             "env": {k: v for k, v in env.items() if k != "resolved"},
         }
         run = wandb.init(
-            project=t.wandb_project,
+            project=cfg.log.wandb_project,
             name=cfg.run.name,
             id=key,
             resume="allow",
-            mode=t.wandb_mode,
+            mode=cfg.log.wandb_mode,
             dir=str(run_dir),
             config=config,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
@@ -72,7 +71,7 @@ class WandbSink:
 
     def restart(self, kept: list[dict], moved: list[dict]) -> None:
         """A resume: log what metrics.jsonl keeps above the floor (none, unless wandb was added to
-        train.trackers on this resume); replayed steps come again through `record`."""
+        log.trackers on this resume); replayed steps come again through `record`."""
         for rec in kept:
             if rec.get("kind") in KINDS:  # a kept stop or end record is history, not this attempt's state
                 self.record(rec)
