@@ -39,7 +39,7 @@ def first_step_s(digits: Path, runs: Path, name: str, cache: Path, threads: int)
         "log.every=1",
         "train.eval_every_epochs=0",
         "ckpt.every=0",
-        "train.tensorboard=false",
+        "log.trackers=[]",
         "train.max_steps=1",
         "compile.enabled=true",
         f"compile.cache={cache}",

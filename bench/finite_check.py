@@ -56,7 +56,7 @@ def main() -> int:
         "aug.mixup=0",
         "aug.cutmix=0",
         "train.threads=0",
-        "train.tensorboard=false",
+        "log.trackers=[]",
         *args.overrides,
     ]
     cfg = load(args.config, sets)

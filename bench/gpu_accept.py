@@ -852,7 +852,7 @@ def w_train(tiny: bool, out: Path) -> dict:
         "aug.erase_prob=0.25",
         "ckpt.async_save=true",
         f"ckpt.every={halt // 2 or 1}",
-        "train.tensorboard=false",
+        "log.trackers=[]",
         f"train.amp={'bf16' if cuda else 'none'}",
     ]
     runs_sets = {
@@ -861,13 +861,13 @@ def w_train(tiny: bool, out: Path) -> dict:
             "log.memory_snapshot_steps=4-4" if tiny else "log.memory_snapshot_steps=8-9",
         ],
         "b": [],
-        "h": [f"train.halt_at={halt}"],
+        "h": [f"--halt-at={halt}"],
     }
 
     def cmd(name: str, sets: list[str]) -> list[str]:
         c = [*hp, "train", "--config", "digits_vit"]
         for s in (*common, f"run.name={name}", *sets):
-            c += ["--set", s]
+            c += [s] if s.startswith("--") else ["--set", s]
         return c
 
     t = time.perf_counter()

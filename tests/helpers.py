@@ -217,6 +217,21 @@ def run_ranks(
     return results
 
 
+@contextlib.contextmanager
+def halt_at(step: int):
+    """A run in this process checkpoints and stops at `step` as if preempted (HPCTRAIN_HALT_AT, the
+    test knob; `--halt-at=N` among digits_args' items does the same for a subprocess)."""
+    old = os.environ.get("HPCTRAIN_HALT_AT")
+    os.environ["HPCTRAIN_HALT_AT"] = str(step)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HPCTRAIN_HALT_AT")
+        else:
+            os.environ["HPCTRAIN_HALT_AT"] = old
+
+
 def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
     """`-m hpctrain train` on the digits config with a tiny, fast schedule."""
     base = [
@@ -227,9 +242,9 @@ def digits_args(root: Path, run_dir: Path, name: str, *sets: str) -> list[str]:
         "log.every=1",
         "train.eval_every_epochs=0",
         "ckpt.every=0",
-        "train.tensorboard=false",
-    ]  # importing it costs ~0.5 s CPU per run; its own tests turn it on
+        "log.trackers=[]",
+    ]  # importing TensorBoard costs ~0.5 s CPU per run; its own tests turn it on
     args = ["-m", "hpctrain", "train", "--config", str(DIGITS)]
     for s in (*base, *sets):
-        args += ["--set", s]
+        args += [s] if s.startswith("--") else ["--set", s]  # --halt-at=N: a test's halt (HPCTRAIN_HALT_AT)
     return args

@@ -51,7 +51,7 @@ def test_ckpt_every_takes_steps_or_auto():
     assert load(DIGITS, ["ckpt.every=50"]).ckpt.every == 50
     with pytest.raises(
         ConfigError,
-        match=r"train\.ckpt_every='often' is not allowed: use a number of optimizer "
+        match=r"ckpt\.every='often' is not allowed: use a number of optimizer "
         r"steps \(0: only at the end\) or auto",
     ):
         load(DIGITS, ["ckpt.every=often"])

@@ -238,7 +238,7 @@ class DataConfig:
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
     eval_splits: tuple[str, ...] = opt(
         ("val",),
-        "evaluate on each of these splits: val (root/val), minival (1 % of root/train); the first is the headline",
+        "eval splits: val (root/val), minival (1 % of root/train); the first is the headline",
         more=True,
     )
 

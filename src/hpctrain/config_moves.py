@@ -179,7 +179,8 @@ def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:
         return f"{m.new}={value}", note(m, f"--set {key.strip()}")
     section, old = _split(m.old)
     parsed = yaml.safe_load(value) if value.strip() else ""
-    new, _ = migrate_data({**data, section: {old: parsed}}, "")
+    have = data.get(section) if isinstance(data.get(section), dict) else {}
+    new, _ = migrate_data({**data, section: {**have, old: parsed}}, "")
     if not m.new or _split(m.new)[1] not in (new.get(_split(m.new)[0]) or {}):
         return None, note(m, f"--set {key.strip()}")
     to, name = _split(m.new)

@@ -1,5 +1,5 @@
 """`hpctrain eval RUN --split minival`: minival is 1 % of root/train, held out only by a run whose
-data.val_split or data.eval_splits names it; for any other run those images were trained on, and
+data.eval_splits names it; for any other run those images were trained on, and
 the evaluation says so (it printed their accuracy as if held out)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def resolve_run(run, split: str | None) -> None:
 
 @pytest.mark.parametrize(
     "trained, warned",
-    [([], True), (["data.val_split=minival"], False), (["data.eval_splits=[val,minival]"], False)],
+    [([], True), (["data.eval_splits=[minival]"], False), (["data.eval_splits=[val,minival]"], False)],
 )
 def test_minival_of_a_run_that_trained_on_it_is_a_warning(tmp_path, capsys, trained, warned):
     run = tmp_path / "r"
@@ -44,7 +44,7 @@ def test_minival_of_a_run_that_trained_on_it_is_a_warning(tmp_path, capsys, trai
     err = capsys.readouterr().err
     if warned:
         assert err.count("\n") == 1 and err.startswith("hpctrain: warning: --split minival: ")
-        assert "trained on all of root/train" in err and "data.val_split=minival" in err
+        assert "trained on all of root/train" in err and "data.eval_splits=[minival]" in err
     else:
         assert err == ""
     resolve_run(run, "val")

@@ -8,6 +8,7 @@ import torch
 from hpctrain.config import load
 from hpctrain.data.prep.pack import pack
 from hpctrain.train.entry import run
+from tests.helpers import halt_at
 
 pytest.importorskip("nvidia.dali")
 
@@ -41,7 +42,8 @@ def test_resume_is_exact(digits_root, tmp_path, loader):
         "ckpt.every=0",
     ]
     full = run(digits_cfg(digits_root, tmp_path, "full", *sets))
-    half = run(digits_cfg(digits_root, tmp_path, "split", *sets, "train.halt_at=7"))
+    with halt_at(7):
+        half = run(digits_cfg(digits_root, tmp_path, "split", *sets))
     assert half["status"] == "halted" and half["step"] == 7
     rest = run(digits_cfg(digits_root, tmp_path, "split", *sets))
     assert rest["resumed_from"] == 7 and rest["step"] == full["step"] == 14

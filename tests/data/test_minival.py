@@ -1,4 +1,4 @@
-"""data.val_split=minival: big_vision's train[:99%] / train[99%:] on an ImageNet-layout folder,
+"""data.eval_splits=[minival]: big_vision's train[:99%] / train[99%:] on an ImageNet-layout folder,
 held out by a hash of the file name (data/folder.py), the same for both loaders."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _cfg(root: Path, loader: str, *extra: str):
             "model.img_size=8",
             "model.patch_size=8",
             "model.num_classes=2",
-            "data.val_split=minival",
+            "data.eval_splits=[minival]",
             *extra,
         ],
     )

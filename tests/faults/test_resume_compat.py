@@ -23,7 +23,7 @@ def snapshot(run):
 
 @pytest.mark.slow
 def test_incompatible_resume_is_refused_and_nothing_changes(digits_root, tmp_path):
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=4"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "--halt-at=4"))
     run = tmp_path / "r"
     before = snapshot(run)
     for bad, why in [
@@ -43,7 +43,7 @@ def test_incompatible_resume_is_refused_and_nothing_changes(digits_root, tmp_pat
 
 @pytest.mark.slow
 def test_new_world_size_same_global_batch_resumes(digits_root, tmp_path):
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=4"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", *SETS, "--halt-at=4"))
     out = run_ranks(2, digits_args(digits_root, tmp_path, "r", *SETS))
     assert "at step 4" in out[0].stdout and re.search(r"status +finished", out[0].stdout)
     newest = ckpt.list_checkpoints(tmp_path / "r")[0]

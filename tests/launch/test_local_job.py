@@ -23,7 +23,7 @@ SETS = [
     "log.every=1",
     "train.eval_every_epochs=0",
     "ckpt.every=0",
-    "train.tensorboard=false",
+    "log.trackers=[]",
 ]
 
 

@@ -89,7 +89,7 @@ def test_a_sweep_members_config_is_a_single_submissions(digits_root, tmp_path):
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     alone = submitted_config(one / "00-lr5e-4" / "submitit" / "4242_submitted.pkl")
     member = submitted_config(many / "sw" / "submitit" / "4242_0_submitted.pkl")
-    assert alone["train"]["mtbf_h"] == 1000.0, alone["train"]  # the profile's MTBF, resolved at submission
+    assert alone["ckpt"]["mtbf_h"] == 1000.0, alone["ckpt"]  # the profile's MTBF, resolved at submission
     assert member["run"] == {**alone["run"], "dir": str(many / "sw")}
     differ = {
         f"{part}.{k}": (member[part].get(k), v)

@@ -55,7 +55,7 @@ def test_bf16_reduction_halves_the_bytes_and_ends_within_tolerance_of_fp32(digit
     ],
 )
 def test_static_graph_where_the_model_allows(sets, static):
-    assert comm.static_graph(load(DIGITS, sets).train) is static
+    assert comm.static_graph(load(DIGITS, sets)) is static
 
 
 def test_static_graph_on_with_accumulation_is_refused():

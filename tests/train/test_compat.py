@@ -30,8 +30,8 @@ from tests.helpers import DIGITS, ROOT, digits_args, free_port
 HAS_FSDP2 = compat.version_tuple() >= compat.FSDP_MIN_TORCH
 HAS_CPU_FSDP = compat.version_tuple() >= compat.FSDP_CPU_MIN_TORCH  # FSDP2 on the CPU, where these tests run
 FSDP_LINE = re.compile(
-    r"train\.parallel=fsdp (on the CPU )?needs torch >= 2\.[46][^;]*; this is \S+: use "
-    r"train\.parallel=ddp"
+    r"dist\.parallel=fsdp (on the CPU )?needs torch >= 2\.[46][^;]*; this is \S+: use "
+    r"dist\.parallel=ddp"
 )
 
 
@@ -226,7 +226,7 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     monkeypatch.delattr(torch.amp, "GradScaler", raising=False)
     monkeypatch.delattr(torch.backends.cuda, "enable_cudnn_sdp", raising=False)
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    ok = load(DIGITS).train  # bf16, ddp, sdpa auto: the defaults run on 2.2
+    ok = load(DIGITS)  # bf16, ddp, sdpa auto: the defaults run on 2.2
     compat.check_train(ok, cpu)
     compat.check_train(ok, cuda)
     cases = [
@@ -240,7 +240,7 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     ]
     for setting, device, msg in cases:
         with pytest.raises(ConfigError, match=msg):
-            compat.check_train(load(DIGITS, setting.split()).train, device)
+            compat.check_train(load(DIGITS, setting.split()), device)
     for setting, what in [
         ("ckpt.format=sharded", "ckpt.format=sharded"),
         ("ckpt.async_save=true", "ckpt.async_save=true"),
@@ -248,11 +248,11 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
         with pytest.raises(
             ConfigError,
             match=rf"{re.escape(what)} needs torch >= 2\.4 .*this is 2\.2\.2\+cu121: "
-            r"use train\.ckpt_format=single",
+            r"use ckpt\.format=single",
         ):
-            compat.check_train(load(DIGITS, [setting]).train, cpu)
-    compat.check_train(load(DIGITS, ["train.amp=fp16"]).train, cuda)  # CUDA has its scaler on 2.2
-    cudnn = load(DIGITS, ["train.sdpa_backend=cudnn", "train.amp=bf16"]).train
+            compat.check_train(load(DIGITS, [setting]), cpu)
+    compat.check_train(load(DIGITS, ["train.amp=fp16"]), cuda)  # CUDA has its scaler on 2.2
+    cudnn = load(DIGITS, ["train.sdpa_backend=cudnn", "train.amp=bf16"])
     compat.check_train(cudnn, cpu)  # the switch is CUDA-only
 
 
@@ -267,14 +267,14 @@ def test_check_train_refuses_what_torch_2_2_lacks(monkeypatch):
     ],
 )
 def test_checkpoint_format_by_world_size_and_torch(version, world, fmt, want):
-    assert compat.ckpt_format(load(DIGITS, [f"ckpt.format={fmt}"]).train, world, version) == want
+    assert compat.ckpt_format(load(DIGITS, [f"ckpt.format={fmt}"]).ckpt, world, version) == want
 
 
 def test_async_save_is_sharded():
-    both = load(DIGITS, ["ckpt.async_save=true"]).train
+    both = load(DIGITS, ["ckpt.async_save=true"]).ckpt
     assert compat.ckpt_format(both, 1, "2.13.0") == "sharded"
-    with pytest.raises(ConfigError, match=r"train\.ckpt_async=true writes sharded checkpoints"):
-        compat.ckpt_format(load(DIGITS, ["ckpt.async_save=true", "ckpt.format=single"]).train, 4, "2.13.0")
+    with pytest.raises(ConfigError, match=r"ckpt\.async_save=true writes sharded checkpoints"):
+        compat.ckpt_format(load(DIGITS, ["ckpt.async_save=true", "ckpt.format=single"]).ckpt, 4, "2.13.0")
 
 
 def test_sharded_checkpoint_on_old_torch_is_refused_not_skipped(tmp_path, monkeypatch):
@@ -328,11 +328,11 @@ def test_tested_torch_is_the_ngc_image_torch():
 
 def test_bf16_gradient_reduction_needs_nccl_2_10_on_cuda(monkeypatch):
     """NCCL all-reduces bf16 from 2.10; gloo (CPU) always does, so only CUDA is gated."""
-    bf16 = load(DIGITS, ["dist.grad_reduce_dtype=bf16"]).train
+    bf16 = load(DIGITS, ["dist.grad_reduce_dtype=bf16"])
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 9, 9))
     with pytest.raises(ConfigError, match=r"grad_reduce_dtype=bf16 needs NCCL >= 2\.10.*NCCL 2\.9\.9"):
         compat.check_train(bf16, torch.device("cuda", 0))
     compat.check_train(bf16, torch.device("cpu"))
-    compat.check_train(load(DIGITS).train, torch.device("cuda", 0))  # fp32 reduction: any NCCL
+    compat.check_train(load(DIGITS), torch.device("cuda", 0))  # fp32 reduction: any NCCL
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 10, 3))
     compat.check_train(bf16, torch.device("cuda", 0))

@@ -19,7 +19,7 @@ SETS = [
     "train.eval_every_epochs=0",
     "ckpt.every=0",
     "health.hang_timeout_s=0",
-    "train.tensorboard=false",
+    "log.trackers=[]",
 ]
 # Rank 1's first compile sleeps past the collective timeout, by a margin that the other differences
 # between the ranks (start-up, compile times: seconds apart on a loaded machine) cannot close: with

@@ -32,7 +32,7 @@ def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, t
         f"train.max_steps={EPOCH + 1}",
         "train.eval_every_epochs=1",
         "train.ema=0.9",
-        "train.tensorboard=true",
+        "log.trackers=[tensorboard]",
         "data.eval_splits=[val,minival]",
     )
     train(cfg)
@@ -61,7 +61,7 @@ def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, t
 
 
 def test_one_split_keeps_its_names(digits_root, tmp_path):
-    train(digits(digits_root, tmp_path, "train.max_steps=1", "train.tensorboard=false", "data.eval_splits=[minival]"))
+    train(digits(digits_root, tmp_path, "train.max_steps=1", "log.trackers=[]", "data.eval_splits=[minival]"))
     (rec,) = run_metrics(tmp_path / "r", "eval")
     assert set(FIELDS) <= set(rec) and not any("/" in k for k in rec)
     assert rec["count"] == len(minival_split(list_split(digits_root, "train"))[1])
@@ -72,7 +72,8 @@ def test_one_split_keeps_its_names(digits_root, tmp_path):
     [
         (["data.eval_splits=[val,test]"], "'test' is not a split"),
         (["data.eval_splits=[val,val]"], "names a split twice"),
-        (["data.val_split=minival", "data.eval_splits=[val,minival]"], "both choose the eval split"),
+        (["data.eval_splits=[val,minival]", "data.val_split=minival"], "both choose the eval split"),  # 0.1.0's key
+        (["data.eval_splits=[]"], "data.eval_splits is empty"),
     ],
 )
 def test_bad_eval_splits_are_refused(sets, match):
@@ -84,4 +85,4 @@ def test_s16_recipe_evaluates_minival_and_val_as_big_vision():
     """big_vision vit_s16_i1k.py:99-100: evals.minival (train[99%:]) and evals.val (validation); minival
     is the headline (the recipe monitors it), trained on the other 99 %."""
     d = load("configs/vit_s16_imagenet_90ep.yaml").data
-    assert d.splits == ("minival", "val")
+    assert d.eval_splits == ("minival", "val")

@@ -40,7 +40,7 @@ def start_pair(root, run_dir, name: str) -> list[subprocess.Popen]:
         "log.every=1",
         "train.eval_every_epochs=0",
         "ckpt.every=0",
-        "train.tensorboard=false",
+        "log.trackers=[]",
         "data.batch_size=32",
         "dist.pg_timeout_s=120",
     ]

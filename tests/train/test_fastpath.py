@@ -126,8 +126,8 @@ def test_switches_are_config_fields():
             "dist.fsdp_reshard=false",
         ],
     )
-    t = cfg.train
-    assert (t.tf32, t.sdpa_backend, t.ddp_bucket_mb, t.ddp_bucket_view, t.fsdp_reshard) == (
+    t, d = cfg.train, cfg.dist
+    assert (t.tf32, t.sdpa_backend, d.ddp_bucket_mb, d.ddp_bucket_view, d.fsdp_reshard) == (
         False,
         "cudnn",
         100,

@@ -52,7 +52,7 @@ def runs(digits_root, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("fsdp")
     run_two(digits_root, d, "ddp", "dist.parallel=ddp", "run.resume=none")
     run_two(digits_root, d, "straight", "dist.parallel=fsdp", "run.resume=none")
-    run_two(digits_root, d, "split", "dist.parallel=fsdp", "train.halt_at=3")
+    run_two(digits_root, d, "split", "dist.parallel=fsdp", "--halt-at=3")
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(d / "split")] == [3]
     out = run_two(digits_root, d, "split", "dist.parallel=fsdp")
     assert "at step 3" in out

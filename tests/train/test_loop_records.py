@@ -27,7 +27,7 @@ def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
     sets = ["train.max_steps=24", "train.eval_every_epochs=1", "log.every=4"]
     run_ranks(1, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
     assert steps(tmp_path / "straight", "eval") == [EPOCH, 24]
-    run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, f"train.halt_at={EPOCH}"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, f"--halt-at={EPOCH}"))
     assert steps(tmp_path / "split", "stop") == [EPOCH] and steps(tmp_path / "split", "eval") == []
     run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets))
     assert steps(tmp_path / "split", "eval") == [EPOCH, 24]
@@ -38,7 +38,7 @@ def test_stop_at_epoch_end_evaluates_after_resume(digits_root, tmp_path):
 @pytest.mark.slow
 def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path):
     sets = ["train.max_steps=6", "log.every=3"]
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, "train.halt_at=3"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", *sets, "--halt-at=3"))
     path = ckpt.list_checkpoints(tmp_path / "r")[0]
     st = ckpt.load(path)
     st.pop("eval_pending", None)  # as written before the key existed
@@ -49,7 +49,7 @@ def test_old_checkpoint_without_eval_pending_still_resumes(digits_root, tmp_path
 
 @pytest.mark.slow
 def test_stop_on_a_checkpoint_step_saves_once(digits_root, tmp_path):
-    run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "ckpt.every=2", "train.halt_at=4"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "r", "train.max_steps=8", "ckpt.every=2", "--halt-at=4"))
     assert steps(tmp_path / "r", "checkpoint") == [2, 4]
     assert steps(tmp_path / "r", "stop") == [4]
 

@@ -43,7 +43,7 @@ def assert_same(a: dict, b: dict) -> None:
 def halt_and_resume(world: int, sets: list[str], root, tmp_path) -> None:
     """Run `sets` straight through, then halted at step 13 and resumed: the final states must be equal."""
     run_ranks(world, digits_args(root, tmp_path, "straight", *sets, "run.resume=none"))
-    run_ranks(world, digits_args(root, tmp_path, "split", *sets, "train.halt_at=13"))
+    run_ranks(world, digits_args(root, tmp_path, "split", *sets, "--halt-at=13"))
     halted = ckpt.list_checkpoints(tmp_path / "split")
     assert [ckpt.step_of(p) for p in halted] == [13]
     assert ckpt.is_sharded(halted[0]) == (world > 1 and compat.version_tuple() >= compat.SHARDED_MIN_TORCH)
@@ -86,7 +86,7 @@ DEIT_SETS = [
 def test_halt_and_resume_equals_uninterrupted_with_deit_options(digits_root, tmp_path):
     sets = [*SETS, *DEIT_SETS]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
-    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=13"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "--halt-at=13"))
     out = run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets))
     assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
@@ -101,7 +101,7 @@ def test_resume_from_a_background_save_equals_uninterrupted(digits_root, tmp_pat
         pytest.skip(f"background saves need torch >= 2.4; this is {torch.__version__}")
     sets = [*SETS, "ckpt.async_save=true", "ckpt.every=10"]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
-    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=13"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "--halt-at=13"))
     (step10,) = [p for p in ckpt.list_checkpoints(tmp_path / "split") if ckpt.step_of(p) == 10]
     assert ckpt.is_sharded(step10)
     out = run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, f"run.resume={step10}"))

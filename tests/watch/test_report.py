@@ -11,7 +11,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.config import load
 from hpctrain.watch import report
-from tests.helpers import run_metrics
+from tests.helpers import halt_at, run_metrics
 
 SETS = ["train.max_steps=24", "train.eval_every_epochs=1", "log.every=2"]  # evals at 22 (epoch end), 24
 HALT = 10
@@ -35,14 +35,15 @@ def runs(digits_root, tmp_path_factory):
                     f"run.name={name}",
                     "train.threads=1",
                     "ckpt.every=0",
-                    "train.tensorboard=false",
+                    "log.trackers=[]",
                     *SETS,
                     *sets,
                 ],
             )
         )
 
-    assert train("base", f"train.halt_at={HALT}")["status"] == "halted"
+    with halt_at(HALT):
+        assert train("base")["status"] == "halted"
     assert train("base")["resumed_from"] == HALT
     assert train("lr_x3", "optim.lr=6e-3")["status"] == "finished"
     return d / "base", d / "lr_x3"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from hpctrain.cli import add_config_args
@@ -16,12 +17,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train in this process (or under torchrun / srun)", description=__doc__)
     add_config_args(p)
     p.add_argument("--resume", help="auto (newest checkpoint that loads), none, or a checkpoint path")
+    # tests: checkpoint and stop at this step as if preempted (HPCTRAIN_HALT_AT); not a setting
+    p.add_argument("--halt-at", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     stop = stopmod.install(interrupt=True)  # first: a USR2/TERM/Ctrl-C from here on stops at a step boundary
     overrides = list(args.overrides) + ([f"run.resume={args.resume}"] if args.resume else [])
+    if args.halt_at is not None:
+        os.environ[stopmod.HALT_AT_ENV] = str(args.halt_at)
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
     summary = run(cfg, stop)

@@ -38,7 +38,7 @@ def assert_tensors_equal(a, b, what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [(2, 4), (4, 2)])
 def test_resume_at_another_world_size(before, after, digits_root, tmp_path):
-    run_ranks(before, digits_args(digits_root, tmp_path, "r", *SETS, "train.halt_at=2"))
+    run_ranks(before, digits_args(digits_root, tmp_path, "r", *SETS, "--halt-at=2"))
     run = tmp_path / "r"
     (saved,) = ckpt.list_checkpoints(run)
     assert ckpt.is_sharded(saved) and ckpt.step_of(saved) == 2

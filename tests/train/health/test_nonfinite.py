@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hpctrain.config import ConfigError, TrainConfig, build
+from hpctrain.config import ConfigError, HealthConfig, build
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.health.guard import SpikeWatch, injected_nan
 from hpctrain.watch.status import divergence_text, summarize
@@ -123,7 +123,7 @@ def test_injected_nan_spec():
 
 def test_spike_factor_at_most_one_is_refused():
     with pytest.raises(ConfigError, match="health.spike_factor=1 .* use a factor > 1"):
-        build(TrainConfig, {"spike_factor": 1.0})
+        build(HealthConfig, {"spike_factor": 1.0})
 
 
 def test_prune_keeps_the_protected_good_checkpoint(tmp_path):

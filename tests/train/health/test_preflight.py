@@ -217,7 +217,7 @@ def test_healthy_nodes_pass_and_training_goes_on(digits_root, tmp_path):
 def test_the_check_runs_again_when_a_run_resumes(digits_root, tmp_path):
     for halt in (2, 0):  # halted at step 2 as if preempted, then resumed
         run_ranks(
-            1, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", f"train.halt_at={halt}"), timeout=120
+            1, digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", f"--halt-at={halt}"), timeout=120
         )
     recs = run_metrics(tmp_path / "r", "preflight")
     assert len(recs) == 2 and all(r["passed"] and "one node: no node pair to time" in r["notes"] for r in recs)

@@ -218,7 +218,7 @@ def test_earlier_dumps_are_moved_aside_and_heartbeats_dropped(tmp_path):
 
 
 def test_hang_timeout_defaults_to_half_the_collective_timeout_and_must_stay_below_it():
-    assert load_config("configs/digits_vit.yaml", ["dist.pg_timeout_s=120"]).train.hang_s == 60
-    assert load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=0"]).train.hang_s == 0
+    assert load_config("configs/digits_vit.yaml", ["dist.pg_timeout_s=120"]).hang_s == 60
+    assert load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=0"]).hang_s == 0
     with pytest.raises(ConfigError, match=r"health.hang_timeout_s=400 must be at most half of dist.pg_timeout_s=600"):
         load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=400"])

@@ -73,7 +73,7 @@ def test_no_profiler_is_built_when_profile_steps_is_empty(digits_root, tmp_path)
 def test_resumed_attempt_profiles_the_rest_of_the_window_by_global_step(digits_root, tmp_path):
     """Stopped at step 4 inside the window 3-6: the first attempt leaves steps 3-4, the resumed one 5-6."""
     sets = ["train.max_steps=7", "log.profile_steps=3-6"]
-    run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=4"))
+    run_ranks(1, digits_args(digits_root, tmp_path, "split", *sets, "--halt-at=4"))
     prof = tmp_path / "split" / "profile"
     assert [p.name for p in prof.iterdir()] == ["rank-0-step-3.pt.trace.json.gz"]
     assert trace_steps(prof / "rank-0-step-3.pt.trace.json.gz") == 3  # steps 3, 4 and the moment up to the stop

@@ -12,8 +12,9 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 from hpctrain.config import load
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.entry import run as train
+from hpctrain.train.observe import trackers
 from hpctrain.train.observe.tensorboard import open_sink, scalars
-from tests.helpers import run_metrics
+from tests.helpers import halt_at, run_metrics
 
 EPOCH = 22  # steps per epoch of digits at batch 64 (world 1)
 
@@ -58,11 +59,12 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
         "train.eval_every_epochs=1",
         "ckpt.keep=3",
         "train.ema=0.9",
-        "train.tensorboard=true",
+        "log.trackers=[tensorboard]",
     ]
     run = tmp_path / "r"
     # attempt 1: checkpoint and eval at 22, trains on, stops at 24
-    assert train(digits(digits_root, tmp_path, *sets, "train.halt_at=24"))["status"] == "halted"
+    with halt_at(24):
+        assert train(digits(digits_root, tmp_path, *sets))["status"] == "halted"
     assert [r["step"] for r in run_metrics(run, "stop")] == [24]
     # attempt 2 resumes at 22: it replays the eval at 22 and steps 23, 24 that attempt 1 logged
     older = ckpt.ckpt_dir(run) / f"step-{EPOCH:08d}.pt"
@@ -100,10 +102,11 @@ def test_stop_and_resume_from_older_checkpoint_gives_one_curve(digits_root, tmp_
 def test_without_tensorboard_one_warning_and_no_directory(tmp_path, monkeypatch, hpctrain_log):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what a missing package raises
     with hpctrain_log.at_level(logging.WARNING, logger="hpctrain"):
-        assert open_sink(True, tmp_path) is None
+        assert open_sink(tmp_path) is None
     assert [r.levelno for r in hpctrain_log.records] == [logging.WARNING]
     assert "pip install tensorboard" in hpctrain_log.text
-    assert open_sink(False, tmp_path) is None and not (tmp_path / "tb").exists()
+    off = load("digits_vit", ["log.trackers=[]"])  # TensorBoard left out of log.trackers: no sink, no directory
+    assert trackers.open_sink(off, tmp_path) is None and not (tmp_path / "tb").exists()
 
 
 def test_gpu_entries_become_per_gpu_tags():

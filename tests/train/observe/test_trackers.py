@@ -16,6 +16,7 @@ from hpctrain.run.metrics import read_metrics
 from hpctrain.train.observe.tensorboard import scalars
 from hpctrain.train.observe.trackers import TrackerMissing, run_key, wandb_file
 from hpctrain.watch import report
+from tests.helpers import halt_at
 
 mlflow = pytest.importorskip("mlflow", reason="the trackers extra (pip install 'hpctrain[trackers]')")
 pytest.importorskip("wandb", reason="the trackers extra (pip install 'hpctrain[trackers]')")
@@ -28,7 +29,6 @@ SETS = [
     "log.every=1",
     "train.eval_every_epochs=0",
     f"train.max_steps={STEPS}",
-    "train.tensorboard=false",
     "log.trackers=[mlflow,wandb]",
 ]
 
@@ -51,7 +51,8 @@ def run_dir(digits_root, tmp_path_factory):
             )
         )
 
-    assert train(f"train.halt_at={HALT}")["status"] == "halted"
+    with halt_at(HALT):
+        assert train()["status"] == "halted"
     newest, older = ckpt.list_checkpoints(d / "tr")[:2]
     assert ckpt.step_of(newest) == HALT
     shutil.rmtree(newest) if newest.is_dir() else newest.unlink()

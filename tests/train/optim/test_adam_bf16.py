@@ -108,12 +108,12 @@ def test_exact_resume_with_every_big_vision_option_on(digits_root, tmp_path):
         "optim.mu_dtype=bf16",
         "model.rep_size=96",
         "model.gap_norm=before",
-        "data.val_split=minival",
+        "data.eval_splits=[minival]",
         "aug.mixup=0.2",
         "optim.clip_grad=1.0",
     ]
     run_ranks(2, digits_args(digits_root, tmp_path, "straight", *sets, "run.resume=none"))
-    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "train.halt_at=5"))
+    run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets, "--halt-at=5"))
     run_ranks(2, digits_args(digits_root, tmp_path, "split", *sets))
     a, b = final_state(tmp_path / "straight"), final_state(tmp_path / "split")
     assert_same(a, b)
