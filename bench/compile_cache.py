@@ -4,7 +4,7 @@ digits model with `compile.enabled=true` on CPU (needs a C compiler), in pairs.
 
 Each pair starts from an empty `compile.cache`: the first run compiles from scratch (cold),
 the second finds what the first left (warm, as a requeued attempt does). The clock runs from
-starting `python -m hpctrain train` until rank 0's metrics.jsonl holds the step-1 record (log_every=1:
+starting `python -m hpctrain train` until rank 0's metrics.jsonl holds the step-1 record (log.every=1:
 written at the end of step 1), polled every 20 ms. Inductor's FX graph cache hits and misses are read
 from the run's log.
 

@@ -25,6 +25,7 @@ from tests.train.test_resume import SETS, assert_same, final_state
 # comes from git for the resume test.
 OLD_RELEASE = "a72531e"
 OLD_CONFIGS = ROOT / "tests" / "configs_0.1.0"
+ORDER = config.SECTIONS
 
 
 @pytest.fixture(scope="module")
@@ -46,28 +47,52 @@ def hpctrain_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_an_old_key_is_read_under_its_new_name_with_one_line_each_and_both_names_are_refused():
     data = {"data": {"reprob": 0.25, "workers": 2, "recount": 3}, "optim": {"lr": 1e-3}}
     new, notes = migrate_data(data, "my.yaml")
-    assert new == {"data": {"erase_prob": 0.25, "workers": 2, "erase_count": 3}, "optim": {"lr": 1e-3}}
+    assert new == {"data": {"workers": 2}, "aug": {"erase_prob": 0.25, "erase_count": 3}, "optim": {"lr": 1e-3}}
     assert data["data"] == {"reprob": 0.25, "workers": 2, "recount": 3}  # the caller's mapping is left as it was
     assert notes == [
-        "hpctrain: note: my.yaml: config key data.reprob is data.erase_prob since hpctrain 0.2.0, read as "
-        "data.erase_prob (`hpctrain config migrate FILE` rewrites a file)",
-        "hpctrain: note: my.yaml: config key data.recount is data.erase_count since hpctrain 0.2.0, read as "
-        "data.erase_count (`hpctrain config migrate FILE` rewrites a file)",
+        "hpctrain: note: my.yaml: config key data.reprob is aug.erase_prob since hpctrain 0.2.0, read as "
+        "aug.erase_prob (`hpctrain config migrate FILE` rewrites a file)",
+        "hpctrain: note: my.yaml: config key data.recount is aug.erase_count since hpctrain 0.2.0, read as "
+        "aug.erase_count (`hpctrain config migrate FILE` rewrites a file)",
     ]
-    assert migrate_data({"data": {"erase_prob": 0.1}}, "x") == ({"data": {"erase_prob": 0.1}}, [])
-    with pytest.raises(MoveError, match=r"x: both data.remode .* and data.erase_mode are set: keep data.erase_mode"):
-        migrate_data({"data": {"remode": "rand", "erase_mode": "pixel"}}, "x")
-    assert migrate_override("data.remode=const")[0] == "data.erase_mode=const"
-    assert "--set data.remode: config key data.remode is data.erase_mode" in migrate_override("data.remode=x")[1]
-    assert migrate_override("data.root=/x=y") == ("data.root=/x=y", None)
+    assert migrate_data({"aug": {"erase_prob": 0.1}}, "x") == ({"aug": {"erase_prob": 0.1}}, [])
+    with pytest.raises(MoveError, match=r"x: both data.remode .* and aug.erase_mode are set: keep aug.erase_mode"):
+        migrate_data({"data": {"remode": "rand"}, "aug": {"erase_mode": "pixel"}}, "x")
+    assert migrate_override("data.remode=const", {})[0] == "aug.erase_mode=const"
+    assert "--set data.remode: config key data.remode is aug.erase_mode" in migrate_override("data.remode=x", {})[1]
+    assert migrate_override("data.root=/x=y", {}) == ("data.root=/x=y", None)
     # through config.load: the file's and the --set's old names, and the error as a ConfigError
     cfg = config.load(data={"data": {"reprob": 0.5}}, overrides=["data.remode=const"])
-    assert (cfg.data.erase_prob, cfg.data.erase_mode) == (0.5, "const")
+    assert (cfg.aug.erase_prob, cfg.aug.erase_mode) == (0.5, "const")
     with pytest.raises(config.ConfigError, match="both data.reprob"):
-        config.load(data={"data": {"reprob": 0.5, "erase_prob": 0.1}})
+        config.load(data={"data": {"reprob": 0.5}, "aug": {"erase_prob": 0.1}})
     # a --set in either name overrides the file's value in either name, as any --set does
-    assert config.load(data={"data": {"reprob": 0.5}}, overrides=["data.erase_prob=0.1"]).data.erase_prob == 0.1
-    assert config.load(data={"data": {"erase_prob": 0.5}}, overrides=["data.reprob=0.1"]).data.erase_prob == 0.1
+    assert config.load(data={"data": {"reprob": 0.5}}, overrides=["aug.erase_prob=0.1"]).aug.erase_prob == 0.1
+    assert config.load(data={"aug": {"erase_prob": 0.5}}, overrides=["data.reprob=0.1"]).aug.erase_prob == 0.1
+
+
+def test_keys_that_change_form_or_leave_are_read_by_their_rule_and_said():
+    """train.tensorboard=false is log.trackers without tensorboard (with the trackers the file named,
+    moved too); data.val_split is data.eval_splits; train.halt_at and train.mtbf_source leave, said."""
+    old = {"train": {"tensorboard": False, "trackers": ["tensorboard", "mlflow"], "halt_at": 7, "mtbf_source": "x"}}
+    new, notes = migrate_data(old, "f")
+    assert new == {"log": {"trackers": ["mlflow"]}} and len(notes) == 4
+    assert "config key train.halt_at left the config in hpctrain 0.3.0 (a test knob: HPCTRAIN_HALT_AT" in notes[-1]
+    assert migrate_data({"train": {"tensorboard": True}}, "f")[0] == {}  # the default: TensorBoard stays on
+    assert migrate_data({"train": {"tensorboard": False}}, "f")[0] == {"log": {"trackers": []}}
+    assert migrate_data({"data": {"val_split": "minival"}}, "f")[0] == {"data": {"eval_splits": ["minival"]}}
+    assert migrate_data({"data": {"val_split": "val", "root": "r"}}, "f")[0] == {"data": {"root": "r"}}
+    same = {"data": {"val_split": "minival", "eval_splits": ["minival", "val"]}}
+    assert migrate_data(same, "f")[0] == {"data": {"eval_splits": ["minival", "val"]}}
+    with pytest.raises(MoveError, match="both choose the eval split"):
+        migrate_data({"data": {"val_split": "minival", "eval_splits": ["val", "minival"]}}, "f")
+    # on the command line, against the config read so far
+    assert migrate_override("train.tensorboard=false", {"log": {"trackers": ["mlflow", "tensorboard"]}})[0] == (
+        "log.trackers=[mlflow]"
+    )
+    assert migrate_override("train.halt_at=3", {})[0] is None
+    cfg = config.load("digits_vit", ["train.tensorboard=false", "data.val_split=minival", "train.mtbf_source=y"])
+    assert (cfg.log.trackers, cfg.data.eval_splits) == ((), ("minival",))
 
 
 def test_migrate_text_renames_where_the_key_stands_and_keeps_comments_and_their_column():
@@ -80,17 +105,41 @@ def test_migrate_text_renames_where_the_key_stands_and_keeps_comments_and_their_
         "optim:\n"
         "  recount: 7                # not data's: stays\n"
     )
-    new, moved = migrate_text(text)
-    assert new == (
+    new, moved = migrate_text(text, ORDER)
+    assert new == (  # data, left empty, goes; aug comes after optim, where the schema has it
         "# my recipe\n"
-        "data:\n"
+        "optim:\n"
+        "  recount: 7                # not data's: stays\n"
+        "aug:\n"
         "  erase_prob: 0.25          # DeiT main.py:118\n"
         "  # the fill\n"
         "  erase_mode: pixel\n"
-        "optim:\n"
-        "  recount: 7                # not data's: stays\n"
     )
     assert [m.old for m in moved] == ["data.reprob", "data.remode"]
+    text = (
+        "train:\n"
+        "  epochs: 5\n"
+        "  ckpt_every: 100            # often\n"
+        "  tensorboard: false\n"
+        "  trackers: [mlflow]         # ours\n"
+        "  halt_at: 0\n"
+        "data:\n"
+        "  val_split: minival   # big_vision\n"
+        "run:\n"
+        "  name: r\n"
+    )
+    assert migrate_text(text, ORDER)[0] == (
+        "train:\n"
+        "  epochs: 5\n"
+        "data:\n"
+        "  eval_splits: [minival] # big_vision\n"
+        "ckpt:\n"
+        "  every: 100                 # often\n"
+        "log:\n"
+        "  trackers: [mlflow]         # ours\n"
+        "run:\n"
+        "  name: r\n"
+    )
 
 
 def test_config_cli_reads_old_names_and_migrate_rewrites_a_file_keeping_the_old_text(tmp_path):
@@ -98,14 +147,14 @@ def test_config_cli_reads_old_names_and_migrate_rewrites_a_file_keeping_the_old_
     f.write_text("data:\n  reprob: 0.3   # mine\n  recount: 2\n")
     r = hpctrain_cli("config", "--config", str(f), "--set", "data.remode=rand", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    resolved = yaml.safe_load(r.stdout)["data"]
+    resolved = yaml.safe_load(r.stdout)["aug"]
     assert (resolved["erase_prob"], resolved["erase_count"], resolved["erase_mode"]) == (0.3, 2, "rand")
-    assert len(re.findall(r"^hpctrain: note: .*config key data\.re\w+ is data\.erase_\w+", r.stderr, re.M)) == 3
+    assert len(re.findall(r"^hpctrain: note: .*config key data\.re\w+ is aug\.erase_\w+", r.stderr, re.M)) == 3
     r = hpctrain_cli("config", "migrate", str(f), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert f.read_text() == "data:\n  erase_prob: 0.3   # mine\n  erase_count: 2\n"
+    assert f.read_text() == "aug:\n  erase_prob: 0.3 # mine\n  erase_count: 2\n"
     assert (tmp_path / "my.yaml.bak").read_text() == "data:\n  reprob: 0.3   # mine\n  recount: 2\n"
-    assert f"{f}: data.reprob → data.erase_prob (hpctrain 0.2.0)" in r.stdout
+    assert f"{f}: data.reprob → aug.erase_prob (hpctrain 0.2.0)" in r.stdout
     r = hpctrain_cli("config", "migrate", str(f), cwd=tmp_path)
     assert r.returncode == 0 and "nothing to migrate" in r.stdout
     flow = tmp_path / "flow.yaml"
@@ -127,14 +176,15 @@ def test_the_old_releases_shipped_configs_load_as_todays_and_migrate_to_them_byt
         assert r.returncode == 0, r.stderr
         assert out.read_text() == new.read_text(), old.name
         moved += r.stdout.count(" → ")
-    # DeiT-B's three erasing keys, the custom fine-tuning recipe's two; eval_every in the three that set it
-    assert moved == 8
+    # every key of train's that now has a section, the augmentation keys of data, DeiT-B's erasing
+    # shorthand, eval_every: what the eight recipes set of them
+    assert moved == 70
 
 
 def test_docs_configs_lists_every_move():
     page = (ROOT / "docs" / "configs.md").read_text()
     for m in MOVES:
-        assert f"| `{m.old}` | `{m.new}` | {m.version} |" in page, m
+        assert f"| `{m.old}` | {f'`{m.new}`' if m.new else '—'} | {m.version} |" in page, m
     assert config_moves.MOVES[0].version == "0.2.0"
 
 
@@ -145,7 +195,7 @@ def test_a_run_the_old_release_started_resumes_under_todays_names_to_the_same_we
     (`data.reprob`, `data.recount`, `train.eval_every`) and halted at step 13, resumed by today's code
     from the command line the user had (the old names, read with a note each)."""
     old_sets = [*SETS, "data.reprob=0.5", "data.recount=2"]
-    new_sets = [*SETS, "data.erase_prob=0.5", "data.erase_count=2"]
+    new_sets = [*SETS, "aug.erase_prob=0.5", "aug.erase_count=2"]
     run_ranks(4, digits_args(digits_root, tmp_path, "straight", *new_sets, "run.resume=none"))
     old_env = {"PYTHONPATH": os.pathsep.join([str(old_src), str(ROOT)])}
     old_args = old_names(digits_args(digits_root, tmp_path, "split", *old_sets, "train.halt_at=13"), old_src)
@@ -155,14 +205,16 @@ def test_a_run_the_old_release_started_resumes_under_todays_names_to_the_same_we
     assert (saved["reprob"], saved["recount"]) == (0.5, 2) and "erase_prob" not in saved  # the old run's names
     out = run_ranks(4, old_names(digits_args(digits_root, tmp_path, "split", *old_sets), old_src))
     assert "resumed from" in out[0].stdout and "at step 13" in out[0].stdout
-    assert "config key data.reprob is data.erase_prob" in out[0].stdout
+    assert "config key data.reprob is aug.erase_prob" in out[0].stdout
     assert "erase_prob: 0.5" in (tmp_path / "split" / "config.yaml").read_text()  # rewritten in today's names
     assert_same(final_state(tmp_path / "straight"), final_state(tmp_path / "split"))
 
 
 def old_names(args: list[str], old_src: Path) -> list[str]:
     """A command line as the old release's user typed it: its digits config, the keys' old names."""
-    back = {m.new: m.old for m in MOVES}
+    back: dict[str, str] = {}
+    for m in MOVES:  # the first move to a name is from 0.1.0's (data.reprob, not main's data.erase_prob)
+        back.setdefault(m.new, m.old)
     out = []
     for a in args:
         key, sep, value = a.partition("=")

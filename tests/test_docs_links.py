@@ -87,7 +87,7 @@ def anchors(text: str) -> set[str]:
 def test_slug_follows_githubs_rule():
     assert slug("Status: when will it end") == "status-when-will-it-end"
     assert slug("Containers (Apptainer) and `hpctrain doctor`") == "containers-apptainer-and-hpctrain-doctor"
-    assert slug("How often: `ckpt.every: auto` (Young/Daly)") == "how-often-trainckpt_every-auto-youngdaly"
+    assert slug("How often: `ckpt.every: auto` (Young/Daly)") == "how-often-ckptevery-auto-youngdaly"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
 
 

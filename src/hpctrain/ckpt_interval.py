@@ -76,7 +76,7 @@ class StepClock:
 
 @dataclass
 class AutoInterval:
-    """When the next `ckpt_every: auto` checkpoint is due, and why (one instance per attempt).
+    """When the next `ckpt.every: auto` checkpoint is due, and why (one instance per attempt).
 
     The first save comes `first` steps after the attempt starts; each periodic save reports its
     measured save time and the step time, and the interval is (re)computed after the first one and

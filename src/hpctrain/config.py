@@ -461,13 +461,13 @@ class CkptConfig:
     )
     auto_first: int = opt(
         100,
-        "ckpt_every=auto: steps to the first checkpoint, whose save time sets the interval",
+        "ckpt.every=auto: steps to the first checkpoint, whose save time sets the interval",
         more=True,
         lo=1,
     )
     mtbf_h: float = opt(
         0.0,
-        "ckpt_every=auto: the job's mean time between interruptions, hours (0: resolved)",
+        "ckpt.every=auto: the job's mean time between interruptions, hours (0: resolved)",
         more=True,
         lo=0,
     )
@@ -722,6 +722,8 @@ class Config:
         ratio = self.data.batch_size / o.lr_ref_batch
         return o.lr * (math.sqrt(ratio) if o.lr_scaling == "sqrt" else ratio)
 
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))  # in the order a config file lists them
 
 def check_batch(cfg: Config, world_size: int) -> None:
     div = world_size * cfg.train.accum_steps

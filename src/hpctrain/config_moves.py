@@ -66,7 +66,7 @@ def _gone(value: Any, cfg: dict) -> Any:
     return GONE
 
 
-def _section(old: str, new: str, keys: str, version: str = "0.2.0") -> tuple[Move, ...]:
+def _section(old: str, new: str, keys: str, version: str = "0.3.0") -> tuple[Move, ...]:
     """Moves of `keys` ("a b=c": a keeps its name, b is renamed c) from section `old` to `new`."""
     out = []
     for k in keys.split():
@@ -76,11 +76,12 @@ def _section(old: str, new: str, keys: str, version: str = "0.2.0") -> tuple[Mov
 
 
 MOVES = (
-    # timm's command-line shorthand (DeiT's --reprob/--remode/--recount) for random erasing
+    # timm's command-line shorthand (DeiT's --reprob/--remode/--recount) for random erasing: data.erase_*
+    # in 0.2.0, aug.erase_* since 0.3.0 (read as the newest name at once)
     Move("data.reprob", "aug.erase_prob", "0.2.0"),
     Move("data.remode", "aug.erase_mode", "0.2.0"),
     Move("data.recount", "aug.erase_count", "0.2.0"),
-    # counted epochs beside ckpt_every and log_every, which count steps: the unit goes into the name
+    # counted epochs beside ckpt.every and log.every, which count steps: the unit goes into the name
     Move("train.eval_every", "train.eval_every_epochs", "0.2.0"),
     # train's 60 flat keys, prefixes standing in for sections, get sections of their own
     *_section(
@@ -115,11 +116,11 @@ MOVES = (
         "wandb_mode profile_steps profile_ranks profile_with_stack memory_snapshot_steps",
     ),
     # two switches for one thing: one is left
-    Move("train.tensorboard", "log.trackers", "0.2.0", _trackers, "false: log.trackers without tensorboard"),
-    Move("data.val_split", "data.eval_splits", "0.2.0", _splits, "minival: data.eval_splits=[minival]"),
+    Move("train.tensorboard", "log.trackers", "0.3.0", _trackers, "false: log.trackers without tensorboard"),
+    Move("data.val_split", "data.eval_splits", "0.3.0", _splits, "minival: data.eval_splits=[minival]"),
     # not settings: provenance and a test knob
-    Move("train.mtbf_source", "", "0.2.0", _gone, "hpctrain submit keeps it in env.json's resolved record"),
-    Move("train.halt_at", "", "0.2.0", _gone, "a test knob: HPCTRAIN_HALT_AT=N in the task's environment"),
+    Move("train.mtbf_source", "", "0.3.0", _gone, "hpctrain submit keeps it in env.json's resolved record"),
+    Move("train.halt_at", "", "0.3.0", _gone, "a test knob: HPCTRAIN_HALT_AT=N in the task's environment"),
 )
 BY_OLD = {m.old: m for m in MOVES}
 
@@ -130,6 +131,11 @@ def note(m: Move, where: str) -> str:
         return f"{head} left the config in hpctrain {m.version} ({m.why}): ignored {tail}"
     how = f" ({m.why})" if m.why else ""
     return f"{head} is {m.new} since hpctrain {m.version}{how}, read as {m.new} {tail}"
+
+
+def _mapping(value: Any) -> dict:
+    """A section as read: a mapping, or nothing (`section:` with no keys is null in YAML)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -155,7 +161,7 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
         new = m.rule(value, out) if m.rule else value
         if m.new and new is not GONE:
             to, name = _split(m.new)
-            have = out.get(to) if isinstance(out.get(to), dict) else {}
+            have = _mapping(out.get(to))
             if name in have and not m.rule:
                 raise MoveError(
                     f"{where}: both {m.old} (its name before hpctrain {m.version}) and {m.new} are set: keep {m.new}"
@@ -179,7 +185,7 @@ def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:
         return f"{m.new}={value}", note(m, f"--set {key.strip()}")
     section, old = _split(m.old)
     parsed = yaml.safe_load(value) if value.strip() else ""
-    have = data.get(section) if isinstance(data.get(section), dict) else {}
+    have = _mapping(data.get(section))
     new, _ = migrate_data({**data, section: {**have, old: parsed}}, "")
     if not m.new or _split(m.new)[1] not in (new.get(_split(m.new)[0]) or {}):
         return None, note(m, f"--set {key.strip()}")
@@ -248,19 +254,20 @@ def _parse(text: str) -> tuple[list[str], list[Block]]:
     return head, blocks
 
 
-def _renamed(line: str, old: str, new: str, value: Any = GONE) -> str:
+def _renamed(line: str, new: str, value: Any = GONE) -> str:
     """The key's line under its new name (and value), a trailing comment kept in its column."""
     k = KEY.match(line)
     assert k
-    rest = line[k.end(2) :]
+    body, comment, column = line[k.end(2) :].rstrip("\n"), "", 0
+    hit = re.search(r"\s+(#.*)$", body)
+    if hit:
+        body, comment, column = body[: hit.start()], hit.group(1), k.end(2) + hit.start(1)
     if value is not GONE:
-        comment = re.search(r"\s+#.*$", rest, re.S)
-        rest = f": {yaml.safe_dump(value, default_flow_style=True).strip()}" + (comment.group(0) if comment else "\n")
-    pad = re.match(r"^(\s*:\s*\S+)( +)(#.*)$", rest, re.S)
-    grow = len(new) - len(old)
-    if pad and len(pad.group(2)) - grow >= 1:  # keep the comment's column
-        rest = pad.group(1) + " " * (len(pad.group(2)) - grow) + pad.group(3)
-    return k.group(1) + new + rest
+        body = f": {yaml.safe_dump(value, default_flow_style=True).strip()}"
+    out = k.group(1) + new + body
+    if comment:  # at the column it had, or one space after a line that grew past it
+        out += " " * max(1, column - len(out)) + comment
+    return out + "\n"
 
 
 def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move]]:
@@ -285,7 +292,7 @@ def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move
             value = (want.get(to) or {}).get(name, GONE) if m.rule else GONE
             if not m.new or (m.rule and value is GONE):
                 continue  # the key leaves: its comment lines with it
-            e.lines[e.at] = _renamed(e.lines[e.at], e.key, name, value)
+            e.lines[e.at] = _renamed(e.lines[e.at], name, value)
             e.lines[-1] += "" if e.lines[-1].endswith("\n") else "\n"
             e.key, e.moved = name, True
             if to == b.name:

@@ -16,7 +16,7 @@ def test_time_limit_requeues_are_capped_by_max_requeues():
     ok, why = decide("time_limit", Budget("42", 2, 0, 2, -1))
     assert not ok and "max_requeues=2" in why
     assert not decide("time_limit", Budget("42", 0, 0, 0, -1))[0]
-    assert not decide("halt", b)[0]  # train.halt_at is a planned stop
+    assert not decide("halt", b)[0]  # HPCTRAIN_HALT_AT is a planned stop
 
 
 def test_a_node_left_out_is_requeued_within_max_requeues():

@@ -62,7 +62,7 @@ def migrate(name: str | None, output: str | None) -> None:
         raise CLIError("config migrate needs a FILE: a config YAML to rewrite in today's key names")
     path = Path(name)
     old = config.read_yaml(path)
-    text, moved = config_moves.migrate_text(path.read_text())
+    text, moved = config_moves.migrate_text(path.read_text(), config.SECTIONS)
     want, notes = config_moves.migrate_data(old, str(path))
     if yaml.safe_load(text) != want:
         raise CLIError(f"{path}: cannot rename its {len(notes)} moved key(s) in place (flow style?): edit it by hand")

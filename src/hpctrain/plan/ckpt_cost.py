@@ -2,7 +2,7 @@
 rate that `ckpt.every: auto` needs, and whether a stop has time to save.
 
 The task has no Slurm client (docs/architecture.md), so `hpctrain submit` reads the partition's history here
-and hands the job its MTBF as `ckpt.mtbf_h` (with `train.mtbf_source` saying where it came from).
+and hands the job its MTBF as `ckpt.mtbf_h` (and where it came from, which the batch script exports for env.json).
 Sources, best first: the config's own ckpt.mtbf_h; the profile's slurm.node_mtbf_hours; the
 partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` every attempt of a
 requeued job, `-a` all users, `-r` the partition: PREEMPTED and NODE_FAIL allocations per

@@ -2,12 +2,12 @@
 
 Rate: the partition's PREEMPTED and NODE_FAIL allocations per node-hour of all its
 allocations in the history window (the counting of `plan.ckpt_cost`, whose MTBF sets
-`ckpt_every: auto`; a TIMEOUT is the job's own checkpointed stop, not counted), or the
+`ckpt.every: auto`; a TIMEOUT is the job's own checkpointed stop, not counted), or the
 profile's `slurm.node_mtbf_hours`; a job of N nodes is interrupted N times as often as one node.
 With none seen, the node-hours are a lower bound of the MTBF and the loss an upper bound ("≤").
 
 Loss over a training time T with job MTBF M = node MTBF / N, save time δ, checkpoint interval τ
-(`ckpt_every: auto`: Young/Daly's √(2δM), ckpt_interval.py; else ckpt_every × the step time;
+(`ckpt.every: auto`: Young/Daly's √(2δM), ckpt_interval.py; else ckpt.every × the step time;
 0: no checkpoint until the end, τ = T): the saves, T·δ/τ, plus T/M interruptions each losing on
 average τ/2 of training and the requeue wait.
 """
@@ -67,10 +67,10 @@ def interval_s(cfg: Config, save: float, job_mtbf_s: float, step_s: float, train
     """The checkpoint interval in seconds of training, and the rule it follows."""
     every = cfg.ckpt.every
     if every == "auto":
-        return young_daly_s(save, job_mtbf_s), "ckpt_every=auto: sqrt(2 x save x job MTBF) (Young/Daly)"
+        return young_daly_s(save, job_mtbf_s), "ckpt.every=auto: sqrt(2 x save x job MTBF) (Young/Daly)"
     if every:
-        return every * step_s, f"ckpt_every={every} steps"
-    return train_s, "ckpt_every=0: no checkpoint before the end"
+        return every * step_s, f"ckpt.every={every} steps"
+    return train_s, "ckpt.every=0: no checkpoint before the end"
 
 
 @dataclass(frozen=True)

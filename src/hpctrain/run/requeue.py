@@ -87,7 +87,7 @@ def budget(run_dir: Path, env: Mapping[str, str] | None = None) -> Budget | None
 def decide(kind: str, b: Budget) -> tuple[bool, str]:
     """(requeue?, why) after a stop of `kind` (preemption | time_limit | exclude | halt)."""
     if kind == "halt":
-        return False, "train.halt_at reached (a planned stop, not requeued)"
+        return False, "HPCTRAIN_HALT_AT reached (a test's planned stop, not requeued)"
     if kind == "exclude":  # the batch shell runs on without the named node: on spares, else by this requeue
         if b.spares_free > 0:  # an in-job restart, not a requeue: no budget spent
             return True, f"restarting job {b.job_id} without a straggling node on a spare ({b.spares_free} free)"

@@ -135,8 +135,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
 
     from hpctrain.train import compat  # torch: after stopmod.install
 
-    if isinstance(cfg, dict):
-        cfg = build(Config, cfg)
+    cfg = build(Config, cfg) if isinstance(cfg, dict) else cfg
+    assert isinstance(cfg, Config)  # for the reader (and mypy): a mapping is built into one above
     info = distmod.detect()
     check_batch(cfg, info.world_size)
     trackers.check_packages(cfg.log.trackers)  # a missing package: one line, before anything starts

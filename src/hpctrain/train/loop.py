@@ -1,6 +1,6 @@
 """The training loop: DDP, AMP, accumulation, clipping, EMA, schedule, eval, checkpoints, stops.
 
-Nothing in a step reads a value back to the host except every `log_every` steps, and no
+Nothing in a step reads a value back to the host except every `log.every` steps, and no
 collective outside DDP's holds a step up: the stop flags are OR-ed by an all-reduce on a CPU
 (gloo) control group that is started at one step boundary and read at the next (train.stop).
 
@@ -233,8 +233,8 @@ class Trainer:
         return self.ckpts.save(background)
 
     def _checkpoint(self, out: Outcome, stopping: bool = False) -> None:
-        """Save at this step unless that is done: a stop on a `ckpt_every` step writes one file.
-        The `ckpt_every` saves may go to the background; the last one and a stop's never do.
+        """Save at this step unless that is done: a stop on a `ckpt.every` step writes one file.
+        The `ckpt.every` saves may go to the background; the last one and a stop's never do.
         Never from a state that saw a non-finite value: then a stop saves nothing (the run resumes
         from its last good checkpoint), anything else raises guard.Diverged (roll back or stop)."""
         periodic = self._ckpt_due()
@@ -265,7 +265,7 @@ class Trainer:
 
     def _start_clock(self) -> None:
         """Training (re)starts at this step (a start, a resume, a rollback): the step time is measured
-        anew, and ckpt_every=auto's next save comes ckpt.auto_first steps on (or one interval
+        anew, and ckpt.every=auto's next save comes ckpt.auto_first steps on (or one interval
         on, once measured)."""
         self.clock.reset()
         self.paused_s = 0.0
@@ -394,7 +394,7 @@ class Trainer:
         try:
             with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.watchdog)
                 out = self._run(resume, halt_at)
-            out.checkpoint = self.ckpts.collect() or out.checkpoint  # a stop on a ckpt_every step: its save
+            out.checkpoint = self.ckpts.collect() or out.checkpoint  # a stop on a ckpt.every step: its save
             return out
         except (RuntimeError, td.DistError) as e:
             if isinstance(e, RunDiverged):  # unanimous, and said in one line
