@@ -39,7 +39,7 @@ def config(args, world: int):
 
     sets = [
         "data.loader=synthetic",
-        f"data.batch_size={args.per_rank_batch * world}",
+        f"data.global_batch={args.per_rank_batch * world}",
         "compile.enabled=false",
         f"train.threads={args.threads}",
         "train.ema=0",

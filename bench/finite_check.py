@@ -61,7 +61,7 @@ def main() -> int:
     ]
     cfg = load(args.config, sets)
     device = torch.device("cpu")
-    b = cfg.data.batch_size
+    b = cfg.data.global_batch
     loader = SyntheticLoader(
         train=True,
         batch_size=b,

@@ -498,7 +498,7 @@ def bench_case(tiny: bool, batch: int, compiled: bool) -> dict:
     from hpctrain.bench import measure  # torch under it: workers only
     from hpctrain.config import load
 
-    sets = [f"data.batch_size={batch}", f"compile.enabled={str(compiled).lower()}", *(TINY if tiny else [])]
+    sets = [f"data.global_batch={batch}", f"compile.enabled={str(compiled).lower()}", *(TINY if tiny else [])]
     if tiny:
         sets.append("train.device=cpu")
     steps, warmup = (2, 1) if tiny else (30 if batch >= 128 else 50, 5)
@@ -617,7 +617,7 @@ def w_fp16(tiny: bool, out: Path) -> dict:
     ]
     base = [
         "data.loader=synthetic",
-        "data.batch_size=32",
+        "data.global_batch=32",
         "data.synthetic_size=4096",
         "train.amp=fp16",
         "compile.enabled=false",

@@ -116,7 +116,7 @@ def main() -> int:
         [
             f"data.root={root}",
             "data.loader=dali",
-            f"data.batch_size={args.batch}",
+            f"data.global_batch={args.batch}",
             f"data.workers={args.threads}",
             f"model.img_size={args.size}",
             f"model.num_classes={len(listing.classes)}",

@@ -68,7 +68,7 @@ def main() -> int:
     ]
     cfg = load(args.config, sets)
     device = torch.device("cpu")
-    batch = cfg.data.batch_size
+    batch = cfg.data.global_batch
     loader = SyntheticLoader(
         train=True,
         batch_size=batch,

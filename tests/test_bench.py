@@ -55,7 +55,7 @@ def test_bench_json_has_every_field():
 
 
 def test_bench_real_loader_and_text_report(digits_root):
-    cfg = load(DIGITS, [f"data.root={digits_root}", "data.batch_size=32"])
+    cfg = load(DIGITS, [f"data.root={digits_root}", "data.global_batch=32"])
     r = bench.measure(cfg, steps=2, warmup=1, use_loader=True)
     assert r["loader"] == "torch" and r["global_batch"] == 32
     assert r["data_wait"] > 0  # PIL decoding in this process (workers 0)

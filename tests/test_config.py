@@ -15,7 +15,7 @@ from tests.helpers import DIGITS, ROOT
 
 def test_shipped_configs_load_with_their_recipes():
     b16 = load("configs/vit_b16_imagenet.yaml")
-    assert (b16.model.arch, b16.data.batch_size, b16.train.epochs) == ("vit_base", 1024, 300)
+    assert (b16.model.arch, b16.data.global_batch, b16.train.epochs) == ("vit_base", 1024, 300)
     assert b16.peak_lr == pytest.approx(5e-4 * 1024 / 512)
     assert (b16.optim.weight_decay, b16.optim.warmup_epochs, b16.aug.label_smoothing) == (0.05, 5, 0.1)
     assert (b16.aug.mixup, b16.aug.cutmix, b16.model.drop_path) == (0.8, 1.0, 0.1)
@@ -51,11 +51,11 @@ def test_bad_values_name_the_key(overrides, message):
 
 
 def test_batch_must_split_over_world_and_accumulation():
-    with pytest.raises(ConfigError, match="data.batch_size=64 is not divisible by train.accum_steps=3"):
-        load(DIGITS, ["data.batch_size=64", "train.accum_steps=3"])  # known at load: no world size needed
-    cfg = load(DIGITS, ["data.batch_size=66", "train.accum_steps=3"])
+    with pytest.raises(ConfigError, match="data.global_batch=64 is not divisible by train.accum_steps=3"):
+        load(DIGITS, ["data.global_batch=64", "train.accum_steps=3"])  # known at load: no world size needed
+    cfg = load(DIGITS, ["data.global_batch=66", "train.accum_steps=3"])
     with pytest.raises(ConfigError, match="not divisible by world size 2 × train.accum_steps 3 = 6"):
-        load(DIGITS, ["data.batch_size=63", "train.accum_steps=3"]).per_rank_batch(2)
+        load(DIGITS, ["data.global_batch=63", "train.accum_steps=3"]).per_rank_batch(2)
     assert cfg.per_rank_batch(2) == 11
     assert load(DIGITS, ["train.accum_steps=2"]).per_rank_batch(2) == 16
 
@@ -119,7 +119,7 @@ def test_every_field_has_a_doc():
     [
         (["optim.lrr=1"], "did you mean optim.'lr'"),
         (["optim.lr=-1"], "must be > 0"),
-        (["data.batch_size=63"], "not divisible by world size"),
+        (["data.global_batch=63"], "not divisible by world size"),
         (["model.img_size=30"], "not a multiple of model.patch_size=8"),
         (["data.root=/nonexistent/digts"], "data.root=/nonexistent/digts does not exist"),
         (
@@ -154,26 +154,26 @@ def test_large_batch_recipes_resolve_their_lr():
     """The 4k recipe is the ViT paper's Adam at its own batch; the LAMB recipe moves its lr by the
     square-root rule; both refuse nothing and keep their sources' values."""
     k4 = load("configs/vit_b16_imagenet_4k.yaml")
-    assert (k4.data.batch_size, k4.optim.name, k4.peak_lr) == (4096, "adamw", pytest.approx(3e-3))
+    assert (k4.data.global_batch, k4.optim.name, k4.peak_lr) == (4096, "adamw", pytest.approx(3e-3))
     assert (k4.optim.weight_decay, k4.optim.warmup_steps, k4.optim.clip_grad, k4.train.epochs) == (0.3, 10000, 1.0, 300)
     lamb = load("configs/vit_b16_imagenet_16k_lamb.yaml")
-    assert (lamb.data.batch_size, lamb.optim.name, lamb.optim.lr_scaling) == (16384, "lamb", "sqrt")
+    assert (lamb.data.global_batch, lamb.optim.name, lamb.optim.lr_scaling) == (16384, "lamb", "sqrt")
     assert lamb.peak_lr == pytest.approx(1.8e-2 * (16384 / 32768) ** 0.5)
-    assert load("configs/vit_b16_imagenet_16k_lamb.yaml", ["data.batch_size=8192"]).peak_lr == pytest.approx(9e-3)
+    assert load("configs/vit_b16_imagenet_16k_lamb.yaml", ["data.global_batch=8192"]).peak_lr == pytest.approx(9e-3)
 
 
 @pytest.mark.parametrize("scaling, expected", [("linear", 5e-4 * 4096 / 512), ("sqrt", 5e-4 * 8**0.5), ("none", 5e-4)])
 def test_lr_follows_the_global_batch_by_the_rule(scaling, expected):
-    cfg = load("configs/vit_b16_imagenet.yaml", ["data.batch_size=4096", f"optim.lr_scaling={scaling}"])
+    cfg = load("configs/vit_b16_imagenet.yaml", ["data.global_batch=4096", f"optim.lr_scaling={scaling}"])
     assert cfg.peak_lr == pytest.approx(expected)
 
 
 def test_default_scaling_keeps_existing_configs_as_they_were():
     """linear is the default: lr × batch / lr_ref_batch with a reference batch, lr as written without."""
     assert config.OptimConfig().lr_scaling == "linear" and config.OptimConfig().name == "adamw"
-    b16 = load("configs/vit_b16_imagenet.yaml", ["data.batch_size=2048"])
+    b16 = load("configs/vit_b16_imagenet.yaml", ["data.global_batch=2048"])
     assert b16.peak_lr == pytest.approx(5e-4 * 2048 / 512)
-    assert load(DIGITS, ["data.batch_size=128"]).peak_lr == load(DIGITS).optim.lr  # no reference batch
+    assert load(DIGITS, ["data.global_batch=128"]).peak_lr == load(DIGITS).optim.lr  # no reference batch
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ def test_bad_scaling_and_optimizer_are_refused(sets, message):
         ("lr", "optim.lr"),
         ("weight_decay", "optim.weight_decay"),
         ("epochs", "train.epochs"),
-        ("batch_size", "data.batch_size"),
+        ("batch_size", "data.global_batch"),
         ("warmup_epochs", "optim.warmup_epochs"),
         ("optim.learning_rate", "optim.lr"),
         ("train.lr", "optim.lr"),

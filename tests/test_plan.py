@@ -209,7 +209,7 @@ def test_bench_and_doctor_results_become_inputs(tmp_path):
 
 
 def test_summary_for_submit_dry_run():
-    cfg = load(VIT_B, ["data.batch_size=4096"])
+    cfg = load(VIT_B, ["data.global_batch=4096"])
     lines = planmod.summary(cfg, load_profile("example-ib"), 16, 8)
     text = "\n".join(lines)
     assert "per-GPU batch 32" in text and "images/s" in text and "GPU-hours" in text
@@ -277,7 +277,7 @@ def test_submit_dry_run_prints_the_plan_summary_on_stderr():
         "--cluster",
         "example-ib",
         "--set",
-        "data.batch_size=4096",
+        "data.global_batch=4096",
         "--dry-run",
     )
     assert r.returncode == 0, r.stderr

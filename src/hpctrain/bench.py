@@ -256,7 +256,7 @@ def measure(
     name, peak, source = device_peak(device, peak_tflops)
     achievable = flopsmod.achievable_tflops(name) if device.type == "cuda" else None
     elapsed = timing["elapsed_s"]
-    images_per_s = cfg.data.batch_size * steps / elapsed
+    images_per_s = cfg.data.global_batch * steps / elapsed
     out = {
         "config": config_name,
         "arch": cfg.model.arch,
@@ -269,7 +269,7 @@ def measure(
         "device": str(device),
         "device_name": name,
         "world_size": info.world_size,
-        "global_batch": cfg.data.batch_size,
+        "global_batch": cfg.data.global_batch,
         "per_device_batch": cfg.per_rank_batch(info.world_size),
         "accum_steps": cfg.train.accum_steps,
         "amp": cfg.train.amp,

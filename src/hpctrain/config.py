@@ -195,8 +195,8 @@ class DataConfig:
     format: str = opt(
         "folder", "folder = ImageNet layout; wds = WebDataset shards from `data pack`", choices=("folder", "wds")
     )
-    batch_size: int = opt(1024, "global batch per optimizer step (all ranks, all micro-steps)", lo=1)
-    eval_batch_size: int = opt(0, "per-rank eval batch (0: same as the per-rank train batch)", lo=0)
+    global_batch: int = opt(1024, "global batch per optimizer step (all ranks, all micro-steps)", lo=1)
+    eval_batch_per_rank: int = opt(0, "eval batch of each rank (0: the per-rank train batch)", lo=0)
     workers: int = opt(4, "loader worker processes (or DALI threads) per rank", lo=0)
     crop_pct: float = opt(
         0.875, "val: resize shorter side to img_size / crop_pct, centre crop", lo=0, hi=1, lo_open=True
@@ -274,7 +274,7 @@ class OptimConfig:
     lr_ref_batch: int = opt(0, "global batch that optim.lr is tuned for (0: lr is used as is)", lo=0)
     lr_scaling: str = opt(
         "linear",
-        "how lr follows data.batch_size / lr_ref_batch: linear (AdamW, Goyal et al.), sqrt (LAMB, You et al.) or none",
+        "how lr follows data.global_batch / lr_ref_batch: linear (AdamW, Goyal et al.), sqrt (LAMB, You et al.) or none",
         choices=("linear", "sqrt", "none"),
     )
     weight_decay: float = opt(
@@ -710,28 +710,29 @@ class Config:
     def per_rank_batch(self, world_size: int) -> int:
         """Micro-batch per rank; the global batch must split evenly."""
         check_batch(self, world_size)
-        return self.data.batch_size // (world_size * self.train.accum_steps)
+        return self.data.global_batch // (world_size * self.train.accum_steps)
 
     @property
     def peak_lr(self) -> float:
-        """optim.lr moved from optim.lr_ref_batch to data.batch_size by optim.lr_scaling (no reference
+        """optim.lr moved from optim.lr_ref_batch to data.global_batch by optim.lr_scaling (no reference
         batch, or `none`: as written)."""
         o = self.optim
         if not o.lr_ref_batch or o.lr_scaling == "none":
             return o.lr
-        ratio = self.data.batch_size / o.lr_ref_batch
+        ratio = self.data.global_batch / o.lr_ref_batch
         return o.lr * (math.sqrt(ratio) if o.lr_scaling == "sqrt" else ratio)
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(Config))  # in the order a config file lists them
 
+
 def check_batch(cfg: Config, world_size: int) -> None:
     div = world_size * cfg.train.accum_steps
-    if cfg.data.batch_size % div:
+    if cfg.data.global_batch % div:
         raise ConfigError(
-            f"data.batch_size={cfg.data.batch_size} is not divisible by world size {world_size} × "
+            f"data.global_batch={cfg.data.global_batch} is not divisible by world size {world_size} × "
             f"train.accum_steps {cfg.train.accum_steps} = {div}; pick a multiple of {div} "
-            f"(e.g. {max(div, cfg.data.batch_size // div * div)}) or change the number of ranks"
+            f"(e.g. {max(div, cfg.data.global_batch // div * div)}) or change the number of ranks"
         )
 
 
@@ -837,11 +838,11 @@ def shape_problems(cfg: Config) -> list[str]:
         out.append(f"data.std={list(d.std)}: every value must be > 0 (images are divided by it)")
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
         out.append(f"optim.betas={list(cfg.optim.betas)}: expected two values in [0, 1), e.g. optim.betas=[0.9,0.999]")
-    if d.batch_size % t.accum_steps:
-        fit = max(t.accum_steps, d.batch_size // t.accum_steps * t.accum_steps)
+    if cfg.data.global_batch % t.accum_steps:
+        fit = max(t.accum_steps, cfg.data.global_batch // t.accum_steps * t.accum_steps)
         out.append(
-            f"data.batch_size={d.batch_size} is not divisible by train.accum_steps={t.accum_steps} (each "
-            f"optimizer step sums equal micro-batches): use data.batch_size={fit} or another "
+            f"data.global_batch={cfg.data.global_batch} is not divisible by train.accum_steps={t.accum_steps} (each "
+            f"optimizer step sums equal micro-batches): use data.global_batch={fit} or another "
             "train.accum_steps"
         )
     return out
@@ -1011,10 +1012,10 @@ SYNONYMS = {
     "label_smoothing": "aug.label_smoothing",
     "model_ema_decay": "train.ema",
     "ema_decay": "train.ema",
-    "batch_size": "data.batch_size",
-    "global_batch_size": "data.batch_size",
-    "train_batch_size": "data.batch_size",
-    "per_device_train_batch_size": "data.batch_size",
+    "batch_size": "data.global_batch",
+    "global_batch_size": "data.global_batch",
+    "train_batch_size": "data.global_batch",
+    "per_device_train_batch_size": "data.global_batch",
     "num_workers": "data.workers",
     "dataloader_num_workers": "data.workers",
     "data_path": "data.root",

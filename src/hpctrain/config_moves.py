@@ -115,6 +115,9 @@ MOVES = (
         "log_every=every peak_tflops trackers mlflow_uri mlflow_experiment wandb_project "
         "wandb_mode profile_steps profile_ranks profile_with_stack memory_snapshot_steps",
     ),
+    # one global batch, one per-rank eval batch: the names say which
+    Move("data.batch_size", "data.global_batch", "0.3.0"),
+    Move("data.eval_batch_size", "data.eval_batch_per_rank", "0.3.0"),
     # two switches for one thing: one is left
     Move("train.tensorboard", "log.trackers", "0.3.0", _trackers, "false: log.trackers without tensorboard"),
     Move("data.val_split", "data.eval_splits", "0.3.0", _splits, "minival: data.eval_splits=[minival]"),
@@ -172,6 +175,15 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
         if not out.get(section):
             del out[section]
     return (out, notes) if notes else (data, [])
+
+
+def current(data: dict) -> dict:
+    """A run directory's saved config (plain data, read without the schema: `hpctrain status`, the
+    finished-run check) in today's names, without notes; one that names a key twice, as it is."""
+    try:
+        return migrate_data(data, "")[0]
+    except MoveError:
+        return data
 
 
 def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:

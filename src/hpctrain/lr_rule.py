@@ -9,7 +9,7 @@ from hpctrain.config import Config
 def lr_rule(cfg: Config) -> str:
     """The resolved peak learning rate and how it came from optim.lr, e.g.
     `0.003 (optim.lr 0.003 × 4096/4096, linear scaling)`."""
-    o, g = cfg.optim, cfg.data.batch_size
+    o, g = cfg.optim, cfg.data.global_batch
     if not o.lr_ref_batch:
         how = "optim.lr, no batch scaling (optim.lr_ref_batch 0)"
     elif o.lr_scaling == "none":

@@ -25,7 +25,7 @@ def cfg_for(root: Path, **kw) -> object:
     sets = {
         "data.root": str(root),
         "data.loader": "dali",
-        "data.batch_size": 6,
+        "data.global_batch": 6,
         "data.workers": 2,
         "model.img_size": 24,
         "model.patch_size": 8,
@@ -105,10 +105,10 @@ def test_shards_disjoint_and_cover_the_dataset_each_epoch(ident_root, world):
 
     The torch loader takes the same samples in the same optimizer steps.
     """
-    ranks = [loaders(ident_root, r, world, **{"data.batch_size": 6 * world // 2 * 2}) for r in range(world)]
+    ranks = [loaders(ident_root, r, world, **{"data.global_batch": 6 * world // 2 * 2}) for r in range(world)]
     torch_ranks = [
         loaders(
-            ident_root, r, world, **{"data.batch_size": 6 * world // 2 * 2, "data.loader": "torch", "data.workers": 0}
+            ident_root, r, world, **{"data.global_batch": 6 * world // 2 * 2, "data.loader": "torch", "data.workers": 0}
         )
         for r in range(world)
     ]
@@ -133,7 +133,7 @@ def test_eval_counts_are_exact(ident_root, world):
     """37 val images over 2 or 3 ranks: every real sample counted once, padding marked -1."""
     real = []
     for r in range(world):
-        _, val = loaders(ident_root, r, world, **{"data.eval_batch_size": 4})
+        _, val = loaders(ident_root, r, world, **{"data.eval_batch_per_rank": 4})
         batches = epoch(val, 0)
         assert len(batches) == len(val)
         labels = torch.cat([b[1] for b in batches])
@@ -188,13 +188,13 @@ def with_bad_image(ident_root, tmp_path, kind: str):
 def test_decode_error_names_the_file(ident_root, tmp_path, kind):
     root, bad = with_bad_image(ident_root, tmp_path, kind)
     # 37 train images → batch 37 holds every sample, so the bad one is read in batch 0
-    train, _ = loaders(root, **{"data.batch_size": 37})
+    train, _ = loaders(root, **{"data.global_batch": 37})
     with pytest.raises(DataError, match="zz_bad.jpg") as e:
         epoch(train, 0)
     assert str(bad) in str(e.value) and "exclude_file" in str(e.value)
     excl = tmp_path / "exclude.txt"
     excl.write_text("train/c05/zz_bad.jpg\n")
-    train, _ = loaders(root, **{"data.batch_size": 36, "data.exclude_file": str(excl)})
+    train, _ = loaders(root, **{"data.global_batch": 36, "data.exclude_file": str(excl)})
     assert len(epoch(train, 0)) == 1
 
 
@@ -218,7 +218,7 @@ def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp
         for i, rel, _ in job.samples
         if rel.endswith("zz_bad.jpg")
     )
-    train, _ = loaders(plan.out, **{"data.format": "wds", "data.batch_size": 37})
+    train, _ = loaders(plan.out, **{"data.format": "wds", "data.global_batch": 37})
     with pytest.raises(DataError) as e:
         epoch(train, 0)
     assert str(e.value).startswith(f"cannot decode sample {key} ({key}.jpg) in shard {shard} (DALI: ")

@@ -37,7 +37,7 @@ def test_pixel_erasing_reads_no_shape_and_draws_the_same_noise(ident_root, monke
             for k, v in {
                 "data.root": ident_root,
                 "data.loader": "dali",
-                "data.batch_size": 6,
+                "data.global_batch": 6,
                 "data.workers": 2,
                 "model.img_size": 24,
                 "model.patch_size": 8,

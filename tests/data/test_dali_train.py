@@ -36,7 +36,7 @@ def test_resume_is_exact(digits_root, tmp_path, loader):
     """14 steps straight vs 7 steps, halt, resume (mid-epoch: 11 steps per epoch) → equal weights."""
     sets = [
         f"data.loader={loader}",
-        "data.batch_size=128",
+        "data.global_batch=128",
         "train.max_steps=14",
         "train.eval_every_epochs=0",
         "ckpt.every=0",

@@ -34,7 +34,7 @@ def loaders(root, loader, *sets, world=1, rank=0):
         [
             f"data.root={root}",
             f"data.loader={loader}",
-            "data.batch_size=8",
+            "data.global_batch=8",
             "model.img_size=64",
             "data.crop_pct=0.888",
             "model.num_classes=8",

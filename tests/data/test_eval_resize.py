@@ -26,7 +26,7 @@ def first_val_batch(root, loader: str, *sets: str) -> np.ndarray:
         [
             f"data.root={root}",
             f"data.loader={loader}",
-            "data.batch_size=8",
+            "data.global_batch=8",
             "model.img_size=64",
             "model.num_classes=8",
             "data.mean=[0,0,0]",

@@ -64,7 +64,7 @@ def _cfg(root: Path, loader: str, *extra: str):
         [
             f"data.root={root}",
             f"data.loader={loader}",
-            "data.batch_size=8",
+            "data.global_batch=8",
             "data.workers=0",
             "model.img_size=8",
             "model.patch_size=8",

@@ -183,7 +183,7 @@ def whole_image_batch(root: Path, loader: str, antialias: bool) -> tuple[np.ndar
         [
             f"data.root={root}",
             f"data.loader={loader}",
-            "data.batch_size=8",
+            "data.global_batch=8",
             "model.img_size=64",
             "model.num_classes=8",
             "data.mean=[0,0,0]",

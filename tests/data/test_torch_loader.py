@@ -85,6 +85,6 @@ def test_corrupt_image_is_named(digits_root, tmp_path):
     shutil.copytree(digits_root, root)
     bad = root / "train" / "3" / "zz_bad.png"
     bad.write_bytes(b"not an image")
-    train, _ = loaders(root, 1, 0, "data.batch_size=1438")
+    train, _ = loaders(root, 1, 0, "data.global_batch=1438")
     with pytest.raises(DataError, match="zz_bad.png"):
         next(iter(train))

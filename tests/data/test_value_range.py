@@ -36,7 +36,7 @@ def test_black_and_white_images_become_exactly_minus_one_and_one(tmp_path, loade
         [
             f"data.root={tmp_path}",
             f"data.loader={loader}",
-            "data.batch_size=8",
+            "data.global_batch=8",
             "data.workers=0",
             "model.img_size=16",
             "model.num_classes=2",

@@ -38,7 +38,7 @@ def wds_loaders(root, rank=0, world=1, **kw):
         "data.root": str(root),
         "data.loader": "dali",
         "data.format": "wds",
-        "data.batch_size": 6,
+        "data.global_batch": 6,
         "data.workers": 1,
         "model.img_size": 24,
         "model.patch_size": 8,
@@ -74,13 +74,13 @@ def test_wds_loader_contract_sharding_and_exact_eval(packed):
         for e in (0, 1):
             seen = []
             for r in range(world):
-                t, _ = wds_loaders(packed, r, world, **{"data.batch_size": 6 * world})
+                t, _ = wds_loaders(packed, r, world, **{"data.global_batch": 6 * world})
                 t.set_epoch(e)
                 seen += torch.cat([b[1] for b in t]).tolist()
             assert len(seen) == len(set(seen))  # disjoint shards
         real = []
         for r in range(world):
-            _, v = wds_loaders(packed, r, world, **{"data.eval_batch_size": 4})
+            _, v = wds_loaders(packed, r, world, **{"data.eval_batch_per_rank": 4})
             v.set_epoch(0)
             labels = torch.cat([b[1] for b in v])
             real += labels[labels >= 0].tolist()

@@ -44,7 +44,7 @@ def test_a_frozen_run_directory_is_waited_out_not_called_a_hang(digits_root, tmp
         runs,
         "stall",
         f"train.max_steps={STEPS}",
-        "data.batch_size=48",
+        "data.global_batch=48",
         f"health.hang_timeout_s={HANG}",
         "dist.pg_timeout_s=300",  # the collectives outwait the stall; the watchdog is what is tested
         env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},  # for stallfs.py

@@ -29,7 +29,7 @@ def test_watchdog_names_the_stopped_rank_and_the_others_write_their_stacks(digit
         tmp_path,
         "hang3",
         "train.max_steps=400",
-        "data.batch_size=48",
+        "data.global_batch=48",
         f"health.hang_timeout_s={HANG}",
         f"dist.pg_timeout_s={pg}",
     )

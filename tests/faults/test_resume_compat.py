@@ -28,7 +28,7 @@ def test_incompatible_resume_is_refused_and_nothing_changes(digits_root, tmp_pat
     before = snapshot(run)
     for bad, why in [
         ("model.depth=5", "the model differs in model.depth"),
-        ("data.batch_size=32", "the global batch was 64, now 32"),
+        ("data.global_batch=32", "the global batch was 64, now 32"),
     ]:
         r = subprocess.run(
             [sys.executable, *digits_args(digits_root, tmp_path, "r", *SETS, bad)],

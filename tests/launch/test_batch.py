@@ -31,7 +31,7 @@ def test_small_per_gpu_batch_warns_once_with_the_choices():
     w = warnings[0]
     assert "8 images per GPU (1024 global / 128 GPUs) is below 32" in w
     assert "--nodes 4: 32 per GPU" in w and "--config configs/vit_b16_imagenet_4k.yaml" in w
-    assert "--set data.batch_size=4096" in w
+    assert "--set data.global_batch=4096" in w
     assert "lr: 0.001 (optim.lr 0.0005 × 1024/512, linear scaling)" in r.stderr
     assert "#SBATCH --nodes=16" in r.stdout  # a warning, not a refusal
 
@@ -96,7 +96,7 @@ def test_cpu_tasks_skip_the_gpu_checks():
         "local",
         "--dry-run",
         "--set",
-        "data.batch_size=64",
+        "data.global_batch=64",
     )
     assert r.returncode == 0, r.stderr
     assert "batch: 64 global = 32 per GPU × 2 GPUs" in r.stderr

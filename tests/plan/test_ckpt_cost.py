@@ -119,13 +119,16 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     assert f"job MTBF {node_mtbf / 2:.3g} h (sacct: partition {PREEMPTIBLE}" in line
     assert "1 preemptions, 1 node failures in" in line and " / 2 nodes" in line, line
     cfg = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
-    assert cfg["train"]["mtbf_h"] == pytest.approx(node_mtbf / 2) and cfg["train"]["mtbf_source"].startswith("sacct")
+    assert cfg["ckpt"]["mtbf_h"] == pytest.approx(node_mtbf / 2) and "mtbf_source" not in cfg["ckpt"]
+    # where it came from is provenance: the batch script exports it, env.json keeps it
+    resolved = json.loads((tmp_path / "auto" / "env.json").read_text())["resolved"]
+    assert resolved["mtbf_h"] == cfg["ckpt"]["mtbf_h"] and resolved["mtbf_source"].startswith("sacct"), resolved
     rec = metrics(tmp_path / "auto", "ckpt_interval")[0]
-    assert rec["step"] == 2 and rec["mtbf_h"] == cfg["train"]["mtbf_h"] and rec["mtbf_source"].startswith("sacct")
+    assert rec["step"] == 2 and rec["mtbf_h"] == cfg["ckpt"]["mtbf_h"] and rec["mtbf_source"] == resolved["mtbf_source"]
 
 
-LONG = ["--gpus-per-node", "1", "--set", "data.batch_size=32768", "--set", "train.accum_steps=256"]
-SHORT = ["--gpus-per-node", "1", "--set", "data.batch_size=256"]
+LONG = ["--gpus-per-node", "1", "--set", "data.global_batch=32768", "--set", "train.accum_steps=256"]
+SHORT = ["--gpus-per-node", "1", "--set", "data.global_batch=256"]
 GRACE_LINE = re.compile(
     rf"hpctrain: warning: partition {PREEMPTIBLE} preempts \(PreemptMode=REQUEUE\) with "
     rf"GraceTime={GRACE_TIME} s from SIGTERM to SIGKILL, less than two steps plus a save "

@@ -49,7 +49,7 @@ def test_fp16_skipped_steps_write_strict_json(tmp_path):
         DIGITS,
         [
             "data.loader=synthetic",
-            "data.batch_size=16",
+            "data.global_batch=16",
             "train.max_steps=4",
             "train.amp=fp16",
             "model.depth=1",

@@ -28,7 +28,7 @@ def test_eval_same_for_world_1_and_3(digits_root, tmp_path):
                 "-o",
                 str(tmp_path / f"w{world}"),
                 "--set",
-                "data.eval_batch_size=17",
+                "data.eval_batch_per_rank=17",
             ],
         )
         out[world] = json.loads((tmp_path / f"w{world}" / "summary.json").read_text())

@@ -41,7 +41,7 @@ def start_pair(root, run_dir, name: str) -> list[subprocess.Popen]:
         "train.eval_every_epochs=0",
         "ckpt.every=0",
         "log.trackers=[]",
-        "data.batch_size=32",
+        "data.global_batch=32",
         "dist.pg_timeout_s=120",
     ]
     procs = []

@@ -144,8 +144,8 @@ def test_fsdp_eval_on_shards_of_unequal_batch_counts_ends(digits_root, tmp_path)
         "uneven",
         "dist.parallel=fsdp",
         "train.max_steps=2",
-        "data.batch_size=48",
-        "data.eval_batch_size=17",
+        "data.global_batch=48",
+        "data.eval_batch_per_rank=17",
         "dist.pg_timeout_s=40",
     )
     run_ranks(3, args, timeout=150)
@@ -213,6 +213,6 @@ def test_fsdp_on_one_rank_shards_and_trains_like_unsharded():
 
 
 def test_bench_on_one_rank_measures_fsdp():
-    r = bench.measure(load(DIGITS, ["dist.parallel=fsdp", "model.depth=1", "data.batch_size=16"]), steps=1, warmup=1)
+    r = bench.measure(load(DIGITS, ["dist.parallel=fsdp", "model.depth=1", "data.global_batch=16"]), steps=1, warmup=1)
     assert r["parallel"] == "fsdp" and r["world_size"] == 1 and math.isfinite(r["loss"])
     assert not td.is_initialized()

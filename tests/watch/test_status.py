@@ -208,7 +208,7 @@ def test_the_docs_status_sample_agrees_with_itself():
     step = re.search(r"last step\s+(\d+)/(\d+)", sample)
     eta = re.search(r"ETA\s+(?:(\d+)m)?(\d+)s", sample)
     assert speed and step and eta, sample
-    batch = yaml.safe_load(DIGITS.read_text())["data"]["batch_size"]
+    batch = yaml.safe_load(DIGITS.read_text())["data"]["global_batch"]
     images_per_s, steps_per_s = float(speed.group(1).replace(",", "")), float(speed.group(2))
     assert images_per_s / batch == pytest.approx(steps_per_s, rel=0.1), (images_per_s, steps_per_s)
     left_s = (int(step.group(2)) - int(step.group(1))) / steps_per_s

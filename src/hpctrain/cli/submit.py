@@ -122,7 +122,7 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
         lambda: job_state(sub.job_id) in TERMINAL,
         to_dict(p.cfg),
         poll_s=2.0,
-        global_batch=p.cfg.data.batch_size,
+        global_batch=p.cfg.data.global_batch,
     )  # rank 0's progress line while it waits
     wait_job(sub.job_id)
     status = run_status(str(sub.run_dir))  # Slurm's end, read with the run's own (status.settled_state)
@@ -200,7 +200,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     interrupted = False
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
-            watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.batch_size)  # rank 0's progress
+            watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.global_batch)  # rank 0's progress
     except KeyboardInterrupt:
         interrupted = True
     summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step

@@ -29,7 +29,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
     (no root/val) is left out."""
     d = cfg.data
     batch = cfg.per_rank_batch(world)
-    eval_batch = d.eval_batch_size or batch
+    eval_batch = cfg.data.eval_batch_per_rank or batch
     kind = resolve_loader(d.loader)
     if kind == "synthetic":
         # torch: the chosen loader's only (train.entry imports this module light)

@@ -256,7 +256,7 @@ class TorchLoader:
         if train and len(self) == 0:
             raise DataError(
                 f"{listing.root}: {len(listing)} images make no full global batch of "
-                f"{batch_size * world}; lower data.batch_size"
+                f"{batch_size * world}; lower data.global_batch"
             )
 
     def __len__(self) -> int:

@@ -65,7 +65,7 @@ class BatchReport:
             f"{f' / {acc} accumulation steps' if acc > 1 else ''}) is below {MIN_PER_GPU}: every step "
             f"all-reduces the whole gradient for little compute, so the GPUs mostly wait. Choose: {fewer}; "
             f"the large-batch recipe (--config {LARGE_BATCH_RECIPE}); or a larger global batch "
-            f"(--set data.batch_size={MIN_PER_GPU * self.gpus * acc}; {scale})"
+            f"(--set data.global_batch={MIN_PER_GPU * self.gpus * acc}; {scale})"
         )
 
     def check(self, cfg: Config) -> None:
@@ -101,12 +101,12 @@ def batch_report(
     """The per-GPU batch of `cfg` on nodes × gpus_per_node tasks; `gpus=False` (CPU tasks) skips the
     memory estimate. The global batch must split evenly (config.check_batch) first."""
     world = nodes * gpus_per_node
-    per = cfg.data.batch_size // (world * cfg.train.accum_steps)
+    per = cfg.data.global_batch // (world * cfg.train.accum_steps)
     mem_gb = DEFAULT_GPU_MEM_GB if gpu_mem_gb is None else gpu_mem_gb
     if mem_gb <= 0:
         raise LaunchError(f"--gpu-mem-gb={mem_gb:g}: give the memory of one GPU in GB, e.g. 80 (H100) or 141 (H200)")
     est = memory.estimate(cfg, per, world) if gpus else None
-    return BatchReport(cfg.data.batch_size, world, nodes, cfg.train.accum_steps, per, est, int(mem_gb * memory.GB))
+    return BatchReport(cfg.data.global_batch, world, nodes, cfg.train.accum_steps, per, est, int(mem_gb * memory.GB))
 
 
 def check_optimizer(cfg: Config) -> None:

@@ -204,7 +204,7 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
         msgs.append(
             Message(
                 "info",
-                f"batch: {cfg.data.batch_size} global = {cfg.per_rank_batch(kind.tasks)} per "
+                f"batch: {cfg.data.global_batch} global = {cfg.per_rank_batch(kind.tasks)} per "
                 f"process × {kind.tasks} processes; lr: {lr_rule(cfg)}",
             )
         )

@@ -93,11 +93,11 @@ def describe(cfg: Config, inputs: PlanInputs, plan: Plan) -> str:
     nodes = ",".join(map(str, inputs.counts)) if inputs.counts else str(inputs.nodes)
     lines = [
         f"hpctrain plan: {cfg.model.arch} {cfg.model.img_size}²/{cfg.model.patch_size}, global batch "
-        f"{cfg.data.batch_size}, {nodes} node(s) x {inputs.gpus_per_node} GPUs"
+        f"{cfg.data.global_batch}, {nodes} node(s) x {inputs.gpus_per_node} GPUs"
     ]
     if plan.target is None and not inputs.counts:
         lines.append(
-            f"  {inputs.nodes} node(s): data.batch_size={cfg.data.batch_size} does not split over "
+            f"  {inputs.nodes} node(s): data.global_batch={cfg.data.global_batch} does not split over "
             f"{inputs.nodes * inputs.gpus_per_node} GPUs x train.accum_steps {cfg.train.accum_steps}"
         )
     elif not inputs.counts:  # several node counts compared (--nodes 4,8,16): no one target

@@ -51,7 +51,7 @@ def workload(cfg: Config, images_per_epoch: int) -> Workload:
         train_flops_per_image=flops.model_flops(cfg.model).train_flops,
         grad_bytes=grad_bytes(cfg),
         bucket_bytes=cfg.dist.ddp_bucket_mb * 2**20,
-        global_batch=cfg.data.batch_size,
+        global_batch=cfg.data.global_batch,
         accum_steps=cfg.train.accum_steps,
         images_per_epoch=images_per_epoch,
         epochs=cfg.train.epochs,
@@ -243,7 +243,7 @@ def resolve(
     if data_wait_ms is not None:
         if data_wait_ms < 0:
             raise PlanError("--data-wait-ms must be >= 0")
-        per_gpu = cfg.data.batch_size // (nodes * gpus_per_node)
+        per_gpu = cfg.data.global_batch // (nodes * gpus_per_node)
         compute = Compute(compute.tflops, compute.source, data_wait_ms / 1e3 / max(1, per_gpu))
     fabric = profile.fabric.kind
     intra, inter = default_links(gpu, fabric)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, read_yaml
+from hpctrain.config_moves import current
 from hpctrain.run.layout import CHECKPOINTS, CONFIG, METRICS
 from hpctrain.run.metrics import read_metrics, total_steps
 
@@ -36,7 +37,7 @@ def finished_run(cfg: Config) -> str | None:
         return None
     step = ends[-1].get("step")
     try:
-        old_cfg = read_yaml(run / CONFIG)
+        old_cfg = current(read_yaml(run / CONFIG))  # a run an older release wrote: today's names
     except ConfigError:
         return None
     old, t = old_cfg.get("train") or {}, cfg.train
@@ -69,7 +70,7 @@ def shorter_end(cfg: Config, old: dict, records: list[dict], step: int) -> int |
     """The last step the new train.epochs/max_steps give the run (its saved config `old`, its
     `records`), when it is at or before `step` (the run's last); None when it is later or cannot be
     told here (another batch size: the job checks then, exactly)."""
-    if (old.get("data") or {}).get("batch_size") != cfg.data.batch_size:
+    if (old.get("data") or {}).get("global_batch") != cfg.data.global_batch:
         return None
     new = {"train": {"epochs": cfg.train.epochs, "max_steps": cfg.train.max_steps}}
     end = total_steps(new, records)

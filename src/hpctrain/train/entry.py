@@ -275,7 +275,7 @@ def _run(
     )
     log.info(
         "batch %d global = %d per rank x %d ranks x %d accumulation steps; lr %s",
-        cfg.data.batch_size,
+        cfg.data.global_batch,
         resolved["per_rank_batch"],
         info.world_size,
         cfg.train.accum_steps,
@@ -371,7 +371,7 @@ def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
         "peak_lr": cfg.peak_lr,
         "lr_rule": lr_rule(cfg),
         "optimizer": cfg.optim.name,
-        "global_batch": cfg.data.batch_size,
+        "global_batch": cfg.data.global_batch,
         "per_rank_batch": cfg.per_rank_batch(world_size),
         "world_size": world_size,
         "accum_steps": cfg.train.accum_steps,

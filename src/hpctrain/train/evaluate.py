@@ -26,13 +26,13 @@ TOP_PAIRS = 10
 
 
 def eval_config(cfg: Config, world: int) -> Config:
-    """`cfg` with a global batch every world size splits: per rank `data.eval_batch_size`, else the
+    """`cfg` with a global batch every world size splits: per rank `data.eval_batch_per_rank`, else the
     batch training takes per rank at this world size (so one process matches a one-process run)."""
     d, t = cfg.data, cfg.train
-    per_rank = d.eval_batch_size or max(1, d.batch_size // (world * t.accum_steps))
+    per_rank = cfg.data.eval_batch_per_rank or max(1, cfg.data.global_batch // (world * t.accum_steps))
     return dataclasses.replace(
         cfg,
-        data=dataclasses.replace(d, batch_size=per_rank * world, eval_batch_size=per_rank),
+        data=dataclasses.replace(d, global_batch=per_rank * world, eval_batch_per_rank=per_rank),
         train=dataclasses.replace(t, accum_steps=1),
     )
 

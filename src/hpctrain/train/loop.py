@@ -123,7 +123,7 @@ class Trainer:
         self.steps_per_epoch = len(train_loader) // self.accum
         if self.steps_per_epoch == 0:
             raise ValueError(
-                "the train loader has fewer batches than train.accum_steps: lower data.batch_size or train.accum_steps"
+                "the train loader has fewer batches than train.accum_steps: lower data.global_batch or train.accum_steps"
             )
         self.total_steps = planned_steps(cfg, len(train_loader))
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
@@ -549,7 +549,7 @@ class Trainer:
         el = win.elapsed()
         self.clock.add(win.steps, max(0.0, el - self.paused_s))
         self.paused_s = 0.0
-        ips = self.cfg.data.batch_size * win.steps / max(el, 1e-9)
+        ips = self.cfg.data.global_batch * win.steps / max(el, 1e-9)
         lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
         rec = dict(
             step=self.step,

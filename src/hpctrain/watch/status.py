@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from hpctrain.config_moves import current
 from hpctrain.errors import LaunchError
 from hpctrain.pids import alive
 from hpctrain.run.layout import CONFIG, ENV, JOB, LOCK, LOGS, METRICS, RUNS, SUBMITIT, read_json, slurm_job_run_dir
@@ -461,7 +462,7 @@ def progress_of(
     """(total steps, steps/s, ETA) of a run in `state`."""
     config = read_config(run_dir) if run_dir else {}
     total = total_steps(config, records)
-    rate = steps_per_s(records, (config.get("data") or {}).get("batch_size"))
+    rate = steps_per_s(records, (config.get("data") or {}).get("global_batch"))
     if state in TERMINAL and metrics.get("end") != "finished":
         return total, rate, Eta(None, None, f"none: the job ended ({state})")
     if state == "INTERRUPTED":
@@ -491,7 +492,7 @@ def read_config(run_dir: Path) -> dict:
         data = yaml.safe_load((run_dir / CONFIG).read_text())
     except (OSError, yaml.YAMLError):
         return {}
-    return data if isinstance(data, dict) else {}
+    return current(data) if isinstance(data, dict) else {}
 
 
 def run_status(target: str, now: float | None = None) -> RunStatus:

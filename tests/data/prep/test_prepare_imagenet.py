@@ -76,7 +76,7 @@ def test_prepare_sorts_val_reports_bad_files_and_training_honours_the_list(raw_i
         "--set",
         "train.epochs=1",
         "--set",
-        "data.batch_size=36",
+        "data.global_batch=36",
         "--set",
         f"run.dir={tmp_path / 'runs'}",
         "--set",
@@ -85,11 +85,11 @@ def test_prepare_sorts_val_reports_bad_files_and_training_honours_the_list(raw_i
     ok = cli(*train, "--set", "run.name=excl", "--set", f"data.exclude_file={excl}")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "val top-1" in ok.stderr and "37" in ok.stderr
-    fail = cli(*train, "--set", "run.name=noexcl", "--set", "data.batch_size=38")
+    fail = cli(*train, "--set", "run.name=noexcl", "--set", "data.global_batch=38")
     if fail.returncode == -11:  # DALI 2.4.0's CPU decoder once died of SIGSEGV on the truncated JPEG
         # (a full CI run at load ~5: "[jpeg_parser] Invalid marker" twice, then the signal) where it
         # otherwise raises the decode error: DALI's, not ours; one more try, and a second crash fails
-        fail = cli(*train, "--set", "run.name=noexcl2", "--set", "data.batch_size=38")
+        fail = cli(*train, "--set", "run.name=noexcl2", "--set", "data.global_batch=38")
     assert fail.returncode == 2, fail.stderr[-2000:]
     last = fail.stderr.strip().splitlines()[-1]
     assert last.startswith("hpctrain: error: cannot decode image ")

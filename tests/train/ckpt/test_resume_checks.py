@@ -16,7 +16,7 @@ def test_a_checkpoint_from_before_the_dropout_keys_still_resumes(tmp_path):
     old = to_dict(cfg)
     for k in ("drop_rate", "attn_drop_rate"):
         del old["model"][k]
-    st = {"config": old, "global_batch": cfg.data.batch_size}
+    st = {"config": old, "global_batch": cfg.data.global_batch}
     check_compatible(cfg, st, tmp_path / "step-1.pt")
     with pytest.raises(ResumeError, match=r"differs in model\.drop_rate"):
         check_compatible(load("digits_vit", ["model.drop_rate=0.1"]), st, tmp_path / "step-1.pt")

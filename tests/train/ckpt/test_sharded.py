@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     reason=f"sharded checkpoints need torch >= 2.4; this is {torch.__version__}",
 )
 
-SETS = ["train.max_steps=4", "train.ema=0.9", "ckpt.format=sharded", "aug.mixup=0.8", "data.batch_size=16"]
+SETS = ["train.max_steps=4", "train.ema=0.9", "ckpt.format=sharded", "aug.mixup=0.8", "data.global_batch=16"]
 
 
 def assert_tensors_equal(a, b, what: str) -> None:
@@ -77,7 +77,7 @@ def test_sigkill_during_background_save_keeps_previous(digits_root, tmp_path):
         "model.heads=8",
         "model.depth=4",
         "aug.mixup=0",
-        "data.batch_size=8",
+        "data.global_batch=8",
     ]
     procs = start_ranks(1, digits_root, tmp_path, "k", *sets)
     d = ckpt.ckpt_dir(tmp_path / "k")

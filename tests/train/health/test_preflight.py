@@ -153,7 +153,7 @@ def test_three_nodes_time_three_pairs_in_rounds_over_gloo():
     assert all(p[2] > 0 for r in led for p in r)
 
 
-SETS = ("health.preflight=true", "train.max_steps=3", "data.batch_size=16")
+SETS = ("health.preflight=true", "train.max_steps=3", "data.global_batch=16")
 
 
 def _nodes(*names: str) -> list[dict]:

@@ -35,7 +35,7 @@ def test_delay_hook_is_parsed_once_and_checked():
 
 
 # synthetic batches: no image decoding, whose time varies with the machine's load
-SETS = ("train.max_steps=6", "log.every=2", "data.batch_size=48", "data.loader=synthetic")
+SETS = ("train.max_steps=6", "log.every=2", "data.global_batch=48", "data.loader=synthetic")
 DELAY = 0.4
 
 
@@ -79,7 +79,7 @@ def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops
             "x",
             "train.max_steps=20",
             "log.every=1",
-            "data.batch_size=48",
+            "data.global_batch=48",
             "data.loader=synthetic",
             "health.exclude_straggler_pct=20",
         ),

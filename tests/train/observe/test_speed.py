@@ -28,7 +28,7 @@ def train_records(tmp_path, *sets: str) -> list[dict]:
         DIGITS,
         [
             "data.loader=synthetic",
-            "data.batch_size=16",
+            "data.global_batch=16",
             "train.max_steps=4",
             "log.every=2",
             "train.eval_every_epochs=0",

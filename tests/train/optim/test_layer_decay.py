@@ -66,7 +66,7 @@ def test_loop_sets_scaled_lrs(name, digits_root, tmp_path):
             "optim.head_lr_mult=3",
             "optim.warmup_epochs=0",
             "train.max_steps=1",
-            "data.batch_size=16",
+            "data.global_batch=16",
         ],
     )
     dev = torch.device("cpu")

@@ -111,7 +111,7 @@ class Checkpointer:
             "best": st["best"],
             "rng": rngs,
             "world_size": self.dist.world_size,
-            "global_batch": self.cfg.data.batch_size,
+            "global_batch": self.cfg.data.global_batch,
             "config": to_dict(self.cfg),
         }
 

@@ -47,9 +47,9 @@ def check_compatible(cfg: Config, st: dict, path: Path) -> None:
     diff = [k for k, v in now.items() if old.get("model") and old["model"].get(k, default[k]) != v]
     if diff:
         problems.append(f"the model differs in {', '.join('model.' + k for k in diff)}")
-    if st.get("global_batch") not in (None, cfg.data.batch_size):
+    if st.get("global_batch") not in (None, cfg.data.global_batch):
         problems.append(
-            f"the global batch was {st['global_batch']}, now {cfg.data.batch_size} (a new world "
+            f"the global batch was {st['global_batch']}, now {cfg.data.global_batch} (a new world "
             f"size, {st.get('world_size')} before, is fine when the global batch stays the same)"
         )
     if problems:
