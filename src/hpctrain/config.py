@@ -274,7 +274,7 @@ class OptimConfig:
     lr_ref_batch: int = opt(0, "global batch that optim.lr is tuned for (0: lr is used as is)", lo=0)
     lr_scaling: str = opt(
         "linear",
-        "how lr follows data.global_batch / lr_ref_batch: linear (AdamW, Goyal et al.), sqrt (LAMB, You et al.) or none",
+        "how lr follows data.global_batch / lr_ref_batch: linear (AdamW, Goyal et al.), sqrt (LAMB, You et al.), none",
         choices=("linear", "sqrt", "none"),
     )
     weight_decay: float = opt(

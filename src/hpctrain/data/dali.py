@@ -404,7 +404,8 @@ class DaliLoader:
         if train and len(self) == 0:
             where = listing.root if listing is not None else shards.tars[0]
             raise DataError(
-                f"{where}: {self.size} images make no full global batch of {batch_size * world}; lower data.global_batch"
+                f"{where}: {self.size} images make no full global batch of {batch_size * world}; "
+                "lower data.global_batch"
             )
 
     # -- contract

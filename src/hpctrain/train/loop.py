@@ -123,7 +123,8 @@ class Trainer:
         self.steps_per_epoch = len(train_loader) // self.accum
         if self.steps_per_epoch == 0:
             raise ValueError(
-                "the train loader has fewer batches than train.accum_steps: lower data.global_batch or train.accum_steps"
+                "the train loader has fewer batches than train.accum_steps: lower data.global_batch or "
+                "train.accum_steps"
             )
         self.total_steps = planned_steps(cfg, len(train_loader))
         self.warmup = warmup_steps(cfg, self.steps_per_epoch)
