@@ -395,12 +395,12 @@ class CompileConfig:
     )
     cache: str = opt(
         "",
-        "compile.enabled's Inductor and Triton caches under this dir: a requeue starts warm",
+        "Inductor and Triton caches under this dir: a requeued or resumed job starts warm",
         more=True,
     )
     warmup: bool = opt(
         True,
-        "compile.enabled under DDP: compile before the first collective, then wait for all",
+        "under DDP: compile before the first collective, then wait for every rank",
         more=True,
     )
     timeout_s: int = opt(
