@@ -45,13 +45,13 @@ def _trackers(value: Any, cfg: dict) -> Any:
     """train.tensorboard=false turned TensorBoard off even when train.trackers named it."""
     if value is not False:
         return GONE
-    have = (cfg.get("log") or {}).get("trackers", ["tensorboard"])
+    have = _mapping(cfg.get("log")).get("trackers", ["tensorboard"])
     return [t for t in _names(have) if t != "tensorboard"]
 
 
 def _splits(value: Any, cfg: dict) -> Any:
     """data.val_split chose the one eval split unless data.eval_splits listed them (its first is the headline)."""
-    have = (cfg.get("data") or {}).get("eval_splits")
+    have = _mapping(cfg.get("data")).get("eval_splits")
     if have:
         if value not in ("val", _names(have)[0]):
             raise MoveError(
