@@ -91,6 +91,11 @@ def test_keys_that_change_form_or_leave_are_read_by_their_rule_and_said():
         "log.trackers=[mlflow]"
     )
     assert migrate_override("train.halt_at=3", {})[0] is None
+    # health's thresholds are fractions: 0.1.0's percentages are read as them; both names is an error
+    assert migrate_data({"train": {"straggler_pct": 15.0}}, "f")[0] == {"health": {"straggler_frac": 0.15}}
+    assert migrate_override("train.exclude_straggler_pct=20", {})[0] == "health.exclude_straggler_frac=0.2"
+    with pytest.raises(MoveError, match="both train.straggler_pct"):
+        migrate_data({"train": {"straggler_pct": 15.0}, "health": {"straggler_frac": 0.1}}, "f")
     cfg = config.load("digits_vit", ["train.tensorboard=false", "data.val_split=minival", "train.mtbf_source=y"])
     assert (cfg.log.trackers, cfg.data.eval_splits) == ((), ("minival",))
 

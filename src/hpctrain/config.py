@@ -547,15 +547,15 @@ class HealthConfig:
         lo=0,
     )
     spike_window: int = opt(20, "logged losses the spike median runs over (at least 3 must be logged first)", lo=3)
-    straggler_pct: float = opt(
-        15.0,
-        "name a rank whose time per step exceeds the median's by more than this % of a step",
+    straggler_frac: float = opt(
+        0.15,
+        "name a rank whose time per step exceeds the median's by more than this fraction of a step",
         more=True,
         lo=0,
     )
-    exclude_straggler_pct: float = opt(
+    exclude_straggler_frac: float = opt(
         0.0,
-        "a straggler this % slower 3 intervals in a row: stop, go on without its node",
+        "slower by this fraction of a step 3 intervals in a row: stop, go on without its node",
         more=True,
         lo=0,
     )

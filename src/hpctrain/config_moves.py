@@ -34,6 +34,7 @@ class Move:
     version: str  # the release that moved it
     rule: Callable[[Any, dict], Any] | None = None  # new value from the old one and the config so far, or GONE
     why: str = ""  # said in the note when the value changes form or the key left
+    merges: bool = False  # the rule reads the new key's value too: both names at once are not an error
 
 
 def _names(value: Any) -> list:
@@ -60,6 +61,11 @@ def _splits(value: Any, cfg: dict) -> Any:
             )
         return have
     return GONE if value == "val" else [value]
+
+
+def _fraction(value: Any, cfg: dict) -> Any:
+    """A percentage as the fraction the health thresholds beside it are (preflight_min_frac, _tolerance)."""
+    return round(value / 100, 12) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def _gone(value: Any, cfg: dict) -> Any:
@@ -106,7 +112,7 @@ MOVES = (
         "train",
         "health",
         "hang_timeout_s on_nonfinite max_rollbacks rollback_skip_batches spike_factor "
-        "spike_window straggler_pct exclude_straggler_pct preflight preflight_min_frac preflight_tolerance "
+        "spike_window preflight preflight_min_frac preflight_tolerance "
         "preflight_busbw_gbps",
     ),
     *_section(
@@ -118,9 +124,20 @@ MOVES = (
     # one global batch, one per-rank eval batch: the names say which
     Move("data.batch_size", "data.global_batch", "0.3.0"),
     Move("data.eval_batch_size", "data.eval_batch_per_rank", "0.3.0"),
+    # the same unit for the same kind of thing: health's thresholds are fractions
+    Move(
+        "train.straggler_pct", "health.straggler_frac", "0.3.0", _fraction, "a percentage, now a fraction: 15 is 0.15"
+    ),
+    Move(
+        "train.exclude_straggler_pct",
+        "health.exclude_straggler_frac",
+        "0.3.0",
+        _fraction,
+        "a percentage, now a fraction",
+    ),
     # two switches for one thing: one is left
-    Move("train.tensorboard", "log.trackers", "0.3.0", _trackers, "false: log.trackers without tensorboard"),
-    Move("data.val_split", "data.eval_splits", "0.3.0", _splits, "minival: data.eval_splits=[minival]"),
+    Move("train.tensorboard", "log.trackers", "0.3.0", _trackers, "false: log.trackers without tensorboard", True),
+    Move("data.val_split", "data.eval_splits", "0.3.0", _splits, "minival: data.eval_splits=[minival]", True),
     # not settings: provenance and a test knob
     Move("train.mtbf_source", "", "0.3.0", _gone, "hpctrain submit keeps it in env.json's resolved record"),
     Move("train.halt_at", "", "0.3.0", _gone, "a test knob: HPCTRAIN_HALT_AT=N in the task's environment"),
@@ -139,6 +156,11 @@ def note(m: Move, where: str) -> str:
 def _mapping(value: Any) -> dict:
     """A section as read: a mapping, or nothing (`section:` with no keys is null in YAML)."""
     return value if isinstance(value, dict) else {}
+
+
+def _flow(value: Any) -> str:
+    """A value as YAML writes it on one line (`[mlflow]`, `0.2`: no end-of-document mark)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -165,7 +187,7 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
         if m.new and new is not GONE:
             to, name = _split(m.new)
             have = _mapping(out.get(to))
-            if name in have and not m.rule:
+            if name in have and not m.merges:
                 raise MoveError(
                     f"{where}: both {m.old} (its name before hpctrain {m.version}) and {m.new} are set: keep {m.new}"
                 )
@@ -202,7 +224,7 @@ def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:
     if not m.new or _split(m.new)[1] not in (new.get(_split(m.new)[0]) or {}):
         return None, note(m, f"--set {key.strip()}")
     to, name = _split(m.new)
-    return f"{m.new}={yaml.safe_dump(new[to][name], default_flow_style=True).strip()}", note(m, f"--set {key.strip()}")
+    return f"{m.new}={_flow(new[to][name])}", note(m, f"--set {key.strip()}")
 
 
 SECTION = re.compile(r"^([A-Za-z_]\w*)\s*:")
@@ -275,7 +297,7 @@ def _renamed(line: str, new: str, value: Any = GONE) -> str:
     if hit:
         body, comment, column = body[: hit.start()], hit.group(1), k.end(2) + hit.start(1)
     if value is not GONE:
-        body = f": {yaml.safe_dump(value, default_flow_style=True).strip()}"
+        body = f": {_flow(value)}"
     out = k.group(1) + new + body
     if comment:  # at the column it had, or one space after a line that grew past it
         out += " " * max(1, column - len(out)) + comment

@@ -20,7 +20,7 @@ def test_time_limit_requeues_are_capped_by_max_requeues():
 
 
 def test_a_node_left_out_is_requeued_within_max_requeues():
-    """Stop kind `exclude` (health.exclude_straggler_pct named a node): the batch shell goes on without
+    """Stop kind `exclude` (health.exclude_straggler_frac named a node): the batch shell goes on without
     it, on a spare or by a requeue, counted like a time limit."""
     ok, why = decide("exclude", Budget("42", 0, 0, 2, -1))
     assert ok and "without a straggling node" in why and "(1/2)" in why

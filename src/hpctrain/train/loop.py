@@ -184,9 +184,9 @@ class Trainer:
             dist.world_size,
             dist.local_rank,
             control_group,
-            cfg.health.straggler_pct,
+            round(cfg.health.straggler_frac * 100, 9),  # the detector counts percent of a step
             self.metrics,
-            cfg.health.exclude_straggler_pct,
+            round(cfg.health.exclude_straggler_frac * 100, 9),
         )
         self.watchdog = Watchdog(
             cfg.hang_s,

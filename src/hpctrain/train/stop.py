@@ -38,7 +38,7 @@ log = logging.getLogger("hpctrain")
 # signal → what it means for the requeue budget
 KINDS = {signal.SIGUSR2: "time_limit", signal.SIGTERM: "preemption", signal.SIGINT: "interrupt"}
 # bits for the all-reduce that makes the stop decision unanimous (see train.loop)
-# `exclude`: a node holds the job up (health.exclude_straggler_pct); every rank knows it at the same
+# `exclude`: a node holds the job up (health.exclude_straggler_frac); every rank knows it at the same
 # step, so it is never posted, like `halt`
 BITS = {"time_limit": 1, "preemption": 2, "halt": 4, "interrupt": 8, "exclude": 16}
 # the agreed kind when several arrived: the user's Ctrl-C wins (no requeue), then a preemption

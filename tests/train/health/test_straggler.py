@@ -59,7 +59,7 @@ def test_even_run_has_no_persistent_straggler(digits_root, tmp_path):
     slowest rank and by how much: the noise, measured here, not a fixed percentage (3 ranks taking
     turns on 2 loaded cores: 0–32 % of a 25 ms step measured, which no fixed bar separates from a
     real straggler under load; the slowed rank of the test above is slowest in every interval)."""
-    run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS, "train.max_steps=24", "health.straggler_pct=0"))
+    run_ranks(3, digits_args(digits_root, tmp_path, "r", *SETS, "train.max_steps=24", "health.straggler_frac=0"))
     recs = run_metrics(tmp_path / "r", "straggler")
     assert len(recs) >= 6, recs  # most intervals have a slowest rank (an exact tie records none)
     noise = [round(r["slower_pct"]) for r in recs]
@@ -67,7 +67,7 @@ def test_even_run_has_no_persistent_straggler(digits_root, tmp_path):
 
 
 def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops(digits_root, tmp_path):
-    """health.exclude_straggler_pct: after EXCLUDE_AFTER log intervals in a row the run checkpoints and
+    """health.exclude_straggler_frac: after EXCLUDE_AFTER log intervals in a row the run checkpoints and
     stops (kind `exclude`) at the same step on every rank, the node goes to the batch shell's bad-node
     file, and rank 0 asks the shell for a requeue (which, with spares, becomes a restart in place)."""
     bad, stop = tmp_path / "bad-nodes-9", tmp_path / "stop-9"
@@ -81,7 +81,7 @@ def test_straggler_over_exclude_pct_for_three_intervals_names_its_node_and_stops
             "log.every=1",
             "data.global_batch=48",
             "data.loader=synthetic",
-            "health.exclude_straggler_pct=20",
+            "health.exclude_straggler_frac=0.2",
         ),
         env={
             "HPCTRAIN_TEST_DELAY": f"1:{DELAY}:data",

@@ -9,7 +9,7 @@ world × 3 tensor, summed by a non-blocking all-reduce on the gloo control group
 at the next log boundary (or the end of the run), like the stop flags (dist.PendingBits), so the
 collective never sits on a step's critical path.
 
-With `health.exclude_straggler_pct` a rank that stays above it for EXCLUDE_AFTER log intervals in a
+With `health.exclude_straggler_frac` a rank that stays above it for EXCLUDE_AFTER log intervals in a
 row has its node named to the batch shell (hpctrain.run.badnodes) and the run stops at that step with a
 checkpoint (stop kind `exclude`): every rank reads the same summed tensor, so every rank decides
 alike at the same step, with no extra collective. The shell goes on without the node: on a spare
@@ -32,7 +32,7 @@ from hpctrain.run import badnodes
 
 log = logging.getLogger("hpctrain")
 TEST_DELAY_ENV = "HPCTRAIN_TEST_DELAY"
-EXCLUDE_AFTER = 3  # log intervals in a row above health.exclude_straggler_pct before the node is left out
+EXCLUDE_AFTER = 3  # log intervals in a row above health.exclude_straggler_frac before the node is left out
 
 
 def find_straggler(own_s: list[float], data_s: list[float], step_s: float, pct: float) -> dict | None:
@@ -223,7 +223,7 @@ class StragglerWatch:
         host, _, node = (self.places or [("?", -1, "")] * self.world)[rank]
         why = (
             f"rank {rank} a straggler for {n} log intervals in a row, {found['slower_pct']:.0f} % of a step "
-            f"slower than the median (health.exclude_straggler_pct={self.exclude_pct:g})"
+            f"slower than the median (health.exclude_straggler_frac={self.exclude_pct / 100:g})"
         )
         self.exclude = {"step": self._step, "rank": rank, "host": host, "node": node, "why": why}
         if self.rank == 0:
