@@ -285,3 +285,23 @@ def test_emit_sbatch_notes_what_a_dry_run_notes_and_its_header_names_its_own_pat
     header = (tmp_path / "job.sbatch").read_text().split("\n#SBATCH", 1)[0]
     assert "# Run as is:  sbatch job.sbatch\n" in header and "#   job.sbatch\n" in header
     assert "slurm/vit.sbatch" not in header and "a test" not in header
+
+
+def test_where_the_mtbf_came_from_is_exported_quoted_not_put_in_the_config(tmp_path):
+    """ckpt.every=auto: submit resolves ckpt.mtbf_h into the config and exports where it came from
+    (HPCTRAIN_MTBF_SOURCE, for env.json); a profile's name with a quote arrives intact."""
+    import yaml
+
+    prof = tmp_path / "it's $(touch PWNED).yaml"
+    prof.write_text(yaml.safe_dump({"slurm": {"request_gpus": False, "gpus_per_node": 1, "node_mtbf_hours": 500}}))
+    r = blocked_cli(
+        "submit", "--config", "digits_vit.yaml", "--cluster", str(prof), "--nodes", "2", "--dry-run",
+        "--set", "ckpt.every=auto", "--set", f"run.dir={tmp_path}", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("export HPCTRAIN_MTBF_SOURCE=")]
+    got = subprocess.run(["bash", "-c", f'{line}\nprintf %s "$HPCTRAIN_MTBF_SOURCE"'], capture_output=True, text=True)
+    assert got.stdout == f"slurm.node_mtbf_hours=500 (profile it's $(touch PWNED)) / 2 nodes", got
+    assert not list(tmp_path.glob("PWNED*"))
+    plain = blocked_cli("submit", "--config", "digits_vit.yaml", "--cluster", str(prof), "--dry-run", cwd=tmp_path)
+    assert plain.returncode == 0 and "HPCTRAIN_MTBF_SOURCE" not in plain.stdout  # a fixed interval: nothing to say
