@@ -301,7 +301,7 @@ def test_where_the_mtbf_came_from_is_exported_quoted_not_put_in_the_config(tmp_p
     assert r.returncode == 0, r.stderr
     (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("export HPCTRAIN_MTBF_SOURCE=")]
     got = subprocess.run(["bash", "-c", f'{line}\nprintf %s "$HPCTRAIN_MTBF_SOURCE"'], capture_output=True, text=True)
-    assert got.stdout == f"slurm.node_mtbf_hours=500 (profile it's $(touch PWNED)) / 2 nodes", got
+    assert got.stdout == "slurm.node_mtbf_hours=500 (profile it's $(touch PWNED)) / 2 nodes", got
     assert not list(tmp_path.glob("PWNED*"))
     plain = blocked_cli("submit", "--config", "digits_vit.yaml", "--cluster", str(prof), "--dry-run", cwd=tmp_path)
     assert plain.returncode == 0 and "HPCTRAIN_MTBF_SOURCE" not in plain.stdout  # a fixed interval: nothing to say
