@@ -121,6 +121,8 @@ def test_migrate_text_renames_where_the_key_stands_and_keeps_comments_and_their_
         "  erase_mode: pixel\n"
     )
     assert [m.old for m in moved] == ["data.reprob", "data.remode"]
+    emptied = "data:\n  reprob: 0.25\n\n# the optimizer\noptim:\n  lr: 0.1\n"
+    assert migrate_text(emptied, ORDER)[0] == "\n# the optimizer\noptim:\n  lr: 0.1\naug:\n  erase_prob: 0.25\n"
     text = (
         "train:\n"
         "  epochs: 5\n"

@@ -351,6 +351,7 @@ def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move
     out = list(head)
     for b in blocks:
         if not b.entries and b.name in {_split(m.old)[0] for m in moved}:
+            out += b.tail  # the section the moves emptied goes; what stood after its keys stays
             continue
         out += [b.header, *(line for e in b.entries for line in e.lines), *b.tail]
     if out and not out[-1].endswith("\n"):
