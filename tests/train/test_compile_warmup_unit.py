@@ -27,7 +27,7 @@ def group_of_one():
 def fake_trainer(model: torch.nn.Module, ddp) -> SimpleNamespace:
     """What _warm_compile reads of a Trainer: its config, model, DDP wrapper and groups."""
     cfg = SimpleNamespace(
-        per_rank_batch=lambda world: 4, model=SimpleNamespace(img_size=4), train=SimpleNamespace(compile_timeout_s=60)
+        per_rank_batch=lambda world: 4, model=SimpleNamespace(img_size=4), compile=SimpleNamespace(timeout_s=60)
     )
     t = SimpleNamespace(
         cfg=cfg,
