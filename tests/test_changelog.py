@@ -36,5 +36,17 @@ def test_changelog_has_a_section_for_this_version():
     assert __version__ in headings, f"CHANGELOG.md has no '## {__version__}' section (has {headings})"
 
 
+def test_the_wheel_the_docs_install_is_this_versions():
+    """README's and docs' `pip install dist/hpctrain-X.Y.Z-…whl` lines name the wheel `pip wheel` builds
+    now: a bump without them sends the reader to a file that is not there."""
+    stale = [
+        f"{page.name}: {name}"
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for name in re.findall(r"hpctrain-(\d+\.\d+\.\d+)-py3", page.read_text())
+        if name != __version__
+    ]
+    assert not stale, f"wheel names of another version than {__version__}: {stale}"
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     LOCK.write_text(json.dumps({"version": __version__, "config_keys": config_keys()}, indent=1) + "\n")

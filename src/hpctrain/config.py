@@ -122,16 +122,11 @@ class ModelConfig:
         "a class token in the sequence (timm class_token); null: only with pool=token",
         more=True,
     )
-    fc_norm: bool | None = opt(
-        None,
-        "final LayerNorm after the pool instead of before it (timm fc_norm); null: timm's rule",
+    final_norm: str = opt(
+        "auto",
+        "final LayerNorm on the tokens or the pooled features (timm fc_norm); auto: pooled for avg",
         more=True,
-    )
-    gap_norm: str = opt(
-        "after",
-        "pool=avg: final LayerNorm after the average (timm fc_norm) or before it (big_vision)",
-        more=True,
-        choices=("after", "before"),
+        choices=("auto", "tokens", "pooled"),
     )
     init_from: str = opt(
         "",
@@ -150,7 +145,7 @@ class ModelConfig:
     @property
     def has_fc_norm(self) -> bool:
         """The final norm on the pooled features (timm fc_norm), not on the tokens before the pool."""
-        return self.pool == "avg" and self.gap_norm == "after" if self.fc_norm is None else self.fc_norm
+        return self.final_norm == "pooled" or (self.final_norm == "auto" and self.pool == "avg")
 
     def validate(self) -> None:
         for key in ("drop_rate", "attn_drop_rate"):
@@ -162,16 +157,6 @@ class ModelConfig:
         if self.pool == "token" and self.class_token is False:
             raise ConfigError(
                 "model.pool=token reads the class token: set model.class_token=true (or null), or model.pool=avg"
-            )
-        if self.fc_norm is True and self.gap_norm == "before":
-            raise ConfigError(
-                "model.fc_norm=true puts the final norm after the pool, model.gap_norm=before on the "
-                "tokens before it: drop one (fc_norm=false is gap_norm=before)"
-            )
-        if self.gap_norm == "before" and self.pool != "avg":
-            raise ConfigError(
-                "model.gap_norm=before is for model.pool=avg (with pool=token the norm is "
-                "always on the tokens); set model.pool=avg or model.gap_norm=after"
             )
         if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://|^(hf[-_]hub|timm):|^timm/", self.init_from):
             raise ConfigError(

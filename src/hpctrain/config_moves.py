@@ -72,6 +72,42 @@ def _gone(value: Any, cfg: dict) -> Any:
     return GONE
 
 
+def _where_norm(new: str, cfg: dict, old: str) -> str:
+    """model.final_norm from an old key, refused when the other old key or final_norm itself says otherwise."""
+    have = _mapping(cfg.get("model")).get("final_norm")
+    if have not in (None, new):
+        raise MoveError(
+            f"model.{old} and model.final_norm={have} place the final LayerNorm apart: "
+            f"keep model.final_norm (tokens: before the pool; pooled: after it)"
+        )
+    return new
+
+
+def _fc_norm(value: Any, cfg: dict) -> Any:
+    """timm's fc_norm: true is the norm on the pooled features, false on the tokens, null timm's rule."""
+    if value is None:
+        return GONE
+    if not isinstance(value, bool):
+        raise MoveError(f"model.fc_norm={value!r} was true, false or null: set model.final_norm=pooled, tokens or auto")
+    if value and _mapping(cfg.get("model")).get("gap_norm") == "before":
+        raise MoveError(
+            "model.fc_norm=true puts the final norm after the pool, model.gap_norm=before on the tokens "
+            "before it: set model.final_norm=pooled or tokens instead of both"
+        )
+    return _where_norm("pooled" if value else "tokens", cfg, "fc_norm")
+
+
+def _gap_norm(value: Any, cfg: dict) -> Any:
+    """big_vision's order (before: the norm on every token, then the average); after was timm's default."""
+    if value == "after":
+        return GONE  # the default, and what final_norm=auto does for pool=avg; a fc_norm beside it decided
+    if value != "before":
+        raise MoveError(f"model.gap_norm={value!r} was after or before: set model.final_norm=pooled or tokens")
+    if _mapping(cfg.get("model")).get("final_norm") == "tokens":
+        return GONE  # fc_norm=false beside it said the same (0.3.0's saved configs name both)
+    return _where_norm("tokens", cfg, "gap_norm")
+
+
 def _section(old: str, new: str, keys: str, version: str = "0.3.0") -> tuple[Move, ...]:
     """Moves of `keys` ("a b=c": a keeps its name, b is renamed c) from section `old` to `new`."""
     out = []
@@ -141,6 +177,9 @@ MOVES = (
     # not settings: provenance and a test knob
     Move("train.mtbf_source", "", "0.3.0", _gone, "hpctrain submit keeps it in env.json's resolved record"),
     Move("train.halt_at", "", "0.3.0", _gone, "a test knob: HPCTRAIN_HALT_AT=N in the task's environment"),
+    # two keys for where the final LayerNorm goes (timm's fc_norm, and big_vision's order under pool=avg)
+    Move("model.fc_norm", "model.final_norm", "0.4.0", _fc_norm, "true: pooled, false: tokens, null: auto"),
+    Move("model.gap_norm", "model.final_norm", "0.4.0", _gap_norm, "before: tokens, after: auto"),
 )
 BY_OLD = {m.old: m for m in MOVES}
 
@@ -219,8 +258,11 @@ def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:
         return f"{m.new}={value}", note(m, f"--set {key.strip()}")
     section, old = _split(m.old)
     parsed = yaml.safe_load(value) if value.strip() else ""
-    have = _mapping(data.get(section))
-    new, _ = migrate_data({**data, section: {**have, old: parsed}}, "")
+    base = dict(data)
+    if not m.merges and m.new:  # the --set overrides the file's value under the new name, as any --set does
+        to, name = _split(m.new)
+        base[to] = {k: v for k, v in _mapping(base.get(to)).items() if k != name}
+    new, _ = migrate_data({**base, section: {**_mapping(base.get(section)), old: parsed}}, f"--set {key.strip()}")
     if not m.new or _split(m.new)[1] not in (new.get(_split(m.new)[0]) or {}):
         return None, note(m, f"--set {key.strip()}")
     to, name = _split(m.new)

@@ -169,10 +169,16 @@ def _layer_norm(x, w, b, eps=1e-6):  # written out, not nn.LayerNorm: the refere
     return (x - mu) / torch.sqrt(var + eps) * w + b
 
 
+def _tiny_final_norm(final_norm: str, pool: str = "avg") -> ViT:
+    """_tiny's model through the config: model.final_norm as a user sets it."""
+    sets = ["img_size=32", "patch_size=8", "depth=2", "width=64", "heads=2", "pos_embed=sincos", "num_classes=10"]
+    return build_vit(load(None, [f"model.{s}" for s in [*sets, f"pool={pool}", f"final_norm={final_norm}"]]).model)
+
+
 @pytest.mark.parametrize("order", ["before", "after"])
-def test_gap_norm_order_equals_a_direct_reimplementation(order):
+def test_final_norm_place_equals_a_direct_reimplementation(order):
     torch.manual_seed(0)
-    m = _tiny(gap_norm=order)
+    m = _tiny_final_norm("tokens" if order == "before" else "pooled")
     norm = m.norm if order == "before" else m.fc_norm
     with torch.no_grad():  # non-trivial affine so the two orders differ
         norm.weight.normal_()
@@ -190,9 +196,10 @@ def test_gap_norm_order_equals_a_direct_reimplementation(order):
     assert (got - other).abs().max() > 1e-3  # the two orders are not the same function
 
 
-def test_gap_norm_before_uses_timm_norm_name():
-    keys = list(_tiny(gap_norm="before").state_dict())
+def test_final_norm_tokens_under_the_average_uses_timm_norm_name():
+    keys = list(_tiny_final_norm("tokens").state_dict())
     assert "norm.weight" in keys and "fc_norm.weight" not in keys  # timm: global_pool="avg", fc_norm=False
+    assert list(_tiny_final_norm("auto").state_dict()) == list(_tiny_final_norm("pooled").state_dict())
 
 
 def test_s16_recipe_builds_big_vision_model_and_counts_match():
@@ -200,7 +207,7 @@ def test_s16_recipe_builds_big_vision_model_and_counts_match():
     from hpctrain.memory import param_count
 
     mc = load("configs/vit_s16_imagenet_90ep.yaml").model
-    assert (mc.rep_size, mc.head_init, mc.gap_norm, mc.init) == (384, "zero", "before", "big_vision")
+    assert (mc.rep_size, mc.head_init, mc.final_norm, mc.init) == (384, "zero", "tokens", "big_vision")
     assert (mc.pool, mc.pos_embed) == ("avg", "sincos_big_vision")
     m = build_vit(mc)
     assert m.blocks[0].mlp.act.approximate == "tanh" and torch.equal(m.patch_embed.proj.bias, torch.zeros(384))
@@ -212,11 +219,18 @@ def test_s16_recipe_builds_big_vision_model_and_counts_match():
     assert model_flops(mc).fwd_macs - base == 384 * 384
 
 
-def test_gap_norm_before_needs_average_pooling():
-    from hpctrain.config import ConfigError
-
-    with pytest.raises(ConfigError, match="model.gap_norm=before is for model.pool=avg"):
-        load(None, ["model.pool=token", "model.gap_norm=before"])
+def test_final_norm_under_the_token_pool_names_the_norm_as_timm_does():
+    """pool=token: the norm on every token then the class token (auto, tokens: timm's `norm`) equals the
+    class token normed (pooled: timm's fc_norm=True with global_pool='token'); only the name differs."""
+    torch.manual_seed(0)
+    auto, tokens, pooled = (_tiny_final_norm(n, pool="token") for n in ("auto", "tokens", "pooled"))
+    assert list(auto.state_dict()) == list(tokens.state_dict()) and "norm.weight" in auto.state_dict()
+    assert "fc_norm.weight" in pooled.state_dict() and "norm.weight" not in pooled.state_dict()
+    pooled.load_state_dict(
+        {k.replace("norm.", "fc_norm.") if k.startswith("norm.") else k: v for k, v in auto.state_dict().items()}
+    )
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(pooled.forward_features(x), auto.forward_features(x), rtol=1e-5, atol=1e-5)
 
 
 def test_big_vision_init_follows_flax_initialisers():
@@ -294,7 +308,7 @@ def test_mae_global_pool_keeps_the_class_token_out_of_the_average_then_fc_norm()
             "model.num_classes=10",
             "model.pool=avg",
             "model.class_token=true",
-            "model.fc_norm=true",
+            "model.final_norm=pooled",
         ],
     ).model
     m = build_vit(mc)
@@ -339,7 +353,7 @@ def test_mae_global_pool_keeps_the_class_token_out_of_the_average_then_fc_norm()
     )  # one token more
 
 
-def test_class_token_and_fc_norm_defaults_keep_the_existing_models():
+def test_class_token_and_final_norm_defaults_keep_the_existing_models():
     """null: pool=token → class token and the token norm (timm's default ViT); pool=avg → neither class
     token nor token norm, fc_norm after the average (timm class_token=False, global_pool='avg')."""
     token = build_vit(
@@ -351,17 +365,17 @@ def test_class_token_and_fc_norm_defaults_keep_the_existing_models():
     avg = _tiny().state_dict()
     assert "cls_token" not in avg and avg["pos_embed"].shape == (1, 16, 64) and "fc_norm.weight" in avg
     assert "norm.weight" not in avg
-    off = _tiny(fc_norm=False).state_dict()  # fc_norm=false is gap_norm=before
-    assert list(off) == list(_tiny(gap_norm="before").state_dict())
+    off = _tiny(fc_norm=False).state_dict()  # timm's fc_norm=False is model.final_norm=tokens
+    assert list(off) == list(_tiny_final_norm("tokens").state_dict())
 
 
-def test_class_token_and_fc_norm_refuse_what_timm_cannot_build():
+def test_class_token_and_final_norm_refuse_what_timm_cannot_build():
     from hpctrain.config import ConfigError
 
     with pytest.raises(ConfigError, match="model.pool=token reads the class token"):
         load(None, ["model.class_token=false"])
-    with pytest.raises(ConfigError, match="model.fc_norm=true puts the final norm after the pool"):
-        load(None, ["model.pool=avg", "model.gap_norm=before", "model.fc_norm=true"])
+    with pytest.raises(ConfigError, match=r"model.final_norm='middle' .*tokens, pooled"):
+        load(None, ["model.final_norm=middle"])
 
 
 def _init_model(init: str, **kw) -> ViT:

@@ -224,7 +224,7 @@ def mae_model(*sets: str) -> torch.nn.Module:
                 "model.num_classes=10",
                 "model.pool=avg",
                 "model.class_token=true",
-                "model.fc_norm=true",
+                "model.final_norm=pooled",
                 *sets,
             ],
         ).model

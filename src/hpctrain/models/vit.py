@@ -144,7 +144,6 @@ class ViT(nn.Module):
         grad_ckpt: bool = False,
         rep_size: int = 0,
         head_init: str = "zero",
-        gap_norm: str = "after",
         init: str = "timm",
         class_token: bool | None = None,
         fc_norm: bool | None = None,
@@ -176,8 +175,8 @@ class ViT(nn.Module):
             *[Block(width, heads, mlp_ratio, r, gelu, drop_rate, attn_drop_rate) for r in rates]
         )
         # timm: final norm before the token pool; fc_norm after the average pool. big_vision
-        # (gap_norm="before", = fc_norm=False): its encoder_norm on every token, then the average.
-        self.norm_first = not (pool == "avg" and gap_norm == "after" if fc_norm is None else fc_norm)
+        # (model.final_norm=tokens, fc_norm=False): its encoder_norm on every token, then the average.
+        self.norm_first = not (pool == "avg" if fc_norm is None else fc_norm)
         if self.norm_first:
             self.norm = nn.LayerNorm(width, eps=1e-6)
         else:
@@ -290,7 +289,6 @@ def build_vit(mc) -> ViT:
         grad_ckpt=mc.grad_ckpt,
         rep_size=mc.rep_size,
         head_init=mc.head_init,
-        gap_norm=mc.gap_norm,
         init=mc.init,
         class_token=mc.has_class_token,
         fc_norm=mc.has_fc_norm,

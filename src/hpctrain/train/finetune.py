@@ -8,7 +8,7 @@ jobs run where there may be no network, and a download per rank would be 128 dow
 Adapted, as timm's `checkpoint_filter_fn` and the ViT paper's fine-tuning do, and always logged:
 the position embedding is resampled (bicubic, prefix tokens kept) to the model's patch grid, and a
 head of another class count is replaced by the model's freshly initialised one. A pre-trained
-encoder without head (MAE's layout) starts the head, and with `model.fc_norm` the norm after the
+encoder without head (MAE's layout) starts the head, and with `model.final_norm=pooled` the norm after the
 pool, as initialised; its final token norm is then unused (MAE main_finetune.py:248-254 loads it so,
 non-strictly). Everything else that differs (missing or unexpected keys, other shapes) is refused
 with the keys and shapes, never dropped in silence. docs/finetune.md has the sources.
@@ -190,7 +190,7 @@ def adapt(
                 )
             )
             + ". Set the model.* keys the weights were trained with (depth, width, heads, patch_size, pool, "
-            "class_token, fc_norm, rep_size: see the source run's config.yaml)"
+            "class_token, final_norm, rep_size: see the source run's config.yaml)"
         )
     return sd, notes
 

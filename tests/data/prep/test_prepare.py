@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
-from hpctrain.config import ConfigError, load, save
+from hpctrain.config import ConfigError, load, save, to_dict
 from hpctrain.data.prep.pack import plan_pack, write_meta
 from hpctrain.data.prep.prepare import DEMO_ROOT, class_problem, ensure_dataset, input_problems
 from tests.helpers import DIGITS, hpctrain
@@ -180,3 +181,19 @@ def test_a_resume_path_that_is_no_file_is_an_input_problem(tmp_path, digits_root
     (ckpt := tmp_path / "step-00000010.pt").write_bytes(b"x")
     for ok in ("auto", "none", str(ckpt)):
         assert input_problems(load(DIGITS, [*sets, f"run.resume={ok}"])) == [], ok
+
+
+def test_init_from_a_run_an_older_release_wrote_reads_its_final_norm_under_todays_name(tmp_path, digits_root):
+    """A 0.3.0 run's config.yaml names model.fc_norm (no model.final_norm): it is read through the moves,
+    so weights with the norm after the pool are still refused for a model that norms the tokens (and
+    were not let through because the old file did not load under today's schema)."""
+    src = tmp_path / "pretrained"
+    src.mkdir()
+    old = to_dict(load(DIGITS, ["model.pool=avg", "model.final_norm=pooled"]))
+    del old["model"]["final_norm"]
+    old["model"].update(fc_norm=True, gap_norm="after")
+    (src / "config.yaml").write_text(yaml.safe_dump(old))
+    sets = [f"data.root={digits_root}", "data.prepare=none", f"model.init_from={src}", "model.pool=avg"]
+    [problem] = input_problems(load(DIGITS, [*sets, "model.final_norm=tokens"]))
+    assert "model.final_norm=pooled there, tokens here" in problem
+    assert input_problems(load(DIGITS, sets)) == []  # auto with pool=avg: pooled, as the source

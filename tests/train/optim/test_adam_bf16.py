@@ -107,7 +107,7 @@ def test_exact_resume_with_every_big_vision_option_on(digits_root, tmp_path):
         "optim.warmup_steps=3",
         "optim.mu_dtype=bf16",
         "model.rep_size=96",
-        "model.gap_norm=before",
+        "model.final_norm=tokens",
         "data.eval_splits=[minival]",
         "aug.mixup=0.2",
         "optim.clip_grad=1.0",

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from hpctrain.config import Config, ConfigError, ModelConfig, build, read_yaml
+from hpctrain.config_moves import current
 from hpctrain.data.folder import DataError, class_folders, class_mismatch
 from hpctrain.data.prep.once import make_once
 from hpctrain.data.wds import META, read_meta
@@ -147,13 +148,13 @@ def init_shape_problems(model: ModelConfig, src: Path) -> list[str]:
     before the job, not by its first rank. Other files are known only to torch: not checked here."""
     run = src.parent.parent if src.parent.name == CHECKPOINTS else src
     try:
-        old = build(ModelConfig, read_yaml(run / CONFIG).get("model") or {}, "model.")
+        old = build(ModelConfig, current(read_yaml(run / CONFIG)).get("model") or {}, "model.")
     except (ConfigError, OSError, AttributeError):
         return []  # not an hpctrain run, or one of another release: the job's own check decides
     pairs = [(k, getattr(old, k), getattr(model, k)) for k in SHAPE_KEYS]
     pairs.append(("class_token", old.has_class_token, model.has_class_token))
     if old.has_fc_norm and not model.has_fc_norm:  # the other way round is MAE's fine-tuning: fc_norm starts fresh
-        pairs.append(("fc_norm", True, False))
+        pairs.append(("final_norm", "pooled", "tokens"))
     diff = [f"model.{k}={a} there, {b} here" for k, a, b in pairs if a != b]
     diff += [
         f"model {k} {a} there, {b} here"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.config import Config, ModelConfig, to_dict
+from hpctrain.config_moves import current
 from hpctrain.errors import UserError
 from hpctrain.run.finished import finished_text
 
@@ -39,7 +40,7 @@ def check_unfinished(cfg: Config, st: dict, path: Path, run_dir: Path, batches_p
 
 def check_compatible(cfg: Config, st: dict, path: Path) -> None:
     """Refuse a checkpoint of another model or global batch, before anything is overwritten."""
-    old = st.get("config", {})
+    old = current(st.get("config") or {})  # a checkpoint an older release wrote: its keys in today's names
     problems = []
     now = {k: v for k, v in to_dict(cfg.model).items() if k not in cfg.model.START_KEYS}  # not the model
     # a key newer than the checkpoint (model.drop_rate...) counts as its default there: the model it built
