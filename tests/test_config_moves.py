@@ -158,6 +158,12 @@ def test_the_final_norms_old_keys_are_said_refused_beside_another_place_and_over
     )
     cfg = config.load(data={"model": {"pool": "avg", "final_norm": "tokens"}}, overrides=["model.fc_norm=true"])
     assert cfg.model.final_norm == "pooled" and cfg.model.has_fc_norm
+    # a file naming both old keys (as every 0.3.0 run's config.yaml does) gets one line, the one that decided
+    text = "model:\n  pool: avg\n  fc_norm: null     # timm's rule\n  gap_norm: before  # big_vision\n  width: 64\n"
+    out, moved = migrate_text(text, ORDER)
+    assert out == "model:\n  pool: avg\n  final_norm: tokens # big_vision\n  width: 64\n" and len(moved) == 2
+    out, _ = migrate_text("model:\n  fc_norm: false\n  gap_norm: before\n", ORDER)
+    assert out == "model:\n  final_norm: tokens\n"
     # the same for a move whose value changes form without merging (health's fractions)
     frac = config.load(data={"health": {"straggler_frac": 0.1}}, overrides=["train.straggler_pct=20"])
     assert frac.health.straggler_frac == 0.2

@@ -211,9 +211,17 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
     """`data` (a config mapping, not changed) with every moved key under its new name, and one note
     per key moved. Both names at once is an error: which one was meant cannot be told. A section
     the moves leave empty is left out."""
+    out, notes, _ = _migrate(data, where)
+    return out, notes
+
+
+def _migrate(data: Any, where: str) -> tuple[Any, list[str], dict[str, str]]:
+    """migrate_data's work, and which old key's value each new key holds (the last move that wrote it:
+    two old keys may land on one new key, as model.fc_norm and model.gap_norm do)."""
     if not isinstance(data, dict):
-        return data, []
+        return data, [], {}
     out, notes, emptied = dict(data), [], set()  # a moved key's section is replaced by a new mapping, never edited
+    writers: dict[str, str] = {}
     for m in MOVES:
         section, old = _split(m.old)
         keys = out.get(section)
@@ -231,11 +239,12 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
                     f"{where}: both {m.old} (its name before hpctrain {m.version}) and {m.new} are set: keep {m.new}"
                 )
             out[to] = {**have, name: new}
+            writers[m.new] = m.old
         notes.append(note(m, where))
     for section in emptied:
         if not out.get(section):
             del out[section]
-    return (out, notes) if notes else (data, [])
+    return (out, notes, writers) if notes else (data, [], {})
 
 
 def current(data: dict) -> dict:
@@ -352,7 +361,7 @@ def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move
     its column). A new section is placed in `order` (the schema's); a section left empty goes. Reads
     the block layout YAML configs are written in (`section:`, then its keys indented); the caller
     checks that the result loads to what the old text migrates to. Also returns the moves made."""
-    want, _ = migrate_data(yaml.safe_load(text) or {}, "")
+    want, _, writers = _migrate(yaml.safe_load(text) or {}, "")
     head, blocks = _parse(text)
     moved: list[Move] = []
     arriving: dict[str, list[Entry]] = {}
@@ -365,9 +374,9 @@ def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move
                 continue
             moved.append(m)
             to, name = _split(m.new) if m.new else ("", "")
-            value = (want.get(to) or {}).get(name, GONE) if m.rule else GONE
+            value = (want.get(to) or {}).get(name, GONE) if m.rule and writers.get(m.new) == m.old else GONE
             if not m.new or (m.rule and value is GONE):
-                continue  # the key leaves: its comment lines with it
+                continue  # the key leaves (or another old key beside it gave the value): its comment lines with it
             e.lines[e.at] = _renamed(e.lines[e.at], name, value)
             e.lines[-1] += "" if e.lines[-1].endswith("\n") else "\n"
             e.key, e.moved = name, True
