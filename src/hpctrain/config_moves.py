@@ -73,12 +73,13 @@ def _gone(value: Any, cfg: dict) -> Any:
 
 
 def _where_norm(new: str, cfg: dict, old: str) -> str:
-    """model.final_norm from an old key, refused when the other old key or final_norm itself says otherwise."""
+    """model.final_norm from an old key, refused when the other old key (moved first) or final_norm itself
+    says otherwise; one that says the same (0.3.0's saved configs name both) is no conflict."""
     have = _mapping(cfg.get("model")).get("final_norm")
     if have not in (None, new):
         raise MoveError(
             f"model.{old} and model.final_norm={have} place the final LayerNorm apart: "
-            f"keep model.final_norm (tokens: before the pool; pooled: after it)"
+            "keep model.final_norm (tokens: before the pool; pooled: after it)"
         )
     return new
 
@@ -103,8 +104,6 @@ def _gap_norm(value: Any, cfg: dict) -> Any:
         return GONE  # the default, and what final_norm=auto does for pool=avg; a fc_norm beside it decided
     if value != "before":
         raise MoveError(f"model.gap_norm={value!r} was after or before: set model.final_norm=pooled or tokens")
-    if _mapping(cfg.get("model")).get("final_norm") == "tokens":
-        return GONE  # fc_norm=false beside it said the same (0.3.0's saved configs name both)
     return _where_norm("tokens", cfg, "gap_norm")
 
 
@@ -234,7 +233,7 @@ def _migrate(data: Any, where: str) -> tuple[Any, list[str], dict[str, str]]:
         if m.new and new is not GONE:
             to, name = _split(m.new)
             have = _mapping(out.get(to))
-            if name in have and not m.merges:
+            if name in have and not m.merges and m.new not in writers:  # set by the file, not by a move before
                 raise MoveError(
                     f"{where}: both {m.old} (its name before hpctrain {m.version}) and {m.new} are set: keep {m.new}"
                 )
