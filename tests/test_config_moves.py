@@ -148,6 +148,8 @@ def test_the_final_norms_old_keys_are_said_refused_beside_another_place_and_over
     }
     with pytest.raises(MoveError, match="f: both model.fc_norm .* and model.final_norm are set"):
         migrate_data({"model": {"fc_norm": True, "final_norm": "pooled"}}, "f")
+    with pytest.raises(MoveError, match="f: both model.gap_norm .* and model.final_norm are set"):
+        migrate_data({"model": {"gap_norm": "before", "final_norm": "tokens"}}, "f")  # the file named both
     with pytest.raises(MoveError, match="model.gap_norm and model.final_norm=pooled place the final LayerNorm apart"):
         migrate_data({"model": {"gap_norm": "before", "final_norm": "pooled"}}, "f")
     with pytest.raises(MoveError, match="model.fc_norm='yes' was true, false or null"):
