@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -77,21 +78,50 @@ def digits_root(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("digits")
     write_digits(root)
+    root.chmod(0o755)  # readable by the Slurm tests' ordinary users (tests/site_users.py)
     return root
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """The session's Slurm test cluster: started once, stopped at the end; skipped without root/packages."""
-    from tests.launch.pyxis import build
-    from tests.slurm_cluster import SlurmCluster, missing
+def site_users(tmp_path_factory):
+    """Two ordinary users of one group and their project tree (tests/site_users.py): every job a
+    Slurm test submits through `tests.launch.jobs.hp` runs as the first, with umask 002 and a clean
+    login environment. The session's temp directories become reachable (not readable) by them;
+    each Slurm test's own directory is made part of the project tree (`slurm_test_dirs`)."""
+    from tests.site_users import SiteUsers
+    from tests.slurm_cluster import missing
 
     why = missing()
     if why:
         pytest.skip(why)
+    site = SiteUsers.make()
+    mktemp = pytest.TempPathFactory.mktemp
+
+    def reachable_mktemp(self, basename: str, numbered: bool = True) -> Path:
+        made = mktemp(self, basename, numbered)  # 0700: searchable by others from now on, not readable
+        made.chmod(made.stat().st_mode | stat.S_IXOTH)
+        return made
+
+    patch = pytest.MonkeyPatch()
+    try:
+        site.reach(tmp_path_factory.getbasetemp())
+        patch.setattr(pytest.TempPathFactory, "mktemp", reachable_mktemp)
+        yield site
+    finally:
+        patch.undo()
+        site.remove()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory, site_users):
+    """The session's Slurm test cluster: started once, stopped at the end; skipped without root/packages.
+    Its users: `site_users` (slurm.conf and munge's socket are reachable by them)."""
+    from tests.launch.pyxis import build
+    from tests.slurm_cluster import SlurmCluster
+
     root = tmp_path_factory.mktemp("slurm")
     plugstack, _ = build(root / "spank")  # the fake pyxis: srun --container-image (tests that use it say why not)
-    cluster = SlurmCluster(root, plugstack=plugstack).start()
+    cluster = SlurmCluster(root, plugstack=plugstack, users=site_users).start()
     try:
         yield cluster
     finally:
@@ -99,21 +129,38 @@ def slurm_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def slurm24_cluster(tmp_path_factory):
+def slurm24_cluster(tmp_path_factory, site_users):
     """A second test cluster on Slurm 24.11 (Debian 13's, from the root `.ci/slurm24 --prepare` builds;
-    waits for a build in progress), same API as `slurm_cluster`. Skipped without the root, except in
-    CI (CI set), where a missing root fails the test: the 24.11 tests must run there."""
+    waits for a build in progress), same API as `slurm_cluster`, same users. Skipped without the root,
+    except in CI (CI set), where a missing root fails the test: the 24.11 tests must run there."""
     from tests.slurm_cluster import SlurmCluster, slurm24_sysroot
 
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm24"), sysroot=slurm24_sysroot()).start()
+    root = tmp_path_factory.mktemp("slurm24")
+    cluster = SlurmCluster(root, sysroot=slurm24_sysroot(), users=site_users).start()
     try:
         yield cluster
     finally:
         cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def slurm_test_dirs(request):
+    """A Slurm test's own directory (tmp_path) and its working directory are part of the users'
+    project tree (group-writable, setgid), as a user's run directory on a shared site is."""
+    if _slurm_version(request.node) is None:
+        yield
+        return
+    site = request.getfixturevalue("site_users")
+    request.getfixturevalue("elsewhere")  # the working directory of its own, first
+    # again: another pytest session starting meanwhile takes the others' bits off /tmp/pytest-of-<user>
+    site.reach(request.getfixturevalue("tmp_path_factory").getbasetemp())
+    for d in {Path.cwd(), *([request.getfixturevalue("tmp_path")] if "tmp_path" in request.fixturenames else [])}:
+        site.share(d)
+    yield
+
+
 @pytest.fixture(params=["22.05", "24.11"], ids=["slurm22", "slurm24"])
-def each_slurm_cluster(request):
+def each_slurm_cluster(request, site_users):  # site_users first: before any module fixture makes a directory
     """The test runs on both Slurm versions: for behaviour that differs between them (signals,
     preemption, requeue, export); the report's header says which Slurm each cluster ran."""
     cluster = request.getfixturevalue("slurm_cluster" if request.param == "22.05" else "slurm24_cluster")

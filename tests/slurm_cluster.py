@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import WAIT_S, free_port
+from tests.site_users import LOGIN_PATH, SiteUsers, login_env
 
 NODES = ("n1", "n2")
 # A third node (n3; more with SlurmCluster(spare_nodes=…)) only in SPARE_PARTITION (docs/spares.md, hot
@@ -184,6 +185,11 @@ class SlurmCluster:
     # longer (Slurm's default 300 s): a test of what a hung node does before Slurm declares it DOWN
     # needs one above 2 × MessageTimeout + the ping interval (docs/spares.md, "The guard on Slurm 24.11").
     slurmd_timeout: int = SLURMD_TIMEOUT
+    # The site's ordinary users (tests/site_users.py), made before the cluster starts: with a sysroot,
+    # the host's /etc/passwd and /etc/group are bound into it (useradd replaces the files: a bind made
+    # earlier would keep the old ones), and the sysroot's own directories above the bound paths get the
+    # search bit they need.
+    users: SiteUsers | None = None
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -448,6 +454,8 @@ StorageLoc=slurm_{self.cluster_name}
         binds = sorted({b for b in binds if not any(Path(b).is_relative_to(o) and b != o for o in binds)})
         for b in binds:  # mount points (a bind needs one; in the shared root, harmless)
             (root / b.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            if self.users is not None:  # e.g. the root's own /root (0700) above the host Python
+                self.users.reach(root / b.lstrip("/"))
         (root / "etc" / "hosts").touch()
         self._write_hosts()  # bound over the sysroot's /etc/hosts by every command
         (r / "bin").mkdir(exist_ok=True)
@@ -465,6 +473,8 @@ cwd=$1; shift
 mount --bind {q(str(root))} {q(str(root))}
 {mounts}
 mount --bind {q(str(r / "etc" / "hosts"))} {q(str(root / "etc" / "hosts"))}
+mount --bind /etc/passwd {q(str(root / "etc" / "passwd"))}
+mount --bind /etc/group {q(str(root / "etc" / "group"))}
 exec chroot {q(str(root))} /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$cwd" "$@"
 """,
         )
@@ -509,6 +519,28 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
         env = self.environ(kw.pop("env", {}))
         return subprocess.run(
             list(cmd), capture_output=True, text=True, env=env, check=check, timeout=kw.pop("timeout", 60), **kw
+        )
+
+    def user_run(
+        self, cmd: list[str], user=None, env: dict[str, str] | None = None, **kw
+    ) -> subprocess.CompletedProcess:
+        """`cmd` as a site user runs it from a login shell (tests/site_users.py; the first user by
+        default): their uid, groups and umask 002, a clean environment plus what the site's login
+        profile sets (SLURM_CONF; on 24.11 the client wrappers first on PATH) and `env`. On 24.11 the
+        command starts in the sysroot as root (its clients need the chroot), then becomes the user."""
+        assert self.users is not None, "this cluster was started without users (SlurmCluster(users=…))"
+        user = user or self.users.users[0]
+        site = {"SLURM_CONF": str(self.conf)}
+        if self.sysroot is not None:
+            site["PATH"] = f"{self.root / 'bin'}{os.pathsep}{LOGIN_PATH}"
+        wrap = [str(self.root / "bin" / "enter")] if self.sysroot is not None else None
+        return subprocess.run(
+            self.users.command(user, cmd, wrap),
+            capture_output=True,
+            text=True,
+            env=login_env(user, {**site, **(env or {})}),
+            timeout=kw.pop("timeout", 60),
+            **kw,
         )
 
     def state(self, job_id: str) -> str:
@@ -702,7 +734,9 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
         """Cancel this cluster's jobs, then end the daemons it started (their own sessions)."""
         if self.procs and self.env:
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                self.run("scancel", "--full", "--user=root", check=False, timeout=20)
+                jobs = self.run("squeue", "-h", "-o", "%A", check=False, timeout=20).stdout.split()
+                if jobs:  # every user's
+                    self.run("scancel", "--full", *jobs, check=False, timeout=20)
                 end = time.monotonic() + 20
                 while time.monotonic() < end and self.run("squeue", "-h", check=False).stdout.strip():
                     time.sleep(0.5)

@@ -1193,14 +1193,24 @@ def yaml_error(p: Path, e: yaml.YAMLError) -> ConfigError:
     return ConfigError(f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else ""))
 
 
+def unreadable(p: Path) -> str:
+    """The one line for a file this user may not read (it or a directory above it)."""
+    return (
+        f"cannot read {str(p)!r}: permission denied (the file, or a directory above it, is not readable by "
+        "you): ask its owner to share it, or give a copy of your own"
+    )
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{str(p)!r} is a directory: give a YAML config file (e.g. configs/digits_vit.yaml)")
-    if not p.is_file():
-        raise ConfigError(f"file {str(p)!r} does not exist")
     try:
+        if p.is_dir():
+            raise ConfigError(f"{str(p)!r} is a directory: give a YAML config file (e.g. configs/digits_vit.yaml)")
+        if not p.is_file():
+            raise ConfigError(f"file {str(p)!r} does not exist")
         data = yaml.safe_load(p.read_text())
+    except PermissionError:  # the file, or a directory above it, is another user's (a shared site)
+        raise ConfigError(unreadable(p)) from None
     except yaml.YAMLError as e:
         raise yaml_error(p, e) from None
     except UnicodeDecodeError:

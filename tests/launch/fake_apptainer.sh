@@ -62,7 +62,9 @@ if [ "${1:-}" = --inside ]; then  # second stage, in the private mount namespace
   pypath=${pypath:+$pypath${site:+:}}$site
   cmd=("$@")
   [ "${cmd[0]}" = python3 ] && cmd[0]=$FAKE_APPTAINER_PYTHON
-  exec env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=${FAKE_APPTAINER_BIN:+$FAKE_APPTAINER_BIN:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  userns=()  # an ordinary user's task: back to their own uid and gid (Apptainer keeps them)
+  [ "$FAKE_UID" = 0 ] || userns=(unshare --user "--map-user=$FAKE_UID" "--map-group=$FAKE_GID")
+  exec "${userns[@]}" env -i "${envs[@]}" "$FAKE_CVAR=$FAKE_IMAGE" PATH=${FAKE_APPTAINER_BIN:+$FAKE_APPTAINER_BIN:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pypath:+"PYTHONPATH=$pypath"} "${cmd[@]}"
 fi
 if [ "${1:-}" = --version ]; then  # what each prints (docs/runtimes.md: how runtimes.py tells them apart)
@@ -87,4 +89,9 @@ cat -- "$1" > /dev/null  # the image is read, by the task's own apptainer
 export FAKE_IMAGE=$1
 shift
 : "${FAKE_APPTAINER_PYTHON:?the image python}"
-exec unshare --mount "$0" --inside "$@"
+# An ordinary user's mounts are made as root of a user namespace of their own, as an unprivileged
+# Apptainer does; the command then runs as the user again (a second user namespace mapping them back).
+export FAKE_UID FAKE_GID
+FAKE_UID=$(id -u) FAKE_GID=$(id -g)
+if [ "$FAKE_UID" = 0 ]; then exec unshare --mount "$0" --inside "$@"; fi
+exec unshare --user --map-root-user --mount "$0" --inside "$@"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # A stand-in for enroot's `list` and `remove`, over the fake pyxis plugin's containers
 # (tests/launch/fake_pyxis.c): the files in $ENROOT_DATA_PATH (tests/launch/pyxis.py's wrapper sets it
-# to the plugin's runtime_path/<node>), as enroot's own are the directories in its ENROOT_DATA_PATH.
+# to the plugin's runtime_path/<uid>/<node>), as enroot's own are the directories in its ENROOT_DATA_PATH.
 # As enroot (src/runtime.sh, runtime::list and runtime::remove): `list` prints `ls -1` of the data
 # path; `remove [-f|--force] [--] NAME...` refuses a NAME with '/' and a NAME that is not there (and
 # stops at it), and asks for a confirmation without -f.

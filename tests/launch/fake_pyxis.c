@@ -188,7 +188,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	gethostname(host, sizeof(host));
 	spank_get_item(sp, S_JOB_ID, &job);
 	spank_get_item(sp, S_JOB_STEPID, &step);
-	snprintf(dir, sizeof(dir), "%s/%s", runtime_path, host);
+	snprintf(dir, sizeof(dir), "%s/%u/%s", runtime_path, (unsigned)getuid(), host); /* the user's own, as enroot's */
 	if (mkdirs(dir) < 0) {
 		slurm_error("fake pyxis: cannot create %s", dir);
 		return -1;
@@ -237,7 +237,9 @@ static int image_env(spank_t sp)
 	return bind_mount(unpacked, "/etc/environment", 1);
 }
 
-int slurm_spank_task_init(spank_t sp, int ac, char **av)
+/* In each task before Slurm drops to the job's user (spank(8): task_init_privileged): an ordinary
+ * user's task may not make a mount namespace (pyxis joins the container's namespaces as root too). */
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
 	if (!spank_remote(sp) || image == NULL)
 		return 0;

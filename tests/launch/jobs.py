@@ -38,14 +38,26 @@ def uninterrupted(world: int, digits_root: Path, tmp_path_factory) -> dict:
         return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
 
 
-def hp(cluster, *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 120):
-    """`hpctrain …` against the test cluster ($SLURM_CONF set, no $HPCTRAIN_CLUSTER)."""
+def hp(
+    cluster,
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 120,
+    as_root: bool = False,
+    user=None,
+):
+    """`hpctrain …` against the test cluster, as a site user types it (tests/site_users.py): the first
+    ordinary user by default (or `user`), umask 002, a login shell's clean environment with $SLURM_CONF
+    and `env`; its jobs run as that user. `as_root`: as this test process, in its own environment (no
+    $HPCTRAIN_CLUSTER), for what only an administrator does."""
+    cmd = [sys.executable, "-m", "hpctrain", *args]
+    if not as_root and cluster.users is not None:
+        return cluster.user_run(cmd, user, {"OMP_NUM_THREADS": "1", **(env or {})}, cwd=cwd, timeout=timeout)
     e = cluster.environ({"OMP_NUM_THREADS": "1", **(env or {})})
     if "HPCTRAIN_CLUSTER" not in (env or {}):
         e.pop("HPCTRAIN_CLUSTER", None)
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True, cwd=cwd, env=e, timeout=timeout
-    )
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=e, timeout=timeout)
 
 
 def digits_sets(root: Path, run_dir: Path, name: str, *extra: str) -> list[str]:

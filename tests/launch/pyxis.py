@@ -16,7 +16,7 @@ SPANK_H = Path("/usr/include/slurm/spank.h")
 
 
 def runtime_path(plugstack: Path) -> Path:
-    """Where the plugin keeps each node's containers: <runtime_path>/<node>/pyxis_<name>."""
+    """Where the plugin keeps each node's containers: <runtime_path>/<uid>/<node>/pyxis_<name>."""
     return plugstack.parent / "run"
 
 
@@ -43,10 +43,13 @@ def build(dest: Path) -> tuple[Path | None, str]:
     conf = dest / "plugstack.conf"
     # a plugin that fails to load must not stop the other tests; runtime_path: where images are unpacked
     conf.write_text(f"optional {so} runtime_path={runtime_path(conf)}\n")
+    # each user's images in runtime_path/<uid>/<node> (enroot's data path is per user): every user makes theirs
+    runtime_path(conf).mkdir(mode=0o1777, exist_ok=True)
+    runtime_path(conf).chmod(0o1777)
     enroot_bin(conf).mkdir(exist_ok=True)
     enroot = enroot_bin(conf) / "enroot"  # enroot's data path is per node: the node's hostname (n1, n2)
     enroot.write_text(
-        f'#!/bin/sh\nENROOT_DATA_PATH={shlex.quote(str(runtime_path(conf)))}/"$(hostname)"\n'
+        f'#!/bin/sh\nENROOT_DATA_PATH={shlex.quote(str(runtime_path(conf)))}/"$(id -u)/$(hostname)"\n'
         f'export ENROOT_DATA_PATH\nexec {shlex.quote(str(FAKE_ENROOT))} "$@"\n'
     )
     enroot.chmod(0o755)

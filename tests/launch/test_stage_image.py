@@ -416,7 +416,7 @@ def test_pyxis_requeue_after_an_image_rebuild_runs_the_new_image_and_leaves_no_c
         cwd=tmp_path,
     )
     job = r.stdout.strip()
-    runs = runtime_path(slurm_cluster.plugstack)
+    runs = runtime_path(slurm_cluster.plugstack) / str(os.getuid())  # this user's containers
 
     def show() -> str:
         rows = slurm_cluster.run("sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,State,NodeList", check=False)

@@ -68,6 +68,9 @@ def container(tmp_path_factory) -> tuple[Path, dict]:
     (d / "bin").mkdir()
     (d / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     (d / "image.sif").write_bytes(b"not an image: the fake apptainer runs the host python")
+    # the image's mount point for the snapshot: an ordinary user's fake apptainer cannot make it in this
+    # directory of root's (the real one makes missing mount points inside the container, not on the host)
+    (d / "mnt" / "hpctrain").mkdir(parents=True)
     prof = d / "container.yaml"
     prof.write_text(
         yaml.safe_dump(

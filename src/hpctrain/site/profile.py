@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.config import ConfigError, apply_overrides, build, opt, read_yaml
+from hpctrain.config import ConfigError, apply_overrides, build, opt, read_yaml, unreadable
 from hpctrain.shipped import CLUSTER_DIR
 
 MODULE_RE = re.compile(r"^[A-Za-z0-9_.+/@-]+$")
@@ -301,12 +301,12 @@ def find_profile(name: str | Path) -> Path:
     """A path as given, else the user's profile (user_cluster_dir()/<name>[.yaml]), else a shipped
     one (configs/clusters/<name>[.yaml])."""
     p = Path(name)
-    if p.is_file():
-        return p
-    for d in (user_cluster_dir(), CLUSTER_DIR):
-        for cand in (d / p.name, d / f"{p.name}.yaml"):
+    for cand in (p, *(d / q for d in (user_cluster_dir(), CLUSTER_DIR) for q in (p.name, f"{p.name}.yaml"))):
+        try:
             if cand.is_file():
                 return cand
+        except PermissionError:  # a directory above it is another user's
+            raise ConfigError(f"cluster profile {str(name)!r}: {unreadable(cand)}") from None
     shipped = ", ".join(sorted(q.stem for q in CLUSTER_DIR.glob("*.yaml")))
     raise ConfigError(
         f"cluster profile {str(name)!r} not found: give a path, a name written by `hpctrain cluster "
