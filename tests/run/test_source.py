@@ -150,7 +150,8 @@ def writable_by_group_or_others(top: Path) -> list[str]:
 
 def test_snapshot_is_owner_only_writable_under_umask_002_in_a_setgid_dir(checkout, tmp_path):
     """A group member who could replace `train/entry.py` runs code as the job's owner at the next
-    requeue, before the hash check: `code/` and every directory of the snapshot are 0755."""
+    requeue, before the hash check: `code/` is 0755 and every directory of the snapshot 0555 (no
+    one, the job's own Python included, writes a __pycache__ there)."""
     project = tmp_path / "project"
     project.mkdir()
     project.chmod(0o2775)  # a group's shared directory
@@ -160,7 +161,9 @@ def test_snapshot_is_owner_only_writable_under_umask_002_in_a_setgid_dir(checkou
     finally:
         os.umask(old)
     assert writable_by_group_or_others(project / "run" / "code") == []
-    assert stat.S_IMODE((snap.path / "train").stat().st_mode) == 0o755
+    assert stat.S_IMODE((project / "run" / "code").stat().st_mode) & 0o777 == 0o755
+    dirs = [snap.path.parent, *(p for p in snap.path.rglob("*") if p.is_dir())]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in dirs} == {0o555}
 
 
 def test_a_snapshot_another_user_can_change_is_refused(checkout, tmp_path):
