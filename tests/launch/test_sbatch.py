@@ -77,7 +77,7 @@ def test_dry_run_16_nodes_without_torch():
         'HPCTRAIN_PYTHON+=(--bind "$HPCTRAIN_SOURCE:/opt/hpctrain-src/hpctrain:ro")',
         "export HPCTRAIN_SOURCE_HASH=",
         "export HPCTRAIN_SUBMITIT_VERSION=",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",  # fixed at submission (slurm/vit.sbatch: the env wins)
         "srun --kill-on-bad-exit=1",
         "-u -m hpctrain.launch.task",
         "export HPCTRAIN_MAX_PREEMPTIONS=-1",
@@ -111,7 +111,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
             {
                 "slurm": {"request_gpus": False, "gpus_per_node": 1},
                 "env": {"HPCTRAIN_EVIL": HOSTILE},
-                "container": {"binds": [f"/data/{HOSTILE}"]},
+                "container": {"binds": [f"/data/{HOSTILE}"], "runtime": "apptainer", "image": __file__},
             }
         )
     )
@@ -133,7 +133,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     script = r.stdout
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     snap = run_dir / HOSTILE / "code" / source_hash() / "hpctrain"  # where a submission puts the code
-    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{shlex.quote(str(snap))}}}" in script
+    assert f"\nHPCTRAIN_SOURCE={shlex.quote(str(snap))}\n" in script
     assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
     snap.mkdir(parents=True)
     setup = script.split("\nwhile :; do\n")[0]  # the script up to the step loop (launch.inplace)
@@ -143,7 +143,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": __file__},
+        env={"PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stderr
     values = (tmp_path / "values.bin").read_text().split("\0")
