@@ -5,7 +5,7 @@ export HPCTRAIN_SOURCE
 export PYTHONDONTWRITEBYTECODE=1
 if [ -n "$HPCTRAIN_SOURCE" ] && [ ! -d "$HPCTRAIN_SOURCE" ]; then
   echo "hpctrain: HPCTRAIN_SOURCE=$HPCTRAIN_SOURCE is not a directory on this node (the job's directory must be" \
-    "on a file system the nodes see; HPCTRAIN_SOURCE= runs the hpctrain that the tasks' Python finds)" >&2
+    "on a file system the nodes see; in slurm/vit.sbatch HPCTRAIN_SOURCE= runs the hpctrain the tasks' Python finds)" >&2
   exit 1
 fi
 # The resolved path is what the tasks import and the image binds: a link on the way, changed after
