@@ -163,3 +163,16 @@ def test_an_in_job_restart_checks_the_snapshot_again(tmp_path):
     assert r.returncode == 1 and r.stdout.split() == ["step", "1"], r.stdout + r.stderr
     (line,) = r.stderr.splitlines()
     assert f"({plant}: not a source file of the snapshot" in line, line
+
+
+def test_a_linked_package_keeps_its_name(tmp_path):
+    """slurm/vit.sbatch's HPCTRAIN_SOURCE may be a link named hpctrain to a copy named otherwise: the
+    directories above it are resolved, the name Python imports stays."""
+    (tmp_path / "copy-1").mkdir()
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "hpctrain").symlink_to(tmp_path / "copy-1")
+    (tmp_path / "up").symlink_to(tmp_path / "real")
+    script = "\n".join(["set -eo pipefail", *shellfile.lines("source.sh"), 'echo "$HPCTRAIN_SOURCE"'])
+    env = {**ENV, "HPCTRAIN_SOURCE": f"{tmp_path}/up/hpctrain/"}
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"{tmp_path}/real/hpctrain", r.stderr

@@ -9,8 +9,13 @@ if [ -n "$HPCTRAIN_SOURCE" ] && [ ! -d "$HPCTRAIN_SOURCE" ]; then
   exit 1
 fi
 # The resolved path is what the tasks import and the image binds: a link on the way, changed after
-# this check, cannot point them elsewhere.
-if [ -n "$HPCTRAIN_SOURCE" ]; then HPCTRAIN_SOURCE=$(cd "$HPCTRAIN_SOURCE" && pwd -P); fi
+# this check, cannot point them elsewhere. Its last name stays (Python imports the package by it; in a
+# snapshot it is a directory, the check below refuses a link).
+if [ -n "$HPCTRAIN_SOURCE" ]; then
+  HPCTRAIN_SOURCE=${HPCTRAIN_SOURCE%/}
+  hpctrain_up=$(cd "$HPCTRAIN_SOURCE/.." && pwd -P)
+  HPCTRAIN_SOURCE=${hpctrain_up%/}/${HPCTRAIN_SOURCE##*/}
+fi
 # A snapshot (run.source: <root>/code/<hash>/hpctrain/_snapshot.json) runs as this job's user before its
 # hash is checked: refuse one another user could have changed since submission (run.owner), one that
 # holds a file Python could import that the hash does not cover (a .pyc, a __pycache__/, an extension
