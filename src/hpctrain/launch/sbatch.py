@@ -169,7 +169,7 @@ def render(
         *(
             ["# The environment's CONTAINER, HPCTRAIN_IMAGE, HPCTRAIN_SOURCE win over these defaults."]
             if standalone
-            else ["# Fixed at submission: the submitting shell's CONTAINER, HPCTRAIN_* change nothing here."]
+            else ["# Fixed at submission: the submitting shell's CONTAINER, HPCTRAIN_IMAGE, HPCTRAIN_SOURCE: ignored."]
         ),
         *python_lines(
             prof.container, p.binds, host_python, source, p.stage_to, p.nsys_ranks, p.nsys_dir, env_hooks=standalone
@@ -192,8 +192,8 @@ def render(
             ]
             if standalone
             else [
-                f"# Fabric: {prof.fabric.kind}, and the profile's env, fixed at submission (per job:",
-                "# --cluster-set fabric.nccl_debug=INFO; a variable set here by none passes from the shell).",
+                f"# Fabric: {prof.fabric.kind}, and the profile's env, fixed at submission (per job: --cluster-set",
+                "# fabric.nccl_debug=INFO); a variable not set below passes from the submitting shell.",
             ]
         ),
         *left_to_nccl(prof),
