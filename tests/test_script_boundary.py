@@ -345,3 +345,20 @@ def test_notebook_log_path_is_shell_quoted(tmp_path, monkeypatch, capsys):
     assert cli_main(["notebook", "--login-host", "login", "--wait", "0"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("submitted notebook"))
     assert shlex.split(line.split("; log: ", 1)[1]) == [str(work / "notebook-77.log")]
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("run.name", "a%jb"), ("run.name", "a%%b"), ("run.dir", "runs/%j"), ("run.dir", "runs/%u/x"), ("run.dir", "a\\b")],
+)
+def test_a_run_path_that_sbatch_or_submitit_rewrite_is_refused_in_one_line(tmp_path, key, value):
+    """sbatch(1) "filename pattern": `%` starts a replacement (%j, %u, %% ...) and a backslash turns them
+    off in --output/--error paths; submitit replaces %j, %t, %A, %a in its folder. The run directory holds
+    both: refused at load, before anything is written, with the fix."""
+    with pytest.raises(ConfigError, match=re.escape(f"{key}={value!r}: ")):
+        config.load(data={"run": {key.split(".")[1]: value}})
+    r = cli("submit", "--config", str(DIGITS), "--set", f"{key}={value}", "--dry-run", cwd=tmp_path)
+    ch = "%" if "%" in value else "\\"
+    assert_one_line_error(r, f"{key}={value!r}: {ch!r} ")
+    assert "sbatch(1), filename pattern" in r.stderr and f"e.g. {key}=" in r.stderr
+    assert not any(tmp_path.iterdir())

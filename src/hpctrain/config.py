@@ -659,6 +659,27 @@ class RunConfig:
                 f"run.name={name!r}: must not start with '.' ('..' leaves run.dir, '.' is "
                 f"run.dir itself, others hide the run directory); e.g. run.name={fix!r}"
             )
+        for key, value in (("run.name", name), ("run.dir", self.dir)):
+            check_pattern_free(key, value)
+
+
+# sbatch(1), "filename pattern": in --output/--error paths `%` starts a replacement (%j, %t, %A, %a, %x,
+# %4j...) and a backslash turns the replacements off; submitit 1.5.4 (core/utils.py, JobPaths) replaces
+# %j, %t, %A, %a in its folder. The run directory holds the submitit folder and the logs sbatch names.
+PATTERN_CHARS = {"%": "starts a file-name pattern (%j becomes the job id)", "\\": "turns the patterns off"}
+
+
+def check_pattern_free(key: str, value: str) -> None:
+    """Refuse a run path that sbatch or submitit would rewrite: the job's logs and its pickle would
+    land in a directory that does not exist (sbatch's `%j`) or be named alike for every job (`\\`)."""
+    for ch, why in PATTERN_CHARS.items():
+        if ch in value:
+            fix = value.replace(ch, "_")
+            raise ConfigError(
+                f"{key}={value!r}: {ch!r} {why} in the paths sbatch and submitit write (sbatch(1), "
+                f"filename pattern), so the job's logs and pickle would not be where hpctrain looks; "
+                f"choose one without it, e.g. {key}={fix!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ on: a host directory the image does not have (FAKE_APPTAINER_HIDE, like a site's
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import PY_VAR, bind_list, python_lines, stage_word
+from hpctrain.run.source import source_hash, take_snapshot
 from hpctrain.site.profile import ContainerSection
 from tests.launch.jobs import digits_sets, metrics, submit
 
@@ -187,3 +189,53 @@ def test_job_whose_run_is_under_a_destination_mapped_bind_trains(slurm_cluster, 
     )
     assert slurm_cluster.wait_done(job, 240) == "COMPLETED"
     assert len(metrics(runs / "mapped", "train")) > 0 and (runs / "mapped" / "checkpoints").is_dir()
+
+
+IMPORT = "import hpctrain.launch.task, hpctrain.config, hpctrain.run.source as s; print(s.package_dir())"
+
+
+def attempt(snap: Path, code: str = IMPORT) -> subprocess.CompletedProcess:
+    """One attempt's Python block (container.runtime none, the snapshot as HPCTRAIN_SOURCE) and one task
+    running `code`, in a login shell's environment: `env -i` (no PYTHONDONTWRITEBYTECODE, which this
+    machine exports and a user's shell does not), umask 002."""
+    c = ContainerSection(runtime="none", image="")
+    lines = python_lines(c, [], shlex.quote(sys.executable), shlex.quote(str(snap)))
+    script = "\n".join(["umask 002", "set -eo pipefail", *lines, f'"${{{PY_VAR}[@]}}" -c {shlex.quote(code)}'])
+    return subprocess.run(
+        ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", script], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_tasks_write_no_bytecode_into_the_snapshot_under_umask_002_in_a_clean_environment(tmp_path):
+    """Issue 54: under umask 002 the tasks' Python wrote __pycache__ (775) into the snapshot and the
+    next attempt refused it. The batch shell's lines export PYTHONDONTWRITEBYTECODE for the tasks: two
+    attempts import the snapshot and leave it as hashed. (Root here: the snapshot's 0555 directories
+    do not stop root, so the variable alone is under test; the same import without the batch shell's
+    lines writes the caches, and the next attempt refuses them in one line.)"""
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o2775)  # a group's setgid project tree
+    old = os.umask(0o002)
+    try:
+        snap = take_snapshot(project / "run")
+    finally:
+        os.umask(old)
+    for _ in range(2):  # a requeue runs the same lines again
+        r = attempt(snap.path)
+        assert r.returncode == 0 and r.stdout.strip() == str(snap.path), r.stderr
+        assert not list(snap.path.parent.rglob("__pycache__")) and source_hash(snap.path) == snap.hash
+    bare = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(snap.path.parent)}  # the import without those lines
+    subprocess.run(["bash", "-c", f"umask 002; exec {shlex.quote(sys.executable)} -c {shlex.quote(IMPORT)}"], env=bare)
+    written = sorted(snap.path.rglob("__pycache__"))
+    assert written, "the property under test: this Python writes bytecode into the snapshot unless told not to"
+    r = attempt(snap.path)
+    (line,) = r.stderr.splitlines()
+    assert r.returncode == 1 and "/__pycache__: owner uid 0, mode 775)" in line, line  # the issue's refusal
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fake apptainer needs unshare --mount (root)")
+def test_the_no_bytecode_variable_reaches_a_task_in_the_image(tmp_path):
+    """Apptainer's --cleanenv drops the host environment: PYTHONDONTWRITEBYTECODE is on the allow-list."""
+    code = "import os; print(os.environ.get('PYTHONDONTWRITEBYTECODE'))"
+    r = run_in_image(tmp_path, binds(), [], code, env={})
+    assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr

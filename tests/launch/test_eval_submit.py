@@ -112,13 +112,13 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
         "  hpctrain_mounts=",
         "srun ",
         "  srun ",
-        "HPCTRAIN_SOURCE=${",
+        "HPCTRAIN_SOURCE=",
     )
     same = lambda s: [ln for ln in s.splitlines() if not ln.startswith(differ)]
     assert same(ev.stdout) == same(tr.stdout)
-    code = f"code/{source_hash()}/hpctrain}}\n"  # each job's code snapshot in its own directory
-    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{tmp_path / 'ev'}/{code}" in ev.stdout
-    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{run_dir}/{code}" in tr.stdout
+    code = f"code/{source_hash()}/hpctrain\n"  # each job's code snapshot in its own directory
+    assert f"\nHPCTRAIN_SOURCE={tmp_path / 'ev'}/{code}" in ev.stdout
+    assert f"\nHPCTRAIN_SOURCE={run_dir}/{code}" in tr.stdout
     for line in (
         "module load $hpctrain_modules",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpctrain.run.source import source_hash
+from hpctrain.run.source import source_hash, take_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 EMIT = [
@@ -77,7 +77,7 @@ def test_dry_run_16_nodes_without_torch():
         'HPCTRAIN_PYTHON+=(--bind "$HPCTRAIN_SOURCE:/opt/hpctrain-src/hpctrain:ro")',
         "export HPCTRAIN_SOURCE_HASH=",
         "export HPCTRAIN_SUBMITIT_VERSION=",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING-1}",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",  # fixed at submission (slurm/vit.sbatch: the env wins)
         "srun --kill-on-bad-exit=1",
         "-u -m hpctrain.launch.task",
         "export HPCTRAIN_MAX_PREEMPTIONS=-1",
@@ -111,7 +111,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
             {
                 "slurm": {"request_gpus": False, "gpus_per_node": 1},
                 "env": {"HPCTRAIN_EVIL": HOSTILE},
-                "container": {"binds": [f"/data/{HOSTILE}"]},
+                "container": {"binds": [f"/data/{HOSTILE}"], "runtime": "apptainer", "image": __file__},
             }
         )
     )
@@ -133,7 +133,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     script = r.stdout
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     snap = run_dir / HOSTILE / "code" / source_hash() / "hpctrain"  # where a submission puts the code
-    assert f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{shlex.quote(str(snap))}}}" in script
+    assert f"\nHPCTRAIN_SOURCE={shlex.quote(str(snap))}\n" in script
     assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
     snap.mkdir(parents=True)
     setup = script.split("\nwhile :; do\n")[0]  # the script up to the step loop (launch.inplace)
@@ -143,7 +143,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "CONTAINER": "apptainer", "HPCTRAIN_IMAGE": __file__},
+        env={"PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stderr
     values = (tmp_path / "values.bin").read_text().split("\0")
@@ -305,3 +305,63 @@ def test_where_the_mtbf_came_from_is_exported_quoted_not_put_in_the_config(tmp_p
     assert not list(tmp_path.glob("PWNED*"))
     plain = blocked_cli("submit", "--config", "digits_vit.yaml", "--cluster", str(prof), "--dry-run", cwd=tmp_path)
     assert plain.returncode == 0 and "HPCTRAIN_MTBF_SOURCE" not in plain.stdout  # a fixed interval: nothing to say
+
+
+def srun_seen(script: str, cwd: Path, **exported: str) -> tuple[list[str], dict[str, str]]:
+    """Run a batch script with bash, `exported` in its environment, to its first srun (a stand-in
+    that records its arguments and environment, then fails the step): (srun's argv, its environment)."""
+    bindir = cwd / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > srun.args\nenv -0 > srun.env\n')
+    (bindir / "srun").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "HPCTRAIN_MODULES": "", **exported}
+    r = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert (cwd / "srun.args").is_file(), r.stdout + r.stderr
+    args = (cwd / "srun.args").read_text().split("\0")[:-1]
+    seen = dict(kv.split("=", 1) for kv in (cwd / "srun.env").read_text().split("\0") if "=" in kv)
+    return args, seen
+
+
+def test_the_submitting_shells_variables_change_nothing_in_a_submitted_job(tmp_path):
+    """Issue 54: the script `hpctrain submit` hands to sbatch said HPCTRAIN_SOURCE=${HPCTRAIN_SOURCE-...}
+    (and so for CONTAINER, HPCTRAIN_IMAGE, the fabric's NCCL_*): a user who once exported one ran other
+    code or another image, and failed on the hash after the allocation. Now those are fixed at
+    submission; slurm/vit.sbatch, run from the same environment, still takes them."""
+    import yaml
+
+    image, other = tmp_path / "image.sif", tmp_path / "other.sif"
+    image.write_bytes(b"fake")
+    other.write_bytes(b"other")
+    prof = tmp_path / "site.yaml"
+    fabric = {"kind": "ib", "ib_timeout": 20}
+    container = {"runtime": "apptainer", "image": str(image)}
+    prof.write_text(
+        yaml.safe_dump({"name": "site", "slurm": {"request_gpus": False}, "fabric": fabric, "container": container})
+    )
+    runs = tmp_path / "runs"
+    r = blocked_cli("submit", "--cluster", str(prof), "--dry-run", "--set", f"run.dir={runs}", "--set", "run.name=r")
+    assert r.returncode == 0, r.stderr
+    snap = take_snapshot(runs / "r")  # where the dry run's script finds the code, as a submission leaves it
+    frozen = tmp_path / "frozen" / "hpctrain"
+    frozen.mkdir(parents=True)
+    exported = {
+        "CONTAINER": "none",
+        "HPCTRAIN_IMAGE": str(other),
+        "HPCTRAIN_SOURCE": str(frozen),
+        "NCCL_IB_TIMEOUT": "7",
+        "NCCL_IB_DISABLE": "1",
+    }
+    work = tmp_path / "work"
+    work.mkdir()
+    plain = srun_seen(r.stdout, work)
+    args, env = srun_seen(r.stdout, work, **exported)
+    assert args == plain[0] and "PYTHONPATH" not in env  # the same srun line, the image's Python
+    assert f"{snap.path}:/opt/hpctrain-src/hpctrain:ro" in args and str(image) in args and str(other) not in args
+    assert env["HPCTRAIN_SOURCE"] == str(snap.path) and env["HPCTRAIN_IMAGE"] == str(image)
+    assert (env["CONTAINER"], env["NCCL_IB_TIMEOUT"], env["NCCL_IB_DISABLE"]) == ("apptainer", "20", "0")
+    # the stand-alone script honours the same environment (its documented hooks)
+    script = (ROOT / "slurm" / "vit.sbatch").read_text()
+    args, env = srun_seen(script, work, **exported)
+    assert args[-3:] == ["-m", "hpctrain", "train"] and "apptainer" not in args and str(other) not in args
+    assert env["PYTHONPATH"].split(":")[0] == str(frozen.parent) and env["HPCTRAIN_SOURCE"] == str(frozen)
+    assert (env["NCCL_IB_TIMEOUT"], env["NCCL_IB_DISABLE"], env["HPCTRAIN_IMAGE"]) == ("7", "1", str(other))

@@ -25,6 +25,7 @@ from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
 from hpctrain.run import faultlog
 from hpctrain.run.metrics import MetricsWriter, read_metrics
+from hpctrain.run.source import take_snapshot
 from hpctrain.site.profile import load_profile
 from hpctrain.watch.status import summarize
 from tests.helpers import ROOT
@@ -67,9 +68,9 @@ def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
     """HPCTRAIN_SPARE_NODES reaches shell arithmetic: anything but digits is refused first (an
     arithmetic expansion would run `$(...)` inside it)."""
     plan = plan_job(Config(), load_profile("local"), Request(nodes=1, gpus_per_node=1, spare_nodes=1))
-    script = slurm_script(plan, tmp_path / "submitit")
+    script = slurm_script(plan, tmp_path / "submitit", snap=take_snapshot(tmp_path))  # the script fixes its path
     setup = script[: script.index("while :; do")]  # everything before the first srun
-    env = {**os.environ, "HPCTRAIN_SPARE_NODES": "a[$(touch PWNED)]", "SLURM_JOB_NUM_NODES": "2", "HPCTRAIN_SOURCE": ""}
+    env = {**os.environ, "HPCTRAIN_SPARE_NODES": "a[$(touch PWNED)]", "SLURM_JOB_NUM_NODES": "2"}
     r = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and "must be whole numbers" in r.stderr, r.stderr
     assert not (tmp_path / "PWNED").exists()

@@ -18,6 +18,7 @@ import yaml
 from hpctrain.launch import shellfile
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.stage_image import copy_program
+from hpctrain.run.source import take_snapshot
 from hpctrain.site.profile import load_profile
 from tests.helpers import hpctrain, tails, wait_for
 from tests.launch import reads
@@ -88,12 +89,12 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
         "SLURM_JOB_ID": "42",
         "SLURM_JOB_NUM_NODES": "2",
         "SLURMD_NODENAME": "n1",
-        "HPCTRAIN_SOURCE": "",
         "SRUN_DIR": str(calls),
         "TOOL_ARGS": str(tmp_path / "tool_args"),
     }
     work = tmp_path / "work"
     work.mkdir()
+    take_snapshot(tmp_path / "runs" / "r")  # where the dry run's script (fixed at submission) finds the code
     run = subprocess.run(["bash", "-c", r.stdout], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     args = [(calls / str(i)).read_text().split("\0")[:-1] for i in range(len(list(calls.iterdir())))]
     if runtime == "pyxis":  # no copy step; the name: job id, requeue count, image checksum (path, size, mtime)

@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -150,7 +151,8 @@ def writable_by_group_or_others(top: Path) -> list[str]:
 
 def test_snapshot_is_owner_only_writable_under_umask_002_in_a_setgid_dir(checkout, tmp_path):
     """A group member who could replace `train/entry.py` runs code as the job's owner at the next
-    requeue, before the hash check: `code/` and every directory of the snapshot are 0755."""
+    requeue, before the hash check: `code/` is 0755 and every directory of the snapshot 0555 (no
+    one, the job's own Python included, writes a __pycache__ there)."""
     project = tmp_path / "project"
     project.mkdir()
     project.chmod(0o2775)  # a group's shared directory
@@ -160,7 +162,9 @@ def test_snapshot_is_owner_only_writable_under_umask_002_in_a_setgid_dir(checkou
     finally:
         os.umask(old)
     assert writable_by_group_or_others(project / "run" / "code") == []
-    assert stat.S_IMODE((snap.path / "train").stat().st_mode) == 0o755
+    assert stat.S_IMODE((project / "run" / "code").stat().st_mode) & 0o777 == 0o755
+    dirs = [snap.path.parent, *(p for p in snap.path.rglob("*") if p.is_dir())]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in dirs} == {0o555}
 
 
 def test_a_snapshot_another_user_can_change_is_refused(checkout, tmp_path):
@@ -175,3 +179,46 @@ def test_a_snapshot_another_user_can_change_is_refused(checkout, tmp_path):
     os.chown(snap.path / "train", 4242, -1)
     with pytest.raises(source.LaunchError, match=r"train belongs to uid 4242, not to this job's user.*remove "):
         take_snapshot(run, checkout)
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs commands as another user (setpriv), which needs root")
+def test_an_ordinary_user_writes_nothing_into_the_snapshot_and_can_remove_the_run(checkout):
+    """The snapshot's directories are 0555: its owner's Python writes no __pycache__ there even without
+    PYTHONDONTWRITEBYTECODE, and `rm -r` of the run fails until `chmod -R u+w` (docs/launch.md) or
+    `make_removable`. Run as uid 65534 (root ignores modes), in a directory it can reach."""
+    base = Path(tempfile.mkdtemp(prefix="hpctrain-snap-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        run = base / "run"
+        snap = take_snapshot(run, checkout)
+        for p in [base, *base.rglob("*")]:  # the user's own directory, run and snapshot
+            os.lchown(p, NOBODY, NOBODY)
+        as_user = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(snap.path.parent)}
+        imp = subprocess.run(
+            [*as_user, sys.executable, "-c", "import hpctrain.run.source"], env=env, capture_output=True, text=True
+        )
+        assert imp.returncode == 0, imp.stderr
+        assert not list(snap.path.rglob("__pycache__")) and source_hash(snap.path) == snap.hash
+        rm = subprocess.run([*as_user, "rm", "-r", str(run)], env=env, capture_output=True, text=True)
+        assert rm.returncode != 0 and "Permission denied" in rm.stderr and snap.path.is_dir()
+        fix = subprocess.run(
+            [*as_user, "sh", "-c", 'chmod -R u+w "$1" && rm -r "$1"', "sh", str(run)], capture_output=True, text=True
+        )
+        assert fix.returncode == 0 and not run.exists(), fix.stderr
+    finally:
+        source.make_removable(base)
+        shutil.rmtree(base)
+
+
+def test_make_removable_opens_only_the_directories(checkout, tmp_path):
+    snap = take_snapshot(tmp_path / "run", checkout)
+    source.make_removable(tmp_path / "run")
+    dirs = [p for p in (tmp_path / "run").rglob("*") if p.is_dir()]
+    assert all(p.stat().st_mode & stat.S_IWUSR for p in dirs)
+    assert stat.S_IMODE((snap.path / "train" / "loop.py").stat().st_mode) == 0o444
+    take_snapshot(tmp_path / "run", checkout)  # the next submission seals it again
+    assert {stat.S_IMODE(p.stat().st_mode) for p in snap.path.rglob("*") if p.is_dir()} == {0o555}

@@ -107,6 +107,7 @@ PASS_ENV = (
     "GPU_DEVICE_ORDINAL",
     "PYTHONUNBUFFERED",
     "PYTHONFAULTHANDLER",
+    "PYTHONDONTWRITEBYTECODE",  # the batch shell's: no task writes __pycache__ into the code snapshot (source.sh)
     "TMPDIR",
     "USER",
     "LANG",
@@ -298,6 +299,7 @@ def python_lines(
     stage_to: str = "",
     nsys_ranks: list[int] = (),
     nsys_dir: str = "",
+    env_hooks: bool = False,
 ) -> list[str]:
     """Define the bash arrays $HPCTRAIN_PYTHON (the command that starts Python in every task) and
     $HPCTRAIN_SRUN_CONTAINER (srun options that put the task in the image: pyxis only).
@@ -307,13 +309,15 @@ def python_lines(
     submitted the job. In the image: a clean environment plus the allow-list, the job's binds, and
     `source` mounted at `container.source_mount` first on PYTHONPATH; on the host (CONTAINER=none):
     `source`'s parent first on PYTHONPATH. `stage_to`: data.stage_to, bound per node at run time
-    (cleanenv_wrapper). Every runtime's branch is written, so CONTAINER= can switch at submission.
-    `nsys_ranks`: those tasks run under nsys, reports in `nsys_dir` (nsys_lines)."""
+    (cleanenv_wrapper). Every runtime's branch is written, so the stand-alone script's CONTAINER= can switch.
+    `nsys_ranks`: those tasks run under nsys, reports in `nsys_dir` (nsys_lines).
+    `env_hooks` (the stand-alone `slurm/vit.sbatch` only): CONTAINER, HPCTRAIN_IMAGE and HPCTRAIN_SOURCE
+    already in the job's environment win; otherwise (a script hpctrain submits) the values are fixed at
+    submission, so that a variable the user once exported cannot swap the code or image of the job."""
     q = shlex.quote
+    values = {"CONTAINER": q(container.runtime), "HPCTRAIN_IMAGE": q(container.image), "HPCTRAIN_SOURCE": source}
     return [
-        f"CONTAINER=${{CONTAINER-{q(container.runtime)}}}",
-        f"HPCTRAIN_IMAGE=${{HPCTRAIN_IMAGE-{q(container.image)}}}",
-        f"HPCTRAIN_SOURCE=${{HPCTRAIN_SOURCE-{source}}}",
+        *(f"{k}=${{{k}-{v}}}" if env_hooks else f"{k}={v}" for k, v in values.items()),
         *shellfile.lines("source.sh"),
         f"{SRUN_VAR}=()",
         *image_identity_lines(),

@@ -70,8 +70,8 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         "",
         "set -eo pipefail",
         "",
-        "# Python for the task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image> (as for",
-        "# training; pyxis starts it through srun).",
+        "# Python for the task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image>, fixed",
+        "# at submission (as for training; pyxis starts it through srun).",
         *python_lines(
             profile.container,
             bind_list(profile.container, [root, str(out)], writable=[str(out)]),

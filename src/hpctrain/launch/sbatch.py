@@ -2,8 +2,10 @@
 committed stand-alone `slurm/vit.sbatch`, so the three never drift apart.
 
 Every value from a config or profile is passed through `shlex.quote` (or, for `#SBATCH` lines,
-refused when it could end the line); the script's knobs (`CONTAINER`, `HPCTRAIN_IMAGE`,
-`HPCTRAIN_MODULES`, `HPCTRAIN_CONFIG`, `HPCTRAIN_SET`) can be overridden from the environment.
+refused when it could end the line). The stand-alone script's knobs (`CONTAINER`, `HPCTRAIN_IMAGE`,
+`HPCTRAIN_SOURCE`, `HPCTRAIN_MODULES`, `HPCTRAIN_CONFIG`, `HPCTRAIN_SET`, the fabric's `NCCL_*`) can be
+overridden from the environment; a script `hpctrain submit` hands to sbatch fixes the code, the image,
+the runtime and the fabric at submission (a variable left in the submitting shell changes none of them).
 """
 
 from __future__ import annotations
@@ -164,7 +166,14 @@ def render(
         "# Python for every task: CONTAINER=apptainer|singularity|pyxis|none, HPCTRAIN_IMAGE=<image.sif, or",
         "# .sqsh/URI for pyxis>, HPCTRAIN_SOURCE= the hpctrain package the tasks run, bound into the image",
         f"# or first on PYTHONPATH (empty: the one the tasks' Python finds). pyxis: srun's {SRUN_VAR} options.",
-        *python_lines(prof.container, p.binds, host_python, source, p.stage_to, p.nsys_ranks, p.nsys_dir),
+        *(
+            ["# The environment's CONTAINER, HPCTRAIN_IMAGE, HPCTRAIN_SOURCE win over these defaults."]
+            if standalone
+            else ["# Fixed at submission: the submitting shell's CONTAINER, HPCTRAIN_IMAGE, HPCTRAIN_SOURCE: ignored."]
+        ),
+        *python_lines(
+            prof.container, p.binds, host_python, source, p.stage_to, p.nsys_ranks, p.nsys_dir, env_hooks=standalone
+        ),
         "",
     ]
     mods = job_module_lines(prof.modules, prof.container_modules, prof.module_use, prof.module_purge)
@@ -176,10 +185,19 @@ def render(
             "",
         ]
     lines += [
-        f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
-        "# job's environment wins (e.g. NCCL_DEBUG=INFO sbatch ...).",
+        *(
+            [
+                f"# Fabric: {prof.fabric.kind}, and the profile's env. A variable already set in the",
+                "# job's environment wins (e.g. NCCL_SOCKET_IFNAME=ib0 sbatch ...).",
+            ]
+            if standalone
+            else [
+                f"# Fabric: {prof.fabric.kind}, and the profile's env, fixed at submission (per job: --cluster-set",
+                "# fabric.nccl_debug=INFO); a variable not set below passes from the submitting shell.",
+            ]
+        ),
         *left_to_nccl(prof),
-        *export_lines(fabric_env(prof), env_wins=True),
+        *export_lines(fabric_env(prof), env_wins=standalone),
         f"export HPCTRAIN_FABRIC={q(prof.fabric.kind)}  # health.preflight's all-reduce figure",
         f"export HPCTRAIN_MAX_REQUEUES={prof.slurm.max_requeues}",
         f"export HPCTRAIN_SIGNAL_LEAD_S={prof.slurm.signal_lead_s}  # the tasks' own clock (train.stop)",

@@ -5,6 +5,12 @@ The submitit folder (launch.private), the code snapshot (run.source) and the bat
 runs or writes through. In a setgid project directory under umask 002 a default mkdir leaves
 them group-writable, and a group member could then replace a file (a pickle, `train/entry.py`)
 or plant a symlink: they must belong to the job's user and be writable by it alone.
+
+The directories above them are the site's and the project's: a setgid project tree (2775) that
+its group writes is the normal case, and its group, which can already replace the run's config,
+data and checkpoints there, is trusted with it. A directory above that *every* user may write
+without the sticky bit (`/tmp` has it) is not: anyone could rename the way to the snapshot and put
+their own in its place (`world_can_rename`).
 """
 
 from __future__ import annotations
@@ -32,3 +38,11 @@ def drop_others_write(path: Path) -> None:
     st = path.lstat()
     if st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and st.st_mode & GROUP_OTHER_WRITE:
         path.chmod(stat.S_IMODE(st.st_mode) & ~GROUP_OTHER_WRITE)
+
+
+def world_can_rename(folder: Path) -> str | None:
+    """Why any user could rename an entry of `folder` (world-writable, no sticky bit); None: not any."""
+    mode = folder.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        return f"{folder}: mode {stat.S_IMODE(mode):o}, every user may rename what is in it (no sticky bit)"
+    return None

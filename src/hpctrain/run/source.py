@@ -5,10 +5,11 @@ without care every task imports the image's copy: a new config key fails on ever
 is silently absent, and both report the same version. Nor may a task import the live checkout:
 users edit or `git pull` it while a job waits in the queue or between requeues. So submission
 copies the package into the job's directory (`snapshot`: `<root>/code/<hash>/hpctrain`, read-only,
-named by its source hash); the batch script binds that copy into the container
-(`container.source_mount`) ahead of the image's copy, or puts it first on PYTHONPATH without a
-container, in every attempt; every rank hashes the package it imported and refuses to train when
-it differs from the submitted hash. No torch here: the login node hashes too.
+its directories too, named by its source hash, holding nothing its hash does not cover); the batch
+script binds that copy into the container (`container.source_mount`) ahead of the image's copy, or
+puts it first on PYTHONPATH without a container, in every attempt, and never writes into it; every
+rank hashes the package it imported and refuses to train when it differs from the submitted hash.
+No torch here: the login node hashes too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from hpctrain.errors import LaunchError
 from hpctrain.run.layout import CODE
-from hpctrain.run.owner import GROUP_OTHER_WRITE, drop_others_write, others_can_write
+from hpctrain.run.owner import GROUP_OTHER_WRITE, drop_others_write, others_can_write, world_can_rename
 
 SUFFIXES = (".py", ".yaml", ".yml")
 LATEST = "latest"  # <root>/code/latest: the hash of the last submission's snapshot
@@ -41,11 +42,25 @@ def package_dir() -> Path:
 
 def source_files(pkg: Path) -> list[Path]:
     """The files that make the package's code: Python and YAML, no bytecode caches; sorted."""
-    return sorted(
-        q
-        for q in pkg.rglob("*")
-        if q.suffix in SUFFIXES and "__pycache__" not in q.relative_to(pkg).parts and q.is_file()
-    )
+    return sorted(q for q in pkg.rglob("*") if is_source(q.relative_to(pkg)) and q.is_file())
+
+
+def is_source(rel: Path) -> bool:
+    """A file a snapshot holds (`rel` relative to the package): Python and YAML, no bytecode cache."""
+    return rel.suffix in SUFFIXES and "__pycache__" not in rel.parts
+
+
+def foreign_file(pkg: Path) -> Path | None:
+    """A file or directory in the snapshot `pkg` that its hash does not cover and Python could import
+    (a .pyc, which a __pycache__/ entry can make Python prefer to the .py; an extension module, which
+    it prefers to both), or anything else a copy never holds; None: only the hashed files and the record."""
+    for p in sorted(pkg.rglob("*")):
+        rel = p.relative_to(pkg)
+        if p.name == "__pycache__" or p.is_symlink():
+            return p
+        if not p.is_dir() and not (p.is_file() and (is_source(rel) or p.name == MANIFEST)):
+            return p
+    return None
 
 
 def source_hash(pkg: Path | None = None) -> str:
@@ -125,9 +140,10 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
     when the checkout changes during the copy. It is written under a temporary name and renamed
     into place, its files read-only; an identical snapshot already there is kept (idempotent).
     Old snapshots stay: a few hundred kB each, and a queued job may still need one.
-    `code/` and every directory of the snapshot are writable by this user only (0755, whatever the
-    umask): a task imports it before it checks the hash, so a group member who could replace
-    `train/entry.py` would run code as the job's owner (`check_private` refuses such a snapshot).
+    `code/` is writable by this user only (0755, whatever the umask) and every directory of the
+    snapshot by no one (0555: no Python writes a __pycache__ into it, `make_removable` undoes it): a
+    task imports it before it checks the hash, so a group member who could replace `train/entry.py`
+    or plant a .pyc would run code as the job's owner (`check_private` refuses such a snapshot).
     """
     pkg = (pkg or package_dir()).resolve()
     code = root / CODE
@@ -150,9 +166,8 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
         }
         (tmp / "hpctrain" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         for p in (tmp / "hpctrain").rglob("*"):
-            p.chmod(0o444 if p.is_file() else 0o755)  # mkdir kept the umask (0775 under 002)
-        (tmp / "hpctrain").chmod(0o755)
-        tmp.chmod(0o755)
+            p.chmod(0o444 if p.is_file() else 0o555)  # mkdir kept the umask (0775 under 002)
+        seal(tmp)
         final = code / digest
         if not snapshot_path(root, digest).is_dir():
             try:
@@ -161,12 +176,16 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
                 if not snapshot_path(root, digest).is_dir():
                     raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.is_dir():  # this copy lost the race, or the copy failed
+            make_removable(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
     check_private(root, digest)
+    seal(code / digest)  # one an earlier version left writable (0755)
     if source_hash(snapshot_path(root, digest)) != digest:
         raise LaunchError(
             f"the code snapshot {snapshot_path(root, digest)} does not hash to {digest}: it was "
-            f"changed after it was written; remove {code / digest} and submit again"
+            f"changed after it was written; remove it (chmod -R u+w {code / digest} && rm -r {code / digest}) "
+            "and submit again"
         )
     tmp_latest = code / f".{LATEST}.{os.getpid()}"
     tmp_latest.write_text(digest + "\n")
@@ -175,10 +194,29 @@ def take_snapshot(root: Path, pkg: Path | None = None) -> Snapshot:
     return Snapshot(snapshot_path(root, digest), digest, before if before and before != digest else None)
 
 
+def seal(top: Path) -> None:
+    """Make the directories under `top` (and `top`) read-only, 0555; ours only (others are refused)."""
+    for p in [top, *top.rglob("*")]:
+        st = p.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o555:
+            p.chmod(0o555)
+
+
+def make_removable(top: Path) -> None:
+    """`chmod -R u+w` on the directories of a snapshot (or a run that holds one), ours only: what `rm -r`
+    needs, since a snapshot's directories are read-only (0555)."""
+    for p in [top, *top.rglob("*")]:
+        st = p.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & stat.S_IWUSR:
+            p.chmod(stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+
+
 def snapshot_writers(root: Path, digest: str) -> str | None:
     """Why a user other than this process's could change the snapshot `digest` under `root`
-    (`code/`, a directory or a file in it); None: none can. Ours made under umask 002 or by an
-    earlier hpctrain are made owner-only first."""
+    (`code/`, a directory or a file in it), or why it holds what its hash does not cover
+    (`foreign_file`); None: none can. Ours made under umask 002 or by an earlier hpctrain are made
+    owner-only first. `root` is resolved: the tasks import the resolved path (shell/source.sh)."""
+    root = root.resolve()
     top = root / CODE / digest
     paths = [root / CODE, top, *sorted(top.rglob("*"))]
     for p in paths:
@@ -193,16 +231,39 @@ def snapshot_writers(root: Path, digest: str) -> str | None:
                 return why
         elif st.st_uid != os.getuid() or st.st_mode & GROUP_OTHER_WRITE:
             return f"{p} is writable by another user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    beside = sorted(p for p in top.iterdir() if p.name != "hpctrain")  # on the tasks' PYTHONPATH too
+    planted = beside[0] if beside else foreign_file(top / "hpctrain")
+    if planted:
+        return f"{planted} is not a source file of the snapshot, which its hash would not cover"
+    return None
+
+
+def renamable_above(root: Path) -> str | None:
+    """Why any user could replace the way to `root`'s snapshots: a directory above `code/` that every
+    user may write without the sticky bit (run.owner); None: no such directory. A group-writable
+    project tree is no such directory (run.owner says why)."""
+    for p in (root.resolve() / CODE).parents:
+        why = world_can_rename(p)
+        if why:
+            return why
     return None
 
 
 def check_private(root: Path, digest: str) -> None:
     """Refuse (LaunchError, one line with the fix) a snapshot another user could change."""
-    why = snapshot_writers(root, digest)
+    why = renamable_above(root)
     if why:
         raise LaunchError(
-            f"the code snapshot {root / CODE / digest} can be changed by another user: {why}; the job's "
-            f"tasks run it as you. Check who changed it, then remove {root / CODE / digest} and submit again"
+            f"the code snapshot {root / CODE / digest} can be changed by another user ({why}); the job's "
+            "tasks run it as you: chmod o-w (or +t) that directory, or choose a run.dir under directories "
+            "other users cannot write"
+        )
+    why = snapshot_writers(root, digest)
+    if why:
+        top = root / CODE / digest
+        raise LaunchError(
+            f"the code snapshot {top} can be changed by another user: {why}; the job's tasks run it as you. "
+            f"Check who changed it, then remove it (chmod -R u+w {top} && rm -r {top}) and submit again"
         )
 
 

@@ -1,6 +1,7 @@
 """Fabric → NCCL environment. Values are the usual ones for each fabric; the profile's `env`
-mapping wins over every derived value (per site), and a variable already set in the job's
-environment wins over both (per job: `NCCL_DEBUG=INFO sbatch …`).
+mapping wins over every derived value (per site). In the stand-alone `slurm/vit.sbatch` a variable
+already set in the job's environment wins over both (per job: `NCCL_DEBUG=INFO sbatch …`); a script
+`hpctrain submit` writes fixes them at submission (per job: `--cluster-set fabric.nccl_debug=INFO`).
 
 What is left unset is deliberate: a wrong value fails every job, an unset one lets NCCL choose
 (NCCL's environment-variable documentation,
@@ -80,7 +81,7 @@ def left_to_nccl(profile: ClusterProfile) -> list[str]:
 
 
 def export_lines(env: dict[str, str], env_wins: bool = False) -> list[str]:
-    """`export K=v` lines; with env_wins a value already in the job's environment is kept."""
+    """`export K=v` lines; with env_wins (slurm/vit.sbatch only) a value already in the job's environment is kept."""
     if env_wins:
         return [f"export {k}=${{{k}-{shlex.quote(v)}}}" for k, v in env.items()]
     return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]

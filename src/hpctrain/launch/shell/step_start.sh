@@ -8,6 +8,7 @@ if [ "$hpctrain_spares" -gt 0 ]; then
                  --nodelist="$(hpctrain_commas "$hpctrain_step_hosts")" --overlap)
 fi
 export HPCTRAIN_ATTEMPT=$hpctrain_attempt
+hpctrain_check_snapshot  # source.sh: an in-job restart imports the snapshot again
 # healthy spares beyond this step's nodes: a straggler stop then restarts here, not a requeue (run/requeue.py)
 export HPCTRAIN_SPARES_FREE=0
 if [ "$hpctrain_spares" -gt 0 ]; then HPCTRAIN_SPARES_FREE=$(( $(hpctrain_healthy | wc -l) - hpctrain_train_nodes )); fi
