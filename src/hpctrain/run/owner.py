@@ -5,10 +5,14 @@ The submitit folder (launch.private), the code snapshot (run.source) and the bat
 runs or writes through. In a setgid project directory under umask 002 a default mkdir leaves
 them group-writable, and a group member could then replace a file (a pickle, `train/entry.py`)
 or plant a symlink: they must belong to the job's user and be writable by it alone.
+`private_dir` is the same rule for a directory of the user's own under a node's shared `/tmp`
+(data.stage_to; container.stage_image's copier keeps it in bash, shell/local_image.sh).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -32,3 +36,28 @@ def drop_others_write(path: Path) -> None:
     st = path.lstat()
     if st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and st.st_mode & GROUP_OTHER_WRITE:
         path.chmod(stat.S_IMODE(st.st_mode) & ~GROUP_OTHER_WRITE)
+
+
+def private_dir(path: Path) -> str | None:
+    """Make `path` (mode 0700) unless something is there; why it is not a directory that only this
+    user can write (a symlink or no directory, another uid's, group- or other-writable), None when it
+    is. Anyone may make that name first in a shared /tmp; the check is on the opened directory
+    (O_NOFOLLOW), not on a name a symlink could redirect."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return f"{path} is not a directory"
+        raise
+    try:
+        d = os.fstat(fd)
+    finally:
+        os.close(fd)
+    me = os.getuid()
+    if d.st_uid != me:
+        return f"{path} belongs to uid {d.st_uid}, not to this job's uid {me}"
+    if d.st_mode & GROUP_OTHER_WRITE:
+        return f"{path} is group- or other-writable (mode {stat.S_IMODE(d.st_mode):o})"
+    return None
