@@ -139,3 +139,9 @@ printf EVIL | dd of={b_dir / planted}/train-00000.tar bs=1 seek=600 conv=notrunc
     assert root == shards.resolve() and digest == shared_sum, text
     why = f"{b_dir} belongs to uid {uid_a}, not to this job's uid {uid_b}"
     assert text.count(why) == 1 and f"data.stage_to: staging skipped on n1: {why}: " in text, text
+    # the same with A's directory closed to B (0700: B cannot even open it)
+    as_user(uid_a, "chmod", "700", str(b_dir))
+    job, out = submit(uid_b, "b3")
+    assert cluster.wait_done(job, 120) == "COMPLETED", out.read_text()
+    root, digest, text = read(out)
+    assert root == shards.resolve() and digest == shared_sum and text.count(why) == 1, text

@@ -175,13 +175,17 @@ def _clean(data: Path, keep: Path, keep_days: int, log) -> None:
 
 def _remove_at_end(copy: Path, fd: int, log) -> None:
     """data.stage_remove_at_end, as this process exits: the copy goes once no other process reads it."""
-    with _locked(copy.parent / ".lock"):
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # another rank or job on this node still reads it: the last one removes it
-            return
-        _remove(copy)
+    try:
+        with _locked(copy.parent / ".lock"):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # another rank or job on this node still reads it: the last one removes it
+                return
+            _remove(copy)
+    except OSError as e:  # the directory went (a node's /tmp cleaned): nothing to remove, no traceback at exit
+        log(f"data.stage_remove_at_end: {copy} not removed: {e}")
+        return
     log(f"removed the staged shards {copy} as the job ended (data.stage_remove_at_end)")
 
 

@@ -11,8 +11,6 @@ or plant a symlink: they must belong to the job's user and be writable by it alo
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import stat
 from pathlib import Path
@@ -40,22 +38,34 @@ def drop_others_write(path: Path) -> None:
 
 def private_dir(path: Path) -> str | None:
     """Make `path` (mode 0700) unless something is there; why it is not a directory that only this
-    user can write (a symlink or no directory, another uid's, group- or other-writable), None when it
-    is. Anyone may make that name first in a shared /tmp; the check is on the opened directory
-    (O_NOFOLLOW), not on a name a symlink could redirect."""
-    with contextlib.suppress(FileExistsError):
+    user can write (it cannot be made, a symlink or no directory, another uid's, group- or
+    other-writable), None when it is. Anyone may make that name first in a shared /tmp; the check
+    is on the opened directory (O_NOFOLLOW), not on a name a symlink could redirect."""
+    try:
         os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:  # e.g. the parent is another user's
+        return f"cannot create {path} ({e.strerror})"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            return f"{path} is not a directory"
-        raise
+    except OSError as e:  # a symlink (ELOOP), a file (ENOTDIR), another user's 0700 directory (EACCES)
+        try:
+            d = os.lstat(path)
+        except OSError:
+            return f"cannot open {path} ({e.strerror})"
+        return _not_private(path, d) or f"cannot open {path} ({e.strerror})"
     try:
         d = os.fstat(fd)
     finally:
         os.close(fd)
+    return _not_private(path, d)
+
+
+def _not_private(path: Path, d: os.stat_result) -> str | None:
     me = os.getuid()
+    if not stat.S_ISDIR(d.st_mode):
+        return f"{path} is not a directory"
     if d.st_uid != me:
         return f"{path} belongs to uid {d.st_uid}, not to this job's uid {me}"
     if d.st_mode & GROUP_OTHER_WRITE:
