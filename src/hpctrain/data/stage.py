@@ -139,7 +139,13 @@ def _locked(path: Path) -> Iterator[None]:
     """An exclusive `flock` on `path` (in this user's own directory) while the block runs."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # ENOLCK, ENOSYS: Lustre mounted noflock, NFS without lockd
+            raise DataError(
+                f"data.stage_to: {path.parent} refuses file locks ({e.strerror}); stage to a node-local disk "
+                "such as $TMPDIR, not a shared file system"
+            ) from None
         yield
     finally:
         os.close(fd)
@@ -183,7 +189,7 @@ def _remove_at_end(copy: Path, fd: int, log) -> None:
             except OSError:  # another rank or job on this node still reads it: the last one removes it
                 return
             _remove(copy)
-    except OSError as e:  # the directory went (a node's /tmp cleaned): nothing to remove, no traceback at exit
+    except (OSError, DataError) as e:  # the directory went (a /tmp cleaned): nothing to remove, no traceback
         log(f"data.stage_remove_at_end: {copy} not removed: {e}")
         return
     log(f"removed the staged shards {copy} as the job ended (data.stage_remove_at_end)")
