@@ -220,6 +220,14 @@ class DataConfig:
         "copy the shards (data.format=wds) to this node-local path first, e.g. $TMPDIR",
         more=True,
     )
+    stage_keep_days: int = opt(
+        7,
+        "at a staging, remove the user's copies on that node not staged for this many days (0: all not in use)",
+        lo=0,
+    )
+    stage_remove_at_end: bool = opt(
+        False, "remove the staged copy as the job's last task on the node that reads it exits (every attempt)"
+    )
     synthetic_size: int = opt(1281, "images per epoch for the synthetic loader", lo=1)
     eval_splits: tuple[str, ...] = opt(
         ("val",),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import tarfile
@@ -109,6 +110,6 @@ def test_loader_reads_the_node_local_copy(packed, tmp_path):
         log.removeHandler(handler)
         log.setLevel(level)
     staged = Path(train.shards.tars[0]).parent
-    assert staged.parent == dest and Path(val.shards.tars[0]).parent == staged
+    assert staged.parent == dest / f"hpctrain-{os.getuid()}" / "data" and Path(val.shards.tars[0]).parent == staged
     assert (packed / "train-00000.tar").read_bytes() == (staged / "train-00000.tar").read_bytes()
     assert any(s.startswith("staged 16 files") and s.endswith("MB/s") for s in lines), lines

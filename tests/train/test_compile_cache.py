@@ -3,6 +3,7 @@ disk and copied back; a second compiled run with the same cache hits Inductor's 
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -28,6 +29,7 @@ def test_staged_cache_is_copied_to_the_node_once_and_new_entries_go_back(tmp_pat
     (shared / "fxgraph" / "ab").mkdir(parents=True)
     (shared / "fxgraph" / "ab" / "entry").write_text("old")
     local = cc.stage(shared, str(node))
+    assert local == node / f"hpctrain-{os.getuid()}" / "compile-k"  # the user's own directory, as the data's
     assert (local / "fxgraph" / "ab" / "entry").read_text() == "old"
     (shared / "late").write_text("x")  # another attempt's entry, added after this node's copy
     assert cc.stage(shared, str(node)) == local and not (local / "late").exists()  # copied once per node
@@ -40,6 +42,19 @@ def test_staged_cache_is_copied_to_the_node_once_and_new_entries_go_back(tmp_pat
     assert (shared / "fxgraph" / "cd" / "new").read_text() == "new"
     assert (shared / "fxgraph" / "ab" / "entry").read_text() == "old"  # existing entries are left alone
     assert not (shared / cc.DONE).exists() and not list(shared.rglob("*.tmp"))
+
+
+def test_a_node_whose_user_directory_is_another_users_uses_the_shared_cache(tmp_path, caplog):
+    """<stage_to>/hpctrain-<uid> made first by another uid: not staged, one warning, the shared cache."""
+    shared, node = tmp_path / "shared" / "k", tmp_path / "node"
+    shared.mkdir(parents=True)
+    (node / f"hpctrain-{os.getuid()}").mkdir(parents=True)
+    os.chown(node / f"hpctrain-{os.getuid()}", 54321, -1)
+    assert cc.stage(shared, str(node)) is None
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"compile cache: not staged: {node}/hpctrain-{os.getuid()} belongs to uid 54321, not to this job's uid "
+        f"{os.getuid()}; the ranks use the shared {shared}"
+    ]
 
 
 @pytest.mark.slow  # two compiled runs: ~1-2 min of Inductor on 2 cores

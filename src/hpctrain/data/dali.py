@@ -668,7 +668,18 @@ def build_dali_loaders(
                 "aug.repeated_aug needs the sample order of data.format=folder; WebDataset shards "
                 "stream in shard order: set aug.repeated_aug=0 or data.format=folder"
             )
-        root = stage(d.root, d.stage_to, log=log.info) if d.stage_to else Path(d.root)
+        root = (
+            stage(
+                d.root,
+                d.stage_to,
+                log=log.info,
+                warn=log.warning,
+                keep_days=d.stage_keep_days,
+                remove_at_end=d.stage_remove_at_end,
+            )
+            if d.stage_to
+            else Path(d.root)
+        )
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)
         train = DaliLoader(train=True, batch_size=batch, shards=train_sh, **common)

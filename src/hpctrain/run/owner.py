@@ -11,6 +11,9 @@ its group writes is the normal case, and its group, which can already replace th
 data and checkpoints there, is trusted with it. A directory above that *every* user may write
 without the sticky bit (`/tmp` has it) is not: anyone could rename the way to the snapshot and put
 their own in its place (`world_can_rename`).
+
+`private_dir` is the same rule for a directory of the user's own under a node's shared `/tmp`
+(data.stage_to; container.stage_image's copier keeps it in bash, shell/local_image.sh).
 """
 
 from __future__ import annotations
@@ -45,4 +48,41 @@ def world_can_rename(folder: Path) -> str | None:
     mode = folder.stat().st_mode
     if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
         return f"{folder}: mode {stat.S_IMODE(mode):o}, every user may rename what is in it (no sticky bit)"
+    return None
+
+
+def private_dir(path: Path) -> str | None:
+    """Make `path` (mode 0700) unless something is there; why it is not a directory that only this
+    user can write (it cannot be made, a symlink or no directory, another uid's, group- or
+    other-writable), None when it is. Anyone may make that name first in a shared /tmp; the check
+    is on the opened directory (O_NOFOLLOW), not on a name a symlink could redirect."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:  # e.g. the parent is another user's
+        return f"cannot create {path} ({e.strerror})"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:  # a symlink (ELOOP), a file (ENOTDIR), another user's 0700 directory (EACCES)
+        try:
+            d = os.lstat(path)
+        except OSError:
+            return f"cannot open {path} ({e.strerror})"
+        return _not_private(path, d) or f"cannot open {path} ({e.strerror})"
+    try:
+        d = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return _not_private(path, d)
+
+
+def _not_private(path: Path, d: os.stat_result) -> str | None:
+    me = os.getuid()
+    if not stat.S_ISDIR(d.st_mode):
+        return f"{path} is not a directory"
+    if d.st_uid != me:
+        return f"{path} belongs to uid {d.st_uid}, not to this job's uid {me}"
+    if d.st_mode & GROUP_OTHER_WRITE:
+        return f"{path} is group- or other-writable (mode {stat.S_IMODE(d.st_mode):o})"
     return None

@@ -31,6 +31,7 @@ import shutil
 from pathlib import Path
 
 from hpctrain.config import Config, to_dict
+from hpctrain.run.owner import private_dir
 
 log = logging.getLogger("hpctrain")
 
@@ -70,13 +71,21 @@ def add_new(src: Path, dst: Path) -> int:
     return n
 
 
-def stage(shared: Path, stage_to: str) -> Path:
+def stage(shared: Path, stage_to: str) -> Path | None:
     """The node-local copy of `shared` under data.stage_to, made once per node (a file lock: the first
-    rank copies, the others wait and find it done)."""
+    rank copies, the others wait and find it done), in this user's own directory there as the data's
+    (data/stage.py); None where that directory is unsafe (another user's, writable by others): the
+    ranks then use the shared cache."""
     base = Path(os.path.expandvars(os.path.expanduser(stage_to)))
-    local = base / f"hpctrain-compile-{shared.name}"
-    local.mkdir(parents=True, exist_ok=True)
-    with open(base / f".{local.name}.lock", "w") as f:
+    udir = base / f"hpctrain-{os.getuid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    why = private_dir(udir)
+    if why:
+        log.warning("compile cache: not staged: %s; the ranks use the shared %s", why, shared)
+        return None
+    local = udir / f"compile-{shared.name}"
+    local.mkdir(mode=0o700, exist_ok=True)
+    with open(os.open(udir / f".{local.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         if not (local / DONE).exists():
             n = add_new(shared, local) if shared.is_dir() else 0

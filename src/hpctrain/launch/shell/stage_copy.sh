@@ -4,6 +4,9 @@ report() {  # this node's outcome for the batch shell (stage_step.sh): "ok" or w
   if [ -n "${HPCTRAIN_STAGE_REPORT:-}" ]; then printf '%s\n' "$1" > "$HPCTRAIN_STAGE_REPORT/$node" || true; fi
 }
 fail() { echo "hpctrain: container.stage_image on $node: $*" >&2; report "$*"; exit 1; }
+skip() {  # no staging on this node, and no failed job: its tasks read the shared image (image_swap.sh)
+  echo "hpctrain: image staging skipped on $node: $*" >&2; report "skip $*"; exit 0
+}
 fmt() { awk -v n="$1" 'BEGIN { if (n >= 1e9) printf "%.1f GB", n / 1e9; else if (n >= 1e6) printf "%.1f MB", n / 1e6;
   else if (n >= 1e3) printf "%.1f kB", n / 1e3; else printf "%d B", n }'; }
 for n in "${hpctrain_image_dir_needs[@]}"; do
@@ -13,11 +16,13 @@ src=$HPCTRAIN_IMAGE
 dir=$hpctrain_image_dir
 mkdir -p -- "$dir" || fail "cannot create $dir: point container.stage_image_to at a writable node-local directory"
 # this user's own directory (/tmp is every user's): made 0700 here; one that another user made first,
-# or that others can write, is refused (a file planted there would run as this user's image)
+# or that others can write, is not used (a file planted there would run as this user's image): any
+# user can make that name on a node, so it skips staging there rather than failing the job
 mkdir -m 700 -- "$hpctrain_udir" 2>/dev/null || true
 why=$(hpctrain_dir_problem "$hpctrain_udir")
-[ -z "$why" ] || fail "$why: the staged image must be in a directory only you can write; have $hpctrain_udir \
-removed (its owner or root), or point container.stage_image_to at a directory of your own"
+[ -z "$why" ] || skip "$why: the staged image must be in a directory only you can write, so this node's tasks \
+read $src; to stage there, have $hpctrain_udir removed (its owner or root), or point container.stage_image_to \
+at a directory of your own"
 read -r size mtime < <(stat -L -c '%s %Y' -- "$src") || fail "cannot read $src (HPCTRAIN_IMAGE)"
 exec 9>> "$hpctrain_local.lock" || fail "cannot write $hpctrain_local.lock"
 flock 9 || fail "$dir refuses file locks: stage to a node-local disk such as /tmp, not a shared file system"

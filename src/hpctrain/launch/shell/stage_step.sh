@@ -2,7 +2,8 @@
 # Image staging (container.stage_image): one task per node copies the SIF to node-local disk
 # (skipped where an up-to-date copy is), and each task starts from its node's copy: the shared
 # file system sees one read per node, not one per task (launch/stage_image.py). Each node reports
-# "ok" or why not; with spares a node whose copy failed is left out like a faulty node (spares.sh's
+# "ok", "skip <why>" (its user directory is another user's or unsafe: its tasks read the shared image)
+# or why not; with spares a node whose copy failed is left out like a faulty node (spares.sh's
 # hpctrain_bad), as long as enough nodes are left to train on.
 case $CONTAINER in apptainer|singularity)
   export HPCTRAIN_STAGE_REPORT="$HPCTRAIN_CONTROL_DIR/staged-${SLURM_JOB_ID:-none}"
@@ -12,15 +13,18 @@ case $CONTAINER in apptainer|singularity)
   hpctrain_rc=0
   srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
     --kill-on-bad-exit="$hpctrain_stage_kill" bash -c "$hpctrain_stage_image" hpctrain-stage-image || hpctrain_rc=$?
-  hpctrain_stage_bad="" hpctrain_stage_why=""
+  hpctrain_stage_bad="" hpctrain_stage_why="" HPCTRAIN_STAGE_SKIP=""
   for hpctrain_n in $hpctrain_alloc; do
     hpctrain_v=$(head -c 300 "$HPCTRAIN_STAGE_REPORT/$hpctrain_n" 2>/dev/null | head -n 1 | tr -d '\000-\037') || true
     [ "$hpctrain_v" != ok ] || continue
+    # skipped (its copier said why in one line): that node's tasks read the shared image, silently
+    case $hpctrain_v in "skip "*) HPCTRAIN_STAGE_SKIP="$HPCTRAIN_STAGE_SKIP$hpctrain_n "; continue ;; esac
     hpctrain_stage_bad="$hpctrain_stage_bad$hpctrain_n "
     hpctrain_stage_why="${hpctrain_stage_why:+$hpctrain_stage_why; }$hpctrain_n: image staging failed\
  (${hpctrain_v:-no report from its copy step})"
   done
   rm -rf "$HPCTRAIN_STAGE_REPORT"
+  export HPCTRAIN_STAGE_SKIP  # image_swap.sh: the nodes whose tasks read $HPCTRAIN_IMAGE itself
   if [ "$hpctrain_rc" != 0 ] || { [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_stage_bad" ]; }; then
     hpctrain_left=$(( $(echo $hpctrain_alloc | wc -w) - $(echo $hpctrain_stage_bad | wc -w) ))
     if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_stage_bad" ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ]; then
