@@ -1,6 +1,6 @@
 """Submit the training job (or an evaluation, `hpctrain eval --nodes`) through submitit: Slurm
-when a controller answers, else locally. Both kinds share the batch script, its container,
-modules, NCCL and stop lines; only the task (launch.task) and the job's folder differ."""
+with a site profile, else locally (launch.prepare.slurm_profile says when). Both kinds share the
+batch script, its container, modules, NCCL and stop lines; only the task (launch.task) and the job's folder differ."""
 
 from __future__ import annotations
 
