@@ -15,6 +15,8 @@ from hpctrain.launch import shellfile
 from hpctrain.launch.submit import Request, plan_job, slurm_script
 from hpctrain.site.profile import load_profile
 from tests.helpers import ROOT
+from tests.launch.jobs import digits_sets, job_report, submit
+from tests.slurm_cluster import GPU_PARTITION
 
 CFG = ROOT / "configs" / "vit_b16_imagenet.yaml"
 
@@ -92,3 +94,26 @@ def test_the_batch_shell_hands_the_cpus_per_task_to_srun_on_every_release(tmp_pa
 
 
 SRUN_ENV = "\n".join(shellfile.lines("srun_env.sh")) + "\n"  # as the renderer puts it in the script
+
+
+def test_a_gpu_job_with_its_binding_runs_on_slurm_22_05_and_its_workers_come_from_its_cpus(
+    slurm_cluster, digits_root, tmp_path
+):
+    """The test cluster's GPU node (2 GPUs as a GRES, 4 CPUs, task/none): srun takes --cpu-bind=cores
+    and --gpu-bind=none there, each task asks 4 / 2 = 2 CPUs, and data.workers=auto makes 1 worker."""
+    sets = digits_sets(digits_root, tmp_path, "bound", "train.max_steps=2", "train.eval_every_epochs=0")
+    job = submit(
+        slurm_cluster,
+        "--cluster",
+        "local",
+        *("--cluster-set", "slurm.request_gpus=true", "--cluster-set", "slurm.max_gpus_per_node=2"),
+        *("--cluster-set", "slurm.cpus_per_node=4", "--partition", GPU_PARTITION),
+        *("--nodes", "1", "--gpus-per-node", "2", "--set", "data.workers=auto"),
+        *sets,
+    )
+    run = tmp_path / "bound"
+    assert slurm_cluster.wait_done(job, 300) == "COMPLETED", job_report(slurm_cluster, job, run)
+    script = slurm_cluster.run("scontrol", "write", "batch_script", job, "-").stdout
+    assert "#SBATCH --cpus-per-task=2" in script and "--cpu-bind=cores --gpu-bind=none" in training_srun(script)
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert "loader workers: data.workers=auto: 1 per rank (2 CPUs for the task: SLURM_CPUS_PER_TASK=2" in log, log
