@@ -9,6 +9,7 @@ refused when it could end the line); the script's knobs (`CONTAINER`, `HPCTRAIN_
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hpctrain.ckpt_interval import MTBF_SOURCE_ENV
@@ -121,7 +122,7 @@ def binding(p: JobPlan) -> list[str]:
     return opts
 
 
-def step_loop(command: str, bind: list[str] = ()) -> list[str]:
+def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
     """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
     after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
     --open-mode=append: srun truncates the per-task logs when a step starts unless told to append
