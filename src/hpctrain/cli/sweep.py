@@ -5,8 +5,8 @@
 Members: every point of the grids (and of a --sweep-file's `grid:`), then its `runs:` list. Each
 member is a run of its own under runs/<sweep>/<member>/ (its job id <array>_<i>, its requeues and
 resume); runs/<sweep>/sweep.json lists them; `hpctrain status runs/<sweep>` prints the table.
-Every member's config is checked before anything is submitted. Without Slurm (no --cluster, no
-controller answering) the members run one after another through the local executor.
+Every member's config is checked before anything is submitted. With --local, or on a machine
+without Slurm, the members run one after another through the local executor.
 """
 
 from __future__ import annotations
