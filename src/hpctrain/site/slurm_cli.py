@@ -118,7 +118,7 @@ class SlurmHere:
     """What this machine's Slurm is, for choosing where a job without a site profile goes:
     "none" (no sbatch on PATH), "unconfigured" (a client with no configuration: no controller to
     submit to), "up" (`scontrol ping` says UP) or "down" (configured, but no UP within 10 s: a
-    stalled, restarting or unreachable controller). `why`: scontrol's words for the last two."""
+    stalled, restarting, stopped or unreachable controller). `why`: scontrol's words, for the last three."""
 
     state: str
     why: str = ""
