@@ -300,12 +300,11 @@ def printed(out: str, prefix: str) -> str:
 
 @pytest.mark.parametrize("executor", ["slurm", "local"])
 def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, executor):
-    from hpctrain.launch import prepare, submitit_glue
+    from hpctrain.launch import submitit_glue
 
     # stand-ins for submitit (launch.submitit_glue): the job is never started, only its id is handed back
     monkeypatch.setattr(submitit_glue, "slurm_job", lambda spec, fn, *args: FakeJob())
     monkeypatch.setattr(submitit_glue, "local_job", lambda folder, tasks, timeout_min, fn, *args: FakeJob())
-    monkeypatch.setattr(prepare, "slurm_available", lambda: False)
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
     monkeypatch.delenv("HPCTRAIN_SET", raising=False)
     runs = tmp_path / "my runs 'x' \"y\""
@@ -320,8 +319,7 @@ def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, ex
         "--set",
         "data.loader=synthetic",
     ]
-    if executor == "slurm":
-        args += ["--cluster", "local"]
+    args += ["--cluster", "local"] if executor == "slurm" else ["--local"]
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     run_dir = runs / "demo"

@@ -182,7 +182,12 @@ class DataConfig:
     )
     global_batch: int = opt(1024, "global batch per optimizer step (all ranks, all micro-steps)", lo=1)
     eval_batch_per_rank: int = opt(0, "eval batch of each rank (0: the per-rank train batch)", lo=0)
-    workers: int = opt(4, "loader worker processes (or DALI threads) per rank", lo=0)
+    workers: int | str = opt(
+        "auto",
+        "loader processes (DALI: threads) per rank; auto: the task's CPUs less one, at most 8",
+        more=True,
+        lo=0,
+    )
     crop_pct: float = opt(
         0.875, "val: resize shorter side to img_size / crop_pct, centre crop", lo=0, hi=1, lo_open=True
     )
@@ -238,6 +243,11 @@ class DataConfig:
     EVAL_SPLITS = ("val", "minival")
 
     def validate(self) -> None:
+        if isinstance(self.workers, str) and self.workers != "auto":
+            raise ConfigError(
+                f"data.workers={self.workers!r} is not allowed: use a number of loader workers per rank "
+                "(0: load in the rank's own process) or auto (from the task's CPUs)"
+            )
         for s in self.eval_splits:
             if s not in self.EVAL_SPLITS:
                 raise ConfigError(

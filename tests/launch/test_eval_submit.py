@@ -76,7 +76,7 @@ def test_bad_combinations_fail_in_one_line(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
     for args, msg in (
-        ([str(run), "--nodes", "2"], "--nodes=2: no Slurm here"),
+        ([str(run), "--nodes", "2"], "--nodes=2: the job runs on this machine (--local, or no Slurm here)"),
         ([str(run), "--local-tasks", "2"], "--local-tasks is for a job: add --nodes N"),
         ([str(run), "--cluster", "example-ib"], "--cluster is for a job: add --nodes N"),
         ([str(run), "--nodes", "1", "--dry-run", "--wait"], "--dry-run submits nothing"),

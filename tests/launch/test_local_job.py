@@ -28,7 +28,7 @@ SETS = [
 
 
 def local_env() -> dict:
-    """No cluster: the submit runs locally (no controller answers, no profile named)."""
+    """No cluster: the submit runs locally ($SLURM_CONF names no file: no Slurm configured, no profile named)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     return {**env, "SLURM_CONF": "/nonexistent/slurm.conf", "HPCTRAIN_CLUSTER": ""}
 

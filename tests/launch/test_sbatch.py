@@ -53,7 +53,8 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
     )
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
     assert (
-        'srun --kill-on-bad-exit=1 --unbuffered --open-mode=append ${hpctrain_step[@]+"${hpctrain_step[@]}"} '
+        "srun --kill-on-bad-exit=1 --unbuffered --open-mode=append --cpu-bind=cores --gpu-bind=none "
+        '${hpctrain_step[@]+"${hpctrain_step[@]}"} '
         '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train &'
     ) in fresh
 

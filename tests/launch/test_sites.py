@@ -123,6 +123,8 @@ def test_submission_from_inside_an_allocation_runs_with_its_own_resources(slurm_
         "submit",
         "--config",
         "configs/digits_vit.yaml",
+        "--cluster",
+        "local",
         "--nodes",
         "2",
         "--gpus-per-node",

@@ -163,6 +163,8 @@ def test_ctrl_c_of_submit_wait_leaves_the_slurm_job_running_and_says_how_to_stop
             "submit",
             "--config",
             "configs/digits_vit.yaml",
+            "--cluster",
+            "local",
             "--wait",
             *digits_sets(digits_root, tmp_path, "goes-on", "train.max_steps=2000"),
         ],

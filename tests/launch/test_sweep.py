@@ -92,7 +92,7 @@ def test_local_sweep_runs_members_one_after_another(digits_root, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no Slurm: 2 runs one after another" in r.stdout
     assert (
-        "hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+        "hpctrain: note: a local sweep (--local, or no Slurm here): the members "
         "run one after another on this machine, so --max-parallel, --cluster-set (for a Slurm sweep) are "
         "ignored\n"
     ) in r.stderr

@@ -114,6 +114,7 @@ def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
     assert s["partition"] == GPU_PARTITION and s["gpus_per_node"] == s["max_gpus_per_node"] == GPUS_PER_NODE
     assert f"Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE}" in text and f"scontrol show node {GPU_NODE}" in text
     assert s["cpus_per_node"] == 4 and "RealMemory=4000 MB" in text and s["time"] == "2-00:00:00"
+    assert "2 per GPU: each task's --cpus-per-task" in text and s["cpu_bind"] == "cores"
     assert s["account"] == ACCOUNT and s["qos"] == QOS[0] and "QOS=hpc-long,hpc-normal" in text
     assert prof["container_modules"] == ["apptainer/1.3.4"] and prof["modules"] == ["cuda/12.4"]
     assert prof["container"]["runtime"] == "none" and "found: apptainer --version: apptainer version 1.3.4" in text
@@ -146,6 +147,8 @@ def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
         f"#SBATCH --gpus-per-node={GPUS_PER_NODE}",
         f"#SBATCH --account={ACCOUNT}",
         f"#SBATCH --qos={QOS[0]}",
+        "#SBATCH --cpus-per-task=2",  # 4 CPUs, 2 GPUs: each task its GPU's share
+        "--cpu-bind=cores --gpu-bind=none",
     ):
         assert line in dry.stdout
     (tmp_path / "job.sh").write_text(dry.stdout)

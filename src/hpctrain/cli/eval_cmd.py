@@ -28,6 +28,7 @@ from hpctrain.watch.status import wait_job
 JOB_FLAGS = (
     "cluster",
     "cluster_overrides",
+    "local",
     "gpus_per_node",
     "time",
     "partition",
@@ -82,8 +83,8 @@ def add_parser(sub) -> None:
     job = p.add_argument_group("as a job, through hpctrain submit's path (--nodes submits it)")
     add_job_args(
         job,
-        "submit the evaluation as a job on N nodes: Slurm with --cluster, $HPCTRAIN_CLUSTER "
-        "or an answering controller; else this machine (--nodes 1, --local-tasks processes)",
+        "submit the evaluation as a job on N nodes: Slurm with --cluster or $HPCTRAIN_CLUSTER; "
+        "this machine with --local or where there is no Slurm (--nodes 1, --local-tasks processes)",
     )
     job.add_argument("--dry-run", action="store_true", help="print the job's batch script; submit nothing")
     job.add_argument(
@@ -174,7 +175,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
     if args.dry_run and args.wait:
         raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
-    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run)
+    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
     tasks = args.local_tasks or args.gpus_per_node or 2
     p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=args.dry_run)
     if p.local:

@@ -27,6 +27,12 @@ def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
         metavar="KEY=VALUE",
         help="override a profile value, e.g. container.runtime=none",
     )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="run on this machine (local processes), even where Slurm is configured; without it a job "
+        "runs here only on a machine with no Slurm (no sbatch, or no slurm.conf)",
+    )
     p.add_argument("--nodes", type=int, help=nodes_help)
     p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
     p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")

@@ -1,7 +1,8 @@
 """`hpctrain submit`: start the training job on Slurm (through submitit), or locally.
 
-Executor: --cluster / $HPCTRAIN_CLUSTER picks a profile and Slurm; otherwise Slurm when a
-controller answers `scontrol ping` (profile `local`), else submitit's local executor. Planning,
+Executor: --cluster / $HPCTRAIN_CLUSTER picks a profile and Slurm; --local, or a machine without
+Slurm (no sbatch, or no Slurm configuration), submitit's local executor. A controller that answers
+without a profile named, or one that does not answer, is refused (run `hpctrain cluster init`). Planning,
 --dry-run and --emit-sbatch import neither torch nor DALI. The checks and the config the job gets:
 launch.prepare; this module parses and prints.
 """
@@ -79,7 +80,7 @@ def add_parser(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
-    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run or bool(args.emit_sbatch))
+    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run or bool(args.emit_sbatch), args.local)
     if profile is None:
         return run_local(args, cfg)
     if args.emit_sbatch:

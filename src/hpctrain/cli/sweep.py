@@ -5,8 +5,8 @@
 Members: every point of the grids (and of a --sweep-file's `grid:`), then its `runs:` list. Each
 member is a run of its own under runs/<sweep>/<member>/ (its job id <array>_<i>, its requeues and
 resume); runs/<sweep>/sweep.json lists them; `hpctrain status runs/<sweep>` prints the table.
-Every member's config is checked before anything is submitted. Without Slurm (no --cluster, no
-controller answering) the members run one after another through the local executor.
+Every member's config is checked before anything is submitted. With --local, or on a machine
+without Slurm, the members run one after another through the local executor.
 """
 
 from __future__ import annotations
@@ -62,6 +62,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu-mem-gb", type=float, metavar="GB", help="memory of one GPU for the batch check")
     p.add_argument("--dry-run", action="store_true", help="print the members and the batch script; submit nothing")
     p.add_argument("--local-tasks", type=int, default=2, help="processes per member for a local sweep (default 2)")
+    p.add_argument(
+        "--local", action="store_true", help="run the members on this machine, even where Slurm is configured"
+    )
     p.set_defaults(func=main)
 
 
@@ -88,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     members = sweep.plan_members(
         config, base_overrides, sweep.expand(grid, runs), sweep_dir, args.max_runs or sweep.DEFAULT_MAX_RUNS
     )
-    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run)
+    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
     if profile is None:
         note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
@@ -138,7 +141,7 @@ def note_ignored(args: argparse.Namespace) -> None:
     ]
     if given:
         print(
-            f"hpctrain: note: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no controller answers): the members "
+            f"hpctrain: note: a local sweep (--local, or no Slurm here): the members "
             f"run one after another on this machine, so {', '.join(given)} (for a Slurm sweep) "
             f"{'is' if len(given) == 1 else 'are'} ignored",
             file=sys.stderr,

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import logging
 
 from hpctrain.config import Config, ConfigError
 from hpctrain.data.augment import augment_spec
 from hpctrain.data.folder import class_mismatch, read_exclusions, train_eval_listings
 from hpctrain.data.loader import Loader
+from hpctrain.data.workers import resolve_workers
+
+log = logging.getLogger("hpctrain")
 
 
 def resolve_loader(name: str) -> str:
@@ -59,6 +64,11 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
     if not d.root:
         raise ConfigError("data.root is empty: point it at an ImageNet-layout folder (or use data.loader=synthetic)")
     aug = augment_spec(cfg)  # one spec for either loader: they cannot read a data.* option differently
+    workers, why = resolve_workers(d.workers)  # auto: from this task's CPUs (data/workers.py)
+    if rank == 0 and d.workers == "auto":
+        log.info("loader workers: %s", why)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(d, workers=workers))
+    d = cfg.data
     if kind == "dali":
         # DALI: optional (the torch loader runs without it)
         from hpctrain.data.dali import build_dali_loaders
@@ -82,7 +92,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         rank=rank,
         world=world,
         seed=cfg.train.seed,
-        workers=d.workers,
+        workers=workers,
         device=device,
         aug=aug,
         skip_bad=d.on_bad_sample == "skip",

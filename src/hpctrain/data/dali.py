@@ -655,7 +655,7 @@ def build_dali_loaders(
 ):
     """(train, {split: eval loader}) DALI loaders for this rank (data.build.build_eval_loaders)."""
     d = cfg.data
-    common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, d.workers), device=device)
+    common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, int(d.workers)), device=device)
     if d.format == "wds":
         if "minival" in d.eval_splits:
             raise ConfigError(

@@ -48,7 +48,7 @@ from hpctrain.plan.ckpt_cost import stop_problems, with_mtbf
 from hpctrain.run.finished import finished_run
 from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile, load_profile
-from hpctrain.site.slurm_cli import controller_up
+from hpctrain.site.slurm_cli import slurm_here
 
 # --------------------------------------------------------------------------- kinds of job
 
@@ -145,19 +145,42 @@ class Prepared:
         return slurm_script(self.plan, absolute_paths(self.cfg).run_dir / SUBMITIT)
 
 
-def slurm_available() -> bool:
-    """A controller answers `scontrol ping` (sbatch merely being installed is not enough)."""
-    return controller_up()
-
-
-def slurm_profile(cluster: str | None, overrides: Sequence[str], slurm: bool = False) -> ClusterProfile | None:
+def slurm_profile(
+    cluster: str | None, overrides: Sequence[str], slurm: bool = False, local: bool = False
+) -> ClusterProfile | None:
     """The profile of the Slurm site a job goes to: --cluster, else $HPCTRAIN_CLUSTER, else `local`
-    when `slurm` (a dry run or a script: for Slurm whatever this machine has) or a controller
-    answers; None: no Slurm here, the job runs on this machine."""
-    cluster = cluster or os.environ.get("HPCTRAIN_CLUSTER")
-    if not (cluster or slurm or slurm_available()):
+    when `slurm` (a dry run or a script: for Slurm whatever this machine has). None: the job runs on
+    this machine, only where that is what was asked (`local`: --local) or unambiguous (no Slurm
+    client, or one with no configuration). A controller that answers without a profile named, or one
+    that does not answer, is refused: the `local` profile would hold a shared node wrongly, and a
+    slow controller must not turn a cluster job into training on the login node."""
+    if local:
+        if slurm:
+            raise LaunchError(
+                "--local runs the job on this machine, and a dry run or --emit-sbatch writes a Slurm batch "
+                "script: give one of them"
+            )
+        if cluster:
+            raise LaunchError(
+                f"--local runs the job on this machine and --cluster {cluster} sends it to Slurm: give one of them"
+            )
         return None
-    return load_profile(cluster or "local", overrides)
+    cluster = cluster or os.environ.get("HPCTRAIN_CLUSTER")
+    if cluster or slurm:
+        return load_profile(cluster or "local", overrides)
+    here = slurm_here()
+    if here.local:
+        return None
+    if here.state == "up":
+        raise LaunchError(
+            "a Slurm controller answers here but no site profile is named: run `hpctrain cluster init` once, "
+            "then submit with --cluster NAME (or set $HPCTRAIN_CLUSTER); --local runs the job on this machine instead"
+        )
+    raise LaunchError(
+        f"Slurm is configured here but `scontrol ping` gave no UP within 10 s ({here.why}); nothing was started "
+        "and the job does not fall back to this machine: retry when `scontrol ping` says UP, or name the site "
+        "with --cluster NAME (`hpctrain cluster init` writes one), or run it here with --local"
+    )
 
 
 # --------------------------------------------------------------------------- prepare
@@ -230,9 +253,8 @@ def _eval(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Eval,
     if profile is None:
         if req.nodes != 1:
             raise LaunchError(
-                f"--nodes={req.nodes}: no Slurm here (no --cluster or $HPCTRAIN_CLUSTER, no "
-                "controller answers), so the job runs on this machine: use --nodes 1 with "
-                "--local-tasks N processes"
+                f"--nodes={req.nodes}: the job runs on this machine (--local, or no Slurm here), "
+                "so use --nodes 1 with --local-tasks N processes"
             )
         if kind.tasks < 1:
             raise LaunchError(f"--local-tasks={kind.tasks}: need at least 1 process")

@@ -11,6 +11,7 @@ the runtime and the fabric at submission (a variable left in the submitting shel
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hpctrain.ckpt_interval import MTBF_SOURCE_ENV
@@ -110,7 +111,20 @@ def stop_lines() -> list[str]:
 MEMLOCK_LINES = shellfile.lines("memlock.sh")
 
 
-def step_loop(command: str) -> list[str]:
+def binding(p: JobPlan) -> list[str]:
+    """srun options that place the training tasks (docs/sites.md, "CPU and GPU binding"): each task
+    on cores of its own when it asks a share (--cpus-per-task), else the site's default binding;
+    every task sees all of its node's GPUs and takes cuda:<local rank> (train/entry.py), whatever
+    a site's SLURM_GPU_BIND says."""
+    opts = []
+    if p.cpus_per_task and p.profile.slurm.cpu_bind:
+        opts.append(f"--cpu-bind={shlex.quote(p.profile.slurm.cpu_bind)}")
+    if p.gpus_per_node:
+        opts.append("--gpu-bind=none")
+    return opts
+
+
+def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
     """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
     after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
     --open-mode=append: srun truncates the per-task logs when a step starts unless told to append
@@ -121,7 +135,8 @@ def step_loop(command: str) -> list[str]:
         "while :; do",
         *shellfile.lines("step_start.sh", "  "),
         "  srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
-        f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
+        + "".join(f"{b} " for b in bind)
+        + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
         *shellfile.lines("step_wait.sh", "  "),
         *shellfile.lines("step_next.sh", "  "),
         "done",
@@ -221,7 +236,7 @@ def render(
         "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
         "# background so that this shell can take signals while it waits; a step that failed on",
         "# nodes it named runs again without them (launch.inplace).",
-        *step_loop(command),
+        *step_loop(command, binding(p)),
         "",
     ]
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Submit the training job (or an evaluation, `hpctrain eval --nodes`) through submitit: Slurm
-when a controller answers, else locally. Both kinds share the batch script, its container,
-modules, NCCL and stop lines; only the task (launch.task) and the job's folder differ."""
+with a site profile, else locally (launch.prepare.slurm_profile says when). Both kinds share the
+batch script, its container, modules, NCCL and stop lines; only the task (launch.task) and the job's folder differ."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.task import eval_task, train_task
 from hpctrain.run.layout import JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
-from hpctrain.site.profile import parse_tres, time_minutes
+from hpctrain.site.profile import SlurmSection, parse_tres, time_minutes
 from hpctrain.site.slurm_cli import client_version
 from hpctrain.watch.jobinfo import submitted_clusters
 from hpctrain.watch.status import local_state
@@ -268,7 +268,7 @@ def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None
             raise LaunchError(f"--time={time} is over {what}: use --time {limit} or less, or {other}")
     if not (lim.qos and qos == lim.qos):
         return
-    cpus = (s.cpus_per_node // gpn) * gpn if s.cpus_per_node else 0
+    cpus = cpus_per_task(s, gpn) * gpn
     asked = {"node": (nodes, 1), "gres/gpu": (nodes * gpn if s.request_gpus else 0, gpn), "cpu": (nodes * cpus, cpus)}
     for key, label in (("qos_max_tres_per_job", "MaxTRESPerJob"), ("qos_max_tres_per_user", "MaxTRESPerUser")):
         for name, limit in parse_tres(getattr(lim, key)).items():
@@ -286,6 +286,16 @@ def check_limits(profile, req: Request, nodes: int, gpn: int, time: str) -> None
                     f"--nodes={nodes} x {gpn} tasks asks {base}={total}, over QOS {qos}'s {label} {name}={limit} "
                     f"(`sacctmgr show qos {qos}`; {where}.{key}): use {fix}, or another --qos"
                 )
+
+
+def cpus_per_task(s: SlurmSection, tasks_per_node: int) -> int:
+    """--cpus-per-task: a node's CPUs per GPU (slurm.cpus_per_node / max_gpus_per_node, the node's
+    GPUs), so that a job on some of a node's GPUs asks their share of its cores, not all of them; on
+    nodes without GPUs (request_gpus false) the node's CPUs per task. 0: Slurm's default (1 per task)."""
+    if not s.cpus_per_node:
+        return 0
+    slots = s.max_gpus_per_node if s.request_gpus and s.max_gpus_per_node else tasks_per_node
+    return max(1, s.cpus_per_node // max(1, slots))
 
 
 def job_plan(
@@ -309,7 +319,7 @@ def job_plan(
         nodes=nodes,
         tasks_per_node=gpn,
         gpus_per_node=gpn if s.request_gpus else 0,
-        cpus_per_task=s.cpus_per_node // gpn if s.cpus_per_node else 0,
+        cpus_per_task=cpus_per_task(s, gpn),
         mem=s.mem_per_node,
         time=time,
         partition=pick(req.partition, s.partition),

@@ -408,7 +408,9 @@ def render(
         ]
         notes.append(f"partition {part.name} declares no GPUs: CPU-only jobs (request_gpus false)")
     spec = f", CPUTot={part.cpus_total} less specialised cores" if part.cpus_total > part.cpus else ""
-    lines.append(f"  cpus_per_node: {part.cpus}  # {src_node}: CPUEfctv{spec} (fewest in the partition)")
+    share = f"; {part.cpus // part.gpus} per GPU: each task's --cpus-per-task" if part.gpus and part.cpus else ""
+    lines.append(f"  cpus_per_node: {part.cpus}  # {src_node}: CPUEfctv{spec} (fewest in the partition){share}")
+    lines.append('  cpu_bind: "cores"  # srun --cpu-bind: each task on cores of its own (docs/sites.md)')
     lines.append(f'  mem_per_node: "0"  # all of a node\'s memory; {src_node}: RealMemory={part.mem_mb} MB')
     src_qos = f"sacctmgr show qos {qos or '-'}"
     lines += [

@@ -91,7 +91,12 @@ class SlurmSection:
     gpus_per_node: int = opt(8, "GPUs (= tasks) per node unless --gpus-per-node says otherwise", lo=0)
     max_gpus_per_node: int = opt(8, "GPUs a node of this cluster has: more cannot be requested", lo=0)
     request_gpus: bool = opt(True, "ask Slurm for the GPUs (--gpus-per-node); false on CPU-only clusters")
-    cpus_per_node: int = opt(0, "cores per node shared by its tasks (0: let Slurm decide)", lo=0)
+    cpus_per_node: int = opt(0, "CPUs a node gives jobs; a task asks its GPU's share (0: Slurm's default)", lo=0)
+    cpu_bind: str = opt(
+        "cores",
+        "srun --cpu-bind of the training tasks when they ask CPUs (cpus_per_node set); '': the site's binding",
+        choices=("cores", "threads", "sockets", "ldoms", "none", ""),
+    )
     mem_per_node: str = opt("0", "memory per node for --mem (e.g. 480G; 0: all of it)")
     signal_lead_s: int = opt(180, "seconds before the time limit that USR2 arrives (checkpoint time)", lo=1)
     node_mtbf_hours: float = opt(
