@@ -38,6 +38,9 @@ def uninterrupted(world: int, digits_root: Path, tmp_path_factory) -> dict:
         return ckpt.load(ckpt.list_checkpoints(d / "ref")[0])["model"]
 
 
+SUBMITTING = ("submit", "sweep", "eval")  # the commands that refuse a live controller without a profile
+
+
 def hp(
     cluster,
     *args: str,
@@ -49,13 +52,17 @@ def hp(
 ):
     """`hpctrain …` against the test cluster, as a site user types it (tests/site_users.py): the first
     ordinary user by default (or `user`), umask 002, a login shell's clean environment with $SLURM_CONF
-    and `env`; its jobs run as that user. `as_root`: as this test process, in its own environment (no
-    $HPCTRAIN_CLUSTER), for what only an administrator does."""
+    and `env`; its jobs run as that user. `as_root`: as this test process, in its own environment, for
+    what only an administrator does. Either way a submission's profile is `local` (CPU nodes, no GPUs
+    asked) unless `env` names another ($HPCTRAIN_CLUSTER): one to a controller with no profile named
+    is refused (the other commands run without one, as before)."""
     cmd = [sys.executable, "-m", "hpctrain", *args]
+    profile = {"HPCTRAIN_CLUSTER": "local"} if args and args[0] in SUBMITTING else {}
+    env = {"OMP_NUM_THREADS": "1", **profile, **(env or {})}
     if not as_root and cluster.users is not None:
-        return cluster.user_run(cmd, user, {"OMP_NUM_THREADS": "1", **(env or {})}, cwd=cwd, timeout=timeout)
-    e = cluster.environ({"OMP_NUM_THREADS": "1", **(env or {})})
-    if "HPCTRAIN_CLUSTER" not in (env or {}):
+        return cluster.user_run(cmd, user, env, cwd=cwd, timeout=timeout)
+    e = cluster.environ(env)
+    if "HPCTRAIN_CLUSTER" not in env:  # this machine's own, if any
         e.pop("HPCTRAIN_CLUSTER", None)
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=e, timeout=timeout)
 
