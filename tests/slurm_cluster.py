@@ -10,7 +10,7 @@ With `cgroups=True`, cgroups as sites run them (task/cgroup, proctrack/cgroup, j
 memory a consumable resource): a job over its --mem is a real cgroup OOM kill (docs/sweeps.md).
 
 The host's Slurm is Debian 12's 22.05. With `sysroot=` (a Debian 13 root from `.ci/slurm24`), every
-Slurm daemon and client, and munged, runs from that root instead (Slurm 24.11): chrooted, in a private
+Slurm daemon and client, and munged, runs from that root instead (Slurm 24.11): its root (pivot_root), in a private
 mount namespace that binds the host paths a job uses at the same paths (`SYSROOT_BINDS`, the cluster's
 directory, the checkout, the host Python's prefix); `bin/` holds wrappers for the clients, first on
 the cluster's PATH, so `hpctrain` on the "login node" and the jobs' batch shells use 24.11's
@@ -457,6 +457,7 @@ StorageLoc=slurm_{self.cluster_name}
             if self.users is not None:  # e.g. the root's own /root (0700) above the host Python
                 self.users.reach(root / b.lstrip("/"))
         (root / "etc" / "hosts").touch()
+        (root / ".oldroot").mkdir(exist_ok=True)  # where pivot_root puts the host's root (then unmounted)
         self._write_hosts()  # bound over the sysroot's /etc/hosts by every command
         (r / "bin").mkdir(exist_ok=True)
         q = shlex.quote
@@ -465,7 +466,7 @@ StorageLoc=slurm_{self.cluster_name}
             r / "bin" / "enter-ns",
             f"""\
 #!/bin/sh
-# The second half of bin/enter, in its private mount namespace: bind, chroot, cd back.
+# The second half of bin/enter, in its private mount namespace: bind, pivot_root, cd back.
 set -e
 cwd=$1; shift
 # the root a mount point of its own: `unshare --mount` in it (a job's fake apptainer) can then
@@ -475,7 +476,12 @@ mount --bind {q(str(root))} {q(str(root))}
 mount --bind {q(str(r / "etc" / "hosts"))} {q(str(root / "etc" / "hosts"))}
 mount --bind /etc/passwd {q(str(root / "etc" / "passwd"))}
 mount --bind /etc/group {q(str(root / "etc" / "group"))}
-exec chroot {q(str(root))} /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$cwd" "$@"
+# pivot_root, not chroot: in a chroot the kernel refuses a user namespace, which an ordinary user's
+# (fake) apptainer makes (unshare(2), EPERM "the caller is in a chroot environment")
+cd {q(str(root))}
+/usr/sbin/pivot_root . .oldroot  # sbin: not on a user's PATH
+umount -l /.oldroot
+exec /bin/sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$cwd" "$@"
 """,
         )
         _script(
@@ -527,7 +533,7 @@ exec unshare --mount --propagation private {q(str(r / "bin" / "enter-ns"))} "$PW
         """`cmd` as a site user runs it from a login shell (tests/site_users.py; the first user by
         default): their uid, groups and umask 002, a clean environment plus what the site's login
         profile sets (SLURM_CONF; on 24.11 the client wrappers first on PATH) and `env`. On 24.11 the
-        command starts in the sysroot as root (its clients need the chroot), then becomes the user."""
+        command starts in the sysroot as root (its clients need that root), then becomes the user."""
         assert self.users is not None, "this cluster was started without users (SlurmCluster(users=…))"
         user = user or self.users.users[0]
         site = {"SLURM_CONF": str(self.conf)}

@@ -331,10 +331,10 @@ def test_every_stop_signal_path_resumes_exactly_without_slurm_in_the_container(
             assert env["source"]["path"] == f"{mount}/hpctrain", (label, env["source"])
             assert env["source"]["running"] == env["source"]["submitted"], (label, env["source"])
     if "scancel TERM" in jobs:
-        st = hp(slurm_cluster, "status", jobs["scancel TERM"]).stdout
-        assert "requeues       1 (1 after preemption, 0 after a time limit" in st, st
-    st = hp(slurm_cluster, "status", jobs["scancel USR2 --batch"]).stdout
-    assert "requeues       1 (0 after preemption, 1 after a time limit" in st, st
+        r = hp(slurm_cluster, "status", jobs["scancel TERM"])
+        assert "requeues       1 (1 after preemption, 0 after a time limit" in r.stdout, r.stdout + r.stderr
+    r = hp(slurm_cluster, "status", jobs["scancel USR2 --batch"])
+    assert "requeues       1 (0 after preemption, 1 after a time limit" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.slow
