@@ -99,8 +99,9 @@ def sbatch_lines(p: JobPlan) -> list[str]:
 
 def stop_lines() -> list[str]:
     """Signals and the stop file: what the tasks and this shell agree on before srun starts; the
-    shell's calls to slurmctld (ctld.sh: retried through a controller restart or stall)."""
-    return [*shellfile.lines("stops.sh"), *shellfile.lines("ctld.sh")]
+    shell's long commands, waited for so that a trap acts at once (signals.sh); its calls to slurmctld
+    (ctld.sh: retried through a controller restart or stall)."""
+    return [*shellfile.lines("stops.sh"), *shellfile.lines("signals.sh"), *shellfile.lines("ctld.sh")]
 
 
 # Slurm applies the submitting shell's soft limits to the job (slurm.conf(5), PropagateResourceLimits:
