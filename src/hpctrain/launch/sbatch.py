@@ -194,7 +194,9 @@ def render(
     if not p.spare_nodes:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
         lines += [*shellfile.lines("no_kill.sh"), ""]
     lines += [*stop_lines(), ""]
-    lines += inplace.setup_lines(p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts)
+    lines += inplace.setup_lines(
+        p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts, p.profile.slurm.report_bad_node
+    )
     if prof.container.stage_image:
         c = prof.container
         lines += ["", *stage_image.batch_lines(c.stage_image_to, c.stage_image_keep_days), ""]
