@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.launch import inplace, shellfile
-from hpctrain.launch.sbatch import stop_lines
+from hpctrain.launch.sbatch import step_loop, stop_lines
 
 TRAP_LINE = "batch shell received SIGUSR2"
 DEADLINE_S = 60  # a bound on waiting for an event, never a measured time
@@ -31,12 +31,13 @@ def stand_ins(tmp_path: Path, block: str = "", nodes: str = "n1") -> dict[str, s
     bin_dir.mkdir()
     os.mkfifo(tmp_path / "fifo")
     blocking = f'echo "$0 $*" >> {tmp_path}/started; read -r _ < {tmp_path}/fifo; exit 1'
-    job = f"echo JobId=1 JobName=j JobState=RUNNING NodeList={nodes} StdErr="
+    job = f"echo JobId=1 JobName=j JobState=RUNNING Restarts=0 NodeList={nodes} StdErr="
     bodies = {
         "scontrol": (
             'case "$1 $2" in\n'
             '  "show hostnames") printf "%s\\n" "$3" | tr , "\\n" ;;\n'
             f'  "show job") {blocking if block == "scontrol show job" else job} ;;\n'
+            f'  "requeue "*) echo "$*" >> {tmp_path}/requeued ;;\n'
             "esac\n"
         ),
         "srun": (blocking if block == "srun" else 'echo "$$" >> "$HPCTRAIN_TEST_PIDS"; exec sleep 300') + "\n",
@@ -129,6 +130,28 @@ def test_a_usr2_during_a_long_command_runs_the_trap_while_the_command_still_runs
         p.wait(timeout=DEADLINE_S)
     finally:
         end_session(p)
+
+
+def test_a_stop_signal_that_came_before_the_step_requeues_the_job_without_starting_it(tmp_path):
+    """A USR2 during the image copy: the trap acts at once, but no step runs yet to pass it to. Before,
+    the training step started after it and never heard of the stop: on Slurm 22.05 (no SLURM_JOB_END_TIME
+    for the tasks' own clock) the job ran into its time limit and ended TIMEOUT, never requeued. Now no
+    step starts and the shell requeues the job (scontrol requeue) to resume from the last checkpoint."""
+    env = stand_ins(tmp_path)
+    script = "\n".join(
+        [
+            PARTS,
+            SPARES,
+            *inplace.guard_lines(),
+            "kill -USR2 $$  # as during the image copy (the trap ran; the copy went on and ended)",
+            *step_loop("true"),
+        ]
+    )
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "pids").exists(), "a training step started after the stop signal"
+    assert (tmp_path / "requeued").read_text() == "requeue 7\n", r.stdout + r.stderr
+    assert "a stop signal (SIGUSR2) came before the step started: requeued" in r.stdout, r.stdout
 
 
 ORPHAN = (  # notes each USR2 it gets, and ends at a TERM; traps run in signal order, USR2 (12) before TERM (15)

@@ -71,7 +71,8 @@ fi
 # Prolog inside its first probe step, after a failure, while the job waits (HPCTRAIN_PROBE_START_S).
 # One step on the spares now, beside the training's first step, runs their Prolog at the start.
 if [ "$hpctrain_spares" -gt 0 ]; then
-  hpctrain_warm=$(hpctrain_healthy | tail -n "+$((hpctrain_train_nodes + 1))")
+  hpctrain_out hpctrain_warm hpctrain_healthy  # a trapped signal acts at once (signals.sh)
+  hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | tail -n "+$((hpctrain_train_nodes + 1))")
   if [ -n "$hpctrain_warm" ]; then
     hpctrain_n=$(printf '%s\n' "$hpctrain_warm" | wc -l)
     hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | paste -sd, -)
