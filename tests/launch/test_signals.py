@@ -2,8 +2,9 @@
 foreground command ends, so a long command (an image copy, a probe step, slurmctld retries) runs in
 the background and is waited for. The parts run under bash as rendered, with stand-ins for srun and
 scontrol that block on a fifo: the trap's line must appear while the stand-in still blocks (an event,
-not a timing). Also: a PID that is no longer the step's is never signalled, and the background helpers
-(heartbeat, warm-up step) end with the shell."""
+not a timing). Also: a stop that came before a step requeues the job without starting it, a PID that
+is no longer the step's is never signalled, and the background helpers (heartbeat, warm-up step) end
+with the shell."""
 
 from __future__ import annotations
 
