@@ -137,12 +137,13 @@ def gpu_probe_env(lost: Path) -> dict:
     }
 
 
-def submit_silent_rank_job(cluster, digits_root, tmp_path, name: str, lost: Path) -> str:
+def submit_silent_rank_job(cluster, digits_root, tmp_path, name: str, lost: Path, *extra: str) -> str:
     """A 2-node job without spares whose hang watchdog fires 5 s after a rank stops, with GPU probes
-    (`gpu_probe_env(lost)`, no GPU lost yet), once it has trained 7 steps."""
+    (`gpu_probe_env(lost)`, no GPU lost yet), once it has trained 7 steps; `extra`: more submit options."""
     lost.write_text("")
     job = submit(
         cluster,
+        *extra,
         "--partition",
         SPARE_PARTITION,
         "--nodes",
@@ -197,9 +198,20 @@ def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list
     """No spares: rank 1 stops (the hang watchdog names its node as a suspect in
     $HPCTRAIN_BAD_NODES_FILE) and its node's GPU drops off the bus (a fake nvidia-smi lists none
     there); the probe confirms the node faulty, and the batch shell requeues the job with that node
-    excluded (ExcNodeList); the job finishes on the other nodes of the partition."""
+    excluded (ExcNodeList); the job finishes on the other nodes of the partition. The site's
+    slurm.report_bad_node command and file hear of the node, its evidence and the job (docs/sites.md)."""
     run, lost = tmp_path / "silent", tmp_path / "lost-gpus"
-    job = submit_silent_rank_job(slurm_cluster, digits_root, tmp_path, "silent", lost)
+    report, admin_log = tmp_path / "report-node", tmp_path / "admin" / "bad-nodes.log"
+    report.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {tmp_path}/report-args\n")
+    report.chmod(0o755)
+    admin_log.parent.mkdir()
+    admin_log.touch(mode=0o666)
+    admin_log.chmod(0o666)  # the admins' file: appendable by the users
+    reporting = (
+        f"--cluster-set=slurm.report_bad_node.command=[{report}]",
+        f"--cluster-set=slurm.report_bad_node.file={admin_log}",
+    )
+    job = submit_silent_rank_job(slurm_cluster, digits_root, tmp_path, "silent", lost, *reporting)
     victim = rank_hosts(run)[1][1]
     pid = task_pid(job, 1)
     assert pid
@@ -220,6 +232,10 @@ def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list
     assert hangs and hangs[-1]["ranks"] == [1] and metrics(run, "end")[-1]["status"] == "finished"
     st = hp(slurm_cluster, "status", job).stdout
     assert re.search(rf"excluded +{victim} \(probe step failed \(exit 2\): nvidia-smi -L lists 0", st), st
+    node, evidence, job_id = (tmp_path / "report-args").read_text().split("\0")[:-1]
+    assert (node, job_id) == (victim, job) and "nvidia-smi -L lists 0 of the 1 GPU(s)" in evidence, evidence
+    (line,) = admin_log.read_text().splitlines()
+    assert line.split("\t")[1:3] == [job, victim] and line.split("\t")[4] == evidence, line
 
 
 @pytest.mark.slurm

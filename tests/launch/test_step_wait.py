@@ -1,5 +1,5 @@
-"""The batch shell's wait for a step (launch/shell/step_wait.sh): through trapped signals to srun's
-own exit status, and never spinning on a PID that srun no longer holds."""
+"""The batch shell's wait for a step (launch/shell/step_wait.sh, signals.sh's hpctrain_wait): through
+trapped signals to srun's own exit status, and never spinning on a PID that srun no longer holds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 from hpctrain.launch import shellfile
 
 WAIT = "\n".join(shellfile.lines("step_wait.sh"))
-PRELUDE = textwrap.dedent("""\
+PRELUDE = "\n".join(shellfile.lines("signals.sh")) + textwrap.dedent("""
     HPCTRAIN_STOP_FILE=/nonexistent/stop hpctrain_signal=""
     hpctrain_preempted() { return 1; }
     trap 'hpctrain_signal=USR2' USR2

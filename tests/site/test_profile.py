@@ -68,6 +68,12 @@ def test_fabric_env_per_kind_and_overrides():
         (["modules=[cuda; rm -rf /]"], "not a module name"),
         (["env.A B=1"], "not a valid environment variable name"),
         (["container.image="], "container.image is empty"),
+        (
+            ["slurm.report_bad_node.command=[report-node]"],
+            r"report_bad_node.command=\['report-node'\]: give the program's absolute path",
+        ),
+        (["slurm.report_bad_node.file=bad.log"], "report_bad_node.file='bad.log': give an absolute path"),
+        (["slurm.report_bad_node.timeout_s=0"], "report_bad_node.timeout_s=0 is out of range"),
         (["slurm.time=soon"], "HH:MM:SS"),
         (["fabric.hcas=[=mlx5_0]"], r"fabric.hcas: '=mlx5_0' is not an HCA port"),
         (["fabric.hcas=[mlx5_0:x]"], r"fabric.hcas: 'mlx5_0:x' is not an HCA port"),

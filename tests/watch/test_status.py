@@ -213,3 +213,32 @@ def test_the_docs_status_sample_agrees_with_itself():
     assert images_per_s / batch == pytest.approx(steps_per_s, rel=0.1), (images_per_s, steps_per_s)
     left_s = (int(step.group(2)) - int(step.group(1))) / steps_per_s
     assert int(eta.group(1) or 0) * 60 + int(eta.group(2)) == pytest.approx(left_s, rel=0.1, abs=2), left_s
+
+
+def test_status_names_the_nodes_the_batch_shell_left_out_before_any_rank_records_them(tmp_path):
+    """The batch shell writes `.hpctrain/excluded-<job>` as it leaves a node out (exclude.sh); a job
+    requeued without the node waits in the queue, and no rank has recorded the exclusion yet (metrics
+    has none). `status` names each node with its own evidence from that file; a node whose `exclude`
+    record is in metrics keeps the record's evidence."""
+    why = (
+        "n3: probe step failed (exit 2): nvidia-smi -L lists 0 of the 1 GPU(s) the job uses; "
+        "n4: left the job's allocation (Slurm: node failure)"
+    )
+    (tmp_path / ".hpctrain").mkdir()
+    (tmp_path / ".hpctrain" / "excluded-77").write_text(
+        f"{int(T0)}\tn3\t{why}\n{int(T0)}\tn4\t{why}\n{int(T0)}\tn1\tn1: batch host n1 DOWN\ngarbage\n"
+    )
+    (tmp_path / "job.json").write_text(json.dumps({"job_id": "77", "executor": "slurm"}))
+    rec = {"kind": "exclude", "time": T0, "job": "77", "attempt": 0, "nodes": ["n1"], "why": "n1: recorded by rank 0"}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+    st = run_status(str(tmp_path), now=T0 + 60)
+    assert st.facts()["excluded_nodes"] == {
+        "n1": "recorded by rank 0",
+        "n3": "probe step failed (exit 2): nvidia-smi -L lists 0 of the 1 GPU(s) the job uses",
+        "n4": "left the job's allocation (Slurm: node failure)",
+    }
+    assert re.search(
+        r"excluded +n1 \(recorded by rank 0\); n3 \(probe step failed \(exit 2\): nvidia-smi -L lists 0 of the 1 "
+        r"GPU\(s\) the job uses\); n4 \(left the job's allocation \(Slurm: node failure\)\)",
+        st.text(),
+    ), st.text()

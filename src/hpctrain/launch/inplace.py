@@ -20,15 +20,28 @@ from __future__ import annotations
 
 from hpctrain.launch import shellfile
 from hpctrain.run.badnodes import NODE_NAME
+from hpctrain.site.profile import BadNodeReport
 
 # badnodes.NODE_NAME for `grep -xE`: the shell passes on no other node name
 NODE_ERE = NODE_NAME.pattern
 
 
-def setup_lines(spares: int, tasks_per_node: int, max_restarts: int) -> list[str]:
+def report_lines(report: BadNodeReport) -> list[str]:
+    """slurm.report_bad_node as the shell's values, and the function that reports (report_node.sh)."""
+    return [
+        "# Each node left out is reported to the site's admins (slurm.report_bad_node; docs/sites.md).",
+        shellfile.array("hpctrain_report_cmd", list(report.command)),
+        shellfile.assign("hpctrain_report_file", report.file),
+        f"hpctrain_report_s={int(report.timeout_s)}",
+        *shellfile.lines("report_node.sh"),
+    ]
+
+
+def setup_lines(spares: int, tasks_per_node: int, max_restarts: int, report: BadNodeReport | None = None) -> list[str]:
     """Before the first step: how many nodes train, the files, and the shell functions (exclude.sh,
     spares.sh, restarts.sh)."""
     return [
+        *report_lines(report or BadNodeReport()),
         "# Hot spares (slurm.spare_nodes; HPCTRAIN_SPARE_NODES overrides): the job holds that many nodes more",
         "# than it trains on (#SBATCH --no-kill: a failed node leaves the job instead of ending it). After a",
         "# failed step this shell names the faulty nodes (the tasks' $HPCTRAIN_BAD_NODES_FILE, Slurm's node",

@@ -102,8 +102,9 @@ def sbatch_lines(p: JobPlan) -> list[str]:
 
 def stop_lines() -> list[str]:
     """Signals and the stop file: what the tasks and this shell agree on before srun starts; the
-    shell's calls to slurmctld (ctld.sh: retried through a controller restart or stall)."""
-    return [*shellfile.lines("stops.sh"), *shellfile.lines("ctld.sh")]
+    shell's long commands, waited for so that a trap acts at once (signals.sh); its calls to slurmctld
+    (ctld.sh: retried through a controller restart or stall)."""
+    return [*shellfile.lines("stops.sh"), *shellfile.lines("signals.sh"), *shellfile.lines("ctld.sh")]
 
 
 # Slurm applies the submitting shell's soft limits to the job (slurm.conf(5), PropagateResourceLimits:
@@ -226,7 +227,9 @@ def render(
     if not p.spare_nodes:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
         lines += [*shellfile.lines("no_kill.sh"), ""]
     lines += [*stop_lines(), ""]
-    lines += inplace.setup_lines(p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts)
+    lines += inplace.setup_lines(
+        p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts, p.profile.slurm.report_bad_node
+    )
     if prof.container.stage_image:
         c = prof.container
         lines += ["", *stage_image.batch_lines(c.stage_image_to, c.stage_image_keep_days), ""]

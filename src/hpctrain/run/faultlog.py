@@ -6,6 +6,9 @@ per Slurm job, kept across requeues): `time, restart count, attempt, action, nod
 tab-separated. At start-up rank 0 writes each line it has not recorded yet as a `restart` record
 (the job went on in place), an `exclude` record (requeued without the nodes) or an `fs_stall`
 record (the run directory took no probe's write: no node was left out for it).
+The shell also keeps every node it leaves out in `.hpctrain/excluded-<job>` (`time, node, why`;
+launch/shell/exclude.sh), written at once: `hpctrain status` reads it (`excluded`), so a node left out
+before a requeue is named while the job waits in the queue, before any rank records it.
 Imports no torch: `hpctrain status` reads the records on a login node. It lives below `launch/`
 (the shell's side and status) and `train/` (rank 0 records the lines).
 """
@@ -64,3 +67,22 @@ def record_new(metrics, records: list[dict], env: Mapping[str, str] | None = Non
     for r in new:
         metrics.write(r["kind"], **{k: v for k, v in r.items() if k != "kind"})
     return new
+
+
+def excluded_path(control_dir: str | Path, job: str) -> Path:
+    """The batch shell's exclusions of one job (exclude.sh's $HPCTRAIN_EXCLUDED_FILE)."""
+    return Path(control_dir) / f"excluded-{job}"
+
+
+def read_excluded(path: str | Path) -> dict[str, tuple[int, str]]:
+    """{node: (when, why)} from an exclusions file, the first line of each node; malformed lines skipped."""
+    out: dict[str, tuple[int, str]] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        f = line.split("\t")
+        if len(f) == 3 and f[0].isdigit() and NODE_NAME.fullmatch(f[1]) and f[1] not in out:
+            out[f[1]] = (int(f[0]), f[2])
+    return out

@@ -427,6 +427,11 @@ def render(
             )
         ],
     ]
+    lines += [  # not on the cluster to read: the site's admins say where they want to hear of bad nodes
+        "  # report_bad_node:  # each node a job leaves out for a fault, to the admins (docs/sites.md); ASK THEM",
+        "  #   command: [/usr/local/sbin/report-node]  # gets: node, evidence, job id",
+        "  #   file: /shared/admin/hpctrain-bad-nodes.log  # or: a line appended per node",
+    ]
     if qlim:
         notes.append(f"QOS {qos} limits: " + ", ".join(f"{k}={v}" for k, v in qlim.items()))
     mods = facts.modules

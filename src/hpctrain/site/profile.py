@@ -81,6 +81,31 @@ class LimitsSection:
 
 
 @dataclass(frozen=True)
+class BadNodeReport:
+    """Who hears of a node a job leaves out for a fault (ExcNodeList, docs/spares.md): the batch shell
+    runs the site's command and/or appends a line to a file, bounded by timeout_s; a report that
+    fails or hangs is one warning line in the job's log, never the job's end (docs/sites.md)."""
+
+    command: list[str] = opt(
+        [], "a program (absolute path) and its first arguments; the shell adds three: node, evidence, job id"
+    )
+    file: str = opt("", "an absolute path the shell appends a line to: time, job id, node, user, evidence (tabs)")
+    timeout_s: int = opt(30, "seconds the command, or the append to the file, may take before it is abandoned", lo=1)
+
+    def validate(self) -> None:
+        if self.command and (not self.command[0].startswith("/") or not all(self.command)):
+            raise ConfigError(
+                f"slurm.report_bad_node.command={self.command!r}: give the program's absolute path first and no "
+                "empty word, e.g. [/usr/local/sbin/report-node, --site, mysite]"
+            )
+        if self.file and not self.file.startswith("/"):
+            raise ConfigError(
+                f"slurm.report_bad_node.file={self.file!r}: give an absolute path on a file system the nodes "
+                "see, e.g. /shared/admin/bad-nodes.log"
+            )
+
+
+@dataclass(frozen=True)
 class SlurmSection:
     partition: str = opt("", "partition (--partition); empty: the cluster's default")
     account: str = opt("", "account to charge (--account); empty: your default")
@@ -134,6 +159,9 @@ class SlurmSection:
     )
     limits: LimitsSection = field(
         default_factory=LimitsSection, metadata={"doc": "the partition's and QOS's limits (cluster init reads them)"}
+    )
+    report_bad_node: BadNodeReport = field(
+        default_factory=BadNodeReport, metadata={"doc": "tell the site's admins of each node a job leaves out"}
     )
 
     def validate(self) -> None:

@@ -22,7 +22,20 @@ import yaml
 from hpctrain.config_moves import current
 from hpctrain.errors import LaunchError
 from hpctrain.pids import alive
-from hpctrain.run.layout import CONFIG, ENV, JOB, LOCK, LOGS, METRICS, RUNS, SUBMITIT, read_json, slurm_job_run_dir
+from hpctrain.run import faultlog
+from hpctrain.run.layout import (
+    CONFIG,
+    CONTROL,
+    ENV,
+    JOB,
+    LOCK,
+    LOGS,
+    METRICS,
+    RUNS,
+    SUBMITIT,
+    read_json,
+    slurm_job_run_dir,
+)
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table, total_steps
 from hpctrain.site.slurm_cli import job_record
 from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
@@ -365,6 +378,14 @@ def node_reasons(why: str) -> dict[str, str]:
     return out
 
 
+def add_excluded(metrics: dict, path: Path) -> None:
+    """The nodes the batch shell left out (faultlog.read_excluded), with their evidence, into
+    metrics["excluded"]: written as the shell decides, so a job waiting in the queue after its requeue
+    names them before its next attempt's rank 0 records them (a node already there keeps its record's)."""
+    for node, (_, why) in faultlog.read_excluded(path).items():
+        metrics.setdefault("excluded", {}).setdefault(node, node_reasons(why).get(node) or why)
+
+
 def summarize(records: list[dict]) -> dict:
     """The run's last word on each thing `hpctrain status` shows, from its metrics records."""
     out: dict = {}
@@ -500,6 +521,8 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     run_dir, job_id, executor = resolve(target)
     records = read_metrics(run_dir / METRICS) if run_dir else []
     metrics = summarize(records)
+    if run_dir and job_id:
+        add_excluded(metrics, faultlog.excluded_path(run_dir / CONTROL, job_id))
     where = where_of(run_dir)
     acct = accounting(job_id, where) if job_id and executor == "slurm" else Accounting()
     rows = acct.rows

@@ -11,7 +11,7 @@
 hpctrain_scontrol() {  # scontrol "$@", retried while the controller does not answer; output on stdout
   local out rc end=$((SECONDS + ${HPCTRAIN_CTLD_WAIT_S:-600})) said=""
   while true; do
-    out=$(scontrol "$@" 2>&1); rc=$?
+    hpctrain_out -2 out scontrol "$@"; rc=$?  # signals.sh: a trapped signal acts at once
     case "$rc:$out" in
       0:*) break ;;
       *"Unable to contact slurm controller"*|*"Socket timed out on send/recv"*|*"Zero Bytes were transmitted"*|\
@@ -24,7 +24,7 @@ hpctrain_scontrol() {  # scontrol "$@", retried while the controller does not an
         tr -d '\000-\037' | cut -c1-120)): retrying for up to ${HPCTRAIN_CTLD_WAIT_S:-600} s" >&2
       said=1
     fi
-    sleep 2
+    hpctrain_fg sleep 2
   done
   [ -z "$said" ] || echo "hpctrain: slurmctld answered again at $(date +%T) (scontrol $1 $2: exit $rc)" >&2
   printf '%s\n' "$out"
@@ -36,6 +36,9 @@ hpctrain_job_field() {  # one field of `scontrol show job` (empty when unknown; 
   # the job's name is the user's and may hold " Key=value": cut it out before reading any field
   [ -z "${SLURM_JOB_NAME:-}" ] || out=${out/" JobName=$SLURM_JOB_NAME "/ }
   printf '%s\n' "$out" | tr " " "\n" | sed -n "s/^$1=//p" | head -n 1 || true
+}
+hpctrain_field() {  # $1= hpctrain_job_field $2, for this shell itself: a trapped signal acts at once (signals.sh)
+  hpctrain_out "$1" hpctrain_job_field "$2" || true
 }
 hpctrain_names() {  # only names a node may have (hpctrain.run.badnodes.NODE_NAME), one per line
   grep -xE "$hpctrain_node_name" || true
@@ -71,6 +74,6 @@ hpctrain_requeue() {
     esac
     [ "$SECONDS" -lt "$end" ] || return 1
     echo "hpctrain: scontrol requeue $hpctrain_job failed ($out): asking again" >&2
-    sleep 5
+    hpctrain_fg sleep 5
   done
 }

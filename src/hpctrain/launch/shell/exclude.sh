@@ -13,6 +13,7 @@ hpctrain_exclude_add() {  # remember nodes ($1: names separated by spaces) left 
   now=$(date +%s)
   for n in $1; do
     printf '%s\t%s\t%s\n' "$now" "$n" "$(printf '%s' "$2" | tr -d '\000-\037')" >> "$HPCTRAIN_EXCLUDED_FILE" || true
+    hpctrain_report_node "$n" "$2" || true  # the site's admins (report_node.sh)
   done
 }
 hpctrain_exc_list() {  # the ExcNodeList to write now, from the job's current one ($1), comma-separated

@@ -50,13 +50,18 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
   # its words go straight to the job's error file, appended by its own bash on the guard's node: once the
   # batch host is dead, no srun is left to carry them (a path with a % pattern: the run's .hpctrain/)
   hpctrain_alive="$HPCTRAIN_CONTROL_DIR/alive-${SLURM_JOB_ID:-none}"
-  (trap "" USR2; i=0; while :; do i=$((i + 1)); echo "$i" > "$hpctrain_alive" || true; sleep "${HPCTRAIN_GUARD_S:-10}"; done) &
-  hpctrain_guard_log=$(hpctrain_job_field StdErr)
+  # (its sleep in the background: the TERM that ends it at exit ends the sleep too)
+  (trap "" USR2; s="" i=0; trap '[ -z "$s" ] || kill "$s" 2>/dev/null; exit 0' TERM
+   while :; do i=$((i + 1)); echo "$i" > "$hpctrain_alive" || true; sleep "${HPCTRAIN_GUARD_S:-10}" & s=$!; wait "$s"; done) &
+  hpctrain_bg_add "$!"
+  hpctrain_field hpctrain_guard_log StdErr
   case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
   srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" --job-name=hpctrain-guard bash -c "$(declare -p hpctrain_job \
-    hpctrain_node_name hpctrain_guard_log hpctrain_alive; declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
+    hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_report_cmd hpctrain_report_file hpctrain_report_s
+    declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
     hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
-    hpctrain_exclude_add hpctrain_budget_left); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
+    hpctrain_exclude_add hpctrain_budget_left hpctrain_ours hpctrain_wait hpctrain_fg hpctrain_out \
+    hpctrain_report_node); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
     hpctrain-guard "$hpctrain_batch_host" &
   hpctrain_guard_srun=$!
   hpctrain_at_exit+=(hpctrain_guard_stop)
@@ -66,10 +71,12 @@ fi
 # Prolog inside its first probe step, after a failure, while the job waits (HPCTRAIN_PROBE_START_S).
 # One step on the spares now, beside the training's first step, runs their Prolog at the start.
 if [ "$hpctrain_spares" -gt 0 ]; then
-  hpctrain_warm=$(hpctrain_healthy | tail -n "+$((hpctrain_train_nodes + 1))")
+  hpctrain_out hpctrain_warm hpctrain_healthy  # a trapped signal acts at once (signals.sh)
+  hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | tail -n "+$((hpctrain_train_nodes + 1))")
   if [ -n "$hpctrain_warm" ]; then
     hpctrain_n=$(printf '%s\n' "$hpctrain_warm" | wc -l)
     hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | paste -sd, -)
     srun --overlap --nodes="$hpctrain_n" --ntasks="$hpctrain_n" --nodelist="$hpctrain_warm" true >/dev/null 2>&1 &
+    hpctrain_bg_add "$!"
   fi
 fi

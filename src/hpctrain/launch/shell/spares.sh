@@ -110,11 +110,13 @@ hpctrain_faults() {  # 'node<TAB>why' for every node named faulty after the step
   wait
 }
 hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), for this job's nodes only
-  local n why seen=' '
+  local n why st faults seen=' '
   hpctrain_new="" hpctrain_fault=""
   # a job Slurm is ending or requeueing itself (NODE_FAIL without --no-kill, scancel): its own
   # decision; probes would fail on healthy nodes then
-  [ "$(hpctrain_job_field JobState)" = RUNNING ] || return 0
+  hpctrain_field st JobState
+  [ "$st" = RUNNING ] || return 0
+  hpctrain_out faults hpctrain_faults  # probe steps: a trapped signal acts at once (signals.sh)
   hpctrain_fs=""
   while IFS=$'\t' read -r n why; do
     case "$why" in "fs: "*) hpctrain_fs="${hpctrain_fs:+$hpctrain_fs, }$n"; continue ;; esac
@@ -123,7 +125,7 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
     case "$seen$hpctrain_bad" in *" $n "*) continue ;; esac  # once each; none left out before
     seen="$seen$n " hpctrain_new="$hpctrain_new$n "
     hpctrain_fault="${hpctrain_fault:+$hpctrain_fault; }$n: $(printf '%s' "$why" | tr -d '\000-\037')"
-  done <<< "$(hpctrain_faults)"
+  done <<< "$faults"
   if [ -n "$hpctrain_fs" ]; then  # a stall of the shared file system is no node's fault: none left out
     echo "hpctrain: the run directory took no write in 5 s from $hpctrain_fs: a file-system stall," \
       "not a node fault; no node is left out for it" >&2

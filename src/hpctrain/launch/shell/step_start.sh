@@ -1,7 +1,16 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# a stop signal that came before this step (the image copy, a probe step: the trap acted at once, but
+# no step ran to pass it to): no step starts; the job is requeued and resumes from the last checkpoint
+if [ -n "$hpctrain_signal" ]; then
+  hpctrain_rc=0 hpctrain_decision=requeue
+  hpctrain_why="a stop signal (SIG$hpctrain_signal) came before the step started: requeued, to resume from the last checkpoint"
+  # shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
+  break
+fi
 hpctrain_step_hosts=$hpctrain_alloc
 if [ "$hpctrain_spares" -gt 0 ]; then
-  hpctrain_step_hosts=" $(hpctrain_healthy | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
+  hpctrain_out hpctrain_v hpctrain_healthy  # a trapped signal acts at once (signals.sh)
+  hpctrain_step_hosts=" $(printf '%s\n' "$hpctrain_v" | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
   # --overlap: a failed step stays RUNNING in slurmctld while its lost node cannot confirm its end,
   # holding its CPUs and GPUs on the healthy nodes too (measured); its tasks are gone, so share them
   hpctrain_step=(--nodes="$hpctrain_train_nodes" --ntasks=$((hpctrain_train_nodes * hpctrain_tpn))
@@ -11,5 +20,5 @@ export HPCTRAIN_ATTEMPT=$hpctrain_attempt
 hpctrain_check_snapshot  # source.sh: an in-job restart imports the snapshot again
 # healthy spares beyond this step's nodes: a straggler stop then restarts here, not a requeue (run/requeue.py)
 export HPCTRAIN_SPARES_FREE=0
-if [ "$hpctrain_spares" -gt 0 ]; then HPCTRAIN_SPARES_FREE=$(( $(hpctrain_healthy | wc -l) - hpctrain_train_nodes )); fi
+if [ "$hpctrain_spares" -gt 0 ]; then HPCTRAIN_SPARES_FREE=$(( $(printf '%s\n' "$hpctrain_v" | grep -c .) - hpctrain_train_nodes )); fi
 rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_BAD_NODES_FILE" "$HPCTRAIN_CRASH_FILE"

@@ -95,13 +95,14 @@ hpctrain_slurm_requeues_preempted() {  # Slurm requeues this preempted job itsel
 }
 hpctrain_pass() {
   hpctrain_signal=$1
-  if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_preempted; then
+  if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_ours "$hpctrain_srun" && hpctrain_preempted; then
     echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set):" \
       "the tasks get SIGTERM and checkpoint at the next step" >&2
     scancel --signal=TERM "$hpctrain_job" && return
   fi
   echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2
-  if [ -n "$hpctrain_srun" ]; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi
+  # the step still running: an ended srun's PID may be another process's now (signals.sh)
+  if [ -n "$hpctrain_srun" ] && hpctrain_ours "$hpctrain_srun"; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi
 }
 trap 'hpctrain_pass USR2' USR2
 trap 'hpctrain_pass TERM' TERM
