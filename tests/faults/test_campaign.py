@@ -57,8 +57,8 @@ SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:0.5:data"}
 
 
 @pytest.fixture(scope="module")
-def campaign_cluster(tmp_path_factory):
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-campaign"), spare_nodes=2).start()
+def campaign_cluster(tmp_path_factory, site_users):
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm-campaign"), spare_nodes=2, users=site_users).start()
     try:
         yield c
     finally:

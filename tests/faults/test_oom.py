@@ -63,7 +63,7 @@ def test_the_oom_hook_strikes_one_rank_at_one_step_and_fails_loudly_without_a_li
 
 
 @pytest.fixture(scope="module", params=["22.05", "24.11"], ids=["slurm22", "slurm24"])
-def cgroup_cluster(request, tmp_path_factory):
+def cgroup_cluster(request, tmp_path_factory, site_users):
     """Its own cluster: CR_CPU_Memory and cgroup limits would change what every other test gets.
     On 24.11 from the root `.ci/slurm24 --prepare` builds (skipped without it, except in CI)."""
     why = missing() or cgroups_missing()
@@ -76,7 +76,12 @@ def cgroup_cluster(request, tmp_path_factory):
             if os.environ.get("CI"):
                 pytest.fail(f"CI: {why}")
             pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-cgroup"), sysroot=sysroot, cgroups=True).start()
+    c = SlurmCluster(
+        tmp_path_factory.mktemp("slurm-cgroup"),
+        sysroot=sysroot,
+        cgroups=True,
+        users=site_users,
+    ).start()
     try:
         yield c
     finally:

@@ -142,10 +142,13 @@ def test_a_failing_batch_host_a_draining_spare_and_a_stalled_controller_leave_a_
 
 
 @pytest.fixture(scope="module")
-def site_timeout_cluster24(tmp_path_factory):
+def site_timeout_cluster24(tmp_path_factory, site_users):
     """Its own Slurm 24.11 cluster with a site's order of SlurmdTimeout (SITE_SLURMD_TIMEOUT)."""
     c = SlurmCluster(
-        tmp_path_factory.mktemp("slurm24-guard"), sysroot=slurm24_sysroot(), slurmd_timeout=SITE_SLURMD_TIMEOUT
+        tmp_path_factory.mktemp("slurm24-guard"),
+        sysroot=slurm24_sysroot(),
+        slurmd_timeout=SITE_SLURMD_TIMEOUT,
+        users=site_users,
     ).start()
     try:
         yield c

@@ -233,13 +233,13 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(ea
 
 
 @pytest.fixture
-def cgroup_cluster(tmp_path_factory):
+def cgroup_cluster(tmp_path_factory, site_users):
     """A cluster of its own with cgroups as sites run them (task/cgroup, ConstrainRAMSpace, memory a
     consumable resource): they would change what every other test gets (tests/faults/test_oom.py)."""
     why = missing() or cgroups_missing()
     if why:
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-cgroup"), cgroups=True).start()
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm-cgroup"), cgroups=True, users=site_users).start()
     try:
         yield c
     finally:

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 if [ ! -f "$HPCTRAIN_IMAGE" ]; then
   echo "hpctrain: image $HPCTRAIN_IMAGE not found on this node: put it there, or resubmit with" \
-    "--cluster-set container.image=PATH (slurm/vit.sbatch: HPCTRAIN_IMAGE=PATH, or CONTAINER=none)" >&2
+    "--cluster-set container.image=PATH (in slurm/vit.sbatch, HPCTRAIN_IMAGE=PATH or CONTAINER=none)" >&2
   exit 1
 fi
