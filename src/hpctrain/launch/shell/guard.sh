@@ -54,9 +54,10 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
   hpctrain_guard_log=$(hpctrain_job_field StdErr)
   case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
   srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" --job-name=hpctrain-guard bash -c "$(declare -p hpctrain_job \
-    hpctrain_node_name hpctrain_guard_log hpctrain_alive; declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
-    hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
-    hpctrain_exclude_add hpctrain_budget_left); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
+    hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_progress_file; declare -f hpctrain_guard hpctrain_scontrol \
+    hpctrain_job_field hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list \
+    hpctrain_requeue_excluding hpctrain_exclude_add hpctrain_budget_left hpctrain_ckpt_latest hpctrain_progress_start \
+    hpctrain_stalled); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
     hpctrain-guard "$hpctrain_batch_host" &
   hpctrain_guard_srun=$!
   hpctrain_at_exit+=(hpctrain_guard_stop)
