@@ -252,3 +252,12 @@ def test_the_batch_shell_counts_the_attempts_without_progress_as_rank_0_does(tmp
     count, verdict = r.stdout.splitlines()
     assert int(count) == b.stalled, (r.stdout, b)
     assert (verdict == "left") == (b.progress or b.others < b.max_requeues), (r.stdout, b)
+
+
+def test_max_requeues_0_turns_requeues_off_even_after_progress():
+    """slurm.max_requeues=0 renders `#SBATCH --no-requeue`, which Slurm holds to: a requeue would be
+    refused, so a stop that checkpointed ends the job (and the shell says why) as before."""
+    b = Budget("3", 0, 0, 0, -1, stalled=0, progress=True)
+    ok, why = decide("time_limit", b)
+    assert not ok and "max_requeues=0" in why
+    assert not decide("exclude", b)[0]

@@ -206,6 +206,8 @@ def decide(kind: str, b: Budget) -> tuple[bool, str]:
     if kind == "exclude":  # the batch shell runs on without the named node: on spares, else by this requeue
         if b.spares_free > 0:  # an in-job restart, not a requeue: no budget spent
             return True, f"restarting job {b.job_id} without a straggling node on a spare ({b.spares_free} free)"
+        if b.max_requeues <= 0:
+            return False, f"slurm.max_requeues={b.max_requeues}: requeues are off; a straggling node is left in"
         if b.progress:
             return True, (
                 f"requeueing job {b.job_id} without a straggling node, or restarting it on a spare: this "
@@ -228,6 +230,8 @@ def decide(kind: str, b: Budget) -> tuple[bool, str]:
             )
         cap = "" if b.max_preemptions < 0 else f"/{b.max_preemptions}"
         return True, f"requeueing job {b.job_id} after preemption {b.preemptions + 1}{cap}"
+    if b.max_requeues <= 0:  # the job was submitted --no-requeue: Slurm would refuse it anyway
+        return False, f"slurm.max_requeues={b.max_requeues}: requeues are off for job {b.job_id}"
     if b.progress:
         return True, (
             f"requeueing job {b.job_id} after its time limit: this attempt checkpointed, so slurm.max_requeues "

@@ -48,8 +48,9 @@ hpctrain_count_preemption() {
   echo "${SLURM_RESTART_COUNT:-0}" >> "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" || true
 }
 hpctrain_budget_left() {  # 0 while the job may be requeued once more; else why not in hpctrain_budget_why
-  local p=0 others now start what="for time limits or failures"
-  now=$(hpctrain_ckpt_latest)  # progress.sh: only attempts without progress count, once the run is known
+  local p=0 others now="" start what="for time limits or failures"
+  # progress.sh: only attempts without progress count, once the run is known; 0 turns requeues off (--no-requeue)
+  [ "${HPCTRAIN_MAX_REQUEUES:-3}" = 0 ] || ! declare -F hpctrain_ckpt_latest >/dev/null || now=$(hpctrain_ckpt_latest)
   if [ -n "$now" ]; then
     start=$(hpctrain_progress_start "${SLURM_RESTART_COUNT:-0}")
     [ -z "$start" ] || [ "$start" = "$now" ] || return 0  # this attempt checkpointed: nothing spent
