@@ -289,6 +289,8 @@ def after_stop(summary: Mapping, metrics=None, env: Mapping[str, str] | None = N
             )
         return False
     b = budget(Path(summary["run_dir"]), env)
+    if b is None:  # SLURM_JOB_ID is set (above): never
+        return False
     ok, why = decide(kind, b)
     if summary.get("rank") == 0:
         (log.warning if ok else log.error)("stopped at step %s (%s): %s", summary.get("step"), kind, why)
