@@ -42,8 +42,8 @@ hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime 
   [ -n "$t" ] && [ "$t" != None ]
 }
 # This shell's own requeues (nodes it found faulty, the guard's) count against slurm.max_requeues as
-# rank 0's do (run/requeue.py): every restart of the job (SLURM_RESTART_COUNT) that was not a
-# preemption. The preemptions are counted here, one line each, as this shell ends for one.
+# rank 0's do (run/requeue.py): the attempts that ended without a newer checkpoint (progress.sh), and
+# were not preemptions. The preemptions are counted here, one line each, as this shell ends for one.
 hpctrain_count_preemption() {
   echo "${SLURM_RESTART_COUNT:-0}" >> "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" || true
 }
