@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.launch.jobs import JOB_SETS, ROOT, digits_sets, hp, job_report, metrics, sacct_states, wait_for_step
+from tests.launch.jobs import JOB_SETS, ROOT, digits_sets, hp, job_report, metrics, sacct_states
 from tests.launch.test_stop_and_requeue import (  # noqa: F401 - container, reference: the module's fixtures
+    ENDED,
     assert_same_weights,
     container,
     reference,
@@ -26,6 +27,19 @@ from tests.launch.test_stop_and_requeue import (  # noqa: F401 - container, refe
 )
 
 pytestmark = pytest.mark.slurm
+
+
+def trained(run: Path) -> int:
+    steps = [r["step"] for r in metrics(run, "train")]
+    return steps[-1] if steps else 0
+
+
+def until(cluster, job: str, run: Path, done, what: str) -> None:
+    """Wait for `done()`; fail at once, with what the job did, when the job ends first."""
+    wait_for(
+        lambda: done() or cluster.state(job) in ENDED, f"{what} never came", 300, lambda: job_report(cluster, job, run)
+    )
+    assert done(), f"job {job} ended before {what}:\n{job_report(cluster, job, run)}"
 
 
 def test_five_time_limit_stops_with_max_requeues_1_end_completed(
@@ -44,14 +58,9 @@ def test_five_time_limit_stops_with_max_requeues_1_end_completed(
     try:
         last = 0
         for n in range(1, 6):
-            wait_for_step(run, last + 3, 300)  # the attempt after the last stop trains again
+            until(slurm_cluster, job, run, lambda last=last: trained(run) >= last + 3, f"step {last + 3}")
             slurm_cluster.run("scancel", "--batch", "--signal=USR2", job)
-            wait_for(
-                lambda n=n: len(metrics(run, "stop")) >= n,
-                f"stop {n} of job {job} never came",
-                300,
-                lambda: job_report(slurm_cluster, job, run),
-            )
+            until(slurm_cluster, job, run, lambda n=n: len(metrics(run, "stop")) >= n, f"stop {n}")
             last = metrics(run, "stop")[-1]["step"]
         assert slurm_cluster.wait_done(job, 400) == "COMPLETED", job_report(slurm_cluster, job, run)
     finally:
@@ -152,13 +161,11 @@ def test_an_extended_time_limit_a_suspend_and_a_lost_usr2(
 
         start = time.mktime(time.strptime(field("StartTime"), "%Y-%m-%dT%H:%M:%S"))
         old_due = start + 120 - 100
-        wait_for_step(run, 3, 120)
+        until(slurm_cluster, job, run, lambda: trained(run) >= 3, "step 3")
         slurm_cluster.run("scontrol", "suspend", job)
         time.sleep(10)
         slurm_cluster.run("scontrol", "resume", job)
-        wait_for(
-            lambda: metrics(run, "stop"), f"job {job} never stopped", 300, lambda: job_report(slurm_cluster, job, run)
-        )
+        until(slurm_cluster, job, run, lambda: metrics(run, "stop"), "the time-limit stop")
         assert slurm_cluster.wait_done(job, 300) == "COMPLETED", job_report(slurm_cluster, job, run)
     finally:
         slurm_cluster.run("scancel", job, check=False)
