@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from hpctrain.errors import LaunchError
-from hpctrain.run.requeue import Budget, after_stop, budget, check_budget, decide
+from hpctrain.run.requeue import (
+    Budget,
+    after_stop,
+    budget,
+    check_budget,
+    decide,
+    read_starts,
+    record_start,
+    stalled,
+)
 
 
 def test_time_limit_requeues_are_capped_by_max_requeues():
@@ -118,3 +129,135 @@ def test_task_refuses_a_submitit_other_than_the_submitters(monkeypatch):
         from hpctrain.train import stop
 
         stop.STOP.installed = False
+
+
+# ---------------------------------------------------------------- progress (the crash-loop guard)
+
+
+def ledger_env(tmp_path, restart: int, max_requeues: int = 1) -> dict[str, str]:
+    ctl = tmp_path / ".hpctrain"
+    ctl.mkdir(exist_ok=True)
+    return {
+        "SLURM_JOB_ID": "9",
+        "SLURM_RESTART_COUNT": str(restart),
+        "HPCTRAIN_MAX_REQUEUES": str(max_requeues),
+        "HPCTRAIN_CONTROL_DIR": str(ctl),
+    }
+
+
+def checkpoint(run, step: int) -> None:
+    """What train.ckpt leaves: checkpoints/latest naming the newest file."""
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run / "checkpoints" / "latest").write_text(f"step-{step}.pt\n")
+
+
+def test_time_limit_stops_that_checkpointed_never_spend_max_requeues(tmp_path):
+    """Five windows in a row with slurm.max_requeues=1, each starting where the last stopped and
+    checkpointing at its stop: every one is requeued, none spends the cap (the log line says 0/1)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for attempt in range(5):
+        env = ledger_env(tmp_path, attempt)
+        record_start(run, env)
+        check_budget(budget(run, env))
+        checkpoint(run, 10 * (attempt + 1))  # the stop's checkpoint
+        b = budget(run, env)
+        assert b.progress and b.others == 0, b
+        ok, why = decide("time_limit", b)
+        assert ok and "not spent (0/1" in why, why
+    starts = read_starts(tmp_path / ".hpctrain" / "progress-9")
+    assert starts == {0: "-", 1: "step-10.pt", 2: "step-20.pt", 3: "step-30.pt", 4: "step-40.pt"}
+
+
+def test_attempts_without_a_newer_checkpoint_spend_max_requeues(tmp_path):
+    """A crash loop: every attempt starts from step-10 and writes nothing newer. The first such attempt
+    may be requeued (1/1); after it the cap is spent, and a restart beyond it is refused at the start."""
+    run = tmp_path / "run"
+    checkpoint(run, 10)
+    env = ledger_env(tmp_path, 0)
+    record_start(run, env)
+    assert decide("time_limit", budget(run, env)) == (True, "requeueing job 9 after its time limit (1/1)")
+    env = ledger_env(tmp_path, 1)
+    record_start(run, env)
+    b = budget(run, env)
+    assert (b.others, b.progress) == (1, False)
+    ok, why = decide("time_limit", b)
+    assert not ok and "requeued 1 times already without progress" in why, why
+    check_budget(b)  # one past the cap is what Slurm may still have done: refused from two on
+    env = ledger_env(tmp_path, 2)
+    record_start(run, env)
+    with pytest.raises(LaunchError, match="restarted 2 times without progress"):
+        check_budget(budget(run, env))
+
+
+def test_an_outside_requeue_after_progress_spends_nothing_and_a_start_that_never_reached_rank_0_does(tmp_path):
+    """Attempt 0 checkpointed, then an admin's `scontrol requeue` (no record of rank 0 says why): attempt 1
+    starts from a newer checkpoint, so attempt 0 spent nothing. Attempt 1 died before rank 0 wrote its
+    line (a node lost at start): it counts; attempt 2 starts from the same checkpoint as attempt 1 would have."""
+    starts = {0: "-", 2: "step-10.pt"}
+    assert stalled(starts, 1, "step-10.pt", set()) == 0
+    assert stalled(starts, 2, "step-10.pt", set()) == 1  # attempt 1: no line
+    assert stalled({0: "-", 1: "-"}, 2, "-", set()) == 2
+    assert stalled({0: "-", 1: "-"}, 2, "-", {0, 1}) == 0  # preemptions have their own cap
+    assert stalled({0: "step-4.pt", 1: "step-8.pt", 2: "step-8.pt"}, 2, "step-9.pt", set()) == 1
+
+
+def test_record_start_keeps_the_first_line_of_an_attempt(tmp_path):
+    """An in-job restart (same SLURM_RESTART_COUNT) or the shell's line before rank 0's: the first stands."""
+    run = tmp_path / "run"
+    env = ledger_env(tmp_path, 3)
+    ledger = tmp_path / ".hpctrain" / "progress-9"
+    ledger.write_text(f"3\tstep-5.pt\t{run / 'checkpoints'}\n")
+    checkpoint(run, 7)
+    record_start(run, env)
+    assert read_starts(ledger) == {3: "step-5.pt"} and budget(run, env).progress
+    record_start(run, {**env, "SLURM_RESTART_COUNT": "4"})
+    assert ledger.read_text().splitlines()[-1] == f"4\tstep-7.pt\t{(run / 'checkpoints').resolve()}"
+    assert budget(run, {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "4"}).stalled is None  # no ledger: as before
+
+
+SHELL = Path(__file__).resolve().parents[2] / "src" / "hpctrain" / "launch" / "shell"
+
+
+@pytest.mark.parametrize(
+    "lines, restart, preempted",
+    [
+        (["0\t-", "1\tstep-10.pt", "2\tstep-20.pt"], 2, ""),
+        (["0\tstep-10.pt", "1\tstep-10.pt", "2\tstep-10.pt"], 2, ""),
+        (["0\t-", "2\tstep-10.pt"], 2, ""),
+        (["0\t-", "1\t-", "2\t-", "3\t-"], 3, "1\n2\n"),
+        (["0\tstep-3.pt", "1\tstep-3.pt"], 1, ""),
+    ],
+)
+def test_the_batch_shell_counts_the_attempts_without_progress_as_rank_0_does(tmp_path, lines, restart, preempted):
+    """progress.sh's hpctrain_stalled and budget_left (the shell's own requeues, the guard) against
+    run.requeue on the same ledger: the same count, and the same "this attempt made progress"."""
+    run = tmp_path / "run"
+    checkpoint(run, 20)
+    ckpts = run / "checkpoints"
+    env = ledger_env(tmp_path, restart)
+    ctl = Path(env["HPCTRAIN_CONTROL_DIR"])
+    (ctl / "progress-9").write_text("".join(f"{line}\t{ckpts}\n" for line in lines))
+    (ctl / "preempted-9").write_text(preempted)
+    b = budget(run, env)
+    script = (
+        f"hpctrain_job=9; . {SHELL / 'progress.sh'}; "
+        'hpctrain_budget_left() { :; }; eval "$(sed -n "/^hpctrain_budget_left()/,/^}/p" '
+        f'{SHELL / "stops.sh"})"; '
+        'echo "$(hpctrain_stalled "$(hpctrain_ckpt_latest)")"; '
+        'if hpctrain_budget_left; then echo left; else echo "spent: $hpctrain_budget_why"; fi'
+    )
+    r = subprocess.run(["bash", "-c", script], env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    count, verdict = r.stdout.splitlines()
+    assert int(count) == b.stalled, (r.stdout, b)
+    assert (verdict == "left") == (b.progress or b.others < b.max_requeues), (r.stdout, b)
+
+
+def test_max_requeues_0_turns_requeues_off_even_after_progress():
+    """slurm.max_requeues=0 renders `#SBATCH --no-requeue`, which Slurm holds to: a requeue would be
+    refused, so a stop that checkpointed ends the job (and the shell says why) as before."""
+    b = Budget("3", 0, 0, 0, -1, stalled=0, progress=True)
+    ok, why = decide("time_limit", b)
+    assert not ok and "max_requeues=0" in why
+    assert not decide("exclude", b)[0]

@@ -50,3 +50,38 @@ def test_a_run_whose_usr2_never_came_stops_at_its_jobs_end_as_for_a_time_limit(d
         r.stderr[-3000:],
     )
     assert "no stop signal came" in r.stdout + r.stderr, r.stdout[-3000:]
+
+
+def test_the_batch_shells_end_file_moves_the_stop_and_only_its_stop_word_raises_it(tmp_path, monkeypatch):
+    """Under the hpctrain batch script the clock is HPCTRAIN_END_FILE (launch/shell/clock.sh): an end
+    long past SLURM_JOB_END_TIME's (a TimeLimit extension) raises nothing; the file is read again only
+    once it changed, and the stop comes when the shell, having asked Slurm, writes `stop`."""
+    end_file = tmp_path / "end-5"
+    end_file.write_text(f"{int(time.time()) + 3600}\n")
+    monkeypatch.setenv("HPCTRAIN_END_FILE", str(end_file))
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) - 60))  # the end at the start: passed
+    monkeypatch.setenv("HPCTRAIN_SIGNAL_LEAD_S", "180")
+    monkeypatch.setattr(stop, "END_FILE_POLL_S", 0.0)
+    monkeypatch.setattr(stop.signal, "signal", lambda *a: None)  # no handlers taken from pytest
+    flag = stop.StopFlag().install()
+    assert flag.bits() == 0 and flag.end_file.end == int(end_file.read_text())
+    moved = int(time.time()) + 7200
+    tmp = tmp_path / "end-5.tmp"  # as the shell writes it: a new file renamed over the old
+    tmp.write_text(f"{moved}\n")
+    tmp.replace(end_file)
+    assert flag.bits() == 0 and flag.end_file.end == moved
+    tmp.write_text(f"{moved} stop\n")
+    tmp.replace(end_file)
+    assert flag.bits() == stop.BITS["time_limit"] and flag.kind == "time_limit" and len(flag.received) == 1
+
+
+def test_the_end_file_is_stated_at_most_once_a_second(tmp_path, monkeypatch):
+    end_file = tmp_path / "end-5"
+    end_file.write_text("1800000000\n")
+    clock = stop.EndFile(str(end_file))
+    assert not clock.poll() and clock.end == 1800000000
+    end_file.write_text("1800000000 stop\n")
+    calls = []
+    real = stop.os.stat
+    monkeypatch.setattr(stop.os, "stat", lambda p: calls.append(p) or real(p))
+    assert not clock.poll() and calls == []  # within END_FILE_POLL_S of the last look: not even a stat

@@ -103,8 +103,15 @@ def sbatch_lines(p: JobPlan) -> list[str]:
 def stop_lines() -> list[str]:
     """Signals and the stop file: what the tasks and this shell agree on before srun starts; the
     shell's long commands, waited for so that a trap acts at once (signals.sh); its calls to slurmctld
-    (ctld.sh: retried through a controller restart or stall)."""
-    return [*shellfile.lines("stops.sh"), *shellfile.lines("signals.sh"), *shellfile.lines("ctld.sh")]
+    (ctld.sh: retried through a controller restart or stall); the progress ledger (progress.sh) and the
+    time limit's clock (clock.sh)."""
+    return [
+        *shellfile.lines("stops.sh"),
+        *shellfile.lines("signals.sh"),
+        *shellfile.lines("ctld.sh"),
+        *shellfile.lines("progress.sh"),
+        *shellfile.lines("clock.sh"),
+    ]
 
 
 # Slurm applies the submitting shell's soft limits to the job (slurm.conf(5), PropagateResourceLimits:

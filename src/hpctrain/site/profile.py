@@ -141,7 +141,7 @@ class SlurmSection:
         lo=0,
         lo_open=True,
     )
-    max_requeues: int = opt(3, "requeues after a time limit (USR2) or a failure before the job gives up", lo=0)
+    max_requeues: int = opt(3, "requeues of attempts that wrote no newer checkpoint (0: none at all)", lo=0)
     max_preemptions: int = opt(
         -1, "requeues after a preemption (SIGTERM) before the job gives up; -1: unlimited", lo=-1
     )

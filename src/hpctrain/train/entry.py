@@ -247,6 +247,7 @@ def _run(
         raise
     over = None
     if info.is_main:
+        requeue.record_start(run_dir)  # the checkpoint this attempt starts from: its progress is measured from it
         try:
             requeue.check_budget(requeue.budget(run_dir))
         except requeue.LaunchError as e:

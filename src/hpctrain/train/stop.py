@@ -59,6 +59,51 @@ def halt_at(env: Mapping[str, str]) -> int:
     return int(text)
 
 
+END_FILE_ENV = "HPCTRAIN_END_FILE"  # the batch shell's clock (launch/shell/clock.sh): `<end> [stop]`
+END_FILE_POLL_S = 1.0  # at most one stat of it a second, whatever the step time
+
+
+class EndFile:
+    """The job's current end, as the batch shell's clock keeps it: re-read from slurmctld there (the
+    tasks have no Slurm client), so a TimeLimit extension or a suspend moves it, and `stop` once the
+    time limit's stop is due (the shell decides, having asked Slurm for the end just before). Read
+    again only when the file changed (its inode and mtime: one stat, at most every END_FILE_POLL_S)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.end: int | None = None
+        self.due = False
+        self._seen: tuple[int, int] | None = None
+        self._next = 0.0
+
+    def poll(self) -> bool:
+        """True once the shell says the stop is due; logs each move of the end."""
+        now = time.monotonic()
+        if now < self._next:
+            return self.due
+        self._next = now + END_FILE_POLL_S
+        try:
+            st = os.stat(self.path)
+            if (st.st_ino, st.st_mtime_ns) == self._seen:
+                return self.due
+            self._seen = (st.st_ino, st.st_mtime_ns)
+            with open(self.path) as f:
+                words = f.readline().split()
+        except OSError:
+            return self.due
+        if not words or not words[0].isdigit():
+            return self.due
+        end = int(words[0])
+        if self.end is not None and end != self.end:
+            log.info(
+                "the job's end moved from %s to %s (a TimeLimit change or a suspend): the time-limit stop moves too",
+                time.strftime("%H:%M:%S", time.localtime(self.end)),
+                time.strftime("%H:%M:%S", time.localtime(end)),
+            )
+        self.end, self.due = end, "stop" in words[1:]
+        return self.due
+
+
 def deadline_from(env: Mapping[str, str]) -> float | None:
     """When the time-limit stop is due by the job's own clock: SLURM_JOB_END_TIME (Slurm >= 23.02, a
     Unix time) minus the batch script's signal lead (HPCTRAIN_SIGNAL_LEAD_S); None outside such a job."""
@@ -73,25 +118,35 @@ class StopFlag:
 
     A second clock for the time limit: the USR2 Slurm sends before it can be lost (sent while the
     batch shell started a new step, or forwarded before a slow container's tasks were up: Slurm drops
-    it then). With `deadline` (deadline_from) passed and no stop signal yet, the flag raises a
-    time-limit stop itself. A time limit extended after the job started is not seen: the job then
-    stops at the first end and is requeued."""
+    it then). Under the hpctrain batch script it is the shell's clock (`end_file`, HPCTRAIN_END_FILE),
+    which follows the job's EndTime as Slurm moves it; elsewhere, `deadline` (deadline_from), fixed at
+    the start. Once it is due and no stop signal came, the flag raises a time-limit stop itself."""
 
     def __init__(self) -> None:
         self.received: list[tuple[int, float]] = []
         self._logged = 0
         self.installed = False
         self.deadline: float | None = None
+        self.end_file: EndFile | None = None
 
     def check_clock(self) -> None:
         """Raise the time-limit stop once the job's own clock says it is due (outside a handler)."""
+        if self.received:
+            return
         now = time.time()
-        if self.deadline is None or self.received or now < self.deadline:
+        if self.end_file is not None:
+            if not self.end_file.poll():
+                return
+            why = "the batch shell's clock says so (the job's EndTime, re-read from Slurm, less HPCTRAIN_SIGNAL_LEAD_S)"
+        elif self.deadline is not None and now >= self.deadline:
+            why = "by SLURM_JOB_END_TIME less HPCTRAIN_SIGNAL_LEAD_S"
+        else:
             return
         log.warning(
-            "the job's time limit is %s s away or less (SLURM_JOB_END_TIME less HPCTRAIN_SIGNAL_LEAD_S) "
-            "and no stop signal came: checkpointing at the next step boundary as for a time limit, then exiting",
+            "the job's time limit is %s s away or less, %s, and no stop signal came: checkpointing at the next "
+            "step boundary as for a time limit, then exiting",
             os.environ.get("HPCTRAIN_SIGNAL_LEAD_S", "?"),
+            why,
         )
         self.received.append((signal.SIGUSR2, now))
         self._logged = len(self.received)
@@ -124,6 +179,8 @@ class StopFlag:
                 signal.signal(s, self.handler)
         self.installed = True
         self.deadline = deadline_from(os.environ)
+        end_file = os.environ.get(END_FILE_ENV, "")
+        self.end_file = EndFile(end_file) if end_file else None
         return self
 
     def log_new(self) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -222,3 +225,40 @@ def test_hang_timeout_defaults_to_half_the_collective_timeout_and_must_stay_belo
     assert load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=0"]).hang_s == 0
     with pytest.raises(ConfigError, match=r"health.hang_timeout_s=400 must be at most half of dist.pg_timeout_s=600"):
         load_config("configs/digits_vit.yaml", ["health.hang_timeout_s=400"])
+
+
+STOPPED_WORKER = """
+import sys, time
+from pathlib import Path
+from hpctrain.train.health import watchdog as wd
+logs = Path(sys.argv[1])
+with wd.Watchdog(2, 0, 1, logs) as dog:
+    end = time.monotonic() + float(sys.argv[2])
+    step = 0
+    while time.monotonic() < end:
+        step += 1
+        dog.beat(step)
+        print(step, flush=True)
+        time.sleep(0.05)
+"""
+
+
+def test_a_process_stopped_longer_than_the_hang_timeout_is_not_called_hung_once_continued(tmp_path):
+    """SIGSTOP for 3 x the hang timeout (as `scontrol suspend` stops a job's tasks), then SIGCONT: the
+    watchdog thread, stopped too, wakes long after its wait; CLOCK_MONOTONIC ran on meanwhile, so by the
+    last beat the step took 6 s. It is not a hang: the process goes on and ends 0, with no hang alarm."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_WORKER, str(logs), "12"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert p.stdout.readline()  # it beats
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(p.pid, signal.SIGCONT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and not (logs / wd.TRIGGER).exists(), err.decode()[-2000:]
+    assert b"did not run for" in err and b"the hang clock starts again" in err, err.decode()[-2000:]

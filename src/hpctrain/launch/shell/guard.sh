@@ -57,11 +57,11 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
   hpctrain_field hpctrain_guard_log StdErr
   case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
   srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" --job-name=hpctrain-guard bash -c "$(declare -p hpctrain_job \
-    hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_report_cmd hpctrain_report_file hpctrain_report_s
-    declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
+    hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_report_cmd hpctrain_report_file hpctrain_report_s \
+    hpctrain_progress_file; declare -f hpctrain_guard hpctrain_scontrol hpctrain_job_field \
     hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
     hpctrain_exclude_add hpctrain_budget_left hpctrain_ours hpctrain_wait hpctrain_fg hpctrain_out \
-    hpctrain_report_node); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
+    hpctrain_report_node hpctrain_ckpt_latest hpctrain_progress_start hpctrain_stalled); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
     hpctrain-guard "$hpctrain_batch_host" &
   hpctrain_guard_srun=$!
   hpctrain_at_exit+=(hpctrain_guard_stop)

@@ -22,7 +22,7 @@ if [ -L "$HPCTRAIN_CONTROL_DIR" ] || [ ! -O "$HPCTRAIN_CONTROL_DIR" ] ||
     "then chmod 755 it as its owner (or remove it) and resubmit" >&2
   exit 1
 fi
-rm -f "$HPCTRAIN_STOP_FILE"
+rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_CONTROL_DIR/usr2-${SLURM_JOB_ID:-none}"
 # What the other parts run as this shell ends, on every path (exit, `set -e`, a failed check): one
 # EXIT trap for them all (a second `trap … EXIT` would replace the first). A hook that fails is skipped.
 hpctrain_at_exit=()
@@ -42,18 +42,26 @@ hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime 
   [ -n "$t" ] && [ "$t" != None ]
 }
 # This shell's own requeues (nodes it found faulty, the guard's) count against slurm.max_requeues as
-# rank 0's do (run/requeue.py): every restart of the job (SLURM_RESTART_COUNT) that was not a
-# preemption. The preemptions are counted here, one line each, as this shell ends for one.
+# rank 0's do (run/requeue.py): the attempts that ended without a newer checkpoint (progress.sh), and
+# were not preemptions. The preemptions are counted here, one line each, as this shell ends for one.
 hpctrain_count_preemption() {
   echo "${SLURM_RESTART_COUNT:-0}" >> "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" || true
 }
 hpctrain_budget_left() {  # 0 while the job may be requeued once more; else why not in hpctrain_budget_why
-  local p=0 others
-  [ ! -s "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" ] ||
-    p=$(sort -u "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" | wc -l)
-  others=$(( ${SLURM_RESTART_COUNT:-0} - p ))
+  local p=0 others now="" start what="for time limits or failures"
+  # progress.sh: only attempts without progress count, once the run is known; 0 turns requeues off (--no-requeue)
+  [ "${HPCTRAIN_MAX_REQUEUES:-3}" = 0 ] || ! declare -F hpctrain_ckpt_latest >/dev/null || now=$(hpctrain_ckpt_latest)
+  if [ -n "$now" ]; then
+    start=$(hpctrain_progress_start "${SLURM_RESTART_COUNT:-0}")
+    [ -z "$start" ] || [ "$start" = "$now" ] || return 0  # this attempt checkpointed: nothing spent
+    others=$(hpctrain_stalled "$now") what="without progress (no newer checkpoint)"
+  else
+    [ ! -s "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" ] ||
+      p=$(sort -u "$HPCTRAIN_CONTROL_DIR/preempted-${SLURM_JOB_ID:-none}" | wc -l)
+    others=$(( ${SLURM_RESTART_COUNT:-0} - p ))
+  fi
   [ "$others" -ge "${HPCTRAIN_MAX_REQUEUES:-3}" ] || return 0
-  hpctrain_budget_why="job $hpctrain_job was requeued $others time(s) already for time limits or failures\
+  hpctrain_budget_why="job $hpctrain_job was requeued $others time(s) already $what\
  (slurm.max_requeues=${HPCTRAIN_MAX_REQUEUES:-3}): resubmit it to resume from the last checkpoint once its nodes are fixed"
   return 1
 }
@@ -95,6 +103,7 @@ hpctrain_slurm_requeues_preempted() {  # Slurm requeues this preempted job itsel
 }
 hpctrain_pass() {
   hpctrain_signal=$1
+  [ "$1" != USR2 ] || : > "$HPCTRAIN_CONTROL_DIR/usr2-${SLURM_JOB_ID:-none}" 2>/dev/null || true  # clock.sh
   if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_ours "$hpctrain_srun" && hpctrain_preempted; then
     echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set):" \
       "the tasks get SIGTERM and checkpoint at the next step" >&2

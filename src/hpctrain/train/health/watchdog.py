@@ -387,7 +387,8 @@ class Watchdog:
         self.stall_s = max(5.0, 2 * self.publish_s)
         self.io = FileWork()
         self._stalled: float | None = None  # monotonic start of the stall waited out now
-        self._clock_from = 0.0  # the hang clock runs from the last beat or the last stall's end
+        self._clock_from = 0.0  # the hang clock runs from the last beat, the last stall's end or a resume
+        self._resumed: float | None = None  # monotonic time this process last ran again after being stopped
         self._alarm = False
         self._local_stack = ""  # host:path of this rank's stack in the node's temp directory
         self.host, self.pid, self.node = socket.gethostname(), os.getpid(), badnodes.this_node()
@@ -432,10 +433,17 @@ class Watchdog:
     # ------------------------------------------------------------ thread
 
     def _loop(self) -> None:
+        woke = time.monotonic()
         while not self._stop.wait(self.publish_s):
+            slept, woke = time.monotonic() - woke, time.monotonic()
+            if slept > self.publish_s + self.stall_s:  # the process was stopped: not the training's time
+                self._was_stopped(slept)
+                continue
             if self._t is None:
                 continue
             busy = self.io.busy_s()
+            if self._resumed is not None:  # a write the stop caught midway has not waited that long
+                busy = min(busy, woke - self._resumed)
             if busy > self.stall_s:  # the last heartbeat is still unwritten: wait the stall out
                 self._stall_began(busy)
                 continue
@@ -445,6 +453,18 @@ class Watchdog:
             if self._alarm or time.monotonic() - max(self._t, self._clock_from) > self.timeout_s:
                 self._fire(self._alarm)
                 return
+
+    def _was_stopped(self, slept: float) -> None:
+        """This thread woke `slept` s after a wait of publish_s: the whole process did not run meanwhile
+        (SIGSTOP: `scontrol suspend`, a debugger; or the node itself was stopped). CLOCK_MONOTONIC runs on
+        through a SIGSTOP, so without this a resumed rank would call a step hung that was merely stopped.
+        The hang clock starts again; the other ranks, stopped with it, do the same."""
+        now = time.monotonic()
+        self._clock_from, self._resumed = now, now
+        log.warning(
+            "hang watchdog: this process did not run for %.0f s (stopped: a job suspend?); the hang clock starts again",
+            slept,
+        )
 
     def _publish_and_look(self) -> None:
         self._publish("running")
