@@ -154,6 +154,7 @@ def test_job_whose_run_is_under_a_destination_mapped_bind_trains(slurm_cluster, 
     its metrics and checkpoints reach the host."""
     lustre, img = tmp_path / "lustre", tmp_path / "img"
     (lustre / "proj").mkdir(parents=True)
+    slurm_cluster.users.share(lustre / "proj")  # the project's directory on it, which the job's user writes
     (img / "bin").mkdir(parents=True)
     (img / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     (img / "image.sif").write_bytes(b"fake")
