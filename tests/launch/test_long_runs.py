@@ -54,7 +54,9 @@ def test_five_time_limit_stops_with_max_requeues_1_end_completed(
     five times and ends COMPLETED with the uninterrupted run's weights. (Before: the second stop ended
     the job FAILED, exit 3.)"""
     run = tmp_path / "five"
-    job = submit_job(slurm_cluster, container, digits_root, tmp_path, "five", "--cluster-set", "slurm.max_requeues=1")
+    prof, env = container  # rank 0 trains 0.3 s a step: the fifth stop comes well before the run's last step
+    slowed = (prof, {**env, "HPCTRAIN_TEST_DELAY": "0:0.3:data"})
+    job = submit_job(slurm_cluster, slowed, digits_root, tmp_path, "five", "--cluster-set", "slurm.max_requeues=1")
     try:
         last = 0
         for n in range(1, 6):

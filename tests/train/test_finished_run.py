@@ -4,6 +4,7 @@ again and saved step N a second time, in the other format when the world size di
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from hpctrain.train import compat
+from hpctrain.train.entry import finished_by_this_job
 from tests.helpers import digits_args
 
 
@@ -64,3 +66,25 @@ def test_rerun_of_a_finished_run_trains_and_writes_nothing(digits_root, tmp_path
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
     assert r.stderr.startswith(f"hpctrain: error: run {run} has finished at step 2 (checkpoint step-00000002")
     assert "would end it at step 1, which it has passed" in r.stderr and snapshot(run) == before
+
+
+@pytest.mark.parametrize(
+    "env, job_json, end, finished",
+    [
+        ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}, "7", "finished", True),  # a requeue after the end
+        ({"SLURM_JOB_ID": "7", "HPCTRAIN_ATTEMPT": "2"}, "7", "finished", True),  # an in-job restart after it
+        ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}, "7", "finished", False),  # the first attempt
+        ({"SLURM_JOB_ID": "8", "SLURM_RESTART_COUNT": "1"}, "7", "finished", False),  # another job's run
+        ({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}, "7", "preempted", False),  # stopped, not ended
+        ({"SLURM_RESTART_COUNT": "1"}, "7", "finished", False),  # no Slurm job
+    ],
+)
+def test_only_a_later_attempt_of_the_job_that_finished_the_run_ends_quietly(tmp_path, env, job_json, end, finished):
+    """A stop signal that comes as the last step ends (the time limit's USR2, the batch shell's clock)
+    can have the job requeued or restarted once more: that attempt finds the run finished *by its own
+    job* and ends with it (measured on the test cluster: before, it failed with "run … has finished",
+    and the job ended FAILED after training to its end). A new submission of a finished run is still
+    refused (test above)."""
+    (tmp_path / "job.json").write_text(json.dumps({"job_id": job_json}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "end", "step": 44, "status": end}) + "\n")
+    assert finished_by_this_job(tmp_path, env) is finished

@@ -32,7 +32,7 @@ from hpctrain.run.rundir import RunDirBusy, RunLock
 from hpctrain.train import compile_cache
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
-from hpctrain.train.ckpt.resume_checks import check_compatible, check_unfinished
+from hpctrain.train.ckpt.resume_checks import RunFinished, check_compatible, check_unfinished
 from hpctrain.train.dist import agree
 from hpctrain.train.health import watchdog
 from hpctrain.train.observe import trackers
@@ -259,7 +259,28 @@ def _run(
         check_compatible(cfg, resume[1], resume[0])  # before anything in the run directory changes
     train_loader, val_loader = build_eval_loaders(cfg, info.rank, info.world_size, device)  # {split: loader}
     if resume:  # every rank reads the same checkpoint and data: all refuse alike (RunFinished)
-        check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
+        try:
+            check_unfinished(cfg, resume[1], resume[0], run_dir, len(train_loader))
+        except RunFinished:
+            if not finished_by_this_job(run_dir, os.environ):
+                raise
+            # a stop signal that came as the last step ended (the time limit's, the batch shell's clock)
+            # had this job requeued or restarted: the run is done, and this attempt says so and ends
+            log.warning(
+                "the run finished in an earlier attempt of this job (Slurm job %s, step %d): nothing left to train",
+                os.environ.get("SLURM_JOB_ID"),
+                int(resume[1]["step"]),
+            )
+            return {
+                "status": "finished",
+                "run_dir": str(run_dir),
+                "step": int(resume[1]["step"]),
+                "rank": info.rank,
+                "world_size": info.world_size,
+                "config": to_dict(cfg),
+                "requeue": False,
+                "stop_kind": None,
+            }
     resolved = resolved_record(cfg, info.world_size)
     if info.is_main:
         save(cfg, run_dir / CONFIG)
@@ -380,6 +401,21 @@ def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
             {"mtbf_h": cfg.ckpt.mtbf_h, "mtbf_source": mtbf_source(cfg.ckpt.mtbf_h)} if cfg.ckpt.every == "auto" else {}
         ),
     }
+
+
+def finished_by_this_job(run_dir: Path, env) -> bool:
+    """An attempt after the first of the Slurm job that finished the run (its `end` record says
+    finished, `job.json` names this job): a requeue or in-job restart that came too late, not a user's
+    new submission of a finished run (which `RunFinished` refuses)."""
+    job = env.get("SLURM_JOB_ID")
+    if not job or (env.get("SLURM_RESTART_COUNT", "0") in ("", "0") and env.get("HPCTRAIN_ATTEMPT", "0") in ("", "0")):
+        return False
+    try:
+        rec = json.loads((run_dir / JOB).read_text())
+    except (OSError, ValueError):
+        return False
+    ends = [r for r in read_metrics(run_dir / METRICS) if r.get("kind") == "end"]
+    return str(rec.get("job_id")) == job and bool(ends) and ends[-1].get("status") == "finished"
 
 
 def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
