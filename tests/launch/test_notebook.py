@@ -338,6 +338,7 @@ def test_notebook_through_pyxis_runs_jupyter_in_the_image_on_the_test_cluster(sl
     assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
     workdir = tmp_path / "nb"
     workdir.mkdir()
+    slurm_cluster.users.share(workdir)  # the user's notebook directory: the job writes its log there
     stub_jupyter(tmp_path / "imgbin")
     image = tmp_path / "nb.sqsh"  # the fake image: its environment, one variable a line
     image.write_text(f"PATH={tmp_path / 'imgbin'}:/usr/bin:/bin\nFROM_IMAGE=pyxis\nSTUB_SERVE_S=6\n")
