@@ -248,9 +248,15 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	mask_slurm(sp);
-	if (do_mounts() < 0 || image_env(sp) < 0)
-		return -1;
-	if (workdir && chdir(workdir) < 0) {
+	return do_mounts() < 0 || image_env(sp) < 0 ? -1 : 0;
+}
+
+/* As the job's user, after slurmstepd has gone to the job's working directory: the image's. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	if (!spank_remote(sp) || image == NULL || !workdir)
+		return 0;
+	if (chdir(workdir) < 0) {
 		slurm_error("fake pyxis: --container-workdir %s: %s", workdir, strerror(errno));
 		return -1;
 	}
