@@ -16,6 +16,8 @@ above this Python's prefix and the checkout (`/root` is 0700 here) get the searc
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -23,7 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -33,6 +35,33 @@ USER_PYTHONPATH = os.pathsep.join([str(CHECKOUT / "src"), str(CHECKOUT)])
 LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin"
 PROJECT_MODE = 0o2775  # a group project tree: group-writable, setgid (new files keep the group)
 USER_UMASK = 0o002
+# the directories `reach` opened, their modes before, and the test processes that need them
+REACH_STATE = Path("/tmp/hpctrain-test-reach.json")
+
+
+@contextlib.contextmanager
+def _reach_state():
+    """REACH_STATE, read and written back under an exclusive lock."""
+    with open(f"{REACH_STATE}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            state = json.loads(REACH_STATE.read_text())
+        except (OSError, ValueError):
+            state = {"modes": {}, "holders": []}
+        yield state
+        tmp = REACH_STATE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(REACH_STATE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -50,7 +79,6 @@ class SiteUsers:
     group: str
     gid: int
     users: tuple[User, ...]
-    modes: dict[Path, int] = field(default_factory=dict)  # directories given the search bit → their mode before
 
     @property
     def project(self) -> Path:
@@ -94,16 +122,20 @@ class SiteUsers:
 
     def reach(self, *paths: Path) -> None:
         """Give others the search bit on `paths` and the directories above them (not the read bit:
-        nothing is listed), so that a user can reach what is below: restored by `remove`."""
-        for p in paths:
-            p = Path(os.path.realpath(p))
-            for d in [p, *p.parents]:
-                if not d.is_dir():
-                    continue
-                mode = stat.S_IMODE(d.stat().st_mode)
-                if not mode & stat.S_IXOTH:
-                    self.modes.setdefault(d, mode)
-                    d.chmod(mode | stat.S_IXOTH)
+        nothing is listed), so that a user can reach what is below. Several test processes share these
+        directories (xdist workers, a second session): the modes before are kept in REACH_STATE with
+        the processes that need them, and `remove` puts them back when the last one leaves."""
+        with _reach_state() as state:
+            for p in paths:
+                p = Path(os.path.realpath(p))
+                for d in [p, *p.parents]:
+                    if not d.is_dir():
+                        continue
+                    mode = stat.S_IMODE(d.stat().st_mode)
+                    if not mode & stat.S_IXOTH:
+                        state["modes"].setdefault(str(d), mode)
+                        d.chmod(mode | stat.S_IXOTH)
+            state["holders"] = sorted({*state["holders"], os.getpid()})
 
     def share(self, d: Path) -> None:
         """Make `d` (a test's own directory) part of the project tree: the group's, 2775."""
@@ -115,10 +147,13 @@ class SiteUsers:
         for u in self.users:
             subprocess.run(["userdel", u.name], capture_output=True)
         subprocess.run(["groupdel", self.group], capture_output=True)
-        for d, mode in self.modes.items():
-            with contextlib.suppress(OSError):
-                d.chmod(mode)
-        self.modes.clear()
+        with _reach_state() as state:
+            state["holders"] = [h for h in state["holders"] if h != os.getpid() and _alive(h)]
+            if not state["holders"]:  # the last process that needed them
+                for d, mode in state["modes"].items():
+                    with contextlib.suppress(OSError):
+                        Path(d).chmod(mode)
+                state["modes"] = {}
         shutil.rmtree(self.base, ignore_errors=True)
 
     def command(self, user: User, cmd: list[str], wrap: list[str] | None = None) -> list[str]:
