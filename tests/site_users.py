@@ -186,5 +186,9 @@ def login_env(user: User, site: dict[str, str] | None = None) -> dict[str, str]:
         "PATH": LOGIN_PATH,
         "LANG": "C.UTF-8",
         "PYTHONPATH": USER_PYTHONPATH,
+        # the checkout is root's here, a user's own on a site: git reads its commit for them all the same
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": str(CHECKOUT),
         **(site or {}),
     }

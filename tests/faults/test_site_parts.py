@@ -50,7 +50,7 @@ SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:1.0:data"}
 
 
 @pytest.fixture(scope="module")
-def site_cluster(tmp_path_factory, site_users):
+def site_cluster(tmp_path_factory):
     """Its own 24.11 cluster (rl_enable is not in 22.05): a 15 s Prolog, rate limiting, KillWait=30."""
     c = SlurmCluster(
         tmp_path_factory.mktemp("slurm-site-parts"),
@@ -58,7 +58,6 @@ def site_cluster(tmp_path_factory, site_users):
         prolog_s=PROLOG_S,
         rate_limit=True,
         kill_wait=30,
-        users=site_users,
     ).start()
     try:
         yield c

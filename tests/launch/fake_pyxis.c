@@ -234,7 +234,7 @@ static int image_env(spank_t sp)
 	}
 	fclose(f);
 	spank_unsetenv(sp, "SLURM_CONF");
-	return bind_mount(unpacked, "/etc/environment", 1);
+	return 0;
 }
 
 /* In each task before Slurm drops to the job's user (spank(8): task_init_privileged): an ordinary
@@ -248,15 +248,18 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	mask_slurm(sp);
-	return do_mounts() < 0 || image_env(sp) < 0 ? -1 : 0;
+	return do_mounts() < 0 || bind_mount(unpacked, "/etc/environment", 1) < 0 ? -1 : 0;
 }
 
-/* As the job's user, after slurmstepd has gone to the job's working directory: the image's. */
+/* As the job's user, once slurmstepd has set up the task's environment and gone to the job's working
+ * directory: the image's environment (its values win, SLURM_CONF goes) and working directory. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-	if (!spank_remote(sp) || image == NULL || !workdir)
+	if (!spank_remote(sp) || image == NULL)
 		return 0;
-	if (chdir(workdir) < 0) {
+	if (image_env(sp) < 0)
+		return -1;
+	if (workdir && chdir(workdir) < 0) {
 		slurm_error("fake pyxis: --container-workdir %s: %s", workdir, strerror(errno));
 		return -1;
 	}

@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+import hpctrain
 from hpctrain.launch import task
 from hpctrain.launch.private import private_dir, writable_by_others
 from hpctrain.train import stop
@@ -80,3 +84,28 @@ def test_task_refuses_to_start_from_a_pickle_its_group_can_write(tmp_path, monke
         for s, h in saved.items():
             signal.signal(s, h)
         stop.STOP.installed = False
+
+
+def test_a_run_directory_the_user_cannot_create_is_one_line(tmp_path):
+    """A run.dir under a directory the user cannot write (another user's, a group tree without the
+    group's write bit) is refused in one line naming the place and the fix, not a PermissionError
+    traceback (measured on the test cluster as an ordinary user). Run as nobody (uid 65534)."""
+    top = tmp_path / "theirs"
+    top.mkdir(mode=0o755)  # root's: nobody may not write here
+    tmp_path.chmod(0o755)
+    code = (
+        "import sys; from pathlib import Path; from hpctrain.launch.private import private_dir\n"
+        "from hpctrain.errors import LaunchError\n"
+        "try:\n    private_dir(Path(sys.argv[1]))\nexcept LaunchError as e:\n    print(e)\n"
+    )
+    folder = top / "runs" / "a" / "submitit"
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code, str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(hpctrain.__file__).parent.parent)},
+    )
+    said = r.stdout.splitlines()
+    assert len(said) == 1 and said[0].startswith(f"cannot create {folder}: permission denied on /"), r.stdout + r.stderr
+    assert said[0].endswith(": choose a run.dir (or run.name) under a directory you can write"), said
+    assert "Traceback" not in r.stderr, r.stderr

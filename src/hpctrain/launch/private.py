@@ -16,7 +16,13 @@ from hpctrain.run.owner import GROUP_OTHER_WRITE, others_can_write
 def private_dir(path: Path) -> Path:
     """Create `path` (and parents) with mode 0700 for the leaf; an existing one of ours is
     chmodded to 0700 (a run resubmitted from before, or created under umask 002)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except PermissionError as e:  # a directory on the way is another user's, or the group's without write
+        raise LaunchError(
+            f"cannot create {path}: permission denied on {e.filename or path}: choose a run.dir (or run.name) "
+            "under a directory you can write"
+        ) from None
     if path.stat().st_uid == os.getuid():
         path.chmod(0o700)
     return path
