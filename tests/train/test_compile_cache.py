@@ -44,14 +44,14 @@ def test_staged_cache_is_copied_to_the_node_once_and_new_entries_go_back(tmp_pat
     assert not (shared / cc.DONE).exists() and not list(shared.rglob("*.tmp"))
 
 
-def test_a_node_whose_user_directory_is_another_users_uses_the_shared_cache(tmp_path, caplog):
+def test_a_node_whose_user_directory_is_another_users_uses_the_shared_cache(tmp_path, hpctrain_log):
     """<stage_to>/hpctrain-<uid> made first by another uid: not staged, one warning, the shared cache."""
     shared, node = tmp_path / "shared" / "k", tmp_path / "node"
     shared.mkdir(parents=True)
     (node / f"hpctrain-{os.getuid()}").mkdir(parents=True)
     os.chown(node / f"hpctrain-{os.getuid()}", 54321, -1)
     assert cc.stage(shared, str(node)) is None
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+    assert [r.getMessage() for r in hpctrain_log.records if r.levelname == "WARNING"] == [
         f"compile cache: not staged: {node}/hpctrain-{os.getuid()} belongs to uid 54321, not to this job's uid "
         f"{os.getuid()}; the ranks use the shared {shared}"
     ]
