@@ -14,6 +14,7 @@ import pytest
 
 from hpctrain.data.prep.pack import pack
 from hpctrain.data.stage import stage, staged_root
+from tests.launch.test_stage_users import OTHER_UID, plant_unsafe
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +99,6 @@ def test_too_little_free_space_is_refused_before_copying(shards, tmp_path):
     assert "point data.stage_to at a larger node-local disk" in line
 
 
-OTHER_UID = 54321  # a uid no one here has: "another user"
-
-
 @pytest.mark.parametrize("case", ["other user's", "group-writable", "a symlink"])
 def test_an_unsafe_user_directory_skips_staging_and_the_ranks_read_the_shared_shards(shards, tmp_path, case):
     """<stage_to>/hpctrain-<uid> made first by another uid (anyone can, in /tmp), writable by the group,
@@ -110,14 +108,7 @@ def test_an_unsafe_user_directory_skips_staging_and_the_ranks_read_the_shared_sh
     local = tmp_path / "local"
     udir = local / f"hpctrain-{os.getuid()}"
     local.mkdir()
-    if case == "a symlink":
-        (tmp_path / "elsewhere").mkdir(mode=0o700)
-        udir.symlink_to(tmp_path / "elsewhere")
-    else:
-        udir.mkdir()
-        udir.chmod(0o770 if case == "group-writable" else 0o755)
-        if case == "other user's":
-            os.chown(udir, OTHER_UID, -1)
+    plant_unsafe(udir, case, tmp_path / "elsewhere")
     logs: list[str] = []
     warned: list[str] = []
     assert stage(shards, str(local), log=logs.append, warn=warned.append) == shards.resolve()

@@ -34,6 +34,19 @@ from tests.slurm_cluster import NODES, SlurmCluster, missing
 OTHER_UID = 54321  # a uid no one here has: "another user"
 
 
+def plant_unsafe(udir: Path, case: str, elsewhere: Path) -> None:
+    """Put at the user's directory `udir` what another user could have left there first: `case` is
+    "other user's" (OTHER_UID's), "group-writable" (770) or "a symlink" (to `elsewhere`, 0700)."""
+    if case == "a symlink":
+        elsewhere.mkdir(mode=0o700)
+        udir.symlink_to(elsewhere)
+    else:
+        udir.mkdir()
+        udir.chmod(0o770 if case == "group-writable" else 0o755)
+        if case == "other user's":
+            os.chown(udir, OTHER_UID, -1)
+
+
 def stage(image: Path, to: Path, **env: str) -> subprocess.CompletedProcess:
     """The copier, run here as node n1."""
     return subprocess.run(
@@ -101,14 +114,7 @@ def test_the_copier_skips_a_user_directory_it_does_not_own_alone(tmp_path, case)
     to = tmp_path / "tmp"
     udir = to / f"hpctrain-{os.getuid()}"
     to.mkdir()
-    if case == "a symlink":
-        (tmp_path / "elsewhere").mkdir(mode=0o700)
-        udir.symlink_to(tmp_path / "elsewhere")
-    else:
-        udir.mkdir()
-        udir.chmod(0o770 if case == "group-writable" else 0o755)
-        if case == "other user's":
-            os.chown(udir, OTHER_UID, -1)
+    plant_unsafe(udir, case, tmp_path / "elsewhere")
     reports = tmp_path / "reports"
     reports.mkdir()
     r = stage(image, to, HPCTRAIN_STAGE_REPORT=str(reports))
