@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""What one hpctrain job costs a site: Slurm calls (slurmctld and slurmdbd) per minute by where
+they come from, and metadata operations per second in the run directory (the parallel file
+system's metadata server), measured on this repository's Slurm test cluster and extrapolated to
+16 and 128 nodes (docs/sites.md, "What hpctrain costs your cluster").
+
+Root only (the test cluster: tests/slurm_cluster.py). The job: the digits config on 2 nodes × 2
+tasks plus 1 spare node (the spares partition, so the batch shell's guard runs), long enough for a
+steady state.
+
+- Slurm calls are counted by wrappers first on PATH for every Slurm client (sbatch, squeue, sacct,
+  scontrol, sinfo, sacctmgr, scancel, srun): each appends one JSON line and runs the real one. They
+  count whatever the code does, its own call log ($HPCTRAIN_SLURM_CALL_LOG) or not, so figures of an
+  older checkout compare with today's. Where a call came from: the login node (no $SLURM_JOB_ID), a
+  task (its parent is a Python: the training) or the batch shell (anything else in the job: the
+  batch script and the steps it runs for itself, such as the guard).
+- Phases on the login node: a first `submit --dry-run` on an empty cache (what any first submission
+  asks), then `submit --wait` within the cache's life: its calls up to the sbatch are the second
+  submission's, those after it the waiting.
+- File-system operations: inotify (through ctypes) on the run directory and every directory created
+  under it: creates, deletes, renames, opens and attribute changes, which a parallel file system
+  serves from its metadata server. A stat (no inotify event) is not counted here: the tests of the
+  heartbeat reader count those by wrapping. Each file is put in a family (its path with digits
+  replaced by #): a family with one file per rank scales with the ranks, one per node with the nodes,
+  anything else stays per job; that is how 16 and 128 nodes × 8 GPUs are extrapolated.
+
+    python bench/site_load.py [--epochs 12] [--out bench/results/site_load-after.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster  # noqa: E402
+
+CLIENTS = ("sbatch", "squeue", "sacct", "scontrol", "sinfo", "sacctmgr", "scancel", "srun")
+NODES, TASKS_PER_NODE, SPARES = 2, 2, 1
+SCALES = ((16, 8), (128, 8))  # (nodes, GPUs per node) the figures are extrapolated to
+
+WRAPPER = """#!{python}
+import json, os, subprocess, sys, time
+t0 = time.time()
+rc = subprocess.call([{real!r}, *sys.argv[1:]])
+env = os.environ
+with open(f"/proc/{{os.getppid()}}/cmdline", "rb") as f:
+    parent = f.read().split(b"\\0")[0]
+where = "login" if not env.get("SLURM_JOB_ID") else "task" if b"python" in os.path.basename(parent) else "batch"
+line = json.dumps({{"t": t0, "kind": {kind!r}, "args": sys.argv[1:], "s": round(time.time() - t0, 3), "rc": rc,
+                   "where": where, "phase": env.get("SITE_LOAD_PHASE", "")}})
+fd = os.open({log!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+os.write(fd, (line + "\\n").encode())
+os.close(fd)
+sys.exit(rc)
+"""
+
+
+def counting_clients(bin_dir: Path, log: Path, path: str) -> None:
+    """A wrapper per Slurm client in `bin_dir` that logs each call to `log` and runs the real one."""
+    bin_dir.mkdir(parents=True)
+    for kind in CLIENTS:
+        real = shutil.which(kind, path=path)
+        if real is None:
+            raise SystemExit(f"site_load: no {kind} on PATH: install slurm-client (the test cluster's)")
+        w = bin_dir / kind
+        w.write_text(WRAPPER.format(python=sys.executable, real=real, kind=kind, log=str(log)))
+        w.chmod(0o755)
+
+
+# --------------------------------------------------------------------------- inotify
+
+IN_MODIFY, IN_ATTRIB, IN_OPEN = 0x2, 0x4, 0x20
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_ISDIR = 0x40000000
+METADATA = {IN_CREATE: "create", IN_DELETE: "delete", IN_MOVED_FROM: "rename", IN_OPEN: "open", IN_ATTRIB: "attrib"}
+EVENT = struct.Struct("iIII")
+
+
+class Inotify:
+    """Metadata events under a directory tree (inotify(7)), recorded as (time, op, path)."""
+
+    def __init__(self, top: Path) -> None:
+        self.libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.dirs: dict[int, Path] = {}
+        self.events: list[tuple[float, str, str]] = []
+        self.stop = threading.Event()
+        self.top = top
+        self.watch(top)
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def watch(self, d: Path) -> None:
+        mask = IN_MODIFY | IN_ATTRIB | IN_OPEN | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
+        wd = self.libc.inotify_add_watch(self.fd, str(d).encode(), mask)
+        if wd >= 0:
+            self.dirs[wd] = d
+            for sub in d.iterdir() if d.is_dir() else ():
+                if sub.is_dir() and not sub.is_symlink():
+                    self.watch(sub)
+
+    def loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                buf = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                time.sleep(0.05)
+                continue
+            now, i = time.time(), 0
+            while i < len(buf):
+                wd, mask, _, n = EVENT.unpack_from(buf, i)
+                name = buf[i + EVENT.size : i + EVENT.size + n].rstrip(b"\0").decode(errors="replace")
+                i += EVENT.size + n
+                path = self.dirs.get(wd, self.top) / name
+                if mask & IN_CREATE and mask & IN_ISDIR:
+                    self.watch(path)
+                for bit, op in METADATA.items():
+                    if mask & bit:
+                        self.events.append((now, op, str(path.relative_to(self.top))))
+
+    def close(self) -> list[tuple[float, str, str]]:
+        self.stop.set()
+        self.thread.join()
+        os.close(self.fd)
+        return self.events
+
+
+def family(path: str) -> str:
+    """A file's family: its path with every run of digits replaced by # (rank-3.json → rank-#.json)."""
+    return re.sub(r"\d+", "#", path)
+
+
+def fs_figures(events: list[tuple[float, str, str]], nodes: int, ranks: int) -> dict:
+    """Metadata operations per second in the steady state (the middle 60 % of the span of events),
+    by family and scaling, and extrapolated to SCALES."""
+    if not events:
+        return {"ops_per_s": 0.0, "families": {}, "extrapolated": {}}
+    t0, t1 = events[0][0], events[-1][0]
+    lo, hi = t0 + 0.2 * (t1 - t0), t0 + 0.8 * (t1 - t0)
+    steady = [e for e in events if lo <= e[0] <= hi]
+    span = max(hi - lo, 1e-9)
+    files: dict[str, set[str]] = defaultdict(set)
+    ops: Counter = Counter()
+    for _, op, path in steady:
+        files[family(path)].add(path)
+        ops[(family(path), op)] += 1
+    fams = {}
+    for fam, members in sorted(files.items()):
+        n = len(members)
+        scale = "rank" if n == ranks and ranks != nodes else "node" if n == nodes else "job"
+        fams[fam] = {
+            "files": n,
+            "scales_with": scale,
+            "ops_per_s": {op: round(c / span, 3) for (f, op), c in sorted(ops.items()) if f == fam},
+        }
+    per = {"rank": ranks, "node": nodes, "job": 1}
+    out = {}
+    for n_nodes, gpn in SCALES:
+        unit = {"rank": n_nodes * gpn, "node": n_nodes, "job": 1}
+        out[f"{n_nodes}x{gpn}"] = round(
+            sum(sum(f["ops_per_s"].values()) * unit[f["scales_with"]] / per[f["scales_with"]] for f in fams.values()), 2
+        )
+    return {
+        "ops_per_s": round(len(steady) / span, 3),
+        "steady_s": round(span, 1),
+        "families": fams,
+        "extrapolated": out,
+    }
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def read_calls(log: Path) -> list[dict]:
+    return [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()] if log.exists() else []
+
+
+def rpc(call: dict) -> bool:
+    """Whether a client call reaches slurmctld or slurmdbd: `--version` and `scontrol show hostnames`
+    answer from the client alone."""
+    args = call["args"]
+    return "--version" not in args and args[:2] != ["show", "hostnames"]
+
+
+def by_kind(calls: list[dict]) -> dict[str, int]:
+    return dict(sorted(Counter(c["kind"] for c in calls).items()))
+
+
+def per_minute(n: int, seconds: float) -> float:
+    return round(60 * n / seconds, 2) if seconds > 0 else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--epochs", type=int, default=100, help="digits epochs of the job (its length)")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster's and the run's directory")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("site_load: runs the Slurm test cluster, which needs root")
+    work = Path(tempfile.mkdtemp(prefix="site-load-"))
+    work.chmod(0o755)
+    cluster = SlurmCluster(root=work / "cluster").start()
+    try:
+        return measure(cluster, work, a)
+    finally:
+        cluster.stop()
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(cluster: SlurmCluster, work: Path, a: argparse.Namespace) -> int:
+    log, runs, digits = work / "calls.jsonl", work / "runs", work / "digits"
+    base = cluster.environ()
+    counting_clients(work / "bin", log, base["PATH"])
+    subprocess.run(
+        [sys.executable, "-m", "hpctrain", "data", "digits", str(digits)], check=True, capture_output=True, env=base
+    )
+    runs.mkdir()
+    env = {
+        **base,
+        "PATH": f"{work / 'bin'}{os.pathsep}{base['PATH']}",
+        "HPCTRAIN_CLUSTER": "local",
+        "XDG_CACHE_HOME": str(work / "cache"),  # an empty cache: the first submission asks Slurm everything
+        "HPCTRAIN_SLURM_CALL_LOG": str(work / "hpctrain-calls.jsonl"),
+        "PYTHONPATH": str(ROOT / "src"),
+    }
+    cmd = [sys.executable, "-m", "hpctrain", "submit", "--config", "digits_vit", "--nodes", str(NODES)]
+    cmd += ["--gpus-per-node", str(TASKS_PER_NODE), "--spare-nodes", str(SPARES), "--partition", SPARE_PARTITION]
+    cmd += ["--time", "30"]
+    for s in (
+        f"data.root={digits}",
+        f"run.dir={runs}",
+        "run.name=site-load",
+        f"train.epochs={a.epochs}",
+        "train.threads=1",
+        "log.every=10",
+        "train.eval_every_epochs=0",
+        "ckpt.every=0",
+    ):
+        cmd += ["--set", s]
+    t = time.time()
+    r = subprocess.run([*cmd, "--dry-run"], env={**env, "SITE_LOAD_PHASE": "first"}, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"site_load: the dry run failed:\n{r.stdout}{r.stderr}")
+    first_s = time.time() - t
+    watcher = Inotify(runs)
+    t_submit = time.time()
+    r = subprocess.run([*cmd, "--wait"], env={**env, "SITE_LOAD_PHASE": "second"}, capture_output=True, text=True)
+    t_end = time.time()
+    events = watcher.close()
+    print(r.stdout[-2000:], r.stderr[-2000:], sep="\n")
+    every = read_calls(log)
+    calls = [c for c in every if rpc(c)]
+    m = re.search(r"submitted Slurm job (\d+)", r.stdout)
+    if r.returncode or not m:
+        raise SystemExit(f"site_load: the job failed (exit {r.returncode}); calls so far: {by_kind(calls)}")
+    job = m[1]
+    login = [c for c in calls if c["where"] == "login"]
+    sbatch_t = next(
+        c["t"] for c in login if c["kind"] == "sbatch" and c["phase"] == "second" and "--test-only" not in c["args"]
+    )
+    first = [c for c in login if c["phase"] == "first"]
+    second = [c for c in login if c["phase"] == "second" and c["t"] <= sbatch_t]
+    waiting = [c for c in login if c["phase"] == "second" and c["t"] > sbatch_t]
+    wait_s = t_end - sbatch_t
+    sacct = cluster.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "ElapsedRaw,State").stdout.split()
+    job_s = float(sacct[0].split("|")[0]) if sacct else wait_s
+    batch = [c for c in calls if c["where"] == "batch"]
+    task = [c for c in calls if c["where"] == "task"]
+    ranks = NODES * TASKS_PER_NODE
+    fig = {
+        "commit": subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "job": {
+            "nodes": NODES,
+            "tasks_per_node": TASKS_PER_NODE,
+            "spares": SPARES,
+            "seconds": job_s,
+            "epochs": a.epochs,
+        },
+        "slurm_calls": {
+            "submission_first": {"calls": len(first), "by_kind": by_kind(first), "seconds": round(first_s, 1)},
+            "submission_second": {"calls": len(second), "by_kind": by_kind(second)},
+            "waiting": {
+                "calls": len(waiting),
+                "per_min": per_minute(len(waiting), wait_s),
+                "by_kind": by_kind(waiting),
+            },
+            "batch_shell": {"calls": len(batch), "per_min": per_minute(len(batch), job_s), "by_kind": by_kind(batch)},
+            "tasks": {"calls": len(task), "per_min": per_minute(len(task), job_s), "by_kind": by_kind(task)},
+        },
+        "file_system": fs_figures(events, NODES, ranks),
+        "command": "python bench/site_load.py" + (f" --epochs {a.epochs}" if a.epochs != 100 else ""),
+    }
+    fig["calls"] = [
+        {
+            "t": round(c["t"] - t_submit, 1),
+            "where": c["where"],
+            "phase": c["phase"],
+            "rpc": rpc(c),
+            "argv": [c["kind"], *c["args"]],
+        }
+        for c in every
+    ]
+    own = read_calls(work / "hpctrain-calls.jsonl")
+    fig["own_call_log"] = {"lines": len(own), "calls": sum(not c.get("cached") for c in own)}
+    print(table(fig))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(fig, indent=1) + "\n")
+    return 0
+
+
+def table(fig: dict) -> str:
+    """The figures as docs/sites.md shows them."""
+    s, f = fig["slurm_calls"], fig["file_system"]
+    j = fig["job"]
+    rows = [
+        f"job: {j['nodes']} nodes × {j['tasks_per_node']} tasks + {j['spares']} spare, {j['seconds']:.0f} s",
+        f"first submission (empty cache): {s['submission_first']['calls']} calls {s['submission_first']['by_kind']}",
+        f"second submission (cache warm): {s['submission_second']['calls']} calls {s['submission_second']['by_kind']}",
+        f"waiting (submit --wait):        {s['waiting']['per_min']} calls/min {s['waiting']['by_kind']}",
+        f"batch shell:                    {s['batch_shell']['per_min']} calls/min {s['batch_shell']['by_kind']}",
+        f"tasks:                          {s['tasks']['per_min']} calls/min",
+        f"run directory, steady state:    {f['ops_per_s']} metadata ops/s over {f.get('steady_s', 0)} s",
+    ]
+    rows += [
+        f"  {fam} ({d['files']} file(s), per {d['scales_with']}): {d['ops_per_s']}" for fam, d in f["families"].items()
+    ]
+    rows += [f"  extrapolated to {k} GPUs: {v} ops/s" for k, v in f["extrapolated"].items()]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
