@@ -30,16 +30,13 @@ steady state.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -48,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from tests.fs_events import Inotify  # noqa: E402
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster  # noqa: E402
 
 CLIENTS = ("sbatch", "squeue", "sacct", "scontrol", "sinfo", "sacctmgr", "scancel", "srun")
@@ -81,66 +79,6 @@ def counting_clients(bin_dir: Path, log: Path, path: str) -> None:
         w = bin_dir / kind
         w.write_text(WRAPPER.format(python=sys.executable, real=real, kind=kind, log=str(log)))
         w.chmod(0o755)
-
-
-# --------------------------------------------------------------------------- inotify
-
-IN_MODIFY, IN_ATTRIB, IN_OPEN = 0x2, 0x4, 0x20
-IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
-IN_ISDIR = 0x40000000
-METADATA = {IN_CREATE: "create", IN_DELETE: "delete", IN_MOVED_FROM: "rename", IN_OPEN: "open", IN_ATTRIB: "attrib"}
-EVENT = struct.Struct("iIII")
-
-
-class Inotify:
-    """Metadata events under a directory tree (inotify(7)), recorded as (time, op, path)."""
-
-    def __init__(self, top: Path) -> None:
-        self.libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
-        self.dirs: dict[int, Path] = {}
-        self.events: list[tuple[float, str, str]] = []
-        self.stop = threading.Event()
-        self.top = top
-        self.watch(top)
-        self.thread = threading.Thread(target=self.loop, daemon=True)
-        self.thread.start()
-
-    def watch(self, d: Path) -> None:
-        mask = IN_MODIFY | IN_ATTRIB | IN_OPEN | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
-        wd = self.libc.inotify_add_watch(self.fd, str(d).encode(), mask)
-        if wd >= 0:
-            self.dirs[wd] = d
-            for sub in d.iterdir() if d.is_dir() else ():
-                if sub.is_dir() and not sub.is_symlink():
-                    self.watch(sub)
-
-    def loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                buf = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                time.sleep(0.05)
-                continue
-            now, i = time.time(), 0
-            while i < len(buf):
-                wd, mask, _, n = EVENT.unpack_from(buf, i)
-                name = buf[i + EVENT.size : i + EVENT.size + n].rstrip(b"\0").decode(errors="replace")
-                i += EVENT.size + n
-                path = self.dirs.get(wd, self.top) / name
-                if mask & IN_CREATE and mask & IN_ISDIR:
-                    self.watch(path)
-                for bit, op in METADATA.items():
-                    if mask & bit:
-                        self.events.append((now, op, str(path.relative_to(self.top))))
-
-    def close(self) -> list[tuple[float, str, str]]:
-        self.stop.set()
-        self.thread.join()
-        os.close(self.fd)
-        return self.events
 
 
 def family(path: str) -> str:

@@ -14,6 +14,7 @@ from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.entry import run as train
 from hpctrain.train.observe import trackers
 from hpctrain.train.observe.tensorboard import open_sink, scalars
+from tests.fs_events import Inotify
 from tests.helpers import halt_at, run_metrics
 
 EPOCH = 22  # steps per epoch of digits at batch 64 (world 1)
@@ -121,3 +122,23 @@ def test_gpu_entries_become_per_gpu_tags():
     }
     assert scalars(rec) == {"train/loss": 2.5, "gpu0/util_pct": 97.0, "gpu0/power_w": 650.5, "gpu3/util_pct": 12.0}
     assert scalars({"kind": "checkpoint", "step": 40, "time": 1.0}) == {}
+
+
+def test_event_file_is_opened_once_for_the_run(tmp_path):
+    """One open of the event file however many scalars are written (tensorboard's stub gfile opens it
+    for each event: a parallel file system's metadata server serves every open), and TensorBoard
+    reads back every point, the last ones written by `close`."""
+    (tmp_path / "tb").mkdir()  # watched from the start (a directory made later is watched a moment after)
+    watcher = Inotify(tmp_path)
+    sink = open_sink(tmp_path)
+    for step in range(1, 41):
+        sink.record({"kind": "train", "time": float(step), "step": step, "loss": 1.0 / step, "lr": 0.1})
+    sink.record({"kind": "checkpoint", "time": 41.0, "step": 40})  # a flush
+    sink.close()
+    events = watcher.close()
+    (event_file,) = (tmp_path / "tb").iterdir()
+    opens = [path for _, op, path in events if op == "open" and path == f"tb/{event_file.name}"]
+    assert len(opens) <= 2, opens  # tensorboard's own first write, then the file held open
+    acc = read_tb(tmp_path / "tb")
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 41))
+    assert [e.value for e in acc.Scalars("train/lr")] == pytest.approx([0.1] * 40)

@@ -56,6 +56,7 @@ class TensorBoardSink:
     def _writer(self, purge_step: int | None = None):
         if self._w is None:
             self._w = self._cls(log_dir=str(self.log_dir), purge_step=purge_step, flush_secs=30)
+            hold_open(self._w)
         return self._w
 
     def restart(self, kept: list[dict], moved: list[dict]) -> None:
@@ -82,6 +83,27 @@ class TensorBoardSink:
         if self._w is not None:
             self._w.close()
             self._w = None
+
+
+def hold_open(writer: Any) -> bool:
+    """Keep the event file open for the run. Without TensorFlow, tensorboard writes through its stub
+    gfile, which opens, appends to and closes the file for every event: one open per scalar, 6–11 a
+    second on rank 0 at log.every=10 (bench/site_load.py), each a request to a parallel file system's
+    metadata server. Right after the writer is made (its first events flushed, its queue empty), the
+    record writer's stub file is swapped for one Python file opened once in append mode, which the
+    writer's `close` closes. False, and nothing changed, where the writer is not that stack (real
+    TensorFlow's gfile keeps its file open already; another tensorboard whose internals differ)."""
+    try:
+        events = writer._get_file_writer().event_writer  # torch FileWriter → tensorboard EventFileWriter
+        records, name = events._async_writer._writer, events._file_name  # its RecordWriter and file
+        stub = records._writer
+    except AttributeError:
+        return False
+    if not type(stub).__module__.startswith("tensorboard.compat.tensorflow_stub"):
+        return False
+    events.flush()
+    records._writer = open(name, "ab")  # noqa: SIM115 (closed by the writer's close)
+    return True
 
 
 def open_sink(run_dir: Path | None) -> TensorBoardSink | None:
