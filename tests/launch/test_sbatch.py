@@ -53,9 +53,9 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
     )
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
     assert (
-        "srun --kill-on-bad-exit=1 --unbuffered --open-mode=append --cpu-bind=cores --gpu-bind=none "
+        "hpctrain_slurm -b srun --kill-on-bad-exit=1 --unbuffered --open-mode=append --cpu-bind=cores --gpu-bind=none "
         '${hpctrain_step[@]+"${hpctrain_step[@]}"} '
-        '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train &'
+        '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train\n'
     ) in fresh
 
 

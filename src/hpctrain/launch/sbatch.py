@@ -137,14 +137,16 @@ def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
     after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
     --open-mode=append: srun truncates the per-task logs when a step starts unless told to append
     (srun(1) --open-mode; slurm.conf JobFileAppend), so a requeued or restarted attempt would erase
-    the traceback of the one that failed (tests/faults/test_node_death.py)."""
+    the traceback of the one that failed (tests/faults/test_node_death.py). The step starts through
+    hpctrain_slurm (ctld.sh), like every call of this shell to Slurm."""
     return [
         "set +e",
         "while :; do",
         *shellfile.lines("step_start.sh", "  "),
-        "  srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
+        # hpctrain_slurm -b (ctld.sh): logged as it starts, a child of this shell that takes its signals
+        "  hpctrain_slurm -b srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
         + "".join(f"{b} " for b in bind)
-        + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
+        + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command}',
         *shellfile.lines("step_wait.sh", "  "),
         *shellfile.lines("step_next.sh", "  "),
         "done",
