@@ -128,6 +128,17 @@ hpctrain_commas() {  # ' n1 n2 ' → 'n1,n2', without word splitting (no name gl
   l=${l#,}
   printf '%s\n' "${l%,}"
 }
+# One node's state as scontrol writes it (BASE, +NOT_RESPONDING), from `sinfo -h -N -n NODE -o %T`: slurmctld
+# sends that node's record alone (REQUEST_NODE_INFO_SINGLE), where `scontrol show node NODE` has it send
+# every node's (REQUEST_NODE_INFO), measured with sdiag on 22.05.8; sinfo's `*` suffix is NOT_RESPONDING
+# ("mixed*" for MIXED+NOT_RESPONDING, "down*" for DOWN+NOT_RESPONDING, measured); one line per partition.
+hpctrain_node_state() {
+  local s
+  s=$({ hpctrain_slurm sinfo -h -N -n "$1" -o %T || true; } | grep -m 1 -xE '[a-z_]+[*~#!%$@^-]*' || true)
+  [ -n "$s" ] || return 0
+  case "$s" in *"*"*) printf '%s+NOT_RESPONDING\n' "${s%%[*~#!%\$@^-]*}" ;; *) printf '%s\n' "${s%%[*~#!%\$@^-]*}" ;; esac |
+    tr '[:lower:]' '[:upper:]'
+}
 hpctrain_node_states() {  # 'node<TAB>State' for a host list, in one call (rl_enable counts each call)
   { hpctrain_scontrol show node -o "$1" || true; } | sed -n 's/^NodeName=\([^ ]*\) .* State=\([^ ]*\) .*/\1\t\2/p'
 }

@@ -11,8 +11,8 @@ hpctrain_guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$hpctrain_batch_hos
 # the dead node did not outlive it. Its cost to slurmctld (docs/spares.md, "The guard"): it reads the
 # heartbeat every HPCTRAIN_GUARD_S (a file, no call) and asks Slurm for the node's state only while the
 # heartbeat stands still, and otherwise once every HPCTRAIN_GUARD_ASK_S (default 60 s: a batch host DOWN
-# while its shell still beats), one `scontrol show node` of one node: one call a minute in steady state,
-# where a poll of every 10 s made six. It requeues through hpctrain_requeue (retried); it cancels the
+# while its shell still beats), one `sinfo -n` of that node (hpctrain_node_state): one call a minute in
+# steady state, where a poll of every 10 s made six, each of the whole node table. It requeues through hpctrain_requeue (retried); it cancels the
 # job only when Slurm refuses any requeue of it or its slurm.max_requeues is spent: then the job,
 # without its batch shell, would hold its nodes until its time limit.
 hpctrain_guard_srun=""
@@ -38,7 +38,7 @@ hpctrain_guard() {  # on the guard node: $1 the batch host
     if [ "$beat" = "$last" ]; then still=$((still + 1)); else still=0 last=$beat; fi
     polls=$((polls + 1))
     [ "$still" -gt 0 ] || [ $((polls % every)) = 0 ] || continue  # the shell beats: Slurm is asked now and then
-    st=$(hpctrain_node_states "$1" | cut -f2)
+    st=$(hpctrain_node_state "$1")
     case "${st%%+*}:+$st+:$still" in
       DOWN:*) ;;
       *+NOT_RESPONDING+*:[2-9]|*+NOT_RESPONDING+*:[1-9][0-9]*) ;;
@@ -71,7 +71,7 @@ if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctr
     hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_report_cmd hpctrain_report_file hpctrain_report_s \
     hpctrain_progress_file; declare -f hpctrain_guard hpctrain_now hpctrain_slurm_log hpctrain_slurm_transient \
     hpctrain_slurm_pause hpctrain_slurm hpctrain_scontrol hpctrain_job_field \
-    hpctrain_names hpctrain_hosts hpctrain_node_states hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
+    hpctrain_names hpctrain_hosts hpctrain_node_state hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
     hpctrain_exclude_add hpctrain_budget_left hpctrain_ours hpctrain_wait hpctrain_fg hpctrain_out \
     hpctrain_report_node hpctrain_ckpt_latest hpctrain_progress_start hpctrain_stalled); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
     hpctrain-guard "$hpctrain_batch_host"
