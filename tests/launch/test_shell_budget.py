@@ -89,18 +89,21 @@ def test_each_call_is_one_json_line_of_the_shared_call_log(tmp_path):
         "hpctrain_slurm scontrol show job 'a\"b\\c' $'x\\ty\\nz' '' ü; echo \"rc=$?\"\n"
         'hpctrain_slurm -b srun --overlap true; wait "$!"\n'
         'hpctrain_slurm -w 0 scontrol "$(printf "%0500d" 0)" $(seq 40) >/dev/null || true\n'
+        'q=(); for i in $(seq 30); do q+=("$(printf \'"%.0s\' $(seq 100))"); done\n'
+        'hpctrain_slurm -w 0 scontrol "${q[@]}" >/dev/null || true\n'
     )
     t0 = time.time()
     r = run(tmp_path, ["signals.sh", "ctld.sh"], script, {"HPCTRAIN_SLURM_CALL_LOG": str(log)}, bin_dir)
     assert r.returncode == 0 and "answer show\nrc=3" in r.stdout, r.stdout + r.stderr
     lines = log.read_text().splitlines()
-    assert len(lines) == 3, lines
-    first, step, long = map(json.loads, lines)
+    assert len(lines) == 4, lines
+    first, step, long, quotes = map(json.loads, lines)
     assert first["kind"] == "scontrol" and first["args"] == ["show", "job", *odd], first
     assert first["rc"] == 3 and first["where"] == "batch" and first["cached"] is False, first
     assert t0 - 1 <= first["t"] <= time.time() + 1 and isinstance(first["s"], float) and 0 <= first["s"] < 60
     assert step["kind"] == "srun" and step["args"] == ["--overlap", "true"] and step["rc"] is None, step
     assert len(lines[2].encode()) < 4096 and long["args"][0] == "0" * 100 and long["args"][-1] == "...", long
+    assert len(lines[3].encode()) < 4096 and quotes["args"][0] == '"' * 100 and quotes["args"][-1] == "...", quotes
     assert set(first) == {"t", "kind", "args", "s", "rc", "where", "cached"}
 
 

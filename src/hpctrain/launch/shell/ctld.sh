@@ -20,7 +20,8 @@ hpctrain_now() {  # $1= the time now, Unix seconds with microseconds (bash < 5 h
 # as the login node's client writes them (site/slurm_cli.py): {"t": start, "kind": "scontrol", "args":
 # [...], "s": seconds, "rc": exit status (null: a step started in the background), "where": "batch",
 # "cached": false}. One printf of one line under 4 KiB (each argument cut at 100 characters, 30 of
-# them at most) to a file opened O_APPEND: lines of concurrent writers do not interleave.
+# them and ~3000 characters at most, then "...") to a file opened O_APPEND: lines of concurrent
+# writers do not interleave.
 hpctrain_slurm_log() {  # $1 the call's start (hpctrain_now), $2 its exit status ('': not waited for), $3… its argv
   [ -n "${HPCTRAIN_SLURM_CALL_LOG:-}" ] || return 0
   local t0=$1 rc=${2:-null} t1 us a args="" n=0
@@ -29,7 +30,7 @@ hpctrain_slurm_log() {  # $1 the call's start (hpctrain_now), $2 its exit status
   us=$(( ${t1/./} - ${t0/./} ))
   for a in "${@:2}"; do
     n=$((n + 1))
-    if [ "$n" -gt 30 ]; then args+=', "..."'; break; fi
+    if [ "$n" -gt 30 ] || [ "${#args}" -gt 3000 ]; then args+=', "..."'; break; fi
     a=${a:0:100} a=${a//\\/\\\\} a=${a//\"/\\\"} a=${a//$'\n'/\\n} a=${a//$'\t'/\\t} a=${a//$'\r'/\\r}
     args+="${args:+, }\"${a//[[:cntrl:]]/}\""
   done
