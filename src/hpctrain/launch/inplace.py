@@ -4,15 +4,16 @@ With `slurm.spare_nodes` K (`--spare-nodes`) the job holds N+K nodes with `--no-
 on N of them. When a step fails, the shell names the faulty nodes — the tasks' own reports
 (`$HPCTRAIN_BAD_NODES_FILE`, hpctrain.run.badnodes), Slurm's view (a failed node leaves a `--no-kill`
 job's NodeList; `scontrol show node` says DOWN/FAIL), one short probe step over the nodes of the
-allocation (one task per node: one step for slurmctld to create, not one per node) — and starts the next step on N healthy nodes without them: the ranks resume
-from the last checkpoint (`--resume auto`), with no requeue and no queue wait. A step that failed
-naming no node (a crashed or killed rank on a healthy node) runs again on the same nodes, up to
-`slurm.max_restarts` times per allocation; the same error at the same step twice, or an error the
-user must fix, ends the job with that error instead (restarts.sh). Fewer than N healthy nodes left, or no
-spares: the job is requeued and the named nodes go into its ExcNodeList at once (Slurm takes
-ExcNodeList only while the job is pending; a requeued job waits cred_expire), for a while and no more
-of them than the partition can spare (exclude.sh). Every restart and
-exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0 turns into a metrics record
+allocation (one task per node: one step for slurmctld to create, not one per node) — and starts
+the next step on N healthy nodes without them: the ranks resume from the last checkpoint
+(`--resume auto`), with no requeue and no queue wait. A step that failed naming no node (a crashed
+or killed rank on a healthy node) runs again on the same nodes, up to `slurm.max_restarts` times per
+allocation; the same error at the same step twice, or an error the user must fix, ends the job with
+that error instead (restarts.sh). Fewer than N healthy nodes left, or no spares: the job is requeued
+and the named nodes go into its ExcNodeList at once (Slurm takes ExcNodeList only while the job is
+pending; a requeued job waits cred_expire), for a while and no more of them than the partition can
+spare (exclude.sh). Every restart and exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0
+turns into a metrics record
 (hpctrain.run.faultlog). Facts and sources: docs/spares.md.
 """
 
