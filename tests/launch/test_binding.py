@@ -30,8 +30,8 @@ def script(tmp_path: Path, profile: str, *sets: str, gpus: int | None = None, no
 
 
 def training_srun(text: str) -> str:
-    (line,) = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("srun --kill-on-bad-exit=1")]
-    return line
+    (line,) = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("hpctrain_slurm -b srun --kill-on-bad")]
+    return line.removeprefix("hpctrain_slurm -b ")
 
 
 def sbatch_option(text: str, key: str) -> str | None:

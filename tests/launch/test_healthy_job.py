@@ -39,8 +39,9 @@ from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, slurm24_sysroot
 pytestmark = pytest.mark.slurm
 SETS = (*JOB_SETS, "ckpt.every=5")
 # rank 0 waits 0.5 s per step for data (a sleep: the arithmetic is unchanged): each event lands mid-run,
-# and 8 steps take 4 s or more, two polls of the guard (HPCTRAIN_GUARD_S=2) at least
-SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:0.5:data", "HPCTRAIN_GUARD_S": "2"}
+# and 8 steps take 4 s or more, two polls of the guard (HPCTRAIN_GUARD_S=2) at least, each asking Slurm
+# (HPCTRAIN_GUARD_ASK_S=2: by default it asks once a minute while the batch shell's heartbeat moves)
+SLOW_DATA = {"HPCTRAIN_TEST_DELAY": "0:0.5:data", "HPCTRAIN_GUARD_S": "2", "HPCTRAIN_GUARD_ASK_S": "2"}
 STALL_S = 20  # longer than a client waits (MessageTimeout 10 s): each call of the shell's times out
 # A site's order of SlurmdTimeout (Slurm's default: 300 s) on the 24.11 cluster: above 2 × MessageTimeout
 # (the ping agent's wait on a hung node, measured ~21 s) + the ping interval (a third of it). With the

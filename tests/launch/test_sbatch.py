@@ -53,9 +53,9 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
     )
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
     assert (
-        "srun --kill-on-bad-exit=1 --unbuffered --open-mode=append --cpu-bind=cores --gpu-bind=none "
+        "hpctrain_slurm -b srun --kill-on-bad-exit=1 --unbuffered --open-mode=append --cpu-bind=cores --gpu-bind=none "
         '${hpctrain_step[@]+"${hpctrain_step[@]}"} '
-        '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train &'
+        '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train\n'
     ) in fresh
 
 
@@ -366,3 +366,22 @@ def test_the_submitting_shells_variables_change_nothing_in_a_submitted_job(tmp_p
     assert args[-3:] == ["-m", "hpctrain", "train"] and "apptainer" not in args and str(other) not in args
     assert env["PYTHONPATH"].split(":")[0] == str(frozen.parent) and env["HPCTRAIN_SOURCE"] == str(frozen)
     assert (env["NCCL_IB_TIMEOUT"], env["NCCL_IB_DISABLE"], env["HPCTRAIN_IMAGE"]) == ("7", "1", str(other))
+
+
+def test_a_submitted_script_logs_its_slurm_calls_where_the_submitting_shell_said(tmp_path, monkeypatch):
+    """$HPCTRAIN_SLURM_CALL_LOG (the call log bench/site_load.py reads) is fixed in a submitted script
+    as an absolute path: the batch shell (ctld.sh) logs to the same file even from another directory
+    or where sbatch exports no environment; unset, the script names none; a control character in it is
+    one line of error."""
+    monkeypatch.setenv("HPCTRAIN_SLURM_CALL_LOG", "logs/calls.jsonl")
+    args = ("submit", "--cluster", "example-ib", "--dry-run", "--set", f"run.dir={tmp_path}")
+    r = blocked_cli(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"export HPCTRAIN_SLURM_CALL_LOG={tmp_path}/logs/calls.jsonl\n" in r.stdout
+    monkeypatch.delenv("HPCTRAIN_SLURM_CALL_LOG")
+    plain = blocked_cli(*args, cwd=tmp_path)
+    assert plain.returncode == 0 and "export HPCTRAIN_SLURM_CALL_LOG" not in plain.stdout, plain.stderr
+    monkeypatch.setenv("HPCTRAIN_SLURM_CALL_LOG", "calls\x1b.jsonl")
+    bad = blocked_cli(*args, cwd=tmp_path)
+    (err,) = [ln for ln in bad.stderr.splitlines() if "error:" in ln]  # after the plan's notes
+    assert bad.returncode == 2 and "HPCTRAIN_SLURM_CALL_LOG=" in err and "\x1b" not in bad.stderr, bad.stderr

@@ -105,7 +105,7 @@ CASES = {
         "CONTAINER=apptainer hpctrain_spares=0 hpctrain_alloc=' n1 ' hpctrain_train_nodes=1\n"
         + "\n".join(shellfile.lines("stage_step.sh")),
     ),
-    # after a failed step, a probe step on each node (spares.sh: hpctrain_name_faults)
+    # after a failed step, the probe step over the nodes (spares.sh: hpctrain_name_faults)
     "probe step": ("srun", NAME_FAULTS),
     # slurmctld does not answer (ctld.sh asks again for up to HPCTRAIN_CTLD_WAIT_S) when the shell asks
     # whether the job still runs, before it names faulty nodes

@@ -10,6 +10,7 @@ on a node that passes its probe restarts in place.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -137,9 +138,12 @@ def gpu_probe_env(lost: Path) -> dict:
     }
 
 
-def submit_silent_rank_job(cluster, digits_root, tmp_path, name: str, lost: Path, *extra: str) -> str:
+def submit_silent_rank_job(
+    cluster, digits_root, tmp_path, name: str, lost: Path, *extra: str, env: dict | None = None
+) -> str:
     """A 2-node job without spares whose hang watchdog fires 5 s after a rank stops, with GPU probes
-    (`gpu_probe_env(lost)`, no GPU lost yet), once it has trained 7 steps; `extra`: more submit options."""
+    (`gpu_probe_env(lost)`, no GPU lost yet), once it has trained 7 steps; `extra`: more submit options,
+    `env`: more of the submitting environment."""
     lost.write_text("")
     job = submit(
         cluster,
@@ -158,7 +162,7 @@ def submit_silent_rank_job(cluster, digits_root, tmp_path, name: str, lost: Path
             "health.hang_timeout_s=5",
             "dist.pg_timeout_s=30",
         ),
-        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost)},
+        env={"HPCTRAIN_TEST_DELAY": "0:0.3:data", **gpu_probe_env(lost), **(env or {})},
     )
     wait_for_step(tmp_path / name, 7, 180)
     return job
@@ -199,7 +203,9 @@ def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list
     $HPCTRAIN_BAD_NODES_FILE) and its node's GPU drops off the bus (a fake nvidia-smi lists none
     there); the probe confirms the node faulty, and the batch shell requeues the job with that node
     excluded (ExcNodeList); the job finishes on the other nodes of the partition. The site's
-    slurm.report_bad_node command and file hear of the node, its evidence and the job (docs/sites.md)."""
+    slurm.report_bad_node command and file hear of the node, its evidence and the job (docs/sites.md).
+    The batch shell's call log ($HPCTRAIN_SLURM_CALL_LOG, ctld.sh) shows ONE probe step over both nodes
+    (before: one srun per node)."""
     run, lost = tmp_path / "silent", tmp_path / "lost-gpus"
     report, admin_log = tmp_path / "report-node", tmp_path / "admin" / "bad-nodes.log"
     report.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {tmp_path}/report-args\n")
@@ -211,7 +217,9 @@ def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list
         f"--cluster-set=slurm.report_bad_node.command=[{report}]",
         f"--cluster-set=slurm.report_bad_node.file={admin_log}",
     )
-    job = submit_silent_rank_job(slurm_cluster, digits_root, tmp_path, "silent", lost, *reporting)
+    log = tmp_path / "slurm-calls.jsonl"
+    env = {"HPCTRAIN_SLURM_CALL_LOG": str(log)}
+    job = submit_silent_rank_job(slurm_cluster, digits_root, tmp_path, "silent", lost, *reporting, env=env)
     victim = rank_hosts(run)[1][1]
     pid = task_pid(job, 1)
     assert pid
@@ -236,6 +244,11 @@ def test_a_silent_rank_on_a_node_whose_gpu_fails_its_probe_goes_to_exc_node_list
     assert (node, job_id) == (victim, job) and "nvidia-smi -L lists 0 of the 1 GPU(s)" in evidence, evidence
     (line,) = admin_log.read_text().splitlines()
     assert line.split("\t")[1:3] == [job, victim] and line.split("\t")[4] == evidence, line
+    batch = [c for c in map(json.loads, log.read_text().splitlines()) if c["where"] == "batch"]
+    probes = [c for c in batch if c["kind"] == "srun" and "hpctrain-probe" in c["args"]]
+    assert len(probes) == 1 and {"--nodes=2", "--ntasks-per-node=1"} <= set(probes[0]["args"]), probes
+    steps = [c for c in batch if c["kind"] == "srun" and "--kill-on-bad-exit=1" in c["args"]]
+    assert len(steps) == 2 and all(c["rc"] is None for c in steps), steps  # the training step of each attempt
 
 
 @pytest.mark.slurm

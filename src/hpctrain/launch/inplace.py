@@ -3,16 +3,17 @@
 With `slurm.spare_nodes` K (`--spare-nodes`) the job holds N+K nodes with `--no-kill` and trains
 on N of them. When a step fails, the shell names the faulty nodes — the tasks' own reports
 (`$HPCTRAIN_BAD_NODES_FILE`, hpctrain.run.badnodes), Slurm's view (a failed node leaves a `--no-kill`
-job's NodeList; `scontrol show node` says DOWN/DRAIN/FAIL), a short probe step per node
-of the allocation — and starts the next step on N healthy nodes without them: the ranks resume
-from the last checkpoint (`--resume auto`), with no requeue and no queue wait. A step that failed
-naming no node (a crashed or killed rank on a healthy node) runs again on the same nodes, up to
-`slurm.max_restarts` times per allocation; the same error at the same step twice, or an error the
-user must fix, ends the job with that error instead (restarts.sh). Fewer than N healthy nodes left, or no
-spares: the job is requeued and the named nodes go into its ExcNodeList at once (Slurm takes
-ExcNodeList only while the job is pending; a requeued job waits cred_expire), for a while and no more
-of them than the partition can spare (exclude.sh). Every restart and
-exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0 turns into a metrics record
+job's NodeList; `scontrol show node` says DOWN/FAIL), one short probe step over the nodes of the
+allocation (one task per node: one step for slurmctld to create, not one per node) — and starts
+the next step on N healthy nodes without them: the ranks resume from the last checkpoint
+(`--resume auto`), with no requeue and no queue wait. A step that failed naming no node (a crashed
+or killed rank on a healthy node) runs again on the same nodes, up to `slurm.max_restarts` times per
+allocation; the same error at the same step twice, or an error the user must fix, ends the job with
+that error instead (restarts.sh). Fewer than N healthy nodes left, or no spares: the job is requeued
+and the named nodes go into its ExcNodeList at once (Slurm takes ExcNodeList only while the job is
+pending; a requeued job waits cred_expire), for a while and no more of them than the partition can
+spare (exclude.sh). Every restart and exclusion is a line of `$HPCTRAIN_FAULTS_FILE` that rank 0
+turns into a metrics record
 (hpctrain.run.faultlog). Facts and sources: docs/spares.md.
 """
 
@@ -45,7 +46,7 @@ def setup_lines(spares: int, tasks_per_node: int, max_restarts: int, report: Bad
         "# Hot spares (slurm.spare_nodes; HPCTRAIN_SPARE_NODES overrides): the job holds that many nodes more",
         "# than it trains on (#SBATCH --no-kill: a failed node leaves the job instead of ending it). After a",
         "# failed step this shell names the faulty nodes (the tasks' $HPCTRAIN_BAD_NODES_FILE, Slurm's node",
-        "# states, a probe step per node) and starts the next step on healthy nodes of the same allocation;",
+        "# states, one probe step over the nodes) and starts the next step on healthy nodes of the allocation;",
         "# without enough of them it requeues the job with those nodes in its ExcNodeList (docs/spares.md).",
         f"hpctrain_spares=${{HPCTRAIN_SPARE_NODES-{int(spares)}}}",
         f"hpctrain_tpn=${{SLURM_NTASKS_PER_NODE:-{int(tasks_per_node)}}}",
@@ -65,5 +66,6 @@ def guard_lines() -> list[str]:
     (22.05): a --no-kill job whose batch host dies stays RUNNING on its other nodes without a batch
     script, also after the node is back, until its time limit; a guard step there sees the node
     DOWN (after SlurmdTimeout) and requeues it; a node that is only NOT_RESPONDING, draining or
-    failing is left alone (docs/spares.md)."""
+    failing is left alone. It asks Slurm (`sinfo -n`, one node) only while the batch shell's heartbeat
+    stands still, else once a minute (docs/spares.md, "What the batch shell costs slurmctld")."""
     return shellfile.lines("guard.sh")

@@ -10,12 +10,14 @@ the runtime and the fabric at submission (a variable left in the submitting shel
 
 from __future__ import annotations
 
+import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpctrain.ckpt_interval import MTBF_SOURCE_ENV
 from hpctrain.config import control_char, encode_overrides
+from hpctrain.errors import LaunchError
 from hpctrain.launch import inplace, shellfile, stage_image
 from hpctrain.launch.container import SRUN_VAR, python_lines
 from hpctrain.launch.modules import job_module_lines
@@ -57,6 +59,22 @@ class JobPlan:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+
+# The call log of every Slurm call (site/slurm_cli.py on the login node, ctld.sh's hpctrain_slurm in the
+# batch shell): one file, named by this variable, read by bench/site_load.py.
+CALL_LOG_VAR = "HPCTRAIN_SLURM_CALL_LOG"
+
+
+def call_log_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The submitting shell's call log, fixed in a submitted script as an absolute path: the batch shell
+    logs to the same file even where sbatch exports no environment or runs elsewhere than the submission."""
+    path = environ.get(CALL_LOG_VAR, "")
+    if not path:
+        return {}
+    if control_char(path):
+        raise LaunchError(f"{CALL_LOG_VAR}={path!r} holds a control character: name a plain file path, or unset it")
+    return {CALL_LOG_VAR: os.path.abspath(path)}
 
 
 def sbatch_value(key: str, value: object) -> str:
@@ -137,14 +155,16 @@ def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
     after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
     --open-mode=append: srun truncates the per-task logs when a step starts unless told to append
     (srun(1) --open-mode; slurm.conf JobFileAppend), so a requeued or restarted attempt would erase
-    the traceback of the one that failed (tests/faults/test_node_death.py)."""
+    the traceback of the one that failed (tests/faults/test_node_death.py). The step starts through
+    hpctrain_slurm (ctld.sh), like every call of this shell to Slurm."""
     return [
         "set +e",
         "while :; do",
         *shellfile.lines("step_start.sh", "  "),
-        "  srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
+        # hpctrain_slurm -b (ctld.sh): logged as it starts, a child of this shell that takes its signals
+        "  hpctrain_slurm -b srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
         + "".join(f"{b} " for b in bind)
-        + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command} &',
+        + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command}',
         *shellfile.lines("step_wait.sh", "  "),
         *shellfile.lines("step_next.sh", "  "),
         "done",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import socket
 import sys
@@ -21,7 +22,7 @@ from hpctrain.launch.container import bind_list, check_pyxis
 from hpctrain.launch.failure import explain, no_result
 from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
-from hpctrain.launch.sbatch import JobPlan, render
+from hpctrain.launch.sbatch import JobPlan, call_log_env, render
 from hpctrain.launch.task import eval_task, train_task
 from hpctrain.run.layout import JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
@@ -434,6 +435,7 @@ def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = No
         "HPCTRAIN_LAUNCHER": "submitit-slurm",
         "HPCTRAIN_SOURCE_HASH": digest,
         "HPCTRAIN_SUBMITIT_VERSION": glue.VERSION,
+        **call_log_env(os.environ),
     }
     path = snap.path if snap else snapshot_path(folder.parent, digest)
     source = shlex.quote(str(path)) if bind else "''"

@@ -15,7 +15,7 @@ hpctrain_pyxis_clean() {  # $1: the container to keep ('' removes all of the job
   n=$(echo $nodes | wc -w)
   [ "$n" -gt 0 ] || return 0
   [ -n "$1" ] || hpctrain_pyxis_cleaned=1
-  { err=$(timeout "${HPCTRAIN_PYXIS_CLEAN_S:-60}" srun --overlap --nodes="$n" --ntasks="$n" --ntasks-per-node=1 \
+  { err=$(hpctrain_slurm -1 -t "${HPCTRAIN_PYXIS_CLEAN_S:-60}" srun --overlap --nodes="$n" --ntasks="$n" --ntasks-per-node=1 \
       --nodelist="$(hpctrain_commas "$nodes")" --kill-on-bad-exit=0 \
       bash -c "$hpctrain_pyxis_remove" hpctrain-pyxis-clean "$job" "$1" 2>&1 1>&3); } 3>&1
   rc=$?

@@ -22,27 +22,34 @@ hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill jo
     case "$hpctrain_bad" in *" $n "*) ;; *) echo "$n" ;; esac
   done
 }
-# A probe step checks, on its node, outside the container, what a task needs: that a task starts;
-# that the GPUs the job uses are listed (nvidia-smi -L, where there is one and the job asked for
-# GPUs: a GPU lost to an Xid or ECC error drops out of the list; no answer in HPCTRAIN_PROBE_S is a
-# fault too); that the run directory's control folder takes a write within 5 s (exit 3: a stalled
-# file system, which is no node's fault). Its first line says it started: a step that has not
-# started yet is waiting for the node (a site's Prolog runs inside a node's first step of the job,
-# unless PrologFlags=Alloc), which is given HPCTRAIN_PROBE_START_S, not the checks' few seconds.
+# A probe checks, on each node, outside the container, what a task needs: that a task starts; that
+# the GPUs the job uses are listed (nvidia-smi -L, where there is one and the job asked for GPUs: a GPU
+# lost to an Xid or ECC error drops out of the list; no answer in HPCTRAIN_PROBE_S is a fault too); that
+# the run directory's control folder takes a write within 5 s (exit 3: a stalled file system, which is
+# no node's fault). All the nodes are probed by ONE step of one task per node (slurmctld creates one
+# step, not one per node: under a big allocation and a site's rl_enable, a step per node made 2 × N
+# calls at once). Each task prints lines that name its node: `hpctrain-probe NODE started` first (a
+# task that has not started yet is waiting for its node: a site's Prolog runs inside a node's first
+# step of the job, unless PrologFlags=Alloc, which is given HPCTRAIN_PROBE_START_S, not the checks' few
+# seconds), then `hpctrain-probe NODE EXIT WHY`, and ends 0 (a site's KillOnBadExit would otherwise end
+# the other nodes' checks).
 hpctrain_gpus=${HPCTRAIN_PROBE_GPUS-${SLURM_GPUS_PER_NODE##*:}}
 hpctrain_probe_gpus=()
 if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then hpctrain_probe_gpus=(--gpus-per-node="$SLURM_GPUS_PER_NODE"); fi
 # shellcheck disable=SC2016  # expanded by the probe step's own bash, from its arguments
 hpctrain_probe_check='
-echo hpctrain-probe-started
-if [ "${1:-0}" -gt 0 ] 2>/dev/null && command -v nvidia-smi >/dev/null 2>&1; then
-  l=$(timeout "$3" nvidia-smi -L 2>/dev/null)
-  [ "$?" != 124 ] || { echo "nvidia-smi -L gave no answer in $3 s"; exit 4; }
-  n=$(printf "%s\n" "$l" | grep -c "^GPU ")
-  [ "$n" -ge "$1" ] || { echo "nvidia-smi -L lists $n of the $1 GPU(s) the job uses"; exit 2; }
-fi
-timeout 5 touch "$2/probe-${SLURMD_NODENAME:-$(hostname)}" 2>/dev/null || {
-  echo "the run directory took no write in 5 s"; exit 3; }'
+h=${SLURMD_NODENAME:-$(hostname)}
+echo "hpctrain-probe $h started"
+why=$(
+  if [ "${1:-0}" -gt 0 ] 2>/dev/null && command -v nvidia-smi >/dev/null 2>&1; then
+    l=$(timeout "$3" nvidia-smi -L 2>/dev/null)
+    [ "$?" != 124 ] || { echo "nvidia-smi -L gave no answer in $3 s"; exit 4; }
+    n=$(printf "%s\n" "$l" | grep -c "^GPU ")
+    [ "$n" -ge "$1" ] || { echo "nvidia-smi -L lists $n of the $1 GPU(s) the job uses"; exit 2; }
+  fi
+  timeout 5 touch "$2/probe-$h" 2>/dev/null || { echo "the run directory took no write in 5 s"; exit 3; }
+); rc=$?
+echo "hpctrain-probe $h $rc $(printf "%s" "$why" | tr -d "\000-\037" | cut -c1-200)"'
 # seconds: each check on the node; a probe step to start and end (a Prolog inside it included)
 hpctrain_probe_s=${HPCTRAIN_PROBE_S:-10} hpctrain_probe_start_s=${HPCTRAIN_PROBE_START_S:-120}
 for hpctrain_v in "$hpctrain_probe_s" "$hpctrain_probe_start_s"; do
@@ -55,36 +62,51 @@ declare -A hpctrain_suspect=()  # node → why a task suspected it: excluded onl
 # A step the controller refuses before it asks any node is no node's fault: measured (24.11.5), while
 # slurmctld restarts srun fails with "Unable to confirm allocation … Unable to contact slurm
 # controller", and for ~5 s after it with "Unable to create step … Memory required by task is not
-# available" (the nodes have not registered again). Such a probe is asked again, for up to 60 s.
-hpctrain_probe() {  # 'node<TAB>why' when the node fails its probe ('fs: why' for the file system)
-  local out rc msg end=$((SECONDS + 60))
-  while true; do
-    out=$(timeout "$hpctrain_probe_start_s" srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" \
-      ${hpctrain_probe_gpus[@]+"${hpctrain_probe_gpus[@]}"} bash -c "$hpctrain_probe_check" hpctrain-probe \
-      "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" "$hpctrain_probe_s" 2>&1); rc=$?
-    case "$rc:$out" in
-      0:*) break ;;
-      *"Unable to contact slurm controller"*|*"Memory required by task is not available"*)
-        [ "$SECONDS" -lt "$end" ] || break
-        echo "hpctrain: probe step on $1 refused by the controller ($(printf '%s' "$out" |
-          grep '^srun: error: ' | tail -n 1 | cut -c1-160)): asking again" >&2
-        sleep 2 ;;
-      *) break ;;
-    esac
+# available" (the nodes have not registered again). Such a probe is asked again (hpctrain_slurm), for
+# up to 60 s. A node without a verdict line: one srun names ("Task launch … failed on node N", "N: …")
+# is at fault; after HPCTRAIN_PROBE_START_S, one whose task started did not end its checks, one whose
+# task did not start waits for its node; the others, when srun gave up on another node, are not
+# blamed (their task was ended with the step); no node answered and srun named none: each is named.
+hpctrain_probe() {  # nodes… → 'node<TAB>why' for each that fails its probe ('fs: why' for the file system)
+  local out rc n tag r why err any="" named="" nodes
+  local -A verdict=() started=()
+  [ "$#" -gt 0 ] || return 0
+  nodes=$(IFS=,; printf '%s' "$*")
+  out=$(hpctrain_slurm -w 60 -t "$hpctrain_probe_start_s" srun --overlap --nodes="$#" --ntasks="$#" --ntasks-per-node=1 \
+    --nodelist="$nodes" --kill-on-bad-exit=0 ${hpctrain_probe_gpus[@]+"${hpctrain_probe_gpus[@]}"} \
+    bash -c "$hpctrain_probe_check" hpctrain-probe "${hpctrain_gpus:-0}" "$HPCTRAIN_CONTROL_DIR" "$hpctrain_probe_s"); rc=$?
+  while read -r tag n r why; do
+    [ "$tag" = hpctrain-probe ] && [ -n "$n" ] || continue
+    any=1
+    if [ "$r" = started ]; then started[$n]=1; else verdict[$n]="$r $why"; fi
+  done <<< "$out"
+  for n in "$@"; do
+    case "$out" in *"srun: error: "*"node $n:"*|*"srun: error: $n: "*) named=1 ;; esac
   done
-  msg=$(printf '%s\n' "$out" | grep -v -e '^srun: ' -e '^hpctrain-probe-started$' | tail -n 1)
-  [ -n "$msg" ] || msg=$(printf '%s\n' "$out" | grep '^srun: error: ' | tail -n 1)
-  out=$(printf '%s' "$msg" | tr -d '\000-\037' | cut -c1-200)
-  case "$rc" in
-    0) return 0 ;;
-    3) printf '%s\t%s\n' "$1" "fs: $out"; return 0 ;;
-    124) case "$out" in
-        *hpctrain-probe-started*) out="the probe step started and did not end in $hpctrain_probe_start_s s" ;;
-        *) out="the probe step did not start in $hpctrain_probe_start_s s (HPCTRAIN_PROBE_START_S)" ;;
-      esac ;;
-    *) out="probe step failed (exit $rc): $out" ;;
-  esac
-  printf '%s\t%s%s\n' "$1" "$out" "${hpctrain_suspect[$1]:+; also: ${hpctrain_suspect[$1]}}"
+  for n in "$@"; do
+    why=""
+    if [ -n "${verdict[$n]+x}" ]; then
+      r=${verdict[$n]%% *} why=${verdict[$n]#* }
+      case "$r" in
+        0) continue ;;
+        3) printf '%s\t%s\n' "$n" "fs: $why"; continue ;;
+        *) why="probe step failed (exit $r): $why" ;;
+      esac
+    else
+      err=$(printf '%s\n' "$out" | grep -F -e "node $n:" -e "srun: error: $n: " | grep '^srun: error: ' | tail -n 1 |
+        tr -d '\000-\037' | cut -c1-200) || true
+      if [ -n "$err" ]; then why="probe step failed (exit $rc): $err"
+      elif [ "$rc" = 124 ] && [ -n "${started[$n]+x}" ]; then
+        why="the probe step started and did not end in $hpctrain_probe_start_s s"
+      elif [ "$rc" = 124 ]; then why="the probe step did not start in $hpctrain_probe_start_s s (HPCTRAIN_PROBE_START_S)"
+      elif [ "$rc" = 0 ] || [ -n "$any$named" ]; then continue  # no fault of its own seen
+      else
+        why="probe step failed (exit $rc): $(printf '%s\n' "$out" | grep '^srun: error: ' | tail -n 1 |
+          tr -d '\000-\037' | cut -c1-200)"
+      fi
+    fi
+    printf '%s\t%s%s\n' "$n" "$why" "${hpctrain_suspect[$n]:+; also: ${hpctrain_suspect[$n]}}"
+  done
 }
 hpctrain_faults() {  # 'node<TAB>why' for every node named faulty after the step
   local n why how now st
@@ -106,8 +128,8 @@ hpctrain_faults() {  # 'node<TAB>why' for every node named faulty after the step
     case "$hpctrain_step_hosts" in *" $n "*) ;; *) continue ;; esac
     case "${st%%+*}:+$st+" in DOWN:*|*+FAIL+*) printf '%s\t%s\n' "$n" "node state $st (scontrol show node)" ;; esac
   done < <(hpctrain_node_states "$(hpctrain_commas "$now")")
-  for n in $now; do hpctrain_probe "$n" & done
-  wait
+  # shellcheck disable=SC2086  # node names (hpctrain_names), one word each
+  hpctrain_probe $now  # one step over them all
 }
 hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), for this job's nodes only
   local n why st faults seen=' '

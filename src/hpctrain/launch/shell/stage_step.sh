@@ -11,7 +11,7 @@ case $CONTAINER in apptainer|singularity)
   hpctrain_stage_kill=1
   if [ "$hpctrain_spares" -gt 0 ]; then hpctrain_stage_kill=0; fi  # the other nodes finish their copies
   hpctrain_rc=0
-  hpctrain_fg srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+  hpctrain_fg hpctrain_slurm -1 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
     --kill-on-bad-exit="$hpctrain_stage_kill" bash -c "$hpctrain_stage_image" hpctrain-stage-image || hpctrain_rc=$?
   hpctrain_stage_bad="" hpctrain_stage_why="" HPCTRAIN_STAGE_SKIP=""
   for hpctrain_n in $hpctrain_alloc; do

@@ -37,7 +37,7 @@ hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime 
   # asked in the USR2 handler too: at most 5 s there (a controller that is away would hold scontrol for
   # ~9 s, and the stop's lead time is short); no answer reads as "not preempted" (a time limit)
   local t
-  t=$(timeout 5 scontrol show job -o "$hpctrain_job" 2>/dev/null | tr " " "\n" | sed -n "s/^PreemptTime=//p" |
+  t=$(hpctrain_slurm -w 0 -t 5 scontrol show job -o "$hpctrain_job" | tr " " "\n" | sed -n "s/^PreemptTime=//p" |
     head -n 1)
   [ -n "$t" ] && [ "$t" != None ]
 }
@@ -87,7 +87,7 @@ hpctrain_preempt_mode() {
     preempt/qos)
       qos=$(hpctrain_job_field QOS)
       [ -z "$qos" ] ||
-        mode=$({ sacctmgr -n -P show qos "$qos" format=PreemptMode 2>/dev/null || true; } | head -n 1) ;;
+        mode=$({ hpctrain_slurm sacctmgr -n -P show qos "$qos" format=PreemptMode || true; } | sed -n '/^sacctmgr: /!{p;q;}') ;;
     preempt/partition_prio)
       mode=$({ hpctrain_scontrol show partition -o "${SLURM_JOB_PARTITION:-}" || true; } | tr " " "\n" |
         sed -n "s/^PreemptMode=//p" | head -n 1) ;;
@@ -107,7 +107,7 @@ hpctrain_pass() {
   if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_ours "$hpctrain_srun" && hpctrain_preempted; then
     echo "hpctrain: batch shell received SIGUSR2 at $(date +%T) for a preemption (PreemptTime set):" \
       "the tasks get SIGTERM and checkpoint at the next step" >&2
-    scancel --signal=TERM "$hpctrain_job" && return
+    hpctrain_slurm -1 -w 0 scancel --signal=TERM "$hpctrain_job" && return
   fi
   echo "hpctrain: batch shell received SIG$1 at $(date +%T): the tasks checkpoint at the next step" >&2
   # the step still running: an ended srun's PID may be another process's now (signals.sh)
