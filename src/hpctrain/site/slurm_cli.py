@@ -22,6 +22,7 @@ No torch: this runs where jobs are submitted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -151,6 +152,12 @@ def run(
 _memo: dict[tuple, tuple[float, str]] = {}
 
 
+def cache_name(*key: str) -> str:
+    """The user-cache file of a question: readable while short, hashed when it would be long."""
+    name = user_cache.entry_name("slurm", *key)
+    return name if len(name) <= 160 else f"slurm--{hashlib.sha256(name.encode()).hexdigest()[:32]}.json"
+
+
 def ask(
     *cmd: str,
     timeout: float = 30,
@@ -176,10 +183,11 @@ def ask(
     if cache_s > 0:
         hit = _memo.get(question)
         if hit and time.time() - hit[0] <= cache_s:
-            log_call(cmd, 0.0, 0, cached=True)
+            if shared:  # not the bookkeeping questions (the cluster's name): what a caller asked
+                log_call(cmd, 0.0, 0, cached=True)
             return hit[1], ""
         cluster = cluster_key() if shared else ()
-        name = user_cache.entry_name("slurm", *cluster, *question) if any(cluster) else ""
+        name = cache_name(*cluster, *question) if any(cluster) else ""
         stored = user_cache.read(name, cache_s) if name else None
         if stored and isinstance(stored[0].get("stdout"), str):
             _memo[question] = (stored[1], stored[0]["stdout"])
