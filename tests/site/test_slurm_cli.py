@@ -53,7 +53,9 @@ def slurm(tmp_path, monkeypatch):
 
 def test_each_call_is_one_json_line_of_the_shared_format(slurm, monkeypatch):
     bin_dir, log = slurm
-    fake(bin_dir, "squeue", 'echo RUNNING; [ "$3" = 7 ] || { echo "slurm_load_jobs error: Invalid job id" >&2; exit 1; }')
+    fake(
+        bin_dir, "squeue", 'echo RUNNING; [ "$3" = 7 ] || { echo "slurm_load_jobs error: Invalid job id" >&2; exit 1; }'
+    )
     assert slurm_cli.queue_state("7") == "RUNNING"
     monkeypatch.setenv("SLURM_JOB_ID", "99")  # inside a job: the batch shell's side
     assert slurm_cli.ask("squeue", "-h", "-j", "8", "-o", "%T") == (None, "slurm_load_jobs error: Invalid job id")
