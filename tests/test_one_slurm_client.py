@@ -67,7 +67,7 @@ def offenders(source: str) -> list[str]:
 def test_the_checker_finds_a_slurm_command_however_the_argv_is_built():
     caught = {
         "direct": 'import subprocess\ndef f(j):\n    subprocess.run(["squeue", "-j", j])\n',
-        "built before": 'import subprocess\ndef f(p):\n    cmd = ["sbatch", "--parsable"]\n    subprocess.run([*cmd, p])\n',
+        "built before": 'import subprocess\ndef f(p):\n    cmd = ["sbatch", "-W"]\n    subprocess.run([*cmd, p])\n',
         "shell line": 'import subprocess\ndef f():\n    subprocess.run(["bash", "-c", "sacct -X | head"])\n',
         "a path": 'import os\ndef f():\n    os.system("/usr/bin/scontrol ping")\n',
         "submitit's runner": "def f(p):\n    return utils.CommandFunction(['/opt/slurm/bin/sbatch', p])()\n",

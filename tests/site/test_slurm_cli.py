@@ -103,7 +103,8 @@ def test_a_controller_that_does_not_answer_is_asked_again(slurm, error):
     fake(
         bin_dir,
         "sinfo",
-        f'n=$(grep -c "^sinfo" "{bin_dir}/calls"); [ "$n" -ge 3 ] && {{ echo 0/2/0/2; exit 0; }}; echo "{error}" >&2; exit 1',
+        f'n=$(grep -c "^sinfo" "{bin_dir}/calls")\n'
+        f'[ "$n" -ge 3 ] && {{ echo 0/2/0/2; exit 0; }}; echo "{error}" >&2; exit 1',
     )
     assert slurm_cli.node_counts("debug") == [0, 2, 0, 2]
     assert [c.split()[0] for c in calls(bin_dir)] == ["sinfo"] * 3
@@ -140,7 +141,7 @@ def test_the_backoff_doubles_and_is_jittered():
     for attempt in range(5):
         waits = [slurm_cli.backoff_s(attempt) for _ in range(200)]
         cap = min(slurm_cli.BACKOFF_CAP_S, slurm_cli.BACKOFF_S * 2**attempt)
-        assert 0 <= min(waits) and max(waits) <= cap
+        assert min(waits) >= 0 and max(waits) <= cap
         assert max(waits) > 0.8 * cap and min(waits) < 0.2 * cap  # spread over the whole range: no two alike
         assert len(set(waits)) == len(waits)
 
