@@ -107,10 +107,10 @@ def submit(out: Path, script: str, groups: list[int] | None = None) -> str:
             "sbatch is not on PATH: run `data pack --slurm` on a login node of the "
             "cluster, or pack here with --workers N"
         )
-    out, why = ask(*outside_job([*cmd, str(path)]), timeout=120)
-    if out is None:
+    text, why = ask(*outside_job([*cmd, str(path)]), timeout=120)
+    if text is None:
         raise LaunchError(f"sbatch refused the pack job: {why or 'no message'}")
-    job = out.strip().split(";")[0]
+    job = text.strip().split(";")[0]
     (out / STATE / JOB).write_text(job + "\n")
     return job
 
