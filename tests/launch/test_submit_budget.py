@@ -65,20 +65,17 @@ def test_a_submission_reads_the_queue_once_and_a_second_one_from_the_cache(slurm
     }
     jobs, lines, seen = [], [], (0, 0)
 
-    def submit(name: str, *extra: str) -> tuple[Counter, Counter, int]:
+    def submit(name: str, *extra: str, command: str = "submit") -> tuple[Counter, Counter, int]:
         nonlocal seen
-        r = hp(
-            slurm_cluster,
-            "submit",
-            "--config",
-            "configs/digits_vit.yaml",
-            *digits_sets(digits_root, shared / "runs", name, "train.epochs=1"),
-            *extra,
-            env=env,
-        )
+        sets = digits_sets(digits_root, shared / "runs", name, "train.epochs=1")
+        if command == "sweep":  # the sweep names its members' runs
+            i = sets.index(f"run.name={name}")
+            del sets[i - 1 : i + 1]
+        r = hp(slurm_cluster, command, "--config", "configs/digits_vit.yaml", *sets, *extra, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
         jobs.extend(re.findall(r"submitted Slurm job (\d+)", r.stdout))
-        lines.append(re.search(r"^(?:hpctrain: )?(queue: .*)$", r.stdout + r.stderr, re.M)[1])
+        queue = re.search(r"^(?:hpctrain: )?(queue: .*)$", r.stdout + r.stderr, re.M)
+        lines.extend([queue[1]] if queue else [])
         n_counted = len(bin_dir.joinpath("calls").read_text().split())
         n_logged = len(log.read_text().splitlines())
         by_stand_in, (by_log, cached) = counted(bin_dir, seen[0]), logged(log, seen[1])
@@ -96,6 +93,9 @@ def test_a_submission_reads_the_queue_once_and_a_second_one_from_the_cache(slurm
         second, _, cached = submit("second")
         assert sum(second.values()) <= SECOND_SUBMIT and second["sbatch"] == 1, second
         assert cached >= 3  # sacct, sinfo, squeue answered from the cache
+        # a sweep's members are prepared as single runs: the partition's answers, shared too
+        sweep, _, _ = submit("sweep", "--grid", "optim.lr=1e-3,5e-4", "--name", "sw", "--dry-run", command="sweep")
+        assert sum(sweep.values()) <= SECOND_SUBMIT - 1, sweep
         assert lines[0] == lines[1] == lines[2], lines  # the same figures, from the same answers
     finally:
         for job in jobs:

@@ -97,8 +97,10 @@ def test_no_log_without_the_variable_and_a_missing_client_is_no_answer(slurm, mo
         "slurm_load_jobs error: Socket timed out on send/recv operation",
     ],
 )
-def test_a_controller_that_does_not_answer_is_asked_again(slurm, error):
+def test_a_controller_that_does_not_answer_is_asked_again(slurm, error, monkeypatch):
     bin_dir, log = slurm
+    waits, backoff = [], slurm_cli.backoff_s
+    monkeypatch.setattr(slurm_cli, "backoff_s", lambda attempt: waits.append(attempt) or backoff(attempt))
     # fails twice (the daemon restarting), then answers
     fake(
         bin_dir,
@@ -109,6 +111,7 @@ def test_a_controller_that_does_not_answer_is_asked_again(slurm, error):
     assert slurm_cli.node_counts("debug") == [0, 2, 0, 2]
     assert [c.split()[0] for c in calls(bin_dir)] == ["sinfo"] * 3
     assert [line["rc"] for line in log_lines(log)] == [1, 1, 0]
+    assert waits == [0, 1]  # a jittered wait before each retry, the second one's range twice the first's
 
 
 def test_retries_give_up_after_retries_and_say_why(slurm):
