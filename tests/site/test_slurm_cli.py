@@ -45,6 +45,7 @@ def slurm(tmp_path, monkeypatch):
     monkeypatch.setenv(slurm_cli.CALL_LOG_VAR, str(tmp_path / "calls.jsonl"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))  # configless: the controller names it
     monkeypatch.setattr(slurm_cli, "BACKOFF_S", 0.005)
     slurm_cli.clear_memo()
     yield bin_dir, tmp_path / "calls.jsonl"
@@ -200,3 +201,26 @@ def test_submitits_sbatch_is_logged_with_its_exit_status(slurm, tmp_path):
     assert (ok["rc"], refused["rc"]) == (0, 1)
     assert ok["args"][0].endswith(".sh") and len(ok["args"]) == 1  # submitit's `sbatch <file>`
     assert len([c for c in calls(bin_dir) if c.startswith("sbatch")]) == 2
+
+
+def test_the_clients_slurm_conf_names_the_cluster_without_a_call(slurm, tmp_path, monkeypatch):
+    bin_dir, _ = slurm
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "# site\nclustername=site1  # ours\nSlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2\nSlurmctldPort=6817\n"
+    )
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert slurm_cli.cluster_key() == ("site1", "ctl1(10.0.0.1)", "6817", "")
+    fake(bin_dir, "sinfo", "echo 1/1/0/2")
+    slurm_cli.node_counts("debug", cache_s=600)
+    slurm_cli.clear_memo()
+    slurm_cli.node_counts("debug", cache_s=600)  # from the user's cache: no scontrol asked for the name
+    assert calls(bin_dir) == ["sinfo -h -p debug -o %F"]
+    # another file, another cluster; a file that names none: the controller is asked
+    conf.write_text("ClusterName=site2\n")
+    slurm_cli.clear_memo()
+    slurm_cli.node_counts("debug", cache_s=600)
+    assert len(calls(bin_dir)) == 2
+    conf.write_text("Include /elsewhere/slurm.conf\n")
+    assert slurm_cli.cluster_key() == ("fake", "ctl(10.0.0.1)", "6817", "")
+    assert calls(bin_dir)[-1] == "scontrol show config"

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from hpctrain.site import user_cache
 
@@ -258,12 +259,39 @@ def slurm_config() -> dict[str, str] | None:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
+DEFAULT_CONF = "/etc/slurm/slurm.conf"  # the clients' own default without $SLURM_CONF (slurm.conf(5))
+CONF_KEYS = ("ClusterName", "SlurmctldHost", "SlurmctldPort")
+
+
+def conf_file_key(path: str) -> tuple[str, str, str] | None:
+    """ClusterName, the first SlurmctldHost and SlurmctldPort as the client's slurm.conf at `path` sets
+    them (keys are case-insensitive, `#` starts a comment; slurm.conf(5)); None when the file cannot
+    be read or names no cluster (a configless client: ask the controller)."""
+    found: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        for m in re.finditer(r"(\w+)=(\S+)", line.split("#", 1)[0]):
+            key = next((k for k in CONF_KEYS if k.lower() == m[1].lower()), "")
+            if key and key not in found:
+                found[key] = m[2]
+    if not found.get("ClusterName"):
+        return None
+    return found["ClusterName"], found.get("SlurmctldHost", ""), found.get("SlurmctldPort", "")
+
+
 def cluster_key() -> tuple[str, ...]:
     """What names the cluster this client talks to, for the user's cache: ClusterName, its controller's
-    host and port (`scontrol show config`), and $SLURM_CLUSTERS (squeue/sbatch ask those instead);
-    all empty when scontrol does not answer (then nothing is cached across commands)."""
-    conf = slurm_config() or {}
-    key = tuple(conf.get(k, "") for k in ("ClusterName", "SlurmctldHost[0]", "SlurmctldPort"))
+    host and port, and $SLURM_CLUSTERS (squeue/sbatch ask those instead). Read from the client's own
+    slurm.conf ($SLURM_CONF, else DEFAULT_CONF): no call; a client without one (configless) asks
+    `scontrol show config` once per process. All empty when neither answers: then nothing is cached
+    across commands."""
+    key: tuple[str, ...] | None = conf_file_key(os.environ.get("SLURM_CONF") or DEFAULT_CONF)
+    if key is None:
+        conf = slurm_config() or {}
+        key = tuple(conf.get(k, "") for k in ("ClusterName", "SlurmctldHost[0]", "SlurmctldPort"))
     if not any(key):
         return ("", "", "")
     return (*key, os.environ.get("SLURM_CLUSTERS", ""))
