@@ -224,3 +224,24 @@ def test_the_clients_slurm_conf_names_the_cluster_without_a_call(slurm, tmp_path
     conf.write_text("Include /elsewhere/slurm.conf\n")
     assert slurm_cli.cluster_key() == ("fake", "ctl(10.0.0.1)", "6817", "")
     assert calls(bin_dir)[-1] == "scontrol show config"
+
+
+def test_a_partition_the_cached_list_lacks_is_asked_for_again(slurm):
+    bin_dir, _ = slurm
+    parts = bin_dir / "partitions"
+    parts.write_text("PartitionName=a Default=YES GraceTime=0\n")
+    fake(
+        bin_dir,
+        "scontrol",
+        f'[ "$1 $2" = "show config" ] && printf "{CONFIG}"; [ "$2" = partition ] && cat "{parts}"; exit 0',
+    )
+    assert slurm_cli.partition_record("")["PartitionName"] == "a"
+    assert slurm_cli.partition_record("a")["GraceTime"] == "0"  # the cached list
+    assert len([c for c in calls(bin_dir) if "partition" in c]) == 1
+    parts.write_text("PartitionName=a Default=YES GraceTime=0\nPartitionName=b GraceTime=30\n")  # the site adds b
+    assert slurm_cli.partition_record("b")["GraceTime"] == "30"
+    assert len([c for c in calls(bin_dir) if "partition" in c]) == 2  # not in the cached list: asked again
+    slurm_cli.clear_memo()  # the next command: the new list from the user's cache
+    assert slurm_cli.partition_record("b")["GraceTime"] == "30"
+    assert slurm_cli.partition_record("c") == {}  # none such: asked once more, in vain
+    assert len([c for c in calls(bin_dir) if "partition" in c]) == 3

@@ -164,30 +164,33 @@ def ask(
     retry: bool | None = None,
     input: str | None = None,
     shared: bool = True,
+    refresh: bool = False,
 ) -> tuple[str | None, str]:
     """(stdout, "") of a Slurm client command; (None, why) when it is missing, times out or fails:
     the last line of its stderr (e.g. sacct's "Slurm accounting storage is disabled").
     `cache_s` > 0: an answer (not a failure) is reused for that long, in this process and from the
     user's cache for this cluster (`key`: what names the question there, for a command whose argv
     changes every time, e.g. sacct's start time; default the argv). `shared` False: this process
-    only (the question that names the cluster). `input`: the command's stdin."""
+    only (the question that names the cluster). `refresh`: ask, and cache the new answer. `input`: the
+    command's stdin."""
     kind, args = split_command(cmd)
     program = cmd[len(cmd) - len(args) - 1] if kind else cmd[0]  # past an `env -u …` prefix
     if not shutil.which(cmd[0]) or not shutil.which(program):
         return None, f"no {kind or cmd[0]} on this machine"
     settings = tuple(f"{k}={v}" for k, v in sorted((env or {}).items()))
     name, question = "", tuple(key) if key is not None else (*cmd, *settings)
+    here = (os.environ.get("SLURM_CONF", ""), os.environ.get("SLURM_CLUSTERS", ""))  # which client's answers
     if cache_s > 0:
-        hit = _memo.get(question)
+        hit = None if refresh else _memo.get((*here, *question))
         if hit and time.time() - hit[0] <= cache_s:
             if shared:  # not the bookkeeping questions (the cluster's name): what a caller asked
                 log_call(cmd, 0.0, 0, cached=True)
             return hit[1], ""
         cluster = cluster_key() if shared else ()
         name = cache_name(*cluster, *question) if any(cluster) else ""
-        stored = user_cache.read(name, cache_s) if name else None
+        stored = user_cache.read(name, cache_s) if name and not refresh else None
         if stored and isinstance(stored[0].get("stdout"), str):
-            _memo[question] = (stored[1], stored[0]["stdout"])
+            _memo[(*here, *question)] = (stored[1], stored[0]["stdout"])
             log_call(cmd, 0.0, 0, cached=True)
             return stored[0]["stdout"], ""
     r, why = run(cmd, timeout, env, input, retry)
@@ -195,7 +198,7 @@ def ask(
         return None, why
     if r.returncode == 0:
         if cache_s > 0:
-            _memo[question] = (time.time(), r.stdout)
+            _memo[(*here, *question)] = (time.time(), r.stdout)
         if name:
             user_cache.write(name, {"argv": list(cmd), "stdout": r.stdout})
         return r.stdout, ""
@@ -231,10 +234,10 @@ def parse_kv(line: str) -> dict[str, str]:
     return {k: v.strip() for k, v in KV_RE.findall(line.strip())}
 
 
-def scontrol_show(kind: str, cache_s: float = 0) -> list[dict[str, str]] | None:
+def scontrol_show(kind: str, cache_s: float = 0, refresh: bool = False) -> list[dict[str, str]] | None:
     """`scontrol show <kind> -o` (partition, node, …): one {key: value} per line; None when scontrol
-    does not answer. `cache_s`: an answer that young may be reused (`ask`)."""
-    text = tool("scontrol", "show", kind, "-o", cache_s=cache_s)
+    does not answer. `cache_s`: an answer that young may be reused (`ask`; `refresh`: not, but kept)."""
+    text = ask("scontrol", "show", kind, "-o", cache_s=cache_s, refresh=refresh)[0]
     return None if text is None else [parse_kv(line) for line in text.splitlines()]
 
 
@@ -318,10 +321,12 @@ PARTITIONS_CACHE_S = 3600
 
 def partition_record(name: str, cache_s: float = PARTITIONS_CACHE_S) -> dict[str, str]:
     """`scontrol show partition -o` of `name` (empty: the default partition) as {key: value}; {}
-    when scontrol does not answer or has no such partition. Read at most every `cache_s`."""
-    for kv in scontrol_show("partition", cache_s) or []:
-        if kv.get("PartitionName") and (kv["PartitionName"] == name or (not name and kv.get("Default") == "YES")):
-            return kv
+    when scontrol does not answer or has no such partition. Read at most every `cache_s`, and again
+    when the one read then has no such partition (the site may have added it since)."""
+    for refresh in (False, True) if cache_s else (False,):
+        for kv in scontrol_show("partition", cache_s, refresh) or []:
+            if kv.get("PartitionName") and (kv["PartitionName"] == name or (not name and kv.get("Default") == "YES")):
+                return kv
     return {}
 
 
