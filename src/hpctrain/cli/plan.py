@@ -13,6 +13,7 @@ from hpctrain import plan as planmod
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.plan import recommend
+from hpctrain.plan.queue import HISTORY_DAYS
 from hpctrain.site.profile import load_profile
 
 
@@ -40,8 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--history-days",
         type=float,
-        default=14.0,
-        help="days of sacct history for queue waits and interruptions (default 14)",
+        default=HISTORY_DAYS,
+        help=f"days of sacct history for queue waits and interruptions (default {HISTORY_DAYS:g}, as submit's)",
     )
     p.add_argument(
         "--cluster-set",
@@ -91,7 +92,7 @@ node_list.__name__ = "node count or comma-separated list (e.g. 4,8,16)"  # argpa
 
 def main(args: argparse.Namespace) -> int:
     if not args.history_days > 0:
-        raise planmod.PlanError(f"--history-days {args.history_days:g}: give a positive number of days, e.g. 14")
+        raise planmod.PlanError(f"--history-days {args.history_days:g}: give a positive number of days, e.g. 7")
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     cluster = args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local"
     profile = load_profile("local" if cluster == "none" else cluster, args.cluster_overrides)

@@ -18,7 +18,6 @@ import re
 import secrets
 import shlex
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from hpctrain.errors import UserError
 from hpctrain.launch.container import RUNTIMES, pyxis_mount
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.run.layout import CONTROL
+from hpctrain.site.slurm_cli import ask, queue_field
 from hpctrain.train.dist import expand_hostlist
 
 # Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
@@ -201,21 +201,21 @@ def submit(job: NotebookJob) -> str:
         raise NotebookError(
             "sbatch is not on the PATH: run this on a Slurm login node (or use --dry-run to print the batch script)"
         )
-    r = subprocess.run(outside_job(["sbatch", "--parsable"]), input=batch_script(job), capture_output=True, text=True)
-    if r.returncode != 0:
-        raise NotebookError(f"sbatch failed: {r.stderr.strip() or r.stdout.strip()}")
-    return r.stdout.strip().split(";")[0]
+    out, why = ask(*outside_job(["sbatch", "--parsable"]), input=batch_script(job), timeout=120)
+    if out is None:
+        raise NotebookError(f"sbatch failed: {why}")
+    return out.strip().split(";")[0]
 
 
 def wait_for_node(job_id: str, timeout_s: float, poll_s: float = 2.0) -> str | None:
     """The first node of the job once it runs, or None when it has not started within the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
-        r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %N"], capture_output=True, text=True)
-        state, _, nodes = r.stdout.strip().partition(" ")
+        line = queue_field(job_id, "%T %N")
+        state, _, nodes = (line or "").partition(" ")
         if state == "RUNNING" and nodes:
             return expand_hostlist(nodes)[0]
-        if r.returncode == 0 and not r.stdout.strip():
+        if line == "":
             raise NotebookError(f"job {job_id} left the queue before it started: see notebook-{job_id}.log")
         if time.monotonic() >= deadline:
             return None

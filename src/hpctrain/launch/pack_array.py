@@ -11,7 +11,7 @@ skips a finished group and how the last one writes the shard index).
 from __future__ import annotations
 
 import shlex
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,7 @@ from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
 from hpctrain.run.source import package_dir
 from hpctrain.site.profile import ClusterProfile
-from hpctrain.site.slurm_cli import in_queue
+from hpctrain.site.slurm_cli import ask, in_queue
 
 SCRIPT = "pack.sbatch"
 JOB = "job"  # the last array job's id, under OUT/.pack
@@ -102,17 +102,15 @@ def submit(out: Path, script: str, groups: list[int] | None = None) -> str:
     cmd = ["sbatch", "--parsable"]
     if groups is not None:
         cmd.append(f"--array={array_ranges(groups)}")  # the command line wins over the #SBATCH line
-    try:
-        r = subprocess.run(outside_job([*cmd, str(path)]), capture_output=True, text=True, timeout=120)
-    except FileNotFoundError:
+    if not shutil.which("sbatch"):
         raise LaunchError(
             "sbatch is not on PATH: run `data pack --slurm` on a login node of the "
             "cluster, or pack here with --workers N"
-        ) from None
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
-        raise LaunchError(f"sbatch refused the pack job: {why}")
-    job = r.stdout.strip().split(";")[0]
+        )
+    text, why = ask(*outside_job([*cmd, str(path)]), timeout=120)
+    if text is None:
+        raise LaunchError(f"sbatch refused the pack job: {why or 'no message'}")
+    job = text.strip().split(";")[0]
     (out / STATE / JOB).write_text(job + "\n")
     return job
 

@@ -369,8 +369,9 @@ def time_to_result(p: Prepared) -> str:
     """`hpctrain plan`'s one line for this job: queue wait (the partition's sacct history), and for a
     GPU job the predicted training, interruption loss, time to result and allocation share."""
     cfg, profile, plan = p.cfg, p.profile, p.plan
-    ctx = recommend.read_context(profile, plan.partition, account=plan.account)
-    if not profile.slurm.request_gpus:  # the step model is for GPUs: the queue alone
+    gpus = profile.slurm.request_gpus  # the step model is for GPUs: else the queue alone, no allocation share
+    ctx = recommend.read_context(profile, plan.partition, account=plan.account, allocation=gpus)
+    if not gpus:
         return recommend.queue_line(ctx, plan.nodes)
     try:
         train = build(cfg, resolve(cfg, profile, plan.nodes, plan.tasks_per_node, counts=[plan.nodes]))

@@ -9,11 +9,18 @@ tests/launch/test_submitit_contract.py checks against the installed submitit.
 
 The task side (launch.task) imports this module inside its functions, after the stop handlers
 are installed: submitit is not imported before they are.
+
+submitit runs `sbatch` itself (SlurmExecutor._submit_command, through its CommandFunction): the
+executor here times that call and writes it to hpctrain's Slurm call log (site.slurm_cli.log_call)
+with its exit status; it is never retried (a timed-out sbatch may have submitted the job). No other
+submitit path that calls Slurm is used: hpctrain follows jobs with its own client (watch/), never
+with submitit's sacct watcher or Job.cancel.
 """
 
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +33,7 @@ from submitit.core.utils import DelayedSubmission, FailedJobError, UncompletedJo
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
 from hpctrain.launch.enclosing import outside_job
+from hpctrain.site.slurm_cli import log_call
 
 VERSION: str = submitit.__version__  # the pin: pyproject.toml; the task refuses another (launch.task)
 
@@ -70,6 +78,7 @@ class ScriptExecutor(SlurmExecutor):
     def __init__(self, spec: SlurmSpec):
         super().__init__(folder=spec.folder, max_num_timeout=spec.max_requeues, python=spec.python)
         self.spec = spec
+        self._sbatch_argv: list[str] = ["sbatch"]  # the last submission's command, for the call log
         self.update_parameters(
             nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node, time=spec.time_min, job_name=spec.job_name
         )
@@ -78,7 +87,24 @@ class ScriptExecutor(SlurmExecutor):
         return self.spec.script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return outside_job(super()._make_submission_command(submission_file_path))
+        self._sbatch_argv = outside_job(super()._make_submission_command(submission_file_path))
+        return self._sbatch_argv
+
+    def _submit_command(self, command: str) -> SlurmJob:
+        """submitit's submission (its sbatch), logged as one Slurm call: rc 0, sbatch's exit status
+        when it refused, None when it did not run to an exit."""
+        self._sbatch_argv = ["sbatch"]
+        t0, rc = time.monotonic(), None
+        try:
+            job = super()._submit_command(command)
+            rc = 0
+            return job
+        except FailedJobError as e:
+            cause = e.__cause__
+            rc = cause.returncode if isinstance(cause, subprocess.CalledProcessError) else None
+            raise
+        finally:
+            log_call(self._sbatch_argv, time.monotonic() - t0, rc)
 
 
 class ArrayExecutor(ScriptExecutor):

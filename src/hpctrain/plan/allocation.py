@@ -1,5 +1,6 @@
-"""The account's allocation against a job's GPU-hours: `sshare` (RawUsage, FairShare, GrpTRESRaw,
-TRESRunMins) and the limit `sacctmgr show assoc … format=GrpTRESMins` holds where the site sets one.
+"""The account's allocation against a job's GPU-hours: one `sshare` (RawUsage, FairShare, GrpTRESRaw,
+TRESRunMins, and the GrpTRESMins limit where the site sets one: sshare(1) shows the association's
+own), reused for ALLOCATION_CACHE_S; the user's default account (`sacctmgr show user`) for a day.
 
 GrpTRESMins caps the TRES-minutes of past, present and future jobs of an association and its
 children (sacctmgr(1)); what is left is the limit − GrpTRESRaw (used, decayed by
@@ -15,6 +16,9 @@ import os
 from dataclasses import dataclass, field
 
 from hpctrain.site.slurm_cli import default_account, tool
+
+ALLOCATION_CACHE_S = 600  # usage moves as jobs run: as long as the queue's answers (plan.queue)
+ACCOUNT_CACHE_S = 86400  # an administrator changes a user's default account rarely
 
 
 def tres(text: str) -> dict[str, float]:
@@ -51,30 +55,27 @@ class Allocation:
             f"FairShare {self.fairshare or '?'}"
         )
         if not self.limit:
-            return head + "; no GrpTRESMins limit (sacctmgr show assoc)"
+            return head + "; no GrpTRESMins limit (sshare)"
         lims = ", ".join(f"{k}={v:,.0f} min, {self.remaining(k):,.0f} left" for k, v in self.limit.items())
-        return head + f"; GrpTRESMins of {self.limit_of} (sacctmgr show assoc): {lims}"
+        return head + f"; GrpTRESMins of {self.limit_of} (sshare): {lims}"
 
 
 def read_allocation(account: str = "", user: str = "") -> Allocation | None:
     """The account's (default: the user's default account) share and limit; None: no answer."""
     user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
-    account = account or default_account(user)
+    account = account or default_account(user, ACCOUNT_CACHE_S)
     if not account:
         return None
-    text = tool(
-        "sshare", "-n", "-P", "-a", "-A", account, "-o", "Account,User,RawUsage,FairShare,GrpTRESRaw,TRESRunMins"
-    )
+    fields = "Account,User,RawUsage,FairShare,GrpTRESRaw,TRESRunMins,GrpTRESMins"
+    text = tool("sshare", "-n", "-P", "-a", "-A", account, "-o", fields, cache_s=ALLOCATION_CACHE_S)
     if text is None:
         return None
-    rows = [[p.strip() for p in ln.split("|")] for ln in text.splitlines() if ln.count("|") == 5]
+    rows = [[p.strip() for p in ln.split("|")] for ln in text.splitlines() if ln.count("|") == 6]
     acc_row = next((r for r in rows if r[0] == account and not r[1]), None)
     user_row = next((r for r in rows if r[0] == account and r[1] == user), None)
-    limits = tool("sacctmgr", "-n", "-P", "show", "assoc", f"account={account}", "format=Account,User,GrpTRESMins")
-    lim_rows = [[p.strip() for p in ln.split("|")] for ln in (limits or "").splitlines() if ln.count("|") == 2]
-    user_lim = next((tres(r[2]) for r in lim_rows if r[1] == user and r[2]), {})
-    acc_lim = next((tres(r[2]) for r in lim_rows if not r[1] and r[2]), {})
-    mine = user_row or acc_row or ["", "", "", "", "", ""]
+    user_lim = tres(user_row[6]) if user_row else {}
+    acc_lim = tres(acc_row[6]) if acc_row else {}
+    mine = user_row or acc_row or ["", "", "", "", "", "", ""]
     if user_lim:
         lim, of, row = user_lim, f"user {user} in account {account}", user_row or mine
     else:

@@ -8,8 +8,8 @@ partition's `sacct` history over slurm.mtbf_window_days (`-X` allocations, `-D` 
 requeued job, `-a` all users, `-r` the partition: PREEMPTED and NODE_FAIL allocations per
 node-hour of all its allocations, sacct(1)); else ckpt_interval.DEFAULT_MTBF_H. A per-node
 figure is divided by the job's node count: any of its nodes interrupts it. The history is
-cached per (cluster: ClusterName and its controller's host and port; partition; window) for
-HISTORY_TTL_S in the user's cache (site/user_cache.py), so a submission does not put the same
+cached per (cluster: ClusterName and its controller's host and port, slurm_cli.cluster_key;
+partition; window) for HISTORY_TTL_S in the user's cache (site/user_cache.py), so a submission does not put the same
 slurmdbd query to the site each time; the source line then says when it was read.
 
 Only what the partition does to a job counts: TIMEOUT ("terminated upon reaching its time limit",
@@ -39,7 +39,7 @@ from hpctrain.plan import throughput
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import read_metrics
 from hpctrain.site import user_cache
-from hpctrain.site.slurm_cli import Alloc, partition_record, read_history, slurm_config
+from hpctrain.site.slurm_cli import Alloc, cluster_key, partition_record, read_history
 
 # sacct's job states (sacct(1), JOB STATE CODES) that interrupt a job, and what they are called here
 INTERRUPTIONS = {"PREEMPTED": "preemptions", "NODE_FAIL": "node failures"}
@@ -87,8 +87,7 @@ class History:
 def partition_history(partition: str, days: float) -> tuple[History | None, str]:
     """The partition's History over `days` (None: sacct does not answer), and "" when just read or
     " (cached at <time>)" when it came from the user's cache (HISTORY_TTL_S); a fresh one is cached."""
-    conf = slurm_config() or {}  # the cluster: its name and the controller this client talks to
-    cluster = [conf.get(k, "") for k in ("ClusterName", "SlurmctldHost[0]", "SlurmctldPort")]
+    cluster = cluster_key()  # its name and the controller this client talks to
     name = user_cache.entry_name("sacct-history", *cluster, partition, repr(days), "+".join(INTERRUPTIONS))
     cached = user_cache.read(name, HISTORY_TTL_S)
     if cached:

@@ -12,6 +12,11 @@ docs/plan.md, "Queue"):
   which holds only under the backfill scheduler and is bounded by running jobs' time limits) and
   `sinfo -o %F` (allocated/idle/other/total nodes).
 - requeue wait: a requeued job's next attempt starts (Start) after the previous one ended (End).
+
+Read once and shared: a dry run, a sweep's members and the submission after them take the same
+answers from the user's cache (slurm_cli `cache_s`, per cluster and partition): the queue now for
+NOW_CACHE_S, the history for HISTORY_CACHE_S. The history is HISTORY_DAYS long (docs/plan.md,
+"What a plan costs the site": a week holds each weekday's load once and halves the scan).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from datetime import datetime
 from hpctrain.site.slurm_cli import Alloc, node_counts, pending_starts
 
 MIN_JOBS = 5  # fewer similar jobs than this in the window: the wait is "unknown", not a median of noise
+HISTORY_DAYS = 7.0  # the all-users sacct scan of a plan and a submission (a week: every weekday once)
+# How long the answers are reused: pending jobs and idle nodes change within minutes, a week's waits
+# and interruptions hardly in an hour (a job of the history ends every few minutes on a busy site).
+NOW_CACHE_S = 600
+HISTORY_CACHE_S = 3600
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,8 @@ def requeue_wait(hist: History, nodes: int, min_jobs: int = MIN_JOBS) -> Figure:
     )
 
 
-def read_now(partition: str) -> Now:
-    """sinfo's allocated/idle/other/total and squeue's pending jobs of the partition now."""
-    a, i, o, t = node_counts(partition) or (None, None, None, None)
-    return Now(a, i, o, t, pending_starts(partition))
+def read_now(partition: str, cache_s: float = NOW_CACHE_S) -> Now:
+    """sinfo's allocated/idle/other/total and squeue's pending jobs of the partition now (as read
+    at most `cache_s` ago)."""
+    a, i, o, t = node_counts(partition, cache_s) or (None, None, None, None)
+    return Now(a, i, o, t, pending_starts(partition, cache_s))

@@ -15,7 +15,17 @@ from hpctrain.config import Config
 from hpctrain.plan.allocation import Allocation, read_allocation, share
 from hpctrain.plan.interruptions import Loss, Rate, expected_loss, node_rate
 from hpctrain.plan.model import Plan
-from hpctrain.plan.queue import Figure, History, Now, bucket_text, queue_wait, read_now, requeue_wait
+from hpctrain.plan.queue import (
+    HISTORY_CACHE_S,
+    HISTORY_DAYS,
+    Figure,
+    History,
+    Now,
+    bucket_text,
+    queue_wait,
+    read_now,
+    requeue_wait,
+)
 from hpctrain.site.slurm_cli import partition_record, read_history
 
 
@@ -37,17 +47,24 @@ def no_context(why: str) -> Context:
 
 
 def read_context(
-    profile, partition: str = "", days: float = 14.0, account: str = "", since: str | None = None
+    profile,
+    partition: str = "",
+    days: float = HISTORY_DAYS,
+    account: str = "",
+    since: str | None = None,
+    allocation: bool = True,
 ) -> Context:
-    """The partition's history, its state now and the account's allocation."""
+    """The partition's history, its state now and (`allocation`) the account's allocation; each
+    answer reused from the user's cache while young (plan.queue: NOW_CACHE_S, HISTORY_CACHE_S)."""
     name = partition or profile.slurm.partition or partition_record("").get("PartitionName", "")
     if not name:
         return no_context("no Slurm here (scontrol names no default partition; give --partition)")
-    hist = History(name, days, read_history(name, days, since))
+    hist = History(name, days, read_history(name, days, since, HISTORY_CACHE_S))
     now = read_now(name)
     if hist.allocs is None and now.total is None:
         return no_context(f"no Slurm here (sacct and sinfo do not answer for partition {name})")
-    return Context(name, hist, now, node_rate(hist, profile), read_allocation(account or profile.slurm.account))
+    alloc = read_allocation(account or profile.slurm.account) if allocation else None
+    return Context(name, hist, now, node_rate(hist, profile), alloc)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.run.source import package_dir
 from hpctrain.site import runtimes as rt
+from hpctrain.site import slurm_cli
 from hpctrain.site.profile import time_minutes
 from hpctrain.site.slurm_cli import default_account, expand_hosts, scontrol_show, tool
 
@@ -269,10 +270,9 @@ def probe(
 ) -> dict:
     """Run the doctor on a compute node; its JSON report (UserError with srun's words on failure)."""
     cmd = probe_command(partition, python, account, qos, image, runtime=runtime)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise UserError(f"--probe: {shlex.join(cmd)} failed: {e}") from None
+    r, why = slurm_cli.run(cmd, timeout=300, retry=False)  # a step: never run twice
+    if r is None:
+        raise UserError(f"--probe: {shlex.join(cmd)} failed: {why}") from None
     start = r.stdout.find("{")
     try:
         return json.loads(r.stdout[start:]) if start >= 0 else {}

@@ -8,9 +8,7 @@ torch: this runs on login nodes.
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +35,7 @@ from hpctrain.run.layout import (
     slurm_job_run_dir,
 )
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table, total_steps
-from hpctrain.site.slurm_cli import job_record
+from hpctrain.site.slurm_cli import job_record, queue_field, queue_state
 from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
 from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s
 from hpctrain.watch.steps import Step, oom_steps, sacct_steps, size_text
@@ -82,11 +80,7 @@ def settled_state(state: str, metrics: dict) -> str:
 
 def _queue_state(job_id: str) -> str:
     """The job's state in squeue ('' when it is not in the queue)."""
-    if shutil.which("squeue"):
-        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=30)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.split()[0]
-    return ""
+    return queue_state(str(job_id)) or ""
 
 
 def wait_job(job_id: str, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
@@ -103,13 +97,8 @@ def wait_job(job_id: str, poll_s: float = 2.0, timeout_s: float | None = None) -
 
 def squeue_workdir(job_id: str) -> str | None:
     """The working directory of a job still in the queue (sacct may not list it yet)."""
-    if not shutil.which("squeue"):
-        return None
-    try:
-        r = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%Z"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    out = queue_field(str(job_id), "%Z")
+    return out.splitlines()[0] if out else None
 
 
 def local_job_run(job_id: str, runs: Path = RUNS) -> Path | None:

@@ -13,9 +13,9 @@ this runs on login nodes.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
+
+from hpctrain.site.slurm_cli import tool
 
 FIELDS = ("JobID", "State", "ExitCode", "MaxRSS", "MaxRSSTask", "MaxRSSNode")
 OOM = "OUT_OF_MEMORY"
@@ -93,19 +93,8 @@ def size_text(n: float) -> str:
 def sacct_steps(job_id: str, clusters: str | None = None) -> list[Step]:
     """Every step of every run of the job (requeues included), oldest first, on `clusters` (sacct -M;
     None: the local cluster); [] without sacct."""
-    if not shutil.which("sacct"):
-        return []
     cluster = ["-M", clusters] if clusters else []
-    try:
-        r = subprocess.run(
-            ["sacct", "-n", "-P", "-D", *cluster, "-j", str(job_id), "-o", ",".join(FIELDS)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return parse_steps(r.stdout)
+    return parse_steps(tool("sacct", "-n", "-P", "-D", *cluster, "-j", str(job_id), "-o", ",".join(FIELDS)) or "")
 
 
 def oom_steps(steps: list[Step]) -> list[Step]:
