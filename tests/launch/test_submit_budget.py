@@ -97,6 +97,11 @@ def test_a_submission_reads_the_queue_once_and_a_second_one_from_the_cache(slurm
         sweep, _, _ = submit("sweep", "--grid", "optim.lr=1e-3,5e-4", "--name", "sw", "--dry-run", command="sweep")
         assert sum(sweep.values()) <= SECOND_SUBMIT - 1, sweep
         assert lines[0] == lines[1] == lines[2], lines  # the same figures, from the same answers
+        # ckpt.every=auto reads a month of sacct for the partition's MTBF: the queue's week is read from
+        # that one scan (an empty cache: a first submission of such a job)
+        env["XDG_CACHE_HOME"] = str(shared / "cache-auto")
+        auto, _, _ = submit("auto", "--set", "ckpt.every=auto", "--dry-run")
+        assert auto["sacct"] == 1 and sum(auto.values()) <= FIRST_SUBMIT - 1, auto
     finally:
         for job in jobs:
             slurm_cluster.run("scancel", job, check=False)

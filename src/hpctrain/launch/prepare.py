@@ -44,7 +44,7 @@ from hpctrain.launch.submit import (
 )
 from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
-from hpctrain.plan.ckpt_cost import stop_problems, with_mtbf
+from hpctrain.plan.ckpt_cost import mtbf_scan_days, stop_problems, with_mtbf
 from hpctrain.run.finished import finished_run
 from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile, load_profile
@@ -237,8 +237,9 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     msgs += _classes(cfg, note_only=dry_run)
     msgs += _batch(cfg, plan, kind.gpu_mem_gb)
     msgs += _elsewhere(cfg, profile, plan, dry_run, image=not member)
+    scan = mtbf_scan_days(cfg, profile)  # before with_mtbf resolves ckpt.mtbf_h
     cfg, source, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)  # the task has no Slurm client
-    plan = dataclasses.replace(plan, mtbf_source=source)
+    plan = dataclasses.replace(plan, mtbf_source=source, mtbf_scan_days=scan)
     msgs += [Message("info", line)] if line else []
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
 
@@ -370,7 +371,8 @@ def time_to_result(p: Prepared) -> str:
     GPU job the predicted training, interruption loss, time to result and allocation share."""
     cfg, profile, plan = p.cfg, p.profile, p.plan
     gpus = profile.slurm.request_gpus  # the step model is for GPUs: else the queue alone, no allocation share
-    ctx = recommend.read_context(profile, plan.partition, account=plan.account, allocation=gpus)
+    scan = plan.mtbf_scan_days  # ckpt.every=auto's month of sacct: the queue's week is in it
+    ctx = recommend.read_context(profile, plan.partition, account=plan.account, allocation=gpus, scan_days=scan)
     if not gpus:
         return recommend.queue_line(ctx, plan.nodes)
     try:

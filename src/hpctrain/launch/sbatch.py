@@ -55,6 +55,7 @@ class JobPlan:
     nsys_ranks: list[int] = field(default_factory=list)  # --nsys-ranks: these tasks run under nsys
     nsys_dir: str = ""  # where their reports go (<run>/profile)
     mtbf_source: str = ""  # where ckpt.mtbf_h came from (ckpt.every=auto): exported for env.json
+    mtbf_scan_days: float = 0  # the sacct window read for that MTBF (0: none), which the queue's week reuses
 
     @property
     def world_size(self) -> int:

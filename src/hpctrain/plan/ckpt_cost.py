@@ -36,6 +36,7 @@ from hpctrain.config import Config
 from hpctrain.errors import UserError
 from hpctrain.memory import checkpoint_bytes
 from hpctrain.plan import throughput
+from hpctrain.plan.queue import HISTORY_CACHE_S
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import read_metrics
 from hpctrain.site import user_cache
@@ -98,12 +99,20 @@ def partition_history(partition: str, days: float) -> tuple[History | None, str]
         if hist and isinstance(hist.node_hours, (int, float)) and isinstance(hist.counts, dict):
             at = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(cached[1]))
             return hist, f" (cached at {at}, reused for {HISTORY_TTL_S // 3600} h)"
-    allocs = read_history(partition, days)
+    allocs = read_history(partition, days, cache_s=HISTORY_CACHE_S)  # the scan the queue's week reads too
     if allocs is None:
         return None, ""
     hist = History.of(allocs, partition, days)
     user_cache.write(name, dataclasses.asdict(hist))
     return hist, ""
+
+
+def mtbf_scan_days(cfg: Config, profile) -> float:
+    """The sacct window job_mtbf scans for this job; 0 when it scans none (a fixed interval, an MTBF
+    given in the config or the profile)."""
+    if cfg.ckpt.every != "auto" or cfg.ckpt.mtbf_h > 0 or profile.slurm.node_mtbf_hours > 0:
+        return 0
+    return profile.slurm.mtbf_window_days
 
 
 def job_mtbf(cfg: Config, profile, partition: str, nodes: int) -> tuple[float, str]:

@@ -61,6 +61,16 @@ class History:
         return f"sacct, partition {self.partition}, last {self.days:g} days"
 
 
+def within(allocs: tuple[Alloc, ...] | None, days: float) -> tuple[Alloc, ...] | None:
+    """The allocations of a longer scan that `sacct -S <now − days> -E now` lists too: those still
+    running or ended inside the window (a job of the window's first hours that started before it
+    included, as sacct lists it). One all-users scan then serves the queue's week and the MTBF's month."""
+    if allocs is None:
+        return None
+    cutoff = datetime.fromtimestamp(datetime.now().timestamp() - days * 86400)
+    return tuple(a for a in allocs if a.end is None or a.end >= cutoff)
+
+
 @dataclass(frozen=True)
 class Now:
     """The partition at this moment: sinfo's node counts and squeue's pending jobs."""

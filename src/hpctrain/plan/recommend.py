@@ -25,6 +25,7 @@ from hpctrain.plan.queue import (
     queue_wait,
     read_now,
     requeue_wait,
+    within,
 )
 from hpctrain.site.slurm_cli import partition_record, read_history
 
@@ -53,13 +54,17 @@ def read_context(
     account: str = "",
     since: str | None = None,
     allocation: bool = True,
+    scan_days: float = 0,
 ) -> Context:
     """The partition's history, its state now and (`allocation`) the account's allocation; each
-    answer reused from the user's cache while young (plan.queue: NOW_CACHE_S, HISTORY_CACHE_S)."""
+    answer reused from the user's cache while young (plan.queue: NOW_CACHE_S, HISTORY_CACHE_S).
+    `scan_days`: a longer window the same submission scans anyway (ckpt_cost.mtbf_scan_days): read
+    once, and the history is its last `days`."""
     name = partition or profile.slurm.partition or partition_record("").get("PartitionName", "")
     if not name:
         return no_context("no Slurm here (scontrol names no default partition; give --partition)")
-    hist = History(name, days, read_history(name, days, since, HISTORY_CACHE_S))
+    scan = days if since else max(days, scan_days)
+    hist = History(name, days, within(read_history(name, scan, since, HISTORY_CACHE_S), days))
     now = read_now(name)
     if hist.allocs is None and now.total is None:
         return no_context(f"no Slurm here (sacct and sinfo do not answer for partition {name})")
