@@ -52,13 +52,14 @@ def test_each_signal_stops_every_rank_at_one_agreed_step_with_k_above_one(digits
     rank, sent_after, _ = SIGNALS[kind]
     r = _one_agreed_step(_run(digits_root, tmp_path, kind))
     step = agreed_stop(0, K, sent_after)
-    assert step % K == 0 and step != sent_after + 2  # an agreement boundary, not the next step's
+    assert step < MAX_STEPS and step % K == 0 and step != sent_after + 2  # an agreement boundary, not the next step's
     status = "interrupted" if kind == "interrupt" else "preempted"
     assert (r["status"], r["stop_kind"], r["step"]) == (status, kind, step), (rank, r)
     assert r["began"] == list(range(step))  # no rank took a step past it
     assert [(s["step"], s["stop_kind"]) for s in run_metrics(tmp_path / "run", "stop")] == [(step, kind)]
     ckpts = [c["step"] for c in run_metrics(tmp_path / "run", "checkpoint")]
-    assert ckpts == [s for s in range(CKPT_EVERY, step, CKPT_EVERY)] + [step]  # saves with a round in flight, then the stop's
+    # the periodic saves ran with a round in flight; then the stop's own
+    assert ckpts == [s for s in range(CKPT_EVERY, step, CKPT_EVERY)] + [step]
 
 
 @pytest.mark.slow
@@ -77,6 +78,7 @@ def test_after_a_rollback_the_rounds_restart_at_the_checkpoints_step_on_every_ra
     nan_step = int(NAN.split(":")[1])
     r = _one_agreed_step(_run(digits_root, tmp_path, "rollback", env={"HPCTRAIN_TEST_NAN": NAN}))
     step = agreed_stop(CKPT_EVERY, K, ROLLBACK_SIGNAL)
+    assert step < MAX_STEPS
     assert step != agreed_stop(0, K, ROLLBACK_SIGNAL)  # the schedule moved with the rollback
     assert (r["status"], r["stop_kind"], r["step"]) == ("preempted", "time_limit", step)
     assert r["began"] == list(range(nan_step)) + list(range(CKPT_EVERY, step))
