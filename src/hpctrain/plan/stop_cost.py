@@ -84,8 +84,10 @@ def with_stop_every(cfg: Config, planned_step_s: float | None, ranks: int) -> tu
     if cfg.dist.stop_every > 0:
         k = cfg.dist.stop_every
         return cfg, f"stop agreement: every {k} step{'s' if k > 1 else ''} (dist.stop_every)"
-    if planned_step_s is None or ranks <= 1:
-        k, line = 1, "stop agreement: every step (no planned step time to spread it by)"
+    if ranks <= 1:
+        k, line = 1, "stop agreement: every step (one rank: nothing to wait for)"
+    elif planned_step_s is None:
+        k, line = 1, "stop agreement: every step (no planned step time to spread it over: a CPU job)"
     else:
         c = choose(planned_step_s, ranks)
         k = c.every
