@@ -2,7 +2,8 @@
 
 Nothing in a step reads a value back to the host except every `log.every` steps, and no
 collective outside DDP's holds a step up: the stop flags are OR-ed by an all-reduce on a CPU
-(gloo) control group that is started at one step boundary and read at the next (train.stop).
+(gloo) control group that is started at one agreement boundary and read at the next, every
+dist.stop_every steps (train.stop, train.stop_rounds).
 
 The Trainer's other parts live by concern in their own modules: the counters a checkpoint restores
 (train.state), what a checkpoint holds and how it is written and read (train.checkpointer), the
