@@ -58,6 +58,8 @@ def test_each_signal_stops_every_rank_at_one_agreed_step_with_k_above_one(digits
     assert r["began"] == list(range(step))  # no rank took a step past it
     assert [(s["step"], s["stop_kind"]) for s in run_metrics(tmp_path / "run", "stop")] == [(step, kind)]
     ckpts = [c["step"] for c in run_metrics(tmp_path / "run", "checkpoint")]
+    trains = run_metrics(tmp_path / "run", "train")
+    assert len(trains) == step and all(t["stop_wait_s"] >= 0 for t in trains)  # the wait is on record
     # the periodic saves ran with a round in flight; then the stop's own
     assert ckpts == [s for s in range(CKPT_EVERY, step, CKPT_EVERY)] + [step]
 

@@ -571,6 +571,8 @@ class Trainer:
             rec["skipped_samples"] = skipped
         if self.reduce_hook:  # per rank and step, in the dtype on the wire
             rec["grad_reduce_bytes"] = self.reduce_hook.take() // win.steps
+        if self.dist.world_size > 1:  # per step: the stop rounds' part that outlasted their K steps
+            rec["stop_wait_s"] = self.stops.take_wait() / win.steps
         self.metrics.write("train", **rec)
         lp.progress.update(
             self.step,

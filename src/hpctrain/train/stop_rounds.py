@@ -6,6 +6,8 @@ needs a rank to be late at one boundary subclasses `at_boundary` instead of patc
 
 from __future__ import annotations
 
+import time
+
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import PendingBits, agree_bits
 
@@ -24,6 +26,7 @@ class StopRounds:
         self.flag, self.group, self.every = flag, group, max(1, every)
         self.round = PendingBits(group)  # this rank's stop bits, agreed `every` steps later
         self.due: int | None = None  # the step boundary that reads the round in flight
+        self.waited_s = 0.0  # spent waiting for rounds since the last `take_wait`
 
     def at_start(self, step: int, halt_at: int) -> int:
         """At start-up, once: every rank's stop request OR-ed together (a blocking all-reduce on the
@@ -65,7 +68,16 @@ class StopRounds:
     def settle(self) -> int:
         """Wait for the round in flight, if any (every path out of the loop does)."""
         self.due = None
-        return self.round.result()
+        t0 = time.perf_counter()
+        bits = self.round.result()
+        self.waited_s += time.perf_counter() - t0
+        return bits
+
+    def take_wait(self) -> float:
+        """Seconds this rank waited for rounds since the last call: the part of the rounds that
+        outlasted the K steps they had (plan.stop_cost's model says none; the train record shows it)."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
 
     def close(self) -> None:
         """Settle, then let go of the control group (see `Trainer.close`). Idempotent."""
