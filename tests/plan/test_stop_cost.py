@@ -10,6 +10,7 @@ from hpctrain.plan import stop_cost
 from hpctrain.plan.ckpt_cost import planned_step_s
 from hpctrain.site.profile import load_profile
 from tests.helpers import ROOT
+from tests.plan.test_ckpt_cost import _dry
 
 
 def _minimal_within_budget(c: stop_cost.StopEvery, ranks: int) -> None:
@@ -72,3 +73,16 @@ def test_the_4k_recipe_on_an_ib_cluster_gets_k_from_its_planned_step_at_16_and_1
         ks[nodes] = c.every
     # more ranks: a longer round against a shorter step (4 images per GPU at 128 nodes)
     assert 1 < ks[16] < ks[128]
+
+
+def test_submit_resolves_k_from_its_plan_and_hands_it_to_the_task(slurm_cluster, tmp_path):
+    """`submit --dry-run` of a 2-GPU job with 4 images per GPU (a ~3 ms planned step on the `local`
+    profile's figures): the line it prints names the K of the plan's step time, the value
+    launch.prepare puts in the config the tasks get (env.json's record of it: test_stop_every.py)."""
+    sets = ["data.loader=synthetic", "data.global_batch=8"]
+    r = _dry(slurm_cluster, tmp_path, slurm_cluster.partition, "--gpus-per-node", "2", "--set", sets[1])
+    assert r.returncode == 0, r.stderr
+    cfg = load(ROOT / "configs" / "vit_b16_imagenet.yaml", sets)
+    step = planned_step_s(cfg, load_profile("local", ["slurm.request_gpus=true"]), 1, 2)
+    k = stop_cost.choose(step, 2).every
+    assert k > 1 and f"stop agreement: every {k} steps (dist.stop_every)" in r.stdout + r.stderr
