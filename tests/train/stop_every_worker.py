@@ -36,6 +36,16 @@ ROLLBACK_SIGNAL = 7
 MAX_STEPS = 15
 
 
+def agreed_stop(posted_from: int, every: int, sent_after: int) -> int:
+    """The step every rank stops at: rounds are posted at posted_from, +every, ...; a signal that
+    came while step sent_after+1 ran goes with the first round posted after that step, which the
+    boundary `every` steps later reads."""
+    b = posted_from
+    while b < sent_after + 1:
+        b += every
+    return b + every
+
+
 def main(root: str, out: str, kind: str, every: str) -> None:
     sets = [
         f"data.root={root}",

@@ -14,20 +14,10 @@ import pytest
 from hpctrain.config import load
 from hpctrain.train.entry import resolved_record
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
-from tests.train.stop_every_worker import CKPT_EVERY, MAX_STEPS, NAN, ROLLBACK_SIGNAL, SIGNALS
+from tests.train.stop_every_worker import CKPT_EVERY, MAX_STEPS, NAN, ROLLBACK_SIGNAL, SIGNALS, agreed_stop
 
 K = 3
 NODES = [{"SLURMD_NODENAME": n} for n in ("n1", "n1", "n2", "n2")]
-
-
-def agreed_stop(posted_from: int, every: int, sent_after: int) -> int:
-    """The step every rank stops at: rounds are posted at posted_from, +every, ...; a signal that
-    came while step sent_after+1 ran goes with the first round posted after that step, which the
-    boundary `every` steps later reads."""
-    b = posted_from
-    while b < sent_after + 1:
-        b += every
-    return b + every
 
 
 def _run(digits_root, tmp_path, kind: str, env: dict | None = None) -> list[dict]:
