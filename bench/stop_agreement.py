@@ -167,8 +167,7 @@ def main() -> int:
     measured = [run_world(int(w), args.rounds, args.timeout) for w in args.worlds.split(",")]
     host = measured[0]["host_s"]  # the least crowded world: the loop's cost does not grow with ranks
     rec = {
-        "command": "PYTHONPATH=src python bench/stop_agreement.py "
-        + " ".join(a for a in sys.argv[1:] if a != args.out and a != "--out"),
+        "command": "PYTHONPATH=src python bench/stop_agreement.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
         "host": platform.node(),
         "cpus": os.cpu_count(),
