@@ -9,7 +9,8 @@ from hpctrain.config import load
 from hpctrain.plan import stop_cost
 from hpctrain.plan.ckpt_cost import planned_step_s
 from hpctrain.site.profile import load_profile
-from tests.helpers import ROOT
+from tests.helpers import ROOT, hpctrain
+from tests.launch.test_sweep_equals_submit import fake_slurm, submitted_config
 from tests.plan.test_ckpt_cost import _dry
 
 
@@ -86,3 +87,33 @@ def test_submit_resolves_k_from_its_plan_and_hands_it_to_the_task(slurm_cluster,
     step = planned_step_s(cfg, load_profile("local", ["slurm.request_gpus=true"]), 1, 2)
     k = stop_cost.choose(step, 2).every
     assert k > 1 and f"stop agreement: every {k} steps (dist.stop_every)" in r.stdout + r.stderr
+
+
+def test_the_task_gets_the_planned_k_in_its_config(tmp_path):
+    """`submit` to a fake sbatch (tests/launch/test_sweep_equals_submit.py): the config the job's pickle
+    carries, what the task trains with and env.json records, has dist.stop_every = the plan's K."""
+    sets = ["data.loader=synthetic", "data.global_batch=8"]
+    prof = ["slurm.request_gpus=true", "container.runtime=none"]
+    r = hpctrain(
+        "submit",
+        "--config",
+        str(ROOT / "configs" / "vit_b16_imagenet.yaml"),
+        *[a for s in sets for a in ("--set", s)],
+        "--set",
+        f"run.dir={tmp_path / 'runs'}",
+        "--set",
+        "run.name=k",
+        "--cluster",
+        "local",
+        *[a for s in prof for a in ("--cluster-set", s)],
+        "--gpus-per-node",
+        "2",
+        env=fake_slurm(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    cfg = load(ROOT / "configs" / "vit_b16_imagenet.yaml", sets)
+    k = stop_cost.choose(planned_step_s(cfg, load_profile("local", prof), 1, 2), 2).every
+    job = submitted_config(tmp_path / "runs" / "k" / "submitit" / "4242_submitted.pkl")
+    assert k > 1 and job["dist"]["stop_every"] == k, job["dist"]
