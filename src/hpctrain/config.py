@@ -505,6 +505,12 @@ class CkptConfig:
 class DistConfig:
     parallel: str = opt("ddp", "data parallelism: ddp, or fsdp for models that do not fit", choices=("ddp", "fsdp"))
     pg_timeout_s: int = opt(600, "process-group timeout: a dead or stuck rank fails the job after this", lo=1)
+    stop_every: int = opt(
+        0,
+        "steps between stop agreements (0: from the plan's step time at submission, else 1)",
+        more=True,
+        lo=0,
+    )
     ddp_bucket_mb: int = opt(25, "DDP gradient bucket size in MB", lo=1)
     ddp_bucket_view: bool = opt(True, "DDP gradient_as_bucket_view (grads alias the buckets: no copy)")
     ddp_static_graph: str = opt(

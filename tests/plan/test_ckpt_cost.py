@@ -187,3 +187,18 @@ def test_a_resumed_runs_measured_step_time_is_used(slurm_cluster, tmp_path):
     assert len(warned) == 2 and all(what in ln for ln in warned), r.stderr
     assert "slurm.signal_lead_s=60 s" in warned[0] and "--cluster-set slurm.signal_lead_s=130" in warned[0]
     assert f"GraceTime={GRACE_TIME} s" in warned[1]
+
+
+def test_the_stop_check_budgets_two_agreement_periods_when_the_ranks_agree_every_k_steps(slurm_cluster, tmp_path):
+    """dist.stop_every=4: a signal just after a round was posted goes with the next round, 4 steps on,
+    which is read 4 steps later: the stop needs 8 steps plus the save (plan.stop_cost)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [{"kind": "train", "step": s, "step_time_s": 40.0} for s in range(1, 4)]
+    recs.append({"kind": "ckpt_interval", "step": 2, "save_s": 5.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    r = _dry(slurm_cluster, tmp_path, PREEMPTIBLE, "--set", "run.name=run", "--set", "dist.stop_every=4", gpus=False)
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("hpctrain: warning:")]
+    what = "8 steps (2 x dist.stop_every=4) plus a save (8 x 40 s step, measured by this run; 5 s save, "
+    assert len(warned) == 2 and all(what in ln and ") = 325 s" in ln for ln in warned), r.stderr
+    assert "stop agreement: every 4 steps (dist.stop_every)" in r.stdout + r.stderr

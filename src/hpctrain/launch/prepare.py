@@ -44,7 +44,8 @@ from hpctrain.launch.submit import (
 )
 from hpctrain.lr_rule import lr_rule
 from hpctrain.plan import build, recommend, resolve, summary
-from hpctrain.plan.ckpt_cost import mtbf_scan_days, stop_problems, with_mtbf
+from hpctrain.plan.ckpt_cost import mtbf_scan_days, planned_step_s, stop_problems, with_mtbf
+from hpctrain.plan.stop_cost import with_stop_every
 from hpctrain.run.finished import finished_run
 from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile, load_profile
@@ -233,6 +234,9 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
         )
         return Prepared(kind, cfg, None, None, tuple(msgs), dry_run)
     plan = plan_job(cfg, profile, req)
+    # the stop agreement's period from the plan's step time (the stop check below budgets for it)
+    step_s = None if cfg.dist.stop_every else planned_step_s(cfg, profile, plan.nodes, plan.tasks_per_node)
+    cfg, stop_line = with_stop_every(cfg, step_s, plan.nodes * plan.tasks_per_node)
     msgs = [] if member else _finished(cfg, note_only=dry_run)  # after the request's checks: it comes alone
     msgs += _classes(cfg, note_only=dry_run)
     msgs += _batch(cfg, plan, kind.gpu_mem_gb)
@@ -241,6 +245,7 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     cfg, source, line = with_mtbf(cfg, profile, plan.partition, plan.nodes)  # the task has no Slurm client
     plan = dataclasses.replace(plan, mtbf_source=source, mtbf_scan_days=scan)
     msgs += [Message("info", line)] if line else []
+    msgs.append(Message("info", stop_line))
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
 
 

@@ -18,7 +18,9 @@ USR2 `slurm.signal_lead_s` before it, so it is no failure and must not shorten t
 
 The stop check: a stop (USR2 `slurm.signal_lead_s` before the time limit; SIGTERM `GraceTime`
 before SIGKILL on a partition that preempts by REQUEUE or CANCEL, `scontrol show partition -o`)
-must leave two steps (the step in flight, and the one the ranks agree to stop after) plus a save.
+must leave two steps (the step in flight, and the one the ranks agree to stop after) plus a save;
+with the agreement every K steps (dist.stop_every, plan.stop_cost) 2K steps: the signal may come
+just after a round was posted, is posted with the next one K steps on and read K steps after that.
 """
 
 from __future__ import annotations
@@ -188,9 +190,11 @@ def stop_problems(cfg: Config, profile, partition: str, nodes: int, gpus_per_nod
             gb / profile.slurm.ckpt_write_gbps,
             f"{gb:.2g} GB at slurm.ckpt_write_gbps={profile.slurm.ckpt_write_gbps:g}",
         )
-    need = 2 * (step or 0.0) + save
-    steps = f"2 x {step:.3g} s step, {step_src}" if step else "step time unknown"
-    what = f"two steps plus a save ({steps}; {save:.3g} s save, {save_src}) = {need:.0f} s"
+    k = max(1, cfg.dist.stop_every)  # a stop waits up to 2K steps: the agreement is every K (plan.stop_cost)
+    need = 2 * k * (step or 0.0) + save
+    steps = f"{2 * k} x {step:.3g} s step, {step_src}" if step else "step time unknown"
+    n = "two steps" if k == 1 else f"{2 * k} steps (2 x dist.stop_every={k})"
+    what = f"{n} plus a save ({steps}; {save:.3g} s save, {save_src}) = {need:.0f} s"
     advise = int(math.ceil(1.5 * need / 10.0) * 10)
     out = []
     lead = profile.slurm.signal_lead_s

@@ -388,7 +388,8 @@ def write_env(run_dir: Path, rec: dict[str, Any], env: dict[str, str] | None = N
 
 def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
     """Settings derived from the config and the job's size, kept in env.json ("resolved"): the
-    learning rate the schedule peaks at, and the batch each rank takes."""
+    learning rate the schedule peaks at, the batch each rank takes, and the steps between stop
+    agreements (dist.stop_every: the plan's K, or 1 where nothing resolved it)."""
     return {
         "peak_lr": cfg.peak_lr,
         "lr_rule": lr_rule(cfg),
@@ -397,6 +398,7 @@ def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
         "per_rank_batch": cfg.per_rank_batch(world_size),
         "world_size": world_size,
         "accum_steps": cfg.train.accum_steps,
+        "stop_every": cfg.dist.stop_every or 1,  # steps between stop agreements (plan.stop_cost, at submission)
         **(
             {"mtbf_h": cfg.ckpt.mtbf_h, "mtbf_source": mtbf_source(cfg.ckpt.mtbf_h)} if cfg.ckpt.every == "auto" else {}
         ),

@@ -2,7 +2,8 @@
 
 Nothing in a step reads a value back to the host except every `log.every` steps, and no
 collective outside DDP's holds a step up: the stop flags are OR-ed by an all-reduce on a CPU
-(gloo) control group that is started at one step boundary and read at the next (train.stop).
+(gloo) control group that is started at one agreement boundary and read at the next, every
+dist.stop_every steps (train.stop, train.stop_rounds).
 
 The Trainer's other parts live by concern in their own modules: the counters a checkpoint restores
 (train.state), what a checkpoint holds and how it is written and read (train.checkpointer), the
@@ -116,7 +117,7 @@ class Trainer:
         fastpath.apply(cfg.train, device)
         self.control_group = control_group
         # a StopFlag not installed is never set unless a caller's is
-        self.stops = stops or StopRounds(stop_flag or stopmod.StopFlag(), control_group)
+        self.stops = stops or StopRounds(stop_flag or stopmod.StopFlag(), control_group, cfg.dist.stop_every or 1)
         self.faults = faults or Faults.from_env(dist.rank)
         t = cfg.train
         self.accum = t.accum_steps
@@ -453,8 +454,8 @@ class Trainer:
         bits = self.stops.at_start(self.step, halt_at) if self.step < self.total_steps else 0
         if bits:  # a signal during start-up: nothing trained since the checkpoint we resumed from
             return self._stop(out, bits, start_wall, save=False)
-        if self.step < self.total_steps:  # the first round, read after the first step
-            self.stops.start()
+        if self.step < self.total_steps:  # the first round, read dist.stop_every steps on
+            self.stops.start(self.step)
         if self.train_state.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
@@ -570,6 +571,8 @@ class Trainer:
             rec["skipped_samples"] = skipped
         if self.reduce_hook:  # per rank and step, in the dtype on the wire
             rec["grad_reduce_bytes"] = self.reduce_hook.take() // win.steps
+        if self.dist.world_size > 1:  # per step: the stop rounds' part that outlasted their K steps
+            rec["stop_wait_s"] = self.stops.take_wait() / win.steps
         self.metrics.write("train", **rec)
         lp.progress.update(
             self.step,
@@ -628,7 +631,7 @@ class Trainer:
         self._supersede_records()
         rollback.report(e, path, skip, self.train_state, self.cfg.health, self.metrics)
         if self.step < self.total_steps:
-            self.stops.start()
+            self.stops.start(self.step)
 
     def _eval_due(self) -> bool:
         """This step ends an epoch that `train.eval_every_epochs` evaluates (the last step has its own)."""

@@ -6,13 +6,13 @@ partition's GraceTime has passed. Both mean "checkpoint at the next step, then e
 told apart only to count requeues (`slurm.max_requeues` vs `slurm.max_preemptions`).
 
 Every rank must stop at the same step, so the ranks agree on it: the OR of their stop bits is
-an all-reduce on the gloo control group, started (non-blocking) at one step boundary and read at
-the next (`StopRounds.at_boundary`), so it never holds a step up. The price is latency: a signal
-that arrives while step n runs is posted at the end of step n and acted on at the end of step
-n+1, where every rank checkpoints and exits: at most two step boundaries after the signal (one
-more step than a blocking check). A halt (HPCTRAIN_HALT_AT, `halt_at`) needs no agreement and stops exactly there.
-Budget the warning time (`--signal=USR2@T`, a partition's GraceTime) for two steps plus a
-checkpoint (docs/communication.md).
+an all-reduce on the gloo control group, started (non-blocking) at one agreement boundary and read
+at the next, K = dist.stop_every steps later (`StopRounds.at_boundary`), so it never holds a step
+up. The price is latency: a signal that arrives just after a round was posted goes with the next
+one and is acted on when that is read, where every rank checkpoints and exits: at most 2K step
+boundaries after the signal (two with K = 1). A halt (HPCTRAIN_HALT_AT, `halt_at`) needs no
+agreement and stops exactly there. Budget the warning time (`--signal=USR2@T`, a partition's
+GraceTime) for 2K steps plus a checkpoint (docs/communication.md, "Every K steps").
 
 A Ctrl-C (SIGINT) is a third kind, `interrupt`, where a command takes it (`hpctrain train`, the
 tasks of a job; launch.localjob for a local `hpctrain submit`): the same stop at the next step
