@@ -14,6 +14,7 @@ from pathlib import Path
 from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
+from hpctrain.cli.poll import add_poll_arg, poll_pace
 from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
@@ -38,6 +39,7 @@ JOB_FLAGS = (
     "exclusive",
     "dry_run",
     "wait",
+    "poll",
     "local_tasks",
 )
 
@@ -92,6 +94,7 @@ def add_parser(sub) -> None:
         action="store_true",
         help="Slurm: wait for the job, then print the summary (a local job is always waited for)",
     )
+    add_poll_arg(job, "--wait")
     job.add_argument("--local-tasks", type=int, help="processes of a local job (default: --gpus-per-node, else 2)")
     p.set_defaults(func=main)
 
@@ -175,6 +178,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
     if args.dry_run and args.wait:
         raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
+    poll_pace(args, args.wait, "--wait")  # a bad --poll: before anything is submitted
     profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
     tasks = args.local_tasks or args.gpus_per_node or 2
     p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=args.dry_run)
@@ -208,7 +212,8 @@ def follow(
     if not args.wait:
         return 0
 
-    state = wait_job(sub.job_id)
+    logs = [out / SUBMITIT / f"{sub.job_id}_0_log.{ext}" for ext in ("out", "err")]
+    state = wait_job(sub.job_id, poll_pace(args, args.wait, "--wait"), logs, out / "summary.json")
     failed = explain(out / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if state != "COMPLETED" and failed:
         raise failed
