@@ -14,7 +14,6 @@ from pathlib import Path
 from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
-from hpctrain.cli.poll import add_poll_arg, poll_pace
 from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
@@ -23,6 +22,7 @@ from hpctrain.run.layout import CHECKPOINTS, CONFIG, SUBMITIT, run_dir_named
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
+from hpctrain.watch.follow import add_poll_arg, pace_of
 from hpctrain.watch.status import wait_job
 
 # flags that only a job (--nodes) takes
@@ -178,7 +178,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
     if args.dry_run and args.wait:
         raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
-    poll_pace(args, args.wait, "--wait")  # a bad --poll: before anything is submitted
+    pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
     profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
     tasks = args.local_tasks or args.gpus_per_node or 2
     p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=args.dry_run)
@@ -213,7 +213,7 @@ def follow(
         return 0
 
     logs = [out / SUBMITIT / f"{sub.job_id}_0_log.{ext}" for ext in ("out", "err")]
-    state = wait_job(sub.job_id, poll_pace(args, args.wait, "--wait"), logs, out / "summary.json")
+    state = wait_job(sub.job_id, pace_of(args.poll, args.wait, "--wait"), logs, out / "summary.json")
     failed = explain(out / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if state != "COMPLETED" and failed:
         raise failed

@@ -8,10 +8,10 @@ import math
 from pathlib import Path
 
 from hpctrain.cli import CLIError
-from hpctrain.cli.poll import add_poll_arg, poll_pace
 from hpctrain.launch.sweep import SWEEP_FILE, is_sweep, sweep_table
 from hpctrain.launch.sweep import sweep_status as rows_of
 from hpctrain.run.layout import read_json
+from hpctrain.watch.follow import add_poll_arg, pace_of
 from hpctrain.watch.status import RUNS, follow, has_ended, log_path, run_status, wait_for_run
 
 
@@ -82,7 +82,7 @@ def logs(args: argparse.Namespace) -> int:
                 f"hpctrain logs {members[0] if members else sweep / '<run>'} (all of them: hpctrain "
                 f"status {args.target})"
             )
-    pace = poll_pace(args, args.follow, "-f")
+    pace = pace_of(args.poll, args.follow, "-f")
     if args.follow:  # the files first; Slurm asked at the pace, and not while they grow (watch/follow.py)
         run_dir, job_id, executor = wait_for_run(args.target, pace)
         path = log_path(str(run_dir) if run_dir else args.target, args.rank)

@@ -17,7 +17,6 @@ from pathlib import Path
 from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
-from hpctrain.cli.poll import add_poll_arg, poll_pace
 from hpctrain.config import check_text, to_dict
 from hpctrain.launch.failure import explain
 from hpctrain.launch.localjob import HangupAsInterrupt, say
@@ -35,7 +34,7 @@ from hpctrain.launch.submit import Request, Submission, wait_local
 from hpctrain.run.layout import METRICS, SUBMITIT
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train.entry import summary_table
-from hpctrain.watch.follow import Endings, JobEnd, Moved
+from hpctrain.watch.follow import Endings, JobEnd, Moved, add_poll_arg, pace_of
 from hpctrain.watch.progress import MetricsTail, watch
 from hpctrain.watch.status import RunStatus, run_files, run_status
 
@@ -82,7 +81,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    poll_pace(args, args.wait, "--wait")  # a bad --poll: before anything is submitted
+    pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run or bool(args.emit_sbatch), args.local)
     if profile is None:
@@ -130,7 +129,7 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
 
     tail = MetricsTail(sub.run_dir / METRICS)
     files = Moved(run_files(sub.run_dir, sub.job_id))
-    done = JobEnd(sub.job_id, final, poll_pace(args, args.wait, "--wait"), files, Endings(tail))
+    done = JobEnd(sub.job_id, final, pace_of(args.poll, args.wait, "--wait"), files, Endings(tail))
     # rank 0's progress line while it waits, from metrics.jsonl; Slurm asked at the pace (watch/follow.py)
     watch(sub.run_dir, done, to_dict(p.cfg), poll_s=2.0, global_batch=p.cfg.data.global_batch, tail=tail)
     status = ended[0]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.errors import UserError
 from hpctrain.site.slurm_cli import ask
 from hpctrain.watch.progress import MetricsTail
 
@@ -63,16 +64,30 @@ class Pace:
         return out
 
 
-def pace_of(poll_s: float | None, flag: str = "--poll") -> Pace:
-    """The default pace, or a fixed gap of `poll_s` (`--poll S`); ValueError below FLOOR_S."""
+def add_poll_arg(p, follows: str) -> None:
+    """`--poll S` on a command whose `follows` flag (--wait, -f) follows a Slurm job."""
+    p.add_argument(
+        "--poll",
+        type=float,
+        metavar="S",
+        help=f"with {follows}: ask Slurm every S seconds (at least {FLOOR_S:g}; default: at 5, 15 and 30 s, then every "
+        "minute: <= 2 calls a minute), and never while the run's files grow",
+    )
+
+
+def pace_of(poll_s: float | None, following: bool = True, follows: str = "--wait") -> Pace:
+    """The default pace, or a fixed gap of `poll_s` (`--poll S`); a one-line UserError below FLOOR_S
+    or without the `follows` flag."""
     if poll_s is None:
         return Pace()
+    if not following:
+        raise UserError(f"--poll sets how often {follows} asks Slurm: add {follows}, or drop --poll")
     if not math.isfinite(poll_s):
-        raise ValueError(f"{flag} {poll_s}: not a number of seconds: give {flag} {FLOOR_S:g} or more")
+        raise UserError(f"--poll {poll_s}: not a number of seconds: give --poll {FLOOR_S:g} or more")
     if poll_s < FLOOR_S:
-        raise ValueError(
-            f"{flag} {poll_s:g}: below the floor of {FLOOR_S:g} s (each poll is a call to the Slurm controller, "
-            f"shared by every user): give {flag} {FLOOR_S:g} or more, or leave it out (5, 15, 30 s, then every minute)"
+        raise UserError(
+            f"--poll {poll_s:g}: below the floor of {FLOOR_S:g} s (each poll is a call to the Slurm controller, "
+            f"shared by every user): give --poll {FLOOR_S:g} or more, or leave it out (5, 15, 30 s, then every minute)"
         )
     return Pace((), poll_s)
 
