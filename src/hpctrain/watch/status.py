@@ -612,7 +612,12 @@ def log_path(target: str, rank: int) -> Path:
 
 
 def has_ended(
-    run_dir: Path | None, job_id: str | None, executor: str, path: Path | None = None, pace: Pace | None = None
+    run_dir: Path | None,
+    job_id: str | None,
+    executor: str,
+    path: Path | None = None,
+    pace: Pace | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[], bool]:
     """Whether the run's job is over: Slurm's final state for a Slurm job, asked at `pace` and only
     while the log at `path` and the run's files stand still (watch/follow.py); for a local run (or
@@ -622,7 +627,7 @@ def has_ended(
         where = where_of(run_dir)
         files = [*([path] if path else []), *(run_files(run_dir, job_id) if run_dir else [])]
         endings = Endings(MetricsTail(run_dir / METRICS)) if run_dir else (lambda: 0)
-        return JobEnd(job_id, lambda: job_state(job_id, where), pace, Moved(files), endings, at_once=True)
+        return JobEnd(job_id, lambda: job_state(job_id, where), pace, Moved(files), endings, clock=clock, at_once=True)
     return lambda: run_dir is None or local_state(run_dir) is None
 
 
