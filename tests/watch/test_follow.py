@@ -1,11 +1,16 @@
 """Following a Slurm job at a bounded cost to the controller (watch/follow.py): the pace of the asks,
 the files first, requeues, `logs -f`, and the --poll floor. Slurm's answers are a fake `ask` that
-counts (the real cluster's count: tests/launch/test_follow_calls.py); time is a fake clock."""
+counts (and the real cluster's, counted by logging stand-ins for its clients); time is a fake clock."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +19,8 @@ from hpctrain.watch import follow as followmod
 from hpctrain.watch import status as statusmod
 from hpctrain.watch.follow import FLOOR_S, Endings, JobEnd, Moved, Pace, pace_of, queue_now
 from hpctrain.watch.progress import MetricsTail
+from tests.launch.jobs import digits_sets, hp
+from tests.site_users import LOGIN_PATH
 
 
 class Clock:
@@ -179,3 +186,50 @@ def test_poll_without_following_is_one_line(capsys):
     assert cli_main(["logs", "runs/x", "--poll", "10"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "hpctrain: error: --poll sets how often -f asks Slurm: add -f, or drop --poll"
+
+
+def counting_clients(cluster, d: Path, log: Path) -> dict[str, str]:
+    """Stand-ins for the Slurm clients, first on PATH, that append `<time> <command> <args>` to `log`
+    and exec the cluster's real one; the batch shell's calls (SLURM_JOB_ID set) are not counted. In
+    `d`, which the test cluster's users can reach; the environment that puts them first."""
+    d.mkdir()
+    path = cluster.environ()["PATH"]
+    for name in (*CALLS, "sbatch"):
+        real = shutil.which(name, path=path)
+        w = d / name
+        w.write_text(
+            f'#!/bin/sh\n[ -n "$SLURM_JOB_ID" ] || printf "%s %s %s\\n" "$(date +%s.%N)" {name} "$*" >> {log}\n'
+            f'exec {real} "$@"\n'
+        )
+        w.chmod(0o755)
+    return {"PATH": f"{d}{os.pathsep}{LOGIN_PATH}"}
+
+
+CALLS = ("squeue", "sacct", "scontrol", "sinfo", "sacctmgr", "scancel")  # what a follower could call
+STEPS, STEP_DELAY_S = 60, 2.5  # a job of ~3 minutes: 60 steps slowed by 2.5 s each, one CPU task
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_submit_wait_of_a_3_minute_job_costs_at_most_2_slurm_calls_a_minute(slurm_cluster, digits_root, tmp_path):
+    """The issue's budget, counted on the real cluster with logging stand-ins for the clients: from
+    the sbatch to the end of `submit --wait` (its status table included), at most 2 calls a minute,
+    each about our job only (before: sacct every 2 s, 30 a minute)."""
+    log = tmp_path / "calls.log"
+    env = counting_clients(slurm_cluster, tmp_path / "bin", log)
+    env["HPCTRAIN_TEST_DELAY"] = f"0:{STEP_DELAY_S}:data"
+    sets = digits_sets(digits_root, tmp_path, "three", f"train.max_steps={STEPS}", "log.every=1", "ckpt.every=0")
+    sets += ["--set", "train.eval_every_epochs=0"]
+    args = ["submit", "--config", "configs/digits_vit.yaml", "--nodes", "1", "--gpus-per-node", "1", "--wait"]
+    r = hp(slurm_cluster, *args, *sets, env=env, timeout=900)
+    done = time.time()
+    assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stdout + r.stderr
+    job = re.search(r"submitted Slurm job (\d+)", r.stdout).group(1)
+    calls = [line.split(" ", 2) for line in log.read_text().splitlines()]
+    sbatch = max(float(t) for t, kind, a in calls if kind == "sbatch" and "--version" not in a)  # the submission
+    waiting = [(float(t) - sbatch, kind, a) for t, kind, a in calls if float(t) > sbatch and kind in CALLS]
+    minutes = (done - sbatch) / 60
+    assert minutes >= STEPS * STEP_DELAY_S / 60, minutes  # the job was the 3-minute one
+    assert len(waiting) <= 2 * minutes, (minutes, waiting)
+    assert all(f"-j {job}" in a for _, _, a in waiting), waiting  # our job only
+    print(f"submit --wait of a {minutes:.1f}-minute job: {len(waiting)} Slurm calls while it waited: {waiting}")
