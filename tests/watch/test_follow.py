@@ -218,7 +218,7 @@ def test_submit_wait_of_a_3_minute_job_costs_at_most_2_slurm_calls_a_minute(slur
     log = tmp_path / "calls.log"
     env = counting_clients(slurm_cluster, tmp_path / "bin", log)
     env["HPCTRAIN_TEST_DELAY"] = f"0:{STEP_DELAY_S}:data"
-    sets = digits_sets(digits_root, tmp_path, "three", f"train.max_steps={STEPS}", "log.every=1", "ckpt.every=0")
+    sets = digits_sets(digits_root, tmp_path, "three", f"train.max_steps={STEPS}", "log.every=1")
     sets += ["--set", "train.eval_every_epochs=0"]
     args = ["submit", "--config", "configs/digits_vit.yaml", "--nodes", "1", "--gpus-per-node", "1", "--wait"]
     r = hp(slurm_cluster, *args, *sets, env=env, timeout=900)
@@ -233,3 +233,18 @@ def test_submit_wait_of_a_3_minute_job_costs_at_most_2_slurm_calls_a_minute(slur
     assert len(waiting) <= 2 * minutes, (minutes, waiting)
     assert all(f"-j {job}" in a for _, _, a in waiting), waiting  # our job only
     print(f"submit --wait of a {minutes:.1f}-minute job: {len(waiting)} Slurm calls while it waited: {waiting}")
+    # `logs -f` of the ended job: the log at once, and its end from one squeue and one sacct
+    before = len(log.read_text().splitlines())
+    f = hp(slurm_cluster, "logs", job, "-f", env=env)
+    assert f.returncode == 0 and "rank 0 on host n1" in f.stdout, f.stdout + f.stderr
+    asked = [line.split(" ", 2)[1] for line in log.read_text().splitlines()[before:]]
+    assert asked.count("squeue") == 1 and asked.count("sacct") <= 3, asked  # + resolve's sacct of the id
+    # `eval --wait` of its weights as a job: the summary, its calls about its own job only
+    before = len(log.read_text().splitlines())
+    ev = hp(slurm_cluster, "eval", str(tmp_path / "three"), "--nodes", "1", "--gpus-per-node", "1", "--wait", env=env)
+    assert ev.returncode == 0 and "top-1" in ev.stdout, ev.stdout + ev.stderr
+    ev_job = re.search(r"submitted Slurm job (\d+)", ev.stdout).group(1)
+    lines = [line.split(" ", 2) for line in log.read_text().splitlines()[before:]]
+    start = max(float(t) for t, kind, a in lines if kind == "sbatch" and "--version" not in a)
+    after = [(kind, a) for t, kind, a in lines if float(t) > start and kind in CALLS]
+    assert after and all(f"-j {ev_job}" in a for _, a in after) and len(after) <= 6, after
