@@ -127,7 +127,8 @@ class Endings:
     grows (`tail` is polled here: a second poll in the same tick reads nothing again)."""
 
     def __init__(self, tail: MetricsTail):
-        self.tail, self._records, self._read, self._count = tail, None, 0, 0
+        self.tail, self._read, self._count = tail, 0, 0
+        self._records: list[dict] | None = None
 
     def __call__(self) -> int:
         records = self.tail.poll()
