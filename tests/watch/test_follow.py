@@ -130,6 +130,16 @@ def test_no_answer_from_the_controller_keeps_the_wait_going(monkeypatch):
     assert squeue.calls == [5, 15, 30, 90, 150]
 
 
+def test_a_job_no_one_knows_any_more_ends_the_wait(monkeypatch):
+    """logs -f of a job that ended long ago on a cluster without accounting: squeue has forgotten
+    it, sacct cannot answer, scontrol no longer holds it: UNKNOWN ends the wait (it never comes back)."""
+    clock = Clock()
+    squeue = FakeSqueue(clock, lambda t: "")
+    monkeypatch.setattr(followmod, "ask", squeue)
+    end = JobEnd("42", lambda: "UNKNOWN", clock=clock, at_once=True)
+    assert end() and end.state == "UNKNOWN" and squeue.calls == [0]
+
+
 def test_queue_now_reads_squeue_as_22_05_answers(monkeypatch):
     answers = {
         "1": ("RUNNING\n", ""),

@@ -145,7 +145,8 @@ class JobEnd:
     Asks `queue` only at the pace's due times, and skips a due ask when `moved()` saw the files move
     since the previous due time; a rise in `endings()` starts the short gaps again and asks at each
     until the queue says the job waits again (a requeue) or has left. A job that left the queue gets
-    its end state from `final` (sacct once); one that is not TERMINAL keeps the wait going.
+    its end state from `final` (sacct once); one that is not TERMINAL (accounting that lags) keeps
+    the wait going, but UNKNOWN (neither accounting nor the controller knows the job) ends it.
     `at_once`: the first ask is due at once (`logs -f` of a job that may have ended long ago), else
     one gap after the start. `state`: the last state learnt; `asks`: the calls made through `queue`."""
 
@@ -195,7 +196,7 @@ class JobEnd:
                 self._closing = False  # requeued: back to waiting on the files
             return False
         self.state = self.final()  # it left the queue: its end, read once
-        if self.state in TERMINAL:
+        if self.state in TERMINAL or self.state == "UNKNOWN":  # (UNKNOWN: no one knows it any more)
             return True
         self._closing = True  # accounting not there yet (slurmdbd lags the controller): soon again
         self._restart(now)
