@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from hpctrain.data.prep import pack as pk
+from hpctrain.launch import pack_array
 from hpctrain.launch.pack_array import render
 from hpctrain.launch.submit import Request
 from hpctrain.site.profile import load_profile
@@ -117,3 +118,13 @@ def test_slurm_array_pack_in_the_image_equals_the_local_pack(slurm_cluster, digi
     assert again.returncode == 0, again.stdout + again.stderr
     assert "the 1 of 3 groups not packed yet (1)" in again.stdout
     assert dir_files(out) == dir_files(serial)
+
+
+def test_pack_wait_asks_squeue_at_the_followers_pace(monkeypatch):
+    """`data pack --slurm --wait` of a pack that takes hours: squeue 5, 15, 30 s after the submission,
+    then once a minute (watch/follow.py), not every 2 s."""
+    answers = iter([True] * 5 + [False])  # in the queue at the first 5 asks, gone at the 6th
+    monkeypatch.setattr(pack_array, "job_queued", lambda job: next(answers))
+    slept: list[float] = []
+    pack_array.wait("7", sleep=slept.append)
+    assert slept == [5, 10, 15, 60, 60, 60]

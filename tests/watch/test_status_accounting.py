@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
 from hpctrain.launch.submit import write_job_record
+from hpctrain.watch.follow import pace_of
+from hpctrain.watch.status import wait_job
 from tests.helpers import wait_for
 from tests.launch.jobs import digits_sets, hp, job_report, submit
 from tests.slurm_cluster import SlurmCluster, missing
@@ -95,6 +98,38 @@ def test_status_without_accounting_storage_takes_the_controllers_state(no_accoun
     wait_for(lambda: scontrol_state(cluster, job) == "COMPLETED", f"job {job} done", show=lambda: status(cluster, job))
     text, facts = status(cluster, str(run))
     assert facts["state"] == "COMPLETED" and facts["accounting"], text
+
+
+def test_a_follower_waits_through_a_requeue_and_reads_the_end_from_the_controller(no_accounting, tmp_path, monkeypatch):
+    """`submit --wait`'s and `eval --wait`'s follower (watch/follow.py) without accounting: a job
+    requeued while it runs keeps the wait going (PENDING again after RUNNING), and its end state is
+    the controller's record (scontrol), as `hpctrain status` takes it."""
+    cluster, run = no_accounting, tmp_path / "run"
+    for k, v in cluster.environ().items():  # the follower's squeue/sacct/scontrol: this cluster's
+        monkeypatch.setenv(k, v)
+    run.mkdir()
+    job = cluster.run(
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        f"--chdir={run}",
+        "--output=/dev/null",
+        "-N1",
+        "--wrap",
+        f"if [ -e once ]; then {WAIT_FOR_FILE}; exit 0; fi; touch once; sleep 600",  # the 2nd run: till released
+    ).stdout.strip()
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: got.append(wait_job(job, pace_of(5), tick_s=0.5)), daemon=True)
+    waiter.start()
+    wait_for(lambda: scontrol_state(cluster, job) == "RUNNING" and (run / "once").exists(), f"job {job} running")
+    cluster.run("scontrol", "requeue", job)
+    wait_for(lambda: "Restarts=1" in cluster.run("scontrol", "show", "job", "-o", job).stdout, "no requeue")
+    wait_for(lambda: scontrol_state(cluster, job) == "RUNNING", f"job {job} running again")
+    waiter.join(timeout=20)
+    assert waiter.is_alive() and not got, got  # requeued, not ended: still waiting
+    (run / "release").touch()
+    waiter.join(timeout=300)
+    assert got == ["COMPLETED"] and scontrol_state(cluster, job) == "COMPLETED", (got, scontrol_state(cluster, job))
 
 
 def test_status_after_a_job_id_reset_counts_this_runs_rows_only(dbd_cluster, tmp_path):

@@ -22,6 +22,7 @@ from hpctrain.run.layout import CHECKPOINTS, CONFIG, SUBMITIT, run_dir_named
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
+from hpctrain.watch.follow import add_poll_arg, pace_of
 from hpctrain.watch.status import wait_job
 
 # flags that only a job (--nodes) takes
@@ -38,6 +39,7 @@ JOB_FLAGS = (
     "exclusive",
     "dry_run",
     "wait",
+    "poll",
     "local_tasks",
 )
 
@@ -92,6 +94,7 @@ def add_parser(sub) -> None:
         action="store_true",
         help="Slurm: wait for the job, then print the summary (a local job is always waited for)",
     )
+    add_poll_arg(job, "--wait")
     job.add_argument("--local-tasks", type=int, help="processes of a local job (default: --gpus-per-node, else 2)")
     p.set_defaults(func=main)
 
@@ -175,6 +178,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     weights_path, out = Path(weights).expanduser().resolve(), out.expanduser().resolve()
     if args.dry_run and args.wait:
         raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
+    pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
     profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
     tasks = args.local_tasks or args.gpus_per_node or 2
     p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=args.dry_run)
@@ -208,7 +212,8 @@ def follow(
     if not args.wait:
         return 0
 
-    state = wait_job(sub.job_id)
+    logs = [out / SUBMITIT / f"{sub.job_id}_0_log.{ext}" for ext in ("out", "err")]
+    state = wait_job(sub.job_id, pace_of(args.poll, args.wait, "--wait"), logs, out / "summary.json")
     failed = explain(out / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")
     if state != "COMPLETED" and failed:
         raise failed

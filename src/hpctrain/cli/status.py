@@ -1,4 +1,4 @@
-"""`hpctrain status RUN_OR_JOB [--json]` and `hpctrain logs RUN_OR_JOB [-f] [--rank R]`."""
+"""`hpctrain status RUN_OR_JOB [--json]` and `hpctrain logs RUN_OR_JOB [-f [--poll S]] [--rank R]`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hpctrain.cli import CLIError
 from hpctrain.launch.sweep import SWEEP_FILE, is_sweep, sweep_table
 from hpctrain.launch.sweep import sweep_status as rows_of
 from hpctrain.run.layout import read_json
+from hpctrain.watch.follow import add_poll_arg, pace_of
 from hpctrain.watch.status import RUNS, follow, has_ended, log_path, run_status, wait_for_run
 
 
@@ -32,6 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("target", metavar="RUN_OR_JOB", help="run directory (runs/<name>) or Slurm job id")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
+    add_poll_arg(p, "-f")
     p.set_defaults(func=logs)
 
 
@@ -80,9 +82,11 @@ def logs(args: argparse.Namespace) -> int:
                 f"hpctrain logs {members[0] if members else sweep / '<run>'} (all of them: hpctrain "
                 f"status {args.target})"
             )
-    if args.follow:
-        run_dir, job_id, executor = wait_for_run(args.target)
-        follow(log_path(str(run_dir) if run_dir else args.target, args.rank), has_ended(run_dir, job_id, executor))
+    pace = pace_of(args.poll, args.follow, "-f")
+    if args.follow:  # the files first; Slurm asked at the pace, and not while they grow (watch/follow.py)
+        run_dir, job_id, executor = wait_for_run(args.target, pace)
+        path = log_path(str(run_dir) if run_dir else args.target, args.rank)
+        follow(path, has_ended(run_dir, job_id, executor, path, pace))
         return 0
     path = log_path(args.target, args.rank)
     if not path.exists():

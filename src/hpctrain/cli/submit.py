@@ -31,11 +31,12 @@ from hpctrain.launch.prepare import (
     time_to_result,
 )
 from hpctrain.launch.submit import Request, Submission, wait_local
-from hpctrain.run.layout import SUBMITIT
+from hpctrain.run.layout import METRICS, SUBMITIT
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train.entry import summary_table
-from hpctrain.watch.progress import watch
-from hpctrain.watch.status import TERMINAL, job_state, run_status, wait_job
+from hpctrain.watch.follow import Endings, JobEnd, Moved, add_poll_arg, pace_of
+from hpctrain.watch.progress import MetricsTail, watch
+from hpctrain.watch.status import RunStatus, run_files, run_status
 
 
 def add_parser(sub) -> None:
@@ -60,6 +61,7 @@ def add_parser(sub) -> None:
         help="write the stand-alone batch script (runs `python3 -m hpctrain train`) to PATH",
     )
     p.add_argument("--wait", action="store_true", help="Slurm: wait for the job to end, print its status")
+    add_poll_arg(p, "--wait")
     p.add_argument("--local-tasks", type=int, default=2, help="processes for a local run (default 2)")
     p.add_argument(
         "--spare-nodes",
@@ -79,6 +81,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
     profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run or bool(args.emit_sbatch), args.local)
     if profile is None:
@@ -118,15 +121,18 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
     print(f"follow the logs: {sub.log_hint}   status: hpctrain status {sub.job_id}", flush=True)
     if not args.wait:
         return 0
-    watch(
-        sub.run_dir,
-        lambda: job_state(sub.job_id) in TERMINAL,
-        to_dict(p.cfg),
-        poll_s=2.0,
-        global_batch=p.cfg.data.global_batch,
-    )  # rank 0's progress line while it waits
-    wait_job(sub.job_id)
-    status = run_status(str(sub.run_dir))  # Slurm's end, read with the run's own (status.settled_state)
+    ended: list[RunStatus] = []
+
+    def final() -> str:  # the job left the queue: its end, read once with the run's own (status.settled_state)
+        ended[:] = [run_status(str(sub.run_dir))]
+        return ended[0].state
+
+    tail = MetricsTail(sub.run_dir / METRICS)
+    files = Moved(run_files(sub.run_dir, sub.job_id))
+    done = JobEnd(sub.job_id, final, pace_of(args.poll, args.wait, "--wait"), files, Endings(tail))
+    # rank 0's progress line while it waits, from metrics.jsonl; Slurm asked at the pace (watch/follow.py)
+    watch(sub.run_dir, done, to_dict(p.cfg), poll_s=2.0, global_batch=p.cfg.data.global_batch, tail=tail)
+    status = ended[0]
     print(status.text())
     if status.state == "COMPLETED":
         return 0

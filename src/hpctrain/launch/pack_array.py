@@ -14,6 +14,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.config import check_text
@@ -27,6 +28,7 @@ from hpctrain.launch.submit import Request
 from hpctrain.run.source import package_dir
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.site.slurm_cli import ask, in_queue
+from hpctrain.watch.follow import Pace
 
 SCRIPT = "pack.sbatch"
 JOB = "job"  # the last array job's id, under OUT/.pack
@@ -127,6 +129,12 @@ def job_queued(job: str) -> bool:
     return in_queue(job)
 
 
-def wait(job: str, poll_s: float = 2.0) -> None:
-    while job_queued(job):
-        time.sleep(poll_s)
+def wait(job: str, pace: Pace | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Until no task of the array is in the queue: squeue at the follower's pace (5, 15, 30 s, then
+    every minute: watch/follow.py), not every 2 s for the hours a pack may take."""
+    pace, n = pace or Pace(), 0
+    while True:
+        sleep(pace.gap(n))
+        n += 1
+        if not job_queued(job):
+            return

@@ -191,6 +191,8 @@ class MetricsTail:
             return self.records
         if st.st_ino != self._ino or st.st_size < self._pos:
             self.records, self._pos, self._ino = [], 0, st.st_ino
+        if st.st_size == self._pos:  # nothing new: not even an open (a follower polls it every tick)
+            return self.records
         with open(self.path, "rb") as f:
             f.seek(self._pos)
             chunk = f.read()
@@ -214,12 +216,14 @@ def watch(
     every_s: float = 10.0,
     poll_s: float = 1.0,
     global_batch: int | None = None,
+    tail: MetricsTail | None = None,
 ) -> None:
     """Print the run's progress line until `done()`: rewritten in place on a terminal, else a plain
     line when the step moved and `every_s` has passed (CI logs keep a trace); a last one at the end.
-    `out`: sys.stdout as it is at the call (a default bound at import would keep a replaced one)."""
+    `out`: sys.stdout as it is at the call (a default bound at import would keep a replaced one).
+    `tail`: the run's metrics as `done` reads them too (one reader of the file)."""
     out = sys.stdout if out is None else out
-    tail = MetricsTail(Path(run_dir) / METRICS)
+    tail = MetricsTail(Path(run_dir) / METRICS) if tail is None else tail
     tty = out.isatty()
     shown, shown_at = "", 0.0
     while True:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,21 +36,10 @@ from hpctrain.run.layout import (
 )
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table, total_steps
 from hpctrain.site.slurm_cli import job_record, queue_field, queue_state
+from hpctrain.watch.follow import TERMINAL, WAITING, Endings, JobEnd, Moved, Pace
 from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
-from hpctrain.watch.progress import Eta, duration, eta, iso, recent_straggler, steps_per_s
+from hpctrain.watch.progress import Eta, MetricsTail, duration, eta, iso, recent_straggler, steps_per_s
 from hpctrain.watch.steps import Step, oom_steps, sacct_steps, size_text
-
-TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "PREEMPTED",
-}
 
 
 def sacct_rows(job_id: str, where: Where = ANY) -> list[dict[str, str]]:
@@ -83,16 +72,32 @@ def _queue_state(job_id: str) -> str:
     return queue_state(str(job_id)) or ""
 
 
-def wait_job(job_id: str, poll_s: float = 2.0, timeout_s: float | None = None) -> str:
-    """Poll until the job reaches a final state (a requeued job keeps going); the state."""
-    end = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-        st = job_state(job_id)
-        if st in TERMINAL:
-            return st
-        if end is not None and time.monotonic() > end:
-            return st
-        time.sleep(poll_s)
+def wait_job(
+    job_id: str,
+    pace: Pace | None = None,
+    files: Sequence[Path] = (),
+    done_file: Path | None = None,
+    tick_s: float = 2.0,
+) -> str:
+    """Wait until the job has ended for good (a requeued job keeps it going): its end state. Slurm is
+    asked at `pace` (watch/follow.py), not while `files` grow; `done_file` appearing (an evaluation's
+    summary) asks sooner."""
+    done = (lambda: int(done_file.exists())) if done_file else (lambda: 0)
+    end = JobEnd(job_id, lambda: job_state(job_id), pace, Moved(files), done)
+    while not end():
+        time.sleep(tick_s)
+    return end.state
+
+
+def run_files(run_dir: Path, job_id: str) -> list[Path]:
+    """The files a Slurm job of the run writes to while it lives (watched at no Slurm cost): its
+    metrics, rank 0's log, the batch shell's and rank 0's task output."""
+    return [
+        run_dir / METRICS,
+        run_dir / LOGS / "rank-0.log",
+        run_dir / SUBMITIT / f"{job_id}_0_log.out",
+        run_dir / SUBMITIT / f"{job_id}_0_log.err",
+    ]
 
 
 def squeue_workdir(job_id: str) -> str | None:
@@ -131,30 +136,30 @@ def resolve(target: str, settle_s: float = 15.0) -> tuple[Path | None, str | Non
         job_id = job.get("job_id") or env.get("SLURM_JOB_ID")
         return p.resolve(), job_id, job.get("executor") or ("slurm" if job_id else "none")
     if target.isdigit():
-        end = time.monotonic() + settle_s
-        while True:
-            rows = sacct_rows(target)  # the last row: the newest job of that id
-            work = rows[-1].get("WorkDir") if rows else squeue_workdir(target) or job_record(target).get("WorkDir")
-            if rows or work or time.monotonic() > end:
-                break
-            time.sleep(1.0)
-        run = slurm_job_run_dir(Path(work), target) if work else None
-        if not rows and not work:
-            raise LaunchError(
-                f"job {target} is unknown to Slurm (sacct, squeue): check the id, or give "
-                "the run directory instead (runs/<name>)"
-            )
-        return run, target, "slurm"
+        work = slurm_workdir(target, settle_s)
+        return (slurm_job_run_dir(Path(work), target) if work else None), target, "slurm"
     raise LaunchError(
         f"{target!r} is neither a run directory, a run name under {RUNS}/ nor a job id: give "
         "runs/<name>, <name>, or the job id that `hpctrain submit` printed"
     )
 
 
-# Slurm states of a job waiting for an allocation (squeue(1), JOB STATE CODES:
-# https://slurm.schedmd.com/squeue.html): PENDING, REQUEUED / REQUEUE_HOLD / REQUEUE_FED while a
-# requeued job goes back to pending, CONFIGURING while its nodes boot.
-WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
+def slurm_workdir(job_id: str, settle_s: float = 15.0) -> str:
+    """The working directory of Slurm job `job_id` (sacct's newest row, squeue, scontrol; "" when
+    none says it yet). In the first seconds after sbatch the job may be in neither sacct nor squeue:
+    ask again for up to `settle_s` before calling the id unknown (LaunchError)."""
+    end = time.monotonic() + settle_s
+    while True:
+        rows = sacct_rows(job_id)  # the last row: the newest job of that id
+        work = rows[-1].get("WorkDir") if rows else squeue_workdir(job_id) or job_record(job_id).get("WorkDir")
+        if rows or work:
+            return work or ""
+        if time.monotonic() > end:
+            raise LaunchError(
+                f"job {job_id} is unknown to Slurm (sacct, squeue): check the id, or give "
+                "the run directory instead (runs/<name>)"
+            )
+        time.sleep(1.0)
 
 
 @dataclass
@@ -558,20 +563,28 @@ def controller_view(job_id: str, where: Where, metrics: dict) -> tuple[str, int,
     )
 
 
-def wait_for_run(target: str, poll_s: float = 2.0) -> tuple[Path | None, str | None, str]:
+def wait_for_run(target: str, pace: Pace | None = None, tick_s: float = 2.0) -> tuple[Path | None, str | None, str]:
     """(run dir, job id, executor) for `logs -f`: a job started with plain sbatch names its run
-    only once rank 0 is up, so wait for that (saying so once) unless the job ends first."""
+    only once rank 0 is up (its record in the working directory), so wait for that (saying so once)
+    unless the job ends first; Slurm is asked at `pace` only (watch/follow.py)."""
     run_dir, job_id, executor = resolve(target)
-    said = False
-    while run_dir is None and job_id and job_state(job_id) not in TERMINAL:
+    if run_dir is not None or not job_id or executor != "slurm":
+        return run_dir, job_id, executor
+    work = slurm_workdir(job_id)
+    end, said = JobEnd(job_id, lambda: job_state(job_id), pace, at_once=True), False
+    while not (work and (run_dir := slurm_job_run_dir(Path(work), job_id))):
+        asks = end.asks
+        if end():
+            return None, job_id, executor
+        if not work and end.asks > asks:  # no working directory known yet: ask with the queue
+            work = slurm_workdir(job_id, 0)
         if not said:
             print(
                 f"hpctrain: waiting for job {job_id} to start and name its run directory …", file=sys.stderr, flush=True
             )
             said = True
-        time.sleep(poll_s)
-        run_dir, job_id, executor = resolve(target)
-    return run_dir, job_id, executor
+        time.sleep(tick_s)
+    return run_dir.resolve(), job_id, executor
 
 
 def log_path(target: str, rank: int) -> Path:
@@ -587,19 +600,37 @@ def log_path(target: str, rank: int) -> Path:
     return p
 
 
-def has_ended(run_dir: Path | None, job_id: str | None, executor: str) -> Callable[[], bool]:
-    """Whether the run's job is over: Slurm's final state for a Slurm job; for a local run (or one
-    without a job), when no process of it lives on this host any more (finished, failed, stopped
-    or killed)."""
+def has_ended(
+    run_dir: Path | None,
+    job_id: str | None,
+    executor: str,
+    path: Path | None = None,
+    pace: Pace | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[], bool]:
+    """Whether the run's job is over: Slurm's final state for a Slurm job, asked at `pace` and only
+    while the log at `path` and the run's files stand still (watch/follow.py); for a local run (or
+    one without a job), when no process of it lives on this host any more (finished, failed,
+    stopped or killed)."""
     if executor == "slurm" and job_id:
         where = where_of(run_dir)
-        return lambda: job_state(job_id, where) in TERMINAL
+        files = [*([path] if path else []), *(run_files(run_dir, job_id) if run_dir else [])]
+        endings = Endings(MetricsTail(run_dir / METRICS)) if run_dir else (lambda: 0)
+        return JobEnd(job_id, lambda: job_state(job_id, where), pace, Moved(files), endings, clock=clock, at_once=True)
     return lambda: run_dir is None or local_state(run_dir) is None
 
 
-def follow(path: Path, ended: Callable[[], bool], poll_s: float = 0.5, out=sys.stdout) -> None:
-    """Print the file as it grows (like tail -f) until `ended()` (checked every 2 s), then once more."""
-    pos, last_check, done = 0, 0.0, False
+def follow(
+    path: Path,
+    ended: Callable[[], bool],
+    poll_s: float = 0.5,
+    out=sys.stdout,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Print the file as it grows (like tail -f) until `ended()` (checked every 2 s; a Slurm job's
+    paces its own asks), then once more."""
+    pos, last_check, done = 0, None, False
     while True:
         if path.exists():
             with open(path, errors="replace") as f:
@@ -611,7 +642,7 @@ def follow(path: Path, ended: Callable[[], bool], poll_s: float = 0.5, out=sys.s
                 out.flush()
         if done:
             return
-        if time.monotonic() - last_check > 2:
-            last_check = time.monotonic()
+        if last_check is None or clock() - last_check >= 2:
+            last_check = clock()
             done = ended()  # one more read after the end
-        time.sleep(poll_s)
+        sleep(poll_s)
