@@ -151,11 +151,14 @@ def test_a_watchdog_that_has_published_leaves_no_thread_after_its_block(tmp_path
     with wd.Watchdog(1, 0, 1, tmp_path) as dog:
         dog.beat(0)
         deadline = time.monotonic() + 30
-        while not (tmp_path / wd.HEARTBEAT.format(0)).exists() and time.monotonic() < deadline:
+        while not (tmp_path / wd.NODE_HEARTBEAT.format(0)).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
             dog.beat(0)
-        assert (tmp_path / wd.HEARTBEAT.format(0)).exists()
-    assert io_threads() == before and not (tmp_path / wd.HEARTBEAT.format(0)).exists()
+        assert (tmp_path / wd.NODE_HEARTBEAT.format(0)).exists()
+        here = dog.node_dir
+        assert here is not None and (here / wd.LOCAL_BEAT.format(0)).exists()
+    assert io_threads() == before and not (tmp_path / wd.NODE_HEARTBEAT.format(0)).exists()
+    assert not here.exists()  # the node-local directory goes with its last rank
 
 
 def test_many_ranks_stay_one_bounded_line():
