@@ -1,0 +1,85 @@
+"""The shared file system's budget (issue 55): at most FS_BUDGET_OPS_S (2) metadata operations a second
+per job in steady state, at 128 nodes × 8 GPUs. Counted, not assumed: a real 4-rank gloo run, two ranks
+on each of two "nodes" (SLURMD_NODENAME, LOCAL_RANK, LOCAL_WORLD_SIZE as srun/torchrun set them), every
+metadata operation of every rank under the run directory recorded (fsops_worker.py: Python's audit
+events and the stat calls), then carried to 128 nodes by arithmetic from the counted per-node figure."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from hpctrain.train.health import watchdog as wd
+from tests.helpers import digits_args, run_metrics, run_ranks
+
+WORKER = Path(__file__).with_name("fsops_worker.py")
+HANG = 10  # health.hang_timeout_s: the watchdog ticks every 1 s; 2 nodes publish every 3 s
+STEPS = 250
+NODES, PER_NODE = 128, 8  # the job the budget is for
+
+
+def ops(out: Path) -> list[dict]:
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def named(evs: list[dict], name: str) -> list[dict]:
+    return [e for e in evs if Path(e["path"]).name == name]
+
+
+def test_heartbeats_cost_one_writer_per_node_within_the_budget_and_each_log_is_opened_once(digits_root, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    env = [{"SLURMD_NODENAME": f"n{r // 2}", "LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2"} for r in range(4)]
+    outs = [tmp_path / f"ops-{r}.jsonl" for r in range(4)]
+    for r, out in enumerate(outs):
+        env[r]["HPCTRAIN_TEST_FSOPS_OUT"] = str(out)
+    argv = digits_args(digits_root, runs, "fs", f"train.max_steps={STEPS}", f"health.hang_timeout_s={HANG}")
+    run_ranks(4, [str(WORKER), str(runs), *argv], rank_env=env, timeout=900)
+    run = runs / "fs"
+    steps = {r["step"]: r["time"] for r in run_metrics(run, "train")}
+    t0, t1 = steps[min(s for s in steps if s >= 20)], steps[max(steps)]  # steady: after start-up, before the end
+    window = t1 - t0
+    every = [ops(out) for out in outs]
+    steady = [[e for e in evs if t0 <= e["t"] <= t1] for evs in every]
+    detail = "\n".join(f"rank {r}: {Counter((e['op'], Path(e['path']).name) for e in s)}" for r, s in enumerate(steady))
+    tick = min(5.0, max(0.1, HANG / 10))  # Watchdog.publish_s
+    period = wd.heartbeat_period(2, tick)
+    assert period == 3.0 and window >= 4 * period, f"a steady state of {window:.1f} s is too short to count\n{detail}"
+
+    # the node's other ranks touch nothing of the run directory: their beats stay in the node's memory
+    assert steady[1] == [] and steady[3] == [], detail
+    per_publish = []
+    for r in (0, 2):  # each node's writer: its node's file (a temp file and a rename) and one stat of hang.json
+        node_file = wd.NODE_HEARTBEAT.format(r)
+        publishes = [e for e in steady[r] if e["op"] == "rename" and Path(e["path"]).name.startswith(f".{node_file}.")]
+        assert 1 <= len(publishes) <= window / period + 1, (len(publishes), window, detail)  # at its period
+        assert Counter(e["op"] for e in steady[r]) == {
+            "create": len(publishes),
+            "rename": len(publishes),
+            "stat": len(publishes),
+        }, detail
+        assert len(named(steady[r], wd.TRIGGER)) == len(publishes), detail  # the stat is hang.json's
+        per_publish.append(len(steady[r]) / len(publishes))
+    ops_s = sum(len(s) for s in steady) / window
+    per_rank_min = ops_s / 4 * 60
+    assert ops_s <= 2 * wd.OPS_PER_PUBLISH * (window / period + 1) / window, (ops_s, detail)
+
+    # carried to 128 nodes × 8 ranks by arithmetic: the counted operations per publish, at the period the
+    # watchdog derives for that job (the default health.hang_timeout_s, 300 s: a 5 s tick)
+    big_period = wd.heartbeat_period(NODES, 5.0)
+    big_ops_s = NODES * max(per_publish) / big_period
+    assert max(per_publish) == wd.OPS_PER_PUBLISH and big_period == 192.0
+    assert big_ops_s <= wd.FS_BUDGET_OPS_S, big_ops_s
+    big_per_rank_min = big_ops_s * 60 / (NODES * PER_NODE)
+    before = NODES * PER_NODE * wd.OPS_PER_PUBLISH / 5.0  # every rank, every 5 s (the code before)
+    print(
+        f"counted: {ops_s:.2f} ops/s for 2 nodes over {window:.0f} s ({per_rank_min:.1f} per rank per minute); "
+        f"128 x 8: {big_ops_s:.2f} ops/s ({big_per_rank_min:.3f} per rank per minute), before {before:.0f} ops/s"
+    )
+
+    # each log file opened once: a rank's log, and the metrics file whatever the number of records
+    for r in range(4):
+        assert [e["op"] for e in named(every[r], f"rank-{r}.log")] == ["create"], named(every[r], f"rank-{r}.log")
+    writes = [e for e in named(every[0], "metrics.jsonl") if e["op"] == "create"]
+    assert 1 <= len(writes) <= 2 and len(steps) >= STEPS, writes  # never one per record
