@@ -138,6 +138,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     cfg = build(Config, cfg) if isinstance(cfg, dict) else cfg
     assert isinstance(cfg, Config)  # for the reader (and mypy): a mapping is built into one above
     info = distmod.detect()
+    if not info.is_main:  # the stop agreement ORs rank 0's time-limit bit to every rank: one stat per job, not per rank
+        stop.end_file = None
     check_batch(cfg, info.world_size)
     trackers.check_packages(cfg.log.trackers)  # a missing package: one line, before anything starts
     if cfg.train.threads:
