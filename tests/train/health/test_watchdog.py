@@ -214,7 +214,8 @@ def test_flight_recorder_env_for_nccl_only_and_a_jobs_value_wins(tmp_path):
 
 
 def test_earlier_dumps_are_moved_aside_and_heartbeats_dropped(tmp_path):
-    for name in ("stack-rank-0.txt", "nccl-trace-rank-1", "hang.json", "heartbeat-rank-0.json", "rank-0.log"):
+    names = ("stack-rank-0.txt", "nccl-trace-rank-1", "hang.json", "heartbeat-rank-0.json", "heartbeat-node-2.json")
+    for name in (*names, "rank-0.log"):
         (tmp_path / name).write_text("x")
     dest = wd.archive_previous(tmp_path)
     assert dest is not None and dest.parent == tmp_path and dest.name.startswith("hang-")
