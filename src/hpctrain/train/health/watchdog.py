@@ -781,6 +781,9 @@ class Watchdog:
         (or not at all) has not called the hang yet: it is given `grace` to (a live rank's own clock runs
         out within a tick or two of this one's: every rank stopped stepping at once) before it is silent."""
         ranks = [r for r in range(self.world) if r != self.rank] if ranks is None else ranks
+        logs = self.logs
+        if logs is None:  # no run directory: no watchdog thread, nothing to wait for
+            return
         start = time.monotonic()
         end, grace = start + self.peer_wait_s, start + min(self.peer_wait_s, 2 * self.stale_s)
 
@@ -790,7 +793,7 @@ class Watchdog:
             return done(hb) or now - float(hb.get("time", 0)) > self.stale_s
 
         while time.monotonic() < end:
-            hbs = read_heartbeats(self.logs, self.world, ranks)
+            hbs = read_heartbeats(logs, self.world, ranks)
             now = time.time()
             if all(settled(hb, now) for hb in hbs.values()):
                 return
