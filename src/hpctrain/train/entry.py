@@ -284,6 +284,7 @@ def _run(
                 "stop_kind": None,
             }
     resolved = resolved_record(cfg, info.world_size)
+    resolved.update(watchdog.heartbeats_record(cfg.hang_s, info.world_size))  # the node files' period (issue 55)
     if info.is_main:
         save(cfg, run_dir / CONFIG)
         write_env(run_dir, {**environment_record(info, device), "source": code, "resolved": resolved})

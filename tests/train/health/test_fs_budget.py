@@ -59,8 +59,7 @@ def test_heartbeats_cost_one_writer_per_node_within_the_budget_and_each_log_is_o
     # the node's other ranks touch nothing of the run directory: their beats stay in the node's memory,
     # and the stop agreement brings them rank 0's reading of the end file
     assert steady[1] == [] and steady[3] == [], detail
-    tick = min(5.0, max(0.1, HANG / 10))  # Watchdog.publish_s
-    period = wd.heartbeat_period(2, tick)
+    period = json.loads((run / "env.json").read_text())["resolved"]["heartbeat_period_s"]  # what the run recorded
     assert period == 4.0 and window >= 4 * period, f"a steady state of {window:.1f} s is too short to count\n{detail}"
 
     per_publish = []

@@ -277,6 +277,11 @@ def test_the_heartbeat_period_keeps_a_job_within_the_file_systems_budget():
     assert wd.job_nodes(1024, {"SLURM_STEP_NUM_NODES": "128", "SLURM_NNODES": "130"}) == 128
     assert wd.job_nodes(1024, {"LOCAL_WORLD_SIZE": "8"}) == 128  # torchrun
     assert wd.job_nodes(12, {}) == 12  # unknown: as if one rank per node, the longest period
+    assert wd.heartbeats_record(300, 1024, {"SLURM_NNODES": "128"}) == {
+        "heartbeat_nodes": 128,
+        "heartbeat_period_s": 256.0,
+    }
+    assert wd.heartbeats_record(0, 1024, {}) == {"heartbeat_period_s": None}  # the watchdog off
 
 
 def test_heartbeats_are_read_from_the_node_files_and_a_ranks_own_newer_one(tmp_path):

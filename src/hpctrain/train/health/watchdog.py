@@ -157,6 +157,19 @@ def heartbeat_period(nodes: int, tick_s: float) -> float:
     return max(tick_s, nodes * OPS_PER_PUBLISH / HEARTBEAT_OPS_S)
 
 
+def tick(timeout_s: float) -> float:
+    """The watchdog thread's tick: a tenth of the hang timeout, between 0.1 s and 5 s."""
+    return min(5.0, max(0.1, timeout_s / 10))
+
+
+def heartbeats_record(timeout_s: float, world: int, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What env.json keeps of the heartbeats ("resolved"): the node count and the node files' period."""
+    if timeout_s <= 0:
+        return {"heartbeat_period_s": None}
+    nodes = job_nodes(world, env)
+    return {"heartbeat_nodes": nodes, "heartbeat_period_s": heartbeat_period(nodes, tick(timeout_s))}
+
+
 def node_dir(logs: Path, node: str, env: Mapping[str, str] | None = None) -> Path | None:
     """The node-local directory where this job step's ranks on this node leave their beats: in /dev/shm
     (memory) where there is one, else the node's temp directory; 0700, this user's (a shared /tmp: anyone
@@ -459,7 +472,7 @@ class Watchdog:
         self.timeout_s = float(timeout_s) if logs else 0.0
         self.rank, self.world, self.logs, self.nccl, self.report = rank, world, logs, nccl, report
         self.local_rank = local_rank
-        self.publish_s = min(5.0, max(0.1, self.timeout_s / 10))  # the thread's tick: a beat in the node's memory
+        self.publish_s = tick(self.timeout_s)  # the thread's tick: a beat in the node's memory
         self.nodes = job_nodes(world) if nodes is None else max(1, nodes)
         self.node_period_s = heartbeat_period(self.nodes, self.publish_s)  # a node file to the run directory
         self.stale_s = 3 * self.publish_s + 1  # a heartbeat older than this: its process is not running
