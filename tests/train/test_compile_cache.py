@@ -42,7 +42,7 @@ def test_the_cache_lives_on_the_node_and_round_trips_through_one_archive_in_the_
     archive = run_cache / "noimage-torch2.13.0-abc.tar"
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
     first = cc.open_cache(archive, str(node_a))
-    assert first.dir == node_a / f"hpctrain-{os.getuid()}" / f"compile-{archive.stem}"  # the user's own 0700 dir
+    assert first.dir == node_a / f"hpctrain-{os.getuid()}" / f"compile-{cc.local_name(archive)}"  # the user's own
     assert stat.S_IMODE(first.dir.parent.stat().st_mode) == 0o700
     (first.dir / "fxgraph" / "ab").mkdir(parents=True)  # what Inductor and Triton write during the attempt
     (first.dir / "fxgraph" / "ab" / "entry").write_text("graph")
@@ -63,6 +63,16 @@ def test_the_cache_lives_on_the_node_and_round_trips_through_one_archive_in_the_
     third = cc.open_cache(archive, str(tmp_path / "node-c"))
     assert entries(third.dir) == {"fxgraph/ab/entry": "graph", "fxgraph/cd/new": "new", "triton/k/kernel.so": "kernel"}
     assert cc.restore(archive, first.dir) == 1  # a newer archive than the one node A holds: its new entry only
+
+
+def test_another_run_on_the_node_starts_from_its_own_archive_not_from_this_runs_entries(tmp_path):
+    """Two runs with the same model (same key) on one node: separate node-local caches, so a new run
+    compiles cold unless its own archive (or a shared compile.cache) says otherwise."""
+    node = str(tmp_path / "node")
+    one = cc.open_cache(tmp_path / "run1" / "compile_cache" / "k.tar", node)
+    (one.dir / "entry").write_text("one")
+    two = cc.open_cache(tmp_path / "run2" / "compile_cache" / "k.tar", node)
+    assert two.dir != one.dir and entries(two.dir) == {}
 
 
 def test_a_save_keeps_what_another_job_sharing_the_archive_saved_meanwhile(tmp_path):

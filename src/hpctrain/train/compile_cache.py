@@ -113,8 +113,8 @@ def _skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return info
 
 
-def node_dir(base: str, key: str) -> Path | None:
-    """`<base>/hpctrain-<uid>/compile-<key>` on the node-local disk, in this user's own 0700 directory
+def node_dir(base: str, name: str) -> Path | None:
+    """`<base>/hpctrain-<uid>/compile-<name>` on the node-local disk, in this user's own 0700 directory
     (data/stage.py's rule); None where that directory is unsafe (another user's, writable by others)."""
     root = Path(os.path.expandvars(os.path.expanduser(base)))
     udir = root / f"hpctrain-{os.getuid()}"
@@ -123,7 +123,7 @@ def node_dir(base: str, key: str) -> Path | None:
     if why:
         log.warning("compile cache: not in %s: %s; this rank uses a private temp directory of its own", root, why)
         return None
-    local = udir / f"compile-{key}"
+    local = udir / f"compile-{name}"
     local.mkdir(mode=0o700, exist_ok=True)
     return local
 
@@ -194,10 +194,16 @@ class CompileCache:
         )
 
 
+def local_name(archive: Path) -> str:
+    """`<key>-<hash of the archive's path>`: one node-local cache per archive, so that another run on the
+    node (its own `<run>/compile_cache`) starts from its own archive, not from what this one compiled."""
+    return f"{archive.stem}-{hashlib.sha256(str(archive.resolve()).encode()).hexdigest()[:10]}"
+
+
 def open_cache(archive: Path, node_base: str) -> CompileCache:
     """The node-local cache for `archive` under `node_base` (data.stage_to, or the node's temp directory),
     restored from the archive; a rank whose node directory is unsafe gets a private one of its own."""
-    local = node_dir(node_base, archive.stem)
+    local = node_dir(node_base, local_name(archive))
     if local is None:
         local = Path(tempfile.mkdtemp(prefix=f"hpctrain-compile-{archive.stem}-"))
     try:

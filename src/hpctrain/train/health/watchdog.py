@@ -544,10 +544,8 @@ class Watchdog:
                 (self.logs / HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
             if self._writer and self.node_dir is not None:
                 (self.logs / NODE_HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
-        if self.node_dir is not None and not self.fired.is_set():
-            (self.node_dir / LOCAL_BEAT.format(self.rank)).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                self.node_dir.rmdir()  # the node's last rank to end removes it
+        if not self.fired.is_set():
+            self._leave_node_dir()
 
     # ------------------------------------------------------------ thread
 
@@ -729,10 +727,22 @@ class Watchdog:
         except BaseException:  # noqa: BLE001 - a hung job must end all the same
             log.exception("hang watchdog: the diagnosis failed; exiting anyway")
         finally:
+            self._leave_node_dir()
             for h in log.handlers:
                 h.flush()
             sys.stderr.flush()
             os._exit(EXIT_STATUS)
+
+    def _leave_node_dir(self) -> None:
+        """This rank's beat out of the node's memory, and with the node's last rank the directory (and an
+        alarm: every rank of the node has seen it by the time one exits, after waiting for its peers)."""
+        if self.node_dir is None:
+            return
+        (self.node_dir / LOCAL_BEAT.format(self.rank)).unlink(missing_ok=True)
+        if self.fired.is_set():
+            (self.node_dir / LOCAL_ALARM).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.node_dir.rmdir()  # the node's last rank to end removes it
 
     def _name_silent_nodes(self, record: dict) -> None:
         """The lowest rank not named tells the batch shell (hpctrain.run.badnodes) the nodes of the named
