@@ -130,8 +130,15 @@ def test_a_node_whose_user_directory_is_another_users_gets_a_private_directory(t
 def test_second_compiled_run_hits_the_fx_graph_cache(digits_root, tmp_path):
     cache = tmp_path / "cache"
     sets = ["train.max_steps=1", "compile.enabled=true", f"compile.cache={cache}", "model.depth=1"]
-    for name in ("first", "second"):
-        run_ranks(1, digits_args(digits_root, tmp_path, name, *sets), timeout=600)
+    for name in ("first", "second"):  # each on its own "node" (TMPDIR): the second is warm through the archive only
+        (tmp_path / f"node-{name}").mkdir()
+        run_ranks(
+            1,
+            digits_args(digits_root, tmp_path, name, *sets),
+            timeout=600,
+            env={"TMPDIR": str(tmp_path / f"node-{name}")},
+        )
+    assert any((tmp_path / "node-first").rglob("fxgraph"))  # the attempt compiled on its node's disk
     [archive] = cache.iterdir()  # one archive, saved by rank 0 at the end of the attempt
     assert archive.name.startswith("noimage-torch") and archive.suffix == ".tar"
     with tarfile.open(archive) as tar:
