@@ -186,9 +186,9 @@ def run_ranks(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
-            **(env or {}),
-            **(rank_env[rank] if rank_env else {}),
         )
+        e.update(env or {})  # may replace the variables above: LOCAL_RANK for ranks on several "nodes"
+        e.update(rank_env[rank] if rank_env else {})
         if world == 1:
             for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
                 e.pop(k)

@@ -398,7 +398,7 @@ class CompileConfig:
     )
     cache: str = opt(
         "",
-        "Inductor and Triton caches under this dir: a requeued or resumed job starts warm",
+        "Inductor and Triton caches saved here, one archive: a requeued or resumed job starts warm",
         more=True,
     )
     warmup: bool = opt(

@@ -138,6 +138,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     cfg = build(Config, cfg) if isinstance(cfg, dict) else cfg
     assert isinstance(cfg, Config)  # for the reader (and mypy): a mapping is built into one above
     info = distmod.detect()
+    if not info.is_main:  # the stop agreement ORs rank 0's time-limit bit to every rank: one stat per job, not per rank
+        stop.end_file = None
     check_batch(cfg, info.world_size)
     trackers.check_packages(cfg.log.trackers)  # a missing package: one line, before anything starts
     if cfg.train.threads:
@@ -282,6 +284,7 @@ def _run(
                 "stop_kind": None,
             }
     resolved = resolved_record(cfg, info.world_size)
+    resolved.update(watchdog.heartbeats_record(cfg.hang_s, info.world_size))  # the node files' period (issue 55)
     if info.is_main:
         save(cfg, run_dir / CONFIG)
         write_env(run_dir, {**environment_record(info, device), "source": code, "resolved": resolved})

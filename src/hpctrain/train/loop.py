@@ -196,6 +196,7 @@ class Trainer:
             run_dir / LOGS if run_dir else None,
             nccl=td.is_initialized() and td.get_backend() == "nccl",
             report=lambda kind, rec: self.metrics.write(kind, **rec),
+            local_rank=dist.local_rank,  # local rank 0 writes its node's heartbeats (issue 55)
         )
         self.ckpts = Checkpointer(
             cfg,

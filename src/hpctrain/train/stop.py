@@ -60,7 +60,7 @@ def halt_at(env: Mapping[str, str]) -> int:
 
 
 END_FILE_ENV = "HPCTRAIN_END_FILE"  # the batch shell's clock (launch/shell/clock.sh): `<end> [stop]`
-END_FILE_POLL_S = 1.0  # at most one stat of it a second, whatever the step time
+END_FILE_POLL_S = 2.0  # at most one stat of it every 2 s, whatever the step time, by rank 0 only (train.entry)
 
 
 class EndFile:

@@ -151,11 +151,14 @@ def test_a_watchdog_that_has_published_leaves_no_thread_after_its_block(tmp_path
     with wd.Watchdog(1, 0, 1, tmp_path) as dog:
         dog.beat(0)
         deadline = time.monotonic() + 30
-        while not (tmp_path / wd.HEARTBEAT.format(0)).exists() and time.monotonic() < deadline:
+        while not (tmp_path / wd.NODE_HEARTBEAT.format(0)).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
             dog.beat(0)
-        assert (tmp_path / wd.HEARTBEAT.format(0)).exists()
-    assert io_threads() == before and not (tmp_path / wd.HEARTBEAT.format(0)).exists()
+        assert (tmp_path / wd.NODE_HEARTBEAT.format(0)).exists()
+        here = dog.node_dir
+        assert here is not None and (here / wd.LOCAL_BEAT.format(0)).exists()
+    assert io_threads() == before and not (tmp_path / wd.NODE_HEARTBEAT.format(0)).exists()
+    assert not here.exists()  # the node-local directory goes with its last rank
 
 
 def test_many_ranks_stay_one_bounded_line():
@@ -211,7 +214,8 @@ def test_flight_recorder_env_for_nccl_only_and_a_jobs_value_wins(tmp_path):
 
 
 def test_earlier_dumps_are_moved_aside_and_heartbeats_dropped(tmp_path):
-    for name in ("stack-rank-0.txt", "nccl-trace-rank-1", "hang.json", "heartbeat-rank-0.json", "rank-0.log"):
+    names = ("stack-rank-0.txt", "nccl-trace-rank-1", "hang.json", "heartbeat-rank-0.json", "heartbeat-node-2.json")
+    for name in (*names, "rank-0.log"):
         (tmp_path / name).write_text("x")
     dest = wd.archive_previous(tmp_path)
     assert dest is not None and dest.parent == tmp_path and dest.name.startswith("hang-")
@@ -262,3 +266,73 @@ def test_a_process_stopped_longer_than_the_hang_timeout_is_not_called_hung_once_
         p.kill()
     assert p.returncode == 0 and not (logs / wd.TRIGGER).exists(), err.decode()[-2000:]
     assert b"did not run for" in err and b"the hang clock starts again" in err, err.decode()[-2000:]
+
+
+def test_the_heartbeat_period_keeps_a_job_within_the_file_systems_budget():
+    """One file per node every period: 3 metadata operations (create, rename, stat of hang.json) per node."""
+    assert wd.heartbeat_period(2, 5.0) == 5.0  # a small job: the watchdog's tick
+    assert wd.heartbeat_period(16, 5.0) == 32.0 and wd.heartbeat_period(128, 5.0) == 256.0
+    for nodes in (1, 2, 16, 128, 1000):
+        assert nodes * wd.OPS_PER_PUBLISH / wd.heartbeat_period(nodes, 5.0) <= wd.HEARTBEAT_OPS_S < wd.FS_BUDGET_OPS_S
+    assert wd.job_nodes(1024, {"SLURM_STEP_NUM_NODES": "128", "SLURM_NNODES": "130"}) == 128
+    assert wd.job_nodes(1024, {"LOCAL_WORLD_SIZE": "8"}) == 128  # torchrun
+    assert wd.job_nodes(12, {}) == 12  # unknown: as if one rank per node, the longest period
+    assert wd.heartbeats_record(300, 1024, {"SLURM_NNODES": "128"}) == {
+        "heartbeat_nodes": 128,
+        "heartbeat_period_s": 256.0,
+    }
+    assert wd.heartbeats_record(0, 1024, {}) == {"heartbeat_period_s": None}  # the watchdog off
+
+
+def test_heartbeats_are_read_from_the_node_files_and_a_ranks_own_newer_one(tmp_path):
+    """The verdict reads each node's file (its writer gathered the node's ranks) and the file a rank writes
+    as it calls the hang, whichever is newer; a rank in neither has none."""
+    node = {"node": "n0", "ranks": {"0": {**hb(0, 7, age=9), "via": "node"}, "1": {**hb(1, 7, age=9), "via": "node"}}}
+    (tmp_path / wd.NODE_HEARTBEAT.format(0)).write_text(json.dumps(node))
+    (tmp_path / wd.HEARTBEAT.format(1)).write_text(json.dumps(hb(1, 8, age=1)))
+    (tmp_path / wd.HEARTBEAT.format(0)).write_text(json.dumps(hb(0, 3, age=20)))  # older than its node's record
+    got = wd.read_heartbeats(tmp_path, 3)
+    assert got[0]["step"] == 7 and got[0]["via"] == "node" and got[1]["step"] == 8 and got[2] is None
+    assert wd.read_heartbeats(tmp_path, 3, ranks=[1]) == {1: got[1]}
+
+
+def test_the_node_local_directory_is_private_and_keyed_by_the_job_step(tmp_path, hpctrain_log):
+    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
+    d = wd.node_dir(tmp_path, "n0", env)
+    assert d is not None and oct(d.stat().st_mode & 0o777) == "0o700"
+    assert wd.node_dir(tmp_path, "n0", env) == d != wd.node_dir(tmp_path, "n1", env)
+    assert wd.node_dir(tmp_path, "n0", {**env, "SLURM_STEP_ID": "1"}) != d
+    for other in {wd.node_dir(tmp_path, "n1", env), wd.node_dir(tmp_path, "n0", {**env, "SLURM_STEP_ID": "1"})}:
+        other.rmdir()
+    os.chown(d, 54321, -1)  # another user made the name first (a shared /dev/shm or /tmp)
+    try:
+        assert wd.node_dir(tmp_path, "n0", env) is None
+        assert any("belongs to uid 54321" in r.getMessage() for r in hpctrain_log.records)
+    finally:
+        d.rmdir()
+
+
+def test_a_rank_that_writes_no_heartbeat_file_calls_no_hang_while_the_run_directory_stalls(tmp_path, hpctrain_log):
+    """The node's second rank writes nothing to the run directory in steady state, so it cannot see a
+    stall by its own heartbeat waiting: before it calls a hang it writes its heartbeat there, and a write
+    that waits (here behind one into a FIFO nobody reads, as into a stopped server) is a stall, not a hang."""
+    logs, fifo = tmp_path / "logs", tmp_path / "fifo"
+    logs.mkdir()
+    os.mkfifo(fifo)
+    dog = wd.Watchdog(1, 1, 2, logs, local_rank=1)
+    fired: list[bool] = []
+    dog._fire = lambda alarm: fired.append(alarm)  # the real one ends the process
+    dog.io.submit(lambda: fifo.write_text("x"))  # the run directory stops answering
+
+    def logged(text: str) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(text in r.getMessage() for r in hpctrain_log.records):
+            time.sleep(0.05)
+        return any(text in r.getMessage() for r in hpctrain_log.records)
+
+    with dog:
+        dog.beat(1)
+        assert logged("a file-system stall, not a hang") and not fired
+        with open(fifo) as reader:  # the server answers
+            assert reader.read() == "x"
+        assert logged("answered again")

@@ -1,10 +1,16 @@
 """Hangs diagnosed, not just timed out: a watchdog thread per rank (docs/observability.md, "Hangs").
 
 The training loop calls `beat(step)` after every completed step: two attribute stores, no
-collective, no host sync. A daemon thread publishes the step in `<run>/logs/heartbeat-rank-<r>.json`
-every few seconds (atomically: temp file and rename; the run directory is on a shared file system
-on real clusters). When no step completes for `health.hang_timeout_s`, or another rank has raised
-the alarm (`<run>/logs/hang.json`), every live rank writes its Python stacks
+collective, no host sync. A daemon thread writes the step every few seconds to the node's own memory
+(/dev/shm, else the node's temp directory: a private directory per job step and node), and the node's
+local rank 0 gathers its node's beats into ONE file, `<run>/logs/heartbeat-node-<r>.json`, at a period
+that keeps the whole job within FS_BUDGET_OPS_S metadata operations a second on the shared file system
+(`heartbeat_period`: 5 s up to 2 nodes, 256 s at 128 nodes; docs/observability.md, "Heartbeats and the
+file system's budget"). The hang verdict does not wait for that period: each rank's own clock decides,
+and before calling a hang a rank writes its own heartbeat, `heartbeat-rank-<r>.json`, to the run
+directory (a stall of the directory shows there). When no step completes for `health.hang_timeout_s`,
+or another rank has raised the alarm (`<run>/logs/hang.json`, looked at by each node's writer at its
+period; spread to the node's ranks through the node's memory), every live rank writes its Python stacks
 (`stack-rank-<r>.txt`) and, on NCCL, the flight recorder (`nccl-trace-rank-<r>`); then each
 compares the heartbeats and stack files, logs ONE line naming the ranks behind the highest step or
 silent, with the file:line where their training thread stands, and the process exits non-zero.
@@ -25,7 +31,9 @@ first and then copied: a stack that could not be copied is "not written", never 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import hashlib
 import itertools
 import json
 import logging
@@ -42,11 +50,20 @@ from typing import Any
 
 from hpctrain.run import badnodes
 from hpctrain.run.layout import atomic_write, read_json
+from hpctrain.run.owner import private_dir
 
 log = logging.getLogger("hpctrain")
 
 EXIT_STATUS = 2  # what the CLI returns for a UserError
-HEARTBEAT = "heartbeat-rank-{}.json"
+HEARTBEAT = "heartbeat-rank-{}.json"  # one rank's, written only as a hang is called (and by a rank without a node dir)
+NODE_HEARTBEAT = "heartbeat-node-{}.json"  # a node's ranks, written by its local rank 0 (named by that rank)
+LOCAL_BEAT = "rank-{}.json"  # a rank's beat in the node's own memory (node_dir)
+LOCAL_ALARM = "alarm"  # in node_dir: a rank of this node fires, or the node's writer saw hang.json
+FS_BUDGET_OPS_S = 2.0  # metadata operations a second a whole job may cost the shared file system (issue 55)
+# the heartbeats' share of it; the rest is rank 0's stat of the batch shell's end file every
+# train.stop.END_FILE_POLL_S (2 s); log files and metrics.jsonl are opened once and cost none
+HEARTBEAT_OPS_S = 1.5
+OPS_PER_PUBLISH = 3  # a node's publish: create the temp file, rename it over the last one, stat hang.json
 STACK = "stack-rank-{}.txt"
 NCCL_TRACE = "nccl-trace-rank-"  # TORCH_NCCL_DEBUG_INFO_TEMP_FILE's prefix: torch appends the rank
 TRIGGER = "hang.json"
@@ -116,11 +133,83 @@ def dump_nccl_trace(path: Path, timeout_s: float) -> bool:
     return True
 
 
+# ---------------------------------------------------------------- the heartbeats' budget
+
+
+def job_nodes(world: int, env: Mapping[str, str] | None = None) -> int:
+    """The job step's node count: Slurm's (SLURM_STEP_NUM_NODES, SLURM_JOB_NUM_NODES, SLURM_NNODES), or
+    WORLD_SIZE / LOCAL_WORLD_SIZE (torchrun, launch.task); else `world`, one rank per node: the longest
+    period, never over the budget."""
+    env = os.environ if env is None else env
+    for name in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        if env.get(name, "").isdigit() and int(env[name]) > 0:
+            return int(env[name])
+    per_node = env.get("LOCAL_WORLD_SIZE", "")
+    if per_node.isdigit() and int(per_node) > 0:
+        return max(1, -(-world // int(per_node)))
+    return max(1, world)
+
+
+def heartbeat_period(nodes: int, tick_s: float) -> float:
+    """Seconds between two publishes of a node's heartbeat file: the watchdog's tick at least, and long
+    enough that `nodes` writers make at most HEARTBEAT_OPS_S metadata operations a second together
+    (128 nodes × 3 operations / 1.5 per s = 256 s)."""
+    return max(tick_s, nodes * OPS_PER_PUBLISH / HEARTBEAT_OPS_S)
+
+
+def tick(timeout_s: float) -> float:
+    """The watchdog thread's tick: a tenth of the hang timeout, between 0.1 s and 5 s."""
+    return min(5.0, max(0.1, timeout_s / 10))
+
+
+def heartbeats_record(timeout_s: float, world: int, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What env.json keeps of the heartbeats ("resolved"): the node count and the node files' period."""
+    if timeout_s <= 0:
+        return {"heartbeat_period_s": None}
+    nodes = job_nodes(world, env)
+    return {"heartbeat_nodes": nodes, "heartbeat_period_s": heartbeat_period(nodes, tick(timeout_s))}
+
+
+def node_dir(logs: Path, node: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """The node-local directory where this job step's ranks on this node leave their beats: in /dev/shm
+    (memory) where there is one, else the node's temp directory; 0700, this user's (a shared /tmp: anyone
+    may make a name first, owner.private_dir). Keyed by the run's logs, the node, the job step and its
+    rendezvous: ranks of another step, attempt or run never meet. None where it cannot be made private."""
+    env = os.environ if env is None else env
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    names = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "HPCTRAIN_ATTEMPT", "MASTER_ADDR", "MASTER_PORT")
+    key = "\0".join([str(Path(logs).resolve()), node, *(env.get(n, "") for n in names)])
+    d = base / f"hpctrain-{os.getuid()}-beats-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    why = private_dir(d)
+    if why:
+        log.warning("hang watchdog: no node-local heartbeats (%s): this rank writes its own to the run directory", why)
+        return None
+    return d
+
+
 # ---------------------------------------------------------------- files
 
 
-def read_heartbeats(logs: Path, world: int) -> dict[int, dict | None]:
-    return {r: read_json(logs / HEARTBEAT.format(r), None) for r in range(world)}
+def read_heartbeats(logs: Path, world: int, ranks: list[int] | None = None) -> dict[int, dict | None]:
+    """Each rank's newest heartbeat (None: none written) of `ranks` (default: all): from the node files
+    (one per node; their records say `"via": "node"`) and the rank's own file, written as a hang is
+    called, whichever is newer."""
+    ranks = list(range(world)) if ranks is None else ranks
+    found: dict[int, dict] = {}
+
+    def keep(rec: Any) -> None:
+        r = rec.get("rank") if isinstance(rec, dict) else None
+        if isinstance(r, int) and (r not in found or float(rec.get("time", 0)) >= float(found[r].get("time", 0))):
+            found[r] = rec
+
+    for p in sorted(logs.glob(NODE_HEARTBEAT.format("*"))):
+        beats = read_json(p, {}).get("ranks")
+        for rec in beats.values() if isinstance(beats, dict) else ():
+            keep(rec)
+    for r in ranks:
+        keep(read_json(logs / HEARTBEAT.format(r), None))
+    return {r: found.get(r) for r in ranks}
 
 
 def read_stacks(logs: Path, world: int) -> dict[int, str | None]:
@@ -144,7 +233,7 @@ def archive_previous(logs: Path) -> Path | None:
     reader, never read as this attempt's) and drop old heartbeats. Runs before this rank's first
     step, and every other rank publishes only after its first step, which needs rank 0: so no
     file of this attempt is touched."""
-    for p in [*logs.glob(HEARTBEAT.format("*")), *logs.glob("*.tmp")]:
+    for p in [*logs.glob(HEARTBEAT.format("*")), *logs.glob(NODE_HEARTBEAT.format("*")), *logs.glob("*.tmp")]:
         p.unlink(missing_ok=True)
     dumps = dump_files(logs) if logs.is_dir() else []
     if not dumps:
@@ -377,10 +466,15 @@ class Watchdog:
         logs: Path | None,
         nccl: bool = False,
         report: Callable[[str, dict], None] | None = None,
+        local_rank: int = 0,
+        nodes: int | None = None,
     ):
         self.timeout_s = float(timeout_s) if logs else 0.0
         self.rank, self.world, self.logs, self.nccl, self.report = rank, world, logs, nccl, report
-        self.publish_s = min(5.0, max(0.1, self.timeout_s / 10))  # heartbeat period
+        self.local_rank = local_rank
+        self.publish_s = tick(self.timeout_s)  # the thread's tick: a beat in the node's memory
+        self.nodes = job_nodes(world) if nodes is None else max(1, nodes)
+        self.node_period_s = heartbeat_period(self.nodes, self.publish_s)  # a node file to the run directory
         self.stale_s = 3 * self.publish_s + 1  # a heartbeat older than this: its process is not running
         self.peer_wait_s = min(60.0, max(self.timeout_s / 2, 3 * self.publish_s))
         # a heartbeat (a few hundred bytes) unwritten this long: the run directory stalls
@@ -392,6 +486,11 @@ class Watchdog:
         self._alarm = False
         self._local_stack = ""  # host:path of this rank's stack in the node's temp directory
         self.host, self.pid, self.node = socket.gethostname(), os.getpid(), badnodes.this_node()
+        self.node_dir: Path | None = None  # set as the thread starts (node_dir)
+        self._writer = False  # this rank writes a heartbeat file to the run directory at node_period_s
+        self._next_publish = 0.0
+        self._wrote_own = False  # heartbeat-rank-<r>.json written (a hang was being called)
+        self._entered = 0.0  # wall time the thread started: older node-local alarms are not this attempt's
         self.fired = threading.Event()
         self._step, self._t = -1, None
         self._state, self._files = "running", None
@@ -411,6 +510,19 @@ class Watchdog:
     def __enter__(self) -> Watchdog:
         if self.timeout_s > 0 and self._thread is None:
             self._main = threading.get_ident()
+            self._entered = time.time()
+            self.node_dir = node_dir(self.logs, self.node) if self.logs else None
+            self._writer = self.node_dir is None or self.local_rank == 0
+            if self.rank == 0:
+                log.info(
+                    "hang watchdog: %s node's heartbeats in one file every %.0f s (%d nodes, at most %g metadata "
+                    "operations/s on the run directory); a hang is called after %g s without a step",
+                    "each" if self.node_dir else "no node-local directory: each rank's own; each",
+                    self.node_period_s,
+                    self.nodes,
+                    HEARTBEAT_OPS_S,
+                    self.timeout_s,
+                )
             self._thread = threading.Thread(target=self._loop, name="hpctrain-hang-watchdog", daemon=True)
             self._thread.start()
         return self
@@ -428,7 +540,12 @@ class Watchdog:
         self._thread = None
         self.io.close(self.stall_s)
         if not self.fired.is_set() and self.logs:
-            (self.logs / HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
+            if self._wrote_own or (self._writer and self.node_dir is None):
+                (self.logs / HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
+            if self._writer and self.node_dir is not None:
+                (self.logs / NODE_HEARTBEAT.format(self.rank)).unlink(missing_ok=True)
+        if not self.fired.is_set():
+            self._leave_node_dir()
 
     # ------------------------------------------------------------ thread
 
@@ -441,6 +558,7 @@ class Watchdog:
                 continue
             if self._t is None:
                 continue
+            self._beat_here()
             busy = self.io.busy_s()
             if self._resumed is not None:  # a write the stop caught midway has not waited that long
                 busy = min(busy, woke - self._resumed)
@@ -449,10 +567,51 @@ class Watchdog:
                 continue
             if self._stalled is not None:
                 self._stall_ended()
-            self.io.submit(self._publish_and_look)
-            if self._alarm or time.monotonic() - max(self._t, self._clock_from) > self.timeout_s:
-                self._fire(self._alarm)
+            if self._writer and woke >= self._next_publish:
+                self._next_publish = woke + self.node_period_s
+                self.io.submit(self._publish_and_look)
+            alarm = self._alarm or self._local_alarm()
+            if (alarm or self._overdue()) and self._directory_answers() and (alarm or self._overdue()):
+                self._fire(alarm)
                 return
+
+    def _overdue(self) -> bool:
+        return self._t is not None and time.monotonic() - max(self._t, self._clock_from) > self.timeout_s
+
+    def _directory_answers(self) -> bool:
+        """Before a hang is called: this rank's own heartbeat written to the run directory within stall_s.
+        A directory that takes no write meanwhile stalls (a file-system stall, not a hang: see the module
+        doc); each rank finds it out so, whatever the period of the node files."""
+        if self.io.run(lambda: self._publish("running"), self.stall_s):
+            return True
+        self._stall_began(self.io.busy_s())
+        return False
+
+    def _beat_here(self) -> None:
+        """This rank's beat in the node's memory, for the node's writer (no shared file system touched)."""
+        if self.node_dir is None:
+            return
+        try:
+            atomic_write(self.node_dir / LOCAL_BEAT.format(self.rank), json.dumps(self._record(self._state)))
+        except OSError as e:  # e.g. a full /dev/shm: the hang verdict needs none of it
+            log.debug("hang watchdog: node-local beat not written: %s", e)
+
+    def _local_alarm(self) -> bool:
+        """The node's alarm, raised since this watchdog started (one a killed attempt left is older: every
+        rank of this attempt enters its watchdog before the first step, which the others' alarms follow)."""
+        if self.node_dir is None:
+            return False
+        try:
+            return os.stat(self.node_dir / LOCAL_ALARM).st_mtime >= self._entered
+        except OSError:
+            return False
+
+    def _raise_local_alarm(self) -> None:
+        if self.node_dir is not None:
+            try:
+                (self.node_dir / LOCAL_ALARM).touch()
+            except OSError as e:
+                log.debug("hang watchdog: node-local alarm not raised: %s", e)
 
     def _was_stopped(self, slept: float) -> None:
         """This thread woke `slept` s after a wait of publish_s: the whole process did not run meanwhile
@@ -467,9 +626,23 @@ class Watchdog:
         )
 
     def _publish_and_look(self) -> None:
-        self._publish("running")
+        """The writer's period: the node's beats in one file (or this rank's own), one stat of hang.json."""
         logs = self.logs
-        self._alarm = logs is not None and (logs / TRIGGER).exists()
+        if logs is None:
+            return
+        if self.node_dir is None:
+            self._publish("running")
+        else:
+            beats = {}
+            for p in self.node_dir.glob(LOCAL_BEAT.format("*")):
+                rec = read_json(p, None)
+                if rec is not None and isinstance(rec.get("rank"), int):
+                    beats[str(rec["rank"])] = {**rec, "via": "node"}
+            doc = {"node": self.node, "host": self.host, "time": round(time.time(), 3), "ranks": beats}
+            atomic_write(logs / NODE_HEARTBEAT.format(self.rank), json.dumps(doc))
+        if (logs / TRIGGER).exists():
+            self._alarm = True
+            self._raise_local_alarm()
 
     def _stall_began(self, busy: float) -> None:
         if self._stalled is None:
@@ -492,7 +665,14 @@ class Watchdog:
             self.report(FS_STALL, rec)
 
     def _publish(self, state: str, files: list[str] | None = None) -> None:
+        """This rank's own heartbeat in the run directory (a hang being called; a rank without a node dir)."""
         self._state, self._files = state, files
+        rec = self._record(state, files)
+        atomic_write(self.logs / HEARTBEAT.format(self.rank), json.dumps(rec))
+        self._wrote_own = True
+        self._beat_here()
+
+    def _record(self, state: str, files: list[str] | None = None) -> dict:
         rec = {
             "rank": self.rank,
             "step": self._step,
@@ -506,10 +686,11 @@ class Watchdog:
             rec["files"] = files
         if self._local_stack:
             rec["local_stack"] = self._local_stack
-        atomic_write(self.logs / HEARTBEAT.format(self.rank), json.dumps(rec))
+        return rec
 
     def _fire(self, alarm: bool) -> None:
         self.fired.set()
+        self._raise_local_alarm()  # the node's other ranks dump now, not at their own clock's end
         try:
             if not alarm:
                 trigger = json.dumps({"rank": self.rank, "step": self._step, "time": round(time.time(), 3)})
@@ -546,10 +727,22 @@ class Watchdog:
         except BaseException:  # noqa: BLE001 - a hung job must end all the same
             log.exception("hang watchdog: the diagnosis failed; exiting anyway")
         finally:
+            self._leave_node_dir()
             for h in log.handlers:
                 h.flush()
             sys.stderr.flush()
             os._exit(EXIT_STATUS)
+
+    def _leave_node_dir(self) -> None:
+        """This rank's beat out of the node's memory, and with the node's last rank the directory (and an
+        alarm: every rank of the node has seen it by the time one exits, after waiting for its peers)."""
+        if self.node_dir is None:
+            return
+        (self.node_dir / LOCAL_BEAT.format(self.rank)).unlink(missing_ok=True)
+        if self.fired.is_set():
+            (self.node_dir / LOCAL_ALARM).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.node_dir.rmdir()  # the node's last rank to end removes it
 
     def _name_silent_nodes(self, record: dict) -> None:
         """The lowest rank not named tells the batch shell (hpctrain.run.badnodes) the nodes of the named
@@ -607,13 +800,25 @@ class Watchdog:
 
     def _wait_for(self, done: Callable[[dict], bool], ranks: list[int] | None = None) -> None:
         """Until every other rank (or `ranks`) is done or silent (its heartbeat stale), at most
-        peer_wait_s; this rank's heartbeat stays fresh meanwhile."""
+        peer_wait_s; this rank's heartbeat stays fresh meanwhile. A rank known only from its node's file
+        (or not at all) has not called the hang yet: it is given `grace` to (a live rank's own clock runs
+        out within a tick or two of this one's: every rank stopped stepping at once) before it is silent."""
         ranks = [r for r in range(self.world) if r != self.rank] if ranks is None else ranks
-        end = time.monotonic() + self.peer_wait_s
+        logs = self.logs
+        if logs is None:  # no run directory: no watchdog thread, nothing to wait for
+            return
+        start = time.monotonic()
+        end, grace = start + self.peer_wait_s, start + min(self.peer_wait_s, 2 * self.stale_s)
+
+        def settled(hb: dict | None, now: float) -> bool:
+            if hb is None or hb.get("via") == "node":
+                return time.monotonic() >= grace and (hb is None or now - float(hb.get("time", 0)) > self.stale_s)
+            return done(hb) or now - float(hb.get("time", 0)) > self.stale_s
+
         while time.monotonic() < end:
-            hbs = [read_json(self.logs / HEARTBEAT.format(r), None) for r in ranks]
+            hbs = read_heartbeats(logs, self.world, ranks)
             now = time.time()
-            if all(hb is None or done(hb) or now - float(hb.get("time", 0)) > self.stale_s for hb in hbs):
+            if all(settled(hb, now) for hb in hbs.values()):
                 return
             self._publish(self._state, self._files)
             time.sleep(self.publish_s / 2)  # every rank reads every heartbeat: keep the file system's load low
