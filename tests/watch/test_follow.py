@@ -98,7 +98,13 @@ def test_files_that_grow_spare_the_asks_and_an_end_record_asks_soon(tmp_path, mo
     clock = Clock(write)
     squeue = FakeSqueue(clock, lambda t: "RUNNING" if t < 174 else "")
     monkeypatch.setattr(followmod, "ask", squeue)
-    end = JobEnd("42", lambda: "COMPLETED", moved=Moved([metrics]), endings=Endings(MetricsTail(metrics)), clock=clock)
+    end = JobEnd(
+        "42",
+        lambda: "COMPLETED",
+        moved=Moved([metrics]),
+        endings=Endings(MetricsTail(metrics, clock=clock)),
+        clock=clock,
+    )
     run_until_ended(end, clock)
     assert squeue.calls == [176]  # none while the records came (5, 15, 30, 90, 150 skipped); end record + 5 s
 

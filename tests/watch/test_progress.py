@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 
 from hpctrain.watch.progress import (
+    RECHECK_S,
     MetricsTail,
     duration,
     eta,
@@ -18,6 +20,7 @@ from hpctrain.watch.progress import (
     total_steps,
     watch,
 )
+from tests.fs_events import Inotify
 
 T0 = 1_700_000_000.0
 
@@ -135,17 +138,29 @@ def test_progress_line_shows_mfu_only_when_recorded():
 
 
 def test_tail_reads_complete_lines_and_rereads_a_replaced_file(tmp_path):
+    """One open of the file while it grows (a follower polls it every second for days: each open is a
+    request to a parallel file system's metadata server); a stat every RECHECK_S of silence finds the
+    file once it appears and a replaced one (read again from its start)."""
     path = tmp_path / "metrics.jsonl"
-    tail = MetricsTail(path)
+    now = [0.0]
+    tail = MetricsTail(path, clock=lambda: now[0])
+    watcher = Inotify(tmp_path)
     assert tail.poll() == []
     path.write_text(json.dumps(train(1, T0)) + "\n" + '{"kind": "tra')  # the second line is being written
+    assert tail.poll() == []  # looked for again only RECHECK_S later
+    now[0] += RECHECK_S
     assert [r["step"] for r in tail.poll()] == [1]
-    with open(path, "a") as f:
-        f.write('in", "step": 2}\n')
-    assert [r["step"] for r in tail.poll()] == [1, 2]
+    for step in range(2, 30):
+        with open(path, "a") as f:
+            f.write(f'in", "step": {step}}}\n{{"kind": "tra')
+        assert [r["step"] for r in tail.poll()] == list(range(1, step + 1))
+    time.sleep(0.2)
+    opens = [p for _, op, p in watcher.close() if op == "open" and p == "metrics.jsonl"]
+    assert len(opens) == 29, opens  # the tail's one, and the test's own 28 appends
     tmp = tmp_path / "new"
     tmp.write_text(json.dumps(train(1, T0)) + "\n")
     tmp.replace(path)  # what hpctrain.run.metrics.supersede does
+    now[0] += RECHECK_S
     assert [r["step"] for r in tail.poll()] == [1]
 
 

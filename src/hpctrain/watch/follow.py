@@ -166,14 +166,13 @@ class JobEnd:
         self.state, self.asks = "", 0
         self._n, self._due = 0, clock() + (0.0 if at_once else self.pace.gap(0))
         moved()  # what the files are now: only a later change counts
-        self._seen_endings, self._closing, self._moved = endings(), False, False
+        self._seen_endings, self._closing = endings(), False
 
     def _restart(self, now: float) -> None:
         self._n, self._due = 0, now + self.pace.gap(0)
 
     def __call__(self) -> bool:
         now = self.clock()
-        self._moved = self.moved() or self._moved
         endings = self.endings()
         if endings > self._seen_endings:  # an attempt ends: the job ends or goes back to the queue soon
             self._closing = True
@@ -183,7 +182,7 @@ class JobEnd:
             return False
         self._n += 1
         self._due = now + self.pace.gap(self._n)
-        moved, self._moved = self._moved, False
+        moved = self.moved()  # since the last due time: a stat of each file then, not every tick
         if moved and not self._closing:
             return False  # written to since the last due time: alive, no need to ask
         self.asks += 1

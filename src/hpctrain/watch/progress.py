@@ -8,6 +8,7 @@ this runs on login nodes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import total_steps
@@ -177,35 +178,61 @@ def progress_line(records: list[dict], total: int | None, now: float, global_bat
     return " · ".join(parts)
 
 
-class MetricsTail:
-    """metrics.jsonl read as it grows: new complete lines only, and the whole file again when it was
-    replaced (a resumed run moves the records it will write again out: hpctrain.run.metrics.supersede)."""
+RECHECK_S = 5.0  # how often a tail with nothing new looks at the path again (one stat)
 
-    def __init__(self, path: Path):
-        self.path, self.records, self._pos, self._ino = Path(path), [], 0, None
+
+class MetricsTail:
+    """metrics.jsonl read as it grows, from one open of the file: new complete lines only. While
+    nothing new comes, the path is looked at again (one stat) at most every `recheck_s`: for the file
+    to appear, or for a replaced one, read from its start (a resumed run moves the records it will
+    write again out: hpctrain.run.metrics.supersede). A follower of a days-long job costs the file
+    system's metadata server one open and a stat every few seconds of silence, not an open a poll."""
+
+    def __init__(self, path: Path, recheck_s: float = RECHECK_S, clock: Callable[[], float] = time.monotonic):
+        self.path, self.records, self.recheck_s, self.clock = Path(path), [], recheck_s, clock
+        self._f: BinaryIO | None = None
+        self._ino: int | None = None
+        self._partial = b""
+        self._checked: float | None = None
 
     def poll(self) -> list[dict]:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return self.records
-        if st.st_ino != self._ino or st.st_size < self._pos:
-            self.records, self._pos, self._ino = [], 0, st.st_ino
-        if st.st_size == self._pos:  # nothing new: not even an open (a follower polls it every tick)
-            return self.records
-        with open(self.path, "rb") as f:
-            f.seek(self._pos)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
-        for line in chunk[:end].splitlines():
+        chunk = self._f.read() or b"" if self._f else b""
+        if not chunk:
+            now = self.clock()
+            if self._checked is None or now - self._checked >= self.recheck_s:
+                self._checked = now
+                self._reopen_if_replaced()
+                chunk = self._f.read() or b"" if self._f else b""
+        data = self._partial + chunk
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
+        self._partial = data[end:]
+        for line in data[:end].splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
             if isinstance(rec, dict):
                 self.records.append(rec)
-        self._pos += end
         return self.records
+
+    def _reopen_if_replaced(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return
+        if self._f is not None and st.st_ino == self._ino and st.st_size >= self._f.tell():
+            return
+        self.close()
+        try:
+            self._f = open(self.path, "rb", buffering=0)  # noqa: SIM115 (held for the follower's life)
+        except OSError:
+            return
+        self._ino, self.records, self._partial = os.fstat(self._f.fileno()).st_ino, [], b""
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 def watch(

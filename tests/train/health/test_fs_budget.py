@@ -90,7 +90,7 @@ def test_heartbeats_cost_one_writer_per_node_within_the_budget_and_each_log_is_o
     big_period = wd.heartbeat_period(NODES, 5.0)
     end_reads_s = (len(end_reads) - 1) / (end_reads[-1]["t"] - end_reads[0]["t"])  # between the first and last
     big_ops_s = NODES * max(per_publish) / big_period + end_reads_s
-    assert max(per_publish) == wd.OPS_PER_PUBLISH and big_period == 256.0
+    assert max(per_publish) == wd.OPS_PER_PUBLISH and big_period == 320.0
     assert big_ops_s <= wd.FS_BUDGET_OPS_S, big_ops_s
     big_per_rank_min = big_ops_s * 60 / (NODES * PER_NODE)
     before = (

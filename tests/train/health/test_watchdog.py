@@ -271,7 +271,7 @@ def test_a_process_stopped_longer_than_the_hang_timeout_is_not_called_hung_once_
 def test_the_heartbeat_period_keeps_a_job_within_the_file_systems_budget():
     """One file per node every period: 3 metadata operations (create, rename, stat of hang.json) per node."""
     assert wd.heartbeat_period(2, 5.0) == 5.0  # a small job: the watchdog's tick
-    assert wd.heartbeat_period(16, 5.0) == 32.0 and wd.heartbeat_period(128, 5.0) == 256.0
+    assert wd.heartbeat_period(16, 5.0) == 40.0 and wd.heartbeat_period(128, 5.0) == 320.0
     for nodes in (1, 2, 16, 128, 1000):
         assert nodes * wd.OPS_PER_PUBLISH / wd.heartbeat_period(nodes, 5.0) <= wd.HEARTBEAT_OPS_S < wd.FS_BUDGET_OPS_S
     assert wd.job_nodes(1024, {"SLURM_STEP_NUM_NODES": "128", "SLURM_NNODES": "130"}) == 128
@@ -279,7 +279,7 @@ def test_the_heartbeat_period_keeps_a_job_within_the_file_systems_budget():
     assert wd.job_nodes(12, {}) == 12  # unknown: as if one rank per node, the longest period
     assert wd.heartbeats_record(300, 1024, {"SLURM_NNODES": "128"}) == {
         "heartbeat_nodes": 128,
-        "heartbeat_period_s": 256.0,
+        "heartbeat_period_s": 320.0,
     }
     assert wd.heartbeats_record(0, 1024, {}) == {"heartbeat_period_s": None}  # the watchdog off
 

@@ -5,7 +5,7 @@ collective, no host sync. A daemon thread writes the step every few seconds to t
 (/dev/shm, else the node's temp directory: a private directory per job step and node), and the node's
 local rank 0 gathers its node's beats into ONE file, `<run>/logs/heartbeat-node-<r>.json`, at a period
 that keeps the whole job within FS_BUDGET_OPS_S metadata operations a second on the shared file system
-(`heartbeat_period`: 5 s up to 2 nodes, 256 s at 128 nodes; docs/observability.md, "Heartbeats and the
+(`heartbeat_period`: 5 s up to 2 nodes, 320 s at 128 nodes; docs/observability.md, "Heartbeats and the
 file system's budget"). The hang verdict does not wait for that period: each rank's own clock decides,
 and before calling a hang a rank writes its own heartbeat, `heartbeat-rank-<r>.json`, to the run
 directory (a stall of the directory shows there). When no step completes for `health.hang_timeout_s`,
@@ -60,9 +60,11 @@ NODE_HEARTBEAT = "heartbeat-node-{}.json"  # a node's ranks, written by its loca
 LOCAL_BEAT = "rank-{}.json"  # a rank's beat in the node's own memory (node_dir)
 LOCAL_ALARM = "alarm"  # in node_dir: a rank of this node fires, or the node's writer saw hang.json
 FS_BUDGET_OPS_S = 2.0  # metadata operations a second a whole job may cost the shared file system (issue 55)
-# the heartbeats' share of it; the rest is rank 0's stat of the batch shell's end file every
-# train.stop.END_FILE_POLL_S (2 s); log files and metrics.jsonl are opened once and cost none
-HEARTBEAT_OPS_S = 1.5
+# the heartbeats' share of it; the rest: rank 0's stat of the batch shell's end file every
+# train.stop.END_FILE_POLL_S (2 s, 0.5 a second) and, with spare nodes, the batch shell's own heartbeat
+# (.hpctrain/alive-<job>: written and read by the guard every 10 s, 0.2 a second; launch/shell/guard.sh);
+# log files and metrics.jsonl are opened once and cost none
+HEARTBEAT_OPS_S = 1.2
 OPS_PER_PUBLISH = 3  # a node's publish: create the temp file, rename it over the last one, stat hang.json
 STACK = "stack-rank-{}.txt"
 NCCL_TRACE = "nccl-trace-rank-"  # TORCH_NCCL_DEBUG_INFO_TEMP_FILE's prefix: torch appends the rank
@@ -153,7 +155,7 @@ def job_nodes(world: int, env: Mapping[str, str] | None = None) -> int:
 def heartbeat_period(nodes: int, tick_s: float) -> float:
     """Seconds between two publishes of a node's heartbeat file: the watchdog's tick at least, and long
     enough that `nodes` writers make at most HEARTBEAT_OPS_S metadata operations a second together
-    (128 nodes × 3 operations / 1.5 per s = 256 s)."""
+    (128 nodes × 3 operations / 1.2 per s = 320 s)."""
     return max(tick_s, nodes * OPS_PER_PUBLISH / HEARTBEAT_OPS_S)
 
 
