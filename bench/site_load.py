@@ -39,12 +39,16 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from hpctrain.config import load  # noqa: E402
+from hpctrain.train.health.watchdog import heartbeat_period, tick  # noqa: E402
+from hpctrain.train.stop import END_FILE_POLL_S  # noqa: E402
 from tests.fs_events import Inotify  # noqa: E402
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster  # noqa: E402
 
@@ -86,13 +90,38 @@ def family(path: str) -> str:
     return re.sub(r"\d+", "#", path)
 
 
-def fs_figures(events: list[tuple[float, str, str]], nodes: int, ranks: int) -> dict:
+def fused(events: list[tuple[float, str, str]]) -> list[tuple[float, str, str]]:
+    """The events without the open that comes with each create (inotify reports both for an open with
+    O_CREAT, which is one request); a later open of the file counts."""
+    out, just_created = [], set()
+    for e in events:
+        _, op, path = e
+        if op == "open" and path in just_created:
+            just_created.discard(path)
+            continue
+        just_created.discard(path)
+        if op == "create":
+            just_created.add(path)
+        out.append(e)
+    return out
+
+
+def fs_figures(
+    events: list[tuple[float, str, str]],
+    nodes: int,
+    ranks: int,
+    period_s: float | None = None,
+    period_at: Callable[[int], float] | None = None,
+) -> dict:
     """Metadata operations per second in the steady state (the middle 60 % of the span of events),
-    by family and scaling, and extrapolated to SCALES."""
+    by family and scaling, and extrapolated to SCALES; the open of a create is part of it (`fused`).
+    `period_s`: the period the node heartbeat files were written at here, `period_at(n)` the one
+    hpctrain picks for n nodes: a heartbeat family's rate is carried over by their ratio too."""
     if not events:
         return {"ops_per_s": 0.0, "families": {}, "extrapolated": {}}
     t0, t1 = events[0][0], events[-1][0]
     lo, hi = t0 + 0.2 * (t1 - t0), t0 + 0.8 * (t1 - t0)
+    events = fused(events)
     steady = [e for e in events if lo <= e[0] <= hi]
     span = max(hi - lo, 1e-9)
     files: dict[str, set[str]] = defaultdict(set)
@@ -107,21 +136,34 @@ def fs_figures(events: list[tuple[float, str, str]], nodes: int, ranks: int) -> 
         fams[fam] = {
             "files": n,
             "scales_with": scale,
+            "period_scaled": bool(period_s and period_at and "heartbeat" in fam),
             "ops_per_s": {op: round(c / span, 3) for (f, op), c in sorted(ops.items()) if f == fam},
         }
     per = {"rank": ranks, "node": nodes, "job": 1}
     out = {}
     for n_nodes, gpn in SCALES:
         unit = {"rank": n_nodes * gpn, "node": n_nodes, "job": 1}
-        out[f"{n_nodes}x{gpn}"] = round(
-            sum(sum(f["ops_per_s"].values()) * unit[f["scales_with"]] / per[f["scales_with"]] for f in fams.values()), 2
-        )
+        total = 0.0
+        for f in fams.values():
+            rate = sum(f["ops_per_s"].values()) * unit[f["scales_with"]] / per[f["scales_with"]]
+            if f["period_scaled"]:
+                rate *= period_s / period_at(n_nodes)  # type: ignore[misc, operator]
+            total += rate
+        out[f"{n_nodes}x{gpn}"] = round(total, 2)
+    whole: Counter = Counter(family(path) for _, _, path in events)
     return {
+        "whole_run_ops": dict(sorted(whole.items())),
         "ops_per_s": round(len(steady) / span, 3),
         "steady_s": round(span, 1),
         "families": fams,
         "extrapolated": out,
     }
+
+
+def unseen_stats(nodes: int, period_s: float) -> float:
+    """Stats a second that inotify cannot see, from the code's own periods: each node's writer stats
+    logs/hang.json once a publish, rank 0 the batch shell's end file every END_FILE_POLL_S."""
+    return nodes / period_s + 1 / END_FILE_POLL_S
 
 
 # --------------------------------------------------------------------------- the job
@@ -220,9 +262,19 @@ def measure(cluster: SlurmCluster, work: Path, a: argparse.Namespace) -> int:
     second = [c for c in login if c["phase"] == "second" and c["t"] <= sbatch_t]
     waiting = [c for c in login if c["phase"] == "second" and c["t"] > sbatch_t]
     wait_s = t_end - sbatch_t
-    sacct = cluster.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "ElapsedRaw,State").stdout.split()
-    job_s = float(sacct[0].split("|")[0]) if sacct else wait_s
+    row = cluster.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "ElapsedRaw,End", env={"SLURM_TIME_FORMAT": "%s"})
+    elapsed, ended = (row.stdout.split() or ["|"])[0].split("|")
+    job_s = float(elapsed) if elapsed.isdigit() else wait_s
+    job_end = float(ended) if ended.isdigit() else t_end
     batch = [c for c in calls if c["where"] == "batch"]
+    # the batch shell's steady state: from 30 s after the training step started to the job's end
+    step_t = next((c["t"] for c in batch if c["kind"] == "srun" and "hpctrain.launch.task" in c["args"]), job_end)
+    steady = [c for c in batch if step_t + 30 <= c["t"] <= job_end]
+    steady_s = job_end - step_t - 30
+    env_json = json.loads((runs / "site-load" / "env.json").read_text())
+    period = (env_json.get("resolved") or {}).get("heartbeat_period_s")
+    timeout = load(str(runs / "site-load" / "config.yaml")).hang_s
+    period_at = (lambda n: heartbeat_period(n, tick(timeout))) if period else None
     task = [c for c in calls if c["where"] == "task"]
     ranks = NODES * TASKS_PER_NODE
     fig = {
@@ -245,9 +297,15 @@ def measure(cluster: SlurmCluster, work: Path, a: argparse.Namespace) -> int:
                 "by_kind": by_kind(waiting),
             },
             "batch_shell": {"calls": len(batch), "per_min": per_minute(len(batch), job_s), "by_kind": by_kind(batch)},
+            "batch_shell_steady": {
+                "calls": len(steady),
+                "seconds": round(steady_s),
+                "per_min": per_minute(len(steady), steady_s),
+                "by_kind": by_kind(steady),
+            },
             "tasks": {"calls": len(task), "per_min": per_minute(len(task), job_s), "by_kind": by_kind(task)},
         },
-        "file_system": fs_figures(events, NODES, ranks),
+        "file_system": fs_figures(events, NODES, ranks, period, period_at),
         "command": "python bench/site_load.py" + (f" --epochs {a.epochs}" if a.epochs != 100 else ""),
     }
     fig["calls"] = [
@@ -260,6 +318,13 @@ def measure(cluster: SlurmCluster, work: Path, a: argparse.Namespace) -> int:
         }
         for c in every
     ]
+    if period:  # what inotify does not see: the stats, from the code's own periods
+        fs = fig["file_system"]
+        fs["unseen_stats_per_s"] = {
+            f"{n}x{g}": round(unseen_stats(n, period_at(n)), 2)
+            for n, g in SCALES  # type: ignore[misc]
+        }
+        fs["heartbeat_period_s"] = {f"{n}x{g}": period_at(n) for n, g in SCALES}  # type: ignore[misc]
     own = read_calls(work / "hpctrain-calls.jsonl")
     fig["own_call_log"] = {"lines": len(own), "calls": sum(not c.get("cached") for c in own)}
     print(table(fig))
@@ -279,13 +344,19 @@ def table(fig: dict) -> str:
         f"second submission (cache warm): {s['submission_second']['calls']} calls {s['submission_second']['by_kind']}",
         f"waiting (submit --wait):        {s['waiting']['per_min']} calls/min {s['waiting']['by_kind']}",
         f"batch shell:                    {s['batch_shell']['per_min']} calls/min {s['batch_shell']['by_kind']}",
+        f"  steady state:                 {s['batch_shell_steady']['per_min']} calls/min over "
+        f"{s['batch_shell_steady']['seconds']} s {s['batch_shell_steady']['by_kind']}",
         f"tasks:                          {s['tasks']['per_min']} calls/min",
         f"run directory, steady state:    {f['ops_per_s']} metadata ops/s over {f.get('steady_s', 0)} s",
     ]
     rows += [
         f"  {fam} ({d['files']} file(s), per {d['scales_with']}): {d['ops_per_s']}" for fam, d in f["families"].items()
     ]
-    rows += [f"  extrapolated to {k} GPUs: {v} ops/s" for k, v in f["extrapolated"].items()]
+    unseen = f.get("unseen_stats_per_s", {})
+    rows += [
+        f"  extrapolated to {k} GPUs: {v} ops/s" + (f" + {unseen[k]} stats/s inotify cannot see" if k in unseen else "")
+        for k, v in f["extrapolated"].items()
+    ]
     return "\n".join(rows)
 
 

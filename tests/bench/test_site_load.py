@@ -59,3 +59,18 @@ def test_extrapolation_scales_per_rank_per_node_and_per_job_files():
     assert scales == {"logs/rank-#.json": "rank", "logs/node-n#.json": "node", "metrics.jsonl": "job"}, scales
     # ~1 op/s per file (the steady window is 60 % of the span; its edges add one sample each)
     assert abs(fig["extrapolated"]["128x8"] - (1024 + 128 + 1)) / 1153 < 0.05, fig["extrapolated"]
+
+
+def test_the_open_of_a_create_is_one_request_and_later_opens_count():
+    """A heartbeat's temp file: create + its own open = one request; the batch shell's counter file
+    rewritten in place (`echo > file`): every later open counts."""
+    sl = load_site_load()
+    events = [(0.0, "create", "t.tmp"), (0.0, "open", "t.tmp"), (0.0, "rename", "t.tmp")]
+    events += [(0.0, "create", "alive"), (0.0, "open", "alive"), (10.0, "open", "alive"), (20.0, "open", "alive")]
+    assert [(op, p) for _, op, p in sl.fused(events)] == [
+        ("create", "t.tmp"),
+        ("rename", "t.tmp"),
+        ("create", "alive"),
+        ("open", "alive"),
+        ("open", "alive"),
+    ]
