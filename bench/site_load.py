@@ -47,8 +47,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from hpctrain.config import load  # noqa: E402
-from hpctrain.train.health.watchdog import heartbeat_period, tick  # noqa: E402
 from hpctrain.train.stop import END_FILE_POLL_S  # noqa: E402
+
+try:  # node heartbeat files (0.5.0); a checkout before them (the "before" figures) writes one per rank
+    from hpctrain.train.health.watchdog import heartbeat_period, tick
+except ImportError:
+    heartbeat_period = tick = None  # type: ignore[assignment]
 from tests.fs_events import Inotify  # noqa: E402
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster  # noqa: E402
 
