@@ -1,6 +1,9 @@
 """The account's allocation against a job's GPU-hours: one `sshare` (RawUsage, FairShare, GrpTRESRaw,
 TRESRunMins, and the GrpTRESMins limit where the site sets one: sshare(1) shows the association's
-own), reused for ALLOCATION_CACHE_S; the user's default account (`sacctmgr show user`) for a day.
+own), reused for ALLOCATION_CACHE_S. Without an account named, `sshare` with no -a/-A lists the
+user's own associations (measured, 22.05: the root account's row, then each account the user is in
+and the user's row under it): an only account is the default one; with several, slurmdbd's default
+(`sacctmgr show user`) is asked and reused for a day.
 
 GrpTRESMins caps the TRES-minutes of past, present and future jobs of an association and its
 children (sacctmgr(1)); what is left is the limit − GrpTRESRaw (used, decayed by
@@ -63,14 +66,19 @@ class Allocation:
 def read_allocation(account: str = "", user: str = "") -> Allocation | None:
     """The account's (default: the user's default account) share and limit; None: no answer."""
     user = user or os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
-    account = account or default_account(user, ACCOUNT_CACHE_S)
-    if not account:
-        return None
     fields = "Account,User,RawUsage,FairShare,GrpTRESRaw,TRESRunMins,GrpTRESMins"
-    text = tool("sshare", "-n", "-P", "-a", "-A", account, "-o", fields, cache_s=ALLOCATION_CACHE_S)
+    if account:
+        text = tool("sshare", "-n", "-P", "-a", "-A", account, "-o", fields, cache_s=ALLOCATION_CACHE_S)
+    else:  # the user's own associations: each of their accounts' row, then theirs under it (the root's first)
+        text = tool("sshare", "-n", "-P", "-o", fields, cache_s=ALLOCATION_CACHE_S)
     if text is None:
         return None
     rows = [[p.strip() for p in ln.split("|")] for ln in text.splitlines() if ln.count("|") == 6]
+    if not account:  # one account: it is the default; more: slurmdbd says which (sacctmgr, once a day)
+        mine_in = sorted({r[0] for r in rows if r[1] == user})  # none: no association, no default either
+        account = mine_in[0] if len(mine_in) == 1 else default_account(user, ACCOUNT_CACHE_S) if mine_in else ""
+        if not account:
+            return None
     acc_row = next((r for r in rows if r[0] == account and not r[1]), None)
     user_row = next((r for r in rows if r[0] == account and r[1] == user), None)
     user_lim = tres(user_row[6]) if user_row else {}
