@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
+from hpctrain.launch import notebook as nbmod
 from hpctrain.launch.notebook import (
     PORT_RANGE,
     NotebookError,
@@ -365,3 +366,20 @@ def test_notebook_through_pyxis_runs_jupyter_in_the_image_on_the_test_cluster(sl
     log = (workdir / f"notebook-{job}.log").read_text()
     assert "jupyter got the token" in log and f"in image: pyxis cwd: {workdir}" in log, log
     assert "--port=31235" in log and "no slurm here" in log
+
+
+def test_waiting_for_the_node_asks_squeue_at_a_followers_pace(monkeypatch):
+    """A notebook job that pends 10 minutes: squeue asked at 0, 5, 15, 30 s and then every minute
+    (≤ 2 calls a minute, not one every 2 s), and the node named at the first ask after it started."""
+    now = [0.0]
+    asks = []
+
+    def field(job_id: str, fmt: str) -> str:
+        asks.append(now[0])
+        return "RUNNING n7" if now[0] >= 600 else "PENDING "
+
+    monkeypatch.setattr(nbmod, "queue_field", field)
+    monkeypatch.setattr(nbmod.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(nbmod.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    assert nbmod.wait_for_node("42", timeout_s=3600) == "n7"
+    assert asks[:5] == [0.0, 5.0, 15.0, 30.0, 90.0] and len(asks) <= 2 * 11, asks

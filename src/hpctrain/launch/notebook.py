@@ -28,6 +28,7 @@ from hpctrain.launch.enclosing import outside_job
 from hpctrain.run.layout import CONTROL
 from hpctrain.site.slurm_cli import ask, queue_field
 from hpctrain.train.dist import expand_hostlist
+from hpctrain.watch.follow import Pace
 
 # Random ports per job: above hpctrain's MASTER_PORT range (15000 + job id mod 15000) and below
 # Linux's ephemeral ports (32768-60999), where outgoing connections would take them.
@@ -207,9 +208,12 @@ def submit(job: NotebookJob) -> str:
     return out.strip().split(";")[0]
 
 
-def wait_for_node(job_id: str, timeout_s: float, poll_s: float = 2.0) -> str | None:
-    """The first node of the job once it runs, or None when it has not started within the timeout."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_node(job_id: str, timeout_s: float, pace: Pace | None = None) -> str | None:
+    """The first node of the job once it runs, or None when it has not started within the timeout.
+    Asks squeue at a follower's pace (watch/follow.py: at once, at 5, 15 and 30 s, then every minute), not
+    every 2 s for as long as the job pends."""
+    pace = pace or Pace()
+    deadline, n = time.monotonic() + timeout_s, 0
     while True:
         line = queue_field(job_id, "%T %N")
         state, _, nodes = (line or "").partition(" ")
@@ -219,4 +223,5 @@ def wait_for_node(job_id: str, timeout_s: float, poll_s: float = 2.0) -> str | N
             raise NotebookError(f"job {job_id} left the queue before it started: see notebook-{job_id}.log")
         if time.monotonic() >= deadline:
             return None
-        time.sleep(poll_s)
+        time.sleep(min(pace.gap(n), max(0.0, deadline - time.monotonic())))
+        n += 1
