@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.site.slurm_cli import CALL_LOG_VAR, COMMANDS
+from tests.helpers import wait_for
 from tests.launch.jobs import digits_sets, hp
 from tests.site_users import LOGIN_PATH
 
@@ -105,3 +106,12 @@ def test_a_submission_reads_the_queue_once_and_a_second_one_from_the_cache(slurm
     finally:
         for job in jobs:
             slurm_cluster.run("scancel", job, check=False)
+        # gone before the next test: a job still completing when a later test restarts or reconfigures the
+        # controller may never confirm its end, and Slurm drains its node ("Kill task failed")
+        for job in jobs:
+            slurm_cluster.wait_done(job, 120)
+        if jobs:
+            queue = ("squeue", "-h", "-j", ",".join(jobs))
+            wait_for(
+                lambda: not slurm_cluster.run(*queue, check=False).stdout.strip(), "the cancelled jobs to end", 120
+            )

@@ -75,7 +75,7 @@ def dry_run_srun_args(tmp_path: Path, runtime: str) -> tuple[list[str], dict[str
         "SRUN_ENV": str(tmp_path / "env"),
         "PYTHONPATH": "/a/module/site-packages",
     }
-    run = subprocess.run(["bash", "-c", r.stdout], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(["bash", "-c", r.stdout], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     args = (tmp_path / "args").read_text().split("\0")[:-1]
     srun_env = dict(kv.split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
