@@ -174,7 +174,7 @@ def test_preempt_send_user_signal_site_counts_a_preemption(each_slurm_cluster, d
             "1",
             "--partition",
             PREEMPTIBLE,
-            *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=30"),
+            *digits_sets(digits_root, tmp_path, "usig", *SHORT, "train.max_steps=200"),
         )
         training(slurm_cluster, job, run)
         urgent = slurm_cluster.run(
