@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main as cli_main
-from hpctrain.watch import follow as followmod
+from hpctrain.site import slurm_cli
 from hpctrain.watch import status as statusmod
 from hpctrain.watch.follow import FLOOR_S, Endings, JobEnd, Moved, Pace, pace_of, queue_now
 from hpctrain.watch.progress import MetricsTail
@@ -73,7 +73,7 @@ def test_a_silent_3_minute_job_costs_at_most_2_calls_a_minute(monkeypatch):
     """No file moves (a job that writes nothing): squeue at the pace's times only, sacct once at the end."""
     clock = Clock()
     squeue = FakeSqueue(clock, lambda t: "PENDING" if t < 20 else "RUNNING" if t < 180 else "")
-    monkeypatch.setattr(followmod, "ask", squeue)
+    monkeypatch.setattr(slurm_cli, "ask", squeue)
     finals = []
     end = JobEnd("42", lambda: finals.append(clock()) or "COMPLETED", clock=clock)
     done_at = run_until_ended(end, clock)
@@ -97,7 +97,7 @@ def test_files_that_grow_spare_the_asks_and_an_end_record_asks_soon(tmp_path, mo
 
     clock = Clock(write)
     squeue = FakeSqueue(clock, lambda t: "RUNNING" if t < 174 else "")
-    monkeypatch.setattr(followmod, "ask", squeue)
+    monkeypatch.setattr(slurm_cli, "ask", squeue)
     end = JobEnd(
         "42",
         lambda: "COMPLETED",
@@ -115,7 +115,7 @@ def test_a_requeue_keeps_the_wait_going_to_the_end(monkeypatch):
     clock = Clock()
     states = lambda t: "RUNNING" if t < 100 else "PENDING" if t < 160 else "RUNNING" if t < 400 else ""  # noqa: E731
     squeue = FakeSqueue(clock, states)
-    monkeypatch.setattr(followmod, "ask", squeue)
+    monkeypatch.setattr(slurm_cli, "ask", squeue)
     finals = iter(["RUNNING", "COMPLETED"])
     end = JobEnd("42", lambda: next(finals), clock=clock)
     seen = []
@@ -130,7 +130,7 @@ def test_a_requeue_keeps_the_wait_going_to_the_end(monkeypatch):
 def test_no_answer_from_the_controller_keeps_the_wait_going(monkeypatch):
     clock = Clock()
     squeue = FakeSqueue(clock, lambda t: None if t < 100 else "")
-    monkeypatch.setattr(followmod, "ask", squeue)
+    monkeypatch.setattr(slurm_cli, "ask", squeue)
     end = JobEnd("42", lambda: "FAILED", clock=clock)
     assert run_until_ended(end, clock) >= 100 and end.state == "FAILED"
     assert squeue.calls == [5, 15, 30, 90, 150]
@@ -141,7 +141,7 @@ def test_a_job_no_one_knows_any_more_ends_the_wait(monkeypatch):
     it, sacct cannot answer, scontrol no longer holds it: UNKNOWN ends the wait (it never comes back)."""
     clock = Clock()
     squeue = FakeSqueue(clock, lambda t: "")
-    monkeypatch.setattr(followmod, "ask", squeue)
+    monkeypatch.setattr(slurm_cli, "ask", squeue)
     end = JobEnd("42", lambda: "UNKNOWN", clock=clock, at_once=True)
     assert end() and end.state == "UNKNOWN" and squeue.calls == [0]
 
@@ -153,7 +153,7 @@ def test_queue_now_reads_squeue_as_22_05_answers(monkeypatch):
         "3": (None, "slurm_load_jobs error: Invalid job id specified"),  # forgotten
         "4": (None, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"),
     }
-    monkeypatch.setattr(followmod, "ask", lambda *cmd, **kw: answers[cmd[3]])
+    monkeypatch.setattr(slurm_cli, "ask", lambda *cmd, **kw: answers[cmd[3]])
     assert [queue_now(j) for j in "1234"] == ["RUNNING", "", "", None]
 
 
@@ -174,7 +174,7 @@ def test_logs_f_asks_slurm_only_when_the_log_stops_growing(tmp_path, monkeypatch
 
     clock = Clock(write)
     squeue = FakeSqueue(clock, lambda t: "RUNNING" if t < 130 else "")
-    monkeypatch.setattr(followmod, "ask", squeue)
+    monkeypatch.setattr(slurm_cli, "ask", squeue)
     monkeypatch.setattr(statusmod, "job_state", lambda job_id, where=None: "COMPLETED")
     out = io.StringIO()
     ended = statusmod.has_ended(run, "42", "slurm", log, clock=clock)

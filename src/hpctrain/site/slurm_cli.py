@@ -487,15 +487,22 @@ def pending_starts(partition: str, cache_s: float = 0) -> tuple[tuple[int, datet
 
 
 def queue_state(job_id: str) -> str | None:
-    """The state squeue gives a job still in the queue (None: not there)."""
-    out = tool("squeue", "-h", "-j", job_id, "-o", "%T")
-    return out.split()[0] if out and out.strip() else None
+    """The state squeue gives a job still in the queue (None: not there, or no answer)."""
+    line = queue_field(job_id, "%T")
+    return line.split()[0] if line else None
+
+
+# `squeue -j` of a job slurmctld no longer holds (past MinJobAge) fails with this; one it still holds
+# after its end prints nothing, exit 0 (measured, 22.05): both mean "not in the queue"
+GONE = "slurm_load_jobs error: Invalid job id specified"
 
 
 def queue_field(job_id: str, fmt: str) -> str | None:
     """squeue's `-o FMT` line of a job still in the queue ("" when it is not there; None: no answer)."""
-    out = tool("squeue", "-h", "-j", job_id, "-o", fmt)
-    return None if out is None else out.strip()
+    out, why = ask("squeue", "-h", "-j", job_id, "-o", fmt)
+    if out is None:
+        return "" if GONE in why else None
+    return out.strip()
 
 
 def in_queue(job: str) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.site.slurm_cli import ask
+from hpctrain.site.slurm_cli import queue_field
 from hpctrain.watch.progress import MetricsTail
 
 # the states after which a job never runs again, unless Slurm requeues it (as watch/status.py's)
@@ -40,7 +40,6 @@ FLOOR_S = 5.0  # the shortest --poll: one follower at 12 calls a minute
 GAPS_S = (5.0, 10.0, 15.0)  # the first asks: 5, 15 and 30 s after following starts (or an attempt ends)
 CAP_S = 60.0  # then one a minute
 ENDING_KINDS = ("end", "stop")  # metrics records that end an attempt: the job ends or is requeued soon
-GONE = "slurm_load_jobs error: Invalid job id specified"  # squeue -j of a job slurmctld no longer holds
 
 
 @dataclass(frozen=True)
@@ -94,11 +93,8 @@ def pace_of(poll_s: float | None, following: bool = True, follows: str = "--wait
 
 def queue_now(job_id: str) -> str | None:
     """Our job's state in the queue: squeue's word, "" once it left the queue, None: no answer."""
-    out, why = ask("squeue", "-h", "-j", str(job_id), "-o", "%T")
-    if out is None:
-        return "" if GONE in why else None
-    words = out.split()
-    return words[0] if words else ""
+    line = queue_field(str(job_id), "%T")
+    return None if line is None else (line.split() or [""])[0]
 
 
 class Moved:
