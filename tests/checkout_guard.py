@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Written by tools, not by tests: caches, build metadata, README command 1's virtual environment,
+# Written by tools, not by tests: caches, build metadata, README command 1's virtual environment and .ci/run's,
 # and the logs .ci/run's background jobs append to while the tests run.
 IGNORED_DIRS = {
     ".git",
     ".venv",
+    ".ci-venv",  # .ci/run's own, the suite's Python
     "__pycache__",
     ".pytest_cache",
     ".ruff_cache",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -39,6 +40,19 @@ def as_typed_at_a_terminal() -> None:
     Ctrl-C the test sends is lost. A command typed at a terminal starts with both at their defaults."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def this_python_as(path: Path) -> Path:
+    """`path` (e.g. an image's `python3`) made a program that starts this Python, with this Python's
+    packages: a script that execs `sys.executable`, not a link to it. Python looks for a venv's
+    pyvenv.cfg beside the name it was started by, so a link to a venv's `python` elsewhere starts the
+    base interpreter with the base's packages: on a machine whose base Python lacks them (a user's
+    venv, README command 1) the task then fails on an import (issue 56: `No module named
+    'submitit.core'`, the run directory's submitit/ found as a namespace package)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 # How long a test waits for progress (a step, a job state) before it calls the job stuck: generous,

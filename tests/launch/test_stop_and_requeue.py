@@ -27,7 +27,7 @@ import yaml
 from hpctrain.run.source import source_hash
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import port_from_job_id
-from tests.helpers import polling, wait_for
+from tests.helpers import polling, this_python_as, wait_for
 from tests.launch.jobs import (
     JOB_SETS,
     JOB_STEPS,
@@ -102,8 +102,7 @@ def containers(container) -> dict[str, tuple[Path, dict]]:
     prof, env = container
     d = prof.parent
     (d / "bin" / "singularity").symlink_to(FAKE_APPTAINER)
-    (d / "imgbin").mkdir()
-    (d / "imgbin" / "python3").symlink_to(sys.executable)
+    this_python_as(d / "imgbin" / "python3")
     (d / "image.sqsh").write_text(
         f"PATH={d / 'imgbin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nHPCTRAIN_FAKE_IMAGE=pyxis\n"
     )

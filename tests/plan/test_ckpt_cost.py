@@ -16,6 +16,7 @@ import yaml
 
 from hpctrain.plan.ckpt_cost import History
 from hpctrain.site.slurm_cli import parse_sacct, read_history
+from tests.helpers import wait_for
 from tests.launch.jobs import digits_sets, hp, metrics, sbatch_wrap, wait_running
 from tests.slurm_cluster import GRACE_TIME, PREEMPTIBLE, URGENT
 
@@ -73,12 +74,27 @@ def _logging_sacct(cluster, tmp_path) -> tuple[dict[str, str], Path]:
     return {"PATH": f"{bin_dir}{os.pathsep}{path}", "XDG_CACHE_HOME": str(tmp_path / "cache")}, log
 
 
+# The seconds before this test's jobs in which the partition must have run nothing: the submission's
+# window (slurm.mtbf_window_days, counted back from when it reads sacct) starts that much earlier than
+# t0, so that a submission slow to start on a busy machine still sees all of this test's jobs, and only them.
+QUIET_S = 30
+
+
+def _ended(cluster, jobs: list[str]) -> bool:
+    """slurmdbd holds every allocation of `jobs` as ended (an end time, no running row): before that,
+    sacct reports a job slurmctld has ended with the elapsed time of one still running."""
+    rows = cluster.run("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "State,End").stdout.splitlines()
+    return bool(rows) and all(r.split("|")[1] not in ("", "Unknown") for r in rows)
+
+
 def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_path, monkeypatch):
     for key, value in slurm_cluster.environ().items():  # read_history's sacct: this cluster's
         monkeypatch.setenv(key, value)
+    wait_for(lambda: not read_history(PREEMPTIBLE, QUIET_S / 86400), f"{PREEMPTIBLE} quiet for {QUIET_S} s")
     t0 = time.time() - 1
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0))
     jobs = _make_history(slurm_cluster)
+    wait_for(lambda: _ended(slurm_cluster, jobs), f"slurmdbd records the end of jobs {jobs}")
     hist = History.of(read_history(PREEMPTIBLE, 1, since=since), PREEMPTIBLE, 1)
     assert hist.counts == {"PREEMPTED": 1, "NODE_FAIL": 1}, hist
     rows = slurm_cluster.run("sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "NNodes,ElapsedRaw").stdout
@@ -86,7 +102,7 @@ def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_pa
     assert hist.node_hours == pytest.approx(node_s / 3600) and 4 <= node_s < 120  # only these jobs: one window
     node_mtbf = hist.node_hours / 2
     # the submission reads the same window (slurm.mtbf_window_days) and hands the job its MTBF: 2 nodes → half
-    days = f"slurm.mtbf_window_days={(time.time() - t0 + 1) / 86400:.8f}"
+    days = f"slurm.mtbf_window_days={(time.time() - t0 + 1 + QUIET_S) / 86400:.8f}"
     sets = digits_sets(
         digits_root,
         tmp_path,

@@ -16,7 +16,7 @@ import yaml
 from hpctrain.run.source import source_hash
 from hpctrain.site import cluster_init as ci
 from hpctrain.site import runtimes as rt
-from tests.helpers import hpctrain
+from tests.helpers import hpctrain, this_python_as
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = {"apptainer": "apptainer version 1.3.4", "singularity-ce": "singularity-ce version 4.1.0"}
@@ -362,8 +362,7 @@ def test_cluster_init_probe_finds_the_runtime_and_runs_the_doctor_in_the_image(s
         assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
     bindir, imgbin = tmp_path / "bin", tmp_path / "imgbin"
     bindir.mkdir()
-    imgbin.mkdir()
-    (imgbin / "python3").symlink_to(sys.executable)
+    this_python_as(imgbin / "python3")
     env = {
         "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
         "MODULEPATH": str(tmp_path / "none"),
