@@ -62,6 +62,8 @@ GPU_TYPE, GPUS_PER_NODE = "tesla", 2
 # Host paths bound into a `sysroot` at the same paths (besides the cluster's own directory, the
 # checkout and the host Python's prefix): what a daemon, a job's batch shell and its tasks touch.
 SYSROOT_BINDS = ("/proc", "/dev", "/sys", "/tmp")
+# A Python installed in these is the system's: its prefix cannot be bound into the root.
+SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
 # Slurm's clients, run from the sysroot through bin/<name> wrappers.
 CLIENTS = (
     "sbatch",
@@ -450,6 +452,12 @@ StorageLoc=slurm_{self.cluster_name}
         per Slurm client; the cluster's PATH finds the wrappers first."""
         r, root = self.root, self.sysroot
         assert root is not None
+        if sys.base_prefix in SYSTEM_PREFIXES:  # binding it would cover the root's own /usr
+            raise RuntimeError(
+                f"the suite's Python {sys.executable} is a venv of the system's Python ({sys.base_prefix}), "
+                f"which the Slurm root {root} cannot be given without covering its own {sys.base_prefix}: run the "
+                "suite from a venv of another Python (python3 on PATH: pyenv's, uv's), as .ci/run does"
+            )
         binds = [*SYSROOT_BINDS, str(r), str(CHECKOUT), sys.prefix, sys.base_prefix]
         binds = sorted({b for b in binds if not any(Path(b).is_relative_to(o) and b != o for o in binds)})
         for b in binds:  # mount points (a bind needs one; in the shared root, harmless)
