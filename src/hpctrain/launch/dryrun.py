@@ -30,7 +30,7 @@ PROGRAM = re.compile(r"\s*[A-Za-z_]\w*='[^']*$")  # a multi-line single-quoted v
 QUOTED_QUOTE = "'\"'\"'"  # a ' inside it (shlex.quote)
 
 
-def add_arg(p: argparse.ArgumentParser, what: str = "the batch script") -> None:
+def add_arg(p: argparse.ArgumentParser, what: str = "the batch script", help: str | None = None) -> None:
     """`--dry-run` (short) and `--dry-run=full`, the same on every command that has a batch script."""
     p.add_argument(
         "--dry-run",
@@ -38,7 +38,8 @@ def add_arg(p: argparse.ArgumentParser, what: str = "the batch script") -> None:
         const=SHORT,
         choices=(SHORT, FULL),
         metavar="full",
-        help=f"submit nothing: print {what}'s #SBATCH header, the tasks' environment, the step command and a "
+        help=help
+        or f"submit nothing: print {what}'s #SBATCH header, the tasks' environment, the step command and a "
         "line per shell part it inlines; --dry-run=full: the whole script",
     )
 
@@ -98,15 +99,16 @@ def modules(prof: ClusterProfile) -> list[str]:
     return out
 
 
-def environment(script: str, prof: ClusterProfile, source: str) -> list[str]:
-    """The environment the tasks get: the batch shell's exports, NCCL's own choices, the modules, and
-    what the container passes into the image."""
+def environment(script: str, prof: ClusterProfile, source: str, step: bool = True) -> list[str]:
+    """The environment the tasks get: the batch shell's exports, NCCL's own choices (`step`: the tasks
+    of an srun step, which talk over the fabric), the modules, and what the container passes into the image."""
     c = prof.container
     where, own = task_env(c, source)
     lines = [
-        "# The tasks' environment: the batch shell's exports (srun passes them on, srun_env.sh)",
+        "# The tasks' environment: the batch shell's exports "
+        + ("(srun passes them on, srun_env.sh)" if step else "(the task is its child)"),
         *exports(script),
-        *left_to_nccl(prof)[:1],
+        *(left_to_nccl(prof)[:1] if step else []),
         *modules(prof),
     ]
     if c.runtime in ("apptainer", "singularity", "pyxis"):
@@ -116,7 +118,7 @@ def environment(script: str, prof: ClusterProfile, source: str) -> list[str]:
     return lines + [f"export {v}" if where.startswith("exported") else f"#   {v}" for v in own]
 
 
-def step(prof: ClusterProfile, srun: Sequence[str], python: Sequence[str], command: str) -> list[str]:
+def step(srun: Sequence[str], python: Sequence[str], command: str) -> list[str]:
     """A step command: `srun` and its options, then `command` with $HPCTRAIN_PYTHON's words in place."""
     before, _, after = command.partition(PYTHON_HOOK)
     return wrap([units(srun), units(before.split()), units(python), units(after.split())])
@@ -158,7 +160,7 @@ def job_brief(
     prof = p.profile
     workdir = "$PWD" if p.workdirs or not p.chdir else p.chdir
     srun, python = task_words(prof.container, p.binds, host_python, source, workdir, bool(p.nsys_ranks))
-    steps = step(prof, [*STEP_SRUN.split(), *binding(p), *srun], python, command)
+    steps = step([*STEP_SRUN.split(), *binding(p), *srun], python, command)
     note = (
         "The step: in the background, at each attempt and in-job restart; nodes a fault left out get "
         "--exclude (exclude.sh)"
