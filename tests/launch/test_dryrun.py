@@ -15,6 +15,7 @@ from hpctrain.launch import shellfile
 from hpctrain.launch.dryrun import exports, header
 from hpctrain.run.source import take_snapshot
 from tests.helpers import hpctrain
+from tests.launch.jobs import digits_sets, hp, submit
 from tests.launch.test_sbatch import ROOT, blocked_cli, srun_seen
 
 SHORT_MAX = 120  # lines of the short form of a 16-node job (the whole script: over 1,000)
@@ -164,3 +165,19 @@ def test_every_shell_part_has_a_one_line_summary_that_is_not_inlined():
     for f in sorted((ROOT / "src" / "hpctrain" / "launch" / "shell").glob("*.sh")):
         summary = shellfile.summary(f.name)
         assert 10 < len(summary) < 120 and not any(shellfile.SUMMARY in ln for ln in shellfile.lines(f.name))
+
+
+@pytest.mark.slurm
+def test_full_dry_run_is_the_script_sbatch_gets(slurm_cluster, digits_root, tmp_path):
+    """`--dry-run=full` prints the script a submission of the same command hands to sbatch, byte for
+    byte (slurmctld's copy: `scontrol write batch_script`). `--emit-sbatch` writes the stand-alone
+    script instead (environment hooks, `python3 -m hpctrain train`): test_sbatch.py checks that one."""
+    args = ["--config", "configs/digits_vit.yaml", *digits_sets(digits_root, tmp_path, "full", "train.max_steps=1")]
+    dry = hp(slurm_cluster, "submit", *args, "--dry-run=full")
+    assert dry.returncode == 0, dry.stderr
+    job = submit(slurm_cluster, *args[2:])
+    try:
+        script = slurm_cluster.run("scontrol", "write", "batch_script", job, "-").stdout
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+    assert script == dry.stdout
