@@ -152,6 +152,7 @@ class Prepared:
         script; a notebook's script is short already (about 20 lines): it is shown whole."""
         if mode == FULL or isinstance(self.kind, Notebook | Script):
             return self.script()
+        assert self.cfg is not None, "every job but a notebook has a config"
         folder = self.kind.out if isinstance(self.kind, Eval) else absolute_paths(self.cfg).run_dir
         return slurm_brief(self.plan, folder / SUBMITIT)
 
