@@ -1,5 +1,5 @@
 """The short dry run (`--dry-run`): what a reviewer checks of a batch script, beside the whole script
-(`--dry-run=full`, `hpctrain submit --emit-sbatch`). About 80 lines where the script has over 1,000.
+(`--dry-run=full`, `hpctrain submit --emit-sbatch`). About 90 lines where the script has over 1,000.
 
 Four parts: the script's `#SBATCH` header (as written); the environment the tasks get (the batch
 shell's own exports as written, srun passes them on: srun_env.sh; the modules; what the container's

@@ -138,7 +138,7 @@ class Prepared:
         return self.plan is None
 
     def script(self) -> str:
-        """The batch script the job runs (what --dry-run prints, --emit-sbatch writes)."""
+        """The batch script the job runs (what --dry-run=full prints; --emit-sbatch writes the stand-alone one)."""
         if isinstance(self.kind, Notebook):
             return nb.batch_script(self.plan)
         if isinstance(self.kind, Script):
