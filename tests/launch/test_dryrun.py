@@ -16,7 +16,7 @@ from hpctrain.launch.dryrun import exports, header
 from hpctrain.run.source import take_snapshot
 from tests.helpers import hpctrain
 from tests.launch.jobs import digits_sets, hp, submit
-from tests.launch.test_sbatch import ROOT, blocked_cli, srun_seen
+from tests.launch.test_sbatch import HOSTILE, ROOT, blocked_cli, srun_seen
 
 SHORT_MAX = 120  # lines of the short form of a 16-node job (the whole script: over 1,000)
 FLAGS = ("--dry-run", "--dry-run=full")
@@ -72,16 +72,18 @@ def test_short_dry_run_of_16_nodes_has_the_header_the_env_the_step_and_a_line_pe
         ), name  # inlined (a per-task program quotes its lines: compare their ends, unindented)
 
 
-def test_what_the_short_form_shows_is_what_srun_gets_from_the_whole_script(tmp_path):
+@pytest.mark.parametrize("name", ["r", HOSTILE])
+def test_what_the_short_form_shows_is_what_srun_gets_from_the_whole_script(tmp_path, name):
     """The whole script run by bash to its step (a stand-in srun records its argv and environment):
     the short form's step command is srun's command line word for word (the per-task program by its
-    name), and each of its exports has the value the tasks get."""
+    name), and each of its exports has the value the tasks get; also for a run named with quotes,
+    `$(…)` and `;` (no command of it runs)."""
     image = tmp_path / "image.sif"
     image.write_bytes(b"fake")
     runs = tmp_path / "runs"
-    sets = ["--cluster-set", f"container.image={image}", "--set", f"run.dir={runs}", "--set", "run.name=r"]
+    sets = ["--cluster-set", f"container.image={image}", "--set", f"run.dir={runs}", "--set", f"run.name={name}"]
     short, full = dry(*sets, cwd=tmp_path)
-    take_snapshot(runs / "r")  # where the script (fixed at submission) finds the code
+    take_snapshot(runs / name)  # where the script (fixed at submission) finds the code
     work = tmp_path / "work"
     (work / "bin").mkdir(parents=True)
     (work / "bin" / "apptainer").write_text("#!/bin/sh\n")  # the runtime on PATH (no module system needed)
@@ -99,6 +101,7 @@ def test_what_the_short_form_shows_is_what_srun_gets_from_the_whole_script(tmp_p
     assert len(names) > 20 and all(values[n] == env[n] for n in names), {
         n: (values[n], env.get(n)) for n in names if values[n] != env.get(n)
     }
+    assert not list(tmp_path.rglob("PWNED*"))
 
 
 def test_every_export_of_the_short_form_is_a_line_of_the_whole_script():

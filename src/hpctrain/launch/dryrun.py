@@ -28,6 +28,7 @@ EXPORT = re.compile(r"export ([A-Za-z_]\w*)(=.*)?$")
 ASSIGN = re.compile(r"([A-Za-z_]\w*)=(.*)$")
 PROGRAM = re.compile(r"\s*[A-Za-z_]\w*='[^']*$")  # a multi-line single-quoted value's first line
 QUOTED_QUOTE = "'\"'\"'"  # a ' inside it (shlex.quote)
+WORD = re.compile(r"""(?:[^\s'"\\]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+""")  # a shell word, as written
 
 
 def add_arg(p: argparse.ArgumentParser, what: str = "the batch script", help: str | None = None) -> None:
@@ -121,7 +122,7 @@ def environment(script: str, prof: ClusterProfile, source: str, step: bool = Tru
 def step(srun: Sequence[str], python: Sequence[str], command: str) -> list[str]:
     """A step command: `srun` and its options, then `command` with $HPCTRAIN_PYTHON's words in place."""
     before, _, after = command.partition(PYTHON_HOOK)
-    return wrap([units(srun), units(before.split()), units(python), units(after.split())])
+    return wrap([units(srun), units(WORD.findall(before)), units(python), units(WORD.findall(after))])
 
 
 def units(words: Sequence[str]) -> list[str]:
@@ -165,4 +166,7 @@ def job_brief(
         "The step: in the background, at each attempt and in-job restart; nodes a fault left out get "
         "--exclude (exclude.sh)"
     )
+    if p.workdirs:  # a sweep's array: the step runs in the element's own run directory
+        first = shlex.quote(p.workdirs[0])
+        note += f"\n# Job array: element i runs in run directory i, from {first} ({len(p.workdirs)} in all)"
     return assemble(script, inlined, environment(script, prof, source), steps, note)
