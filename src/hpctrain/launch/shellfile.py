@@ -44,7 +44,7 @@ def lines(name: str, indent: str = "") -> list[str]:
 
 
 def summary(name: str) -> str:
-    """The file's one-line `# summary:` (every file has one: tests/launch/test_shell_files.py)."""
+    """The file's one-line `# summary:` (every file has one: tests/launch/test_dryrun.py)."""
     for line in text(name).splitlines():
         if line.startswith(SUMMARY):
             return line[len(SUMMARY) :].strip()
