@@ -93,7 +93,17 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
     only the job's name, folders and binds differ."""
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"")
-    common = ["--config", str(DIGITS), "--nodes", "2", "--gpus-per-node", "4", "--cluster", "example-ib", "--dry-run"]
+    common = [
+        "--config",
+        str(DIGITS),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--cluster",
+        "example-ib",
+        "--dry-run=full",
+    ]
     ev = blocked_cli("eval", "--weights", str(weights), "-o", str(tmp_path / "ev"), *common, cwd=tmp_path)
     tr = blocked_cli("submit", *common, cwd=tmp_path)
     assert ev.returncode == 0 and tr.returncode == 0, ev.stderr + tr.stderr

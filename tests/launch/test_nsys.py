@@ -93,7 +93,7 @@ def test_nsys_ranks_checks():
 def test_submit_dry_run_script_wraps_the_tasks(tmp_path):
     r = hpctrain(
         "submit",
-        "--dry-run",
+        "--dry-run=full",
         "--cluster",
         "local",
         "--nsys-ranks",

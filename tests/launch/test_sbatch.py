@@ -61,7 +61,14 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
 
 def test_dry_run_16_nodes_without_torch():
     r = blocked_cli(
-        "submit", "--nodes", "16", "--gpus-per-node", "8", "--cluster", "configs/clusters/example-ib.yaml", "--dry-run"
+        "submit",
+        "--nodes",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--cluster",
+        "configs/clusters/example-ib.yaml",
+        "--dry-run=full",
     )
     assert r.returncode == 0, r.stderr
     s = r.stdout
@@ -123,7 +130,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
         "digits_vit.yaml",
         "--cluster",
         str(prof),
-        "--dry-run",
+        "--dry-run=full",
         "--set",
         f"run.dir={run_dir}",
         "--set",
@@ -340,7 +347,9 @@ def test_the_submitting_shells_variables_change_nothing_in_a_submitted_job(tmp_p
         yaml.safe_dump({"name": "site", "slurm": {"request_gpus": False}, "fabric": fabric, "container": container})
     )
     runs = tmp_path / "runs"
-    r = blocked_cli("submit", "--cluster", str(prof), "--dry-run", "--set", f"run.dir={runs}", "--set", "run.name=r")
+    r = blocked_cli(
+        "submit", "--cluster", str(prof), "--dry-run=full", "--set", f"run.dir={runs}", "--set", "run.name=r"
+    )
     assert r.returncode == 0, r.stderr
     snap = take_snapshot(runs / "r")  # where the dry run's script finds the code, as a submission leaves it
     frozen = tmp_path / "frozen" / "hpctrain"

@@ -92,7 +92,7 @@ def test_corespec_node_is_sized_by_cpuefctv(site_cluster, site_profile, tmp_path
         "configs/digits_vit.yaml",
         "--set",
         f"run.dir={tmp_path}",
-        "--dry-run",
+        "--dry-run=full",
         env=env,
     )
     assert dry.returncode == 0, dry.stderr

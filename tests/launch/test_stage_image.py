@@ -68,7 +68,7 @@ def test_dry_run_with_stage_image_copies_once_per_node_and_tasks_start_from_the_
         "configs/digits_vit.yaml",
         "--cluster",
         str(prof),
-        "--dry-run",
+        "--dry-run=full",
         "--set",
         f"data.root={tmp_path}/data",
         "--set",

@@ -138,7 +138,7 @@ def test_cluster_init_on_the_test_cluster(slurm_cluster, site, tmp_path):
         "configs/digits_vit.yaml",
         "--set",
         f"run.dir={tmp_path}",
-        "--dry-run",
+        "--dry-run=full",
         env=env,
     )
     assert dry.returncode == 0, dry.stderr

@@ -51,7 +51,7 @@ def dry_run_srun_args(tmp_path: Path, runtime: str) -> tuple[list[str], dict[str
         "configs/digits_vit.yaml",
         "--cluster",
         str(prof),
-        "--dry-run",
+        "--dry-run=full",
         "--set",
         f"data.root={data}",
         "--set",

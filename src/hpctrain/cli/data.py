@@ -14,7 +14,7 @@ from hpctrain.data.prep import pack as pk
 from hpctrain.data.prep.imagenet import prepare, write_exclusions
 from hpctrain.data.prep.pack import pack as write
 from hpctrain.data.prep.source import FOLDER
-from hpctrain.launch import pack_array
+from hpctrain.launch import dryrun, pack_array
 from hpctrain.launch.submit import Request, check_image
 from hpctrain.site.profile import load_profile
 
@@ -99,7 +99,7 @@ def add_parser(sub) -> None:
     s.add_argument("--time", help="time limit per task (default: the profile's)")
     for opt in ("partition", "account", "qos", "constraint"):
         s.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
-    s.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
+    dryrun.add_arg(s, "the array job")
     s.add_argument("--wait", action="store_true", help="wait for the array job, then report")
     k.set_defaults(func=pack)
 
@@ -184,7 +184,7 @@ def pack_slurm(args: argparse.Namespace) -> int:
     )  # stdout: the script of --dry-run
     script = pack_array.render(plan, args.root, profile, req)
     if args.dry_run:
-        print(script, end="")
+        print(script if args.dry_run == dryrun.FULL else pack_array.brief(plan, args.root, profile, req), end="")
         return 0
     check_image(profile)
     job = pack_array.recorded_job(out)

@@ -15,6 +15,7 @@ from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.data.prep.prepare import ensure_dataset
+from hpctrain.launch import dryrun
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local
@@ -88,7 +89,7 @@ def add_parser(sub) -> None:
         "submit the evaluation as a job on N nodes: Slurm with --cluster or $HPCTRAIN_CLUSTER; "
         "this machine with --local or where there is no Slurm (--nodes 1, --local-tasks processes)",
     )
-    job.add_argument("--dry-run", action="store_true", help="print the job's batch script; submit nothing")
+    dryrun.add_arg(job, "the job")
     job.add_argument(
         "--wait",
         action="store_true",
@@ -179,14 +180,14 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     if args.dry_run and args.wait:
         raise CLIError("--dry-run submits nothing, so --wait has nothing to wait for: drop one of them")
     pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
-    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
+    profile = slurm_profile(args.cluster, args.cluster_overrides, bool(args.dry_run), args.local)
     tasks = args.local_tasks or args.gpus_per_node or 2
-    p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=args.dry_run)
+    p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=bool(args.dry_run))
     if p.local:
         return run_local(p)
     show(p.messages, sys.stderr)
     if args.dry_run:
-        print(p.script(), end="")
+        print(p.dry_run_text(args.dry_run), end="")
         return 0
     assert profile is not None  # no profile is a local job (p.local above)
     sub = start(p)

@@ -7,6 +7,7 @@ import os
 import shlex
 import socket
 
+from hpctrain.launch import dryrun
 from hpctrain.launch import notebook as nb
 from hpctrain.launch.container import RUNTIMES
 from hpctrain.launch.prepare import Notebook, prepare
@@ -57,7 +58,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--login-host", default=None, help="login host for the tunnel (default: this host's name)")
     p.add_argument("--wait", type=float, default=120, help="seconds to wait for the job to start (default 120)")
-    p.add_argument("--dry-run", action="store_true", help="print the batch script and tunnel command only")
+    dryrun.add_arg(
+        p,
+        help="submit nothing: print the batch script (short: --dry-run and --dry-run=full print it whole) "
+        "and the tunnel command",
+    )
     p.set_defaults(func=main)
 
 
@@ -75,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     kind = Notebook(
         cpus=args.cpus, mem=args.mem, image=args.image, runtime=args.runtime, port=args.port, setup=tuple(args.setup)
     )
-    job = prepare(None, load_profile(name) if name else None, req, kind, dry_run=args.dry_run).plan
+    job = prepare(None, load_profile(name) if name else None, req, kind, dry_run=bool(args.dry_run)).plan
     login = args.login_host or socket.getfqdn()
     if args.dry_run:
         print(nb.batch_script(job), end="")

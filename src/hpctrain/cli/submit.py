@@ -18,6 +18,7 @@ from hpctrain.cli import add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.config import check_text, to_dict
+from hpctrain.launch import dryrun
 from hpctrain.launch.failure import explain
 from hpctrain.launch.localjob import HangupAsInterrupt, say
 from hpctrain.launch.prepare import (
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
         metavar="GB",
         help="memory of one GPU for the batch-fits check (default 80: H100; H200: 141)",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the batch script; submit nothing")
+    dryrun.add_arg(p)
     p.add_argument(
         "--emit-sbatch",
         metavar="PATH",
@@ -83,15 +84,15 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
     cfg = load_config(args.config, args.overrides, DEFAULT_CONFIG)
-    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run or bool(args.emit_sbatch), args.local)
+    profile = slurm_profile(args.cluster, args.cluster_overrides, bool(args.dry_run or args.emit_sbatch), args.local)
     if profile is None:
         return run_local(args, cfg)
     if args.emit_sbatch:
         return emit(args, cfg, profile, request(args))
-    p = prepare(cfg, profile, request(args), Train(args.gpu_mem_gb), dry_run=args.dry_run)
+    p = prepare(cfg, profile, request(args), Train(args.gpu_mem_gb), dry_run=bool(args.dry_run))
     if args.dry_run:
-        show(p.messages, sys.stderr)  # stdout: the script
-        print(p.script(), end="")
+        show(p.messages, sys.stderr)  # stdout: the script, short or whole
+        print(p.dry_run_text(args.dry_run), end="")
         for line in plan_summary(p):
             print(f"hpctrain: {line}", file=sys.stderr)
         print(f"hpctrain: {time_to_result(p)}", file=sys.stderr)

@@ -22,7 +22,7 @@ from hpctrain.cli import CLIError, add_config_args
 from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.cli.job import request, show
 from hpctrain.config import SET_ENV, check_text, decode_overrides
-from hpctrain.launch import sweep
+from hpctrain.launch import dryrun, sweep
 from hpctrain.launch.prepare import prepare_sweep, slurm_profile, start_sweep
 
 
@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
         p.add_argument(f"--{opt}", help=f"Slurm {opt} (default: the profile's)")
     p.add_argument("--exclusive", action="store_true", default=None, help="whole nodes only")
     p.add_argument("--gpu-mem-gb", type=float, metavar="GB", help="memory of one GPU for the batch check")
-    p.add_argument("--dry-run", action="store_true", help="print the members and the batch script; submit nothing")
+    dryrun.add_arg(p, "the members and the array job")
     p.add_argument("--local-tasks", type=int, default=2, help="processes per member for a local sweep (default 2)")
     p.add_argument(
         "--local", action="store_true", help="run the members on this machine, even where Slurm is configured"
@@ -91,18 +91,18 @@ def main(args: argparse.Namespace) -> int:
     members = sweep.plan_members(
         config, base_overrides, sweep.expand(grid, runs), sweep_dir, args.max_runs or sweep.DEFAULT_MAX_RUNS
     )
-    profile = slurm_profile(args.cluster, args.cluster_overrides, args.dry_run, args.local)
+    profile = slurm_profile(args.cluster, args.cluster_overrides, bool(args.dry_run), args.local)
     if profile is None:
         note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
     p = prepare_sweep(
-        members, profile, request(args), sweep_dir, name, args.max_parallel, args.gpu_mem_gb, dry_run=args.dry_run
+        members, profile, request(args), sweep_dir, name, args.max_parallel, args.gpu_mem_gb, dry_run=bool(args.dry_run)
     )
     show(p.messages, sys.stderr)
     for m in p.members:
         print(f"member {m.index}: {m.name}  {shlex.join(m.overrides)}", file=sys.stderr if args.dry_run else sys.stdout)
     if args.dry_run:
-        print(p.script(), end="")
+        print(p.dry_run_text(args.dry_run), end="")
         return 0
     array, snap = start_sweep(p, name, config, base_overrides)
     plan = p.plan

@@ -344,3 +344,55 @@ def image_identity_lines() -> list[str]:
     """hpctrain_image_cksum (the image's stat checksum; pyxis_name.sh names the container by it), and
     $HPCTRAIN_IMAGE_DIGEST (compile.cache's key) unless the site set it (shell/image_identity.sh)."""
     return shellfile.lines("image_identity.sh")
+
+
+def task_words(
+    container: ContainerSection,
+    binds: list[str],
+    host_python: str,
+    source: str = "",
+    workdir: str = "$PWD",
+    nsys: bool = False,
+) -> tuple[list[str], list[str]]:
+    """($HPCTRAIN_SRUN_CONTAINER, $HPCTRAIN_PYTHON) as python_lines' branch of `container.runtime` sets
+    them in a script whose runtime, image and `source` (a path, "" for none) are fixed at submission,
+    as shell words with the values filled in: the step command the short dry run shows. The per-task
+    programs stay named ("$hpctrain_cleanenv"); `workdir`: the batch shell's $PWD (pyxis mounts it).
+    tests/launch/test_dryrun.py runs the rendered branch in bash and compares."""
+    q, mount = shlex.quote, container.source_mount.rstrip("/")
+    own = [f"{source}:{mount}/hpctrain:ro"] if source else []
+    srun: list[str] = []
+    if container.runtime == "none":
+        python = [host_python]
+    elif container.runtime == "pyxis":
+        mounts = ",".join([*(pyxis_mount(b) for b in binds), workdir, *own])
+        srun = [f"--container-image={q(container.image)}", f"--container-mounts={q(mounts)}"]
+        srun.append(f"--container-workdir={q(workdir)}")
+        if container.stage_image:
+            srun.append('--container-name="$hpctrain_pyxis_name"')
+        python = ["bash", "-c", '"$hpctrain_imageenv"', "hpctrain-task", q(container.python)]
+    else:
+        tool = container.runtime
+        python = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", tool, "exec", "--nv", "--cleanenv"]
+        for b in [*binds, *own]:
+            python += ["--bind", shellfile.word(b)]
+        python += [q(container.image), q(container.python)]
+    if nsys:
+        python[-1:] = ["bash", "-c", '"$hpctrain_nsys"', "hpctrain-nsys", python[-1]]
+    return srun, python
+
+
+def task_env(container: ContainerSection, source: str = "") -> tuple[str, list[str]]:
+    """Where the runtime's branch sets the task's own Python variables, and them (NAME=value): the
+    host's ~/.local out, the submitted hpctrain (`source`, a path) first on PYTHONPATH."""
+    mount = container.source_mount.rstrip("/")
+    if container.runtime == "none":
+        parent = source.rsplit("/", 1)[0]
+        if not source or parent.endswith(("/site-packages", "/dist-packages")):
+            return "exported by the batch shell", []
+        return "exported by the batch shell", [f"PYTHONPATH={shlex.quote(parent)}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    own = [f"PYTHONPATH={shlex.quote(mount)}"] if source else []
+    if container.runtime == "pyxis":
+        return "set in the image by image_env.sh", ["PYTHONNOUSERSITE=1", *own]
+    prefix = ENV_PREFIX[container.runtime]
+    return f"exported by the batch shell as {prefix}*", [f"{prefix}{v}" for v in ["PYTHONNOUSERSITE=1", *own]]

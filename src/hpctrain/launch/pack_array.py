@@ -20,7 +20,8 @@ from pathlib import Path
 from hpctrain.config import check_text
 from hpctrain.data.prep.pack import STATE, PackPlan, array_ranges
 from hpctrain.errors import LaunchError
-from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines
+from hpctrain.launch import dryrun, shellfile
+from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines, task_words
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.sbatch import sbatch_value
@@ -76,7 +77,7 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         "# at submission (as for training; pyxis starts it through srun).",
         *python_lines(
             profile.container,
-            bind_list(profile.container, [root, str(out)], writable=[str(out)]),
+            binds(profile, root, out),
             q(sys.executable),
             source,
         ),
@@ -90,11 +91,33 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
         "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
         f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
-        f'"${{hpctrain_run[@]}}" "${{HPCTRAIN_PYTHON[@]}}" -u -m hpctrain.data.prep.pack {q(str(out))} '
-        '"$SLURM_ARRAY_TASK_ID"',
+        f'"${{hpctrain_run[@]}}" {task_command(out)}',
         "",
     ]
     return "\n".join(lines)
+
+
+def binds(profile: ClusterProfile, root: str, out: Path) -> list[str]:
+    """The task reads ROOT and writes OUT (absolute paths)."""
+    return bind_list(profile.container, [root, str(out)], writable=[str(out)])
+
+
+def task_command(out: Path) -> str:
+    """What each array task runs, after its Python ($HPCTRAIN_PYTHON's words)."""
+    return f'{dryrun.PYTHON_HOOK} -u -m hpctrain.data.prep.pack {shlex.quote(str(out))} "$SLURM_ARRAY_TASK_ID"'
+
+
+def brief(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> str:
+    """`data pack --slurm --dry-run`: the script's header, the task's environment, its command and a
+    line per shell part (launch.dryrun); --dry-run=full prints `render`'s whole script."""
+    with shellfile.recording() as inlined:
+        script = render(plan, root, profile, req)
+    c, out = profile.container, plan.out.resolve()
+    source = str(package_dir()) if c.bind_source else ""
+    srun, python = task_words(c, binds(profile, str(Path(root).resolve()), out), shlex.quote(sys.executable), source)
+    steps = dryrun.step(["srun", "--ntasks=1", *srun] if c.runtime == "pyxis" else [], python, task_command(out))
+    env = dryrun.environment(script, profile, source, step=False)
+    return dryrun.assemble(script, inlined, env, steps, "Each array task's command (SLURM_ARRAY_TASK_ID: its group)")
 
 
 def submit(out: Path, script: str, groups: list[int] | None = None) -> str:

@@ -26,6 +26,7 @@ from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import notebook as nb
 from hpctrain.launch import sweep
 from hpctrain.launch.batch import batch_report, check_optimizer
+from hpctrain.launch.dryrun import FULL
 from hpctrain.launch.modules import module_lines
 from hpctrain.launch.submit import (
     Request,
@@ -34,6 +35,7 @@ from hpctrain.launch.submit import (
     check_image,
     eval_plan,
     plan_job,
+    slurm_brief,
     slurm_script,
     standalone_plan,
     standalone_script,
@@ -136,7 +138,7 @@ class Prepared:
         return self.plan is None
 
     def script(self) -> str:
-        """The batch script the job runs (what --dry-run prints, --emit-sbatch writes)."""
+        """The batch script the job runs (what --dry-run=full prints; --emit-sbatch writes the stand-alone one)."""
         if isinstance(self.kind, Notebook):
             return nb.batch_script(self.plan)
         if isinstance(self.kind, Script):
@@ -144,6 +146,15 @@ class Prepared:
         if isinstance(self.kind, Eval):
             return slurm_script(self.plan, self.kind.out / SUBMITIT)
         return slurm_script(self.plan, absolute_paths(self.cfg).run_dir / SUBMITIT)
+
+    def dry_run_text(self, mode: str) -> str:
+        """What `--dry-run` (launch.dryrun.SHORT) or `--dry-run=full` prints: the short form, or the whole
+        script; a notebook's script is short already (about 20 lines): it is shown whole."""
+        if mode == FULL or isinstance(self.kind, Notebook | Script):
+            return self.script()
+        assert self.cfg is not None, "every job but a notebook has a config"
+        folder = self.kind.out if isinstance(self.kind, Eval) else absolute_paths(self.cfg).run_dir
+        return slurm_brief(self.plan, folder / SUBMITIT)
 
 
 def slurm_profile(
@@ -438,6 +449,12 @@ class PreparedSweep:
 
     def script(self) -> str:
         return slurm_script(self.plan, self.sweep_dir / SUBMITIT, "%A_%a")
+
+    def dry_run_text(self, mode: str) -> str:
+        """What `--dry-run` (short) or `--dry-run=full` (the whole array script) prints."""
+        if mode == FULL:
+            return self.script()
+        return slurm_brief(self.plan, self.sweep_dir / SUBMITIT, "%A_%a")
 
 
 def prepare_sweep(

@@ -151,6 +151,10 @@ def binding(p: JobPlan) -> list[str]:
     return opts
 
 
+# The training step's srun, before its binding (`binding`) and command (the short dry run shows it too)
+STEP_SRUN = "srun --kill-on-bad-exit=1 --unbuffered --open-mode=append"
+
+
 def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
     """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
     after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
@@ -163,7 +167,7 @@ def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
         "while :; do",
         *shellfile.lines("step_start.sh", "  "),
         # hpctrain_slurm -b (ctld.sh): logged as it starts, a child of this shell that takes its signals
-        "  hpctrain_slurm -b srun --kill-on-bad-exit=1 --unbuffered --open-mode=append "
+        f"  hpctrain_slurm -b {STEP_SRUN} "
         + "".join(f"{b} " for b in bind)
         + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command}',
         *shellfile.lines("step_wait.sh", "  "),
@@ -250,7 +254,7 @@ def render(
         *export_lines(extra_env or {}),
         "",
     ]
-    lines += [*shellfile.lines("srun_env.sh"), *MEMLOCK_LINES, ""]
+    lines += [*shellfile.lines("srun_env.sh"), *shellfile.lines("memlock.sh"), ""]
     lines += [*shellfile.lines("banner.sh"), ""]
     if not p.spare_nodes:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
         lines += [*shellfile.lines("no_kill.sh"), ""]

@@ -3,20 +3,26 @@ renderers (launch/sbatch.py, inplace.py, container.py, stage_image.py) after a h
 
 Bash, not Python strings, so that `bash -n` and shellcheck read it (tests/launch/test_shell_files.py).
 A file's leading `# shellcheck` lines are for the file checked alone (its dialect, and the variables
-the other parts set): they are not inlined. Values reach the script only through `assign` (refused
-with a control character, shell-quoted).
+the other parts set), and its `# summary:` line says in one line what it does (the short dry run lists
+it, launch/dryrun.py): neither is inlined. Values reach the script only through `assign` (refused with
+a control character, shell-quoted). `recording` names the files a renderer inlined.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from importlib import resources
 
 from hpctrain.config import control_char
 
 DIRECTIVE = "# shellcheck "
+SUMMARY = "# summary: "
+_INLINED: ContextVar[list[str] | None] = ContextVar("hpctrain_shell_inlined", default=None)
 GLOB_WORD = re.compile(r"[\w@%+=:,./*-]+", re.ASCII)  # nothing in it is special inside double quotes
 
 
@@ -27,11 +33,36 @@ def text(name: str) -> str:
 
 
 def lines(name: str, indent: str = "") -> list[str]:
-    """The file's lines to inline, without its leading shellcheck directives; `indent` for a block."""
+    """The file's lines to inline, without its leading shellcheck directives and summary; `indent` for a block."""
+    inlined = _INLINED.get()
+    if inlined is not None and name not in inlined:
+        inlined.append(name)
     out = text(name).splitlines()
-    while out and out[0].startswith(DIRECTIVE):
+    while out and out[0].startswith((DIRECTIVE, SUMMARY)):
         out.pop(0)
     return [f"{indent}{line}" if line else line for line in out]
+
+
+def summary(name: str) -> str:
+    """The file's one-line `# summary:` (every file has one: tests/launch/test_dryrun.py)."""
+    for line in text(name).splitlines():
+        if line.startswith(SUMMARY):
+            return line[len(SUMMARY) :].strip()
+        if not line.startswith(DIRECTIVE):
+            break
+    raise ValueError(f"launch/shell/{name} has no '{SUMMARY.strip()}' line under its shellcheck directives")
+
+
+@contextmanager
+def recording() -> Iterator[list[str]]:
+    """The names of the files `lines` inlines inside the block, in order, each once: what a rendered
+    script is made of, for the short dry run."""
+    names: list[str] = []
+    token = _INLINED.set(names)
+    try:
+        yield names
+    finally:
+        _INLINED.reset(token)
 
 
 def program(names: list[str], values: list[str] = ()) -> str:

@@ -19,6 +19,7 @@ from hpctrain.config import Config, ConfigError, check_batch, check_text, to_dic
 from hpctrain.errors import LaunchError
 from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.container import bind_list, check_pyxis
+from hpctrain.launch.dryrun import PYTHON_HOOK, job_brief
 from hpctrain.launch.failure import explain, no_result
 from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
@@ -150,8 +151,6 @@ def wait_local(
 
 
 # --------------------------------------------------------------------------- Slurm
-
-PYTHON_HOOK = '"${HPCTRAIN_PYTHON[@]}"'  # defined by the script's container block
 
 
 @dataclass(frozen=True)
@@ -425,10 +424,23 @@ def submitit_command(folder: Path, job: str = "%j") -> str:
 
 def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = None) -> str:
     """The batch script `hpctrain submit` (and `hpctrain eval --nodes`) hands to sbatch (what
-    --dry-run prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`.
+    --dry-run=full prints); `folder`: the job's submitit folder; a sweep passes its own and `job="%A_%a"`.
     `snap`: the code snapshot the tasks run (take_snapshot); None (a dry run, which writes nothing):
     the path a snapshot of this package would have, beside `folder`."""
-    bind = plan.profile.container.bind_source
+    command, python, env, source = slurm_inputs(plan, folder, job, snap)
+    return render(plan, command, python, False, env, shlex.quote(source) if source else "''")
+
+
+def slurm_brief(plan, folder: Path, job: str = "%j") -> str:
+    """What --dry-run prints of that script: its header, the tasks' environment, the step command and
+    a line per shell part (launch.dryrun)."""
+    command, python, env, source = slurm_inputs(plan, folder, job, None)
+    return job_brief(plan, command, python, env, source)
+
+
+def slurm_inputs(plan, folder: Path, job: str, snap: Snapshot | None) -> tuple[str, str, dict[str, str], str]:
+    """slurm_script's values: the step's command, the host's Python, the exports, the snapshot's path
+    ("" where the tasks run the image's own hpctrain: container.bind_source false)."""
     digest = snap.hash if snap else source_hash()
     env = {
         "SUBMITIT_EXECUTOR": "slurm",
@@ -438,8 +450,8 @@ def slurm_script(plan, folder: Path, job: str = "%j", snap: Snapshot | None = No
         **call_log_env(os.environ),
     }
     path = snap.path if snap else snapshot_path(folder.parent, digest)
-    source = shlex.quote(str(path)) if bind else "''"
-    return render(plan, submitit_command(folder, job), shlex.quote(sys.executable), False, env, source)
+    source = str(path) if plan.profile.container.bind_source else ""
+    return submitit_command(folder, job), shlex.quote(sys.executable), env, source
 
 
 def job_snapshot(plan, folder: Path) -> Snapshot | None:

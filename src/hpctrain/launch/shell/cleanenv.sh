@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # a per-task program: its values come before it (launch/container.py)
+# summary: per task: pass the allow-listed variables into the image as APPTAINERENV_*/SINGULARITYENV_*
 # the allowed variables as $hpctrain_prefix* (APPTAINERENV_, SINGULARITYENV_): passed even with --cleanenv
 for v in $(compgen -e); do
   for p in "${hpctrain_pass[@]}"; do

@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2086,SC2154  # $hpctrain_modules (set by job_module_lines) split on purpose: a name a word
+# summary: load HPCTRAIN_CONTAINER_MODULES (the runtime's command); stop only if the runtime is then missing
 # HPCTRAIN_CONTAINER_MODULES (default: apptainer) only puts the container runtime on PATH, where a site
 # may have it already: a module that is missing, or no module system at all, is a warning; the job
 # stops only when the runtime is then not found.

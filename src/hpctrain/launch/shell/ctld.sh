@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# summary: hpctrain_slurm: every call to slurmctld/slurmdbd (scontrol, squeue, sacct, srun...) retried through a restart
 # The batch shell's calls to slurmctld and slurmdbd: every one goes through hpctrain_slurm (docs/spares.md,
 # "When slurmctld hiccups"; docs/sites.md, "What hpctrain costs your cluster"): scontrol, squeue, sinfo,
 # sacct, sacctmgr, scancel, and srun, whose steps slurmctld creates. Not `scontrol show hostnames` nor

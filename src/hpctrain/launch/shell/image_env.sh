@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # a per-task program: its values come before it (launch/container.py)
+# summary: pyxis, per task in the image: keep the image's variables and the allow-list, drop the host's rest
 # keep the variables of the image itself (the enroot image format lists them in /etc/environment) and the
 # allow-list; drop the rest of the host environment that pyxis passed in
 keep=" "

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: HPCTRAIN_IMAGE_DIGEST: a checksum of the image's path, size and mtime (compile cache key)
 # hpctrain_image_cksum IMAGE: a checksum of the image's path, size and mtime, a stat, not a hash of
 # gigabytes on a shared file system; a registry URI (pyxis; nothing to stat) stands for itself. An
 # image rebuilt at the same path gets a new one. Digits only.

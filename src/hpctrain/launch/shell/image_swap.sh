@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # a per-task program: local_image.sh comes before it
+# summary: container.stage_image, per task: start from the node's checked local copy of the image
 # container.stage_image: the image argument becomes the staged copy on this node, once it is checked
 # (this uid's private directory, this uid's file, the shared image's size, mtime and identity); else
 # (the copy step never ran here, or the copy is not ours) the task reads the shared image, and says why;

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: refuse HPCTRAIN_SPARE_NODES in a script rendered without #SBATCH --no-kill
 # Spares need #SBATCH --no-kill (a failed node leaves the job instead of ending it), and this script was
 # rendered without it (no slurm.spare_nodes). Nor can the shell see an `sbatch --no-kill`: Slurm sends
 # no client the job's kill_on_node_fail (not in `scontrol show job`, 22.05-24.11; docs/spares.md).

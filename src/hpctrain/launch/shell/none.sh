@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: CONTAINER=none: the host's Python, the submitted hpctrain first on PYTHONPATH
 # the submitted hpctrain first (not the submitting shell's PYTHONPATH, which an --export=NONE
 # site drops); an installed copy's site-packages is the host Python's own already
 if [ -n "$HPCTRAIN_SOURCE" ]; then

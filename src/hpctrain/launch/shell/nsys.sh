@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # a per-task program: its values come before it (launch/container.py)
+# summary: per task: the --nsys-ranks tasks run Python under the image's nsys profile
 # the tasks whose global rank is in $hpctrain_ranks run Python under the nsys of the image
 r=${SLURM_PROCID:-${RANK:-}}
 case " ${hpctrain_ranks[*]} " in *" $r "*)

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: stand-alone script: say which settings came from the environment
 # The settings below read the environment; said first, so that a job that runs the defaults says so.
 # A site whose sbatch runs with --export=NONE (SBATCH_EXPORT=NONE in login shells) gives the job only
 # SLURM_* (sbatch(1), --export=NONE) and SLURM_EXPORT_ENV=NONE: what the user exported stays out.

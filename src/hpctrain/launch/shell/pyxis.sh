@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: pyxis: check the image and that the job's paths fit --container-mounts
 case $HPCTRAIN_IMAGE in /*|./*|../*)
   if [ ! -f "$HPCTRAIN_IMAGE" ]; then
     echo "hpctrain: image $HPCTRAIN_IMAGE not found (a squashfs made by enroot import, or a registry URI)" >&2

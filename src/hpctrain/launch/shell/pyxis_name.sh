@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034  # a part of the batch script: pyxis_clean.sh and the srun line read it
+# summary: container.stage_image under pyxis: a --container-name per job attempt and image
 # container.stage_image under pyxis: the --container-name of this job's attempt and image. pyxis
 # reuses a container by its name alone, and under its default container_scope=global never removes a
 # named one (docs/runtimes.md, "Staging the image"): a name per job id only would hand a requeued attempt

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: per node: remove a job's pyxis containers (enroot remove)
 # A per-node program (one task of hpctrain_pyxis_clean's step, outside any container): remove job $1's
 # pyxis containers on this node, all but the one named $2 if given. `enroot list` prints the names in
 # the user's ENROOT_DATA_PATH; pyxis stores --container-name=NAME as pyxis_NAME (container_scope=global)

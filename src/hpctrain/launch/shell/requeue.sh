@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# summary: after the last step: requeue the job or end it, as rank 0 or the stop decided
 case "$hpctrain_decision" in
   requeue)
     trap '' USR2 TERM  # scontrol requeue ends this shell with SIGTERM

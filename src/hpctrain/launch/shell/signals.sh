@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# summary: signals are never lost: long commands run in the background and are waited for through traps
 # Signals are never lost (docs/launch.md, "Signals in the batch shell"). bash runs a trap only once the
 # foreground command ends (bash(1), SIGNALS: "the trap will not be executed until the command
 # completes"), and a $(…) is one too: a USR2 that came during an image copy, a probe step or

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: the code snapshot the tasks run: export HPCTRAIN_SOURCE, no bytecode, refuse a snapshot others can change
 export HPCTRAIN_SOURCE
 # No task writes bytecode (__pycache__/) anywhere, the code snapshot least: whatever the user's
 # environment and umask, an attempt leaves the snapshot as it was hashed (run.source).

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# summary: srun passes this shell's environment to the tasks (SLURM_EXPORT_ENV=ALL), --cpus-per-task for every srun
 # Sites with SBATCH_EXPORT=NONE (or --export=NONE) give the job SLURM_EXPORT_ENV=NONE, and srun
 # would pass only SLURM_* on to the tasks (sbatch(1), --export): this shell's environment goes.
 export SLURM_EXPORT_ENV=ALL

@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # a per-task program: its values come before it (launch/container.py)
+# summary: data.stage_to, per task: bind the node-local directory into the image
 # data.stage_to, expanded with the variables of this node: bind it (Apptainer binds only $HOME, /tmp,
 # /var/tmp and $PWD by default); skipped where a variable it names is not set
 hpctrain_ok=1

@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # a per-node program: its values and local_image.sh come before it (launch/stage_image.py)
+# summary: container.stage_image, per node: copy the image to node-local disk and report
 node=${SLURMD_NODENAME:-$(hostname)}
 report() {  # this node's outcome for the batch shell (stage_step.sh): "ok" or why not
   if [ -n "${HPCTRAIN_STAGE_REPORT:-}" ]; then printf '%s\n' "$1" > "$HPCTRAIN_STAGE_REPORT/$node" || true; fi

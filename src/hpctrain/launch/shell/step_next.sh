@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# summary: after a step: leave out the nodes it named, restart, or end the loop
 hpctrain_ended=$(date +%s) hpctrain_new=""
 # a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
 if [ "$hpctrain_decision" != end ] &&

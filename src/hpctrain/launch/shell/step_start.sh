@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# summary: before each step: recheck the snapshot, skip the step after a stop signal, set its srun options
 # a stop signal that came before this step (the image copy, a probe step: the trap acted at once, but
 # no step ran to pass it to): no step starts; the job is requeued and resumes from the last checkpoint
 if [ -n "$hpctrain_signal" ]; then

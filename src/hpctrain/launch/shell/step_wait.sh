@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# summary: wait for the step through trapped signals, then read rank 0's decision from the stop file
 hpctrain_srun=$!
 hpctrain_wait "$hpctrain_srun"; hpctrain_rc=$?  # through trapped signals (signals.sh)
 hpctrain_decision="" hpctrain_why=""

@@ -1,4 +1,5 @@
 # shellcheck shell=bash disable=SC2034  # a part of the batch script: the others read its variables
+# summary: stops: USR2/TERM to the tasks, the stop file, scontrol requeue from this shell (not the tasks)
 # Stops. The tasks checkpoint at the next step on USR2 (--signal, before the time limit) and
 # on SIGTERM (preemption); rank 0 then writes `requeue` or `end` (and why) to $HPCTRAIN_STOP_FILE
 # and this shell, outside any container, runs `scontrol requeue`: the task's Python never needs
