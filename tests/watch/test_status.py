@@ -11,6 +11,8 @@ import time
 import pytest
 import yaml
 
+from hpctrain.cli import main
+from hpctrain.site.slurm_cli import CALL_LOG_VAR
 from hpctrain.watch.progress import duration, iso
 from hpctrain.watch.status import TERMINAL, job_state, run_status, sacct_rows
 from tests.helpers import DIGITS, ROOT, WAIT_S, digits_args, hpctrain, run_metrics, run_ranks, wait_for
@@ -242,3 +244,54 @@ def test_status_names_the_nodes_the_batch_shell_left_out_before_any_rank_records
         r"GPU\(s\) the job uses\); n4 \(left the job's allocation \(Slurm: node failure\)\)",
         st.text(),
     ), st.text()
+
+
+def one_error_line(capsys) -> str:
+    """The one line a refused command printed (nothing on stdout)."""
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    return err.strip()
+
+
+def test_status_and_logs_of_a_directory_that_is_no_run_refuse_in_one_line(tmp_path, monkeypatch, capsys):
+    """Before, `status runs` (or `data`, `/tmp`) printed `state NOT RUNNING … ETA none`, rc 0, and `logs
+    runs` suggested `hpctrain status runs`: a folder without config.yaml, job.json or metrics.jsonl is no
+    run. The line names the runs under it (a sweep is one), or what to give."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    for name, record in (("a", "config.yaml"), ("b", "job.json"), ("s", "sweep.json")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / record).write_text("{}\n")
+    (runs / "notes").mkdir()  # no run: not listed
+    (tmp_path / "data").mkdir()
+    listed = "runs is not a run directory (no config.yaml, job.json or metrics.jsonl in it): give one of the runs "
+    for argv in (["status", "runs"], ["status", "runs", "--json"], ["logs", "runs"], ["logs", "runs", "-f"]):
+        assert main(argv) == 2, argv
+        assert one_error_line(capsys) == f"hpctrain: error: {listed}under it: runs/a, runs/b, runs/s", argv
+    for argv in (["status", "data"], ["logs", str(tmp_path / "data")]):
+        assert main(argv) == 2, argv
+        line = one_error_line(capsys)
+        assert f"{argv[1]} is not a run directory" in line and "give a run directory (runs/<name>)" in line, line
+    assert main(["status", "runs/a", "--json"]) == 0  # a run (config.yaml alone: not started yet) still is one
+    assert json.loads(capsys.readouterr().out)["run_dir"] == str(runs / "a")
+
+
+def test_a_job_id_where_slurm_cannot_answer_is_one_line_after_one_question(tmp_path, monkeypatch, capsys):
+    """Before, `status 14210` (a local job's id, from another directory) asked sacct, squeue and scontrol
+    again for 15 s (17 s in all), then said the job "is unknown to Slurm". A client without a usable
+    configuration (here an empty slurm.conf: "Unable to process configuration file", as a login node
+    without Slurm's configuration fails at once) or with no client at all: one question at most, then one
+    line saying Slurm cannot be asked, and what to give."""
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(CALL_LOG_VAR, str(log))
+    (tmp_path / "slurm.conf").write_text("")
+    for conf in (str(tmp_path / "slurm.conf"), str(tmp_path / "missing.conf")):
+        monkeypatch.setenv("SLURM_CONF", conf)
+        for argv in (["status", "14210"], ["logs", "14210"], ["logs", "14210", "-f"]):
+            assert main(argv) == 2, argv
+            line = one_error_line(capsys)
+            assert line.startswith("hpctrain: error: job 14210: no local job of that id under runs/ here or "), line
+            assert "Slurm cannot be asked (" in line and "give the run directory (runs/<name>)" in line, line
+    asked = [json.loads(x)["kind"] for x in log.read_text().splitlines()] if log.exists() else []
+    assert asked in ([], ["sacct"] * 3), asked  # one sacct per command (none without a client, or conf missing)
