@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,7 +20,7 @@ from hpctrain.site.slurm_cli import CALL_LOG_VAR
 from hpctrain.watch.progress import duration, iso
 from hpctrain.watch.status import TERMINAL, job_state, run_status, sacct_rows
 from tests.helpers import DIGITS, ROOT, WAIT_S, digits_args, hpctrain, run_metrics, run_ranks, wait_for
-from tests.launch.jobs import sacct_states
+from tests.launch.jobs import hp, sacct_states
 from tests.slurm_cluster import PREEMPTIBLE, URGENT
 
 T0 = 1_700_000_000.0
@@ -295,3 +299,73 @@ def test_a_job_id_where_slurm_cannot_answer_is_one_line_after_one_question(tmp_p
             assert "Slurm cannot be asked (" in line and "give the run directory (runs/<name>)" in line, line
     asked = [json.loads(x)["kind"] for x in log.read_text().splitlines()] if log.exists() else []
     assert asked in ([], ["sacct"] * 3), asked  # one sacct per command (none without a client, or conf missing)
+
+
+def children(pid: int) -> list[int]:
+    """The live children of a process of this host (none once it has gone)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_a_live_local_job_is_found_by_its_id_from_any_directory(tmp_path, monkeypatch, capsys):
+    """A local job's id is the pid of submitit's local controller (`python -m submitit.local._local
+    <run>/submitit`; submit records it in job.json). From a directory without that run under runs/,
+    `status ID` and `logs ID` find it while it lives; once it has ended, one line says what to give."""
+    from hpctrain.launch import submitit_glue as glue  # submitit: the task side's package, not a login node's
+
+    run = tmp_path / "somewhere" / "runs" / "sleeper"
+    run.mkdir(parents=True)
+    job = glue.local_job(run / "submitit", 1, 5, time.sleep, 600)  # a real local job whose task sleeps
+    pid = int(job.job_id)
+    try:
+        record = {"job_id": str(pid), "executor": "local", "submitit": str(run / "submitit")}
+        (run / "job.json").write_text(json.dumps({**record, "tasks": 1, "host": socket.gethostname()}))
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))  # no Slurm to ask
+        wait_for(lambda: children(pid), "the local job's controller started no task")
+        assert main(["status", str(pid), "--json"]) == 0
+        f = json.loads(capsys.readouterr().out)
+        assert (f["state"], f["run_dir"], f["job_id"], f["executor"]) == ("RUNNING", str(run), str(pid), "local"), f
+        assert main(["logs", str(pid)]) == 0  # no rank log: the task's own stderr (submitit's)
+        assert capsys.readouterr().out == (run / "submitit" / f"{pid}_0_log.err").read_text()
+    finally:
+        wait_for(lambda: children(pid) or job.done(), "the local job's controller started no task")
+        for child in children(pid):
+            os.kill(child, signal.SIGKILL)  # the sleeping task: its controller then ends
+        wait_for(job.done, "the local job's controller did not end after its task")
+    assert main(["status", str(pid)]) == 2
+    line = one_error_line(capsys)
+    assert f"job {pid}: no local job of that id under runs/ here or alive on this host" in line, line
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_id_from_any_directory_is_one_round_of_questions(slurm_cluster, tmp_path):
+    """`status ID` of a job sbatch has just queued (plain sbatch: no run directory) answers at once:
+    slurmctld holds a job from the moment sbatch prints its id, so squeue knows it even while sacct
+    has no row yet. An id no one knows: one line after one sacct, one squeue and one scontrol (before:
+    the three again and again for 15 s)."""
+    log = tmp_path / "calls.jsonl"
+    env = {CALL_LOG_VAR: str(log)}
+    job = slurm_cluster.run(
+        "sbatch", "--parsable", f"--chdir={tmp_path}", "--output=/dev/null", "-N1", "--wrap", "sleep 300"
+    ).stdout.strip()
+    try:
+        r = hp(slurm_cluster, "status", job, "--json", env=env, as_root=True)
+        assert r.returncode == 0, r.stderr
+        f = json.loads(r.stdout)
+        assert f["job_id"] == job and f["state"] in ("PENDING", "RUNNING") and f["run_dir"] is None, f
+    finally:
+        slurm_cluster.run("scancel", job)
+    log.unlink()
+    unknown = str(int(job) + 100_000)
+    r = hp(slurm_cluster, "status", unknown, env=env, as_root=True)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr == (
+        f"hpctrain: error: job {unknown} is unknown to Slurm (sacct, squeue, scontrol) and no local job of runs/ "
+        "here: check the id, or give the run directory instead (runs/<name>)\n"
+    )
+    asked = sorted(json.loads(x)["kind"] for x in log.read_text().splitlines())
+    assert asked == ["sacct", "scontrol", "squeue"], asked
