@@ -9,6 +9,7 @@ torch: this runs on login nodes.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
@@ -211,11 +212,13 @@ def slurm_workdir(job_id: str) -> str:
     asks again after a transient failure). A job none of them knows is a LaunchError, and so is a
     machine whose Slurm cannot answer: no client, no configuration, no daemon."""
     conf = os.environ.get("SLURM_CONF")
+    if not shutil.which("sacct") and not shutil.which("squeue"):
+        raise no_slurm(job_id, "no Slurm client on this machine")
     if conf and not os.path.exists(conf):  # the clients would retry reading it for 60 s (slurm_cli.slurm_here)
         raise no_slurm(job_id, f"$SLURM_CONF={conf} does not exist")
     acct = accounting(job_id)
-    if acct.error.startswith("no sacct") or NO_CONFIG_RE.search(acct.error):
-        raise no_slurm(job_id, acct.error)  # no client, or one with no configuration: the others have none either
+    if NO_CONFIG_RE.search(acct.error):  # a client with no configuration: the others have none either
+        raise no_slurm(job_id, acct.error)
     if acct.rows:  # the last row: the newest job of that id
         return acct.rows[-1].get("WorkDir") or ""
     queued = squeue_workdir(job_id)  # None: squeue did not answer
