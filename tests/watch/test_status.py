@@ -19,7 +19,7 @@ import yaml
 from hpctrain.cli import main
 from hpctrain.site.slurm_cli import CALL_LOG_VAR
 from hpctrain.watch.progress import duration, iso
-from hpctrain.watch.status import TERMINAL, job_state, run_status, sacct_rows
+from hpctrain.watch.status import TERMINAL, job_state, remember_local_job, run_status, sacct_rows
 from tests.helpers import DIGITS, ROOT, WAIT_S, digits_args, hpctrain, run_metrics, run_ranks, wait_for
 from tests.launch.jobs import hp, sacct_states
 from tests.slurm_cluster import PREEMPTIBLE, URGENT
@@ -305,7 +305,7 @@ def test_a_job_id_where_slurm_cannot_answer_is_one_line_after_one_question(tmp_p
         for argv in (["status", "14210"], ["logs", "14210"], ["logs", "14210", "-f"]):
             assert main(argv) == 2, argv
             line = one_error_line(capsys)
-            assert line.startswith("hpctrain: error: job 14210: no local job of that id under runs/ here or "), line
+            assert line.startswith("hpctrain: error: job 14210: no local job of this host has that id (under "), line
             assert f"Slurm cannot be asked ({why}" in line and "give the run directory (runs/<name>)" in line, line
         asked.append([json.loads(x)["kind"] for x in log.read_text().splitlines()] if log.exists() else [])
         log.unlink(missing_ok=True)
@@ -324,7 +324,8 @@ def children(pid: int) -> list[int]:
 def test_a_live_local_job_is_found_by_its_id_from_any_directory(tmp_path, monkeypatch, capsys):
     """A local job's id is the pid of submitit's local controller (`python -m submitit.local._local
     <run>/submitit`; submit records it in job.json). From a directory without that run under runs/,
-    `status ID` and `logs ID` find it while it lives; once it has ended, one line says what to give."""
+    `status ID` and `logs ID` find it while it lives; once it has ended, the note submit leaves in the
+    user's cache (remember_local_job), else one line saying what to give."""
     from hpctrain.launch import submitit_glue as glue  # submitit: the task side's package, not a login node's
 
     run = tmp_path / "somewhere" / "runs" / "sleeper"
@@ -337,6 +338,7 @@ def test_a_live_local_job_is_found_by_its_id_from_any_directory(tmp_path, monkey
         (tmp_path / "elsewhere").mkdir()
         monkeypatch.chdir(tmp_path / "elsewhere")
         monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))  # no Slurm to ask
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no note of the job yet
         wait_for(lambda: children(pid), "the local job's controller started no task")
         assert main(["status", str(pid), "--json"]) == 0
         f = json.loads(capsys.readouterr().out)
@@ -350,7 +352,13 @@ def test_a_live_local_job_is_found_by_its_id_from_any_directory(tmp_path, monkey
         wait_for(job.done, "the local job's controller did not end after its task")
     assert main(["status", str(pid)]) == 2
     line = one_error_line(capsys)
-    assert f"job {pid}: no local job of that id under runs/ here or alive on this host" in line, line
+    assert f"job {pid}: no local job of this host has that id (under runs/ here, alive, or submitted by" in line, line
+    remember_local_job(str(pid), run)  # what submit_local notes (tests/launch/test_local_job.py: a real submit)
+    assert main(["status", str(pid), "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert (f["state"], f["run_dir"], f["job_id"]) == ("NOT RUNNING", str(run), str(pid)), f
+    (run / "job.json").write_text(json.dumps({**record, "job_id": "1"}))  # the run trained by another job since
+    assert main(["status", str(pid)]) == 2 and "no local job of this host has that id" in one_error_line(capsys)
 
 
 @pytest.mark.slurm
@@ -360,7 +368,7 @@ def test_a_slurm_job_id_from_any_directory_is_one_round_of_questions(slurm_clust
     has no row yet. An id no one knows: one line after one sacct, one squeue and one scontrol (before:
     the three again and again for 15 s)."""
     log = tmp_path / "calls.jsonl"
-    env = {CALL_LOG_VAR: str(log)}
+    env = {CALL_LOG_VAR: str(log), "XDG_CACHE_HOME": str(tmp_path / "cache")}  # no local job noted
     job = slurm_cluster.run(
         "sbatch", "--parsable", f"--chdir={tmp_path}", "--output=/dev/null", "-N1", "--wrap", "sleep 300"
     ).stdout.strip()
@@ -376,8 +384,9 @@ def test_a_slurm_job_id_from_any_directory_is_one_round_of_questions(slurm_clust
     r = hp(slurm_cluster, "status", unknown, env=env, as_root=True)
     assert r.returncode == 2 and r.stdout == "", r.stdout
     assert r.stderr == (
-        f"hpctrain: error: job {unknown} is unknown to Slurm (sacct, squeue, scontrol) and no local job of runs/ "
-        "here: check the id, or give the run directory instead (runs/<name>)\n"
+        f"hpctrain: error: job {unknown} is unknown to Slurm (sacct, squeue, scontrol), and no local job of this "
+        "host has that id (under runs/ here, alive, or submitted by you): check the id, or give the run directory "
+        "instead (runs/<name>)\n"
     )
     asked = sorted(json.loads(x)["kind"] for x in log.read_text().splitlines())
     assert asked == ["sacct", "scontrol", "squeue"], asked

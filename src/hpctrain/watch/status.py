@@ -37,6 +37,7 @@ from hpctrain.run.layout import (
     slurm_job_run_dir,
 )
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table, total_steps
+from hpctrain.site import user_cache
 from hpctrain.site.slurm_cli import NO_CONFIG_RE, job_record, queue_field, queue_state
 from hpctrain.watch.follow import TERMINAL, WAITING, Endings, JobEnd, Moved, Pace
 from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
@@ -146,6 +147,30 @@ def live_local_job(job_id: str) -> Path | None:
     return folder.parent if rec.get("executor") == "local" and str(rec.get("job_id")) == job_id else None
 
 
+LOCAL_JOB_DAYS = 90  # how long `status ID` finds a local job's run from any directory after its start
+
+
+def local_job_entry(job_id: str) -> str:
+    return user_cache.entry_name("local-job", socket.gethostname(), job_id)
+
+
+def remember_local_job(job_id: str, run_dir: Path) -> None:
+    """Note in the user's cache (site/user_cache.py) which run local job `job_id` of this host trains:
+    `status ID` finds it from any directory, also after it has ended (a pid names one job at a time;
+    the newest job of that id wins, as with Slurm's ids)."""
+    user_cache.write(local_job_entry(job_id), {"run_dir": str(run_dir.resolve())})
+
+
+def remembered_local_job(job_id: str) -> Path | None:
+    """The run `remember_local_job` noted for this id, while its job.json still names the job."""
+    hit = user_cache.read(local_job_entry(job_id), LOCAL_JOB_DAYS * 86400)
+    run = Path(str(hit[0].get("run_dir") or "")) if hit else None
+    if run is None or not run.is_absolute():
+        return None
+    rec = read_json(run / JOB, {})
+    return run if rec.get("executor") == "local" and str(rec.get("job_id")) == job_id else None
+
+
 # what makes a directory a run's: any one of these (config.yaml: the task's resolved config;
 # job.json: `hpctrain submit`'s record; env.json, metrics.jsonl, .lock: a task that started)
 RUN_FILES = (CONFIG, JOB, ENV, METRICS, LOCK)
@@ -174,14 +199,15 @@ def not_a_run(target: str, p: Path, shown: int = 6) -> LaunchError:
 
 def resolve(target: str) -> tuple[Path | None, str | None, str]:
     """(run dir, job id, executor) for a run directory, a run name under runs/, the id of a local
-    job that `hpctrain submit` printed (under ./runs, or alive on this host), or a Slurm job id.
+    job that `hpctrain submit` printed (under ./runs, alive on this host, or noted in the user's
+    cache by submit), or a Slurm job id.
     A directory that is no run is refused (LaunchError), as is an id neither knows."""
     p = Path(target)
     named = RUNS / target
     if not p.is_dir() and not p.is_absolute() and any((named / f).is_file() for f in (JOB, METRICS)):
         p = named  # a run's name under the default run.dir (a sweep's member: <sweep>/<member>)
     if not p.is_dir() and target.isdigit():
-        p = local_job_run(target) or live_local_job(target) or p
+        p = local_job_run(target) or live_local_job(target) or remembered_local_job(target) or p
     if p.is_dir():
         if not is_run_dir(p):
             raise not_a_run(target, p)
@@ -198,10 +224,13 @@ def resolve(target: str) -> tuple[Path | None, str | None, str]:
     )
 
 
+NO_LOCAL_JOB = f"no local job of this host has that id (under {RUNS}/ here, alive, or submitted by you)"
+
+
 def no_slurm(job_id: str, why: str) -> LaunchError:
     return LaunchError(
-        f"job {job_id}: no local job of that id under {RUNS}/ here or alive on this host, and Slurm cannot be asked "
-        f"({why}): give the run directory (runs/<name>), or run this where the job was submitted"
+        f"job {job_id}: {NO_LOCAL_JOB}, and Slurm cannot be asked ({why}): give the run directory "
+        "(runs/<name>), or run this where the job was submitted"
     )
 
 
@@ -228,8 +257,8 @@ def slurm_workdir(job_id: str) -> str:
     if acct.error and queued is None:
         raise no_slurm(job_id, f"{acct.error}; squeue does not answer either")
     raise LaunchError(
-        f"job {job_id} is unknown to Slurm (sacct, squeue, scontrol) and no local job of {RUNS}/ here: "
-        "check the id, or give the run directory instead (runs/<name>)"
+        f"job {job_id} is unknown to Slurm (sacct, squeue, scontrol), and {NO_LOCAL_JOB}: check the id, or "
+        "give the run directory instead (runs/<name>)"
     )
 
 
