@@ -332,6 +332,8 @@ def test_plan_sizes_a_packed_dataset_from_its_meta_json(tmp_path):
     r = hpctrain("submit", "--config", str(DIGITS), *wds, *run, "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "not available" not in r.stderr and ", 6 steps" in r.stderr, r.stderr  # 16 / 8 x 3 epochs
+    r = hpctrain("plan", "--config", str(DIGITS), *wds, "--set", "model.num_classes=1000", "--nodes", "1", "--json")
+    assert json.loads(r.stdout)["images_per_epoch"] == 16, r.stderr  # the pack's count, not ImageNet-1k's
     (shards / "meta.json").unlink()  # an unfinished pack: one line naming the file and the fix
     r = hpctrain("plan", "--config", str(DIGITS), *wds, "--nodes", "1")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

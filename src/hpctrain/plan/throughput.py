@@ -66,13 +66,16 @@ def images_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
         return given, "--images-per-epoch"
     if cfg.data.loader == "synthetic":
         return cfg.data.synthetic_size, "data.synthetic_size"
+    packed = Path(cfg.data.root) if cfg.data.root and cfg.data.format == "wds" else None
+    if packed and (packed / META).is_file():  # the pack's own count (bad images left out), before any default
+        return packed_train_size(packed)
     if cfg.model.num_classes == IMAGENET["classes"]:
         return IMAGENET["train"], "ImageNet-1k train split"
     train = Path(cfg.data.root) / "train" if cfg.data.root else None
     if train and train.is_dir() and cfg.data.format == "folder":
         return sum(1 for p in train.rglob("*") if p.is_file()), f"files under {train}"
-    if cfg.data.root and cfg.data.format == "wds":
-        return packed_train_size(Path(cfg.data.root))
+    if packed:
+        return packed_train_size(packed)  # no meta.json: says so
     raise PlanError(
         f"cannot tell how many images an epoch has ({cfg.model.num_classes} classes, data.root "
         f"{cfg.data.root or 'unset'}): give it to `hpctrain plan --images-per-epoch N`"
