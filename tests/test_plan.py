@@ -297,3 +297,44 @@ def test_submit_dry_run_without_an_image_count_points_at_plans_flag(tmp_path):
     assert hints and all("`hpctrain plan --images-per-epoch N`" in ln for ln in hints), r.stderr
     refused = hpctrain("submit", *args, "--images-per-epoch", "100", "--dry-run")
     assert refused.returncode == 2  # not a submit flag: the hint must not say to pass it there
+
+
+def packed_shards(tmp_path, train: int, val: int):
+    """A real `hpctrain data pack` of `train` + `val` small JPEGs over 2 classes: its meta.json is the one
+    a user's shard folder holds."""
+    from PIL import Image  # the test's images only (plan itself reads no image)
+
+    from hpctrain.data.prep.pack import pack
+
+    src = tmp_path / "images"
+    for split, n in (("train", train), ("val", val)):
+        for i in range(n):
+            (src / split / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (8, 8), (30 * i % 256, 0, 0)).save(src / split / f"c{i % 2}" / f"{i}.jpg")
+    out = tmp_path / "shards"
+    pack(src, out, 5, log=lambda *a: None)
+    return out
+
+
+def test_plan_sizes_a_packed_dataset_from_its_meta_json(tmp_path):
+    """Before, data.format=wds with shards from `data pack` was "cannot tell how many images an epoch has"
+    (plan) and "training time: not available" (submit): the shard index says it (train.size)."""
+    shards = packed_shards(tmp_path, 16, 3)
+    wds = ["--set", f"data.root={shards}", "--set", "data.format=wds", "--set", "data.loader=dali"]
+    wds += ["--set", "data.global_batch=8", "--set", "train.epochs=3", "--set", "model.num_classes=2"]
+    wds += ["--cluster", "example-ib"]
+    r = hpctrain("plan", "--config", str(DIGITS), *wds, "--nodes", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["images_per_epoch"] == 16 and out["total_steps"] == 6, out
+    assert any(f"train split of {shards / 'meta.json'}" in a for a in out["assumptions"]), out["assumptions"]
+    run = ["--set", "data.prepare=none", "--set", f"run.dir={tmp_path / 'runs'}"]
+    r = hpctrain("submit", "--config", str(DIGITS), *wds, *run, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "not available" not in r.stderr and ", 6 steps" in r.stderr, r.stderr  # 16 / 8 x 3 epochs
+    r = hpctrain("plan", "--config", str(DIGITS), *wds, "--set", "model.num_classes=1000", "--nodes", "1", "--json")
+    assert json.loads(r.stdout)["images_per_epoch"] == 16, r.stderr  # the pack's count, not ImageNet-1k's
+    (shards / "meta.json").unlink()  # an unfinished pack: one line naming the file and the fix
+    r = hpctrain("plan", "--config", str(DIGITS), *wds, "--nodes", "1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"data.root={shards} has no meta.json" in r.stderr and "--images-per-epoch N" in r.stderr

@@ -152,8 +152,8 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
 @pytest.mark.slow
 def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp_path):
     """From the directory a local submit ran in: `status NAME` (run.dir's default runs/) and
-    `status/logs <the job id submit printed>` name the run; `logs NAME -f`, started while it
-    trains, returns once the run has ended, its summary printed."""
+    `status/logs <the job id submit printed>` name the run (the id also from another directory, after
+    the end); `logs NAME -f`, started while it trains, returns once the run has ended, its summary printed."""
     p = subprocess.Popen(
         [sys.executable, *submit_args(digits_root, Path("runs"), "named", "train.max_steps=12")],
         cwd=tmp_path,
@@ -180,8 +180,10 @@ def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp
     assert "hpctrain summary" in followed and "stopped" not in followed, followed[-2000:]
     job = json.loads((run / "job.json").read_text())["job_id"]
     assert f"submitted local job {job} " in out
-    for target in ("named", job):  # before: "not a run directory" / "unknown to Slurm"
-        st = hpctrain("status", target, "--json", cwd=tmp_path, env=local_env())
+    (tmp_path / "elsewhere").mkdir()
+    for target, cwd in (("named", tmp_path), (job, tmp_path), (job, tmp_path / "elsewhere")):
+        # before: "not a run directory" / "unknown to Slurm"; from elsewhere: submit's note in the user's cache
+        st = hpctrain("status", target, "--json", cwd=cwd, env=local_env())
         assert st.returncode == 0, st.stderr
         f = json.loads(st.stdout)
         assert (f["state"], f["run_dir"], f["job_id"], f["executor"]) == ("COMPLETED", str(run), job, "local"), f

@@ -30,7 +30,7 @@ from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snaps
 from hpctrain.site.profile import SlurmSection, parse_tres, time_minutes
 from hpctrain.site.slurm_cli import client_version
 from hpctrain.watch.jobinfo import submitted_clusters
-from hpctrain.watch.status import local_state
+from hpctrain.watch.status import local_state, remember_local_job
 
 __all__ = [
     "LaunchError",
@@ -106,6 +106,7 @@ def submit_local(cfg: Config, tasks: int = 2, timeout_min: int = 600) -> Submiss
             "host": socket.gethostname(),
         },
     )
+    remember_local_job(str(job.job_id), cfg.run_dir)  # `status ID` from any directory
     return Submission(
         str(job.job_id), cfg.run_dir, "local", shlex.join(["tail", "-f", str(folder / f"{job.job_id}_0_log.out")]), job
     )

@@ -13,6 +13,7 @@ from typing import Any
 from hpctrain import flops
 from hpctrain.config import Config
 from hpctrain.data.prep.imagenet import IMAGENET
+from hpctrain.data.wds import META
 from hpctrain.errors import UserError
 from hpctrain.plan import tables
 from hpctrain.plan.model import Compute, Link, Plan, Workload, make_plan, node_counts
@@ -65,15 +66,42 @@ def images_per_epoch(cfg: Config, given: int | None = None) -> tuple[int, str]:
         return given, "--images-per-epoch"
     if cfg.data.loader == "synthetic":
         return cfg.data.synthetic_size, "data.synthetic_size"
+    packed = Path(cfg.data.root) if cfg.data.root and cfg.data.format == "wds" else None
+    if packed and (packed / META).is_file():  # the pack's own count (bad images left out), before any default
+        return packed_train_size(packed)
     if cfg.model.num_classes == IMAGENET["classes"]:
         return IMAGENET["train"], "ImageNet-1k train split"
     train = Path(cfg.data.root) / "train" if cfg.data.root else None
     if train and train.is_dir() and cfg.data.format == "folder":
         return sum(1 for p in train.rglob("*") if p.is_file()), f"files under {train}"
+    if packed:
+        return packed_train_size(packed)  # no meta.json: says so
     raise PlanError(
         f"cannot tell how many images an epoch has ({cfg.model.num_classes} classes, data.root "
         f"{cfg.data.root or 'unset'}): give it to `hpctrain plan --images-per-epoch N`"
     )  # a flag of `plan` only: `submit --dry-run` prints this too, and refuses the flag
+
+
+def packed_train_size(root: Path) -> tuple[int, str]:
+    """(train images, source) from the shard index `hpctrain data pack` writes last (data/wds.py:
+    meta.json's {"train": {"size": N, …}}): the login node has no DALI to open the shards with."""
+    meta = root / META
+    try:
+        data = json.loads(meta.read_text())
+        size = data["train"]["size"]
+    except OSError:
+        raise PlanError(
+            f"data.root={root} has no {META} (data.format=wds reads the output of `hpctrain data pack`): "
+            "pack the dataset first, or give `hpctrain plan --images-per-epoch N`"
+        ) from None
+    except (ValueError, TypeError, KeyError):
+        size = None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise PlanError(
+            f"{meta} names no train split size (train.size): re-run `hpctrain data pack`, or give "
+            "`hpctrain plan --images-per-epoch N`"
+        )
+    return size, f"train split of {meta}"
 
 
 # --------------------------------------------------------------------------- compute
