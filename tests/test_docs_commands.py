@@ -14,6 +14,7 @@ id>`, `[--ema]`, `…`) is no command."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -243,3 +244,34 @@ def test_each_doc_command_that_needs_no_gpu_cluster_or_data_runs(cmd: DocCommand
         timeout=WAIT_S,
     )
     assert r.returncode == 0, f"{cmd}\nexit {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+
+
+def cli_commands() -> list[tuple[str, ...]]:
+    """Every command of the CLI and each sub-command under it (`data pack`, `image inspect`,
+    `config migrate`): a sub-parser's names, or the choices of a command's first positional."""
+    out: list[tuple[str, ...]] = []
+    top = next(a for a in build_parser([])._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in top.choices.items():
+        out.append((name,))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                out += [(name, sub) for sub in action.choices]
+            elif not action.option_strings and action.choices:
+                out += [(name, str(sub)) for sub in action.choices]
+    return out
+
+
+def test_commands_page_has_a_row_for_every_command_and_sub_command():
+    """docs/commands.md says it lists every `hpctrain` command: a new command (or sub-command) needs
+    its row there."""
+    cell = r"(?:[^|\\]|\\.)*"  # a table cell: `\|` inside it is no column's end
+    firsts = re.findall(rf"^\| (`hpctrain {cell})\|", (ROOT / "docs" / "commands.md").read_text(), re.M)
+    commands = cli_commands()
+    assert len(commands) > 25 and ("notebook",) in commands and ("data", "pack") in commands, commands
+
+    def has_row(cmd: tuple[str, ...]) -> bool:
+        words = [rf"\b{re.escape(w)}\b" for w in cmd[1:]]
+        return any(f"`hpctrain {cmd[0]}" in row and all(re.search(w, row) for w in words) for row in firsts)
+
+    missing = [" ".join(cmd) for cmd in commands if not has_row(cmd)]
+    assert not missing, f"docs/commands.md has no row for: {', '.join(missing)}"
