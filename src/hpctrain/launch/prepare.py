@@ -220,11 +220,8 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     if profile is None:  # this machine's processes read its files
         if kind.tasks < 1:
             raise LaunchError(f"--local-tasks={kind.tasks}: need at least 1 process")
-        if not _has_torch():  # else each process's traceback, after the dataset was written
-            raise LaunchError(
-                "training on this machine (no Slurm job) needs torch, which this install lacks: "
-                "pip install 'hpctrain[train]', or submit it to Slurm with --cluster NAME"
-            )
+        if not _has_torch():  # now, as the import would: not each process's traceback after the dataset is written
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")  # the CLI's one line names the extra
         check_batch(cfg, kind.tasks)
         if member:
             _check_inputs(cfg)
