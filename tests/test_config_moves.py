@@ -254,6 +254,11 @@ HAND_EDITS = (
         "# model.fc_norm=null. Sources and what to change first: docs/finetune.md.\n",
         "# model.final_norm=auto. Sources and what to change first: docs/finetune.md.\n",
     ),
+    (  # the header named the key by its old name (issue 56 item 10); migrate leaves comments as written
+        "vit_b16_imagenet_16k_lamb.yaml",
+        "(8k-32k: set data.batch_size; the lr\n",
+        "(8k-32k: set data.global_batch; the lr\n",
+    ),
     *(
         (name, *WORKERS)
         for name in (

@@ -14,7 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DIGITS, run_metrics
+from tests.helpers import DIGITS, ROOT, run_metrics
+
+# README's top-1 figure against this run's: a few of the 359 val images differ between machines and
+# torch builds (98.89 % and 99.44 % measured: 2 images); a larger gap means the README is stale.
+TOP1_TOLERANCE_PP = 1.0
+
+
+def readme_top1() -> float:
+    """The demo's top-1 that README.md states ("final val top-1 (≥ 95 %; N % on …")."""
+    m = re.search(r"final val top-1 \(≥ 95 %; ([\d.]+) % on", (ROOT / "README.md").read_text())
+    assert m, "README.md no longer states the demo's top-1 as `final val top-1 (≥ 95 %; N % on …`"
+    return float(m.group(1))
 
 
 def readme_demo(tmp_path: Path) -> tuple[str, Path]:
@@ -48,6 +59,8 @@ def test_demo_trains_digits_to_95_percent(tmp_path):
     assert "/".join(progress[-1]) == re.search(r"steps\s+(\d+/\d+)", summary).group(1), r.stdout[-3000:]
     top1 = float(re.search(r"final val top-1: ([\d.]+) % \(359 images\)", r.stdout).group(1))
     assert top1 >= 95.0, r.stdout
+    stated = readme_top1()
+    assert abs(top1 - stated) <= TOP1_TOLERANCE_PP, f"README.md says {stated} %, the demo gave {top1} %: update it"
     run = cwd / "runs" / "digits_vit"
     assert f"run directory: {run}" in r.stdout
     assert {"config.yaml", "env.json", "metrics.jsonl", "checkpoints", "logs"} <= {p.name for p in run.iterdir()}

@@ -14,7 +14,9 @@ id>`, `[--ema]`, `…`) is no command."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib.util
 import io
 import os
 import re
@@ -243,3 +245,77 @@ def test_each_doc_command_that_needs_no_gpu_cluster_or_data_runs(cmd: DocCommand
         timeout=WAIT_S,
     )
     assert r.returncode == 0, f"{cmd}\nexit {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+
+
+def cli_commands() -> list[tuple[str, ...]]:
+    """Every command of the CLI and each sub-command under it (`data pack`, `image inspect`,
+    `config migrate`): a sub-parser's names, or the choices of a command's first positional."""
+    out: list[tuple[str, ...]] = []
+    top = next(a for a in build_parser([])._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in top.choices.items():
+        out.append((name,))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                out += [(name, sub) for sub in action.choices]
+            elif not action.option_strings and action.choices:
+                out += [(name, str(sub)) for sub in action.choices]
+    return out
+
+
+def test_commands_page_has_a_row_for_every_command_and_sub_command():
+    """docs/commands.md says it lists every `hpctrain` command: a new command (or sub-command) needs
+    its row there."""
+    cell = r"(?:[^|\\]|\\.)*"  # a table cell: `\|` inside it is no column's end
+    firsts = re.findall(rf"^\| (`hpctrain {cell})\|", (ROOT / "docs" / "commands.md").read_text(), re.M)
+    commands = cli_commands()
+    assert len(commands) > 25 and ("notebook",) in commands and ("data", "pack") in commands, commands
+
+    def has_row(cmd: tuple[str, ...]) -> bool:
+        words = [rf"\b{re.escape(w)}\b" for w in cmd[1:]]
+        return any(f"`hpctrain {cmd[0]}" in row and all(re.search(w, row) for w in words) for row in firsts)
+
+    missing = [" ".join(cmd) for cmd in commands if not has_row(cmd)]
+    assert not missing, f"docs/commands.md has no row for: {', '.join(missing)}"
+
+
+def has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+def fast_tier_block() -> tuple[int, str]:
+    """README's fast tier: the count it states and its command's `-m` expression."""
+    text = (ROOT / "README.md").read_text()
+    stated = re.search(r"(\d+) tests \(`--collect-only`", text)
+    command = re.search(r'^python -m pytest .*-m "([^"]+)" tests$', text, re.M)
+    assert stated and command, "README.md no longer states the fast tier as `N tests (`--collect-only`…` + its command"
+    return int(stated.group(1)), command.group(1)
+
+
+# What a module skipped at collection needs (pytest.importorskip): without one of them here, the
+# count is README command 1's venv's, not the figure's (every extra, as `.ci/run` installs them).
+EXTRA_MODULES = ("nvidia.dali", "pyarrow", "mlflow", "wandb")
+
+
+@pytest.mark.slow  # collects the whole suite (~15 s on 2 cores)
+def test_readme_fast_tier_count_is_what_collect_only_finds():
+    """The README's fast-tier figure is the count of its own command's `--collect-only`, with every
+    extra installed (as `.ci/run` has it). To update it, write the count this test prints."""
+    missing = [m for m in EXTRA_MODULES if not has(m)]
+    if missing:
+        pytest.skip(f"not installed here: {', '.join(missing)}; README's count is with every extra (.ci/run)")
+    stated, marks = fast_tier_block()
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", marks, "tests"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    last = r.stdout.strip().splitlines()[-1]
+    found = re.match(r"(\d+)(?:/\d+)? tests? collected", last)
+    assert r.returncode == 0 and found, r.stdout[-3000:] + r.stderr[-3000:]
+    assert int(found.group(1)) == stated, f"README.md says {stated} fast-tier tests; collect-only: {last}"

@@ -121,6 +121,13 @@ def login_venv(wheel, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def report_venv(wheel, tmp_path_factory) -> Path:
+    """README step 1's login-node install: the wheel with the report extra (no torch, no scikit-learn);
+    heavy imports load and are logged."""
+    return make_venv(tmp_path_factory.mktemp("venv") / "report", f"hpctrain[report] @ {wheel.as_uri()}", "record")
+
+
+@pytest.fixture(scope="module")
 def finished_run(digits_root, tmp_path_factory) -> Path:
     """A short real run (this test process has torch), for `status` and `logs` on the login node."""
     runs = tmp_path_factory.mktemp("runs")
@@ -183,6 +190,7 @@ def test_wheel_and_sdist_carry_configs_profiles_recipes_and_sbatch(wheel, tmp_pa
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = shipped_names() - names
     assert not missing, f"not in the wheel: {sorted(missing)}"
+    assert "hpctrain/data/prep/digits.u8.gz" in names  # the demo's images: `data digits` needs no scikit-learn
     assert wheel.name == f"hpctrain-{__version__}-py3-none-any.whl"
     # the size docs/packaging.md states for the wheel ("Install on a cluster", once the README's), within 20 %
     stated = re.search(r"`dist/hpctrain-[^`]+\.whl`,\s+about ([\d,]+) kB", (ROOT / "docs" / "packaging.md").read_text())
@@ -326,10 +334,10 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
 
 
 @pytest.mark.slow
-def test_report_imports_numpy_and_pil_only_through_matplotlib(wheel, finished_run, tmp_path):
+def test_report_imports_numpy_and_pil_only_through_matplotlib(report_venv, finished_run, tmp_path):
     """`report` needs the report extra (matplotlib, which itself needs numpy and Pillow): hpctrain's own
     modules still import neither, and torch/DALI not at all."""
-    env_dir = make_venv(tmp_path / "report", f"hpctrain[report] @ {wheel.as_uri()}", "record")
+    env_dir = report_venv
     (tmp_path / "empty").mkdir()
     log = tmp_path / "heavy.log"
     r = subprocess.run(
@@ -345,3 +353,47 @@ def test_report_imports_numpy_and_pil_only_through_matplotlib(wheel, finished_ru
     seen = [line.split(" <- ") for line in log.read_text().splitlines()]
     assert any(importer.startswith("matplotlib") for _, importer in seen)  # the hook saw them
     assert not [(m, i) for m, i in seen if i.startswith("hpctrain") or m.split(".")[0] in ("torch", "nvidia")]
+
+
+@pytest.mark.slow
+def test_the_demo_on_a_login_node_install_writes_the_digits_and_dry_runs(report_venv, tmp_path):
+    """Issue 56 item 1: on README step 1's install (wheel[report]: numpy and Pillow through matplotlib,
+    no torch, no scikit-learn) `data digits` writes the demo's images (they ship in the wheel), the
+    demo's dry run writes nothing, and a local run of it is refused in one line before any file."""
+    here = tmp_path / "empty"
+    here.mkdir()
+    log = tmp_path / "heavy.log"
+
+    def hp(*args: str) -> subprocess.CompletedProcess:
+        log.unlink(missing_ok=True)
+        return subprocess.run(
+            [str(report_venv / "bin" / "hpctrain"), *args],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=clean_env(HEAVY_IMPORT_LOG=str(log)),
+        )
+
+    def heavy_asked() -> set[str]:
+        return {line.split(" <- ")[0].split(".")[0] for line in log.read_text().splitlines()} if log.exists() else set()
+
+    py = report_venv / "bin" / "python"
+    assert subprocess.run([str(py), "-c", "import sklearn"], capture_output=True, env=clean_env()).returncode != 0
+
+    r = hp("data", "digits", "dg")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "wrote 1438 train and 359 val images to dg\n"
+    assert len(list((here / "dg").rglob("*.png"))) == 1797
+    assert not heavy_asked() & {"torch", "nvidia"}
+
+    dry = hp("submit", "--config", "digits_vit", "--dry-run")
+    assert dry.returncode == 0 and "#SBATCH" in dry.stdout, dry.stderr[-3000:]
+    assert not heavy_asked() & {"torch", "nvidia"}
+    assert sorted(p.name for p in here.iterdir()) == ["dg"]  # no data/digits, no runs/: a dry run writes nothing
+
+    local = hp("submit", "--config", "digits_vit", "--local")
+    assert local.returncode == 2 and local.stderr == (
+        "hpctrain: error: `hpctrain submit` needs torch, which this install lacks: pip install 'hpctrain[train]'\n"
+    ), local.stderr[-3000:]
+    assert sorted(p.name for p in here.iterdir()) == ["dg"]

@@ -98,7 +98,7 @@ EXTRA_OF = {
     "torch": "train",
     "numpy": "train",
     "PIL": "train",
-    "nvidia": "train",  # nvidia.dali
+    "nvidia": "dali",  # nvidia.dali
     "safetensors": "train",
     "tensorboard": "train",
     "pynvml": "train",

@@ -14,6 +14,7 @@ Imports no torch (login nodes).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -230,6 +231,8 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     if profile is None:  # this machine's processes read its files
         if kind.tasks < 1:
             raise LaunchError(f"--local-tasks={kind.tasks}: need at least 1 process")
+        if not _has_torch():  # now, as the import would: not each process's traceback after the dataset is written
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")  # the CLI's one line names the extra
         check_batch(cfg, kind.tasks)
         if member:
             _check_inputs(cfg)
@@ -258,6 +261,14 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     msgs += [Message("info", line)] if line else []
     msgs.append(Message("info", stop_line))
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
+
+
+def _has_torch() -> bool:
+    """torch is importable here (found, not imported: a login node's install has none)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ImportError:  # an import hook that refuses it (tests/test_install.py's login venv)
+        return False
 
 
 def _eval(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Eval, dry_run: bool) -> Prepared:

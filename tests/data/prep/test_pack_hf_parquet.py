@@ -11,14 +11,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from hpctrain.data.prep import hf_parquet, parquet
 from hpctrain.data.prep import pack as pk
 from tests.data.prep.test_pack_ilsvrc2012 import cli_pack, jpeg, quiet, shard_pairs, shards
 from tests.helpers import hpctrain
+
+# the data extra: README command 1 leaves it out, .ci/run installs it (every test here then runs)
+pa = pytest.importorskip("pyarrow", reason="pyarrow: the data extra (pip install 'hpctrain[data]')")
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow: the data extra (pip install 'hpctrain[data]')")
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # sorted: label = index
 PER_CLASS = 5

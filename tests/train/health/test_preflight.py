@@ -126,6 +126,7 @@ def test_on_cpu_a_rank_below_the_mark_is_timed_again_and_keeps_its_best_figure()
 
 
 def test_dali_decodes_the_runs_first_images_on_cpu_and_reports_one_it_cannot(digits_root, tmp_path):
+    pytest.importorskip("nvidia.dali", reason="DALI: the dali extra (pip install 'hpctrain[dali]')")
     cfg = SimpleNamespace(data=SimpleNamespace(loader="dali"))
     loader = SimpleNamespace(listing=list_split(digits_root, "train"))
     out = preflight.dali_decode(cfg, loader, torch.device("cpu"))
