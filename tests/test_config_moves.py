@@ -252,7 +252,7 @@ def test_migrate_says_what_it_did_with_each_key_and_names_the_keys_a_flow_style_
     assert r.stdout.splitlines()[:3] == [
         f"{f}: train.halt_at removed: it left the config in hpctrain 0.3.0: "
         "a test knob: HPCTRAIN_HALT_AT=N in the task's environment",
-        f"{f}: data.val_split removed: val is the default of data.eval_splits, its name since hpctrain 0.3.0",
+        f"{f}: data.val_split removed: val is what its new name data.eval_splits does by default (hpctrain 0.3.0)",
         f"{f}: data.reprob → aug.erase_prob (hpctrain 0.2.0)",
     ], r.stdout
     assert f.read_text() == "train:\n  epochs: 3\naug:\n  erase_prob: 0.2\n"
@@ -276,6 +276,12 @@ def test_migrate_says_what_it_did_with_each_key_and_names_the_keys_a_flow_style_
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"hpctrain: error: {block}: cannot rename train.tensorboard in place (")
     assert r.stderr.endswith("edit it by hand: replace train.tensorboard with `log: {trackers: [mlflow]}`\n")
+    # null for timm's fc_norm is final_norm's auto: what the new name does by default, not its value
+    nulls = tmp_path / "nulls.yaml"
+    nulls.write_text("model:\n  fc_norm: null\n  depth: 2\n")
+    r = hpctrain_cli("config", "migrate", str(nulls), cwd=tmp_path)
+    assert r.returncode == 0 and nulls.read_text() == "model:\n  depth: 2\n", r.stderr
+    assert f"{nulls}: model.fc_norm removed: null is what its new name model.final_norm does by default" in r.stdout
 
 
 # Comment lines of the shipped configs edited by hand after a release, which no migration writes:

@@ -263,7 +263,8 @@ def removed(m: Move, data: dict) -> str:
     if m.old not in _migrate(data, "")[3]:
         return ""
     section, old = _split(m.old)
-    return f"{flow(_mapping(data.get(section))[old])} is the default of {m.new}, its name since hpctrain {m.version}"
+    value = flow(_mapping(data.get(section))[old])
+    return f"{value} is what its new name {m.new} does by default (hpctrain {m.version})"
 
 
 def outcome(m: Move, data: dict) -> str:
