@@ -50,6 +50,19 @@ def test_bad_values_name_the_key(overrides, message):
     assert message in str(e.value)
 
 
+def test_every_unknown_key_of_a_file_is_named_in_one_error_each_with_its_hint(tmp_path):
+    """Issue 56: a file with two unknown keys named only the first (fix, rerun, meet the next)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optimizer:\n  lr: 0.1\ntrain:\n  epochz: 3\n  lrr: 0.1\ndata:\n  rooot: data/digits\n")
+    with pytest.raises(ConfigError) as e:
+        load(str(bad))
+    assert str(e.value) == (  # in the file's order
+        "4 unknown config keys: 'optimizer' (did you mean the section 'optim' (`optim:` in a file, --set optim.… "
+        "on the command line)?); train.'epochz' (did you mean train.'epochs'?); train.'lrr'; data.'rooot' (did "
+        "you mean data.'root'?): fix or drop each (`hpctrain config --keys` lists every valid key)"
+    )
+
+
 def test_batch_must_split_over_world_and_accumulation():
     with pytest.raises(ConfigError, match="data.global_batch=64 is not divisible by train.accum_steps=3"):
         load(DIGITS, ["data.global_batch=64", "train.accum_steps=3"])  # known at load: no world size needed

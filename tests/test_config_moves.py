@@ -242,6 +242,48 @@ def test_config_cli_reads_old_names_and_migrate_rewrites_a_file_keeping_the_old_
     assert flow.read_text() == "data: {reprob: 0.1}\n" and not (tmp_path / "flow.yaml.bak").exists()
 
 
+def test_migrate_says_what_it_did_with_each_key_and_names_the_keys_a_flow_style_file_holds(tmp_path):
+    """Issue 56: a key that left printed `train.halt_at →  (hpctrain 0.3.0)`, one whose value is the new
+    key's default went without a word, and a flow-style file was refused without naming its keys."""
+    f = tmp_path / "old.yaml"
+    f.write_text("train:\n  halt_at: 5\n  epochs: 3\ndata:\n  val_split: val\n  reprob: 0.2\n")
+    r = hpctrain_cli("config", "migrate", str(f), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:3] == [
+        f"{f}: train.halt_at removed: it left the config in hpctrain 0.3.0: "
+        "a test knob: HPCTRAIN_HALT_AT=N in the task's environment",
+        f"{f}: data.val_split removed: val is what its new name data.eval_splits does by default (hpctrain 0.3.0)",
+        f"{f}: data.reprob → aug.erase_prob (hpctrain 0.2.0)",
+    ], r.stdout
+    assert f.read_text() == "train:\n  epochs: 3\naug:\n  erase_prob: 0.2\n"
+    assert config.load(f) == config.load(tmp_path / "old.yaml.bak")  # nothing the old file meant is lost
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("train: {halt_at: 5}\ndata: {val_split: minival, recount: 2}\n")
+    r = hpctrain_cli("config", "migrate", str(flow), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot rename data.recount, data.val_split, train.halt_at in place (written in flow style" in r.stderr
+    fixes = r.stderr.split("edit it by hand: ")[1].strip().split("; ")
+    assert fixes == [
+        "replace data.recount with `aug: {erase_count: 2}`",
+        "replace data.val_split with `data: {eval_splits: [minival]}`",
+        "drop train.halt_at (it left the config in hpctrain 0.3.0: a test knob: HPCTRAIN_HALT_AT=N in the task's "
+        "environment)",
+    ], r.stderr
+    # a block list under the key a rule rewrites: the rewritten text did not parse (a traceback)
+    block = tmp_path / "block.yaml"
+    block.write_text("train:\n  tensorboard: false\nlog:\n  trackers:\n  - tensorboard\n  - mlflow\n")
+    r = hpctrain_cli("config", "migrate", str(block), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"hpctrain: error: {block}: cannot rename train.tensorboard in place (")
+    assert r.stderr.endswith("edit it by hand: replace train.tensorboard with `log: {trackers: [mlflow]}`\n")
+    # null for timm's fc_norm is final_norm's auto: what the new name does by default, not its value
+    nulls = tmp_path / "nulls.yaml"
+    nulls.write_text("model:\n  fc_norm: null\n  depth: 2\n")
+    r = hpctrain_cli("config", "migrate", str(nulls), cwd=tmp_path)
+    assert r.returncode == 0 and nulls.read_text() == "model:\n  depth: 2\n", r.stderr
+    assert f"{nulls}: model.fc_norm removed: null is what its new name model.final_norm does by default" in r.stdout
+
+
 # Comment lines of the shipped configs edited by hand after a release, which no migration writes:
 # (file, the line as migrate gives it, the line today). Everything else is migrate's output byte for byte.
 WORKERS = (  # 0.5.0: the ImageNet recipes take the loader's workers from the task's CPUs (data.workers: auto)

@@ -1085,19 +1085,54 @@ def _synonym(key: str, where: str) -> str | None:
     return ours if ours and ours != f"{where}{key}" else None
 
 
-def unknown_key_error(key: str, valid: typing.Iterable[str], where: str, mapping: bool = False) -> ConfigError:
-    """`mapping`: the key holds one, so a near name among `valid` is a section to rename to."""
-    valid = sorted(valid)
+def _near(key: str, valid: list[str], where: str, mapping: bool) -> str:
+    """The "did you mean" for an unknown key ("": no name is near). `mapping`: the key holds one,
+    so a near name among `valid` is a section to rename to."""
     near = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1, cutoff=0.5)
     ours = _synonym(key, where)
     if mapping and near:
-        hint = f"did you mean the section {near[0]!r} (`{near[0]}:` in a file, --set {near[0]}.… on the command line)? "
-    elif ours:
+        return f"did you mean the section {near[0]!r} (`{near[0]}:` in a file, --set {near[0]}.… on the command line)?"
+    if ours:
         section, name = ours.split(".")
-        hint = f"did you mean {ours!r} (`{section}: {{{name}: …}}` in a file, --set {ours}=… on the command line)? "
-    else:
-        hint = f"did you mean {where}{near[0]!r}? " if near else ""
-    return ConfigError(f"unknown config key {where}{key!r}: {hint}valid keys: {', '.join(valid)}")
+        return f"did you mean {ours!r} (`{section}: {{{name}: …}}` in a file, --set {ours}=… on the command line)?"
+    return f"did you mean {where}{near[0]!r}?" if near else ""
+
+
+def unknown_key_error(key: str, valid: typing.Iterable[str], where: str, mapping: bool = False) -> ConfigError:
+    """`mapping`: the key holds one, so a near name among `valid` is a section to rename to."""
+    valid = sorted(valid)
+    hint = _near(key, valid, where, mapping)
+    return ConfigError(f"unknown config key {where}{key!r}: {hint + ' ' if hint else ''}valid keys: {', '.join(valid)}")
+
+
+def unknown_keys(cls: type, data: Any, prefix: str = "") -> list[tuple[str, list[str], str, bool]]:
+    """Every key of `data` and of its sections that `cls` has no field for, as (key, the valid keys
+    beside it, its section's prefix, whether it holds a mapping): all of them in one error, not the first."""
+    if not isinstance(data, dict):
+        return []
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    out = []
+    for key, value in data.items():
+        if key not in fields:
+            out.append((str(key), sorted(fields), prefix, isinstance(value, dict)))
+        elif dataclasses.is_dataclass(hints[key]):
+            out += unknown_keys(hints[key], value, f"{prefix}{key}.")
+    return out
+
+
+def unknown_keys_error(found: list[tuple[str, list[str], str, bool]]) -> ConfigError:
+    """One error for every unknown key: one key with the valid keys beside it, several each with its hint."""
+    if len(found) == 1:
+        return unknown_key_error(*found[0])
+    each = []
+    for key, valid, where, mapping in found:
+        hint = _near(key, valid, where, mapping)
+        each.append(f"{where}{key!r}" + (f" ({hint})" if hint else ""))
+    return ConfigError(
+        f"{len(found)} unknown config keys: {'; '.join(each)}: fix or drop each "
+        "(`hpctrain config --keys` lists every valid key)"
+    )
 
 
 def build(cls: type, data: Any, prefix: str = "") -> Any:
@@ -1107,11 +1142,11 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     if not isinstance(data, dict):
         name = prefix.rstrip(".") or "the config file"
         raise ConfigError(f"{name}: expected a mapping of keys to values, got {data!r}")
+    found = unknown_keys(cls, data, prefix)  # the whole tree's: a nested build finds none left
+    if found:
+        raise unknown_keys_error(found)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            raise unknown_key_error(str(key), fields, prefix, mapping=isinstance(data[key], dict))
     kwargs = {}
     for name, f in fields.items():
         if name not in data:

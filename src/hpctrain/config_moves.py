@@ -196,7 +196,7 @@ def _mapping(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _flow(value: Any) -> str:
+def flow(value: Any) -> str:
     """A value as YAML writes it on one line (`[mlflow]`, `0.2`: no end-of-document mark)."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
@@ -210,17 +210,19 @@ def migrate_data(data: Any, where: str) -> tuple[Any, list[str]]:
     """`data` (a config mapping, not changed) with every moved key under its new name, and one note
     per key moved. Both names at once is an error: which one was meant cannot be told. A section
     the moves leave empty is left out."""
-    out, notes, _ = _migrate(data, where)
+    out, notes, _, _ = _migrate(data, where)
     return out, notes
 
 
-def _migrate(data: Any, where: str) -> tuple[Any, list[str], dict[str, str]]:
-    """migrate_data's work, and which old key's value each new key holds (the last move that wrote it:
-    two old keys may land on one new key, as model.fc_norm and model.gap_norm do)."""
+def _migrate(data: Any, where: str) -> tuple[Any, list[str], dict[str, str], set[str]]:
+    """migrate_data's work, which old key's value each new key holds (the last move that wrote it:
+    two old keys may land on one new key, as model.fc_norm and model.gap_norm do), and the old keys
+    whose rule left nothing (their value was the new key's default)."""
     if not isinstance(data, dict):
-        return data, [], {}
+        return data, [], {}, set()
     out, notes, emptied = dict(data), [], set()  # a moved key's section is replaced by a new mapping, never edited
     writers: dict[str, str] = {}
+    defaults: set[str] = set()
     for m in MOVES:
         section, old = _split(m.old)
         keys = out.get(section)
@@ -239,11 +241,38 @@ def _migrate(data: Any, where: str) -> tuple[Any, list[str], dict[str, str]]:
                 )
             out[to] = {**have, name: new}
             writers[m.new] = m.old
+        elif m.new:
+            defaults.add(m.old)
         notes.append(note(m, where))
     for section in emptied:
         if not out.get(section):
             del out[section]
-    return (out, notes, writers) if notes else (data, [], {})
+    return (out, notes, writers, defaults) if notes else (data, [], {}, set())
+
+
+def present(data: Any) -> list[Move]:
+    """The moves whose old key `data` (a config mapping as read) sets."""
+    return [m for m in MOVES if isinstance(data, dict) and _split(m.old)[1] in _mapping(data.get(_split(m.old)[0]))]
+
+
+def removed(m: Move, data: dict) -> str:
+    """Why migrating `data` (a config mapping as read, which sets m.old) leaves no key for m.old
+    ("": it is renamed): the key left the schema, or its value is the new key's default."""
+    if not m.new:
+        return f"it left the config in hpctrain {m.version}: {m.why}"
+    if m.old not in _migrate(data, "")[3]:
+        return ""
+    section, old = _split(m.old)
+    value = flow(_mapping(data.get(section))[old])
+    return f"{value} is what its new name {m.new} does by default (hpctrain {m.version})"
+
+
+def outcome(m: Move, data: dict) -> str:
+    """What migrating `data` does with m.old, as `hpctrain config migrate` says it: renamed, or removed and why."""
+    why = removed(m, data)
+    if why:
+        return f"{m.old} removed: {why}"
+    return f"{m.old} → {m.new} (hpctrain {m.version}{': ' + m.why if m.why else ''})"
 
 
 def current(data: dict) -> dict:
@@ -274,7 +303,7 @@ def migrate_override(item: str, data: dict) -> tuple[str | None, str | None]:
     if not m.new or _split(m.new)[1] not in (new.get(_split(m.new)[0]) or {}):
         return None, note(m, f"--set {key.strip()}")
     to, name = _split(m.new)
-    return f"{m.new}={_flow(new[to][name])}", note(m, f"--set {key.strip()}")
+    return f"{m.new}={flow(new[to][name])}", note(m, f"--set {key.strip()}")
 
 
 SECTION = re.compile(r"^([A-Za-z_]\w*)\s*:")
@@ -347,7 +376,7 @@ def _renamed(line: str, new: str, value: Any = GONE) -> str:
     if hit:
         body, comment, column = body[: hit.start()], hit.group(1), k.end(2) + hit.start(1)
     if value is not GONE:
-        body = f": {_flow(value)}"
+        body = f": {flow(value)}"
     out = k.group(1) + new + body
     if comment:  # at the column it had, or one space after a line that grew past it
         out += " " * max(1, column - len(out)) + comment
@@ -360,7 +389,7 @@ def migrate_text(text: str, order: tuple[str, ...] = ()) -> tuple[str, list[Move
     its column). A new section is placed in `order` (the schema's); a section left empty goes. Reads
     the block layout YAML configs are written in (`section:`, then its keys indented); the caller
     checks that the result loads to what the old text migrates to. Also returns the moves made."""
-    want, _, writers = _migrate(yaml.safe_load(text) or {}, "")
+    want, _, writers, _ = _migrate(yaml.safe_load(text) or {}, "")
     head, blocks = _parse(text)
     moved: list[Move] = []
     arriving: dict[str, list[Entry]] = {}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
-from hpctrain.cli import COMMANDS, build_parser
+from hpctrain.cli import COMMANDS, build_parser, main
 
 PROBE = r"""
 import json, sys
@@ -40,3 +41,39 @@ def test_help_and_an_unknown_command_list_every_command_of_the_table():
     assert list(sub.choices) == list(COMMANDS)  # each module registers exactly its table's words, in order
     r = subprocess.run([sys.executable, "-m", "hpctrain", "sumbit"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "invalid choice: 'sumbit'" in r.stderr and "submit" in r.stderr
+
+
+def commands(parser, words: tuple[str, ...] = ()):
+    """Every (sub)command of `parser` that runs (a leaf: no subcommand of its own), as the words that
+    name it and values for the positional arguments it needs, e.g. ("data", "pack", "x", "x")."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        required = [(a.option_strings[0],) for a in parser._actions if a.option_strings and a.required]
+        needed = [a for a in parser._actions if not a.option_strings and a.nargs not in ("?", "*")]
+        values = [*(v for o in required for v in (*o, "x")), *(str(a.choices[0]) if a.choices else "x" for a in needed)]
+        yield words, tuple(values)
+    for action in subs:
+        for name, p in action.choices.items():
+            yield from commands(p, (*words, name))
+
+
+def test_an_unknown_option_of_any_subcommand_shows_that_subcommands_usage(capsys):
+    """Issue 56: `data pack … --shard-szie 10` printed the top level's usage (argparse's subparsers hand
+    the arguments they do not know up to the top parser); each subcommand at every depth shows its own."""
+    leaves = list(commands(build_parser([])))
+    names = {words for words, _ in leaves}
+    assert {("data", "pack"), ("image", "convert"), ("cluster", "init"), ("config",), ("submit",)} <= names
+    for words, values in leaves:
+        with pytest.raises(SystemExit) as e:
+            main([*words, *values, "--no-such-option=1"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2, words
+        prog = " ".join(("hpctrain", *words))
+        assert err.startswith(f"usage: {prog} "), err
+        assert f"{prog}: error: unrecognized arguments: --no-such-option=1" in err, err
+    with pytest.raises(SystemExit):
+        main(["data", "pack", "in", "out", "--shard-szie", "10"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hpctrain data pack ") and err.endswith(
+        "hpctrain data pack: error: unrecognized arguments: --shard-szie 10 (did you mean --shard-size?)\n"
+    ), err

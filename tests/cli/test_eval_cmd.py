@@ -49,3 +49,28 @@ def test_minival_of_a_run_that_trained_on_it_is_a_warning(tmp_path, capsys, trai
         assert err == ""
     resolve_run(run, "val")
     assert capsys.readouterr().err == ""  # val is never in train
+
+
+def test_a_run_that_does_not_exist_is_said_so_with_the_closest_run_names(tmp_path, monkeypatch):
+    """Issue 56: `eval runs/digits_vt` (a typo) said `has no config.yaml: is it a run directory?`."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("digits_vit", "digits_vit2", "imagenet"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        save(load(DIGITS), tmp_path / "runs" / name / "config.yaml")
+    (tmp_path / "runs" / "digits_vit3").mkdir()  # not a run: no config.yaml
+    rest = "Otherwise give a run directory, or --weights FILE --config C"
+    for typed, near in (
+        ("runs/digits_vt", "runs/digits_vit or runs/digits_vit2"),
+        ("digits_vt", "digits_vit or digits_vit2"),
+    ):
+        with pytest.raises(eval_cmd.CLIError) as e:
+            resolve_run(typed, None)
+        assert str(e.value) == (
+            f"{typed} does not exist (not a run directory, nor a run name under runs/): did you mean {near}? {rest}"
+        )
+    with pytest.raises(eval_cmd.CLIError, match=r"^zzz does not exist \(.*\): give a run directory, or --weights"):
+        resolve_run("zzz", None)
+    with pytest.raises(eval_cmd.CLIError, match=r"^runs/digits_vit/checkpoints/step-9.pt does not exist: give runs/"):
+        resolve_run("runs/digits_vit/checkpoints/step-9.pt", None)
+    with pytest.raises(eval_cmd.CLIError, match=r"has no config.yaml: is it a run directory\?"):  # it exists
+        resolve_run("runs/digits_vit3", None)

@@ -164,7 +164,8 @@ def test_plan_without_slurm_keeps_the_training_columns_and_says_the_queue_is_unk
         "plan", "--config", VIT_B, "--nodes", "8", "--cluster", "example-ib", env={"PATH": str(tmp_path / "bin")}
     )
     assert r.returncode == 0, r.stderr
-    assert "per-GPU batch 16; predicted" in r.stdout and "time to result (no partition):" in r.stdout
+    # the table's header names the partition its sources name (issue 56: it said "no partition")
+    assert "per-GPU batch 16; predicted" in r.stdout and "time to result (partition gpu):" in r.stdout, r.stdout
     assert (
         "queue at 1,2,4,8,16 node(s): unknown: no Slurm here (sacct and sinfo do not answer for partition gpu)"
         in r.stdout

@@ -9,6 +9,7 @@ nodes have neither). Only `hpctrain --help` (or an unknown command) loads them a
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -71,6 +72,22 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument no parser knows is refused by the innermost (sub)command's parser, with that
+    command's usage (`hpctrain data pack … --shard-szie 10`: `data pack`'s usage, not the top level's).
+    argparse's subparsers parse with parse_known_args and hand what they do not know up to the top
+    parser, which would print its own usage; add_subparsers makes every nested parser of this class."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            options = [o for o in self._option_string_actions if o.startswith("--")]
+            near = [m for e in extras if e.startswith("--") for m in difflib.get_close_matches(e, options, n=1)]
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return ns, extras
+
+
 def command_word(argv: list[str]) -> str | None:
     """The sub-command named on the command line (the top level has only options without values)."""
     return next((a for a in argv if not a.startswith("-")), None)
@@ -78,7 +95,7 @@ def command_word(argv: list[str]) -> str | None:
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser for `argv`'s command alone when it names one, else for every command."""
-    parser = argparse.ArgumentParser(prog="hpctrain", description=__doc__.splitlines()[0])
+    parser = Parser(prog="hpctrain", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--version",
         action=VersionAction,

@@ -7,7 +7,7 @@ import json
 import sys
 
 from hpctrain.bench import measure, report
-from hpctrain.cli import CLIError, add_config_args
+from hpctrain.cli import CLIError, Parser, add_config_args
 from hpctrain.cli.common import load_config
 from hpctrain.config import ConfigError
 from hpctrain.train.dist import detect
@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
 def standalone(argv: list[str] | None = None) -> int:
     """`python -m hpctrain.cli.bench …`: this command alone, without importing the other commands
     (for GPU machines that have torch but not the launch dependencies)."""
-    parser = argparse.ArgumentParser(prog="hpctrain")
+    parser = Parser(prog="hpctrain")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     try:

@@ -55,6 +55,36 @@ def show_shipped(name: str) -> None:
     sys.stdout.write(path.read_text())
 
 
+def unrenamed(old: dict, want: dict, moved: list[config_moves.Move]) -> str:
+    """Why the text could not be rewritten, naming the keys and what to write instead. The rewrite
+    reads block layout (`section:`, then its keys indented): a key in flow style (`data: {reprob: 0.1}`)
+    is not seen in the text; a block list beside a key whose value changes form is not rewritten."""
+    done = {m.old for m in moved}
+    left = [m for m in config_moves.present(old) if m.old not in done]
+    why = "written in flow style, `section: {key: value}`, which migrate does not rewrite"
+    if not left:
+        left = [m for m in moved if m.rule] or moved
+        why = "the rewritten text would not read as the file does: a block list beside a key whose value changes form?"
+    fixes = []
+    for m in left:
+        gone = config_moves.removed(m, old)
+        section, name = m.new.split(".") if m.new else ("", "")
+        value = config_moves.flow((want.get(section) or {}).get(name))
+        fixes.append(f"drop {m.old} ({gone})" if gone else f"replace {m.old} with `{section}: {{{name}: {value}}}`")
+    return f"cannot rename {', '.join(m.old for m in left)} in place ({why}): edit it by hand: {'; '.join(fixes)}"
+
+
+UNREADABLE = object()  # what a rewritten text YAML cannot read is read as: equal to no config
+
+
+def reads(text: str) -> object:
+    """The rewritten text as YAML reads it."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return UNREADABLE
+
+
 def migrate(name: str | None, output: str | None) -> None:
     """Rename the moved keys of a config file where they stand; the result must read as the old file
     does through config_moves (else nothing is written and the file is named for a hand edit)."""
@@ -63,11 +93,11 @@ def migrate(name: str | None, output: str | None) -> None:
     path = Path(name)
     old = config.read_yaml(path)
     text, moved = config_moves.migrate_text(path.read_text(), config.SECTIONS)
-    want, notes = config_moves.migrate_data(old, str(path))
-    if yaml.safe_load(text) != want:
-        raise CLIError(f"{path}: cannot rename its {len(notes)} moved key(s) in place (flow style?): edit it by hand")
+    want, _ = config_moves.migrate_data(old, str(path))
+    if reads(text) != want:
+        raise CLIError(f"{path}: {unrenamed(old, want, moved)}")
     for m in moved:
-        print(f"{path}: {m.old} → {m.new} (hpctrain {m.version})")
+        print(f"{path}: {config_moves.outcome(m, old)}")
     if not moved and not output:
         print(f"{path}: nothing to migrate: every key has today's name")
         return

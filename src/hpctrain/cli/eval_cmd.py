@@ -19,7 +19,7 @@ from hpctrain.launch import dryrun
 from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local
-from hpctrain.run.layout import CHECKPOINTS, CONFIG, SUBMITIT, run_dir_named
+from hpctrain.run.layout import CHECKPOINTS, CONFIG, RUNS, SUBMITIT, near_runs, run_dir_named
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
@@ -118,6 +118,15 @@ def resolve(args: argparse.Namespace):
         if run.parent.name != CHECKPOINTS:  # a run directory, or a run's name under ./runs (as status takes it)
             run = run_dir_named(args.run) or run
         run_dir = run.parent.parent if run.parent.name == CHECKPOINTS else run
+        if not run.exists() and run_dir.is_dir():
+            raise CLIError(f"{args.run} does not exist: give {run_dir} (its newest checkpoint) or one in {run.parent}")
+        if not run.exists():  # a mistyped run: say so, and the runs it may mean (not "has no config.yaml")
+            near = near_runs(str(run_dir))
+            hint = f"did you mean {' or '.join(near)}? Otherwise give" if near else "give"
+            raise CLIError(
+                f"{args.run} does not exist (not a run directory, nor a run name under {RUNS}/): "
+                f"{hint} a run directory, or --weights FILE --config C"
+            )
         config = args.config or run_dir / CONFIG
         if not Path(config).is_file():
             raise CLIError(f"{run_dir} has no config.yaml: is it a run directory? Otherwise give --config")

@@ -42,9 +42,11 @@ class Context:
     why: str = ""
 
 
-def no_context(why: str) -> Context:
-    hist = History("", 0, None)
-    return Context("", hist, Now(), Rate(None, f"unknown: {why}"), None, why)
+def no_context(why: str, partition: str = "") -> Context:
+    """Nothing read from the cluster, because `why`; `partition`: the one asked about, if any (the
+    table's header names it, as the sources' lines do)."""
+    hist = History(partition, 0, None)
+    return Context(partition, hist, Now(), Rate(None, f"unknown: {why}"), None, why)
 
 
 def read_context(
@@ -67,7 +69,7 @@ def read_context(
     hist = History(name, days, within(read_history(name, scan, since, HISTORY_CACHE_S), days))
     now = read_now(name)
     if hist.allocs is None and now.total is None:
-        return no_context(f"no Slurm here (sacct and sinfo do not answer for partition {name})")
+        return no_context(f"no Slurm here (sacct and sinfo do not answer for partition {name})", name)
     alloc = read_allocation(account or profile.slurm.account) if allocation else None
     return Context(name, hist, now, node_rate(hist, profile), alloc)
 

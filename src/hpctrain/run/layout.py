@@ -7,6 +7,7 @@ The batch shell (launch/shell/*.sh, the sbatch template) spells the same names i
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import socket
@@ -104,3 +105,18 @@ def run_dir_named(target: str) -> Path | None:
         if (cand / CONFIG).is_file():
             return cand.resolve()
     return None
+
+
+def near_runs(target: str, n: int = 3) -> list[str]:
+    """The run directories whose names are closest to `target`'s (a mistyped run, e.g. runs/digits_vt),
+    as `target` spells their folder: among the runs beside it, and under ./runs for a bare name."""
+    path = Path(target)
+    folders = [path.parent] + ([RUNS] if path.parent == Path(".") else [])
+    runs: dict[str, str] = {}
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for d in sorted(folder.iterdir()):
+            if (d / CONFIG).is_file():
+                runs.setdefault(d.name, str(d) if folder == path.parent else d.name)
+    return [runs[m] for m in difflib.get_close_matches(path.name, list(runs), n=n, cutoff=0.6)]
