@@ -24,6 +24,7 @@ from hpctrain.launch.prepare import (
     Prepared,
     Script,
     Train,
+    check_controller,
     plan_summary,
     prepare,
     slurm_profile,
@@ -88,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
         return run_local(args, cfg)
     if args.emit_sbatch:
         return emit(args, cfg, profile, request(args))
+    if not args.dry_run:  # a controller that does not answer: one line, no sbatch, nothing written
+        check_controller(profile)
     p = prepare(cfg, profile, request(args), Train(args.gpu_mem_gb), dry_run=args.dry_run)
     if args.dry_run:
         show(p.messages, sys.stderr)  # stdout: the script

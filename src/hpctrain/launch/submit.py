@@ -24,7 +24,8 @@ from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
 from hpctrain.launch.private import private_dir
 from hpctrain.launch.sbatch import JobPlan, call_log_env, render
 from hpctrain.launch.task import eval_task, train_task
-from hpctrain.run.layout import JOB, SUBMITIT, read_json
+from hpctrain.launch.undo import undone_on
+from hpctrain.run.layout import CODE, JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
 from hpctrain.site.profile import SlurmSection, parse_tres, time_minutes
 from hpctrain.site.slurm_cli import client_version
@@ -525,10 +526,11 @@ def slurm_job(plan, folder: Path, fn, *args):
     """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
     snapshot of this package (job_snapshot). Returns (job, snapshot). The image was checked by
     launch.prepare, before anything was written."""
-    private_dir(folder)
-    snap = job_snapshot(plan, folder)
     try:
-        return glue.slurm_job(slurm_spec(plan, folder, slurm_script(plan, folder, snap=snap)), fn, *args), snap
+        with undone_on((*glue.SUBMIT_ERRORS, LaunchError), folder.parent, (SUBMITIT, CODE)):  # refused: as found
+            private_dir(folder)
+            snap = job_snapshot(plan, folder)
+            return glue.slurm_job(slurm_spec(plan, folder, slurm_script(plan, folder, snap=snap)), fn, *args), snap
     except glue.SUBMIT_ERRORS as e:
         raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
 
