@@ -44,7 +44,9 @@ def test_no_sbatch_and_nothing_written_when_the_controller_does_not_answer(digit
     )
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "SLURM_CONF": str(conf), "HPCTRAIN_SLURM_CALL_LOG": str(log), "HPCTRAIN_CLUSTER": ""}
-    r = submit(env, tmp_path / "runs", digits_root, "--cluster", "example-ib", "--cluster-set", "container.runtime=none")
+    r = submit(
+        env, tmp_path / "runs", digits_root, "--cluster", "example-ib", "--cluster-set", "container.runtime=none"
+    )
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(

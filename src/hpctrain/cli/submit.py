@@ -19,7 +19,7 @@ from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.config import check_text, to_dict
 from hpctrain.launch.failure import explain
-from hpctrain.launch.localjob import HangupAsInterrupt, say
+from hpctrain.launch.localjob import HangupAsInterrupt, say, signal_name, take_sigint
 from hpctrain.launch.prepare import (
     Prepared,
     Script,
@@ -201,18 +201,19 @@ def run_local(args: argparse.Namespace, cfg) -> int:
             "hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys", file=sys.stderr
         )
     show(p.messages, sys.stdout)
+    take_sigint()  # started with SIGINT ignored (a script's background job): a foreground job stops on it
     sub = start(p)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
     print(f"follow the logs: {sub.log_hint}", flush=True)
-    interrupted = False
+    interrupted = ""
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
             watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.global_batch)  # rank 0's progress
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as e:
+        interrupted = signal_name(e)
     summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
     if summary["status"] == "interrupted":
         where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""

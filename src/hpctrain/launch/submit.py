@@ -20,7 +20,7 @@ from hpctrain.errors import LaunchError
 from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.container import bind_list, check_pyxis
 from hpctrain.launch.failure import explain, no_result
-from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
+from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, signal_name, stop_tasks
 from hpctrain.launch.private import private_dir
 from hpctrain.launch.sbatch import JobPlan, call_log_env, render
 from hpctrain.launch.task import eval_task, train_task
@@ -127,20 +127,23 @@ def submit_eval_local(
 def wait_local(
     sub: Submission,
     poll_s: float = 1.0,
-    interrupted: bool = False,
+    interrupted: str = "",
     what: str = "stops at the next step (checkpoint, stop record)",
 ) -> list[dict]:
     """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
-    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
-    passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
+    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the signal the caller had,
+    SIGINT, SIGTERM or SIGHUP) is passed to the tasks, once (launch.localjob.stop_tasks; `what`
+    they do then); a second one kills them."""
+    by = interrupted
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
-            if interrupted:
-                raise KeyboardInterrupt
-            while not sub.job.done():
+            while not by and not sub.job.done():
                 time.sleep(poll_s)
-    except KeyboardInterrupt:
-        stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
+    except KeyboardInterrupt as e:
+        by = signal_name(e)
+    if by:
+        with HangupAsInterrupt():  # a second SIGTERM kills the tasks as a second Ctrl-C does
+            stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what, by)
     try:
         return sub.job.results()
     except glue.RESULT_ERRORS:
