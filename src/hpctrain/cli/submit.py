@@ -19,7 +19,7 @@ from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.config import check_text, to_dict
 from hpctrain.launch.failure import explain
-from hpctrain.launch.localjob import HangupAsInterrupt, say, signal_name, take_sigint
+from hpctrain.launch.localjob import HangupAsInterrupt, say, signal_name
 from hpctrain.launch.prepare import (
     Prepared,
     Script,
@@ -201,7 +201,6 @@ def run_local(args: argparse.Namespace, cfg) -> int:
             "hpctrain: note: --nsys-ranks applies to Slurm jobs only; this local run runs without nsys", file=sys.stderr
         )
     show(p.messages, sys.stdout)
-    take_sigint()  # started with SIGINT ignored (a script's background job): a foreground job stops on it
     sub = start(p)
     print(f"submitted local job {sub.job_id} ({args.local_tasks} processes)")
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")

@@ -20,7 +20,7 @@ from hpctrain.errors import LaunchError
 from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.container import bind_list, check_pyxis
 from hpctrain.launch.failure import explain, no_result
-from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, signal_name, stop_tasks
+from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, signal_name, stop_tasks, take_sigint
 from hpctrain.launch.private import private_dir
 from hpctrain.launch.sbatch import JobPlan, call_log_env, render
 from hpctrain.launch.task import eval_task, train_task
@@ -72,8 +72,10 @@ def absolute_paths(cfg: Config) -> Config:
 
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
-    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
+    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob), which takes SIGINT
+    back where it was started with it ignored (a script's background job): the job is in its foreground."""
     private_dir(folder)
+    take_sigint()
     with IgnoreSigint():
         return glue.local_job(folder, tasks, timeout_min, fn, *args)
 
