@@ -204,7 +204,7 @@ def check_controller(profile: ClusterProfile) -> None:
             "submit from the cluster's login node, or point $SLURM_CONF at the cluster's slurm.conf"
         )
     _, host, port = conf_file_key(conf) or ("", "", "")
-    at = f" at {host or '?'}:{port or 6817}" if host else ""
+    at = f" at {host}:{port or 6817}" if host else ""  # 6817: slurm.conf(5)'s default port
     raise LaunchError(
         f"{site}: the Slurm controller{at} did not answer `scontrol ping` ({here.why}), nothing was submitted: "
         f"check that slurmctld runs there and that this machine's client points at it (SlurmctldHost, "
