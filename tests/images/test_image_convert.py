@@ -140,3 +140,16 @@ def test_site_dockerfile_converts(tmp_path):
     ]
     assert s["%runscript"] == ['exec hpctrain "$@"']
     assert "split LABEL with 2 pairs" in r.stderr
+
+
+def test_convert_o_refuses_an_existing_file_unless_force(tmp_path):
+    """As `sbatch-template` does: an existing definition is never overwritten unasked."""
+    out = tmp_path / "site.def"
+    out.write_text("my edited definition\n")
+    argv = [sys.executable, "-m", "hpctrain", "image", "convert", str(RECIPES / "Dockerfile"), "-o", str(out)]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == f"hpctrain: error: {out} already exists: pass --force to overwrite it, or give another path\n"
+    assert out.read_text() == "my edited definition\n"
+    r = subprocess.run([*argv, "--force"], capture_output=True, text=True)
+    assert r.returncode == 0 and "From: nvcr.io/nvidia/pytorch:23.12-py3" in out.read_text(), r.stderr

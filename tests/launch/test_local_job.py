@@ -149,6 +149,56 @@ def test_ctrl_c_of_a_local_submit_stops_every_rank_with_a_checkpoint(digits_root
     ), st
 
 
+def started_in_the_background() -> None:
+    """`preexec_fn`: what bash gives a background job of a script (`hpctrain submit … &` in a
+    non-interactive shell): SIGINT and SIGQUIT ignored, which every child inherits across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig, words",
+    [
+        (
+            signal.SIGINT,
+            "hpctrain: interrupted: local job {job} stops at the next step (checkpoint, stop record); "
+            "Ctrl-C again to kill it now",
+        ),
+        (
+            signal.SIGTERM,
+            "hpctrain: got SIGTERM: local job {job} stops at the next step (checkpoint, stop record); "
+            "SIGTERM again (or Ctrl-C) to kill it now",
+        ),
+    ],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_submit_started_with_sigint_ignored_stops_on_sigint_and_sigterm_saying_which(
+    sig, words, digits_root, tmp_path
+):
+    """The submitter takes SIGINT back (launch.localjob.take_sigint): a script's `kill -INT` stops the
+    job as a Ctrl-C does; a SIGTERM stops it too, and its words name SIGTERM, not a Ctrl-C."""
+    run = tmp_path / "bg"
+    p = subprocess.Popen(
+        [sys.executable, *submit_args(digits_root, tmp_path, "bg", "train.max_steps=4000")],
+        env=local_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=started_in_the_background,
+    )
+    wait_for_step(run, 3, [p])
+    job = json.loads((run / "job.json").read_text())["job_id"]
+    os.kill(p.pid, sig)  # to `submit` alone, as a script's `kill` sends it
+    out, err = p.communicate(timeout=WAIT_S)
+    assert p.returncode == 130, out[-2000:] + err[-3000:]
+    (stop,) = run_metrics(run, "stop")
+    assert stop["stop_kind"] == "interrupt" and 3 <= stop["step"] < 4000, stop
+    assert words.format(job=job) in err, err
+    assert f"local job {job} stopped at step {stop['step']}, checkpoint" in err and "Traceback" not in err, err
+
+
 @pytest.mark.slow
 def test_a_local_run_by_name_and_job_id_and_logs_f_ends_with_it(digits_root, tmp_path):
     """From the directory a local submit ran in: `status NAME` (run.dir's default runs/) and

@@ -1,9 +1,10 @@
 """What a submission costs the site's daemons (issue 55): a first `hpctrain submit` makes at most 6
-Slurm calls (5 here), a dry run and a second submit within the cache's life (plan.queue: NOW_CACHE_S)
-at most the sbatch and one (here: none and the sbatch). Counted twice, against the real test cluster: by stand-ins for
-Slurm's clients first on the user's PATH that count each call and then run the real client, and by
-hpctrain's own call log ($HPCTRAIN_SLURM_CALL_LOG), which must agree with them (so the log that
-bench/site_load.py reads cannot lie)."""
+Slurm calls (6 here: `scontrol ping` first), a dry run and a second submit within the cache's life
+(plan.queue: NOW_CACHE_S) at most the sbatch and one (here: none, and `scontrol ping` and the sbatch).
+Counted twice, against the real test cluster: by stand-ins for Slurm's clients first on the user's
+PATH that count each call and then run the real client, and by hpctrain's own call log
+($HPCTRAIN_SLURM_CALL_LOG), which must agree with them (so the log that bench/site_load.py reads
+cannot lie)."""
 
 from __future__ import annotations
 

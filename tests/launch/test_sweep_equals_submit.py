@@ -5,6 +5,7 @@ the configs compared are the ones the jobs' pickles carry, what the tasks train 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from submitit.core.utils import DelayedSubmission
@@ -27,12 +28,17 @@ PROFILE = [
 
 
 def fake_slurm(tmp_path: Path) -> dict:
-    """sbatch that accepts every job as Slurm's prints it; no controller for anything else (an empty
-    slurm.conf: scontrol, sacct and squeue fail at once)."""
+    """sbatch that accepts every job as Slurm's prints it, and `scontrol ping` that says UP (a submission
+    asks it first); no controller for anything else (an empty slurm.conf: the real scontrol, sacct and
+    squeue fail at once)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text('#!/bin/sh\necho "Submitted batch job 4242"\n')
     (bin_dir / "sbatch").chmod(0o755)
+    ping = 'if [ "$1" = ping ]; then echo "Slurmctld(primary) at fake is UP"; exit 0; fi'
+    rest = f'exec {shutil.which("scontrol")} "$@"' if shutil.which("scontrol") else "exit 1"
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\n{ping}\n{rest}\n")
+    (bin_dir / "scontrol").chmod(0o755)
     conf = tmp_path / "empty-slurm.conf"
     conf.write_text("")
     return {

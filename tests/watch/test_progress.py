@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from hpctrain.run.metrics import supersede
 from hpctrain.watch.progress import (
     RECHECK_S,
     MetricsTail,
@@ -192,14 +193,13 @@ def test_watch_on_a_terminal_rewrites_one_line(tmp_path):
     import pty
 
     path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps(train(10, T0)) + "\n")
-    calls = iter([False, True])
+    path.touch()
+    calls = iter([(10, False), (20, True)])
 
-    def done() -> bool:  # the second poll sees step 20, and the job's end
-        last = next(calls)
-        if last:
-            with open(path, "a") as f:
-                f.write(json.dumps(train(20, T0 + 10)) + "\n")
+    def done() -> bool:  # the first poll sees step 10, the second step 20 and the job's end
+        step, last = next(calls)
+        with open(path, "a") as f:
+            f.write(json.dumps(train(step, T0 + step)) + "\n")
         return last
 
     master, slave = pty.openpty()
@@ -219,3 +219,34 @@ def test_watch_on_a_terminal_rewrites_one_line(tmp_path):
     assert shown.endswith("\n") and shown.count("\n") == 1, repr(shown)  # one line, ended once at the end
     blank, first, second = shown.rstrip("\r\n").split("\r")  # (a terminal may write "\n" as "\r\n")
     assert not blank and first.startswith("step 10/40 (25%)") and second.startswith("step 20/40 (50%)"), repr(shown)
+
+
+@pytest.mark.parametrize("superseded", [False, True], ids=["appended", "superseded"])
+def test_watch_of_a_resumed_run_shows_only_the_new_attempts_progress(tmp_path, superseded):
+    """The earlier attempt stopped at step 20 of 660 (its records in the file when the watch begins):
+    the line waits for the new attempt's first step instead of showing `step 20/660 … ETA` of the old
+    one. Resumed from step 20 its records are appended; from the checkpoint at step 14, the records
+    past it are first moved out of the file (metrics.supersede, a replaced file the tail rereads)."""
+    path = tmp_path / "metrics.jsonl"
+    old = [*attempt(2, 20, 2, T0, 1.0), {"kind": "stop", "time": T0 + 21, "step": 20, "stop_kind": "interrupt"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    resumed = 14 if superseded else 20
+    polls = iter([False, "resume", False, True])
+
+    def done() -> bool:
+        what = next(polls)
+        if what == "resume":
+            if superseded:
+                supersede(path, lambda r: r.get("step", 0) > resumed)
+            with open(path, "a") as f:
+                f.write(json.dumps(train(resumed + 2, T0 + 100)) + "\n")
+            return False
+        return what
+
+    out = io.StringIO()
+    tail = MetricsTail(path, recheck_s=0)
+    watch(tmp_path, done, {"train": {"max_steps": 660}}, out, every_s=0, poll_s=0, tail=tail)
+    lines = out.getvalue().splitlines()
+    assert [line.split(" · ")[0] for line in lines] == [f"step {resumed + 2}/660 ({100 * (resumed + 2) / 660:.0f}%)"], (
+        lines
+    )

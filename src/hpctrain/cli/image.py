@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from hpctrain import shipped
+from hpctrain.cli import CLIError
 from hpctrain.images.build import plan_build, run_build
 from hpctrain.images.convert import convert_file
 from hpctrain.images.lint import lint_file
@@ -52,6 +53,7 @@ def add_parser(sub) -> None:
     c = isub.add_parser("convert", help="Dockerfile → Apptainer definition (spython + fixes)")
     c.add_argument("dockerfile", help="a Dockerfile (Dockerfile: the shipped example, unless ./Dockerfile exists)")
     c.add_argument("-o", "--output", help="definition to write (default: stdout)")
+    c.add_argument("--force", action="store_true", help="overwrite an existing -o file")
     c.set_defaults(func=convert)
 
     li = isub.add_parser("lint", help="check definition files: header, sections, set -e, secrets, %%test")
@@ -86,7 +88,8 @@ def build(args: argparse.Namespace) -> int:
 
 
 def convert(args: argparse.Namespace) -> int:
-
+    if args.output and Path(args.output).exists() and not args.force:  # as sbatch-template, before any work
+        raise CLIError(f"{args.output} already exists: pass --force to overwrite it, or give another path")
     conv = convert_file(recipe(args.dockerfile))
     for note in conv.notes:
         print(f"note: {note}", file=sys.stderr)

@@ -20,11 +20,12 @@ from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.config import check_text, to_dict
 from hpctrain.launch import dryrun
 from hpctrain.launch.failure import explain
-from hpctrain.launch.localjob import HangupAsInterrupt, say
+from hpctrain.launch.localjob import HangupAsInterrupt, say, signal_name
 from hpctrain.launch.prepare import (
     Prepared,
     Script,
     Train,
+    check_controller,
     plan_summary,
     prepare,
     slurm_profile,
@@ -89,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
         return run_local(args, cfg)
     if args.emit_sbatch:
         return emit(args, cfg, profile, request(args))
+    if not args.dry_run:  # a controller that does not answer: one line, no sbatch, nothing written
+        check_controller(profile)
     p = prepare(cfg, profile, request(args), Train(args.gpu_mem_gb), dry_run=bool(args.dry_run))
     if args.dry_run:
         show(p.messages, sys.stderr)  # stdout: the script, short or whole
@@ -205,12 +208,12 @@ def run_local(args: argparse.Namespace, cfg) -> int:
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
     print(f"follow the logs: {sub.log_hint}", flush=True)
-    interrupted = False
+    interrupted = ""
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
             watch(sub.run_dir, sub.job.done, to_dict(cfg), global_batch=cfg.data.global_batch)  # rank 0's progress
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as e:
+        interrupted = signal_name(e)
     summary = wait_local(sub, interrupted=interrupted)[0]  # a Ctrl-C: every rank stops at the next step
     if summary["status"] == "interrupted":
         where = f", checkpoint {summary['checkpoint']}" if summary.get("checkpoint") else ""

@@ -77,8 +77,30 @@ def signal_tasks(folder: Path, job_id: str, sig: int) -> list[int]:
     return sent
 
 
+class Signalled(KeyboardInterrupt):
+    """A SIGHUP or SIGTERM of the submitter, taken as a Ctrl-C (HangupAsInterrupt); `name` says which."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
 def _interrupt(signum: int, frame) -> None:
-    raise KeyboardInterrupt
+    raise Signalled(signal.Signals(signum).name)
+
+
+def signal_name(e: KeyboardInterrupt) -> str:
+    """The signal behind an interrupt: SIGHUP or SIGTERM (Signalled), else SIGINT (a Ctrl-C)."""
+    return e.name if isinstance(e, Signalled) else "SIGINT"
+
+
+def take_sigint() -> None:
+    """A job run in the foreground stops on SIGINT even when this process was started with it
+    ignored (bash starts a non-interactive shell's background jobs so, and an ignored signal stays
+    ignored across exec): Python's KeyboardInterrupt handler back (main thread only)."""
+    with contextlib.suppress(ValueError):  # not the main thread
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class HangupAsInterrupt:
@@ -105,12 +127,18 @@ def say(text: str) -> None:
 
 
 def stop_tasks(
-    done: Callable[[], bool], folder: Path, job_id: str, what: str = "stops at the next step (checkpoint, stop record)"
+    done: Callable[[], bool],
+    folder: Path,
+    job_id: str,
+    what: str = "stops at the next step (checkpoint, stop record)",
+    by: str = "SIGINT",
 ) -> None:
-    """After a Ctrl-C of the submitter: one SIGINT to each task (a task that records its pid later
-    gets its own once it can take it), then wait until the job is `done()`. A second Ctrl-C
-    kills the tasks (SIGKILL) and raises KeyboardInterrupt."""
-    say(f"\nhpctrain: interrupted: local job {job_id} {what}; Ctrl-C again to kill it now")
+    """After a Ctrl-C of the submitter (`by`: or the SIGTERM, SIGHUP taken as one): one SIGINT to
+    each task (a task that records its pid later gets its own once it can take it), then wait until
+    the job is `done()`. A second Ctrl-C, SIGTERM or SIGHUP kills the tasks (SIGKILL) and raises
+    KeyboardInterrupt."""
+    got, again = ("interrupted", "Ctrl-C again") if by == "SIGINT" else (f"got {by}", f"{by} again (or Ctrl-C)")
+    say(f"\nhpctrain: {got}: local job {job_id} {what}; {again} to kill it now")
     signalled: set[int] = set()
     try:
         while not done():  # a second SIGINT would make a task exit at once: once per pid

@@ -52,7 +52,7 @@ from hpctrain.plan.stop_cost import with_stop_every
 from hpctrain.run.finished import finished_run
 from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile, load_profile
-from hpctrain.site.slurm_cli import slurm_here
+from hpctrain.site.slurm_cli import DEFAULT_CONF, conf_file_key, slurm_here
 
 # --------------------------------------------------------------------------- kinds of job
 
@@ -193,6 +193,34 @@ def slurm_profile(
         f"Slurm is configured here but `scontrol ping` gave no UP within 10 s ({here.why}); nothing was started "
         "and the job does not fall back to this machine: retry when `scontrol ping` says UP, or name the site "
         "with --cluster NAME (`hpctrain cluster init` writes one), or run it here with --local"
+    )
+
+
+def check_controller(profile: ClusterProfile) -> None:
+    """Refuse a Slurm submission (LaunchError, one line) before anything is written unless this
+    machine's Slurm controller answers `scontrol ping` with UP: sbatch to a controller that does not
+    answer only fails after its own retries, with raw `sbatch: error` lines (docs/sites.md)."""
+    here = slurm_here()
+    if here.state == "up":
+        return
+    site = f"cluster {profile.name}"
+    if here.state == "none":
+        raise LaunchError(
+            f"{site}: no sbatch on this machine, nothing was submitted: submit from the cluster's login node "
+            "(or load its Slurm module first), or run here with --local"
+        )
+    conf = os.environ.get("SLURM_CONF") or DEFAULT_CONF
+    if here.state == "unconfigured":
+        raise LaunchError(
+            f"{site}: this machine's Slurm client has no configuration ({here.why}), nothing was submitted: "
+            "submit from the cluster's login node, or point $SLURM_CONF at the cluster's slurm.conf"
+        )
+    _, host, port = conf_file_key(conf) or ("", "", "")
+    at = f" at {host}:{port or 6817}" if host else ""  # 6817: slurm.conf(5)'s default port
+    raise LaunchError(
+        f"{site}: the Slurm controller{at} did not answer `scontrol ping` ({here.why}), nothing was submitted: "
+        f"check that slurmctld runs there and that this machine's client points at it (SlurmctldHost, "
+        f"SlurmctldPort in {conf}), then submit again when `scontrol ping` says UP"
     )
 
 

@@ -21,11 +21,12 @@ from hpctrain.launch import submitit_glue as glue
 from hpctrain.launch.container import bind_list, check_pyxis
 from hpctrain.launch.dryrun import PYTHON_HOOK, job_brief
 from hpctrain.launch.failure import explain, no_result
-from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, stop_tasks
+from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, signal_name, stop_tasks, take_sigint
 from hpctrain.launch.private import private_dir
 from hpctrain.launch.sbatch import JobPlan, call_log_env, render
 from hpctrain.launch.task import eval_task, train_task
-from hpctrain.run.layout import JOB, SUBMITIT, read_json
+from hpctrain.launch.undo import undone_on
+from hpctrain.run.layout import CODE, JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
 from hpctrain.site.profile import SlurmSection, parse_tres, time_minutes
 from hpctrain.site.slurm_cli import client_version
@@ -72,8 +73,10 @@ def absolute_paths(cfg: Config) -> Config:
 
 def local_job(folder: Path, tasks: int, timeout_min: int, fn, *args):
     """`fn(*args)` as `tasks` processes of submitit's local executor, logs in `folder`. Its controller
-    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob)."""
+    ignores SIGINT: a Ctrl-C is the submitter's to forward (launch.localjob), which takes SIGINT
+    back where it was started with it ignored (a script's background job): the job is in its foreground."""
     private_dir(folder)
+    take_sigint()
     with IgnoreSigint():
         return glue.local_job(folder, tasks, timeout_min, fn, *args)
 
@@ -128,20 +131,23 @@ def submit_eval_local(
 def wait_local(
     sub: Submission,
     poll_s: float = 1.0,
-    interrupted: bool = False,
+    interrupted: str = "",
     what: str = "stops at the next step (checkpoint, stop record)",
 ) -> list[dict]:
     """Wait for every task's result; a failed task: JobFailed, the task's UserError in one line or
-    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the caller had one) is
-    passed to the tasks, once (launch.localjob.stop_tasks; `what` they do then)."""
+    a crash's traceback (launch.failure). A Ctrl-C (or `interrupted`: the signal the caller had,
+    SIGINT, SIGTERM or SIGHUP) is passed to the tasks, once (launch.localjob.stop_tasks; `what`
+    they do then); a second one kills them."""
+    by = interrupted
     try:
         with HangupAsInterrupt():  # a closed terminal or a SIGTERM: as a Ctrl-C
-            if interrupted:
-                raise KeyboardInterrupt
-            while not sub.job.done():
+            while not by and not sub.job.done():
                 time.sleep(poll_s)
-    except KeyboardInterrupt:
-        stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what)
+    except KeyboardInterrupt as e:
+        by = signal_name(e)
+    if by:
+        with HangupAsInterrupt():  # a second SIGTERM kills the tasks as a second Ctrl-C does
+            stop_tasks(sub.job.done, sub.job.paths.folder, sub.job_id, what, by)
     try:
         return sub.job.results()
     except glue.RESULT_ERRORS:
@@ -538,10 +544,11 @@ def slurm_job(plan, folder: Path, fn, *args):
     """Submit `fn(*args)` through submitit's Slurm executor with our batch script, its tasks on a
     snapshot of this package (job_snapshot). Returns (job, snapshot). The image was checked by
     launch.prepare, before anything was written."""
-    private_dir(folder)
-    snap = job_snapshot(plan, folder)
     try:
-        return glue.slurm_job(slurm_spec(plan, folder, slurm_script(plan, folder, snap=snap)), fn, *args), snap
+        with undone_on((*glue.SUBMIT_ERRORS, LaunchError), folder.parent, (SUBMITIT, CODE)):  # refused: as found
+            private_dir(folder)
+            snap = job_snapshot(plan, folder)
+            return glue.slurm_job(slurm_spec(plan, folder, slurm_script(plan, folder, snap=snap)), fn, *args), snap
     except glue.SUBMIT_ERRORS as e:
         raise LaunchError(f"sbatch refused the job: {str(e).strip().splitlines()[-1]}") from None
 

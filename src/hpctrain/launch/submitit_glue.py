@@ -19,6 +19,8 @@ with submitit's sacct watcher or Job.cancel.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import time
 import uuid
@@ -96,7 +98,8 @@ class ScriptExecutor(SlurmExecutor):
         self._sbatch_argv = ["sbatch"]
         t0, rc = time.monotonic(), None
         try:
-            job = super()._submit_command(command)
+            with contextlib.redirect_stderr(io.StringIO()):  # its copy of sbatch's stderr: the error carries it
+                job = super()._submit_command(command)
             rc = 0
             return job
         except FailedJobError as e:

@@ -360,12 +360,16 @@ def slurm_here(timeout: float = 10) -> SlurmHere:
     conf = os.environ.get("SLURM_CONF")
     if conf and not os.path.exists(conf):
         return SlurmHere("unconfigured", f"$SLURM_CONF={conf} does not exist")
-    out, why = ask("scontrol", "ping", timeout=timeout)
-    if out is not None and " is UP" in out:
+    r, why = run(("scontrol", "ping"), timeout)
+    if r is None:
+        return SlurmHere("down", why)
+    if r.returncode == 0 and " is UP" in r.stdout:
         return SlurmHere("up")
-    if out is None and NO_CONFIG_RE.search(why):
-        return SlurmHere("unconfigured", why)
-    return SlurmHere("down", why or " ".join((out or "").split()) or "no answer")
+    err = (r.stderr.strip().splitlines() or [""])[-1].strip()
+    if NO_CONFIG_RE.search(err):
+        return SlurmHere("unconfigured", err)
+    verdict = next((" ".join(ln.split()) for ln in r.stdout.splitlines() if ln.strip()), "")  # "… is DOWN"
+    return SlurmHere("down", err or verdict or f"scontrol exited {r.returncode}")
 
 
 # --------------------------------------------------------------------------- sacct

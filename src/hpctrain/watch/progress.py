@@ -235,6 +235,29 @@ class MetricsTail:
             self._f = None
 
 
+def record_key(r: dict) -> tuple:
+    """What tells one record from another: its kind, time and step."""
+    return r.get("kind"), r.get("time"), r.get("step")
+
+
+class Since:
+    """The records of the job being watched: those after what the run's metrics.jsonl held when the
+    watch began (`before`). A resumed run's file holds its earlier attempts' records, whose last step
+    and ETA would show until the new attempt logs its first step. Appended records are new whatever
+    their clock; when the tail reads a replaced file (metrics.supersede keeps the earlier records
+    before the resumed step), the first record not seen at the start is searched for once."""
+
+    def __init__(self, before: list[dict]) -> None:
+        self.before = {record_key(r) for r in before}
+        self.seen, self.start = before, len(before)
+
+    def of(self, records: list[dict]) -> list[dict]:
+        if records is not self.seen:  # the tail started a new list: the file appeared, or was replaced
+            self.seen = records
+            self.start = next((i for i, r in enumerate(records) if record_key(r) not in self.before), len(records))
+        return records[self.start :]
+
+
 def watch(
     run_dir: Path,
     done: Callable[[], bool],
@@ -253,10 +276,11 @@ def watch(
     tail = MetricsTail(Path(run_dir) / METRICS) if tail is None else tail
     tty = out.isatty()
     shown, shown_at = "", 0.0
+    ours = Since(tail.poll())  # a resumed run's file holds its earlier attempts' records: not this job's
     while True:
         finished = done()
         records = tail.poll()
-        line = progress_line(records, total_steps(config, records), time.time(), global_batch)
+        line = progress_line(ours.of(records), total_steps(config, records), time.time(), global_batch)
         if line and tty:  # the ETA counts down between records too
             width = shutil.get_terminal_size().columns - 1
             out.write("\r" + line[:width].ljust(min(width, len(shown))))

@@ -31,7 +31,10 @@ def test_export_both_formats(fmt, digits_root, tmp_path):
     assert all(ckpt.is_sharded(p) == (fmt == "sharded") for p in ckpt.list_checkpoints(run))
     model = build_vit(load(DIGITS, [f"data.root={digits_root}"]).model)
 
+    (tmp_path / "m.safetensors").write_bytes(b"an earlier export")
     r = hpctrain("export", str(run), "-o", str(tmp_path / "m.safetensors"))
+    assert r.returncode == 2 and "already exists: pass --force" in r.stderr, r.stdout + r.stderr
+    r = hpctrain("export", str(run), "-o", str(tmp_path / "m.safetensors"), "--force")
     assert r.returncode == 0 and f"{ckpt.name(2, fmt)} to {tmp_path / 'm.safetensors'}" in r.stdout, r.stderr
     export(run, tmp_path / "e.pt", step=1, ema=True)  # the library the command is a thin layer over
     newest, older = (ckpt.load(p) for p in ckpt.list_checkpoints(run))
@@ -53,3 +56,14 @@ def test_export_both_formats(fmt, digits_root, tmp_path):
 def test_an_output_folder_that_does_not_exist_is_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match=r"the folder .*nowhere does not exist: create it"):
         export(tmp_path, tmp_path / "nowhere" / "x.pt")
+
+
+def test_export_o_refuses_an_existing_file_before_reading_a_checkpoint(tmp_path):
+    """As `sbatch-template` does: `-o` over an existing file needs --force (the weights there may be
+    the only copy); refused before torch loads anything."""
+    out = tmp_path / "model.pt"
+    out.write_bytes(b"weights exported last week")
+    r = hpctrain("export", str(tmp_path), "-o", str(out))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == f"hpctrain: error: {out} already exists: pass --force to overwrite it, or give another path\n"
+    assert out.read_bytes() == b"weights exported last week"
