@@ -17,6 +17,7 @@ import yaml
 
 from hpctrain import config
 from hpctrain.cli import main as cli_main
+from hpctrain.cli import submit as submit_cmd
 from hpctrain.config import ConfigError
 from hpctrain.site.profile import load_profile
 from tests.helpers import DIGITS
@@ -305,6 +306,8 @@ def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, ex
     # stand-ins for submitit (launch.submitit_glue): the job is never started, only its id is handed back
     monkeypatch.setattr(submitit_glue, "slurm_job", lambda spec, fn, *args: FakeJob())
     monkeypatch.setattr(submitit_glue, "local_job", lambda folder, tasks, timeout_min, fn, *args: FakeJob())
+    # and for the controller's answer (scontrol ping: tests/launch/test_submit_refused.py's concern)
+    monkeypatch.setattr(submit_cmd, "check_controller", lambda profile: None)
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
     monkeypatch.delenv("HPCTRAIN_SET", raising=False)
     runs = tmp_path / "my runs 'x' \"y\""
