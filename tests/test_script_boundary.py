@@ -307,7 +307,7 @@ def test_printed_log_commands_are_shell_quoted(tmp_path, monkeypatch, capsys, ex
     monkeypatch.setattr(submitit_glue, "slurm_job", lambda spec, fn, *args: FakeJob())
     monkeypatch.setattr(submitit_glue, "local_job", lambda folder, tasks, timeout_min, fn, *args: FakeJob())
     # and for the controller's answer (scontrol ping: tests/launch/test_submit_refused.py's concern)
-    monkeypatch.setattr(submit_cmd, "check_controller", lambda profile: None)
+    monkeypatch.setattr(submit_cmd, "check_controller", lambda profile, here=None: None)
     monkeypatch.delenv("HPCTRAIN_CLUSTER", raising=False)
     monkeypatch.delenv("HPCTRAIN_SET", raising=False)
     runs = tmp_path / "my runs 'x' \"y\""

@@ -80,7 +80,7 @@ def test_bad_combinations_fail_in_one_line(tmp_path, monkeypatch, capsys):
         ([str(run), "--local-tasks", "2"], "--local-tasks is for a job: add --nodes N"),
         ([str(run), "--cluster", "example-ib"], "--cluster is for a job: add --nodes N"),
         ([str(run), "--nodes", "1", "--dry-run", "--wait"], "--dry-run submits nothing"),
-        ([str(run / "none"), "--config", str(DIGITS), "--nodes", "1"], "none: no such file"),
+        ([str(run / "none"), "--config", str(DIGITS), "--nodes", "1"], "none does not exist"),
         (["--weights", str(run), "--nodes", "2"], "--weights needs --config"),
     ):
         assert main(["eval", *args]) == 2

@@ -58,6 +58,38 @@ def test_no_sbatch_and_nothing_written_when_the_controller_does_not_answer(digit
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_sweep_to_a_controller_that_does_not_answer_runs_no_sbatch_and_writes_nothing(digits_root, tmp_path):
+    """The same check before a sweep's array: `sweep` submits through its own path (start_sweep)."""
+    port = free_port()
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=gone\nSlurmctldHost=localhost\nSlurmctldPort={port}\nAuthType=auth/munge\n")
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "SLURM_CONF": str(conf), "HPCTRAIN_SLURM_CALL_LOG": str(log), "HPCTRAIN_CLUSTER": ""}
+    sets = ["--set", f"data.root={digits_root}", "--set", f"run.dir={tmp_path / 'runs'}", "--set", "train.max_steps=2"]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "sweep",
+            "--config",
+            "configs/digits_vit.yaml",
+            "--grid",
+            "optim.lr=1e-3,2e-3",
+        ]
+        + ["--name", "s", "--cluster", "example-ib", "--cluster-set", "container.runtime=none", *sets],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"the Slurm controller at localhost:{port} did not answer `scontrol ping`" in r.stderr, r.stderr
+    assert "sbatch" not in calls(log) and calls(log), calls(log)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_refused_sbatch_leaves_a_new_run_nothing_and_an_earlier_attempts_run_as_it_was(
     slurm_cluster, digits_root, tmp_path
 ):

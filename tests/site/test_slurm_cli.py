@@ -123,6 +123,23 @@ def test_retries_give_up_after_retries_and_say_why(slurm):
     assert len(calls(bin_dir)) == 1 + slurm_cli.RETRIES
 
 
+def test_a_daemon_that_gave_no_answer_is_not_asked_again_for_a_while(slurm, monkeypatch):
+    """One plan asks slurmctld many questions; once one got no answer after its retries (or a ping said
+    DOWN), the others fail at once instead of each waiting out the client's retries (~9 s a call)."""
+    bin_dir, _ = slurm
+    fake(bin_dir, "squeue", 'echo "squeue: error: Unable to contact slurm controller (connect failure)" >&2; exit 1')
+    fake(bin_dir, "sinfo", "echo 0/2/0/2")
+    fake(bin_dir, "sacct", 'echo "1|COMPLETED"')
+    assert slurm_cli.ask("squeue", "-h")[0] is None and len(calls(bin_dir)) == 1 + slurm_cli.RETRIES
+    out, why = slurm_cli.ask("sinfo", "-h")  # slurmctld too: not asked
+    assert out is None and "Unable to contact slurm controller" in why and "not asked again" in why
+    assert slurm_cli.tool("sacct", "-n") == "1|COMPLETED\n"  # slurmdbd is another daemon: asked
+    assert [c.split()[0] for c in calls(bin_dir)] == ["squeue"] * 3 + ["sacct"]
+    clock = slurm_cli.time.monotonic() + slurm_cli.SILENT_S + 1
+    monkeypatch.setattr(slurm_cli.time, "monotonic", lambda: clock)
+    assert slurm_cli.tool("sinfo", "-h") == "0/2/0/2\n"  # a while later: asked again
+
+
 @pytest.mark.parametrize(
     "cmd, error",
     [
@@ -178,7 +195,7 @@ def test_a_cached_answer_is_reused_per_cluster_across_processes_and_counts_no_ca
 
 def test_nothing_is_cached_across_commands_without_a_cluster_name(slurm):
     bin_dir, _ = slurm
-    fake(bin_dir, "scontrol", 'echo "slurm_load_ctl_conf error: Unable to contact slurm controller" >&2; exit 1')
+    fake(bin_dir, "scontrol", '[ "$1 $2" = "show config" ] && echo "AuthType = auth/munge"; exit 0')  # names no cluster
     fake(bin_dir, "sinfo", "echo 1/1/0/2")
     slurm_cli.node_counts("debug", cache_s=600)
     slurm_cli.clear_memo()

@@ -17,10 +17,11 @@ from hpctrain.cli.job import add_job_args, goes_on, request, show
 from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.launch import dryrun
 from hpctrain.launch.failure import explain
-from hpctrain.launch.prepare import Eval, Prepared, prepare, slurm_profile, start
+from hpctrain.launch.prepare import Eval, Prepared, check_controller, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local
 from hpctrain.run.layout import CHECKPOINTS, CONFIG, RUNS, SUBMITIT, near_runs, run_dir_named
 from hpctrain.site.profile import ClusterProfile
+from hpctrain.site.slurm_cli import slurm_here
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
 from hpctrain.watch.follow import add_poll_arg, pace_of
@@ -191,6 +192,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
     pace_of(args.poll, args.wait, "--wait")  # a bad --poll: before anything is submitted
     profile = slurm_profile(args.cluster, args.cluster_overrides, bool(args.dry_run), args.local)
     tasks = args.local_tasks or args.gpus_per_node or 2
+    here = None if args.dry_run or profile is None else slurm_here()  # one ping (cli/submit.py: why first)
     p = prepare(cfg, profile, request(args), Eval(weights_path, out, args.ema, tasks), dry_run=bool(args.dry_run))
     if p.local:
         return run_local(p)
@@ -199,6 +201,7 @@ def submit(args: argparse.Namespace, cfg, weights: str, out: Path) -> int:
         print(p.dry_run_text(args.dry_run), end="")
         return 0
     assert profile is not None  # no profile is a local job (p.local above)
+    check_controller(profile, here)  # a controller that does not answer: one line, no sbatch, nothing written
     sub = start(p)
     try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
         return follow(args, p, profile, sub, weights_path, out)

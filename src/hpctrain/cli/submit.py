@@ -35,6 +35,7 @@ from hpctrain.launch.prepare import (
 from hpctrain.launch.submit import Request, Submission, wait_local
 from hpctrain.run.layout import METRICS, SUBMITIT
 from hpctrain.site.profile import ClusterProfile
+from hpctrain.site.slurm_cli import slurm_here
 from hpctrain.train.entry import summary_table
 from hpctrain.watch.follow import Endings, JobEnd, Moved, add_poll_arg, pace_of
 from hpctrain.watch.progress import MetricsTail, watch
@@ -90,8 +91,7 @@ def main(args: argparse.Namespace) -> int:
         return run_local(args, cfg)
     if args.emit_sbatch:
         return emit(args, cfg, profile, request(args))
-    if not args.dry_run:  # a controller that does not answer: one line, no sbatch, nothing written
-        check_controller(profile)
+    here = None if args.dry_run else slurm_here()  # one ping: a silent controller's reads then fail at once
     p = prepare(cfg, profile, request(args), Train(args.gpu_mem_gb), dry_run=bool(args.dry_run))
     if args.dry_run:
         show(p.messages, sys.stderr)  # stdout: the script, short or whole
@@ -100,6 +100,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"hpctrain: {line}", file=sys.stderr)
         print(f"hpctrain: {time_to_result(p)}", file=sys.stderr)
         return 0
+    # the request's own errors first (prepare writes nothing); then a controller that does not answer:
+    # one line, no sbatch, nothing written
+    check_controller(profile, here)
     show(p.messages, sys.stdout)
     print(time_to_result(p), flush=True)
     sub = start(p)

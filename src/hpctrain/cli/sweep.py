@@ -23,7 +23,8 @@ from hpctrain.cli.common import DEFAULT_CONFIG, load_config
 from hpctrain.cli.job import request, show
 from hpctrain.config import SET_ENV, check_text, decode_overrides
 from hpctrain.launch import dryrun, sweep
-from hpctrain.launch.prepare import prepare_sweep, slurm_profile, start_sweep
+from hpctrain.launch.prepare import check_controller, prepare_sweep, slurm_profile, start_sweep
+from hpctrain.site.slurm_cli import slurm_here
 
 
 def add_parser(sub) -> None:
@@ -95,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
     if profile is None:
         note_ignored(args)
         return run_local(args, members, sweep_dir, name, config, base_overrides)
+    here = None if args.dry_run else slurm_here()  # one ping (cli/submit.py: why first)
     p = prepare_sweep(
         members, profile, request(args), sweep_dir, name, args.max_parallel, args.gpu_mem_gb, dry_run=bool(args.dry_run)
     )
@@ -104,6 +106,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(p.dry_run_text(args.dry_run), end="")
         return 0
+    check_controller(profile, here)  # a controller that does not answer: one line, no sbatch, nothing written
     array, snap = start_sweep(p, name, config, base_overrides)
     plan = p.plan
     print(

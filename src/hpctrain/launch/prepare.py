@@ -52,7 +52,7 @@ from hpctrain.plan.stop_cost import with_stop_every
 from hpctrain.run.finished import finished_run
 from hpctrain.run.layout import SUBMITIT
 from hpctrain.site.profile import ClusterProfile, load_profile
-from hpctrain.site.slurm_cli import DEFAULT_CONF, conf_file_key, slurm_here
+from hpctrain.site.slurm_cli import DEFAULT_CONF, SlurmHere, conf_file_key, slurm_here
 
 # --------------------------------------------------------------------------- kinds of job
 
@@ -196,11 +196,13 @@ def slurm_profile(
     )
 
 
-def check_controller(profile: ClusterProfile) -> None:
+def check_controller(profile: ClusterProfile, here: SlurmHere | None = None) -> None:
     """Refuse a Slurm submission (LaunchError, one line) before anything is written unless this
     machine's Slurm controller answers `scontrol ping` with UP: sbatch to a controller that does not
-    answer only fails after its own retries, with raw `sbatch: error` lines (docs/sites.md)."""
-    here = slurm_here()
+    answer only fails after its own retries, with raw `sbatch: error` lines (docs/sites.md). `here`:
+    the ping's answer when the caller asked before `prepare` (whose reads of a controller that did not
+    answer then fail at once: slurm_cli.silent), so that the request's own errors still come first."""
+    here = here or slurm_here()
     if here.state == "up":
         return
     site = f"cluster {profile.name}"
