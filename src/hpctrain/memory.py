@@ -165,7 +165,7 @@ def optimizer_bytes_per_param(optim) -> int:
 
 def checkpoint_bytes(cfg) -> int:
     """Bytes of a full checkpoint of `cfg` (a Config): fp32 weights, the optimizer's state and the EMA copy
-    (what a save writes and a stop must have time for: launch.ckpt_cost, plan.interruptions)."""
+    (what a save writes and a stop must have time for: plan.ckpt_cost, plan.interruptions)."""
     pc = param_count(cfg.model)
     weights = 4 * (pc.trainable + pc.frozen)
     return weights + optimizer_bytes_per_param(cfg.optim) * pc.trainable + (weights if cfg.train.ema > 0 else 0)

@@ -12,7 +12,7 @@ Torch-free: runs on login nodes. One concern per module:
 - `recommend`: the per-node-count rows of time to result and the recommendation.
 
 docs/plan.md states the assumptions and the source of every figure. This face re-exports the
-training-time API (`hpctrain plan` without the queue, `launch.ckpt_cost`); the queue-aware modules
+training-time API (`hpctrain plan` without the queue, `plan.ckpt_cost`); the queue-aware modules
 are imported by name (they read Slurm through `launch`, which imports this package).
 """
 

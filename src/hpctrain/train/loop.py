@@ -6,10 +6,10 @@ collective outside DDP's holds a step up: the stop flags are OR-ed by an all-red
 dist.stop_every steps (train.stop, train.stop_rounds).
 
 The Trainer's other parts live by concern in their own modules: the counters a checkpoint restores
-(train.state), what a checkpoint holds and how it is written and read (train.checkpointer), the
-rollback after a non-finite value (train.rollback), the stop decision (train.stop_rounds) and the
-injected faults (train.faults), both policies a caller may pass in, the eval pass
-(train.eval_pass), the resume checks (train.resume_checks), seeds and RNG state (train.seeding)
+(train.state), what a checkpoint holds and how it is written and read (train.ckpt.checkpointer), the
+rollback after a non-finite value (train.health.rollback), the stop decision (train.stop_rounds) and the
+injected faults (train.health.faults), both policies a caller may pass in, the eval pass
+(train.eval_pass), the resume checks (train.ckpt.resume_checks), seeds and RNG state (train.seeding)
 and autocast (train.amp).
 """
 
@@ -224,15 +224,15 @@ class Trainer:
         return {"peak_lr": self.cfg.peak_lr, "warmup": self.warmup, "total": self.total_steps}
 
     def state(self) -> dict:
-        """The single-file checkpoint of this step (train.checkpointer)."""
+        """The single-file checkpoint of this step (train.ckpt.checkpointer)."""
         return self.ckpts.full_state()
 
     def load_state(self, st: dict, path: Path) -> None:
-        """Restore a checkpoint read from `path` (train.checkpointer)."""
+        """Restore a checkpoint read from `path` (train.ckpt.checkpointer)."""
         self.ckpts.load(st, path)
 
     def save(self, background: bool = False) -> str | None:
-        """Checkpoint this step, on every rank (train.checkpointer)."""
+        """Checkpoint this step, on every rank (train.ckpt.checkpointer)."""
         return self.ckpts.save(background)
 
     def _checkpoint(self, out: Outcome, stopping: bool = False) -> None:
@@ -343,7 +343,7 @@ class Trainer:
     def train_step(self, batches) -> torch.Tensor:
         """One optimizer step over `accum` micro-batches; returns the mean loss (on device)."""
         lr = self.lr_of(self.step)
-        for g in self.optimizer.param_groups:  # lr_scale: layer-wise decay and head multiplier (optim.py)
+        for g in self.optimizer.param_groups:  # lr_scale: layer-wise decay and head multiplier (train/optim/build.py)
             g["lr"] = lr * g["lr_scale"] if "lr_scale" in g else lr
         total = torch.zeros((), device=self.device)
         for i, (images, labels) in enumerate(batches):
@@ -370,7 +370,7 @@ class Trainer:
             self.grad_norm = compat.full_norm(norm)
         else:
             self.grad_norm = compat.grad_total_norm(self.model.parameters())
-        # no host sync: a flag on the device, read at the log boundary and before a save (train/guard.py);
+        # no host sync: a flag on the device, read at the log boundary and before a save (train/health/guard.py);
         # under fp16 an infinite gradient norm is the GradScaler's to skip, so only the loss counts there
         self.finite.update(total if self.scaler else total + self.grad_norm)
         if self.scaler:
@@ -395,7 +395,7 @@ class Trainer:
 
     def _run_reported(self, resume: tuple[Path, dict] | None, halt_at: int) -> Outcome:
         try:
-            with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.watchdog)
+            with self.watchdog:  # a hang: stacks, the stuck ranks named, the process exits (train.health.watchdog)
                 out = self._run(resume, halt_at)
             out.checkpoint = self.ckpts.collect() or out.checkpoint  # a stop on a ckpt.every step: its save
             return out
@@ -460,7 +460,7 @@ class Trainer:
         if self.train_state.eval_pending:  # the last attempt stopped where an epoch's eval was due
             self._eval_and_log(out, progress)
             last_eval_step = self.step
-        # log.profile_steps / memory_snapshot_steps (train.profiling); None, and nothing built, when off
+        # log.profile_steps / memory_snapshot_steps (train.observe.profiling); None, and nothing built, when off
         window = profiling.open_window(
             self.cfg.log, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step
         )
@@ -623,7 +623,7 @@ class Trainer:
         return out
 
     def _rollback(self, e: guard.Diverged) -> None:
-        """Back to the last good checkpoint, or stop with RunDiverged (train.rollback): the rounds in
+        """Back to the last good checkpoint, or stop with RunDiverged (train.health.rollback): the rounds in
         flight settled first, the non-finite flag cleared and the replayed records moved after."""
         self.stops.settle()  # the round posted at the last boundary: none may stay in flight
         self.stragglers.settle()

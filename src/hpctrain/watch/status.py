@@ -498,7 +498,7 @@ def summarize(records: list[dict]) -> dict:
                 loss_nonfinite=(rec.get(NONFINITE_FIELDS) or {}).get("loss"),
             )
             memory = {k: rec[k] for k in ("host_rss_gb", "mem_reserved_gb", "mem_alloc_gb") if rec.get(k) is not None}
-            if memory:  # rank 0's (observe/speed.py): host RSS now, the GPU allocator's peak in the window
+            if memory:  # rank 0's (train/observe/speed.py): host RSS now, the GPU allocator's peak in the window
                 out["memory"] = {"step": rec.get("step"), **memory}
         elif kind == "eval" and rec.get("top1") is not None:  # (a run without a val set records none)
             out.update(top1=rec.get("top1"), eval_step=rec.get("step"))

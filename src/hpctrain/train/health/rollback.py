@@ -1,4 +1,4 @@
-"""What follows a non-finite value or a loss spike (health/guard.py detects them): back to the last good
+"""What follows a non-finite value or a loss spike (train/health/guard.py detects them): back to the last good
 checkpoint, skipping the batches that led there, or stop with `RunDiverged` (health.on_nonfinite,
 health.max_rollbacks).
 
