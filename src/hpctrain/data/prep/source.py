@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO
 
@@ -70,10 +71,10 @@ class ParquetEntry:
 
 
 Entry = FileEntry | ArchiveEntry | MovedFileEntry | ParquetEntry
+_KINDS: tuple[type[Entry], ...] = (FileEntry, ArchiveEntry, MovedFileEntry, ParquetEntry)
 # the plan file's list form of an entry: its fields in order, the kind told by their count
-_BY_FIELDS: dict[int, type[Entry]] = {
-    len(fields(k)): k for k in (FileEntry, ArchiveEntry, MovedFileEntry, ParquetEntry)
-}
+_BY_FIELDS: dict[int, type[Entry]] = {len(fields(k)): k for k in _KINDS}
+_VALUES = {k: attrgetter(*(f.name for f in fields(k))) for k in _KINDS}  # an entry's fields in order, as a tuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ class Sample:
 
     def row(self) -> list:
         """plan.json's form: [key, *the entry's fields] (the format written since format 1)."""
-        return [self.key, *(getattr(self.entry, f.name) for f in fields(self.entry))]
+        return [self.key, *_VALUES[type(self.entry)](self.entry)]
 
     @classmethod
     def of_row(cls, row: list) -> Sample:
