@@ -213,10 +213,10 @@ def test_decode_error_from_shards_names_the_sample_key_and_shard(ident_root, tmp
         pk.pack_shard(job, plan.out)
     pk.write_meta(plan)
     key, shard = next(
-        (f"{i:08d}", plan.out / f"{job.name}.tar")
+        (f"{s.key:08d}", plan.out / f"{job.name}.tar")
         for job in plan.shards
-        for i, rel, _ in job.samples
-        if rel.endswith("zz_bad.jpg")
+        for s in job.samples
+        if s.entry.path.endswith("zz_bad.jpg")
     )
     train, _ = loaders(plan.out, **{"data.format": "wds", "data.global_batch": 37})
     with pytest.raises(DataError) as e:

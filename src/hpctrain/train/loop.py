@@ -247,11 +247,11 @@ class Trainer:
             return
         if not self._healthy(check_weights=True):
             if not stopping:
-                raise guard.Diverged(self.step, "nonfinite", {"where": "before a checkpoint"})
+                raise guard.Diverged(self.step, guard.Reason.NONFINITE, {"where": "before a checkpoint"})
             self.metrics.write(
                 "nonfinite",
                 step=self.step,
-                reason="nonfinite",
+                reason=guard.Reason.NONFINITE.value,
                 where="before a stop's checkpoint",
                 action="no checkpoint",
             )
@@ -485,7 +485,7 @@ class Trainer:
                 self.stops.settle()  # nothing is in flight after the last step; never leave one behind
                 self.stragglers.settle()
                 if not self._healthy():  # the last log boundary read it; a last check before eval and save
-                    raise guard.Diverged(self.step, "nonfinite", {"where": "at the end"})
+                    raise guard.Diverged(self.step, guard.Reason.NONFINITE, {"where": "at the end"})
                 if lp.last_eval_step != self.step:
                     self._eval_and_log(lp.out, lp.progress)
                 self._checkpoint(lp.out)
@@ -765,11 +765,11 @@ class Trainer:
             v[:2] /= self.dist.world_size
         mean, gn, bad = v.tolist()
         if bad or not math.isfinite(mean):
-            raise guard.Diverged(self.step, "nonfinite", {"loss": mean, "grad_norm": gn})
+            raise guard.Diverged(self.step, guard.Reason.NONFINITE, {"loss": mean, "grad_norm": gn})
         median = self.spikes.check(mean)
         if median is not None:
             raise guard.Diverged(
-                self.step, "spike", {"loss": mean, "median": median, "factor": self.cfg.health.spike_factor}
+                self.step, guard.Reason.SPIKE, {"loss": mean, "median": median, "factor": self.cfg.health.spike_factor}
             )
         st = self.train_state
         st.good_step = st.last_saved_step  # a clean check after it: known good, kept by pruning

@@ -21,7 +21,7 @@ from pathlib import Path
 from hpctrain.data.folder import DataError
 from hpctrain.data.prep import parquet
 from hpctrain.data.prep.ilsvrc import count_note
-from hpctrain.data.prep.source import Source, SplitEntries
+from hpctrain.data.prep.source import ParquetEntry, Source, SplitEntries
 
 HF_PARQUET = "hf-parquet"  # `data pack --from hf-parquet`
 SPLIT_FILES = {"train": "train-*.parquet", "val": "validation-*.parquet"}  # our split → the dataset's
@@ -91,8 +91,8 @@ def parquet_source(folder: str | os.PathLike, exclude: set[str], log=print) -> S
                 raise DataError(f"{where / name} row group {g} row {r} has label {label}, beyond train's {n} classes")
             rel = f"{classes[label]}/{base}"
             if rel not in exclude and f"{split}/{rel}" not in exclude:
-                out.append((rel, label, name, g, r))
-        out.sort(key=lambda e: (e[1], e[0]))  # the folder's order: class, then file name
+                out.append(ParquetEntry(rel, label, name, g, r))
+        out.sort(key=lambda e: (e.label, e.path))  # the folder's order: class, then file name
         if out:
             splits[split] = SplitEntries(str(where), classes, tuple(out))
     if "train" not in splits:

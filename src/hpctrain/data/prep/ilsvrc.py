@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpctrain.data.folder import IMAGE_EXTS, DataError
 from hpctrain.data.prep.imagenet import IMAGENET
-from hpctrain.data.prep.source import Source, SplitEntries
+from hpctrain.data.prep.source import ArchiveEntry, Source, SplitEntries
 
 ILSVRC2012 = "ilsvrc2012"  # `data pack --from ilsvrc2012`
 TRAIN_TAR = "ILSVRC2012_img_train.tar"
@@ -129,7 +129,7 @@ def archive_source(folder: str | os.PathLike, exclude: set[str], log=print) -> S
     by_class = index_train(train_tar)
     classes = tuple(sorted(by_class))
     train = [
-        (rel, label, off, size)
+        ArchiveEntry(rel, label, off, size)
         for label, wnid in enumerate(classes)
         for name, off, size in by_class[wnid]
         if not _excluded(rel := f"{wnid}/{name}", "train", exclude)
@@ -153,7 +153,7 @@ def archive_source(folder: str | os.PathLike, exclude: set[str], log=print) -> S
 
 def val_entries(
     val_tar: Path, spans: list[Span], truth: list[int], ids: dict[int, str], classes: tuple[str, ...], exclude: set[str]
-) -> list[tuple]:
+) -> list[ArchiveEntry]:
     """The val images as `<wnid>/<file>` entries, in the extracted folder's order (class, name)."""
     if len(spans) != len(truth):
         raise DataError(
@@ -173,7 +173,7 @@ def val_entries(
         rel = f"{wnid}/{os.path.basename(name)}"
         if not _excluded(rel, "val", exclude):
             out.append((wnid, rel, index[wnid], off, size))
-    return [e[1:] for e in sorted(out)]
+    return [ArchiveEntry(*e[1:]) for e in sorted(out)]
 
 
 def _excluded(rel: str, split: str, exclude: set[str]) -> bool:

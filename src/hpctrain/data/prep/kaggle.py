@@ -18,7 +18,7 @@ from pathlib import Path
 from hpctrain.data.folder import IMAGE_EXTS, DataError, list_split
 from hpctrain.data.prep.ilsvrc import count_note
 from hpctrain.data.prep.imagenet import read_val_map
-from hpctrain.data.prep.source import Source, SplitEntries
+from hpctrain.data.prep.source import MovedFileEntry, Source, SplitEntries, files
 
 KAGGLE = "kaggle"  # `data pack --from kaggle`
 CLS_LOC = "ILSVRC/Data/CLS-LOC"  # holds train/<wnid>/ and the flat val/
@@ -47,8 +47,8 @@ def read_synsets(path: Path) -> list[str]:
     return [line.split()[0] for line in path.read_text().splitlines() if line.strip()]
 
 
-def val_entries(val: Path, truth: dict[str, str], classes: tuple[str, ...], exclude: set[str]) -> list[tuple]:
-    """The flat val files as `(<wnid>/<file>, label, <file>)`, in the sorted folder's order."""
+def val_entries(val: Path, truth: dict[str, str], classes: tuple[str, ...], exclude: set[str]) -> list[MovedFileEntry]:
+    """The flat val files as entries (`<wnid>/<file>` found at `<file>`), in the sorted folder's order."""
     index = {c: i for i, c in enumerate(classes)}
     out = []
     for name in sorted(os.listdir(val)):
@@ -61,8 +61,8 @@ def val_entries(val: Path, truth: dict[str, str], classes: tuple[str, ...], excl
             raise DataError(f"{VAL_SOLUTION} puts {name} in {wnid}, which train/ lacks: the splits must share classes")
         rel = f"{wnid}/{name}"
         if rel not in exclude and f"val/{rel}" not in exclude:
-            out.append((rel, index[wnid], name))
-    return sorted(out, key=lambda e: (e[1], e[2]))  # the folder's order: class, then file name
+            out.append(MovedFileEntry(rel, index[wnid], name))
+    return sorted(out, key=lambda e: (e.label, e.file))  # the folder's order: class, then file name
 
 
 def kaggle_source(folder: str | os.PathLike, exclude: set[str], log=print) -> Source:
@@ -73,7 +73,7 @@ def kaggle_source(folder: str | os.PathLike, exclude: set[str], log=print) -> So
     if unknown:
         raise DataError(f"{cls_loc / 'train'} has classes {SYNSETS} lacks ({', '.join(unknown[:5])}): {synsets}")
     val = val_entries(cls_loc / "val", read_val_map(solution), train.classes, exclude)
-    splits = {"train": SplitEntries(str(train.root), train.classes, train.samples)}
+    splits = {"train": SplitEntries(str(train.root), train.classes, files(train.samples))}
     if val:
         splits["val"] = SplitEntries(str(cls_loc / "val"), train.classes, tuple(val))
     root = Path(folder).resolve()

@@ -40,7 +40,16 @@ from hpctrain.data.folder import DataError, read_exclusions
 from hpctrain.data.meter import Meter
 from hpctrain.data.prep import hf_parquet, ilsvrc, kaggle
 from hpctrain.data.prep.imagenet import scan_images, write_exclusions
-from hpctrain.data.prep.source import FOLDER, SampleReader, Source, check_sample, check_spec, display, folder_source
+from hpctrain.data.prep.source import (
+    FOLDER,
+    Sample,
+    SampleReader,
+    Source,
+    check_sample,
+    check_spec,
+    display,
+    folder_source,
+)
 from hpctrain.data.wds import META
 from hpctrain.errors import UserError
 
@@ -52,7 +61,7 @@ PLAN = "plan.json"
 class ShardJob:
     name: str  # e.g. train-00003 → train-00003.tar, train-00003.idx
     split_root: str  # the split folder the sample paths are relative to, or the archive holding them
-    samples: tuple[tuple, ...]  # (key, *source.Entry): (key, relative path, label[, offset, size])
+    samples: tuple[Sample, ...]  # each sample's key (its place in the listing) and entry (where its bytes lie)
 
 
 @dataclass(frozen=True)
@@ -128,12 +137,12 @@ def plan_source(
         meta["from"] = src.kind
     shards: list[ShardJob] = []
     for split, listing in src.splits.items():
-        entries = [e for e in listing.entries if f"{split}/{e[0]}" not in leave_out]
+        entries = [e for e in listing.entries if f"{split}/{e.path}" not in leave_out]
         order = shuffled(len(entries), seed) if split == "train" else list(range(len(entries)))
         records = []
         for s, lo in enumerate(range(0, len(order), shard_size)):
             name = f"{split}-{s:05d}"
-            samples = tuple((int(i), *entries[int(i)]) for i in order[lo : lo + shard_size])
+            samples = tuple(Sample(int(i), entries[int(i)]) for i in order[lo : lo + shard_size])
             shards.append(ShardJob(name, listing.root, samples))
             records.append({"tar": f"{name}.tar", "idx": f"{name}.idx", "size": len(samples)})
         meta[split] = {"size": len(entries), "shards": records}
@@ -154,13 +163,16 @@ def pack_shard(job: ShardJob, out: Path) -> dict[str, int]:
     tag = f"{os.getpid()}.tmp"  # two writers of the same shard (a re-run task) never share a file
     tmp = out / f".{job.name}.tar.{tag}"
     lines = []
-    with SampleReader(job.split_root, job.samples) as src, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+    with (
+        SampleReader(job.split_root, (s.entry for s in job.samples)) as src,
+        tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar,
+    ):
         for sample in job.samples:
-            i, rel, label = sample[:3]
-            key = f"{i:08d}"
+            rel, label = sample.entry.path, sample.entry.label
+            key = f"{sample.key:08d}"
             ext = rel.rsplit(".", 1)[-1].lower()
             parts = [
-                (ext, src.read(sample)),
+                (ext, src.read(sample.entry)),
                 ("cls", str(label).encode()),
                 ("lbl", int(label).to_bytes(8, "little", signed=True)),
             ]
@@ -187,9 +199,9 @@ def bad_images(shards: tuple[ShardJob, ...], workers: int, log=print) -> list[tu
     for job in shards:
         split = job.name.rsplit("-", 1)[0]
         for sample in job.samples:
-            names.append(f"{split}/{sample[1]}")
-            specs.append(check_spec(job.split_root, sample))
-            shown.append(display(job.split_root, sample))
+            names.append(f"{split}/{sample.entry.path}")
+            specs.append(check_spec(job.split_root, sample.entry))
+            shown.append(display(job.split_root, sample.entry))
     # checked in the order of where the bytes lie (file, offset, row group), whatever the shuffle:
     # a parquet row group is then read once per run of its rows, an archive front to back
     order = sorted(range(len(specs)), key=lambda i: (type(specs[i]).__name__, specs[i]))
@@ -312,7 +324,7 @@ def _drain(reports, meter: Meter) -> None:
 
 
 def plan_bytes(plan: PackPlan) -> bytes:
-    shards = [{"name": s.name, "root": s.split_root, "samples": [list(x) for x in s.samples]} for s in plan.shards]
+    shards = [{"name": s.name, "root": s.split_root, "samples": [x.row() for x in s.samples]} for s in plan.shards]
     return json.dumps(
         {"version": 1, "groups": plan.groups, "meta": plan.meta, "shards": shards}, separators=(",", ":")
     ).encode()
@@ -347,7 +359,7 @@ def load_plan(out: str | os.PathLike) -> tuple[PackPlan, str] | None:
         return None
     data = p.read_bytes()
     d = json.loads(data)
-    shards = tuple(ShardJob(s["name"], s["root"], tuple(tuple(x) for x in s["samples"])) for s in d["shards"])
+    shards = tuple(ShardJob(s["name"], s["root"], tuple(Sample.of_row(x) for x in s["samples"])) for s in d["shards"])
     return PackPlan(Path(out), d["meta"], shards, int(d["groups"])), digest(data)
 
 

@@ -14,17 +14,31 @@ from __future__ import annotations
 import os
 import statistics
 from collections import deque
+from enum import Enum
 
 import torch
 
 TEST_NAN_ENV = "HPCTRAIN_TEST_NAN"
 
 
+class Reason(Enum):
+    """Why the loop raised `Diverged`. The value is the name metrics.jsonl's `nonfinite` and
+    `rollback` records and the log give it (`hpctrain status` shows it as written)."""
+
+    NONFINITE = "nonfinite"  # a loss or gradient norm (or, before a save, a weight) that is NaN or infinite
+    SPIKE = "spike"  # the agreed logged loss above health.spike_factor times the recent median
+
+    @property
+    def what(self) -> str:
+        """The event in words, for the error that stops the run."""
+        return "a non-finite loss or gradient norm" if self is Reason.NONFINITE else "a loss spike"
+
+
 class Diverged(Exception):
     """Raised inside the loop on every rank at once (an agreed value): roll back or stop."""
 
-    def __init__(self, step: int, reason: str, detail: dict):
-        super().__init__(f"{reason} at step {step}")
+    def __init__(self, step: int, reason: Reason, detail: dict):
+        super().__init__(f"{reason.value} at step {step}")
         self.step, self.reason, self.detail = step, reason, detail
 
 

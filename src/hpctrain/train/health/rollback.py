@@ -40,11 +40,10 @@ def stop_reason(t: HealthConfig, rollbacks: int, path: Path | None) -> str | Non
 
 def diverged(e: guard.Diverged, why: str, path: Path | None) -> RunDiverged:
     """The one-line error of a run that stops on `e`."""
-    what = "a non-finite loss or gradient norm" if e.reason == "nonfinite" else "a loss spike"
     kept = f"the last good checkpoint is {path.name}" if path else "no good checkpoint exists"
     fix = {"health.on_nonfinite=stop": " (or health.on_nonfinite=rollback)"}.get(why, "")
     return RunDiverged(
-        f"training stopped at step {e.step}: {what} ({why}); {kept}, nothing after it was "
+        f"training stopped at step {e.step}: {e.reason.what} ({why}); {kept}, nothing after it was "
         f"saved. Lower optim.lr or set optim.clip_grad{fix}, then resume"
     )
 
@@ -59,10 +58,10 @@ def restore(
     ckpts.collect()
     state.rollbacks += 1
     detail = {k: v for k, v in e.detail.items() if not (isinstance(v, float) and not math.isfinite(v))}
-    metrics.write("nonfinite", step=e.step, reason=e.reason, count=state.rollbacks, **detail)
+    metrics.write("nonfinite", step=e.step, reason=e.reason.value, count=state.rollbacks, **detail)
     # every checkpoint was saved from a state with no non-finite value (Trainer._checkpoint); one saved
     # since the last clean log boundary may already be inside a spike: then only the known-good ones
-    path = ckpts.good_checkpoint(state.step if e.reason == "nonfinite" else state.good_step)
+    path = ckpts.good_checkpoint(state.step if e.reason is guard.Reason.NONFINITE else state.good_step)
     why = stop_reason(t, state.rollbacks, path)
     if why:
         metrics.write("stop", step=e.step, reason="diverged", stop_kind="nonfinite", detail=why)
@@ -84,7 +83,7 @@ def report(
         "rollback",
         step=state.step,
         from_step=e.step,
-        reason=e.reason,
+        reason=e.reason.value,
         checkpoint=path.name,
         skip_batches=skip,
         data_offset=state.data_offset,
@@ -92,7 +91,7 @@ def report(
     )
     log.warning(
         "%s at step %d: rolled back to %s (rollback %d of at most %d), skipping %d batches",
-        e.reason,
+        e.reason.value,
         e.step,
         path.name,
         state.rollbacks,
