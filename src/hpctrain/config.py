@@ -19,6 +19,7 @@ import sys
 import types
 import typing
 import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ def opt(
     default: Any,
     doc: str,
     *,
-    choices: tuple | None = None,
+    choices: Collection[Any] | None = None,
     lo: float | None = None,
     hi: float | None = None,
     lo_open: bool = False,
