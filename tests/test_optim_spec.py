@@ -13,7 +13,7 @@ from hpctrain.errors import UserError
 from hpctrain.optim_spec import OPTIMIZERS, OptimSpec
 from tests.helpers import DIGITS
 
-FAKE = OptimSpec("fake", "Fake", "tests.train.optim.test_build:build_fake", lambda o: 12)
+FAKE = OptimSpec("fake", "Fake", "hpctrain.train.optim.build:build_sgd", lambda o: 12)  # built: tests/train/optim
 
 
 def test_an_unknown_name_is_refused_at_load_with_every_known_name(monkeypatch):
