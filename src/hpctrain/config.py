@@ -19,6 +19,7 @@ import sys
 import types
 import typing
 import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from hpctrain import shipped
 from hpctrain.config_moves import MoveError, migrate_data, migrate_override
 from hpctrain.errors import UserError
 from hpctrain.models.arch import arch_dims
+from hpctrain.optim_spec import OPTIMIZERS
 from hpctrain.randaug_spec import parse_randaugment
 
 CONFIG_DIR = shipped.CONFIG_DIR
@@ -43,7 +45,7 @@ def opt(
     default: Any,
     doc: str,
     *,
-    choices: tuple | None = None,
+    choices: Collection[Any] | None = None,
     lo: float | None = None,
     hi: float | None = None,
     lo_open: bool = False,
@@ -271,7 +273,7 @@ class OptimConfig:
         "adamw",
         "optimizer: AdamW, LAMB (8k-32k global batches) or SGD with momentum (fine-tuning)",
         more=True,
-        choices=("adamw", "lamb", "sgd"),
+        choices=OPTIMIZERS.keys(),  # live: an OptimSpec added to the registry is a choice at once
     )
     lr: float = opt(5e-4, "peak learning rate at lr_ref_batch (before batch scaling)", lo=0, lo_open=True)
     lr_ref_batch: int = opt(0, "global batch that optim.lr is tuned for (0: lr is used as is)", lo=0)
@@ -335,14 +337,16 @@ class OptimConfig:
                 "optim.lr_scaling=sqrt needs optim.lr_ref_batch (the global batch optim.lr was "
                 "tuned for), e.g. optim.lr_ref_batch=4096"
             )
-        if self.name != "adamw" and self.fused == "always":
+        spec = OPTIMIZERS.get(self.name)
+        if spec and self.fused == "always" and not spec.fused:
+            have = " or ".join(s.title for s in OPTIMIZERS.values() if s.fused)
             raise ConfigError(
-                f"optim.fused=always is for AdamW: {self.name} has no fused kernel here; use optim.fused=auto"
+                f"optim.fused=always is for {have}: {self.name} has no fused kernel here; use optim.fused=auto"
             )
-        if self.mu_dtype == "bf16" and self.name != "adamw":
+        if spec and self.mu_dtype == "bf16" and not spec.bf16_mu:
+            have = " or ".join(f"optim.name={s.name}" for s in OPTIMIZERS.values() if s.bf16_mu)
             raise ConfigError(
-                f"optim.mu_dtype=bf16 is for optim.name=adamw; {self.name} keeps its moments in "
-                "fp32: use optim.mu_dtype=fp32"
+                f"optim.mu_dtype=bf16 is for {have}; {self.name} keeps its moments in fp32: use optim.mu_dtype=fp32"
             )
         if self.mu_dtype == "bf16" and self.fused == "always":
             raise ConfigError(
@@ -775,6 +779,13 @@ def rule_problems(cfg: Config) -> list[str]:
     hang watchdog must fire first, with time left to dump before the collectives time out."""
     t, a, d, dist, h = cfg.train, cfg.aug, cfg.data, cfg.dist, cfg.health
     out = []
+    spec = OPTIMIZERS.get(cfg.optim.name)
+    if spec and spec.fsdp_refusal and dist.parallel == "fsdp":
+        out.append(f"optim.name={spec.name} {spec.fsdp_refusal}")
+    if spec and not spec.grad_scaler and t.amp == "fp16":
+        out.append(
+            f"optim.name={spec.name} does not step under train.amp=fp16's GradScaler: set train.amp=bf16 or none"
+        )
     if a.randaugment.strip() and d.loader == "torch":
         out.append(
             f"aug.randaugment={a.randaugment!r} needs the DALI loader (the torch loader has no "

@@ -5,7 +5,7 @@ What is counted, in bytes, for one rank:
 - weights: fp32 master weights, every parameter (the sin-cos position embedding too);
 - grads: one fp32 gradient per trainable parameter (DDP's `gradient_as_bucket_view` makes the
   buckets those gradients; without it the buckets are a second copy, counted under grads);
-- optimizer: AdamW and LAMB keep two fp32 moments per trainable parameter;
+- optimizer: what the optimizer's OptimSpec keeps per trainable parameter (AdamW and LAMB: two fp32 moments);
 - ema: a fp32 copy of the weights when `train.ema` > 0;
 - amp_weights: the bf16/fp16 copies of the matmul and convolution weights that autocast makes in
   the forward pass and autograd keeps for the backward pass;
@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from hpctrain.models.arch import arch_dims
+from hpctrain.optim_spec import spec
 
 GB = 1e9
 CONTEXT_BYTES = int(2 * GB)  # CUDA context, library workspaces, NCCL buffers: an allowance
@@ -156,11 +157,10 @@ def activation_bytes_per_image(mc, amp: str, sdpa_backend: str = "auto") -> int:
 
 
 def optimizer_bytes_per_param(optim) -> int:
-    """Optimizer state per trainable parameter (an OptimConfig): Adam and LAMB keep two moments in
-    fp32 (the first in bf16 with optim.mu_dtype=bf16), SGD one momentum buffer, none without momentum."""
-    if optim.name == "sgd":
-        return 4 if optim.momentum > 0 else 0
-    return (2 if optim.mu_dtype == "bf16" else 4) + 4
+    """Optimizer state per trainable parameter (an OptimConfig), as its OptimSpec counts it (optim_spec.py):
+    Adam and LAMB keep two moments in fp32 (the first in bf16 with optim.mu_dtype=bf16), SGD one momentum
+    buffer, none without momentum. An optimizer without a spec is refused, not estimated as another."""
+    return spec(optim.name).state_bytes(optim)
 
 
 def checkpoint_bytes(cfg) -> int:

@@ -107,12 +107,3 @@ def batch_report(
         raise LaunchError(f"--gpu-mem-gb={mem_gb:g}: give the memory of one GPU in GB, e.g. 80 (H100) or 141 (H200)")
     est = memory.estimate(cfg, per, world) if gpus else None
     return BatchReport(cfg.data.global_batch, world, nodes, cfg.train.accum_steps, per, est, int(mem_gb * memory.GB))
-
-
-def check_optimizer(cfg: Config) -> None:
-    """What the training would refuse at start-up, refused before submission."""
-    if cfg.optim.name == "lamb" and cfg.dist.parallel == "fsdp":
-        raise LaunchError(
-            "optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
-            "dist.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
-        )

@@ -26,7 +26,7 @@ from hpctrain.data.prep.prepare import class_problem, ensure_dataset, input_prob
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import notebook as nb
 from hpctrain.launch import sweep
-from hpctrain.launch.batch import batch_report, check_optimizer
+from hpctrain.launch.batch import batch_report
 from hpctrain.launch.dryrun import FULL
 from hpctrain.launch.modules import module_lines
 from hpctrain.launch.submit import (
@@ -392,7 +392,6 @@ def _classes(cfg: Config, note_only: bool) -> list[Message]:
 def _batch(cfg: Config, plan, gpu_mem_gb: float | None) -> list[Message]:
     """The per-GPU batch, the memory estimate and the resolved lr; a warning below 32 images per GPU;
     a per-GPU batch that cannot fit is refused."""
-    check_optimizer(cfg)
     rep = batch_report(cfg, plan.nodes, plan.tasks_per_node, gpu_mem_gb, gpus=plan.profile.slurm.request_gpus)
     rep.check(cfg)
     msgs = [Message("info", line) for line in [*rep.lines(), f"lr: {lr_rule(cfg)}"]]

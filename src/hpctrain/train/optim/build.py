@@ -1,12 +1,15 @@
-"""AdamW, LAMB or SGD with the usual no-decay groups (and layer-wise lr decay); the warm-up + cosine schedule."""
+"""AdamW, LAMB or SGD (optim_spec.OPTIMIZERS names their builders here) with the usual no-decay groups (and
+layer-wise lr decay); the warm-up + cosine schedule."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
 
 from hpctrain.config import Config, ConfigError
+from hpctrain.optim_spec import spec
 from hpctrain.train.optim.adamw import AdamWLowMu
 from hpctrain.train.optim.lamb import Lamb
 
@@ -53,17 +56,26 @@ def param_groups(
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer optim.name names, built by its OptimSpec's builder over the parameter groups (what the
+    config refuses with it, e.g. LAMB under FSDP, was refused when the config loaded)."""
     o = cfg.optim
-    groups = param_groups(model, o.weight_decay, o.layer_decay, o.head_lr_mult)
-    if o.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.peak_lr, momentum=o.momentum)
-    if o.name == "lamb":
-        if cfg.dist.parallel == "fsdp":
-            raise ConfigError(
-                "optim.name=lamb takes each tensor's norm whole, which FSDP shards; use "
-                "dist.parallel=ddp with LAMB (or optim.name=adamw with FSDP)"
-            )
-        return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, always_adapt=o.lamb_adapt == "all")
+    module, _, func = spec(o.name).builder.partition(":")
+    build = getattr(importlib.import_module(module), func)
+    return build(cfg, param_groups(model, o.weight_decay, o.layer_decay, o.head_lr_mult), device)
+
+
+def build_sgd(cfg: Config, groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.peak_lr, momentum=cfg.optim.momentum)
+
+
+def build_lamb(cfg: Config, groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return Lamb(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, always_adapt=o.lamb_adapt == "all")
+
+
+def build_adamw(cfg: Config, groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+    """torch's AdamW (fused on CUDA with optim.fused=auto), or hpctrain's own with a bf16 first moment."""
+    o = cfg.optim
     if o.mu_dtype == "bf16":
         return AdamWLowMu(groups, lr=cfg.peak_lr, betas=tuple(o.betas), eps=o.eps, mu_dtype=torch.bfloat16)
     fused = o.fused == "always" or (o.fused == "auto" and device.type == "cuda")
