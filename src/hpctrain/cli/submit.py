@@ -225,7 +225,7 @@ def run_local(args: argparse.Namespace, cfg) -> int:
             f"hpctrain: local job {sub.job_id} stopped at step {summary['step']}{where}; no process of it is "
             "left. Run the same command again to resume"
         )
-        return 128 + signal.Signals(interrupted or "SIGINT")  # the shell's status of a command a signal ended
+        return 128 + signal.Signals[interrupted or "SIGINT"]  # the shell's status of a command a signal ended
     print(summary_table(summary))
     if summary.get("top1") is not None:
         print(f"final val top-1: {summary['top1']:.2f} % ({summary['val_count']} images)")
