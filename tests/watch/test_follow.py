@@ -258,9 +258,14 @@ def test_submit_wait_of_a_3_minute_job_costs_at_most_2_slurm_calls_a_minute(slur
     # `eval --wait` of its weights as a job: the summary, its calls about its own job only
     before = len(log.read_text().splitlines())
     ev = hp(slurm_cluster, "eval", str(tmp_path / "three"), "--nodes", "1", "--gpus-per-node", "1", "--wait", env=env)
+    ev_done = time.time()
     assert ev.returncode == 0 and "top-1" in ev.stdout, ev.stdout + ev.stderr
     ev_job = re.search(r"submitted Slurm job (\d+)", ev.stdout).group(1)
     lines = [line.split(" ", 2) for line in log.read_text().splitlines()[before:]]
     start = max(float(t) for t, kind, a in lines if kind == "sbatch" and "--version" not in a)
     after = [(kind, a) for t, kind, a in lines if float(t) > start and kind in CALLS]
-    assert after and all(f"-j {ev_job}" in a for _, a in after) and len(after) <= 6, after
+    # the same budget: at most 2 a minute, and the first asks (5, 15, 30 s) of a short job; a busy
+    # machine that slows the eval job lengthens the wait, not the rate
+    ev_minutes = (ev_done - start) / 60
+    assert after and all(f"-j {ev_job}" in a for _, a in after), after
+    assert len(after) <= max(6, 2 * ev_minutes), (ev_minutes, after)
