@@ -12,6 +12,7 @@ HEAVY = ("numpy", "torch", "nvidia.dali", "PIL", "matplotlib")
 # Packages and modules the login node runs (the CLI and the library under it), walked so that a
 # new module is checked the day it is added.
 LOGIN_PACKAGES = (
+    "hpctrain.config",
     "hpctrain.cli",
     "hpctrain.launch",
     "hpctrain.plan",

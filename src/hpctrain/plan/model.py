@@ -132,7 +132,7 @@ class Workload:
     max_steps: int = 0
 
     def per_gpu_batch(self, gpus: int) -> int | None:
-        """Micro-batch per GPU, None when the global batch does not split evenly (config.py's rule)."""
+        """Micro-batch per GPU, None when the global batch does not split evenly (config/rules.py's check_batch)."""
         div = gpus * self.accum_steps
         return None if self.global_batch % div else self.global_batch // div
 
