@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.site_users import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -22,6 +26,35 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # checkout guard: a test that writes into the checkout fails (tests/checkout_guard.py); the time each
 # xdist worker was busy, after --durations (tests/worker_load.py).
 pytest_plugins = ["tests.doctor.fake_sysfs", "tests.checkout_guard", "tests.worker_load"]
+
+
+# The session's temp directories live under a root of its own, not /tmp/pytest-of-<user>: every pytest
+# session that starts on the machine (a fast tier run beside CI, another project's tests) takes the
+# others' bits off that directory (pytest does, for privacy), and the Slurm tests' ordinary users then
+# lose their way into a running job's directory mid-run (EACCES on metrics.jsonl, checkpoints: issue 56).
+SESSION_ROOT_PREFIX = "hpctrain-pytest-"
+SESSION_ROOTS_KEPT = 3  # the newest roots of ended sessions stay for a look, as pytest keeps 3 basetemps
+
+
+def _session_ended(root: Path) -> bool:
+    """Whether the session that made `root` (named PREFIX<pid>-<random>) has ended."""
+    head = root.name[len(SESSION_ROOT_PREFIX) :].split("-", 1)[0]
+    return not (head.isdigit() and int(head) > 0 and alive(int(head)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before the tmpdir plugin reads --basetemp
+def pytest_configure(config):
+    """A root of the session's own for its temp directories, unless --basetemp says where (an xdist
+    worker is given its part of the main process's); the roots of ended sessions beyond the newest
+    SESSION_ROOTS_KEPT are removed."""
+    if hasattr(config, "workerinput") or config.option.basetemp is not None:
+        return
+    tmp = Path(tempfile.gettempdir())
+    ended = [d for d in tmp.glob(f"{SESSION_ROOT_PREFIX}*") if _session_ended(d)]
+    for old in sorted(ended, key=lambda d: d.stat().st_mtime if d.exists() else 0)[:-SESSION_ROOTS_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{SESSION_ROOT_PREFIX}{os.getpid()}-", dir=tmp))
+    config.option.basetemp = str(root / "base")
 
 
 def _uses_module_fixture(item) -> bool:
@@ -152,7 +185,7 @@ def slurm_test_dirs(request):
         return
     site = request.getfixturevalue("site_users")
     request.getfixturevalue("elsewhere")  # the working directory of its own, first
-    # again: another pytest session starting meanwhile takes the others' bits off /tmp/pytest-of-<user>
+    # again, should anything have taken the bits off (the session's root is its own: pytest_configure)
     site.reach(request.getfixturevalue("tmp_path_factory").getbasetemp())
     for d in {Path.cwd(), *([request.getfixturevalue("tmp_path")] if "tmp_path" in request.fixturenames else [])}:
         site.share(d)

@@ -54,7 +54,7 @@ def _reach_state():
         tmp.replace(REACH_STATE)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -148,7 +148,7 @@ class SiteUsers:
             subprocess.run(["userdel", u.name], capture_output=True)
         subprocess.run(["groupdel", self.group], capture_output=True)
         with _reach_state() as state:
-            state["holders"] = [h for h in state["holders"] if h != os.getpid() and _alive(h)]
+            state["holders"] = [h for h in state["holders"] if h != os.getpid() and alive(h)]
             if not state["holders"]:  # the last process that needed them
                 for d, mode in state["modes"].items():
                     with contextlib.suppress(OSError):
