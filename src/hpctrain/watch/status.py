@@ -38,7 +38,7 @@ from hpctrain.run.layout import (
 )
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, table, total_steps
 from hpctrain.site import user_cache
-from hpctrain.site.slurm_cli import NO_CONFIG_RE, job_record, queue_field, queue_state
+from hpctrain.site.slurm_cli import NO_CONFIG_RE, job_record, queue_state, queue_workdir
 from hpctrain.watch.follow import TERMINAL, WAITING, Endings, JobEnd, Moved, Pace
 from hpctrain.watch.jobinfo import ANY, Accounting, Where, accounting, own_rows, where_of
 from hpctrain.watch.progress import Eta, MetricsTail, duration, eta, iso, recent_straggler, steps_per_s
@@ -55,10 +55,10 @@ def job_state(job_id: str, where: Where = ANY) -> str:
     # A preempted --requeue job is requeued by Slurm itself (PreemptMode=REQUEUE; since 24.05 also when
     # it ends inside its GraceTime): its PREEMPTED row is the last one for a few seconds before the
     # next run's row appears (measured, docs/slurm-versions.md), while squeue still holds it.
-    if rows and not (rows[-1]["State"] == "PREEMPTED" and _queue_state(job_id)):
+    if rows and not (rows[-1]["State"] == "PREEMPTED" and queue_state(str(job_id))):
         return rows[-1]["State"]
     # no row (sacct cannot answer, or not yet): the controller's, which keeps an ended job MinJobAge
-    return _queue_state(job_id) or job_record(job_id).get("JobState") or "UNKNOWN"
+    return queue_state(str(job_id)) or job_record(job_id).get("JobState") or "UNKNOWN"
 
 
 def settled_state(state: str, metrics: dict) -> str:
@@ -68,11 +68,6 @@ def settled_state(state: str, metrics: dict) -> str:
     if state == "PREEMPTED" and metrics.get("end") == "finished":
         return "COMPLETED"
     return state
-
-
-def _queue_state(job_id: str) -> str:
-    """The job's state in squeue ('' when it is not in the queue)."""
-    return queue_state(str(job_id)) or ""
 
 
 def wait_job(
@@ -101,13 +96,6 @@ def run_files(run_dir: Path, job_id: str) -> list[Path]:
         run_dir / SUBMITIT / f"{job_id}_0_log.out",
         run_dir / SUBMITIT / f"{job_id}_0_log.err",
     ]
-
-
-def squeue_workdir(job_id: str) -> str | None:
-    """The working directory of a job still in the queue (sacct may not list it yet); "" when it is
-    not in the queue, None when squeue does not answer."""
-    out = queue_field(str(job_id), "%Z")
-    return out.splitlines()[0] if out else out
 
 
 def local_job_run(job_id: str, runs: Path = RUNS) -> Path | None:
@@ -250,7 +238,7 @@ def slurm_workdir(job_id: str) -> str:
         raise no_slurm(job_id, acct.error)
     if acct.rows:  # the last row: the newest job of that id
         return acct.rows[-1].get("WorkDir") or ""
-    queued = squeue_workdir(job_id)  # None: squeue did not answer
+    queued = queue_workdir(str(job_id))  # None: squeue did not answer
     work = queued or job_record(job_id).get("WorkDir")
     if work:
         return work
@@ -657,7 +645,7 @@ def controller_view(job_id: str, where: Where, metrics: dict) -> tuple[str, int,
         rec = {}
     restarts, nodes = rec.get("Restarts", ""), rec.get("NodeList", "")
     return (
-        rec.get("JobState") or ("" if where.workdir else _queue_state(job_id)),
+        rec.get("JobState") or ("" if where.workdir else (queue_state(str(job_id)) or "")),
         int(restarts) if restarts.isdigit() else metrics.get("stops", 0),
         "" if nodes == "(null)" else nodes,
     )
