@@ -1,5 +1,6 @@
 """Which job of an id is the run's, and where sacct must look for it (watch/jobinfo.py); the
-Slurm side of each: tests/watch/test_status_accounting.py."""
+Slurm side of each: tests/watch/test_status_accounting.py. A preempted job that Slurm requeues is
+not reported ended (job_state, on a real Slurm 24.11 cluster)."""
 
 from __future__ import annotations
 

@@ -219,7 +219,7 @@ def wait_job(
     tick_s: float = 2.0,
 ) -> str:
     """Wait until the job has ended for good (a requeued job keeps it going): its end state. Slurm is
-    asked at `pace` (watch/follow.py), not while `files` grow; `done_file` appearing (an evaluation's
+    asked at `pace` (JobEnd), not while `files` grow; `done_file` appearing (an evaluation's
     summary) asks sooner."""
     done = (lambda: int(done_file.exists())) if done_file else (lambda: 0)
     end = JobEnd(job_id, lambda: job_state(job_id), pace, Moved(files), done)

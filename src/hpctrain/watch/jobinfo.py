@@ -114,6 +114,8 @@ def sacct_rows(job_id: str, where: Where = ANY) -> list[dict[str, str]]:
 
 
 def job_state(job_id: str, where: Where = ANY) -> str:
+    """The job's state now: its last sacct row, else the controller's (squeue, then scontrol); UNKNOWN
+    when none of them knows the job."""
     rows = sacct_rows(job_id, where)
     # A preempted --requeue job is requeued by Slurm itself (PreemptMode=REQUEUE; since 24.05 also when
     # it ends inside its GraceTime): its PREEMPTED row is the last one for a few seconds before the
