@@ -1,7 +1,7 @@
 """Whether a process lives on this host, by its pid.
 
 Below both `launch/` (a local job's controller and tasks: launch.localjob) and `watch/` (a run is
-RUNNING while its lock holder or its local job lives: watch.status), which import it.
+RUNNING while its lock holder or its local job lives: watch.jobinfo), which import it.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from hpctrain.run import faultlog
 from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.run.source import take_snapshot
 from hpctrain.site.profile import load_profile
-from hpctrain.watch.status import summarize
+from hpctrain.watch.summary import summarize
 from tests.helpers import ROOT
 from tests.launch.jobs import (
     JOB_SETS,

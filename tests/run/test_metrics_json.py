@@ -15,7 +15,9 @@ from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
 from hpctrain.train.observe.tensorboard import scalars
-from hpctrain.watch import report, status
+from hpctrain.watch import report
+from hpctrain.watch.render import status_text
+from hpctrain.watch.summary import run_status, summarize
 from tests.helpers import DIGITS
 
 
@@ -85,11 +87,11 @@ def test_readers_take_null_as_not_measured(tmp_path):
     w.write("nonfinite", step=2, reason="nonfinite", loss=math.nan)
     w.close()
     recs = read_metrics(tmp_path / "metrics.jsonl")
-    m = status.summarize(recs)
+    m = summarize(recs)
     assert m["step"] == 2 and m["loss"] is None and m["loss_nonfinite"] == "nan"
     assert m["last_nonfinite"]["loss"] is None
     json.dumps(m, allow_nan=False)  # `hpctrain status --json` stays JSON too
-    assert "train loss     nan (not finite)" in status.run_status(str(tmp_path)).text()
+    assert "train loss     nan (not finite)" in status_text(run_status(str(tmp_path)))
     assert scalars(recs[0]) == {"train/images_per_s": 100.0}  # TensorBoard, W&B, MLflow: no point, no error
     run = report.load_run(tmp_path)
     assert dict(report.summary(run))["final train loss"] == "–"

@@ -93,7 +93,8 @@ def test_stop_decision_goes_to_the_stop_file_for_the_batch_shell(tmp_path):
 
 def test_status_reads_a_stopped_run(tmp_path):
     """A run whose last record is a stop says so; once resumed past it, it no longer does."""
-    from hpctrain.watch.status import run_status
+    from hpctrain.watch.render import status_text
+    from hpctrain.watch.summary import run_status
 
     recs = [
         {"kind": "train", "step": 4, "epoch": 0.2, "loss": 2.0},
@@ -102,13 +103,13 @@ def test_status_reads_a_stopped_run(tmp_path):
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "job.json").write_text(json.dumps({"job_id": "7", "executor": "local"}))
-    text = run_status(str(tmp_path)).text()
+    text = status_text(run_status(str(tmp_path)))
     assert "stopped at step 4: preemption" in text and "stops          1 (1 after preemption (TERM))" in text
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"kind": "train", "step": 5, "epoch": 0.25, "loss": 1.9}) + "\n")
         f.write(json.dumps({"kind": "end", "step": 5, "status": "finished"}) + "\n")
     st = run_status(str(tmp_path))
-    assert st.state == "COMPLETED" and "stopped at" not in st.text() and "last step      5" in st.text()
+    assert st.state == "COMPLETED" and "stopped at" not in status_text(st) and "last step      5" in status_text(st)
 
 
 def test_task_refuses_a_submitit_other_than_the_submitters(monkeypatch):

@@ -16,7 +16,7 @@ import pytest
 
 from hpctrain.cli import main as cli_main
 from hpctrain.site import slurm_cli
-from hpctrain.watch import status as statusmod
+from hpctrain.watch import logs
 from hpctrain.watch.follow import FLOOR_S, Endings, JobEnd, Moved, Pace, pace_of, queue_now
 from hpctrain.watch.progress import MetricsTail
 from tests.launch.jobs import digits_sets, hp
@@ -175,10 +175,10 @@ def test_logs_f_asks_slurm_only_when_the_log_stops_growing(tmp_path, monkeypatch
     clock = Clock(write)
     squeue = FakeSqueue(clock, lambda t: "RUNNING" if t < 130 else "")
     monkeypatch.setattr(slurm_cli, "ask", squeue)
-    monkeypatch.setattr(statusmod, "job_state", lambda job_id, where=None: "COMPLETED")
+    monkeypatch.setattr(logs, "job_state", lambda job_id, where=None: "COMPLETED")
     out = io.StringIO()
-    ended = statusmod.has_ended(run, "42", "slurm", log, clock=clock)
-    statusmod.follow(log, ended, poll_s=0.5, out=out, clock=clock, sleep=clock.sleep)
+    ended = logs.has_ended(run, "42", "slurm", log, clock=clock)
+    logs.follow(log, ended, poll_s=0.5, out=out, clock=clock, sleep=clock.sleep)
     assert out.getvalue() == "".join(written) and written
     assert squeue.calls[0] == 0 and all(t > 100 for t in squeue.calls[1:]), squeue.calls
     assert squeue.calls[-1] >= 130 and len(squeue.calls) <= 4, squeue.calls

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.launch.submit import write_job_record
-from hpctrain.watch.follow import pace_of
-from hpctrain.watch.status import wait_job
+from hpctrain.watch.follow import pace_of, wait_job
 from tests.helpers import wait_for
 from tests.launch.jobs import digits_sets, hp, job_report, submit
 from tests.slurm_cluster import SlurmCluster, missing

@@ -24,8 +24,7 @@ from hpctrain.site.profile import ClusterProfile
 from hpctrain.site.slurm_cli import slurm_here
 from hpctrain.train import dist as distmod
 from hpctrain.train.evaluate import run, summary_text
-from hpctrain.watch.follow import add_poll_arg, pace_of
-from hpctrain.watch.status import wait_job
+from hpctrain.watch.follow import add_poll_arg, pace_of, wait_job
 
 # flags that only a job (--nodes) takes
 JOB_FLAGS = (

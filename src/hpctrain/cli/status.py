@@ -10,9 +10,11 @@ from pathlib import Path
 from hpctrain.cli import CLIError
 from hpctrain.launch.sweep import SWEEP_FILE, is_sweep, sweep_table
 from hpctrain.launch.sweep import sweep_status as rows_of
-from hpctrain.run.layout import read_json
+from hpctrain.run.layout import RUNS, read_json
 from hpctrain.watch.follow import add_poll_arg, pace_of
-from hpctrain.watch.status import RUNS, follow, has_ended, log_path, run_status, wait_for_run
+from hpctrain.watch.logs import follow, has_ended, log_path, wait_for_run
+from hpctrain.watch.render import status_text
+from hpctrain.watch.summary import run_status
 
 
 def add_parser(sub) -> None:
@@ -47,7 +49,7 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(strict_json(st.facts()), indent=1))
     else:
-        print(st.text())
+        print(status_text(st))
     return 1 if st.state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else 0
 
 

@@ -38,9 +38,10 @@ from hpctrain.run.layout import METRICS, SUBMITIT
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.site.slurm_cli import slurm_here
 from hpctrain.train.entry import summary_table
-from hpctrain.watch.follow import Endings, JobEnd, Moved, add_poll_arg, pace_of
+from hpctrain.watch.follow import Endings, JobEnd, Moved, add_poll_arg, pace_of, run_files
 from hpctrain.watch.progress import MetricsTail, watch
-from hpctrain.watch.status import RunStatus, run_files, run_status
+from hpctrain.watch.render import status_text
+from hpctrain.watch.summary import RunStatus, run_status
 
 
 def add_parser(sub) -> None:
@@ -131,7 +132,7 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
         return 0
     ended: list[RunStatus] = []
 
-    def final() -> str:  # the job left the queue: its end, read once with the run's own (status.settled_state)
+    def final() -> str:  # the job left the queue: its end, read once with the run's own (watch.jobinfo.settled_state)
         ended[:] = [run_status(str(sub.run_dir))]
         return ended[0].state
 
@@ -141,7 +142,7 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
     # rank 0's progress line while it waits, from metrics.jsonl; Slurm asked at the pace (watch/follow.py)
     watch(sub.run_dir, done, to_dict(p.cfg), poll_s=2.0, global_batch=p.cfg.data.global_batch, tail=tail)
     status = ended[0]
-    print(status.text())
+    print(status_text(status))
     if status.state == "COMPLETED":
         return 0
     failed = explain(sub.run_dir / SUBMITIT, sub.job_id, plan.nodes * plan.tasks_per_node, "Slurm job")

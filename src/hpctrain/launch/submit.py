@@ -30,8 +30,8 @@ from hpctrain.run.layout import CODE, JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
 from hpctrain.site.profile import SlurmSection, parse_tres, time_minutes
 from hpctrain.site.slurm_cli import client_version
-from hpctrain.watch.jobinfo import submitted_clusters
-from hpctrain.watch.status import local_state, remember_local_job
+from hpctrain.watch.jobinfo import local_state, submitted_clusters
+from hpctrain.watch.lookup import remember_local_job
 
 __all__ = [
     "LaunchError",

@@ -37,7 +37,7 @@ from hpctrain.launch.task import train_task
 from hpctrain.run.layout import METRICS, SUBMITIT, read_json
 from hpctrain.run.metrics import read_metrics
 from hpctrain.site.slurm_cli import queue_state, slurm_config
-from hpctrain.watch.status import job_state, sacct_rows
+from hpctrain.watch.jobinfo import job_state, sacct_rows
 
 DEFAULT_MAX_RUNS = 64
 SWEEP_FILE = "sweep.json"

@@ -1,6 +1,6 @@
 """Where results go: `metrics.jsonl` (one JSON object per line), progress, a summary table.
 
-The file's format: the task writes it (train.loop), the login node reads it (watch.status, sweep,
+The file's format: the task writes it (train.loop), the login node reads it (watch.summary, sweep,
 ckpt_cost, requeue, report), so it lives below both launch and train."""
 
 from __future__ import annotations

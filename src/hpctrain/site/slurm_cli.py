@@ -532,6 +532,13 @@ def queue_state(job_id: str) -> str | None:
     return line.split()[0] if line else None
 
 
+def queue_workdir(job_id: str) -> str | None:
+    """The working directory of a job still in the queue (sacct may not list it yet); "" when it is
+    not in the queue, None when squeue does not answer."""
+    out = queue_field(job_id, "%Z")
+    return out.splitlines()[0] if out else out
+
+
 # `squeue -j` of a job slurmctld no longer holds (past MinJobAge) fails with this; one it still holds
 # after its end prints nothing, exit 0 (measured, 22.05): both mean "not in the queue"
 GONE = "slurm_load_jobs error: Invalid job id specified"

@@ -7,7 +7,7 @@ grow), which cost no Slurm call. Slurm is asked only whether our job is still in
 within seconds, and backs off to a minute; an ask is skipped while the run's files moved since the
 last due time (the job is evidently alive), and the short gaps start again when the files say an
 attempt ends (an `end` or `stop` record, an evaluation's summary). Once the job has left the queue,
-its end state is read once (sacct; without accounting the controller's record: watch/status.py).
+its end state is read once (sacct; without accounting the controller's record: watch/jobinfo.py).
 
 Facts (Slurm 22.05.8, measured on the test cluster; docs/launch.md, "Following a job"):
 - `squeue -h -j ID -o %T` prints the state while the job is pending, running or completing (a
@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.run.layout import LOGS, METRICS, SUBMITIT
 from hpctrain.site.slurm_cli import queue_field
+from hpctrain.watch.jobinfo import job_state
 from hpctrain.watch.progress import MetricsTail
 
-# the states after which a job never runs again, unless Slurm requeues it (as watch/status.py's)
+# the states after which a job never runs again, unless Slurm requeues it
 TERMINAL = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 )
@@ -196,3 +198,31 @@ class JobEnd:
         self._closing = True  # accounting not there yet (slurmdbd lags the controller): soon again
         self._restart(now)
         return False
+
+
+def run_files(run_dir: Path, job_id: str) -> list[Path]:
+    """The files a Slurm job of the run writes to while it lives (watched at no Slurm cost): its
+    metrics, rank 0's log, the batch shell's and rank 0's task output."""
+    return [
+        run_dir / METRICS,
+        run_dir / LOGS / "rank-0.log",
+        run_dir / SUBMITIT / f"{job_id}_0_log.out",
+        run_dir / SUBMITIT / f"{job_id}_0_log.err",
+    ]
+
+
+def wait_job(
+    job_id: str,
+    pace: Pace | None = None,
+    files: Sequence[Path] = (),
+    done_file: Path | None = None,
+    tick_s: float = 2.0,
+) -> str:
+    """Wait until the job has ended for good (a requeued job keeps it going): its end state. Slurm is
+    asked at `pace` (JobEnd), not while `files` grow; `done_file` appearing (an evaluation's
+    summary) asks sooner."""
+    done = (lambda: int(done_file.exists())) if done_file else (lambda: 0)
+    end = JobEnd(job_id, lambda: job_state(job_id), pace, Moved(files), done)
+    while not end():
+        time.sleep(tick_s)
+    return end.state

@@ -1,5 +1,6 @@
-"""What Slurm says of a run's job: its accounting rows (sacct), kept to this run's job and asked of
-the cluster it was submitted to, or the controller's view when sacct cannot answer.
+"""What a run's job is doing: Slurm's accounting rows (sacct), kept to this run's job and asked of
+the cluster it was submitted to, or the controller's view (squeue, scontrol) when sacct cannot
+answer; for a local run, whether a process of it lives on this host.
 
 Facts (Slurm 22.05.8 on the test cluster; sources in docs/observability.md, "hpctrain status"):
 - Without accounting storage (AccountingStorageType=accounting_storage/none) sacct prints "Slurm
@@ -17,12 +18,14 @@ No torch: this runs on login nodes.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpctrain.run.layout import ENV, JOB, read_json
-from hpctrain.site.slurm_cli import ask
+from hpctrain.pids import alive
+from hpctrain.run.layout import ENV, JOB, LOCK, read_json
+from hpctrain.site.slurm_cli import ask, job_record, queue_state
 
 FIELDS = ("JobID", "State", "ExitCode", "WorkDir", "NodeList", "Elapsed")
 # the variables that send a submission to another cluster (sbatch(1): same as --clusters)
@@ -103,3 +106,57 @@ def accounting(job_id: str, where: Where = ANY) -> Accounting:
     # shrank (measured, 22.05): the same run, not a requeue
     rows = [row for row in rows if row["State"] != "RESIZING"]
     return Accounting(own_rows(rows, where.workdir))
+
+
+def sacct_rows(job_id: str, where: Where = ANY) -> list[dict[str, str]]:
+    """One row per run of the allocation (requeues included), oldest first; [] when unknown."""
+    return accounting(job_id, where).rows
+
+
+def job_state(job_id: str, where: Where = ANY) -> str:
+    """The job's state now: its last sacct row, else the controller's (squeue, then scontrol); UNKNOWN
+    when none of them knows the job."""
+    rows = sacct_rows(job_id, where)
+    # A preempted --requeue job is requeued by Slurm itself (PreemptMode=REQUEUE; since 24.05 also when
+    # it ends inside its GraceTime): its PREEMPTED row is the last one for a few seconds before the
+    # next run's row appears (measured, docs/slurm-versions.md), while squeue still holds it.
+    if rows and not (rows[-1]["State"] == "PREEMPTED" and queue_state(str(job_id))):
+        return rows[-1]["State"]
+    # no row (sacct cannot answer, or not yet): the controller's, which keeps an ended job MinJobAge
+    return queue_state(str(job_id)) or job_record(job_id).get("JobState") or "UNKNOWN"
+
+
+def settled_state(state: str, metrics: dict) -> str:
+    """Slurm's final state, unless the run's own end record contradicts it: Slurm >= 24.05 records
+    PREEMPTED for a job it once signalled for preemption, even after a requeue of ours ran it to the
+    end (its mark stays: launch/shell/stops.sh, docs/slurm-versions.md)."""
+    if state == "PREEMPTED" and metrics.get("end") == "finished":
+        return "COMPLETED"
+    return state
+
+
+def controller_view(job_id: str, where: Where, metrics: dict) -> tuple[str, int, str]:
+    """(state, requeues, nodes) from `scontrol show job` (Restarts: its requeues so far), else squeue;
+    ("", …) once the controller has forgotten the job (MinJobAge after its end). A record of
+    another working directory is another job of that id (after an id reset)."""
+    rec = job_record(job_id)
+    if where.workdir and rec.get("WorkDir") and own_rows([rec], where.workdir) == []:
+        rec = {}
+    restarts, nodes = rec.get("Restarts", ""), rec.get("NodeList", "")
+    return (
+        rec.get("JobState") or ("" if where.workdir else (queue_state(str(job_id)) or "")),
+        int(restarts) if restarts.isdigit() else metrics.get("stops", 0),
+        "" if nodes == "(null)" else nodes,
+    )
+
+
+def local_state(run_dir: Path) -> str | None:
+    """RUNNING while a process of the run lives on this host: the one that holds the run's lock
+    (run.rundir), or the controller of its local job (its id is the controller's pid), which
+    lives until every task has ended."""
+    host = socket.gethostname()
+    holder, job = read_json(run_dir / LOCK, {}), read_json(run_dir / JOB, {})
+    pids = [holder.get("pid")] if holder.get("host") == host else []
+    if job.get("executor") == "local" and job.get("host") == host and str(job.get("job_id", "")).isdigit():
+        pids.append(int(job["job_id"]))
+    return "RUNNING" if any(isinstance(p, int) and alive(p) for p in pids) else None

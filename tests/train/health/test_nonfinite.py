@@ -11,7 +11,8 @@ import torch
 from hpctrain.config import ConfigError, HealthConfig, build
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.health.guard import SpikeWatch, injected_nan
-from hpctrain.watch.status import divergence_text, summarize
+from hpctrain.watch.render import divergence_text
+from hpctrain.watch.summary import summarize
 from tests.helpers import digits_args, hpctrain, run_metrics, run_ranks
 
 # 22 steps per epoch; checkpoints every 5 steps, the loss read every 10: a NaN at step 12 is first

@@ -14,7 +14,8 @@ from hpctrain.run.metrics import MetricsWriter
 from hpctrain.train.health.guard import Diverged, Reason
 from hpctrain.train.health.rollback import diverged, report
 from hpctrain.train.state import TrainState
-from hpctrain.watch.status import divergence_text, summarize
+from hpctrain.watch.render import divergence_text
+from hpctrain.watch.summary import summarize
 
 
 @pytest.mark.parametrize(("reason", "written"), [(Reason.NONFINITE, "nonfinite"), (Reason.SPIKE, "spike")])
