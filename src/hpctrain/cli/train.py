@@ -10,7 +10,6 @@ from hpctrain.cli import add_config_args
 from hpctrain.cli.common import load_config
 from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.train import stop as stopmod
-from hpctrain.train.entry import run
 
 
 def add_parser(sub) -> None:
@@ -24,6 +23,10 @@ def add_parser(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     stop = stopmod.install(interrupt=True)  # first: a USR2/TERM/Ctrl-C from here on stops at a step boundary
+    # torch: after the stop handlers (its seconds of importing are covered); `hpctrain --help` lists this
+    # command on a login node without torch
+    from hpctrain.train.entry import run
+
     overrides = list(args.overrides) + ([f"run.resume={args.resume}"] if args.resume else [])
     if args.halt_at is not None:
         os.environ[stopmod.HALT_AT_ENV] = str(args.halt_at)
