@@ -33,12 +33,12 @@ from hpctrain.run import faultlog, requeue, source
 from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
 from hpctrain.run.metrics import progress_log, read_metrics, summary_table
 from hpctrain.run.rundir import RunDirBusy, RunLock
-from hpctrain.train import compat, compile_cache, finetune
+from hpctrain.train import collective, compat, compile_cache, finetune
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.ckpt.resume_checks import RunFinished, check_compatible, check_unfinished
-from hpctrain.train.dist import agree
+from hpctrain.train.collective import agree
 from hpctrain.train.health import preflight, watchdog
 from hpctrain.train.loop import Trainer
 from hpctrain.train.observe import trackers
@@ -160,8 +160,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         else {}
     )
     with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
-        distmod.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
-        stack.push(unless_broken(distmod.shutdown))
+        collective.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
+        stack.push(unless_broken(collective.shutdown))
         summary = _run(cfg, stop, info, device, use_cuda, fr_env, stack)
     return summary
 
@@ -183,11 +183,11 @@ def remove_if_refused(run_dir: Path, started: list[bool]) -> Callable[..., bool]
 def unless_broken(close: Callable[[], object]) -> Callable[..., bool]:
     """An exit callback for `ExitStack.push` that calls `close` on a return and after an error
     every rank meets alike, but not after a failed collective or an interrupt: a group a peer left
-    is unusable (no orderly shutdown, as train.dist.diagnose's callers do), and a second Ctrl-C means
+    is unusable (no orderly shutdown, as train.collective.diagnose's callers do), and a second Ctrl-C means
     now. Never swallows the exception."""
 
     def exit_(exc_type, exc, tb) -> bool:
-        if exc is None or (isinstance(exc, Exception) and not distmod.peer_failure(exc)):
+        if exc is None or (isinstance(exc, Exception) and not collective.peer_failure(exc)):
             close()
         return False
 

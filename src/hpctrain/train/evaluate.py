@@ -20,8 +20,8 @@ import torch
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders
 from hpctrain.models.vit import build_vit
+from hpctrain.train import collective, finetune
 from hpctrain.train import dist as distmod
-from hpctrain.train import finetune
 from hpctrain.train.entry import setup_logging
 from hpctrain.train.eval_pass import evaluate
 
@@ -107,7 +107,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
     if use_cuda:
         torch.cuda.set_device(device)
     setup_logging(None, info.rank)
-    distmod.init(info, "nccl" if use_cuda else "gloo", cfg.dist.pg_timeout_s)
+    collective.init(info, "nccl" if use_cuda else "gloo", cfg.dist.pg_timeout_s)
     try:
         ecfg = eval_config(cfg, info.world_size)
         torch.manual_seed(cfg.train.seed)
@@ -121,7 +121,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
             )
         res = evaluate(model, loader, cfg.train.amp, device, cfg.model.num_classes)
     finally:
-        distmod.shutdown()
+        collective.shutdown()
     conf = res.pop("confusion")
     names = class_names(cfg, loader)
     rows = per_class(conf, names)
