@@ -23,15 +23,15 @@ def add_parser(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     stop = stopmod.install(interrupt=True)  # first: a USR2/TERM/Ctrl-C from here on stops at a step boundary
-    # torch: after the stop handlers (its seconds of importing are covered); `hpctrain --help` lists this
-    # command on a login node without torch
-    from hpctrain.train.entry import run
-
     overrides = list(args.overrides) + ([f"run.resume={args.resume}"] if args.resume else [])
     if args.halt_at is not None:
         os.environ[stopmod.HALT_AT_ENV] = str(args.halt_at)
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
+    # torch: after the stop handlers and the config's checks, as entry.run imported it before; `hpctrain
+    # --help` lists this command on a login node without torch
+    from hpctrain.train.entry import run
+
     summary = run(cfg, stop)
     if summary["status"] == "interrupted":
         if summary["rank"] == 0:
