@@ -57,6 +57,7 @@ def worker(args) -> None:
     from hpctrain.bench import cycle, time_steps
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
+    from hpctrain.train import collective
     from hpctrain.train import dist as distmod
     from hpctrain.train.loop import Trainer
 
@@ -64,7 +65,7 @@ def worker(args) -> None:
     cfg = config(args, info.world_size)
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    distmod.init(info, "gloo", cfg.dist.pg_timeout_s)
+    collective.init(info, "gloo", cfg.dist.pg_timeout_s)
     try:
         torch.manual_seed(cfg.train.seed)
         loader, _ = build_loaders(cfg, info.rank, info.world_size, device)
@@ -115,7 +116,7 @@ def worker(args) -> None:
             bucket = min(grad_bytes, cfg.dist.ddp_bucket_mb * 2**20)
             rows = allreduce.measure(sorted({bucket, grad_bytes}), args.ar_iters, 2, device)
     finally:
-        distmod.shutdown()
+        collective.shutdown()
     if info.is_main:
         print(
             json.dumps(

@@ -707,7 +707,7 @@ def w_nccl(tiny: bool, out: Path) -> dict:
     from hpctrain.models.vit import build_vit
     from hpctrain.train import comm, fsdp
     from hpctrain.train.ckpt import sharded
-    from hpctrain.train.dist import shutdown
+    from hpctrain.train.collective import shutdown
 
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The stop agreement's cost: one round of `train.dist.agree_bits` / `PendingBits` (an all-reduce
+"""The stop agreement's cost: one round of `train.collective.agree_bits` / `PendingBits` (an all-reduce
 of 8 int32 stop bits on a gloo group) measured at 2..32 ranks over loopback TCP, and modelled to
 128 and 1,024 ranks over a real fabric (hpctrain.plan.stop_cost).
 
@@ -50,7 +50,7 @@ def worker(rounds: int, out: str) -> None:
     import torch
     import torch.distributed as td
 
-    from hpctrain.train.dist import PendingBits, agree_bits
+    from hpctrain.train.collective import PendingBits, agree_bits
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -100,14 +100,16 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes, iters, warmup, queue) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from hpctrain.train import collective  # torch: a top-level module imports light (login node)
+
     info = dist.DistInfo(rank, world, rank, "127.0.0.1", port, "local")
-    dist.init(info, backend, timeout_s=300)
+    collective.init(info, backend, timeout_s=300)
     try:
         rows = measure(sizes, iters, warmup, _device(backend, rank))
         if rank == 0:
             queue.put(rows)
     finally:
-        dist.shutdown()
+        collective.shutdown()
 
 
 def _device(backend: str, local_rank: int):
@@ -157,11 +159,13 @@ def run_local(
 
 def run_in_job(sizes: list[int], iters: int = 10, warmup: int = 2, backend: str | None = None) -> list[dict] | None:
     """Inside torchrun/srun: join the job's process group; rank 0 gets the rows, others None."""
+    from hpctrain.train import collective  # torch: a top-level module imports light (login node)
+
     info = dist.detect()
     backend = backend or default_backend()
-    dist.init(info, backend, timeout_s=300)
+    collective.init(info, backend, timeout_s=300)
     try:
         rows = measure(sizes, iters, warmup, _device(backend, info.local_rank))
     finally:
-        dist.shutdown()
+        collective.shutdown()
     return rows if info.is_main else None

@@ -207,6 +207,7 @@ def measure(
     import torch  # torch: a top-level module imports light (login node)
 
     from hpctrain.models.vit import arch_dims, build_vit
+    from hpctrain.train import collective
     from hpctrain.train.amp import autocast_ctx
     from hpctrain.train.fastpath import sdpa_backend_used
     from hpctrain.train.loop import Trainer
@@ -226,7 +227,7 @@ def measure(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    distmod.init(
+    collective.init(
         info,
         "nccl" if device.type == "cuda" else "gloo",
         cfg.dist.pg_timeout_s,
@@ -250,7 +251,7 @@ def measure(
 
         timing = time_steps(step, next_batches, steps, warmup, device)
     finally:
-        distmod.shutdown()
+        collective.shutdown()
     depth, width, heads = arch_dims(cfg.model)
     fl = flopsmod.model_flops(cfg.model)
     name, peak, source = device_peak(device, peak_tflops)

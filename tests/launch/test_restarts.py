@@ -86,7 +86,7 @@ def test_a_user_error_and_a_spent_budget_end_the_job(tmp_path):
 
 
 def test_a_transient_user_error_restarts():
-    class PeerGone(UserError):  # as train.dist.RankFailure: a collective failed because a peer died
+    class PeerGone(UserError):  # as train.collective.RankFailure: a collective failed because a peer died
         transient = True
 
     line = failure.crash_line(0, PeerGone("a collective failed"), "n1", 1)

@@ -14,7 +14,7 @@ import torch
 import torch._inductor.compile_fx as inductor_entry
 
 from hpctrain.config import load
-from hpctrain.train import dist
+from hpctrain.train import collective
 from tests.train.worker import cpu_trainer, join
 
 
@@ -40,7 +40,7 @@ def main(config: str, out: str, *sets: str) -> None:
     trainer = cpu_trainer(cfg, info, Path(out) if info.is_main else None)
     trainer.run()
     torch.save(trainer.model.state_dict(), Path(out) / f"rank-{info.rank}.pt")
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

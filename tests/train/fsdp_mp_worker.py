@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.config import load
-from hpctrain.train import dist
+from hpctrain.train import collective
 from tests.helpers import DIGITS
 from tests.train.worker import cpu_trainer, join
 
@@ -73,7 +73,7 @@ def main(root: str, out: str, *sets: str) -> None:
             }
         )
     )
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

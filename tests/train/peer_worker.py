@@ -13,7 +13,7 @@ import torch
 import torch.distributed as td
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from hpctrain.train.dist import diagnose, peer_failure
+from hpctrain.train.collective import diagnose, peer_failure
 
 
 def main(mode: str, fate: str, timeout_s: float) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.config import load
-from hpctrain.train import dist
+from hpctrain.train import collective
 from tests.train.worker import cpu_trainer, join
 
 
@@ -18,7 +18,7 @@ def main(config: str, out: str, *sets: str) -> None:
     trainer = cpu_trainer(cfg, info, Path(out) if info.is_main else None)
     result = trainer.run()
     torch.save({"model": trainer.model.state_dict(), "eval": result.eval}, Path(out) / f"rank-{info.rank}.pt")
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 from hpctrain.config import load
 from hpctrain.data.build import build_loaders
 from hpctrain.models.vit import build_vit
-from hpctrain.train import dist
+from hpctrain.train import collective, dist
 from hpctrain.train.entry import setup_logging
 from hpctrain.train.loop import Trainer
 from tests.helpers import DIGITS, run_metrics
@@ -24,7 +24,7 @@ from tests.helpers import DIGITS, run_metrics
 
 def main(root: str, out: str, *sets: str) -> None:
     info = dist.detect()
-    dist.init(info, "gloo", 120)
+    collective.init(info, "gloo", 120)
     setup_logging(None, info.rank)
     result = {}
     for dtype in ("fp32", "bf16"):
@@ -59,7 +59,7 @@ def main(root: str, out: str, *sets: str) -> None:
             }
     if info.is_main:
         Path(out, "result.json").write_text(json.dumps(result))
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

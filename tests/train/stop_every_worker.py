@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.config import load
-from hpctrain.train import dist, stop
+from hpctrain.train import collective, stop
 from hpctrain.train.health.rollback import RunDiverged
 from tests.helpers import DIGITS
 from tests.train.worker import cpu_trainer, join
@@ -85,7 +85,7 @@ def main(root: str, out: str, kind: str, every: str) -> None:
         res.update(status="diverged", step=trainer.step, error=str(e))
     trainer.close()
     Path(out, f"result-{info.rank}.json").write_text(json.dumps(res))
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

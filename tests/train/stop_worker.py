@@ -21,7 +21,7 @@ from pathlib import Path
 import torch.distributed as td
 
 from hpctrain.config import load
-from hpctrain.train import dist, stop
+from hpctrain.train import collective, stop
 from hpctrain.train.stop_rounds import StopRounds
 from tests.helpers import DIGITS
 from tests.train.worker import cpu_trainer, join
@@ -73,7 +73,7 @@ def main(root: str, out: str) -> None:
     Path(out, f"result-{info.rank}.json").write_text(
         json.dumps({"status": result.status, "step": result.step, "stop_kind": result.stop_kind, "began": began})
     )
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from hpctrain.train.dist import ATTEMPT_STRIDE, DistInfo, detect, expand_hostlist, init, port_from_job_id
+from hpctrain.train.dist import ATTEMPT_STRIDE, detect, expand_hostlist, port_from_job_id
 
 
 @pytest.mark.parametrize(
@@ -108,35 +106,3 @@ def test_a_restarted_job_never_takes_the_port_of_a_neighbouring_array_element():
 def test_batch_script_itself_is_not_a_rank():
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "32", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}
     assert detect(env).source == "single"
-
-
-def test_init_sets_gloo_ifname_before_the_process_group(monkeypatch):
-    """The call site: this machine's own /sys/class/net (lo is there, state `unknown`)."""
-    import torch.distributed as td
-
-    seen = {}
-    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=lo")
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.setattr(td, "is_initialized", lambda: False)
-    monkeypatch.setattr(
-        td, "init_process_group", lambda **kw: seen.setdefault("gloo", os.environ.get("GLOO_SOCKET_IFNAME"))
-    )
-    init(DistInfo(rank=0, world_size=2), "gloo", 30)
-    assert seen == {"gloo": "lo"}
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")  # set by the site or the user: kept
-    seen.clear()
-    init(DistInfo(rank=0, world_size=2), "gloo", 30)
-    assert seen == {"gloo": "eth9"}
-
-
-def test_pending_bits_one_process_reads_what_it_posted_once():
-    from hpctrain.train.dist import PendingBits
-
-    p = PendingBits()
-    assert p.result() == 0 and not p.pending  # nothing in flight
-    p.start(0b110)
-    assert p.pending
-    with pytest.raises(RuntimeError, match="never read"):
-        p.start(1)  # rounds never overlap: every rank reads each one before the next
-    assert p.result() == 0b110
-    assert p.result() == 0 and not p.pending

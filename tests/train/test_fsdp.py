@@ -14,7 +14,7 @@ from hpctrain import bench
 from hpctrain.config import ConfigError, load
 from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
-from hpctrain.train import compat, dist
+from hpctrain.train import collective, compat
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.loop import Trainer
@@ -175,7 +175,7 @@ def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
             f"dist.parallel={parallel}",
         ],
     )
-    dist.init(DistInfo(), "gloo", 60, group_of_one=parallel == "fsdp")
+    collective.init(DistInfo(), "gloo", 60, group_of_one=parallel == "fsdp")
     try:
         torch.manual_seed(0)
         loader = SyntheticLoader(
@@ -198,7 +198,7 @@ def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
             tr.step += 1
         tr.close()
     finally:
-        dist.shutdown()
+        collective.shutdown()
     return out, kinds
 
 

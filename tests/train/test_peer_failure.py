@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from hpctrain.train.dist import peer_failure
+from hpctrain.train.collective import peer_failure
 from tests.helpers import free_port
 
 WORKER = os.path.join(os.path.dirname(__file__), "peer_worker.py")

@@ -10,7 +10,7 @@ import torch
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders
 from hpctrain.models.vit import build_vit
-from hpctrain.train import dist
+from hpctrain.train import collective, dist
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.entry import setup_logging
 from hpctrain.train.loop import Trainer
@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 def join(cfg: Config, timeout_s: int = 120) -> DistInfo:
     """This rank in the gloo group, seeded with the config's seed, logging as a rank does."""
     info = dist.detect()
-    dist.init(info, "gloo", timeout_s)
+    collective.init(info, "gloo", timeout_s)
     torch.manual_seed(cfg.train.seed)
     setup_logging(None, info.rank)
     return info

@@ -20,10 +20,10 @@ from hpctrain.launch.failure import explain
 from hpctrain.launch.prepare import Eval, Prepared, check_controller, prepare, slurm_profile, start
 from hpctrain.launch.submit import Submission, wait_local
 from hpctrain.run.layout import CHECKPOINTS, CONFIG, RUNS, SUBMITIT, near_runs, run_dir_named
+from hpctrain.run.metrics import eval_summary_table
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.site.slurm_cli import slurm_here
 from hpctrain.train import dist as distmod
-from hpctrain.train.evaluate import run, summary_text
 from hpctrain.watch.follow import add_poll_arg, pace_of, wait_job
 
 # flags that only a job (--nodes) takes
@@ -169,9 +169,12 @@ def main(args: argparse.Namespace) -> int:
             "(without it, hpctrain eval runs in this process, or in every task of torchrun/srun)"
         )
     ensure_dataset(cfg)
+    # torch: an evaluation in this process only; with --nodes this command submits from a login node without it
+    from hpctrain.train.evaluate import run
+
     summary = run(cfg, weights, args.ema, out)
     if distmod.detect().is_main:
-        print(summary_text(summary))
+        print(eval_summary_table(summary))
     return 0
 
 
@@ -235,7 +238,7 @@ def follow(
             file=sys.stderr,
         )
         return 1
-    print(summary_text(json.loads((out / "summary.json").read_text())))
+    print(eval_summary_table(json.loads((out / "summary.json").read_text())))
     return 0
 
 
@@ -247,5 +250,5 @@ def run_local(p) -> int:
     for line in sub.snapshot.lines() if sub.snapshot else []:
         print(line)
     print(f"follow the log: {sub.log_hint}", flush=True)
-    print(summary_text(wait_local(sub, what="finishes its evaluation (it has no checkpoint to stop at)")[0]))
+    print(eval_summary_table(wait_local(sub, what="finishes its evaluation (it has no checkpoint to stop at)")[0]))
     return 0

@@ -35,9 +35,9 @@ from hpctrain.launch.prepare import (
 )
 from hpctrain.launch.submit import Request, Submission, wait_local
 from hpctrain.run.layout import METRICS, SUBMITIT
+from hpctrain.run.metrics import summary_table
 from hpctrain.site.profile import ClusterProfile
 from hpctrain.site.slurm_cli import slurm_here
-from hpctrain.train.entry import summary_table
 from hpctrain.watch.follow import Endings, JobEnd, Moved, add_poll_arg, pace_of, run_files
 from hpctrain.watch.progress import MetricsTail, watch
 from hpctrain.watch.render import status_text

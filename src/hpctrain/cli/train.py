@@ -10,7 +10,6 @@ from hpctrain.cli import add_config_args
 from hpctrain.cli.common import load_config
 from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.train import stop as stopmod
-from hpctrain.train.entry import run
 
 
 def add_parser(sub) -> None:
@@ -29,6 +28,10 @@ def main(args: argparse.Namespace) -> int:
         os.environ[stopmod.HALT_AT_ENV] = str(args.halt_at)
     cfg = load_config(args.config, overrides)
     ensure_dataset(cfg)
+    # torch: after the stop handlers and the config's checks, as entry.run imported it before; `hpctrain
+    # --help` lists this command on a login node without torch
+    from hpctrain.train.entry import run
+
     summary = run(cfg, stop)
     if summary["status"] == "interrupted":
         if summary["rank"] == 0:

@@ -37,7 +37,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
     eval_batch = cfg.data.eval_batch_per_rank or batch
     kind = resolve_loader(d.loader)
     if kind == "synthetic":
-        # torch: the chosen loader's only (train.entry imports this module light)
+        # torch: the chosen loader's only (the login node imports this module: cli.bench → bench)
         from hpctrain.data.synthetic import SyntheticLoader
 
         if len(d.eval_splits) > 1:
@@ -76,7 +76,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         return build_dali_loaders(cfg, rank, world, device, batch, eval_batch, aug)
     if d.format != "folder":
         raise ConfigError(f"data.format={d.format!r} needs data.loader=dali (the torch loader reads folders)")
-    # torch, PIL: the chosen loader's only (train.entry imports this module light)
+    # torch, PIL: the chosen loader's only (the login node imports this module: cli.bench → bench)
     from hpctrain.data.torch_loader import TorchLoader
 
     if cfg.aug.randaugment:

@@ -7,6 +7,11 @@ hpctrain's stop handlers first, before any heavy import, tells submitit to leave
 alone, then lets submitit load and run the pickled `train_task` (or `eval_task`). submitit is
 reached through launch.submitit_glue, imported inside the functions below: not at module import,
 so never before the stop handlers are installed.
+
+The login node imports this module too: `hpctrain submit` and `sweep` (launch.submit, launch.sweep)
+hand submitit `train_task` and `eval_task`, which it pickles by name. So the training core
+(train.entry, train.evaluate, and torch under them) is imported inside those two functions, where the
+task starts training or evaluating, after the stop handlers: never on the login node.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from hpctrain.config import Config, build
 from hpctrain.errors import LaunchError
 from hpctrain.launch import failure, localjob
 from hpctrain.launch.private import check_pickle
-from hpctrain.train import entry, evaluate
 from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import port_from_job_id
 
@@ -79,6 +83,9 @@ def train_task(cfg: dict[str, Any]) -> dict[str, Any]:
     stop = stopmod.install(interrupt=True)  # main() did under Slurm; here for the local executor
     with failure.recorded(*task_started()):
         export_job_env()
+        # torch: the task's training core, never on the login node (which imports this module: see above)
+        from hpctrain.train import entry
+
         summary = entry.run(cfg, stop)
     if summary.get("requeue"):
         raise SystemExit(0)
@@ -93,6 +100,9 @@ def eval_task(cfg: dict[str, Any], weights: str, ema: bool, out: str) -> dict[st
     stopmod.install(interrupt=True)  # main() did under Slurm; here for the local executor
     with failure.recorded(*task_started()):
         export_job_env()
+        # torch: the task's evaluation, never on the login node (which imports this module: see above)
+        from hpctrain.train import evaluate
+
         return evaluate.run(build(Config, cfg), weights, ema, Path(out))
 
 

@@ -1,7 +1,7 @@
 """What the stop agreement costs a step, and how often to hold it (`dist.stop_every`), resolved at
 submission from the plan's step time (login node, no torch; docs/communication.md, "Every K steps").
 
-The agreement is an all-reduce of 8 int32 stop bits on a gloo group (train/dist.py `PendingBits`).
+The agreement is an all-reduce of 8 int32 stop bits on a gloo group (train/collective.py `PendingBits`).
 torch's ProcessGroupGloo runs it as `gloo::allreduce` without naming an algorithm, and gloo's
 UNSPECIFIED is its ring (gloo/allreduce.cc): a reduce-scatter then an allgather around the ring,
 each segment handed on rank to rank, so even 32 bytes take 2(p-1) hops of latency one after the

@@ -204,6 +204,53 @@ def table(rows: list[tuple[str, str]], title: str = "") -> str:
     return "\n".join(lines)
 
 
+def fmt_pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} %"
+
+
+def summary_table(s: dict[str, Any]) -> str:
+    """A training run's summary (train.entry.run's): rank 0 logs it, a local `hpctrain submit` prints it."""
+    rows = [
+        ("status", s["status"]),
+        ("run directory", s["run_dir"]),
+        ("steps", f"{s['step']}/{s['total_steps']} (epoch {s['epoch']})"),
+        ("val top-1", fmt_pct(s["top1"])),
+        ("val top-5", fmt_pct(s["top5"])),
+        ("val images", str(s["val_count"] or "-")),
+        ("final train loss", f"{s['train_loss']:.4f}"),
+        ("throughput", f"{s['images_per_s']:.0f} images/s"),
+        ("data wait", f"{100 * s['data_wait']:.1f} %"),
+        ("wall time", f"{s['wall_s']:.1f} s"),
+        ("world size", str(s["world_size"])),
+    ]
+    if s.get("ema_top1") is not None:
+        rows.insert(5, ("EMA val top-1", fmt_pct(s["ema_top1"])))
+    if s.get("resumed_from") is not None:
+        rows.append(("resumed from step", str(s["resumed_from"])))
+    return table(rows, "hpctrain summary")
+
+
+def eval_summary_table(s: dict[str, Any]) -> str:
+    """What `hpctrain eval` prints: the summary that rank 0 writes to summary.json (train.evaluate)."""
+    rows = [
+        ("weights", s["weights"] + (" (EMA)" if s["ema"] else "")),
+        ("split", f"{s['split']} of {s['data_root']}"),
+        ("input", f"{s['img_size']}px, crop_pct {s['crop_pct']:g}, {s['interpolation']}"),
+        ("top-1", f"{s['top1']:.4f} %"),
+        ("top-5", f"{s['top5']:.4f} %"),
+        ("loss", f"{s['loss']:.6f}"),
+        ("images", str(s["count"])),
+        ("world size", str(s["world_size"])),
+    ]
+    rows += [
+        (f"confused #{i + 1}", f"{p['true']} → {p['predicted']}: {p['count']}")
+        for i, p in enumerate(s["most_confused"])
+    ]
+    if s.get("per_class_csv"):
+        rows.append(("per-class accuracy", s["per_class_csv"]))
+    return table(rows, "hpctrain eval")
+
+
 def steps_per_epoch(records: list[dict]) -> int | None:
     """From any `train` record past the first epoch's start: `epoch` is step / steps per epoch."""
     for r in reversed(records):

@@ -19,22 +19,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as td
+
 from hpctrain import __version__
 from hpctrain.ckpt_interval import mtbf_source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.errors import UserError
 from hpctrain.lr_rule import lr_rule
+from hpctrain.models.vit import build_vit
 from hpctrain.run import faultlog, requeue, source
 from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
-from hpctrain.run.metrics import progress_log, read_metrics, table
+from hpctrain.run.metrics import progress_log, read_metrics, summary_table
 from hpctrain.run.rundir import RunDirBusy, RunLock
-from hpctrain.train import compile_cache
+from hpctrain.train import collective, compat, compile_cache, finetune
 from hpctrain.train import dist as distmod
 from hpctrain.train import stop as stopmod
+from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.ckpt.resume_checks import RunFinished, check_compatible, check_unfinished
-from hpctrain.train.dist import agree
-from hpctrain.train.health import watchdog
+from hpctrain.train.collective import agree
+from hpctrain.train.health import preflight, watchdog
+from hpctrain.train.loop import Trainer
 from hpctrain.train.observe import trackers
 from hpctrain.train.stop import StopFlag
 from hpctrain.version import dist_versions
@@ -81,8 +87,6 @@ def _dali_version() -> str | None:
 
 def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
     """Versions, job and host facts for env.json; no secret-looking variables."""
-    import torch  # torch: this module imports light (launch.task imports it on the login node)
-
     rec: dict[str, Any] = {
         "hpctrain": __version__,
         "python": platform.python_version(),
@@ -124,17 +128,13 @@ def environment_record(info: distmod.DistInfo, device) -> dict[str, Any]:
 def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     """Train per `cfg` on this rank; returns a summary (the same on every rank).
 
-    The stop handlers (USR2, TERM) are installed first, before the rendezvous and the model
-    build, so a signal during start-up is honoured at the first step boundary instead of
-    killing the task. After a stop, `summary["requeue"]` says whether the batch shell requeues.
+    The stop handlers (USR2, TERM) are installed before the rendezvous and the model build, so a
+    signal during start-up is honoured at the first step boundary instead of killing the task; the
+    entry points install them before they import this module (launch.task, cli.train), so the
+    seconds of importing torch are covered too. After a stop, `summary["requeue"]` says whether the
+    batch shell requeues.
     """
     stop = stop or stopmod.install()
-    # torch and what pulls it: imported after the stop handlers are installed (a signal during these
-    # seconds is then honoured), and never at import time (launch.task on the login node imports this module)
-    import torch  # torch: after stopmod.install (see above)
-
-    from hpctrain.train import compat  # torch: after stopmod.install
-
     cfg = build(Config, cfg) if isinstance(cfg, dict) else cfg
     assert isinstance(cfg, Config)  # for the reader (and mypy): a mapping is built into one above
     info = distmod.detect()
@@ -160,8 +160,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         else {}
     )
     with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
-        distmod.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
-        stack.push(unless_broken(distmod.shutdown))
+        collective.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
+        stack.push(unless_broken(collective.shutdown))
         summary = _run(cfg, stop, info, device, use_cuda, fr_env, stack)
     return summary
 
@@ -183,11 +183,11 @@ def remove_if_refused(run_dir: Path, started: list[bool]) -> Callable[..., bool]
 def unless_broken(close: Callable[[], object]) -> Callable[..., bool]:
     """An exit callback for `ExitStack.push` that calls `close` on a return and after an error
     every rank meets alike, but not after a failed collective or an interrupt: a group a peer left
-    is unusable (no orderly shutdown, as train.dist.diagnose's callers do), and a second Ctrl-C means
+    is unusable (no orderly shutdown, as train.collective.diagnose's callers do), and a second Ctrl-C means
     now. Never swallows the exception."""
 
     def exit_(exc_type, exc, tb) -> bool:
-        if exc is None or (isinstance(exc, Exception) and not distmod.peer_failure(exc)):
+        if exc is None or (isinstance(exc, Exception) and not collective.peer_failure(exc)):
             close()
         return False
 
@@ -206,18 +206,8 @@ def _run(
     """`run` once the process group exists: what it opens (the run lock, the trainer) goes on
     `stack`, so every way out releases it; the trainer and model go out of scope on return, before
     the stack destroys the process group (docs/communication.md, "Exit")."""
-    import torch  # torch: after stopmod.install (see run)
-
-    from hpctrain.models.vit import build_vit  # torch: after stopmod.install
-    from hpctrain.train import finetune  # torch: after stopmod.install
-    from hpctrain.train.ckpt import checkpoint as ckpt  # torch: after stopmod.install
-    from hpctrain.train.health import preflight  # torch: after stopmod.install
-    from hpctrain.train.loop import Trainer  # torch: after stopmod.install
-
     control = None
     if use_cuda and info.world_size > 1:
-        import torch.distributed as td  # torch: after stopmod.install, as above
-
         control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist.pg_timeout_s))
 
     os.umask(0o022)  # run directories and logs: no group/world write
@@ -457,28 +447,3 @@ def record_job(run_dir: Path, env: dict[str, str] | None = None) -> None:
                 e,
                 job,
             )
-
-
-def fmt_pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} %"
-
-
-def summary_table(s: dict[str, Any]) -> str:
-    rows = [
-        ("status", s["status"]),
-        ("run directory", s["run_dir"]),
-        ("steps", f"{s['step']}/{s['total_steps']} (epoch {s['epoch']})"),
-        ("val top-1", fmt_pct(s["top1"])),
-        ("val top-5", fmt_pct(s["top5"])),
-        ("val images", str(s["val_count"] or "-")),
-        ("final train loss", f"{s['train_loss']:.4f}"),
-        ("throughput", f"{s['images_per_s']:.0f} images/s"),
-        ("data wait", f"{100 * s['data_wait']:.1f} %"),
-        ("wall time", f"{s['wall_s']:.1f} s"),
-        ("world size", str(s["world_size"])),
-    ]
-    if s.get("ema_top1") is not None:
-        rows.insert(5, ("EMA val top-1", fmt_pct(s["ema_top1"])))
-    if s.get("resumed_from") is not None:
-        rows.append(("resumed from step", str(s["resumed_from"])))
-    return table(rows, "hpctrain summary")

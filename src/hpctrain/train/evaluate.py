@@ -15,11 +15,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hpctrain.config import Config
 from hpctrain.data.build import build_loaders
-from hpctrain.run.metrics import table
+from hpctrain.models.vit import build_vit
+from hpctrain.train import collective, finetune
 from hpctrain.train import dist as distmod
 from hpctrain.train.entry import setup_logging
+from hpctrain.train.eval_pass import evaluate
 
 log = logging.getLogger("hpctrain")
 TOP_PAIRS = 10
@@ -92,13 +96,6 @@ def write_outputs(out_dir: Path, summary: dict, rows: list[dict]) -> None:
 def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = None) -> dict[str, Any]:
     """Evaluate `weights` (anything model.init_from takes) under `cfg` on this rank; rank 0 writes
     `out_dir`/summary.json and per_class.csv. Returns the summary (the same on every rank)."""
-    # torch: this module imports light (launch.task imports it on the login node)
-    import torch  # torch: see above
-
-    from hpctrain.models.vit import build_vit  # torch: see above
-    from hpctrain.train import finetune  # torch: see above
-    from hpctrain.train.eval_pass import evaluate  # torch: see above
-
     info = distmod.detect()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -110,7 +107,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
     if use_cuda:
         torch.cuda.set_device(device)
     setup_logging(None, info.rank)
-    distmod.init(info, "nccl" if use_cuda else "gloo", cfg.dist.pg_timeout_s)
+    collective.init(info, "nccl" if use_cuda else "gloo", cfg.dist.pg_timeout_s)
     try:
         ecfg = eval_config(cfg, info.world_size)
         torch.manual_seed(cfg.train.seed)
@@ -124,7 +121,7 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
             )
         res = evaluate(model, loader, cfg.train.amp, device, cfg.model.num_classes)
     finally:
-        distmod.shutdown()
+        collective.shutdown()
     conf = res.pop("confusion")
     names = class_names(cfg, loader)
     rows = per_class(conf, names)
@@ -146,23 +143,3 @@ def run(cfg: Config, weights: str, ema: bool = False, out_dir: Path | None = Non
         if info.is_main:
             write_outputs(out_dir, summary, rows)
     return summary
-
-
-def summary_text(s: dict[str, Any]) -> str:
-    rows = [
-        ("weights", s["weights"] + (" (EMA)" if s["ema"] else "")),
-        ("split", f"{s['split']} of {s['data_root']}"),
-        ("input", f"{s['img_size']}px, crop_pct {s['crop_pct']:g}, {s['interpolation']}"),
-        ("top-1", f"{s['top1']:.4f} %"),
-        ("top-5", f"{s['top5']:.4f} %"),
-        ("loss", f"{s['loss']:.6f}"),
-        ("images", str(s["count"])),
-        ("world size", str(s["world_size"])),
-    ]
-    rows += [
-        (f"confused #{i + 1}", f"{p['true']} → {p['predicted']}: {p['count']}")
-        for i, p in enumerate(s["most_confused"])
-    ]
-    if s.get("per_class_csv"):
-        rows.append(("per-class accuracy", s["per_class_csv"]))
-    return table(rows, "hpctrain eval")

@@ -38,7 +38,8 @@ from hpctrain.train.amp import autocast_ctx
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.ckpt.checkpointer import Checkpointer, Layout, Parts
 from hpctrain.train.ckpt.resume_checks import planned_steps
-from hpctrain.train.dist import DistInfo, agree_max, diagnose, peer_failure
+from hpctrain.train.collective import agree_max, diagnose, peer_failure
+from hpctrain.train.dist import DistInfo
 from hpctrain.train.eval_pass import evaluate
 from hpctrain.train.health import guard, rollback, straggler
 from hpctrain.train.health.faults import Faults
@@ -134,7 +135,7 @@ class Trainer:
         if self.fsdp and not td.is_initialized():
             raise RuntimeError(
                 "dist.parallel=fsdp shards over a process group, a world of 1 too: "
-                "call dist.init(..., group_of_one=True) before the Trainer"
+                "call train.collective.init(..., group_of_one=True) before the Trainer"
             )
         if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
             fsdp.shard(self.model, device, cfg.dist.fsdp_reshard, t.amp, cfg.dist.grad_reduce_dtype)
@@ -415,7 +416,7 @@ class Trainer:
 
     def close(self) -> None:
         """End everything of this run that still talks to a process group or runs a thread, in
-        order, so that `destroy_process_group` (dist.shutdown, last) can free every group while the
+        order, so that `destroy_process_group` (collective.shutdown, last) can free every group while the
         interpreter is alive (docs/communication.md, "Exit"): the background checkpoint (a thread
         with collectives on its own group), the stop round and the straggler round (async
         all-reduces on the control group), the hang watchdog and NVML threads, the metrics files;

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from hpctrain.train import stop as stopmod
-from hpctrain.train.dist import PendingBits, agree_bits
+from hpctrain.train.collective import PendingBits, agree_bits
 
 
 class StopRounds:

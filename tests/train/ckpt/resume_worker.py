@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.config import load
-from hpctrain.train import dist
+from hpctrain.train import collective
 from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.train.worker import cpu_trainer, join
 
@@ -31,7 +31,7 @@ def main(config: str, run_dir: str, *sets: str) -> None:
     )
     out = trainer.run(resume)
     print(f"rank {info.rank}: {out.status} at step {out.step} from {out.resumed_from}, loss {out.train_loss}")
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

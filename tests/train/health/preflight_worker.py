@@ -9,19 +9,19 @@ import torch
 import torch.distributed as td
 
 from hpctrain.run import badnodes
-from hpctrain.train import dist
+from hpctrain.train import collective, dist
 from hpctrain.train.health import preflight
 
 
 def main() -> None:
     info = dist.detect()
-    dist.init(info, "gloo", 120)
+    collective.init(info, "gloo", 120)
     nodes = [None] * info.world_size
     td.all_gather_object(nodes, badnodes.this_node())
     led = preflight.pair_allreduce(nodes, info.rank, torch.device("cpu"), preflight.CPU)
     td.barrier()  # every subgroup destroyed on every rank, the default group still works
     print("PAIRS " + json.dumps(led), flush=True)
-    dist.shutdown()
+    collective.shutdown()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from hpctrain.run.metrics import MetricsWriter
 from hpctrain.train import compat, fsdp
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.ckpt import sharded
-from hpctrain.train.dist import DistInfo, agree
+from hpctrain.train.collective import agree
+from hpctrain.train.dist import DistInfo
 from hpctrain.train.optim.ema import EMA
 from hpctrain.train.seeding import rng_state, step_seed
 from hpctrain.train.state import TrainState

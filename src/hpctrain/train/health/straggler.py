@@ -6,7 +6,7 @@ rank can hold up: its data wait (next(loader)) and its forward pass (timed by `C
 clock on CPU, CUDA events on GPU, read after the log step's loss sync so nothing waits). Every
 log interval each rank posts [wall step time, data wait, own time] per step in its row of a
 world × 3 tensor, summed by a non-blocking all-reduce on the gloo control group; the sum is read
-at the next log boundary (or the end of the run), like the stop flags (dist.PendingBits), so the
+at the next log boundary (or the end of the run), like the stop flags (collective.PendingBits), so the
 collective never sits on a step's critical path.
 
 With `health.exclude_straggler_frac` a rank that stays above it for EXCLUDE_AFTER log intervals in a

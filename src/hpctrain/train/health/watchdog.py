@@ -48,6 +48,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hpctrain.run import badnodes
 from hpctrain.run.layout import atomic_write, read_json
 from hpctrain.run.owner import private_dir
@@ -111,8 +113,6 @@ def dump_nccl_trace(path: Path, timeout_s: float) -> bool:
     On a thread of its own, given `timeout_s`: the dump takes the recorder's lock, which a wedged
     NCCL watchdog thread may hold. False when this torch has no such API or nothing came back.
     """
-    import torch  # torch: this module imports light (launch.task → train.entry on the login node)
-
     c10d = torch._C._distributed_c10d
     fn = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
     if fn is None:

@@ -112,7 +112,7 @@ def open_sink(run_dir: Path | None) -> TensorBoardSink | None:
     if run_dir is None:
         return None
     try:
-        # tensorboard: 0.3 s, rank 0 only; this module imports light (train.entry)
+        # tensorboard: an optional package (without it: one warning), 0.3 s to import, rank 0 only
         from torch.utils.tensorboard import SummaryWriter
     except Exception as e:  # ImportError without the package; a broken install raises others
         log.warning(
