@@ -28,17 +28,27 @@ def enclosing_settings(environ: Mapping[str, str]) -> list[str]:
     return sorted(k for k in environ if (k.startswith("SLURM_") and k not in KEEP) or k.startswith("SRUN_"))
 
 
-def outside_job(argv: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+def left_out_line(environ: Mapping[str, str]) -> str | None:
+    """The line that says which of the enclosing job's settings a submission leaves out and which it
+    keeps; None outside a job."""
+    drop = enclosing_settings(environ)
+    if not drop:
+        return None
+    kept = sorted(k for k in environ if k in KEEP or k.startswith("SBATCH_"))
+    return (
+        f"hpctrain: submitting from inside Slurm job {environ['SLURM_JOB_ID']}: its {len(drop)} job "
+        f"settings stay out of the new job ({', '.join(drop)}); kept: {', '.join(kept) or 'none'}"
+    )
+
+
+def outside_job(argv: list[str], environ: Mapping[str, str] | None = None, say: bool = True) -> list[str]:
     """`argv` (an sbatch command) run without the enclosing job's settings: `env -u NAME … argv`,
-    with one line on stderr saying what was left out and what kept. Unchanged outside a job."""
+    with `left_out_line` on stderr unless `say` is False (a caller that prints it itself, outside a
+    capture of stderr). Unchanged outside a job."""
     environ = os.environ if environ is None else environ
     drop = enclosing_settings(environ)
     if not drop:
         return list(argv)
-    kept = sorted(k for k in environ if k in KEEP or k.startswith("SBATCH_"))
-    print(
-        f"hpctrain: submitting from inside Slurm job {environ['SLURM_JOB_ID']}: its {len(drop)} job "
-        f"settings stay out of the new job ({', '.join(drop)}); kept: {', '.join(kept) or 'none'}",
-        file=sys.stderr,
-    )
+    if say:
+        print(left_out_line(environ), file=sys.stderr)
     return ["env", *[a for k in drop for a in ("-u", k)], *argv]

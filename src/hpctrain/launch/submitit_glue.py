@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,7 +36,7 @@ from submitit.core import job_environment
 from submitit.core.utils import DelayedSubmission, FailedJobError, UncompletedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
-from hpctrain.launch.enclosing import outside_job
+from hpctrain.launch.enclosing import left_out_line, outside_job
 from hpctrain.site.slurm_cli import log_call
 
 VERSION: str = submitit.__version__  # the pin: pyproject.toml; the task refuses another (launch.task)
@@ -89,13 +91,17 @@ class ScriptExecutor(SlurmExecutor):
         return self.spec.script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        self._sbatch_argv = outside_job(super()._make_submission_command(submission_file_path))
+        # its line is said by _submit_command, outside the capture of submitit's stderr
+        self._sbatch_argv = outside_job(super()._make_submission_command(submission_file_path), say=False)
         return self._sbatch_argv
 
     def _submit_command(self, command: str) -> SlurmJob:
         """submitit's submission (its sbatch), logged as one Slurm call: rc 0, sbatch's exit status
         when it refused, None when it did not run to an exit."""
         self._sbatch_argv = ["sbatch"]
+        left_out = left_out_line(os.environ)
+        if left_out:
+            print(left_out, file=sys.stderr)
         t0, rc = time.monotonic(), None
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # its copy of sbatch's stderr: the error carries it
