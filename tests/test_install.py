@@ -315,6 +315,13 @@ def test_login_node_commands_from_the_wheel_import_no_numpy_torch_dali_pil(login
     assert not shipped_names() - set(zipfile.ZipFile(staged).namelist())
 
     # a real submission, up to sbatch: config, profile, batch script, submitit's pickle, the job record
+    # on a login node whose controller answers `scontrol ping` (submit asks it before sbatch); its
+    # other questions get no answer, as from a client without a slurm.conf
+    site = tmp_path / "site-bin"
+    site.mkdir()
+    (site / "scontrol").write_text('#!/bin/sh\n[ "$1" = ping ] || exit 1\necho "Slurmctld(primary) at login1 is UP"\n')
+    (site / "scontrol").chmod(0o755)
+    hp = Login(login_venv, here, tmp_path / "heavy.log", os.pathsep.join([str(site), str(fake)]))
     sets = ["--set", f"data.root={here}", "--set", f"run.dir={here / 'runs'}"]
     sub = hp("submit", "--config", "vit_b16_imagenet_4k", "--cluster", "local", "--nodes", "2", *sets).stdout
     assert "submitted Slurm job 4242" in sub and (here / "runs" / "vit_b16_4k" / "job.json").is_file()
