@@ -166,7 +166,9 @@ def test_slowed_node_is_named_and_the_step_fails(digits_root, tmp_path):
     bad_file = tmp_path / "bad-nodes"
     out = run_ranks(
         4,
-        digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", "health.preflight_tolerance=0.5"),
+        # tolerance 0.8: the slowed rank is ~90 % below the median; a healthy one beside stress-ng on 2 cores
+        # measured 52 % below after its retries (0.5 named its node too)
+        digits_args(digits_root, tmp_path, "r", *SETS, "data.loader=torch", "health.preflight_tolerance=0.8"),
         env={badnodes.ENV: str(bad_file), "HPCTRAIN_TEST_DELAY": "2:1.0:preflight"},
         rank_env=_nodes("n1", "n1", "n2", "n2"),
         check=False,
