@@ -77,7 +77,10 @@ def _logging_sacct(cluster, tmp_path) -> tuple[dict[str, str], Path]:
 # The seconds before this test's jobs in which the partition must have run nothing: the submission's
 # window (slurm.mtbf_window_days, counted back from when it reads sacct) starts that much earlier than
 # t0, so that a submission slow to start on a busy machine still sees all of this test's jobs, and only them.
-QUIET_S = 120  # 30 s failed once beside stress-ng --cpu 4 and the suite (issue 56)
+QUIET_S = 120  # how late the submission may read sacct after the test sets its window (a loaded machine)
+# The quiet span is longer than the window's reach before t0 by this much: with both equal, a job that ended
+# 1 s before the quiet span (17:54:15, quiet checked from 17:54:16) was inside the window read at t0 - 121 s.
+QUIET_MARGIN_S = 10
 
 
 def _ended(cluster, jobs: list[str]) -> bool:
@@ -90,7 +93,8 @@ def _ended(cluster, jobs: list[str]) -> bool:
 def test_partition_history_sets_the_jobs_mtbf(slurm_cluster, digits_root, tmp_path, monkeypatch):
     for key, value in slurm_cluster.environ().items():  # read_history's sacct: this cluster's
         monkeypatch.setenv(key, value)
-    wait_for(lambda: not read_history(PREEMPTIBLE, QUIET_S / 86400), f"{PREEMPTIBLE} quiet for {QUIET_S} s")
+    quiet = QUIET_S + QUIET_MARGIN_S  # longer than the window reaches back before t0 (its + 1 s, sacct's seconds)
+    wait_for(lambda: not read_history(PREEMPTIBLE, quiet / 86400), f"{PREEMPTIBLE} quiet for {quiet} s")
     t0 = time.time() - 1
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0))
     jobs = _make_history(slurm_cluster)
