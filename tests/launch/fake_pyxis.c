@@ -185,10 +185,18 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return 0;
 	char host[256], dir[2048];
 	uint32_t job = 0, step = 0;
+	uid_t uid = 0;
 	gethostname(host, sizeof(host));
 	spank_get_item(sp, S_JOB_ID, &job);
 	spank_get_item(sp, S_JOB_STEPID, &step);
-	snprintf(dir, sizeof(dir), "%s/%u/%s", runtime_path, (unsigned)getuid(), host); /* the user's own, as enroot's */
+	/* the job user's own directory, as enroot's data path (the fake `enroot` names it by `id -u`):
+	 * slurmstepd's real uid stays root here (getuid() is 0 for every user's job), so a directory named
+	 * by it was made by whichever job came first and refused the next user's import (EACCES) */
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+		slurm_error("fake pyxis: the job's uid is unknown");
+		return -1;
+	}
+	snprintf(dir, sizeof(dir), "%s/%u/%s", runtime_path, (unsigned)uid, host);
 	if (mkdirs(dir) < 0) {
 		slurm_error("fake pyxis: cannot create %s", dir);
 		return -1;

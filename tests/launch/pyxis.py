@@ -41,8 +41,10 @@ def build(dest: Path) -> tuple[Path | None, str]:
     if r.returncode != 0:
         return None, f"gcc failed on {SOURCE.name}: {r.stderr.strip()[-500:]}"
     conf = dest / "plugstack.conf"
-    # a plugin that fails to load must not stop the other tests; runtime_path: where images are unpacked
-    conf.write_text(f"optional {so} runtime_path={runtime_path(conf)}\n")
+    # required, as pyxis's README installs it: spank(8), a required plugin's failure fails the step (an
+    # optional one's is only logged: a failed import ran the tasks on the host, seen only as the image's
+    # variables missing from env.json); runtime_path: where images are unpacked
+    conf.write_text(f"required {so} runtime_path={runtime_path(conf)}\n")
     # each user's images in runtime_path/<uid>/<node> (enroot's data path is per user): every user makes theirs
     runtime_path(conf).mkdir(mode=0o1777, exist_ok=True)
     runtime_path(conf).chmod(0o1777)

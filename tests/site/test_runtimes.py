@@ -17,6 +17,7 @@ from hpctrain.run.source import source_hash
 from hpctrain.site import cluster_init as ci
 from hpctrain.site import runtimes as rt
 from tests.helpers import hpctrain, this_python_as
+from tests.launch.pyxis import runtime_path
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = {"apptainer": "apptainer version 1.3.4", "singularity-ce": "singularity-ce version 4.1.0"}
@@ -348,6 +349,33 @@ def test_fake_pyxis_task_starts_in_the_image_named_by_srun_options(slurm_cluster
     assert (out / "y").exists() and not (data / "x").exists()
     plain = slurm_cluster.run("srun", "-N1", "-n1", "bash", "-c", "scontrol version", cwd=tmp_path)
     assert plain.stdout.startswith("slurm")
+
+
+@pytest.mark.slurm
+def test_fake_pyxis_keeps_each_users_containers_in_their_own_data_path(slurm_cluster, tmp_path):
+    """enroot's data path is the job user's own: root's named container on n1 first, then an ordinary
+    user's on n1, which runs in the image and is kept under that user's uid. The plugin once named the
+    directory by slurmstepd's real uid (root for every job): the user's import was refused in the root-made
+    directory and the step ran on the host, which only the image's variables missing from env.json showed."""
+    assert slurm_cluster.plugstack, "the fake pyxis plugin was not built: apt-get install gcc libslurm-dev"
+    image = tmp_path / "image.sqsh"
+    image.write_text("PATH=/usr/sbin:/usr/bin:/sbin:/bin\nFROM_IMAGE=1\n")
+    image.chmod(0o644)
+    user = slurm_cluster.users.users[0]
+    srun = ["srun", "-N1", "-n1", "-w", "n1", f"--container-image={image}"]
+    probe = ["bash", "-c", 'echo "image=${FROM_IMAGE:-}"']
+    store = runtime_path(slurm_cluster.plugstack)
+    made = [store / "0" / "n1" / "pyxis_root-first", store / str(user.uid) / "n1" / "pyxis_user-next"]
+    try:
+        r = slurm_cluster.run(*srun, "--container-name=root-first", *probe, cwd=tmp_path)
+        assert r.stdout.split() == ["image=1"], r.stdout + r.stderr
+        u = slurm_cluster.user_run([*srun, "--container-name=user-next", *probe], cwd=tmp_path)
+        assert (u.returncode, u.stdout.split()) == (0, ["image=1"]), u.stdout + u.stderr
+        assert [p.is_file() for p in made] == [True, True]
+        assert made[1].stat().st_uid == user.uid
+    finally:
+        for p in made:
+            p.unlink(missing_ok=True)
 
 
 @pytest.mark.slurm
