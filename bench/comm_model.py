@@ -59,7 +59,7 @@ def worker(args) -> None:
     from hpctrain.models.vit import build_vit
     from hpctrain.train import collective
     from hpctrain.train import dist as distmod
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import build_trainer
 
     info = distmod.detect()
     cfg = config(args, info.world_size)
@@ -69,7 +69,7 @@ def worker(args) -> None:
     try:
         torch.manual_seed(cfg.train.seed)
         loader, _ = build_loaders(cfg, info.rank, info.world_size, device)
-        trainer = Trainer(cfg, info, device, None, loader, None, build_vit(cfg.model))
+        trainer = build_trainer(cfg, info, device, None, loader, None, build_vit(cfg.model))
         next_batches = cycle(loader, cfg.train.accum_steps)
 
         def sync_step(b):

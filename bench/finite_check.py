@@ -45,7 +45,7 @@ def main() -> int:
     from hpctrain.train import compat
     from hpctrain.train.dist import DistInfo
     from hpctrain.train.health.guard import FiniteFlag
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import build_trainer
 
     torch.set_num_threads(args.threads)
     sets = [
@@ -74,12 +74,12 @@ def main() -> int:
         device=device,
     )
     torch.manual_seed(0)
-    trainer = Trainer(cfg, DistInfo(), device, None, loader, None, build_vit(cfg.model))
+    trainer = build_trainer(cfg, DistInfo(), device, None, loader, None, build_vit(cfg.model))
     batches = [(loader.images, loader.labels)]
-    checked = trainer.finite.update
+    checked = trainer.guard.finite.update
 
     def steps(check: bool) -> float:
-        trainer.finite.update = checked if check else (lambda value: None)
+        trainer.guard.finite.update = checked if check else (lambda value: None)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             loss = trainer.train_step(batches)

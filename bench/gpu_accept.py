@@ -577,12 +577,12 @@ def make_trainer(cfg, device):
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train import dist as distmod
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import build_trainer
 
     torch.manual_seed(cfg.train.seed)
     model = build_vit(cfg.model)  # on the CPU, before anything draws: every device starts from these weights
     loader, _ = build_loaders(cfg, 0, 1, device)
-    return Trainer(cfg, distmod.DistInfo(), device, None, loader, None, model)
+    return build_trainer(cfg, distmod.DistInfo(), device, None, loader, None, model)
 
 
 def sync_count(fn) -> int:

@@ -52,7 +52,7 @@ def main() -> int:
     from hpctrain.data.synthetic import SyntheticLoader
     from hpctrain.models.vit import build_vit
     from hpctrain.train.dist import DistInfo
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import build_trainer
 
     torch.set_num_threads(args.threads)
     sets = [
@@ -83,7 +83,7 @@ def main() -> int:
     torch.manual_seed(0)
     model = build_vit(cfg.model)
     bare_model = copy.deepcopy(model)
-    trainer = Trainer(cfg, DistInfo(), device, None, loader, None, model)
+    trainer = build_trainer(cfg, DistInfo(), device, None, loader, None, model)
     opt = torch.optim.AdamW(
         bare_model.parameters(),
         lr=cfg.peak_lr,

@@ -210,7 +210,7 @@ def measure(
     from hpctrain.train import collective
     from hpctrain.train.amp import autocast_ctx
     from hpctrain.train.fastpath import sdpa_backend_used
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import build_trainer
     from hpctrain.train.seeding import seed_step, step_seed
 
     if not use_loader:
@@ -238,7 +238,7 @@ def measure(
         train_loader, _ = build_loaders(cfg, info.rank, info.world_size, device)
         model = build_vit(cfg.model)
         params = sum(p.numel() for p in model.parameters())
-        trainer = Trainer(cfg, info, device, None, train_loader, None, model)
+        trainer = build_trainer(cfg, info, device, None, train_loader, None, model)
         next_batches = cycle(train_loader, cfg.train.accum_steps)
         probe = next_batches()[0][0]
         backend = sdpa_backend_used(trainer.model, probe, autocast_ctx(cfg.train.amp, device))

@@ -9,7 +9,7 @@ training waited for this run's own save, measured at a first checkpoint at a sma
 `hpctrain submit` resolves from the partition's sacct history or the profile: a task has no Slurm
 client), and τ becomes steps through the measured step time. Torch-free: plain arithmetic.
 
-The task applies it (train.loop); `hpctrain submit` prices it (plan.ckpt_cost): it lives below both.
+The task applies it (train.ckpt.cadence); `hpctrain submit` prices it (plan.ckpt_cost): it lives below both.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
 from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.train.dist import DistInfo
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import build_trainer
 from hpctrain.train.observe.tensorboard import scalars
 from hpctrain.watch import report
 from hpctrain.watch.render import status_text
@@ -72,7 +72,7 @@ def test_fp16_skipped_steps_write_strict_json(tmp_path):
         device=torch.device("cpu"),
     )
     torch.manual_seed(0)
-    tr = Trainer(cfg, DistInfo(), torch.device("cpu"), tmp_path, loader, None, build_vit(cfg.model))
+    tr = build_trainer(cfg, DistInfo(), torch.device("cpu"), tmp_path, loader, None, build_vit(cfg.model))
     tr.scaler._init_scale = 2.0**30  # the real scaler, started where fp16 gradients overflow
     tr.run()
     trains = [r for r in strict_lines(tmp_path / "metrics.jsonl") if r["kind"] == "train"]

@@ -18,7 +18,7 @@ from hpctrain.data.build import build_loaders
 from hpctrain.models.vit import build_vit
 from hpctrain.train import collective, dist
 from hpctrain.train.entry import setup_logging
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import build_trainer
 from tests.helpers import DIGITS, run_metrics
 
 
@@ -44,7 +44,7 @@ def main(root: str, out: str, *sets: str) -> None:
         train, val = build_loaders(cfg, info.rank, info.world_size, torch.device("cpu"))
         if info.is_main:
             run_dir.mkdir(parents=True)
-        trainer = Trainer(
+        trainer = build_trainer(
             cfg, info, torch.device("cpu"), run_dir if info.is_main else None, train, val, build_vit(cfg.model)
         )
         outcome = trainer.run()

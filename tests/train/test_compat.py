@@ -23,7 +23,7 @@ from hpctrain.models.vit import build_vit
 from hpctrain.train import compat
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import DistInfo
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import Trainer, build_trainer
 from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, ROOT, digits_args, free_port
 
@@ -165,7 +165,7 @@ def _fp16_trainer(*sets: str) -> Trainer:
         seed=0,
         device=torch.device("cpu"),
     )
-    return Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
+    return build_trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
 
 
 def test_fp16_trains_and_its_scaler_checkpoints(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain.config import ConfigError, load
 from hpctrain.data.folder import list_split, minival_split
-from hpctrain.train import loop
+from hpctrain.train import evaluator
 from hpctrain.train.entry import run as train
 from tests.helpers import run_metrics
 from tests.train.observe.test_tensorboard import EPOCH, digits, read_tb
@@ -19,13 +19,13 @@ FIELDS = ("top1", "top5", "loss", "count")
 @pytest.mark.slow
 def test_two_splits_each_evaluated_once_and_logged_under_its_name(digits_root, tmp_path, monkeypatch):
     calls = []
-    real = loop.evaluate
+    real = evaluator.evaluate
 
     def spy(model, loader, *a, **k):
         calls.append(id(loader))
         return real(model, loader, *a, **k)
 
-    monkeypatch.setattr(loop, "evaluate", spy)
+    monkeypatch.setattr(evaluator, "evaluate", spy)
     cfg = digits(
         digits_root,
         tmp_path,

@@ -10,10 +10,10 @@ import torch
 from hpctrain.config import ConfigError, load
 from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
-from hpctrain.train import compat
+from hpctrain.train import compat, warmup
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.fastpath import sdpa_backend_used
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import build_trainer
 from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS
 
@@ -36,7 +36,7 @@ def losses(*sets: str, steps: int = 4) -> list[float]:
         seed=0,
         device=torch.device("cpu"),
     )
-    tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, model)
+    tr = build_trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, model)
     out = []
     for _ in range(steps):
         torch.manual_seed(step_seed(0, tr.step, 0))
@@ -108,9 +108,9 @@ def test_math_sdpa_kernel_warns_at_start(math_sdpa, hpctrain_log):
         seed=0,
         device=torch.device("cpu"),
     )
-    tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
+    tr = build_trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
     with caplog.at_level("INFO", logger="hpctrain"):
-        tr._log_attention_kernel()
+        warmup.log_attention_kernel(tr.model, cfg, torch.device("cpu"))
     assert [r.levelname for r in caplog.records if "math SDPA kernel" in r.getMessage()] == ["WARNING"]
 
 

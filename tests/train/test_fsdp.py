@@ -17,7 +17,7 @@ from hpctrain.models.vit import build_vit
 from hpctrain.train import collective, compat
 from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.dist import DistInfo
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import build_trainer
 from hpctrain.train.optim.build import build_optimizer
 from hpctrain.train.seeding import step_seed
 from tests.helpers import DIGITS, digits_args, run_metrics, run_ranks
@@ -189,7 +189,7 @@ def _one_rank_losses(parallel: str) -> tuple[list[float], list[str]]:
             seed=0,
             device=torch.device("cpu"),
         )
-        tr = Trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
+        tr = build_trainer(cfg, DistInfo(), torch.device("cpu"), None, loader, None, build_vit(cfg.model))
         kinds = sorted({type(p).__name__ for g in tr.optimizer.param_groups for p in g["params"]})
         out = []
         for _ in range(4):

@@ -13,7 +13,7 @@ from hpctrain.models.vit import build_vit
 from hpctrain.train import collective, dist
 from hpctrain.train.dist import DistInfo
 from hpctrain.train.entry import setup_logging
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import Trainer, build_trainer
 
 CPU = torch.device("cpu")
 
@@ -30,4 +30,4 @@ def join(cfg: Config, timeout_s: int = 120) -> DistInfo:
 def cpu_trainer(cfg: Config, info: DistInfo, run_dir: Path | None, *args) -> Trainer:
     """A Trainer on the CPU over the config's loaders; `args` go on after the model (control, stop)."""
     train, val = build_loaders(cfg, info.rank, info.world_size, CPU)
-    return Trainer(cfg, info, CPU, run_dir, train, val, build_vit(cfg.model), *args)
+    return build_trainer(cfg, info, CPU, run_dir, train, val, build_vit(cfg.model), *args)

@@ -40,7 +40,7 @@ from hpctrain.train.ckpt import checkpoint as ckpt
 from hpctrain.train.ckpt.resume_checks import RunFinished, check_compatible, check_unfinished
 from hpctrain.train.collective import agree
 from hpctrain.train.health import preflight, watchdog
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import build_trainer
 from hpctrain.train.observe import trackers
 from hpctrain.train.stop import StopFlag
 from hpctrain.version import dist_versions
@@ -315,7 +315,7 @@ def _run(
     elif cfg.model.init_from:  # every rank reads it: the EMA copy and FSDP shards start from it too
         finetune.load_into(model, cfg.model.init_from, cfg.model.init_ema)
     started[0] = True
-    trainer = Trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
+    trainer = build_trainer(cfg, info, device, run_dir, train_loader, val_loader, model, control, stop)
     # its threads and collectives ended, its hold on the process groups dropped (Trainer.close):
     # at once on a return (below), by the stack after an error
     stack.push(unless_broken(trainer.close))

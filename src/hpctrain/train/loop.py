@@ -5,73 +5,54 @@ collective outside DDP's holds a step up: the stop flags are OR-ed by an all-red
 (gloo) control group that is started at one agreement boundary and read at the next, every
 dist.stop_every steps (train.stop, train.stop_rounds).
 
-The Trainer's other parts live by concern in their own modules: the counters a checkpoint restores
-(train.state), what a checkpoint holds and how it is written and read (train.ckpt.checkpointer), the
-rollback after a non-finite value (train.health.rollback), the stop decision (train.stop_rounds) and the
-injected faults (train.health.faults), both policies a caller may pass in, the eval pass
-(train.eval_pass), the resume checks (train.ckpt.resume_checks), seeds and RNG state (train.seeding)
-and autocast (train.amp).
+The Trainer's other parts live by concern in their own modules and are handed to it (build_trainer):
+the model in its wrappers, the optimizer, scaler, EMA and mixer (train.parts), the counters a checkpoint
+restores and the Outcome (train.state), what a checkpoint holds and how it is written and read
+(train.ckpt.checkpointer) and when one is due (train.ckpt.cadence), the evals (train.evaluator), the
+non-finite and spike checks (train.health.guard) and the rollback after one (train.health.rollback),
+the start-up warm-ups (train.warmup), the stop decision (train.stop_rounds) and the injected faults
+(train.health.faults), both policies a caller may pass in, the resume checks (train.ckpt.resume_checks),
+seeds and RNG state (train.seeding) and autocast (train.amp).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as td
 
-from hpctrain import ckpt_interval as interval
 from hpctrain.config import Config
 from hpctrain.data.loader import Loader
 from hpctrain.errors import mark_step
-from hpctrain.run.layout import LOGS, METRICS
+from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
-from hpctrain.train import comm, compat, fastpath, fsdp
+from hpctrain.train import compat, warmup
 from hpctrain.train import stop as stopmod
 from hpctrain.train.amp import autocast_ctx
 from hpctrain.train.ckpt import checkpoint as ckpt
+from hpctrain.train.ckpt.cadence import Cadence
 from hpctrain.train.ckpt.checkpointer import Checkpointer, Layout, Parts
-from hpctrain.train.ckpt.resume_checks import planned_steps
-from hpctrain.train.collective import agree_max, diagnose, peer_failure
+from hpctrain.train.collective import diagnose, peer_failure
 from hpctrain.train.dist import DistInfo
-from hpctrain.train.eval_pass import evaluate
+from hpctrain.train.evaluator import Evaluator
 from hpctrain.train.health import guard, rollback, straggler
 from hpctrain.train.health.faults import Faults
 from hpctrain.train.health.rollback import RunDiverged
 from hpctrain.train.health.watchdog import Watchdog
-from hpctrain.train.mixup import Mixer, soft_cross_entropy
+from hpctrain.train.mixup import soft_cross_entropy
 from hpctrain.train.observe import profiling, speed, trackers
 from hpctrain.train.observe.log_window import LogWindow
-from hpctrain.train.optim.build import build_optimizer, lr_schedule, warmup_steps
-from hpctrain.train.optim.ema import EMA
-from hpctrain.train.seeding import rng_state, seed_step, set_rng_state, step_seed
-from hpctrain.train.state import TrainState
+from hpctrain.train.parts import StepPlan, TrainParts, build_parts
+from hpctrain.train.seeding import seed_step, step_seed
+from hpctrain.train.state import Outcome, TrainState
 from hpctrain.train.stop_rounds import StopRounds
 
 log = logging.getLogger("hpctrain")
-
-
-@dataclass
-class Outcome:
-    status: str = "running"  # finished | preempted | halted | interrupted
-    stop_kind: str | None = None  # preemption | time_limit | halt | interrupt (train.stop.kind_of)
-    step: int = 0
-    total_steps: int = 0
-    epoch: int = 0
-    eval: dict = field(default_factory=dict)
-    eval_ema: dict = field(default_factory=dict)
-    images_per_s: float = 0.0
-    data_wait: float = 0.0
-    train_loss: float = float("nan")
-    wall_s: float = 0.0
-    resumed_from: int | None = None
-    checkpoint: str | None = None
 
 
 @dataclass
@@ -88,8 +69,9 @@ class Loop:
 
 
 class Trainer:
-    """One rank's training run. `stops` (when to stop) and `faults` (what to break, for the fault
-    tests) are policies: by default from `stop_flag` and from the environment."""
+    """One rank's training run, given its parts (build_trainer builds them). `stops` (when to stop)
+    and `faults` (what to break, for the fault tests) are policies: by default a stop flag that only a
+    caller sets, and the environment's faults."""
 
     def __init__(
         self,
@@ -97,118 +79,38 @@ class Trainer:
         dist: DistInfo,
         device: torch.device,
         run_dir: Path | None,
-        train_loader: Loader,
-        val_loader: Loader | dict[str, Loader] | None,
-        model: torch.nn.Module,
+        parts: TrainParts,
+        loaders: tuple[Loader, Loader | dict[str, Loader] | None],
         control_group=None,
-        stop_flag: stopmod.StopFlag | None = None,
         stops: StopRounds | None = None,
         faults: Faults | None = None,
     ):
-        self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
-        self.train_loader = train_loader
-        # {split: loader} (data.build.build_eval_loaders), or one loader / None for the headline split alone
-        self.eval_loaders = (
-            dict(val_loader)
-            if isinstance(val_loader, dict)
-            else ({} if val_loader is None else {cfg.data.eval_splits[0]: val_loader})
-        )
-        self.val_loader = next(iter(self.eval_loaders.values()), None)  # the headline split's (listed first)
-        self.model = model.to(device)
-        fastpath.apply(cfg.train, device)
-        self.control_group = control_group
+        self.cfg, self.dist, self.device, self.run_dir, self.control_group = cfg, dist, device, run_dir, control_group
+        p = parts
+        self.model, self.fwd_model, self.ddp, self.reduce_hook = p.model, p.fwd_model, p.ddp, p.reduce_hook
+        self.optimizer, self.scaler, self.ema, self.mixer = p.optimizer, p.scaler, p.ema, p.mixer
+        self.fsdp, self.step_amp, self.train_loader = p.fsdp, p.step_amp, loaders[0]
+        pl = StepPlan.of(cfg, len(self.train_loader))
+        self.accum, self.steps_per_epoch, self.total_steps = pl.accum, pl.steps_per_epoch, pl.total_steps
+        self.warmup, self.lr_of = pl.warmup, pl.lr_of
         # a StopFlag not installed is never set unless a caller's is
-        self.stops = stops or StopRounds(stop_flag or stopmod.StopFlag(), control_group, cfg.dist.stop_every or 1)
+        self.stops = stops or StopRounds(stopmod.StopFlag(), control_group, cfg.dist.stop_every or 1)
         self.faults = faults or Faults.from_env(dist.rank)
-        t = cfg.train
-        self.accum = t.accum_steps
-        self.steps_per_epoch = len(train_loader) // self.accum
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                "the train loader has fewer batches than train.accum_steps: lower data.global_batch or "
-                "train.accum_steps"
-            )
-        self.total_steps = planned_steps(cfg, len(train_loader))
-        self.warmup = warmup_steps(cfg, self.steps_per_epoch)
-        self.lr_of = lr_schedule(cfg, self.steps_per_epoch, self.total_steps)
-        self.fsdp = cfg.dist.parallel == "fsdp"  # on one rank too: a one-GPU FSDP run (or benchmark) runs FSDP
-        if self.fsdp and not td.is_initialized():
-            raise RuntimeError(
-                "dist.parallel=fsdp shards over a process group, a world of 1 too: "
-                "call train.collective.init(..., group_of_one=True) before the Trainer"
-            )
-        if self.fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
-            fsdp.shard(self.model, device, cfg.dist.fsdp_reshard, t.amp, cfg.dist.grad_reduce_dtype)
-        # bf16 under FSDP is FSDP's mixed-precision policy (train.fsdp), so no autocast in steps
-        self.step_amp = "none" if self.fsdp and t.amp == "bf16" else t.amp
-        self.optimizer = build_optimizer(cfg, self.model, device)
-        self.scaler = compat.grad_scaler(device) if t.amp == "fp16" else None
-        self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
-        self.mixer = Mixer(
-            cfg.model.num_classes,
-            cfg.aug.label_smoothing,
-            cfg.aug.mixup,
-            cfg.aug.cutmix,
-            cfg.aug.mix_prob,
-            cfg.aug.switch_prob,
-            t.seed,
-        )
-        self.fwd_model = self.model
-        if cfg.compile.enabled:
-            self.fwd_model = torch.compile(self.model, mode=None if cfg.compile.mode == "default" else cfg.compile.mode)
-        self.ddp = None
-        self.reduce_hook: comm.CountingHook | None = None
-        if dist.world_size > 1 and cfg.dist.parallel == "ddp":
-            self.ddp, self.reduce_hook = comm.wrap(self.fwd_model, device, cfg)
-            self.fwd_model = self.ddp
         self.train_state = TrainState()
-        self.finite = guard.FiniteFlag(device)  # OR of "not finite" since the last clean check, on the device
-        self.spikes = guard.SpikeWatch(cfg.health.spike_factor, cfg.health.spike_window)
+        self.guard = guard.Guard(device, cfg.health.spike_factor, cfg.health.spike_window, dist.world_size)
         self.grad_norm = torch.zeros((), device=device)  # the last step's total gradient norm (before clipping)
-        self.auto = (
-            interval.AutoInterval(
-                cfg.ckpt.auto_first,
-                cfg.ckpt.mtbf_h or interval.DEFAULT_MTBF_H,
-                interval.mtbf_source(cfg.ckpt.mtbf_h),
-            )
-            if cfg.ckpt.every == "auto"
-            else None
-        )  # ckpt.every=auto: when the next save is due
-        self.clock = interval.StepClock()  # training seconds per step (saves and evals left out)
-        self.paused_s = 0.0  # seconds of saves and evals in the current log window
-        self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
         main_dir = run_dir if dist.is_main else None
         self.metrics = MetricsWriter(main_dir and main_dir / METRICS, sink=trackers.open_sink(cfg, main_dir))
+        self.cadence = Cadence(cfg.ckpt, self.metrics, control_group, dist.is_main)
+        self.evaluator = Evaluator(cfg, device, loaders[1], self.metrics, dist.is_main)
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
         self.fwd_clock = straggler.Clock(device, dist.world_size > 1, self.faults.compute_delay)
-        self.stragglers = straggler.StragglerWatch(
-            dist.rank,
-            dist.world_size,
-            dist.local_rank,
-            control_group,
-            round(cfg.health.straggler_frac * 100, 9),  # the detector counts percent of a step
-            self.metrics,
-            round(cfg.health.exclude_straggler_frac * 100, 9),
-        )
-        self.watchdog = Watchdog(
-            cfg.hang_s,
-            dist.rank,
-            dist.world_size,
-            run_dir / LOGS if run_dir else None,
-            nccl=td.is_initialized() and td.get_backend() == "nccl",
-            report=lambda kind, rec: self.metrics.write(kind, **rec),
-            local_rank=dist.local_rank,  # local rank 0 writes its node's heartbeats (issue 55)
-        )
+        self.stragglers = straggler.StragglerWatch.for_run(cfg.health, dist, control_group, self.metrics)
+        self.watchdog = Watchdog.for_run(cfg.hang_s, dist, run_dir, lambda kind, rec: self.metrics.write(kind, **rec))
+        state = Parts(self.model, self.optimizer, self.ema, self.scaler, self.train_state)
+        layout = Layout(self.steps_per_epoch, self.accum, self.fsdp)
         self.ckpts = Checkpointer(
-            cfg,
-            dist,
-            device,
-            run_dir,
-            control_group,
-            self.metrics,
-            Parts(self.model, self.optimizer, self.ema, self.scaler, self.train_state),
-            Layout(self.steps_per_epoch, self.accum, self.fsdp),
-            self._schedule,
+            cfg, dist, device, run_dir, control_group, self.metrics, state, layout, self._schedule
         )
 
     @property
@@ -243,10 +145,9 @@ class Trainer:
         from its last good checkpoint), anything else raises guard.Diverged (roll back or stop)."""
         periodic = self._ckpt_due()
         if self.train_state.last_saved_step == self.step:
-            if periodic and self.auto:  # on disk already: the next auto save one interval on, not every step
-                self.auto.start(self.step)
+            self.cadence.on_disk(self.step, periodic)
             return
-        if not self._healthy(check_weights=True):
+        if not self.guard.healthy(self.model):
             if not stopping:
                 raise guard.Diverged(self.step, guard.Reason.NONFINITE, {"where": "before a checkpoint"})
             self.metrics.write(
@@ -262,82 +163,11 @@ class Trainer:
             return
         t0 = time.perf_counter()
         out.checkpoint = self.save(background=periodic) or out.checkpoint
-        save_s = time.perf_counter() - t0
-        self.paused_s += save_s
-        if periodic and self.auto:
-            self._auto_interval(save_s)
-
-    def _start_clock(self) -> None:
-        """Training (re)starts at this step (a start, a resume, a rollback): the step time is measured
-        anew, and ckpt.every=auto's next save comes ckpt.auto_first steps on (or one interval
-        on, once measured)."""
-        self.clock.reset()
-        self.paused_s = 0.0
-        self.started = (self.step, time.perf_counter())
-        if self.auto:
-            self.auto.start(self.step)
+        self.cadence.saved(self.step, time.perf_counter() - t0, periodic)
 
     def _ckpt_due(self) -> bool:
-        """A periodic checkpoint is due at this step (ckpt.every: steps, or auto's next step)."""
-        every = self.cfg.ckpt.every
-        if self.step >= self.total_steps or not every:
-            return False
-        return self.auto.due(self.step) if self.auto else self.step % every == 0
-
-    def _auto_interval(self, save_s: float) -> None:
-        """ckpt.every=auto after a periodic save that took `save_s`: the next due step, from the
-        slowest rank's save and step times (every rank must save at the same steps); a new interval is
-        a `ckpt_interval` record and a line in rank 0's log."""
-        step_s = self.clock.step_s() or (time.perf_counter() - self.started[1]) / max(1, self.step - self.started[0])
-        save_s, step_s = agree_max([save_s, step_s], self.control_group)
-        rec = self.auto.saved(self.step, save_s, step_s)
-        if rec is None:
-            return
-        self.metrics.write("ckpt_interval", step=self.step, **rec)
-        if self.dist.is_main:
-            log.info(
-                "checkpoint interval: every %d steps (%.0f s) = sqrt(2 x save %.2f s x MTBF %.3g h, %s) / step "
-                "%.3g s; next at step %d",
-                rec["interval_steps"],
-                rec["interval_s"],
-                save_s,
-                rec["mtbf_h"],
-                rec["mtbf_source"],
-                step_s,
-                rec["next_step"],
-            )
-
-    def _healthy(self, check_weights: bool = False) -> bool:
-        """Every rank agrees that no loss or gradient norm since the last check was non-finite (and,
-        with `check_weights`, no parameter is): one all-reduce of a flag, where the loop syncs anyway."""
-        bad = self.finite.bad
-        if check_weights:
-            bad = bad | ~guard.params_finite(self.model)
-        flag = bad.to(torch.int32).reshape(1)
-        if td.is_initialized():
-            td.all_reduce(flag, op=td.ReduceOp.MAX)
-        return not bool(flag.item())
-
-    # ------------------------------------------------------------------ evaluation
-
-    def evaluate(self, model: torch.nn.Module) -> dict:
-        """Exact top-1/top-5 over the whole val set (`train.eval_pass.evaluate`, shared with `hpctrain eval`)."""
-        return evaluate(model, self.val_loader, self.cfg.train.amp, self.device)
-
-    def eval_record(self, model: torch.nn.Module, prefix: str = "") -> tuple[dict, dict]:
-        """(the headline split's results, the record fields): with one split its results under their
-        names (`top1`...), as ever; with several, also every split's under `<split>/<prefix><name>`
-        (TensorBoard `eval/<split>/top1`), each split evaluated once."""
-        results = {
-            split: evaluate(model, loader, self.cfg.train.amp, self.device)
-            for split, loader in self.eval_loaders.items()
-        }
-        head = next(iter(results.values()), {})
-        fields = {f"{prefix}{k}": v for k, v in head.items()}
-        if len(self.cfg.data.eval_splits) > 1:
-            for split, res in results.items():
-                fields.update({f"{split}/{prefix}{k}": v for k, v in res.items()})
-        return head, fields
+        """A periodic checkpoint is due at this step (train.ckpt.cadence); the last step saves its own."""
+        return self.step < self.total_steps and self.cadence.due(self.step)
 
     # ------------------------------------------------------------------ training
 
@@ -373,7 +203,7 @@ class Trainer:
             self.grad_norm = compat.grad_total_norm(self.model.parameters())
         # no host sync: a flag on the device, read at the log boundary and before a save (train/health/guard.py);
         # under fp16 an infinite gradient norm is the GradScaler's to skip, so only the loss counts there
-        self.finite.update(total if self.scaler else total + self.grad_norm)
+        self.guard.finite.update(total if self.scaler else total + self.grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -447,12 +277,8 @@ class Trainer:
         self.model.train()
         start_wall = time.perf_counter()
         last_eval_step = -1
-        if self.ddp is not None and self.step < self.total_steps:
-            if self.cfg.compile.enabled and self.cfg.compile.warmup:
-                self._warm_compile()
-            self._settle_ddp_buckets()
-        if self.device.type == "cuda" and self.step < self.total_steps:
-            self._log_attention_kernel()
+        if self.step < self.total_steps:
+            warmup.before_first_step(self._warmup_target())
         bits = self.stops.at_start(self.step, halt_at) if self.step < self.total_steps else 0
         if bits:  # a signal during start-up: nothing trained since the checkpoint we resumed from
             return self._stop(out, bits, start_wall, save=False)
@@ -475,7 +301,7 @@ class Trainer:
         """The step loop of `_run`, from its first step to the end (or a stop): epochs of steps, and
         after a rollback the same again from the checkpoint's step."""
         lp.win.reset()
-        self._start_clock()
+        self.cadence.restart(self.step)
         while True:
             try:
                 while self.step < self.total_steps:
@@ -485,7 +311,7 @@ class Trainer:
                 lp.progress.newline()
                 self.stops.settle()  # nothing is in flight after the last step; never leave one behind
                 self.stragglers.settle()
-                if not self._healthy():  # the last log boundary read it; a last check before eval and save
+                if not self.guard.healthy():  # the last log boundary read it; a last check before eval and save
                     raise guard.Diverged(self.step, guard.Reason.NONFINITE, {"where": "at the end"})
                 if lp.last_eval_step != self.step:
                     self._eval_and_log(lp.out, lp.progress)
@@ -495,7 +321,7 @@ class Trainer:
                 lp.progress.newline()
                 self._rollback(e)
                 lp.win.reset()
-                self._start_clock()
+                self.cadence.restart(self.step)
                 lp.last_eval_step = -1
                 if self.train_state.eval_pending:  # the checkpoint ended an epoch whose eval had not run then
                     self._eval_and_log(lp.out, lp.progress)
@@ -524,7 +350,7 @@ class Trainer:
             if lp.profile:
                 lp.profile.after(self.step, wait)
             self.watchdog.beat(self.step)
-            self.train_state.eval_pending = self._eval_due()
+            self.train_state.eval_pending = self.evaluator.due(self.step, self.steps_per_epoch, self.total_steps)
             if self.step % self.cfg.log.every == 0 or self.step == self.total_steps:
                 self._log_window(lp)
             if self._ckpt_due():
@@ -545,14 +371,35 @@ class Trainer:
             lp.last_eval_step = self.step
         return None
 
+    def _window(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+        """The log boundary's one sync (guard.Guard.check: Diverged alike on every rank); the last
+        checkpoint is then known good, and kept by pruning."""
+        mean, gn = self.guard.check(self.step, loss, grad_norm)
+        self.train_state.good_step = self.train_state.last_saved_step
+        return mean, gn
+
+    def _warmup_target(self) -> warmup.WarmupTarget:
+        """What the start-up warm-ups run on (train.warmup)."""
+        return warmup.WarmupTarget(
+            self.cfg,
+            self.device,
+            self.dist.world_size,
+            self.model,
+            self.fwd_model,
+            self.ddp,
+            self.optimizer,
+            self.step_amp,
+            self.control_group,
+            self.reduce_hook,
+        )
+
     def _log_window(self, lp: Loop) -> None:
         """A log boundary: the window's one sync (`_window`), its `train` record and progress line,
         then a new window."""
         win, out = lp.win, lp.out
         loss, grad_norm = self._window(*win.means())
         el = win.elapsed()
-        self.clock.add(win.steps, max(0.0, el - self.paused_s))
-        self.paused_s = 0.0
+        self.cadence.window(win.steps, el)
         ips = self.cfg.data.global_batch * win.steps / max(el, 1e-9)
         lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
         rec = dict(
@@ -629,17 +476,11 @@ class Trainer:
         self.stops.settle()  # the round posted at the last boundary: none may stay in flight
         self.stragglers.settle()
         path, skip = rollback.restore(e, self.ckpts, self.train_state, self.cfg.health, self.metrics)
-        self.finite.clear()
+        self.guard.finite.clear()
         self._supersede_records()
         rollback.report(e, path, skip, self.train_state, self.cfg.health, self.metrics)
         if self.step < self.total_steps:
             self.stops.start(self.step)
-
-    def _eval_due(self) -> bool:
-        """This step ends an epoch that `train.eval_every_epochs` evaluates (the last step has its own)."""
-        ep, pos = divmod(self.step, self.steps_per_epoch)
-        every = self.cfg.train.eval_every_epochs
-        return pos == 0 and every > 0 and ep % every == 0 and self.step < self.total_steps
 
     def _supersede_records(self) -> None:
         """Rank 0: move what an earlier attempt logged past this start out of metrics.jsonl, since
@@ -661,152 +502,39 @@ class Trainer:
                 superseded_path(self.metrics.path).name,
             )
 
-    def _log_attention_kernel(self) -> None:
-        """Say which SDPA kernel attention runs on: flash or cuDNN expected, math is the slow path."""
-        size = self.cfg.model.img_size
-        x = torch.zeros(2, 3, size, size, device=self.device)  # no RNG drawn: eval-mode forward
-        kind = fastpath.sdpa_backend_used(self.model, x, autocast_ctx(self.cfg.train.amp, self.device))
-        if "math" in kind:
-            log.warning(
-                "attention runs on the math SDPA kernel (slow): check train.sdpa_backend, "
-                "train.amp and the head dimension"
-            )
-        else:
-            log.info("attention kernel: %s", kind)
-
-    def _warm_compile(self) -> None:
-        """compile.enabled under DDP: compile before the first collective, then wait for every rank.
-
-        Inductor compiles at the first call, and the backward at the first backward (AOTAutograd
-        lowers it lazily): unwarmed, that is inside DDP's first backward, whose all-reduces hold the
-        fast ranks until the slowest rank's compile ends, past dist.pg_timeout_s on many cold ranks.
-        So one forward + backward runs here under `no_sync` (inside DDP's forward, so DDPOptimizer
-        splits the graph as in a step; no all-reduce, no bucket rebuild), on the input
-        `_settle_ddp_buckets` uses, with every RNG stream, every gradient and the optimizer left as
-        they were; then a `monitored_barrier` on the gloo control group waits up to
-        compile.timeout_s, not the process-group timeout (docs/communication.md).
-        """
-        if self.ddp.static_graph:  # no_sync breaks static_graph (pytorch/pytorch#143580): compile in a step
-            log.warning("compile.warmup skipped: DDP static_graph is on (dist.ddp_static_graph=always)")
-            return
-        t0 = time.perf_counter()
-        rng = rng_state(self.device)
-        params = list(self.model.parameters())
-        grads = [p.grad for p in params]
-        for p in params:  # a backward accumulates into an existing gradient: start from none
-            p.grad = None
-        with self.ddp.no_sync():
-            with autocast_ctx(self.step_amp, self.device):
-                out = self.fwd_model(self._throwaway_input())
-            (out.float().sum() * 0.0).backward()
-        for p, g in zip(params, grads):
-            p.grad = g
-        set_rng_state(rng, self.device)
-        warm_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        timeout = self.cfg.compile.timeout_s
-        if td.get_backend(self.control_group) != "gloo":  # no gloo control group (not from train.entry)
-            log.warning("compile.warmup: no gloo control group to wait on; the first step waits instead")
-            return
-        try:
-            td.monitored_barrier(self.control_group, timeout=datetime.timedelta(seconds=timeout))
-        except RuntimeError as e:
-            raise RuntimeError(
-                f"a rank did not finish its first torch.compile within compile.timeout_s="
-                f"{timeout} ({str(e).splitlines()[0]}): raise compile.timeout_s, or warm "
-                "compile.cache with a short run"
-            ) from e
-        log.info(
-            "torch.compile warm-up: %.1f s here, then %.1f s waiting for the other ranks",
-            warm_s,
-            time.perf_counter() - t1,
-        )
-
-    def _throwaway_input(self) -> torch.Tensor:
-        """Zeros shaped like one micro-batch of this rank: what the warm-up and bucket settling run on."""
-        b = self.cfg.per_rank_batch(self.dist.world_size)
-        return torch.zeros(b, 3, self.cfg.model.img_size, self.cfg.model.img_size, device=self.device)
-
-    def _settle_ddp_buckets(self) -> None:
-        """Throwaway backwards before the first real step, at every start or resume, until DDP has
-        rebuilt its gradient buckets.
-
-        DDP starts with all parameters in one bucket and re-lays them out (in gradient-ready order,
-        a small first bucket) once, after the first backward that records that order: the 1st
-        without static_graph, the 2nd with it (its 1st only counts hooks and all-reduces at the
-        end). With more than 2 ranks the layout decides the order of each sum (its last bits), so
-        every real step, resumed or not, must see the rebuilt layout (docs/checkpoints.md). The
-        gradients are discarded; nothing else (RNG, optimizer, step) changes.
-        """
-        rng = torch.get_rng_state()
-        x = self._throwaway_input()
-        for _ in range(3):  # 1 or 2 are needed; a 3rd that still rebuilds nothing is reported below
-            with autocast_ctx(self.cfg.train.amp, self.device):
-                out = self.fwd_model(x)
-            (out.float().sum() * 0.0).backward()
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.ddp.reducer._rebuild_buckets():  # what DDP's next forward would do; True once
-                break
-        else:
-            log.warning(
-                "DDP did not rebuild its gradient buckets in 3 throwaway backwards: a resume "
-                "with more than 2 ranks may not be bit-exact"
-            )
-        torch.set_rng_state(rng)
-        if self.reduce_hook:
-            self.reduce_hook.take()  # its buckets are not a step's
-
-    def _window(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
-        """The log boundary's one sync: (mean loss over every rank, mean gradient norm) of the window.
-        The non-finite flag rides in the same all-reduce, so every rank raises guard.Diverged alike
-        on a non-finite value, or on a spike of the agreed loss (health.spike_factor)."""
-        v = torch.stack([loss.float(), grad_norm.float(), self.finite.bad.float()])
-        if td.is_initialized():
-            td.all_reduce(v)
-            v[:2] /= self.dist.world_size
-        mean, gn, bad = v.tolist()
-        if bad or not math.isfinite(mean):
-            raise guard.Diverged(self.step, guard.Reason.NONFINITE, {"loss": mean, "grad_norm": gn})
-        median = self.spikes.check(mean)
-        if median is not None:
-            raise guard.Diverged(
-                self.step, guard.Reason.SPIKE, {"loss": mean, "median": median, "factor": self.cfg.health.spike_factor}
-            )
-        st = self.train_state
-        st.good_step = st.last_saved_step  # a clean check after it: known good, kept by pruning
-        return mean, gn
-
     def _eval_and_log(self, out: Outcome, progress: Progress) -> None:
+        """Evaluate this step (train.evaluator); a best score under ckpt.keep_best saves this step."""
         progress.newline()
         t0 = time.perf_counter()
-        out.eval, fields = self.eval_record(self.model)
-        rec = {"step": self.step, "epoch": self.step / self.steps_per_epoch, **fields}
+        out.eval, ema, rec = self.evaluator.run(
+            self.step, self.step / self.steps_per_epoch, self.model, self.ema and self.ema.module
+        )
         if self.ema:
-            out.eval_ema, fields = self.eval_record(self.ema.module, "ema_")
-            rec.update(fields)
-        self.metrics.write("eval", **rec)
-        self.paused_s += time.perf_counter() - t0  # not training time (StepClock); a best-eval save counts itself
-        st = self.train_state
-        st.eval_pending = False
-        top1 = out.eval.get("top1")
-        if self.cfg.ckpt.keep_best and top1 is not None and (st.best is None or top1 > st.best[0]):
-            st.best = (top1, self.step)  # every rank: the eval is summed over all of them
+            out.eval_ema = ema
+        self.cadence.pause(time.perf_counter() - t0)  # not training time (StepClock); a best-eval save counts itself
+        self.train_state.eval_pending = False
+        if self.evaluator.best(out.eval, self.step, self.train_state):
             self._checkpoint(out)  # this step's state, kept by pruning until a better eval
-        if self.dist.is_main and len(self.eval_loaders) > 1:
-            for split in self.eval_loaders:
-                log.info(
-                    "eval step %d on %s: top-1 %.2f%% top-5 %.2f%% (%d images)",
-                    self.step,
-                    split,
-                    rec[f"{split}/top1"],
-                    rec[f"{split}/top5"],
-                    rec[f"{split}/count"],
-                )
-        elif self.dist.is_main and out.eval:
-            log.info(
-                "eval step %d: top-1 %.2f%% top-5 %.2f%% (%d images)",
-                self.step,
-                out.eval["top1"],
-                out.eval["top5"],
-                out.eval["count"],
-            )
+        self.evaluator.log(self.step, rec, out.eval)
+
+
+def build_trainer(
+    cfg: Config,
+    dist: DistInfo,
+    device: torch.device,
+    run_dir: Path | None,
+    train_loader: Loader,
+    val_loader: Loader | dict[str, Loader] | None,
+    model: torch.nn.Module,
+    control_group=None,
+    stop_flag: stopmod.StopFlag | None = None,
+    stops: StopRounds | None = None,
+    faults: Faults | None = None,
+) -> Trainer:
+    """A Trainer handed its parts: `model` wrapped, its optimizer, scaler, EMA and mixer
+    (train.parts.build_parts), the loaders, and the stop policy (from `stop_flag` unless `stops`).
+    `val_loader`: {split: loader} (data.build.build_eval_loaders), or one loader / None."""
+    parts = build_parts(cfg, dist, device, model)
+    if stops is None and stop_flag is not None:
+        stops = StopRounds(stop_flag, control_group, cfg.dist.stop_every or 1)
+    return Trainer(cfg, dist, device, run_dir, parts, (train_loader, val_loader), control_group, stops, faults)

@@ -1,4 +1,5 @@
-"""The counters a run carries from step to step and across checkpoints, in one place.
+"""The counters a run carries from step to step and across checkpoints, in one place, and how a run
+ended (`Outcome`).
 
 Kept apart from the Trainer so that what a checkpoint restores is one object (torchtitan's
 `TrainState`): the checkpointer reads and sets it, the rollback moves it back, the loop counts on it.
@@ -6,7 +7,7 @@ Kept apart from the Trainer so that what a checkpoint restores is one object (to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -47,3 +48,22 @@ class TrainState:
     def loader_position(self, steps_per_epoch: int) -> tuple[int, int]:
         """(epoch, step within it) of the train loader: rollbacks moved it `data_offset` steps on."""
         return divmod(self.step + self.data_offset, steps_per_epoch)
+
+
+@dataclass
+class Outcome:
+    """How a `Trainer.run` ended (or where it is): what the task reports and the summary holds."""
+
+    status: str = "running"  # finished | preempted | halted | interrupted
+    stop_kind: str | None = None  # preemption | time_limit | halt | interrupt (train.stop.kind_of)
+    step: int = 0
+    total_steps: int = 0
+    epoch: int = 0
+    eval: dict = field(default_factory=dict)
+    eval_ema: dict = field(default_factory=dict)
+    images_per_s: float = 0.0
+    data_wait: float = 0.0
+    train_loss: float = float("nan")
+    wall_s: float = 0.0
+    resumed_from: int | None = None
+    checkpoint: str | None = None

@@ -15,7 +15,7 @@ from hpctrain.data.synthetic import SyntheticLoader
 from hpctrain.models.vit import build_vit
 from hpctrain.run.metrics import read_metrics
 from hpctrain.train.dist import DistInfo
-from hpctrain.train.loop import Trainer
+from hpctrain.train.loop import build_trainer
 from hpctrain.train.observe import gpustats
 from hpctrain.train.observe.speed import progress_text, speed_fields
 from tests.helpers import DIGITS
@@ -49,7 +49,7 @@ def train_records(tmp_path, *sets: str) -> list[dict]:
     )
     torch.manual_seed(0)
     tmp_path.mkdir()
-    Trainer(cfg, DistInfo(), torch.device("cpu"), tmp_path, loader, None, build_vit(cfg.model)).run()
+    build_trainer(cfg, DistInfo(), torch.device("cpu"), tmp_path, loader, None, build_vit(cfg.model)).run()
     return [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
 
 

@@ -55,7 +55,7 @@ def test_loop_sets_scaled_lrs(name, digits_root, tmp_path):
     from hpctrain.data.build import build_loaders
     from hpctrain.models.vit import build_vit
     from hpctrain.train.dist import DistInfo
-    from hpctrain.train.loop import Trainer
+    from hpctrain.train.loop import build_trainer
 
     cfg = load(
         DIGITS,
@@ -72,7 +72,7 @@ def test_loop_sets_scaled_lrs(name, digits_root, tmp_path):
     dev = torch.device("cpu")
     train, _ = build_loaders(cfg, 0, 1, dev)
     model = build_vit(cfg.model)
-    trainer = Trainer(cfg, DistInfo(), dev, None, train, None, model)
+    trainer = build_trainer(cfg, DistInfo(), dev, None, train, None, model)
     if name == "sgd":
         assert isinstance(trainer.optimizer, torch.optim.SGD)
         assert trainer.optimizer.defaults["momentum"] == cfg.optim.momentum

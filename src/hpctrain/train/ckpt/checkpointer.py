@@ -4,7 +4,7 @@ rank, in the background with `ckpt.async_save`), settling a save on every rank a
 one back, and finding the newest good one for a rollback.
 
 A `Checkpointer` is given the parts it saves (`Parts`, as torchtitan's `states=`), so it reads
-nothing else of the Trainer. When a save is due is the loop's.
+nothing else of the Trainer. When a save is due is train.ckpt.cadence's.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class Checkpointer:
         another thread than training's, so they must not share its groups, as torchtitan does)."""
         self.cfg, self.dist, self.device, self.run_dir = cfg, dist, device, run_dir
         self.control_group, self.metrics = control_group, metrics
-        self.parts: Parts | None = parts
+        self.parts = parts  # dropped by close(): nothing saves afterwards
         self.layout, self.schedule = layout, schedule
         self.format = compat.ckpt_format(cfg.ckpt, dist.world_size)
-        self.root, self.group, self.pending = run_dir, None, None
+        self.root, self.group = run_dir, None
+        self.pending: sharded.Pending | None = None
         if self.format == "sharded" and td.is_initialized():
             root = [str(run_dir) if run_dir else None]
             td.broadcast_object_list(root, src=0, group=control_group)
@@ -217,7 +218,7 @@ class Checkpointer:
         """Settle the save in flight, then drop the parts and groups (they hold the process groups:
         see `Trainer.close`). Idempotent."""
         self.collect()
-        self.parts = None
+        vars(self).pop("parts", None)  # the references go; a use after close is an AttributeError
         self.control_group = self.group = None
         self.schedule = dict
 

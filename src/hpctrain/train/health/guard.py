@@ -11,12 +11,14 @@ What follows (rollback or stop) is `rollback.restore` in train/health/rollback.p
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections import deque
 from enum import Enum
 
 import torch
+import torch.distributed as td
 
 TEST_NAN_ENV = "HPCTRAIN_TEST_NAN"
 
@@ -81,6 +83,44 @@ class SpikeWatch:
 
     def reset(self) -> None:
         self.history.clear()
+
+
+class Guard:
+    """The loop's health checks, read where it syncs anyway: `check` at a log boundary (the window's
+    loss, gradient norm and the non-finite flag in one all-reduce; a spike of the agreed loss),
+    `healthy` before a save and at the end. Raises or answers alike on every rank."""
+
+    def __init__(self, device: torch.device, spike_factor: float, spike_window: int, world_size: int):
+        self.finite = FiniteFlag(device)  # OR of "not finite" since the last clean check, on the device
+        self.spikes = SpikeWatch(spike_factor, spike_window)
+        self.world_size = world_size
+
+    def healthy(self, model: torch.nn.Module | None = None) -> bool:
+        """Every rank agrees that no loss or gradient norm since the last check was non-finite (and,
+        given `model`, no parameter is): one all-reduce of a flag."""
+        bad = self.finite.bad
+        if model is not None:
+            bad = bad | ~params_finite(model)
+        flag = bad.to(torch.int32).reshape(1)
+        if td.is_initialized():
+            td.all_reduce(flag, op=td.ReduceOp.MAX)
+        return not bool(flag.item())
+
+    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+        """The log boundary's one sync: (mean loss over every rank, mean gradient norm) of the window;
+        Diverged on a non-finite value anywhere since the last check, or on a spike of the agreed loss
+        (health.spike_factor)."""
+        v = torch.stack([loss.float(), grad_norm.float(), self.finite.bad.float()])
+        if td.is_initialized():
+            td.all_reduce(v)
+            v[:2] /= self.world_size
+        mean, gn, bad = v.tolist()
+        if bad or not math.isfinite(mean):
+            raise Diverged(step, Reason.NONFINITE, {"loss": mean, "grad_norm": gn})
+        median = self.spikes.check(mean)
+        if median is not None:
+            raise Diverged(step, Reason.SPIKE, {"loss": mean, "median": median, "factor": self.spikes.factor})
+        return mean, gn
 
 
 def injected_nan(rank: int, env=None) -> tuple[int, bool]:

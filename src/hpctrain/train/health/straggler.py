@@ -28,7 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as td
 
+from hpctrain.config.schema import HealthConfig
 from hpctrain.run import badnodes
+from hpctrain.train.dist import DistInfo
 
 log = logging.getLogger("hpctrain")
 TEST_DELAY_ENV = "HPCTRAIN_TEST_DELAY"
@@ -143,6 +145,13 @@ class StragglerWatch:
         self._work = None
         self._tensor = None
         self._step = 0
+
+    @classmethod
+    def for_run(cls, health: HealthConfig, dist: DistInfo, group, metrics) -> StragglerWatch:
+        """A run's watch: health.straggler_frac and exclude_straggler_frac as the percent of a step
+        the detector counts in."""
+        pct, exclude = (round(f * 100, 9) for f in (health.straggler_frac, health.exclude_straggler_frac))
+        return cls(dist.rank, dist.world_size, dist.local_rank, group, pct, metrics, exclude)
 
     @property
     def active(self) -> bool:

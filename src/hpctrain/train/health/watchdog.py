@@ -49,10 +49,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as td
 
 from hpctrain.run import badnodes
-from hpctrain.run.layout import atomic_write, read_json
+from hpctrain.run.layout import LOGS, atomic_write, read_json
 from hpctrain.run.owner import private_dir
+from hpctrain.train.dist import DistInfo
 
 log = logging.getLogger("hpctrain")
 
@@ -459,6 +461,16 @@ class Watchdog:
     flushed, rank 0 writes the `hang` record, and the process exits with the CLI's status for
     user errors; nothing of the training state is worth saving from a hung step.
     """
+
+    @classmethod
+    def for_run(
+        cls, hang_s: float, dist: DistInfo, run_dir: Path | None, report: Callable[[str, dict], None]
+    ) -> Watchdog:
+        """A rank's watchdog over `run_dir`/logs (none without a run directory); local rank 0 writes
+        its node's heartbeats (issue 55); on NCCL a hang dumps the flight recorder too."""
+        nccl = td.is_initialized() and td.get_backend() == "nccl"
+        logs = run_dir / LOGS if run_dir else None
+        return cls(hang_s, dist.rank, dist.world_size, logs, nccl=nccl, report=report, local_rank=dist.local_rank)
 
     def __init__(
         self,

@@ -1,7 +1,8 @@
 """The sums the loop keeps between log boundaries (`log.every` steps), and over the run.
 
 The loss and gradient norm stay on the device, so a step reads nothing back to the host; the one
-sync is at the log boundary (`Trainer._window`), which then starts a new window.
+sync is at the log boundary (train.health.guard.Guard.check, from `Trainer._window`), which then starts a
+new window.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Trainer._warm_compile in one process (a gloo group of one): it compiles the forward and the
+"""train.warmup.warm_compile in one process (a gloo group of one): it compiles the forward and the
 backward through DDP, and leaves RNG streams, gradients and weights as they were."""
 
 from __future__ import annotations
 
-import functools
 import random
 from types import SimpleNamespace
 
@@ -12,7 +11,7 @@ import torch
 import torch.distributed as td
 from torch._dynamo.utils import counters
 
-from hpctrain.train.loop import Trainer
+from hpctrain.train import warmup
 
 CPU = torch.device("cpu")
 
@@ -24,23 +23,13 @@ def group_of_one():
     td.destroy_process_group()
 
 
-def fake_trainer(model: torch.nn.Module, ddp) -> SimpleNamespace:
-    """What _warm_compile reads of a Trainer: its config, model, DDP wrapper and groups."""
+def target(model: torch.nn.Module, ddp) -> warmup.WarmupTarget:
+    """What warm_compile reads: a config (its batch and image size, compile.timeout_s), the model,
+    its DDP wrapper and no control group."""
     cfg = SimpleNamespace(
         per_rank_batch=lambda world: 4, model=SimpleNamespace(img_size=4), compile=SimpleNamespace(timeout_s=60)
     )
-    t = SimpleNamespace(
-        cfg=cfg,
-        model=model,
-        ddp=ddp,
-        fwd_model=ddp,
-        device=CPU,
-        step_amp="none",
-        dist=SimpleNamespace(world_size=1),
-        control_group=None,
-    )
-    t._throwaway_input = functools.partial(Trainer._throwaway_input, t)
-    return t
+    return warmup.WarmupTarget(cfg, CPU, 1, model, ddp, ddp, optimizer=None, step_amp="none")
 
 
 @pytest.mark.slow  # a cold compile: ~10 s on 2 cores
@@ -58,7 +47,7 @@ def test_warm_compile_compiles_forward_and_backward_and_changes_nothing(group_of
     random.seed(7)
     rng, py = torch.get_rng_state(), random.getstate()
     counters.clear()
-    Trainer._warm_compile(fake_trainer(model, ddp))
+    warmup.warm_compile(target(model, ddp))
     assert counters["aot_autograd"]["total"] >= 1  # the forward was compiled here
     assert torch.equal(torch.get_rng_state(), rng) and random.getstate() == py  # dropout drew, then restored
     assert first.grad is grad and torch.equal(grad, torch.full_like(first, 3.0))
