@@ -90,6 +90,30 @@ def test_a_sweep_to_a_controller_that_does_not_answer_runs_no_sbatch_and_writes_
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_slurm_pack_to_a_controller_that_does_not_answer_runs_no_sbatch_and_writes_nothing(digits_root, tmp_path):
+    """`data pack --slurm` is prepared as every other job (launch.prepare's Pack): the same check
+    before its array's sbatch, and no plan under OUT/.pack; a dry run asks no controller."""
+    port = free_port()
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=gone\nSlurmctldHost=localhost\nSlurmctldPort={port}\nAuthType=auth/munge\n")
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "SLURM_CONF": str(conf), "HPCTRAIN_SLURM_CALL_LOG": str(log), "HPCTRAIN_CLUSTER": ""}
+    out = tmp_path / "shards"
+    pack = [sys.executable, "-m", "hpctrain", "data", "pack", str(digits_root), str(out), "--slurm"]
+    pack += ["--cluster", "example-ib", "--cluster-set", "container.runtime=none"]
+    r = subprocess.run(pack, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]  # after the plan's progress lines
+    assert last.startswith("hpctrain: error: cluster example-ib: the Slurm controller at "), r.stderr
+    assert f"localhost:{port} did not answer `scontrol ping`" in last and "nothing was submitted" in last, last
+    assert "sbatch" not in calls(log) and calls(log) == ["scontrol"], calls(log)
+    assert not out.exists()
+    log.unlink()
+    dry = subprocess.run([*pack, "--dry-run"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert dry.returncode == 0 and "#SBATCH --array=" in dry.stdout, dry.stdout + dry.stderr
+    assert calls(log) == [] and not out.exists()
+
+
 def test_a_refused_sbatch_leaves_a_new_run_nothing_and_an_earlier_attempts_run_as_it_was(
     slurm_cluster, digits_root, tmp_path
 ):

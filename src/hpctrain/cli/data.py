@@ -15,8 +15,9 @@ from hpctrain.data.prep.imagenet import prepare, write_exclusions
 from hpctrain.data.prep.pack import pack as write
 from hpctrain.data.prep.source import FOLDER
 from hpctrain.launch import dryrun, pack_array
-from hpctrain.launch.submit import Request, check_image
-from hpctrain.site.profile import load_profile
+from hpctrain.launch import prepare as jobs
+from hpctrain.launch.submit import Request
+from hpctrain.site.slurm_cli import slurm_here
 
 SLURM_GROUPS = 100  # default array size of `data pack --slurm`
 SLURM_ONLY = ("cluster", "time", "partition", "account", "qos", "constraint", "dry_run", "wait")
@@ -165,12 +166,15 @@ def train_hint(out: str) -> str:
 
 
 def pack_slurm(args: argparse.Namespace) -> int:
-    """Plan, write the plan under OUT/.pack, submit the array (or only its unfinished groups)."""
-    profile = load_profile(args.cluster or os.environ.get("HPCTRAIN_CLUSTER") or "local", args.cluster_overrides)
+    """Plan, write the plan under OUT/.pack, submit the array (or only its unfinished groups): a
+    job like every other (launch.prepare), to a controller that answers."""
+    profile = jobs.slurm_profile(args.cluster, args.cluster_overrides, slurm=True)
+    assert profile is not None  # slurm=True: a profile, `local` when none is named
     req = Request(
         time=args.time, partition=args.partition, account=args.account, qos=args.qos, constraint=args.constraint
     )
     out = Path(args.out)
+    here = None if args.dry_run else slurm_here()  # one ping, before the dataset is scanned (cli/submit.py)
     groups = SLURM_GROUPS if args.workers is None else args.workers
     plan = pk.plan_pack(
         args.root,
@@ -182,11 +186,12 @@ def pack_slurm(args: argparse.Namespace) -> int:
         log=lambda s: print(s, file=sys.stderr),
         source=args.source,
     )  # stdout: the script of --dry-run
-    script = pack_array.render(plan, args.root, profile, req)
+    p = jobs.prepare(None, profile, req, jobs.Pack(plan, args.root), dry_run=bool(args.dry_run))
     if args.dry_run:
-        print(script if args.dry_run == dryrun.FULL else pack_array.brief(plan, args.root, profile, req), end="")
+        print(p.dry_run_text(args.dry_run), end="")
         return 0
-    check_image(profile)
+    jobs.check_controller(profile, here)  # a controller that does not answer: one line, no sbatch, nothing written
+    script = p.script()
     job = pack_array.recorded_job(out)
     if job and pack_array.job_queued(job):
         raise CLIError(

@@ -1,6 +1,6 @@
 """One submission workflow: what a job is checked and resolved with before anything is written or
 submitted, for every command that makes one (`hpctrain submit` with --dry-run and --emit-sbatch,
-`sweep`, `eval --nodes`, `notebook`).
+`sweep`, `eval --nodes`, `notebook`, `data pack --slurm`).
 
 `prepare(config, profile, request, kind)` runs the checks in one order (request and config first,
 then a finished run, the data's class count, the batch, the image; a refusal is one line) and returns
@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain.config import Config, ConfigError, check_batch
+from hpctrain.data.prep.pack import PackPlan
 from hpctrain.data.prep.prepare import class_problem, ensure_dataset, input_problems
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch import notebook as nb
-from hpctrain.launch import sweep
+from hpctrain.launch import pack_array, sweep
 from hpctrain.launch.batch import batch_report
 from hpctrain.launch.dryrun import FULL
 from hpctrain.launch.modules import module_lines
@@ -111,7 +112,24 @@ class Notebook:
     setup: tuple[str, ...] = ()
 
 
-Kind = Train | Member | Script | Eval | Notebook
+@dataclass(frozen=True)
+class Pack:
+    """`data pack --slurm`: an array job whose tasks pack `plan`'s shard groups of the dataset at
+    `root` (launch/pack_array.py); no config."""
+
+    plan: PackPlan
+    root: str
+
+
+@dataclass(frozen=True)
+class PackJob:
+    """A pack's batch script and what its short dry run prints."""
+
+    script: str
+    brief: str
+
+
+Kind = Train | Member | Script | Eval | Notebook | Pack
 
 
 @dataclass(frozen=True)
@@ -128,9 +146,9 @@ class Prepared:
     """A job checked and resolved, ready for `start` (or to print)."""
 
     kind: Kind
-    cfg: Config | None  # what the tasks get; None for a notebook
+    cfg: Config | None  # what the tasks get; None for a notebook and a pack
     profile: ClusterProfile | None  # None: this machine (submitit's local executor)
-    plan: Any  # JobPlan; NotebookJob for a notebook; None for a local job
+    plan: Any  # JobPlan; NotebookJob for a notebook; PackJob for a pack; None for a local job
     messages: tuple[Message, ...] = ()
     dry_run: bool = False
 
@@ -142,6 +160,8 @@ class Prepared:
         """The batch script the job runs (what --dry-run=full prints; --emit-sbatch writes the stand-alone one)."""
         if isinstance(self.kind, Notebook):
             return nb.batch_script(self.plan)
+        if isinstance(self.kind, Pack):
+            return self.plan.script
         if isinstance(self.kind, Script):
             return standalone_script(self.plan)
         if isinstance(self.kind, Eval):
@@ -153,6 +173,8 @@ class Prepared:
         script; a notebook's script is short already (about 20 lines): it is shown whole."""
         if mode == FULL or isinstance(self.kind, Notebook | Script):
             return self.script()
+        if isinstance(self.kind, Pack):
+            return self.plan.brief
         assert self.cfg is not None, "every job but a notebook has a config"
         folder = self.kind.out if isinstance(self.kind, Eval) else absolute_paths(self.cfg).run_dir
         return slurm_brief(self.plan, folder / SUBMITIT)
@@ -237,6 +259,8 @@ def prepare(
     note: the plan may be for another machine."""
     if isinstance(kind, Notebook):
         return Prepared(kind, None, profile, notebook_job(profile, req, kind), dry_run=dry_run)
+    if isinstance(kind, Pack):
+        return _pack(profile, req, kind, dry_run)
     assert cfg is not None, "every job but a notebook has a config"
     if isinstance(kind, Member):
         try:
@@ -252,6 +276,19 @@ def prepare(
         msgs += _elsewhere(cfg, profile, plan, dry_run=True)
         return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
     return _train(cfg, profile, req, kind, dry_run)
+
+
+def _pack(profile: ClusterProfile | None, req: Request, kind: Pack, dry_run: bool) -> Prepared:
+    """The pack's array script from the profile and the request (refused in one line where a value
+    cannot go into it), and its image checked unless this is a dry run."""
+    if profile is None:
+        raise LaunchError("data pack --slurm submits an array job: name the site with --cluster NAME")
+    job = PackJob(
+        pack_array.render(kind.plan, kind.root, profile, req), pack_array.brief(kind.plan, kind.root, profile, req)
+    )
+    if not dry_run:
+        check_image(profile)
+    return Prepared(kind, None, profile, job, dry_run=dry_run)
 
 
 def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Train | Member, dry_run: bool) -> Prepared:
