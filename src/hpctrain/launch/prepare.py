@@ -506,6 +506,7 @@ def start(p: Prepared) -> Submission:
             return submit_eval_local(p.cfg, p.kind.weights, p.kind.ema, p.kind.out, p.kind.tasks)
         return submit_eval_slurm(p.cfg, p.plan, p.kind.weights, p.kind.ema, p.kind.out)
     if p.local:
+        assert isinstance(p.kind, Train | Member), "only a training run or an evaluation runs here"
         _check_inputs(p.cfg)
         return submit_local(p.cfg, tasks=p.kind.tasks)
     _classes(p.cfg, note_only=False)  # again: ensure_dataset may have just written the demo set
