@@ -123,10 +123,11 @@ class Pack:
 
 @dataclass(frozen=True)
 class PackJob:
-    """A pack's batch script and what its short dry run prints."""
+    """A pack's batch script, and the request its short dry run is made from (on demand: it renders
+    the script again)."""
 
     script: str
-    brief: str
+    req: Request
 
 
 Kind = Train | Member | Script | Eval | Notebook | Pack
@@ -174,7 +175,8 @@ class Prepared:
         if mode == FULL or isinstance(self.kind, Notebook | Script):
             return self.script()
         if isinstance(self.kind, Pack):
-            return self.plan.brief
+            assert self.profile is not None, "a pack is a Slurm job"
+            return pack_array.brief(self.kind.plan, self.kind.root, self.profile, self.plan.req)
         assert self.cfg is not None, "every job but a notebook has a config"
         folder = self.kind.out if isinstance(self.kind, Eval) else absolute_paths(self.cfg).run_dir
         return slurm_brief(self.plan, folder / SUBMITIT)
@@ -283,9 +285,7 @@ def _pack(profile: ClusterProfile | None, req: Request, kind: Pack, dry_run: boo
     cannot go into it), and its image checked unless this is a dry run."""
     if profile is None:
         raise LaunchError("data pack --slurm submits an array job: name the site with --cluster NAME")
-    job = PackJob(
-        pack_array.render(kind.plan, kind.root, profile, req), pack_array.brief(kind.plan, kind.root, profile, req)
-    )
+    job = PackJob(pack_array.render(kind.plan, kind.root, profile, req), req)
     if not dry_run:
         check_image(profile)
     return Prepared(kind, None, profile, job, dry_run=dry_run)

@@ -70,8 +70,7 @@ class Loop:
 
 class Trainer:
     """One rank's training run, given its parts (build_trainer builds them). `stops` (when to stop)
-    and `faults` (what to break, for the fault tests) are policies: by default a stop flag that only a
-    caller sets, and the environment's faults."""
+    and `faults` (what to break, for the fault tests) are policies; faults by default the environment's."""
 
     def __init__(
         self,
@@ -81,8 +80,8 @@ class Trainer:
         run_dir: Path | None,
         parts: TrainParts,
         loaders: tuple[Loader, Loader | dict[str, Loader] | None],
+        stops: StopRounds,
         control_group=None,
-        stops: StopRounds | None = None,
         faults: Faults | None = None,
     ):
         self.cfg, self.dist, self.device, self.run_dir, self.control_group = cfg, dist, device, run_dir, control_group
@@ -93,8 +92,7 @@ class Trainer:
         pl = StepPlan.of(cfg, len(self.train_loader))
         self.accum, self.steps_per_epoch, self.total_steps = pl.accum, pl.steps_per_epoch, pl.total_steps
         self.warmup, self.lr_of = pl.warmup, pl.lr_of
-        # a StopFlag not installed is never set unless a caller's is
-        self.stops = stops or StopRounds(stopmod.StopFlag(), control_group, cfg.dist.stop_every or 1)
+        self.stops = stops
         self.faults = faults or Faults.from_env(dist.rank)
         self.train_state = TrainState()
         self.guard = guard.Guard(device, cfg.health.spike_factor, cfg.health.spike_window, dist.world_size)
@@ -535,6 +533,6 @@ def build_trainer(
     (train.parts.build_parts), the loaders, and the stop policy (from `stop_flag` unless `stops`).
     `val_loader`: {split: loader} (data.build.build_eval_loaders), or one loader / None."""
     parts = build_parts(cfg, dist, device, model)
-    if stops is None and stop_flag is not None:
-        stops = StopRounds(stop_flag, control_group, cfg.dist.stop_every or 1)
-    return Trainer(cfg, dist, device, run_dir, parts, (train_loader, val_loader), control_group, stops, faults)
+    # a StopFlag not installed is never set unless a caller's is
+    stops = stops or StopRounds(stop_flag or stopmod.StopFlag(), control_group, cfg.dist.stop_every or 1)
+    return Trainer(cfg, dist, device, run_dir, parts, (train_loader, val_loader), stops, control_group, faults)
