@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from hpctrain.launch.inplace import NODE_ERE
 from hpctrain.train.ckpt import checkpoint as ckpt
 from tests.launch.jobs import (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import shellfile
 from hpctrain.config import load
-from hpctrain.launch import shellfile
 from hpctrain.launch.submit import Request, plan_job, slurm_script
 from hpctrain.site.profile import load_profile
 from tests.helpers import ROOT

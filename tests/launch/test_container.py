@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from hpctrain.errors import LaunchError
-from hpctrain.launch.container import PY_VAR, bind_list, python_lines, stage_word
+from hpctrain.launch.container import bind_list, python_lines
 from hpctrain.run.source import source_hash, take_snapshot
 from hpctrain.site.profile import ContainerSection
+from hpctrain.site.runtimes.base import PY_VAR, stage_word
 from tests.launch.jobs import digits_sets, metrics, submit
 
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")

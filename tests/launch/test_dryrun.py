@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from hpctrain.launch.dryrun import exports, header
 from hpctrain.run.source import take_snapshot
 from tests.helpers import hpctrain

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from hpctrain.launch.inplace import NODE_ERE
 from tests.helpers import wait_for
 from tests.launch.jobs import (

@@ -14,9 +14,10 @@ import pytest
 
 from hpctrain.config import load
 from hpctrain.errors import LaunchError
-from hpctrain.launch.container import PY_VAR, python_lines
+from hpctrain.launch.container import python_lines
 from hpctrain.launch.submit import Request, parse_ranks, plan_job
 from hpctrain.site.profile import ContainerSection, load_profile
+from hpctrain.site.runtimes.base import PY_VAR
 from tests.helpers import hpctrain
 
 HERE = Path(__file__).parent

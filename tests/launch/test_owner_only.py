@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import shellfile
 from hpctrain.errors import LaunchError
-from hpctrain.launch import shellfile
 from hpctrain.run.source import take_snapshot
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hpctrain"

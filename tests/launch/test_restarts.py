@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import subprocess
 
+from hpctrain import shellfile
 from hpctrain.errors import UserError, mark_step, step_of
-from hpctrain.launch import failure, shellfile
+from hpctrain.launch import failure
 from hpctrain.launch.inplace import NODE_ERE
 
 

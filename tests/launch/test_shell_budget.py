@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from hpctrain.launch.inplace import NODE_ERE
 from tests.helpers import ROOT
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch import container, shellfile, stage_image
+from hpctrain import shellfile
+from hpctrain.launch import container, stage_image
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.run.badnodes import NODE_NAME
 from hpctrain.site.cluster_init import LMOD_INIT
 from hpctrain.site.profile import load_profile
+from hpctrain.site.runtimes import pyxis, sif
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELL = ROOT / "src" / "hpctrain" / "launch" / "shell"
@@ -97,7 +99,8 @@ def test_every_shell_file_parses_and_has_no_shellcheck_findings(shellcheck):
 
 
 def test_every_shell_file_is_inlined_by_a_renderer():
-    code = "\n".join(p.read_text() for p in (ROOT / "src" / "hpctrain" / "launch").glob("*.py"))
+    pkg = ROOT / "src" / "hpctrain"
+    code = "\n".join(p.read_text() for p in [*(pkg / "launch").glob("*.py"), *(pkg / "site" / "runtimes").glob("*.py")])
     assert not [f.name for f in FILES if f'"{f.name}"' not in code]
 
 
@@ -130,10 +133,10 @@ def test_rendered_scripts_parse_and_have_no_shellcheck_findings(tmp_path, shellc
 def test_per_node_and_per_task_programs_have_no_shellcheck_findings(tmp_path, shellcheck):
     """The programs the batch shell runs with `bash -c` on each node or for each task, values included."""
     programs = {
-        "cleanenv": container.cleanenv_wrapper(
+        "cleanenv": sif.cleanenv_wrapper(
             ["FOO", "BAR_*"], "~/stage/${SLURM_JOB_ID}", "SINGULARITYENV_", "/local/$USER"
         ),
-        "image_env": container.image_env_wrapper(["FOO"], "/opt/hpctrain-src"),
+        "image_env": pyxis.image_env_wrapper(["FOO"], "/opt/hpctrain-src"),
         "nsys": container.nsys_wrapper([0, 8], "/r/run dir/profile"),
         "stage_copy": stage_image.copy_program("/local/${SLURMD_NODENAME}"),
     }

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch import inplace, shellfile
+from hpctrain import shellfile
+from hpctrain.launch import inplace
 from hpctrain.launch.sbatch import step_loop, stop_lines
 
 TRAP_LINE = "batch shell received SIGUSR2"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from tests.launch.jobs import ROOT, digits_sets, hp, job_report, metrics, sacct_states, submit
 from tests.slurm_cluster import DEF_MEM_PER_CPU, EXPORT_NONE, PREEMPTIBLE, URGENT
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import shellfile
 from hpctrain.config import Config
-from hpctrain.launch import shellfile
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import LaunchError, Request, plan_job, slurm_script
 from hpctrain.run import faultlog

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.stage_image import copy_program
 from hpctrain.run.source import take_snapshot

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch.container import cleanenv_wrapper
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.launch.stage_image import copy_program
 from hpctrain.site.profile import load_profile
+from hpctrain.site.runtimes.sif import cleanenv_wrapper
 from tests.launch.test_stage_image import profile
 from tests.slurm_cluster import NODES, SlurmCluster, missing
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import textwrap
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 
 WAIT = "\n".join(shellfile.lines("step_wait.sh"))
 PRELUDE = "\n".join(shellfile.lines("signals.sh")) + textwrap.dedent("""

@@ -158,7 +158,7 @@ def test_pyxis_env_wrapper_keeps_the_images_variables_and_the_allow_list(tmp_pat
     """Inside a pyxis task the host environment arrives whole (the image's own values win): the wrapper
     keeps what the image's /etc/environment names and the allow-list, drops a module's PYTHONPATH and
     CUDA_HOME, and puts the snapshot mount first."""
-    from hpctrain.launch.container import image_env_wrapper
+    from hpctrain.site.runtimes.pyxis import image_env_wrapper
 
     etc = tmp_path / "environment"
     etc.write_text("PATH=/usr/local/nvidia/bin:/usr/bin:/bin\nexport CUDA_VERSION=12.3\nLD_LIBRARY_PATH=/img/lib\n")
@@ -279,8 +279,9 @@ def test_singularityce_task_gets_the_allow_list_only_through_singularityenv(tmp_
     the singularity branch's task sees the allow-listed SLURM_PROCID, PYTHONNOUSERSITE and the code
     snapshot on PYTHONPATH, not the host module's PYTHONPATH. The same image started with the
     apptainer branch's variables (a `singularity` module on an apptainer profile) would lose them all."""
-    from hpctrain.launch.container import PY_VAR, python_lines
+    from hpctrain.launch.container import python_lines
     from hpctrain.site.profile import ContainerSection
+    from hpctrain.site.runtimes.base import PY_VAR
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "singularity").symlink_to(FAKE)

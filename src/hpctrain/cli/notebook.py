@@ -9,10 +9,10 @@ import socket
 
 from hpctrain.launch import dryrun
 from hpctrain.launch import notebook as nb
-from hpctrain.launch.container import RUNTIMES
 from hpctrain.launch.prepare import Notebook, prepare
 from hpctrain.launch.submit import Request
 from hpctrain.site.profile import load_profile
+from hpctrain.site.runtimes import CHOICES
 
 
 def add_parser(sub) -> None:
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--runtime",
         default=None,
-        choices=RUNTIMES,
+        choices=CHOICES,
         help="what starts the image (default: the profile's container.runtime, else apptainer)",
     )
     p.add_argument(

@@ -89,8 +89,8 @@ def container_checks(env: Mapping[str, str], ports: list[IBPort], inside: bool, 
 
 
 def runtime_checks() -> list[Check]:
-    """The container runtimes this node has (apptainer, SingularityCE, pyxis): what container.runtime
-    can be here (site/runtimes.py says how each is told apart)."""
+    """The container runtimes this node has (each runtime's `detect`, site/runtimes/): what
+    container.runtime can be here."""
     found = runtimes.detect()
     if not found:
         return [
@@ -98,7 +98,7 @@ def runtime_checks() -> list[Check]:
                 "container",
                 "runtime",
                 "info",
-                "none of apptainer, singularity, pyxis on PATH",
+                f"none of {', '.join(r.name for r in runtimes.image_runtimes())} on PATH",
                 "tasks run on the host's Python (container.runtime none), or `module load` the "
                 "site's apptainer/singularity first",
             )

@@ -34,20 +34,25 @@ def runtime_fit(profile: ClusterProfile, found: list[runtimes.Found], compute: b
     (loaded in a throw-away shell, as the batch script loads them); runtime none: the host's
     Python with the profile's modules."""
     want, name = profile.container.runtime, profile.name
-    if want == "none":
+    runtime = runtimes.get(want)
+    if not runtime.image_kind:
         return [module_fit(profile.modules, f"profile {name} runs tasks on the host's Python", compute)]
     on_path = {f.runtime: f for f in found}
     if want in on_path:
         return [Check(SECTION, "runtime", "ok", f"{want} (container.runtime): {on_path[want].evidence}")]
     init = module_init() or ""
-    stems = [m for m in profile.container_modules if m.split("/")[0] in ("apptainer", "singularity")]
+    stems = [
+        m
+        for m in profile.container_modules
+        if m.split("/")[0] in {r.module_stem for r in runtimes.image_runtimes()} - {""}
+    ]
     from_module = {f.runtime: f for f in runtimes.detect(init, stems)} if init and stems else {}
     if want in from_module:
         return [Check(SECTION, "runtime", "ok", f"{want} (container.runtime): {from_module[want].evidence}")]
     others = ", ".join(sorted({*on_path, *from_module})) or "none"
     mods = ", ".join(profile.container_modules) or "none"
-    if want == "pyxis":
-        hint = "pyxis is an srun plugin: check `srun --help | grep container-image` on a node of the cluster"
+    if not runtime.module_stem:
+        hint = runtime.not_found_hint
     else:
         hint = (
             f"on a compute node the job fails: add the module that provides {want} to container_modules "
@@ -94,7 +99,7 @@ def image_fit(profile: ClusterProfile, compute: bool) -> list[Check]:
     """The profile's container.image: a SIF or squashfs must be a file the nodes see; a registry
     URI (pyxis) is pulled at job start."""
     c = profile.container
-    if c.runtime == "none":
+    if not runtimes.get(c.runtime).image_kind:
         return []
     if not c.image:
         return [

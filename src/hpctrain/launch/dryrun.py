@@ -15,11 +15,13 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from hpctrain.launch import shellfile
-from hpctrain.launch.container import PASS_ENV, PY_VAR, task_env, task_words
+from hpctrain import shellfile
+from hpctrain.launch.container import task_env, task_words
 from hpctrain.launch.sbatch import STEP_SRUN, JobPlan, binding, render
+from hpctrain.site import runtimes
 from hpctrain.site.fabric import left_to_nccl
 from hpctrain.site.profile import ClusterProfile
+from hpctrain.site.runtimes.base import PASS_ENV, PY_VAR
 
 SHORT, FULL = "short", "full"
 WIDTH = 110  # the step command and the lists wrap here
@@ -90,7 +92,7 @@ def exports(script: str) -> list[str]:
 
 def modules(prof: ClusterProfile) -> list[str]:
     """What the batch shell loads before the step (modules.job_module_lines), in one or two lines."""
-    none = prof.container.runtime == "none"
+    none = not runtimes.get(prof.container.runtime).image_kind  # the host's Python
     names = prof.modules if none else prof.container_modules
     setup = "".join(f"module use {shlex.quote(u)}; " for u in prof.module_use) + ("module purge; " * prof.module_purge)
     why = "HPCTRAIN_MODULES" if none else "HPCTRAIN_CONTAINER_MODULES: the runtime's command, not seen in the image"
@@ -112,7 +114,7 @@ def environment(script: str, prof: ClusterProfile, source: str, step: bool = Tru
         *(left_to_nccl(prof)[:1] if step else []),
         *modules(prof),
     ]
-    if c.runtime in ("apptainer", "singularity", "pyxis"):
+    if runtimes.get(c.runtime).image_kind:
         allowed = wrap([[f"# in the image ({c.runtime}): only", *PASS_ENV, *c.pass_env, "pass from the host"]], "#   ")
         lines += [ln.removesuffix(" \\") for ln in allowed]
     lines += [f"# the tasks' Python ({where}):"] if own else []

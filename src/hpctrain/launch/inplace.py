@@ -19,7 +19,7 @@ turns into a metrics record
 
 from __future__ import annotations
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 from hpctrain.run.badnodes import NODE_NAME
 from hpctrain.site.profile import BadNodeReport
 

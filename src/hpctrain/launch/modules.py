@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from hpctrain.launch import shellfile
+from hpctrain import shellfile
 
 
 def load_lines(names: str, module_use: list[str] = (), purge: bool = False, indent: str = "  ") -> list[str]:

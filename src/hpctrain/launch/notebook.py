@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 
 from hpctrain.config import control_char
-from hpctrain.errors import UserError
-from hpctrain.launch.container import RUNTIMES, pyxis_mount
+from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.run.layout import CONTROL
+from hpctrain.site import runtimes
 from hpctrain.site.slurm_cli import ask, queue_field
 from hpctrain.train.dist import expand_hostlist
 from hpctrain.watch.follow import Pace
@@ -68,18 +68,20 @@ def check(job: NotebookJob) -> None:
         raise NotebookError("--nodes and --cpus must be ≥ 1 and --gpus-per-node ≥ 0")
     if not 1024 < job.port < 65536:
         raise NotebookError(f"--port {job.port}: pick a port between 1025 and 65535")
-    if job.runtime not in RUNTIMES:
-        raise NotebookError(f"--runtime {job.runtime!r}: use one of {', '.join(RUNTIMES)}")
-    if job.image and job.runtime == "none":
+    if job.runtime not in runtimes.REGISTRY:
+        raise NotebookError(f"--runtime {job.runtime!r}: use one of {', '.join(runtimes.REGISTRY)}")
+    rt = runtimes.get(job.runtime)
+    if job.image and not rt.image_kind:
         raise NotebookError(
-            f"--image {job.image!r} with --runtime none: name the runtime that starts it "
-            "(apptainer, singularity or pyxis), or drop --image to use the host's python3"
+            f"--image {job.image!r} with --runtime {job.runtime}: name the runtime that starts it "
+            f"({', '.join(r.name for r in runtimes.image_runtimes())}), or drop --image to use the host's python3"
         )
-    if job.image and job.runtime == "pyxis" and "," in job.workdir:
+    try:
+        rt.check([job.workdir] if job.image else [])
+    except LaunchError as e:
         raise NotebookError(
-            f"the notebook directory {job.workdir!r} holds ',', which pyxis's --container-mounts "
-            "cannot take: start the notebook from another directory"
-        )
+            f"the notebook directory {job.workdir!r} cannot be mounted: {e}; or start the notebook elsewhere"
+        ) from None
     if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d\d){0,2}", job.time):
         raise NotebookError(f"--time {job.time!r}: use Slurm's format, e.g. 04:00:00 or 1-00:00:00")
     for key in ("mem", "partition", "account", "qos", "constraint"):  # each becomes an #SBATCH line
@@ -158,21 +160,10 @@ def batch_script(job: NotebookJob) -> str:
 
 
 def jupyter_command(job: NotebookJob, jupyter: list[str]) -> str:
-    """The command that starts Jupyter: the host's python3, or the image through the job's runtime.
-    pyxis has no wrapper command: a step of one task in the image, the notebook directory mounted at
-    its own path and the working directory, with the job's CPUs (srun 23.11+ does not take
-    --cpus-per-task from the job); pyxis hands the step the exported JUPYTER_TOKEN (an image's own
-    value would win, and images do not set it). apptainer/singularity pass the environment as is."""
-    q = shlex.quote
-    if not job.image:
-        return f"python3 -m {shlex.join(jupyter)}"
-    if job.runtime == "pyxis":
-        return (
-            f"srun --nodes=1 --ntasks=1 --cpus-per-task={job.cpus} --container-image={q(job.image)} "
-            f"--container-mounts={q(pyxis_mount(job.workdir))} --container-workdir={q(job.workdir)} "
-            f"{shlex.join(jupyter)}"
-        )
-    return f"{job.runtime} exec --nv {q(job.image)} {shlex.join(jupyter)}"
+    """The command that starts Jupyter: the host's python3, or the image through the job's runtime
+    (each runtime's `notebook`, site/runtimes/)."""
+    rt = runtimes.get(job.runtime if job.image else "none")
+    return rt.notebook(job.image, job.workdir, job.cpus, jupyter)
 
 
 def tensorboard_port(job: NotebookJob) -> int:

@@ -17,17 +17,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hpctrain import shellfile
 from hpctrain.config import check_text
 from hpctrain.data.prep.pack import STATE, PackPlan, array_ranges
 from hpctrain.errors import LaunchError
-from hpctrain.launch import dryrun, shellfile
-from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines, task_words
+from hpctrain.launch import dryrun
+from hpctrain.launch.container import bind_list, python_lines, task_words
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
 from hpctrain.run.source import package_dir
 from hpctrain.site.profile import ClusterProfile
+from hpctrain.site.runtimes.base import SRUN_VAR
 from hpctrain.site.slurm_cli import ask, in_queue
 from hpctrain.watch.follow import Pace
 

@@ -15,14 +15,16 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hpctrain import shellfile
 from hpctrain.ckpt_interval import MTBF_SOURCE_ENV
 from hpctrain.config import control_char, encode_overrides
 from hpctrain.errors import LaunchError
-from hpctrain.launch import inplace, shellfile, stage_image
-from hpctrain.launch.container import SRUN_VAR, python_lines
+from hpctrain.launch import inplace, stage_image
+from hpctrain.launch.container import python_lines
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.site.fabric import export_lines, fabric_env, left_to_nccl
 from hpctrain.site.profile import ClusterProfile
+from hpctrain.site.runtimes.base import SRUN_VAR
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,9 @@ class JobPlan:
     output: str = ""  # #SBATCH --output (batch shell's own log)
     chdir: str = ""
     binds: list[str] = field(default_factory=list)
-    stage_to: str = ""  # data.stage_to: a node-local dir bound per node at run time (container.cleanenv_wrapper)
+    stage_to: str = (
+        ""  # data.stage_to: a node-local dir bound per node at run time (site/runtimes/sif.py: cleanenv_wrapper)
+    )
     config: str = ""  # HPCTRAIN_CONFIG default of the stand-alone script
     overrides: list[str] = field(default_factory=list)  # HPCTRAIN_SET default (stand-alone)
     header: list[str] = field(default_factory=list)  # comment lines under the shebang

@@ -12,14 +12,14 @@ that runs hpctrain (its Python is the image's): a lock file per copy (`flock`: t
 copy once), a copy is up to date when its size and mtime equal the source's (the copy keeps the
 source's mtime, so clocks do not matter), free space is checked before the first byte, the copy is
 written to `.part` and renamed, and sizes print as data.meter.fmt_bytes does. pyxis needs no copy:
-a --container-name per job attempt and image (container.pyxis_lines) makes enroot unpack the image
+a --container-name per job attempt and image (site/runtimes/pyxis.py) makes enroot unpack the image
 once per node; the batch shell removes those containers (pyxis_clean_lines), which pyxis keeps.
 """
 
 from __future__ import annotations
 
-from hpctrain.launch import shellfile
-from hpctrain.launch.container import image_dir_line, stage_word
+from hpctrain import shellfile
+from hpctrain.site.runtimes.base import image_dir_line, stage_word
 
 
 def copy_program(stage_image_to: str, keep_days: int = 7) -> str:

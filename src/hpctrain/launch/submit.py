@@ -18,7 +18,7 @@ from typing import Any
 from hpctrain.config import Config, ConfigError, check_batch, check_text, to_dict
 from hpctrain.errors import LaunchError
 from hpctrain.launch import submitit_glue as glue
-from hpctrain.launch.container import bind_list, check_pyxis
+from hpctrain.launch.container import bind_list
 from hpctrain.launch.dryrun import PYTHON_HOOK, job_brief
 from hpctrain.launch.failure import explain, no_result
 from hpctrain.launch.localjob import HangupAsInterrupt, IgnoreSigint, signal_name, stop_tasks, take_sigint
@@ -28,6 +28,7 @@ from hpctrain.launch.task import eval_task, train_task
 from hpctrain.launch.undo import undone_on
 from hpctrain.run.layout import CODE, JOB, SUBMITIT, read_json
 from hpctrain.run.source import Snapshot, snapshot_path, source_hash, take_snapshot
+from hpctrain.site import runtimes
 from hpctrain.site.profile import SlurmSection, parse_tres, time_minutes
 from hpctrain.site.slurm_cli import client_version
 from hpctrain.watch.jobinfo import local_state, submitted_clusters
@@ -396,8 +397,7 @@ def with_nsys(plan, cfg: Config, ranks: tuple[int, ...]):
 
 def with_stage(plan, stage_to: str):
     """The plan with data.stage_to; refused (LaunchError) where the profile's runtime cannot do it."""
-    if plan.profile.container.runtime == "pyxis":
-        check_pyxis(plan.binds, stage_to)
+    runtimes.get(plan.profile.container.runtime).check(plan.binds, stage_to)
     return dataclasses.replace(plan, stage_to=stage_to)
 
 
@@ -517,7 +517,7 @@ def standalone_script(plan) -> str:
 def check_image(profile) -> None:
     """A job whose image is missing would fail on every node: refuse it before submission."""
     c = profile.container
-    local = c.runtime in ("apptainer", "singularity") or c.image.startswith(("/", "./", "../"))  # pyxis: or a URI
+    local = runtimes.get(c.runtime).image_kind == "sif" or c.image.startswith(("/", "./", "../"))  # enroot: or a URI
     if c.runtime != "none" and local and not Path(c.image).is_file():
         raise LaunchError(
             f"container.image {c.image!r} does not exist: build or copy the image there, point "

@@ -6,7 +6,7 @@ OverSubscribe, nodes' CPUEfctv - CPUTot less the cores kept for the system by Co
 CpuSpecList, what a job can have - RealMemory, Gres `gpu:<type>:<n>`), `sacctmgr show assoc` and
 `show user` (accounts, QOS, defaults), `sacctmgr show qos` (MaxWall, MaxTRESPerJob, MaxTRESPerUser),
 Lmod's `module -t avail` (apptainer, singularity, cuda, nccl), the container runtimes installed
-(site/runtimes.py: `apptainer`/`singularity --version`, `srun --help` for pyxis), and with --probe
+(site/runtimes/: each runtime's `detect`, e.g. `apptainer --version`, `srun --help` for pyxis), and with --probe
 `srun -N1 … hpctrain doctor --json` on a node of the chosen partition, under the profile's account
 and QOS and inside its image when one is given (HCAs, link layer, the GPU-near ports NCCL would
 use, the image's NCCL). Every written value carries a comment naming its source.
@@ -179,7 +179,7 @@ def gather(user: str | None = None) -> Facts:
     parts = read_partitions()
     accounts, default_acc = read_associations(user)
     mods = read_modules()
-    cands = [m for m in (pick_module(mods, "apptainer"), pick_module(mods, "singularity")) if m]
+    cands = [m for m in (pick_module(mods, r.module_stem) for r in rt.image_runtimes() if r.module_stem) if m]
     found = rt.detect(module_init() or "", cands)
     return Facts(parts, accounts, default_acc, mods, user, read_qos_limits(), found)
 
@@ -205,34 +205,7 @@ def probe_command(
     cmd += [f"--qos={qos}"] if qos else []
     if partition.gpus:
         cmd.append("--gpus-per-node=1")
-    doctor = ["python3", "-m", "hpctrain", "doctor", "--json"]
-    if image and runtime == "pyxis":
-        mount = source_mount.rstrip("/")
-        return [
-            *cmd,
-            f"--container-image={image}",
-            f"--container-mounts={package_dir()}:{mount}/hpctrain:ro",
-            "env",
-            f"PYTHONPATH={mount}",
-            *doctor,
-        ]
-    if image:
-        mount = source_mount.rstrip("/")
-        tool = "singularity" if runtime == "singularity" else "apptainer"
-        return [
-            *cmd,
-            tool,
-            "exec",
-            "--nv",
-            "--cleanenv",
-            "--bind",
-            f"{package_dir()}:{mount}/hpctrain:ro",
-            "--env",
-            f"PYTHONPATH={mount}",
-            image,
-            *doctor,
-        ]
-    return [*cmd, python, "-m", "hpctrain", "doctor", "--json"]
+    return [*cmd, *rt.get(runtime if image else "none").probe(image, str(package_dir()), source_mount, python)]
 
 
 def fabric_from_doctor(report: dict) -> tuple[str, list[str]]:
@@ -475,7 +448,8 @@ def render(
             "login node (one srun of the doctor on a compute node); REVIEW",
         ]
         notes.append("fabric not probed (--probe): kind socket until then")
-    seen = "; ".join(f.evidence for f in facts.runtimes) or "no apptainer, singularity or pyxis found"
+    names = ", ".join(r.name for r in rt.image_runtimes())
+    seen = "; ".join(f.evidence for f in facts.runtimes) or f"none of {names} found"
     if image and found:
         lines += [
             "container:",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpctrain.config import ConfigError, apply_overrides, build, opt, read_yaml, unreadable
 from hpctrain.shipped import CLUSTER_DIR
+from hpctrain.site import runtimes
 
 MODULE_RE = re.compile(r"^[A-Za-z0-9_.+/@-]+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -227,8 +228,8 @@ class ContainerSection:
     runtime: str = opt(
         "none",
         "what starts each task in the image: apptainer, singularity (SingularityCE), "
-        "pyxis (srun --container-image, enroot), or none (the host's Python)",
-        choices=("apptainer", "singularity", "pyxis", "none"),
+        "pyxis (srun --container-image, enroot), or none (the host's Python); site/runtimes/",
+        choices=runtimes.CHOICES,
     )
     image: str = opt(
         "",
@@ -305,7 +306,7 @@ class ClusterProfile:
                 "without spaces inside the image, e.g. /opt/hpctrain-src"
             )
         c = self.container
-        if c.stage_image and c.runtime == "none":
+        if c.stage_image and not runtimes.get(c.runtime).image_kind:
             raise ConfigError(
                 "container.stage_image copies the image to each node, but container.runtime is none "
                 "(no image): set container.stage_image false, or a runtime and its image"
@@ -317,7 +318,7 @@ class ClusterProfile:
             )
         if c.stage_image_keep_days < 0:
             raise ConfigError(f"container.stage_image_keep_days={c.stage_image_keep_days}: use 0 or more days")
-        if self.container.runtime != "none" and not self.container.image:
+        if runtimes.get(c.runtime).image_kind and not c.image:
             raise ConfigError(
                 f"container.runtime is {self.container.runtime} but container.image is empty: set "
                 "the image (container.image) or use container.runtime: none"

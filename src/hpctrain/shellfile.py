@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
@@ -94,7 +94,7 @@ def assign_program(name: str, prog: str) -> str:
     return f"{name}={shlex.quote(prog)}"
 
 
-def array(name: str, values: list[object], width: int = 100) -> str:
+def array(name: str, values: Sequence[object], width: int = 100) -> str:
     """`name=(v1 v2 ...)`, each value one quoted word; a long one goes on over lines of `width`."""
     lines, line = [], f"{name}=("
     for i, w in enumerate(map(word, values)):

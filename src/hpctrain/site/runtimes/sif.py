@@ -1,0 +1,122 @@
+"""The SIF family: Apptainer and SingularityCE run a .sif with `<tool> exec --nv --cleanenv` per task.
+
+They differ in the command, in the variables they turn into X inside the image even with --cleanenv
+(Apptainer reads APPTAINERENV_* and SINGULARITYENV_*, SingularityCE only the latter:
+apptainer-userdocs, singularity_compatibility) and in what `--version` prints (docs/launch.md,
+"Container runtimes"): `apptainer --version` → "apptainer version 1.3.4"; `singularity --version` →
+"apptainer version …" on an Apptainer site (it installs `singularity` as a link to itself) or
+"singularity-ce version 4.1.0" for SingularityCE, which has no `apptainer`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hpctrain import shellfile
+from hpctrain.site.runtimes.base import PASS_ENV, PY_VAR, Container, Found, image_dir_line, output, stage_word
+
+
+def flavour(version_text: str) -> str | None:
+    """`singularity --version` (or `apptainer --version`) → apptainer | singularity; None if neither."""
+    first = (version_text.strip().splitlines() or [""])[0].lower()
+    if first.startswith("apptainer"):
+        return "apptainer"  # Apptainer's own binary, called as apptainer or through its singularity link
+    if re.match(r"singularity(-ce)?\b", first) or "singularityce" in first:
+        return "singularity"  # SingularityCE (or Singularity 3.x before the split: SINGULARITYENV_ too)
+    return None
+
+
+def cleanenv_wrapper(
+    extra: Sequence[str] = (), stage_to: str = "", prefix: str = "APPTAINERENV_", stage_image_to: str = ""
+) -> str:
+    """A bash program run per task, on its node, just before `apptainer|singularity exec --cleanenv`:
+    copy the allowed variables into `prefix`* (APPTAINERENV_ or SINGULARITYENV_, passed even with
+    --cleanenv; shell/cleanenv.sh). It must run per task: slurmstepd sets SLURM_PROCID and friends
+    only there. With `stage_to` (data.stage_to, e.g. $TMPDIR on /localscratch) it also binds that
+    node-local directory, expanded there with the node's own variables (shell/stage_bind.sh). With
+    `stage_image_to` (container.stage_image) the image argument becomes the node's local copy
+    (shell/image_swap.sh)."""
+    values = [shellfile.assign("hpctrain_prefix", prefix), shellfile.array("hpctrain_pass", [*PASS_ENV, *extra])]
+    files = []
+    if stage_to:
+        word, names = stage_word(stage_to)
+        values += [f"hpctrain_stage_dir={word}", shellfile.array("hpctrain_stage_dir_needs", names)]
+        files.append("stage_bind.sh")
+    if stage_image_to:
+        values.append(image_dir_line(stage_image_to))
+        files += ["local_image.sh", "image_swap.sh"]
+    return shellfile.program([*files, "cleanenv.sh"], values)
+
+
+@dataclass(frozen=True)
+class SifRuntime:
+    """Apptainer or SingularityCE: `tool exec --nv --cleanenv --bind … IMAGE python` per task."""
+
+    name: str  # the command, and container.runtime's value
+    env_prefix: str  # what it turns into variables inside the image under --cleanenv
+    help: str
+    not_found_hint: str = ""
+    image_kind: str = "sif"
+
+    @property
+    def module_stem(self) -> str:
+        return self.name
+
+    def detect(self, shell_prefix: str = "", module: str = "") -> Found | None:
+        """`apptainer --version`, then `singularity --version` (a module: its own command only), the
+        first that says it is this runtime."""
+        for tool in (module.split("/")[0],) if module else ("apptainer", "singularity"):
+            text = output([tool, "--version"], shell_prefix)
+            if text and flavour(text) == self.name:
+                how = f"{tool} --version: {text.strip().splitlines()[0]}"
+                return Found(self.name, how + (f" (module {module})" if module else ""), module)
+        return None
+
+    def check(self, binds: list[str], stage_to: str = "") -> None:
+        """Any bind and data.stage_to: the per-task wrapper binds the node-local directory."""
+
+    def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
+        """`<tool> exec --nv --cleanenv --bind ... IMAGE python` behind the per-task env wrapper."""
+        q, prefix = shlex.quote, self.env_prefix
+        cmd = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", self.name, "exec", "--nv", "--cleanenv"]
+        for b in binds:
+            cmd += ["--bind", shellfile.word(b)]
+        mount = c.source_mount.rstrip("/")
+        local = c.stage_image_to if c.stage_image else ""
+        return [
+            *shellfile.lines("sif.sh", "  "),
+            *(["  export HPCTRAIN_IMAGE  # each task finds its node's staged copy by it"] if local else []),
+            "  " + shellfile.assign_program("hpctrain_cleanenv", cleanenv_wrapper(c.pass_env, stage_to, prefix, local)),
+            f"  {PY_VAR}=({' '.join(cmd)})",
+            f"  export {prefix}PYTHONNOUSERSITE=1",
+            '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
+            f'    {PY_VAR}+=(--bind "$HPCTRAIN_SOURCE:{mount}/hpctrain:ro")',
+            f"    export {prefix}PYTHONPATH={q(mount)}",
+            "  fi",
+            f'  {PY_VAR}+=("$HPCTRAIN_IMAGE" {q(c.python)})',
+        ]
+
+    def task_words(
+        self, c: Container, binds: list[str], host_python: str, own: list[str], workdir: str
+    ) -> tuple[list[str], list[str]]:
+        python = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", self.name, "exec", "--nv", "--cleanenv"]
+        for b in [*binds, *own]:
+            python += ["--bind", shellfile.word(b)]
+        return [], [*python, shlex.quote(c.image), shlex.quote(c.python)]
+
+    def task_env(self, c: Container, source: str) -> tuple[str, list[str]]:
+        own = [f"PYTHONPATH={shlex.quote(c.source_mount.rstrip('/'))}"] if source else []
+        p = self.env_prefix
+        return f"exported by the batch shell as {p}*", [f"{p}{v}" for v in ["PYTHONNOUSERSITE=1", *own]]
+
+    def notebook(self, image: str, workdir: str, cpus: int, jupyter: list[str]) -> str:
+        """The environment passes as is (no --cleanenv: Jupyter's token and the user's shell)."""
+        return f"{self.name} exec --nv {shlex.quote(image)} {shlex.join(jupyter)}"
+
+    def probe(self, image: str, package: str, mount: str, python: str) -> list[str]:
+        m = mount.rstrip("/")
+        bind = ["--bind", f"{package}:{m}/hpctrain:ro", "--env", f"PYTHONPATH={m}"]
+        return [self.name, "exec", "--nv", "--cleanenv", *bind, image, "python3", "-m", "hpctrain", "doctor", "--json"]
