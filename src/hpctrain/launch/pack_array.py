@@ -21,7 +21,7 @@ from hpctrain.config import check_text
 from hpctrain.data.prep.pack import STATE, PackPlan, array_ranges
 from hpctrain.errors import LaunchError
 from hpctrain.launch import dryrun, shellfile
-from hpctrain.launch.container import SRUN_VAR, bind_list, python_lines, task_words
+from hpctrain.launch.container import bind_list, python_lines, task_words
 from hpctrain.launch.enclosing import outside_job
 from hpctrain.launch.modules import job_module_lines
 from hpctrain.launch.sbatch import sbatch_value
@@ -87,11 +87,9 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
     if mods:
         lines += [*mods, ""]
     lines += [
-        'echo "hpctrain: pack group ${SLURM_ARRAY_TASK_ID:?not an array task} of '
-        f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
-        "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
-        f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
-        f'"${{hpctrain_run[@]}}" {task_command(out)}',
+        shellfile.assign("hpctrain_groups", plan.groups),
+        *shellfile.lines("pack_task.sh"),
+        f"hpctrain_run {task_command(out)}",
         "",
     ]
     return "\n".join(lines)
