@@ -5,7 +5,7 @@ Bash, not Python strings, so that `bash -n` and shellcheck read it (tests/launch
 A file's leading `# shellcheck` lines are for the file checked alone (its dialect, and the variables
 the other parts set), and its `# summary:` line says in one line what it does (the short dry run lists
 it, launch/dryrun.py): neither is inlined. Values reach the script only through `assign` (refused with
-a control character, shell-quoted). `recording` names the files a renderer inlined.
+a control character, shell-quoted) and `default`. `recording` names the files a renderer inlined.
 """
 
 from __future__ import annotations
@@ -84,6 +84,12 @@ def word(value: object) -> str:
 def assign(name: str, value: object) -> str:
     """`name=value`, the value one quoted word."""
     return f"{name}={word(value)}"
+
+
+def default(name: str, value: object) -> str:
+    """`name=${name-value}`: `value` unless the job's environment sets `name` (empty too: it turns a
+    default off), for the settings a user may override per job (HPCTRAIN_MODULES, HPCTRAIN_CONFIG...)."""
+    return f"{name}=${{{name}-{word(value)}}}"
 
 
 def assign_program(name: str, prog: str) -> str:

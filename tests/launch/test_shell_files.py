@@ -5,6 +5,7 @@ slurm/vit.sbatch included. A finding is fixed, or silenced on its line with the 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import shutil
@@ -159,3 +160,65 @@ def test_values_reach_the_shell_as_the_python_side_has_them():
         shellfile.assign("x", "a\nb")
     with pytest.raises(ValueError, match="control character"):
         shellfile.assign_program("x", "a\x1b")
+
+
+# Shell syntax in a Python string: the bash it marks belongs in launch/shell/ (checked by bash -n and
+# shellcheck there), the Python side passing values only (shellfile.assign/array). Lines that are
+# comments of the script are prose, not syntax.
+SHELL_SYNTAX = {
+    "if [": re.compile(r"\bif \["),
+    "; then": re.compile(r";\s*then\b"),
+    "fi": re.compile(r"(^|;)\s*fi\b"),
+    "case": re.compile(r"\bcase \S+ in\b"),
+    "esac": re.compile(r"\besac\b"),
+    "for": re.compile(r"\bfor \w+ in\b"),
+    "; do": re.compile(r";\s*do\b"),
+    "done": re.compile(r"(^|;)\s*done\b"),
+    "$(": re.compile(r"\$\("),
+    "${": re.compile(r"\$\{"),
+    "||": re.compile(r"\|\|"),
+    "&&": re.compile(r"&&"),
+}
+NO_BASH = ("modules.py", "sbatch.py", "pack_array.py")  # their bash is in launch/shell/ (container.py: not yet)
+# The one exception: the step loop, whose body is three files (step_start.sh, step_wait.sh, step_next.sh:
+# a file cannot hold a loop's head without its end) and whose srun line joins the caller's command
+# (shell words that start the tasks' Python) to the step's own words; the tests and the short dry run
+# read that line as written.
+STEP_LOOP = ("sbatch.py", "step_loop")
+
+
+def bash_in_strings(path: Path) -> list[str]:
+    """`file:line: marker: string` for each string constant (docstrings aside) whose non-comment lines
+    hold shell syntax; f-strings count by their literal parts."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    allowed = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and (path.name, node.name) == STEP_LOOP
+        for sub in ast.walk(node)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docstrings | allowed:
+            continue
+        code = [ln for ln in node.value.splitlines() if not ln.lstrip().startswith("#")]
+        for marker, pattern in SHELL_SYNTAX.items():
+            if any(pattern.search(ln) for ln in code):
+                found.append(f"{path.name}:{node.lineno}: {marker}: {node.value!r}")
+    return found
+
+
+def test_no_bash_in_the_python_strings_of_modules_sbatch_and_pack_array():
+    """Their bash lives in launch/shell/ (the step loop aside: STEP_LOOP); values reach it through the
+    header's assignments."""
+    launch = ROOT / "src" / "hpctrain" / "launch"
+    found = [f for name in NO_BASH for f in bash_in_strings(launch / name)]
+    assert not found, "bash in Python strings (move it to a launch/shell/*.sh file):\n" + "\n".join(found)

@@ -97,8 +97,16 @@ def test_module_lines_find_the_module_system_as_sites_have_it(tmp_path):
     """`module` missing in a plain batch shell: Lmod's init from $LMOD_PKG, then $MODULESHOME, then
     Debian's path; no `module purge` unless the profile asks (it can remove apptainer or slurm)."""
     text = "\n".join(module_lines(["cuda/12.4", "nccl"], ["/opt/mods dir"]))
-    assert "module purge" not in text and "module load $HPCTRAIN_MODULES" in text
-    assert "module use '/opt/mods dir'" in text and module_lines([]) == []
+    # the bash is in launch/shell/module_*.sh: the variable to load and the paths are the header's values
+    assert "module purge" not in text and "hpctrain_modules_var=HPCTRAIN_MODULES" in text
+    assert "hpctrain_module_use=('/opt/mods dir')" in text and module_lines([]) == []
+    r = subprocess.run(
+        ["bash", "-c", 'set -eu; module() { echo "module $*"; }\n' + text],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.splitlines() == ["module use /opt/mods dir", "module load cuda/12.4 nccl"], r.stdout + r.stderr
     assert "module purge" in "\n".join(module_lines(["x"], purge=True))
     fake = tmp_path / "lmod" / "init"
     fake.mkdir(parents=True)

@@ -29,7 +29,6 @@ from hpctrain.launch.sbatch import sbatch_value
 from hpctrain.launch.submit import Request
 from hpctrain.run.source import package_dir
 from hpctrain.site.profile import ClusterProfile
-from hpctrain.site.runtimes.base import SRUN_VAR
 from hpctrain.site.slurm_cli import ask, in_queue
 from hpctrain.watch.follow import Pace
 
@@ -89,11 +88,9 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
     if mods:
         lines += [*mods, ""]
     lines += [
-        'echo "hpctrain: pack group ${SLURM_ARRAY_TASK_ID:?not an array task} of '
-        f'{plan.groups} on $(hostname) (job ${{SLURM_ARRAY_JOB_ID:-?}})"',
-        "hpctrain_run=()  # pyxis has no wrapper command: srun puts the task in the image",
-        f'if [ "$CONTAINER" = pyxis ]; then hpctrain_run=(srun --ntasks=1 "${{{SRUN_VAR}[@]}}"); fi',
-        f'"${{hpctrain_run[@]}}" {task_command(out)}',
+        shellfile.assign("hpctrain_groups", plan.groups),
+        *shellfile.lines("pack_task.sh"),
+        f"hpctrain_run {task_command(out)}",
         "",
     ]
     return "\n".join(lines)

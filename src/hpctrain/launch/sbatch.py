@@ -201,16 +201,16 @@ def render(
         lines += [
             "# Job array: element i trains run i in its own directory; it has its own job id",
             "# ($SLURM_JOB_ID), so its own stop file, requeue (of <array>_<i>) and restart count.",
-            f"hpctrain_runs=({' '.join(q(d) for d in p.workdirs)})",
-            'cd "${hpctrain_runs[${SLURM_ARRAY_TASK_ID:?hpctrain: not an array job}]}"',
+            shellfile.array("hpctrain_runs", p.workdirs),
+            *shellfile.lines("array_run.sh"),
             "",
         ]
     if standalone:
         lines += [
             "# What to train: a config file and key=value overrides, a JSON list or one per line (the",
             "# environment wins).",
-            f"HPCTRAIN_CONFIG=${{HPCTRAIN_CONFIG-{q(p.config)}}}",
-            f"HPCTRAIN_SET=${{HPCTRAIN_SET-{q(encode_overrides(p.overrides))}}}",
+            shellfile.default("HPCTRAIN_CONFIG", p.config),
+            shellfile.default("HPCTRAIN_SET", encode_overrides(p.overrides)),
             "export HPCTRAIN_CONFIG HPCTRAIN_SET",
             "",
         ]
