@@ -6,6 +6,10 @@ A file's leading `# shellcheck` lines are for the file checked alone (its dialec
 the other parts set), and its `# summary:` line says in one line what it does (the short dry run lists
 it, launch/dryrun.py): neither is inlined. Values reach the script only through `assign` (refused with
 a control character, shell-quoted) and `default`. `recording` names the files a renderer inlined.
+
+A file is named by its name in launch/shell/ (a str), or by its path (a Path): a container runtime
+that is not one of hpctrain's own keeps its branch beside its module (site/runtimes/base.py).
+A base module, below launch/ and site/, so that both write bash with it.
 """
 
 from __future__ import annotations
@@ -17,22 +21,33 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from hpctrain.config import control_char
 
 DIRECTIVE = "# shellcheck "
 SUMMARY = "# summary: "
-_INLINED: ContextVar[list[str] | None] = ContextVar("hpctrain_shell_inlined", default=None)
+_INLINED: ContextVar[list[Shell] | None] = ContextVar("hpctrain_shell_inlined", default=None)
 GLOB_WORD = re.compile(r"[\w@%+=:,./*-]+", re.ASCII)  # nothing in it is special inside double quotes
 
 
+Shell = str | Path  # a file of launch/shell/ by name, or any file by its path
+
+
 @cache
-def text(name: str) -> str:
-    """A file of launch/shell/ as shipped."""
+def text(name: Shell) -> str:
+    """A file of launch/shell/ as shipped, or the file at a path."""
+    if isinstance(name, Path):
+        return name.read_text()
     return resources.files("hpctrain.launch").joinpath("shell", name).read_text()
 
 
-def lines(name: str, indent: str = "") -> list[str]:
+def label(name: Shell) -> str:
+    """How the dry run names the file: its name."""
+    return name.name if isinstance(name, Path) else name
+
+
+def lines(name: Shell, indent: str = "") -> list[str]:
     """The file's lines to inline, without its leading shellcheck directives and summary; `indent` for a block."""
     inlined = _INLINED.get()
     if inlined is not None and name not in inlined:
@@ -43,21 +58,22 @@ def lines(name: str, indent: str = "") -> list[str]:
     return [f"{indent}{line}" if line else line for line in out]
 
 
-def summary(name: str) -> str:
+def summary(name: Shell) -> str:
     """The file's one-line `# summary:` (every file has one: tests/launch/test_dryrun.py)."""
     for line in text(name).splitlines():
         if line.startswith(SUMMARY):
             return line[len(SUMMARY) :].strip()
         if not line.startswith(DIRECTIVE):
             break
-    raise ValueError(f"launch/shell/{name} has no '{SUMMARY.strip()}' line under its shellcheck directives")
+    where = name if isinstance(name, Path) else f"launch/shell/{name}"
+    raise ValueError(f"{where} has no '{SUMMARY.strip()}' line under its shellcheck directives")
 
 
 @contextmanager
-def recording() -> Iterator[list[str]]:
+def recording() -> Iterator[list[Shell]]:
     """The names of the files `lines` inlines inside the block, in order, each once: what a rendered
     script is made of, for the short dry run."""
-    names: list[str] = []
+    names: list[Shell] = []
     token = _INLINED.set(names)
     try:
         yield names
@@ -65,7 +81,7 @@ def recording() -> Iterator[list[str]]:
         _INLINED.reset(token)
 
 
-def program(names: list[str], values: list[str] = ()) -> str:
+def program(names: Sequence[Shell], values: Sequence[str] = ()) -> str:
     """A bash program run by `bash -c` (per task, per node): the value lines, then the files."""
     return "\n".join([*values, *(line for n in names for line in lines(n))]) + "\n"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import shellfile
-from hpctrain.launch import container, stage_image
+from hpctrain.launch import container
 from hpctrain.launch.sbatch import JobPlan, render
 from hpctrain.run.badnodes import NODE_NAME
 from hpctrain.site.cluster_init import LMOD_INIT
@@ -139,7 +139,7 @@ def test_per_node_and_per_task_programs_have_no_shellcheck_findings(tmp_path, sh
         ),
         "image_env": pyxis.image_env_wrapper(["FOO"], "/opt/hpctrain-src"),
         "nsys": container.nsys_wrapper([0, 8], "/r/run dir/profile"),
-        "stage_copy": stage_image.copy_program("/local/${SLURMD_NODENAME}"),
+        "stage_copy": sif.copy_program("/local/${SLURMD_NODENAME}"),
     }
     for name, text in programs.items():
         (tmp_path / f"{name}.sh").write_text(text)

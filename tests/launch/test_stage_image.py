@@ -17,9 +17,9 @@ import yaml
 
 from hpctrain import shellfile
 from hpctrain.launch.sbatch import JobPlan, render
-from hpctrain.launch.stage_image import copy_program
 from hpctrain.run.source import take_snapshot
 from hpctrain.site.profile import load_profile
+from hpctrain.site.runtimes.sif import copy_program
 from tests.helpers import hpctrain, tails, wait_for
 from tests.launch import reads
 from tests.launch.pyxis import FAKE_ENROOT, enroot_bin, runtime_path

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.launch.sbatch import JobPlan, render
-from hpctrain.launch.stage_image import copy_program
 from hpctrain.site.profile import load_profile
+from hpctrain.site.runtimes.sif import copy_program
 from tests.helpers import wait_for
 from tests.launch.test_stage_image import FAKE_APPTAINER, profile
 from tests.slurm_cluster import SPARE_PARTITION, SlurmCluster, cgroups_missing, missing

@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.launch.sbatch import JobPlan, render
-from hpctrain.launch.stage_image import copy_program
 from hpctrain.site.profile import load_profile
-from hpctrain.site.runtimes.sif import cleanenv_wrapper
+from hpctrain.site.runtimes.sif import cleanenv_wrapper, copy_program
 from tests.launch.test_stage_image import profile
 from tests.slurm_cluster import NODES, SlurmCluster, missing
 

@@ -138,13 +138,13 @@ def units(words: Sequence[str]) -> list[str]:
     return out
 
 
-def parts(names: Sequence[str]) -> list[str]:
+def parts(names: Sequence[shellfile.Shell]) -> list[str]:
     """One line per shell part: its file name and its `# summary:`."""
-    width = max((len(n) for n in names), default=0)
-    return [f"{n:<{width}}  {shellfile.summary(n)}" for n in names]
+    width = max((len(shellfile.label(n)) for n in names), default=0)
+    return [f"{shellfile.label(n):<{width}}  {shellfile.summary(n)}" for n in names]
 
 
-def assemble(script: str, inlined: Sequence[str], env: list[str], steps: list[str], step_note: str) -> str:
+def assemble(script: str, inlined: Sequence[shellfile.Shell], env: list[str], steps: list[str], step_note: str) -> str:
     """The four parts, each under its comment; `step_note` says when the step runs."""
     lines = [*header(script), "", *env, "", f"# {step_note}", *steps]
     if inlined:

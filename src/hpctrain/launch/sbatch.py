@@ -268,7 +268,7 @@ def render(
     )
     if prof.container.stage_image:
         c = prof.container
-        lines += ["", *stage_image.batch_lines(c.stage_image_to, c.stage_image_keep_days), ""]
+        lines += ["", *stage_image.batch_lines(c), ""]
     lines += [
         *inplace.guard_lines(),
         "",

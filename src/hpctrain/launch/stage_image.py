@@ -13,36 +13,27 @@ copy once), a copy is up to date when its size and mtime equal the source's (the
 source's mtime, so clocks do not matter), free space is checked before the first byte, the copy is
 written to `.part` and renamed, and sizes print as data.meter.fmt_bytes does. pyxis needs no copy:
 a --container-name per job attempt and image (site/runtimes/pyxis.py) makes enroot unpack the image
-once per node; the batch shell removes those containers (pyxis_clean_lines), which pyxis keeps.
+once per node; the batch shell removes those containers (pyxis.clean_lines), which pyxis keeps.
+Each runtime says how it stages (its `stage`: the copier is site/runtimes/sif.py's copy_program).
 """
 
 from __future__ import annotations
 
-from hpctrain import shellfile
-from hpctrain.site.runtimes.base import image_dir_line, stage_word
+from hpctrain.site import runtimes
+from hpctrain.site.runtimes.base import Container
 
 
-def copy_program(stage_image_to: str, keep_days: int = 7) -> str:
-    """The copier (shell/stage_copy.sh), a bash program run once on each node with $HPCTRAIN_IMAGE set."""
-    needs = shellfile.array("hpctrain_image_dir_needs", stage_word(stage_image_to)[1])  # checked before the copy
-    keep = f"hpctrain_keep_days={int(keep_days)}"
-    return shellfile.program(["local_image.sh", "stage_copy.sh"], [image_dir_line(stage_image_to), needs, keep])
-
-
-def pyxis_clean_lines() -> list[str]:
-    """pyxis: remove this job's named containers on its nodes (shell/pyxis_clean.sh runs
-    shell/pyxis_remove.sh on each) at a requeued attempt's start and as the batch shell ends."""
-    return [
-        shellfile.assign_program("hpctrain_pyxis_remove", shellfile.program(["pyxis_remove.sh"])),
-        *shellfile.lines("pyxis_clean.sh"),
-    ]
-
-
-def batch_lines(stage_image_to: str, keep_days: int = 7) -> list[str]:
-    """The batch shell's copy step (apptainer and singularity), or pyxis's clean-up, after spares.sh (a
-    node whose copy failed is left out when there are spares) and before the training step."""
-    return [
-        shellfile.assign_program("hpctrain_stage_image", copy_program(stage_image_to, keep_days)),
-        *shellfile.lines("stage_step.sh"),
-        *pyxis_clean_lines(),
-    ]
+def batch_lines(c: Container) -> list[str]:
+    """What each runtime does to stage `c`'s image (its `stage`: the copy step of apptainer and
+    singularity, pyxis's clean-up), after spares.sh (a node whose copy failed is left out when there
+    are spares) and before the training step: one branch per distinct staging, picked by $CONTAINER."""
+    ways: dict[tuple[str, ...], list[str]] = {}
+    for r in runtimes.REGISTRY.values():
+        if lines := tuple(r.stage(c)):
+            ways.setdefault(lines, []).append(r.name)
+    if not ways:
+        return []
+    out = ["case $CONTAINER in"]
+    for lines, names in ways.items():
+        out += [f"{' | '.join(names)})", *(f"  {ln}" if ln else ln for ln in lines), "  ;;"]
+    return [*out, "esac"]

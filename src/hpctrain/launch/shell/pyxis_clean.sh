@@ -27,7 +27,5 @@ hpctrain_pyxis_clean() {  # $1: the container to keep ('' removes all of the job
     "until removed there ('enroot list' names them: pyxis_hpctrain-$job-*; 'enroot remove -f NAME')" >&2
 }
 hpctrain_pyxis_clean_all() { hpctrain_pyxis_clean ""; }
-case $CONTAINER in pyxis)
-  if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then hpctrain_pyxis_clean "${hpctrain_pyxis_name-}" || true; fi
-  hpctrain_at_exit+=(hpctrain_pyxis_clean_all) ;;
-esac
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then hpctrain_pyxis_clean "${hpctrain_pyxis_name-}" || true; fi
+hpctrain_at_exit+=(hpctrain_pyxis_clean_all)

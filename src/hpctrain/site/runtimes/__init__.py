@@ -69,11 +69,10 @@ def detect(module_init: str = "", modules: Sequence[str] = ()) -> list[Found]:
 
 
 def image_kind(image: str) -> str:
-    """Which runtimes can run `image`: "sif" (Apptainer/SingularityCE) or "enroot" (pyxis: a squashfs
-    from `enroot import`, or a registry URI such as nvcr.io#nvidia/pytorch:23.12-py3)."""
-    if image.endswith((".sqsh", ".squashfs")) or "#" in image or "://" in image:
-        return "enroot"
-    return "sif"
+    """Which runtimes can run `image`: the kind of the first runtime that claims it by its name
+    ("enroot" for a .sqsh or a registry URI: pyxis), else "sif" (a path with no known ending is taken
+    for a SIF, Apptainer's and SingularityCE's)."""
+    return next((r.image_kind for r in image_runtimes() if r.claims(image)), "sif")
 
 
 def choose(found: list[Found], image: str) -> tuple[str, Found | None]:

@@ -82,6 +82,9 @@ class Container(Protocol):
     @property
     def stage_image_to(self) -> str: ...
 
+    @property
+    def stage_image_keep_days(self) -> int: ...
+
 
 class Runtime(Protocol):
     """A container runtime: one module of this package, one object, registered by name."""
@@ -91,6 +94,10 @@ class Runtime(Protocol):
     image_kind: str  # the images it runs: "sif", "enroot", or "" (none: the host's Python)
     module_stem: str  # the Lmod module name that provides it ("apptainer"), "" when no module does
     not_found_hint: str  # what to do when doctor does not find it on a node
+
+    def claims(self, image: str) -> bool:
+        """`image` (a path or URI) is in this runtime's own format, known by its name (.sif, .sqsh)."""
+        ...
 
     def detect(self, shell_prefix: str = "", module: str = "") -> Found | None:
         """This runtime on this node (after `shell_prefix`, e.g. a module load, in bash); None if absent."""
@@ -102,6 +109,11 @@ class Runtime(Protocol):
 
     def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
         """Its branch of the batch shell's `case $CONTAINER`: define $HPCTRAIN_PYTHON (and $HPCTRAIN_SRUN_CONTAINER)."""
+        ...
+
+    def stage(self, c: Container) -> list[str]:
+        """The batch shell's lines that stage the image on the job's nodes before the training step
+        (container.stage_image; launch/stage_image.py); [] when it stages nothing."""
         ...
 
     def task_words(

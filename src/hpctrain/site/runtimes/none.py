@@ -20,6 +20,9 @@ class NoImage:
     module_stem: str = ""
     not_found_hint: str = ""
 
+    def claims(self, image: str) -> bool:
+        return False
+
     def detect(self, shell_prefix: str = "", module: str = "") -> Found | None:
         return None  # always there: nothing to find
 
@@ -28,6 +31,9 @@ class NoImage:
 
     def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
         return [f"  {PY_VAR}=({host_python})", *shellfile.lines("none.sh", "  ")]
+
+    def stage(self, c: Container) -> list[str]:
+        return []  # no image to stage
 
     def task_words(
         self, c: Container, binds: list[str], host_python: str, own: list[str], workdir: str

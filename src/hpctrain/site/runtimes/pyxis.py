@@ -41,6 +41,15 @@ def image_env_wrapper(extra: list[str], mount: str) -> str:
     )
 
 
+def clean_lines() -> list[str]:
+    """Remove this job's named containers on its nodes (shell/pyxis_clean.sh runs shell/pyxis_remove.sh
+    on each) at a requeued attempt's start and as the batch shell ends: pyxis keeps a named container."""
+    return [
+        shellfile.assign_program("hpctrain_pyxis_remove", shellfile.program(["pyxis_remove.sh"])),
+        *shellfile.lines("pyxis_clean.sh"),
+    ]
+
+
 @dataclass(frozen=True)
 class Pyxis:
     """srun starts each task in the image ($HPCTRAIN_SRUN_CONTAINER on the srun line)."""
@@ -50,6 +59,10 @@ class Pyxis:
     image_kind: str = "enroot"
     module_stem: str = ""  # a SPANK plugin of the site's Slurm: no module provides it
     not_found_hint: str = "pyxis is an srun plugin: check `srun --help | grep container-image` on a node of the cluster"
+
+    def claims(self, image: str) -> bool:
+        """A squashfs from `enroot import`, or a registry URI such as nvcr.io#nvidia/pytorch:23.12-py3."""
+        return image.endswith((".sqsh", ".squashfs")) or "#" in image or "://" in image
 
     def detect(self, shell_prefix: str = "", module: str = "") -> Found | None:
         text = output(["srun", "--help"], shell_prefix)
@@ -73,7 +86,7 @@ class Pyxis:
         Apptainer binds itself) and the submitted hpctrain; no GPU flag (enroot's hooks add the GPUs).
         container.stage_image: --container-name, one per job attempt and image (shell/pyxis_name.sh), so
         each node unpacks the image for the attempt's first step only and later steps (a spare's restart,
-        eval) reuse it (pyxis: "the import is skipped"); stage_image.pyxis_clean_lines removes them."""
+        eval) reuse it (pyxis: "the import is skipped"); clean_lines removes them."""
         q = shlex.quote
         m = c.source_mount.rstrip("/")
         try:
@@ -99,6 +112,11 @@ class Pyxis:
             "  " + shellfile.assign_program("hpctrain_imageenv", image_env_wrapper(c.pass_env, m)),
             f'  {PY_VAR}=(bash -c "$hpctrain_imageenv" hpctrain-task {q(c.python)})',
         ]
+
+    def stage(self, c: Container) -> list[str]:
+        """Nothing to copy: the --container-name of the branch unpacks the image once per node and
+        attempt; the batch shell removes those containers (clean_lines)."""
+        return clean_lines() if c.stage_image else []
 
     def task_words(
         self, c: Container, binds: list[str], host_python: str, own: list[str], workdir: str

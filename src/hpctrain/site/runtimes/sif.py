@@ -51,6 +51,14 @@ def cleanenv_wrapper(
     return shellfile.program([*files, "cleanenv.sh"], values)
 
 
+def copy_program(stage_image_to: str, keep_days: int = 7) -> str:
+    """The copier of container.stage_image (shell/stage_copy.sh; launch/stage_image.py says why), a
+    bash program run once on each node with $HPCTRAIN_IMAGE set."""
+    needs = shellfile.array("hpctrain_image_dir_needs", stage_word(stage_image_to)[1])  # checked before the copy
+    keep = f"hpctrain_keep_days={int(keep_days)}"
+    return shellfile.program(["local_image.sh", "stage_copy.sh"], [image_dir_line(stage_image_to), needs, keep])
+
+
 @dataclass(frozen=True)
 class SifRuntime:
     """Apptainer or SingularityCE: `tool exec --nv --cleanenv --bind … IMAGE python` per task."""
@@ -64,6 +72,9 @@ class SifRuntime:
     @property
     def module_stem(self) -> str:
         return self.name
+
+    def claims(self, image: str) -> bool:
+        return image.endswith(".sif")
 
     def detect(self, shell_prefix: str = "", module: str = "") -> Found | None:
         """`apptainer --version`, then `singularity --version` (a module: its own command only), the
@@ -98,6 +109,13 @@ class SifRuntime:
             "  fi",
             f'  {PY_VAR}+=("$HPCTRAIN_IMAGE" {q(c.python)})',
         ]
+
+    def stage(self, c: Container) -> list[str]:
+        """One step of one task per node copies the SIF to node-local disk (shell/stage_step.sh)."""
+        if not c.stage_image:
+            return []
+        prog = copy_program(c.stage_image_to, c.stage_image_keep_days)
+        return [shellfile.assign_program("hpctrain_stage_image", prog), *shellfile.lines("stage_step.sh")]
 
     def task_words(
         self, c: Container, binds: list[str], host_python: str, own: list[str], workdir: str
