@@ -25,6 +25,7 @@ class FakeRuntime:
     help: str = "fakert run of a .fimg (a test's runtime)"
     image_kind: str = "fimg"
     module_stem: str = "fakert"
+    command: str = "fakert"
     not_found_hint: str = "put fakert on PATH"
 
     def claims(self, image: str) -> bool:

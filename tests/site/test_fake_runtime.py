@@ -17,7 +17,7 @@ from hpctrain.config import ConfigError
 from hpctrain.config.io import load
 from hpctrain.doctor.container import runtime_checks
 from hpctrain.doctor.site_fit import runtime_fit
-from hpctrain.launch import dryrun, notebook, submit
+from hpctrain.launch import dryrun, modules, notebook, submit
 from hpctrain.run.source import Snapshot, snapshot_path
 from hpctrain.site import cluster_init, runtimes
 from hpctrain.site.profile import load_profile
@@ -42,9 +42,9 @@ def fakert(tmp_path, monkeypatch):
         yield image
 
 
-def script_srun_argv(tmp_path: Path, image: Path) -> list[str]:
+def script_srun_argv(tmp_path: Path, image: Path) -> tuple[list[str], Path, Path]:
     """The batch script of a 1-node job of the fake runtime, run by bash up to and through its srun
-    (a stand-in that records its arguments): srun's argv."""
+    (a stand-in that records its arguments): srun's argv, the code snapshot and run.dir."""
     prof = load_profile(LOCAL, ["container.runtime=fakert", f"container.image={image}", "container.binds=[/ds:/ds:ro]"])
     runs = tmp_path / "runs"
     cfg = load(None, [f"run.dir={runs}", "run.name=r", f"data.root={tmp_path / 'data'}", "data.global_batch=64"])
@@ -92,6 +92,7 @@ def test_a_registered_runtime_is_a_profile_choice_and_only_while_registered(fake
     with pytest.raises(ConfigError, match=r"container.image is empty"):
         load_profile(LOCAL, ["container.runtime=fakert"])  # an image runtime needs its image
     assert runtimes.image_kind(str(fakert)) == "fimg" and runtimes.image_kind("/x/y.sif") == "sif"
+    assert modules.runtime_commands() == ["apptainer", "singularity", "fakert"]  # checked on PATH after its modules
 
 
 def test_an_unregistered_runtime_is_refused_with_the_choices():

@@ -10,6 +10,7 @@ The bash is in launch/shell/module_*.sh (job_modules.sh, modules_of.sh pick what
 from __future__ import annotations
 
 from hpctrain import shellfile
+from hpctrain.site import runtimes
 
 
 def load_lines(module_use: list[str] = (), purge: bool = False) -> list[str]:
@@ -54,5 +55,12 @@ def job_module_lines(
         *shellfile.lines("job_modules.sh"),
         *load_lines(module_use, purge),
         *shellfile.lines("module_load.sh"),
+        shellfile.assign("hpctrain_runtime_commands", f" {' '.join(runtime_commands())} "),
         *shellfile.lines("container_modules.sh"),
     ]
+
+
+def runtime_commands() -> list[str]:
+    """The commands the runtimes start each task with (apptainer, singularity): the one of $CONTAINER
+    must be on PATH once the container modules are loaded; pyxis has none (srun starts the image)."""
+    return [r.command for r in runtimes.REGISTRY.values() if r.command]

@@ -11,8 +11,8 @@ if [ -n "$hpctrain_modules" ] && [ -z "$hpctrain_modules_host" ]; then
     echo "hpctrain: warning: module load $hpctrain_modules failed (no such module at this site?):" \
       "going on with the $CONTAINER on PATH" >&2
   fi
-  case $CONTAINER in
-  apptainer | singularity)
+  case $hpctrain_runtime_commands in
+  *" $CONTAINER "*)  # a runtime that starts each task with its own command (site/runtimes/: `command`)
     if ! command -v "$CONTAINER" >/dev/null 2>&1; then
       echo "hpctrain: $CONTAINER is not on PATH, and HPCTRAIN_CONTAINER_MODULES=$hpctrain_modules did not put it" \
         "there: set HPCTRAIN_CONTAINER_MODULES to the module that provides it, or CONTAINER to another runtime" >&2

@@ -93,6 +93,7 @@ class Runtime(Protocol):
     help: str  # what it is, in a few words (the profile's doc and --runtime's help)
     image_kind: str  # the images it runs: "sif", "enroot", or "" (none: the host's Python)
     module_stem: str  # the Lmod module name that provides it ("apptainer"), "" when no module does
+    command: str  # the program that starts each task in the image, on PATH ("" when srun does: pyxis)
     not_found_hint: str  # what to do when doctor does not find it on a node
 
     def claims(self, image: str) -> bool:

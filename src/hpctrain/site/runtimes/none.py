@@ -18,6 +18,7 @@ class NoImage:
     help: str = "the host's Python"
     image_kind: str = ""
     module_stem: str = ""
+    command: str = ""
     not_found_hint: str = ""
 
     def claims(self, image: str) -> bool:

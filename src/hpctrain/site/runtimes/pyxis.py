@@ -58,6 +58,7 @@ class Pyxis:
     help: str = "srun --container-image, enroot"
     image_kind: str = "enroot"
     module_stem: str = ""  # a SPANK plugin of the site's Slurm: no module provides it
+    command: str = ""  # srun starts each task in the image
     not_found_hint: str = "pyxis is an srun plugin: check `srun --help | grep container-image` on a node of the cluster"
 
     def claims(self, image: str) -> bool:

@@ -73,6 +73,10 @@ class SifRuntime:
     def module_stem(self) -> str:
         return self.name
 
+    @property
+    def command(self) -> str:
+        return self.name
+
     def claims(self, image: str) -> bool:
         return image.endswith(".sif")
 
