@@ -114,7 +114,9 @@ def brief(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> s
     c, out = profile.container, plan.out.resolve()
     source = str(package_dir()) if c.bind_source else ""
     srun, python = task_words(c, binds(profile, str(Path(root).resolve()), out), shlex.quote(sys.executable), source)
-    steps = dryrun.step(["srun", "--ntasks=1", *srun] if c.runtime == "pyxis" else [], python, task_command(out))
+    steps = dryrun.step(
+        ["srun", "--ntasks=1", *srun] if srun else [], python, task_command(out)
+    )  # srun starts the image
     env = dryrun.environment(script, profile, source, step=False)
     return dryrun.assemble(script, inlined, env, steps, "Each array task's command (SLURM_ARRAY_TASK_ID: its group)")
 
