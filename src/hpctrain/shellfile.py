@@ -28,6 +28,7 @@ from hpctrain.config import control_char
 DIRECTIVE = "# shellcheck "
 SUMMARY = "# summary: "
 _INLINED: ContextVar[list[Shell] | None] = ContextVar("hpctrain_shell_inlined", default=None)
+VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 GLOB_WORD = re.compile(r"[\w@%+=:,./*-]+", re.ASCII)  # nothing in it is special inside double quotes
 
 
@@ -97,6 +98,24 @@ def word(value: object) -> str:
     return f"'{s}'" if q == s and "," in s else q  # quoted, so that no one reads a,b as a list (SC2054)
 
 
+def node_word(text: str) -> tuple[str, list[str]]:
+    """A path as one bash word expanded where the script runs ($NAME, ${NAME}, a leading ~), and the
+    variables it needs: data.stage_to and container.stage_image_to, which each node expands with its
+    own variables (the task expands data.stage_to there too, data/stage.py, so the bind must match)."""
+    parts, names, pos = [], [], 0
+    text = "$HOME" + text[1:] if text.startswith("~") else text
+    for m in VAR_RE.finditer(text):
+        if m.start() > pos:
+            parts.append(shlex.quote(text[pos : m.start()]))
+        name = m.group(1) or m.group(2)
+        parts.append(f'"${{{name}}}"')
+        names.append(name)
+        pos = m.end()
+    if pos < len(text):
+        parts.append(shlex.quote(text[pos:]))
+    return "".join(parts), names
+
+
 def assign(name: str, value: object) -> str:
     """`name=value`, the value one quoted word."""
     return f"{name}={word(value)}"
@@ -106,6 +125,20 @@ def default(name: str, value: object) -> str:
     """`name=${name-value}`: `value` unless the job's environment sets `name` (empty too: it turns a
     default off), for the settings a user may override per job (HPCTRAIN_MODULES, HPCTRAIN_CONFIG...)."""
     return f"{name}=${{{name}-{word(value)}}}"
+
+
+def function(name: str, body: Sequence[str]) -> list[str]:
+    """`name() { body }`: the body's lines indented under the header (a multi-line value in them keeps
+    its own lines as they are). `name` is a bash identifier (ValueError otherwise)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"{name!r} is not a bash function name")
+    return [f"{name}() {{", *(f"  {ln}" if ln else ln for ln in body), "}"]
+
+
+def default_word(name: str, shell_word: str) -> str:
+    """`name=${name-WORD}` with WORD a shell word as given (quoted already, or a command substitution:
+    the stand-alone script's code snapshot is found where it runs)."""
+    return f"{name}=${{{name}-{shell_word}}}"
 
 
 def assign_program(name: str, prog: str) -> str:

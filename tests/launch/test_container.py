@@ -20,8 +20,9 @@ import yaml
 from hpctrain.errors import LaunchError
 from hpctrain.launch.container import bind_list, python_lines
 from hpctrain.run.source import source_hash, take_snapshot
+from hpctrain.shellfile import node_word as stage_word
 from hpctrain.site.profile import ContainerSection
-from hpctrain.site.runtimes.base import PY_VAR, stage_word
+from hpctrain.site.runtimes.base import PY_VAR
 from tests.launch.jobs import digits_sets, metrics, submit
 
 FAKE_APPTAINER = Path(__file__).with_name("fake_apptainer.sh")

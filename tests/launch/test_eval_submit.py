@@ -120,7 +120,7 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
         "#SBATCH --job-name",
         "#SBATCH --output",
         "#SBATCH --chdir",
-        "  HPCTRAIN_PYTHON=(bash",
+        "  hpctrain_exec=(",  # the binds (the weights, the eval directory)
         "  hpctrain_mounts=",
         "srun ",
         "  srun ",

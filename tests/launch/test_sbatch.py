@@ -81,8 +81,8 @@ def test_dry_run_16_nodes_without_torch():
         "HPCTRAIN_MODULES=${HPCTRAIN_MODULES-'cuda/12.4 nccl/2.21'}",
         "HPCTRAIN_CONTAINER_MODULES=${HPCTRAIN_CONTAINER_MODULES-apptainer}",
         "apptainer exec --nv --cleanenv --bind /datasets",
-        "export APPTAINERENV_PYTHONNOUSERSITE=1",
-        'HPCTRAIN_PYTHON+=(--bind "$HPCTRAIN_SOURCE:/opt/hpctrain-src/hpctrain:ro")',
+        "hpctrain_prefix=APPTAINERENV_",  # sif.sh exports ${prefix}PYTHONNOUSERSITE=1 (moved from the line itself)
+        "hpctrain_mount=/opt/hpctrain-src",  # sif.sh binds $HPCTRAIN_SOURCE at $hpctrain_mount/hpctrain, read-only
         "export HPCTRAIN_SOURCE_HASH=",
         "export HPCTRAIN_SUBMITIT_VERSION=",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",  # fixed at submission (slurm/vit.sbatch: the env wins)

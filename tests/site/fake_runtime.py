@@ -42,12 +42,12 @@ class FakeRuntime:
             raise LaunchError(f"data.stage_to={stage_to!r}: fakert cannot bind a node-local directory")
 
     def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
-        values = [
+        return [
             shellfile.array("hpctrain_fakert_binds", binds),
             shellfile.assign("hpctrain_fakert_mount", c.source_mount.rstrip("/")),
             shellfile.assign("hpctrain_fakert_python", c.python),
+            *shellfile.lines(BRANCH),
         ]
-        return [f"  {v}" for v in values] + shellfile.lines(BRANCH, "  ")
 
     def stage(self, c: Container) -> list[str]:
         return []  # a .fimg is read where it is

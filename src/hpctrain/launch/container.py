@@ -117,18 +117,19 @@ def python_lines(
     q = shlex.quote
     values = {"CONTAINER": q(container.runtime), "HPCTRAIN_IMAGE": q(container.image), "HPCTRAIN_SOURCE": source}
     return [
-        *(f"{k}=${{{k}-{v}}}" if env_hooks else f"{k}={v}" for k, v in values.items()),
+        *(shellfile.default_word(k, v) if env_hooks else f"{k}={v}" for k, v in values.items()),
         *shellfile.lines("source.sh"),
         f"{SRUN_VAR}=()",
         *image_identity_lines(),
-        "case $CONTAINER in",
         *(
             line
-            for r in sorted(runtimes.REGISTRY.values(), key=lambda r: bool(r.image_kind))  # the host's first
-            for line in (f"{r.name})", *r.branch(container, binds, host_python, stage_to), "  ;;")
+            for r in runtimes.REGISTRY.values()
+            for line in shellfile.function(
+                f"hpctrain_runtime_{r.name}", r.branch(container, binds, host_python, stage_to)
+            )
         ),
-        f'*) echo "hpctrain: CONTAINER=$CONTAINER is not one of {", ".join(runtimes.REGISTRY)}" >&2; exit 1 ;;',
-        "esac",
+        shellfile.assign("hpctrain_runtimes", ", ".join(runtimes.REGISTRY)),
+        *shellfile.lines("runtime.sh"),
         *nsys_lines(list(nsys_ranks), nsys_dir),
     ]
 

@@ -19,6 +19,7 @@ Each runtime says how it stages (its `stage`: the copier is site/runtimes/sif.py
 
 from __future__ import annotations
 
+from hpctrain import shellfile
 from hpctrain.site import runtimes
 from hpctrain.site.runtimes.base import Container
 
@@ -26,14 +27,15 @@ from hpctrain.site.runtimes.base import Container
 def batch_lines(c: Container) -> list[str]:
     """What each runtime does to stage `c`'s image (its `stage`: the copy step of apptainer and
     singularity, pyxis's clean-up), after spares.sh (a node whose copy failed is left out when there
-    are spares) and before the training step: one branch per distinct staging, picked by $CONTAINER."""
-    ways: dict[tuple[str, ...], list[str]] = {}
+    are spares) and before the training step: a function per runtime that stages, hpctrain_stage_<name>,
+    called when $CONTAINER names it (shell/stage.sh); runtimes that stage alike share the first one's."""
+    first: dict[tuple[str, ...], str] = {}  # each distinct staging: the function that holds it
+    out: list[str] = []
     for r in runtimes.REGISTRY.values():
-        if lines := tuple(r.stage(c)):
-            ways.setdefault(lines, []).append(r.name)
-    if not ways:
-        return []
-    out = ["case $CONTAINER in"]
-    for lines, names in ways.items():
-        out += [f"{' | '.join(names)})", *(f"  {ln}" if ln else ln for ln in lines), "  ;;"]
-    return [*out, "esac"]
+        lines = tuple(r.stage(c))
+        if not lines:
+            continue
+        body = list(lines) if lines not in first else [first[lines]]  # the same steps: call the first's
+        first.setdefault(lines, f"hpctrain_stage_{r.name}")
+        out += shellfile.function(f"hpctrain_stage_{r.name}", body)
+    return [*out, *shellfile.lines("stage.sh")] if out else []

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034  # a part of the batch script: pyxis_clean.sh and the srun line read it
+# shellcheck shell=bash
 # summary: container.stage_image under pyxis: a --container-name per job attempt and image
 # container.stage_image under pyxis: the --container-name of this job's attempt and image. pyxis
 # reuses a container by its name alone, and under its default container_scope=global never removes a
@@ -14,3 +14,4 @@ for hpctrain_v in "$hpctrain_pyxis_job" "${SLURM_RESTART_COUNT:-0}"; do
   esac
 done
 hpctrain_pyxis_name=hpctrain-$hpctrain_pyxis_job-r${SLURM_RESTART_COUNT:-0}-img$(hpctrain_image_cksum "$HPCTRAIN_IMAGE")
+HPCTRAIN_SRUN_CONTAINER+=(--container-name="$hpctrain_pyxis_name")  # unpacked once per node and attempt

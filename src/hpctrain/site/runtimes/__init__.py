@@ -10,6 +10,7 @@ this runs on login nodes.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,8 @@ def registered(runtime: Runtime) -> Iterator[Runtime]:
     """`runtime` in the registry inside the block (a plugin's or a test's), before `none`."""
     if runtime.name in REGISTRY:
         raise ConfigError(f"container runtime {runtime.name!r} is registered already")
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", runtime.name):  # it names a bash function of the batch script
+        raise ConfigError(f"container runtime {runtime.name!r}: use lower-case letters, digits and _")
     before = dict(REGISTRY)
     REGISTRY.clear()
     REGISTRY.update({k: v for k, v in before.items() if k != "none"} | {runtime.name: runtime, "none": before["none"]})

@@ -11,16 +11,16 @@ profile's choices, `cluster init`, `doctor` and the batch shell's renderers read
 
 from __future__ import annotations
 
-import re
 import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
+from hpctrain import shellfile
+
 PY_VAR = "HPCTRAIN_PYTHON"  # the bash array: the command that starts Python in every task
 SRUN_VAR = "HPCTRAIN_SRUN_CONTAINER"  # srun options that start each task in the image (pyxis); empty otherwise
-VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 # Host variables a task needs inside the image (Apptainer's --cleanenv drops the rest: a module's
 # PYTHONPATH, PYTHONHOME, CUDA_HOME, LD_LIBRARY_PATH must not reach the image's Python).
@@ -109,7 +109,9 @@ class Runtime(Protocol):
         ...
 
     def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
-        """Its branch of the batch shell's `case $CONTAINER`: define $HPCTRAIN_PYTHON (and $HPCTRAIN_SRUN_CONTAINER)."""
+        """The body of its function in the batch script (hpctrain_runtime_<name>, called when $CONTAINER
+        names it: shell/runtime.sh): set $HPCTRAIN_PYTHON (and $HPCTRAIN_SRUN_CONTAINER); values through
+        shellfile, the bash in files."""
         ...
 
     def stage(self, c: Container) -> list[str]:
@@ -145,28 +147,11 @@ def split_bind(bind: str) -> tuple[str, str, bool]:
     return src.rstrip("/") or "/", (dst or src).rstrip("/") or "/", "ro" in opts.split(",")
 
 
-def stage_word(stage_to: str) -> tuple[str, list[str]]:
-    """`data.stage_to` as one bash word expanded on the node ($NAME, ${NAME}, a leading ~), and the
-    variables it needs: the task expands it there too (data/stage.py), so the bind must match."""
-    parts, names, pos = [], [], 0
-    text = "$HOME" + stage_to[1:] if stage_to.startswith("~") else stage_to
-    for m in VAR_RE.finditer(text):
-        if m.start() > pos:
-            parts.append(shlex.quote(text[pos : m.start()]))
-        name = m.group(1) or m.group(2)
-        parts.append(f'"${{{name}}}"')
-        names.append(name)
-        pos = m.end()
-    if pos < len(text):
-        parts.append(shlex.quote(text[pos:]))
-    return "".join(parts), names
-
-
 def image_dir_line(stage_image_to: str) -> str:
     """A value of a per-node program: $hpctrain_image_dir, where container.stage_image keeps that
     node's copy of $HPCTRAIN_IMAGE (`stage_image_to` expanded there, like data.stage_to);
     shell/local_image.sh names the copy in it, so the copier and each task agree on it."""
-    return f"hpctrain_image_dir={stage_word(stage_image_to)[0]}"
+    return f"hpctrain_image_dir={shellfile.node_word(stage_image_to)[0]}"
 
 
 def output(cmd: list[str], shell_prefix: str = "", timeout: float = 30) -> str | None:

@@ -31,7 +31,7 @@ class NoImage:
         """The host sees every path as it is."""
 
     def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
-        return [f"  {PY_VAR}=({host_python})", *shellfile.lines("none.sh", "  ")]
+        return [f"{PY_VAR}=({host_python})", *shellfile.lines("none.sh")]
 
     def stage(self, c: Container) -> list[str]:
         return []  # no image to stage

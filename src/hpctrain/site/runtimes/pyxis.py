@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hpctrain import shellfile
 from hpctrain.errors import LaunchError
-from hpctrain.site.runtimes.base import PASS_ENV, PY_VAR, SRUN_VAR, Container, Found, output, split_bind
+from hpctrain.site.runtimes.base import PASS_ENV, Container, Found, output, split_bind
 
 
 def mount(bind: str) -> str:
@@ -88,30 +88,19 @@ class Pyxis:
         container.stage_image: --container-name, one per job attempt and image (shell/pyxis_name.sh), so
         each node unpacks the image for the attempt's first step only and later steps (a spare's restart,
         eval) reuse it (pyxis: "the import is skipped"); clean_lines removes them."""
-        q = shlex.quote
         m = c.source_mount.rstrip("/")
         try:
             self.check(binds, stage_to)
             mounts = ",".join(mount(b) for b in binds)
         except LaunchError as e:  # written for another runtime: this branch refuses, the others run
-            return [f"  echo {q(f'hpctrain: {e}')} >&2; exit 1"]
+            return [shellfile.assign("hpctrain_refused", str(e)), *shellfile.lines("refused.sh")]
         return [
-            *shellfile.lines("pyxis.sh", "  "),
-            f"  hpctrain_mounts={q(mounts)}",
-            '  hpctrain_mounts+="${hpctrain_mounts:+,}$PWD"',
-            f'  if [ -n "$HPCTRAIN_SOURCE" ]; then hpctrain_mounts+=",$HPCTRAIN_SOURCE:{m}/hpctrain:ro"; fi',
-            f'  {SRUN_VAR}=(--container-image="$HPCTRAIN_IMAGE" --container-mounts="$hpctrain_mounts" '
-            '--container-workdir="$PWD")',
-            *(
-                [
-                    *shellfile.lines("pyxis_name.sh", "  "),
-                    f'  {SRUN_VAR}+=(--container-name="$hpctrain_pyxis_name")  # unpacked once per node and attempt',
-                ]
-                if c.stage_image
-                else []
-            ),
-            "  " + shellfile.assign_program("hpctrain_imageenv", image_env_wrapper(c.pass_env, m)),
-            f'  {PY_VAR}=(bash -c "$hpctrain_imageenv" hpctrain-task {q(c.python)})',
+            shellfile.assign("hpctrain_mounts", mounts),
+            shellfile.assign("hpctrain_mount", m),
+            shellfile.assign("hpctrain_image_python", c.python),
+            shellfile.assign_program("hpctrain_imageenv", image_env_wrapper(c.pass_env, m)),
+            *shellfile.lines("pyxis.sh"),
+            *(shellfile.lines("pyxis_name.sh") if c.stage_image else []),
         ]
 
     def stage(self, c: Container) -> list[str]:

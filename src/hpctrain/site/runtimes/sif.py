@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpctrain import shellfile
-from hpctrain.site.runtimes.base import PASS_ENV, PY_VAR, Container, Found, image_dir_line, output, stage_word
+from hpctrain.site.runtimes.base import PASS_ENV, Container, Found, image_dir_line, output
 
 
 def flavour(version_text: str) -> str | None:
@@ -42,7 +42,7 @@ def cleanenv_wrapper(
     values = [shellfile.assign("hpctrain_prefix", prefix), shellfile.array("hpctrain_pass", [*PASS_ENV, *extra])]
     files = []
     if stage_to:
-        word, names = stage_word(stage_to)
+        word, names = shellfile.node_word(stage_to)
         values += [f"hpctrain_stage_dir={word}", shellfile.array("hpctrain_stage_dir_needs", names)]
         files.append("stage_bind.sh")
     if stage_image_to:
@@ -54,7 +54,9 @@ def cleanenv_wrapper(
 def copy_program(stage_image_to: str, keep_days: int = 7) -> str:
     """The copier of container.stage_image (shell/stage_copy.sh; launch/stage_image.py says why), a
     bash program run once on each node with $HPCTRAIN_IMAGE set."""
-    needs = shellfile.array("hpctrain_image_dir_needs", stage_word(stage_image_to)[1])  # checked before the copy
+    needs = shellfile.array(
+        "hpctrain_image_dir_needs", shellfile.node_word(stage_image_to)[1]
+    )  # checked before the copy
     keep = f"hpctrain_keep_days={int(keep_days)}"
     return shellfile.program(["local_image.sh", "stage_copy.sh"], [image_dir_line(stage_image_to), needs, keep])
 
@@ -94,24 +96,17 @@ class SifRuntime:
         """Any bind and data.stage_to: the per-task wrapper binds the node-local directory."""
 
     def branch(self, c: Container, binds: list[str], host_python: str, stage_to: str = "") -> list[str]:
-        """`<tool> exec --nv --cleanenv --bind ... IMAGE python` behind the per-task env wrapper."""
-        q, prefix = shlex.quote, self.env_prefix
-        cmd = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", self.name, "exec", "--nv", "--cleanenv"]
-        for b in binds:
-            cmd += ["--bind", shellfile.word(b)]
-        mount = c.source_mount.rstrip("/")
+        """`<tool> exec --nv --cleanenv --bind ... IMAGE python` behind the per-task env wrapper (shell/sif.sh)."""
         local = c.stage_image_to if c.stage_image else ""
+        wrapper = cleanenv_wrapper(c.pass_env, stage_to, self.env_prefix, local)
         return [
-            *shellfile.lines("sif.sh", "  "),
-            *(["  export HPCTRAIN_IMAGE  # each task finds its node's staged copy by it"] if local else []),
-            "  " + shellfile.assign_program("hpctrain_cleanenv", cleanenv_wrapper(c.pass_env, stage_to, prefix, local)),
-            f"  {PY_VAR}=({' '.join(cmd)})",
-            f"  export {prefix}PYTHONNOUSERSITE=1",
-            '  if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image\'s copy',
-            f'    {PY_VAR}+=(--bind "$HPCTRAIN_SOURCE:{mount}/hpctrain:ro")',
-            f"    export {prefix}PYTHONPATH={q(mount)}",
-            "  fi",
-            f'  {PY_VAR}+=("$HPCTRAIN_IMAGE" {q(c.python)})',
+            shellfile.array("hpctrain_exec", self.exec_words(binds), width=10**6),  # one line: the command as run
+            shellfile.assign("hpctrain_prefix", self.env_prefix),
+            shellfile.assign("hpctrain_mount", c.source_mount.rstrip("/")),
+            shellfile.assign("hpctrain_image_python", c.python),
+            shellfile.assign("hpctrain_staged", "1" if local else ""),
+            shellfile.assign_program("hpctrain_cleanenv", wrapper),
+            *shellfile.lines("sif.sh"),
         ]
 
     def stage(self, c: Container) -> list[str]:
@@ -121,13 +116,23 @@ class SifRuntime:
         prog = copy_program(c.stage_image_to, c.stage_image_keep_days)
         return [shellfile.assign_program("hpctrain_stage_image", prog), *shellfile.lines("stage_step.sh")]
 
+    def exec_words(self, binds: list[str]) -> list[str]:
+        """`<tool> exec --nv --cleanenv --bind B ...`: the command before the image and its Python."""
+        return [self.name, "exec", "--nv", "--cleanenv", *(w for b in binds for w in ("--bind", b))]
+
     def task_words(
         self, c: Container, binds: list[str], host_python: str, own: list[str], workdir: str
     ) -> tuple[list[str], list[str]]:
-        python = ["bash", "-c", '"$hpctrain_cleanenv"', "hpctrain-task", self.name, "exec", "--nv", "--cleanenv"]
-        for b in [*binds, *own]:
-            python += ["--bind", shellfile.word(b)]
-        return [], [*python, shlex.quote(c.image), shlex.quote(c.python)]
+        words = [shellfile.word(w) for w in self.exec_words([*binds, *own])]
+        return [], [
+            "bash",
+            "-c",
+            '"$hpctrain_cleanenv"',
+            "hpctrain-task",
+            *words,
+            shlex.quote(c.image),
+            shlex.quote(c.python),
+        ]
 
     def task_env(self, c: Container, source: str) -> tuple[str, list[str]]:
         own = [f"PYTHONPATH={shlex.quote(c.source_mount.rstrip('/'))}"] if source else []
