@@ -165,10 +165,10 @@ def grad_scaler(device: torch.device, sharded: bool = False):
     underflow silently), so it is refused in one line instead.
 
     Under FSDP each rank holds a shard of every gradient, so an inf is seen by the rank whose shard
-    holds it. `ShardedGradScaler` (torch/distributed/fsdp/sharded_grad_scaler.py, `unscale_`)
+    holds it. `ShardedGradScaler` (`torch.distributed.fsdp.sharded_grad_scaler`, `unscale_`)
     all-reduces found_inf over the group before the step: every rank skips, every scale halves
     alike. A plain GradScaler agrees only through DTensor's dispatcher (`found_inf_reduce_handler`
-    in torch/distributed/tensor/_dispatch.py: 2.5.1 and 2.13 have it, read in their wheels); on a
+    in `torch.distributed.tensor._dispatch`: 2.5.1 and 2.13 have it, read in their wheels); on a
     torch without it the rank with the inf skips and halves its scale while the others step (issue
     58, tests/train/test_fsdp.py). Both reductions on 2.5+: one 4-byte all-reduce more per step.
     """
