@@ -122,6 +122,18 @@ def test_fsdp_bf16_computes_in_bf16_and_keeps_fp32_parameters(digits_root, tmp_p
         assert r["top1"] > 14, r["top1"]  # chance is 10 %; measured 17.5 % (360 val images)
 
 
+@pytest.mark.parametrize("mode", ["dtensor", "no-dtensor-agreement"])
+def test_fsdp_fp16_inf_in_one_ranks_shard_skips_the_step_on_every_rank(digits_root, tmp_path, mode):
+    """train.amp=fp16 under FSDP: rank 1 alone has an inf in its shard of a gradient, and every rank
+    skips the step and halves its scale alike (found_inf agreed: ShardedGradScaler). Before, with a
+    plain GradScaler, the agreement came only from DTensor's dispatcher (torch >= 2.5); without it
+    (`no-dtensor-agreement`, as on a torch that lacks it) rank 0 stepped and kept its scale (issue 58)."""
+    run_ranks(2, ["-m", "tests.train.fp16_fsdp_worker", str(digits_root), str(tmp_path), mode], timeout=240)
+    r = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [x["skipped"] for x in r] == [True, True], r
+    assert r[0]["scale"] == r[1]["scale"] == r[0]["scale0"] / 2, r
+
+
 def test_fsdp_policy_follows_amp_and_grad_reduce_dtype():
     from hpctrain.train import fsdp
 

@@ -50,6 +50,20 @@ def init(info: DistInfo, backend: str, timeout_s: int, group_of_one: bool = Fals
     )
 
 
+def control_group(timeout_s: int):
+    """The gloo group for the CPU tensors ranks agree on (stop, save, fail; the RNG gather, the
+    watchdog's rounds), or None where the default group is gloo already (CPU training) or none exists.
+
+    Made whenever a default group that is not gloo exists, a world of one too: NCCL serves only
+    `cuda` tensors (a CPU tensor on it: "No backend type associated with device type cpu"), and
+    `hpctrain train` with dist.parallel=fsdp on one GPU has an NCCL group of one. One rule for every
+    world size keeps the one-GPU path the path of many GPUs (a skip of each collective at a world of
+    one would have to be found at every call site, torch's own gathers in checkpoints included)."""
+    if not td.is_initialized() or td.get_backend() == "gloo":
+        return None
+    return td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
 class RankFailure(UserError, RuntimeError):
     """A collective failed: a rank died or stopped responding. The message names it when known."""
 

@@ -157,13 +157,26 @@ def nccl_version() -> tuple[int, ...] | None:
     return tuple(v) if isinstance(v, tuple) else None
 
 
-def grad_scaler(device: torch.device):
-    """The fp16 loss scaler for `device`.
+def grad_scaler(device: torch.device, sharded: bool = False):
+    """The fp16 loss scaler for `device`; `sharded` (FSDP): one whose skip is every rank's.
 
     torch 2.3+ has one class for every device, CPU included. 2.2 has only the CUDA one, while its
     CPU autocast does compute in fp16: an fp16 CPU run there would train unscaled (gradients
     underflow silently), so it is refused in one line instead.
+
+    Under FSDP each rank holds a shard of every gradient, so an inf is seen by the rank whose shard
+    holds it. `ShardedGradScaler` (`torch.distributed.fsdp.sharded_grad_scaler`, `unscale_`)
+    all-reduces found_inf over the group before the step: every rank skips, every scale halves
+    alike. A plain GradScaler agrees only through DTensor's dispatcher (`found_inf_reduce_handler`
+    in `torch.distributed.tensor._dispatch`: 2.5.1 and 2.13 have it, read in their wheels); on a
+    torch without it the rank with the inf skips and halves its scale while the others step (issue
+    58, tests/train/test_fsdp.py). Both reductions on 2.5+: one 4-byte all-reduce more per step.
     """
+    if sharded:
+        # FSDP runs only (FSDP needs torch >= 2.4, whose ShardedGradScaler takes the device first)
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
     if hasattr(torch.amp, "GradScaler"):
         return torch.amp.GradScaler(device.type)
     if device.type != "cuda":

@@ -6,7 +6,6 @@ The same entry serves `hpctrain train` (one process, torchrun or srun) and submi
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import os
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as td
 
 from hpctrain import __version__
 from hpctrain.ckpt_interval import mtbf_source
@@ -206,9 +204,8 @@ def _run(
     """`run` once the process group exists: what it opens (the run lock, the trainer) goes on
     `stack`, so every way out releases it; the trainer and model go out of scope on return, before
     the stack destroys the process group (docs/communication.md, "Exit")."""
-    control = None
-    if use_cuda and info.world_size > 1:
-        control = td.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.dist.pg_timeout_s))
+    # the gloo group for CPU-tensor agreement wherever the default group is NCCL, a group of one included
+    control = collective.control_group(cfg.dist.pg_timeout_s)
 
     os.umask(0o022)  # run directories and logs: no group/world write
     run_dir = cfg.run_dir.resolve()

@@ -76,7 +76,7 @@ def evaluate(
     for _ in range(rounds - seen):  # padding forwards: the collectives of the others' last batches
         with autocast_ctx(amp, device):
             model(last if last is not None else blank_input(model, device))
-    if td.is_initialized():
+    if td.is_initialized() and td.get_world_size() > 1:  # a world of one (FSDP on one GPU): nothing to reduce
         td.all_reduce(sums)
         if conf is not None:
             td.all_reduce(conf)

@@ -47,9 +47,10 @@ def shard(
     Rank 0's weights are broadcast first (as DDP does when it wraps), so every shard comes from
     one initialisation even when the ranks built their models from different random states.
     """
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            td.broadcast(t.data, src=0)
+    if td.get_world_size() > 1:  # a world of one (FSDP on one GPU) has no other copy to agree with
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                td.broadcast(t.data, src=0)
     fully_shard = compat.fully_shard()  # at use: the loop imports this module on torch 2.2 too (no FSDP2 there)
     from torch.distributed.device_mesh import init_device_mesh  # ~0.6 s to import: FSDP runs only
 

@@ -54,7 +54,7 @@ def build_parts(cfg: Config, dist: DistInfo, device: torch.device, model: torch.
     if is_fsdp:  # train.ema is refused with fsdp when the config loads (TrainConfig.validate)
         fsdp.shard(model, device, cfg.dist.fsdp_reshard, t.amp, cfg.dist.grad_reduce_dtype)
     optimizer = build_optimizer(cfg, model, device)
-    scaler = compat.grad_scaler(device) if t.amp == "fp16" else None
+    scaler = compat.grad_scaler(device, sharded=is_fsdp) if t.amp == "fp16" else None  # FSDP: found_inf agreed
     ema = EMA(model, t.ema) if t.ema > 0 else None  # before DDP, as ever
     a = cfg.aug
     mixer = Mixer(cfg.model.num_classes, a.label_smoothing, a.mixup, a.cutmix, a.mix_prob, a.switch_prob, t.seed)

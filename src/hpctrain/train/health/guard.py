@@ -102,7 +102,7 @@ class Guard:
         if model is not None:
             bad = bad | ~params_finite(model)
         flag = bad.to(torch.int32).reshape(1)
-        if td.is_initialized():
+        if td.is_initialized() and self.world_size > 1:  # a world of one (FSDP on one GPU): nothing to reduce
             td.all_reduce(flag, op=td.ReduceOp.MAX)
         return not bool(flag.item())
 
@@ -111,7 +111,7 @@ class Guard:
         Diverged on a non-finite value anywhere since the last check, or on a spike of the agreed loss
         (health.spike_factor)."""
         v = torch.stack([loss.float(), grad_norm.float(), self.finite.bad.float()])
-        if td.is_initialized():
+        if td.is_initialized() and self.world_size > 1:
             td.all_reduce(v)
             v[:2] /= self.world_size
         mean, gn, bad = v.tolist()
