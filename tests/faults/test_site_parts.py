@@ -185,7 +185,9 @@ def test_a_probe_step_waits_for_a_node_whose_prolog_runs_and_names_a_check_that_
         """)
     script = tmp_path / "probe.sh"
     script.write_text(
-        "#!/bin/bash\nhpctrain_tpn=1\n" + shellfile.program(["signals.sh", "ctld.sh", "spares.sh"], values) + probe
+        "#!/bin/bash\nhpctrain_tpn=1\n"
+        + shellfile.program(["signals.sh", "slurm_call.sh", "ctld.sh", "spares.sh"], values)
+        + probe
     )
     env = {"HPCTRAIN_CONTROL_DIR": str(control), "HPCTRAIN_PROBE_GPUS": "1", "HPCTRAIN_PROBE_S": "3"}
     job = c.run(

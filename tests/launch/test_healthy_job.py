@@ -191,7 +191,8 @@ def exc_list(cluster, control, job_nodes: int, old: str, **env: str) -> str:
     """What the batch shell's exclude.sh writes to ExcNodeList, run by bash on the test cluster's
     Slurm (its `scontrol show partition` and `scontrol show hostnames`)."""
     prog = shellfile.program(
-        ["signals.sh", "ctld.sh", "exclude.sh"], [shellfile.assign("hpctrain_node_name", NODE_ERE), "hpctrain_job=none"]
+        ["signals.sh", "slurm_call.sh", "ctld.sh", "exclude.sh"],
+        [shellfile.assign("hpctrain_node_name", NODE_ERE), "hpctrain_job=none"],
     )
     env = cluster.environ(
         {
@@ -217,7 +218,7 @@ def test_a_job_name_holding_key_value_pairs_does_not_answer_for_the_job(slurm_cl
     name = "x JobState=COMPLETED Restarts=9"
     job = slurm_cluster.run("sbatch", "--parsable", "--hold", "-J", name, "--wrap", "true").stdout.strip()
     try:
-        prog = shellfile.program(["signals.sh", "ctld.sh"], [shellfile.assign("hpctrain_job", job)])
+        prog = shellfile.program(["signals.sh", "slurm_call.sh", "ctld.sh"], [shellfile.assign("hpctrain_job", job)])
         env = slurm_cluster.environ({"SLURM_JOB_NAME": name})
         r = subprocess.run(
             ["bash", "-c", prog + 'echo "$(hpctrain_job_field JobState) $(hpctrain_job_field Restarts)"'],

@@ -93,7 +93,9 @@ def test_each_call_is_one_json_line_of_the_shared_call_log(tmp_path):
         'hpctrain_slurm -w 0 scontrol "${q[@]}" >/dev/null || true\n'
     )
     t0 = time.time()
-    r = run(tmp_path, ["signals.sh", "ctld.sh"], script, {"HPCTRAIN_SLURM_CALL_LOG": str(log)}, bin_dir)
+    r = run(
+        tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh"], script, {"HPCTRAIN_SLURM_CALL_LOG": str(log)}, bin_dir
+    )
     assert r.returncode == 0 and "answer show\nrc=3" in r.stdout, r.stdout + r.stderr
     lines = log.read_text().splitlines()
     assert len(lines) == 4, lines
@@ -109,7 +111,7 @@ def test_each_call_is_one_json_line_of_the_shared_call_log(tmp_path):
 
 def test_no_call_log_without_the_variable(tmp_path):
     bin_dir = stand_ins(tmp_path, {"scontrol": "echo ok"})
-    r = run(tmp_path, ["signals.sh", "ctld.sh"], "hpctrain_scontrol ping\n", {}, bin_dir)
+    r = run(tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh"], "hpctrain_scontrol ping\n", {}, bin_dir)
     assert r.returncode == 0 and r.stdout == "ok\n" and sorted(p.name for p in tmp_path.iterdir()) == ["bin", "calls"]
 
 
@@ -119,7 +121,7 @@ def controller_outage(tmp_path: Path) -> tuple[list[float], subprocess.Completed
     d.mkdir()
     down = 'echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1'
     bin_dir = stand_ins(d, {"scontrol": down, "sleep": sim_sleep(d, 1e9)})
-    r = run(d, ["signals.sh", "ctld.sh"], "hpctrain_scontrol show job 7\n", {}, bin_dir)
+    r = run(d, ["signals.sh", "slurm_call.sh", "ctld.sh"], "hpctrain_scontrol show job 7\n", {}, bin_dir)
     return slept(d), r, len(calls(d, "scontrol"))
 
 
@@ -142,7 +144,7 @@ def test_controller_retries_back_off_to_30_s_with_jitter_and_give_up_after_600_s
 
 def test_another_error_is_not_retried(tmp_path):
     bin_dir = stand_ins(tmp_path, {"scontrol": 'echo "Invalid job id specified" >&2; exit 1', "sleep": "exit 0"})
-    r = run(tmp_path, ["signals.sh", "ctld.sh"], "hpctrain_scontrol show job 7\n", {}, bin_dir)
+    r = run(tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh"], "hpctrain_scontrol show job 7\n", {}, bin_dir)
     assert r.returncode == 1 and "Invalid job id" in r.stdout and len(calls(tmp_path)) == 1 and not slept(tmp_path)
 
 
@@ -160,7 +162,7 @@ def test_the_guard_asks_slurm_at_most_once_a_minute_while_the_batch_shell_beats(
     batch shell's heartbeat moves: before, one `scontrol show node` every 10 s (6 a minute)."""
     bin_dir = stand_ins(tmp_path, {**COUNTERS, "sinfo": NODE_OK, "sleep": sim_sleep(tmp_path, SIM_S)})
     script = f"hpctrain_alive={tmp_path}/alive\nhpctrain_guard n1\necho guard-ended\n"
-    r = run(tmp_path, ["signals.sh", "ctld.sh", "guard.sh"], script, {}, bin_dir)
+    r = run(tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh", "guard.sh"], script, {}, bin_dir)
     assert r.returncode == 0 and "guard-ended" in r.stdout, r.stdout + r.stderr
     assert sum(slept(tmp_path)) >= SIM_S and set(slept(tmp_path)) == {10.0}, slept(tmp_path)  # HPCTRAIN_GUARD_S
     assert calls(tmp_path) and set(calls(tmp_path)) == {"sinfo -h -N -n n1 -o %T"}, calls(tmp_path)  # one node's record
@@ -178,7 +180,7 @@ def clock_per_minute(tmp_path: Path) -> float:
     bin_dir = stand_ins(tmp_path, {**COUNTERS, "scontrol": job, "sleep": sim_sleep(tmp_path, SIM_S, "kill $PPID")})
     script = 'wait "$hpctrain_clock_pid"\necho clock-ended\n'
     env = {"HPCTRAIN_CONTROL_DIR": str(tmp_path)}
-    r = run(tmp_path, ["signals.sh", "ctld.sh", "clock.sh"], script, env, bin_dir)
+    r = run(tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh", "clock.sh"], script, env, bin_dir)
     assert r.returncode == 0 and "clock-ended" in r.stdout, r.stdout + r.stderr
     assert sum(slept(tmp_path)) >= SIM_S and calls(tmp_path), (slept(tmp_path), calls(tmp_path))
     return per_minute(tmp_path)
@@ -200,7 +202,7 @@ def guard_acts_at(tmp_path: Path, state: str, beat_until_s: float) -> float:
         f"hpctrain_requeue_excluding() {{ awk '{{s += $1}} END {{print s}}' {tmp_path}/slept > {tmp_path}/acted; }}\n"
         "hpctrain_guard n1\n"
     )
-    r = run(tmp_path, ["signals.sh", "ctld.sh", "guard.sh"], script, {}, bin_dir)
+    r = run(tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh", "guard.sh"], script, {}, bin_dir)
     assert r.returncode == 0 and "requeueing job 7 without it" in r.stderr, r.stdout + r.stderr
     return float((tmp_path / "acted").read_text())
 
@@ -264,7 +266,7 @@ def name_faults(tmp_path: Path, srun: str, env: dict[str, str] | None = None) ->
         **(env or {}),
     }
     script = f"hpctrain_rc=1 hpctrain_step_hosts=' {' '.join(NODES)} '\nhpctrain_faults\n"
-    r = run(tmp_path, ["signals.sh", "ctld.sh", "spares.sh"], script, env, bin_dir)
+    r = run(tmp_path, ["signals.sh", "slurm_call.sh", "ctld.sh", "spares.sh"], script, env, bin_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.splitlines(), calls(tmp_path, "srun"), r.stderr
 

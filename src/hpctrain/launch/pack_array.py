@@ -89,6 +89,9 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         lines += [*mods, ""]
     lines += [
         shellfile.assign("hpctrain_groups", plan.groups),
+        *shellfile.lines(
+            "slurm_call.sh"
+        ),  # hpctrain_slurm: the step's srun is a call to slurmctld, logged as the others
         *shellfile.lines("pack_task.sh"),
         f"hpctrain_run {task_command(out)}",
         "",

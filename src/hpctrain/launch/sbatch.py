@@ -131,6 +131,7 @@ def stop_lines() -> list[str]:
     return [
         *shellfile.lines("stops.sh"),
         *shellfile.lines("signals.sh"),
+        *shellfile.lines("slurm_call.sh"),
         *shellfile.lines("ctld.sh"),
         *shellfile.lines("progress.sh"),
         *shellfile.lines("clock.sh"),
