@@ -126,7 +126,7 @@ def test_dry_run_starts_each_task_with_its_runtimes_command_line(tmp_path, runti
             *task,
         ]
         assert f"hpctrain_prefix={prefix}\n" in wrapper and '"SLURM_*" ' in wrapper  # values, then cleanenv.sh
-        assert 'export "$hpctrain_prefix$v=${!v}"' in wrapper
+        assert 'export "${hpctrain_prefix?}$v=${!v}"' in wrapper
         assert env[f"{prefix}PYTHONPATH"] == "/opt/hpctrain-src" and env[f"{prefix}PYTHONNOUSERSITE"] == "1"
         other = "SINGULARITYENV_" if runtime == "apptainer" else "APPTAINERENV_"
         assert not [k for k in env if k.startswith(other)]
@@ -148,7 +148,7 @@ def test_dry_run_starts_each_task_with_its_runtimes_command_line(tmp_path, runti
             *task,
         ]
         assert "--nv" not in args and "/etc/environment" in wrapper and "hpctrain_mount=/opt/hpctrain-src\n" in wrapper
-        assert "export PYTHONPATH=$hpctrain_mount" in wrapper
+        assert "export PYTHONPATH=${hpctrain_mount?}" in wrapper
     else:
         assert args[2:] == [*logs, sys.executable, *task]
         assert env["PYTHONPATH"] == f"{Path(p['snap']).parent}:/a/module/site-packages"

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154  # a per-task program: local_image.sh comes before it
+# shellcheck shell=bash
 # summary: container.stage_image, per task: start from the node's checked local copy of the image
 # container.stage_image: the image argument becomes the staged copy on this node, once it is checked
 # (this uid's private directory, this uid's file, the shared image's size, mtime and identity); else
@@ -11,7 +11,7 @@ esac
 if [ -z "$hpctrain_why" ]; then
   a=("$@") p=""
   for i in "${!a[@]}"; do
-    if [ "$p" != --bind ] && [ "${a[i]}" = "$HPCTRAIN_IMAGE" ]; then a[i]=$hpctrain_local; break; fi
+    if [ "$p" != --bind ] && [ "${a[i]}" = "$HPCTRAIN_IMAGE" ]; then a[i]=${hpctrain_local?}; break; fi
     p=${a[i]}
   done
   set -- "${a[@]}"
