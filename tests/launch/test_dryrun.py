@@ -48,7 +48,7 @@ def test_short_dry_run_of_16_nodes_has_the_header_the_env_the_step_and_a_line_pe
     assert "#SBATCH --ntasks-per-node=8" in s["header"] and "#SBATCH --gpus-per-node=8" in s["header"]
     for line in (
         "export NCCL_IB_TIMEOUT=22",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3",
         "export OMP_NUM_THREADS=8",
         "export SLURM_EXPORT_ENV=ALL",
         "export APPTAINERENV_PYTHONNOUSERSITE=1",

@@ -85,7 +85,7 @@ def test_dry_run_16_nodes_without_torch():
         "hpctrain_mount=/opt/hpctrain-src",  # sif.sh binds $HPCTRAIN_SOURCE at $hpctrain_mount/hpctrain, read-only
         "export HPCTRAIN_SOURCE_HASH=",
         "export HPCTRAIN_SUBMITIT_VERSION=",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",  # fixed at submission (slurm/vit.sbatch: the env wins)
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3",  # fixed at submission (slurm/vit.sbatch: the env wins)
         "srun --kill-on-bad-exit=1",
         "-u -m hpctrain.launch.task",
         "export HPCTRAIN_MAX_PREEMPTIONS=-1",

@@ -51,7 +51,7 @@ def test_profile_ifname_is_for_nccl_only_and_gid_index_only_when_asked():
 def test_fabric_env_per_kind_and_overrides():
     ib = fabric_env(load_profile("example-ib"))
     assert ib["NCCL_IB_TIMEOUT"] == "22" and ib["NCCL_IB_RETRY_CNT"] == "7"
-    assert ib["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and ib["NCCL_IB_DISABLE"] == "0"
+    assert ib["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and ib["NCCL_IB_DISABLE"] == "0"
     sock = fabric_env(load_profile("local"))
     assert sock["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in sock
     # every value can be overridden: fabric keys, then the profile's env mapping wins
@@ -198,3 +198,21 @@ def test_a_missing_container_module_is_a_warning_and_only_a_missing_runtime_stop
     said = [line for line in r.stderr.splitlines() if line.startswith("hpctrain:")]
     assert r.returncode == 1 and "passed" not in r.stdout, r.stdout + r.stderr
     assert "apptainer is not on PATH" in said[-1] and "set HPCTRAIN_CONTAINER_MODULES" in said[-1], said
+
+
+def test_nccl_error_handling_is_torchs_skip_cleanup_everywhere(monkeypatch):
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (torch >= 2.2's default): a failed collective ends the process
+    without ncclCommAbort, which can hang on a dead peer (1 aborts first). Every profile exports it,
+    and a rank started without it (no batch script; torchrun would set 1) sets it too."""
+    for name in ("local", "example-ib", "example-roce"):
+        assert fabric_env(load_profile(name))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3", name
+    from hpctrain.train import collective
+    from hpctrain.train.dist import DistInfo
+
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    monkeypatch.setattr(collective.td, "is_initialized", lambda: False)
+    monkeypatch.setattr(collective.td, "init_process_group", lambda **kw: None)
+    monkeypatch.setattr(collective, "set_gloo_ifname", lambda: None)
+    info = DistInfo(rank=0, world_size=2, local_rank=0, master_addr="127.0.0.1", master_port=29500)
+    collective.init(info, "nccl", 60)
+    assert collective.os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"

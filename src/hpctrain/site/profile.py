@@ -202,8 +202,9 @@ class FabricSection:
     retry_cnt: int = opt(7, "NCCL_IB_RETRY_CNT", lo=0, hi=7)
     nccl_debug: str = opt("WARN", "NCCL_DEBUG", choices=("", "VERSION", "WARN", "INFO", "TRACE"))
     async_error_handling: int = opt(
-        1,
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING (1: a failed collective ends the process instead of hanging)",
+        3,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING (3, torch >= 2.2's default: a failed or timed-out collective ends "
+        "the process without ncclCommAbort, which can itself hang on a dead peer; 1 aborts first)",
         choices=(0, 1, 2, 3),
     )
 

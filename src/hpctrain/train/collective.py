@@ -39,7 +39,11 @@ def init(info: DistInfo, backend: str, timeout_s: int, group_of_one: bool = Fals
                 timeout=datetime.timedelta(seconds=timeout_s),
             )
         return
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    # 3 (SkipCleanUp; torch's own default since 2.2, pytorch/pytorch#110723): a failed or timed-out
+    # collective ends the process without ncclCommAbort first, which can itself hang on a dead peer
+    # (1, TearDown, aborts then ends; its abort can also end the process before the flight
+    # recorder's dump is written, pytorch/pytorch#121055). Set explicitly: torchrun sets 1 when unset.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     set_gloo_ifname()  # before any gloo group: the default one on CPU, the control group on GPU
     td.init_process_group(
         backend=backend,

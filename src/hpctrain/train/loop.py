@@ -396,8 +396,7 @@ class Trainer:
         then a new window."""
         win, out = lp.win, lp.out
         loss, grad_norm = self._window(*win.means())
-        el = win.elapsed()
-        self.cadence.window(win.steps, el)
+        el = self.cadence.window(win.steps, win.elapsed())  # net of the window's saves and evals
         ips = self.cfg.data.global_batch * win.steps / max(el, 1e-9)
         lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
         rec = dict(

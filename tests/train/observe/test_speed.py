@@ -200,12 +200,19 @@ def test_gpu_nvml_opens_none_gives_no_sampler(monkeypatch, hpctrain_log):
 
 
 class FlakyNvml(FakeNvml):
-    """GPU "bad" stops answering; the others read as FakeNvml does."""
+    """GPU "bad" stops answering (every getter fails); the others read as FakeNvml does."""
 
-    def nvmlDeviceGetUtilizationRates(self, h):  # noqa: N802
-        if h == "bad":
-            raise NoPermission()
-        return super().nvmlDeviceGetUtilizationRates(h)
+    def __getattribute__(self, name):
+        got = super().__getattribute__(name)
+        if not name.startswith("nvmlDeviceGet"):
+            return got
+
+        def call(h, *a):
+            if h == "bad":
+                raise NoPermission()
+            return got(h, *a)
+
+        return call
 
 
 def test_gpu_reading_that_fails_drops_only_that_gpu_said_once(hpctrain_log):
@@ -216,3 +223,37 @@ def test_gpu_reading_that_fails_drops_only_that_gpu_said_once(hpctrain_log):
     assert s.take() == [{"index": 4, "util_pct": 90.0, "mem_used_gb": 40.0, "power_w": 600.0, "sm_clock_mhz": 1980.0}]
     said = [r for r in hpctrain_log.records if "GPU 6 failed" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"
+
+
+class NotSupported(Exception):
+    """pynvml's NVMLError_NotSupported, as str() gives it."""
+
+    def __str__(self):
+        return "Not Supported"
+
+
+class NoPowerNvml(NodeNvml):
+    """A node's NVML whose GPUs do not report power (NVMLError_NotSupported, as on some boards)."""
+
+    NVMLError_NotSupported = NotSupported
+
+    def nvmlDeviceGetPowerUsage(self, h):  # noqa: N802
+        raise NotSupported()
+
+
+def test_an_unsupported_nvml_field_leaves_the_gpus_other_fields_said_once(monkeypatch, hpctrain_log):
+    monkeypatch.setitem(sys.modules, "pynvml", NoPowerNvml(2, refused=set()))
+    with hpctrain_log.at_level("INFO", logger="hpctrain"):
+        s = gpustats.NvmlSampler.start(interval_s=60)
+        assert s is not None
+        try:
+            s.sample()
+            s.sample()
+            got = s.take()
+        finally:
+            s.stop()
+    row = {"util_pct": 50.0, "mem_used_gb": 10.0, "sm_clock_mhz": 1500.0}  # power_w absent, not zero
+    assert got == [{"index": 0, **row}, {"index": 1, **row}]
+    said = [r for r in hpctrain_log.records if "power_w" in r.getMessage()]
+    assert len(said) == 2 and {r.levelname for r in said} == {"INFO"}  # once per GPU, not per reading
+    assert "GPU 0 does not report power_w (Not Supported)" in said[0].getMessage()

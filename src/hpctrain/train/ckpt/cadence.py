@@ -58,10 +58,13 @@ class Cadence:
         """`seconds` of the current window were not training (an eval)."""
         self.paused_s += seconds
 
-    def window(self, steps: int, elapsed: float) -> None:
-        """A log window of `steps` steps ended after `elapsed` seconds: its training time to the clock."""
-        self.clock.add(steps, max(0.0, elapsed - self.paused_s))
+    def window(self, steps: int, elapsed: float) -> float:
+        """A log window of `steps` steps ended after `elapsed` seconds: its training time (`elapsed`
+        less the window's saves and evals) to the clock, and returned: the window's rates divide by it."""
+        train_s = max(0.0, elapsed - self.paused_s)
+        self.clock.add(steps, train_s)
         self.paused_s = 0.0
+        return train_s
 
     def on_disk(self, step: int, periodic: bool) -> None:
         """A periodic save was due at `step`, whose checkpoint exists already: auto's next save is one

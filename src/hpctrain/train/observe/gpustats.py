@@ -50,7 +50,8 @@ class NvmlSampler:
     task's Slurm device cgroup: nvmlDeviceGetCount_v2 counts every GPU of the node, the handle of
     one the process may not touch is refused) or one that stops answering leaves out that GPU's
     fields, never the others'; which were left out, and why, is said once (INFO when it cannot be
-    opened, WARNING when it stops answering).
+    opened, WARNING when it stops answering). Each field stands alone too: one NVML does not support
+    on a GPU (NVMLError_NotSupported) is left out of its row, the others kept (said once, INFO).
 
     NVML numbers GPUs in PCI bus order, which is CUDA's order only with
     CUDA_DEVICE_ORDER=PCI_BUS_ID; the `index` in the records is NVML's.
@@ -65,9 +66,10 @@ class NvmlSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sums: list[dict[str, float]] = [{} for _ in handles]
-        self._counts = [0] * len(handles)
+        self._counts: list[dict[str, int]] = [{} for _ in handles]  # readings per field
         self._last: list[dict[str, Any] | None] = [None] * len(handles)
         self._failed: set[int] = set()  # GPUs whose failed reading was logged (once each)
+        self._failed_fields: set[tuple[int, str]] = set()  # (GPU, field) whose failure was logged
         self._thread = threading.Thread(target=self._loop, name="hpctrain-nvml", daemon=True)
 
     @classmethod
@@ -107,40 +109,66 @@ class NvmlSampler:
         sampler._thread.start()
         return sampler
 
-    def _read(self, h) -> dict[str, float]:
+    def _getters(self) -> dict[str, Any]:
+        """Per field, how it is read from a GPU's handle."""
         n = self._nvml
         return {
-            "util_pct": float(n.nvmlDeviceGetUtilizationRates(h).gpu),
-            "mem_used_gb": n.nvmlDeviceGetMemoryInfo(h).used / GIB,
-            "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML reports milliwatts
-            "sm_clock_mhz": float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+            "util_pct": lambda h: float(n.nvmlDeviceGetUtilizationRates(h).gpu),
+            "mem_used_gb": lambda h: n.nvmlDeviceGetMemoryInfo(h).used / GIB,
+            "power_w": lambda h: n.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML reports milliwatts
+            "sm_clock_mhz": lambda h: float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
         }
 
-    def sample(self) -> None:
-        """One reading of every GPU, added to the window (the thread calls this); a GPU whose
-        reading fails is left out of this one (said once per GPU), the others are kept."""
-        rows: list[dict[str, float] | None] = []
-        for pos, h in enumerate(self._handles):
+    def _read(self, pos: int, h) -> dict[str, float] | None:
+        """One GPU's fields, each read on its own: one that NVML does not support on this GPU
+        (NVMLError_NotSupported: power on some boards) or that fails is left out, the others kept
+        (said once per GPU and field). None when no field reads: the GPU has stopped answering."""
+        row: dict[str, float] = {}
+        errors: dict[str, Exception] = {}
+        for field, get in self._getters().items():
             try:
-                rows.append(self._read(h))
-            except Exception as e:  # noqa: BLE001 - a GPU that stops answering must not end the run
-                rows.append(None)
-                if pos not in self._failed:
-                    self._failed.add(pos)
-                    log.warning(
-                        "NVML reading of GPU %d failed (%s): its fields are absent while it fails; "
-                        "the other GPUs are still read",
-                        self.indices[pos],
-                        e,
-                    )
+                row[field] = get(h)
+            except Exception as err:  # noqa: BLE001 - NVMLError_NotSupported, a GPU that stops answering
+                errors[field] = err
+        if not row:
+            if pos not in self._failed:
+                self._failed.add(pos)
+                log.warning(
+                    "NVML reading of GPU %d failed (%s): its fields are absent while it fails; "
+                    "the other GPUs are still read",
+                    self.indices[pos],
+                    next(iter(errors.values())),
+                )
+            return None
+        not_supported = getattr(self._nvml, "NVMLError_NotSupported", ())
+        for field, error in errors.items():
+            if (pos, field) in self._failed_fields:
+                continue
+            self._failed_fields.add((pos, field))
+            if isinstance(error, not_supported):
+                log.info("NVML: GPU %d does not report %s (%s): that field is absent", self.indices[pos], field, error)
+            else:
+                log.warning(
+                    "NVML: reading %s of GPU %d failed (%s): that field is absent while it fails; "
+                    "the GPU's other fields are still read",
+                    field,
+                    self.indices[pos],
+                    error,
+                )
+        return row
+
+    def sample(self) -> None:
+        """One reading of every GPU, added to the window (the thread calls this); a field or a GPU
+        whose reading fails is left out of this one (said once), the others are kept."""
+        rows = [self._read(pos, h) for pos, h in enumerate(self._handles)]
         with self._lock:
             for pos, row in enumerate(rows):
                 if row is None:
                     continue
-                acc = self._sums[pos]
+                acc, counts = self._sums[pos], self._counts[pos]
                 for k, v in row.items():
                     acc[k] = max(acc.get(k, 0.0), v) if k == "mem_used_gb" else acc.get(k, 0.0) + v
-                self._counts[pos] += 1
+                    counts[k] = counts.get(k, 0) + 1
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -153,12 +181,12 @@ class NvmlSampler:
         None before any reading."""
         with self._lock:
             sums, counts = self._sums, self._counts
-            self._sums, self._counts = [{} for _ in self._handles], [0] * len(self._handles)
+            self._sums, self._counts = [{} for _ in self._handles], [{} for _ in self._handles]
         for pos, (acc, count) in enumerate(zip(sums, counts)):
-            if count:
+            if acc:
                 self._last[pos] = {
                     "index": self.indices[pos],
-                    **{k: (v if k == "mem_used_gb" else v / count) for k, v in acc.items()},
+                    **{k: (v if k == "mem_used_gb" else v / count[k]) for k, v in acc.items()},
                 }
         out = [row for row in self._last if row is not None]
         return out or None
