@@ -35,7 +35,7 @@ def measure(repo: Path) -> dict:
     g.MODULES = {g.module_name(p): p for p in sorted(pkg.rglob("*.py"))}
     graph = {name: g.top_level_imports(name, path) for name, path in g.MODULES.items()}
     files, funcs, inner = [], [], 0
-    for name, path in g.MODULES.items():
+    for path in g.MODULES.values():
         text = path.read_text()
         tree = ast.parse(text)
         files.append((len(text.splitlines()), str(path.relative_to(pkg))))
