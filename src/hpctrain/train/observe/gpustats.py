@@ -70,6 +70,7 @@ class NvmlSampler:
         self._last: list[dict[str, Any] | None] = [None] * len(handles)
         self._failed: set[int] = set()  # GPUs whose failed reading was logged (once each)
         self._failed_fields: set[tuple[int, str]] = set()  # (GPU, field) whose failure was logged
+        self._getters = self.getters(nvml)  # built once: the thread reads every GPU each interval
         self._thread = threading.Thread(target=self._loop, name="hpctrain-nvml", daemon=True)
 
     @classmethod
@@ -109,9 +110,9 @@ class NvmlSampler:
         sampler._thread.start()
         return sampler
 
-    def _getters(self) -> dict[str, Any]:
-        """Per field, how it is read from a GPU's handle."""
-        n = self._nvml
+    @staticmethod
+    def getters(n) -> dict[str, Any]:
+        """Per field, how it is read from a GPU's handle by NVML module `n`."""
         return {
             "util_pct": lambda h: float(n.nvmlDeviceGetUtilizationRates(h).gpu),
             "mem_used_gb": lambda h: n.nvmlDeviceGetMemoryInfo(h).used / GIB,
@@ -125,7 +126,7 @@ class NvmlSampler:
         (said once per GPU and field). None when no field reads: the GPU has stopped answering."""
         row: dict[str, float] = {}
         errors: dict[str, Exception] = {}
-        for field, get in self._getters().items():
+        for field, get in self._getters.items():
             try:
                 row[field] = get(h)
             except Exception as err:  # noqa: BLE001 - NVMLError_NotSupported, a GPU that stops answering
