@@ -124,7 +124,7 @@ def assign(name: str, value: object) -> str:
 def default(name: str, value: object) -> str:
     """`name=${name-value}`: `value` unless the job's environment sets `name` (empty too: it turns a
     default off), for the settings a user may override per job (HPCTRAIN_MODULES, HPCTRAIN_CONFIG...)."""
-    return f"{name}=${{{name}-{word(value)}}}"
+    return default_word(name, word(value))
 
 
 def function(name: str, body: Sequence[str]) -> list[str]:

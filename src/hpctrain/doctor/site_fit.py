@@ -41,11 +41,8 @@ def runtime_fit(profile: ClusterProfile, found: list[runtimes.Found], compute: b
     if want in on_path:
         return [Check(SECTION, "runtime", "ok", f"{want} (container.runtime): {on_path[want].evidence}")]
     init = module_init() or ""
-    stems = [
-        m
-        for m in profile.container_modules
-        if m.split("/")[0] in {r.module_stem for r in runtimes.image_runtimes()} - {""}
-    ]
+    providers = {r.module_stem for r in runtimes.image_runtimes() if r.module_stem}
+    stems = [m for m in profile.container_modules if m.split("/")[0] in providers]
     from_module = {f.runtime: f for f in runtimes.detect(init, stems)} if init and stems else {}
     if want in from_module:
         return [Check(SECTION, "runtime", "ok", f"{want} (container.runtime): {from_module[want].evidence}")]

@@ -89,9 +89,8 @@ def render(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> 
         lines += [*mods, ""]
     lines += [
         shellfile.assign("hpctrain_groups", plan.groups),
-        *shellfile.lines(
-            "slurm_call.sh"
-        ),  # hpctrain_slurm: the step's srun is a call to slurmctld, logged as the others
+        # hpctrain_slurm: the step's srun is a call to slurmctld, logged as the others
+        *shellfile.lines("slurm_call.sh"),
         *shellfile.lines("pack_task.sh"),
         f"hpctrain_run {task_command(out)}",
         "",
@@ -117,9 +116,8 @@ def brief(plan: PackPlan, root: str, profile: ClusterProfile, req: Request) -> s
     c, out = profile.container, plan.out.resolve()
     source = str(package_dir()) if c.bind_source else ""
     srun, python = task_words(c, binds(profile, str(Path(root).resolve()), out), shlex.quote(sys.executable), source)
-    steps = dryrun.step(
-        ["srun", "--ntasks=1", *srun] if srun else [], python, task_command(out)
-    )  # srun starts the image
+    step_srun = ["srun", "--ntasks=1", *srun] if srun else []  # srun options: srun starts the image (pyxis)
+    steps = dryrun.step(step_srun, python, task_command(out))
     env = dryrun.environment(script, profile, source, step=False)
     return dryrun.assemble(script, inlined, env, steps, "Each array task's command (SLURM_ARRAY_TASK_ID: its group)")
 

@@ -47,9 +47,7 @@ class JobPlan:
     output: str = ""  # #SBATCH --output (batch shell's own log)
     chdir: str = ""
     binds: list[str] = field(default_factory=list)
-    stage_to: str = (
-        ""  # data.stage_to: a node-local dir bound per node at run time (site/runtimes/sif.py: cleanenv_wrapper)
-    )
+    stage_to: str = ""  # data.stage_to: a node-local dir bound per node at run time (sif.cleanenv_wrapper)
     config: str = ""  # HPCTRAIN_CONFIG default of the stand-alone script
     overrides: list[str] = field(default_factory=list)  # HPCTRAIN_SET default (stand-alone)
     header: list[str] = field(default_factory=list)  # comment lines under the shebang
