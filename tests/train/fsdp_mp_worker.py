@@ -15,11 +15,7 @@ import torch
 from hpctrain.config import load
 from hpctrain.train import collective
 from tests.helpers import DIGITS
-from tests.train.worker import cpu_trainer, join
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a sharded parameter is a DTensor
+from tests.train.worker import cpu_trainer, join, local
 
 
 def main(root: str, out: str, *sets: str) -> None:

@@ -31,3 +31,8 @@ def cpu_trainer(cfg: Config, info: DistInfo, run_dir: Path | None, *args) -> Tra
     """A Trainer on the CPU over the config's loaders; `args` go on after the model (control, stop)."""
     train, val = build_loaders(cfg, info.rank, info.world_size, CPU)
     return build_trainer(cfg, info, CPU, run_dir, train, val, build_vit(cfg.model), *args)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's or gradient's own shard (a sharded one is a DTensor), else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
