@@ -5,6 +5,7 @@ task asks its GPU's share of the node's CPUs (--cpus-per-task), is bound to core
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from hpctrain import shellfile
 from hpctrain.config import load
+from hpctrain.launch.sbatch import STEP_SRUN
 from hpctrain.launch.submit import Request, plan_job, slurm_script
 from hpctrain.site.profile import load_profile
 from tests.helpers import ROOT
@@ -30,8 +32,12 @@ def script(tmp_path: Path, profile: str, *sets: str, gpus: int | None = None, no
 
 
 def training_srun(text: str) -> str:
-    (line,) = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("hpctrain_slurm -b srun --kill-on-bad")]
-    return line.removeprefix("hpctrain_slurm -b ")
+    """The training step's srun as step_loop.sh runs it: its options, this job's binding (the array the
+    main lines set), then the tasks' command (the loop's arguments); the per-step arrays left out."""
+    (bind,) = [ln for ln in text.splitlines() if ln.startswith("hpctrain_step_bind=(")]
+    (call,) = [ln for ln in text.splitlines() if ln.startswith("hpctrain_step_loop ")]
+    words = shlex.split(bind.removeprefix("hpctrain_step_bind=(").removesuffix(")"))
+    return " ".join([STEP_SRUN, *map(shlex.quote, words), call.removeprefix("hpctrain_step_loop ")])
 
 
 def sbatch_option(text: str, key: str) -> str | None:

@@ -135,7 +135,7 @@ def test_the_step_of_each_runtime_is_srun_word_for_word(tmp_path, runtime):
 
 def test_full_dry_run_is_the_script_and_the_flag_takes_no_other_value():
     short, full = dry()
-    assert full.startswith("#!/bin/bash\n") and "\nwhile :; do\n" in full
+    assert full.startswith("#!/bin/bash\n") and "\nhpctrain_step_loop " in full
     assert subprocess.run(["bash", "-n"], input=full, text=True).returncode == 0
     bad = blocked_cli("submit", *RECIPE, "--dry-run=short-ish")
     assert bad.returncode == 2 and "invalid choice: 'short-ish' (choose from 'short', 'full')" in bad.stderr

@@ -109,7 +109,7 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
     assert ev.returncode == 0 and tr.returncode == 0, ev.stderr + tr.stderr
     assert f"# hpctrain eval: hpctrain.launch.task.eval_task of {weights}" in ev.stdout
     step = next(ln for ln in ev.stdout.splitlines() if "-m hpctrain.launch.task" in ln)
-    assert step.strip().startswith("hpctrain_slurm -b srun "), step  # the training's step, in the background
+    assert step.startswith("hpctrain_step_loop "), step  # the training's steps (step_loop.sh)
     assert step.endswith(f"-m hpctrain.launch.task {tmp_path / 'ev' / 'submitit'}"), step
     assert "#SBATCH --nodes=2" in ev.stdout and "#SBATCH --ntasks-per-node=4" in ev.stdout
     assert f"--bind {weights} --bind {tmp_path / 'ev'}" in ev.stdout
@@ -124,7 +124,7 @@ def test_slurm_script_is_the_training_jobs_with_eval_task(tmp_path):
         "  hpctrain_mounts=",
         "srun ",
         "  srun ",
-        "  hpctrain_slurm -b srun ",  # the step: its output and task module differ
+        "hpctrain_step_loop ",  # the steps: their output and task module differ
         "HPCTRAIN_SOURCE=",
     )
     same = lambda s: [ln for ln in s.splitlines() if not ln.startswith(differ)]

@@ -146,7 +146,8 @@ def test_an_in_job_restart_checks_the_snapshot_again(tmp_path):
     step imports it again, so a .pyc planted since the attempt started stops the job there."""
     snap = take_snapshot(tmp_path / "run", SRC)
     state = ["hpctrain_alloc=n1", "hpctrain_spares=0", "hpctrain_attempt=1", f"HPCTRAIN_STOP_FILE={tmp_path}/stop"]
-    step = ["for hpctrain_i in 1 2; do", *shellfile.lines("step_start.sh", "  "), '  echo "step $hpctrain_i"']
+    step = [*shellfile.lines("step_start.sh"), "for hpctrain_i in 1 2; do", "  hpctrain_step_start || break"]
+    step.append('  echo "step $hpctrain_i"')
     plant = snap.path / "train" / "__pycache__"
     script = "\n".join(
         ["set -eo pipefail", *shellfile.lines("source.sh"), *state, *step, f"  mkdir -p {plant}", "done"]

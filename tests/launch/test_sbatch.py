@@ -52,10 +52,10 @@ def test_committed_sbatch_is_the_generators_output(tmp_path):
         f"slurm/vit.sbatch differs from the generator: regenerate it with `hpctrain {' '.join(EMIT)}`"
     )
     assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "vit.sbatch")]).returncode == 0
-    assert (
-        "hpctrain_slurm -b srun --kill-on-bad-exit=1 --unbuffered --open-mode=append --cpu-bind=cores --gpu-bind=none "
-        '${hpctrain_step[@]+"${hpctrain_step[@]}"} '
-        '"${HPCTRAIN_SRUN_CONTAINER[@]}" "${HPCTRAIN_PYTHON[@]}" -m hpctrain train\n'
+    assert (  # the job's main lines: the step loop's srun (step_loop.sh) with this binding and command
+        "\nhpctrain_step_bind=(--cpu-bind=cores --gpu-bind=none)\n"
+        'hpctrain_step_loop "${HPCTRAIN_PYTHON[@]}" -m hpctrain train\n'
+        "hpctrain_requeue_or_end\n"
     ) in fresh
 
 
@@ -144,7 +144,7 @@ def test_hostile_values_are_quoted_in_the_script(tmp_path):
     assert f"\nHPCTRAIN_SOURCE={shlex.quote(str(snap))}\n" in script
     assert not run_dir.exists()  # a dry run writes no snapshot (nor anything else)
     snap.mkdir(parents=True)
-    setup = script.split("\nwhile :; do\n")[0]  # the script up to the step loop (launch.inplace)
+    setup = script.split("\nhpctrain_step_loop ")[0]  # the script up to the steps (step_loop.sh)
     probe = setup + '\nprintf "%s\\0" "$HPCTRAIN_EVIL" "${HPCTRAIN_PYTHON[@]}" > values.bin\n'
     out = subprocess.run(
         ["bash", "-c", probe],

@@ -1,7 +1,12 @@
-"""The batch shell is bash in files (src/hpctrain/launch/shell/): `bash -n` and `shellcheck -S warning`
-pass on every file and on the scripts rendered from them for several site shapes, the committed
-slurm/vit.sbatch included. A finding is fixed, or silenced on its line with the reason:
-`# shellcheck disable=SCxxxx  # why`."""
+"""The batch shell is a library of bash files (src/hpctrain/launch/shell/): `bash -n` and
+`shellcheck -S warning` pass on every file and on the scripts rendered from them for several site
+shapes, the committed slurm/vit.sbatch included. A finding is fixed, or silenced on its line with the
+reason: `# shellcheck disable=SCxxxx  # why`; no file silences a check file-wide.
+
+A file alone is one part of the library: the job's state its functions share (hpctrain_signal,
+hpctrain_decision, ...) is set in one part and read in another, so SC2154 (referenced, not assigned)
+and SC2034 (assigned, unused) are checked where the parts come together, in every rendered script,
+with every check on; each file alone is checked without those two."""
 
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ import pytest
 
 from hpctrain import shellfile
 from hpctrain.launch import container
-from hpctrain.launch.sbatch import JobPlan, render
+from hpctrain.launch.sbatch import STEP_SRUN, JobPlan, render
 from hpctrain.run.badnodes import NODE_NAME
 from hpctrain.site.cluster_init import LMOD_INIT
 from hpctrain.site.profile import load_profile
 from hpctrain.site.runtimes import pyxis, sif
+from hpctrain.site.runtimes.base import SRUN_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELL = ROOT / "src" / "hpctrain" / "launch" / "shell"
@@ -71,9 +77,14 @@ def shellcheck() -> str:
     return path
 
 
-def findings(shellcheck: str, *paths: Path) -> str:
+# the two checks a file alone cannot make (the module docstring): on for every rendered script
+LIBRARY_WIDE = ("SC2154", "SC2034")
+
+
+def findings(shellcheck: str, *paths: Path, exclude: tuple[str, ...] = ()) -> str:
     r = subprocess.run(
-        [shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", *map(str, paths)],
+        [shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", *(["-e", ",".join(exclude)] if exclude else [])]
+        + list(map(str, paths)),
         capture_output=True,
         text=True,
         # a cap, not a speed check: 9 rendered scripts took ~40 s here alone and over 120 s under load
@@ -95,8 +106,22 @@ def unparsed(paths: list[Path]) -> list[str]:
 def test_every_shell_file_parses_and_has_no_shellcheck_findings(shellcheck):
     assert len(FILES) >= 20, [f.name for f in FILES]
     assert not unparsed(FILES)
-    out = findings(shellcheck, *FILES)
+    out = findings(shellcheck, *FILES, exclude=LIBRARY_WIDE)
     assert out == "", f"shellcheck -S warning on launch/shell/:\n{out}"
+
+
+def test_no_file_silences_a_check_file_wide_nor_the_library_wide_ones_at_all():
+    """A directive before a file's first command covers the whole file (shellcheck's wiki, Directive);
+    SC2154/SC2034 are not silenced on any line either: the rendered scripts show them all unneeded."""
+    wide = [f.name for f in FILES if "disable=" in "".join(shellfile.text(f).split("# summary:")[0])]
+    assert not wide, f"file-wide silences: {wide}"
+    silenced = [
+        f"{f.name}:{i}"
+        for f in FILES
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if re.search(r"#\s*shellcheck\s.*disable=\S*(SC2154|SC2034)", line)
+    ]
+    assert not silenced, silenced
 
 
 def test_every_shell_file_is_inlined_by_a_renderer():
@@ -188,11 +213,6 @@ NO_BASH = (
     "launch/stage_image.py",
     *(f"site/runtimes/{name}.py" for name in ("apptainer", "singularity", "sif", "pyxis", "none")),
 )  # (site/runtimes/__init__.py and base.py run detection's commands on the login node, not the batch shell)
-# The one exception: the step loop, whose body is three files (step_start.sh, step_wait.sh, step_next.sh:
-# a file cannot hold a loop's head without its end) and whose srun line joins the caller's command
-# (shell words that start the tasks' Python) to the step's own words; the tests and the short dry run
-# read that line as written.
-STEP_LOOP = ("sbatch.py", "step_loop")
 # What the short dry run prints for the reader (not run): the PYTHONPATH none.sh sets, as an export.
 SHOWN = {("none.py", "task_env")}
 
@@ -212,7 +232,7 @@ def bash_in_strings(path: Path) -> list[str]:
     allowed = {
         id(sub)
         for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and (path.name, node.name) in {STEP_LOOP, *SHOWN}
+        if isinstance(node, ast.FunctionDef) and (path.name, node.name) in SHOWN
         for sub in ast.walk(node)
     }
     found = []
@@ -227,7 +247,16 @@ def bash_in_strings(path: Path) -> list[str]:
 
 
 def test_no_bash_in_the_python_strings_of_the_batch_shells_renderers():
-    """Their bash lives in launch/shell/ (the step loop aside: STEP_LOOP); values reach it through the
-    header's assignments. (Before the runtimes moved to site/runtimes/, container.py held 10 such strings.)"""
+    """Their bash lives in launch/shell/; values reach it through the header's assignments. (Before the
+    runtimes moved to site/runtimes/, container.py held 10 such strings; before the step loop became
+    step_loop.sh's function, sbatch.step_loop wrote its loop and srun line.)"""
     found = [f for name in NO_BASH for f in bash_in_strings(ROOT / "src" / "hpctrain" / name)]
     assert not found, "bash in Python strings (move it to a launch/shell/*.sh file):\n" + "\n".join(found)
+
+
+def test_the_step_loop_starts_the_step_as_the_short_dry_run_shows_it():
+    """STEP_SRUN (the dry run's) and the runtime's srun array are the step_loop.sh's srun line."""
+    text = shellfile.text("step_loop.sh")
+    line = " ".join(ln.strip().rstrip("\\") for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert f"hpctrain_slurm -b {STEP_SRUN} " in line
+    assert f'"${{{SRUN_VAR}[@]}}" "$@"' in line

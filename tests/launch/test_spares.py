@@ -70,7 +70,7 @@ def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
     arithmetic expansion would run `$(...)` inside it)."""
     plan = plan_job(Config(), load_profile("local"), Request(nodes=1, gpus_per_node=1, spare_nodes=1))
     script = slurm_script(plan, tmp_path / "submitit", snap=take_snapshot(tmp_path))  # the script fixes its path
-    setup = script[: script.index("\nwhile :; do")]  # everything before the step loop (its first srun)
+    setup = script[: script.index("\nhpctrain_step_loop ")]  # everything before the steps (their first srun)
     env = {**os.environ, "HPCTRAIN_SPARE_NODES": "a[$(touch PWNED)]", "SLURM_JOB_NUM_NODES": "2"}
     r = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and "must be whole numbers" in r.stderr, r.stderr

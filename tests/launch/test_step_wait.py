@@ -27,6 +27,7 @@ def test_signals_during_the_step_leave_sruns_exit_status():
         + "(sleep 1.5; exit 7) &\n"  # the step: srun's stand-in
         + "( sleep 0.3; kill -USR2 $$; sleep 0.3; kill -USR2 $$ ) &\n"
         + WAIT.replace("hpctrain_srun=$!", "hpctrain_srun=$(jobs -p %1)")
+        + "\nhpctrain_step_wait"
         + '\necho "rc=$hpctrain_rc signal=$hpctrain_signal"'
     )
     assert r.stdout.split() == ["rc=7", "signal=USR2"], r.stdout + r.stderr
@@ -42,6 +43,7 @@ def test_a_pid_that_srun_no_longer_holds_ends_the_wait():
         + "(exit 3) & sleep 0.2\n"  # srun ended (status 3) and was reaped ...
         + "wait $!; hpctrain_rc=3\n"
         + WAIT.replace("hpctrain_srun=$!", 'hpctrain_srun=$other; kill -0 "$hpctrain_srun"')  # ... and its PID reused
+        + "\nhpctrain_step_wait"
         + '\necho "rc=$hpctrain_rc"; kill "$other"',
         timeout=30,
     )

@@ -163,7 +163,7 @@ def job_brief(
     prof = p.profile
     workdir = "$PWD" if p.workdirs or not p.chdir else p.chdir
     srun, python = task_words(prof.container, p.binds, host_python, source, workdir, bool(p.nsys_ranks))
-    steps = step([*STEP_SRUN.split(), *binding(p), *srun], python, command)
+    steps = step([*STEP_SRUN.split(), *map(shlex.quote, binding(p)), *srun], python, command)
     note = (
         "The step: in the background, at each attempt and in-job restart; nodes a fault left out get "
         "--exclude (exclude.sh)"

@@ -142,42 +142,39 @@ MEMLOCK_LINES = shellfile.lines("memlock.sh")
 
 
 def binding(p: JobPlan) -> list[str]:
-    """srun options that place the training tasks (docs/sites.md, "CPU and GPU binding"): each task
+    """srun options (words, unquoted) that place the training tasks (docs/sites.md, "CPU and GPU binding"): each task
     on cores of its own when it asks a share (--cpus-per-task), else the site's default binding;
     every task sees all of its node's GPUs and takes cuda:<local rank> (train/entry.py), whatever
     a site's SLURM_GPU_BIND says."""
     opts = []
     if p.cpus_per_task and p.profile.slurm.cpu_bind:
-        opts.append(f"--cpu-bind={shlex.quote(p.profile.slurm.cpu_bind)}")
+        opts.append(f"--cpu-bind={p.profile.slurm.cpu_bind}")
     if p.gpus_per_node:
         opts.append("--gpu-bind=none")
     return opts
 
 
-# The training step's srun, before its binding (`binding`) and command (the short dry run shows it too)
+# The training step's srun as step_loop.sh starts it, before its binding (`binding`) and command: the
+# short dry run shows it (tests/launch/test_shell_files.py checks that the file has it)
 STEP_SRUN = "srun --kill-on-bad-exit=1 --unbuffered --open-mode=append"
 
 
 def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
-    """srun steps until one ends without naming a faulty node (launch.inplace), then the decision;
-    after a step: wait through trapped signals, then read rank 0's decision (step_wait.sh).
-    --open-mode=append: srun truncates the per-task logs when a step starts unless told to append
-    (srun(1) --open-mode; slurm.conf JobFileAppend), so a requeued or restarted attempt would erase
-    the traceback of the one that failed (tests/faults/test_node_death.py). The step starts through
-    hpctrain_slurm (ctld.sh), like every call of this shell to Slurm."""
+    """The steps and what follows them: the library's functions (step_loop.sh and the step_*.sh it
+    calls; requeue.sh after it), then the main lines that call them with this job's srun binding and
+    the tasks' `command` (shell words: what follows srun's options, launch/task.py or the stand-alone
+    `hpctrain train`). Each step starts through hpctrain_slurm (slurm_call.sh), like every call of this
+    shell to Slurm."""
     return [
-        "set +e",
-        "while :; do",
-        *shellfile.lines("step_start.sh", "  "),
-        # hpctrain_slurm -b (ctld.sh): logged as it starts, a child of this shell that takes its signals
-        f"  hpctrain_slurm -b {STEP_SRUN} "
-        + "".join(f"{b} " for b in bind)
-        + f'${{hpctrain_step[@]+"${{hpctrain_step[@]}}"}} "${{{SRUN_VAR}[@]}}" {command}',
-        *shellfile.lines("step_wait.sh", "  "),
-        *shellfile.lines("step_next.sh", "  "),
-        "done",
-        "set -e",
+        *shellfile.lines("step_start.sh"),
+        *shellfile.lines("step_wait.sh"),
+        *shellfile.lines("step_next.sh"),
+        *shellfile.lines("step_loop.sh"),
         *shellfile.lines("requeue.sh"),
+        "",
+        shellfile.array("hpctrain_step_bind", bind) if bind else "hpctrain_step_bind=()",
+        f"hpctrain_step_loop {command}",
+        "hpctrain_requeue_or_end",
     ]
 
 

@@ -1,4 +1,4 @@
 # shellcheck shell=bash
 # summary: a job array's element: into its own run directory (hpctrain_runs, by SLURM_ARRAY_TASK_ID)
-# shellcheck disable=SC2154,SC2164  # hpctrain_runs: the header's; a failed cd ends the script (set -e)
+# shellcheck disable=SC2164  # a failed cd ends the script (set -e)
 cd "${hpctrain_runs[${SLURM_ARRAY_TASK_ID:?hpctrain: not an array job}]}"

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: the time limit's clock: re-read Slurm's EndTime and stop the tasks before it
 # The time limit's clock (docs/launch.md, "Runs that last days"). The job's end is Slurm's EndTime now,
 # not the one it had at the start: an admin's `scontrol update job=… TimeLimit=…` moves it, and so does

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2086,SC2154  # $hpctrain_modules (job_modules.sh) split on purpose: a name a word
+# shellcheck shell=bash
 # summary: load HPCTRAIN_CONTAINER_MODULES (the runtime's command); stop only if the runtime is then missing
 # HPCTRAIN_CONTAINER_MODULES (default: apptainer) only puts the container runtime on PATH, where a site
 # may have it already: a module that is missing, or no module system at all, is a warning; the job
@@ -7,7 +7,7 @@ if [ -n "$hpctrain_modules" ] && [ -z "$hpctrain_modules_host" ]; then
   if ! type module >/dev/null 2>&1; then
     echo "hpctrain: warning: no module command in this shell (no Lmod or Environment Modules found):" \
       "HPCTRAIN_CONTAINER_MODULES=$hpctrain_modules not loaded" >&2
-  elif ! module load $hpctrain_modules; then
+  elif read -r -a hpctrain_module_names <<< "$hpctrain_modules" && ! module load "${hpctrain_module_names[@]}"; then
     echo "hpctrain: warning: module load $hpctrain_modules failed (no such module at this site?):" \
       "going on with the $CONTAINER on PATH" >&2
   fi

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: the batch shell's questions to Slurm through hpctrain_slurm (slurm_call.sh): job fields, node states, requeue
 hpctrain_scontrol() {  # scontrol "$@" through hpctrain_slurm; output on stdout
   hpctrain_slurm scontrol "$@"

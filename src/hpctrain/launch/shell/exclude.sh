@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: the nodes this job leaves out after a fault, and the srun options that leave them out
 # Nodes this job leaves out (docs/spares.md, "Which nodes are left out, and for how long"). A node goes
 # in only with evidence of a fault: a task named it, its probe step failed, Slurm took it from the job

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: with spares: a guard step on another node requeues the job if the batch host dies
 # The batch host's death would leave a --no-kill job RUNNING without this shell: a guard on
 # another node requeues it then (launch.inplace.guard_lines).

@@ -2,7 +2,6 @@
 # summary: the modules to load: HPCTRAIN_MODULES for the host's Python, else HPCTRAIN_CONTAINER_MODULES
 # hpctrain_modules_host: set when the tasks run on the host's Python (a failed load stops the job:
 # module_load.sh); else the runtime's modules, which may be missing (container_modules.sh).
-# shellcheck disable=SC2034  # read by module_*.sh and container_modules.sh
 if [ "$CONTAINER" = none ]; then
   hpctrain_modules=$HPCTRAIN_MODULES hpctrain_modules_host=1
 else

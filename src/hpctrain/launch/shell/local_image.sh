@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of a per-node program: hpctrain_image_dir comes before it
+# shellcheck shell=bash
 # summary: container.stage_image: where the node's copy of the image lives (this user's own directory)
 # The node's copy of $HPCTRAIN_IMAGE lives in a directory of this user's own under the staging
 # directory (/tmp is shared by every user of the node): <dir>/hpctrain-<uid>/<cksum of path>-<name>.

@@ -1,6 +1,5 @@
 # shellcheck shell=bash
 # summary: module load the host Python's modules; a module that fails to load stops the job
-# shellcheck disable=SC2154  # hpctrain_modules*: job_modules.sh or modules_of.sh
 if [ -n "$hpctrain_modules" ] && [ -n "$hpctrain_modules_host" ]; then
   # shellcheck disable=SC2086  # word-split on purpose: one name per word
   module load $hpctrain_modules

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: the progress ledger: count only the requeues that made no new checkpoint (slurm.max_requeues)
 # Progress (run/requeue.py): slurm.max_requeues counts only the attempts that ended without a checkpoint
 # newer than the one they started from. The ledger has one line per Slurm attempt: restart, the run's

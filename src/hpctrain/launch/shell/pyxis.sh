@@ -17,7 +17,5 @@ case $PWD,${HPCTRAIN_SOURCE} in *,*,*|*:*)
 esac
 hpctrain_mounts="${hpctrain_mounts-}${hpctrain_mounts:+,}$PWD"
 if [ -n "$HPCTRAIN_SOURCE" ]; then hpctrain_mounts+=",$HPCTRAIN_SOURCE:${hpctrain_mount:?}/hpctrain:ro"; fi
-# shellcheck disable=SC2034  # the srun line reads it (sbatch.py, pack_task.sh)
 HPCTRAIN_SRUN_CONTAINER=(--container-image="$HPCTRAIN_IMAGE" --container-mounts="$hpctrain_mounts" --container-workdir="$PWD")
-# shellcheck disable=SC2034  # the srun line and the banner read it
 HPCTRAIN_PYTHON=(bash -c "${hpctrain_imageenv:?}" hpctrain-task "${hpctrain_image_python:?}")

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154  # a part of the batch script: pyxis_name.sh, ctld.sh and spares.sh come before it
+# shellcheck shell=bash
 # summary: container.stage_image under pyxis: remove the containers this job named on its nodes
 # container.stage_image under pyxis: remove what this job named. pyxis removes a named container only
 # under container_scope=job (its job epilog); under the default, global, each attempt's unpacked image

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: tell the site of a node this job leaves out (slurm.report_bad_node)
 # Tell the site's admins of a node this job leaves out (slurm.report_bad_node, docs/sites.md): the
 # site's command gets node, evidence and job id as three arguments (never read by a shell), and/or the

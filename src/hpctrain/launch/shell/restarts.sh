@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: in-job restarts after a step that failed on healthy nodes (slurm.max_restarts)
 # In-job restarts after a step that failed naming no faulty node (a rank crashed or was killed;
 # every node still answers its probe): the next step runs on the same nodes, from the last

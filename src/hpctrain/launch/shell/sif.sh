@@ -10,7 +10,6 @@ if [ ! -f "$HPCTRAIN_IMAGE" ]; then
   exit 1
 fi
 if [ -n "${hpctrain_staged-}" ]; then export HPCTRAIN_IMAGE; fi  # each task finds its node's staged copy by it
-# shellcheck disable=SC2154  # hpctrain_exec: the array before it (site/runtimes/sif.py)
 HPCTRAIN_PYTHON=(bash -c "${hpctrain_cleanenv:?}" hpctrain-task "${hpctrain_exec[@]}")
 export "${hpctrain_prefix:?}PYTHONNOUSERSITE=1"
 if [ -n "$HPCTRAIN_SOURCE" ]; then  # the submitted hpctrain, ahead of the image's copy

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: signals are never lost: long commands run in the background and are waited for through traps
 # Signals are never lost (docs/launch.md, "Signals in the batch shell"). bash runs a trap only once the
 # foreground command ends (bash(1), SIGNALS: "the trap will not be executed until the command

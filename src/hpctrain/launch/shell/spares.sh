@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: hot spares: the nodes the step runs on and those held idle until a node fails
 for hpctrain_v in "$hpctrain_spares" "$hpctrain_tpn" "${SLURM_JOB_NUM_NODES:-1}"; do  # before arithmetic
   case "$hpctrain_v" in

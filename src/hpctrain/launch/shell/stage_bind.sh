@@ -3,7 +3,6 @@
 # data.stage_to, expanded with the variables of this node: bind it (Apptainer binds only $HOME, /tmp,
 # /var/tmp and $PWD by default); skipped where a variable it names is not set
 hpctrain_ok=1
-# shellcheck disable=SC2154  # the array before it (site/runtimes/sif.py: cleanenv_wrapper); it may be empty
 for n in "${hpctrain_stage_dir_needs[@]}"; do [ -n "${!n:-}" ] || hpctrain_ok=""; done
 if [ -n "$hpctrain_ok" ]; then
   d=${hpctrain_stage_dir?}; mkdir -p "$d" && set -- "$1" "$2" --bind "$d" "${@:3}"

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154  # a per-node program: its values and local_image.sh come before it (launch/stage_image.py)
+# shellcheck shell=bash
 # summary: container.stage_image, per node: copy the image to node-local disk and report
 node=${SLURMD_NODENAME:-$(hostname)}
 report() {  # this node's outcome for the batch shell (stage_step.sh): "ok" or why not

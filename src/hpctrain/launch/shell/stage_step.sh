@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154  # a part of the batch script: hpctrain_stage_image and spares.sh come before it
+# shellcheck shell=bash
 # summary: container.stage_image: one step of one task per node copies the image before training
 # Image staging (container.stage_image): one task per node copies the SIF to node-local disk
 # (skipped where an up-to-date copy is), and each task starts from its node's copy: the shared

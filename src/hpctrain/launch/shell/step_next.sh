@@ -1,38 +1,38 @@
-# shellcheck shell=bash disable=SC2034,SC2154  # a part of the batch script: the others set and read its variables
+# shellcheck shell=bash
 # summary: after a step: leave out the nodes it named, restart, or end the loop
-hpctrain_ended=$(date +%s) hpctrain_new=""
-# a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
-if [ "$hpctrain_decision" != end ] &&
-   { [ "$hpctrain_rc" != 0 ] || [ "$hpctrain_decision" = requeue ]; }; then
-  hpctrain_name_faults
-fi
-if [ -z "$hpctrain_new" ]; then
-  # none named after a failure of the tasks' own (no stop, no preemption, the job still running):
-  # restart on the same nodes (restarts.sh), or end as the step did
-  if [ "$hpctrain_rc" != 0 ] && [ -z "$hpctrain_decision" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted &&
-     [ "$(hpctrain_job_field JobState)" = RUNNING ] && hpctrain_restart_here; then
-    # shellcheck disable=SC2105  # continue starts the next step (this file is the loop body)
-    continue
+# hpctrain_step_next: 0 to start the next step (a restart here), 1 when the steps are over
+hpctrain_step_next() {
+  local left
+  hpctrain_ended=$(date +%s) hpctrain_new=""
+  # a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
+  if [ "$hpctrain_decision" != end ] &&
+     { [ "$hpctrain_rc" != 0 ] || [ "$hpctrain_decision" = requeue ]; }; then
+    hpctrain_name_faults
   fi
-  # shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
-  break
-fi
-hpctrain_bad="$hpctrain_bad$hpctrain_new" hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_fault"
-hpctrain_exclude_add "$hpctrain_new" "$hpctrain_fault"
-hpctrain_left=$(hpctrain_healthy | wc -l)
-if [ "$hpctrain_spares" -gt 0 ] && [ "$hpctrain_left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
-  hpctrain_attempt=$((hpctrain_attempt + 1))
-  hpctrain_record restart
-  echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
-    "in this job on $hpctrain_train_nodes of $hpctrain_left healthy nodes, from the last checkpoint" >&2
-  # shellcheck disable=SC2105  # continue starts the next step (this file is the loop body)
-  continue
-fi
-echo "hpctrain: faulty: $hpctrain_fault; $hpctrain_left healthy node(s) left of the $hpctrain_train_nodes needed:" \
-  "requeueing without them" >&2
-if [ "$hpctrain_decision" != requeue ]; then  # this shell's own requeue: slurm.max_requeues caps it (requeue.sh)
-  hpctrain_decision=requeue hpctrain_by_shell=1
-  hpctrain_why="the step failed (exit $hpctrain_rc) on faulty node(s): $hpctrain_fault"
-fi
-# shellcheck disable=SC2105  # break leaves the step loop (this file is its body)
-break
+  if [ -z "$hpctrain_new" ]; then
+    # none named after a failure of the tasks' own (no stop, no preemption, the job still running):
+    # restart on the same nodes (restarts.sh), or end as the step did
+    if [ "$hpctrain_rc" != 0 ] && [ -z "$hpctrain_decision" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted &&
+       [ "$(hpctrain_job_field JobState)" = RUNNING ] && hpctrain_restart_here; then
+      return 0
+    fi
+    return 1
+  fi
+  hpctrain_bad="$hpctrain_bad$hpctrain_new" hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_fault"
+  hpctrain_exclude_add "$hpctrain_new" "$hpctrain_fault"
+  left=$(hpctrain_healthy | wc -l)
+  if [ "$hpctrain_spares" -gt 0 ] && [ "$left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
+    hpctrain_attempt=$((hpctrain_attempt + 1))
+    hpctrain_record restart
+    echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
+      "in this job on $hpctrain_train_nodes of $left healthy nodes, from the last checkpoint" >&2
+    return 0
+  fi
+  echo "hpctrain: faulty: $hpctrain_fault; $left healthy node(s) left of the $hpctrain_train_nodes needed:" \
+    "requeueing without them" >&2
+  if [ "$hpctrain_decision" != requeue ]; then  # this shell's own requeue: slurm.max_requeues caps it (requeue.sh)
+    hpctrain_decision=requeue hpctrain_by_shell=1
+    hpctrain_why="the step failed (exit $hpctrain_rc) on faulty node(s): $hpctrain_fault"
+  fi
+  return 1
+}

@@ -33,7 +33,6 @@ trap hpctrain_run_at_exit EXIT
 # array's id would otherwise name (and requeue) the whole array.
 hpctrain_job=${SLURM_JOB_ID:-none}
 if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi
-# shellcheck disable=SC2034  # hpctrain_signal: the other parts read it (signals.sh, step_start.sh, the step loop)
 hpctrain_signal="" hpctrain_srun=""
 hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)
   # asked in the USR2 handler too: at most 5 s there (a controller that is away would hold scontrol for
@@ -63,7 +62,6 @@ hpctrain_budget_left() {  # 0 while the job may be requeued once more; else why 
     others=$(( ${SLURM_RESTART_COUNT:-0} - p ))
   fi
   [ "$others" -ge "${HPCTRAIN_MAX_REQUEUES:-3}" ] || return 0
-  # shellcheck disable=SC2034  # the caller says why (requeue.sh, guard.sh)
   hpctrain_budget_why="job $hpctrain_job was requeued $others time(s) already $what\
  (slurm.max_requeues=${HPCTRAIN_MAX_REQUEUES:-3}): resubmit it to resume from the last checkpoint once its nodes are fixed"
   return 1
@@ -105,7 +103,6 @@ hpctrain_slurm_requeues_preempted() {  # Slurm requeues this preempted job itsel
   return 1
 }
 hpctrain_pass() {
-  # shellcheck disable=SC2034  # the step loop and step_start.sh read it
   hpctrain_signal=$1
   [ "$1" != USR2 ] || : > "$HPCTRAIN_CONTROL_DIR/usr2-${SLURM_JOB_ID:-none}" 2>/dev/null || true  # clock.sh
   if [ "$1" = USR2 ] && [ -n "$hpctrain_srun" ] && hpctrain_ours "$hpctrain_srun" && hpctrain_preempted; then
