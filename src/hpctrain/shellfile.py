@@ -121,10 +121,12 @@ def assign(name: str, value: object) -> str:
     return f"{name}={word(value)}"
 
 
-def default(name: str, value: object) -> str:
+def default(name: str, value: object, env: str | None = None, if_empty: bool = False) -> str:
     """`name=${name-value}`: `value` unless the job's environment sets `name` (empty too: it turns a
-    default off), for the settings a user may override per job (HPCTRAIN_MODULES, HPCTRAIN_CONFIG...)."""
-    return default_word(name, word(value))
+    default off), for the settings a user may override per job (HPCTRAIN_MODULES, HPCTRAIN_CONFIG...);
+    `env` names another variable to read (the shell's own name for a user's HPCTRAIN_* setting), and
+    `if_empty` takes `value` for an empty one too (`${env:-value}`)."""
+    return default_word(name, word(value), env, if_empty)
 
 
 def function(name: str, body: Sequence[str]) -> list[str]:
@@ -135,10 +137,11 @@ def function(name: str, body: Sequence[str]) -> list[str]:
     return [f"{name}() {{", *(f"  {ln}" if ln else ln for ln in body), "}"]
 
 
-def default_word(name: str, shell_word: str) -> str:
-    """`name=${name-WORD}` with WORD a shell word as given (quoted already, or a command substitution:
-    the stand-alone script's code snapshot is found where it runs)."""
-    return f"{name}=${{{name}-{shell_word}}}"
+def default_word(name: str, shell_word: str, env: str | None = None, if_empty: bool = False) -> str:
+    """`name=${env-WORD}` (`env` is `name` unless given; `${env:-WORD}` with `if_empty`) with WORD a
+    shell word as given (quoted already, or a command substitution: the stand-alone script's code
+    snapshot is found where it runs)."""
+    return f"{name}=${{{env or name}{':' if if_empty else ''}-{shell_word}}}"
 
 
 def assign_program(name: str, prog: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import shellfile
 from hpctrain.cli import main
 from hpctrain.launch import notebook as nbmod
 from hpctrain.launch.notebook import (
@@ -69,13 +70,9 @@ def test_dry_run_prints_script_and_tunnel(capsys, tmp_path, monkeypatch):
         "set -euo pipefail",
         "module load apptainer",
         f"cd {tmp_path}",
-        f"token_file={tmp_path}/.hpctrain/notebook-${{SLURM_JOB_ID:?}}.token",
-        f'(umask 077 && mkdir -p {tmp_path}/.hpctrain && rm -f "$token_file" && '
-        "head -c 32 /dev/urandom | od -An -v -tx1 | tr -d ' \\n' > \"$token_file\")",
-        'JUPYTER_TOKEN=$(cat "$token_file")',
-        "export JUPYTER_TOKEN",
-        'echo "hpctrain-notebook: node $(hostname -s) port 23456 token in $token_file"',
-        "export PYTHONNOUSERSITE=1",
+        f"hpctrain_token_dir={tmp_path}/.hpctrain",
+        "hpctrain_port=23456",
+        *shellfile.lines("notebook.sh"),  # the token, then PYTHONNOUSERSITE=1 (its lines run below)
         "exec apptainer exec --nv /scratch/me/ngc.sif jupyter lab --no-browser --ip=127.0.0.1 --port=23456 "
         f"--ServerApp.port_retries=0 --ServerApp.root_dir={tmp_path}",
     ]

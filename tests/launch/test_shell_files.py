@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain import shellfile
-from hpctrain.launch import container
+from hpctrain.launch import container, notebook
+from hpctrain.launch.notebook import NotebookJob
 from hpctrain.launch.sbatch import STEP_SRUN, JobPlan, render
 from hpctrain.run.badnodes import NODE_NAME
 from hpctrain.site.cluster_init import LMOD_INIT
@@ -151,6 +152,8 @@ def test_rendered_scripts_parse_and_have_no_shellcheck_findings(tmp_path, shellc
             paths[-1].write_text(
                 render(plan_, COMMAND, "/usr/bin/python3", alone, {"HPCTRAIN_LAUNCHER": "x"}, "/r/code/hpctrain")
             )
+    paths.append(tmp_path / "notebook.sbatch")  # `hpctrain notebook`'s job, through a runtime
+    paths[-1].write_text(notebook.batch_script(NotebookJob(image="/images/x.sif", workdir="/r/my notebooks")))
     assert not unparsed(paths)
     out = findings(shellcheck, *paths)
     assert out == "", f"shellcheck -S warning on the rendered scripts:\n{out}"
@@ -206,6 +209,9 @@ SHELL_SYNTAX = {
 }
 # their bash is in launch/shell/ (and a runtime's beside it), values through shellfile
 NO_BASH = (
+    "launch/inplace.py",
+    "launch/notebook.py",
+    "site/fabric.py",
     "launch/modules.py",
     "launch/sbatch.py",
     "launch/pack_array.py",

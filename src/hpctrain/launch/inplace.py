@@ -48,15 +48,15 @@ def setup_lines(spares: int, tasks_per_node: int, max_restarts: int, report: Bad
         "# failed step this shell names the faulty nodes (the tasks' $HPCTRAIN_BAD_NODES_FILE, Slurm's node",
         "# states, one probe step over the nodes) and starts the next step on healthy nodes of the allocation;",
         "# without enough of them it requeues the job with those nodes in its ExcNodeList (docs/spares.md).",
-        f"hpctrain_spares=${{HPCTRAIN_SPARE_NODES-{int(spares)}}}",
-        f"hpctrain_tpn=${{SLURM_NTASKS_PER_NODE:-{int(tasks_per_node)}}}",
+        shellfile.default("hpctrain_spares", int(spares), env="HPCTRAIN_SPARE_NODES"),
+        shellfile.default("hpctrain_tpn", int(tasks_per_node), env="SLURM_NTASKS_PER_NODE", if_empty=True),
         shellfile.assign("hpctrain_node_name", NODE_ERE) + "  # the shell passes on no other node name",
         *shellfile.lines("exclude.sh"),
         *shellfile.lines("spares.sh"),
         "# In-job restarts (slurm.max_restarts; HPCTRAIN_MAX_RESTARTS overrides): a step that failed naming no",
         "# faulty node runs again on the same nodes from the last checkpoint, unless it failed the same way at",
         "# the same step before (docs/spares.md).",
-        f"hpctrain_max_restarts=${{HPCTRAIN_MAX_RESTARTS-{int(max_restarts)}}}",
+        shellfile.default("hpctrain_max_restarts", int(max_restarts), env="HPCTRAIN_MAX_RESTARTS"),
         *shellfile.lines("restarts.sh"),
     ]
 

@@ -21,6 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
+from hpctrain import shellfile
 from hpctrain.config import control_char
 from hpctrain.errors import LaunchError, UserError
 from hpctrain.launch.enclosing import outside_job
@@ -96,18 +97,12 @@ def token_file(job: NotebookJob, job_id: str = "<job id>") -> str:
 
 
 def token_lines(job: NotebookJob) -> list[str]:
-    """Shell lines that write a fresh token to a 0600 file and export it to Jupyter unprinted.
-
-    The file is removed first, since a redirection into an existing file keeps its old mode. The
-    file holds no newline: Jupyter reads JUPYTER_TOKEN_FILE verbatim, should a site use that."""
-    q = shlex.quote
-    tdir = os.path.dirname(token_file(job))
+    """The values, then the shell lines (launch/shell/notebook.sh) that write a fresh token to a 0600
+    file and export it to Jupyter unprinted."""
     return [
-        f"token_file={q(tdir)}/notebook-${{SLURM_JOB_ID:?}}.token",
-        f'(umask 077 && mkdir -p {q(tdir)} && rm -f "$token_file" && '
-        "head -c 32 /dev/urandom | od -An -v -tx1 | tr -d ' \\n' > \"$token_file\")",
-        'JUPYTER_TOKEN=$(cat "$token_file")',
-        "export JUPYTER_TOKEN",
+        shellfile.assign("hpctrain_token_dir", os.path.dirname(token_file(job))),
+        f"hpctrain_port={int(job.port)}",
+        *shellfile.lines("notebook.sh"),
     ]
 
 
@@ -152,8 +147,6 @@ def batch_script(job: NotebookJob) -> str:
         *job.setup,
         f"cd {q(job.workdir)}",
         *token_lines(job),
-        'echo "hpctrain-notebook: node $(hostname -s) port ' + str(job.port) + ' token in $token_file"',
-        "export PYTHONNOUSERSITE=1",
         f"exec {cmd}",
     ]
     return "\n".join(lines) + "\n"

@@ -29,6 +29,7 @@ import shlex
 from collections.abc import Iterable, MutableMapping, Sequence
 from pathlib import Path
 
+from hpctrain import shellfile
 from hpctrain.site.profile import ClusterProfile
 
 log = logging.getLogger("hpctrain")
@@ -83,8 +84,8 @@ def left_to_nccl(profile: ClusterProfile) -> list[str]:
 def export_lines(env: dict[str, str], env_wins: bool = False) -> list[str]:
     """`export K=v` lines; with env_wins (slurm/vit.sbatch only) a value already in the job's environment is kept."""
     if env_wins:
-        return [f"export {k}=${{{k}-{shlex.quote(v)}}}" for k, v in env.items()]
-    return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+        return [f"export {shellfile.default(k, v)}" for k, v in env.items()]
+    return [f"export {shellfile.assign(k, v)}" for k, v in env.items()]
 
 
 # ---------------------------------------------------------------- NCCL's list syntax
