@@ -59,6 +59,16 @@ def lines(name: Shell, indent: str = "") -> list[str]:
     return [f"{indent}{line}" if line else line for line in out]
 
 
+SETUP = re.compile(r"^(hpctrain_setup_\w+)\(\) \{")
+
+
+def setup_calls(lines: Sequence[str]) -> list[str]:
+    """A call of each part's setup function (`hpctrain_setup_<file>`: what the part does before the
+    steps, where its code once ran at the top level) that `lines` define, in their order: a script's
+    main runs them after every definition."""
+    return [m.group(1) for ln in lines if (m := SETUP.match(ln))]
+
+
 def summary(name: Shell) -> str:
     """The file's one-line `# summary:` (every file has one: tests/launch/test_dryrun.py)."""
     for line in text(name).splitlines():
@@ -83,8 +93,10 @@ def recording() -> Iterator[list[Shell]]:
 
 
 def program(names: Sequence[Shell], values: Sequence[str] = ()) -> str:
-    """A bash program run by `bash -c` (per task, per node): the value lines, then the files."""
-    return "\n".join([*values, *(line for n in names for line in lines(n))]) + "\n"
+    """A bash program run by `bash -c` (per task, per node): the value lines, the files, then the
+    files' setup functions (`setup_calls`)."""
+    body = [line for n in names for line in lines(n)]
+    return "\n".join([*values, *body, *setup_calls(body)]) + "\n"
 
 
 def word(value: object) -> str:

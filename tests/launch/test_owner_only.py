@@ -22,7 +22,7 @@ ENV = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7"}
 
 
 def run_part(part: str, cwd: Path, env: dict[str, str], umask: int = 0o022) -> subprocess.CompletedProcess:
-    script = "\n".join([f"umask {umask:03o}", "set -eo pipefail", *shellfile.lines(part), "echo passed"])
+    script = "\n".join([f"umask {umask:03o}", "set -eo pipefail", shellfile.program([part]), "echo passed"])
     return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from hpctrain import shellfile
 from hpctrain.launch import inplace
 from hpctrain.launch.sbatch import stop_lines
 from hpctrain.site.profile import BadNodeReport
@@ -24,8 +25,8 @@ def exclude(tmp_path: Path, report: BadNodeReport) -> subprocess.CompletedProces
     script = "\n".join(
         [
             "set -eo pipefail",
-            *stop_lines(),
-            *inplace.setup_lines(0, 1, 0, report),
+            *(parts := [*stop_lines(), *inplace.setup_lines(0, 1, 0, report)]),
+            *shellfile.setup_calls(parts),
             'hpctrain_exclude_add "n3 n4" "$EVIDENCE"',
             "echo done",
         ]

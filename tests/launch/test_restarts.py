@@ -34,6 +34,7 @@ def decide(tmp_path, rounds: list[list[tuple]], max_restarts: int = 3) -> list[t
             *shellfile.lines("spares.sh"),
             f"hpctrain_max_restarts={max_restarts}",
             *shellfile.lines("restarts.sh"),
+            "hpctrain_setup_spares; hpctrain_setup_restarts",
             "hpctrain_rc=1 hpctrain_ended=0",
             f"for i in $(seq 0 {len(rounds) - 1}); do",
             '  rm -f "$HPCTRAIN_CRASH_FILE"; if [ -e "$HPCTRAIN_CONTROL_DIR/round-$i" ]; then',

@@ -20,7 +20,7 @@ import pytest
 
 from hpctrain import shellfile
 from hpctrain.launch import inplace
-from hpctrain.launch.sbatch import step_loop, stop_lines
+from hpctrain.launch.sbatch import main_lines, step_lines, stop_lines
 
 TRAP_LINE = "batch shell received SIGUSR2"
 DEADLINE_S = 60  # a bound on waiting for an event, never a measured time
@@ -96,8 +96,13 @@ def end_session(p: subprocess.Popen) -> None:
     p.wait(timeout=30)
 
 
-PARTS = "\n".join(stop_lines())
-SPARES = "\n".join(inplace.setup_lines(0, 1, 0))
+def with_setup(lines: list[str]) -> str:
+    """Shell parts as the script inlines them, then their setup (the script's main runs it)."""
+    return "\n".join([*lines, *shellfile.setup_calls(lines)])
+
+
+PARTS = with_setup(stop_lines())
+SPARES = with_setup(inplace.setup_lines(0, 1, 0))
 NAME_FAULTS = SPARES + "\nhpctrain_rc=1 hpctrain_step_hosts=' n1 '\nhpctrain_name_faults"
 CASES = {
     # the image copy, one srun step before training (stage_step.sh)
@@ -144,9 +149,10 @@ def test_a_stop_signal_that_came_before_the_step_requeues_the_job_without_starti
         [
             PARTS,
             SPARES,
-            *inplace.guard_lines(),
+            with_setup(inplace.guard_lines()),
             "kill -USR2 $$  # as during the image copy (the trap ran; the copy went on and ended)",
-            *step_loop("true"),
+            *step_lines(),
+            *main_lines([], "true"),  # the parts' setup ran above
         ]
     )
     r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -190,7 +196,7 @@ def test_the_heartbeat_and_the_warm_up_step_end_with_the_batch_shell(tmp_path):
         "SLURMD_NODENAME": "n1",
         "HPCTRAIN_GUARD_S": "300",
     }
-    script = "\n".join([PARTS, *inplace.setup_lines(1, 1, 0), *inplace.guard_lines()])
+    script = "\n".join([PARTS, with_setup(inplace.setup_lines(1, 1, 0)), with_setup(inplace.guard_lines())])
     # once both steps and the heartbeat are up: exit
     up = 'until [ -s .hpctrain/alive-7 ] && [ "$(wc -l < "$HPCTRAIN_TEST_PIDS")" = 2 ]; do sleep 0.05; done 2>/dev/null'
     p = start(f"{script}\n{up}\nexit 0\n", tmp_path, env)

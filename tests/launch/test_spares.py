@@ -82,7 +82,7 @@ def test_the_shell_refuses_a_spare_count_that_is_not_a_number(tmp_path):
 
 def budget_left(control: Path, restarts: int, max_requeues: int) -> subprocess.CompletedProcess:
     """The batch shell's hpctrain_budget_left (stops.sh), run by bash as the script defines it."""
-    prog = "\n".join(shellfile.lines("stops.sh")) + '\nhpctrain_budget_left || { echo "$hpctrain_budget_why"; exit 1; }'
+    prog = shellfile.program(["stops.sh"]) + 'hpctrain_budget_left || { echo "$hpctrain_budget_why"; exit 1; }'
     env = {
         **os.environ,
         "SLURM_JOB_ID": "77",

@@ -242,7 +242,7 @@ def test_the_batch_shell_counts_the_attempts_without_progress_as_rank_0_does(tmp
     (ctl / "preempted-9").write_text(preempted)
     b = budget(run, env)
     script = (
-        f"hpctrain_job=9; . {SHELL / 'progress.sh'}; "
+        f"hpctrain_job=9; . {SHELL / 'progress.sh'}; hpctrain_setup_progress; "
         'hpctrain_budget_left() { :; }; eval "$(sed -n "/^hpctrain_budget_left()/,/^}/p" '
         f'{SHELL / "stops.sh"})"; '
         'echo "$(hpctrain_stalled "$(hpctrain_ckpt_latest)")"; '

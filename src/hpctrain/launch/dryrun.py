@@ -74,11 +74,18 @@ def header(script: str) -> list[str]:
 
 
 def exports(script: str) -> list[str]:
-    """The batch shell's own exports, in order: the script's unindented `export` lines; a bare
-    `export NAME` with the value of its unindented `NAME=` line."""
+    """The batch shell's own exports, in order: the script's unindented `export` lines and those of
+    the parts' setup functions (run once by the main: shellfile.setup_calls); a bare `export NAME`
+    with the value of its `NAME=` line."""
     values: dict[str, str] = {}
-    out, program = [], False
+    out, program, setup = [], False, False
     for line in script.splitlines():
+        if setup:  # a setup function's own lines, one level in
+            setup = line != "}"
+            line = line.removeprefix("  ")
+        elif shellfile.SETUP.match(line):
+            setup = True
+            continue
         if program:  # a program's text for another bash (a task's, a probe step's), not this shell's own lines
             program = line.replace(QUOTED_QUOTE, "").count("'") % 2 == 0  # its closing quote ends it
         elif PROGRAM.match(line):

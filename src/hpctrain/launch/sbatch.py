@@ -159,19 +159,26 @@ def binding(p: JobPlan) -> list[str]:
 STEP_SRUN = "srun --kill-on-bad-exit=1 --unbuffered --open-mode=append"
 
 
-def step_loop(command: str, bind: Sequence[str] = ()) -> list[str]:
-    """The steps and what follows them: the library's functions (step_loop.sh and the step_*.sh it
-    calls; requeue.sh after it), then the main lines that call them with this job's srun binding and
-    the tasks' `command` (shell words: what follows srun's options, launch/task.py or the stand-alone
-    `hpctrain train`). Each step starts through hpctrain_slurm (slurm_call.sh), like every call of this
-    shell to Slurm."""
+def step_lines() -> list[str]:
+    """The steps and what follows them, as functions: step_loop.sh and the step_*.sh it calls, and
+    requeue.sh after it. Each step starts through hpctrain_slurm (slurm_call.sh), like every call of
+    this shell to Slurm."""
     return [
         *shellfile.lines("step_start.sh"),
         *shellfile.lines("step_wait.sh"),
         *shellfile.lines("step_next.sh"),
         *shellfile.lines("step_loop.sh"),
         *shellfile.lines("requeue.sh"),
-        "",
+    ]
+
+
+def main_lines(parts: Sequence[str], command: str, bind: Sequence[str] = ()) -> list[str]:
+    """The job's main, after every definition: the setup of each part that `parts` (the script's lines
+    so far) define, in their order, then the steps with this job's srun binding and the tasks'
+    `command` (shell words: what follows srun's options), then the requeue or the end."""
+    return [
+        "# The job: each part's setup in the order of the parts above, the steps, then requeue or end",
+        *shellfile.setup_calls(parts),
         shellfile.array("hpctrain_step_bind", bind) if bind else "hpctrain_step_bind=()",
         f"hpctrain_step_loop {command}",
         "hpctrain_requeue_or_end",
@@ -271,7 +278,8 @@ def render(
         "# One task per GPU. A task that dies ends the whole step (no hang). srun runs in the",
         "# background so that this shell can take signals while it waits; a step that failed on",
         "# nodes it named runs again without them (launch.inplace).",
-        *step_loop(command, binding(p)),
+        *step_lines(),
         "",
     ]
+    lines += [*main_lines(lines, command, binding(p)), ""]
     return "\n".join(lines)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 from collections.abc import Iterable, MutableMapping, Sequence
 from pathlib import Path
 

@@ -9,8 +9,6 @@
 # HPCTRAIN_SIGNAL_LEAD_S it asks the tasks to stop through that file and, unless Slurm's USR2 came (its
 # mark, stops.sh), sends this shell the USR2 itself: a lost time-limit signal (22.05 has no
 # SLURM_JOB_END_TIME for the tasks) still ends in a checkpoint and a requeue, not a TIMEOUT.
-export HPCTRAIN_END_FILE="$HPCTRAIN_CONTROL_DIR/end-${SLURM_JOB_ID:-none}"
-rm -f "$HPCTRAIN_END_FILE"
 hpctrain_end_time() {  # the job's EndTime now, in Unix seconds (empty: unknown, or no time limit)
   local t
   t=$(hpctrain_job_field EndTime)
@@ -47,7 +45,12 @@ hpctrain_clock() {  # in the background until the stop is due
     return 0
   done
 }
-hpctrain_clock &
-hpctrain_clock_pid=$!
 hpctrain_clock_stop() { kill "$hpctrain_clock_pid" 2>/dev/null || true; }
-hpctrain_at_exit+=(hpctrain_clock_stop)
+# hpctrain_setup_clock: the end file, and the clock in the background
+hpctrain_setup_clock() {
+  export HPCTRAIN_END_FILE="$HPCTRAIN_CONTROL_DIR/end-${SLURM_JOB_ID:-none}"
+  rm -f "$HPCTRAIN_END_FILE"
+  hpctrain_clock &
+  hpctrain_clock_pid=$!
+  hpctrain_at_exit+=(hpctrain_clock_stop)
+}

@@ -8,7 +8,6 @@
 # exclusions and those lines that are younger than HPCTRAIN_EXCLUDE_S (default 21600 s, 6 h: a node
 # repaired since is used again), newest first and no more than the job's partition can spare: a job
 # of N nodes on a partition of P keeps at most P-N of them, so that it can always be scheduled.
-export HPCTRAIN_EXCLUDED_FILE="$HPCTRAIN_CONTROL_DIR/excluded-${SLURM_JOB_ID:-none}"
 hpctrain_exclude_add() {  # remember nodes ($1: names separated by spaces) left out for a fault ($2: why)
   local n now
   now=$(date +%s)
@@ -54,4 +53,8 @@ hpctrain_requeue_excluding() {
     echo "hpctrain: job $hpctrain_job requeued with ExcNodeList=${new:-(none)} (was ${old:-empty})"
   else echo "hpctrain: job $hpctrain_job requeued; ExcNodeList=$new could not be set: it may run there again" >&2
   fi
+}
+# hpctrain_setup_exclude: the file of the nodes left out
+hpctrain_setup_exclude() {
+  export HPCTRAIN_EXCLUDED_FILE="$HPCTRAIN_CONTROL_DIR/excluded-${SLURM_JOB_ID:-none}"
 }

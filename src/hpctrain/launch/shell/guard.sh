@@ -2,8 +2,6 @@
 # summary: with spares: a guard step on another node requeues the job if the batch host dies
 # The batch host's death would leave a --no-kill job RUNNING without this shell: a guard on
 # another node requeues it then (launch.inplace.guard_lines).
-hpctrain_batch_host=$(printf "%s\n" "${SLURMD_NODENAME:-}" | hpctrain_names)
-hpctrain_guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$hpctrain_batch_host" ] || echo "$n"; done | tail -n 1)
 # It acts when the batch host's base state is DOWN (Slurm declared it dead after SlurmdTimeout), or
 # when it is NOT_RESPONDING and this shell's heartbeat ($hpctrain_alive, a counter it rewrites every
 # HPCTRAIN_GUARD_S) has not moved on two polls in a row. Not on one missed ping of a busy or
@@ -16,7 +14,6 @@ hpctrain_guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$hpctrain_batch_hos
 # steady state, where a poll of every 10 s made six, each of the whole node table. It requeues through hpctrain_requeue (retried); it cancels the
 # job only when Slurm refuses any requeue of it or its slurm.max_requeues is spent: then the job,
 # without its batch shell, would hold its nodes until its time limit.
-hpctrain_guard_srun=""
 hpctrain_guard_stop() {  # end the guard's step (srun passes USR1 on to it), for up to 10 s; before a requeue too
   local i
   [ -n "$hpctrain_guard_srun" ] || return 0
@@ -58,38 +55,45 @@ hpctrain_guard() {  # on the guard node: $1 the batch host
     exit "$rc"
   done
 }
-if [ "$hpctrain_spares" -gt 0 ] && [ -n "$hpctrain_batch_host" ] && [ -n "$hpctrain_guard_node" ]; then
-  # its words go straight to the job's error file, appended by its own bash on the guard's node: once the
-  # batch host is dead, no srun is left to carry them (a path with a % pattern: the run's .hpctrain/)
-  hpctrain_alive="$HPCTRAIN_CONTROL_DIR/alive-${SLURM_JOB_ID:-none}"
-  # (its sleep in the background: the TERM that ends it at exit ends the sleep too)
-  (trap "" USR2; s="" i=0; trap '[ -z "$s" ] || kill "$s" 2>/dev/null; exit 0' TERM
-   while :; do i=$((i + 1)); echo "$i" > "$hpctrain_alive" || true; sleep "${HPCTRAIN_GUARD_S:-10}" & s=$!; wait "$s"; done) &
-  hpctrain_bg_add "$!"
-  hpctrain_field hpctrain_guard_log StdErr
-  case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
-  hpctrain_slurm -b srun --overlap --nodes=1 --ntasks=1 --nodelist="$hpctrain_guard_node" --job-name=hpctrain-guard bash -c "$(declare -p hpctrain_job \
-    hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_report_cmd hpctrain_report_file hpctrain_report_s \
-    hpctrain_progress_file; declare -f hpctrain_guard hpctrain_now hpctrain_slurm_log hpctrain_slurm_transient \
-    hpctrain_slurm_pause hpctrain_slurm hpctrain_scontrol hpctrain_job_field \
-    hpctrain_names hpctrain_hosts hpctrain_node_state hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
-    hpctrain_exclude_add hpctrain_budget_left hpctrain_ours hpctrain_wait hpctrain_fg hpctrain_out \
-    hpctrain_report_node hpctrain_ckpt_latest hpctrain_progress_start hpctrain_stalled); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
-    hpctrain-guard "$hpctrain_batch_host"
-  hpctrain_guard_srun=$!
-  hpctrain_at_exit+=(hpctrain_guard_stop)
-fi
-# A site's Prolog runs on a node when the job's first step starts there (slurm.conf Prolog, unless
-# PrologFlags=Alloc), and that step waits for it: a spare that never ran a step would spend its
-# Prolog inside its first probe step, after a failure, while the job waits (HPCTRAIN_PROBE_START_S).
-# One step on the spares now, beside the training's first step, runs their Prolog at the start.
-if [ "$hpctrain_spares" -gt 0 ]; then
-  hpctrain_out hpctrain_warm hpctrain_healthy  # a trapped signal acts at once (signals.sh)
-  hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | tail -n "+$((hpctrain_train_nodes + 1))")
-  if [ -n "$hpctrain_warm" ]; then
-    hpctrain_n=$(printf '%s\n' "$hpctrain_warm" | wc -l)
-    hpctrain_warm=$(printf '%s\n' "$hpctrain_warm" | paste -sd, -)
-    hpctrain_slurm -b srun --overlap --nodes="$hpctrain_n" --ntasks="$hpctrain_n" --nodelist="$hpctrain_warm" true >/dev/null 2>&1
+# hpctrain_setup_guard: with spares: the guard step, and one step that runs the spares' Prolog
+hpctrain_setup_guard() {
+  local batch_host guard_node warm n
+  batch_host=$(printf "%s\n" "${SLURMD_NODENAME:-}" | hpctrain_names)
+  guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$batch_host" ] || echo "$n"; done | tail -n 1)
+  hpctrain_guard_srun=""
+  if [ "$hpctrain_spares" -gt 0 ] && [ -n "$batch_host" ] && [ -n "$guard_node" ]; then
+    # its words go straight to the job's error file, appended by its own bash on the guard's node: once the
+    # batch host is dead, no srun is left to carry them (a path with a % pattern: the run's .hpctrain/)
+    hpctrain_alive="$HPCTRAIN_CONTROL_DIR/alive-${SLURM_JOB_ID:-none}"
+    # (its sleep in the background: the TERM that ends it at exit ends the sleep too)
+    (trap "" USR2; s="" i=0; trap '[ -z "$s" ] || kill "$s" 2>/dev/null; exit 0' TERM
+     while :; do i=$((i + 1)); echo "$i" > "$hpctrain_alive" || true; sleep "${HPCTRAIN_GUARD_S:-10}" & s=$!; wait "$s"; done) &
     hpctrain_bg_add "$!"
+    hpctrain_field hpctrain_guard_log StdErr
+    case "$hpctrain_guard_log" in ''|*%*) hpctrain_guard_log="$HPCTRAIN_CONTROL_DIR/guard-${SLURM_JOB_ID:-none}.log" ;; esac
+    hpctrain_slurm -b srun --overlap --nodes=1 --ntasks=1 --nodelist="$guard_node" --job-name=hpctrain-guard bash -c "$(declare -p hpctrain_job \
+      hpctrain_node_name hpctrain_guard_log hpctrain_alive hpctrain_report_cmd hpctrain_report_file hpctrain_report_s \
+      hpctrain_progress_file; declare -f hpctrain_guard hpctrain_now hpctrain_slurm_log hpctrain_slurm_transient \
+      hpctrain_slurm_pause hpctrain_slurm hpctrain_scontrol hpctrain_job_field \
+      hpctrain_names hpctrain_hosts hpctrain_node_state hpctrain_requeue hpctrain_exc_list hpctrain_requeue_excluding \
+      hpctrain_exclude_add hpctrain_budget_left hpctrain_ours hpctrain_wait hpctrain_fg hpctrain_out \
+      hpctrain_report_node hpctrain_ckpt_latest hpctrain_progress_start hpctrain_stalled); exec 2>>\"\$hpctrain_guard_log\"; hpctrain_guard \"\$1\"" \
+      hpctrain-guard "$batch_host"
+    hpctrain_guard_srun=$!
+    hpctrain_at_exit+=(hpctrain_guard_stop)
   fi
-fi
+  # A site's Prolog runs on a node when the job's first step starts there (slurm.conf Prolog, unless
+  # PrologFlags=Alloc), and that step waits for it: a spare that never ran a step would spend its
+  # Prolog inside its first probe step, after a failure, while the job waits (HPCTRAIN_PROBE_START_S).
+  # One step on the spares now, beside the training's first step, runs their Prolog at the start.
+  if [ "$hpctrain_spares" -gt 0 ]; then
+    hpctrain_out warm hpctrain_healthy  # a trapped signal acts at once (signals.sh)
+    warm=$(printf '%s\n' "$warm" | tail -n "+$((hpctrain_train_nodes + 1))")
+    if [ -n "$warm" ]; then
+      n=$(printf '%s\n' "$warm" | wc -l)
+      warm=$(printf '%s\n' "$warm" | paste -sd, -)
+      hpctrain_slurm -b srun --overlap --nodes="$n" --ntasks="$n" --nodelist="$warm" true >/dev/null 2>&1
+      hpctrain_bg_add "$!"
+    fi
+  fi
+}

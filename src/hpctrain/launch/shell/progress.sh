@@ -6,7 +6,6 @@
 # attempt's line (this shell does not know the run yet); from the second on, this shell writes it here,
 # before any task starts, from the directory the last line names: an attempt that never reaches rank 0
 # (a node that fails at start) has its line all the same.
-hpctrain_progress_file="$HPCTRAIN_CONTROL_DIR/progress-${SLURM_JOB_ID:-none}"
 hpctrain_ckpt_latest() {  # the run's checkpoints/latest now (- none; empty: the run is not known yet)
   local d l
   [ -s "$hpctrain_progress_file" ] || return 0
@@ -38,8 +37,13 @@ hpctrain_stalled() {  # $1: the checkpoint now
       print n
     }' "$pre" "$hpctrain_progress_file"
 }
-hpctrain_progress_latest=$(hpctrain_ckpt_latest)
-if [ -n "$hpctrain_progress_latest" ] && [ -z "$(hpctrain_progress_start "${SLURM_RESTART_COUNT:-0}")" ]; then
-  printf '%s\t%s\t%s\n' "${SLURM_RESTART_COUNT:-0}" "$hpctrain_progress_latest" \
-    "$(tail -n 1 "$hpctrain_progress_file" | cut -f3)" >> "$hpctrain_progress_file" || true
-fi
+# hpctrain_setup_progress: this attempt's line of the ledger (from the second attempt on)
+hpctrain_setup_progress() {
+  local latest
+  hpctrain_progress_file="$HPCTRAIN_CONTROL_DIR/progress-${SLURM_JOB_ID:-none}"
+  latest=$(hpctrain_ckpt_latest)
+  if [ -n "$latest" ] && [ -z "$(hpctrain_progress_start "${SLURM_RESTART_COUNT:-0}")" ]; then
+    printf '%s\t%s\t%s\n' "${SLURM_RESTART_COUNT:-0}" "$latest" \
+      "$(tail -n 1 "$hpctrain_progress_file" | cut -f3)" >> "$hpctrain_progress_file" || true
+  fi
+}

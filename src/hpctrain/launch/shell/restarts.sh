@@ -7,11 +7,6 @@
 # the first to fail is the cause. The same error at the same step twice in a row (or, where no rank
 # said why, the same exit status) is a bug, not a fault, and an error the user must fix (kind
 # `user`) is not retried: both end the job with that error.
-case "$hpctrain_max_restarts" in
-  ''|*[!0-9]*) echo "hpctrain: HPCTRAIN_MAX_RESTARTS ($hpctrain_max_restarts) must be a whole number" >&2; exit 1 ;;
-esac
-export HPCTRAIN_CRASH_FILE="$HPCTRAIN_CONTROL_DIR/crash-${SLURM_JOB_ID:-none}"
-hpctrain_restarts=0 hpctrain_last_crash=""
 hpctrain_first_crash() {  # the line of the rank that failed first (its time, in ns, is the first field)
   if [ -s "$HPCTRAIN_CRASH_FILE" ]; then sort -n -k1,1 "$HPCTRAIN_CRASH_FILE" | head -n 1; fi
 }
@@ -45,4 +40,12 @@ hpctrain_restart_here() {  # after a failed step that named no node: 0 restart i
   hpctrain_record restart
   echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T) with no faulty node: $cause." \
     "Restart $hpctrain_restarts/$hpctrain_max_restarts in this job on the same nodes, from the last checkpoint" >&2
+}
+# hpctrain_setup_restarts: the restart count and the crash file
+hpctrain_setup_restarts() {
+  case "$hpctrain_max_restarts" in
+    ''|*[!0-9]*) echo "hpctrain: HPCTRAIN_MAX_RESTARTS ($hpctrain_max_restarts) must be a whole number" >&2; exit 1 ;;
+  esac
+  export HPCTRAIN_CRASH_FILE="$HPCTRAIN_CONTROL_DIR/crash-${SLURM_JOB_ID:-none}"
+  hpctrain_restarts=0 hpctrain_last_crash=""
 }

@@ -40,8 +40,6 @@ hpctrain_out() {  # [-2] VAR CMD…: VAR= CMD's output as $(CMD) gives it (-2: s
   rm -f -- "$hpctrain_o_f"
   return "$hpctrain_o_rc"
 }
-# The background helpers (a heartbeat, a warm-up step): ended as this shell ends, on every path.
-hpctrain_bg=()
 hpctrain_bg_add() {  # $1: a child of this shell to end at exit
   hpctrain_bg+=("$1")
 }
@@ -52,4 +50,9 @@ hpctrain_bg_end() {
   done
   hpctrain_bg=()
 }
-hpctrain_at_exit+=(hpctrain_bg_end)
+# hpctrain_setup_signals: the background helpers, ended at exit
+hpctrain_setup_signals() {
+  # The background helpers (a heartbeat, a warm-up step): ended as this shell ends, on every path.
+  hpctrain_bg=()
+  hpctrain_at_exit+=(hpctrain_bg_end)
+}

@@ -1,22 +1,5 @@
 # shellcheck shell=bash
 # summary: hot spares: the nodes the step runs on and those held idle until a node fails
-for hpctrain_v in "$hpctrain_spares" "$hpctrain_tpn" "${SLURM_JOB_NUM_NODES:-1}"; do  # before arithmetic
-  case "$hpctrain_v" in
-    ''|*[!0-9]*) echo "hpctrain: HPCTRAIN_SPARE_NODES ($hpctrain_spares), SLURM_NTASKS_PER_NODE\
- ($hpctrain_tpn) and SLURM_JOB_NUM_NODES (${SLURM_JOB_NUM_NODES:-}) must be whole numbers" >&2; exit 1 ;;
-  esac
-done
-hpctrain_train_nodes=$(( ${SLURM_JOB_NUM_NODES:-1} - hpctrain_spares ))
-if [ "$hpctrain_train_nodes" -lt 1 ]; then
-  echo "hpctrain: $hpctrain_spares spare node(s) leave none of the job's ${SLURM_JOB_NUM_NODES:-1} to train on:" \
-    "ask for more nodes or fewer spares (HPCTRAIN_SPARE_NODES)" >&2
-  exit 1
-fi
-export HPCTRAIN_BAD_NODES_FILE="$HPCTRAIN_CONTROL_DIR/bad-nodes-${SLURM_JOB_ID:-none}"
-# one line per in-job restart or exclusion, kept across requeues: rank 0 records them (metrics.jsonl)
-export HPCTRAIN_FAULTS_FILE="$HPCTRAIN_CONTROL_DIR/faults-${SLURM_JOB_ID:-none}"
-hpctrain_alloc=" $(hpctrain_hosts "${SLURM_JOB_NODELIST:-}" | tr "\n" " ")"
-hpctrain_bad=" " hpctrain_bad_why="" hpctrain_attempt=0 hpctrain_step=()  # the nodes left out, and why
 hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill job), minus the excluded
   local n
   for n in $(hpctrain_hosts "$(hpctrain_job_field NodeList)"); do
@@ -34,9 +17,6 @@ hpctrain_healthy() {  # the job's nodes now (a failed node leaves a --no-kill jo
 # step of the job, unless PrologFlags=Alloc, which is given HPCTRAIN_PROBE_START_S, not the checks' few
 # seconds), then `hpctrain-probe NODE EXIT WHY`, and ends 0 (a site's KillOnBadExit would otherwise end
 # the other nodes' checks).
-hpctrain_gpus=${HPCTRAIN_PROBE_GPUS-${SLURM_GPUS_PER_NODE##*:}}
-hpctrain_probe_gpus=()
-if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then hpctrain_probe_gpus=(--gpus-per-node="$SLURM_GPUS_PER_NODE"); fi
 # shellcheck disable=SC2016  # expanded by the probe step's own bash, from its arguments
 hpctrain_probe_check='
 h=${SLURMD_NODENAME:-$(hostname)}
@@ -51,15 +31,6 @@ why=$(
   timeout 5 touch "$2/probe-$h" 2>/dev/null || { echo "the run directory took no write in 5 s"; exit 3; }
 ); rc=$?
 echo "hpctrain-probe $h $rc $(printf "%s" "$why" | tr -d "\000-\037" | cut -c1-200)"'
-# seconds: each check on the node; a probe step to start and end (a Prolog inside it included)
-hpctrain_probe_s=${HPCTRAIN_PROBE_S:-10} hpctrain_probe_start_s=${HPCTRAIN_PROBE_START_S:-120}
-for hpctrain_v in "$hpctrain_probe_s" "$hpctrain_probe_start_s"; do
-  case "$hpctrain_v" in
-    ''|*[!0-9]*|0) echo "hpctrain: HPCTRAIN_PROBE_S ($hpctrain_probe_s) and HPCTRAIN_PROBE_START_S" \
-      "($hpctrain_probe_start_s) must be whole numbers of seconds above 0" >&2; exit 1 ;;
-  esac
-done
-declare -A hpctrain_suspect=()  # node → why a task suspected it: excluded only if its probe fails
 # A step the controller refuses before it asks any node is no node's fault: measured (24.11.5), while
 # slurmctld restarts srun fails with "Unable to confirm allocation … Unable to contact slurm
 # controller", and for ~5 s after it with "Unable to create step … Memory required by task is not
@@ -161,4 +132,37 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
 hpctrain_record() {  # a line of $HPCTRAIN_FAULTS_FILE: time, restart, attempt, action, nodes, why, step end
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" \
     "$(hpctrain_commas "$hpctrain_new")" "$hpctrain_fault" "$hpctrain_ended" >> "$HPCTRAIN_FAULTS_FILE" || true
+}
+# hpctrain_setup_spares: the nodes to train on, the files, the probe's settings
+hpctrain_setup_spares() {
+  local v
+  for v in "$hpctrain_spares" "$hpctrain_tpn" "${SLURM_JOB_NUM_NODES:-1}"; do  # before arithmetic
+    case "$v" in
+      ''|*[!0-9]*) echo "hpctrain: HPCTRAIN_SPARE_NODES ($hpctrain_spares), SLURM_NTASKS_PER_NODE\
+ ($hpctrain_tpn) and SLURM_JOB_NUM_NODES (${SLURM_JOB_NUM_NODES:-}) must be whole numbers" >&2; exit 1 ;;
+    esac
+  done
+  hpctrain_train_nodes=$(( ${SLURM_JOB_NUM_NODES:-1} - hpctrain_spares ))
+  if [ "$hpctrain_train_nodes" -lt 1 ]; then
+    echo "hpctrain: $hpctrain_spares spare node(s) leave none of the job's ${SLURM_JOB_NUM_NODES:-1} to train on:" \
+      "ask for more nodes or fewer spares (HPCTRAIN_SPARE_NODES)" >&2
+    exit 1
+  fi
+  export HPCTRAIN_BAD_NODES_FILE="$HPCTRAIN_CONTROL_DIR/bad-nodes-${SLURM_JOB_ID:-none}"
+  # one line per in-job restart or exclusion, kept across requeues: rank 0 records them (metrics.jsonl)
+  export HPCTRAIN_FAULTS_FILE="$HPCTRAIN_CONTROL_DIR/faults-${SLURM_JOB_ID:-none}"
+  hpctrain_alloc=" $(hpctrain_hosts "${SLURM_JOB_NODELIST:-}" | tr "\n" " ")"
+  hpctrain_bad=" " hpctrain_bad_why="" hpctrain_attempt=0 hpctrain_step=()  # the nodes left out, and why
+  hpctrain_gpus=${HPCTRAIN_PROBE_GPUS-${SLURM_GPUS_PER_NODE##*:}}
+  hpctrain_probe_gpus=()
+  if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then hpctrain_probe_gpus=(--gpus-per-node="$SLURM_GPUS_PER_NODE"); fi
+  # seconds: each check on the node; a probe step to start and end (a Prolog inside it included)
+  hpctrain_probe_s=${HPCTRAIN_PROBE_S:-10} hpctrain_probe_start_s=${HPCTRAIN_PROBE_START_S:-120}
+  for v in "$hpctrain_probe_s" "$hpctrain_probe_start_s"; do
+    case "$v" in
+      ''|*[!0-9]*|0) echo "hpctrain: HPCTRAIN_PROBE_S ($hpctrain_probe_s) and HPCTRAIN_PROBE_START_S" \
+        "($hpctrain_probe_start_s) must be whole numbers of seconds above 0" >&2; exit 1 ;;
+    esac
+  done
+  declare -gA hpctrain_suspect=()  # node → why a task suspected it: excluded only if its probe fails
 }

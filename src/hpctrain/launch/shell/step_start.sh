@@ -2,6 +2,7 @@
 # summary: before each step: recheck the snapshot, skip the step after a stop signal, set its srun options
 # hpctrain_step_start: 1 when no step may start (hpctrain_decision and hpctrain_why say why)
 hpctrain_step_start() {
+  local healthy
   # a stop signal that came before this step (the image copy, a probe step: the trap acted at once, but
   # no step ran to pass it to): no step starts; the job is requeued and resumes from the last checkpoint
   if [ -n "$hpctrain_signal" ]; then
@@ -11,8 +12,8 @@ hpctrain_step_start() {
   fi
   hpctrain_step_hosts=$hpctrain_alloc
   if [ "$hpctrain_spares" -gt 0 ]; then
-    hpctrain_out hpctrain_v hpctrain_healthy  # a trapped signal acts at once (signals.sh)
-    hpctrain_step_hosts=" $(printf '%s\n' "$hpctrain_v" | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
+    hpctrain_out healthy hpctrain_healthy  # a trapped signal acts at once (signals.sh)
+    hpctrain_step_hosts=" $(printf '%s\n' "$healthy" | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
     # --overlap: a failed step stays RUNNING in slurmctld while its lost node cannot confirm its end,
     # holding its CPUs and GPUs on the healthy nodes too (measured); its tasks are gone, so share them
     hpctrain_step=(--nodes="$hpctrain_train_nodes" --ntasks=$((hpctrain_train_nodes * hpctrain_tpn))
@@ -22,6 +23,6 @@ hpctrain_step_start() {
   hpctrain_check_snapshot  # source.sh: an in-job restart imports the snapshot again
   # healthy spares beyond this step's nodes: a straggler stop then restarts here, not a requeue (run/requeue.py)
   export HPCTRAIN_SPARES_FREE=0
-  if [ "$hpctrain_spares" -gt 0 ]; then HPCTRAIN_SPARES_FREE=$(( $(printf '%s\n' "$hpctrain_v" | grep -c .) - hpctrain_train_nodes )); fi
+  if [ "$hpctrain_spares" -gt 0 ]; then HPCTRAIN_SPARES_FREE=$(( $(printf '%s\n' "$healthy" | grep -c .) - hpctrain_train_nodes )); fi
   rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_BAD_NODES_FILE" "$HPCTRAIN_CRASH_FILE"
 }

@@ -9,31 +9,7 @@
 # that the tasks count it as one (slurm.max_preemptions), not as a time limit. `scancel --full`
 # signals every step as well as this shell (scancel(1)): the tasks then get the signal itself too,
 # and a TERM counts as a preemption; use --batch for a time-limit stop.
-export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"
-export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"
-mkdir -m 0755 "$HPCTRAIN_CONTROL_DIR" 2>/dev/null || [ -d "$HPCTRAIN_CONTROL_DIR" ] || {
-  echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job from a writable directory" >&2
-  exit 1
-}
-# this shell writes (faults-, stop-, bad-nodes-) through whatever is at those paths: ours alone (run.owner)
-if [ -L "$HPCTRAIN_CONTROL_DIR" ] || [ ! -O "$HPCTRAIN_CONTROL_DIR" ] ||
-  [ -n "$(find "$HPCTRAIN_CONTROL_DIR" -maxdepth 0 -perm /022)" ]; then
-  echo "hpctrain: $HPCTRAIN_CONTROL_DIR can be changed by another user (owner uid" \
-    "$(stat -c %u "$HPCTRAIN_CONTROL_DIR"), mode $(stat -c %a "$HPCTRAIN_CONTROL_DIR")): check what is in it," \
-    "then chmod 755 it as its owner (or remove it) and resubmit" >&2
-  exit 1
-fi
-rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_CONTROL_DIR/usr2-${SLURM_JOB_ID:-none}"
-# What the other parts run as this shell ends, on every path (exit, `set -e`, a failed check): one
-# EXIT trap for them all (a second `trap … EXIT` would replace the first). A hook that fails is skipped.
-hpctrain_at_exit=()
 hpctrain_run_at_exit() { local h; for h in ${hpctrain_at_exit[@]+"${hpctrain_at_exit[@]}"}; do "$h" || true; done; }
-trap hpctrain_run_at_exit EXIT
-# This job for scontrol: an array element by <array>_<index>, since the element whose own id is the
-# array's id would otherwise name (and requeue) the whole array.
-hpctrain_job=${SLURM_JOB_ID:-none}
-if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi
-hpctrain_signal="" hpctrain_srun=""
 hpctrain_preempted() {  # Slurm has picked this job for preemption (PreemptTime is set)
   # asked in the USR2 handler too: at most 5 s there (a controller that is away would hold scontrol for
   # ~9 s, and the stop's lead time is short); no answer reads as "not preempted" (a time limit)
@@ -114,5 +90,32 @@ hpctrain_pass() {
   # the step still running: an ended srun's PID may be another process's now (signals.sh)
   if [ -n "$hpctrain_srun" ] && hpctrain_ours "$hpctrain_srun"; then kill -USR2 "$hpctrain_srun" 2>/dev/null || true; fi
 }
-trap 'hpctrain_pass USR2' USR2
-trap 'hpctrain_pass TERM' TERM
+# hpctrain_setup_stops: the control directory, the EXIT hooks, this job's name, the stop traps
+hpctrain_setup_stops() {
+  export HPCTRAIN_CONTROL_DIR="$PWD/.hpctrain"
+  export HPCTRAIN_STOP_FILE="$HPCTRAIN_CONTROL_DIR/stop-${SLURM_JOB_ID:-none}"
+  mkdir -m 0755 "$HPCTRAIN_CONTROL_DIR" 2>/dev/null || [ -d "$HPCTRAIN_CONTROL_DIR" ] || {
+    echo "hpctrain: cannot create $HPCTRAIN_CONTROL_DIR: run the job from a writable directory" >&2
+    exit 1
+  }
+  # this shell writes (faults-, stop-, bad-nodes-) through whatever is at those paths: ours alone (run.owner)
+  if [ -L "$HPCTRAIN_CONTROL_DIR" ] || [ ! -O "$HPCTRAIN_CONTROL_DIR" ] ||
+    [ -n "$(find "$HPCTRAIN_CONTROL_DIR" -maxdepth 0 -perm /022)" ]; then
+    echo "hpctrain: $HPCTRAIN_CONTROL_DIR can be changed by another user (owner uid" \
+      "$(stat -c %u "$HPCTRAIN_CONTROL_DIR"), mode $(stat -c %a "$HPCTRAIN_CONTROL_DIR")): check what is in it," \
+      "then chmod 755 it as its owner (or remove it) and resubmit" >&2
+    exit 1
+  fi
+  rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_CONTROL_DIR/usr2-${SLURM_JOB_ID:-none}"
+  # What the other parts run as this shell ends, on every path (exit, `set -e`, a failed check): one
+  # EXIT trap for them all (a second `trap … EXIT` would replace the first). A hook that fails is skipped.
+  hpctrain_at_exit=()
+  trap hpctrain_run_at_exit EXIT
+  # This job for scontrol: an array element by <array>_<index>, since the element whose own id is the
+  # array's id would otherwise name (and requeue) the whole array.
+  hpctrain_job=${SLURM_JOB_ID:-none}
+  if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then hpctrain_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}; fi
+  hpctrain_signal="" hpctrain_srun=""
+  trap 'hpctrain_pass USR2' USR2
+  trap 'hpctrain_pass TERM' TERM
+}
