@@ -50,6 +50,27 @@ class AdamWLowMu(AdamFamily):
             if "exp_avg" in state:
                 state["exp_avg"] = state["exp_avg"].to(self.mu_dtype)
 
+    def update_scaled(self, b: Bucket, group: dict, grad_scale: torch.Tensor | None, found_inf: torch.Tensor) -> None:
+        """fp16: the fused kernel on an fp32 copy of the moment; where it skips, the copy rounds back to
+        the stored moment exactly (bf16 → fp32 → bf16)."""
+        m = b.exp_avgs if b.exp_avgs[0].dtype == torch.float32 else self.scratch.views(b.exp_avgs)
+        if m is not b.exp_avgs:
+            copy_(m, b.exp_avgs)
+        fused_adam_(
+            b.params,
+            b.grads,
+            m,
+            b.exp_avg_sqs,
+            b.step_tensors,
+            group,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
+        if m is not b.exp_avgs:
+            copy_(b.exp_avgs, m)
+
     def update(self, b: Bucket, group: dict) -> None:
         if self.fused(b):  # one pass per tensor; a bf16 moment goes through a reused fp32 copy
             m = b.exp_avgs if b.exp_avgs[0].dtype == torch.float32 else self.scratch.views(b.exp_avgs)

@@ -68,6 +68,28 @@ class Lamb(AdamFamily):
             torch._foreach_mul_(r, scale)
         self.apply(b, group, r)
 
+    def update_scaled(self, b: Bucket, group: dict, grad_scale: torch.Tensor | None, found_inf: torch.Tensor) -> None:
+        """fp16: Adam's step from zero with lr = -1 through the fused kernel, which leaves it zero (and the
+        moments as they were) where it skips; the weight decay term is weighted by 1 - found_inf, so a
+        skipped step moves no weight (a zero update: trust ratio 1, `apply`)."""
+        r = self.scratch.views(b.params, zero=True)
+        fused_adam_(
+            r,
+            b.grads,
+            b.exp_avgs,
+            b.exp_avg_sqs,
+            b.step_tensors,
+            group,
+            lr=-1.0,
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
+        wd = group["weight_decay"]
+        if wd:
+            keep = (1 - found_inf).to(r[0].device, non_blocking=True) * wd
+            torch._foreach_add_(r, torch._foreach_mul(b.params, keep))
+        self.apply(b, group, r)
+
     @staticmethod
     def apply(b: Bucket, group: dict, r: list[torch.Tensor]) -> None:
         """w -= lr · ratio · r, the trust ratio where the group adapts. The ratios stay on the device (no

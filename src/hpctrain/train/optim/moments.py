@@ -72,14 +72,14 @@ def as_fp32(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def fusable(b: Bucket) -> bool:
-    """Whether torch's fused Adam kernel can take the bucket: plain contiguous fp32 CPU tensors (it reads
-    each tensor's CPU step count itself; on an accelerator it wants the counts on the device, and
-    FSDP2's DTensors go through the foreach ops)."""
+def fusable(b: Bucket, devices: tuple[str, ...] = ("cpu",)) -> bool:
+    """Whether torch's fused Adam kernel can take the bucket: plain contiguous fp32 tensors on one of
+    `devices` (on the CPU it reads each tensor's CPU step count itself; on an accelerator it wants the
+    counts on the device: `AdamFamily.steps_on_device`; FSDP2's DTensors go through the foreach ops)."""
     fp32 = (t for ts in (b.params, b.grads, b.exp_avg_sqs) for t in ts)
     return all(
         type(t) in (torch.Tensor, torch.nn.Parameter)
-        and t.device.type == "cpu"
+        and t.device.type in devices
         and t.dtype == torch.float32
         and t.is_contiguous()
         for t in fp32
@@ -96,9 +96,13 @@ def fused_adam_(
     *,
     lr: float,
     weight_decay: float = 0.0,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
 ) -> None:
     """torch's fused (Adam)W kernel, one pass over each tensor: m = lerp(m, g, 1-β1), v = β2·v + (1-β2)·g²,
-    w = w·(1 - lr·λ) - lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + ε) with t the (already incremented) step."""
+    w = w·(1 - lr·λ) - lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + ε) with t the (already incremented) step.
+    GradScaler's tensors (fp16): the kernel divides the gradients by `grad_scale` and, where `found_inf`
+    is set, writes nothing, reading both on the device."""
     beta1, beta2 = group["betas"]
     torch._fused_adamw_(
         params,
@@ -114,6 +118,8 @@ def fused_adam_(
         eps=group["eps"],
         amsgrad=False,
         maximize=False,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
     )
 
 
@@ -125,10 +131,11 @@ class Scratch:
         self.buf = torch.empty(0)
 
     def views(self, like: list[torch.Tensor], zero: bool = False) -> list[torch.Tensor]:
-        """Contiguous fp32 views shaped as `like`, side by side in the buffer (grown when too small)."""
+        """Contiguous fp32 views shaped as `like`, side by side in the buffer (grown when too small; on
+        `like`'s device)."""
         n = sum(t.numel() for t in like)
-        if self.buf.numel() < n:
-            self.buf = torch.empty(n)
+        if self.buf.numel() < n or self.buf.device != like[0].device:
+            self.buf = torch.empty(n, device=like[0].device)
         if zero:
             self.buf[:n].zero_()
         out, off = [], 0
@@ -155,6 +162,13 @@ class AdamFamily(torch.optim.Optimizer):
     # On the CPU, fp32 buckets take torch's fused Adam kernel (one pass per tensor instead of a pass per
     # op: bench/optim_step.py); False: the foreach ops everywhere (as an accelerator runs them).
     cpu_fused: bool = True
+    # train.amp=fp16: GradScaler hands step() its found_inf (and grad_scale while the gradients are still
+    # scaled) as device tensors instead of reading found_inf on the host first (torch.amp.GradScaler.step:
+    # `_step_supports_amp_scaling`); fused buckets skip on the device (`update_scaled`), no host sync.
+    _step_supports_amp_scaling = True
+    # what the fp16 path updates at a time on an accelerator (its fp32 temporaries: AdamWLowMu's moment,
+    # LAMB's update): 64 MiB of values, not a whole model's
+    device_chunk: int = 1 << 24
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -178,6 +192,25 @@ class AdamFamily(torch.optim.Optimizer):
     def update(self, b: Bucket, group: dict) -> None:
         """Apply this step to every tensor of the bucket (moments and parameters in place)."""
         raise NotImplementedError
+
+    def update_scaled(self, b: Bucket, group: dict, grad_scale: torch.Tensor | None, found_inf: torch.Tensor) -> None:
+        """`update` under fp16's GradScaler through the fused kernel (`kernel_takes`), which unscales by
+        `grad_scale` and skips where `found_inf` is set, on the device; the step counts are on the device
+        and already incremented (`step` takes the increment back where skipped)."""
+        raise NotImplementedError
+
+    def kernel_takes(self, b: Bucket) -> bool:
+        """Whether `update_scaled` can take the bucket: torch's fused kernel on CUDA, or on the CPU where
+        this torch has it (2.4+)."""
+        return fusable(b, ("cuda", "cpu") if compat.cpu_fused_adam() else ("cuda",))
+
+    def steps_on_device(self, b: Bucket) -> None:
+        """Move the bucket's step counts to its parameters' device (the fused kernel reads them there;
+        a count loaded from a checkpoint is a CPU scalar)."""
+        for i, p in enumerate(b.params):
+            s = b.step_tensors[i]
+            if s.device != p.device:
+                b.step_tensors[i] = self.state[p]["step"] = s.to(p.device)
 
     def _buckets(self, group: dict) -> list[Bucket]:
         buckets: dict[tuple, Bucket] = {}
@@ -205,10 +238,30 @@ class AdamFamily(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for b in self._buckets(group):
+        todo = [(group, b) for group in self.param_groups for b in self._buckets(group)]
+        found_inf: torch.Tensor | None = getattr(self, "found_inf", None)  # set by GradScaler.step (fp16)
+        grad_scale: torch.Tensor | None = getattr(self, "grad_scale", None)
+        if found_inf is not None and not all(self.kernel_takes(b) for _, b in todo):
+            # not all fused (FSDP2's DTensors, fp16 or bf16 parameters): GradScaler's own way, one host read
+            if found_inf.item():
+                return loss
+            if grad_scale is not None:
+                inv = grad_scale.double().reciprocal().float()
+                for _, b in todo:
+                    torch._foreach_mul_(b.grads, inv)
+            found_inf = None
+        for group, b in todo:
+            cpu = b.params[0].device.type == "cpu"
+            if found_inf is None:
                 torch._foreach_add_(b.step_tensors, 1)
                 b.steps = torch.stack(b.step_tensors).tolist()  # CPU scalars: no device sync
-                for part in b.chunks(self.cpu_chunk if b.params[0].device.type == "cpu" else 0):
+                for part in b.chunks(self.cpu_chunk if cpu else 0):
                     self.update(part, group)
+                continue
+            self.steps_on_device(b)
+            torch._foreach_add_(b.step_tensors, 1)
+            for part in b.chunks(self.cpu_chunk if cpu else self.device_chunk):
+                self.update_scaled(part, group, grad_scale, found_inf)
+            skipped = found_inf.to(b.params[0].device, non_blocking=True)
+            torch._foreach_sub_(b.step_tensors, [skipped] * len(b.step_tensors))  # a skipped step counts none
         return loss
