@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hpctrain.doctor.checks import Check
 from hpctrain.doctor.sysfs import natural_key, pci_numa_node, read_or_empty
+from hpctrain.site.gpudirect import GpuDirect
 
 
 @dataclass(frozen=True)
@@ -242,3 +243,36 @@ def roce_gid_advice(ports: list[IBPort], gbps: float, nccl_version: str | None) 
             f"fabric.gid_index: {gid}); NCCL >= 2.21 picks it itself: leave it unset there; {lossless}",
         )
     ]
+
+
+def gpudirect_check(ports: list[IBPort], gpus: int, g: GpuDirect, env: dict[str, str] | None = None) -> Check | None:
+    """GPUDirect RDMA where a node has both HCAs and NVIDIA GPUs (site/gpudirect.py): without it NCCL
+    stages every inter-node transfer through host memory and says so only at NCCL_DEBUG=INFO."""
+    if not ports or not gpus:
+        return None
+    active = [p for p in ports if p.state == "ACTIVE"]
+    if not active:
+        return None
+    env = env or {}
+    if g.peermem:
+        return Check("infiniband", "GPUDirect RDMA", "ok", "nvidia_peermem (a peer-memory module) is loaded")
+    if g.dmabuf and env.get("NCCL_DMABUF_ENABLE") != "0":
+        return Check("infiniband", "GPUDirect RDMA", "ok", f"DMA-BUF (Linux {g.kernel}, {OPEN_FLAVOUR})")
+    why = (
+        "NCCL_DMABUF_ENABLE=0 turns DMA-BUF off and no peer-memory module is loaded"
+        if g.dmabuf
+        else (
+            "no peer-memory module loaded and no DMA-BUF "
+            + (f"(Linux {g.kernel}, driver: {g.driver or 'none loaded'})")
+        )
+    )
+    return Check(
+        "infiniband",
+        "GPUDirect RDMA",
+        "warn",
+        f"{why}: NCCL will stage every inter-node transfer through host memory",
+        g.fix() if not g.dmabuf else "unset NCCL_DMABUF_ENABLE (or load nvidia-peermem)",
+    )
+
+
+OPEN_FLAVOUR = "the open GPU kernel module"

@@ -13,11 +13,12 @@ from hpctrain.allreduce import format_rows
 from hpctrain.doctor.checks import Check
 from hpctrain.doctor.container import container_checks, in_container, runtime_checks
 from hpctrain.doctor.env import interfaces, nccl_env_checks
-from hpctrain.doctor.fabric import IBPort, ib_ports, suggest_nccl
+from hpctrain.doctor.fabric import IBPort, gpudirect_check, ib_ports, suggest_nccl
 from hpctrain.doctor.gpus import gpu_numa_nodes
 from hpctrain.doctor.limits import memlock_check
 from hpctrain.doctor.site_fit import profile_checks
 from hpctrain.doctor.versions import gpus, version_checks, versions
+from hpctrain.site import gpudirect
 from hpctrain.site.profile import ClusterProfile
 
 
@@ -59,6 +60,8 @@ def run(
     suggested, ib_checks = suggest_nccl(ports, gpu_numa, v["nccl"])
     inside = in_container(env)
     checks = version_checks(v, gpu_names) + ib_checks
+    gdr = gpudirect_check(ports, len(gpu_numa), gpudirect.detect(sysfs_root, Path(root, "proc")), dict(env))
+    checks += [gdr] if gdr else []
     checks += nccl_env_checks(env, ports, interfaces(sysfs_root), gpu_numa)
     checks += container_checks(env, ports, inside, root)
     if not inside and profile is None:  # inside an image no runtime starts another

@@ -35,6 +35,7 @@ from hpctrain.plan import tables
 from hpctrain.run import badnodes
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import MetricsWriter
+from hpctrain.site import gpudirect
 from hpctrain.train.health import straggler
 
 log = logging.getLogger("hpctrain")
@@ -397,6 +398,26 @@ def _fabric_figure(t) -> tuple[float | None, str]:
 
 
 CPU_RETIMES = 4  # more timings of every rank while one is below the mark (CPU only)
+RDMA_FABRICS = ("ib", "roce")  # fabric.kind values whose NCCL traffic GPUDirect RDMA carries
+
+
+def gpudirect_warnings(ways: dict[str, tuple[str, str]]) -> list[str]:
+    """One line per node whose HCAs cannot reach its GPUs' memory (`ways`: node → (way, fix), from
+    site.gpudirect on each node): a warning, not a failure, since NCCL then stages its transfers
+    through host memory (slower, still correct)."""
+    return [
+        f"{node}: no GPUDirect RDMA (NCCL stages every inter-node transfer through host memory): {fix}"
+        for node, (way, fix) in sorted(ways.items())
+        if not way
+    ]
+
+
+def _gpudirect(device: torch.device) -> tuple[str, str] | None:
+    """This node's GPUDirect RDMA way and fix where it matters: CUDA over InfiniBand or RoCE."""
+    if device.type != "cuda" or os.environ.get(FABRIC_ENV, "") not in RDMA_FABRICS:
+        return None
+    g = gpudirect.detect()
+    return g.way, g.fix()
 
 
 def _retimed_on_cpu(
@@ -463,7 +484,15 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         peak, peak_source = flops.peak_tflops(torch.cuda.get_device_name(device))
     fabric, fabric_source = _fabric_figure(t) if device.type == "cuda" else (None, "CPU: the median pair")
     rows = _gather(
-        {"tflops": tf, "pairs": led, "decode": dec, "refs": (peak, peak_source, fabric, fabric_source)}, group, world
+        {
+            "tflops": tf,
+            "pairs": led,
+            "decode": dec,
+            "refs": (peak, peak_source, fabric, fabric_source),
+            "gpudirect": _gpudirect(device),
+        },
+        group,
+        world,
     )
     peak, peak_source, fabric, fabric_source = rows[0]["refs"]  # rank 0's: one verdict on every rank
     pairs = [(a, b) for row in rows for a, b, _ in row["pairs"]]
@@ -488,6 +517,8 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
     )
     if len(set(nodes_of_rank)) < 2:
         v.notes.append("one node: no node pair to time")
+    ways = {n: row["gpudirect"] for n, row in zip(nodes_of_rank, rows) if row["gpudirect"] is not None}
+    warned = gpudirect_warnings(ways) if len(set(nodes_of_rank)) > 1 else []
     if retimed:
         v.notes.append(f"CPU: every rank timed {retimed} more time(s) after one was below the mark; best figures kept")
     if broken:
@@ -516,6 +547,7 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         else {"median_GBps": statistics.median(busbw) if busbw else None, "tolerance": cfg.health.preflight_tolerance},
         "min_frac": cfg.health.preflight_min_frac,
         "decode": decode,
+        "gpudirect": {n: w for n, (w, _) in ways.items()} or None,  # node → nvidia_peermem | dma-buf | ""
         "bad_nodes": v.bad,
         "shared": v.shared,
         "notes": v.notes,
@@ -530,6 +562,8 @@ def run(cfg, info, device: torch.device, run_dir: Path, train_loader, group=None
         m.close()
         for note in v.notes:
             log.info("preflight: %s", note)
+        for line in warned:
+            log.warning("preflight: %s", line)
         log.info(
             "preflight %s in %.1f s: matmul %.3g-%.3g TFLOP/s per rank; %d node pair(s)%s%s",
             "passed" if v.passed else "FAILED",
