@@ -1,4 +1,4 @@
-"""Test worker: a compiled DDP run whose rank $SLOW_COMPILE_RANK compiles slowly, then this rank's
+"""Test worker: a compiled DDP (or FSDP) run whose rank $SLOW_COMPILE_RANK compiles slowly, then this rank's
 weights (rank-<r>.pt). The delay wraps Inductor's entry point (what torch.compile's default backend
 calls for every graph), so it slows the first compile wherever that happens: in the warm-up
 (compile.warmup) or, without it, inside DDP's first step."""
@@ -15,7 +15,7 @@ import torch._inductor.compile_fx as inductor_entry
 
 from hpctrain.config import load
 from hpctrain.train import collective
-from tests.train.worker import cpu_trainer, join
+from tests.train.worker import cpu_trainer, join, local
 
 
 def slow_first_compile(seconds: float) -> None:
@@ -39,7 +39,8 @@ def main(config: str, out: str, *sets: str) -> None:
     info = join(cfg, cfg.dist.pg_timeout_s)
     trainer = cpu_trainer(cfg, info, Path(out) if info.is_main else None)
     trainer.run()
-    torch.save(trainer.model.state_dict(), Path(out) / f"rank-{info.rank}.pt")
+    state = {k: local(v) for k, v in trainer.model.state_dict().items()}  # FSDP: this rank's shards
+    torch.save(state, Path(out) / f"rank-{info.rank}.pt")
     collective.shutdown()
 
 

@@ -68,3 +68,21 @@ def test_slow_compile_on_one_rank_does_not_time_out_the_others(digits_root, tmp_
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), f"rank {r}: {k} differs with the warm-up"
+
+
+@pytest.mark.slow  # three compiled 2-rank FSDP runs: ~1-2 min on 2 cores
+def test_under_fsdp_a_slow_first_compile_runs_under_the_compile_timeout(digits_root, tmp_path):
+    """FSDP's forward all-gathers, so its first compile runs inside collectives: the warm-up raises
+    the group's timeout to compile.timeout_s for one throwaway forward + backward. Before, nothing
+    warmed FSDP up: the slow rank's compile held rank 0 in the first step's collectives past
+    dist.pg_timeout_s (the run with compile.warmup=false below), and the job failed."""
+    fsdp = ["dist.parallel=fsdp", f"dist.pg_timeout_s={PG_TIMEOUT_S}"]
+    warm, results = run(digits_root, tmp_path, "warm", *fsdp, slow=True)
+    assert "torch.compile warm-up (FSDP" in results[0].stdout
+    _, results = run(digits_root, tmp_path, "unwarmed", *fsdp, "compile.warmup=false", slow=True, check=False)
+    assert results[0].returncode != 0 and "timed out" in results[0].stdout.lower(), results[0].stdout[-3000:]
+    ref, _ = run(digits_root, tmp_path, "ref", "dist.parallel=fsdp", "compile.warmup=false")
+    for r in range(2):  # each rank's shards, bit for bit
+        a = torch.load(warm / f"rank-{r}.pt", weights_only=True)
+        b = torch.load(ref / f"rank-{r}.pt", weights_only=True)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"rank {r} differs"

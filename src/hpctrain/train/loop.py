@@ -389,6 +389,7 @@ class Trainer:
             self.step_amp,
             self.control_group,
             self.reduce_hook,
+            self.fsdp,
         )
 
     def _log_window(self, lp: Loop) -> None:

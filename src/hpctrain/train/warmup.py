@@ -2,7 +2,9 @@
 
 Under DDP: the torch.compile warm-up (compile before the first collective, then wait for every rank
 on the control group) and the bucket settling (DDP re-lays its gradient buckets once; every real
-step must see that layout for a bit-exact resume). On a GPU: which attention kernel runs.
+step must see that layout for a bit-exact resume). Under FSDP: the compile warm-up with the
+collectives' timeout raised to compile.timeout_s while it runs (FSDP's forward all-gathers, so its
+compile cannot come before a collective). On a GPU: which attention kernel runs.
 Each leaves the RNG streams, gradients, weights and optimizer as they were (docs/communication.md,
 docs/checkpoints.md).
 """
@@ -40,6 +42,7 @@ class WarmupTarget:
     step_amp: str  # the autocast a step runs under (none for bf16 under FSDP: its policy casts)
     control_group: td.ProcessGroup | None = None
     reduce_hook: comm.CountingHook | None = None
+    fsdp: bool = False  # dist.parallel=fsdp
 
 
 def before_first_step(t: WarmupTarget) -> None:
@@ -49,6 +52,8 @@ def before_first_step(t: WarmupTarget) -> None:
         if t.cfg.compile.enabled and t.cfg.compile.warmup:
             warm_compile(t)
         settle_ddp_buckets(t)
+    elif t.fsdp and t.world_size > 1 and t.cfg.compile.enabled and t.cfg.compile.warmup:
+        warm_compile_fsdp(t)
     if t.device.type == "cuda":
         log_attention_kernel(t.model, t.cfg, t.device)
 
@@ -104,6 +109,54 @@ def warm_compile(t: WarmupTarget) -> None:
         ) from e
     log.info(
         "torch.compile warm-up: %.1f s here, then %.1f s waiting for the other ranks",
+        warm_s,
+        time.perf_counter() - t1,
+    )
+
+
+def throwaway_backward(t: WarmupTarget) -> None:
+    """One forward + backward of the compiled model on `throwaway_input` (a zero loss), with every RNG
+    stream and every gradient put back as they were; the optimizer is not touched."""
+    rng = rng_state(t.device)
+    params = list(t.model.parameters())
+    grads = [p.grad for p in params]
+    for p in params:  # a backward accumulates into an existing gradient: start from none
+        p.grad = None
+    with autocast_ctx(t.step_amp, t.device):
+        out = t.fwd_model(throwaway_input(t.cfg, t.world_size, t.device))
+    (out.float().sum() * 0.0).backward()
+    for p, g in zip(params, grads):
+        p.grad = g
+    set_rng_state(rng, t.device)
+
+
+def warm_compile_fsdp(t: WarmupTarget) -> None:
+    """compile.enabled under FSDP: the first compile inside a collective timeout that fits a compile.
+
+    FSDP's forward all-gathers each block's parameters as it comes, so the compile cannot come before
+    the first collective as under DDP: a fast rank waits in an all-gather (or the backward's
+    reduce-scatter) while a slow one compiles, and past dist.pg_timeout_s the job failed. So the
+    default group's timeout is compile.timeout_s for one throwaway forward + backward (c10d's
+    `_set_pg_timeout`, torch 2.3+; FSDP needs 2.4), then every rank waits on the control group
+    (`monitored_barrier`, compile.timeout_s) and the timeout goes back to dist.pg_timeout_s before the
+    first step. Gradients, RNG streams and the optimizer are left as they were.
+    """
+    set_timeout = td.distributed_c10d._set_pg_timeout  # private, c10d's own setter (2.3+; absent in 2.2)
+    compile_timeout = datetime.timedelta(seconds=t.cfg.compile.timeout_s)
+    t0 = time.perf_counter()
+    set_timeout(compile_timeout)
+    try:
+        throwaway_backward(t)
+        warm_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if td.get_backend(t.control_group) == "gloo":
+            td.monitored_barrier(t.control_group, timeout=compile_timeout)
+    finally:
+        set_timeout(datetime.timedelta(seconds=t.cfg.dist.pg_timeout_s))
+    log.info(
+        "torch.compile warm-up (FSDP, collectives under compile.timeout_s=%d): %.1f s here, then %.1f s "
+        "waiting for the other ranks",
+        t.cfg.compile.timeout_s,
         warm_s,
         time.perf_counter() - t1,
     )
