@@ -13,7 +13,7 @@ from hpctrain.doctor.fabric import gpudirect_check, ib_ports
 from hpctrain.doctor.gpus import gpu_numa_nodes
 from hpctrain.site import gpudirect
 from hpctrain.train.health.preflight import gpudirect_warnings
-from tests.doctor.fake_sysfs import dgx_h100, ib_node, write  # noqa: F401 - fixtures
+from tests.doctor.fake_sysfs import write  # its fixtures (dgx_h100, ib_node): tests/conftest.py
 
 PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Fri May 31 09:35:42 UTC 2024"
 OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  Release Build  (dvs-builder@U16)"

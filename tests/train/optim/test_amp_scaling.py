@@ -36,6 +36,16 @@ def loss_of(m: torch.nn.Module, i: int) -> torch.Tensor:
     return ((m(x) - y) ** 2).mean()
 
 
+def counting(item, reads: list, step: int):
+    """`Tensor.item` that notes `step` in `reads` at each call."""
+
+    def counted(t):
+        reads.append(step)
+        return item(t)
+
+    return counted
+
+
 def scaled_steps(make, steps: int, inf_at: tuple[int, ...] = (), reads: list | None = None):
     """`steps` steps as train/loop.py takes them under fp16 (scale, backward, unscale_, step, update),
     an inf put in one gradient at the steps `inf_at`; `reads` collects each `.item()` of a step."""
@@ -49,7 +59,7 @@ def scaled_steps(make, steps: int, inf_at: tuple[int, ...] = (), reads: list | N
         scaler.unscale_(opt)
         item = torch.Tensor.item
         if reads is not None:
-            torch.Tensor.item = lambda t: reads.append(i) or item(t)  # type: ignore[method-assign]
+            torch.Tensor.item = counting(item, reads, i)  # type: ignore[method-assign]
         try:
             scaler.step(opt)
         finally:
