@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The first GPU hour as one script: does hpctrain run, and how fast, on this GPU (≤ 8 minutes).
+"""The first GPU hour as one script: does hpctrain run, and how fast, on this GPU (≤ 10 minutes).
 
 Each step runs in its own process under a time budget (a crash, an OOM or a hang costs one step,
 never the session) and ends PASS, FAIL or SKIP with its figures and the reason. Everything goes
@@ -60,7 +60,7 @@ class Step:
     what: str
 
 
-# In the order they run; the budgets add up to 480 s (tests/bench/test_bench_scripts.py checks).
+# In the order they run; the budgets add up to ≤ 600 s (tests/bench/test_bench_scripts.py checks).
 STEPS = [
     Step(
         "versions",
@@ -68,6 +68,13 @@ STEPS = [
         False,
         "torch/CUDA/cuDNN/NCCL/triton/timm/DALI versions, GPU, driver; whether DALI's "
         "Pipeline takes exec_dynamic and DCP save/async_save/load take no_dist",
+    ),
+    Step(
+        "numerics",
+        60,
+        False,
+        "bf16 autocast vs fp32 forward+backward of ViT-B/16 on one batch, compiled vs eager, each SDPA "
+        "kernel's output and gradients vs math (bf16): every error under its stated bound",
     ),
     Step("matmul", 15, True, "bf16 8192² matmul TFLOP/s (CUDA events) against the spec peak; PASS at ≥ 50 %"),
     Step(
@@ -492,6 +499,97 @@ def w_attention(tiny: bool, out: Path) -> dict:
     if not f["flash_fp32"].startswith("raises"):
         problems.append("flash accepted fp32")
     return failed("; ".join(problems), summary, **f) if problems else passed(summary, **f)
+
+
+# The numerics step's bounds: max |a - b| / max |ref| over a tensor (a relative error against the
+# reference's scale, so a near-zero element does not blow it up). bf16 keeps 8 bits of mantissa
+# (2^-8 = 0.4 % per rounding); a ViT-B forward chains ~12 blocks of them, and its gradients go
+# through the same chain backward: a few percent is bf16 working, tens of percent a broken kernel.
+BOUNDS = {"bf16_logits": 0.05, "bf16_grads": 0.10, "compiled": 1e-3, "sdpa_out": 0.02, "sdpa_grads": 0.05}
+
+
+def rel_err(a, ref) -> float:
+    """max |a - ref| / max |ref| in float64 (0 for a zero reference equal to a)."""
+    a, ref = a.double(), ref.double()
+    scale = ref.abs().max().item()
+    return (a - ref).abs().max().item() / scale if scale else float((a - ref).abs().max().item())
+
+
+def w_numerics(tiny: bool, out: Path) -> dict:
+    """bf16 autocast against fp32 (forward and backward of the model on one batch), compiled against
+    eager (fp32), and each SDPA kernel's output and gradients against the math kernel's (bf16, at
+    ViT-B/16's attention shape): every figure against its bound (BOUNDS)."""
+    import torch  # heavy: workers only
+    import torch.nn.functional as F
+
+    from hpctrain.config import load
+    from hpctrain.models.vit import build_vit
+    from hpctrain.train import compat
+
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    cfg = load("bench_vit_b16", [*TINY, "model.depth=1"] if tiny else [])
+    torch.manual_seed(0)
+    model = build_vit(cfg.model).to(dev)
+    torch.nn.init.normal_(model.head.weight, std=0.02)  # a zero head (the usual init) would hide the logits' error
+    batch = 4 if tiny else 32
+    x = torch.randn(batch, 3, cfg.model.img_size, cfg.model.img_size, device=dev)
+    y = torch.randint(0, cfg.model.num_classes, (batch,), device=dev)
+
+    def fwd_bwd(m, amp: bool):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            logits = m(x)
+        F.cross_entropy(logits.float(), y).backward()
+        return logits.detach().float(), [p.grad.detach().float().clone() for p in m.parameters()]
+
+    f: dict = {"model": f"depth {cfg.model.depth}, width {cfg.model.width}, {cfg.model.img_size}²", "batch": batch}
+    f["bounds"] = BOUNDS
+    ref_logits, ref_grads = fwd_bwd(model, False)
+    logits, grads = fwd_bwd(model, True)
+    f["bf16_logits"] = rel_err(logits, ref_logits)
+    f["bf16_grads"] = max(rel_err(g, r) for g, r in zip(grads, ref_grads))
+    compiled = torch.compile(model)
+    t0 = time.perf_counter()
+    c_logits, c_grads = fwd_bwd(compiled, False)
+    f["compile_s"] = round(time.perf_counter() - t0, 1)
+    f["compiled"] = max(rel_err(c_logits, ref_logits), *(rel_err(g, r) for g, r in zip(c_grads, ref_grads)))
+    shape = (4, 2, 17, 16) if tiny else (8, 12, 197, 64)  # batch × heads × tokens × head dim
+    g = torch.Generator(device=dev).manual_seed(0)
+    qkv = [torch.randn(shape, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3)]
+    grad_out = torch.randn(shape, device=dev, dtype=torch.bfloat16, generator=g)
+
+    def attention(kernel: str):
+        compat.set_sdpa_backend(kernel)
+        q, k, v = (t.clone().requires_grad_() for t in qkv)
+        o = F.scaled_dot_product_attention(q, k, v)
+        o.backward(grad_out)
+        return o.detach(), [q.grad, k.grad, v.grad]
+
+    ref_o, ref_g = attention("math")
+    f["sdpa"], f["sdpa_unavailable"] = {}, {}
+    for kernel in ("flash", "efficient", "cudnn"):
+        try:
+            o, gs = attention(kernel)
+        except RuntimeError as e:  # a kernel this device or torch lacks: a figure, not a failure
+            f["sdpa_unavailable"][kernel] = str(e).strip().splitlines()[0][:160]
+            continue
+        f["sdpa"][kernel] = {"out": rel_err(o, ref_o), "grads": max(rel_err(a, b) for a, b in zip(gs, ref_g))}
+    compat.set_sdpa_backend("auto")
+    over = [f"{k} {f[k]:.2g} > {BOUNDS[k]:g}" for k in ("bf16_logits", "bf16_grads", "compiled") if f[k] > BOUNDS[k]]
+    for kernel, e in f["sdpa"].items():
+        over += [
+            f"{kernel} {w} {e[w]:.2g} > {BOUNDS['sdpa_' + w]:g}" for w in ("out", "grads") if e[w] > BOUNDS[f"sdpa_{w}"]
+        ]
+        over += [f"{kernel} {w} not finite" for w in ("out", "grads") if not math.isfinite(e[w])]
+    sdpa = ", ".join(f"{k} {e['out']:.1e}/{e['grads']:.1e}" for k, e in f["sdpa"].items()) or "none but math"
+    summary = (
+        f"bf16 vs fp32: logits {f['bf16_logits']:.1e}, grads {f['bf16_grads']:.1e}; compiled vs eager "
+        f"{f['compiled']:.1e} ({f['compile_s']:.0f} s to compile); SDPA vs math (out/grads): {sdpa}"
+    )
+    if cuda and "flash" in f["sdpa_unavailable"]:
+        over.append("flash unavailable on CUDA")
+    return failed("; ".join(over), summary, **f) if over else passed(summary, **f)
 
 
 def bench_case(tiny: bool, batch: int, compiled: bool) -> dict:
@@ -1010,6 +1108,7 @@ def w_dali(tiny: bool, out: Path) -> dict:
 
 WORKERS = {
     "versions": w_versions,
+    "numerics": w_numerics,
     "matmul": w_matmul,
     "attention": w_attention,
     "bench_eager": w_bench_eager,

@@ -60,9 +60,9 @@ def load_gpu_accept():
     return mod
 
 
-def test_gpu_accept_dry_run_lists_every_step_within_480_s_without_torch(tmp_path):
-    """--dry-run lists the eleven steps with budgets adding to ≤ 480 s and imports no torch (it must
-    answer on a login node or a laptop)."""
+def test_gpu_accept_dry_run_lists_every_step_within_600_s_without_torch(tmp_path):
+    """--dry-run lists the twelve steps with budgets adding to ≤ 600 s (the first GPU session's ten
+    minutes) and imports no torch (it must answer on a login node or a laptop)."""
     check = tmp_path / "check.py"
     check.write_text(DRY_RUN_CHECK)
     r = subprocess.run([sys.executable, str(check), str(GPU_ACCEPT)], capture_output=True, text=True, timeout=60)
@@ -71,6 +71,7 @@ def test_gpu_accept_dry_run_lists_every_step_within_480_s_without_torch(tmp_path
     names = [s.name for s in mod.STEPS]
     assert names == [
         "versions",
+        "numerics",
         "matmul",
         "attention",
         "bench_eager",
@@ -88,8 +89,14 @@ def test_gpu_accept_dry_run_lists_every_step_within_480_s_without_torch(tmp_path
         if len(parts) > 3 and parts[0].isdigit():
             listed[parts[1]] = int(parts[2].rstrip("s"))
     assert listed == {s.name: s.budget_s for s in mod.STEPS}
-    assert sum(listed.values()) <= 480 and r.stdout.rstrip().endswith(f"total budget {sum(listed.values())} s")
-    assert {s.name for s in mod.STEPS if not s.cuda_only} == {"versions", "bench_eager", "bench_b32", "timm"}
+    assert sum(listed.values()) <= 600 and r.stdout.rstrip().endswith(f"total budget {sum(listed.values())} s")
+    assert {s.name for s in mod.STEPS if not s.cuda_only} == {
+        "versions",
+        "numerics",
+        "bench_eager",
+        "bench_b32",
+        "timm",
+    }
 
 
 def test_gpu_accept_arguments_and_a_step_past_its_budget(tmp_path):
@@ -141,7 +148,7 @@ def test_gpu_accept_cpu_run(tmp_path):
     doc = json.loads((out / "gpu_accept.json").read_text())
     rows = {row["step"]: row for row in doc["steps"]}
     assert list(rows) == [s.name for s in load_gpu_accept().STEPS] and doc["cuda"] is False
-    for name in ("versions", "bench_eager", "bench_b32", "timm"):
+    for name in ("versions", "numerics", "bench_eager", "bench_b32", "timm"):
         assert rows[name]["status"] == "PASS", rows[name]
         assert (out / rows[name]["log"]).exists()
     no_dali = importlib.util.find_spec("nvidia.dali") is None
@@ -158,10 +165,13 @@ def test_gpu_accept_cpu_run(tmp_path):
     assert timm["hpctrain_over_timm"] == eager["images_per_s"] / timm["images_per_s"]
     assert [x["case"] for x in doc["results"]] == ["hpctrain-eager-b8", "hpctrain-eager-b4", "timm-eager-b8"]
     assert doc["results"][0]["images_per_s"] == eager["images_per_s"]
+    n = rows["numerics"]["figures"]  # CPU bf16, the CPU's compile and its flash kernel (tiny sizes)
+    assert 0 < n["bf16_logits"] <= n["bounds"]["bf16_logits"] and 0 < n["bf16_grads"] <= n["bounds"]["bf16_grads"]
+    assert n["compiled"] <= n["bounds"]["compiled"] and n["compile_s"] > 0 and set(n["sdpa"]) <= {"flash", "efficient"}
     lines = r.stdout.rstrip().splitlines()  # the table is printed last
-    assert lines[-14].startswith("bench/gpu_accept.py — no CUDA device")
-    assert lines[-1].split()[:3] == ["11", "dali", "SKIP"]
-    assert (out / "table.txt").read_text().strip() == "\n".join(lines[-14:])
+    assert lines[-15].startswith("bench/gpu_accept.py — no CUDA device")
+    assert lines[-1].split()[:3] == ["12", "dali", "SKIP"]
+    assert (out / "table.txt").read_text().strip() == "\n".join(lines[-15:])
     # hpctrain plan --bench-results reads the hpctrain records (timm's are left out): the same model at two
     # batches, so it takes the faster
     cfg = load("bench_vit_b16", TINY_SETS)
