@@ -9,7 +9,11 @@ of the training step. A table is printed last. Without a CUDA device the device-
 run at tiny sizes and the rest are SKIPped ("no CUDA device"); `--dry-run` lists the steps and
 budgets and imports nothing heavy. No network, no DALI needed (the DALI step SKIPs without it).
 
-  python bench/gpu_accept.py --out DIR [--dry-run] [--only a,b] [--budget-scale X]
+  python bench/gpu_accept.py --out DIR [--dry-run] [--only a,b] [--budget-scale X] [--cpu-rehearsal]
+
+`--cpu-rehearsal` hides any GPU from the steps (CUDA_VISIBLE_DEVICES=""): the run a machine without
+one makes, the device-independent steps at tiny sizes, so that the first GPU hour fails only on what
+needs a GPU (CI runs it: tests/bench/test_bench_scripts.py).
 """
 
 from __future__ import annotations
@@ -150,6 +154,8 @@ def run_step(step: Step, a: argparse.Namespace, tiny: bool) -> dict:
         *(["--tiny"] if tiny else []),
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
+    if a.cpu_rehearsal:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU for the step, whatever the machine has
     if tiny:
         env.setdefault("OMP_NUM_THREADS", "1")  # tiny sizes: a check that everything runs, not a measurement
     t0 = time.perf_counter()
@@ -182,8 +188,10 @@ def skip_reason(step: Step, cuda: bool, dali: bool) -> str | None:
     return None
 
 
-def probe_cuda() -> tuple[bool, bool]:
+def probe_cuda(rehearsal: bool = False) -> tuple[bool, bool]:
     """(CUDA device visible, DALI installed) when the versions step could not say."""
+    if rehearsal:
+        return False, importlib.util.find_spec("nvidia.dali") is not None
     code = "import torch; print(int(torch.cuda.is_available()))"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30).stdout
@@ -230,7 +238,7 @@ def drive(a: argparse.Namespace) -> int:
     cuda = dali = None
     for step in chosen:
         if step.name != "versions" and cuda is None:
-            cuda, dali = probe_cuda()
+            cuda, dali = probe_cuda(a.cpu_rehearsal)
         why = skip_reason(step, bool(cuda), bool(dali)) if cuda is not None else None
         if why:
             row = {
@@ -261,6 +269,7 @@ def drive(a: argparse.Namespace) -> int:
         "host": platform.node(),
         "git_commit": git_commit(),
         "cuda": bool(cuda),
+        "cpu_rehearsal": a.cpu_rehearsal,
         "gpu": versions.get("gpu_name"),
         "budget_s": sum(s.budget_s for s in chosen) * a.budget_scale,
         "wall_s": round(time.perf_counter() - start, 1),
@@ -268,10 +277,8 @@ def drive(a: argparse.Namespace) -> int:
         "results": results,
     }
     (a.out / RESULT).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    title = (
-        f"bench/gpu_accept.py — {doc['gpu'] or 'no CUDA device (tiny sizes)'}; {doc['wall_s']:.0f} s of "
-        f"{doc['budget_s']:.0f} s budget; {doc['date']}"
-    )
+    where = "CPU rehearsal (tiny sizes)" if a.cpu_rehearsal else doc["gpu"] or "no CUDA device (tiny sizes)"
+    title = f"bench/gpu_accept.py — {where}; {doc['wall_s']:.0f} s of {doc['budget_s']:.0f} s budget; {doc['date']}"
     text = table(rows, title)
     (a.out / "table.txt").write_text(text + "\n")
     print(f"\nwrote {a.out / RESULT}, table.txt and logs/\n\n{text}", flush=True)
@@ -1147,6 +1154,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--budget-scale", type=float, default=1.0, help="multiply every budget (a slow or shared machine); default 1"
+    )
+    ap.add_argument(
+        "--cpu-rehearsal",
+        action="store_true",
+        help="hide the GPUs from every step: what can run on a CPU runs at tiny sizes, the rest SKIPs",
     )
     ap.add_argument("--step", choices=list(WORKERS), help=argparse.SUPPRESS)  # a worker: one step
     ap.add_argument("--result", help=argparse.SUPPRESS)

@@ -127,9 +127,10 @@ def test_gpu_accept_arguments_and_a_step_past_its_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_accept_cpu_run(tmp_path):
-    """Without CUDA: the device-independent steps PASS at tiny sizes (timm through the stand-in), the
-    CUDA ones SKIP with the reason, the JSON holds every figure and `hpctrain plan` reads its records."""
+def test_gpu_accept_cpu_rehearsal(tmp_path):
+    """--cpu-rehearsal (the GPUs hidden): the device-independent steps PASS at tiny sizes (numerics on
+    CPU bf16, timm through the stand-in), the CUDA ones SKIP with the reason, the JSON holds every
+    figure and `hpctrain plan` reads its records."""
     fake = tmp_path / "site"
     (fake / "timm").mkdir(parents=True)
     (fake / "timm" / "__init__.py").write_text(STAND_IN)
@@ -137,7 +138,7 @@ def test_gpu_accept_cpu_run(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), os.environ["PYTHONPATH"]]))
     # run from elsewhere: the script finds the repo (and its src/) from its own path; budgets × 4 on a loaded CI
     r = subprocess.run(
-        [sys.executable, str(GPU_ACCEPT), "--out", str(out), "--budget-scale", "4"],
+        [sys.executable, str(GPU_ACCEPT), "--out", str(out), "--budget-scale", "4", "--cpu-rehearsal"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -147,7 +148,7 @@ def test_gpu_accept_cpu_run(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "gpu_accept.json").read_text())
     rows = {row["step"]: row for row in doc["steps"]}
-    assert list(rows) == [s.name for s in load_gpu_accept().STEPS] and doc["cuda"] is False
+    assert list(rows) == [s.name for s in load_gpu_accept().STEPS] and doc["cuda"] is False and doc["cpu_rehearsal"]
     for name in ("versions", "numerics", "bench_eager", "bench_b32", "timm"):
         assert rows[name]["status"] == "PASS", rows[name]
         assert (out / rows[name]["log"]).exists()
@@ -169,7 +170,7 @@ def test_gpu_accept_cpu_run(tmp_path):
     assert 0 < n["bf16_logits"] <= n["bounds"]["bf16_logits"] and 0 < n["bf16_grads"] <= n["bounds"]["bf16_grads"]
     assert n["compiled"] <= n["bounds"]["compiled"] and n["compile_s"] > 0 and set(n["sdpa"]) <= {"flash", "efficient"}
     lines = r.stdout.rstrip().splitlines()  # the table is printed last
-    assert lines[-15].startswith("bench/gpu_accept.py — no CUDA device")
+    assert lines[-15].startswith("bench/gpu_accept.py — CPU rehearsal (tiny sizes)")
     assert lines[-1].split()[:3] == ["12", "dali", "SKIP"]
     assert (out / "table.txt").read_text().strip() == "\n".join(lines[-15:])
     # hpctrain plan --bench-results reads the hpctrain records (timm's are left out): the same model at two
