@@ -59,7 +59,7 @@ class GpuDirect:
 def kernel_at_least(release: str, want: tuple[int, int]) -> bool:
     """`release` (uname -r: 6.1.0-18-amd64) is at least major.minor `want`; False when unreadable."""
     m = re.match(r"(\d+)\.(\d+)", release)
-    return bool(m) and (int(m[1]), int(m[2])) >= want
+    return m is not None and (int(m[1]), int(m[2])) >= want
 
 
 def detect(sysfs_root: str | Path = "/sys", proc_root: str | Path = "/proc", kernel: str | None = None) -> GpuDirect:
