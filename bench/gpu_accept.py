@@ -109,10 +109,10 @@ STEPS = [
     ),
     Step(
         "train",
-        60,
-        True,
-        "hpctrain train digits on CUDA: EMA, erasing, async sharded checkpoints, halt + "
-        "resume vs two straight runs, profiler window, memory snapshot, NVML, kernel line",
+        75,
+        False,
+        "hpctrain train digits (DDP and FSDP on one device): EMA, erasing, async checkpoints, halt + resume vs "
+        "straight runs (bit for bit on a CPU), profiler window; on CUDA memory snapshot, NVML, kernel line",
     ),
     Step("dali", 20, True, "the DALI GPU loader: one epoch of digits, batches on the GPU"),
 ]
@@ -967,6 +967,9 @@ def w_train(tiny: bool, out: Path) -> dict:
         ],
         "b": [],
         "h": [f"--halt-at={halt}"],
+        # FSDP on one device (a process group of one: its gathers, casts and DTensor optimizer step)
+        "f": ["dist.parallel=fsdp", "train.ema=0"],
+        "fh": ["dist.parallel=fsdp", "train.ema=0", f"--halt-at={halt}"],
     }
 
     def cmd(name: str, sets: list[str]) -> list[str]:
@@ -979,18 +982,23 @@ def w_train(tiny: bool, out: Path) -> dict:
     procs = {
         n: subprocess.Popen(cmd(n, s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for n, s in runs_sets.items()
-    }  # three small runs share the GPU: the step's budget is short
+    }  # five small runs share the GPU: the step's budget is short
     outs = {n: p.communicate() for n, p in procs.items()}
     rcs = {n: p.returncode for n, p in procs.items()}
-    resumed = subprocess.run(cmd("h", []), capture_output=True, text=True, env=env)
-    rcs["h_resume"] = resumed.returncode
+    fsdp = ["dist.parallel=fsdp", "train.ema=0"]
+    resumes = {
+        n: subprocess.Popen(cmd(n, s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for n, s in (("h", []), ("fh", fsdp))
+    }
+    for n, p in resumes.items():
+        outs[f"{n}_resume"] = p.communicate()
+        rcs[f"{n}_resume"] = p.returncode
     wall = time.perf_counter() - t
     for n, (o, _) in outs.items():
         print(f"===== run {n} (exit {rcs[n]})\n{o[-4000:]}")
-    print(f"===== run h resumed (exit {rcs['h_resume']})\n{resumed.stdout[-4000:]}{resumed.stderr[-4000:]}")
     if any(rcs.values()):
         return failed(f"hpctrain train exits {rcs}", "", exit_codes=rcs)
-    recs = {n: read_metrics(runs / n / "metrics.jsonl") for n in ("a", "b", "h")}
+    recs = {n: read_metrics(runs / n / "metrics.jsonl") for n in ("a", "b", "h", "f", "fh")}
     final = {n: last_train(r) for n, r in recs.items()}
     loss = {n: final[n].get("loss") for n in final}
     f: dict = {
@@ -1001,6 +1009,15 @@ def w_train(tiny: bool, out: Path) -> dict:
         "final_loss": loss,
     }
     problems = []
+    # a halt and a resume change no number: bit for bit on the CPU (deterministic kernels); on a GPU the
+    # straight runs differ from each other already (atomics in some backward kernels), so within that
+    f["fsdp_final_loss"] = {"straight": loss["f"], "resumed": loss["fh"]}
+    if not cuda:
+        for straight, resumed in (("b", "h"), ("f", "fh")):
+            if loss[straight] != loss[resumed]:
+                problems.append(
+                    f"run {resumed} resumed ends at loss {loss[resumed]!r}, not {loss[straight]!r} bit for bit"
+                )
     if len({final[n].get("step") for n in final}) != 1 or final["a"].get("step") != steps:
         problems.append(f"runs ended at steps {f['final_step']}, not all at {steps}")
     h_log = runs / "h" / "logs" / "rank-0.log"
@@ -1009,6 +1026,10 @@ def w_train(tiny: bool, out: Path) -> dict:
     f["resumed"] = f"at step {halt}" in "".join(ln for ln in h_text.splitlines() if "resumed from" in ln)
     if f["halted_at"] != [halt] or not f["resumed"]:
         problems.append(f"run h: stop records at {f['halted_at']}, resumed from step {halt}: {f['resumed']}")
+    fsdp_gap = abs(loss["fh"] - loss["f"]) if None not in (loss["f"], loss["fh"]) else None
+    f["fsdp_resumed_gap"] = fsdp_gap
+    if [r["step"] for r in recs["fh"] if r.get("kind") == "stop"] != [halt]:
+        problems.append(f"FSDP run fh did not halt at step {halt}")
     noise = abs(loss["a"] - loss["b"]) if None not in (loss["a"], loss["b"]) else None
     gap = abs(loss["h"] - loss["a"]) if None not in (loss["h"], loss["a"]) else None
     # no bitwise equality on a GPU: the resumed run must be as close to a straight one as two straight runs
@@ -1017,6 +1038,8 @@ def w_train(tiny: bool, out: Path) -> dict:
     f.update(run_to_run_noise=noise, resumed_gap=gap, tolerance=tol)
     if gap is None or gap > tol:
         problems.append(f"resumed final loss {loss['h']} vs straight {loss['a']}: gap {gap} > tolerance {tol}")
+    if fsdp_gap is None or tol is None or fsdp_gap > tol:
+        problems.append(f"FSDP resumed final loss {loss['fh']} vs straight {loss['f']}: gap {fsdp_gap} > {tol}")
     a_log = runs / "a" / "logs" / "rank-0.log"
     log_text = a_log.read_text(errors="replace") if a_log.exists() else ""
     kernel = [ln.split("attention kernel:", 1)[1].strip() for ln in log_text.splitlines() if "attention kernel:" in ln]
@@ -1040,7 +1063,8 @@ def w_train(tiny: bool, out: Path) -> dict:
     summary = (
         (
             f"loss straight {loss['a']:.4f}/{loss['b']:.4f}, resumed {loss['h']:.4f} (gap {gap:.1e}, noise "
-            f"{noise:.1e}); kernel {f['kernel_line']}; trace {f['trace_bytes'] / 1e6:.1f} MB, snapshot "
+            f"{noise:.1e}); FSDP {loss['f']:.4f}, resumed {loss['fh']:.4f}; kernel {f['kernel_line']}; "
+            f"trace {f['trace_bytes'] / 1e6:.1f} MB, snapshot "
             f"{f['snapshot_bytes'] / 1e6:.1f} MB; NVML {','.join(f['nvml_fields']) or '-'}"
         )
         if None not in (gap, noise)

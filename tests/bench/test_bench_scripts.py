@@ -96,6 +96,7 @@ def test_gpu_accept_dry_run_lists_every_step_within_600_s_without_torch(tmp_path
         "bench_eager",
         "bench_b32",
         "timm",
+        "train",
     }
 
 
@@ -149,11 +150,11 @@ def test_gpu_accept_cpu_rehearsal(tmp_path):
     doc = json.loads((out / "gpu_accept.json").read_text())
     rows = {row["step"]: row for row in doc["steps"]}
     assert list(rows) == [s.name for s in load_gpu_accept().STEPS] and doc["cuda"] is False and doc["cpu_rehearsal"]
-    for name in ("versions", "numerics", "bench_eager", "bench_b32", "timm"):
+    for name in ("versions", "numerics", "bench_eager", "bench_b32", "timm", "train"):
         assert rows[name]["status"] == "PASS", rows[name]
         assert (out / rows[name]["log"]).exists()
     no_dali = importlib.util.find_spec("nvidia.dali") is None
-    for name in ("matmul", "attention", "bench_compiled", "fp16", "nccl", "train", "dali"):
+    for name in ("matmul", "attention", "bench_compiled", "fp16", "nccl", "dali"):
         want = "DALI not installed" if name == "dali" and no_dali else "no CUDA device"
         assert (rows[name]["status"], rows[name]["reason"]) == ("SKIP", want), rows[name]
     v = rows["versions"]["figures"]
@@ -166,6 +167,10 @@ def test_gpu_accept_cpu_rehearsal(tmp_path):
     assert timm["hpctrain_over_timm"] == eager["images_per_s"] / timm["images_per_s"]
     assert [x["case"] for x in doc["results"]] == ["hpctrain-eager-b8", "hpctrain-eager-b4", "timm-eager-b8"]
     assert doc["results"][0]["images_per_s"] == eager["images_per_s"]
+    tr = rows["train"]["figures"]  # DDP and FSDP on one rank: a halt and a resume, bit for bit on the CPU
+    assert tr["final_loss"]["h"] == tr["final_loss"]["b"]
+    assert tr["fsdp_final_loss"]["resumed"] == tr["fsdp_final_loss"]["straight"]
+    assert tr["halted_at"] == [tr["halt_at"]] and tr["resumed"] and tr["trace_bytes"] > 0
     n = rows["numerics"]["figures"]  # CPU bf16, the CPU's compile and its flash kernel (tiny sizes)
     assert 0 < n["bf16_logits"] <= n["bounds"]["bf16_logits"] and 0 < n["bf16_grads"] <= n["bounds"]["bf16_grads"]
     assert n["compiled"] <= n["bounds"]["compiled"] and n["compile_s"] > 0 and set(n["sdpa"]) <= {"flash", "efficient"}
