@@ -96,7 +96,7 @@ STEPS = [
     ),
     Step("bench_compiled", 130, True, "the same, torch.compile'd: images/s, MFU, memory, syncs/step, compile s"),
     Step("bench_b32", 25, False, "hpctrain bench ViT-B/16 bf16 batch 32 eager (launch-bound)"),
-    Step("timm", 90, False, "timm vit_base_patch16_224 at the same shape with its best flags; hpctrain/timm"),
+    Step("timm", 75, False, "timm vit_base_patch16_224 at the same shape with its best flags; hpctrain/timm"),
     Step(
         "fp16",
         35,
@@ -113,6 +113,13 @@ STEPS = [
         False,
         "hpctrain train digits (DDP and FSDP on one device): EMA, erasing, async checkpoints, halt + resume vs "
         "straight runs (bit for bit on a CPU), profiler window; on CUDA memory snapshot, NVML, kernel line",
+    ),
+    Step(
+        "jpeg_train",
+        60,
+        False,
+        "ViT-S/16 at 224² on 2,000 JPEGs it writes, 2 epochs through hpctrain train with DALI (nvJPEG) and the "
+        "torch loader: the loss falls, images/s and data wait of each, DALI/torch",
     ),
     Step("dali", 20, True, "the DALI GPU loader: one epoch of digits, batches on the GPU"),
 ]
@@ -512,6 +519,7 @@ def w_attention(tiny: bool, out: Path) -> dict:
 # reference's scale, so a near-zero element does not blow it up). bf16 keeps 8 bits of mantissa
 # (2^-8 = 0.4 % per rounding); a ViT-B forward chains ~12 blocks of them, and its gradients go
 # through the same chain backward: a few percent is bf16 working, tens of percent a broken kernel.
+LOSS_FALL = 0.7  # the jpeg step: the last logged loss at most this × the first (colours a model learns in ~30 steps)
 BOUNDS = {"bf16_logits": 0.05, "bf16_grads": 0.10, "compiled": 1e-3, "sdpa_out": 0.02, "sdpa_grads": 0.05}
 
 
@@ -1073,6 +1081,102 @@ def w_train(tiny: bool, out: Path) -> dict:
     return failed("; ".join(problems), summary, **f) if problems else passed(summary, **f)
 
 
+def write_jpegs(root: Path, classes: int, per_class: int, size: int, seed: int = 0) -> int:
+    """An ImageNet-layout folder of JPEGs (train/ and val/, quality 90) a model learns in a few hundred
+    steps: each class its own colour, with noise and a random bright square on top. Returns the count."""
+    import numpy as np  # heavy enough: workers only
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    n = 0
+    for split, count in (("train", per_class), ("val", max(2, per_class // 10))):
+        for c in range(classes):
+            d = root / split / f"c{c:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            colour = np.array([(c * 97) % 256, (c * 57 + 80) % 256, (c * 151 + 40) % 256], dtype=np.float32)
+            for i in range(count):
+                img = colour + rng.normal(0, 40, (size, size, 3))
+                y, x = rng.integers(0, size // 2, 2)
+                img[y : y + size // 4, x : x + size // 4] = 255
+                Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(d / f"{i:05d}.jpg", quality=90)
+                n += 1
+    return n
+
+
+def w_jpeg_train(tiny: bool, out: Path) -> dict:
+    """A training reading on real JPEGs: ViT-S/16 at 224² through `hpctrain train` for two short epochs,
+    with DALI's `mixed` loader (nvJPEG on the GPU; `cpu` DALI on a CPU) and with the torch loader: the loss
+    falls by LOSS_FALL, images/s and data wait of each, and their ratio. On a CPU (rehearsal): the tiny
+    model on 48² JPEGs, the torch loader (and DALI's CPU pipeline where DALI is installed)."""
+    import torch  # heavy: workers only
+
+    cuda = torch.cuda.is_available()
+    work = out / "jpeg"
+    shutil.rmtree(work, ignore_errors=True)
+    t0 = time.perf_counter()
+    n = write_jpegs(work / "data", 10, 16 if tiny else 200, 48 if tiny else 256)
+    write_s = time.perf_counter() - t0
+    model = [] if tiny else [
+        "model.arch=vit_small", "model.img_size=224", "model.patch_size=16", "model.depth=12",
+        "model.width=384", "model.heads=6", "model.mlp_ratio=4",
+    ]  # fmt: skip
+    common = [
+        f"data.root={work / 'data'}",
+        "data.prepare=none",
+        f"data.global_batch={16 if tiny else 128}",
+        "data.workers=auto",
+        f"run.dir={work / 'runs'}",
+        "train.epochs=2",
+        "optim.warmup_steps=3",
+        "train.eval_every_epochs=0",
+        "ckpt.every=0",
+        "log.every=2",
+        "log.trackers=[]",
+        f"train.amp={'bf16' if cuda else 'none'}",
+        *model,
+    ]
+    dali = importlib.util.find_spec("nvidia.dali") is not None
+    loaders = ["torch", *(["dali"] if dali else [])]
+    f: dict = {"images": n, "write_s": round(write_s, 1), "loss_fall": LOSS_FALL, "loaders": {}}
+    problems = []
+    for loader in loaders:
+        name = f"jpeg-{loader}"
+        c = [sys.executable, "-m", "hpctrain", "train", "--config", "digits_vit"]
+        for s in (*common, f"data.loader={loader}", f"run.name={name}"):
+            c += ["--set", s]
+        r = subprocess.run(c, capture_output=True, text=True)
+        print(f"===== {loader} (exit {r.returncode})\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+        if r.returncode:
+            problems.append(f"{loader}: hpctrain train exits {r.returncode}")
+            continue
+        recs = [x for x in read_metrics(work / "runs" / name / "metrics.jsonl") if x.get("kind") == "train"]
+        first, last = recs[0], recs[-1]
+        row = {
+            "first_loss": first["loss"],
+            "final_loss": last["loss"],
+            "images_per_s": last["images_per_s"],
+            "data_wait": last["data_wait"],
+            "steps": last["step"],
+        }
+        f["loaders"][loader] = row
+        if not last["loss"] <= LOSS_FALL * first["loss"]:
+            problems.append(f"{loader}: loss {first['loss']:.3f} → {last['loss']:.3f}, not below {LOSS_FALL:g}×")
+    got = f["loaders"]
+    if "dali" in got and "torch" in got:
+        f["dali_over_torch"] = got["dali"]["images_per_s"] / got["torch"]["images_per_s"]
+    each = "; ".join(
+        f"{k} loss {v['first_loss']:.2f}→{v['final_loss']:.2f}, {v['images_per_s']:.0f} img/s, "
+        f"data wait {v['data_wait']:.0%}"
+        for k, v in got.items()
+    )
+    summary = f"{n} JPEGs in {write_s:.0f} s; {each}" + (
+        f"; DALI/torch {f['dali_over_torch']:.2f}×" if "dali_over_torch" in f else ""
+    )
+    if cuda and not dali:
+        problems.append("DALI not installed: no nvJPEG reading (pip install 'hpctrain[dali]')")
+    return failed("; ".join(problems), summary, **f) if problems else passed(summary, **f)
+
+
 def w_dali(tiny: bool, out: Path) -> dict:
     import torch  # heavy: workers only
 
@@ -1149,6 +1253,7 @@ WORKERS = {
     "fp16": w_fp16,
     "nccl": w_nccl,
     "train": w_train,
+    "jpeg_train": w_jpeg_train,
     "dali": w_dali,
 }
 

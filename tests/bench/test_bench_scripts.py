@@ -61,7 +61,7 @@ def load_gpu_accept():
 
 
 def test_gpu_accept_dry_run_lists_every_step_within_600_s_without_torch(tmp_path):
-    """--dry-run lists the twelve steps with budgets adding to ≤ 600 s (the first GPU session's ten
+    """--dry-run lists the thirteen steps with budgets adding to ≤ 600 s (the first GPU session's ten
     minutes) and imports no torch (it must answer on a login node or a laptop)."""
     check = tmp_path / "check.py"
     check.write_text(DRY_RUN_CHECK)
@@ -81,6 +81,7 @@ def test_gpu_accept_dry_run_lists_every_step_within_600_s_without_torch(tmp_path
         "fp16",
         "nccl",
         "train",
+        "jpeg_train",
         "dali",
     ]
     listed = {}
@@ -97,6 +98,7 @@ def test_gpu_accept_dry_run_lists_every_step_within_600_s_without_torch(tmp_path
         "bench_b32",
         "timm",
         "train",
+        "jpeg_train",
     }
 
 
@@ -150,7 +152,7 @@ def test_gpu_accept_cpu_rehearsal(tmp_path):
     doc = json.loads((out / "gpu_accept.json").read_text())
     rows = {row["step"]: row for row in doc["steps"]}
     assert list(rows) == [s.name for s in load_gpu_accept().STEPS] and doc["cuda"] is False and doc["cpu_rehearsal"]
-    for name in ("versions", "numerics", "bench_eager", "bench_b32", "timm", "train"):
+    for name in ("versions", "numerics", "bench_eager", "bench_b32", "timm", "train", "jpeg_train"):
         assert rows[name]["status"] == "PASS", rows[name]
         assert (out / rows[name]["log"]).exists()
     no_dali = importlib.util.find_spec("nvidia.dali") is None
@@ -171,13 +173,18 @@ def test_gpu_accept_cpu_rehearsal(tmp_path):
     assert tr["final_loss"]["h"] == tr["final_loss"]["b"]
     assert tr["fsdp_final_loss"]["resumed"] == tr["fsdp_final_loss"]["straight"]
     assert tr["halted_at"] == [tr["halt_at"]] and tr["resumed"] and tr["trace_bytes"] > 0
+    j = rows["jpeg_train"]["figures"]  # JPEGs it wrote, the loss falls through hpctrain train (torch loader)
+    assert (
+        j["images"] == 180
+        and j["loaders"]["torch"]["final_loss"] <= j["loss_fall"] * j["loaders"]["torch"]["first_loss"]
+    )
     n = rows["numerics"]["figures"]  # CPU bf16, the CPU's compile and its flash kernel (tiny sizes)
     assert 0 < n["bf16_logits"] <= n["bounds"]["bf16_logits"] and 0 < n["bf16_grads"] <= n["bounds"]["bf16_grads"]
     assert n["compiled"] <= n["bounds"]["compiled"] and n["compile_s"] > 0 and set(n["sdpa"]) <= {"flash", "efficient"}
     lines = r.stdout.rstrip().splitlines()  # the table is printed last
-    assert lines[-15].startswith("bench/gpu_accept.py — CPU rehearsal (tiny sizes)")
-    assert lines[-1].split()[:3] == ["12", "dali", "SKIP"]
-    assert (out / "table.txt").read_text().strip() == "\n".join(lines[-15:])
+    assert lines[-16].startswith("bench/gpu_accept.py — CPU rehearsal (tiny sizes)")
+    assert lines[-1].split()[:3] == ["13", "dali", "SKIP"]
+    assert (out / "table.txt").read_text().strip() == "\n".join(lines[-16:])
     # hpctrain plan --bench-results reads the hpctrain records (timm's are left out): the same model at two
     # batches, so it takes the faster
     cfg = load("bench_vit_b16", TINY_SETS)
