@@ -318,6 +318,22 @@ def failed(reason: str, summary: str = "", **figures) -> dict:
     return {"status": "FAIL", "reason": reason, "summary": summary, "figures": figures}
 
 
+def skipped(reason: str, **figures) -> dict:
+    """A step that cannot apply here (an older torch), said as such, not as a FAIL."""
+    return {"status": "SKIP", "reason": reason, "figures": figures}
+
+
+def fsdp_torch() -> str | None:
+    """Why FSDP2 and DCP's async saves cannot run on this torch (None: they can: 2.4+)."""
+    import torch
+
+    from hpctrain.train import compat
+
+    if compat.version_tuple() >= compat.FSDP_MIN_TORCH:
+        return None
+    return f"FSDP2 and async sharded saves need torch >= 2.4; this is {torch.__version__}"
+
+
 def version_of(module: str) -> str | None:
     if importlib.util.find_spec(module.split(".")[0]) is None:
         return None
@@ -814,6 +830,9 @@ def full(t):
 
 def w_nccl(tiny: bool, out: Path) -> dict:
     import torch  # heavy: workers only
+
+    if why := fsdp_torch():  # the NGC 23.12 stack (torch 2.2): its FSDP2 and DCP halves cannot run
+        return skipped(why)
     import torch.distributed as td
 
     from hpctrain.config import load
@@ -954,6 +973,7 @@ def w_train(tiny: bool, out: Path) -> dict:
     hp = [sys.executable, "-m", "hpctrain"]
     subprocess.run([*hp, "data", "digits", str(data)], check=True, env=env, capture_output=True, timeout=120)
     steps, halt = (6, 3) if tiny else (60, 30)
+    old_torch = fsdp_torch()  # torch 2.2: DDP only, synchronous saves
     common = [
         f"data.root={data}",
         "data.prepare=none",
@@ -963,7 +983,7 @@ def w_train(tiny: bool, out: Path) -> dict:
         "train.eval_every_epochs=0",
         "train.ema=0.99",
         "aug.erase_prob=0.25",
-        "ckpt.async_save=true",
+        f"ckpt.async_save={'false' if old_torch else 'true'}",
         f"ckpt.every={halt // 2 or 1}",
         "log.trackers=[]",
         f"train.amp={'bf16' if cuda else 'none'}",
@@ -975,10 +995,12 @@ def w_train(tiny: bool, out: Path) -> dict:
         ],
         "b": [],
         "h": [f"--halt-at={halt}"],
-        # FSDP on one device (a process group of one: its gathers, casts and DTensor optimizer step)
-        "f": ["dist.parallel=fsdp", "train.ema=0"],
-        "fh": ["dist.parallel=fsdp", "train.ema=0", f"--halt-at={halt}"],
     }
+    if not old_torch:  # FSDP on one device (a process group of one: its gathers, casts and DTensor optimizer step)
+        runs_sets |= {
+            "f": ["dist.parallel=fsdp", "train.ema=0"],
+            "fh": ["dist.parallel=fsdp", "train.ema=0", f"--halt-at={halt}"],
+        }
 
     def cmd(name: str, sets: list[str]) -> list[str]:
         c = [*hp, "train", "--config", "digits_vit"]
@@ -997,6 +1019,7 @@ def w_train(tiny: bool, out: Path) -> dict:
     resumes = {
         n: subprocess.Popen(cmd(n, s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for n, s in (("h", []), ("fh", fsdp))
+        if n in runs_sets
     }
     for n, p in resumes.items():
         outs[f"{n}_resume"] = p.communicate()
@@ -1006,7 +1029,7 @@ def w_train(tiny: bool, out: Path) -> dict:
         print(f"===== run {n} (exit {rcs[n]})\n{o[-4000:]}")
     if any(rcs.values()):
         return failed(f"hpctrain train exits {rcs}", "", exit_codes=rcs)
-    recs = {n: read_metrics(runs / n / "metrics.jsonl") for n in ("a", "b", "h", "f", "fh")}
+    recs = {n: read_metrics(runs / n / "metrics.jsonl") for n in runs_sets}
     final = {n: last_train(r) for n, r in recs.items()}
     loss = {n: final[n].get("loss") for n in final}
     f: dict = {
@@ -1019,9 +1042,10 @@ def w_train(tiny: bool, out: Path) -> dict:
     problems = []
     # a halt and a resume change no number: bit for bit on the CPU (deterministic kernels); on a GPU the
     # straight runs differ from each other already (atomics in some backward kernels), so within that
-    f["fsdp_final_loss"] = {"straight": loss["f"], "resumed": loss["fh"]}
+    fsdp = "f" in recs
+    f["fsdp_final_loss"] = {"straight": loss["f"], "resumed": loss["fh"]} if fsdp else old_torch
     if not cuda:
-        for straight, resumed in (("b", "h"), ("f", "fh")):
+        for straight, resumed in (("b", "h"), ("f", "fh"))[: 2 if fsdp else 1]:
             if loss[straight] != loss[resumed]:
                 problems.append(
                     f"run {resumed} resumed ends at loss {loss[resumed]!r}, not {loss[straight]!r} bit for bit"
@@ -1034,9 +1058,9 @@ def w_train(tiny: bool, out: Path) -> dict:
     f["resumed"] = f"at step {halt}" in "".join(ln for ln in h_text.splitlines() if "resumed from" in ln)
     if f["halted_at"] != [halt] or not f["resumed"]:
         problems.append(f"run h: stop records at {f['halted_at']}, resumed from step {halt}: {f['resumed']}")
-    fsdp_gap = abs(loss["fh"] - loss["f"]) if None not in (loss["f"], loss["fh"]) else None
+    fsdp_gap = abs(loss["fh"] - loss["f"]) if fsdp and None not in (loss["f"], loss["fh"]) else None
     f["fsdp_resumed_gap"] = fsdp_gap
-    if [r["step"] for r in recs["fh"] if r.get("kind") == "stop"] != [halt]:
+    if fsdp and [r["step"] for r in recs["fh"] if r.get("kind") == "stop"] != [halt]:
         problems.append(f"FSDP run fh did not halt at step {halt}")
     noise = abs(loss["a"] - loss["b"]) if None not in (loss["a"], loss["b"]) else None
     gap = abs(loss["h"] - loss["a"]) if None not in (loss["h"], loss["a"]) else None
@@ -1046,7 +1070,7 @@ def w_train(tiny: bool, out: Path) -> dict:
     f.update(run_to_run_noise=noise, resumed_gap=gap, tolerance=tol)
     if gap is None or gap > tol:
         problems.append(f"resumed final loss {loss['h']} vs straight {loss['a']}: gap {gap} > tolerance {tol}")
-    if fsdp_gap is None or tol is None or fsdp_gap > tol:
+    if fsdp and (fsdp_gap is None or tol is None or fsdp_gap > tol):
         problems.append(f"FSDP resumed final loss {loss['fh']} vs straight {loss['f']}: gap {fsdp_gap} > {tol}")
     a_log = runs / "a" / "logs" / "rank-0.log"
     log_text = a_log.read_text(errors="replace") if a_log.exists() else ""
@@ -1071,7 +1095,9 @@ def w_train(tiny: bool, out: Path) -> dict:
     summary = (
         (
             f"loss straight {loss['a']:.4f}/{loss['b']:.4f}, resumed {loss['h']:.4f} (gap {gap:.1e}, noise "
-            f"{noise:.1e}); FSDP {loss['f']:.4f}, resumed {loss['fh']:.4f}; kernel {f['kernel_line']}; "
+            f"{noise:.1e}); "
+            + (f"FSDP {loss['f']:.4f}, resumed {loss['fh']:.4f}; " if fsdp else "no FSDP (torch < 2.4); ")
+            + f"kernel {f['kernel_line']}; "
             f"trace {f['trace_bytes'] / 1e6:.1f} MB, snapshot "
             f"{f['snapshot_bytes'] / 1e6:.1f} MB; NVML {','.join(f['nvml_fields']) or '-'}"
         )

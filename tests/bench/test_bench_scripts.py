@@ -248,3 +248,24 @@ def test_host_costs_reports_ema_and_erase_before_and_after():
     # (the ratios are the bench's figures, not a test's: one repetition on a loaded CI machine measured the
     # erase boxes at 0.50 where a quiet one gives 0.09; tests assert no timing)
     assert "dali_epoch" not in out
+
+
+@pytest.mark.slow
+def test_gpu_accept_on_a_torch_without_fsdp2_skips_what_cannot_apply(tmp_path, monkeypatch):
+    """The NGC 23.12 stack's torch 2.2 (stood in for by raising FSDP's floor): the nccl step SKIPs with the
+    reason (FSDP2, async saves), the train step runs DDP with synchronous saves and says FSDP was left
+    out. Before, both FAILed by design there."""
+    from hpctrain.train import compat
+
+    mod = load_gpu_accept()
+    monkeypatch.setattr(compat, "FSDP_MIN_TORCH", (99, 0))
+    nccl = mod.w_nccl(True, tmp_path)
+    assert nccl["status"] == "SKIP" and nccl["reason"].startswith("FSDP2 and async sharded saves need torch >= 2.4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    train = mod.w_train(True, tmp_path)
+    assert train["status"] == "PASS", train
+    assert train["figures"]["fsdp_final_loss"] == nccl["reason"] and set(train["figures"]["final_loss"]) == {
+        "a",
+        "b",
+        "h",
+    }
