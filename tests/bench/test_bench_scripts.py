@@ -269,3 +269,19 @@ def test_gpu_accept_on_a_torch_without_fsdp2_skips_what_cannot_apply(tmp_path, m
         "b",
         "h",
     }
+
+
+@pytest.mark.slow
+def test_gpu_accept_dali_step_reads_the_jpegs_and_weighs_the_loader_against_training(tmp_path):
+    """The dali step's worker on the CPU (DALI's CPU pipeline): JPEGs written as jpeg_train writes them, one
+    epoch of whole batches; the driver puts its images/s over the DALI training run's."""
+    pytest.importorskip("nvidia.dali", reason="DALI (the dali extra)")
+    mod = load_gpu_accept()
+    row = mod.w_dali(True, tmp_path)
+    assert row["status"] == "PASS", row
+    f = row["figures"]
+    assert f["images"] == f["batches"] * 64 and f["first_batch"]["labels"][1] == "torch.int64"
+    assert len(list((tmp_path / "dali" / "data" / "train").glob("*/*.jpg"))) == 160
+    by = {"dali": row, "jpeg_train": {"status": "PASS", "figures": {"loaders": {"dali": {"images_per_s": 50.0}}}}}
+    mod.loader_over_training(by)
+    assert row["figures"]["loader_over_training"] == f["images_per_s"] / 50.0 and "loader/training" in row["summary"]
