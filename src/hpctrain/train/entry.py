@@ -160,7 +160,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
         collective.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
         stack.push(unless_broken(collective.shutdown))
-        summary = _run(cfg, stop, info, device, use_cuda, fr_env, stack)
+        summary = _run(cfg, stop, info, device, fr_env, stack)
     return summary
 
 
@@ -197,7 +197,6 @@ def _run(
     stop: StopFlag,
     info: distmod.DistInfo,
     device,
-    use_cuda: bool,
     fr_env: dict[str, str],
     stack: contextlib.ExitStack,
 ) -> dict[str, Any]:
