@@ -68,7 +68,8 @@ def task_started() -> tuple[Path, str, int]:
 
 def start_line(job_id: str, rank: int, env: Mapping[str, str]) -> str:
     """The first line of every attempt in a task's log: the logs are appended to across requeues
-    and in-job restarts (launch/shell/step_loop.sh: srun --open-mode=append), so each attempt's lines start below its own."""
+    and in-job restarts (launch/shell/step_loop.sh: srun --open-mode=append), so each attempt's
+    lines start below its own."""
     return (
         f"hpctrain: task rank {rank} of job {job_id} started on {socket.gethostname()} at "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} (Slurm restart {env.get('SLURM_RESTART_COUNT', '0')}, "
