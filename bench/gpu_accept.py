@@ -11,6 +11,10 @@ budgets and imports nothing heavy. No network, no DALI needed (the DALI step SKI
 
   python bench/gpu_accept.py --out DIR [--dry-run] [--only a,b] [--budget-scale X] [--cpu-rehearsal]
 
+`--stack ngc-pytorch-23.12|pytorch-cuda` runs the steps on that recipe's own torch and DALI (its
+%labels), in the venv `.ci/stack` builds for it (PyPI: a large download the first time; hpctrain from
+this checkout's src/): a step that cannot apply there (FSDP2 on torch 2.2) SKIPs with the reason.
+
 `--cpu-rehearsal` hides any GPU from the steps (CUDA_VISIBLE_DEVICES=""): the run a machine without
 one makes, the device-independent steps at tiny sizes, so that the first GPU hour fails only on what
 needs a GPU (CI runs it: tests/bench/test_bench_scripts.py).
@@ -156,7 +160,7 @@ def run_step(step: Step, a: argparse.Namespace, tiny: bool) -> dict:
     res_file.parent.mkdir(parents=True, exist_ok=True)
     res_file.unlink(missing_ok=True)
     cmd = [
-        sys.executable,
+        a.python,
         str(Path(__file__).resolve()),
         "--step",
         step.name,
@@ -201,16 +205,34 @@ def skip_reason(step: Step, cuda: bool, dali: bool) -> str | None:
     return None
 
 
-def probe_cuda(rehearsal: bool = False) -> tuple[bool, bool]:
-    """(CUDA device visible, DALI installed) when the versions step could not say."""
-    if rehearsal:
-        return False, importlib.util.find_spec("nvidia.dali") is not None
-    code = "import torch; print(int(torch.cuda.is_available()))"
+def probe_cuda(python: str, rehearsal: bool = False) -> tuple[bool, bool]:
+    """(CUDA device visible, DALI installed) for `python` when the versions step could not say."""
+    code = (
+        "import importlib.util, torch; print(int(torch.cuda.is_available()), "
+        "int(importlib.util.find_spec('nvidia.dali') is not None))"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
     except subprocess.TimeoutExpired:
-        out = ""
-    return out.strip() == "1", importlib.util.find_spec("nvidia.dali") is not None
+        out = []
+    cuda, dali = (out[0] == "1", out[1] == "1") if len(out) == 2 else (False, False)
+    return cuda and not rehearsal, dali
+
+
+RECIPES = ROOT / "recipes"
+STACKS = sorted(p.stem for p in RECIPES.glob("*.def"))  # --stack's choices: the recipes with a stack
+
+
+def stack_python(name: str) -> str:
+    """The Python of the venv `.ci/stack` builds for recipe `name` (built here when missing, reused
+    otherwise): that image's torch and DALI, hpctrain from this checkout (the workers' PYTHONPATH)."""
+    recipe = RECIPES / f"{name}.def"
+    show = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "stack"), str(recipe), "--show"], capture_output=True, text=True, check=True
+    ).stdout
+    venv = next(ln.split(":", 1)[1].strip() for ln in show.splitlines() if ln.startswith("venv:"))
+    subprocess.run([sys.executable, str(ROOT / ".ci" / "stack"), str(recipe), "--prepare"], check=True)
+    return str(Path(venv) / "bin" / "python")
 
 
 def table(rows: list[dict], title: str) -> str:
@@ -251,7 +273,7 @@ def drive(a: argparse.Namespace) -> int:
     cuda = dali = None
     for step in chosen:
         if step.name != "versions" and cuda is None:
-            cuda, dali = probe_cuda(a.cpu_rehearsal)
+            cuda, dali = probe_cuda(a.python, a.cpu_rehearsal)
         why = skip_reason(step, bool(cuda), bool(dali)) if cuda is not None else None
         if why:
             row = {
@@ -284,6 +306,7 @@ def drive(a: argparse.Namespace) -> int:
         "git_commit": git_commit(),
         "cuda": bool(cuda),
         "cpu_rehearsal": a.cpu_rehearsal,
+        "stack": a.stack,  # the recipe whose torch and DALI ran the steps (None: this Python's)
         "gpu": versions.get("gpu_name"),
         "budget_s": sum(s.budget_s for s in chosen) * a.budget_scale,
         "wall_s": round(time.perf_counter() - start, 1),
@@ -292,6 +315,7 @@ def drive(a: argparse.Namespace) -> int:
     }
     (a.out / RESULT).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     where = "CPU rehearsal (tiny sizes)" if a.cpu_rehearsal else doc["gpu"] or "no CUDA device (tiny sizes)"
+    where += f", stack {a.stack}" if a.stack else ""
     title = f"bench/gpu_accept.py — {where}; {doc['wall_s']:.0f} s of {doc['budget_s']:.0f} s budget; {doc['date']}"
     text = table(rows, title)
     (a.out / "table.txt").write_text(text + "\n")
@@ -621,7 +645,7 @@ def w_numerics(tiny: bool, out: Path) -> dict:
     for kernel in ("flash", "efficient", "cudnn"):
         try:
             o, gs = attention(kernel)
-        except RuntimeError as e:  # a kernel this device or torch lacks: a figure, not a failure
+        except Exception as e:  # noqa: BLE001 - a kernel this device or torch lacks: a figure, not a failure
             f["sdpa_unavailable"][kernel] = str(e).strip().splitlines()[0][:160]
             continue
         f["sdpa"][kernel] = {"out": rel_err(o, ref_o), "grads": max(rel_err(a, b) for a, b in zip(gs, ref_g))}
@@ -1333,6 +1357,11 @@ def main() -> int:
         action="store_true",
         help="hide the GPUs from every step: what can run on a CPU runs at tiny sizes, the rest SKIPs",
     )
+    ap.add_argument(
+        "--stack",
+        choices=STACKS,
+        help="run the steps on this recipe's torch and DALI (a venv .ci/stack builds; PyPI the first time)",
+    )
     ap.add_argument("--step", choices=list(WORKERS), help=argparse.SUPPRESS)  # a worker: one step
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
@@ -1346,7 +1375,10 @@ def main() -> int:
     if a.only and set(a.only) - set(BY_NAME):
         ap.error(f"unknown step(s) {sorted(set(a.only) - set(BY_NAME))}; steps: {', '.join(BY_NAME)}")
     a.out = a.out.resolve()
-    return work(a) if a.step else drive(a)
+    if a.step:
+        return work(a)
+    a.python = stack_python(a.stack) if a.stack else sys.executable
+    return drive(a)
 
 
 if __name__ == "__main__":
