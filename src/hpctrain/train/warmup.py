@@ -81,18 +81,8 @@ def warm_compile(t: WarmupTarget) -> None:
         log.warning("compile.warmup skipped: DDP static_graph is on (dist.ddp_static_graph=always)")
         return
     t0 = time.perf_counter()
-    rng = rng_state(t.device)
-    params = list(t.model.parameters())
-    grads = [p.grad for p in params]
-    for p in params:  # a backward accumulates into an existing gradient: start from none
-        p.grad = None
     with t.ddp.no_sync():
-        with autocast_ctx(t.step_amp, t.device):
-            out = t.fwd_model(throwaway_input(t.cfg, t.world_size, t.device))
-        (out.float().sum() * 0.0).backward()
-    for p, g in zip(params, grads):
-        p.grad = g
-    set_rng_state(rng, t.device)
+        throwaway_backward(t)
     warm_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     timeout = t.cfg.compile.timeout_s

@@ -81,6 +81,16 @@ def plain_steps(make, steps: int, skip: tuple[int, ...] = ()):
     return m, opt
 
 
+def assert_same_state(m, opt, ref, ref_opt, steps: int) -> None:
+    """Weights, both moments and the step count equal, bit for bit, to the reference run's."""
+    for a, b in zip(m.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        s, r = opt.state[p], ref_opt.state[q]
+        assert torch.equal(s["exp_avg"], r["exp_avg"]) and torch.equal(s["exp_avg_sq"], r["exp_avg_sq"])
+        assert float(s["step"]) == float(r["step"]) == steps
+
+
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_an_fp16_step_reads_nothing_on_the_host_and_equals_the_unscaled_step(name):
     reads: list[int] = []
@@ -88,12 +98,7 @@ def test_an_fp16_step_reads_nothing_on_the_host_and_equals_the_unscaled_step(nam
     assert reads == []
     ref, ref_opt = plain_steps(OPTIMIZERS[name], 3)
     # a power-of-two scale unscales exactly: the same kernel on the same gradients
-    for a, b in zip(m.parameters(), ref.parameters()):
-        assert torch.equal(a, b)
-    for p, q in zip(m.parameters(), ref.parameters()):
-        s, r = opt.state[p], ref_opt.state[q]
-        assert torch.equal(s["exp_avg"], r["exp_avg"]) and torch.equal(s["exp_avg_sq"], r["exp_avg_sq"])
-        assert float(s["step"]) == float(r["step"]) == 3
+    assert_same_state(m, opt, ref, ref_opt, steps=3)
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
@@ -102,12 +107,7 @@ def test_an_inf_in_one_gradient_skips_the_whole_step_on_the_device(name):
     (GradScaler's backoff); the steps after it go on as the plain run's."""
     m, opt, scaler = scaled_steps(OPTIMIZERS[name], 4, inf_at=(1,))
     ref, ref_opt = plain_steps(OPTIMIZERS[name], 4, skip=(1,))
-    for a, b in zip(m.parameters(), ref.parameters()):
-        assert torch.equal(a, b)
-    for p, q in zip(m.parameters(), ref.parameters()):
-        s, r = opt.state[p], ref_opt.state[q]
-        assert torch.equal(s["exp_avg"], r["exp_avg"]) and torch.equal(s["exp_avg_sq"], r["exp_avg_sq"])
-        assert float(s["step"]) == float(r["step"]) == 3
+    assert_same_state(m, opt, ref, ref_opt, steps=3)
     assert scaler.get_scale() == 2.0**9
 
 

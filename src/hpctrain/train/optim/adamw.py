@@ -50,9 +50,11 @@ class AdamWLowMu(AdamFamily):
             if "exp_avg" in state:
                 state["exp_avg"] = state["exp_avg"].to(self.mu_dtype)
 
-    def update_scaled(self, b: Bucket, group: dict, grad_scale: torch.Tensor | None, found_inf: torch.Tensor) -> None:
-        """fp16: the fused kernel on an fp32 copy of the moment; where it skips, the copy rounds back to
-        the stored moment exactly (bf16 → fp32 → bf16)."""
+    def fused_step(
+        self, b: Bucket, group: dict, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None
+    ) -> None:
+        """The fused kernel, one pass per tensor; a bf16 moment goes through a reused fp32 copy and is
+        rounded back to nearest even, as jnp.astype (exactly, where an fp16 step skips: bf16 → fp32 → bf16)."""
         m = b.exp_avgs if b.exp_avgs[0].dtype == torch.float32 else self.scratch.views(b.exp_avgs)
         if m is not b.exp_avgs:
             copy_(m, b.exp_avgs)
@@ -71,23 +73,13 @@ class AdamWLowMu(AdamFamily):
         if m is not b.exp_avgs:
             copy_(b.exp_avgs, m)
 
+    def update_scaled(self, b: Bucket, group: dict, grad_scale: torch.Tensor | None, found_inf: torch.Tensor) -> None:
+        """fp16: the fused kernel, GradScaler's tensors on the device (`fused_step`)."""
+        self.fused_step(b, group, grad_scale, found_inf)
+
     def update(self, b: Bucket, group: dict) -> None:
-        if self.fused(b):  # one pass per tensor; a bf16 moment goes through a reused fp32 copy
-            m = b.exp_avgs if b.exp_avgs[0].dtype == torch.float32 else self.scratch.views(b.exp_avgs)
-            if m is not b.exp_avgs:
-                copy_(m, b.exp_avgs)
-            fused_adam_(
-                b.params,
-                b.grads,
-                m,
-                b.exp_avg_sqs,
-                b.step_tensors,
-                group,
-                lr=group["lr"],
-                weight_decay=group["weight_decay"],
-            )
-            if m is not b.exp_avgs:
-                copy_(b.exp_avgs, m)  # round to nearest even, as jnp.astype
+        if self.fused(b):
+            self.fused_step(b, group)
             return
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
