@@ -10,13 +10,14 @@ categories are measured separately, so their sum is a check on the ledger, not i
 
 Timeline of one allocation [Start, End], per process (an in-job restart starts another):
   Start → launched (the batch shell: modules, image, probes)       startup.allocation
-  launched → process → imports → … → first_step                    startup.<phase>
-  first_step → the last record, window by window                   productive + data_wait + checkpoint + eval
+  launched → process → imports → … → first_batch                   startup.<phase>
+  first_batch → the last record, window by window                   productive + data_wait + checkpoint + eval
                                                                    + straggler (+ idle: the gaps between windows)
                                                                    superseded windows: lost
   the last train record → stop / end                               checkpoint + eval + productive (steps after
                                                                    the last window, kept by the stop's save)
-  a killed process: the last record → its step's end               lost (steps trained since then, and the kill)
+  a killed process: the last record → its step's end               lost (half a log window: the steps trained
+                                                                   after it, expected) + restart (the detection)
   its step's end (or its last record) → the next process launched  restart
   the last process's end → End                                     idle (after the last step)
 Between allocations: Submit → Start is queue; End → the next Submit is idle (between allocations).
@@ -42,8 +43,11 @@ CATEGORIES = (
     ("productive", "train records: window_s − data_wait_s − ckpt_s − eval_s − straggler_s, kept windows"),
     ("checkpoint", "train, stop and end records: ckpt_s (saves that blocked training)"),
     ("eval", "train, stop and end records: eval_s"),
-    ("lost", "superseded train windows (trained again after a restart) + a killed step's time after its last record"),
-    ("restart", "restart records and startup records: a step's end → the next step's launch"),
+    (
+        "lost",
+        "superseded train windows (trained again after a restart) + half a window after a failed step's last record",
+    ),
+    ("restart", "restart and startup records: a failed step's last record (+ half a window) → the next step's launch"),
     ("data_wait", "train records: data_wait_s (rank 0 waiting for its loader)"),
     ("straggler", "train records: straggler_s (the slowest rank's own time above the median's)"),
     ("idle", "anything else, by name"),
@@ -148,10 +152,10 @@ def _begin(s: dict) -> float:
 
 def _startup(ledger: Ledger, s: dict, since: float | None, att: dict) -> None:
     """The phases of one start-up: `since` (the allocation's start, for its first process) → launched
-    → process → … → first_step."""
+    → process → … → first_batch. The first step itself is training (its window's)."""
     at = s["at"]
     prev = since
-    for phase in PHASES:
+    for phase in PHASES[: PHASES.index("first_batch") + 1]:
         t = at.get(phase)
         if t is None:
             continue
@@ -163,8 +167,8 @@ def _startup(ledger: Ledger, s: dict, since: float | None, att: dict) -> None:
 def _windows(ledger: Ledger, s: dict, recs: list[dict], att: dict) -> tuple[float, dict | None]:
     """The train windows of one process; returns (the time of its last record, its last train record)."""
     at = s["at"]
-    first = at.get("first_step", s["time"])
-    # the first window started at `warmup`; its first step (and first batch) belong to the start-up
+    first = at.get("first_batch", s["time"])
+    # the first window started at `warmup`; its first batch belongs to the start-up
     head = first - at.get("warmup", first)
     head_wait = float(s.get("first_batch_wait_s") or 0.0)
     last_t, last_train = first, None
@@ -271,7 +275,13 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
                 ledger.add("idle", "since the last record (running)", max(0.0, now - end), att)
                 end = now
             elif ended is not None and ended > end:
-                ledger.add("lost", "a failed step after its last record", ended - end, att)
+                # trained after the last record, then the failure's detection: the steps after it are
+                # unknown, half a log window is their expected share for a failure at a random time
+                half = (
+                    0.5 * int((last_train or {}).get("steps") or 1) * float((last_train or {}).get("step_time_s") or 0)
+                )
+                ledger.add("lost", "a failed step after its last record (half a window)", min(ended - end, half), att)
+                ledger.add("restart", "the failure → its step's end", max(0.0, ended - end - half), att)
                 end = ended
         prev_end = end
     if cur is not None and prev_end is not None and cur.end is not None:
