@@ -149,8 +149,9 @@ def _processes(records: list[dict]) -> list[tuple[dict, list[dict]]]:
 
 
 def _begin(s: dict) -> float:
+    """A process's first mark, in the phases' order (launched where the batch shell gave it)."""
     at = s["at"]
-    return min(at.values())
+    return next((at[p] for p in PHASES if p in at), s["time"])
 
 
 def _startup(ledger: Ledger, s: dict, since: float | None, att: dict) -> None:
@@ -162,9 +163,9 @@ def _startup(ledger: Ledger, s: dict, since: float | None, att: dict) -> None:
         t = at.get(phase)
         if t is None:
             continue
-        if prev is not None:
+        if prev is not None:  # a mark before the last (clocks of two hosts, /proc's rounding) adds nothing
             ledger.add("startup", "allocation" if phase == "launched" else phase, max(0.0, t - prev), att)
-        prev = t
+        prev = t if prev is None else max(prev, t)
 
 
 def _windows(ledger: Ledger, s: dict, recs: list[dict], att: dict) -> tuple[float, dict | None]:
