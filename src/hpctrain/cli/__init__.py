@@ -25,6 +25,7 @@ COMMANDS = {
     "plan": "plan",
     "status": "status",
     "logs": "status",
+    "goodput": "goodput",
     "cluster": "cluster",
     "data": "data",
     "config": "config_cmd",

@@ -27,7 +27,7 @@ from hpctrain.data.build import build_eval_loaders
 from hpctrain.errors import UserError
 from hpctrain.lr_rule import lr_rule
 from hpctrain.models.vit import build_vit
-from hpctrain.run import faultlog, requeue, source
+from hpctrain.run import faultlog, requeue, source, startup
 from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
 from hpctrain.run.metrics import progress_log, read_metrics, summary_table
 from hpctrain.run.rundir import RunDirBusy, RunLock
@@ -133,6 +133,8 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     batch shell requeues.
     """
     stop = stop or stopmod.install()
+    startup.mark_process()  # where launch.task did not (hpctrain train): torch is imported by now
+    startup.mark("imports")
     cfg = build(Config, cfg) if isinstance(cfg, dict) else cfg
     assert isinstance(cfg, Config)  # for the reader (and mypy): a mapping is built into one above
     info = distmod.detect()
@@ -160,6 +162,7 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:  # unwound last in, first out: trainer, lock, process group
         collective.init(info, backend, cfg.dist.pg_timeout_s, group_of_one=cfg.dist.parallel == "fsdp")
         stack.push(unless_broken(collective.shutdown))
+        startup.mark("process_group")
         summary = _run(cfg, stop, info, device, fr_env, stack)
     return summary
 
@@ -299,6 +302,7 @@ def _run(
         except preflight.PreflightFailed as e:
             log.error("%s", e)
             raise
+        startup.mark("preflight")
     cache = compile_cache.setup(cfg, run_dir)  # compile.enabled: before anything is compiled
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank and every attempt
     model = build_vit(cfg.model)
@@ -315,6 +319,7 @@ def _run(
     # its threads and collectives ended, its hold on the process groups dropped (Trainer.close):
     # at once on a return (below), by the stack after an error
     stack.push(unless_broken(trainer.close))
+    startup.mark("model")
     if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.run.faultlog)
         for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / METRICS)):
             log.warning(

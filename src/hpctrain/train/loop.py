@@ -29,6 +29,7 @@ import torch.distributed as td
 from hpctrain.config import Config
 from hpctrain.data.loader import Loader
 from hpctrain.errors import mark_step
+from hpctrain.run import startup
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import compat, warmup
@@ -66,6 +67,7 @@ class Loop:
     start_wall: float
     win: LogWindow
     last_eval_step: int = -1  # the step of the last eval: the end evaluates unless it is this one
+    started: bool = False  # this process took its first step (the `startup` record is written)
 
 
 class Trainer:
@@ -266,6 +268,7 @@ class Trainer:
         out = Outcome(total_steps=self.total_steps)
         if resume:
             self.load_state(resume[1], resume[0])
+            startup.mark("checkpoint")
             out.resumed_from = self.step
             log.info("resumed from %s at step %d", resume[0], self.step)
         self._supersede_records()
@@ -289,6 +292,7 @@ class Trainer:
         window = profiling.open_window(
             self.cfg.log, self.dist.rank, self.dist.world_size, self.run_dir, self.device, self.step
         )
+        startup.mark("warmup")  # the first log window starts now
         try:
             return self._train(Loop(out, progress, halt_at, window, start_wall, LogWindow(self.device), last_eval_step))
         finally:
@@ -342,9 +346,13 @@ class Trainer:
             batches = [next(it) for _ in range(self.accum)]
             self.faults.data_wait()  # returns at once, unless a slow data path is injected
             wait = time.perf_counter() - t0
+            if not lp.started:
+                startup.mark("first_batch")
             seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
             lp.win.add(self.train_step(batches), self.grad_norm, wait)
             self.step += 1
+            if not lp.started:
+                self._started(lp, wait)
             if lp.profile:
                 lp.profile.after(self.step, wait)
             self.watchdog.beat(self.step)
@@ -368,6 +376,13 @@ class Trainer:
             self._eval_and_log(lp.out, lp.progress)
             lp.last_eval_step = self.step
         return None
+
+    def _started(self, lp: Loop, wait: float) -> None:
+        """This process's first step is done: the `startup` record (run.startup's phases), which the
+        goodput ledger and the restart test read."""
+        lp.started = True
+        startup.mark("first_step")
+        self.metrics.write("startup", **startup.record(self.step - 1), first_batch_wait_s=round(wait, 4))
 
     def _window(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
         """The log boundary's one sync (guard.Guard.check: Diverged alike on every rank); the last
@@ -397,7 +412,9 @@ class Trainer:
         then a new window."""
         win, out = lp.win, lp.out
         loss, grad_norm = self._window(*win.means())
-        el = self.cadence.window(win.steps, win.elapsed())  # net of the window's saves and evals
+        gross = win.elapsed()
+        pauses = self.cadence.take_pauses()  # the window's blocking saves and evals, for the goodput ledger
+        el = self.cadence.window(win.steps, gross)  # net of the window's saves and evals
         ips = self.cfg.data.global_batch * win.steps / max(el, 1e-9)
         lr = self.lr_of(self.step - 1)  # the schedule's, before any group's lr_scale
         rec = dict(
@@ -411,8 +428,16 @@ class Trainer:
         )
         rec["grad_norm"] = grad_norm  # the window's mean, before clipping
         self.stragglers.post(
-            self.step, el / win.steps, win.wait / win.steps, (win.wait + self.fwd_clock.take()) / win.steps
+            self.step,
+            el / win.steps,
+            win.wait / win.steps,
+            (win.wait + self.fwd_clock.take()) / win.steps,
+            win.steps,
         )
+        # the goodput ledger's split of the window (run/goodput.py): its whole time and steps, rank 0's data
+        # wait, blocking saves and evals, and the straggler excess of the last settled round
+        rec.update(window_s=round(gross, 4), steps=win.steps, data_wait_s=round(win.wait, 4), **pauses)
+        rec["straggler_s"] = round(self.stragglers.take_excess(), 4)
         skipped = len(self.train_loader.skipped)
         if skipped:
             rec["skipped_samples"] = skipped
@@ -444,6 +469,8 @@ class Trainer:
             wall_s=out.wall_s,
             top1=out.eval.get("top1"),
             top5=out.eval.get("top5"),
+            straggler_s=round(self.stragglers.take_excess(), 4),
+            **self.cadence.take_pauses(),  # the last eval and save, after the last window
         )
         self.metrics.close()
         return out
@@ -459,7 +486,14 @@ class Trainer:
         out.status = {"halt": "halted", "interrupt": "interrupted"}.get(out.stop_kind, "preempted")
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
-        self.metrics.write("stop", step=self.step, reason=out.status, stop_kind=out.stop_kind)
+        self.metrics.write(
+            "stop",
+            step=self.step,
+            reason=out.status,
+            stop_kind=out.stop_kind,
+            straggler_s=round(self.stragglers.take_excess(), 4),
+            **self.cadence.take_pauses(),  # the stop's save
+        )
         log.warning(
             "stopped at step %d (%s)%s",
             self.step,

@@ -27,7 +27,8 @@ from hpctrain.pids import alive
 from hpctrain.run.layout import ENV, JOB, LOCK, read_json
 from hpctrain.site.slurm_cli import ask, job_record, queue_state
 
-FIELDS = ("JobID", "State", "ExitCode", "WorkDir", "NodeList", "Elapsed")
+# Submit, Start, End: the goodput ledger (watch/ledger.py)
+FIELDS = ("JobID", "State", "ExitCode", "WorkDir", "NodeList", "Elapsed", "Submit", "Start", "End")
 # the variables that send a submission to another cluster (sbatch(1): same as --clusters)
 CLUSTER_VARS = ("SBATCH_CLUSTERS", "SLURM_CLUSTERS")
 

@@ -4,6 +4,7 @@ its ETA, steps killed for memory, straggler, hang and divergence. No torch: this
 
 from __future__ import annotations
 
+from hpctrain.run import goodput
 from hpctrain.run.metrics import table
 from hpctrain.watch.progress import Eta, duration, iso
 from hpctrain.watch.steps import Step, size_text
@@ -63,6 +64,8 @@ def status_text(st: RunStatus) -> str:
         rows.append(("out of memory", oom_text(st.oom, m.get("memory"))))
     if m.get("excluded"):
         rows.append(("excluded", "; ".join(f"{n} ({why})" for n, why in m["excluded"].items())))
+    if st.goodput:
+        rows.append(("time went to", goodput.one_line(st.goodput)))
     if m.get("step") is not None:
         total = f"/{st.total_steps} ({100 * m['step'] / st.total_steps:.0f} %)" if st.total_steps else ""
         ago = f", logged {duration(f['last_record_age_s'])} ago" if f["last_record_age_s"] is not None else ""

@@ -14,11 +14,13 @@ from pathlib import Path
 import yaml
 
 from hpctrain.config_moves import current
-from hpctrain.run import faultlog
+from hpctrain.run import faultlog, goodput
+from hpctrain.run.goodput import Ledger
 from hpctrain.run.layout import CONFIG, CONTROL, METRICS
 from hpctrain.run.metrics import NONFINITE_FIELDS, read_metrics, total_steps
 from hpctrain.watch.follow import TERMINAL, WAITING
 from hpctrain.watch.jobinfo import Accounting, accounting, controller_view, local_state, settled_state, where_of
+from hpctrain.watch.ledger import allocations_of
 from hpctrain.watch.lookup import resolve
 from hpctrain.watch.progress import Eta, eta, iso, recent_straggler, steps_per_s
 from hpctrain.watch.steps import Step, oom_steps, sacct_steps
@@ -39,6 +41,7 @@ class RunStatus:
     now: float = field(default_factory=time.time)
     oom: list[Step] = field(default_factory=list)  # the job's steps that died OUT_OF_MEMORY (watch/steps.py)
     accounting: str = ""  # why sacct could not answer: the state is the controller's, no requeue history
+    goodput: Ledger | None = None  # where the run's time went (run/goodput.py); None before its first step
 
     def age(self, t: float | None) -> float | None:
         return None if t is None else max(0.0, self.now - t)
@@ -83,6 +86,7 @@ class RunStatus:
             "restarts_in_job": m.get("restarts", 0),
             "last_restart": m.get("last_restart"),
             "excluded_nodes": m.get("excluded", {}),
+            "goodput": goodput.one_line(self.goodput) if self.goodput else None,
             "out_of_memory": [s.facts() for s in self.oom],
             "last_memory": m.get("memory"),
             "accounting": self.accounting or None,
@@ -255,4 +259,9 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
         )
         requeues, nodes = metrics.get("stops", 0), ""
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
-    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now, oom, note)
+    ledger = None
+    if run_dir:  # this job's allocations (rows): no second sacct call; `hpctrain goodput` asks for every job's
+        recs = goodput.run_records(run_dir)
+        if any(r.get("kind") == "startup" for r in recs):
+            ledger = goodput.build(recs, allocations_of(job_id, rows) if job_id and rows else [], now)
+    return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now, oom, note, ledger)

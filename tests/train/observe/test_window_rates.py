@@ -41,7 +41,7 @@ def test_a_windows_rates_leave_out_its_save_and_eval_pauses():
         step=4,
         steps_per_epoch=100,
         speed=SimpleNamespace(fields=lambda ips, step_s: speed_fields(ips, step_s, 1, 1e12, 100.0)),
-        stragglers=SimpleNamespace(post=lambda *a: posted.append(a)),
+        stragglers=SimpleNamespace(post=lambda *a: posted.append(a), take_excess=lambda: 0.25),
         fwd_clock=SimpleNamespace(take=lambda: 0.0),
         train_loader=SimpleNamespace(skipped=[]),
         reduce_hook=None,
@@ -58,3 +58,7 @@ def test_a_windows_rates_leave_out_its_save_and_eval_pauses():
     assert rec["mfu"] == pytest.approx(40.0 * 1e12 / 100e12)
     assert posted[0][1] == pytest.approx(6.0 / 4)  # the straggler check's step time too
     assert cadence.clock.step_s() == pytest.approx(6.0 / 4) and cadence.paused_s == 0.0
+    # the goodput ledger's split of the window (run/goodput.py): whole time, steps, data wait, saves, evals
+    assert rec["window_s"] == 10.0 and rec["steps"] == 4 and rec["data_wait_s"] == 2.0
+    assert (rec["ckpt_s"], rec["eval_s"], rec["straggler_s"]) == (pytest.approx(1.0), pytest.approx(3.0), 0.25)
+    assert cadence.take_pauses() == {"ckpt_s": 0.0, "eval_s": 0.0}  # taken by the window

@@ -20,6 +20,7 @@ hpctrain_step_start() {
                    --nodelist="$(hpctrain_commas "$hpctrain_step_hosts")" --overlap)
   fi
   export HPCTRAIN_ATTEMPT=$hpctrain_attempt
+  HPCTRAIN_STEP_AT=$(date +%s.%N) && export HPCTRAIN_STEP_AT  # the step's launch, for the ledger (run/startup.py)
   hpctrain_check_snapshot  # source.sh: an in-job restart imports the snapshot again
   # healthy spares beyond this step's nodes: a straggler stop then restarts here, not a requeue (run/requeue.py)
   export HPCTRAIN_SPARES_FREE=0

@@ -36,6 +36,7 @@ class Cadence:
         )
         self.clock = interval.StepClock()  # training seconds per step (saves and evals left out)
         self.paused_s = 0.0  # seconds of saves and evals in the current log window
+        self.ckpt_s = self.eval_s = 0.0  # the same, split: blocking saves, evals (the goodput ledger's)
         self.started = (0, time.perf_counter())  # (step, time) training last (re)started at
 
     def restart(self, step: int) -> None:
@@ -57,6 +58,7 @@ class Cadence:
     def pause(self, seconds: float) -> None:
         """`seconds` of the current window were not training (an eval)."""
         self.paused_s += seconds
+        self.eval_s += seconds
 
     def window(self, steps: int, elapsed: float) -> float:
         """A log window of `steps` steps ended after `elapsed` seconds: its training time (`elapsed`
@@ -65,6 +67,13 @@ class Cadence:
         self.clock.add(steps, train_s)
         self.paused_s = 0.0
         return train_s
+
+    def take_pauses(self) -> dict[str, float]:
+        """The seconds of blocking saves and of evals since the last call (a log window, a stop, the
+        end): the fields that the train, stop and end records carry for the goodput ledger."""
+        out = {"ckpt_s": round(self.ckpt_s, 4), "eval_s": round(self.eval_s, 4)}
+        self.ckpt_s = self.eval_s = 0.0
+        return out
 
     def on_disk(self, step: int, periodic: bool) -> None:
         """A periodic save was due at `step`, whose checkpoint exists already: auto's next save is one
@@ -76,6 +85,7 @@ class Cadence:
         """A save at `step` took `save_s` (paused out of the clock); after a periodic one, auto's next
         due step, and a new interval is a `ckpt_interval` record and a line in rank 0's log."""
         self.paused_s += save_s
+        self.ckpt_s += save_s
         if not (periodic and self.auto):
             return
         step_s = self.clock.step_s() or (time.perf_counter() - self.started[1]) / max(1, step - self.started[0])

@@ -145,6 +145,8 @@ class StragglerWatch:
         self._work = None
         self._tensor = None
         self._step = 0
+        self._steps = 0  # the steps of the window in flight
+        self.excess_s = 0.0  # settled rounds' slowest own time over the median, times their steps (not yet taken)
 
     @classmethod
     def for_run(cls, health: HealthConfig, dist: DistInfo, group, metrics) -> StragglerWatch:
@@ -165,11 +167,12 @@ class StragglerWatch:
         td.all_gather_object(places, (socket.gethostname(), self.local_rank, badnodes.this_node()), group=self.group)
         self.places = [tuple(p) for p in places]
 
-    def post(self, step: int, step_s: float, data_s: float, own_s: float) -> None:
-        """Start this window's round (non-blocking), after settling the previous one."""
+    def post(self, step: int, step_s: float, data_s: float, own_s: float, steps: int = 1) -> None:
+        """Start this window's round (non-blocking) of `steps` steps, after settling the previous one."""
         if not self.active:
             return
         self.settle()
+        self._steps = steps
         self._tensor = torch.zeros(self.world, 3, dtype=torch.float64)
         self._tensor[self.rank] = torch.tensor([step_s, data_s, own_s], dtype=torch.float64)
         self._work = td.all_reduce(self._tensor, group=self.group, async_op=True)
@@ -182,6 +185,8 @@ class StragglerWatch:
         work, self._work = self._work, None
         work.wait()
         rows = self._tensor.tolist()
+        own = [r[2] for r in rows]
+        self.excess_s += max(0.0, max(own) - statistics.median(own)) * self._steps
         found = find_straggler(
             [r[2] for r in rows],
             [r[1] for r in rows],
@@ -217,6 +222,12 @@ class StragglerWatch:
             )
             self.metrics.write("straggler", **found)
         return found
+
+    def take_excess(self) -> float:
+        """Seconds the slowest rank's own time outlasted the median rank's, over the rounds settled
+        since the last call: what every rank waited for it (the goodput ledger's straggler excess)."""
+        out, self.excess_s = self.excess_s, 0.0
+        return out
 
     def track(self, found: dict | None) -> dict | None:
         """Count the log intervals in a row that the same rank is over exclude_pct; at EXCLUDE_AFTER,

@@ -1,0 +1,60 @@
+"""A run's goodput ledger on the login node: its records plus sacct's allocations of every job that
+trained it (run/goodput.py adds them up). `hpctrain goodput`, `status` and `report` read it here.
+
+sacct -D gives one row per run of a job (a requeue is another row, with its own Submit: the time it
+was queued again) in the cluster's local time (`2026-12-07T05:40:01`, `Unknown` while it runs);
+a --no-kill job that lost a node has a RESIZING row for its allocation before it shrank (measured,
+22.05), whose Start is the allocation's.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hpctrain.run import goodput
+from hpctrain.run.goodput import Allocation, Ledger
+from hpctrain.watch.jobinfo import ANY, Where, accounting
+
+
+def sacct_time(text: str) -> float | None:
+    """sacct's local time as a Unix time; None for Unknown, None or an empty field."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def allocations_of(job: str, rows: list[dict[str, str]]) -> list[Allocation]:
+    """The allocations of one job from its sacct rows (oldest first): a RESIZING row gives its Start
+    to the next; a row that has not started (PENDING) is none yet."""
+    out, carried = [], None
+    for i, row in enumerate(rows):
+        submit, start = sacct_time(row.get("Submit", "")), sacct_time(row.get("Start", ""))
+        if row.get("State") == "RESIZING":
+            carried = carried if carried is not None else start
+            continue
+        if submit is None or start is None:
+            continue
+        start = carried if carried is not None else start
+        carried = None
+        out.append(Allocation(job, i, submit, start, sacct_time(row.get("End", "")), row.get("State", "")))
+    return out
+
+
+def jobs_of(records: list[dict], job_id: str | None) -> list[str]:
+    """The Slurm jobs that trained the run: its startup and restart records', and the current one."""
+    jobs = [str(r["job"]) for r in records if r.get("kind") in ("startup", "restart") and r.get("job")]
+    if job_id:
+        jobs.append(str(job_id))
+    return list(dict.fromkeys(j for j in jobs if j.isdigit()))
+
+
+def run_ledger(run_dir: Path, job_id: str | None = None, where: Where = ANY, now: float | None = None) -> Ledger:
+    """The ledger of the run in `run_dir`; with Slurm jobs, sacct's allocations of each (none where
+    sacct cannot answer: then the wall time starts at the first launch)."""
+    records = goodput.run_records(run_dir)
+    allocs: list[Allocation] = []
+    for job in jobs_of(records, job_id):
+        allocs += allocations_of(job, accounting(job, where).rows)
+    return goodput.build(records, allocs, now)
