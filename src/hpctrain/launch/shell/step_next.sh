@@ -3,7 +3,7 @@
 # hpctrain_step_next: 0 to start the next step (a restart here), 1 when the steps are over
 hpctrain_step_next() {
   local left
-  hpctrain_ended=$(date +%s) hpctrain_new=""
+  hpctrain_now hpctrain_ended; hpctrain_new=""
   # a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
   if [ "$hpctrain_decision" != end ] &&
      { [ "$hpctrain_rc" != 0 ] || [ "$hpctrain_decision" = requeue ]; }; then
