@@ -8,9 +8,10 @@ import time
 
 
 def test_the_process_mark_falls_between_the_spawn_and_the_first_line():
+    code = "import time; from hpctrain.run import startup; print(startup.process_start(), time.time())"
     before = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", "import time; from hpctrain.run import startup; print(startup.process_start(), time.time())"],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=True,
