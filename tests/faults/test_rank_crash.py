@@ -76,11 +76,27 @@ def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_clust
     st = hp(slurm_cluster, "status", job).stdout
     assert "COMPLETED" in st and re.search(r"requeues +0\n", st), st
     assert re.search(rf"restarts +1 in the job on the same nodes \(last: attempt 1 of job {job}: exit ", st), st
-    again = min(r["time"] for r in metrics(run, "train") if r["time"] > restart["time"])
-    print(
-        f"killed rank: restart decided {restart['decided_at'] - killed_at:.1f} s after the kill, training again "
-        f"{again - killed_at:.1f} s after it; resumed at step {resumed[0]} of {STEPS}"
-    )
+    (started,) = [r for r in metrics(run, "startup") if r["attempt"] == 1 and str(r["job"]) == job]
+    table, again = phase_table(killed_at, restart, started["at"])
+    print(f"killed rank: resumed at step {resumed[0]} of {STEPS}; the restart's phases:\n{table}")
+    # docs/faults.md, "Restart": 31-69 s before (KillWait's SIGKILL of rank 0, among others), ~7 s after
+    assert again <= RESTART_S, f"rank death → training again took {again:.1f} s (> {RESTART_S} s)\n{table}"
+
+
+RESTART_S = 15.0  # rank death → the first step trained again, on the 2-core test cluster (issue 59)
+
+
+def phase_table(killed_at: float, restart: dict, at: dict[str, float]) -> tuple[str, float]:
+    """The restart's phases, each from the end of the one before: the batch shell's (the step's end,
+    its decision: the `restart` record) and rank 0's start-up (the `startup` record's marks,
+    run/startup.py). Returns the table and the seconds from the kill to the first step trained."""
+    ends = [("step ended (srun returned)", restart["step_ended_at"]), ("restart decided", restart["decided_at"])]
+    ends += [(phase, t) for phase, t in at.items()]
+    rows, prev = [f"  {'phase':<28}{'took':>8}{'since kill':>12}"], killed_at
+    for name, t in ends:
+        rows.append(f"  {name:<28}{t - prev:>7.2f}s{t - killed_at:>11.2f}s")
+        prev = t
+    return "\n".join(rows), at["first_step"] - killed_at
 
 
 def test_the_same_crash_at_the_same_step_twice_ends_the_job_in_one_line(slurm_cluster, digits_root, tmp_path):

@@ -111,15 +111,23 @@ def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
         "100\t0\t1\trestart\tn2\tn2: left the job's allocation (Slurm: node failure)\t99\n"
         "garbage line\n"
         "200\t0\t1\trequeue\tn3,bad name\tn3: no answer to a probe step\t199\n"
+        "300.1234567\t0\t2\trestart\t\texit 137: a rank was killed\t299.5\n"  # hpctrain_now's microseconds
+        "301.\t0\t3\trestart\t\texit 137\t300\n"
     )
     env = {"HPCTRAIN_FAULTS_FILE": str(faults), "SLURM_JOB_ID": "77"}
     m = MetricsWriter(tmp_path / "metrics.jsonl")
     new = faultlog.record_new(m, [], env)
-    assert [(r["kind"], r["nodes"], r["attempt"]) for r in new] == [("restart", ["n2"], 1), ("exclude", ["n3"], 1)]
+    assert [(r["kind"], r["nodes"], r["attempt"]) for r in new] == [
+        ("restart", ["n2"], 1),
+        ("exclude", ["n3"], 1),
+        ("restart", [], 2),
+    ]
+    assert (new[0]["decided_at"], new[0]["step_ended_at"]) == (100, 99)
+    assert (new[2]["decided_at"], new[2]["step_ended_at"]) == (300.123, 299.5)
     recs = read_metrics(tmp_path / "metrics.jsonl")
     assert faultlog.record_new(m, recs, env) == []  # a later attempt records nothing twice
     s = summarize(read_metrics(tmp_path / "metrics.jsonl"))
-    assert s["restarts"] == 1 and s["excluded"] == {
+    assert s["restarts"] == 2 and s["excluded"] == {
         "n2": "left the job's allocation (Slurm: node failure)",
         "n3": "no answer to a probe step",
     }

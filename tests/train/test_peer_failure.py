@@ -10,6 +10,7 @@ are raised by gloo here; NCCL's come from its source.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,9 +63,8 @@ def test_a_bug_is_not_a_peer_failure(text):
     assert not peer_failure(RuntimeError(text)) and not peer_failure(ValueError(text))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode, fate", [("all-reduce", "stop"), ("ddp-hook", "stop"), ("ddp-hook", "die")])
-def test_a_stopped_or_dead_rank_is_named_whatever_gloo_raised(mode, fate):
+def run_pair(mode: str, fate: str) -> str:
+    """Rank 0's output of the two peer_worker ranks."""
     port = free_port()
     procs = []
     for rank in range(2):
@@ -92,5 +92,23 @@ def test_a_stopped_or_dead_rank_is_named_whatever_gloo_raised(mode, fate):
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
             p.communicate()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, fate", [("all-reduce", "stop"), ("ddp-hook", "stop"), ("ddp-hook", "die")])
+def test_a_stopped_or_dead_rank_is_named_whatever_gloo_raised(mode, fate):
+    out = run_pair(mode, fate)
     assert "peer failure: True" in out, out[-3000:]
     assert "diagnosis: rank(s) 1 stopped responding" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_rank_0_does_not_wait_for_the_silent_ranks_once_slurm_ends_the_step():
+    """srun --kill-on-bad-exit TERMs the step's tasks once a rank died, and KILLs them KillWait later:
+    rank 0 waiting out its check-in (60 s here) would hold the restart until then."""
+    out = run_pair("ddp-hook", "ended")
+    assert "peer failure: True" in out, out[-3000:]
+    assert "diagnosis: a collective failed and Slurm is ending the step" in out, out[-3000:]
+    took = float(re.search(r"diagnosed in ([\d.]+) s", out).group(1))
+    assert took < 2, out[-3000:]

@@ -26,12 +26,21 @@ ENV = "HPCTRAIN_FAULTS_FILE"
 KINDS = {"restart": "restart", "requeue": "exclude", "fs_stall": "fs_stall"}  # the shell's action → the record's kind
 
 
+def _seconds(text: str) -> float | int | None:
+    """A Unix time as the shell writes it: whole seconds (lines of older jobs) or with microseconds
+    (`hpctrain_now`: the restart test's phase table splits seconds)."""
+    whole, dot, frac = text.partition(".")
+    if not whole.isdigit() or (dot and not frac.isdigit()):
+        return None
+    return round(float(text), 3) if dot else int(whole)
+
+
 def parse(text: str, job: str) -> list[dict[str, Any]]:
     """The records of the file's well-formed lines, oldest first."""
     out = []
     for line in text.splitlines():
         f = line.split("\t")
-        if len(f) != 7 or f[3] not in KINDS or not (f[0].isdigit() and f[1].isdigit() and f[2].isdigit()):
+        if len(f) != 7 or f[3] not in KINDS or not (_seconds(f[0]) is not None and f[1].isdigit() and f[2].isdigit()):
             continue
         nodes = [n for n in f[4].split(",") if NODE_NAME.fullmatch(n)]
         rec: dict[str, Any] = {
@@ -40,10 +49,10 @@ def parse(text: str, job: str) -> list[dict[str, Any]]:
             "attempt": int(f[2]),
             "nodes": nodes,
             "why": f[5],
-            "decided_at": int(f[0]),
+            "decided_at": _seconds(f[0]),
         }
-        if f[6].isdigit():
-            rec["step_ended_at"] = int(f[6])
+        if _seconds(f[6]) is not None:
+            rec["step_ended_at"] = _seconds(f[6])
         out.append({"kind": KINDS[f[3]], **rec})
     return out
 

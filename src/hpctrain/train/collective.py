@@ -13,13 +13,16 @@ import datetime
 import gc
 import os
 import re
+import signal
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as td
 
 from hpctrain.errors import UserError
 from hpctrain.site.fabric import set_gloo_ifname
+from hpctrain.train import stop as stopmod
 from hpctrain.train.dist import DistInfo
 
 
@@ -110,10 +113,20 @@ def peer_failure(error: BaseException) -> bool:
     return False
 
 
-def silent_ranks(store, rank: int, world: int, wait_s: float) -> list[int] | None:
+def step_ending() -> bool:
+    """Whether Slurm is ending this step: a SIGTERM came (srun --kill-on-bad-exit once a rank died, a
+    preemption, scancel). Its SIGKILL follows KillWait later (30 s by default), so a wait for silent
+    ranks would not finish, and the restart would wait for that SIGKILL (docs/faults.md, "Restart")."""
+    return any(s == signal.SIGTERM for s, _ in stopmod.STOP.received)
+
+
+def silent_ranks(
+    store, rank: int, world: int, wait_s: float, ending: Callable[[], bool] = lambda: False
+) -> list[int] | None:
     """Check in at the rendezvous store; on rank 0, the ranks that did not within `wait_s` (None:
-    the store did not answer). A timed-out gloo/NCCL group is unusable, but the store still works.
-    A check-in is a counter (`add`, in every torch: 2.2's TCPStore has no `check`), read with `add(0)`."""
+    the store did not answer), or by the time `ending()` says the wait is moot. A timed-out gloo/NCCL
+    group is unusable, but the store still works. A check-in is a counter (`add`, in every torch:
+    2.2's TCPStore has no `check`), read with `add(0)`."""
     try:
         store.add(f"hpctrain/alive/{rank}", 1)
     except Exception:  # noqa: BLE001 - rank 0 still looks below; another rank: rank 0 is gone
@@ -129,7 +142,7 @@ def silent_ranks(store, rank: int, world: int, wait_s: float) -> list[int] | Non
             answered = True
         except Exception:  # noqa: BLE001 - a busy store: ask again until the deadline
             pass
-        if not missing or time.monotonic() >= deadline:
+        if not missing or time.monotonic() >= deadline or ending():
             return missing if answered else None
         time.sleep(0.2)
 
@@ -138,14 +151,18 @@ def diagnose(error: BaseException, rank: int, world: int, wait_s: float) -> Rank
     """After a failed collective, find the ranks that no longer answer.
 
     Every live rank checks in at the rendezvous store, and rank 0 names those that do not within
-    `wait_s`: "rank(s) N stopped responding", whatever gloo or NCCL said (`PEER_FAILURE`).
+    `wait_s`: "rank(s) N stopped responding", whatever gloo or NCCL said (`PEER_FAILURE`). Not once
+    Slurm is ending the step (`step_ending`): then rank 0 ends at once, and the batch shell's restart
+    reads the first rank to fail from the crash file (launch/shell/restarts.sh).
     """
     try:
         store = td.distributed_c10d._get_default_store()
     except Exception:  # noqa: BLE001 - no default group (it was destroyed): nothing to ask
         store = None
-    missing = silent_ranks(store, rank, world, wait_s) if store is not None else None
-    if missing:
+    missing = silent_ranks(store, rank, world, wait_s, step_ending) if store is not None else None
+    if step_ending():  # the wait was cut short: a rank still on its way to check in is not silent
+        detail = "a collective failed and Slurm is ending the step (a rank died, or the job was stopped)"
+    elif missing:
         detail = (
             f"rank(s) {', '.join(map(str, missing))} stopped responding (no reply within the process-group timeout)"
         )

@@ -130,7 +130,9 @@ hpctrain_name_faults() {  # hpctrain_new (node names) and hpctrain_fault (why), 
   fi
 }
 hpctrain_record() {  # a line of $HPCTRAIN_FAULTS_FILE: time, restart, attempt, action, nodes, why, step end
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" \
+  local now
+  hpctrain_now now  # with microseconds, as the step's end: the restart's phases are split to the second and below
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$now" "${SLURM_RESTART_COUNT:-0}" "$hpctrain_attempt" "$1" \
     "$(hpctrain_commas "$hpctrain_new")" "$hpctrain_fault" "$hpctrain_ended" >> "$HPCTRAIN_FAULTS_FILE" || true
 }
 # hpctrain_setup_spares: the nodes to train on, the files, the probe's settings

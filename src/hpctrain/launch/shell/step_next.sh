@@ -3,7 +3,8 @@
 # hpctrain_step_next: 0 to start the next step (a restart here), 1 when the steps are over
 hpctrain_step_next() {
   local left
-  hpctrain_ended=$(date +%s) hpctrain_new=""
+  hpctrain_ended="" hpctrain_new=""
+  hpctrain_now hpctrain_ended  # the step's end, with microseconds: the restart test's phase table
   # a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
   if [ "$hpctrain_decision" != end ] &&
      { [ "$hpctrain_rc" != 0 ] || [ "$hpctrain_decision" = requeue ]; }; then
