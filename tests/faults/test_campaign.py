@@ -188,6 +188,14 @@ def test_a_fault_campaign_with_one_spare_ends_completed_and_bit_exact(
     assert re.search(rf"restarts +3 in the job on spare nodes \(last: attempt 1 of job {job} without {dead}", st), st
     assert re.search(rf"excluded +{faulty} \(rank \d failed: RuntimeError: CUDA error: uncorrectable ECC", st), st
     assert re.search(rf"; {dead} \(left the job's allocation \(Slurm: node failure\)\)", st), st
+    # where the campaign's time went (run/goodput.py): every process in the ledger, the restarts' downtime
+    # and lost progress among its categories, and the categories sum to the wall time
+    led = json.loads(hp(c, "goodput", job, "--json").stdout)
+    print(hp(c, "goodput", job).stdout)
+    cats = {k: v["seconds"] for k, v in led["categories"].items()}
+    assert abs(led["sum_s"] - led["wall_s"]) <= 0.01 * led["wall_s"], (led["sum_s"], led["wall_s"], cats)
+    assert [(a["slurm_restart"], a["attempt"]) for a in led["attempts"]] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert cats["restart"] > 0 and cats["lost"] > 0 and cats["queue"] >= 0 and cats["productive"] > 0, cats
     print(
         f"fault campaign: job {job} COMPLETED {took:.0f} s after submission through a killed rank, a GPU "
         f"fault on {faulty}, a slurmctld restart, a time-limit requeue and the death of {dead}; resumed at "

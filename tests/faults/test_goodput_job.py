@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 
@@ -86,6 +87,12 @@ def test_a_job_with_a_killed_rank_and_a_requeue_accounts_for_its_wall_time(slurm
 
     # the attempts: two processes in the first allocation (the restart), one in the requeued one
     assert [(a["slurm_restart"], a["attempt"]) for a in led["attempts"]] == [(0, 0), (0, 1), (1, 0)], led["attempts"]
+    # the report's goodput row (docs/img/goodput-report.png is this picture: HPCTRAIN_GOODPUT_PICTURE=PATH copies it)
+    png = run / "report.png"
+    hp(c, "report", str(run), "-o", str(png), "--x", "wall")
+    assert png.stat().st_size > 10_000
+    if os.environ.get("HPCTRAIN_GOODPUT_PICTURE"):
+        shutil.copyfile(png, os.environ["HPCTRAIN_GOODPUT_PICTURE"])
     st = hp(c, "status", job).stdout
     assert re.search(r"time went to +goodput \d+\.\d % · runtime \d+\.\d % · ETTR", st), st
     print(

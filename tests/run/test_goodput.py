@@ -73,3 +73,15 @@ def test_goodput_cli_prints_the_table_and_json(halted, tmp_path):
     (tmp_path / METRICS).write_text('{"kind": "train", "time": 1.0, "step": 1}\n')  # a run from before 0.5
     bad = subprocess.run([sys.executable, "-m", "hpctrain", "goodput", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "no start-up record yet" in bad.stderr, bad.stderr
+
+
+def test_the_report_draws_a_bar_per_attempt_and_the_productive_time(halted):
+    report = pytest.importorskip("hpctrain.watch.report")
+    run = report.load_run(halted)
+    assert run.ledger is not None and len(run.ledger.attempts) == 2
+    fig = report.figure([run], "step")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "goodput: where each attempt's time went" in titles and "productive time vs wall time" in titles
+    bars = next(ax for ax in fig.axes if ax.get_title().startswith("goodput"))
+    labels = [t.get_text() for t in bars.get_yticklabels()]
+    assert labels == ["g attempt 0 (from step 0)", "g attempt 0 (from step 13)", "g (whole run)"], labels

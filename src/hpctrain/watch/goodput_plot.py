@@ -35,7 +35,7 @@ def bar_rows(name: str, ledger: Ledger) -> list[tuple[str, dict[str, float]]]:
     rows = []
     for a in ledger.attempts:
         job = f"job {a['job']}.{a.get('slurm_restart') or 0} " if a.get("job") else ""
-        label = f"{name} {job}attempt {a.get('attempt') or 0}"
+        label = f"{name} {job}attempt {a.get('attempt') or 0} (from step {a.get('step') or 0})"
         rows.append((label, dict(a["seconds"])))
     rows.append((f"{name} (whole run)", {c: ledger.total(c) for c in NAMES}))
     return rows
