@@ -39,9 +39,12 @@ def goodput_cmd(args: argparse.Namespace) -> int:
             f"{run_dir} has no start-up record yet (its first step has not been taken, or it was trained by an "
             "hpctrain before 0.5): nothing to add up; try again once it trains (hpctrain status)"
         )
+    plan = goodput.plan_vs_actual(run_dir, ledger, goodput.run_records(run_dir))
     if args.json:
-        print(json.dumps({"run_dir": str(run_dir), "job_id": job_id, **ledger.to_json()}, indent=1))
+        print(json.dumps({"run_dir": str(run_dir), "job_id": job_id, **ledger.to_json(), "plan": plan}, indent=1))
     else:
         print(f"hpctrain goodput: {run_dir}" + (f" (job {job_id})" if job_id else ""))
         print(goodput.table(ledger))
+        if plan:
+            print(goodput.plan_table(plan))
     return 0

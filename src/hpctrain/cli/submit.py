@@ -27,6 +27,7 @@ from hpctrain.launch.prepare import (
     Script,
     Train,
     check_controller,
+    forecast,
     plan_summary,
     prepare,
     slurm_profile,
@@ -34,6 +35,7 @@ from hpctrain.launch.prepare import (
     time_to_result,
 )
 from hpctrain.launch.submit import Request, Submission, wait_local
+from hpctrain.run import goodput
 from hpctrain.run.layout import METRICS, SUBMITIT
 from hpctrain.run.metrics import summary_table
 from hpctrain.site.profile import ClusterProfile
@@ -106,8 +108,10 @@ def main(args: argparse.Namespace) -> int:
     # one line, no sbatch, nothing written
     check_controller(profile, here)
     show(p.messages, sys.stdout)
-    print(time_to_result(p), flush=True)
+    line, predicted = forecast(p)
+    print(line, flush=True)
     sub = start(p)
+    goodput.keep_plan(sub.run_dir, sub.job_id, predicted)
     try:  # from the moment the job exists, a Ctrl-C (even before the wait) leaves it to Slurm
         return follow(args, p, profile, sub)
     except KeyboardInterrupt:  # the job is Slurm's, not this process's: it goes on

@@ -460,20 +460,28 @@ def _check_inputs(cfg: Config) -> None:
 
 
 def time_to_result(p: Prepared) -> str:
-    """`hpctrain plan`'s one line for this job: queue wait (the partition's sacct history), and for a
-    GPU job the predicted training, interruption loss, time to result and allocation share."""
+    """`hpctrain plan`'s one line for this job (see `forecast`)."""
+    return forecast(p)[0]
+
+
+def forecast(p: Prepared) -> tuple[str, dict]:
+    """`hpctrain plan`'s one line for this job, and its figures (`recommend.prediction`: `hpctrain
+    submit` keeps them in the run for the goodput ledger): queue wait (the partition's sacct history),
+    and for a GPU job the predicted training, interruption loss, time to result and allocation share."""
     cfg, profile, plan = p.cfg, p.profile, p.plan
     gpus = profile.slurm.request_gpus  # the step model is for GPUs: else the queue alone, no allocation share
     scan = plan.mtbf_scan_days  # ckpt.every=auto's month of sacct: the queue's week is in it
     ctx = recommend.read_context(profile, plan.partition, account=plan.account, allocation=gpus, scan_days=scan)
     if not gpus:
-        return recommend.queue_line(ctx, plan.nodes)
+        return recommend.queue_line(ctx, plan.nodes), recommend.prediction(None, ctx, plan.nodes)
     try:
         train = build(cfg, resolve(cfg, profile, plan.nodes, plan.tasks_per_node, counts=[plan.nodes]))
     except UserError as e:  # no training-time figure (an unknown GPU, no image count): the queue alone
-        return f"{recommend.queue_line(ctx, plan.nodes)}; training time: not available ({e})"
+        line = f"{recommend.queue_line(ctx, plan.nodes)}; training time: not available ({e})"
+        return line, recommend.prediction(None, ctx, plan.nodes)
     opts = recommend.options(cfg, profile, train, ctx, plan.tasks_per_node)
-    return recommend.one_line(opts[0] if opts else None, ctx, plan.nodes)
+    o = opts[0] if opts else None
+    return recommend.one_line(o, ctx, plan.nodes), recommend.prediction(o, ctx, plan.nodes)
 
 
 def plan_summary(p: Prepared) -> list[str]:

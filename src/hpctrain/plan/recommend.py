@@ -300,6 +300,35 @@ def one_line(o: Option | None, ctx: Context, nodes: int) -> str:
     )
 
 
+def prediction(o: Option | None, ctx: Context, nodes: int) -> dict:
+    """What the plan predicts for the request it submits, stored in the run (`plan.json`) for the goodput
+    ledger's plan vs reality: queue wait, and for a GPU job images/s, training, interruptions and time to
+    result. A figure the plan does not have is None, with why in its source."""
+    q = queue_wait(ctx.history, nodes) if not ctx.why else None
+    out: dict = {
+        "nodes": nodes,
+        "partition": ctx.partition,
+        "queue_s": q.seconds if q else None,
+        "queue_source": q.source if q else f"unknown ({ctx.why})",
+        "images_per_s": None,
+        "train_s": None,
+        "interruptions": None,
+        "loss_s": None,
+        "result_s": None,
+        "model_source": "no step model for this job (a CPU job, or no training-time figure)",
+    }
+    if o is not None:
+        out.update(
+            images_per_s=o.images_per_s,
+            train_s=o.train_s,
+            interruptions=o.loss.interruptions,
+            loss_s=o.loss.seconds,
+            result_s=o.result_s,
+            model_source=f"hpctrain plan's step model; interruptions: {o.loss.source}",
+        )
+    return out
+
+
 def queue_line(ctx: Context, nodes: int) -> str:
     """The queue alone (a CPU job, or no training-time model): its wait and the partition now."""
     if ctx.why:

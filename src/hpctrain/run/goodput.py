@@ -26,13 +26,14 @@ Imports no torch (the login node runs it).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.run.layout import METRICS
+from hpctrain.run.layout import METRICS, PLAN, atomic_write, read_json
 from hpctrain.run.metrics import read_metrics, superseded_path
 from hpctrain.run.startup import PHASES
 
@@ -74,6 +75,7 @@ class Ledger:
     wall_s: float = 0.0  # the first submission (or the first launch, without Slurm) → the end, or now
     allocated_s: float = 0.0  # Σ allocations' Start → End (without Slurm: the wall time)
     first_queue_s: float = 0.0  # the first allocation's queue wait (ETTR leaves it out)
+    allocations: int = 0  # sacct's allocations it was given (0: none, a local run or no accounting)
     parts: dict[str, dict[str, float]] = field(default_factory=lambda: {c: {} for c in NAMES})
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per process: its own categories
     begin: float = 0.0  # when the wall time starts (Unix time)
@@ -253,6 +255,7 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
                 ledger.add("idle", "between allocations", max(0.0, a.submit - (allocs[i - 1].end or a.submit)))
             ledger.allocated_s += (a.end or now) - a.start
         ledger.first_queue_s = max(0.0, allocs[0].start - allocs[0].submit)
+        ledger.allocations = len(allocs)
         begin, finish = allocs[0].submit, allocs[-1].end or now
     else:
         begin = min((_begin(s) for s, _ in procs), default=now)
@@ -346,4 +349,65 @@ def table(ledger: Ledger) -> str:
     lines.append(f"{'sum':<12} {ledger.sum_s:>10.1f} {100 * ledger.sum_s / wall:>6.1f} %  of the wall time")
     lines.append(f"{'wall':<12} {ledger.wall_s:>10.1f}          allocated {ledger.allocated_s:.1f} s")
     lines.append(one_line(ledger))
+    return "\n".join(lines)
+
+
+def keep_plan(run_dir: Path, job: str, predicted: dict, now: float | None = None) -> None:
+    """`<run>/plan.json`: the plan's prediction for a submission (plan/recommend.prediction), one per
+    job; a resubmission of the run adds its own."""
+    old = read_json(run_dir / PLAN, {})
+    jobs = old.get("jobs", []) if isinstance(old, dict) else []
+    jobs.append({"job": str(job), "submitted_at": round(time.time() if now is None else now, 3), **predicted})
+    atomic_write(run_dir / PLAN, json.dumps({"jobs": jobs}, indent=1) + "\n")
+
+
+def plan_vs_actual(run_dir: Path, ledger: Ledger, records: list[dict]) -> list[dict]:
+    """For each figure the first submission's plan predicted: predicted, actual, error (actual −
+    predicted, and relative to the prediction). Actual: images/s = the median of the kept train
+    records'; queue wait = the first allocation's; interruptions = in-job restarts + requeues that were
+    not the run's own stops (a time limit is planned: its stop is not an interruption); time to result
+    = the wall time, where the run finished."""
+    plan = read_json(run_dir / PLAN, {})
+    jobs = plan.get("jobs") if isinstance(plan, dict) else None
+    if not jobs:
+        return []
+    first = jobs[0]
+    speeds = sorted(
+        r["images_per_s"]
+        for r in records
+        if r.get("kind") == "train" and not r.get("superseded") and isinstance(r.get("images_per_s"), (int, float))
+    )
+    finished = any(r.get("kind") == "end" and r.get("status") == "finished" for r in records)
+    restarts = sum(1 for r in records if r.get("kind") in ("restart", "exclude"))
+    restarts += sum(1 for r in records if r.get("kind") == "stop" and r.get("stop_kind") == "preemption")
+    actual = {
+        "images_per_s": speeds[len(speeds) // 2] if speeds else None,
+        "queue_s": ledger.first_queue_s if ledger.allocations else None,
+        "interruptions": restarts,
+        "result_s": ledger.wall_s if finished else None,
+    }
+    out = []
+    for key, what in (
+        ("images_per_s", "images/s"),
+        ("queue_s", "queue wait (s)"),
+        ("interruptions", "interruptions"),
+        ("result_s", "time to result (s)"),
+    ):
+        want, got = first.get(key), actual[key]
+        err = None if want is None or got is None else got - want
+        rel = None if err is None or not want else err / want
+        out.append({"figure": what, "key": key, "predicted": want, "actual": got, "error": err, "relative": rel})
+    return out
+
+
+def plan_table(rows: list[dict]) -> str:
+    """plan_vs_actual's rows as text: figure, predicted, actual, error."""
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.1f}"
+
+    lines = [f"{'plan vs reality':<20} {'predicted':>12} {'actual':>12} {'error':>12}"]
+    for r in rows:
+        rel = "" if r["relative"] is None else f" ({100 * r['relative']:+.0f} %)"
+        lines.append(f"{r['figure']:<20} {num(r['predicted']):>12} {num(r['actual']):>12} {num(r['error']):>12}{rel}")
     return "\n".join(lines)

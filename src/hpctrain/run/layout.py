@@ -18,6 +18,7 @@ from typing import IO, Any, TypeVar
 METRICS = "metrics.jsonl"  # the run's records (run.metrics)
 CONFIG = "config.yaml"  # the resolved config the task trains
 JOB = "job.json"  # which job trains the run: written by `hpctrain submit`, or by rank 0 under plain sbatch
+PLAN = "plan.json"  # the plan's prediction at submission: the goodput ledger's plan vs reality (run/goodput.py)
 ENV = "env.json"  # this attempt's environment: nodes, versions, the resolved settings
 LOCK = ".lock"  # one job at a time (run.rundir)
 CHECKPOINTS = "checkpoints"  # step-<n>.pt or step-<n>/ (train.ckpt.checkpoint)
