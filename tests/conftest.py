@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import plan_calibration
 from tests.site_users import alive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,7 @@ def slurm_cluster(tmp_path_factory, site_users):
     cluster = SlurmCluster(root, plugstack=plugstack, users=site_users).start()
     try:
         yield cluster
+        plan_calibration.collect(cluster, tmp_path_factory.getbasetemp())  # $HPCTRAIN_PLAN_CALIBRATION only
     finally:
         cluster.stop()
 

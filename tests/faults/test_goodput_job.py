@@ -85,6 +85,13 @@ def test_a_job_with_a_killed_rank_and_a_requeue_accounts_for_its_wall_time(slurm
     want = (reached - resumed[0]) * step_s
     assert cats["lost"] == pytest.approx(want, rel=0.2), (cats["lost"], want, reached, resumed, step_s, table)
 
+    # plan vs reality (run/goodput.plan_vs_actual, from <run>/plan.json that submit wrote): one interruption
+    # (the killed rank; the time limit's stop was the run's own), the first queue wait as sacct has it
+    plan = {r["key"]: r for r in led["plan"]}
+    assert plan["interruptions"]["actual"] == 1 and plan["queue_s"]["actual"] == pytest.approx(waits[0], abs=0.01)
+    assert plan["images_per_s"]["actual"] > 0 and plan["result_s"]["actual"] == led["wall_s"], plan
+    assert "plan vs reality" in table
+
     # the attempts: two processes in the first allocation (the restart), one in the requeued one
     assert [(a["slurm_restart"], a["attempt"]) for a in led["attempts"]] == [(0, 0), (0, 1), (1, 0)], led["attempts"]
     # the report's goodput row (docs/img/goodput-report.png is this picture: HPCTRAIN_GOODPUT_PICTURE=PATH copies it)
