@@ -12,6 +12,7 @@ import pytest
 from hpctrain.run import goodput
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import superseded_path
+from hpctrain.train.observe.tensorboard import scalars
 from tests.helpers import digits_args, run_ranks
 
 SETS = ("train.epochs=2", "log.every=2", "ckpt.every=6", "train.eval_every_epochs=1")
@@ -85,3 +86,12 @@ def test_the_report_draws_a_bar_per_attempt_and_the_productive_time(halted):
     bars = next(ax for ax in fig.axes if ax.get_title().startswith("goodput"))
     labels = [t.get_text() for t in bars.get_yticklabels()]
     assert labels == ["g attempt 0 (from step 0)", "g attempt 0 (from step 13)", "g (whole run)"], labels
+
+
+def test_each_attempt_ends_with_a_goodput_record_the_trackers_take(halted):
+    recs = [r for r in goodput.run_records(halted) if r["kind"] == "goodput"]
+    assert [(r["step"], r["attempts"]) for r in recs] == [(13, 1), (44, 2)]  # the halt's, then the end's
+    for r in recs:
+        parts = sum(r[f"{c}_s"] for c in goodput.NAMES if c != "queue")
+        assert r["attempt_s"] == pytest.approx(parts, abs=0.01) and r["productive_s"] > 0
+    assert scalars(recs[-1])["goodput/productive_s"] == recs[-1]["productive_s"]

@@ -411,3 +411,19 @@ def plan_table(rows: list[dict]) -> str:
         rel = "" if r["relative"] is None else f" ({100 * r['relative']:+.0f} %)"
         lines.append(f"{r['figure']:<20} {num(r['predicted']):>12} {num(r['actual']):>12} {num(r['error']):>12}{rel}")
     return "\n".join(lines)
+
+
+def attempt_fields(run_dir: Path) -> dict[str, Any]:
+    """The `goodput` record's fields for the process that ends now (rank 0 writes it after its stop or
+    end record, so that TensorBoard, MLflow and W&B get the ledger per attempt): this process's seconds
+    per category (`<category>_s`) and the run's goodput so far. The task reads no sacct: queue waits are
+    not in it (`hpctrain goodput` has them)."""
+    led = build(run_records(run_dir))
+    if not led.attempts:
+        return {}
+    secs = led.attempts[-1]["seconds"]
+    out: dict[str, Any] = {f"{c}_s": round(secs.get(c, 0.0), 3) for c in NAMES if c != "queue"}
+    out["attempt_s"] = round(sum(secs.values()), 3)
+    out["run_goodput"] = led.ratios()["goodput"]
+    out["attempts"] = len(led.attempts)
+    return out

@@ -29,7 +29,7 @@ import torch.distributed as td
 from hpctrain.config import Config
 from hpctrain.data.loader import Loader
 from hpctrain.errors import mark_step
-from hpctrain.run import startup
+from hpctrain.run import goodput, startup
 from hpctrain.run.layout import METRICS
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import compat, warmup
@@ -384,6 +384,14 @@ class Trainer:
         startup.mark("first_step")
         self.metrics.write("startup", **startup.record(self.step - 1), first_batch_wait_s=round(wait, 4))
 
+    def _goodput_record(self) -> None:
+        """Rank 0, at a stop or the end: where this process's time went (run/goodput.py), a `goodput`
+        record for the trackers."""
+        if self.metrics.path:
+            fields = goodput.attempt_fields(self.metrics.path.parent)
+            if fields:
+                self.metrics.write("goodput", step=self.step, **fields)
+
     def _window(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
         """The log boundary's one sync (guard.Guard.check: Diverged alike on every rank); the last
         checkpoint is then known good, and kept by pruning."""
@@ -472,6 +480,7 @@ class Trainer:
             **self.stragglers.take(),  # the last window's round, settled at the end
             **self.cadence.take_pauses(),  # the last eval and save, after the last window
         )
+        self._goodput_record()
         self.metrics.close()
         return out
 
@@ -494,6 +503,7 @@ class Trainer:
             **self.stragglers.take(),  # the last window's round, settled by the stop
             **self.cadence.take_pauses(),  # the stop's save
         )
+        self._goodput_record()
         log.warning(
             "stopped at step %d (%s)%s",
             self.step,

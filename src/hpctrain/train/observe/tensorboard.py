@@ -25,7 +25,7 @@ from typing import Any
 
 log = logging.getLogger("hpctrain")
 
-KINDS = ("train", "eval")  # record kinds whose numbers become scalars
+KINDS = ("train", "eval", "goodput")  # record kinds whose numbers become scalars (goodput: one per attempt)
 AXES = frozenset({"step", "time", "epoch"})  # the x axes, not curves
 FLUSH_ON = frozenset({"checkpoint", "stop", "end"})  # everything up to a checkpoint is on disk with it
 
