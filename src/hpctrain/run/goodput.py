@@ -10,13 +10,14 @@ categories are measured separately, so their sum is a check on the ledger, not i
 
 Timeline of one allocation [Start, End], per process (an in-job restart starts another):
   Start → launched (the batch shell: modules, image, probes)       startup.allocation
-  launched → process → imports → … → first_step                    startup.<phase>
-  first_step → the last record, window by window                   productive + data_wait + checkpoint + eval
+  launched → process → imports → … → first_batch                   startup.<phase>
+  first_batch → the last record, window by window                   productive + data_wait + checkpoint + eval
                                                                    + straggler (+ idle: the gaps between windows)
                                                                    superseded windows: lost
   the last train record → stop / end                               checkpoint + eval + productive (steps after
                                                                    the last window, kept by the stop's save)
-  a killed process: the last record → its step's end               lost (steps trained since then, and the kill)
+  a killed process: the last record → its step's end               lost (half a log window: the steps trained
+                                                                   after it, expected) + restart (the detection)
   its step's end (or its last record) → the next process launched  restart
   the last process's end → End                                     idle (after the last step)
 Between allocations: Submit → Start is queue; End → the next Submit is idle (between allocations).
@@ -42,8 +43,11 @@ CATEGORIES = (
     ("productive", "train records: window_s − data_wait_s − ckpt_s − eval_s − straggler_s, kept windows"),
     ("checkpoint", "train, stop and end records: ckpt_s (saves that blocked training)"),
     ("eval", "train, stop and end records: eval_s"),
-    ("lost", "superseded train windows (trained again after a restart) + a killed step's time after its last record"),
-    ("restart", "restart records and startup records: a step's end → the next step's launch"),
+    (
+        "lost",
+        "superseded train windows (trained again after a restart) + half a window after a failed step's last record",
+    ),
+    ("restart", "restart and startup records: a failed step's last record (+ half a window) → the next step's launch"),
     ("data_wait", "train records: data_wait_s (rank 0 waiting for its loader)"),
     ("straggler", "train records: straggler_s (the slowest rank's own time above the median's)"),
     ("idle", "anything else, by name"),
@@ -72,9 +76,12 @@ class Ledger:
     first_queue_s: float = 0.0  # the first allocation's queue wait (ETTR leaves it out)
     parts: dict[str, dict[str, float]] = field(default_factory=lambda: {c: {} for c in NAMES})
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per process: its own categories
+    begin: float = 0.0  # when the wall time starts (Unix time)
+    timeline: list[tuple[float, float]] = field(default_factory=list)  # (Unix time, productive seconds so far)
 
-    def add(self, category: str, part: str, seconds: float, attempt: dict | None = None) -> None:
-        if seconds <= 0:
+    def add(self, category: str, part: str, seconds: float, attempt: dict | None = None, signed: bool = False) -> None:
+        """`seconds` more of `category` (of its `part`); ≤ 0 adds nothing unless `signed` (a correction)."""
+        if seconds == 0 or (seconds < 0 and not signed):
             return
         p = self.parts[category]
         p[part] = p.get(part, 0.0) + seconds
@@ -142,39 +149,53 @@ def _processes(records: list[dict]) -> list[tuple[dict, list[dict]]]:
 
 
 def _begin(s: dict) -> float:
+    """A process's first mark, in the phases' order (launched where the batch shell gave it)."""
     at = s["at"]
-    return min(at.values())
+    return next((at[p] for p in PHASES if p in at), s["time"])
 
 
 def _startup(ledger: Ledger, s: dict, since: float | None, att: dict) -> None:
     """The phases of one start-up: `since` (the allocation's start, for its first process) → launched
-    → process → … → first_step."""
+    → process → … → first_batch. The first step itself is training (its window's)."""
     at = s["at"]
     prev = since
-    for phase in PHASES:
+    for phase in PHASES[: PHASES.index("first_batch") + 1]:
         t = at.get(phase)
         if t is None:
             continue
-        if prev is not None:
+        if prev is not None:  # a mark before the last (clocks of two hosts, /proc's rounding) adds nothing
             ledger.add("startup", "allocation" if phase == "launched" else phase, max(0.0, t - prev), att)
-        prev = t
+        prev = t if prev is None else max(prev, t)
 
 
 def _windows(ledger: Ledger, s: dict, recs: list[dict], att: dict) -> tuple[float, dict | None]:
     """The train windows of one process; returns (the time of its last record, its last train record)."""
     at = s["at"]
-    first = at.get("first_step", s["time"])
-    # the first window started at `warmup`; its first step (and first batch) belong to the start-up
+    first = at.get("first_batch", s["time"])
+    # the first window started at `warmup`; its first batch belongs to the start-up
     head = first - at.get("warmup", first)
-    head_wait = float(s.get("first_batch_wait_s") or 0.0)
+    # its wait is in the window's data wait or, several ranks, in a later round's median data wait or
+    # straggler excess (a rank that waited longest): taken from those as they come, not counted twice
+    debt = float(s.get("first_batch_wait_s") or 0.0)
     last_t, last_train = first, None
     for r in recs:
+        if r.get("kind") not in ("train", "stop", "end"):
+            continue
+        # several ranks: the median rank's data wait and the slowest's excess (its straggler round,
+        # settled one window late; the stop's or end's record has the last); one: rank 0's data wait
+        data = float(r.get("data_wait_median_s", r.get("data_wait_s")) or 0.0)
+        st = float(r.get("straggler_s") or 0.0)
+        for_data = min(data, debt)
+        for_st = min(st, debt - for_data)
+        data, st, debt = data - for_data, st - for_st, debt - for_data - for_st
         if r.get("kind") != "train" or "window_s" not in r:
+            ledger.add("data_wait", "loader", data, att)
+            ledger.add("straggler", "slowest rank over the median", st, att)
+            ledger.add("productive", "train windows", -data - st, att, signed=True)  # both were inside the windows
             continue
         win = float(r["window_s"]) - head
-        data = max(0.0, float(r.get("data_wait_s") or 0.0) - head_wait)
-        head = head_wait = 0.0
-        ck, ev, st = (float(r.get(k) or 0.0) for k in ("ckpt_s", "eval_s", "straggler_s"))
+        head = 0.0
+        ck, ev = (float(r.get(k) or 0.0) for k in ("ckpt_s", "eval_s"))
         ledger.add("checkpoint", "blocking saves", ck, att)
         ledger.add("eval", "evals", ev, att)
         if r.get("superseded"):
@@ -182,7 +203,9 @@ def _windows(ledger: Ledger, s: dict, recs: list[dict], att: dict) -> tuple[floa
         else:
             ledger.add("data_wait", "loader", data, att)
             ledger.add("straggler", "slowest rank over the median", st, att)
-            ledger.add("productive", "train windows", max(0.0, win - data - ck - ev - st), att)
+            # not clamped: the straggler round of a window comes with the next one's record
+            ledger.add("productive", "train windows", win - data - ck - ev - st, att, signed=True)
+            ledger.timeline.append((r["time"], ledger.total("productive")))
         ledger.add("idle", "between log windows", max(0.0, (r["time"] - last_t) - win), att)
         last_t, last_train = r["time"], r
     return last_t, last_train
@@ -234,9 +257,16 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
     else:
         begin = min((_begin(s) for s, _ in procs), default=now)
         finish = max((r["time"] for r in records), default=begin)
-    ledger.wall_s = max(0.0, finish - begin)
+    ledger.wall_s, ledger.begin = max(0.0, finish - begin), begin
     if not allocs:
         ledger.allocated_s = ledger.wall_s
+
+    def until(a: Allocation) -> float:
+        """Where an allocation's own time ends: its End, or the next one's Submit where that came first
+        (the batch shell's `scontrol requeue` queues the job again before this allocation has ended:
+        those seconds are the next queue wait's, by sacct)."""
+        later = [b.submit for b in allocs if b.start > a.start]
+        return min([a.end or now, *later[:1]])
 
     def alloc_of(t: float) -> Allocation | None:
         return next((a for a in allocs if a.start - 1 <= t <= (a.end or now) + 1), None)
@@ -255,7 +285,7 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
         a = alloc_of(_begin(s))
         if a is not cur:  # the first process of an allocation: its start-up counts from Start
             if cur is not None and prev_end is not None:
-                ledger.add("idle", "after the last step", max(0.0, (cur.end or now) - prev_end))
+                ledger.add("idle", "after the last step", max(0.0, until(cur) - prev_end))
             cur, since = a, (a.start if a else None)
         else:  # an in-job restart: its step's end → this launch is restart time
             since = prev_end
@@ -271,11 +301,17 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
                 ledger.add("idle", "since the last record (running)", max(0.0, now - end), att)
                 end = now
             elif ended is not None and ended > end:
-                ledger.add("lost", "a failed step after its last record", ended - end, att)
+                # trained after the last record, then the failure's detection: the steps after it are
+                # unknown, half a log window is their expected share for a failure at a random time
+                half = (
+                    0.5 * int((last_train or {}).get("steps") or 1) * float((last_train or {}).get("step_time_s") or 0)
+                )
+                ledger.add("lost", "a failed step after its last record (half a window)", min(ended - end, half), att)
+                ledger.add("restart", "the failure → its step's end", max(0.0, ended - end - half), att)
                 end = ended
         prev_end = end
     if cur is not None and prev_end is not None and cur.end is not None:
-        ledger.add("idle", "after the last step", max(0.0, cur.end - prev_end))
+        ledger.add("idle", "after the last step", max(0.0, until(cur) - prev_end))
     for att in ledger.attempts:
         att["seconds"] = {k: round(v, 3) for k, v in att["seconds"].items()}
     return ledger

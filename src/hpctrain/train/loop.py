@@ -437,7 +437,7 @@ class Trainer:
         # the goodput ledger's split of the window (run/goodput.py): its whole time and steps, rank 0's data
         # wait, blocking saves and evals, and the straggler excess of the last settled round
         rec.update(window_s=round(gross, 4), steps=win.steps, data_wait_s=round(win.wait, 4), **pauses)
-        rec["straggler_s"] = round(self.stragglers.take_excess(), 4)
+        rec.update(self.stragglers.take())
         skipped = len(self.train_loader.skipped)
         if skipped:
             rec["skipped_samples"] = skipped
@@ -469,7 +469,7 @@ class Trainer:
             wall_s=out.wall_s,
             top1=out.eval.get("top1"),
             top5=out.eval.get("top5"),
-            straggler_s=round(self.stragglers.take_excess(), 4),
+            **self.stragglers.take(),  # the last window's round, settled at the end
             **self.cadence.take_pauses(),  # the last eval and save, after the last window
         )
         self.metrics.close()
@@ -491,7 +491,7 @@ class Trainer:
             step=self.step,
             reason=out.status,
             stop_kind=out.stop_kind,
-            straggler_s=round(self.stragglers.take_excess(), 4),
+            **self.stragglers.take(),  # the last window's round, settled by the stop
             **self.cadence.take_pauses(),  # the stop's save
         )
         log.warning(

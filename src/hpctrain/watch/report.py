@@ -22,8 +22,11 @@ from pathlib import Path
 
 from hpctrain.config import load
 from hpctrain.errors import UserError
+from hpctrain.run.goodput import Ledger
 from hpctrain.run.layout import CONFIG, METRICS, RUNS
 from hpctrain.run.metrics import read_metrics
+from hpctrain.watch import goodput_plot
+from hpctrain.watch.ledger import run_ledger
 
 
 class ReportError(UserError):
@@ -81,6 +84,7 @@ class Run:
     name: str
     records: list[dict]
     marks: list[tuple[str, int, float]] = field(default_factory=list)  # (kind, step, time)
+    ledger: Ledger | None = None  # where its time went (run/goodput.py); None without startup records
 
     def of(self, kind: str) -> list[dict]:
         return [r for r in self.records if r.get("kind") == kind]
@@ -151,7 +155,8 @@ def load_run(target: str | Path, name: str | None = None, source: str = "metrics
     if not records:
         raise ReportError(f"{path} holds no records yet")
     run_name = name or (path.parent.name if path.name == METRICS else path.stem)
-    return Run(run_name, records, restart_marks(records))
+    ledger = run_ledger(path.parent) if source == "metrics" and path.name == METRICS else None
+    return Run(run_name, records, restart_marks(records), ledger if ledger and ledger.attempts else None)
 
 
 SOURCES = ("metrics", "mlflow")  # where `hpctrain report --source` reads a run's records
@@ -243,8 +248,12 @@ def figure(runs: list[Run], x: str = "both"):
 
     axes_x = list(X_AXES) if x == "both" else [x]
     rows_per = -(-len(PANELS) // COLUMNS)
-    fig = Figure(figsize=figure_inches(x), dpi=DPI, layout="constrained")
-    grid = fig.subplots(rows_per * len(axes_x), COLUMNS, squeeze=False)
+    ledgers = [(r.name, r.ledger) for r in runs if r.ledger]
+    w, h = figure_inches(x)
+    extra = 1 if ledgers else 0  # the goodput row (watch/goodput_plot.py)
+    rows = rows_per * len(axes_x)
+    fig = Figure(figsize=(w, h * (rows + extra) / rows), dpi=DPI, layout="constrained")
+    grid = fig.subplots(rows + extra, COLUMNS, squeeze=False)
     colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     colour = [colours[i % len(colours)] for i in range(len(runs))]  # by position: names may repeat
     unit_name, unit = _wall_unit(runs)
@@ -293,6 +302,12 @@ def figure(runs: list[Run], x: str = "both"):
                         ax.axvspan((t - run.t0) / unit, (back - run.t0) / unit, color=colour[i], alpha=0.12, lw=0)
         for ax in cells[len(PANELS) :]:
             ax.set_axis_off()
+    if ledgers:  # the last row: the bars over two columns, the productive-time line over the others
+        gs = grid[0][0].get_gridspec()
+        for ax in grid[rows]:
+            ax.remove()
+        bars, line = fig.add_subplot(gs[rows, :2]), fig.add_subplot(gs[rows, 2:])
+        goodput_plot.draw(bars, line, ledgers, [colour[i] for i, r in enumerate(runs) if r.ledger], (unit_name, unit))
     handles = [Line2D([], [], color=colour[i], lw=2, label=r.name) for i, r in enumerate(runs)]
     handles += [Line2D([], [], color="0.3", ls=MARK_STYLE[k], label=k) for k in MARK_STYLE if k in used_marks]
     fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 6), fontsize=9, frameon=False)

@@ -41,7 +41,7 @@ def test_a_windows_rates_leave_out_its_save_and_eval_pauses():
         step=4,
         steps_per_epoch=100,
         speed=SimpleNamespace(fields=lambda ips, step_s: speed_fields(ips, step_s, 1, 1e12, 100.0)),
-        stragglers=SimpleNamespace(post=lambda *a: posted.append(a), take_excess=lambda: 0.25),
+        stragglers=SimpleNamespace(post=lambda *a: posted.append(a), take=lambda: {"straggler_s": 0.25}),
         fwd_clock=SimpleNamespace(take=lambda: 0.0),
         train_loader=SimpleNamespace(skipped=[]),
         reduce_hook=None,

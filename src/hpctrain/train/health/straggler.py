@@ -147,6 +147,7 @@ class StragglerWatch:
         self._step = 0
         self._steps = 0  # the steps of the window in flight
         self.excess_s = 0.0  # settled rounds' slowest own time over the median, times their steps (not yet taken)
+        self.data_s = 0.0  # settled rounds' median data wait, times their steps (not yet taken)
 
     @classmethod
     def for_run(cls, health: HealthConfig, dist: DistInfo, group, metrics) -> StragglerWatch:
@@ -187,6 +188,7 @@ class StragglerWatch:
         rows = self._tensor.tolist()
         own = [r[2] for r in rows]
         self.excess_s += max(0.0, max(own) - statistics.median(own)) * self._steps
+        self.data_s += statistics.median(r[1] for r in rows) * self._steps
         found = find_straggler(
             [r[2] for r in rows],
             [r[1] for r in rows],
@@ -223,10 +225,15 @@ class StragglerWatch:
             self.metrics.write("straggler", **found)
         return found
 
-    def take_excess(self) -> float:
-        """Seconds the slowest rank's own time outlasted the median rank's, over the rounds settled
-        since the last call: what every rank waited for it (the goodput ledger's straggler excess)."""
-        out, self.excess_s = self.excess_s, 0.0
+    def take(self) -> dict[str, float]:
+        """Over the rounds settled since the last call: `straggler_s`, the seconds the slowest rank's
+        own time outlasted the median rank's (what every rank waited for it), and `data_wait_median_s`,
+        the median rank's data wait: the goodput ledger's two (a slow loader on one rank is its
+        straggler excess, not everyone's data wait). Empty with one process."""
+        if not self.active:
+            return {}
+        out = {"straggler_s": round(self.excess_s, 4), "data_wait_median_s": round(self.data_s, 4)}
+        self.excess_s = self.data_s = 0.0
         return out
 
     def track(self, found: dict | None) -> dict | None:
