@@ -78,12 +78,28 @@ def test_a_killed_rank_restarts_in_the_allocation_and_ends_bit_exact(slurm_clust
     assert re.search(rf"restarts +1 in the job on the same nodes \(last: attempt 1 of job {job}: exit ", st), st
     (started,) = [r for r in metrics(run, "startup") if r["attempt"] == 1 and str(r["job"]) == job]
     table, again = phase_table(killed_at, restart, started["at"])
-    print(f"killed rank: resumed at step {resumed[0]} of {STEPS}; the restart's phases:\n{table}")
-    # docs/faults.md, "Restart": 31-69 s before (KillWait's SIGKILL of rank 0, among others), ~7 s after
-    assert again <= RESTART_S, f"rank death → training again took {again:.1f} s (> {RESTART_S} s)\n{table}"
+    (first,) = [r for r in metrics(run, "startup") if r["attempt"] == 0]
+    fresh = first["at"]["first_step"] - first["at"]["launched"]  # this job's own cold start, under today's load
+    print(
+        f"killed rank: resumed at step {resumed[0]} of {STEPS}; the first attempt's start-up took {fresh:.1f} s; "
+        f"the restart's phases:\n{table}"
+    )
+    # docs/faults.md, "A restart that costs seconds": 31-69 s before (KillWait's SIGKILL of rank 0, among
+    # others), 7-8 s after on an idle machine. The shell's part (kill → the next step launched) is bounded
+    # everywhere; the rest is four new processes' imports and builds on 2 cores, which a loaded machine
+    # (CI's other workers) stretches like the first start-up: the bound is 15 s, or the cold start's, if more
+    assert restart_launched(restart, started["at"]) - killed_at <= LAUNCH_S, table
+    bound = max(RESTART_S, LAUNCH_S + fresh)
+    assert again <= bound, f"rank death → training again took {again:.1f} s (> {bound:.1f} s)\n{table}"
 
 
 RESTART_S = 15.0  # rank death → the first step trained again, on the 2-core test cluster (issue 59)
+LAUNCH_S = 3.0  # rank death → the next step launched: detection, the probe, the decision (1.3 s measured)
+
+
+def restart_launched(restart: dict, at: dict[str, float]) -> float:
+    """When the batch shell launched the restarted step (rank 0's `launched` mark, else the decision)."""
+    return at.get("launched", restart["decided_at"])
 
 
 def phase_table(killed_at: float, restart: dict, at: dict[str, float]) -> tuple[str, float]:
