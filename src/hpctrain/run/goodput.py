@@ -277,7 +277,7 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
     prev_end: float | None = None  # the last process's end in the current allocation
     cur: Allocation | None = None
     for s, recs in procs:
-        att = {
+        att: dict[str, Any] = {
             "job": s.get("job"),
             "slurm_restart": s.get("slurm_restart"),
             "attempt": s.get("attempt"),
@@ -285,11 +285,12 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
             "seconds": {},
         }
         ledger.attempts.append(att)
-        a = alloc_of(_begin(s))
-        if a is not cur:  # the first process of an allocation: its start-up counts from Start
+        here = alloc_of(_begin(s))
+        if here is not cur:  # the first process of an allocation: its start-up counts from Start
             if cur is not None and prev_end is not None:
                 ledger.add("idle", "after the last step", max(0.0, until(cur) - prev_end))
-            cur, since = a, (a.start if a else None)
+            cur = here
+            since = here.start if here else None
         else:  # an in-job restart: its step's end → this launch is restart time
             since = prev_end
             if prev_end is not None:

@@ -42,10 +42,10 @@ def read_tb(tb_dir, purge: bool = True) -> ea.EventAccumulator:
 
 
 def expected(run_dir) -> dict[str, dict[int, float]]:
-    """tag → {step: value} from metrics.jsonl: every numeric field of train and eval records."""
+    """tag → {step: value} from metrics.jsonl: every numeric field of train, eval and goodput records."""
     out: dict[str, dict[int, float]] = {}
     for rec in run_metrics(run_dir):
-        if rec["kind"] not in ("train", "eval"):
+        if rec["kind"] not in ("train", "eval", "goodput"):
             continue
         for k, v in rec.items():
             if k not in ("kind", "step", "time", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool):
