@@ -15,6 +15,7 @@ from hpctrain.run.metrics import superseded_path
 from hpctrain.train.observe.tensorboard import scalars
 from tests.helpers import digits_args, run_ranks
 
+pytestmark = pytest.mark.slow  # trains 4-rank runs
 SETS = ("train.epochs=2", "log.every=2", "ckpt.every=6", "train.eval_every_epochs=1")
 NODES = [{"SLURMD_NODENAME": f"n{r // 2}", "LOCAL_RANK": str(r % 2)} for r in range(4)]
 
