@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hpctrain.watch.jobinfo import merge_resized
 from hpctrain.watch.ledger import allocations_of, jobs_of, sacct_time
 
 T = "2026-12-07T05:{:02d}:{:02d}"
@@ -32,7 +33,7 @@ def test_a_shrunk_allocation_keeps_the_submit_and_start_it_had_before_its_node_d
         row("RESIZING", (0, 59), (1, 10), (1, 50)),
         row("COMPLETED", (1, 50), (1, 50), (2, 10)),
     ]
-    a, b = allocations_of("7", rows)
+    a, b = allocations_of("7", merge_resized(rows))
     assert b.submit == sacct_time(T.format(0, 59)) and b.start == sacct_time(T.format(1, 10))
     assert b.end == sacct_time(T.format(2, 10)) and b.restart == 1
 

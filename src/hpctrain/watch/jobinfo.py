@@ -103,10 +103,23 @@ def accounting(job_id: str, where: Where = ANY) -> Accounting:
     rows = [dict(zip(FIELDS, line.split("|"))) for line in text.splitlines() if line.strip()]
     for row in rows:
         row["State"] = (row.get("State") or "UNKNOWN").split()[0]  # "CANCELLED by 0" → CANCELLED
-    # a --no-kill job that lost a node (hot spares) has a RESIZING row for its allocation before it
-    # shrank (measured, 22.05): the same run, not a requeue
-    rows = [row for row in rows if row["State"] != "RESIZING"]
-    return Accounting(own_rows(rows, where.workdir))
+    return Accounting(own_rows(merge_resized(rows), where.workdir))
+
+
+def merge_resized(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows without RESIZING ones. A --no-kill job that lost a node (hot spares) has a RESIZING row
+    for its allocation before it shrank (measured, 22.05): the same run, not a requeue; the row after
+    it was Submitted and Started at the shrink, so it takes the RESIZING row's Submit and Start (the
+    allocation's: the goodput ledger's queue wait and allocated time)."""
+    out: list[dict[str, str]] = []
+    carried: dict[str, str] | None = None
+    for row in rows:
+        if row["State"] == "RESIZING":
+            carried = carried or {k: row[k] for k in ("Submit", "Start") if k in row}
+            continue
+        out.append({**row, **(carried or {})})
+        carried = None
+    return out
 
 
 def sacct_rows(job_id: str, where: Where = ANY) -> list[dict[str, str]]:

@@ -4,7 +4,7 @@ trained it (run/goodput.py adds them up). `hpctrain goodput`, `status` and `repo
 sacct -D gives one row per run of a job (a requeue is another row, with its own Submit: the time it
 was queued again) in the cluster's local time (`2026-12-07T05:40:01`, `Unknown` while it runs);
 a --no-kill job that lost a node has a RESIZING row for its allocation before it shrank (measured,
-22.05), whose Submit and Start are the allocation's: the next row's are the shrink's.
+22.05), whose Submit and Start are the allocation's: jobinfo.merge_resized gives them to the next row.
 """
 
 from __future__ import annotations
@@ -26,21 +26,14 @@ def sacct_time(text: str) -> float | None:
 
 
 def allocations_of(job: str, rows: list[dict[str, str]]) -> list[Allocation]:
-    """The allocations of one job from its sacct rows (oldest first): a RESIZING row gives its Start
-    to the next; a row that has not started (PENDING) is none yet."""
+    """The allocations of one job from its sacct rows (oldest first; jobinfo.accounting's, RESIZING rows
+    merged into the next); a row that has not started (PENDING) is none yet."""
     out: list[Allocation] = []
-    carried: tuple[float, float] | None = None  # (Submit, Start) of the allocation before it shrank
     for row in rows:
         submit, start = sacct_time(row.get("Submit", "")), sacct_time(row.get("Start", ""))
-        if submit is None or start is None:
-            continue
-        if row.get("State") == "RESIZING":
-            carried = carried or (submit, start)
-            continue
-        if carried:  # the row after a shrink is Submitted and Started at the shrink (measured, 22.05)
-            submit, start = carried
-            carried = None
-        out.append(Allocation(job, len(out), submit, start, sacct_time(row.get("End", "")), row.get("State", "")))
+        if submit is not None and start is not None:
+            end = sacct_time(row.get("End", ""))
+            out.append(Allocation(job, len(out), submit, start, end, row.get("State", "")))
     return out
 
 

@@ -225,9 +225,9 @@ def _resumed_at(run: Run, t: float) -> float | None:
     )
 
 
-def figure_inches(x: str) -> tuple[float, float]:
-    """Width and height: 4.2 × 3 inches per panel, one block of rows per x axis."""
-    rows = -(-len(PANELS) // COLUMNS) * (len(X_AXES) if x == "both" else 1)
+def figure_inches(x: str, goodput: bool = False) -> tuple[float, float]:
+    """Width and height: 4.2 × 3 inches per panel, one block of rows per x axis, and the goodput row."""
+    rows = -(-len(PANELS) // COLUMNS) * (len(X_AXES) if x == "both" else 1) + (1 if goodput else 0)
     return 4.2 * COLUMNS, 3.0 * rows
 
 
@@ -249,11 +249,9 @@ def figure(runs: list[Run], x: str = "both"):
     axes_x = list(X_AXES) if x == "both" else [x]
     rows_per = -(-len(PANELS) // COLUMNS)
     ledgers = [(r.name, r.ledger) for r in runs if r.ledger]
-    w, h = figure_inches(x)
-    extra = 1 if ledgers else 0  # the goodput row (watch/goodput_plot.py)
     rows = rows_per * len(axes_x)
-    fig = Figure(figsize=(w, h * (rows + extra) / rows), dpi=DPI, layout="constrained")
-    grid = fig.subplots(rows + extra, COLUMNS, squeeze=False)
+    fig = Figure(figsize=figure_inches(x, bool(ledgers)), dpi=DPI, layout="constrained")
+    grid = fig.subplots(rows + (1 if ledgers else 0), COLUMNS, squeeze=False)  # the goodput row: goodput_plot
     colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     colour = [colours[i % len(colours)] for i in range(len(runs))]  # by position: names may repeat
     unit_name, unit = _wall_unit(runs)
