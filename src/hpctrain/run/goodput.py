@@ -414,12 +414,12 @@ def plan_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def attempt_fields(run_dir: Path) -> dict[str, Any]:
-    """The `goodput` record's fields for the process that ends now (rank 0 writes it after its stop or
-    end record, so that TensorBoard, MLflow and W&B get the ledger per attempt): this process's seconds
-    per category (`<category>_s`) and the run's goodput so far. The task reads no sacct: queue waits are
-    not in it (`hpctrain goodput` has them)."""
-    led = build(run_records(run_dir))
+def attempt_fields(run_dir: Path, last: dict) -> dict[str, Any]:
+    """The `goodput` record's fields for the process that ends now with `last` (its stop or end record,
+    about to be written: rank 0 writes the goodput record just before it, so that TensorBoard, MLflow
+    and W&B get the ledger per attempt): this process's seconds per category (`<category>_s`) and the
+    run's goodput so far. The task reads no sacct: queue waits are not in it (`hpctrain goodput` has them)."""
+    led = build([*run_records(run_dir), last])
     if not led.attempts:
         return {}
     secs = led.attempts[-1]["seconds"]

@@ -384,11 +384,12 @@ class Trainer:
         startup.mark("first_step")
         self.metrics.write("startup", **startup.record(self.step - 1), first_batch_wait_s=round(wait, 4))
 
-    def _goodput_record(self) -> None:
+    def _goodput_record(self, kind: str, last: dict) -> None:
         """Rank 0, at a stop or the end: where this process's time went (run/goodput.py), a `goodput`
-        record for the trackers."""
+        record for the trackers, written just before `last` (the stop or end record, which stays the
+        last: readers of metrics.jsonl end a run on it)."""
         if self.metrics.path:
-            fields = goodput.attempt_fields(self.metrics.path.parent)
+            fields = goodput.attempt_fields(self.metrics.path.parent, {"kind": kind, "time": time.time(), **last})
             if fields:
                 self.metrics.write("goodput", step=self.step, **fields)
 
@@ -470,8 +471,7 @@ class Trainer:
         out.wall_s = time.perf_counter() - lp.start_wall
         if lp.win.total_steps:
             out.data_wait = lp.win.total_wait / max(out.wall_s, 1e-9)
-        self.metrics.write(
-            "end",
+        end = dict(
             step=self.step,
             status=out.status,
             wall_s=out.wall_s,
@@ -480,7 +480,8 @@ class Trainer:
             **self.stragglers.take(),  # the last window's round, settled at the end
             **self.cadence.take_pauses(),  # the last eval and save, after the last window
         )
-        self._goodput_record()
+        self._goodput_record("end", end)
+        self.metrics.write("end", **end)
         self.metrics.close()
         return out
 
@@ -495,15 +496,15 @@ class Trainer:
         out.status = {"halt": "halted", "interrupt": "interrupted"}.get(out.stop_kind, "preempted")
         out.step, out.epoch = self.step, self.step // self.steps_per_epoch
         out.wall_s = time.perf_counter() - start_wall
-        self.metrics.write(
-            "stop",
+        stop = dict(
             step=self.step,
             reason=out.status,
             stop_kind=out.stop_kind,
             **self.stragglers.take(),  # the last window's round, settled by the stop
             **self.cadence.take_pauses(),  # the stop's save
         )
-        self._goodput_record()
+        self._goodput_record("stop", stop)
+        self.metrics.write("stop", **stop)
         log.warning(
             "stopped at step %d (%s)%s",
             self.step,
