@@ -149,7 +149,7 @@ def site_users(tmp_path_factory):
 def slurm_cluster(tmp_path_factory, site_users):
     """The session's Slurm test cluster: started once, stopped at the end; skipped without root/packages.
     Its users: `site_users` (slurm.conf and munge's socket are reachable by them)."""
-    from tests import plan_calibration  # imports hpctrain: the stacks' sessions load this file before it is
+    from tests import plan_calibration  # imports hpctrain, which a stack's session cannot when it loads this file
     from tests.launch.pyxis import build
     from tests.slurm_cluster import SlurmCluster
 
