@@ -33,13 +33,14 @@ def goodput_cmd(args: argparse.Namespace) -> int:
     run_dir, job_id, executor = resolve(args.target)
     if run_dir is None:
         raise CLIError(f"no run directory found for {args.target}: give runs/<name>, or the job id of a started job")
-    ledger = run_ledger(run_dir, job_id if executor == "slurm" else None, where_of(run_dir))
+    records = goodput.run_records(run_dir)
+    ledger = run_ledger(records, job_id if executor == "slurm" else None, where_of(run_dir))
     if not ledger.attempts:
         raise CLIError(
             f"{run_dir} has no start-up record yet (its first step has not been taken, or it was trained by an "
             "hpctrain before 0.5): nothing to add up; try again once it trains (hpctrain status)"
         )
-    plan = goodput.plan_vs_actual(run_dir, ledger, goodput.run_records(run_dir))
+    plan = goodput.plan_vs_actual(run_dir, ledger, records)
     if args.json:
         print(json.dumps({"run_dir": str(run_dir), "job_id": job_id, **ledger.to_json(), "plan": plan}, indent=1))
     else:

@@ -129,10 +129,10 @@ class Ledger:
         }
 
 
-def run_records(run_dir: Path) -> list[dict]:
-    """metrics.jsonl and metrics.superseded.jsonl together, oldest first; a superseded record has
-    `superseded: True` (a later attempt trained its steps again)."""
-    kept = read_metrics(run_dir / METRICS)
+def run_records(run_dir: Path, kept: list[dict] | None = None) -> list[dict]:
+    """metrics.jsonl (or `kept`, its records read already) and metrics.superseded.jsonl together, oldest
+    first; a superseded record has `superseded: True` (a later attempt trained its steps again)."""
+    kept = read_metrics(run_dir / METRICS) if kept is None else kept
     moved = [{**r, "superseded": True} for r in read_metrics(superseded_path(run_dir / METRICS))]
     recs = [r for r in kept + moved if isinstance(r, dict) and isinstance(r.get("time"), (int, float))]
     return sorted(recs, key=lambda r: r["time"])
@@ -291,11 +291,10 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
                 ledger.add("idle", "after the last step", max(0.0, until(cur) - prev_end))
             cur = here
             since = here.start if here else None
-        else:  # an in-job restart: its step's end → this launch is restart time
-            since = prev_end
+        else:  # an in-job restart: its step's end → this launch is restart time, its start-up from the launch
+            since = None
             if prev_end is not None:
                 ledger.add("restart", "a step's end → the next step's launch", max(0.0, _begin(s) - prev_end), att)
-                since = None
         _startup(ledger, s, since, att)
         last_t, last_train = _windows(ledger, s, recs, att)
         end = _ending(ledger, recs, last_t, last_train, att)

@@ -9,20 +9,16 @@ a --no-kill job that lost a node has a RESIZING row for its allocation before it
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 from hpctrain.run import goodput
 from hpctrain.run.goodput import Allocation, Ledger
+from hpctrain.site.slurm_cli import when
 from hpctrain.watch.jobinfo import ANY, Where, accounting
 
 
 def sacct_time(text: str) -> float | None:
-    """sacct's local time as a Unix time; None for Unknown, None or an empty field."""
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+    """sacct's local time (slurm_cli.when) as a Unix time; None for Unknown, None or an empty field."""
+    t = when(text)
+    return t.timestamp() if t else None
 
 
 def allocations_of(job: str, rows: list[dict[str, str]]) -> list[Allocation]:
@@ -45,10 +41,9 @@ def jobs_of(records: list[dict], job_id: str | None) -> list[str]:
     return list(dict.fromkeys(j for j in jobs if j.isdigit()))
 
 
-def run_ledger(run_dir: Path, job_id: str | None = None, where: Where = ANY, now: float | None = None) -> Ledger:
-    """The ledger of the run in `run_dir`; with Slurm jobs, sacct's allocations of each (none where
-    sacct cannot answer: then the wall time starts at the first launch)."""
-    records = goodput.run_records(run_dir)
+def run_ledger(records: list[dict], job_id: str | None = None, where: Where = ANY, now: float | None = None) -> Ledger:
+    """The ledger of a run from its records (goodput.run_records); with Slurm jobs, sacct's allocations
+    of each (none where sacct cannot answer: then the wall time starts at the first launch)."""
     allocs: list[Allocation] = []
     for job in jobs_of(records, job_id):
         allocs += allocations_of(job, accounting(job, where).rows)

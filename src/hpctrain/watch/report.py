@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpctrain.config import load
 from hpctrain.errors import UserError
-from hpctrain.run.goodput import Ledger
+from hpctrain.run.goodput import Ledger, run_records
 from hpctrain.run.layout import CONFIG, METRICS, RUNS
 from hpctrain.run.metrics import read_metrics
 from hpctrain.watch import goodput_plot
@@ -155,7 +155,7 @@ def load_run(target: str | Path, name: str | None = None, source: str = "metrics
     if not records:
         raise ReportError(f"{path} holds no records yet")
     run_name = name or (path.parent.name if path.name == METRICS else path.stem)
-    ledger = run_ledger(path.parent) if source == "metrics" and path.name == METRICS else None
+    ledger = run_ledger(run_records(path.parent, records)) if source == "metrics" and path.name == METRICS else None
     return Run(run_name, records, restart_marks(records), ledger if ledger and ledger.attempts else None)
 
 

@@ -261,7 +261,7 @@ def run_status(target: str, now: float | None = None) -> RunStatus:
     total, rate, e = progress_of(run_dir, records, state, metrics, now)
     ledger = None
     if run_dir:  # this job's allocations (rows): no second sacct call; `hpctrain goodput` asks for every job's
-        recs = goodput.run_records(run_dir)
+        recs = goodput.run_records(run_dir, records)  # metrics.jsonl as read above
         if any(r.get("kind") == "startup" for r in recs):
             ledger = goodput.build(recs, allocations_of(job_id, rows) if job_id and rows else [], now)
     return RunStatus(run_dir, job_id, executor, state, requeues, nodes, metrics, total, rate, e, now, oom, note, ledger)
