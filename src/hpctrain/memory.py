@@ -198,3 +198,17 @@ def estimate(cfg, per_gpu_batch: int, world_size: int = 1) -> MemoryEstimate:
 
 def gb(n: float) -> str:
     return f"{n / GB:.1f} GB"
+
+
+def fit_accum(cfg, world_size: int, capacity: int) -> int:
+    """Accumulation steps that keep the largest per-GPU micro-batch of `cfg` at `world_size` ranks within
+    `capacity` bytes: the config's own, raised to the next divisor of the global batch until the
+    estimate fits (a node range on fewer nodes than planned: the same global batch, smaller
+    micro-batches; docs/launch.md). The config's own when nothing fits (the run fails as it would have)."""
+    g, acc = cfg.data.global_batch, cfg.train.accum_steps
+    for a in range(acc, g + 1):
+        if g % a or g // a < world_size:
+            continue
+        if estimate(cfg, -(-g // (a * world_size)), world_size).total <= capacity:
+            return a
+    return acc

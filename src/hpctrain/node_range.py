@@ -38,6 +38,8 @@ def parse(text: str, what: str = "--nodes") -> NodeRange:
         raise ValueError(f"{what}={text!r}: give a node count (16) or a range MIN-MAX (12-16)")
     lo = int(m.group(1))
     hi = int(m.group(2) or lo)
-    if lo < 1 or hi < lo:
-        raise ValueError(f"{what}={text!r}: a range needs 1 <= MIN <= MAX, e.g. 12-16")
+    if lo < 1:
+        raise ValueError(f"{what}={text!r}: a job needs at least one node; use {what} 1 or more (a range: MIN-MAX)")
+    if hi < lo:
+        raise ValueError(f"{what}={text!r}: MIN is above MAX; use {what} {hi}-{lo}")
     return NodeRange(lo, hi)

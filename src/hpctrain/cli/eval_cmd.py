@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hpctrain.cli import CLIError
 from hpctrain.cli.common import load_config
-from hpctrain.cli.job import add_job_args, goes_on, request, show
+from hpctrain.cli.job import add_job_args, goes_on, node_arg, request, show
 from hpctrain.data.prep.prepare import ensure_dataset
 from hpctrain.launch import dryrun
 from hpctrain.launch.failure import explain
@@ -160,7 +160,10 @@ def beside(weights: str) -> Path:
 
 def main(args: argparse.Namespace) -> int:
     cfg, weights, out = resolve(args)
-    if args.nodes is not None:
+    nodes = node_arg(args.nodes)
+    if nodes is not None and not nodes.fixed:
+        raise CLIError(f"--nodes {nodes}: an evaluation runs on a fixed node count; give --nodes {nodes.hi}")
+    if nodes is not None:
         return submit(args, cfg, weights, out)
     given = [f for f in JOB_FLAGS if getattr(args, f) not in (None, False, [])]
     if given:

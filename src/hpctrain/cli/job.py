@@ -10,8 +10,20 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
+from hpctrain import node_range
+from hpctrain.errors import LaunchError
 from hpctrain.launch.prepare import Message
 from hpctrain.launch.submit import Request, Submission, parse_ranks
+
+
+def node_arg(text: str | None) -> node_range.NodeRange | None:
+    """`--nodes 16` or `--nodes 12-16` (None: not given); LaunchError, one line with the fix, otherwise."""
+    if text is None:
+        return None
+    try:
+        return node_range.parse(text)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
 
 
 def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
@@ -33,7 +45,7 @@ def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
         help="run on this machine (local processes), even where Slurm is configured; without it a job "
         "runs here only on a machine with no Slurm (no sbatch, or no slurm.conf)",
     )
-    p.add_argument("--nodes", type=int, help=nodes_help)
+    p.add_argument("--nodes", metavar="N|MIN-MAX", help=nodes_help)
     p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
     p.add_argument("--time", help="wall-clock limit, e.g. 24:00:00")
     for opt in ("partition", "account", "qos", "constraint"):
@@ -44,8 +56,10 @@ def add_job_args(p: argparse.ArgumentParser, nodes_help: str) -> None:
 def request(args: argparse.Namespace) -> Request:
     """The Request of the job flags (add_job_args', or a sweep's own)."""
     nsys = getattr(args, "nsys_ranks", None)
+    nodes = node_arg(args.nodes)
     return Request(
-        nodes=args.nodes,
+        nodes=None if nodes is None else nodes.hi,
+        min_nodes=None if nodes is None or nodes.fixed else nodes.lo,
         gpus_per_node=args.gpus_per_node,
         time=args.time,
         partition=args.partition,

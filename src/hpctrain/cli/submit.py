@@ -125,7 +125,7 @@ def follow(args: argparse.Namespace, p: Prepared, profile: ClusterProfile, sub: 
     plan = p.plan
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
     print(
-        f"submitted Slurm job {sub.job_id}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
+        f"submitted Slurm job {sub.job_id}: {plan.nodes_text} node(s) × {plan.tasks_per_node} tasks{spares} "
         f"(cluster {profile.name})"
     )
     print(f"run directory: {shlex.quote(str(sub.run_dir))}")
@@ -196,7 +196,7 @@ def emit(args: argparse.Namespace, cfg, profile, req: Request) -> int:
     plan = p.plan
     spares = f" + {plan.spare_nodes} spare node(s)" if plan.spare_nodes else ""
     print(
-        f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes} node(s) × {plan.tasks_per_node} tasks{spares} "
+        f"wrote {shlex.quote(args.emit_sbatch)}: {plan.nodes_text} node(s) × {plan.tasks_per_node} tasks{spares} "
         f"(cluster {profile.name}); submit it with `sbatch {shlex.quote(args.emit_sbatch)}`"
     )
     return 0

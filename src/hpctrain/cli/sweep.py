@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-runs", type=int, default=None, metavar="N", help="allow up to N members (default 64)")
     p.add_argument("--cluster", help="cluster profile (default $HPCTRAIN_CLUSTER)")
     p.add_argument("--cluster-set", dest="cluster_overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--nodes", type=int, help="nodes per member (default 1)")
+    p.add_argument("--nodes", metavar="N|MIN-MAX", help="nodes per member (default 1)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs = tasks per node (default: the profile's)")
     p.add_argument("--time", help="wall-clock limit of each member")
     for opt in ("partition", "account", "qos", "constraint"):

@@ -38,9 +38,12 @@ def report_lines(report: BadNodeReport) -> list[str]:
     ]
 
 
-def setup_lines(spares: int, tasks_per_node: int, max_restarts: int, report: BadNodeReport | None = None) -> list[str]:
+def setup_lines(
+    spares: int, tasks_per_node: int, max_restarts: int, report: BadNodeReport | None = None, min_nodes: int = 0
+) -> list[str]:
     """Before the first step: how many nodes train, the files, and the shell functions (exclude.sh,
-    spares.sh, restarts.sh)."""
+    spares.sh, restarts.sh). `min_nodes` > 0: a node range, whose job goes on with fewer nodes, down to
+    that many, when a node is lost and no spare is free (step_next.sh)."""
     return [
         *report_lines(report or BadNodeReport()),
         "# Hot spares (slurm.spare_nodes; HPCTRAIN_SPARE_NODES overrides): the job holds that many nodes more",
@@ -49,6 +52,9 @@ def setup_lines(spares: int, tasks_per_node: int, max_restarts: int, report: Bad
         "# states, one probe step over the nodes) and starts the next step on healthy nodes of the allocation;",
         "# without enough of them it requeues the job with those nodes in its ExcNodeList (docs/spares.md).",
         shellfile.default("hpctrain_spares", int(spares), env="HPCTRAIN_SPARE_NODES"),
+        "# A node range (--nodes MIN-MAX; HPCTRAIN_MIN_NODES overrides, 0: none): with no spare free, a lost node's",
+        "# job goes on in this allocation on the nodes left, at least this many, at the same global batch.",
+        shellfile.default("hpctrain_min_nodes", int(min_nodes), env="HPCTRAIN_MIN_NODES"),
         shellfile.default("hpctrain_tpn", int(tasks_per_node), env="SLURM_NTASKS_PER_NODE", if_empty=True),
         shellfile.assign("hpctrain_node_name", NODE_ERE) + "  # the shell passes on no other node name",
         *shellfile.lines("exclude.sh"),

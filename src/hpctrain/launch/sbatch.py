@@ -54,6 +54,7 @@ class JobPlan:
     array: str = ""  # #SBATCH --array (a sweep: 0-(n-1)%K), empty for one run
     workdirs: list[str] = field(default_factory=list)  # a sweep: element i's run directory
     spare_nodes: int = 0  # hot spares: allocated beside `nodes` (--no-kill), idle until a node fails
+    min_nodes: int = 0  # a node range: Slurm gives min_nodes..nodes (--no-kill), trained on as given; 0: `nodes`
     nsys_ranks: list[int] = field(default_factory=list)  # --nsys-ranks: these tasks run under nsys
     nsys_dir: str = ""  # where their reports go (<run>/profile)
     mtbf_source: str = ""  # where ckpt.mtbf_h came from (ckpt.every=auto): exported for env.json
@@ -62,6 +63,27 @@ class JobPlan:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def ranged(self) -> bool:
+        """A node range (docs/launch.md, "Node ranges and fewer nodes"): fewer nodes than asked are fine."""
+        return 0 < self.min_nodes < self.nodes
+
+    @property
+    def no_kill(self) -> bool:
+        """#SBATCH --no-kill: a failed node leaves the job instead of ending it (spares take its place, or
+        a ranged job goes on with fewer nodes: launch.inplace)."""
+        return bool(self.spare_nodes) or self.ranged
+
+    @property
+    def nodes_text(self) -> str:
+        """The training nodes as the user asked: `16`, or `12-16` for a range (spares aside)."""
+        return f"{self.min_nodes}-{self.nodes}" if self.ranged else str(self.nodes)
+
+    def nodes_value(self) -> str:
+        """#SBATCH --nodes: N, or MIN-MAX for a range (spares added to both ends)."""
+        hi = self.nodes + self.spare_nodes
+        return f"{self.min_nodes + self.spare_nodes}-{hi}" if self.ranged else str(hi)
 
 
 # The call log of every Slurm call (site/slurm_cli.py on the login node, ctld.sh's hpctrain_slurm in the
@@ -93,7 +115,7 @@ def sbatch_value(key: str, value: object) -> str:
 def sbatch_lines(p: JobPlan) -> list[str]:
     opts: list[tuple[str, object]] = [
         ("job-name", p.job_name),
-        ("nodes", p.nodes + p.spare_nodes),
+        ("nodes", p.nodes_value()),
         ("ntasks-per-node", p.tasks_per_node),
     ]
     if p.gpus_per_node:
@@ -108,7 +130,7 @@ def sbatch_lines(p: JobPlan) -> list[str]:
         opts.append(("exclusive", ""))
     if p.array:
         opts.append(("array", p.array))
-    if p.spare_nodes:  # a failed node leaves the job instead of ending it (launch.inplace)
+    if p.no_kill:  # a failed node leaves the job instead of ending it (launch.inplace)
         opts.append(("no-kill", ""))
     requeue = "requeue" if p.profile.slurm.max_requeues > 0 else "no-requeue"  # node failures too
     # B: the batch shell takes the USR2 and passes it on (stop_lines): it alone can tell a time limit
@@ -263,11 +285,15 @@ def render(
     ]
     lines += [*shellfile.lines("srun_env.sh"), *shellfile.lines("memlock.sh"), ""]
     lines += [*shellfile.lines("banner.sh"), ""]
-    if not p.spare_nodes:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
+    if not p.no_kill:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
         lines += [*shellfile.lines("no_kill.sh"), ""]
     lines += [*stop_lines(), ""]
     lines += inplace.setup_lines(
-        p.spare_nodes, p.tasks_per_node, p.profile.slurm.max_restarts, p.profile.slurm.report_bad_node
+        p.spare_nodes,
+        p.tasks_per_node,
+        p.profile.slurm.max_restarts,
+        p.profile.slurm.report_bad_node,
+        p.min_nodes if p.ranged else 0,
     )
     if prof.container.stage_image:
         c = prof.container

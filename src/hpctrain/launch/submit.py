@@ -165,7 +165,8 @@ def wait_local(
 class Request:
     """What the command line asked for; None: take the profile's default."""
 
-    nodes: int | None = None
+    nodes: int | None = None  # the most nodes (--nodes N, or MAX of --nodes MIN-MAX)
+    min_nodes: int | None = None  # MIN of --nodes MIN-MAX (None: the profile's slurm.min_nodes)
     gpus_per_node: int | None = None
     time: str | None = None
     partition: str | None = None
@@ -222,6 +223,19 @@ def check_request(profile, req: Request) -> tuple[int, int, str]:
     spares = spare_nodes(profile, req)
     check_limits(profile, req, nodes + spares, gpn, time)
     return nodes, gpn, time
+
+
+def min_nodes(profile, req: Request, nodes: int) -> int:
+    """The fewest nodes the job trains on (--nodes MIN-MAX, else slurm.min_nodes; 0 there: `nodes`);
+    LaunchError for a MIN above the MAX."""
+    lo = req.min_nodes if req.min_nodes is not None else (profile.slurm.min_nodes or nodes)
+    if not 1 <= lo <= nodes:
+        where = "--nodes" if req.min_nodes is not None else "slurm.min_nodes"
+        raise LaunchError(
+            f"{where}: the fewest nodes ({lo}) must be between 1 and the job's {nodes}; use --nodes "
+            f"{min(max(lo, 1), nodes)}-{nodes}, or --nodes {nodes} for exactly {nodes}"
+        )
+    return lo
 
 
 # Spares share the allocation with `srun --overlap` steps (launch/shell: the restarted training
@@ -340,6 +354,7 @@ def job_plan(
         binds=binds,
         header=list(header),
         spare_nodes=spare_nodes(profile, req),
+        min_nodes=min_nodes(profile, req, nodes),
     )
 
 
@@ -350,6 +365,7 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     """
     nodes, gpn, time = check_request(profile, req)
     check_batch(cfg, nodes * gpn)
+    check_batch(cfg, min_nodes(profile, req, nodes) * gpn)  # a node range: the batch splits at its fewest nodes too
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
         binds = bind_list(
             profile.container,

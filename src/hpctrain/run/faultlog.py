@@ -4,8 +4,9 @@ The shell (launch.inplace) cannot write metrics.jsonl: it does not know the run 
 only rank 0 writes that file. It appends one line per event to `$HPCTRAIN_FAULTS_FILE` (one file
 per Slurm job, kept across requeues): `time, restart count, attempt, action, nodes, why, step end`,
 tab-separated. At start-up rank 0 writes each line it has not recorded yet as a `restart` record
-(the job went on in place), an `exclude` record (requeued without the nodes) or an `fs_stall`
-record (the run directory took no probe's write: no node was left out for it).
+(the job went on in place; `fewer_nodes` where a node range went on with the nodes left), an
+`exclude` record (requeued without the nodes) or an `fs_stall` record (the run directory took no
+probe's write: no node was left out for it).
 The shell also keeps every node it leaves out in `.hpctrain/excluded-<job>` (`time, node, why`;
 launch/shell/exclude.sh), written at once: `hpctrain status` reads it (`excluded`), so a node left out
 before a requeue is named while the job waits in the queue, before any rank records it.
@@ -23,7 +24,8 @@ from typing import Any
 from hpctrain.run.badnodes import NODE_NAME
 
 ENV = "HPCTRAIN_FAULTS_FILE"
-KINDS = {"restart": "restart", "requeue": "exclude", "fs_stall": "fs_stall"}  # the shell's action → the record's kind
+# the shell's action → the record's kind; `shrink`: a restart on fewer nodes (a node range, no spare free)
+KINDS = {"restart": "restart", "shrink": "restart", "requeue": "exclude", "fs_stall": "fs_stall"}
 
 
 def _seconds(text: str) -> float | int | None:
@@ -53,6 +55,8 @@ def parse(text: str, job: str) -> list[dict[str, Any]]:
         }
         if _seconds(f[6]) is not None:
             rec["step_ended_at"] = _seconds(f[6])
+        if f[3] == "shrink":
+            rec["fewer_nodes"] = True
         out.append({"kind": KINDS[f[3]], **rec})
     return out
 

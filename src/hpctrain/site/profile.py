@@ -152,6 +152,12 @@ class SlurmSection:
         "(a crashed rank), per allocation; 0: the job ends (docs/spares.md)",
         lo=0,
     )
+    min_nodes: int = opt(
+        0,
+        "node ranges: the fewest nodes a job of --nodes N starts or goes on with (sbatch --nodes=MIN-N, "
+        "--no-kill; docs/launch.md); 0: exactly N",
+        lo=0,
+    )
     spare_nodes: int = opt(
         0,
         "hot spares: allocate this many nodes more (--no-kill), idle while the job trains; "

@@ -6,6 +6,7 @@ The same entry serves `hpctrain train` (one process, torchrun or srun) and submi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -20,14 +21,14 @@ from typing import Any
 
 import torch
 
-from hpctrain import __version__
+from hpctrain import __version__, memory
 from hpctrain.ckpt_interval import mtbf_source
 from hpctrain.config import Config, build, check_batch, save, to_dict
 from hpctrain.data.build import build_eval_loaders
 from hpctrain.errors import UserError
 from hpctrain.lr_rule import lr_rule
 from hpctrain.models.vit import build_vit
-from hpctrain.run import faultlog, requeue, source, startup
+from hpctrain.run import faultlog, requeue, resize, source, startup
 from hpctrain.run.layout import CONFIG, ENV, JOB, JOB_RECORD, LOGS, METRICS
 from hpctrain.run.metrics import progress_log, read_metrics, summary_table
 from hpctrain.run.rundir import RunDirBusy, RunLock
@@ -140,7 +141,6 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     info = distmod.detect()
     if not info.is_main:  # the stop agreement ORs rank 0's time-limit bit to every rank: one stat per job, not per rank
         stop.end_file = None
-    check_batch(cfg, info.world_size)
     trackers.check_packages(cfg.log.trackers)  # a missing package: one line, before anything starts
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -149,8 +149,10 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
     if use_cuda:
         device = torch.device("cuda", info.local_rank % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
+        cfg = fit_to_gpu(cfg, info.world_size, torch.cuda.get_device_properties(device).total_memory)
     else:
         device = torch.device("cpu")
+    check_batch(cfg, info.world_size)
     compat.check_train(cfg, device)  # what this torch cannot run: every rank fails alike, at once
     backend = "nccl" if use_cuda else "gloo"
     # before the process group exists (NCCL reads them then), in every launcher's path: srun, submitit, torchrun
@@ -165,6 +167,25 @@ def run(cfg: Config | dict, stop: StopFlag | None = None) -> dict[str, Any]:
         startup.mark("process_group")
         summary = _run(cfg, stop, info, device, fr_env, stack)
     return summary
+
+
+def fit_to_gpu(cfg: Config, world_size: int, capacity: int) -> Config:
+    """The config at this world size: where the per-GPU micro-batch of the recipe's global batch would
+    exceed the GPU's memory (a node range on fewer nodes, fewer nodes after a loss), more accumulation
+    steps, the global batch unchanged (memory.fit_accum; docs/launch.md, "Node ranges and fewer nodes")."""
+    acc = memory.fit_accum(cfg, world_size, capacity)
+    if acc == cfg.train.accum_steps:
+        return cfg
+    log.warning(
+        "train.accum_steps %d -> %d: at world size %d the per-GPU batch of the global batch %d would not fit "
+        "in %.0f GB (memory estimate)",
+        cfg.train.accum_steps,
+        acc,
+        world_size,
+        cfg.data.global_batch,
+        capacity / 1e9,
+    )
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accum_steps=acc))
 
 
 def remove_if_refused(run_dir: Path, started: list[bool]) -> Callable[..., bool]:
@@ -274,6 +295,7 @@ def _run(
             }
     resolved = resolved_record(cfg, info.world_size)
     resolved.update(watchdog.heartbeats_record(cfg.hang_s, info.world_size))  # the node files' period (issue 55)
+    before = resize.previous_size(run_dir) if info.is_main else None  # the last attempt's, before env.json is rewritten
     if info.is_main:
         save(cfg, run_dir / CONFIG)
         write_env(run_dir, {**environment_record(info, device), "source": code, "resolved": resolved})
@@ -321,7 +343,8 @@ def _run(
     stack.push(unless_broken(trainer.close))
     startup.mark("model")
     if info.is_main:  # the batch shell's restarts on spare nodes and exclusions so far (hpctrain.run.faultlog)
-        for r in faultlog.record_new(trainer.metrics, read_metrics(run_dir / METRICS)):
+        shell = faultlog.record_new(trainer.metrics, read_metrics(run_dir / METRICS))
+        for r in shell:
             log.warning(
                 "%s of job %s (restart %s, attempt %s) without %s: %s",
                 r["kind"],
@@ -331,6 +354,11 @@ def _run(
                 ",".join(r["nodes"]) or "-",
                 r["why"],
             )
+        now = {k: resolved[k] for k in resize.SIZE_KEYS}
+        changed = resize.change(before, now, shell, os.environ)
+        if changed:  # another world size than the last attempt's: the same global batch, a record of it
+            trainer.metrics.write(resize.KIND, step=int(resume[1]["step"]) if resume else 0, **changed)
+            log.warning("resized: %s", resize.text(changed))
     out = trainer.run(resume, stopmod.halt_at(os.environ))
     if cache:  # finished or stopped for a requeue: the next attempt starts warm
         cache.report()
@@ -391,6 +419,7 @@ def resolved_record(cfg: Config, world_size: int) -> dict[str, Any]:
         "global_batch": cfg.data.global_batch,
         "per_rank_batch": cfg.per_rank_batch(world_size),
         "world_size": world_size,
+        "nodes": resize.nodes_of(os.environ),
         "accum_steps": cfg.train.accum_steps,
         "stop_every": cfg.dist.stop_every or 1,  # steps between stop agreements (plan.stop_cost, at submission)
         **(

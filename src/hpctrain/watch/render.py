@@ -4,7 +4,7 @@ its ETA, steps killed for memory, straggler, hang and divergence. No torch: this
 
 from __future__ import annotations
 
-from hpctrain.run import goodput
+from hpctrain.run import goodput, resize
 from hpctrain.run.metrics import table
 from hpctrain.watch.progress import Eta, duration, iso
 from hpctrain.watch.steps import Step, size_text
@@ -55,11 +55,16 @@ def status_text(st: RunStatus) -> str:
     if m.get("restarts"):
         r = m["last_restart"]
         last = f"attempt {r.get('attempt')} of job {r.get('job')}"
-        if r.get("nodes"):  # the batch shell left faulty nodes out: a spare took their place
+        if r.get("fewer_nodes"):  # a node range: the job went on with the nodes left (no spare free)
+            where, last = "on fewer nodes", f"{last} without {','.join(r.get('nodes') or [])}"
+        elif r.get("nodes"):  # the batch shell left faulty nodes out: a spare took their place
             where, last = "on spare nodes", f"{last} without {','.join(r['nodes'])}"
         else:  # a crashed rank on a healthy node (launch/shell/restarts.sh)
             where = "on the same nodes"
         rows.append(("restarts", f"{m['restarts']} in the job {where} (last: {last}: {r.get('why')})"))
+    if m.get("resizes"):
+        r = m["last_resize"]
+        rows.append(("resized", f"{m['resizes']} time(s) (last, at step {r.get('step')}: {resize.text(r)})"))
     if st.oom:
         rows.append(("out of memory", oom_text(st.oom, m.get("memory"))))
     if m.get("excluded"):

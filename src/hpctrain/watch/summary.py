@@ -86,6 +86,8 @@ class RunStatus:
             "restarts_in_job": m.get("restarts", 0),
             "last_restart": m.get("last_restart"),
             "excluded_nodes": m.get("excluded", {}),
+            "resizes": m.get("resizes", 0),
+            "last_resize": m.get("last_resize"),
             "goodput": goodput.one_line(self.goodput) if self.goodput else None,
             "out_of_memory": [s.facts() for s in self.oom],
             "last_memory": m.get("memory"),
@@ -168,10 +170,15 @@ def summarize(records: list[dict]) -> dict:
             out["stopped_at"] = None
         elif kind == "hang":
             out["hang"] = rec
+        elif kind == "resize":  # another world size than the attempt before (run/resize.py)
+            out["resizes"] = out.get("resizes", 0) + 1
+            out["last_resize"] = {k: v for k, v in rec.items() if k not in ("kind", "time")}
         elif kind in ("restart", "exclude"):  # the batch shell's, on spare nodes or before a requeue (faultlog.py)
             if kind == "restart":
                 out["restarts"] = out.get("restarts", 0) + 1
-                out["last_restart"] = {k: rec.get(k) for k in ("job", "attempt", "nodes", "why", "decided_at")}
+                out["last_restart"] = {
+                    k: rec.get(k) for k in ("job", "attempt", "nodes", "why", "decided_at", "fewer_nodes")
+                }
             why = node_reasons(str(rec.get("why") or ""))
             for n in rec.get("nodes") or []:
                 out.setdefault("excluded", {})[n] = why.get(n) or rec.get("why")

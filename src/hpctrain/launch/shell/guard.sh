@@ -61,7 +61,7 @@ hpctrain_setup_guard() {
   batch_host=$(printf "%s\n" "${SLURMD_NODENAME:-}" | hpctrain_names)
   guard_node=$(for n in $hpctrain_alloc; do [ "$n" = "$batch_host" ] || echo "$n"; done | tail -n 1)
   hpctrain_guard_srun=""
-  if [ "$hpctrain_spares" -gt 0 ] && [ -n "$batch_host" ] && [ -n "$guard_node" ]; then
+  if [ "$hpctrain_no_kill" = 1 ] && [ -n "$batch_host" ] && [ -n "$guard_node" ]; then
     # its words go straight to the job's error file, appended by its own bash on the guard's node: once the
     # batch host is dead, no srun is left to carry them (a path with a % pattern: the run's .hpctrain/)
     hpctrain_alive="$HPCTRAIN_CONTROL_DIR/alive-${SLURM_JOB_ID:-none}"

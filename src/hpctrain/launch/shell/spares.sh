@@ -138,12 +138,17 @@ hpctrain_record() {  # a line of $HPCTRAIN_FAULTS_FILE: time, restart, attempt, 
 # hpctrain_setup_spares: the nodes to train on, the files, the probe's settings
 hpctrain_setup_spares() {
   local v
-  for v in "$hpctrain_spares" "$hpctrain_tpn" "${SLURM_JOB_NUM_NODES:-1}"; do  # before arithmetic
+  hpctrain_min_nodes=${hpctrain_min_nodes:-0}  # a script rendered before node ranges sets none
+  for v in "$hpctrain_spares" "$hpctrain_min_nodes" "$hpctrain_tpn" "${SLURM_JOB_NUM_NODES:-1}"; do  # before arithmetic
     case "$v" in
-      ''|*[!0-9]*) echo "hpctrain: HPCTRAIN_SPARE_NODES ($hpctrain_spares), SLURM_NTASKS_PER_NODE\
- ($hpctrain_tpn) and SLURM_JOB_NUM_NODES (${SLURM_JOB_NUM_NODES:-}) must be whole numbers" >&2; exit 1 ;;
+      ''|*[!0-9]*) echo "hpctrain: HPCTRAIN_SPARE_NODES ($hpctrain_spares), HPCTRAIN_MIN_NODES ($hpctrain_min_nodes),\
+ SLURM_NTASKS_PER_NODE ($hpctrain_tpn) and SLURM_JOB_NUM_NODES (${SLURM_JOB_NUM_NODES:-}) must be whole numbers" >&2
+        exit 1 ;;
     esac
   done
+  # the allocation is --no-kill (spares, a node range): a lost node leaves it, the steps name their nodes
+  hpctrain_no_kill=0
+  if [ "$hpctrain_spares" -gt 0 ] || [ "$hpctrain_min_nodes" -gt 0 ]; then hpctrain_no_kill=1; fi
   hpctrain_train_nodes=$(( ${SLURM_JOB_NUM_NODES:-1} - hpctrain_spares ))
   if [ "$hpctrain_train_nodes" -lt 1 ]; then
     echo "hpctrain: $hpctrain_spares spare node(s) leave none of the job's ${SLURM_JOB_NUM_NODES:-1} to train on:" \

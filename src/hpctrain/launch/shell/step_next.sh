@@ -2,7 +2,7 @@
 # summary: after a step: leave out the nodes it named, restart, or end the loop
 # hpctrain_step_next: 0 to start the next step (a restart here), 1 when the steps are over
 hpctrain_step_next() {
-  local left
+  local left need
   hpctrain_ended="" hpctrain_new=""
   hpctrain_now hpctrain_ended  # the step's end, with microseconds: the restart test's phase table
   # a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
@@ -22,14 +22,29 @@ hpctrain_step_next() {
   hpctrain_bad="$hpctrain_bad$hpctrain_new" hpctrain_bad_why="${hpctrain_bad_why:+$hpctrain_bad_why; }$hpctrain_fault"
   hpctrain_exclude_add "$hpctrain_new" "$hpctrain_fault"
   left=$(hpctrain_healthy | wc -l)
-  if [ "$hpctrain_spares" -gt 0 ] && [ "$left" -ge "$hpctrain_train_nodes" ] && [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
-    hpctrain_attempt=$((hpctrain_attempt + 1))
-    hpctrain_record restart
-    echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
-      "in this job on $hpctrain_train_nodes of $left healthy nodes, from the last checkpoint" >&2
-    return 0
+  if [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
+    if [ "$hpctrain_spares" -gt 0 ] && [ "$left" -ge "$hpctrain_train_nodes" ]; then
+      hpctrain_attempt=$((hpctrain_attempt + 1))
+      hpctrain_record restart
+      echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
+        "in this job on $hpctrain_train_nodes of $left healthy nodes, from the last checkpoint" >&2
+      return 0
+    fi
+    # a node range with no spare free: go on with the nodes left, MIN at least, at the same global batch
+    # (the tasks split it over the new world size; run/resize.py records the change)
+    if [ "$hpctrain_min_nodes" -gt 0 ] && [ "$left" -ge "$hpctrain_min_nodes" ] && [ "$left" -lt "$hpctrain_train_nodes" ]; then
+      hpctrain_attempt=$((hpctrain_attempt + 1))
+      hpctrain_fault="$hpctrain_fault; no spare free: going on with $left of $hpctrain_train_nodes nodes (node range, at least $hpctrain_min_nodes)"
+      hpctrain_record shrink
+      echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
+        "in this job on $left node(s) instead of $hpctrain_train_nodes, from the last checkpoint, at the same global batch" >&2
+      hpctrain_train_nodes=$left
+      return 0
+    fi
   fi
-  echo "hpctrain: faulty: $hpctrain_fault; $left healthy node(s) left of the $hpctrain_train_nodes needed:" \
+  need=$hpctrain_train_nodes
+  if [ "$hpctrain_min_nodes" -gt 0 ]; then need=$hpctrain_min_nodes; fi
+  echo "hpctrain: faulty: $hpctrain_fault; $left healthy node(s) left of the $need needed:" \
     "requeueing without them" >&2
   if [ "$hpctrain_decision" != requeue ]; then  # this shell's own requeue: slurm.max_requeues caps it (requeue.sh)
     hpctrain_decision=requeue hpctrain_by_shell=1

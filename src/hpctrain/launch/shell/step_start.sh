@@ -11,7 +11,7 @@ hpctrain_step_start() {
     return 1
   fi
   hpctrain_step_hosts=$hpctrain_alloc
-  if [ "$hpctrain_spares" -gt 0 ]; then
+  if [ "$hpctrain_no_kill" = 1 ]; then
     hpctrain_out healthy hpctrain_healthy  # a trapped signal acts at once (signals.sh)
     hpctrain_step_hosts=" $(printf '%s\n' "$healthy" | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
     # --overlap: a failed step stays RUNNING in slurmctld while its lost node cannot confirm its end,
