@@ -134,3 +134,20 @@ def test_optimizer_state_and_checkpoint_bytes_are_what_the_optimizer_keeps(sets)
     assert state == memory.optimizer_bytes_per_param(cfg.optim) * pc.trainable
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     assert memory.checkpoint_bytes(cfg) == 2 * weights + state  # weights, EMA copy, optimizer state
+
+
+def test_fit_accum_keeps_the_global_batch_and_raises_accumulation_only_where_memory_needs_it():
+    """A node range on fewer GPUs (docs/launch.md): the 4k recipe's 32 images per GPU on 16 nodes of 8
+    fit an 80 GB GPU, and so do 128 on 4 nodes; on 4 GPUs, 1024 per GPU do not, and the fewest
+    accumulation steps that divide 4096 and fit are taken; a GPU that holds the bigger batch keeps
+    the config's own."""
+    cfg = load("configs/vit_b16_imagenet_4k.yaml")
+    gb80 = int(80e9)
+    assert memory.fit_accum(cfg, 128, gb80) == memory.fit_accum(cfg, 32, gb80) == cfg.train.accum_steps == 1
+    acc = memory.fit_accum(cfg, 4, gb80)
+    assert acc > 1 and 4096 % acc == 0
+    assert memory.estimate(cfg, 4096 // (acc * 4), 4).total <= gb80 < memory.estimate(cfg, 1024, 4).total
+    fewer = [a for a in range(1, acc) if 4096 % a == 0]
+    assert all(memory.estimate(cfg, -(-4096 // (a * 4)), 4).total > gb80 for a in fewer)
+    assert memory.fit_accum(cfg, 4, int(1e15)) == 1
+    assert memory.fit_accum(cfg, 4, 1) == 1  # nothing fits: the config's own (the run fails as it would)

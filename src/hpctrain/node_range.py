@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_RANGE = re.compile(r" *(\d+) *(?:- *(\d+) *)?")  # spaces only: a newline never reaches #SBATCH
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class NodeRange:
 
 def parse(text: str, what: str = "--nodes") -> NodeRange:
     """`16` or `12-16`; ValueError with the fix for anything else (a bad range never reaches sbatch)."""
-    m = _RANGE.match(text)
+    m = _RANGE.fullmatch(text)
     if not m:
         raise ValueError(f"{what}={text!r}: give a node count (16) or a range MIN-MAX (12-16)")
     lo = int(m.group(1))

@@ -28,7 +28,8 @@ from hpctrain.run import faultlog
 from hpctrain.run.metrics import MetricsWriter, read_metrics
 from hpctrain.run.source import take_snapshot
 from hpctrain.site.profile import load_profile
-from hpctrain.watch.summary import summarize
+from hpctrain.watch.render import status_text
+from hpctrain.watch.summary import run_status, summarize
 from tests.helpers import ROOT
 from tests.launch.jobs import (
     JOB_SETS,
@@ -127,6 +128,7 @@ def test_fault_lines_become_records_once_and_status_shows_them(tmp_path):
     recs = read_metrics(tmp_path / "metrics.jsonl")
     assert faultlog.record_new(m, recs, env) == []  # a later attempt records nothing twice
     s = summarize(read_metrics(tmp_path / "metrics.jsonl"))
+    assert not s["last_restart"].get("fewer_nodes")
     assert s["restarts"] == 2 and s["excluded"] == {
         "n2": "left the job's allocation (Slurm: node failure)",
         "n3": "no answer to a probe step",
@@ -278,3 +280,37 @@ def test_a_silent_rank_on_a_healthy_node_restarts_in_place(slurm_cluster, digits
     assert restart["nodes"] == [] and restart["attempt"] == 1, restart
     show = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
     assert re.search(r"\bExcNodeList=\(null\)", show), show
+
+
+def test_a_shrink_line_is_a_restart_on_fewer_nodes_and_status_says_so(tmp_path):
+    """A node range with no spare free goes on with the nodes left (step_next.sh): the fault file's
+    action `shrink` is a `restart` record with `fewer_nodes`; with rank 0's `resize` record, status
+    says both."""
+    faults = tmp_path / "faults-77"
+    faults.write_text("100\t0\t1\tshrink\tn3\tn3: left the job's allocation; no spare free: going on with 2 of 3\t99\n")
+    env = {"HPCTRAIN_FAULTS_FILE": str(faults), "SLURM_JOB_ID": "77"}
+    m = MetricsWriter(tmp_path / "metrics.jsonl")
+    (rec,) = faultlog.record_new(m, [], env)
+    assert rec["kind"] == "restart" and rec["fewer_nodes"] and rec["nodes"] == ["n3"], rec
+    m.write(
+        "resize",
+        step=20,
+        nodes_before=3,
+        nodes=2,
+        world_size_before=6,
+        world_size=4,
+        accum_steps_before=1,
+        accum_steps=1,
+        job="77",
+        why=rec["why"],
+    )
+    (tmp_path / "job.json").write_text(json.dumps({"job_id": "77", "executor": "slurm"}))
+    st = run_status(str(tmp_path), now=200)
+    text = status_text(st)
+    assert re.search(r"restarts +1 in the job on fewer nodes \(last: attempt 1 of job 77 without n3: n3: left", text), (
+        text
+    )
+    assert re.search(
+        r"resized +1 time\(s\) \(last, at step 20: 3 → 2 nodes \(world 6 → 4, accumulation 1 → 1\): n3:", text
+    ), text
+    assert st.facts()["resizes"] == 1 and st.facts()["last_resize"]["world_size"] == 4
