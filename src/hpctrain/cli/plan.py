@@ -157,7 +157,8 @@ def main(args: argparse.Namespace) -> int:
         print(source)
         print()
         lines = recommend.table(opts, ctx, withheld, choose)
-        if rp:  # what the two rows' training rests on, before the recommendation
-            lines[-1:-1] = ranges.source_lines(rp)
+        if rp:  # what the two rows' training rests on, under the step model's line
+            at = next(i for i, ln in enumerate(lines) if ln.startswith("  train:")) + 1
+            lines[at:at] = ranges.source_lines(rp)
         print("\n".join(lines))
     return 0

@@ -51,12 +51,13 @@ class Fit:
         return self.need_bytes <= self.cap_bytes
 
     def text(self) -> str:
-        even = "" if self.global_batch % (self.gpus * self.accum) == 0 else ", some ranks one fewer"
+        split = f"{self.global_batch} / {self.gpus} GPUs" + (f" / accum {self.accum}" if self.accum > 1 else "")
+        if self.global_batch % (self.gpus * self.accum):
+            split = f"ceil of {split}: some ranks take one fewer"
         doubled = f" (the recipe's {self.recipe_accum} would not fit)" if self.accum != self.recipe_accum else ""
         return (
-            f"{self.per_gpu} per GPU (ceil of {self.global_batch} / {self.gpus} GPUs / accum {self.accum}{even}), "
-            f"accum {self.accum}{doubled}: {memory.gb(self.need_bytes)} of {memory.gb(self.cap_bytes)} per GPU "
-            "(memory estimate)"
+            f"{self.per_gpu} per GPU ({split}), accum {self.accum}{doubled}: {memory.gb(self.need_bytes)} of "
+            f"{memory.gb(self.cap_bytes)} per GPU (memory estimate)"
         )
 
 
@@ -182,7 +183,7 @@ def choose(opts: list[Option]) -> tuple[Option | None, str]:
 
 
 def source_lines(rp: RangePlan) -> list[str]:
-    """What the two rows' training rests on (the table's `sources:` lines)."""
+    """What the two rows' training rests on (`sources:` lines, after the table's `train:`)."""
     s, f0, f1 = rp.span, *rp.fits
     size = (
         f"the size it starts on now (sinfo's idle nodes, at most {s.hi})"
@@ -190,8 +191,9 @@ def source_lines(rp: RangePlan) -> list[str]:
         else "the fewest Slurm starts it with: the size it can be sure of"
     )
     return [
-        f"  train at {s}: on {f0.nodes} nodes, {size}; {f0.text()}; best case {s.hi} nodes: {dur(rp.best.total_s)}",
-        f"  train at {s.hi}: {f1.text()}",
+        f"  train at {s} node(s): on {f0.nodes} nodes, {size}; {f0.text()}; "
+        f"best case {s.hi} nodes: {dur(rp.best.total_s)}",
+        f"  train at {s.hi} node(s): {f1.text()}",
     ]
 
 
