@@ -159,27 +159,27 @@ def choose(opts: list[Option]) -> tuple[Option | None, str]:
             f"unknown which pays: {missing}; the range pays when it waits more than {dur(longer)} less "
             f"than a fixed {span.hi} ({n} nodes train that much longer)"
         )
-    saved = fixed.queue.seconds - flex.queue.seconds
+    qa, qb = flex.queue.seconds or 0.0, fixed.queue.seconds or 0.0  # both known here
+    saved = qb - qa
     waits = (
         f"waits {dur(saved)} less for {n} nodes than a fixed {span.hi} does"
         if saved > 0
-        else f"waits no less than a fixed {span.hi} ({dur(flex.queue.seconds)} vs {dur(fixed.queue.seconds)})"
+        else f"waits no less than a fixed {span.hi} ({dur(qa)} vs {dur(qb)})"
     )
-    if flex.result_s is None or fixed.result_s is None:
+    ra, rb, la, lb = flex.result_s, fixed.result_s, flex.loss.seconds, fixed.loss.seconds
+    if ra is None or rb is None or la is None or lb is None:
         missing = next(o.loss.source for o in (flex, fixed) if o.loss.seconds is None)
         pays = saved > longer
         head = f"the range {span} pays" if pays else f"a fixed {span.hi} pays"
         return flex if pays else fixed, (
             f"{head} on queue and training alone: the range {waits}, and {trains}; interruptions {missing}"
         )
-    loss = ""
-    if abs(flex.loss.seconds - fixed.loss.seconds) >= 0.01 * fixed.result_s:
-        loss = f"; interruptions {dur(flex.loss.seconds)} vs {dur(fixed.loss.seconds)}"
-    if flex.result_s < fixed.result_s:
-        done = f"done in {dur(flex.result_s)} vs {dur(fixed.result_s)}"
-        return flex, f"the range {span} pays: it {waits}, and {trains}{loss}: {done}"
-    done = f"done in {dur(fixed.result_s)} vs {dur(flex.result_s)}"
-    return fixed, f"a fixed {span.hi} pays: the range {span} {waits}, and {trains}{loss}: {done}"
+    loss = f"; interruptions {dur(la)} vs {dur(lb)}" if abs(la - lb) >= 0.01 * rb else ""
+    if ra < rb:
+        return flex, f"the range {span} pays: it {waits}, and {trains}{loss}: done in {dur(ra)} vs {dur(rb)}"
+    return fixed, (
+        f"a fixed {span.hi} pays: the range {span} {waits}, and {trains}{loss}: done in {dur(rb)} vs {dur(ra)}"
+    )
 
 
 def source_lines(rp: RangePlan) -> list[str]:
