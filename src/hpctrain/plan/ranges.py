@@ -7,7 +7,7 @@ training keeps the global batch at whatever size it got. So the range's row is:
   else the history's wait for a job of MIN nodes (its power-of-two class, plan.queue);
 - training: at the size it starts on now, else at MIN, the size it can be sure of (MAX is the best
   case, named in the sources); the per-GPU batch is the busiest rank's, ceil(global / GPUs), with
-  the accumulation that fits the GPU's memory (memory.estimate, the check `submit` makes);
+  the accumulation the tasks take where it would not fit the GPU's memory (memory.fit_accum);
 - interruptions: at that size, each costing a requeue wait of a job of MIN nodes.
 
 The fixed row is MAX nodes as for `--nodes MAX`, but also starts at once when MAX nodes are idle (the
@@ -62,16 +62,14 @@ class Fit:
 
 
 def fit(cfg: Config, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None = None) -> Fit:
-    """The recipe's accumulation, doubled until the busiest rank's micro-batch fits the GPU's memory
-    (or is one image: then `fits` is False and the row is excluded)."""
+    """The accumulation the tasks will take at this size (memory.fit_accum: the recipe's, raised to
+    the next divisor of the global batch until the busiest rank's micro-batch fits the GPU); `fits`
+    False when nothing does (the row is then excluded)."""
     cap = int((DEFAULT_GPU_MEM_GB if gpu_mem_gb is None else gpu_mem_gb) * memory.GB)
-    gpus, g, accum = nodes * gpus_per_node, cfg.data.global_batch, cfg.train.accum_steps
-    while True:
-        b = -(-g // (gpus * accum))
-        need = memory.estimate(cfg, b, gpus).total
-        if need <= cap or b == 1:
-            return Fit(nodes, gpus, g, b, accum, need, cap, cfg.train.accum_steps)
-        accum *= 2
+    gpus, g = nodes * gpus_per_node, cfg.data.global_batch
+    accum = memory.fit_accum(cfg, gpus, cap)
+    b = -(-g // (gpus * accum))
+    return Fit(nodes, gpus, g, b, accum, memory.estimate(cfg, b, gpus).total, cap, cfg.train.accum_steps)
 
 
 def row_at(cfg: Config, inputs: PlanInputs, nodes: int, accum: int) -> Row:
@@ -132,7 +130,10 @@ def plan_range(
 def _unfit(o: Option, f: Fit) -> Option:
     if f.fits or o.excluded:
         return o
-    why = f"1 image per GPU needs {memory.gb(f.need_bytes)} of {memory.gb(f.cap_bytes)} (memory estimate)"
+    why = (
+        f"{f.per_gpu} images per GPU need {memory.gb(f.need_bytes)} of {memory.gb(f.cap_bytes)} and no "
+        "accumulation fits (memory estimate)"
+    )
     return replace(o, excluded=why)
 
 
