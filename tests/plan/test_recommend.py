@@ -171,7 +171,10 @@ def test_plan_without_slurm_keeps_the_training_columns_and_says_the_queue_is_unk
         in r.stdout
     ), r.stdout
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "4,x")
-    assert r.returncode == 2 and "invalid node count or comma-separated list (e.g. 4,8,16) value: '4,x'" in r.stderr
+    assert (
+        r.returncode == 2
+        and "invalid node count, comma-separated list (e.g. 4,8,16) or range (e.g. 12-16) value: '4,x'" in r.stderr
+    )
     r = hpctrain("plan", "--config", VIT_B, "--nodes", "4", "--history-days", "0")
     assert r.returncode == 2
     assert r.stderr == "hpctrain: error: --history-days 0: give a positive number of days, e.g. 7\n"

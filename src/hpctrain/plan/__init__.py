@@ -9,7 +9,8 @@ Torch-free: runs on login nodes. One concern per module:
 - `queue`: the partition's sacct history, squeue and sinfo → queue wait per node count;
 - `interruptions`: preemptions/node failures per node-hour → expected lost work;
 - `allocation`: sshare and sacctmgr's GrpTRESMins → share of the remaining allocation;
-- `recommend`: the per-node-count rows of time to result and the recommendation.
+- `recommend`: the per-node-count rows of time to result and the recommendation;
+- `ranges`: a node range (`--nodes 12-16`) against a fixed MAX, and which of them pays.
 
 docs/plan.md states the assumptions and the source of every figure. This face re-exports the
 training-time API (`hpctrain plan` without the queue, `plan.ckpt_cost`); the queue-aware modules

@@ -175,10 +175,42 @@ def step_time(
     work: Workload, nodes: int, gpus_per_node: int, compute: Compute, intra: Link, inter: Link, overlap: bool = True
 ) -> Step | None:
     """Predicted step at `nodes` × `gpus_per_node` GPUs; None when the batch does not split."""
-    gpus = nodes * gpus_per_node
-    b = work.per_gpu_batch(gpus)
+    b = work.per_gpu_batch(nodes * gpus_per_node)
     if b is None:
         return None
+    return _step(work, nodes, gpus_per_node, b, work.accum_steps, compute, intra, inter, overlap)
+
+
+def uneven_step_time(
+    work: Workload,
+    nodes: int,
+    gpus_per_node: int,
+    accum: int,
+    compute: Compute,
+    intra: Link,
+    inter: Link,
+    overlap: bool = True,
+) -> Step:
+    """The step at `nodes` when the global batch need not split evenly (a node range's size: 4096 over
+    96 GPUs gives some ranks 43 images, some 42): every rank waits for the busiest, so the step is
+    that of the largest micro-batch, ceil(global / (GPUs × accum))."""
+    b = -(-work.global_batch // (nodes * gpus_per_node * accum))
+    return _step(work, nodes, gpus_per_node, b, accum, compute, intra, inter, overlap)
+
+
+def _step(
+    work: Workload,
+    nodes: int,
+    gpus_per_node: int,
+    b: int,
+    accum: int,
+    compute: Compute,
+    intra: Link,
+    inter: Link,
+    overlap: bool,
+) -> Step:
+    """One step of `accum` micro-batches of `b` images per GPU."""
+    gpus = nodes * gpus_per_node
     micro_s = b * work.train_flops_per_image / (compute.tflops * 1e12)
     link = intra if nodes == 1 else inter
     k = bucket_count(work.grad_bytes, work.bucket_bytes)
@@ -188,8 +220,8 @@ def step_time(
         comm = ring_allreduce_s(work.grad_bytes, gpus, link.busbw_gbps, calls=k, latency_s=link.latency_s)
     # gradients are reduced once per step, overlapping the backward of the last micro-batch only
     exposed = exposed_comm_s(comm, BACKWARD_SHARE * micro_s, k) if overlap else comm
-    wait = b * work.accum_steps * compute.data_wait_per_image_s
-    return Step(nodes, gpus_per_node, b, micro_s * work.accum_steps, comm, exposed, wait, work.global_batch)
+    wait = b * accum * compute.data_wait_per_image_s
+    return Step(nodes, gpus_per_node, b, micro_s * accum, comm, exposed, wait, work.global_batch)
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ With no queue figure at all, time to result is unknown and the table says why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpctrain.config import Config
+from hpctrain.node_range import NodeRange
 from hpctrain.plan.allocation import Allocation, read_allocation, share
 from hpctrain.plan.interruptions import Loss, Rate, expected_loss, node_rate
-from hpctrain.plan.model import Plan
+from hpctrain.plan.model import Plan, Row
 from hpctrain.plan.queue import (
     HISTORY_CACHE_S,
     HISTORY_DAYS,
@@ -78,7 +80,7 @@ def read_context(
 class Option:
     """One node count: its training (from the Plan) and what the cluster adds to it."""
 
-    nodes: int
+    nodes: int  # the nodes it trains on (a range's: the size it can count on)
     gpus: int
     per_gpu_batch: int
     images_per_s: float
@@ -90,6 +92,12 @@ class Option:
     share: float | None
     share_source: str
     excluded: str = ""  # why this count cannot be recommended ("" : it can)
+    accum: int = 1  # micro-batches per optimizer step
+    span: NodeRange | None = None  # asked as a range (--nodes 12-16); None: a fixed count
+
+    @property
+    def name(self) -> str:
+        return str(self.span) if self.span else str(self.nodes)
 
     @property
     def result_s(self) -> float | None:
@@ -98,42 +106,55 @@ class Option:
         return self.queue.seconds + self.train_s + self.loss.seconds
 
 
+def option(
+    cfg: Config,
+    profile,
+    row: Row,
+    ctx: Context,
+    gpus_per_node: int,
+    queue: Figure | None = None,
+    loss_nodes: int = 0,
+    accum: int = 0,
+    span: NodeRange | None = None,
+) -> Option:
+    """The row's time to result; `queue`: its wait when not the history's for its size, `loss_nodes`:
+    the size whose requeue wait an interruption costs (default: its own)."""
+    st, n = row.step, row.step.nodes
+    if ctx.why:
+        q = Figure(None, f"unknown: {ctx.why}")
+    elif ctx.now.total is not None and min(n, loss_nodes or n) > ctx.now.total:
+        q = Figure(None, f"never: partition {ctx.partition} has only {ctx.now.total} nodes (sinfo)")
+    else:
+        q = queue or queue_wait(ctx.history, n)
+    requeue = requeue_wait(ctx.history, loss_nodes or n)
+    loss = expected_loss(cfg, profile, ctx.rate, n, row.total_s, st.step_s, requeue)
+    if ctx.why:
+        frac, how = None, f"unknown: {ctx.why}"
+    else:
+        frac, how = share(ctx.allocation, n, gpus_per_node, profile.slurm.cpus_per_node, row.total_s / 3600)
+    excluded = q.source if q.source.startswith("never") else ""
+    if frac is not None and frac > 1 and not excluded:
+        excluded = f"needs {100 * frac:.0f}% of the allocation left ({how})"
+    return Option(
+        n,
+        st.gpus,
+        st.per_gpu_batch,
+        st.images_per_s,
+        row.efficiency,
+        row.total_s,
+        row.gpu_hours,
+        q,
+        loss,
+        frac,
+        how,
+        excluded,
+        accum or cfg.train.accum_steps,
+        span,
+    )
+
+
 def options(cfg: Config, profile, plan: Plan, ctx: Context, gpus_per_node: int) -> list[Option]:
-    out = []
-    cpus = profile.slurm.cpus_per_node
-    for r in plan.rows:
-        st, n = r.step, r.step.nodes
-        if ctx.why:
-            q = Figure(None, f"unknown: {ctx.why}")
-        elif ctx.now.total is not None and n > ctx.now.total:
-            q = Figure(None, f"never: partition {ctx.partition} has only {ctx.now.total} nodes (sinfo)")
-        else:
-            q = queue_wait(ctx.history, n)
-        loss = expected_loss(cfg, profile, ctx.rate, n, r.total_s, st.step_s, requeue_wait(ctx.history, n))
-        if ctx.why:
-            frac, how = None, f"unknown: {ctx.why}"
-        else:
-            frac, how = share(ctx.allocation, n, gpus_per_node, cpus, r.total_s / 3600)
-        excluded = q.source if q.source.startswith("never") else ""
-        if frac is not None and frac > 1 and not excluded:
-            excluded = f"needs {100 * frac:.0f}% of the allocation left ({how})"
-        out.append(
-            Option(
-                n,
-                st.gpus,
-                st.per_gpu_batch,
-                st.images_per_s,
-                r.efficiency,
-                r.total_s,
-                r.gpu_hours,
-                q,
-                loss,
-                frac,
-                how,
-                excluded,
-            )
-        )
-    return out
+    return [option(cfg, profile, r, ctx, gpus_per_node) for r in plan.rows]
 
 
 def dur(s: float | None, approx: bool = False) -> str:
@@ -186,19 +207,28 @@ def _share(o: Option) -> str:
 
 def _grouped(opts: list[Option], key) -> list[tuple[str, str]]:
     """(source, "4,8") pairs: node counts whose figure has the same source share one line."""
-    out: dict[str, list[int]] = {}
+    out: dict[str, list[str]] = {}
     for o in opts:
-        out.setdefault(key(o), []).append(o.nodes)
-    return [(src, ",".join(map(str, ns))) for src, ns in out.items()]
+        out.setdefault(key(o), []).append(o.name)
+    sep = " and " if any(o.span for o in opts) else ","  # "12-16 and 16", not "12-16,16"
+    return [(src, sep.join(ns)) for src, ns in out.items()]
 
 
-def table(opts: list[Option], ctx: Context, withheld: str = "") -> list[str]:
+Chooser = Callable[[list[Option]], tuple[Option | None, str]]
+
+
+def table(opts: list[Option], ctx: Context, withheld: str = "", choose: Chooser | None = None) -> list[str]:
     """The time-to-result table, the sources of its figures and the recommendation (none, saying
-    `withheld`, when the figures are not the cluster's)."""
+    `withheld`, when the figures are not the cluster's; `choose`: another rule than `recommend`, a node
+    range's: plan.ranges)."""
     where = f"partition {ctx.partition}" if ctx.partition else "no partition"
+    spans = any(o.span for o in opts)  # a node range: its name is wider, and its accumulation shown
+    w = max([5] + [len(o.name) for o in opts])
     lines = [
         f"time to result ({where}):",
-        f"  {'nodes':>5} {'GPUs':>5} {'per GPU':>7} {'images/s':>10} {'eff.':>6} {'train':>9} {'queue':>9} "
+        f"  {'nodes':>{w}} {'GPUs':>5} {'per GPU':>7}"
+        + (f" {'accum':>5}" if spans else "")
+        + f" {'images/s':>10} {'eff.':>6} {'train':>9} {'queue':>9} "
         f"{'interr.':>9} {'result':>9} {'GPU-h':>8} {'alloc.':>7}",
     ]
     for o in opts:
@@ -206,7 +236,9 @@ def table(opts: list[Option], ctx: Context, withheld: str = "") -> list[str]:
         loss = ("≤" if o.loss.upper_bound else "") + dur(o.loss.seconds)
         queue = "never" if o.excluded.startswith("never") else dur(o.queue.seconds)
         lines.append(
-            f"  {o.nodes:>5} {o.gpus:>5} {o.per_gpu_batch:>7} {o.images_per_s:>10.0f} {eff:>6} "
+            f"  {o.name:>{w}} {o.gpus:>5} {o.per_gpu_batch:>7}"
+            + (f" {o.accum:>5}" if spans else "")
+            + f" {o.images_per_s:>10.0f} {eff:>6} "
             f"{dur(o.train_s):>9} {queue:>9} {loss:>9} {dur(o.result_s):>9} {o.gpu_hours:>8.0f} "
             f"{_share(o):>7}"
         )
@@ -223,12 +255,12 @@ def table(opts: list[Option], ctx: Context, withheld: str = "") -> list[str]:
     lines.append(f"  account: {alloc}")
     if not ctx.why:
         lines.append(f"  now: {ctx.now.text(opts[0].nodes if opts else 1)}")
-    lines.append(f"recommend: {'none: ' + withheld if withheld else recommend(opts)[1]}")
+    lines.append(f"recommend: {'none: ' + withheld if withheld else (choose or recommend)(opts)[1]}")
     return lines
 
 
-def to_json(opts: list[Option], ctx: Context, withheld: str = "") -> dict:
-    rec, why = (None, f"none: {withheld}") if withheld else recommend(opts)
+def to_json(opts: list[Option], ctx: Context, withheld: str = "", choose: Chooser | None = None) -> dict:
+    rec, why = (None, f"none: {withheld}") if withheld else (choose or recommend)(opts)
     now = ctx.now
     return {
         "partition": ctx.partition or None,
@@ -259,7 +291,10 @@ def to_json(opts: list[Option], ctx: Context, withheld: str = "") -> dict:
             {
                 "nodes": o.nodes,
                 "gpus": o.gpus,
+                "lo": o.span.lo if o.span else o.nodes,
+                "hi": o.span.hi if o.span else o.nodes,
                 "per_gpu_batch": o.per_gpu_batch,
+                "accum": o.accum,
                 "images_per_s": o.images_per_s,
                 "efficiency": o.efficiency,
                 "train_s": o.train_s,
@@ -278,7 +313,7 @@ def to_json(opts: list[Option], ctx: Context, withheld: str = "") -> dict:
             }
             for o in opts
         ],
-        "recommend": {"nodes": rec.nodes if rec else None, "reason": why},
+        "recommend": {"nodes": rec.nodes if rec else None, "name": rec.name if rec else None, "reason": why},
     }
 
 
