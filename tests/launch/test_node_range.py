@@ -19,6 +19,7 @@ from hpctrain.config import Config
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import Request, plan_job
 from hpctrain.site.profile import load_profile
+from tests.helpers import wait_for
 from tests.launch.jobs import (
     batch_host,
     digits_sets,
@@ -140,3 +141,29 @@ def test_a_lost_node_with_no_spare_goes_on_with_fewer_nodes_on_the_same_samples(
 
     st = hp(c, "status", str(run))
     assert "resized" in st.stdout and "3 → 2 nodes (world 6 → 4" in st.stdout, st.stdout
+
+
+@pytest.mark.slurm
+def test_a_requeued_range_asks_for_its_range_again_and_grows_back(slurm_cluster):
+    """What a requeue after fewer nodes relies on (docs/launch.md): Slurm keeps a requeued job's
+    MIN-MAX, so the next allocation takes what is free up to MAX; measured here, not documented."""
+    c = slurm_cluster
+    blocker = sbatch_wrap(c, SPARE_PARTITION, 1, "sleep 600", "-w", "n3")
+    job = ""
+    try:
+        wait_running(c, blocker)
+        job = sbatch_wrap(c, SPARE_PARTITION, 1, "sleep 600", "--nodes=2-3", "--no-kill", "--requeue")
+        wait_running(c, job)
+        nodes = c.run("squeue", "-h", "-j", job, "-o", "%D").stdout.strip()
+        assert nodes == "2"
+        c.run("scancel", blocker)
+        c.run("scontrol", "requeue", job)
+
+        def grown():
+            out = c.run("squeue", "-h", "-j", job, "-o", "%T %D").stdout.split()
+            return out == ["RUNNING", "3"]
+
+        wait_for(grown, f"the requeued job {job} did not start on 3 nodes", 120)
+        assert sacct_states(c, job)[0] == "REQUEUED"
+    finally:
+        c.run("scancel", blocker, *([job] if job else []), check=False)

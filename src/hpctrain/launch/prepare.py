@@ -47,7 +47,8 @@ from hpctrain.launch.submit import (
     submit_slurm,
 )
 from hpctrain.lr_rule import lr_rule
-from hpctrain.plan import build, recommend, resolve, summary
+from hpctrain.node_range import NodeRange
+from hpctrain.plan import build, ranges, recommend, resolve, summary
 from hpctrain.plan.ckpt_cost import mtbf_scan_days, planned_step_s, stop_problems, with_mtbf
 from hpctrain.plan.stop_cost import with_stop_every
 from hpctrain.run.finished import finished_run
@@ -479,6 +480,11 @@ def forecast(p: Prepared) -> tuple[str, dict]:
     except UserError as e:  # no training-time figure (an unknown GPU, no image count): the queue alone
         line = f"{recommend.queue_line(ctx, plan.nodes)}; training time: not available ({e})"
         return line, recommend.prediction(None, ctx, plan.nodes)
+    if plan.ranged:  # the range's own row: where it starts (idle nodes now, else MIN), and at that size
+        span = NodeRange(plan.min_nodes, plan.nodes)
+        inputs = resolve(cfg, profile, plan.nodes, plan.tasks_per_node, counts=[plan.nodes])
+        o = ranges.plan_range(cfg, profile, inputs, ctx, span).flex
+        return recommend.one_line(o, ctx, o.nodes), recommend.prediction(o, ctx, o.nodes)
     opts = recommend.options(cfg, profile, train, ctx, plan.tasks_per_node)
     o = opts[0] if opts else None
     return recommend.one_line(o, ctx, plan.nodes), recommend.prediction(o, ctx, plan.nodes)
