@@ -585,7 +585,7 @@ class LogConfig:
     profile_with_stack: bool = opt(False, "log.profile_steps: record Python stacks too (larger traces, slower)")
     sample_hashes: bool = opt(
         False,
-        "write each step's hash of its samples and their augmentation seeds to <run>/sample_hashes.jsonl",
+        "each step's hash of its samples and augmentation seeds, to <run>/sample_hashes.jsonl",
         more=True,
     )
     memory_snapshot_steps: str = opt(
