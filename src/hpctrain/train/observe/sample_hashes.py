@@ -48,7 +48,7 @@ class SampleHashes:
         if td.is_initialized() and self.world_size > 1:
             td.all_reduce(v)
         lo, hi, n = v.tolist()
-        rec = {"step": step, "epoch": self.epoch, "n": n, "hash": "%016x" % (((hi << HALF) + lo) & HASH_MASK)}
+        rec = {"step": step, "epoch": self.epoch, "n": n, "hash": f"{((hi << HALF) + lo) & HASH_MASK:016x}"}
         if self.path is not None:
             with open(self.path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
