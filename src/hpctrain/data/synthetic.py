@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from hpctrain.data.sampling import BatchSamples
+
 
 class SyntheticLoader:
     """A `data.loader.Loader` like the real ones; one fixed random batch per rank, reused each step. Train:
@@ -25,7 +27,7 @@ class SyntheticLoader:
     ):
         self.train, self.batch_size, self.world, self.rank = train, batch_size, world, rank
         self.size, self.epoch, self.start, self.chunk = size, 0, 0, chunk or batch_size * world
-        self.last_samples = None  # made, not read: no samples to name (log.sample_hashes needs a real loader)
+        self.last_samples: BatchSamples | None = None  # made, not read: no samples to name
         self.skipped: list[str] = []  # nothing to skip: the batch is made, not read
         g = torch.Generator().manual_seed(seed * 1000 + rank)
         self.images = torch.randn(batch_size, 3, img_size, img_size, generator=g).to(device)
