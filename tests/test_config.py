@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from hpctrain import config
-from hpctrain.config import ConfigError, load
+from hpctrain.config import ConfigError, check_batch, load
 from tests.helpers import DIGITS, ROOT
 
 
@@ -63,14 +64,51 @@ def test_every_unknown_key_of_a_file_is_named_in_one_error_each_with_its_hint(tm
     )
 
 
-def test_batch_must_split_over_world_and_accumulation():
+def test_batch_splits_over_any_world_that_gets_a_sample_each():
     with pytest.raises(ConfigError, match="data.global_batch=64 is not divisible by train.accum_steps=3"):
         load(DIGITS, ["data.global_batch=64", "train.accum_steps=3"])  # known at load: no world size needed
-    cfg = load(DIGITS, ["data.global_batch=66", "train.accum_steps=3"])
-    with pytest.raises(ConfigError, match="not divisible by world size 2 × train.accum_steps 3 = 6"):
-        load(DIGITS, ["data.global_batch=63", "train.accum_steps=3"]).per_rank_batch(2)
-    assert cfg.per_rank_batch(2) == 11
+    cfg = load(DIGITS, ["data.global_batch=66", "train.accum_steps=3"])  # g = 22
+    assert cfg.micro_batch == 22 and cfg.per_rank_batch(2) == 11
+    assert [cfg.rank_batch(3, r) for r in range(3)] == [8, 7, 7] and cfg.per_rank_batch(3) == 8  # uneven: fine
+    assert load(DIGITS, ["data.global_batch=63", "train.accum_steps=3"]).per_rank_batch(2) == 11
     assert load(DIGITS, ["train.accum_steps=2"]).per_rank_batch(2) == 16
+
+
+@pytest.mark.parametrize(
+    "sets, world, fine, message",
+    [
+        (
+            ["data.global_batch=64", "train.accum_steps=4"],
+            32,
+            16,
+            "data.global_batch=64 / train.accum_steps=4 gives 16 samples per micro-step, fewer than the 32 ranks "
+            "(each needs one): set train.accum_steps=2, use at most 16 ranks, or raise data.global_batch",
+        ),
+        (
+            ["data.global_batch=8"],
+            12,
+            8,
+            "data.global_batch=8 / train.accum_steps=1 gives 8 samples per micro-step, fewer than the 12 ranks "
+            "(each needs one): use at most 8 ranks, or raise data.global_batch",
+        ),
+    ],
+)
+def test_batch_refuses_a_rank_without_a_sample_and_names_the_fix(sets, world, fine, message):
+    cfg = load(DIGITS, sets)
+    with pytest.raises(ConfigError) as e:
+        check_batch(cfg, world)
+    assert str(e.value) == message
+    check_batch(cfg, fine)  # as many ranks as samples per micro-step: one each
+
+
+def test_batch_refuses_global_batch_not_divisible_by_accum_whatever_the_world():
+    cfg = dataclasses.replace(load(DIGITS), train=dataclasses.replace(load(DIGITS).train, accum_steps=3))
+    with pytest.raises(ConfigError) as e:
+        check_batch(cfg, 2)
+    assert str(e.value) == (
+        "data.global_batch=64 is not divisible by train.accum_steps=3: use data.global_batch=63 or another "
+        "train.accum_steps"
+    )
 
 
 @pytest.mark.parametrize(
@@ -132,7 +170,7 @@ def test_every_field_has_a_doc():
     [
         (["optim.lrr=1"], "did you mean optim.'lr'"),
         (["optim.lr=-1"], "must be > 0"),
-        (["data.global_batch=63"], "not divisible by world size"),
+        (["data.global_batch=1"], "fewer than the 2 ranks"),
         (["model.img_size=30"], "not a multiple of model.patch_size=8"),
         (["data.root=/nonexistent/digts"], "data.root=/nonexistent/digts does not exist"),
         (

@@ -73,7 +73,8 @@ def test_per_gpu_batch_follows_the_configs_rule():
     w = planmod.workload(cfg, 1_281_167)
     assert w.per_gpu_batch(8) == cfg.per_rank_batch(8) == 128
     assert w.per_gpu_batch(128) == 8
-    assert w.per_gpu_batch(3) is None  # 1024 does not split over 3 GPUs
+    assert w.per_gpu_batch(3) == cfg.per_rank_batch(3) == 342  # uneven: 342, 341, 341; the largest sizes the step
+    assert w.per_gpu_batch(2048) is None  # a GPU without a sample
     acc = planmod.workload(load(VIT_B, ["train.accum_steps=4"]), 1_281_167)
     assert acc.per_gpu_batch(8) == 32
     assert w.steps_per_epoch == 1_281_167 // 1024 and w.total_steps == 300 * (1_281_167 // 1024)
@@ -120,7 +121,8 @@ def test_data_wait_and_no_overlap_add_to_the_step():
     assert st.data_wait_s == pytest.approx(32 * 1e-4)
     flat = step_time(work, 1, 2, Compute(100.0, "t"), link, link, overlap=False)
     assert flat.exposed_s == flat.comm_s == pytest.approx(ring_allreduce_s(400e6, 2, 10.0))
-    assert step_time(work, 1, 3, Compute(100.0, "t"), link, link) is None
+    assert step_time(work, 1, 3, Compute(100.0, "t"), link, link).per_gpu_batch == 22  # 22, 21, 21: the largest
+    assert step_time(work, 1, 128, Compute(100.0, "t"), link, link) is None  # 64 samples for 128 GPUs
 
 
 def test_node_counts_around_the_target():

@@ -137,7 +137,7 @@ def test_resume_is_exact_with_deit_options_on(digits_root):
         assert len(full) == 1438 // 256 * 256 // 64 and len(resumed) == len(full) - 17
         for (xa, ya), (xb, yb) in zip(full[17:], resumed):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
-        want = sampling.train_batches(1438, 32, 1, 2, cfg.train.seed, 1, repeats=3)
+        want = sampling.train_batches(1438, 64, 1, 2, cfg.train.seed, 1, repeats=3)
         listing = a.listing if kind == "dali" else a.dataset.listing
         labels = [listing.samples[int(i)][1] for i in np.concatenate(want)]
         assert torch.cat([y for _, y in full]).tolist() == labels, kind

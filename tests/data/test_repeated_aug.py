@@ -34,10 +34,10 @@ def rasampler(perm: np.ndarray, rank: int, world: int, repeats: int) -> list[int
 def test_rank_batches_are_rasampler_with_drop_last(n, batch, world):
     for epoch in (0, 1):
         perm = sampling.epoch_permutation(n, 5, epoch)
-        steps = sampling.train_len(n, batch, world, 3)
+        steps = sampling.train_len(n, batch * world, 3)
         assert steps == n // 256 * 256 // (batch * world)
         for r in range(world):
-            ours = sampling.train_batches(n, batch, r, world, 5, epoch, repeats=3)
+            ours = sampling.train_batches(n, batch * world, r, world, 5, epoch, repeats=3)
             ref = rasampler(perm, r, world, 3)
             ref = [ref[i * batch : (i + 1) * batch] for i in range(len(ref) // batch)]  # drop_last
             assert len(ours) == len(ref) == steps
@@ -46,7 +46,9 @@ def test_rank_batches_are_rasampler_with_drop_last(n, batch, world):
 
 def test_each_sample_three_times_on_different_ranks_and_epoch_of_dataset_length():
     n, batch, world = 2600, 8, 4
-    per_rank = [np.concatenate(sampling.train_batches(n, batch, r, world, 0, 3, repeats=3)) for r in range(world)]
+    per_rank = [
+        np.concatenate(sampling.train_batches(n, batch * world, r, world, 0, 3, repeats=3)) for r in range(world)
+    ]
     flat = np.concatenate(per_rank)
     assert len(flat) == n // 256 * 256 // (batch * world) * batch * world == 2560  # epoch ≈ dataset length
     counts = Counter(flat.tolist())
@@ -59,19 +61,19 @@ def test_each_sample_three_times_on_different_ranks_and_epoch_of_dataset_length(
 def test_global_batches_do_not_depend_on_world_size_and_resume_is_a_suffix(world):
     n, g = 1300, 16
     one = sampling.train_batches(n, g, 0, 1, 2, 7, repeats=3)
-    ranks = [sampling.train_batches(n, g // world, r, world, 2, 7, repeats=3) for r in range(world)]
+    ranks = [sampling.train_batches(n, g, r, world, 2, 7, repeats=3) for r in range(world)]
     for t, full in enumerate(one):
         assert sorted(np.concatenate([rb[t] for rb in ranks]).tolist()) == sorted(full.tolist())
     for r in range(world):
-        assert [b.tolist() for b in sampling.train_batches(n, g // world, r, world, 2, 7, start=3, repeats=3)] == [
+        assert [b.tolist() for b in sampling.train_batches(n, g, r, world, 2, 7, start=3, repeats=3)] == [
             b.tolist() for b in ranks[r][3:]
         ]
 
 
 def test_off_is_the_plain_rule():
     for k in (0, 1):
-        assert [b.tolist() for b in sampling.train_batches(500, 10, 1, 2, 0, 0, repeats=k)] == [
-            b.tolist() for b in sampling.train_batches(500, 10, 1, 2, 0, 0)
+        assert [b.tolist() for b in sampling.train_batches(500, 20, 1, 2, 0, 0, repeats=k)] == [
+            b.tolist() for b in sampling.train_batches(500, 20, 1, 2, 0, 0)
         ]
 
 
@@ -81,7 +83,7 @@ def test_torch_loader_reads_the_repeated_list(digits_root):
     assert len(train) == 1438 // 256 * 256 // 64 == 20
     train.set_epoch(2, start=19)
     ((x, y),) = list(train)
-    want = sampling.train_batches(1438, 32, 1, 2, cfg.train.seed, 2, repeats=3)[19]
+    want = sampling.train_batches(1438, 64, 1, 2, cfg.train.seed, 2, repeats=3)[19]
     assert torch.equal(y, torch.tensor([train.dataset.listing.samples[i][1] for i in want]))
 
 

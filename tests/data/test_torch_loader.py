@@ -56,7 +56,7 @@ def test_ranks_split_each_global_batch(digits_root):
 def test_sampling_is_a_partition(world):
     n, batch = 103, 4
     for epoch in range(2):
-        parts = [np.concatenate(sampling.train_batches(n, batch, r, world, 0, epoch)) for r in range(world)]
+        parts = [np.concatenate(sampling.train_batches(n, batch * world, r, world, 0, epoch)) for r in range(world)]
         flat = np.concatenate(parts)
         assert len(set(flat.tolist())) == len(flat) == n // (batch * world) * batch * world
         ev = np.concatenate([sampling.eval_indices(n, r, world) for r in range(world)])

@@ -1,7 +1,7 @@
 """Rules across sections: settings of different sections that cannot run together (`rule_problems`),
 the model's and the loaders' shape rules (`check_shapes`), and the global batch's split over the
-ranks (`check_batch`). `Config.validate` runs the first two when a config loads, on the login node:
-plain arithmetic on the config, no torch."""
+ranks (`check_batch`: uneven shares are fine, an empty one is not). `Config.validate` runs the first
+two when a config loads, on the login node: plain arithmetic on the config, no torch."""
 
 from __future__ import annotations
 
@@ -16,12 +16,21 @@ if TYPE_CHECKING:  # the annotations' type only: schema.py imports this module (
 
 
 def check_batch(cfg: Config, world_size: int) -> None:
-    div = world_size * cfg.train.accum_steps
-    if cfg.data.global_batch % div:
+    """The global batch splits over `world_size` ranks: whole micro-steps (global_batch divisible by
+    accum_steps) and at least one sample per rank per micro-step. Uneven shares are fine (data.sampling)."""
+    g, accum = cfg.data.global_batch, cfg.train.accum_steps
+    if g % accum:
         raise ConfigError(
-            f"data.global_batch={cfg.data.global_batch} is not divisible by world size {world_size} × "
-            f"train.accum_steps {cfg.train.accum_steps} = {div}; pick a multiple of {div} "
-            f"(e.g. {max(div, cfg.data.global_batch // div * div)}) or change the number of ranks"
+            f"data.global_batch={g} is not divisible by train.accum_steps={accum}: use data.global_batch="
+            f"{max(accum, g // accum * accum)} or another train.accum_steps"
+        )
+    if g // accum < world_size:
+        fits = [a for a in range(1, accum) if g % a == 0 and g // a >= world_size]
+        fix = f"set train.accum_steps={fits[-1]}, " if fits else ""
+        raise ConfigError(
+            f"data.global_batch={g} / train.accum_steps={accum} gives {g // accum} samples per micro-step, fewer "
+            f"than the {world_size} ranks (each needs one): {fix}use at most {g // accum} ranks, or raise "
+            "data.global_batch"
         )
 
 
@@ -61,6 +70,12 @@ def rule_problems(cfg: Config) -> list[str]:
             "kernel takes only fp16/bf16 and choosing it turns the others off (the first "
             "forward fails with 'No available kernel'); set train.amp=bf16, or "
             "train.sdpa_backend=efficient or auto for fp32"
+        )
+    if cfg.log.sample_hashes and (d.loader == "synthetic" or d.format == "wds"):
+        out.append(
+            f"log.sample_hashes needs a loader that names its samples; data.loader={d.loader} "
+            f"data.format={d.format} does not (synthetic data, WebDataset shards' stream order): use "
+            "data.format=folder with data.loader=torch or dali, or set log.sample_hashes=false"
         )
     if h.hang_timeout_s and 2 * h.hang_timeout_s > dist.pg_timeout_s:
         out.append(

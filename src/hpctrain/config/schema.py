@@ -583,6 +583,11 @@ class LogConfig:
         more=True,
     )
     profile_with_stack: bool = opt(False, "log.profile_steps: record Python stacks too (larger traces, slower)")
+    sample_hashes: bool = opt(
+        False,
+        "each step's hash of its samples and augmentation seeds, to <run>/sample_hashes.jsonl",
+        more=True,
+    )
     memory_snapshot_steps: str = opt(
         "",
         "CUDA only: allocator history over steps A-B, dumped to <run>/profile/",
@@ -664,10 +669,21 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.run.dir) / self.run.name
 
-    def per_rank_batch(self, world_size: int) -> int:
-        """Micro-batch per rank; the global batch must split evenly."""
+    @property
+    def micro_batch(self) -> int:
+        """g: a micro-step's global batch (data.global_batch / train.accum_steps), which the ranks split."""
+        return self.data.global_batch // self.train.accum_steps
+
+    def rank_batch(self, world_size: int, rank: int) -> int:
+        """Rank `rank`'s micro-batch: its share of g, one more than ⌊g/W⌋ on the first g mod W ranks
+        (data.sampling.rank_share; the loop weights the loss to match)."""
         check_batch(self, world_size)
-        return self.data.global_batch // (world_size * self.train.accum_steps)
+        q, extra = divmod(self.micro_batch, world_size)
+        return q + (rank < extra)
+
+    def per_rank_batch(self, world_size: int) -> int:
+        """The largest micro-batch of any rank (⌈g/W⌉): what memory, warm-ups, evaluation and reports size by."""
+        return self.rank_batch(world_size, 0)
 
     @property
     def peak_lr(self) -> float:

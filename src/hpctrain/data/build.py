@@ -33,8 +33,8 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
     """(train, {split: eval loader}) for this rank, in `data.eval_splits`' order; a split the data lacks
     (no root/val) is left out."""
     d = cfg.data
-    batch = cfg.per_rank_batch(world)
-    eval_batch = cfg.data.eval_batch_per_rank or batch
+    batch = cfg.rank_batch(world, rank)  # this rank's share of a micro-step (uneven where W does not divide it)
+    eval_batch = cfg.data.eval_batch_per_rank or cfg.per_rank_batch(world)
     kind = resolve_loader(d.loader)
     if kind == "synthetic":
         # torch: the chosen loader's only (the login node imports this module: cli.bench → bench)
@@ -54,7 +54,7 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
             device=device,
         )
         return (
-            SyntheticLoader(train=True, batch_size=batch, size=d.synthetic_size, **common),
+            SyntheticLoader(train=True, batch_size=batch, chunk=cfg.micro_batch, size=d.synthetic_size, **common),
             {
                 d.eval_splits[0]: SyntheticLoader(
                     train=False, batch_size=eval_batch, size=max(1, d.synthetic_size // 10), **common
@@ -97,7 +97,9 @@ def build_eval_loaders(cfg: Config, rank: int, world: int, device) -> tuple[Load
         aug=aug,
         skip_bad=d.on_bad_sample == "skip",
     )
-    train = TorchLoader(train_list, train=True, batch_size=batch, repeats=cfg.aug.repeated_aug, **common)
+    train = TorchLoader(
+        train_list, train=True, batch_size=batch, chunk=cfg.micro_batch, repeats=cfg.aug.repeated_aug, **common
+    )
     return train, {
         split: TorchLoader(lst, train=False, batch_size=eval_batch, **common) for split, lst in eval_lists.items()
     }

@@ -1,7 +1,8 @@
 """NVIDIA DALI loaders: GPU (nvJPEG, `mixed`) decoding on GPU nodes, the same pipeline on CPUs elsewhere.
 
 Sampling is the rule of `data/sampling.py`, shared with the PIL loader: every epoch has one
-permutation per (seed, epoch); rank r reads its slice of each global batch. Each rank's file list
+permutation per (seed, epoch); rank r reads its share of each micro-step's chunk (its own batch size,
+the same every micro-step: uneven over ranks where the world does not divide it). Each rank's file list
 for the epoch goes to `fn.readers.file`, so the torch and DALI loaders put the same images in the
 same optimizer steps, for any world size, and exclusions and class order come from `list_split`.
 WebDataset shards (`data pack`) are read by `fn.readers.webdataset`, sharded by the global rank.
@@ -353,8 +354,9 @@ class _Epoch:
     """One epoch's pipeline; runs are scheduled only up to the epoch's end (no wasted decode).
     boxes: iteration → the erase boxes fed to the ERASE_INPUTS before that run (None: no erasing)."""
 
-    def __init__(self, epoch: int, pipe, files, real: int, boxes=None):
+    def __init__(self, epoch: int, pipe, files, real: int, boxes=None, samples=None):
         self.epoch, self.pipe, self.files, self.real, self.boxes = epoch, pipe, files, real, boxes
+        self.samples = samples  # (indices, repeats) in the order the reader's file list holds them (folder train)
         self.scheduled = 0
 
     def schedule(self, n: int) -> None:
@@ -370,7 +372,9 @@ class _Epoch:
 
 
 class DaliLoader:
-    """A `data.loader.Loader` (docs/data.md, "The loader contract") over DALI pipelines; one pipeline per epoch."""
+    """A `data.loader.Loader` (docs/data.md, "The loader contract") over DALI pipelines; one pipeline per
+    epoch. Train: `chunk` is the micro-step's global batch the ranks split (data.sampling; 0: batch_size ×
+    world, even), and `batch_size` this rank's share of it (its pipelines' batch size)."""
 
     def __init__(
         self,
@@ -386,9 +390,17 @@ class DaliLoader:
         listing: Listing | None = None,
         shards: WdsShards | None = None,
         repeats: int = 0,
+        chunk: int = 0,
     ):
         if (listing is None) == (shards is None):
             raise ValueError("give a folder listing or WebDataset shards")
+        self.chunk = chunk or batch_size * world
+        if train and sampling.rank_batch(self.chunk, rank, world) != batch_size:
+            raise ValueError(
+                f"rank {rank} of {world} takes {sampling.rank_batch(self.chunk, rank, world)} of a chunk of "
+                f"{self.chunk}, not batch_size={batch_size}"
+            )
+        self.last_samples: sampling.BatchSamples | None = None
         self.train, self.aug, self.batch_size, self.rank, self.world = train, aug, batch_size, rank, world
         self.seed, self.threads, self.device = seed, threads, device
         self.listing, self.shards, self.repeats = listing, shards, repeats
@@ -404,14 +416,13 @@ class DaliLoader:
         if train and len(self) == 0:
             where = listing.root if listing is not None else shards.tars[0]
             raise DataError(
-                f"{where}: {self.size} images make no full global batch of {batch_size * world}; "
-                "lower data.global_batch"
+                f"{where}: {self.size} images make no full global batch of {self.chunk}; lower data.global_batch"
             )
 
     # -- contract
     def __len__(self) -> int:
         if self.train:
-            return sampling.train_len(self.size, self.batch_size, self.world, self.repeats)
+            return sampling.train_len(self.size, self.chunk, self.repeats)
         lo, hi = shard_range(self.size, self.rank, self.world)
         return math.ceil((hi - lo) / self.batch_size)
 
@@ -430,7 +441,7 @@ class DaliLoader:
         if self.train:
             return np.concatenate(
                 sampling.train_batches(
-                    self.size, self.batch_size, self.rank, self.world, self.seed, epoch, repeats=self.repeats
+                    self.size, self.chunk, self.rank, self.world, self.seed, epoch, repeats=self.repeats
                 )
             )
         return range(*shard_range(self.size, self.rank, self.world))
@@ -443,9 +454,7 @@ class DaliLoader:
         a, n = self.aug, self.batch_size
         idx = np.asarray(self.epoch_indices(epoch)) if self.listing is not None else np.zeros(0, np.int64)
         copies = (
-            np.concatenate(
-                sampling.train_copies(self.size, self.batch_size, self.rank, self.world, repeats=self.repeats)
-            )
+            np.concatenate(sampling.train_copies(self.size, self.chunk, self.rank, self.world, repeats=self.repeats))
             if len(idx)
             else idx
         )
@@ -520,7 +529,16 @@ class DaliLoader:
                 f"the shard indices list {meta['epoch_size']} samples but meta.json says "
                 f"{self.size}: re-run `hpctrain data pack`"
             )
-        ep = _Epoch(epoch, pipe, files, real, self.erase_source(epoch) if self.train and self.aug.reprob > 0 else None)
+        samples = None
+        if self.train and src == "folder":  # the indices the reader's file list was made from, in its order
+            samples = (
+                np.asarray(self.epoch_indices(epoch), dtype=np.int64),
+                np.concatenate(
+                    sampling.train_copies(self.size, self.chunk, self.rank, self.world, repeats=self.repeats)
+                ),
+            )
+        boxes = self.erase_source(epoch) if self.train and self.aug.reprob > 0 else None
+        ep = _Epoch(epoch, pipe, files, real, boxes, samples)
         ep.schedule(len(self))
         return ep
 
@@ -609,6 +627,9 @@ class DaliLoader:
                 last = now
                 x = _to_torch(images, self.device)
                 y = torch.from_numpy(labels.as_array().reshape(-1).astype(np.int64))
+                if ep.samples is not None:
+                    at = slice(b * self.batch_size, (b + 1) * self.batch_size)
+                    self.last_samples = sampling.BatchSamples(epoch, ep.samples[0][at], ep.samples[1][at])
                 pad = (b + 1) * self.batch_size - ep.real
                 if pad > 0:
                     y[self.batch_size - pad :] = -1  # padding from pad_last_batch: not counted
@@ -653,7 +674,8 @@ class DaliLoader:
 def build_dali_loaders(
     cfg: Config, rank: int, world: int, device: torch.device, batch: int, eval_batch: int, aug: AugmentSpec
 ):
-    """(train, {split: eval loader}) DALI loaders for this rank (data.build.build_eval_loaders)."""
+    """(train, {split: eval loader}) DALI loaders for this rank (data.build.build_eval_loaders); `batch`: this
+    rank's share of cfg.micro_batch."""
     d = cfg.data
     common = dict(aug=aug, rank=rank, world=world, seed=cfg.train.seed, threads=max(1, int(d.workers)), device=device)
     if d.format == "wds":
@@ -682,7 +704,7 @@ def build_dali_loaders(
         )
         train_sh = find_shards(root, "train")
         _check_classes(len(train_sh.classes), cfg, root)
-        train = DaliLoader(train=True, batch_size=batch, shards=train_sh, **common)
+        train = DaliLoader(train=True, batch_size=batch, chunk=cfg.micro_batch, shards=train_sh, **common)
         try:
             val_sh = find_shards(root, "val")
         except FileNotFoundError:
@@ -695,7 +717,9 @@ def build_dali_loaders(
         )
     train_list, eval_lists = train_eval_listings(d.root, d.eval_splits, read_exclusions(d.exclude_file))
     _check_classes(len(train_list.classes), cfg, train_list.root)
-    train = DaliLoader(train=True, batch_size=batch, listing=train_list, repeats=cfg.aug.repeated_aug, **common)
+    train = DaliLoader(
+        train=True, batch_size=batch, chunk=cfg.micro_batch, listing=train_list, repeats=cfg.aug.repeated_aug, **common
+    )
     return train, {
         split: DaliLoader(train=False, batch_size=eval_batch, listing=lst, **common)
         for split, lst in eval_lists.items()

@@ -13,12 +13,18 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from hpctrain.data.sampling import BatchSamples
+
 
 class Loader(Protocol):
     """One rank's batches of one split, on its device, positioned for exact resume."""
 
     skipped: list[str]
     """Paths of bad files skipped so far (data.on_bad_sample=skip); always empty where nothing is skipped."""
+
+    last_samples: BatchSamples | None
+    """The indices and repeats of the train batch last yielded, as the loader read them (log.sample_hashes);
+    None before the first batch and where the loader does not know them (synthetic, WebDataset)."""
 
     def __len__(self) -> int:
         """Batches this rank reads per epoch (train: full global batches only; eval: padded to whole batches)."""

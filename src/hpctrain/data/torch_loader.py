@@ -121,7 +121,8 @@ def val_transform(
 
 
 class FolderDataset(torch.utils.data.Dataset):
-    """Items are (index, epoch) pairs → (uint8 HWC array, label, bad path, erased-pixel mask, their values)."""
+    """Items are (index, epoch, repeat) → (uint8 HWC array, label, bad path, erased-pixel mask, their values,
+    the item itself: the batch carries the samples it holds to the main process, log.sample_hashes)."""
 
     def __init__(self, listing: Listing, train: bool, aug: AugmentSpec, seed: int, skip_bad: bool = False):
         self.listing, self.train, self.size, self.seed = listing, train, aug.img_size, seed
@@ -133,9 +134,12 @@ class FolderDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.listing)
 
-    def __getitem__(self, item: tuple[int, int, int]) -> tuple[torch.Tensor, int, str, torch.Tensor, torch.Tensor]:
+    def __getitem__(
+        self, item: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, int, str, torch.Tensor, torch.Tensor, tuple[int, int, int]]:
         """(index, epoch, repeat) → (image, label, path of a bad file skipped for it or '', the (H, W) mask
-        of erased pixels and their values: erasing.erase_fill, here in the worker, not per box on the device)."""
+        of erased pixels and their values: erasing.erase_fill, here in the worker, not per box on the device;
+        the item)."""
         index, epoch, copy = item
         bad = ""
         for attempt in range(len(self.listing)):
@@ -161,12 +165,13 @@ class FolderDataset(torch.utils.data.Dataset):
                 )
         else:
             arr = val_transform(img, self.size, self.crop_pct, self.interpolation, self.eval_resize)
-        return torch.from_numpy(arr.copy()), label, bad, mask, values
+        return torch.from_numpy(arr.copy()), label, bad, mask, values, item
 
 
 def collate(items: list[tuple]) -> list:
-    """[images, labels, bad paths] as default_collate makes them, and the batch's erasing packed into one
-    buffer (erasing.pack; empty without erasing), so the main thread makes one copy of it to the device."""
+    """[images, labels, bad paths] as default_collate makes them, the batch's erasing packed into one
+    buffer (erasing.pack; empty without erasing), so the main thread makes one copy of it to the device,
+    and the (index, epoch, repeat) of its samples (N, 3): which samples the batch holds, as read."""
     out = default_collate([item[:3] for item in items])
     masks = [item[3] for item in items]
     packed = (
@@ -174,7 +179,7 @@ def collate(items: list[tuple]) -> list:
         if masks[0].numel()
         else torch.zeros(0, dtype=torch.uint8)
     )
-    return [*out, packed]
+    return [*out, packed, torch.tensor([item[5] for item in items], dtype=torch.int64).reshape(-1, 3)]
 
 
 class _BatchSampler:
@@ -187,9 +192,9 @@ class _BatchSampler:
         ld = self.loader
         if ld.train:
             batches = sampling.train_batches(
-                len(ld.dataset), ld.batch_size, ld.rank, ld.world, ld.seed, ld.epoch, ld.start, ld.repeats
+                len(ld.dataset), ld.chunk, ld.rank, ld.world, ld.seed, ld.epoch, ld.start, ld.repeats
             )
-            copies = sampling.train_copies(len(ld.dataset), ld.batch_size, ld.rank, ld.world, ld.start, ld.repeats)
+            copies = sampling.train_copies(len(ld.dataset), ld.chunk, ld.rank, ld.world, ld.start, ld.repeats)
         else:
             idx = sampling.eval_indices(len(ld.dataset), ld.rank, ld.world)
             batches = [idx[i : i + ld.batch_size] for i in range(0, len(idx), ld.batch_size)]
@@ -215,7 +220,9 @@ class Normalizer:
 
 
 class TorchLoader:
-    """A `data.loader.Loader` (docs/data.md, "The loader contract") over a PIL DataLoader."""
+    """A `data.loader.Loader` (docs/data.md, "The loader contract") over a PIL DataLoader. Train: `chunk`
+    is the micro-step's global batch the ranks split (data.sampling; 0: batch_size × world, even), and
+    `batch_size` this rank's share of it."""
 
     def __init__(
         self,
@@ -231,8 +238,16 @@ class TorchLoader:
         aug: AugmentSpec,
         skip_bad: bool = False,
         repeats: int = 0,
+        chunk: int = 0,
     ):
+        self.chunk = chunk or batch_size * world
+        if train and sampling.rank_batch(self.chunk, rank, world) != batch_size:
+            raise ValueError(
+                f"rank {rank} of {world} takes {sampling.rank_batch(self.chunk, rank, world)} of a "
+                f"chunk of {self.chunk}, not batch_size={batch_size}"
+            )
         self.train, self.batch_size, self.rank, self.world, self.seed = train, batch_size, rank, world, seed
+        self.last_samples: sampling.BatchSamples | None = None
         self.epoch, self.start, self.repeats, self.aug = 0, 0, repeats, aug
         self.dataset = FolderDataset(listing, train, aug, seed, skip_bad)
         self.skipped: list[str] = []  # bad files skipped so far (data.on_bad_sample=skip)
@@ -256,12 +271,12 @@ class TorchLoader:
         if train and len(self) == 0:
             raise DataError(
                 f"{listing.root}: {len(listing)} images make no full global batch of "
-                f"{batch_size * world}; lower data.global_batch"
+                f"{self.chunk}; lower data.global_batch"
             )
 
     def __len__(self) -> int:
         if self.train:
-            return sampling.train_len(len(self.dataset), self.batch_size, self.world, self.repeats)
+            return sampling.train_len(len(self.dataset), self.chunk, self.repeats)
         n = len(sampling.eval_indices(len(self.dataset), self.rank, self.world))
         return math.ceil(n / self.batch_size)
 
@@ -270,12 +285,13 @@ class TorchLoader:
         self.epoch, self.start = epoch, start
 
     def __iter__(self):
-        for images, labels, bad, packed in self._dl:
+        for images, labels, bad, packed, keys in self._dl:
             for path in filter(None, bad):
                 self.skipped.append(path)
                 log.warning(
                     "skipped unreadable image %s (%d skipped so far; data.on_bad_sample=skip)", path, len(self.skipped)
                 )
+            self.last_samples = sampling.BatchSamples(int(keys[0, 1]), keys[:, 0].numpy(), keys[:, 2].numpy())
             x = self.normalize(images)
             if packed.numel():
                 erasing.fill_packed(x, packed)

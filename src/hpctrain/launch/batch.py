@@ -99,9 +99,10 @@ def batch_report(
     cfg: Config, nodes: int, gpus_per_node: int, gpu_mem_gb: float | None = None, gpus: bool = True
 ) -> BatchReport:
     """The per-GPU batch of `cfg` on nodes × gpus_per_node tasks; `gpus=False` (CPU tasks) skips the
-    memory estimate. The global batch must split evenly (config.check_batch) first."""
+    memory estimate. The global batch must split (config.check_batch) first; the per-GPU batch is the
+    largest share (they may be uneven)."""
     world = nodes * gpus_per_node
-    per = cfg.data.global_batch // (world * cfg.train.accum_steps)
+    per = cfg.per_rank_batch(world)
     mem_gb = DEFAULT_GPU_MEM_GB if gpu_mem_gb is None else gpu_mem_gb
     if mem_gb <= 0:
         raise LaunchError(f"--gpu-mem-gb={mem_gb:g}: give the memory of one GPU in GB, e.g. 80 (H100) or 141 (H200)")

@@ -310,7 +310,7 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
         msgs.append(
             Message(
                 "info",
-                f"batch: {cfg.data.global_batch} global = {cfg.per_rank_batch(kind.tasks)} per "
+                f"batch: {cfg.data.global_batch} global = {per_process(cfg, kind.tasks)} per "
                 f"process × {kind.tasks} processes; lr: {lr_rule(cfg)}",
             )
         )
@@ -329,6 +329,12 @@ def _train(cfg: Config, profile: ClusterProfile | None, req: Request, kind: Trai
     msgs += [Message("info", line)] if line else []
     msgs.append(Message("info", stop_line))
     return Prepared(kind, cfg, profile, plan, tuple(msgs), dry_run)
+
+
+def per_process(cfg: Config, world: int) -> str:
+    """A rank's micro-batch for the messages: one number, or the range where the shares are uneven."""
+    lo, hi = cfg.rank_batch(world, world - 1), cfg.per_rank_batch(world)
+    return str(hi) if lo == hi else f"{lo}-{hi}"
 
 
 def _has_torch() -> bool:

@@ -132,9 +132,10 @@ class Workload:
     max_steps: int = 0
 
     def per_gpu_batch(self, gpus: int) -> int | None:
-        """Micro-batch per GPU, None when the global batch does not split evenly (config/rules.py's check_batch)."""
-        div = gpus * self.accum_steps
-        return None if self.global_batch % div else self.global_batch // div
+        """The largest micro-batch of a GPU (⌈g/gpus⌉: the shares may be uneven, data.sampling), None where the
+        batch cannot split (config/rules.py's check_batch: accumulation does not divide it, or a GPU gets none)."""
+        g, left = divmod(self.global_batch, self.accum_steps)
+        return None if left or g < gpus else -(-g // gpus)
 
     @property
     def steps_per_epoch(self) -> int:

@@ -119,7 +119,8 @@ def describe(cfg: Config, inputs: PlanInputs, plan: Plan) -> str:
         )
     if plan.skipped:
         lines.append(
-            f"  (not shown: {', '.join(map(str, plan.skipped))} node(s), where the global batch does not split evenly)"
+            f"  (not shown: {', '.join(map(str, plan.skipped))} node(s), where the global batch cannot give "
+            "every GPU a sample)"
         )
     lines += ["", "assumptions:"] + [f"  - {a}" for a in assumptions(cfg, inputs, plan)]
     return "\n".join(lines)

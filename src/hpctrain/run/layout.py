@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 METRICS = "metrics.jsonl"  # the run's records (run.metrics)
+SAMPLE_HASHES = "sample_hashes.jsonl"  # log.sample_hashes: each step's hash of its samples (run.sample_hashes)
 CONFIG = "config.yaml"  # the resolved config the task trains
 JOB = "job.json"  # which job trains the run: written by `hpctrain submit`, or by rank 0 under plain sbatch
 PLAN = "plan.json"  # the plan's prediction at submission: the goodput ledger's plan vs reality (run/goodput.py)

@@ -31,9 +31,10 @@ TOP_PAIRS = 10
 
 def eval_config(cfg: Config, world: int) -> Config:
     """`cfg` with a global batch every world size splits: per rank `data.eval_batch_per_rank`, else the
-    batch training takes per rank at this world size (so one process matches a one-process run)."""
+    largest batch training takes per rank at this world size, ⌈g/W⌉ (so one process matches a
+    one-process run; data.sampling's shares may be uneven)."""
     d, t = cfg.data, cfg.train
-    per_rank = cfg.data.eval_batch_per_rank or max(1, cfg.data.global_batch // (world * t.accum_steps))
+    per_rank = cfg.data.eval_batch_per_rank or max(1, -(-cfg.micro_batch // world))
     return dataclasses.replace(
         cfg,
         data=dataclasses.replace(d, global_batch=per_rank * world, eval_batch_per_rank=per_rank),

@@ -27,10 +27,11 @@ import torch
 import torch.distributed as td
 
 from hpctrain.config import Config
+from hpctrain.data import sampling
 from hpctrain.data.loader import Loader
 from hpctrain.errors import mark_step
 from hpctrain.run import goodput, startup
-from hpctrain.run.layout import METRICS
+from hpctrain.run.layout import METRICS, SAMPLE_HASHES
 from hpctrain.run.metrics import MetricsWriter, Progress, superseded_path
 from hpctrain.train import compat, warmup
 from hpctrain.train import stop as stopmod
@@ -48,6 +49,7 @@ from hpctrain.train.health.watchdog import Watchdog
 from hpctrain.train.mixup import soft_cross_entropy
 from hpctrain.train.observe import profiling, speed, trackers
 from hpctrain.train.observe.log_window import LogWindow
+from hpctrain.train.observe.sample_hashes import SampleHashes
 from hpctrain.train.parts import StepPlan, TrainParts, build_parts
 from hpctrain.train.seeding import seed_step, step_seed
 from hpctrain.train.state import Outcome, TrainState
@@ -98,9 +100,17 @@ class Trainer:
         self.faults = faults or Faults.from_env(dist.rank)
         self.train_state = TrainState()
         self.guard = guard.Guard(device, cfg.health.spike_factor, cfg.health.spike_window, dist.world_size)
+        # b_r·W/g on this rank's loss where the ranks' shares of a micro-step are uneven (data.sampling), so
+        # DDP's/FSDP's equal-weight average is the micro-step's mean; None (left as it is) when they are even
+        self.loss_weight = sampling.loss_weight(cfg.micro_batch, dist.rank, dist.world_size)
         self.grad_norm = torch.zeros((), device=device)  # the last step's total gradient norm (before clipping)
         main_dir = run_dir if dist.is_main else None
         self.metrics = MetricsWriter(main_dir and main_dir / METRICS, sink=trackers.open_sink(cfg, main_dir))
+        self.hashes = (
+            SampleHashes(cfg.train.seed, device, dist.world_size, main_dir and main_dir / SAMPLE_HASHES)
+            if cfg.log.sample_hashes
+            else None
+        )
         self.cadence = Cadence(cfg.ckpt, self.metrics, control_group, dist.is_main)
         self.evaluator = Evaluator(cfg, device, loaders[1], self.metrics, dist.is_main)
         self.speed = speed.SpeedMeter(cfg, dist.world_size, device)
@@ -188,6 +198,8 @@ class Trainer:
                     logits = self.fwd_model(images)
                     self.fwd_clock.stop()
                 loss = soft_cross_entropy(logits, targets) / self.accum
+                if self.loss_weight is not None:  # an uneven share: the logged loss is the global mean too
+                    loss = loss * self.loss_weight
                 loss = self.faults.loss(loss, self.step, i)  # as it is, unless a fault is injected
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
@@ -343,7 +355,7 @@ class Trainer:
             if lp.profile:
                 lp.profile.before(self.step + 1)
             t0 = time.perf_counter()
-            batches = [next(it) for _ in range(self.accum)]
+            batches = [self._next_batch(it) for _ in range(self.accum)]
             self.faults.data_wait()  # returns at once, unless a slow data path is injected
             wait = time.perf_counter() - t0
             if not lp.started:
@@ -351,6 +363,8 @@ class Trainer:
             seed_step(step_seed(t.seed, self.step, self.dist.rank), self.device)
             lp.win.add(self.train_step(batches), self.grad_norm, wait)
             self.step += 1
+            if self.hashes:
+                self.hashes.step(self.step)
             if not lp.started:
                 self._started(lp, wait)
             if lp.profile:
@@ -376,6 +390,14 @@ class Trainer:
             self._eval_and_log(lp.out, lp.progress)
             lp.last_eval_step = self.step
         return None
+
+    def _next_batch(self, it):
+        """The loader's next micro-batch; its samples, as the loader names them, join the step's hash
+        (log.sample_hashes)."""
+        batch = next(it)
+        if self.hashes:
+            self.hashes.add(self.train_loader.last_samples)
+        return batch
 
     def _started(self, lp: Loop, wait: float) -> None:
         """This process's first step is done: the `startup` record (run.startup's phases), which the
