@@ -18,6 +18,8 @@ import pytest
 from hpctrain.config import Config
 from hpctrain.launch.sbatch import sbatch_lines
 from hpctrain.launch.submit import Request, plan_job
+from hpctrain.run.layout import SAMPLE_HASHES
+from hpctrain.run.sample_hashes import read_last
 from hpctrain.site.profile import load_profile
 from tests.helpers import wait_for
 from tests.launch.jobs import (
@@ -58,12 +60,8 @@ def test_a_range_renders_min_max_nodes_and_no_kill():
 
 
 def hashes(run: Path) -> dict[int, str]:
-    """step → the sample hash of its last line (a resumed attempt writes again the steps after its checkpoint)."""
-    out = {}
-    for line in (run / "sample_hashes.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        out[r["step"]] = r["hash"]
-    return out
+    """step → the sample hash the run kept (its last line: a resumed attempt writes steps again)."""
+    return {step: r["hash"] for step, r in read_last(run / SAMPLE_HASHES).items()}
 
 
 def env_sizes(run: Path) -> list[tuple[int, int]]:
@@ -141,6 +139,8 @@ def test_a_lost_node_with_no_spare_goes_on_with_fewer_nodes_on_the_same_samples(
 
     st = hp(c, "status", str(run))
     assert "resized" in st.stdout and "3 → 2 nodes (world 6 → 4" in st.stdout, st.stdout
+    gp = hp(c, "goodput", str(run))
+    assert "resized      at step 20: 3 → 2 nodes (world 6 → 4" in gp.stdout, gp.stdout
 
 
 @pytest.mark.slurm

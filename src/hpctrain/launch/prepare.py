@@ -486,11 +486,10 @@ def forecast(p: Prepared) -> tuple[str, dict]:
     except UserError as e:  # no training-time figure (an unknown GPU, no image count): the queue alone
         line = f"{recommend.queue_line(ctx, plan.nodes)}; training time: not available ({e})"
         return line, recommend.prediction(None, ctx, plan.nodes)
-    if plan.ranged:  # the range's own row: where it starts (idle nodes now, else MIN), and at that size
-        span = NodeRange(plan.min_nodes, plan.nodes)
+    if plan.ranged and cfg is not None:  # the range's own row: where it starts (idle nodes now, else MIN), that size
         inputs = resolve(cfg, profile, plan.nodes, plan.tasks_per_node, counts=[plan.nodes])
-        o = ranges.plan_range(cfg, profile, inputs, ctx, span).flex
-        return recommend.one_line(o, ctx, o.nodes), recommend.prediction(o, ctx, o.nodes)
+        flex = ranges.plan_range(cfg, profile, inputs, ctx, NodeRange(plan.min_nodes, plan.nodes)).flex
+        return recommend.one_line(flex, ctx, flex.nodes), recommend.prediction(flex, ctx, flex.nodes)
     opts = recommend.options(cfg, profile, train, ctx, plan.tasks_per_node)
     o = opts[0] if opts else None
     return recommend.one_line(o, ctx, plan.nodes), recommend.prediction(o, ctx, plan.nodes)

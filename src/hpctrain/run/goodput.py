@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.run import resize
 from hpctrain.run.layout import METRICS, PLAN, atomic_write, read_json
 from hpctrain.run.metrics import read_metrics, superseded_path
 from hpctrain.run.startup import PHASES
@@ -80,6 +81,7 @@ class Ledger:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # one per process: its own categories
     begin: float = 0.0  # when the wall time starts (Unix time)
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (Unix time, productive seconds so far)
+    resizes: list[dict[str, Any]] = field(default_factory=list)  # the run's `resize` records (run/resize.py)
 
     def add(self, category: str, part: str, seconds: float, attempt: dict | None = None, signed: bool = False) -> None:
         """`seconds` more of `category` (of its `part`); ≤ 0 adds nothing unless `signed` (a correction)."""
@@ -126,6 +128,7 @@ class Ledger:
                 for c, src in CATEGORIES
             },
             "attempts": self.attempts,
+            "resizes": self.resizes,
         }
 
 
@@ -246,6 +249,7 @@ def build(records: Iterable[dict], allocations: list[Allocation] | None = None, 
     records = list(records)
     restarts = [r for r in records if r.get("kind") == "restart"]
     ledger = Ledger()
+    ledger.resizes = [{k: v for k, v in r.items() if k != "kind"} for r in records if r.get("kind") == resize.KIND]
     procs = _processes(records)
     allocs = sorted(allocations or [], key=lambda a: a.start)
     if allocs:
@@ -348,6 +352,8 @@ def table(ledger: Ledger) -> str:
         lines.append(f"{c:<12} {t:>10.1f} {100 * t / wall:>6.1f} %  {parts}")
     lines.append(f"{'sum':<12} {ledger.sum_s:>10.1f} {100 * ledger.sum_s / wall:>6.1f} %  of the wall time")
     lines.append(f"{'wall':<12} {ledger.wall_s:>10.1f}          allocated {ledger.allocated_s:.1f} s")
+    # a change of world size costs what its restart and lost progress say; the line says when and why
+    lines += [f"{'resized':<12} at step {r.get('step')}: {resize.text(r)}" for r in ledger.resizes]
     lines.append(one_line(ledger))
     return "\n".join(lines)
 
