@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpctrain import memory
 from hpctrain.config import load
 from hpctrain.errors import LaunchError
 from hpctrain.launch.batch import MIN_PER_GPU, batch_report
@@ -158,3 +159,18 @@ def test_model_too_large_for_one_gpu_suggests_fsdp():
         ["model.arch=vit_huge", "model.depth=400", "dist.parallel=fsdp", "model.grad_ckpt=true"],
     )
     batch_report(sharded, 16, 8).check(sharded)  # sharded over 128 GPUs it fits
+
+
+def test_a_range_notes_the_accumulation_its_tasks_take_at_its_fewest_nodes():
+    """`--nodes 1-16` of the 4k recipe on 40 GB GPUs: 32 per GPU fit on 16 nodes; on 1 node 512 would
+    not, and the note names the accumulation the tasks take there (memory.fit_accum: a divisor of the
+    global batch that fits); nothing that fits at any accumulation says how to get out."""
+    cfg = load("configs/vit_b16_imagenet_4k.yaml")
+    assert batch_report(cfg, 16, 8, 40).range_note(cfg) is None
+    note = batch_report(cfg, 1, 8, 40).range_note(cfg)
+    acc = memory.fit_accum(cfg, 8, int(40e9))
+    assert acc > 1, acc
+    assert f"the tasks take train.accum_steps={acc} there ({4096 // (8 * acc)} per micro-step)" in note, note
+    assert "512 images per GPU would not fit" in note
+    none = batch_report(cfg, 1, 8, 2.5).range_note(cfg)
+    assert "at any accumulation: raise the range's MIN" in none, none

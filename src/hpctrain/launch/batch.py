@@ -75,13 +75,14 @@ class BatchReport:
             return
         fit = m.max_batch(self.gpu_mem_bytes)
         fixes = []
-        if fit:
-            accum = -(-self.per_gpu // fit)
-            while self.per_gpu % accum:
-                accum += 1
-            fixes.append(f"--set train.accum_steps={self.accum_steps * accum} ({self.per_gpu // accum} per micro-step)")
-            more = accum * self.gpus
-            fixes.append(f"{more} GPUs instead of {self.gpus} ({self.per_gpu // accum} per GPU)")
+        acc = memory.fit_accum(cfg, self.gpus, self.gpu_mem_bytes)  # what the tasks would take (a divisor of G)
+        if fit and acc > self.accum_steps:
+            micro = -(-self.global_batch // (acc * self.gpus))
+            fixes.append(f"--set train.accum_steps={acc} ({micro} per micro-step)")
+            more = -(-self.gpus * acc // self.accum_steps)
+            fixes.append(
+                f"{more} GPUs instead of {self.gpus} ({-(-self.global_batch // (self.accum_steps * more))} per GPU)"
+            )
         if not cfg.model.grad_ckpt:
             fixes.append("--set model.grad_ckpt=true")
         if not fit and cfg.dist.parallel != "fsdp":
@@ -92,6 +93,26 @@ class BatchReport:
             f"{memory.gb(m.static)} weights+grads+optimizer, {memory.gb(m.activations)} activations, "
             f"{memory.gb(m.overhead)} overhead) but a GPU has {memory.gb(self.gpu_mem_bytes)} "
             f"({fit} images fit): use {', or '.join(fixes)}"
+        )
+
+    def range_note(self, cfg: Config) -> str | None:
+        """A node range at its fewest nodes (this report's size): where its per-GPU batch would not fit,
+        the accumulation the tasks take there (memory.fit_accum; docs/launch.md, "Node ranges")."""
+        m = self.memory
+        if m is None or m.total <= self.gpu_mem_bytes:
+            return None
+        acc = memory.fit_accum(cfg, self.gpus, self.gpu_mem_bytes)
+        if acc == self.accum_steps:
+            return (
+                f"on {self.nodes} node(s), the range's fewest, {self.per_gpu} images per GPU would not fit "
+                f"({memory.gb(m.total)} of {memory.gb(self.gpu_mem_bytes)}) at any accumulation: raise the range's "
+                "MIN, or --set model.grad_ckpt=true"
+            )
+        micro = -(-self.global_batch // (acc * self.gpus))
+        return (
+            f"on {self.nodes} node(s), the range's fewest, {self.per_gpu} images per GPU would not fit "
+            f"({memory.gb(m.total)} of {memory.gb(self.gpu_mem_bytes)}): the tasks take train.accum_steps={acc} "
+            f"there ({micro} per micro-step), the global batch unchanged"
         )
 
 

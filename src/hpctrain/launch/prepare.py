@@ -436,10 +436,14 @@ def _classes(cfg: Config, note_only: bool) -> list[Message]:
 def _batch(cfg: Config, plan, gpu_mem_gb: float | None) -> list[Message]:
     """The per-GPU batch, the memory estimate and the resolved lr; a warning below 32 images per GPU;
     a per-GPU batch that cannot fit is refused."""
-    rep = batch_report(cfg, plan.nodes, plan.tasks_per_node, gpu_mem_gb, gpus=plan.profile.slurm.request_gpus)
+    gpus = plan.profile.slurm.request_gpus
+    rep = batch_report(cfg, plan.nodes, plan.tasks_per_node, gpu_mem_gb, gpus=gpus)
     rep.check(cfg)
     msgs = [Message("info", line) for line in [*rep.lines(), f"lr: {lr_rule(cfg)}"]]
     warning = rep.warning(cfg)
+    if plan.ranged:  # at its fewest nodes the tasks raise the accumulation where the estimate says so
+        low = batch_report(cfg, plan.min_nodes, plan.tasks_per_node, gpu_mem_gb, gpus=gpus).range_note(cfg)
+        msgs += [Message("note", low)] if low else []
     return msgs + ([Message("warning", warning)] if warning else [])
 
 
