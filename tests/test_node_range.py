@@ -56,7 +56,7 @@ def test_spares_and_a_range_add_the_spares_to_both_ends():
     assert plan.nodes_value() == "13-17" and plan.nodes_text == "12-16"
 
 
-def test_a_range_the_batch_cannot_split_at_its_fewest_nodes_is_refused_in_one_line(tmp_path):
+def test_a_range_the_batch_cannot_split_at_its_most_nodes_is_refused_in_one_line(tmp_path):
     r = subprocess.run(
         [
             sys.executable,

@@ -364,8 +364,7 @@ def plan_job(cfg: Config, profile, req: Request, standalone: bool = False, heade
     Imports no torch: runs on login nodes. Raises LaunchError (or ConfigError) with the fix.
     """
     nodes, gpn, time = check_request(profile, req)
-    check_batch(cfg, nodes * gpn)
-    check_batch(cfg, min_nodes(profile, req, nodes) * gpn)  # a node range: the batch splits at its fewest nodes too
+    check_batch(cfg, nodes * gpn)  # a range's fewest nodes split it too: check_batch refuses only more ranks than g
     if standalone:  # a file for another machine: keep paths as written, bind only absolute ones
         binds = bind_list(
             profile.container,
