@@ -242,7 +242,7 @@ def _outputs(pipe, device: torch.device):
     """The next batch. On CUDA with DALI's dynamic executor it is bound to torch's current stream (the
     copy in _to_torch is ordered after DALI's work on the GPU); outputs() without a stream waits on
     the host for that work (DALI 2.4 pipeline.py, docs/data.md). The legacy executor (DALI 1.32) has
-    no stream-bound outputs."""
+    no stream-bound outputs: its outputs() waits on the host for the batch's GPU work (docs/data.md)."""
     if device.type == "cuda" and getattr(pipe, "exec_dynamic", False):
         return pipe.outputs(cuda_stream=torch.cuda.current_stream(device))
     return pipe.outputs()
