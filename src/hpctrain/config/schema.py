@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.batch_split import rank_share
 from hpctrain.config.field import ConfigError, opt
 from hpctrain.config.rules import check_batch, check_shapes, rule_problems
 from hpctrain.config.text import check_pattern_free, step_window
@@ -676,10 +677,9 @@ class Config:
 
     def rank_batch(self, world_size: int, rank: int) -> int:
         """Rank `rank`'s micro-batch: its share of g, one more than ⌊g/W⌋ on the first g mod W ranks
-        (data.sampling.rank_share; the loop weights the loss to match)."""
+        (batch_split.rank_share, as the samplers split; the loop weights the loss to match)."""
         check_batch(self, world_size)
-        q, extra = divmod(self.micro_batch, world_size)
-        return q + (rank < extra)
+        return rank_share(self.micro_batch, rank, world_size)[1]
 
     def per_rank_batch(self, world_size: int) -> int:
         """The largest micro-batch of any rank (⌈g/W⌉): what memory, warm-ups, evaluation and reports size by."""

@@ -24,19 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpctrain.batch_split import rank_share
+
 HASH_BITS = 60  # a sample's hash; a rank's sum is taken mod 2**HASH_BITS
 HASH_MASK = (1 << HASH_BITS) - 1
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n)
-
-
-def rank_share(chunk: int, rank: int, world: int) -> tuple[int, int]:
-    """(offset, size) of rank `rank`'s part of a micro-step's chunk: the first chunk mod W ranks take one
-    more sample than the others."""
-    q, extra = divmod(chunk, world)
-    return rank * q + min(rank, extra), q + (rank < extra)
 
 
 def rank_batch(chunk: int, rank: int, world: int) -> int:
