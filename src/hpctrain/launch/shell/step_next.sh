@@ -2,7 +2,7 @@
 # summary: after a step: leave out the nodes it named, restart, or end the loop
 # hpctrain_step_next: 0 to start the next step (a restart here), 1 when the steps are over
 hpctrain_step_next() {
-  local left need
+  local left need nodes action on
   hpctrain_ended="" hpctrain_new=""
   hpctrain_now hpctrain_ended  # the step's end, with microseconds: the restart test's phase table
   # a failed step (or a stop the tasks asked to requeue): did it name nodes? None named: as before
@@ -23,22 +23,23 @@ hpctrain_step_next() {
   hpctrain_exclude_add "$hpctrain_new" "$hpctrain_fault"
   left=$(hpctrain_healthy | wc -l)
   if [ -z "$hpctrain_signal" ] && ! hpctrain_preempted; then
+    nodes="" action="" on=""
     if [ "$hpctrain_spares" -gt 0 ] && [ "$left" -ge "$hpctrain_train_nodes" ]; then
-      hpctrain_attempt=$((hpctrain_attempt + 1))
-      hpctrain_record restart
-      echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
-        "in this job on $hpctrain_train_nodes of $left healthy nodes, from the last checkpoint" >&2
-      return 0
-    fi
+      nodes=$hpctrain_train_nodes action=restart
+      on="on $nodes of $left healthy nodes, from the last checkpoint"
     # a node range with no spare free: go on with the nodes left, MIN at least, at the same global batch
     # (the tasks split it over the new world size; run/resize.py records the change)
-    if [ "$hpctrain_min_nodes" -gt 0 ] && [ "$left" -ge "$hpctrain_min_nodes" ] && [ "$left" -lt "$hpctrain_train_nodes" ]; then
-      hpctrain_attempt=$((hpctrain_attempt + 1))
+    elif [ "$hpctrain_min_nodes" -gt 0 ] && [ "$left" -ge "$hpctrain_min_nodes" ] && [ "$left" -lt "$hpctrain_train_nodes" ]; then
+      nodes=$left action=shrink
+      on="on $left node(s) instead of $hpctrain_train_nodes, from the last checkpoint, at the same global batch"
       hpctrain_fault="$hpctrain_fault; no spare free: going on with $left of $hpctrain_train_nodes nodes (node range, at least $hpctrain_min_nodes)"
-      hpctrain_record shrink
+    fi
+    if [ -n "$nodes" ]; then
+      hpctrain_attempt=$((hpctrain_attempt + 1))
+      hpctrain_record "$action"
       echo "hpctrain: step failed (exit $hpctrain_rc) at $(date +%T); faulty: $hpctrain_fault. Restart $hpctrain_attempt" \
-        "in this job on $left node(s) instead of $hpctrain_train_nodes, from the last checkpoint, at the same global batch" >&2
-      hpctrain_train_nodes=$left
+        "in this job $on" >&2
+      hpctrain_train_nodes=$nodes
       return 0
     fi
   fi
