@@ -162,12 +162,23 @@ def step_states(cluster, job: str) -> list[tuple[str, str]]:
     return [tuple(line.split("|")[:2]) for line in out.splitlines() if "|" in line]
 
 
+LEFT_OUT = {  # how the job goes on without n3: (nodes, spare_nodes, min_nodes), the log's words
+    "spares": ((2, 1, 0), "training on 2 of the 2 node(s) whose copy is ready"),
+    "node-range": (
+        (3, 0, 2),
+        "training on the 2 node(s) whose copy is ready instead of 3 (node range, at least 2), at the same global batch",
+    ),
+}
+
+
 @pytest.mark.slurm
-def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(each_slurm_cluster, tmp_path):
-    """A 2-node job with 1 spare (3 nodes, --no-kill) where n3's staging directory cannot be made (a
-    file is in its place): n3 is named (its copier's reason), the training step runs on n1 and n2
-    from their copies, and the job completes. Today the failed copy ends the job (exit 1). On Slurm
-    22.05 and 24.11."""
+@pytest.mark.parametrize("kind", list(LEFT_OUT))
+def test_a_node_whose_copy_fails_is_left_out_and_the_others_train(each_slurm_cluster, tmp_path, kind):
+    """A job on 3 nodes (--no-kill) where n3's staging directory cannot be made (a file is in its
+    place): n3 is named (its copier's reason), the training step runs on n1 and n2 from their copies,
+    and the job completes. With a spare (2 nodes + 1), or as a node range 2-3 with no spare (it trains
+    on fewer nodes; before, the failed copy ended a ranged job: exit 1). On Slurm 22.05 and 24.11."""
+    (nodes, spares, min_nodes), words = LEFT_OUT[kind]
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "apptainer").symlink_to(FAKE_APPTAINER)
     image = tmp_path / "image.sif"
@@ -186,8 +197,9 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(ea
     plan = JobPlan(
         profile=prof,
         job_name="spared",
-        nodes=2,
-        spare_nodes=1,
+        nodes=nodes,
+        spare_nodes=spares,
+        min_nodes=min_nodes,
         tasks_per_node=1,
         gpus_per_node=0,
         cpus_per_task=1,
@@ -228,7 +240,7 @@ def test_with_spares_a_node_whose_copy_fails_is_left_out_and_the_others_train(ea
     assert guard == ["COMPLETED"], step_states(each_slurm_cluster, job)
     assert (
         f"hpctrain: n3: image staging failed (cannot create {local}/n3: point container.stage_image_to at a "
-        "writable node-local directory): left out; training on 2 of the 2 node(s) whose copy is ready"
+        f"writable node-local directory): left out; {words}"
     ) in log, log
 
 
