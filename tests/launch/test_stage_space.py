@@ -215,6 +215,13 @@ def test_a_node_whose_copy_fails_is_left_out_and_the_others_train(each_slurm_clu
         "FAKE_APPTAINER_PYTHON": sys.executable,
         "HPCTRAIN_TEST_OUT": str(out),
     }
+
+    def idle() -> bool:  # the job before may still be ending on n1..n3: a range would start on fewer
+        out = each_slurm_cluster.run("sinfo", "-h", "-N", "-p", SPARE_PARTITION, "-o", "%N %t").stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        return all(states.get(n) == "idle" for n in ("n1", "n2", "n3"))
+
+    wait_for(idle, "n1..n3 idle", 60)
     r = each_slurm_cluster.run(
         "sbatch",
         "--parsable",
