@@ -48,15 +48,19 @@ SETS = (
 STEPS = 88
 
 
-def test_a_range_renders_min_max_nodes_and_no_kill():
-    """`--nodes 12-16` asks Slurm for 12 to 16 nodes, with --no-kill (a lost node leaves the job)."""
+def test_a_range_renders_min_max_nodes_no_kill_and_cpus_per_node():
+    """`--nodes 12-16` asks Slurm for 12 to 16 nodes, with --no-kill (a lost node leaves the job), and
+    each node's CPUs as --mincpus, not --ntasks-per-node (Slurm 22.05 would cap the range at MIN × it)."""
     profile = load_profile("example-ib")
     cfg = Config()
     plan = plan_job(cfg, profile, Request(nodes=16, min_nodes=12, gpus_per_node=8), standalone=True)
     lines = sbatch_lines(plan)
     assert "#SBATCH --nodes=12-16" in lines and "#SBATCH --no-kill" in lines, lines
+    assert f"#SBATCH --mincpus={8 * plan.cpus_per_task}" in lines and plan.cpus_per_task > 0, lines
+    assert not [line for line in lines if line.startswith("#SBATCH --ntasks")], lines
     fixed = sbatch_lines(plan_job(cfg, profile, Request(nodes=16, gpus_per_node=8), standalone=True))
     assert "#SBATCH --nodes=16" in fixed and "#SBATCH --no-kill" not in fixed, fixed
+    assert "#SBATCH --ntasks-per-node=8" in fixed and not [line for line in fixed if "--mincpus" in line], fixed
 
 
 def hashes(run: Path) -> dict[int, str]:

@@ -116,7 +116,9 @@ def sbatch_lines(p: JobPlan) -> list[str]:
     opts: list[tuple[str, object]] = [
         ("job-name", p.job_name),
         ("nodes", p.nodes_value()),
-        ("ntasks-per-node", p.tasks_per_node),
+        # A range asks each node for its tasks' CPUs instead: Slurm 22.05 takes --ntasks-per-node with a
+        # range as MIN × that many tasks and then gives at most that many nodes (measured, docs/launch.md)
+        ("mincpus", p.tasks_per_node * max(p.cpus_per_task, 1)) if p.ranged else ("ntasks-per-node", p.tasks_per_node),
     ]
     if p.gpus_per_node:
         opts.append(("gpus-per-node", p.gpus_per_node))
@@ -284,9 +286,6 @@ def render(
         "",
     ]
     lines += [*shellfile.lines("srun_env.sh"), *shellfile.lines("memlock.sh"), ""]
-    lines += [*shellfile.lines("banner.sh"), ""]
-    if not p.no_kill:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
-        lines += [*shellfile.lines("no_kill.sh"), ""]
     lines += [*stop_lines(), ""]
     lines += inplace.setup_lines(
         p.spare_nodes,
@@ -295,6 +294,9 @@ def render(
         p.profile.slurm.report_bad_node,
         p.min_nodes if p.ranged else 0,
     )
+    lines += ["", *shellfile.lines("banner.sh")]  # after setup_lines: it prints hpctrain_tpn
+    if not p.no_kill:  # no #SBATCH --no-kill: HPCTRAIN_SPARE_NODES cannot turn spares on (no_kill.sh)
+        lines += ["", *shellfile.lines("no_kill.sh")]
     if prof.container.stage_image:
         c = prof.container
         lines += ["", *stage_image.batch_lines(c), ""]

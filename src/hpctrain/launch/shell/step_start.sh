@@ -16,8 +16,9 @@ hpctrain_step_start() {
     hpctrain_step_hosts=" $(printf '%s\n' "$healthy" | head -n "$hpctrain_train_nodes" | tr "\n" " ")"
     # --overlap: a failed step stays RUNNING in slurmctld while its lost node cannot confirm its end,
     # holding its CPUs and GPUs on the healthy nodes too (measured); its tasks are gone, so share them
+    # --ntasks-per-node: a range's allocation has none to inherit (sbatch.py asks --mincpus there)
     hpctrain_step=(--nodes="$hpctrain_train_nodes" --ntasks=$((hpctrain_train_nodes * hpctrain_tpn))
-                   --nodelist="$(hpctrain_commas "$hpctrain_step_hosts")" --overlap)
+                   --ntasks-per-node="$hpctrain_tpn" --nodelist="$(hpctrain_commas "$hpctrain_step_hosts")" --overlap)
   fi
   export HPCTRAIN_ATTEMPT=$hpctrain_attempt
   HPCTRAIN_STEP_AT=$(date +%s.%N) && export HPCTRAIN_STEP_AT  # the step's launch, for the ledger (run/startup.py)
